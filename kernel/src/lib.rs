@@ -1,0 +1,1 @@
+//! The rlm kernel.
