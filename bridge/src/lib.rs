@@ -1,1 +1,4 @@
 //! Language models over HTTP.
+
+#[cfg(feature = "mock")]
+pub mod mock;

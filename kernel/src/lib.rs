@@ -1,1 +1,4 @@
 //! The rlm kernel.
+
+pub mod repl;
+pub mod rlm;

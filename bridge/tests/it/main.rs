@@ -1,0 +1,1 @@
+//! Integration tests of the bridge over real HTTP against the mock LM server.
