@@ -1,1 +1,10 @@
 //! The RLM loop.
+
+mod blocks;
+mod final_answer;
+
+pub use blocks::{CodeBlock, extract_code_blocks};
+pub use final_answer::{
+    CodeAndFinal, Completion, CompletionRules, FinalKind, FinalLines, FinalNote, FinalText,
+    FoundAnswer, Protocol, UnknownProtocol, check_completion, scan_final_lines,
+};
