@@ -1,11 +1,15 @@
 //! The RLM loop.
 
 mod blocks;
+mod executor;
+mod feedback;
 mod final_answer;
 mod prompts;
 mod upstream;
 
 pub use blocks::{CodeBlock, extract_code_blocks};
+pub use executor::BlockRun;
+pub use feedback::{FeedbackConfig, format_block, format_feedback, truncate_middle};
 pub use final_answer::{
     CodeAndFinal, Completion, CompletionRules, FinalKind, FinalLines, FinalNote, FinalText,
     FoundAnswer, Protocol, UnknownProtocol, check_completion, scan_final_lines,
