@@ -4,6 +4,7 @@ mod blocks;
 mod executor;
 mod feedback;
 mod final_answer;
+mod metadata;
 mod prompts;
 mod upstream;
 
@@ -13,5 +14,9 @@ pub use feedback::{FeedbackConfig, format_block, format_feedback, truncate_middl
 pub use final_answer::{
     CodeAndFinal, Completion, CompletionRules, FinalKind, FinalLines, FinalNote, FinalText,
     FoundAnswer, Protocol, UnknownProtocol, check_completion, scan_final_lines,
+};
+pub use metadata::{
+    BlockRecord, ExecutionMetadata, ExecutionStatus, IterationMetadata, IterationRecord,
+    ModelMetrics, SessionMetrics, TerminationReason,
 };
 pub use prompts::{PromptConfig, Prompts, describe_contexts};
