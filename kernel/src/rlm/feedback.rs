@@ -247,6 +247,7 @@ mod tests {
             started_at_ms: 0,
             cost_usd: None,
             error: None,
+            error_kind: None,
         }
     }
 

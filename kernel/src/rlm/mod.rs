@@ -4,8 +4,12 @@ mod blocks;
 mod executor;
 mod feedback;
 mod final_answer;
+mod hooks;
 mod metadata;
+mod metrics;
 mod prompts;
+mod runner;
+mod trajectory;
 mod upstream;
 
 pub use blocks::{CodeBlock, extract_code_blocks};
@@ -15,8 +19,12 @@ pub use final_answer::{
     CodeAndFinal, Completion, CompletionRules, FinalKind, FinalLines, FinalNote, FinalText,
     FoundAnswer, Protocol, UnknownProtocol, check_completion, scan_final_lines,
 };
+pub use hooks::{EndpointSummary, Hook, HookAction, Hooks, ModelCall, RunError, RunInfo};
 pub use metadata::{
     BlockRecord, ExecutionMetadata, ExecutionStatus, IterationMetadata, IterationRecord,
     ModelMetrics, SessionMetrics, TerminationReason,
 };
+pub use metrics::MetricsHook;
 pub use prompts::{PromptConfig, Prompts, describe_contexts};
+pub use runner::{RlmConfig, RlmResult};
+pub use trajectory::{TRAJECTORY_VERSION, TrajectoryWriter};
