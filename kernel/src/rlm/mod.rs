@@ -1,6 +1,7 @@
 //! The RLM loop.
 
 mod blocks;
+mod checker;
 mod executor;
 mod feedback;
 mod final_answer;
@@ -13,6 +14,7 @@ mod trajectory;
 mod upstream;
 
 pub use blocks::{CodeBlock, extract_code_blocks};
+pub use checker::CompletionChecker;
 pub use executor::BlockRun;
 pub use feedback::{FeedbackConfig, format_block, format_feedback, truncate_middle};
 pub use final_answer::{
