@@ -498,3 +498,67 @@ enum WireDelta {
     #[serde(other)]
     Other,
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn body_has_system_field_blocks_and_default_max_tokens() {
+        let config = EndpointConfig::anthropic("root", "http://127.0.0.1:1", "claude");
+        let client = AnthropicClient::new(&config).expect("valid config");
+        let mut assistant = Message::assistant("let me run it");
+        assistant.tool_calls.push(ToolCall {
+            id: "t1".into(),
+            name: "python".into(),
+            arguments: r#"{"code":"1+1"}"#.into(),
+        });
+        let mut req = ChatRequest {
+            messages: vec![
+                Message::system("be terse"),
+                Message::user("compute"),
+                assistant,
+                Message::tool_result("t1", "2"),
+                Message::user("and now?"),
+            ],
+            ..ChatRequest::default()
+        };
+        req.params.stop = vec!["END".into()];
+        let body: Value =
+            serde_json::from_slice(&client.body(&req, false).expect("encodable")).expect("json");
+        assert_eq!(
+            body,
+            json!({
+                "model": "claude",
+                "max_tokens": 4096,
+                "system": "be terse",
+                "messages": [
+                    {"role": "user", "content": "compute"},
+                    {"role": "assistant", "content": [
+                        {"type": "text", "text": "let me run it"},
+                        {"type": "tool_use", "id": "t1", "name": "python", "input": {"code": "1+1"}},
+                    ]},
+                    {"role": "user", "content": [
+                        {"type": "tool_result", "tool_use_id": "t1", "content": "2"},
+                        {"type": "text", "text": "and now?"},
+                    ]},
+                ],
+                "stop_sequences": ["END"],
+            })
+        );
+    }
+
+    #[test]
+    fn invalid_tool_arguments_are_a_clear_error() {
+        let mut assistant = Message::assistant("");
+        assistant.tool_calls.push(ToolCall {
+            id: "t1".into(),
+            name: "python".into(),
+            arguments: "not json".into(),
+        });
+        let err = wire_messages(&[assistant]).err().expect("rejected");
+        assert!(err.to_string().contains("`t1`"), "{err}");
+    }
+}

@@ -259,13 +259,6 @@ impl Transport {
     }
 
     fn decode_error(&self, e: serde_json::Error, bytes: &[u8]) -> BridgeError {
-        if e.is_eof() {
-            // A body that stops mid-JSON is a broken transfer, not a protocol mismatch.
-            return self.network(format!(
-                "the answer ended early after {} bytes",
-                bytes.len()
-            ));
-        }
         self.decode(format!(
             "{e}; the body starts with {:?}",
             snippet(&String::from_utf8_lossy(bytes), 200)

@@ -433,3 +433,81 @@ struct WireDeltaFunction {
     #[serde(default)]
     arguments: Option<String>,
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::chat::ToolDefinition;
+
+    fn body_json(config: &EndpointConfig, req: &ChatRequest, stream: bool) -> Value {
+        let client = OpenAiClient::new(config).expect("valid config");
+        serde_json::from_slice(&client.body(req, stream).expect("encodable")).expect("json")
+    }
+
+    #[test]
+    fn body_uses_max_tokens_defaults_and_extra() {
+        let mut config = EndpointConfig::openai("sub", "http://127.0.0.1:1/v1", "m");
+        config.params.temperature = Some(0.5);
+        config.params.max_tokens = Some(100);
+        config.params.extra.insert("top_k".into(), json!(20));
+        config.params.extra.insert("seed".into(), json!(1));
+        let mut req = ChatRequest::from_prompt("hi");
+        req.params.max_tokens = Some(7);
+        req.params.seed = Some(99);
+        req.params.extra.insert("top_k".into(), json!(40));
+        let body = body_json(&config, &req, false);
+        assert_eq!(
+            body,
+            json!({
+                "model": "m",
+                "messages": [{"role": "user", "content": "hi"}],
+                "temperature": 0.5,
+                "max_tokens": 7,
+                "top_k": 40,
+                "seed": 1,
+            })
+        );
+    }
+
+    #[test]
+    fn body_carries_tools_tool_calls_and_stream_options() {
+        let config = EndpointConfig::openai("sub", "http://127.0.0.1:1/v1", "m");
+        let mut assistant = Message::assistant("");
+        assistant.tool_calls.push(ToolCall {
+            id: "c1".into(),
+            name: "python".into(),
+            arguments: r#"{"code":"1"}"#.into(),
+        });
+        let req = ChatRequest {
+            model: Some("other".into()),
+            messages: vec![
+                Message::system("sys"),
+                Message::user("u"),
+                assistant,
+                Message::tool_result("c1", "1"),
+            ],
+            tools: vec![ToolDefinition {
+                name: "python".into(),
+                description: "run".into(),
+                parameters: json!({"type": "object"}),
+            }],
+            ..ChatRequest::default()
+        };
+        let body = body_json(&config, &req, true);
+        assert_eq!(body["model"], "other");
+        assert_eq!(body["stream"], true);
+        assert_eq!(body["stream_options"], json!({"include_usage": true}));
+        assert_eq!(body["messages"][2]["content"], Value::Null);
+        assert_eq!(
+            body["messages"][2]["tool_calls"][0],
+            json!({"id": "c1", "type": "function", "function": {"name": "python", "arguments": "{\"code\":\"1\"}"}})
+        );
+        assert_eq!(
+            body["messages"][3],
+            json!({"role": "tool", "content": "1", "tool_call_id": "c1"})
+        );
+        assert_eq!(body["tools"][0]["function"]["name"], "python");
+    }
+}
