@@ -78,6 +78,8 @@ pub fn shared_http_client() -> reqwest::Client {
 pub(crate) struct Transport {
     endpoint: String,
     url: String,
+    /// `url` parsed once; reqwest takes a `Url` without re-parsing it.
+    parsed_url: reqwest::Url,
     headers: HeaderMap,
     timeout: Duration,
     auth_hint: String,
@@ -179,6 +181,7 @@ impl Transport {
         Ok(Self {
             endpoint: config.name.clone(),
             url,
+            parsed_url: parsed,
             headers,
             timeout: config.timeout,
             auth_hint: key.hint(&config.name, example_var),
@@ -190,7 +193,7 @@ impl Transport {
     async fn send(&self, body: Vec<u8>, sse: bool) -> Result<reqwest::Response, BridgeError> {
         let mut request = self
             .http
-            .post(&self.url)
+            .post(self.parsed_url.clone())
             .headers(self.headers.clone())
             .body(body);
         if sse {
