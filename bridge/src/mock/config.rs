@@ -247,7 +247,8 @@ pub struct Faults {
     pub rate: f64,
     /// Kinds drawn from when a random fault fires.
     pub kinds: Vec<FaultKind>,
-    /// Value of the `Retry-After` header on 429 responses.
+    /// Delay advertised by 429 responses: `Retry-After` in whole seconds (rounded up) and
+    /// `retry-after-ms` exactly.
     #[serde(rename = "retry_after_secs", with = "secs")]
     pub retry_after: Duration,
     /// How long a [`FaultKind::Hang`] sleeps before answering (shutdown ends it early).

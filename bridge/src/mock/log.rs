@@ -3,6 +3,8 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::sync::Notify;
+
 use serde::{Deserialize, Serialize};
 
 /// One request as the server saw it. Times are monotonic, measured from server start.
@@ -18,7 +20,8 @@ pub struct RequestRecord {
     pub arrived: Duration,
     /// When the response was handed to the connection (after latency and faults).
     pub finished: Duration,
-    /// HTTP status sent; `0` when the connection was dropped without a response (`reset`).
+    /// HTTP status sent; `0` when the connection was dropped without a response (`reset`);
+    /// `499` when the client went away before the response was ready (e.g. its timeout fired).
     pub status: u16,
     /// The injected fault, by [`super::FaultKind::name`].
     pub fault: Option<String>,
@@ -36,6 +39,7 @@ pub struct RequestRecord {
 #[derive(Debug, Clone, Default)]
 pub struct RequestLog {
     records: Arc<Mutex<Vec<RequestRecord>>>,
+    pushed: Arc<Notify>,
 }
 
 impl RequestLog {
@@ -81,8 +85,24 @@ impl RequestLog {
         usize::try_from(max).unwrap_or(0)
     }
 
+    /// Waits until at least `n` records exist (records of requests whose client gave up can
+    /// land a moment after the client saw its error); `false` if `timeout` passed first.
+    pub async fn wait_for(&self, n: usize, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let pushed = self.pushed.notified();
+            if self.len() >= n {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, pushed).await.is_err() {
+                return self.len() >= n;
+            }
+        }
+    }
+
     pub(crate) fn push(&self, record: RequestRecord) {
         self.lock().push(record);
+        self.pushed.notify_waiters();
     }
 
     fn lock(&self) -> MutexGuard<'_, Vec<RequestRecord>> {

@@ -657,6 +657,7 @@ async fn rate_limit_fault_sends_retry_after_then_recovers() {
         .await;
         assert_eq!(resp.status(), 429);
         assert_eq!(resp.headers()["retry-after"], "7");
+        assert_eq!(resp.headers()["retry-after-ms"], "7000");
         let v: Value = resp.json().await.expect("JSON");
         assert_eq!(v["error"]["code"], "rate_limit_exceeded");
     }
@@ -816,6 +817,14 @@ async fn hang_fault_outlasts_the_client_timeout_and_ends_on_shutdown() {
         .await
         .expect_err("times out");
     assert!(err.is_timeout(), "{err}");
+    // The abandoned request is logged as 499 once the server notices the client left.
+    let log = server.log();
+    assert!(
+        log.wait_for(1, Duration::from_secs(5)).await,
+        "no record of the abandoned request"
+    );
+    let r = &log.entries()[0];
+    assert_eq!((r.status, r.fault.as_deref()), (499, Some("hang")));
     // A second hanging request is still open when we shut down; shutdown must not wait an hour.
     let server2 = start_faults(Faults::fail_first(1, FaultKind::Hang)).await;
     let url2 = format!("{}/chat/completions", server2.openai_base_url());
