@@ -1040,3 +1040,37 @@ async fn h2c_prior_knowledge_works() {
     assert_eq!(v["choices"][0]["message"]["content"], "over h2");
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn shutdown_is_prompt_with_idle_keep_alive_connections_and_frees_the_port() {
+    let server = start(MockConfig::default()).await;
+    let keep_alive = client();
+    let url = format!("{}/chat/completions", server.openai_base_url());
+    for i in 0..3 {
+        let resp = keep_alive
+            .post(&url)
+            .json(&openai_body("m", user(&i.to_string())))
+            .send()
+            .await;
+        assert_eq!(resp.expect("sent").status(), 200);
+    }
+    assert_eq!(
+        server.log().max_concurrency(),
+        1,
+        "sequential requests never overlap"
+    );
+    let started = std::time::Instant::now();
+    server.shutdown().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+    let err = keep_alive
+        .post(&url)
+        .json(&openai_body("m", user("late")))
+        .send()
+        .await
+        .expect_err("server is gone");
+    assert!(err.is_connect() || err.is_request(), "{err}");
+}
