@@ -13,7 +13,7 @@ use super::rng::SplitMix;
 use super::script::Script;
 
 /// Everything [`super::MockServer::start`] needs. `Default`: echo every prompt, no latency,
-/// no faults, no API key, a free port on 127.0.0.1.
+/// no faults, no API key, a free port on 127.0.0.1, an unbounded request log.
 #[derive(Debug, Clone, Default)]
 pub struct MockConfig {
     /// Where to listen; must be a loopback address. `None` = `127.0.0.1:0` (a free port).
@@ -28,6 +28,8 @@ pub struct MockConfig {
     pub seed: u64,
     /// When set, chat and model requests must carry `Authorization: Bearer KEY` or `x-api-key: KEY`.
     pub api_key: Option<String>,
+    /// Keep at most this many request records, dropping the oldest; `None` keeps all (tests).
+    pub log_limit: Option<usize>,
 }
 
 /// Per-request delay before the server answers.
@@ -356,6 +358,8 @@ pub struct MockOptions {
     pub seed: u64,
     /// Require this API key.
     pub api_key: Option<String>,
+    /// Request-log size limit (default 100 000 records: a long-running server stays bounded).
+    pub log_limit: Option<usize>,
 }
 
 impl MockOptions {
@@ -404,6 +408,7 @@ impl MockOptions {
             faults,
             seed: self.seed,
             api_key: self.api_key,
+            log_limit: Some(self.log_limit.unwrap_or(100_000)),
         })
     }
 }

@@ -1,5 +1,6 @@
 //! The request log: one record per finished request, shared by the server and the test.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -38,19 +39,21 @@ pub struct RequestRecord {
 /// A cheap, cloneable handle on the server's request log.
 #[derive(Debug, Clone, Default)]
 pub struct RequestLog {
-    records: Arc<Mutex<Vec<RequestRecord>>>,
+    records: Arc<Mutex<VecDeque<RequestRecord>>>,
     pushed: Arc<Notify>,
+    /// Keep at most this many records, dropping the oldest (`None` = keep all).
+    limit: Option<usize>,
 }
 
 impl RequestLog {
     /// All records, in arrival (`id`) order.
     pub fn entries(&self) -> Vec<RequestRecord> {
-        let mut entries = self.lock().clone();
+        let mut entries: Vec<RequestRecord> = self.lock().iter().cloned().collect();
         entries.sort_by_key(|r| r.id);
         entries
     }
 
-    /// Number of finished requests.
+    /// Number of records held (finished requests, minus any dropped by the size limit).
     pub fn len(&self) -> usize {
         self.lock().len()
     }
@@ -100,12 +103,26 @@ impl RequestLog {
         }
     }
 
+    /// A log that keeps at most `limit` records (`None` = all).
+    pub(crate) fn with_limit(limit: Option<usize>) -> Self {
+        Self {
+            limit,
+            ..Self::default()
+        }
+    }
+
     pub(crate) fn push(&self, record: RequestRecord) {
-        self.lock().push(record);
+        {
+            let mut records = self.lock();
+            if self.limit.is_some_and(|limit| records.len() >= limit) {
+                records.pop_front();
+            }
+            records.push_back(record);
+        }
         self.pushed.notify_waiters();
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<RequestRecord>> {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<RequestRecord>> {
         // A panic while holding the lock cannot leave a Vec half-pushed; keep going.
         self.records.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -87,7 +87,7 @@ impl MockServer {
         let faults = FaultPlan::new(&config.faults).map_err(invalid)?;
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let log = RequestLog::default();
+        let log = RequestLog::with_limit(config.log_limit);
         let shutdown = CancellationToken::new();
         let state = Arc::new(ServerState {
             script: config.script,

@@ -1074,3 +1074,23 @@ async fn shutdown_is_prompt_with_idle_keep_alive_connections_and_frees_the_port(
         .expect_err("server is gone");
     assert!(err.is_connect() || err.is_request(), "{err}");
 }
+
+#[tokio::test]
+async fn log_limit_keeps_the_newest_records() {
+    let server = start(MockConfig {
+        log_limit: Some(3),
+        ..MockConfig::default()
+    })
+    .await;
+    for i in 0..5 {
+        openai_text(&server, "m", user(&i.to_string())).await;
+    }
+    let kept: Vec<(u64, String)> = server
+        .log()
+        .entries()
+        .into_iter()
+        .map(|r| (r.id, r.last_user))
+        .collect();
+    assert_eq!(kept, [(2, "2".into()), (3, "3".into()), (4, "4".into())]);
+    server.shutdown().await;
+}
