@@ -179,8 +179,9 @@ async fn fixed_latency_delays_and_is_logged() {
 
 #[tokio::test]
 async fn concurrent_requests_overlap_in_the_log() {
+    // 400 ms: all 50 requests must arrive before the first finishes, even on a busy machine.
     let config = MockConfig {
-        latency: Latency::fixed(Duration::from_millis(100)),
+        latency: Latency::fixed(Duration::from_millis(400)),
         ..MockConfig::default()
     };
     let server = start(config).await;
