@@ -82,7 +82,7 @@ impl Price {
 }
 
 /// Everything needed to reach one model.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct EndpointConfig {
     /// The name callers use (`root`, `sub`, …).
@@ -111,6 +111,29 @@ pub struct EndpointConfig {
     pub price: Option<Price>,
     /// Default sampling parameters, overridden field by field by each request.
     pub params: SamplingParams,
+}
+
+impl fmt::Debug for EndpointConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the key itself.
+        f.debug_struct("EndpointConfig")
+            .field("name", &self.name)
+            .field("provider", &self.provider)
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("api_key_env", &self.api_key_env)
+            .field(
+                "headers",
+                &self.headers.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            )
+            .field("timeout", &self.timeout)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("retry", &self.retry)
+            .field("price", &self.price)
+            .field("params", &self.params)
+            .finish()
+    }
 }
 
 /// The default per-attempt timeout.

@@ -218,3 +218,20 @@ fn configuration_mistakes_are_explained() {
         "{unknown}"
     );
 }
+
+#[test]
+fn debug_output_never_shows_keys() {
+    let config = EndpointConfig {
+        api_key: Some("sk-very-secret".into()),
+        headers: vec![("x-extra-auth".into(), "hidden-token".into())],
+        ..EndpointConfig::openai("sub", "http://127.0.0.1:1/v1", "m")
+    };
+    let endpoint =
+        bridge::Endpoint::new(config.clone(), Arc::new(Ledger::default())).expect("valid");
+    for text in [format!("{config:?}"), format!("{endpoint:?}")] {
+        assert!(
+            !text.contains("sk-very-secret") && !text.contains("hidden-token"),
+            "{text}"
+        );
+    }
+}
