@@ -1,1 +1,5 @@
-//! Integration tests of the kernel.
+//! Integration tests of the kernel: one binary, a module per area.
+
+mod context;
+mod repl;
+mod support;

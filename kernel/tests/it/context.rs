@@ -1,0 +1,1 @@
+//! Context loading: every kind, metadata, and clear errors for bad files.
