@@ -1,1 +1,140 @@
-//! The mock LM server.
+//! The mock LM server: a real HTTP server on 127.0.0.1 that speaks the OpenAI chat-completions
+//! and Anthropic Messages APIs, answers from a script, and injects latency and faults on demand.
+//! Tests, benchmarks and `rlm demo` start it in-process; `rlm mock-lm` serves it in the
+//! foreground.
+//!
+//! # Pieces and data flow
+//!
+//! - [`MockServer`] (`server.rs`): axum on the caller's tokio runtime. Routes
+//!   `POST /v1/chat/completions` (JSON, or SSE with `"stream": true`), `POST /v1/messages`
+//!   (JSON or SSE) and `GET /v1/models`; anything else gets a provider-shaped 404.
+//! - For each chat request: auth check (only when [`MockConfig::api_key`] is set) → parse the
+//!   body into a private view (`wire.rs`: model, system prompt, last user message, TURN) →
+//!   fault decision (`faults.rs`) → latency sleep → the [`Script`] picks and renders a reply
+//!   (`script.rs`, `template.rs`) → rendered in the provider's format → one
+//!   [`RequestRecord`] is pushed to the [`RequestLog`].
+//! - A request whose client leaves early (timeout) is still logged, with status `499`.
+//! - All per-request randomness comes from a generator seeded by
+//!   `(MockConfig::seed, request id)`; ids count arrivals from 0, so a sequential client sees
+//!   the same latencies and faults on every run.
+//!
+//! # Example
+//!
+//! ```
+//! use bridge::mock::{MockConfig, MockServer, Script};
+//! use serde_json::{Value, json};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let script = Script::from_json_str(r#"{"models": {"*": {"replies": ["hello", "FINAL(42)"]}}}"#)?;
+//! let server = MockServer::start(MockConfig { script, ..MockConfig::default() }).await?;
+//!
+//! let url = format!("{}/chat/completions", server.openai_base_url());
+//! let request = json!({"model": "root", "messages": [{"role": "user", "content": "hi"}]});
+//! let client = reqwest::Client::builder().no_proxy().build()?;
+//! let reply: Value = client.post(&url).json(&request).send().await?.json().await?;
+//! assert_eq!(reply["choices"][0]["message"]["content"], "hello"); // TURN 0
+//!
+//! assert_eq!(server.log().entries()[0].model, "root");
+//! server.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! # Script format (JSON)
+//!
+//! ```json
+//! {
+//!   "description": "optional, ignored",
+//!   "models": {
+//!     "root": {
+//!       "replies": ["turn 0 reply", "turn 1 reply", "FINAL(42)"],
+//!       "fallback": {"behaviour": "echo"},
+//!       "latency": {"kind": "fixed", "ms": 20}
+//!     },
+//!     "sub": {
+//!       "rules": [
+//!         {"last_user": "(?s)^Count (?P<word>\\w+) in:\\n(?P<body>.*)$",
+//!          "reply": {"behaviour": "count_word", "word": "{{word}}", "input": "{{body}}"}},
+//!         {"system": "terse", "model": "^sub$", "turn": 0, "reply": "ok"}
+//!       ]
+//!     },
+//!     "*": {"replies": [{"behaviour": "echo"}]}
+//!   }
+//! }
+//! ```
+//!
+//! A full sample lives in [`SAMPLE_SCRIPT`] (`bridge/src/mock/scripts/sample.json`).
+//!
+//! **Model selection**: the request's `model` names an entry; unknown names use `"*"`; with no
+//! `"*"` the server echoes the last user message.
+//!
+//! **Reply selection** inside an entry, first that applies:
+//! 1. `rules`, in order, first match wins. A rule matches when every condition it has holds:
+//!    `last_user` (regex over the last user message), `system` (regex over the system prompt),
+//!    `model` (regex over the requested model name), `turn` (exact TURN). Regexes use the
+//!    `regex` crate syntax: `.` does not cross newlines unless you write `(?s)`.
+//! 2. `replies[TURN]`, where TURN = the number of assistant messages in the request. Stateless,
+//!    so it is deterministic under any concurrency and for retries.
+//! 3. past the end of `replies`: `fallback` if given, else the last reply.
+//! 4. nothing at all: echo.
+//!
+//! **A reply** is a string (a template, see below) or an object:
+//! - `{"text": "..."}` or `{"behaviour": "fixed", "text": "..."}`: the template.
+//! - `{"behaviour": "echo"}`: the last user message (or the `input` template).
+//! - `{"behaviour": "count_word", "word": "ERROR"}`: the number of non-overlapping,
+//!   case-sensitive occurrences of `word` in the last user message (or in `input`), as decimal
+//!   text only. `"whole_word": true` counts only occurrences not touching a letter, digit or `_`.
+//! - `{"behaviour": "label", "table": [{"keyword": "disk", "label": "storage"}, ["timeout",
+//!   "network"]], "default": "other"}`: the label of the first table entry (in table order) whose
+//!   keyword occurs in the last user message (or `input`), else `default` (default
+//!   `"unknown"`). `"case_insensitive": true` lower-cases both sides.
+//! - `{"tool_call": {"name": "python", "arguments": {"code": "1+1"}}}` (or `"tool_calls": [..]`),
+//!   optionally with `text`: rendered as OpenAI `tool_calls` (ids `call_{TURN}_{i}`,
+//!   `finish_reason: "tool_calls"`) or Anthropic `tool_use` blocks (ids `toolu_{TURN}_{i}`,
+//!   `stop_reason: "tool_use"`).
+//! - `"finish_reason"` overrides the finish/stop reason; OpenAI and Anthropic names are mapped
+//!   (`stop`↔`end_turn`, `length`↔`max_tokens`, `tool_calls`↔`tool_use`).
+//! - `word`, `input` and `default` are templates too; `behaviour` may be spelled `behavior`.
+//!
+//! **Templates** replace `{{last_user}}`, `{{system}}`, `{{model}}`, `{{turn}}`, and, in a rule's
+//! reply, `{{N}}` (numbered group of the `last_user` regex, or of `system` when the rule has
+//! no `last_user`) and `{{name}}` (named group of either). A group that did not participate
+//! renders empty. A placeholder naming nothing known stays verbatim, so code such as
+//! `f"{{x}}"` survives.
+//!
+//! **Latency** per model: `"latency"` takes the same JSON as [`Latency`] and overrides the
+//! server-wide setting for that model.
+//!
+//! # Responses
+//!
+//! Usage is a deterministic estimate: tokens = UTF-8 bytes / 4, rounded up; prompt tokens count
+//! the system prompt plus every message's text, completion tokens the reply text plus tool
+//! names and argument JSON. Ids are `chatcmpl-mock-{id}` / `msg_mock_{id}` with the request
+//! id, also sent as the `x-mock-request-id` header. `max_tokens` and sampling parameters are
+//! accepted and ignored (Anthropic requests must still carry `max_tokens`, as with the real
+//! API). Streams split the reply into at most ~256 deltas whose concatenation is the reply.
+//!
+//! # Faults
+//!
+//! See [`Faults`] and [`FaultKind`]: deterministic rules (`fail_first`, regex over the last
+//! user message, optional `times` limit) are checked first, then the random `rate`. Faults
+//! apply to chat requests only, after the latency sleep.
+
+mod config;
+mod error;
+mod faults;
+mod log;
+mod rng;
+mod script;
+mod server;
+mod template;
+mod wire;
+
+pub use config::{FaultKind, FaultRule, Faults, Latency, MockConfig, MockOptions};
+pub use error::MockError;
+pub use log::{RequestLog, RequestRecord};
+pub use script::Script;
+pub use server::MockServer;
+
+/// A sample script exercising every feature (`bridge/src/mock/scripts/sample.json`).
+pub const SAMPLE_SCRIPT: &str = include_str!("scripts/sample.json");

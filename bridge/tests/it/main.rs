@@ -1,1 +1,3 @@
 //! Integration tests of the bridge over real HTTP against the mock LM server.
+
+mod mock;

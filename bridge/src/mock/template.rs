@@ -1,0 +1,128 @@
+//! Reply templates: text with `{{...}}` placeholders, parsed once at script load.
+
+use regex::{Captures, Regex};
+
+use super::script::Prompt;
+
+/// A parsed template. Placeholders that name nothing known stay verbatim, so code such as
+/// Python's `f"{{x}}"` survives unless `x` is a capture group of the rule.
+#[derive(Debug, Clone)]
+pub(crate) struct Template {
+    parts: Vec<Part>,
+}
+
+#[derive(Debug, Clone)]
+enum Part {
+    Literal(String),
+    /// Numbered group of the rule's primary regex (`last_user`, else `system`).
+    Group(usize),
+    /// Named group of the rule's `last_user` or `system` regex.
+    Named(String),
+    LastUser,
+    System,
+    Model,
+    Turn,
+}
+
+/// The regexes whose capture groups a template may refer to.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Groups<'r> {
+    pub(crate) primary: Option<&'r Regex>,
+    pub(crate) secondary: Option<&'r Regex>,
+}
+
+/// Captures of a matched rule, borrowed from the request.
+#[derive(Debug, Default)]
+pub(crate) struct Matched<'h> {
+    pub(crate) primary: Option<Captures<'h>>,
+    pub(crate) secondary: Option<Captures<'h>>,
+}
+
+impl Template {
+    /// Parses `text`, resolving placeholders against `groups`.
+    pub(crate) fn parse(text: &str, groups: Groups<'_>) -> Self {
+        let mut parts = Vec::new();
+        let mut literal = String::new();
+        let mut rest = text;
+        while let Some(start) = rest.find("{{") {
+            let after = &rest[start + 2..];
+            let Some(end) = after.find("}}") else { break };
+            let name = after[..end].trim();
+            literal.push_str(&rest[..start]);
+            match resolve(name, groups) {
+                Some(part) => {
+                    if !literal.is_empty() {
+                        parts.push(Part::Literal(std::mem::take(&mut literal)));
+                    }
+                    parts.push(part);
+                }
+                None => literal.push_str(&rest[start..start + 2 + end + 2]),
+            }
+            rest = &after[end + 2..];
+        }
+        literal.push_str(rest);
+        if !literal.is_empty() || parts.is_empty() {
+            parts.push(Part::Literal(literal));
+        }
+        Self { parts }
+    }
+
+    /// Whether rendering needs the rule's capture groups.
+    pub(crate) fn uses_captures(&self) -> bool {
+        self.parts
+            .iter()
+            .any(|p| matches!(p, Part::Group(_) | Part::Named(_)))
+    }
+
+    /// Renders the template for one request.
+    pub(crate) fn render(&self, prompt: &Prompt<'_>, matched: &Matched<'_>) -> String {
+        if let [Part::Literal(s)] = self.parts.as_slice() {
+            return s.clone();
+        }
+        let mut out = String::new();
+        for part in &self.parts {
+            match part {
+                Part::Literal(s) => out.push_str(s),
+                Part::Group(i) => {
+                    let caps = matched.primary.as_ref().or(matched.secondary.as_ref());
+                    if let Some(m) = caps.and_then(|c| c.get(*i)) {
+                        out.push_str(m.as_str());
+                    }
+                }
+                Part::Named(name) => {
+                    let found = [&matched.primary, &matched.secondary]
+                        .into_iter()
+                        .flatten()
+                        .find_map(|c| c.name(name));
+                    if let Some(m) = found {
+                        out.push_str(m.as_str());
+                    }
+                }
+                Part::LastUser => out.push_str(prompt.last_user),
+                Part::System => out.push_str(prompt.system),
+                Part::Model => out.push_str(prompt.model),
+                Part::Turn => out.push_str(&prompt.turn.to_string()),
+            }
+        }
+        out
+    }
+}
+
+fn resolve(name: &str, groups: Groups<'_>) -> Option<Part> {
+    match name {
+        "last_user" => return Some(Part::LastUser),
+        "system" => return Some(Part::System),
+        "model" => return Some(Part::Model),
+        "turn" => return Some(Part::Turn),
+        _ => {}
+    }
+    if let Ok(i) = name.parse::<usize>() {
+        let primary = groups.primary.or(groups.secondary)?;
+        return (i < primary.captures_len()).then_some(Part::Group(i));
+    }
+    let known = [groups.primary, groups.secondary]
+        .into_iter()
+        .flatten()
+        .any(|re| re.capture_names().flatten().any(|n| n == name));
+    known.then(|| Part::Named(name.to_owned()))
+}

@@ -1,0 +1,248 @@
+//! Command-line arguments.
+//!
+//! Every `rlm run` option is an `Option` so that a value can come, in order of precedence,
+//! from a flag, from its environment variable (clap's `env`), from `rlm.toml`, or from the
+//! built-in default. [`RunOptions`] is both the clap argument group and the serde shape of
+//! the `[run]` table in `rlm.toml`, so the two cannot drift apart.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Deserialize;
+
+/// `rlm`: a Recursive Language Model runtime.
+#[derive(Debug, Parser)]
+#[command(
+    name = "rlm",
+    version,
+    about = "Recursive Language Model runtime: a root model, a Python REPL holding a huge context, and sub-models",
+    long_about = None,
+)]
+pub(crate) struct Cli {
+    /// Configuration file (default: `./rlm.toml` when it exists).
+    #[arg(long, global = true, env = "RLM_CONFIG", value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Answer a query over one or more contexts with the RLM loop.
+    Run(Box<RunArgs>),
+    /// Run a complete RLM analysis on generated logs against scripted mock models (no API key needed).
+    Demo(Box<DemoArgs>),
+    /// Serve the mock LM server (OpenAI and Anthropic wire formats) on 127.0.0.1.
+    MockLm(MockLmArgs),
+}
+
+/// Arguments of `rlm run`.
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// Context file(s) or directory; `-` reads standard input. Several become `context_0 … context_n`.
+    #[arg(long = "context", short = 'c', value_name = "PATH", num_args = 1..)]
+    pub(crate) contexts: Vec<PathBuf>,
+
+    /// The question to answer about the context.
+    #[arg(long, short = 'q')]
+    pub(crate) query: Option<String>,
+
+    #[command(flatten)]
+    pub(crate) options: RunOptions,
+}
+
+/// Options shared by `rlm run` and `rlm demo`, also readable from the `[run]` table of `rlm.toml`.
+#[derive(Debug, Default, Clone, Args, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub(crate) struct RunOptions {
+    /// Root model name.
+    #[arg(long, env = "RLM_MODEL")]
+    pub(crate) model: Option<String>,
+
+    /// Sub-model name for `llm_query` (default: the root model).
+    #[arg(long, env = "RLM_SUB_MODEL")]
+    pub(crate) sub_model: Option<String>,
+
+    /// Base URL of the root model's API (OpenAI: including `/v1`).
+    #[arg(long, env = "RLM_BASE_URL", value_name = "URL")]
+    pub(crate) base_url: Option<String>,
+
+    /// Base URL of the sub-model's API (default: `--base-url`).
+    #[arg(long, env = "RLM_SUB_BASE_URL", value_name = "URL")]
+    pub(crate) sub_base_url: Option<String>,
+
+    /// Wire format of the model API.
+    #[arg(long, env = "RLM_PROVIDER", value_enum)]
+    pub(crate) provider: Option<ProviderArg>,
+
+    /// Environment variable holding the API key (default: `OPENAI_API_KEY` or `ANTHROPIC_API_KEY`).
+    #[arg(long, env = "RLM_API_KEY_ENV", value_name = "VAR")]
+    pub(crate) api_key_env: Option<String>,
+
+    /// Maximum root-model iterations before a last "answer now" call [default: 30].
+    #[arg(long, env = "RLM_MAX_ITERATIONS")]
+    pub(crate) max_iterations: Option<u32>,
+
+    /// Wall-clock limit for the whole run, in seconds.
+    #[arg(long, env = "RLM_TIMEOUT", value_name = "SECONDS")]
+    pub(crate) timeout: Option<f64>,
+
+    /// Wall-clock limit for one code block, in seconds [default: 120].
+    #[arg(long, env = "RLM_CELL_TIMEOUT", value_name = "SECONDS")]
+    pub(crate) cell_timeout: Option<f64>,
+
+    /// Timeout of one sub-model HTTP attempt, in seconds [default: 120].
+    #[arg(long, env = "RLM_SUB_TIMEOUT", value_name = "SECONDS")]
+    pub(crate) sub_timeout: Option<f64>,
+
+    /// Budget: the most sub-model calls the run may make.
+    #[arg(long, env = "RLM_MAX_SUB_CALLS")]
+    pub(crate) max_sub_calls: Option<u64>,
+
+    /// Budget: the most tokens (prompt + completion, all models) the run may use.
+    #[arg(long, env = "RLM_MAX_TOKENS")]
+    pub(crate) max_tokens: Option<u64>,
+
+    /// Budget: the most USD the run may spend (needs prices).
+    #[arg(long, env = "RLM_MAX_USD")]
+    pub(crate) max_usd: Option<f64>,
+
+    /// Price of the root model, USD per million tokens, as `INPUT:OUTPUT`.
+    #[arg(long, env = "RLM_PRICE", value_name = "IN:OUT")]
+    pub(crate) price: Option<String>,
+
+    /// Price of the sub-model, USD per million tokens, as `INPUT:OUTPUT` (default: `--price`).
+    #[arg(long, env = "RLM_SUB_PRICE", value_name = "IN:OUT")]
+    pub(crate) sub_price: Option<String>,
+
+    /// Sub-model requests in flight at once for `llm_query_batched` [default: 64].
+    #[arg(long, env = "RLM_BATCH_CONCURRENCY")]
+    pub(crate) batch_concurrency: Option<usize>,
+
+    /// Which final-answer conventions count.
+    #[arg(long, env = "RLM_PROTOCOL", value_enum)]
+    pub(crate) protocol: Option<ProtocolArg>,
+
+    /// Append the text of FILE to the system prompt (domain instructions).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) prompt_extension: Option<PathBuf>,
+
+    /// Replace the system prompt with the text of FILE.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) system_prompt: Option<PathBuf>,
+
+    /// Write the trajectory (JSONL, one line per iteration) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) trajectory: Option<PathBuf>,
+
+    /// Write the exact final answer to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) answer_file: Option<PathBuf>,
+
+    /// Print the whole result with metrics as JSON on stdout.
+    #[arg(long)]
+    #[serde(default)]
+    pub(crate) json: bool,
+
+    /// No progress or trajectory on stderr.
+    #[arg(long)]
+    #[serde(default)]
+    pub(crate) quiet: bool,
+}
+
+/// Model API wire formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum ProviderArg {
+    /// OpenAI-compatible chat completions (OpenAI, vLLM, SGLang, llama.cpp, Ollama, OpenRouter).
+    Openai,
+    /// Anthropic Messages API.
+    Anthropic,
+}
+
+/// Final-answer conventions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum ProtocolArg {
+    /// All conventions: the `answer` dict, `FINAL_VAR(...)` and `FINAL(...)`.
+    Auto,
+    /// Only `FINAL(...)` / `FINAL_VAR(...)` (reply lines and in-code `FINAL_VAR`).
+    Final,
+    /// Only the `answer` dict (`answer["ready"] = True`).
+    Answer,
+}
+
+/// Arguments of `rlm demo`.
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// Size of the generated log context in MB.
+    #[arg(long, default_value_t = 4.0, value_name = "MB")]
+    pub(crate) size_mb: f64,
+
+    /// Seed of the generated logs.
+    #[arg(long, default_value_t = 7)]
+    pub(crate) seed: u64,
+
+    /// Keep the generated context at PATH instead of a temporary file.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) keep_context: Option<PathBuf>,
+
+    /// Model options; with `--base-url` and `--model` the demo runs against a real endpoint.
+    #[command(flatten)]
+    pub(crate) options: RunOptions,
+}
+
+/// Arguments of `rlm mock-lm`.
+#[derive(Debug, Args)]
+pub(crate) struct MockLmArgs {
+    /// Port on 127.0.0.1 (0 picks a free one).
+    #[arg(long, default_value_t = 8000)]
+    pub(crate) port: u16,
+
+    /// Script file (JSON) describing the models' behaviour (default: echo every prompt).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) script: Option<PathBuf>,
+
+    /// Latency per request in milliseconds: fixed, or the minimum with `--latency-max-ms`,
+    /// or the mean with `--latency-sd-ms`.
+    #[arg(long, value_name = "MS")]
+    pub(crate) latency_ms: Option<f64>,
+
+    /// Uniform latency between `--latency-ms` and this, in milliseconds.
+    #[arg(
+        long,
+        value_name = "MS",
+        requires = "latency_ms",
+        conflicts_with = "latency_sd_ms"
+    )]
+    pub(crate) latency_max_ms: Option<f64>,
+
+    /// Normal latency around `--latency-ms` with this standard deviation, in milliseconds.
+    #[arg(long, value_name = "MS", requires = "latency_ms")]
+    pub(crate) latency_sd_ms: Option<f64>,
+
+    /// Share of chat requests that fail with an injected fault (0.0 – 1.0).
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) fault_rate: f64,
+
+    /// Faults to draw from, comma-separated: 429, 500, 503, hang, reset, malformed, truncated.
+    #[arg(long, default_value = "429,500,503")]
+    pub(crate) faults: String,
+
+    /// Seconds announced in `Retry-After` of injected 429s.
+    #[arg(long, value_name = "SECONDS")]
+    pub(crate) retry_after: Option<f64>,
+
+    /// Seconds an injected hang lasts.
+    #[arg(long, value_name = "SECONDS")]
+    pub(crate) hang: Option<f64>,
+
+    /// Require this API key (`Authorization: Bearer` or `x-api-key`).
+    #[arg(long, env = "RLM_MOCK_API_KEY", hide_env_values = true)]
+    pub(crate) api_key: Option<String>,
+
+    /// Seed of the fault and latency draws.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+}

@@ -1,0 +1,46 @@
+//! `rlm mock-lm`: the mock LM server in the foreground until Ctrl-C.
+
+use anyhow::{Context, Result};
+use bridge::mock::{FaultKind, MockOptions, MockServer};
+
+use super::args::MockLmArgs;
+
+pub(crate) async fn serve(args: MockLmArgs) -> Result<()> {
+    let faults = if args.fault_rate > 0.0 {
+        FaultKind::parse_list(&args.faults)?
+    } else {
+        Vec::new()
+    };
+    let options = MockOptions {
+        script: args.script,
+        port: Some(args.port),
+        latency_ms: args.latency_ms,
+        latency_max_ms: args.latency_max_ms,
+        latency_sd_ms: args.latency_sd_ms,
+        fault_rate: args.fault_rate,
+        faults,
+        retry_after_secs: args.retry_after,
+        hang_secs: args.hang,
+        seed: args.seed,
+        api_key: args.api_key,
+        ..MockOptions::default()
+    };
+    let config = options.into_config()?;
+    let server = MockServer::start(config).await.with_context(|| {
+        format!(
+            "Could not listen on 127.0.0.1:{}; is the port in use? Try `--port 0`",
+            args.port
+        )
+    })?;
+    eprintln!("mock LM server listening (scripted models, not a real language model)");
+    eprintln!("  OpenAI-compatible: {}", server.openai_base_url());
+    eprintln!("  Anthropic:         {}", server.anthropic_base_url());
+    eprintln!("Press Ctrl-C to stop.");
+    tokio::signal::ctrl_c()
+        .await
+        .context("Could not wait for Ctrl-C")?;
+    let log = server.log();
+    server.shutdown().await;
+    eprintln!("mock LM server stopped after {} requests", log.len());
+    Ok(())
+}
