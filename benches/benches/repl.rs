@@ -39,7 +39,13 @@ fn status_kib(field: &str) -> u64 {
 }
 
 fn no_endpoints() -> Arc<kernel::repl::Endpoints> {
-    Arc::new(kernel::repl::Endpoints::default())
+    Arc::new(
+        kernel::repl::Endpoints::new(
+            Vec::new(),
+            Arc::new(bridge::Ledger::new(bridge::Budget::default())),
+        )
+        .expect("an empty registry is valid"),
+    )
 }
 
 /// Child: start the interpreter (and polars), then load one context; print one JSON line.

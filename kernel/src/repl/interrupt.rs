@@ -157,7 +157,9 @@ impl Watchdog {
                 }
             };
             if armed.fired.is_none() {
-                // Wake in-flight sub-calls first: they hold no GIL and return at once.
+                // Decided now, so the block counts as interrupted even if it finishes before
+                // the exception lands; then wake in-flight sub-calls (they hold no GIL).
+                armed.fired = Some(reason);
                 armed.cell_token.cancel();
             }
             let block = armed.block;

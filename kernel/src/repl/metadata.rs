@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::bridge_shim::SubCallMetadata;
+use bridge::SubCallMetadata;
 
 /// What kind of Python object a context became.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -46,7 +46,6 @@
 //! # Ok::<(), kernel::repl::ReplError>(())
 //! ```
 
-mod bridge_shim;
 mod capture;
 mod context;
 mod error;
@@ -57,7 +56,7 @@ mod metadata;
 mod natives;
 mod session;
 
-pub use bridge_shim::{Endpoints, Ledger, SubCallMetadata};
+pub use bridge::{Endpoints, Ledger, SubCallMetadata};
 pub use context::ContextSource;
 pub use error::ReplError;
 pub use metadata::{

@@ -18,8 +18,8 @@ use pyo3::types::{PyList, PyString};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::bridge_shim::{BatchPolicy, BridgeError, CallOptions, ChatRequest, Endpoints};
 use crate::runtime;
+use bridge::{BatchPolicy, BridgeError, CallOptions, ChatRequest, Endpoints};
 
 /// What a failed sub-call does in Python.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

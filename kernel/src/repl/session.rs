@@ -18,13 +18,13 @@ use pyo3::types::{PyDict, PyFrozenSet};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::bridge_shim::Endpoints;
 use super::context::{ContextSource, load_context};
 use super::error::ReplError;
 use super::interpreter::interpreter;
 use super::interrupt::Watchdog;
 use super::metadata::{ContextMetadata, ExecutionResult, VariableInfo};
 use super::natives::{LlmQuery, LlmQueryBatched, SubCallErrorMode, SubModelBridge};
+use bridge::Endpoints;
 
 /// How long `exec` waits beyond the cell's time limit for the interrupted cell to return.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(10);
