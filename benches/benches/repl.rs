@@ -10,7 +10,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kernel::repl::{ContextSource, ReplSession, SessionConfig};
 
@@ -226,12 +226,138 @@ fn loads(quick: bool) -> anyhow::Result<()> {
 }
 
 mod sub_calls {
-    pub(super) fn run(_quick: bool) -> anyhow::Result<()> {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use bridge::mock::{Latency, MockConfig, MockServer};
+    use bridge::{
+        BatchPolicy, Budget, CallOptions, ChatRequest, EndpointConfig, Endpoints, Ledger,
+    };
+    use kernel::repl::{ReplSession, SessionConfig};
+    use kernel::runtime;
+
+    fn endpoints(server: &MockServer) -> anyhow::Result<Arc<Endpoints>> {
+        let config = EndpointConfig::openai("sub", server.openai_base_url(), "sub-model");
+        Ok(Arc::new(Endpoints::new(
+            vec![config],
+            Arc::new(Ledger::new(Budget::default())),
+        )?))
+    }
+
+    fn session(endpoints: &Arc<Endpoints>) -> anyhow::Result<ReplSession> {
+        let config = SessionConfig {
+            cell_timeout: Duration::from_secs(600),
+            ..SessionConfig::default()
+        };
+        Ok(ReplSession::new(config, Arc::clone(endpoints), &[])?)
+    }
+
+    fn exec_ok(session: &ReplSession, code: &str) -> anyhow::Result<Duration> {
+        let result = session.exec(code)?;
+        anyhow::ensure!(result.error.is_none(), "block failed: {}", result.stderr);
+        Ok(result.duration)
+    }
+
+    pub(super) fn run(quick: bool) -> anyhow::Result<()> {
+        let rt = runtime::shared();
+        let n: u32 = if quick { 300 } else { 3000 };
+        let rounds = if quick { 2 } else { 5 };
+
+        // Sequential calls at 0 ms latency: bridge call vs llm_query from Python.
+        let server = rt.block_on(MockServer::start(MockConfig::default()))?;
+        let eps = endpoints(&server)?;
+        let endpoint = eps.get("sub")?;
+        let s = session(&eps)?;
+        let raw_call = || -> anyhow::Result<Duration> {
+            let started = Instant::now();
+            for i in 0..n {
+                rt.block_on(endpoint.call(
+                    ChatRequest::from_prompt(format!("prompt {i}")),
+                    &CallOptions::default(),
+                ))?;
+            }
+            Ok(started.elapsed() / n)
+        };
+        let code = format!("for i in range({n}):\n    llm_query(f'prompt {{i}}')");
+        raw_call()?; // warm up connections and code paths
+        exec_ok(&s, &code)?;
+        let (mut raw, mut native) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            raw.push(raw_call()?);
+            native.push(exec_ok(&s, &code)? / n);
+        }
+        let raw = median(raw);
+        let native = median(native);
+        println!();
+        println!(
+            "## sequential sub-calls at 0 ms mock latency ({n} calls, median of {rounds} rounds)"
+        );
+        println!("| path | per call | overhead vs bridge |");
+        println!("|---|---:|---:|");
+        println!(
+            "| bridge `Endpoint::call` (block_on from a plain thread) | {} | — |",
+            ms(raw)
+        );
+        println!(
+            "| `llm_query` from Python | {} | {:+.3} ms |",
+            ms(native),
+            (native.as_secs_f64() - raw.as_secs_f64()) * 1000.0
+        );
+        drop(s);
+        rt.block_on(server.shutdown());
+
+        // Batched fan-out of 1000 prompts at 50 ms latency.
+        let k = 1000;
+        let latency = Latency::fixed(Duration::from_millis(50));
+        let server = rt.block_on(MockServer::start(MockConfig {
+            latency,
+            ..MockConfig::default()
+        }))?;
+        let eps = endpoints(&server)?;
+        let endpoint = eps.get("sub")?;
+        let s = session(&eps)?;
+        let bridge_batch = || -> Duration {
+            let requests = (0..k)
+                .map(|i| ChatRequest::from_prompt(format!("item {i}")))
+                .collect();
+            let started = Instant::now();
+            let out =
+                rt.block_on(endpoint.batch(requests, BatchPolicy::default(), &Default::default()));
+            assert_eq!(out.len(), k);
+            started.elapsed()
+        };
+        let code = format!(
+            "r = llm_query_batched([f'item {{i}}' for i in range({k})])\nassert len(r) == {k} and r[7] == 'item 7', r[7]"
+        );
+        bridge_batch();
+        let (mut raw, mut native) = (Vec::new(), Vec::new());
+        for _ in 0..rounds.min(3) {
+            raw.push(bridge_batch());
+            native.push(exec_ok(&s, &code)?);
+        }
+        let raw = median(raw);
+        let native = median(native);
+        println!();
+        println!("## llm_query_batched of {k} prompts at 50 ms mock latency (max_in_flight 128)");
+        println!("| path | wall time | ratio |");
+        println!("|---|---:|---:|");
+        println!("| bridge `Endpoint::batch` | {} | 1.00× |", ms(raw));
+        println!(
+            "| `llm_query_batched` from Python | {} | {:.2}× |",
+            ms(native),
+            native.as_secs_f64() / raw.as_secs_f64()
+        );
+        drop(s);
+        rt.block_on(server.shutdown());
         Ok(())
     }
-}
 
-#[allow(dead_code)]
-fn fmt_duration(d: Duration) -> String {
-    format!("{:.3} ms", d.as_secs_f64() * 1000.0)
+    fn median(mut v: Vec<Duration>) -> Duration {
+        v.sort();
+        v[v.len() / 2]
+    }
+
+    fn ms(d: Duration) -> String {
+        format!("{:.3} ms", d.as_secs_f64() * 1000.0)
+    }
 }

@@ -31,19 +31,22 @@
 //! `answer` and `LlmQueryError` are put back after a block that rebinds or deletes them.
 //!
 //! # Example
-//! ```no_run
+//! ```
 //! use std::sync::Arc;
+//! use bridge::{Budget, Endpoints, Ledger};
 //! use kernel::repl::{ContextSource, ReplSession, SessionConfig};
-//! # fn endpoints() -> Arc<kernel::repl::Endpoints> { unimplemented!() }
+//!
+//! // No endpoints needed unless the code calls llm_query.
+//! let endpoints = Arc::new(Endpoints::new(Vec::new(), Arc::new(Ledger::new(Budget::default())))?);
 //! let session = ReplSession::new(
 //!     SessionConfig::default(),
-//!     endpoints(),
+//!     endpoints,
 //!     &[ContextSource::Text("alpha beta gamma".into())],
 //! )?;
 //! session.exec("words = context.split()")?;
 //! let result = session.exec("len(words)")?;
 //! assert_eq!(result.stdout, "3\n");
-//! # Ok::<(), kernel::repl::ReplError>(())
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod capture;
