@@ -1,1 +1,363 @@
-fn main() {}
+//! REPL benchmarks: `llm_query` overhead against a raw bridge call, `llm_query_batched`
+//! fan-out, and context load time / peak RSS.
+//!
+//! `cargo bench -p rlm-benches --bench repl [-- --quick]`
+//!
+//! Loads run in a child process each (this binary re-executed with `--load-child`), so the
+//! peak RSS (`VmHWM`) of one load is not hidden by an earlier one.
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kernel::repl::{ContextSource, ReplSession, SessionConfig};
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--load-child") {
+        return load_child(args.get(i + 1).map(PathBuf::from));
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    println!("# repl benchmarks{}", if quick { " (--quick)" } else { "" });
+    sub_calls::run(quick)?;
+    loads(quick)?;
+    Ok(())
+}
+
+/// `VmHWM` / `VmRSS` of this process in KiB.
+fn status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+fn no_endpoints() -> Arc<kernel::repl::Endpoints> {
+    Arc::new(
+        kernel::repl::Endpoints::new(
+            Vec::new(),
+            Arc::new(bridge::Ledger::new(bridge::Budget::default())),
+        )
+        .expect("an empty registry is valid"),
+    )
+}
+
+/// Child: start the interpreter (and polars), then load one context; print one JSON line.
+fn load_child(path: Option<PathBuf>) -> anyhow::Result<()> {
+    let path = path.ok_or_else(|| anyhow::anyhow!("--load-child needs a path"))?;
+    let warm = ReplSession::new(SessionConfig::default(), no_endpoints(), &[])?;
+    warm.exec("import polars, json")?;
+    let baseline_kib = status_kib("VmRSS:");
+    let started = Instant::now();
+    let session = ReplSession::new(
+        SessionConfig::default(),
+        no_endpoints(),
+        &[ContextSource::Path(path)],
+    )?;
+    let wall_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let meta = &session.contexts()[0];
+    println!(
+        "{}",
+        serde_json::json!({
+            "load_ms": meta.load_ms,
+            "wall_ms": wall_ms,
+            "baseline_kib": baseline_kib,
+            "hwm_kib": status_kib("VmHWM:"),
+            "rss_kib": status_kib("VmRSS:"),
+            "rows": meta.rows,
+            "chars": meta.chars,
+        })
+    );
+    Ok(())
+}
+
+/// A scratch directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> std::io::Result<Self> {
+        let path = std::env::temp_dir().join(format!("rlm-repl-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&path)?;
+        Ok(Self(path))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn generate_csv(path: &Path, target_bytes: u64) -> anyhow::Result<()> {
+    let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    let header = "id,service,level,latency_ms,message\n";
+    out.write_all(header.as_bytes())?;
+    let mut written = header.len() as u64;
+    let services = ["auth", "billing", "search", "checkout", "profile"];
+    let levels = ["INFO", "WARN", "ERROR"];
+    let mut i: u64 = 0;
+    while written < target_bytes {
+        let line = format!(
+            "{i},{},{},{}.{},request {} handled by worker {}\n",
+            services[(i % 5) as usize],
+            levels[(i % 7 % 3) as usize],
+            i % 997,
+            i % 10,
+            i.wrapping_mul(2_654_435_761) % 1_000_000,
+            i % 64
+        );
+        out.write_all(line.as_bytes())?;
+        written += line.len() as u64;
+        i += 1;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn generate_text(path: &Path, target_bytes: u64) -> anyhow::Result<()> {
+    let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    let mut written = 0u64;
+    let mut i: u64 = 0;
+    while written < target_bytes {
+        let line = format!(
+            "2025-01-01T00:00:{:02} service-{} user {} did something interesting #{}\n",
+            i % 60,
+            i % 13,
+            i.wrapping_mul(7919) % 100_000,
+            i
+        );
+        out.write_all(line.as_bytes())?;
+        written += line.len() as u64;
+        i += 1;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn generate_json(path: &Path, target_bytes: u64) -> anyhow::Result<()> {
+    let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    out.write_all(b"[")?;
+    let mut written = 1u64;
+    let mut i: u64 = 0;
+    while written < target_bytes {
+        let item = format!(
+            "{}{{\"id\": {i}, \"user\": \"u{}\", \"tags\": [\"a\", \"b\"], \"text\": \"message number {i} about topic {}\"}}",
+            if i == 0 { "" } else { ",\n" },
+            i % 1000,
+            i % 17
+        );
+        out.write_all(item.as_bytes())?;
+        written += item.len() as u64;
+        i += 1;
+    }
+    out.write_all(b"]\n")?;
+    out.flush()?;
+    Ok(())
+}
+
+fn loads(quick: bool) -> anyhow::Result<()> {
+    let dir = TempDir::new()?;
+    let mb = 1u64 << 20;
+    let (csv_size, text_size, json_size) = if quick {
+        (64 * mb, 8 * mb, 16 * mb)
+    } else {
+        (1024 * mb, 50 * mb, 200 * mb)
+    };
+    let cases = [
+        (
+            "CSV → polars.DataFrame",
+            dir.path().join("big.csv"),
+            csv_size,
+            generate_csv as fn(&Path, u64) -> anyhow::Result<()>,
+        ),
+        (
+            "text → str",
+            dir.path().join("big.txt"),
+            text_size,
+            generate_text,
+        ),
+        (
+            "JSON → list",
+            dir.path().join("big.json"),
+            json_size,
+            generate_json,
+        ),
+    ];
+    println!();
+    println!(
+        "## context loads (one child process each; RSS above an interpreter with polars imported)"
+    );
+    println!("| context | file MB | load ms | MB/s | peak RSS MB | peak extra / file |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    let exe = std::env::current_exe()?;
+    for (label, path, size, generate) in cases {
+        generate(&path, size)?;
+        let file_bytes = std::fs::metadata(&path)?.len();
+        let output = Command::new(&exe).arg("--load-child").arg(&path).output()?;
+        anyhow::ensure!(
+            output.status.success(),
+            "load child failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let line = String::from_utf8_lossy(&output.stdout);
+        let report: serde_json::Value = serde_json::from_str(line.trim())?;
+        let load_ms = report["load_ms"].as_f64().unwrap_or(f64::NAN);
+        let hwm = report["hwm_kib"].as_u64().unwrap_or(0) as f64 / 1024.0;
+        let base = report["baseline_kib"].as_u64().unwrap_or(0) as f64 / 1024.0;
+        let file_mb = file_bytes as f64 / mb as f64;
+        println!(
+            "| {label} | {file_mb:.0} | {load_ms:.0} | {:.0} | {hwm:.0} | {:.2}× |",
+            file_mb / (load_ms / 1000.0),
+            (hwm - base) / file_mb
+        );
+        std::fs::remove_file(&path)?;
+    }
+    Ok(())
+}
+
+mod sub_calls {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use bridge::mock::{Latency, MockConfig, MockServer};
+    use bridge::{
+        BatchPolicy, Budget, CallOptions, ChatRequest, EndpointConfig, Endpoints, Ledger,
+    };
+    use kernel::repl::{ReplSession, SessionConfig};
+    use kernel::runtime;
+
+    fn endpoints(server: &MockServer) -> anyhow::Result<Arc<Endpoints>> {
+        let config = EndpointConfig::openai("sub", server.openai_base_url(), "sub-model");
+        Ok(Arc::new(Endpoints::new(
+            vec![config],
+            Arc::new(Ledger::new(Budget::default())),
+        )?))
+    }
+
+    fn session(endpoints: &Arc<Endpoints>) -> anyhow::Result<ReplSession> {
+        let config = SessionConfig {
+            cell_timeout: Duration::from_secs(600),
+            ..SessionConfig::default()
+        };
+        Ok(ReplSession::new(config, Arc::clone(endpoints), &[])?)
+    }
+
+    fn exec_ok(session: &ReplSession, code: &str) -> anyhow::Result<Duration> {
+        let result = session.exec(code)?;
+        anyhow::ensure!(result.error.is_none(), "block failed: {}", result.stderr);
+        Ok(result.duration)
+    }
+
+    pub(super) fn run(quick: bool) -> anyhow::Result<()> {
+        let rt = runtime::shared();
+        let n: u32 = if quick { 300 } else { 3000 };
+        let rounds = if quick { 2 } else { 5 };
+
+        // Sequential calls at 0 ms latency: bridge call vs llm_query from Python.
+        let server = rt.block_on(MockServer::start(MockConfig::default()))?;
+        let eps = endpoints(&server)?;
+        let endpoint = eps.get("sub")?;
+        let s = session(&eps)?;
+        let raw_call = || -> anyhow::Result<Duration> {
+            let started = Instant::now();
+            for i in 0..n {
+                rt.block_on(endpoint.call(
+                    ChatRequest::from_prompt(format!("prompt {i}")),
+                    &CallOptions::default(),
+                ))?;
+            }
+            Ok(started.elapsed() / n)
+        };
+        let code = format!("for i in range({n}):\n    llm_query(f'prompt {{i}}')");
+        raw_call()?; // warm up connections and code paths
+        exec_ok(&s, &code)?;
+        let (mut raw, mut native) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            raw.push(raw_call()?);
+            native.push(exec_ok(&s, &code)? / n);
+        }
+        let raw = median(raw);
+        let native = median(native);
+        println!();
+        println!(
+            "## sequential sub-calls at 0 ms mock latency ({n} calls, median of {rounds} rounds)"
+        );
+        println!("| path | per call | overhead vs bridge |");
+        println!("|---|---:|---:|");
+        println!(
+            "| bridge `Endpoint::call` (block_on from a plain thread) | {} | — |",
+            ms(raw)
+        );
+        println!(
+            "| `llm_query` from Python | {} | {:+.3} ms |",
+            ms(native),
+            (native.as_secs_f64() - raw.as_secs_f64()) * 1000.0
+        );
+        drop(s);
+        rt.block_on(server.shutdown());
+
+        // Batched fan-out of 1000 prompts at 50 ms latency.
+        let k = 1000;
+        let latency = Latency::fixed(Duration::from_millis(50));
+        let server = rt.block_on(MockServer::start(MockConfig {
+            latency,
+            ..MockConfig::default()
+        }))?;
+        let eps = endpoints(&server)?;
+        let endpoint = eps.get("sub")?;
+        let s = session(&eps)?;
+        let bridge_batch = || -> Duration {
+            let requests = (0..k)
+                .map(|i| ChatRequest::from_prompt(format!("item {i}")))
+                .collect();
+            let started = Instant::now();
+            let out =
+                rt.block_on(endpoint.batch(requests, BatchPolicy::default(), &Default::default()));
+            assert_eq!(out.len(), k);
+            started.elapsed()
+        };
+        let code = format!(
+            "r = llm_query_batched([f'item {{i}}' for i in range({k})])\nassert len(r) == {k} and r[7] == 'item 7', r[7]"
+        );
+        bridge_batch();
+        let (mut raw, mut native) = (Vec::new(), Vec::new());
+        for _ in 0..rounds.min(3) {
+            raw.push(bridge_batch());
+            native.push(exec_ok(&s, &code)?);
+        }
+        let raw = median(raw);
+        let native = median(native);
+        println!();
+        println!("## llm_query_batched of {k} prompts at 50 ms mock latency (max_in_flight 128)");
+        println!("| path | wall time | ratio |");
+        println!("|---|---:|---:|");
+        println!("| bridge `Endpoint::batch` | {} | 1.00× |", ms(raw));
+        println!(
+            "| `llm_query_batched` from Python | {} | {:.2}× |",
+            ms(native),
+            native.as_secs_f64() / raw.as_secs_f64()
+        );
+        drop(s);
+        rt.block_on(server.shutdown());
+        Ok(())
+    }
+
+    fn median(mut v: Vec<Duration>) -> Duration {
+        v.sort();
+        v[v.len() / 2]
+    }
+
+    fn ms(d: Duration) -> String {
+        format!("{:.3} ms", d.as_secs_f64() * 1000.0)
+    }
+}

@@ -1,4 +1,63 @@
-//! Language models over HTTP.
+//! Language models over HTTP: the bridge between rlm-kernel and model servers.
+//!
+//! The pieces, in the order a call meets them:
+//!
+//! - [`chat`]: provider-neutral request and response types ([`ChatRequest`], [`ChatResponse`]).
+//! - [`Endpoints`] / [`Endpoint`] ([`endpoint`]): named models; each endpoint owns a limiter
+//!   shared by all its callers, runs retries ([`RetryPolicy`], honouring `Retry-After`) and
+//!   records every call in the [`Ledger`].
+//! - [`Endpoint::batch`] ([`batch`]): ordered, bounded fan-out with a result per slot.
+//! - [`client`]: one HTTP attempt in the OpenAI or Anthropic wire format, over the process-wide
+//!   [`shared_http_client`].
+//! - [`ledger`]: [`SubCallMetadata`] per call, usage per model, cost, and the [`Budget`].
+//! - `mock` (feature `mock`): an in-process mock LM server for tests, benchmarks and demos.
+//!
+//! Data flows `ChatRequest → Endpoint::call → (budget, permit, client attempt, backoff)* →
+//! ChatResponse`, with one `SubCallMetadata` pushed to the ledger at the end, success or not.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), bridge::BridgeError> {
+//! use std::sync::Arc;
+//! use bridge::{BatchPolicy, Budget, CallOptions, ChatRequest, EndpointConfig, Endpoints, Ledger};
+//!
+//! let ledger = Arc::new(Ledger::new(Budget { max_calls: Some(100), ..Budget::default() }));
+//! let endpoints = Endpoints::new(
+//!     vec![EndpointConfig::openai("sub", "http://127.0.0.1:8000/v1", "qwen3")],
+//!     ledger,
+//! )?;
+//! let sub = endpoints.get("sub")?;
+//! let one = sub.call(ChatRequest::from_prompt("Hi"), &CallOptions::default()).await?;
+//! let many = sub
+//!     .batch(
+//!         (0..10).map(|i| ChatRequest::from_prompt(format!("Item {i}"))).collect(),
+//!         BatchPolicy::bounded(4),
+//!         &Default::default(),
+//!     )
+//!     .await;
+//! assert_eq!(many.len(), 10);
+//! println!("{} / {} calls recorded", one.content, endpoints.ledger().records().len());
+//! # Ok(()) }
+//! ```
+
+pub mod batch;
+pub mod chat;
+pub mod client;
+pub mod endpoint;
+pub mod error;
+pub mod ledger;
+pub mod retry;
 
 #[cfg(feature = "mock")]
 pub mod mock;
+
+pub use batch::BatchPolicy;
+pub use chat::{
+    ChatRequest, ChatResponse, Message, Role, SamplingParams, ToolCall, ToolDefinition, Usage,
+};
+pub use client::{AnthropicClient, LmClient, OpenAiClient, shared_http_client};
+pub use endpoint::{
+    CallOptions, Endpoint, EndpointConfig, Endpoints, Price, Provider, RetryPolicy,
+};
+pub use error::{BridgeError, BudgetExceeded, BudgetLimit};
+pub use ledger::{Budget, Ledger, LedgerObserver, ModelUsage, SubCallMetadata};
+pub use tokio_util::sync::CancellationToken;

@@ -13,7 +13,7 @@ use super::rng::SplitMix;
 use super::script::Script;
 
 /// Everything [`super::MockServer::start`] needs. `Default`: echo every prompt, no latency,
-/// no faults, no API key, a free port on 127.0.0.1.
+/// no faults, no API key, a free port on 127.0.0.1, an unbounded request log.
 #[derive(Debug, Clone, Default)]
 pub struct MockConfig {
     /// Where to listen; must be a loopback address. `None` = `127.0.0.1:0` (a free port).
@@ -28,6 +28,8 @@ pub struct MockConfig {
     pub seed: u64,
     /// When set, chat and model requests must carry `Authorization: Bearer KEY` or `x-api-key: KEY`.
     pub api_key: Option<String>,
+    /// Keep at most this many request records, dropping the oldest; `None` keeps all (tests).
+    pub log_limit: Option<usize>,
 }
 
 /// Per-request delay before the server answers.
@@ -247,7 +249,8 @@ pub struct Faults {
     pub rate: f64,
     /// Kinds drawn from when a random fault fires.
     pub kinds: Vec<FaultKind>,
-    /// Value of the `Retry-After` header on 429 responses.
+    /// Delay advertised by 429 responses: `Retry-After` in whole seconds (rounded up) and
+    /// `retry-after-ms` exactly.
     #[serde(rename = "retry_after_secs", with = "secs")]
     pub retry_after: Duration,
     /// How long a [`FaultKind::Hang`] sleeps before answering (shutdown ends it early).
@@ -355,6 +358,8 @@ pub struct MockOptions {
     pub seed: u64,
     /// Require this API key.
     pub api_key: Option<String>,
+    /// Request-log size limit (default 100 000 records: a long-running server stays bounded).
+    pub log_limit: Option<usize>,
 }
 
 impl MockOptions {
@@ -403,6 +408,7 @@ impl MockOptions {
             faults,
             seed: self.seed,
             api_key: self.api_key,
+            log_limit: Some(self.log_limit.unwrap_or(100_000)),
         })
     }
 }

@@ -1,7 +1,10 @@
 //! The request log: one record per finished request, shared by the server and the test.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+
+use tokio::sync::Notify;
 
 use serde::{Deserialize, Serialize};
 
@@ -18,7 +21,8 @@ pub struct RequestRecord {
     pub arrived: Duration,
     /// When the response was handed to the connection (after latency and faults).
     pub finished: Duration,
-    /// HTTP status sent; `0` when the connection was dropped without a response (`reset`).
+    /// HTTP status sent; `0` when the connection was dropped without a response (`reset`);
+    /// `499` when the client went away before the response was ready (e.g. its timeout fired).
     pub status: u16,
     /// The injected fault, by [`super::FaultKind::name`].
     pub fault: Option<String>,
@@ -35,18 +39,21 @@ pub struct RequestRecord {
 /// A cheap, cloneable handle on the server's request log.
 #[derive(Debug, Clone, Default)]
 pub struct RequestLog {
-    records: Arc<Mutex<Vec<RequestRecord>>>,
+    records: Arc<Mutex<VecDeque<RequestRecord>>>,
+    pushed: Arc<Notify>,
+    /// Keep at most this many records, dropping the oldest (`None` = keep all).
+    limit: Option<usize>,
 }
 
 impl RequestLog {
     /// All records, in arrival (`id`) order.
     pub fn entries(&self) -> Vec<RequestRecord> {
-        let mut entries = self.lock().clone();
+        let mut entries: Vec<RequestRecord> = self.lock().iter().cloned().collect();
         entries.sort_by_key(|r| r.id);
         entries
     }
 
-    /// Number of finished requests.
+    /// Number of records held (finished requests, minus any dropped by the size limit).
     pub fn len(&self) -> usize {
         self.lock().len()
     }
@@ -81,11 +88,41 @@ impl RequestLog {
         usize::try_from(max).unwrap_or(0)
     }
 
-    pub(crate) fn push(&self, record: RequestRecord) {
-        self.lock().push(record);
+    /// Waits until at least `n` records exist (records of requests whose client gave up can
+    /// land a moment after the client saw its error); `false` if `timeout` passed first.
+    pub async fn wait_for(&self, n: usize, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let pushed = self.pushed.notified();
+            if self.len() >= n {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, pushed).await.is_err() {
+                return self.len() >= n;
+            }
+        }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<RequestRecord>> {
+    /// A log that keeps at most `limit` records (`None` = all).
+    pub(crate) fn with_limit(limit: Option<usize>) -> Self {
+        Self {
+            limit,
+            ..Self::default()
+        }
+    }
+
+    pub(crate) fn push(&self, record: RequestRecord) {
+        {
+            let mut records = self.lock();
+            if self.limit.is_some_and(|limit| records.len() >= limit) {
+                records.pop_front();
+            }
+            records.push_back(record);
+        }
+        self.pushed.notify_waiters();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, VecDeque<RequestRecord>> {
         // A panic while holding the lock cannot leave a Vec half-pushed; keep going.
         self.records.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -13,21 +13,29 @@
 //!   fault decision (`faults.rs`) → latency sleep → the [`Script`] picks and renders a reply
 //!   (`script.rs`, `template.rs`) → rendered in the provider's format → one
 //!   [`RequestRecord`] is pushed to the [`RequestLog`].
+//! - A request whose client leaves early (timeout) is still logged, with status `499`.
 //! - All per-request randomness comes from a generator seeded by
 //!   `(MockConfig::seed, request id)`; ids count arrivals from 0, so a sequential client sees
 //!   the same latencies and faults on every run.
 //!
 //! # Example
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! ```
 //! use bridge::mock::{MockConfig, MockServer, Script};
+//! use serde_json::{Value, json};
 //!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let script = Script::from_json_str(r#"{"models": {"*": {"replies": ["hello", "FINAL(42)"]}}}"#)?;
 //! let server = MockServer::start(MockConfig { script, ..MockConfig::default() }).await?;
+//!
 //! let url = format!("{}/chat/completions", server.openai_base_url());
-//! // POST {"model": "m", "messages": [{"role": "user", "content": "hi"}]} to `url` → "hello"
-//! assert_eq!(server.log().len(), 0);
+//! let request = json!({"model": "root", "messages": [{"role": "user", "content": "hi"}]});
+//! let client = reqwest::Client::builder().no_proxy().build()?;
+//! let reply: Value = client.post(&url).json(&request).send().await?.json().await?;
+//! assert_eq!(reply["choices"][0]["message"]["content"], "hello"); // TURN 0
+//!
+//! assert_eq!(server.log().entries()[0].model, "root");
 //! server.shutdown().await;
 //! # Ok(()) }
 //! ```

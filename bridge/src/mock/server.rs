@@ -19,7 +19,7 @@ use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use futures::StreamExt;
 use serde::Serialize;
-use tokio::net::TcpListener;
+use tokio::net::TcpSocket;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -37,7 +37,11 @@ const MAX_BODY_BYTES: usize = 256 * 1024 * 1024;
 const LOGGED_PROMPT_CHARS: usize = 200;
 /// Upper bound on a graceful shutdown; connections still open after it are dropped.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+/// Logged status of a request whose client left before the response was ready (as nginx does).
+const CLIENT_CLOSED_REQUEST: u16 = 499;
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-mock-request-id");
+/// OpenAI's millisecond-precision companion of `Retry-After`.
+const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
 
 /// A running mock LM server on a loopback port. Dropping it stops the server in the background;
 /// [`MockServer::shutdown`] stops it and waits.
@@ -81,9 +85,19 @@ impl MockServer {
         let invalid = |e: MockError| io::Error::new(io::ErrorKind::InvalidInput, e);
         config.latency.validate().map_err(invalid)?;
         let faults = FaultPlan::new(&config.faults).map_err(invalid)?;
-        let listener = TcpListener::bind(addr).await?;
+        // A deep accept backlog: benchmarks open thousands of connections at once, and
+        // tokio's default of 1024 would turn that burst into connect timeouts.
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        socket.set_nodelay(true)?;
+        socket.bind(addr)?;
+        let listener = socket.listen(8192)?;
         let addr = listener.local_addr()?;
-        let log = RequestLog::default();
+        let log = RequestLog::with_limit(config.log_limit);
         let shutdown = CancellationToken::new();
         let state = Arc::new(ServerState {
             script: config.script,
@@ -276,6 +290,36 @@ struct Draft {
     stream: bool,
     request_bytes: usize,
     fault: Option<FaultKind>,
+    /// Where the record goes; taken when it is written.
+    sink: Option<(RequestLog, Instant)>,
+}
+
+impl Draft {
+    fn record(&mut self, status: u16, response_bytes: usize) {
+        let Some((log, started)) = self.sink.take() else {
+            return;
+        };
+        log.push(RequestRecord {
+            id: self.id,
+            path: std::mem::take(&mut self.path),
+            model: std::mem::take(&mut self.model),
+            arrived: self.arrived,
+            finished: started.elapsed(),
+            status,
+            fault: self.fault.map(|f| f.name().to_owned()),
+            request_bytes: self.request_bytes,
+            response_bytes,
+            last_user: std::mem::take(&mut self.last_user),
+            stream: self.stream,
+        });
+    }
+}
+
+impl Drop for Draft {
+    /// hyper drops the handler when the client goes away (e.g. its timeout fired): log that too.
+    fn drop(&mut self) {
+        self.record(CLIENT_CLOSED_REQUEST, 0);
+    }
 }
 
 /// A response plus the facts the log records about it.
@@ -297,6 +341,7 @@ impl ServerState {
             stream: false,
             request_bytes: 0,
             fault: None,
+            sink: Some((self.log.clone(), self.started)),
         }
     }
 
@@ -312,24 +357,12 @@ impl ServerState {
         bearer.is_some_and(|b| b.trim() == key) || x_api_key.is_some_and(|k| k.trim() == key)
     }
 
-    fn finish(&self, draft: Draft, outcome: Outcome) -> Response {
+    fn finish(&self, mut draft: Draft, outcome: Outcome) -> Response {
         let mut response = outcome.response;
         response
             .headers_mut()
             .insert(REQUEST_ID, HeaderValue::from(draft.id));
-        self.log.push(RequestRecord {
-            id: draft.id,
-            path: draft.path,
-            model: draft.model,
-            arrived: draft.arrived,
-            finished: self.started.elapsed(),
-            status: outcome.status,
-            fault: draft.fault.map(|f| f.name().to_owned()),
-            request_bytes: draft.request_bytes,
-            response_bytes: outcome.response_bytes,
-            last_user: draft.last_user,
-            stream: draft.stream,
-        });
+        draft.record(outcome.status, outcome.response_bytes);
         response
     }
 
@@ -394,11 +427,16 @@ impl ServerState {
                     "Rate limit reached (injected by the mock server); retry after the \
                      `Retry-After` delay",
                 );
-                let secs = self.faults.retry_after.as_secs_f64().ceil();
-                outcome
-                    .response
-                    .headers_mut()
-                    .insert(RETRY_AFTER, HeaderValue::from(secs as u64));
+                let retry_after = self.faults.retry_after;
+                let headers = outcome.response.headers_mut();
+                headers.insert(
+                    RETRY_AFTER,
+                    HeaderValue::from(retry_after.as_secs_f64().ceil() as u64),
+                );
+                headers.insert(
+                    RETRY_AFTER_MS,
+                    HeaderValue::from(retry_after.as_millis() as u64),
+                );
                 return self.finish(draft, outcome);
             }
             Some(FaultKind::ServerError) => {

@@ -1,3 +1,11 @@
 //! Integration tests of the bridge over real HTTP against the mock LM server.
 
+mod anthropic;
+mod batch;
+mod budget;
+mod cancel;
+mod errors;
 mod mock;
+mod openai;
+mod retry;
+mod support;

@@ -179,8 +179,9 @@ async fn fixed_latency_delays_and_is_logged() {
 
 #[tokio::test]
 async fn concurrent_requests_overlap_in_the_log() {
+    // 400 ms: all 50 requests must arrive before the first finishes, even on a busy machine.
     let config = MockConfig {
-        latency: Latency::fixed(Duration::from_millis(100)),
+        latency: Latency::fixed(Duration::from_millis(400)),
         ..MockConfig::default()
     };
     let server = start(config).await;
@@ -657,6 +658,7 @@ async fn rate_limit_fault_sends_retry_after_then_recovers() {
         .await;
         assert_eq!(resp.status(), 429);
         assert_eq!(resp.headers()["retry-after"], "7");
+        assert_eq!(resp.headers()["retry-after-ms"], "7000");
         let v: Value = resp.json().await.expect("JSON");
         assert_eq!(v["error"]["code"], "rate_limit_exceeded");
     }
@@ -816,6 +818,14 @@ async fn hang_fault_outlasts_the_client_timeout_and_ends_on_shutdown() {
         .await
         .expect_err("times out");
     assert!(err.is_timeout(), "{err}");
+    // The abandoned request is logged as 499 once the server notices the client left.
+    let log = server.log();
+    assert!(
+        log.wait_for(1, Duration::from_secs(5)).await,
+        "no record of the abandoned request"
+    );
+    let r = &log.entries()[0];
+    assert_eq!((r.status, r.fault.as_deref()), (499, Some("hang")));
     // A second hanging request is still open when we shut down; shutdown must not wait an hour.
     let server2 = start_faults(Faults::fail_first(1, FaultKind::Hang)).await;
     let url2 = format!("{}/chat/completions", server2.openai_base_url());
@@ -1029,5 +1039,59 @@ async fn h2c_prior_knowledge_works() {
     assert_eq!(resp.version(), reqwest::Version::HTTP_2);
     let v: Value = resp.json().await.expect("JSON");
     assert_eq!(v["choices"][0]["message"]["content"], "over h2");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_is_prompt_with_idle_keep_alive_connections_and_frees_the_port() {
+    let server = start(MockConfig::default()).await;
+    let keep_alive = client();
+    let url = format!("{}/chat/completions", server.openai_base_url());
+    for i in 0..3 {
+        let resp = keep_alive
+            .post(&url)
+            .json(&openai_body("m", user(&i.to_string())))
+            .send()
+            .await;
+        assert_eq!(resp.expect("sent").status(), 200);
+    }
+    assert_eq!(
+        server.log().max_concurrency(),
+        1,
+        "sequential requests never overlap"
+    );
+    let started = std::time::Instant::now();
+    server.shutdown().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+    let err = keep_alive
+        .post(&url)
+        .json(&openai_body("m", user("late")))
+        .send()
+        .await
+        .expect_err("server is gone");
+    assert!(err.is_connect() || err.is_request(), "{err}");
+}
+
+#[tokio::test]
+async fn log_limit_keeps_the_newest_records() {
+    let server = start(MockConfig {
+        log_limit: Some(3),
+        ..MockConfig::default()
+    })
+    .await;
+    for i in 0..5 {
+        openai_text(&server, "m", user(&i.to_string())).await;
+    }
+    let kept: Vec<(u64, String)> = server
+        .log()
+        .entries()
+        .into_iter()
+        .map(|r| (r.id, r.last_user))
+        .collect();
+    assert_eq!(kept, [(2, "2".into()), (3, "3".into()), (4, "4".into())]);
     server.shutdown().await;
 }

@@ -23,6 +23,7 @@ pub(crate) async fn serve(args: MockLmArgs) -> Result<()> {
         hang_secs: args.hang,
         seed: args.seed,
         api_key: args.api_key,
+        ..MockOptions::default()
     };
     let config = options.into_config()?;
     let server = MockServer::start(config).await.with_context(|| {

@@ -1,1 +1,70 @@
-//! The embedded Python REPL session.
+//! The embedded Python REPL: a persistent namespace over CPython where a model's code meets
+//! a huge context and the sub-models.
+//!
+//! # Pieces
+//! - [`session`](ReplSession): the `Send + Sync` handle. Each session owns one dedicated
+//!   thread that holds its Python namespace and runs its blocks; calls send jobs over a
+//!   channel and wait (bounded) for the reply. Sessions in one process share the
+//!   interpreter and interleave through the GIL; each has its own globals, captures and
+//!   watchdog.
+//! - `exec` + `capture`: a block is compiled as `<repl-block-N>`, run directly in the
+//!   globals, a final bare expression's `repr` is shown (like IPython), stdout/stderr go to
+//!   bounded head+tail buffers (`sys.stdout` routes each thread's writes to its session's
+//!   capture; threads a block starts belong to its session).
+//! - `interrupt`: the watchdog that stops a block at its time limit or on cancellation —
+//!   asynchronous `CellTimeout` (a `BaseException`, re-raised until the block ends), a stop
+//!   event that wakes the patched `time.sleep`, and cancellation of in-flight sub-calls.
+//! - `natives`: `llm_query` / `llm_query_batched` in Rust on the bridge (GIL released while
+//!   waiting); `support.py` adds `FINAL_VAR`, `SHOW_VARS` and the `answer` dict.
+//! - `context`: loaders (text, JSON, JSON lines, tables via Python polars, directories,
+//!   stdin) and [`ContextMetadata`].
+//! - `error`: [`ReplError`] — only kernel failures; Python exceptions are data in
+//!   [`ExecutionResult::error`].
+//!
+//! # Data flow of one block
+//! `exec(code)` → job → session thread: compile → arm watchdog → run (GIL held; released in
+//! `llm_query`, `time.sleep`, I/O) → disarm → describe exception → restore reserved names →
+//! collect output, sub-call records, variables, final answer → [`ExecutionResult`].
+//!
+//! # Reserved names
+//! `context`, `context_0…n`, `llm_query`, `llm_query_batched`, `FINAL_VAR`, `SHOW_VARS`,
+//! `answer` and `LlmQueryError` are put back after a block that rebinds or deletes them.
+//!
+//! # Example
+//! ```
+//! use std::sync::Arc;
+//! use bridge::{Budget, Endpoints, Ledger};
+//! use kernel::repl::{ContextSource, ReplSession, SessionConfig};
+//!
+//! // No endpoints needed unless the code calls llm_query.
+//! let endpoints = Arc::new(Endpoints::new(Vec::new(), Arc::new(Ledger::new(Budget::default())))?);
+//! let session = ReplSession::new(
+//!     SessionConfig::default(),
+//!     endpoints,
+//!     &[ContextSource::Text("alpha beta gamma".into())],
+//! )?;
+//! session.exec("words = context.split()")?;
+//! let result = session.exec("len(words)")?;
+//! assert_eq!(result.stdout, "3\n");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod capture;
+mod context;
+mod error;
+mod exec;
+mod interpreter;
+mod interrupt;
+mod metadata;
+mod natives;
+mod session;
+
+pub use bridge::{Endpoints, Ledger, SubCallMetadata};
+pub use context::ContextSource;
+pub use error::ReplError;
+pub use metadata::{
+    ContextKind, ContextMetadata, ExecError, ExecutionResult, FinalAnswer, FinalSource, ItemSizes,
+    VariableInfo,
+};
+pub use natives::SubCallErrorMode;
+pub use session::{RESERVED_NAMES, ReplSession, SessionConfig};

@@ -1,1 +1,6 @@
-//! Integration tests of the kernel.
+//! Integration tests of the kernel: one binary, a module per area.
+
+mod context;
+mod natives;
+mod repl;
+mod support;

@@ -1,0 +1,109 @@
+//! Ordered, bounded fan-out: N requests in, N results out in input order.
+//!
+//! At most `concurrency` calls of one batch run at once (each one a tokio task, so the JSON
+//! work spreads over the runtime's threads); the endpoint's limiter still caps what all
+//! callers together have in flight. Each slot gets its own `Result`: a failure, a panic or a
+//! cancellation touches only its slot, and every slot leaves one ledger record.
+
+use std::panic::AssertUnwindSafe;
+
+use futures::FutureExt;
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::chat::{ChatRequest, ChatResponse};
+use crate::endpoint::Endpoint;
+use crate::error::BridgeError;
+
+/// How wide a batch fans out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchPolicy {
+    /// Calls of this batch in flight at once; `None` = all (still capped by `max_in_flight`).
+    pub concurrency: Option<usize>,
+}
+
+impl BatchPolicy {
+    /// At most `n` at once.
+    pub fn bounded(n: usize) -> Self {
+        Self {
+            concurrency: Some(n),
+        }
+    }
+
+    /// Everything at once (up to the endpoint's limiter).
+    pub fn unbounded() -> Self {
+        Self { concurrency: None }
+    }
+}
+
+type Slot = Result<ChatResponse, BridgeError>;
+
+impl Endpoint {
+    /// Run `reqs` with bounded concurrency and return their results in input order.
+    ///
+    /// Cancelling `cancel` ends in-flight calls promptly; they and the calls not yet started
+    /// come back as [`BridgeError::Cancelled`].
+    pub async fn batch(
+        &self,
+        reqs: Vec<ChatRequest>,
+        policy: BatchPolicy,
+        cancel: &CancellationToken,
+    ) -> Vec<Slot> {
+        let n = reqs.len();
+        let width = policy.concurrency.unwrap_or(n).clamp(1, n.max(1));
+        let mut slots: Vec<Option<Slot>> = Vec::with_capacity(n);
+        slots.resize_with(n, || None);
+        let mut pending = reqs.into_iter().enumerate();
+        let mut tasks = JoinSet::new();
+        let spawn = |tasks: &mut JoinSet<(usize, Slot)>, index: usize, req: ChatRequest| {
+            let shared = std::sync::Arc::clone(&self.shared);
+            let cancel = cancel.clone();
+            tasks.spawn(async move {
+                let call = shared.call(req, &cancel, false, None, Some(n));
+                let result = AssertUnwindSafe(call)
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(BridgeError::Internal(format!(
+                            "the task of batch item {index} panicked"
+                        )))
+                    });
+                (index, result)
+            });
+        };
+        for (index, req) in pending.by_ref().take(width) {
+            spawn(&mut tasks, index, req);
+        }
+        while let Some(joined) = tasks.join_next().await {
+            // Tasks are never aborted and panics are caught inside, so a join error cannot
+            // happen; if it did, its slot is reported below as missing.
+            if let Ok((index, result)) = joined
+                && let Some(slot) = slots.get_mut(index)
+            {
+                *slot = Some(result);
+            }
+            if cancel.is_cancelled() {
+                for (index, req) in pending.by_ref() {
+                    self.shared.record_unsent(&req, &BridgeError::Cancelled, n);
+                    if let Some(slot) = slots.get_mut(index) {
+                        *slot = Some(Err(BridgeError::Cancelled));
+                    }
+                }
+            } else if let Some((index, req)) = pending.next() {
+                spawn(&mut tasks, index, req);
+            }
+        }
+        slots
+            .into_iter()
+            .enumerate()
+            .map(|(i, slot)| {
+                slot.unwrap_or_else(|| {
+                    Err(BridgeError::Internal(format!(
+                        "batch item {i} produced no result"
+                    )))
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,489 @@
+//! Chat clients: the [`LmClient`] trait and its two wire protocols.
+//!
+//! - [`OpenAiClient`] speaks OpenAI chat completions (`POST {base_url}/chat/completions`),
+//!   which vLLM, SGLang, llama.cpp, Ollama and OpenRouter also serve.
+//! - [`AnthropicClient`] speaks the Anthropic Messages API (`POST {base_url}/v1/messages`).
+//!
+//! Both translate [`ChatRequest`] into their JSON body, send it through one `Transport`
+//! (URL, headers, per-attempt timeout, error mapping) over the process-wide
+//! [`shared_http_client`], and translate the JSON answer, or the SSE stream, back into a
+//! [`ChatResponse`]. A client makes exactly one attempt; retries, limits and accounting live
+//! in [`crate::Endpoint`].
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), bridge::BridgeError> {
+//! use bridge::{ChatRequest, EndpointConfig, LmClient, OpenAiClient};
+//! let config = EndpointConfig::openai("sub", "http://127.0.0.1:8000/v1", "qwen3");
+//! let client = OpenAiClient::new(&config)?;
+//! let answer = client.chat(&ChatRequest::from_prompt("Say hi")).await?;
+//! println!("{} ({} tokens)", answer.content, answer.usage.total());
+//! # Ok(()) }
+//! ```
+
+mod anthropic;
+mod openai;
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use eventsource_stream::{Event, EventStreamError};
+use futures::{Stream, StreamExt};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use serde::de::DeserializeOwned;
+
+pub use anthropic::{ANTHROPIC_DEFAULT_MAX_TOKENS, ANTHROPIC_VERSION, AnthropicClient};
+pub use openai::OpenAiClient;
+
+use crate::chat::{ChatRequest, ChatResponse};
+use crate::endpoint::EndpointConfig;
+use crate::error::BridgeError;
+
+/// A chat model reachable over HTTP; one call is one attempt.
+#[async_trait]
+pub trait LmClient: Send + Sync + std::fmt::Debug {
+    /// Send `req` and wait for the whole answer.
+    async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, BridgeError>;
+
+    /// Send `req` as an SSE stream, calling `on_delta` with each piece of text as it arrives.
+    async fn chat_stream(
+        &self,
+        req: &ChatRequest,
+        on_delta: &mut (dyn for<'s> FnMut(&'s str) + Send),
+    ) -> Result<ChatResponse, BridgeError>;
+}
+
+/// The process-wide HTTP client: keep-alive pool, `TCP_NODELAY`, HTTP/2 where TLS offers
+/// it, and no proxies from the environment (model servers are usually local).
+pub fn shared_http_client() -> reqwest::Client {
+    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            reqwest::Client::builder()
+                .no_proxy()
+                .tcp_nodelay(true)
+                .pool_max_idle_per_host(usize::MAX)
+                .pool_idle_timeout(Duration::from_secs(90))
+                .tcp_keepalive(Duration::from_secs(60))
+                .connect_timeout(Duration::from_secs(30))
+                .user_agent(concat!("rlm-kernel/", env!("CARGO_PKG_VERSION")))
+                .build()
+                .unwrap_or_else(|_| reqwest::Client::new())
+        })
+        .clone()
+}
+
+/// Where and how one client sends its requests; shared by both protocols.
+#[derive(Debug, Clone)]
+pub(crate) struct Transport {
+    endpoint: String,
+    url: String,
+    /// `url` parsed once; reqwest takes a `Url` without re-parsing it.
+    parsed_url: reqwest::Url,
+    headers: HeaderMap,
+    timeout: Duration,
+    auth_hint: String,
+    http: reqwest::Client,
+}
+
+/// Where the API key came from, for the 401 hint.
+pub(crate) enum KeySource {
+    Inline(String),
+    Env { var: String, value: String },
+    MissingEnv(String),
+    None,
+}
+
+impl KeySource {
+    /// Resolve the key of `config`: inline `api_key` first, then `api_key_env`.
+    pub(crate) fn resolve(config: &EndpointConfig) -> Self {
+        if let Some(key) = config.api_key.as_ref().filter(|k| !k.is_empty()) {
+            return Self::Inline(key.clone());
+        }
+        match &config.api_key_env {
+            Some(var) => match std::env::var(var) {
+                Ok(value) if !value.is_empty() => Self::Env {
+                    var: var.clone(),
+                    value,
+                },
+                _ => Self::MissingEnv(var.clone()),
+            },
+            None => Self::None,
+        }
+    }
+
+    pub(crate) fn key(&self) -> Option<&str> {
+        match self {
+            Self::Inline(k) | Self::Env { value: k, .. } => Some(k),
+            Self::MissingEnv(_) | Self::None => None,
+        }
+    }
+
+    fn hint(&self, endpoint: &str, example_var: &str) -> String {
+        match self {
+            Self::Inline(_) => format!("check `api_key` of endpoint `{endpoint}`"),
+            Self::Env { var, .. } => format!(
+                "check the key in the environment variable `{var}` (endpoint `{endpoint}` reads it \
+                 through `api_key_env`)"
+            ),
+            Self::MissingEnv(var) => format!(
+                "the environment variable `{var}` is not set; export it with your API key \
+                 (endpoint `{endpoint}` reads it through `api_key_env`)"
+            ),
+            Self::None => format!(
+                "endpoint `{endpoint}` sends no API key; set `api_key_env` (e.g. `{example_var}`) \
+                 or `api_key`"
+            ),
+        }
+    }
+}
+
+impl Transport {
+    /// Build the transport of `config` posting to `url`, with the protocol's own headers.
+    pub(crate) fn new(
+        config: &EndpointConfig,
+        url: String,
+        mut headers: HeaderMap,
+        key: &KeySource,
+        example_var: &str,
+    ) -> Result<Self, BridgeError> {
+        let parsed = reqwest::Url::parse(&url).map_err(|e| {
+            BridgeError::Config(format!(
+                "`base_url` of endpoint `{}` gives the invalid URL `{url}` ({e}); use e.g. \
+                 `http://127.0.0.1:8000/v1`",
+                config.name
+            ))
+        })?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(BridgeError::Config(format!(
+                "`base_url` of endpoint `{}` must start with `http://` or `https://`, got `{url}`",
+                config.name
+            )));
+        }
+        if config.timeout.is_zero() {
+            return Err(BridgeError::Config(format!(
+                "`timeout` of endpoint `{}` must be positive",
+                config.name
+            )));
+        }
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        for (name, value) in &config.headers {
+            let bad = |what: &str| {
+                BridgeError::Config(format!(
+                    "header `{name}` of endpoint `{}` has an invalid {what}",
+                    config.name
+                ))
+            };
+            let name_h = HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad("name"))?;
+            let value_h = HeaderValue::from_str(value).map_err(|_| bad("value"))?;
+            headers.insert(name_h, value_h);
+        }
+        Ok(Self {
+            endpoint: config.name.clone(),
+            url,
+            parsed_url: parsed,
+            headers,
+            timeout: config.timeout,
+            auth_hint: key.hint(&config.name, example_var),
+            http: shared_http_client(),
+        })
+    }
+
+    /// POST `body` and wait for a 2xx status; error statuses become [`BridgeError`]s.
+    async fn send(&self, body: Vec<u8>, sse: bool) -> Result<reqwest::Response, BridgeError> {
+        let mut request = self
+            .http
+            .post(self.parsed_url.clone())
+            .headers(self.headers.clone())
+            .body(body);
+        if sse {
+            request = request.header(reqwest::header::ACCEPT, "text/event-stream");
+        }
+        let response = request.send().await.map_err(|e| self.map_reqwest(&e))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let retry_after = crate::retry::retry_after(response.headers());
+        // The error body is small; if reading it fails the status alone still says enough.
+        let text = response.text().await.unwrap_or_default();
+        Err(self.status_error(status.as_u16(), &text, retry_after))
+    }
+
+    /// One non-streaming attempt: send, read the whole body, decode it, all within `timeout`.
+    pub(crate) async fn post_json<T: DeserializeOwned>(
+        &self,
+        body: Vec<u8>,
+    ) -> Result<T, BridgeError> {
+        let attempt = async {
+            let response = self.send(body, false).await?;
+            let bytes = response.bytes().await.map_err(|e| self.map_reqwest(&e))?;
+            serde_json::from_slice::<T>(&bytes).map_err(|e| self.decode_error(e, &bytes))
+        };
+        tokio::time::timeout(self.timeout, attempt)
+            .await
+            .map_err(|_| self.timeout_error())?
+    }
+
+    /// One streaming attempt: send and return the SSE events; `timeout` bounds the wait for
+    /// the headers and then each event separately.
+    pub(crate) async fn post_sse(
+        &self,
+        body: Vec<u8>,
+    ) -> Result<impl Stream<Item = Result<Event, EventStreamError<reqwest::Error>>>, BridgeError>
+    {
+        use eventsource_stream::Eventsource;
+        let response = tokio::time::timeout(self.timeout, self.send(body, true))
+            .await
+            .map_err(|_| self.timeout_error())??;
+        Ok(response.bytes_stream().eventsource())
+    }
+
+    /// The next SSE event, `None` at the end of the stream.
+    pub(crate) async fn next_event<S>(&self, events: &mut S) -> Result<Option<Event>, BridgeError>
+    where
+        S: Stream<Item = Result<Event, EventStreamError<reqwest::Error>>> + Unpin,
+    {
+        match tokio::time::timeout(self.timeout, events.next()).await {
+            Err(_) => Err(self.timeout_error()),
+            Ok(None) => Ok(None),
+            Ok(Some(Ok(event))) => Ok(Some(event)),
+            Ok(Some(Err(EventStreamError::Transport(e)))) => Err(self.map_reqwest(&e)),
+            Ok(Some(Err(e))) => Err(self.decode(format!("invalid SSE stream: {e}"))),
+        }
+    }
+
+    pub(crate) fn decode(&self, detail: impl Into<String>) -> BridgeError {
+        BridgeError::Decode {
+            endpoint: self.endpoint.clone(),
+            url: self.url.clone(),
+            detail: detail.into(),
+        }
+    }
+
+    fn decode_error(&self, e: serde_json::Error, bytes: &[u8]) -> BridgeError {
+        self.decode(format!(
+            "{e}; the body starts with {:?}",
+            snippet(&String::from_utf8_lossy(bytes), 200)
+        ))
+    }
+
+    pub(crate) fn network(&self, detail: impl Into<String>) -> BridgeError {
+        BridgeError::Network {
+            url: self.url.clone(),
+            detail: detail.into(),
+        }
+    }
+
+    fn timeout_error(&self) -> BridgeError {
+        BridgeError::Timeout {
+            endpoint: self.endpoint.clone(),
+            url: self.url.clone(),
+            timeout: self.timeout,
+        }
+    }
+
+    /// An error status, or an error event inside a stream, as a [`BridgeError`].
+    pub(crate) fn status_error(
+        &self,
+        status: u16,
+        body: &str,
+        retry_after: Option<std::time::Duration>,
+    ) -> BridgeError {
+        let message = error_message(body, status);
+        if matches!(status, 401 | 403) {
+            return BridgeError::Unauthorized {
+                endpoint: self.endpoint.clone(),
+                url: self.url.clone(),
+                status,
+                message,
+                hint: self.auth_hint.clone(),
+            };
+        }
+        BridgeError::Http {
+            endpoint: self.endpoint.clone(),
+            url: self.url.clone(),
+            status,
+            message,
+            retry_after,
+        }
+    }
+
+    fn map_reqwest(&self, e: &reqwest::Error) -> BridgeError {
+        let detail = root_cause(e);
+        if e.is_timeout() {
+            self.timeout_error()
+        } else if e.is_connect() {
+            BridgeError::Connect {
+                endpoint: self.endpoint.clone(),
+                url: self.url.clone(),
+                detail,
+            }
+        } else if e.is_builder() {
+            BridgeError::Config(format!(
+                "could not build the request for `{}`: {detail}",
+                self.url
+            ))
+        } else {
+            self.network(detail)
+        }
+    }
+}
+
+/// The innermost cause of an error chain, which is the one that names the problem
+/// (e.g. `Connection refused (os error 111)`).
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
+}
+
+/// The server's own words from an error body: OpenAI `{"error":{"message"}}`, Anthropic
+/// `{"error":{"type","message"}}`, `{"error":"…"}`, `{"message"|"detail":"…"}`, or the text.
+pub(crate) fn error_message(body: &str, status: u16) -> String {
+    let from_json = serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| {
+            let error = v.get("error").unwrap_or(&v);
+            error
+                .get("message")
+                .or_else(|| error.get("detail"))
+                .or_else(|| error.get("msg"))
+                .and_then(|m| m.as_str().map(str::to_owned))
+                .or_else(|| error.as_str().map(str::to_owned))
+                .or_else(|| v.get("detail").map(|d| d.to_string()))
+        });
+    match from_json {
+        Some(m) if !m.trim().is_empty() => snippet(m.trim(), 2000),
+        _ if body.trim().is_empty() => reqwest::StatusCode::from_u16(status)
+            .ok()
+            .and_then(|s| s.canonical_reason())
+            .unwrap_or("no message")
+            .to_owned(),
+        _ => snippet(body.trim(), 500),
+    }
+}
+
+fn snippet(s: &str, max_chars: usize) -> String {
+    match s.char_indices().nth(max_chars) {
+        Some((cut, _)) => format!("{}…", &s[..cut]),
+        None => s.to_owned(),
+    }
+}
+
+/// Join a base URL and a path with exactly one slash between them.
+pub(crate) fn join_url(base: &str, path: &str) -> String {
+    format!(
+        "{}/{}",
+        base.trim_end_matches('/'),
+        path.trim_start_matches('/')
+    )
+}
+
+/// Sampling parameters of one request merged over the endpoint's defaults, borrowed.
+///
+/// `extra` keys win over typed fields: a typed field is left out when either `extra` map
+/// has its wire name, so a body never carries the same key twice.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Params<'a> {
+    pub(crate) temperature: Option<f32>,
+    pub(crate) top_p: Option<f32>,
+    pub(crate) max_tokens: Option<u32>,
+    pub(crate) stop: &'a [String],
+    pub(crate) seed: Option<u64>,
+    pub(crate) extra: Extra<'a>,
+}
+
+impl<'a> Params<'a> {
+    /// `req` over `defaults`; `stop_key` is the protocol's name for stop sequences.
+    pub(crate) fn merge(
+        req: &'a crate::chat::SamplingParams,
+        defaults: &'a crate::chat::SamplingParams,
+        stop_key: &str,
+    ) -> Self {
+        let extra = Extra {
+            primary: &req.extra,
+            fallback: &defaults.extra,
+        };
+        let stop = if req.stop.is_empty() {
+            &defaults.stop
+        } else {
+            &req.stop
+        };
+        Self {
+            temperature: req
+                .temperature
+                .or(defaults.temperature)
+                .filter(|_| !extra.has("temperature")),
+            top_p: req.top_p.or(defaults.top_p).filter(|_| !extra.has("top_p")),
+            max_tokens: req
+                .max_tokens
+                .or(defaults.max_tokens)
+                .filter(|_| !extra.has("max_tokens")),
+            stop: if extra.has(stop_key) { &[] } else { stop },
+            seed: req.seed.or(defaults.seed).filter(|_| !extra.has("seed")),
+            extra,
+        }
+    }
+}
+
+/// The request's `extra` map over the endpoint's, serialized as one flat map.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Extra<'a> {
+    primary: &'a serde_json::Map<String, serde_json::Value>,
+    fallback: &'a serde_json::Map<String, serde_json::Value>,
+}
+
+impl Extra<'_> {
+    pub(crate) fn has(&self, key: &str) -> bool {
+        self.primary.contains_key(key) || self.fallback.contains_key(key)
+    }
+}
+
+impl serde::Serialize for Extra<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        for (k, v) in self.primary {
+            map.serialize_entry(k, v)?;
+        }
+        for (k, v) in self.fallback {
+            if !self.primary.contains_key(k) {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// Serialize a request body; typed fields never fail, so an error here is a bug in `extra`.
+pub(crate) fn to_body<T: serde::Serialize>(body: &T) -> Result<Vec<u8>, BridgeError> {
+    serde_json::to_vec(body)
+        .map_err(|e| BridgeError::InvalidRequest(format!("could not encode the request: {e}")))
+}
+
+/// A tool call assembled from stream fragments.
+#[derive(Debug, Default)]
+pub(crate) struct PartialToolCall {
+    pub(crate) key: usize,
+    pub(crate) id: String,
+    pub(crate) name: String,
+    pub(crate) arguments: String,
+}
+
+/// The entry for stream index `key`, created on first sight (linear: there are few).
+pub(crate) fn partial_call(calls: &mut Vec<PartialToolCall>, key: usize) -> &mut PartialToolCall {
+    let pos = match calls.iter().position(|c| c.key == key) {
+        Some(pos) => pos,
+        None => {
+            calls.push(PartialToolCall {
+                key,
+                ..PartialToolCall::default()
+            });
+            calls.len() - 1
+        }
+    };
+    &mut calls[pos]
+}

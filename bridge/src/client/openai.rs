@@ -1,0 +1,513 @@
+//! OpenAI chat completions: `POST {base_url}/chat/completions`, JSON or SSE.
+
+use std::time::Instant;
+
+use async_trait::async_trait;
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{
+    KeySource, LmClient, Params, PartialToolCall, Transport, join_url, partial_call, to_body,
+};
+use crate::chat::{ChatRequest, ChatResponse, Message, Role, SamplingParams, ToolCall, Usage};
+use crate::endpoint::EndpointConfig;
+use crate::error::BridgeError;
+
+/// A client for OpenAI-compatible chat-completions servers.
+#[derive(Debug, Clone)]
+pub struct OpenAiClient {
+    transport: Transport,
+    model: String,
+    defaults: SamplingParams,
+}
+
+impl OpenAiClient {
+    /// A client for `config` (`base_url` includes `/v1`); the key is read once, here.
+    pub fn new(config: &EndpointConfig) -> Result<Self, BridgeError> {
+        let key = KeySource::resolve(config);
+        let mut headers = HeaderMap::new();
+        if let Some(k) = key.key() {
+            let mut value = HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
+                BridgeError::Config(format!(
+                    "the API key of endpoint `{}` contains characters not allowed in a header",
+                    config.name
+                ))
+            })?;
+            value.set_sensitive(true);
+            headers.insert(AUTHORIZATION, value);
+        }
+        let url = join_url(&config.base_url, "chat/completions");
+        Ok(Self {
+            transport: Transport::new(config, url, headers, &key, "OPENAI_API_KEY")?,
+            model: config.model.clone(),
+            defaults: config.params.clone(),
+        })
+    }
+
+    fn body(&self, req: &ChatRequest, stream: bool) -> Result<Vec<u8>, BridgeError> {
+        let params = Params::merge(&req.params, &self.defaults, "stop");
+        let body = Body {
+            model: req.model.as_deref().unwrap_or(&self.model),
+            messages: Messages(&req.messages),
+            temperature: params.temperature,
+            top_p: params.top_p,
+            max_tokens: params.max_tokens,
+            stop: params.stop,
+            seed: params.seed,
+            tools: req
+                .tools
+                .iter()
+                .map(|t| WireTool {
+                    kind: "function",
+                    function: WireFunctionDef {
+                        name: &t.name,
+                        description: &t.description,
+                        parameters: &t.parameters,
+                    },
+                })
+                .collect(),
+            stream,
+            stream_options: (stream && !params.extra.has("stream_options")).then_some(
+                StreamOptions {
+                    include_usage: true,
+                },
+            ),
+            extra: params.extra,
+        };
+        to_body(&body)
+    }
+
+    fn model_or_default(&self, req: &ChatRequest, reported: Option<String>) -> String {
+        reported
+            .filter(|m| !m.is_empty())
+            .unwrap_or_else(|| req.model.clone().unwrap_or_else(|| self.model.clone()))
+    }
+}
+
+#[async_trait]
+impl LmClient for OpenAiClient {
+    async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, BridgeError> {
+        let body = self.body(req, false)?;
+        let start = Instant::now();
+        let response: WireResponse = self.transport.post_json(body).await?;
+        let choice = response
+            .choices
+            .into_iter()
+            .next()
+            .ok_or_else(|| self.transport.decode("the answer has no `choices`"))?;
+        let content = choice.message.content.unwrap_or_default();
+        let tool_calls: Vec<ToolCall> = choice
+            .message
+            .tool_calls
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| ToolCall {
+                id: c.id,
+                name: c.function.name,
+                arguments: arguments_text(c.function.arguments),
+            })
+            .collect();
+        let model = self.model_or_default(req, response.model);
+        let mut answer = ChatResponse {
+            content,
+            tool_calls,
+            usage: Usage::default(),
+            finish_reason: choice.finish_reason,
+            model,
+            latency: start.elapsed(),
+            attempts: 1,
+        };
+        answer.usage = usage_or_estimate(response.usage, req, &answer);
+        Ok(answer)
+    }
+
+    async fn chat_stream(
+        &self,
+        req: &ChatRequest,
+        on_delta: &mut (dyn for<'s> FnMut(&'s str) + Send),
+    ) -> Result<ChatResponse, BridgeError> {
+        let body = self.body(req, true)?;
+        let start = Instant::now();
+        let events = self.transport.post_sse(body).await?;
+        let mut events = std::pin::pin!(events);
+        let mut content = String::new();
+        let mut calls: Vec<PartialToolCall> = Vec::new();
+        let mut finish_reason = None;
+        let mut usage = None;
+        let mut model = None;
+        let mut done = false;
+        while let Some(event) = self.transport.next_event(&mut events).await? {
+            let data = event.data.trim();
+            if data == "[DONE]" {
+                done = true;
+                break;
+            }
+            if data.is_empty() {
+                continue;
+            }
+            let chunk: WireChunk = serde_json::from_str(data).map_err(|e| {
+                self.transport
+                    .decode(format!("invalid stream chunk ({e}): {data:.200}"))
+            })?;
+            if let Some(error) = chunk.error {
+                let status = error
+                    .get("code")
+                    .and_then(Value::as_u64)
+                    .and_then(|c| u16::try_from(c).ok())
+                    .filter(|c| (400..600).contains(c))
+                    .unwrap_or(500);
+                return Err(self
+                    .transport
+                    .status_error(status, &error.to_string(), None));
+            }
+            if chunk.model.is_some() {
+                model = chunk.model;
+            }
+            if chunk.usage.is_some() {
+                usage = chunk.usage;
+            }
+            for choice in chunk.choices {
+                if let Some(text) = choice.delta.content.filter(|t| !t.is_empty()) {
+                    on_delta(&text);
+                    content.push_str(&text);
+                }
+                for (pos, call) in choice
+                    .delta
+                    .tool_calls
+                    .unwrap_or_default()
+                    .into_iter()
+                    .enumerate()
+                {
+                    let entry = partial_call(&mut calls, call.index.unwrap_or(pos));
+                    if let Some(id) = call.id {
+                        entry.id = id;
+                    }
+                    if let Some(f) = call.function {
+                        if let Some(name) = f.name {
+                            entry.name.push_str(&name);
+                        }
+                        if let Some(args) = f.arguments {
+                            entry.arguments.push_str(&args);
+                        }
+                    }
+                }
+                if choice.finish_reason.is_some() {
+                    finish_reason = choice.finish_reason;
+                }
+            }
+        }
+        if !done && finish_reason.is_none() {
+            return Err(self.transport.network("the stream ended before `[DONE]`"));
+        }
+        let mut answer = ChatResponse {
+            content,
+            tool_calls: calls
+                .into_iter()
+                .map(|c| ToolCall {
+                    id: c.id,
+                    name: c.name,
+                    arguments: c.arguments,
+                })
+                .collect(),
+            usage: Usage::default(),
+            finish_reason,
+            model: self.model_or_default(req, model),
+            latency: start.elapsed(),
+            attempts: 1,
+        };
+        answer.usage = usage_or_estimate(usage, req, &answer);
+        Ok(answer)
+    }
+}
+
+fn usage_or_estimate(usage: Option<WireUsage>, req: &ChatRequest, answer: &ChatResponse) -> Usage {
+    match usage {
+        Some(WireUsage {
+            prompt_tokens: Some(prompt_tokens),
+            completion_tokens,
+        }) => Usage {
+            prompt_tokens,
+            completion_tokens: completion_tokens.unwrap_or(0),
+            estimated: false,
+        },
+        _ => Usage::estimate(req.prompt_chars(), answer.response_chars()),
+    }
+}
+
+/// Arguments arrive as JSON text per the spec; some servers send an object instead.
+fn arguments_text(arguments: Value) -> String {
+    match arguments {
+        Value::String(s) => s,
+        Value::Null => "{}".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    messages: Messages<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    stop: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+    #[serde(flatten)]
+    extra: super::Extra<'a>,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+struct Messages<'a>(&'a [Message]);
+
+impl Serialize for Messages<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|m| {
+            WireMessage {
+                role: m.role.as_str(),
+                content: (m.role != Role::Assistant
+                    || m.tool_calls.is_empty()
+                    || !m.content.is_empty())
+                .then_some(m.content.as_str()),
+                tool_calls: m
+                    .tool_calls
+                    .iter()
+                    .map(|c| WireToolCall {
+                        id: &c.id,
+                        kind: "function",
+                        function: WireFunctionCall {
+                            name: &c.name,
+                            arguments: &c.arguments,
+                        },
+                    })
+                    .collect(),
+                tool_call_id: m.tool_call_id.as_deref(),
+            }
+        }))
+    }
+}
+
+#[derive(Serialize)]
+struct WireMessage<'a> {
+    role: &'static str,
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<WireToolCall<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct WireToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireFunctionCall<'a>,
+}
+
+#[derive(Serialize)]
+struct WireFunctionCall<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+#[derive(Serialize)]
+struct WireTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireFunctionDef<'a>,
+}
+
+#[derive(Serialize)]
+struct WireFunctionDef<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+#[derive(Deserialize)]
+struct WireResponse {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    choices: Vec<WireChoice>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+struct WireChoice {
+    message: WireAnswer,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireAnswer {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<WireAnswerCall>>,
+}
+
+#[derive(Deserialize)]
+struct WireAnswerCall {
+    #[serde(default)]
+    id: String,
+    function: WireAnswerFunction,
+}
+
+#[derive(Deserialize)]
+struct WireAnswerFunction {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    arguments: Value,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct WireChunk {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    choices: Vec<WireChunkChoice>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+    #[serde(default)]
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct WireChunkChoice {
+    #[serde(default)]
+    delta: WireDelta,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct WireDelta {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<WireDeltaCall>>,
+}
+
+#[derive(Deserialize)]
+struct WireDeltaCall {
+    #[serde(default)]
+    index: Option<usize>,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: Option<WireDeltaFunction>,
+}
+
+#[derive(Deserialize)]
+struct WireDeltaFunction {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::chat::ToolDefinition;
+
+    fn body_json(config: &EndpointConfig, req: &ChatRequest, stream: bool) -> Value {
+        let client = OpenAiClient::new(config).expect("valid config");
+        serde_json::from_slice(&client.body(req, stream).expect("encodable")).expect("json")
+    }
+
+    #[test]
+    fn body_uses_max_tokens_defaults_and_extra() {
+        let mut config = EndpointConfig::openai("sub", "http://127.0.0.1:1/v1", "m");
+        config.params.temperature = Some(0.5);
+        config.params.max_tokens = Some(100);
+        config.params.extra.insert("top_k".into(), json!(20));
+        config.params.extra.insert("seed".into(), json!(1));
+        let mut req = ChatRequest::from_prompt("hi");
+        req.params.max_tokens = Some(7);
+        req.params.seed = Some(99);
+        req.params.extra.insert("top_k".into(), json!(40));
+        let body = body_json(&config, &req, false);
+        assert_eq!(
+            body,
+            json!({
+                "model": "m",
+                "messages": [{"role": "user", "content": "hi"}],
+                "temperature": 0.5,
+                "max_tokens": 7,
+                "top_k": 40,
+                "seed": 1,
+            })
+        );
+    }
+
+    #[test]
+    fn body_carries_tools_tool_calls_and_stream_options() {
+        let config = EndpointConfig::openai("sub", "http://127.0.0.1:1/v1", "m");
+        let mut assistant = Message::assistant("");
+        assistant.tool_calls.push(ToolCall {
+            id: "c1".into(),
+            name: "python".into(),
+            arguments: r#"{"code":"1"}"#.into(),
+        });
+        let req = ChatRequest {
+            model: Some("other".into()),
+            messages: vec![
+                Message::system("sys"),
+                Message::user("u"),
+                assistant,
+                Message::tool_result("c1", "1"),
+            ],
+            tools: vec![ToolDefinition {
+                name: "python".into(),
+                description: "run".into(),
+                parameters: json!({"type": "object"}),
+            }],
+            ..ChatRequest::default()
+        };
+        let body = body_json(&config, &req, true);
+        assert_eq!(body["model"], "other");
+        assert_eq!(body["stream"], true);
+        assert_eq!(body["stream_options"], json!({"include_usage": true}));
+        assert_eq!(body["messages"][2]["content"], Value::Null);
+        assert_eq!(
+            body["messages"][2]["tool_calls"][0],
+            json!({"id": "c1", "type": "function", "function": {"name": "python", "arguments": "{\"code\":\"1\"}"}})
+        );
+        assert_eq!(
+            body["messages"][3],
+            json!({"role": "tool", "content": "1", "tool_call_id": "c1"})
+        );
+        assert_eq!(body["tools"][0]["function"]["name"], "python");
+    }
+}

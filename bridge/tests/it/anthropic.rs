@@ -1,0 +1,116 @@
+//! The Anthropic Messages format, JSON and SSE, against the mock.
+
+use bridge::mock::SAMPLE_SCRIPT;
+use bridge::{Budget, CallOptions, ChatRequest, Message, Role, ToolDefinition};
+use serde_json::json;
+
+use crate::support::{anthropic_config, endpoint, start, start_script};
+
+const SYSTEM_SCRIPT: &str = r#"{"models": {"*": {"rules": [
+    {"system": "^You are (\\w+)$", "reply": "system={{1}} user={{last_user}} turn={{turn}}"}
+]}}}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn system_prompt_travels_as_its_own_field() {
+    let server = start_script(SYSTEM_SCRIPT).await;
+    let root = endpoint(anthropic_config(&server), Budget::default());
+    let req = ChatRequest {
+        messages: vec![
+            Message::system("You are terse"),
+            Message::user("first"),
+            Message::assistant("noted"),
+            Message::user("second"),
+        ],
+        ..ChatRequest::default()
+    };
+    let answer = root
+        .call(req, &CallOptions::default())
+        .await
+        .expect("answer");
+    assert_eq!(answer.content, "system=terse user=second turn=1");
+    assert_eq!(answer.finish_reason.as_deref(), Some("end_turn"));
+    assert_eq!(answer.model, "claude-mock");
+    assert!(!answer.usage.estimated);
+    assert!(answer.usage.prompt_tokens > 0);
+    let log = server.log().entries();
+    assert_eq!(log[0].path, "/v1/messages");
+    assert_eq!(log[0].status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_assembles_text_deltas_and_usage() {
+    let server = start(Default::default()).await;
+    let root = endpoint(anthropic_config(&server), Budget::default());
+    let prompt = "stream me ".repeat(300);
+    let mut deltas = String::new();
+    let mut pieces = 0;
+    let answer = root
+        .call_streaming(
+            ChatRequest::from_prompt(prompt.clone()),
+            &CallOptions::default(),
+            &mut |d: &str| {
+                pieces += 1;
+                deltas.push_str(d);
+            },
+        )
+        .await
+        .expect("stream answers");
+    assert!(pieces > 1);
+    assert_eq!(deltas, prompt);
+    assert_eq!(answer.content, prompt);
+    assert_eq!(answer.finish_reason.as_deref(), Some("end_turn"));
+    assert!(!answer.usage.estimated);
+    assert!(answer.usage.prompt_tokens > 0 && answer.usage.completion_tokens > 0);
+    assert!(server.log().entries()[0].stream);
+}
+
+async fn tool_use_round_trip(stream: bool) {
+    let server = start_script(SAMPLE_SCRIPT).await;
+    let root = endpoint(anthropic_config(&server), Budget::default());
+    let opts = CallOptions {
+        stream,
+        ..CallOptions::default()
+    };
+    let mut req = ChatRequest {
+        model: Some("agent".into()),
+        messages: vec![
+            Message::system("You run code."),
+            Message::user("What is 1+1?"),
+        ],
+        tools: vec![ToolDefinition {
+            name: "python".into(),
+            description: "Run Python code".into(),
+            parameters: json!({"type": "object", "properties": {"code": {"type": "string"}}}),
+        }],
+        ..ChatRequest::default()
+    };
+    let first = root.call(req.clone(), &opts).await.expect("tool use");
+    assert_eq!(first.finish_reason.as_deref(), Some("tool_use"));
+    assert_eq!(first.tool_calls.len(), 1);
+    let call = first.tool_calls[0].clone();
+    assert_eq!(call.name, "python");
+    assert!(call.id.starts_with("toolu_"), "{}", call.id);
+    let args: serde_json::Value = serde_json::from_str(&call.arguments).expect("JSON input");
+    assert_eq!(args, json!({"code": "print(1 + 1)"}));
+
+    req.messages.push(Message {
+        role: Role::Assistant,
+        content: first.content.clone(),
+        tool_calls: first.tool_calls.clone(),
+        tool_call_id: None,
+    });
+    req.messages.push(Message::tool_result(call.id, "2"));
+    let second = root.call(req, &opts).await.expect("final answer");
+    assert_eq!(second.content, "Done: 2");
+    assert_eq!(second.finish_reason.as_deref(), Some("end_turn"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_use_round_trip_in_json() {
+    tool_use_round_trip(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_use_round_trip_in_sse() {
+    tool_use_round_trip(true).await;
+}

@@ -1,0 +1,151 @@
+//! Cancellation reaches calls wherever they are: in flight, queued, or backing off.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bridge::mock::{FaultKind, Faults, Latency};
+use bridge::{
+    BatchPolicy, BridgeError, Budget, CallOptions, CancellationToken, ChatRequest, EndpointConfig,
+    RetryPolicy,
+};
+
+use crate::support::{endpoint, openai_config, start_with};
+
+/// Generous bound for "promptly": the mock would take 30 s.
+const PROMPT: Duration = Duration::from_secs(3);
+
+fn cancel_after(token: &CancellationToken, delay: Duration) {
+    let token = token.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        token.cancel();
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_batch_stops_in_flight_calls() {
+    let server = start_with(Latency::fixed(Duration::from_secs(30)), Faults::none()).await;
+    let sub = endpoint(openai_config(&server), Budget::default());
+    let reqs = (0..50)
+        .map(|i| ChatRequest::from_prompt(format!("slow {i}")))
+        .collect();
+    let cancel = CancellationToken::new();
+    cancel_after(&cancel, Duration::from_millis(300));
+    let started = Instant::now();
+    let results = sub.batch(reqs, BatchPolicy::bounded(16), &cancel).await;
+    assert!(started.elapsed() < PROMPT, "took {:?}", started.elapsed());
+    assert_eq!(results.len(), 50);
+    assert!(
+        results
+            .iter()
+            .all(|r| matches!(r, Err(BridgeError::Cancelled)))
+    );
+    let records = sub.ledger().records();
+    assert_eq!(records.len(), 50, "every slot is recorded");
+    assert!(
+        records
+            .iter()
+            .all(|r| r.error_kind.as_deref() == Some("cancelled"))
+    );
+    assert_eq!(records.iter().filter(|r| r.attempts == 1).count(), 16);
+    assert_eq!(sub.ledger().calls_reserved(), 16, "only sent calls count");
+    assert_eq!(sub.in_flight(), 0, "permits are released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_during_backoff_returns_promptly() {
+    let faults = Faults {
+        retry_after: Duration::from_secs(30),
+        ..Faults::fail_first(1, FaultKind::RateLimit)
+    };
+    let server = start_with(Latency::None, faults).await;
+    let config = EndpointConfig {
+        retry: RetryPolicy {
+            max_attempts: 3,
+            base_delay: Duration::from_millis(10),
+            max_delay: Duration::from_secs(60),
+        },
+        ..openai_config(&server)
+    };
+    let sub = endpoint(config, Budget::default());
+    let opts = CallOptions::default();
+    cancel_after(&opts.cancel, Duration::from_millis(300));
+    let started = Instant::now();
+    let err = sub
+        .call(ChatRequest::from_prompt("throttled"), &opts)
+        .await
+        .expect_err("cancelled while waiting for Retry-After");
+    assert!(started.elapsed() < PROMPT, "took {:?}", started.elapsed());
+    assert_eq!(err, BridgeError::Cancelled);
+    assert_eq!(server.log().len(), 1, "no second attempt");
+    assert_eq!(sub.ledger().records()[0].attempts, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_queued_on_the_limiter_can_be_cancelled() {
+    let server = start_with(Latency::fixed(Duration::from_secs(30)), Faults::none()).await;
+    let config = EndpointConfig {
+        max_in_flight: 1,
+        ..openai_config(&server)
+    };
+    let sub = Arc::new(endpoint(config, Budget::default()));
+    let first = CallOptions::default();
+    let running = tokio::spawn({
+        let (sub, first) = (Arc::clone(&sub), first.clone());
+        async move {
+            sub.call(ChatRequest::from_prompt("holds the permit"), &first)
+                .await
+        }
+    });
+    while sub.in_flight() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let queued = CallOptions::default();
+    cancel_after(&queued.cancel, Duration::from_millis(200));
+    let started = Instant::now();
+    let err = sub
+        .call(ChatRequest::from_prompt("waits"), &queued)
+        .await
+        .expect_err("cancelled in the queue");
+    assert!(started.elapsed() < PROMPT);
+    assert_eq!(err, BridgeError::Cancelled);
+    assert_eq!(
+        sub.ledger().calls_reserved(),
+        1,
+        "the queued call gave its reservation back"
+    );
+
+    first.cancel.cancel();
+    let first_result = running.await.expect("task joins");
+    assert_eq!(first_result.expect_err("cancelled"), BridgeError::Cancelled);
+    let records = sub.ledger().records();
+    assert_eq!(records.len(), 2);
+    assert_eq!(records.iter().map(|r| r.attempts).sum::<u32>(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_token_sends_nothing() {
+    let server = start_with(Latency::None, Faults::none()).await;
+    let sub = endpoint(openai_config(&server), Budget::default());
+    let opts = CallOptions::default();
+    opts.cancel.cancel();
+    let err = sub
+        .call(ChatRequest::from_prompt("never"), &opts)
+        .await
+        .expect_err("cancelled");
+    assert_eq!(err, BridgeError::Cancelled);
+    let results = sub
+        .batch(
+            vec![ChatRequest::from_prompt("a"), ChatRequest::from_prompt("b")],
+            BatchPolicy::default(),
+            &opts.cancel,
+        )
+        .await;
+    assert!(
+        results
+            .iter()
+            .all(|r| matches!(r, Err(BridgeError::Cancelled)))
+    );
+    assert_eq!(server.log().len(), 0);
+    assert_eq!(sub.ledger().records().len(), 3);
+}

@@ -1,0 +1,225 @@
+//! Running one block on the session thread: compile, run under the watchdog, show the value
+//! of a final bare expression, describe an exception, then tidy the namespace.
+//!
+//! The block is compiled as `<repl-block-N>` (the source goes into `linecache`, so tracebacks
+//! show the user's lines). As in IPython, when the last statement is a bare expression it is
+//! evaluated separately and, unless it is `None`, its `repr()` is printed to the block's
+//! stdout: `x = 2` then `x * 21` shows `42`. User code runs directly in the session's globals
+//! (no wrapper frames), so variables assigned before an exception stay, and the traceback
+//! holds only the user's frames (the support module's frames are dropped).
+//!
+//! After the block: reserved names that were rebound or deleted are restored (with a note on
+//! stderr), a ready `answer` that bypassed the dict hooks is recorded, and the result
+//! collects the captured output, sub-calls (ledger records since the block started),
+//! variables and the final answer recorded during the block.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyCode, PyCodeMethods, PyDict};
+
+use super::capture::OutputCapture;
+use super::error::ReplError;
+use super::interpreter::interpreter;
+use super::interrupt::{ArmRequest, InterruptReason};
+use super::metadata::{ExecError, ExecutionResult, FinalAnswer, FinalSource};
+use super::session::SessionState;
+
+impl SessionState {
+    /// Run one block; `Err` only when the kernel's own support code failed.
+    pub(crate) fn exec(
+        &mut self,
+        py: Python<'_>,
+        code: &str,
+    ) -> Result<ExecutionResult, ReplError> {
+        let started = Instant::now();
+        let fail = |e: PyErr| ReplError::internal("running a block", e);
+        let support = interpreter()?.support(py);
+        self.blocks += 1;
+        let filename = if self.id == 1 {
+            format!("<repl-block-{}>", self.blocks)
+        } else {
+            format!("<repl-{}-block-{}>", self.id, self.blocks)
+        };
+        let max = self.config.max_output_chars;
+        let stdout = Bound::new(py, OutputCapture::new(max)).map_err(fail)?;
+        let stderr = Bound::new(py, OutputCapture::new(max)).map_err(fail)?;
+        let session = self.py_session.bind(py);
+        session
+            .call_method1("begin_block", (&stdout, &stderr))
+            .map_err(fail)?;
+        let names_before: HashSet<String> = self.user_names(py)?.into_iter().collect();
+        let answer = self.answer.bind(py);
+        let version_before = support
+            .call_method1("answer_version", (answer,))
+            .map_err(fail)?;
+        let ledger_start = self.bridge.endpoints().ledger().next_call_index();
+        let cell_token = self.bridge.begin_block();
+        let globals = self.globals.bind(py).clone();
+
+        let mut timed_out = false;
+        let error = match support.call_method1("compile_block", (code, &filename)) {
+            Err(e) => Some(self.describe(py, e, &filename, None)?),
+            Ok(compiled) => {
+                let (body, expr): (Bound<'_, PyCode>, Option<Bound<'_, PyCode>>) =
+                    compiled.extract().map_err(fail)?;
+                let classes = (
+                    support.getattr("CellTimeout").map_err(fail)?,
+                    support.getattr("CellCancelled").map_err(fail)?,
+                );
+                self.watchdog.arm(
+                    py,
+                    ArmRequest {
+                        block: self.blocks,
+                        timeout: self.config.cell_timeout,
+                        thread_id: self.thread_id,
+                        session: session.clone().unbind(),
+                        timeout_class: classes.0.unbind(),
+                        cancelled_class: classes.1.unbind(),
+                        cell_token,
+                        session_token: self.bridge.session_token(),
+                    },
+                );
+                let outcome = run_user_code(&body, expr.as_ref(), &globals, stdout.get());
+                let fired = self.watchdog.disarm(py);
+                match (fired, outcome) {
+                    (Some(reason), outcome) => {
+                        timed_out = reason == InterruptReason::Timeout;
+                        let (type_name, message) = interrupt_text(reason, self.config.cell_timeout);
+                        let mut described = match outcome {
+                            Err(e) => self.describe(py, e, &filename, Some(message.clone()))?,
+                            Ok(()) => ExecError {
+                                type_name: String::new(),
+                                message: message.clone(),
+                                traceback: format!("{type_name}: {message}\n"),
+                                line: None,
+                            },
+                        };
+                        type_name.clone_into(&mut described.type_name);
+                        Some(described)
+                    }
+                    (None, Err(e)) => Some(self.describe(py, e, &filename, None)?),
+                    (None, Ok(())) => None,
+                }
+            }
+        };
+        if let Some(error) = &error {
+            stderr.get().push(&error.traceback);
+        }
+
+        // Tidy the namespace: a rebound `answer` is checked before it is restored.
+        let current_answer = globals.get_item("answer").map_err(fail)?;
+        support
+            .call_method1(
+                "check_answer_after_block",
+                (session, answer, current_answer, version_before),
+            )
+            .map_err(fail)?;
+        for (name, value) in &self.reserved {
+            let current = globals.get_item(name).map_err(fail)?;
+            if current.as_ref().is_some_and(|c| c.is(value)) {
+                continue;
+            }
+            globals.set_item(name, value).map_err(fail)?;
+            stderr.get().push(&format!(
+                "Note: `{name}` is reserved by the REPL and was restored; keep your value under another name.\n"
+            ));
+        }
+
+        let final_answer = session
+            .getattr("final")
+            .and_then(|f| f.extract::<Option<(String, String)>>())
+            .map_err(fail)?
+            .map(|(source, value)| FinalAnswer {
+                value,
+                source: if source == "answer" {
+                    FinalSource::AnswerDict
+                } else {
+                    FinalSource::FinalVar
+                },
+            });
+        session.call_method0("end_block").map_err(fail)?;
+        let variables = self.variables(py)?;
+        let new_variables = self
+            .user_names(py)?
+            .into_iter()
+            .filter(|n| !names_before.contains(n))
+            .collect();
+        let (llm_query_calls, llm_query_batched_calls) = self.bridge.counters();
+        let out = stdout.get().take();
+        let err = stderr.get().take();
+        Ok(ExecutionResult {
+            stdout: out.text,
+            stderr: err.text,
+            stdout_omitted_chars: out.omitted_chars,
+            stderr_omitted_chars: err.omitted_chars,
+            error,
+            timed_out,
+            duration: started.elapsed(),
+            sub_calls: self.bridge.endpoints().ledger().records_since(ledger_start),
+            llm_query_calls,
+            llm_query_batched_calls,
+            final_answer,
+            variables,
+            new_variables,
+        })
+    }
+
+    /// Describe an exception raised by the block (support frames removed).
+    fn describe(
+        &self,
+        py: Python<'_>,
+        err: PyErr,
+        filename: &str,
+        message: Option<String>,
+    ) -> Result<ExecError, ReplError> {
+        let support = interpreter()?.support(py);
+        let value = err.into_value(py);
+        let (type_name, message, traceback, line) = support
+            .call_method1("describe_exception", (value, filename, message))
+            .and_then(|d| d.extract::<(String, String, String, Option<u32>)>())
+            .map_err(|e| ReplError::internal("formatting a traceback", e))?;
+        Ok(ExecError {
+            type_name,
+            message,
+            traceback,
+            line,
+        })
+    }
+}
+
+/// The user's code: the body, then the final bare expression whose repr is shown.
+fn run_user_code(
+    body: &Bound<'_, PyCode>,
+    expr: Option<&Bound<'_, PyCode>>,
+    globals: &Bound<'_, PyDict>,
+    stdout: &OutputCapture,
+) -> PyResult<()> {
+    body.run(Some(globals), None)?;
+    if let Some(expr) = expr {
+        let value = expr.run(Some(globals), None)?;
+        if !value.is_none() {
+            let text = value.repr()?;
+            stdout.push(&text.to_string_lossy());
+            stdout.push("\n");
+        }
+    }
+    Ok(())
+}
+
+fn interrupt_text(reason: InterruptReason, limit: Duration) -> (String, String) {
+    match reason {
+        InterruptReason::Timeout => (
+            "CellTimeout".to_owned(),
+            format!(
+                "The block exceeded its time limit of {:.3}s and was stopped; the session kept its variables. Do less per block (work in smaller steps, use llm_query_batched for many prompts), or raise `cell_timeout`",
+                limit.as_secs_f64()
+            ),
+        ),
+        InterruptReason::Cancelled => (
+            "CellCancelled".to_owned(),
+            "The block was stopped because the session's run was cancelled (a run time limit or budget stop); the session kept its variables".to_owned(),
+        ),
+    }
+}

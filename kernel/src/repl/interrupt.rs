@@ -1,0 +1,225 @@
+//! Cell interrupts: a watchdog thread per session stops a block that outlives its time limit
+//! (or whose session token is cancelled).
+//!
+//! Firing does three things: cancels the block's [`CancellationToken`] (in-flight
+//! `llm_query` calls return at once), raises `CellTimeout`/`CellCancelled` asynchronously in
+//! the session's Python thread with `PyThreadState_SetAsyncExc` (stops pure-Python loops),
+//! and sets the block's stop event (wakes the patched `time.sleep` in any of the session's
+//! threads). The interrupt classes derive from `BaseException`, and the watchdog raises again
+//! every [`REFIRE_INTERVAL`] until the block ends, so `except Exception:` or even a bare
+//! `except:` inside a loop cannot keep a cell alive.
+//!
+//! Races are closed by the GIL: the session thread arms and disarms while holding it, the
+//! watchdog checks "still armed for this block?" and raises while holding it, and disarming
+//! clears any raise still pending, so an interrupt never lands outside the user's code.
+
+use std::os::raw::c_long;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+use tokio_util::sync::CancellationToken;
+
+/// How often a fired interrupt is raised again while the block keeps running.
+pub(crate) const REFIRE_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Why a block was interrupted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InterruptReason {
+    Timeout,
+    Cancelled,
+}
+
+#[derive(Debug)]
+struct Armed {
+    block: u64,
+    deadline: Instant,
+    thread_id: c_long,
+    session: Py<PyAny>,
+    timeout_class: Py<PyAny>,
+    cancelled_class: Py<PyAny>,
+    cell_token: CancellationToken,
+    session_token: CancellationToken,
+    /// The session token was already cancelled when the block started: not a reason to stop it.
+    cancelled_at_start: bool,
+    fired: Option<InterruptReason>,
+}
+
+#[derive(Debug, Default)]
+struct WatchState {
+    armed: Option<Armed>,
+    shutdown: bool,
+}
+
+/// One session's watchdog (shared by the session thread and the watchdog thread).
+#[derive(Debug, Default)]
+pub(crate) struct Watchdog {
+    state: Mutex<WatchState>,
+    wake: Condvar,
+}
+
+/// What the session thread hands the watchdog when a block starts.
+#[derive(Debug)]
+pub(crate) struct ArmRequest {
+    pub(crate) block: u64,
+    pub(crate) timeout: Duration,
+    pub(crate) thread_id: c_long,
+    /// The support module's `Session` (its `killing` and `stop` are set on firing).
+    pub(crate) session: Py<PyAny>,
+    pub(crate) timeout_class: Py<PyAny>,
+    pub(crate) cancelled_class: Py<PyAny>,
+    pub(crate) cell_token: CancellationToken,
+    pub(crate) session_token: CancellationToken,
+}
+
+impl Watchdog {
+    fn lock(&self) -> MutexGuard<'_, WatchState> {
+        match self.state.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Start watching a block (call with the GIL held, just before running user code).
+    pub(crate) fn arm(&self, _py: Python<'_>, req: ArmRequest) {
+        let cancelled_at_start = req.session_token.is_cancelled();
+        let mut state = self.lock();
+        state.armed = Some(Armed {
+            block: req.block,
+            deadline: Instant::now() + req.timeout,
+            thread_id: req.thread_id,
+            session: req.session,
+            timeout_class: req.timeout_class,
+            cancelled_class: req.cancelled_class,
+            cell_token: req.cell_token,
+            session_token: req.session_token,
+            cancelled_at_start,
+            fired: None,
+        });
+        drop(state);
+        self.wake.notify_all();
+    }
+
+    /// Stop watching (call with the GIL held, right after user code returned); clears an
+    /// interrupt still pending for the thread. Returns why the block was interrupted, if it was.
+    pub(crate) fn disarm(&self, py: Python<'_>) -> Option<InterruptReason> {
+        let armed = self.lock().armed.take();
+        let armed = armed?;
+        if armed.fired.is_some() {
+            // SAFETY: we hold the GIL; a NULL exception clears the thread's pending one.
+            unsafe {
+                pyo3::ffi::PyThreadState_SetAsyncExc(armed.thread_id, std::ptr::null_mut());
+            }
+            // Member assignment and a builtin call: no Python frames run, nothing is traced.
+            let stopped = armed.session.bind(py).setattr("killing", py.None());
+            let untraced = py
+                .import("sys")
+                .and_then(|sys| sys.call_method1("settrace", (py.None(),)));
+            if let Err(e) = stopped.and(untraced) {
+                tracing::warn!("could not reset a stopped block's interrupt state: {e}");
+            }
+        }
+        armed.fired
+    }
+
+    /// Wake the watchdog to re-check (e.g. the session token was cancelled).
+    pub(crate) fn notify(&self) {
+        self.wake.notify_all();
+    }
+
+    /// Stop the watchdog thread.
+    pub(crate) fn shutdown(&self) {
+        self.lock().shutdown = true;
+        self.wake.notify_all();
+    }
+
+    /// The watchdog thread's loop (returns after [`Watchdog::shutdown`]).
+    pub(crate) fn run(self: Arc<Self>) {
+        let mut state = self.lock();
+        loop {
+            if state.shutdown {
+                return;
+            }
+            let Some(armed) = state.armed.as_mut() else {
+                state = self.wait(state, None);
+                continue;
+            };
+            let now = Instant::now();
+            let cancelled = !armed.cancelled_at_start && armed.session_token.is_cancelled();
+            let reason = match armed.fired {
+                Some(reason) => reason,
+                None if cancelled => InterruptReason::Cancelled,
+                None if now >= armed.deadline => InterruptReason::Timeout,
+                None => {
+                    let wait = armed.deadline - now;
+                    state = self.wait(state, Some(wait));
+                    continue;
+                }
+            };
+            if armed.fired.is_none() {
+                // Decided now, so the block counts as interrupted even if it finishes before
+                // the exception lands; then wake in-flight sub-calls (they hold no GIL).
+                armed.fired = Some(reason);
+                armed.cell_token.cancel();
+            }
+            let block = armed.block;
+            drop(state);
+            Python::attach(|py| self.fire(py, block, reason));
+            state = self.lock();
+            if state.armed.as_ref().is_some_and(|a| a.block == block) {
+                state = self.wait(state, Some(REFIRE_INTERVAL));
+            }
+        }
+    }
+
+    fn wait<'a>(
+        &self,
+        state: MutexGuard<'a, WatchState>,
+        timeout: Option<Duration>,
+    ) -> MutexGuard<'a, WatchState> {
+        match timeout {
+            Some(t) => match self.wake.wait_timeout(state, t) {
+                Ok((guard, _)) => guard,
+                Err(poisoned) => poisoned.into_inner().0,
+            },
+            None => match self.wake.wait(state) {
+                Ok(guard) => guard,
+                Err(poisoned) => poisoned.into_inner(),
+            },
+        }
+    }
+
+    /// Raise the interrupt in the session thread if `block` is still running (GIL held, so
+    /// the session thread cannot disarm in between).
+    fn fire(&self, py: Python<'_>, block: u64, reason: InterruptReason) {
+        let session = {
+            let mut state = self.lock();
+            let Some(armed) = state.armed.as_mut().filter(|a| a.block == block) else {
+                return;
+            };
+            armed.fired = Some(reason);
+            let class = match reason {
+                InterruptReason::Timeout => &armed.timeout_class,
+                InterruptReason::Cancelled => &armed.cancelled_class,
+            };
+            // A member assignment (no Python code runs, the GIL stays ours): interrupts
+            // created from now on arm the kill tracer.
+            if let Err(e) = armed.session.bind(py).setattr("killing", class) {
+                tracing::warn!("could not mark a block as being stopped: {e}");
+            }
+            // SAFETY: we hold the GIL; `class` is a live exception class.
+            unsafe {
+                pyo3::ffi::PyThreadState_SetAsyncExc(armed.thread_id, class.as_ptr());
+            }
+            armed.session.clone_ref(py)
+        };
+        // Outside our lock: setting the event runs Python code that may release the GIL.
+        if let Err(e) = session
+            .bind(py)
+            .getattr("stop")
+            .and_then(|stop| stop.call_method0("set"))
+        {
+            tracing::warn!("could not set a block's stop event: {e}");
+        }
+    }
+}

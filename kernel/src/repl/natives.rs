@@ -1,0 +1,287 @@
+//! `llm_query` and `llm_query_batched`: sub-model calls from Python, implemented in Rust on
+//! the bridge.
+//!
+//! A call converts its arguments under the GIL, releases the GIL (`py.detach`) and blocks on
+//! the shared tokio runtime until the bridge answers; other Python threads run meanwhile, so
+//! threads calling `llm_query` at once all have requests in flight (no hidden global lock:
+//! only the endpoint's own `max_in_flight` limiter applies). Every call carries the current
+//! block's cancellation token, which the watchdog cancels on a timeout and which is a child
+//! of the session token ([`ReplSession::cancel_token`](super::ReplSession::cancel_token)).
+//! Failures become `"Error: <reason>"` strings or `LlmQueryError`, per [`SubCallErrorMode`].
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyString};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::runtime;
+use bridge::{BatchPolicy, BridgeError, CallOptions, ChatRequest, Endpoints};
+
+/// What a failed sub-call does in Python.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubCallErrorMode {
+    /// Return `"Error: <reason>"` in place of the answer (what RLM prompts expect).
+    #[default]
+    ReturnString,
+    /// Raise `LlmQueryError` (for a batch: after all calls finished, with `.results`).
+    Raise,
+}
+
+/// The session's link to the bridge, shared by its natives.
+#[derive(Debug)]
+pub(crate) struct SubModelBridge {
+    endpoints: Arc<Endpoints>,
+    default_endpoint: String,
+    batch_concurrency: Option<usize>,
+    errors: SubCallErrorMode,
+    session_token: CancellationToken,
+    cell_token: Mutex<CancellationToken>,
+    llm_query_calls: AtomicU32,
+    llm_query_batched_calls: AtomicU32,
+    error_class: Py<PyAny>,
+}
+
+impl SubModelBridge {
+    pub(crate) fn new(
+        endpoints: Arc<Endpoints>,
+        default_endpoint: String,
+        batch_concurrency: Option<usize>,
+        errors: SubCallErrorMode,
+        session_token: CancellationToken,
+        error_class: Py<PyAny>,
+    ) -> Self {
+        let cell_token = session_token.child_token();
+        Self {
+            endpoints,
+            default_endpoint,
+            batch_concurrency,
+            errors,
+            session_token,
+            cell_token: Mutex::new(cell_token),
+            llm_query_calls: AtomicU32::new(0),
+            llm_query_batched_calls: AtomicU32::new(0),
+            error_class,
+        }
+    }
+
+    pub(crate) fn endpoints(&self) -> &Arc<Endpoints> {
+        &self.endpoints
+    }
+
+    pub(crate) fn session_token(&self) -> CancellationToken {
+        self.session_token.clone()
+    }
+
+    /// A new block starts: fresh cancellation token, counters at zero.
+    pub(crate) fn begin_block(&self) -> CancellationToken {
+        let token = self.session_token.child_token();
+        match self.cell_token.lock() {
+            Ok(mut guard) => *guard = token.clone(),
+            Err(poisoned) => *poisoned.into_inner() = token.clone(),
+        }
+        self.llm_query_calls.store(0, Ordering::Relaxed);
+        self.llm_query_batched_calls.store(0, Ordering::Relaxed);
+        token
+    }
+
+    /// `(llm_query calls, llm_query_batched calls)` since the block started.
+    pub(crate) fn counters(&self) -> (u32, u32) {
+        (
+            self.llm_query_calls.load(Ordering::Relaxed),
+            self.llm_query_batched_calls.load(Ordering::Relaxed),
+        )
+    }
+
+    fn cell_token(&self) -> CancellationToken {
+        match self.cell_token.lock() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn endpoint_name(&self, model: Option<String>) -> String {
+        model.unwrap_or_else(|| self.default_endpoint.clone())
+    }
+
+    fn failure(&self, py: Python<'_>, err: &BridgeError) -> PyResult<String> {
+        let message = format!("Error: {err}");
+        match self.errors {
+            SubCallErrorMode::ReturnString => Ok(message),
+            SubCallErrorMode::Raise => Err(self.error(py, err.to_string(), err.kind(), None)),
+        }
+    }
+
+    fn error(
+        &self,
+        py: Python<'_>,
+        message: String,
+        kind: &str,
+        results: Option<Bound<'_, PyList>>,
+    ) -> PyErr {
+        match self.error_class.bind(py).call1((message, kind, results)) {
+            Ok(value) => PyErr::from_value(value),
+            Err(e) => e,
+        }
+    }
+}
+
+fn extract_model(model: Option<&Bound<'_, PyAny>>, function: &str) -> PyResult<Option<String>> {
+    match model {
+        None => Ok(None),
+        Some(m) if m.is_none() => Ok(None),
+        Some(m) => match m.cast::<PyString>() {
+            Ok(s) => Ok(Some(s.to_str()?.to_owned())),
+            Err(_) => Err(PyTypeError::new_err(format!(
+                "{function}() `model` must be an endpoint name (str) or None, not {}",
+                m.get_type().name()?
+            ))),
+        },
+    }
+}
+
+fn extract_prompt(prompt: &Bound<'_, PyAny>, what: impl FnOnce() -> String) -> PyResult<String> {
+    match prompt.cast::<PyString>() {
+        Ok(s) => Ok(s.to_str()?.to_owned()),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "{} must be a str, not {}; build the prompt text with an f-string or str.join",
+            what(),
+            prompt.get_type().name()?
+        ))),
+    }
+}
+
+/// `llm_query(prompt, model=None) -> str`: ask a sub-model one question.
+///
+/// `model` names an endpoint (default: the session's sub endpoint). A failed call returns
+/// "Error: <reason>" (or raises LlmQueryError when the session is configured to).
+#[pyclass(frozen, name = "llm_query", module = "rlm")]
+#[derive(Debug)]
+pub(crate) struct LlmQuery {
+    pub(crate) bridge: Arc<SubModelBridge>,
+}
+
+#[pymethods]
+impl LlmQuery {
+    #[pyo3(signature = (prompt, model=None))]
+    fn __call__(
+        &self,
+        py: Python<'_>,
+        prompt: &Bound<'_, PyAny>,
+        model: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<String> {
+        let prompt = extract_prompt(prompt, || "llm_query() `prompt`".to_owned())?;
+        let model = extract_model(model, "llm_query")?;
+        let bridge = &self.bridge;
+        bridge.llm_query_calls.fetch_add(1, Ordering::Relaxed);
+        let endpoint = match bridge.endpoints.get(&bridge.endpoint_name(model)) {
+            Ok(endpoint) => endpoint,
+            Err(e) => return bridge.failure(py, &e),
+        };
+        let options = CallOptions {
+            cancel: bridge.cell_token(),
+            stream: false,
+        };
+        let request = ChatRequest::from_prompt(prompt);
+        let outcome = py.detach(|| runtime::shared().block_on(endpoint.call(request, &options)));
+        match outcome {
+            Ok(response) => Ok(response.content),
+            Err(e) => bridge.failure(py, &e),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        "<native function llm_query(prompt, model=None) -> str>".to_owned()
+    }
+}
+
+/// `llm_query_batched(prompts, model=None) -> list[str]`: ask many questions concurrently.
+///
+/// Answers come back in input order; the fan-out width comes from the session's
+/// configuration. A failed slot holds "Error: <reason>" (or, when configured, LlmQueryError is
+/// raised after all calls finished, with every slot in its `results`).
+#[pyclass(frozen, name = "llm_query_batched", module = "rlm")]
+#[derive(Debug)]
+pub(crate) struct LlmQueryBatched {
+    pub(crate) bridge: Arc<SubModelBridge>,
+}
+
+#[pymethods]
+impl LlmQueryBatched {
+    #[pyo3(signature = (prompts, model=None))]
+    fn __call__<'py>(
+        &self,
+        py: Python<'py>,
+        prompts: &Bound<'py, PyAny>,
+        model: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        if prompts.is_instance_of::<PyString>() {
+            return Err(PyTypeError::new_err(
+                "llm_query_batched() `prompts` must be a list of str, not a single str; use llm_query() for one prompt",
+            ));
+        }
+        let mut requests = Vec::new();
+        for (i, item) in prompts.try_iter()?.enumerate() {
+            let text = extract_prompt(&item?, || format!("llm_query_batched() `prompts[{i}]`"))?;
+            requests.push(ChatRequest::from_prompt(text));
+        }
+        let model = extract_model(model, "llm_query_batched")?;
+        let bridge = &self.bridge;
+        bridge
+            .llm_query_batched_calls
+            .fetch_add(1, Ordering::Relaxed);
+        let n = requests.len();
+        if n == 0 {
+            return Ok(PyList::empty(py));
+        }
+        let endpoint = match bridge.endpoints.get(&bridge.endpoint_name(model)) {
+            Ok(endpoint) => endpoint,
+            Err(e) => {
+                let text = format!("Error: {e}");
+                return match bridge.errors {
+                    SubCallErrorMode::ReturnString => PyList::new(py, vec![text; n]),
+                    SubCallErrorMode::Raise => Err(bridge.error(py, e.to_string(), e.kind(), None)),
+                };
+            }
+        };
+        let policy = BatchPolicy {
+            concurrency: bridge.batch_concurrency,
+        };
+        let cancel = bridge.cell_token();
+        let outcomes =
+            py.detach(|| runtime::shared().block_on(endpoint.batch(requests, policy, &cancel)));
+        let mut first_error: Option<(usize, &'static str, String)> = None;
+        let mut failed = 0usize;
+        let mut texts = Vec::with_capacity(n);
+        for (i, outcome) in outcomes.into_iter().enumerate() {
+            match outcome {
+                Ok(response) => texts.push(response.content),
+                Err(e) => {
+                    failed += 1;
+                    if first_error.is_none() {
+                        first_error = Some((i, e.kind(), e.to_string()));
+                    }
+                    texts.push(format!("Error: {e}"));
+                }
+            }
+        }
+        let list = PyList::new(py, texts)?;
+        match (bridge.errors, first_error) {
+            (SubCallErrorMode::Raise, Some((i, kind, message))) => Err(bridge.error(
+                py,
+                format!("{failed} of {n} sub-calls failed; the first (prompts[{i}]): {message}"),
+                kind,
+                Some(list),
+            )),
+            _ => Ok(list),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        "<native function llm_query_batched(prompts, model=None) -> list[str]>".to_owned()
+    }
+}

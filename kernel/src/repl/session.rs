@@ -1,0 +1,500 @@
+//! [`ReplSession`]: a `Send + Sync` handle on one Python namespace that lives on its own
+//! dedicated thread.
+//!
+//! `exec`, `variables` and `variable_as_string` send a job over a channel to the session
+//! thread and wait (bounded) for its reply. The session thread holds the GIL while it runs a
+//! job and releases it while idle, so several sessions in one process interleave through the
+//! GIL like ordinary Python threads, each with its own globals, captures and watchdog: a
+//! timeout in one session never touches another.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyFrozenSet};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use super::context::{ContextSource, load_context};
+use super::error::ReplError;
+use super::interpreter::interpreter;
+use super::interrupt::Watchdog;
+use super::metadata::{ContextMetadata, ExecutionResult, VariableInfo};
+use super::natives::{LlmQuery, LlmQueryBatched, SubCallErrorMode, SubModelBridge};
+use bridge::Endpoints;
+
+/// How long `exec` waits beyond the cell's time limit for the interrupted cell to return.
+const INTERRUPT_GRACE: Duration = Duration::from_secs(10);
+/// How long non-exec jobs (variables, session start) may wait for an idle session thread.
+const QUERY_WAIT: Duration = Duration::from_secs(30);
+
+/// Names the kernel defines in every session (restored after a block that rebinds them);
+/// `context_0 … context_n` are reserved too.
+pub const RESERVED_NAMES: &[&str] = &[
+    "context",
+    "llm_query",
+    "llm_query_batched",
+    "FINAL_VAR",
+    "SHOW_VARS",
+    "answer",
+    "LlmQueryError",
+];
+
+/// Configuration of one session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SessionConfig {
+    /// Wall-clock limit of one block.
+    pub cell_timeout: Duration,
+    /// Characters kept per stream per block (half from the head, half from the tail).
+    pub max_output_chars: usize,
+    /// Endpoint used by `llm_query`/`llm_query_batched` when no `model` is given.
+    pub sub_endpoint: String,
+    /// Fan-out width of `llm_query_batched` (`None`: unbounded, still capped by the
+    /// endpoint's `max_in_flight`).
+    pub batch_concurrency: Option<usize>,
+    /// What a failed sub-call does in Python.
+    pub sub_call_errors: SubCallErrorMode,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            cell_timeout: Duration::from_secs(120),
+            max_output_chars: 100_000,
+            sub_endpoint: "sub".to_owned(),
+            batch_concurrency: None,
+            sub_call_errors: SubCallErrorMode::ReturnString,
+        }
+    }
+}
+
+pub(crate) enum Job {
+    Exec {
+        code: String,
+        reply: Sender<Result<ExecutionResult, ReplError>>,
+    },
+    Variables {
+        reply: Sender<Result<Vec<VariableInfo>, ReplError>>,
+    },
+    VariableString {
+        name: String,
+        reply: Sender<Result<Option<String>, ReplError>>,
+    },
+    Shutdown,
+}
+
+/// An embedded Python REPL session (see the [module docs](super)).
+#[derive(Debug)]
+pub struct ReplSession {
+    id: u64,
+    config: SessionConfig,
+    jobs: Sender<Job>,
+    /// Serialises callers: one job in flight per session, so every wait is bounded by that job.
+    busy: Mutex<()>,
+    contexts: Vec<ContextMetadata>,
+    cancel: CancellationToken,
+    closed: CancellationToken,
+    watchdog: Arc<Watchdog>,
+    thread: Option<JoinHandle<()>>,
+    thread_done: Mutex<Receiver<()>>,
+}
+
+const _: () = {
+    const fn send_and_sync<T: Send + Sync>() {}
+    send_and_sync::<ReplSession>();
+};
+
+static NEXT_SESSION_ID: AtomicU64 = AtomicU64::new(1);
+
+impl ReplSession {
+    /// Start a session: a new namespace with the natives, and every context loaded (or an
+    /// error naming the context that failed, with nothing left behind).
+    pub fn new(
+        config: SessionConfig,
+        endpoints: Arc<Endpoints>,
+        contexts: &[ContextSource],
+    ) -> Result<Self, ReplError> {
+        interpreter()?;
+        let id = NEXT_SESSION_ID.fetch_add(1, Ordering::Relaxed);
+        let cancel = CancellationToken::new();
+        let closed = CancellationToken::new();
+        let watchdog = Arc::new(Watchdog::default());
+        let (jobs, job_rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (done_tx, thread_done) = mpsc::channel();
+        let init = SessionInit {
+            id,
+            config: config.clone(),
+            endpoints,
+            contexts: contexts.to_vec(),
+            cancel: cancel.clone(),
+            watchdog: Arc::clone(&watchdog),
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("rlm-repl-{id}"))
+            .spawn(move || {
+                session_thread(init, job_rx, ready_tx);
+                let _ = done_tx.send(());
+            })
+            .map_err(|e| ReplError::Interpreter {
+                message: format!("cannot start the session thread: {e}"),
+            })?;
+        let contexts = match ready_rx.recv() {
+            Ok(Ok(contexts)) => contexts,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(ReplError::SessionClosed {
+                    reason: "the session thread stopped while starting".to_owned(),
+                });
+            }
+        };
+        let wd = Arc::clone(&watchdog);
+        std::thread::Builder::new()
+            .name(format!("rlm-watchdog-{id}"))
+            .spawn(move || wd.run())
+            .map_err(|e| ReplError::Interpreter {
+                message: format!("cannot start the watchdog thread: {e}"),
+            })?;
+        {
+            // Cancelling the session token interrupts a running block.
+            let (cancel, closed, wd) = (cancel.clone(), closed.clone(), Arc::clone(&watchdog));
+            crate::runtime::shared().spawn(async move {
+                tokio::select! {
+                    () = cancel.cancelled() => wd.notify(),
+                    () = closed.cancelled() => {}
+                }
+            });
+        }
+        Ok(Self {
+            id,
+            config,
+            jobs,
+            busy: Mutex::new(()),
+            contexts,
+            cancel,
+            closed,
+            watchdog,
+            thread: Some(thread),
+            thread_done: Mutex::new(thread_done),
+        })
+    }
+
+    /// Run one code block. `Err` only if the kernel itself broke; a Python exception, a
+    /// timeout or `sys.exit()` are reported in the [`ExecutionResult`].
+    pub fn exec(&self, code: &str) -> Result<ExecutionResult, ReplError> {
+        let wait = self.config.cell_timeout + INTERRUPT_GRACE;
+        self.request(wait, |reply| Job::Exec {
+            code: code.to_owned(),
+            reply,
+        })?
+    }
+
+    /// Metadata of the loaded contexts, in order.
+    pub fn contexts(&self) -> &[ContextMetadata] {
+        &self.contexts
+    }
+
+    /// The user's variables (reserved names, `_private` names and modules hidden).
+    pub fn variables(&self) -> Result<Vec<VariableInfo>, ReplError> {
+        self.request(QUERY_WAIT, |reply| Job::Variables { reply })?
+    }
+
+    /// `str(value)` of a variable in the namespace, `None` if unset.
+    pub fn variable_as_string(&self, name: &str) -> Result<Option<String>, ReplError> {
+        self.request(QUERY_WAIT, |reply| Job::VariableString {
+            name: name.to_owned(),
+            reply,
+        })?
+    }
+
+    /// The session's cancellation token: cancelling it aborts in-flight `llm_query` calls and
+    /// interrupts the running block (`CellCancelled`). It cannot be reset: later sub-calls of
+    /// this session fail with a cancellation error.
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// The session's configuration.
+    pub fn config(&self) -> &SessionConfig {
+        &self.config
+    }
+
+    /// A process-unique number of this session (1 for the first).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn request<T>(
+        &self,
+        wait: Duration,
+        job: impl FnOnce(Sender<T>) -> Job,
+    ) -> Result<T, ReplError> {
+        let _turn = match self.busy.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let (reply, answer) = mpsc::channel();
+        self.jobs
+            .send(job(reply))
+            .map_err(|_| ReplError::SessionClosed {
+                reason: "its Python thread has exited".to_owned(),
+            })?;
+        match answer.recv_timeout(wait) {
+            Ok(value) => Ok(value),
+            Err(RecvTimeoutError::Timeout) => Err(ReplError::Unresponsive { waited: wait }),
+            Err(RecvTimeoutError::Disconnected) => Err(ReplError::SessionClosed {
+                reason: "its Python thread exited while running the request".to_owned(),
+            }),
+        }
+    }
+}
+
+impl Drop for ReplSession {
+    fn drop(&mut self) {
+        self.closed.cancel();
+        self.watchdog.shutdown();
+        let _ = self.jobs.send(Job::Shutdown);
+        // Join unless the thread is stuck in native code; then leave it to finish on its own.
+        let done = match self.thread_done.get_mut() {
+            Ok(rx) => rx.recv_timeout(Duration::from_secs(2)).is_ok(),
+            Err(poisoned) => poisoned
+                .into_inner()
+                .recv_timeout(Duration::from_secs(2))
+                .is_ok(),
+        };
+        if done && let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+struct SessionInit {
+    id: u64,
+    config: SessionConfig,
+    endpoints: Arc<Endpoints>,
+    contexts: Vec<ContextSource>,
+    cancel: CancellationToken,
+    watchdog: Arc<Watchdog>,
+}
+
+fn session_thread(
+    init: SessionInit,
+    jobs: Receiver<Job>,
+    ready: Sender<Result<Vec<ContextMetadata>, ReplError>>,
+) {
+    Python::attach(|py| {
+        let mut state = match SessionState::create(py, init) {
+            Ok((state, contexts)) => {
+                let _ = ready.send(Ok(contexts));
+                state
+            }
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let mut jobs = jobs;
+        loop {
+            let (job, rx) = py.detach(move || {
+                let job = jobs.recv();
+                (job, jobs)
+            });
+            jobs = rx;
+            match job {
+                Ok(Job::Exec { code, reply }) => {
+                    let result = state.exec(py, &code);
+                    let _ = reply.send(result);
+                }
+                Ok(Job::Variables { reply }) => {
+                    let _ = reply.send(state.variables(py));
+                }
+                Ok(Job::VariableString { name, reply }) => {
+                    let _ = reply.send(state.variable_as_string(py, &name));
+                }
+                Ok(Job::Shutdown) | Err(_) => break,
+            }
+        }
+        state.close(py);
+    });
+}
+
+/// The session thread's side: the namespace and everything bound to it.
+pub(crate) struct SessionState {
+    pub(crate) id: u64,
+    pub(crate) config: SessionConfig,
+    pub(crate) globals: Py<PyDict>,
+    /// The support module's `Session` object for this session.
+    pub(crate) py_session: Py<PyAny>,
+    pub(crate) answer: Py<PyAny>,
+    pub(crate) reserved: Vec<(String, Py<PyAny>)>,
+    pub(crate) reserved_set: Py<PyFrozenSet>,
+    pub(crate) bridge: Arc<SubModelBridge>,
+    pub(crate) watchdog: Arc<Watchdog>,
+    pub(crate) thread_id: std::os::raw::c_long,
+    pub(crate) blocks: u64,
+}
+
+impl SessionState {
+    fn create(
+        py: Python<'_>,
+        init: SessionInit,
+    ) -> Result<(Self, Vec<ContextMetadata>), ReplError> {
+        let support = interpreter()?.support(py);
+        let fail = |e: PyErr| ReplError::internal("creating a session", e);
+        let globals = PyDict::new(py);
+        globals
+            .set_item("__name__", "__main__")
+            .and_then(|()| globals.set_item("__builtins__", py.import("builtins")?))
+            .and_then(|()| globals.set_item("__doc__", py.None()))
+            .map_err(fail)?;
+        let py_session = support
+            .getattr("Session")
+            .and_then(|c| c.call1((init.id, &globals)))
+            .map_err(fail)?;
+        support
+            .call_method1("bind_thread", (&py_session,))
+            .map_err(fail)?;
+        let thread_id: std::os::raw::c_long = py
+            .import("threading")
+            .and_then(|t| t.call_method0("get_ident"))
+            .and_then(|i| i.extract::<u64>())
+            .map_err(fail)? as std::os::raw::c_long;
+
+        let mut reserved: Vec<(String, Bound<'_, PyAny>)> = Vec::new();
+        let mut contexts = Vec::with_capacity(init.contexts.len());
+        for (index, source) in init.contexts.iter().enumerate() {
+            let loaded = load_context(py, index, source)?;
+            if index == 0 {
+                reserved.push(("context".to_owned(), loaded.value.clone()));
+            }
+            reserved.push((format!("context_{index}"), loaded.value));
+            contexts.push(loaded.metadata);
+        }
+
+        let error_class = support.getattr("LlmQueryError").map_err(fail)?;
+        let bridge = Arc::new(SubModelBridge::new(
+            init.endpoints,
+            init.config.sub_endpoint.clone(),
+            init.config.batch_concurrency,
+            init.config.sub_call_errors,
+            init.cancel,
+            error_class.clone().unbind(),
+        ));
+        let llm_query = Bound::new(
+            py,
+            LlmQuery {
+                bridge: Arc::clone(&bridge),
+            },
+        )
+        .map_err(fail)?;
+        let llm_query_batched = Bound::new(
+            py,
+            LlmQueryBatched {
+                bridge: Arc::clone(&bridge),
+            },
+        )
+        .map_err(fail)?;
+        let answer = support
+            .getattr("AnswerDict")
+            .and_then(|c| c.call1((&py_session,)))
+            .map_err(fail)?;
+        reserved.push(("llm_query".to_owned(), llm_query.into_any()));
+        reserved.push(("llm_query_batched".to_owned(), llm_query_batched.into_any()));
+        reserved.push(("answer".to_owned(), answer.clone()));
+        reserved.push(("LlmQueryError".to_owned(), error_class));
+        let names: Vec<&str> = reserved
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .chain(["FINAL_VAR", "SHOW_VARS"])
+            .collect();
+        let reserved_set = PyFrozenSet::new(py, &names).map_err(fail)?;
+        let final_var = support
+            .call_method1("make_final_var", (&py_session, &globals))
+            .map_err(fail)?;
+        let show_vars = support
+            .call_method1("make_show_vars", (&globals, &reserved_set))
+            .map_err(fail)?;
+        reserved.push(("FINAL_VAR".to_owned(), final_var));
+        reserved.push(("SHOW_VARS".to_owned(), show_vars));
+        for (name, value) in &reserved {
+            globals.set_item(name, value).map_err(fail)?;
+        }
+
+        let state = Self {
+            id: init.id,
+            config: init.config,
+            globals: globals.unbind(),
+            py_session: py_session.unbind(),
+            answer: answer.unbind(),
+            reserved: reserved.into_iter().map(|(n, v)| (n, v.unbind())).collect(),
+            reserved_set: reserved_set.unbind(),
+            bridge,
+            watchdog: init.watchdog,
+            thread_id,
+            blocks: 0,
+        };
+        Ok((state, contexts))
+    }
+
+    pub(crate) fn variables(&self, py: Python<'_>) -> Result<Vec<VariableInfo>, ReplError> {
+        let support = interpreter()?.support(py);
+        let rows = support
+            .call_method1(
+                "list_variables",
+                (self.globals.bind(py), self.reserved_set.bind(py)),
+            )
+            .and_then(|rows| rows.extract::<Vec<(String, String, Option<usize>, String)>>())
+            .map_err(|e| ReplError::internal("listing variables", e))?;
+        Ok(rows
+            .into_iter()
+            .map(|(name, type_name, size, preview)| VariableInfo {
+                name,
+                type_name,
+                size,
+                preview,
+            })
+            .collect())
+    }
+
+    pub(crate) fn user_names(&self, py: Python<'_>) -> Result<Vec<String>, ReplError> {
+        let support = interpreter()?.support(py);
+        support
+            .call_method1(
+                "user_names",
+                (self.globals.bind(py), self.reserved_set.bind(py)),
+            )
+            .and_then(|names| names.extract::<Vec<String>>())
+            .map_err(|e| ReplError::internal("listing variables", e))
+    }
+
+    fn variable_as_string(&self, py: Python<'_>, name: &str) -> Result<Option<String>, ReplError> {
+        let globals = self.globals.bind(py);
+        let Some(value) = globals
+            .get_item(name)
+            .map_err(|e| ReplError::internal("reading a variable", e))?
+        else {
+            return Ok(None);
+        };
+        // str() runs the user's __str__; its failure is described, not a kernel error.
+        Ok(Some(match value.str() {
+            Ok(s) => s.to_string_lossy().into_owned(),
+            Err(e) => format!("<str() of `{name}` failed: {e}>"),
+        }))
+    }
+
+    fn close(self, py: Python<'_>) {
+        let globals = self.globals.bind(py);
+        globals.clear();
+        if let Ok(support) = interpreter().map(|i| i.support(py)) {
+            let _ = support.call_method0("unbind_thread");
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! The session: state, output, display, exceptions, timeouts, reserved names, final answers.
+
+use std::time::{Duration, Instant};
+
+use kernel::repl::{ContextSource, FinalSource, ReplSession};
+
+use crate::support::{config, no_endpoints, ok, session, session_with};
+
+#[test]
+fn state_persists_across_blocks() {
+    let s = session();
+    ok(&s, "x = 40\ndef add(a, b):\n    return a + b");
+    let r = ok(&s, "print(add(x, 2))");
+    assert_eq!(r.stdout, "42\n");
+    assert_eq!(
+        s.variable_as_string("x").expect("reads"),
+        Some("40".to_owned())
+    );
+    assert_eq!(s.variable_as_string("nope").expect("reads"), None);
+}
+
+#[test]
+fn final_bare_expression_is_displayed_like_ipython() {
+    let s = session();
+    let r = ok(&s, "a = [1, 2]\na + [3]");
+    assert_eq!(r.stdout, "[1, 2, 3]\n");
+    let r = ok(&s, "'text'");
+    assert_eq!(r.stdout, "'text'\n");
+    let r = ok(&s, "None");
+    assert_eq!(r.stdout, "");
+    // Only the last statement is displayed, and only if it is an expression.
+    let r = ok(&s, "1\nb = 2");
+    assert_eq!(r.stdout, "");
+    let r = ok(&s, "print('hi')");
+    assert_eq!(r.stdout, "hi\n");
+}
+
+#[test]
+fn stdout_and_stderr_are_captured_per_block() {
+    let s = session();
+    let r = ok(
+        &s,
+        "import sys\nprint('out')\nprint('err', file=sys.stderr)",
+    );
+    assert_eq!(r.stdout, "out\n");
+    assert_eq!(r.stderr, "err\n");
+    let r = ok(&s, "print('again')");
+    assert_eq!(r.stdout, "again\n");
+    assert_eq!(r.stderr, "");
+}
+
+#[test]
+fn variables_assigned_before_an_exception_survive() {
+    let s = session();
+    let r = s
+        .exec("kept = 'yes'\nnums = [1, 2]\n1 / 0\nnever = 1")
+        .expect("kernel works");
+    let err = r.error.expect("ZeroDivisionError reported");
+    assert_eq!(err.type_name, "ZeroDivisionError");
+    assert_eq!(err.line, Some(3));
+    assert!(r.new_variables.contains(&"kept".to_owned()));
+    let r = ok(&s, "print(kept, nums)");
+    assert_eq!(r.stdout, "yes [1, 2]\n");
+    assert_eq!(s.variable_as_string("never").expect("reads"), None);
+}
+
+#[test]
+fn traceback_points_at_the_users_line_without_kernel_frames() {
+    let s = session();
+    ok(&s, "def inner(d):\n    return d['missing']");
+    let r = s
+        .exec("data = {}\n\nvalue = inner(data)\nprint(value)")
+        .expect("kernel works");
+    let err = r.error.expect("KeyError reported");
+    assert_eq!(err.type_name, "KeyError");
+    assert_eq!(err.line, Some(3));
+    assert!(err.traceback.contains("line 3"), "{}", err.traceback);
+    assert!(
+        err.traceback.contains("value = inner(data)"),
+        "{}",
+        err.traceback
+    );
+    assert!(
+        err.traceback.contains("return d['missing']"),
+        "{}",
+        err.traceback
+    );
+    assert!(!err.traceback.contains("rlm-kernel"), "{}", err.traceback);
+    assert!(r.stderr.contains("KeyError: 'missing'"), "{}", r.stderr);
+}
+
+#[test]
+fn syntax_errors_point_at_the_line() {
+    let s = session();
+    let r = s.exec("x = 1\ny = (2 +\n").expect("kernel works");
+    let err = r.error.expect("SyntaxError reported");
+    assert_eq!(err.type_name, "SyntaxError");
+    assert!(err.line.is_some());
+    assert!(!r.stderr.is_empty());
+}
+
+#[test]
+fn sys_exit_and_keyboard_interrupt_do_not_end_the_kernel() {
+    let s = session();
+    let r = s
+        .exec("import sys\nbefore = 1\nsys.exit(3)")
+        .expect("kernel works");
+    assert_eq!(r.error.expect("reported").type_name, "SystemExit");
+    let r = s.exec("exit()").expect("kernel works");
+    assert_eq!(r.error.expect("reported").type_name, "SystemExit");
+    let r = s.exec("raise KeyboardInterrupt").expect("kernel works");
+    assert_eq!(r.error.expect("reported").type_name, "KeyboardInterrupt");
+    let r = s.exec("input('name? ')").expect("kernel works");
+    assert_eq!(r.error.expect("no stdin").type_name, "EOFError");
+    let r = ok(&s, "before + 1");
+    assert_eq!(r.stdout, "2\n");
+}
+
+fn assert_interrupted_in_time(s: &ReplSession, code: &str, limit: Duration) {
+    let started = Instant::now();
+    let r = s
+        .exec(code)
+        .unwrap_or_else(|e| panic!("{code}: kernel broke: {e}"));
+    let elapsed = started.elapsed();
+    assert!(r.timed_out, "{code}: not timed out: {r:?}");
+    assert_eq!(r.error.as_ref().expect("error").type_name, "CellTimeout");
+    assert!(
+        elapsed < limit + Duration::from_millis(100),
+        "{code}: took {elapsed:?} for a limit of {limit:?}"
+    );
+}
+
+#[test]
+fn runaway_loops_and_sleeps_are_interrupted_and_the_session_answers() {
+    let limit = Duration::from_millis(500);
+    let s = ReplSession::new(config(limit), no_endpoints(), &[]).expect("starts");
+    ok(&s, "kept = 'state'");
+    assert_interrupted_in_time(&s, "n = 0\nwhile True:\n    n += 1", limit);
+    assert_interrupted_in_time(&s, "import time\ntime.sleep(3600)", limit);
+    assert_interrupted_in_time(
+        &s,
+        "while True:\n    try:\n        sum(range(1000))\n    except Exception:\n        pass",
+        limit,
+    );
+    assert_interrupted_in_time(
+        &s,
+        "while True:\n    try:\n        time.sleep(0.01)\n    except BaseException:\n        pass",
+        limit,
+    );
+    assert_interrupted_in_time(
+        &s,
+        "def spin():\n    while True:\n        try:\n            pass\n        except:\n            pass\nspin()",
+        limit,
+    );
+    let r = ok(&s, "print(kept, n > 0)");
+    assert_eq!(r.stdout, "state True\n");
+}
+
+#[test]
+fn sleeping_threads_started_by_a_block_are_woken_too() {
+    let limit = Duration::from_millis(400);
+    let s = ReplSession::new(config(limit), no_endpoints(), &[]).expect("starts");
+    let code = "import threading, time\nt = threading.Thread(target=time.sleep, args=(3600,))\nt.start()\nt.join()";
+    assert_interrupted_in_time(&s, code, limit);
+    let r = ok(&s, "t.join(5)\nt.is_alive()");
+    assert_eq!(r.stdout, "False\n");
+}
+
+#[test]
+fn cancelling_the_session_token_interrupts_the_block() {
+    let s = ReplSession::new(config(Duration::from_secs(30)), no_endpoints(), &[]).expect("starts");
+    let token = s.cancel_token();
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        token.cancel();
+    });
+    let started = Instant::now();
+    let r = s.exec("import time\ntime.sleep(60)").expect("kernel works");
+    canceller.join().expect("joins");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(r.error.expect("stopped").type_name, "CellCancelled");
+    assert!(!r.timed_out);
+    // Later blocks still run.
+    assert_eq!(ok(&s, "1 + 1").stdout, "2\n");
+}
+
+#[test]
+fn output_is_bounded_head_and_tail() {
+    let s = ReplSession::new(
+        kernel::repl::SessionConfig {
+            max_output_chars: 1000,
+            ..config(Duration::from_secs(60))
+        },
+        no_endpoints(),
+        &[],
+    )
+    .expect("starts");
+    // ~200 MB of output through print: memory stays bounded, head and tail are kept.
+    let r = ok(
+        &s,
+        "line = 'x' * 9999\nprint('FIRST')\nfor i in range(20000):\n    print(line)\nprint('LAST')",
+    );
+    assert!(r.stdout.starts_with("FIRST\n"), "{}", &r.stdout[..50]);
+    assert!(r.stdout.ends_with("LAST\n"));
+    assert!(r.stdout.contains("characters omitted"));
+    assert!(r.stdout.chars().count() < 1100);
+    assert_eq!(r.stdout_omitted_chars, 6 + 20000 * 10000 + 5 - 1000);
+}
+
+#[test]
+fn reserved_names_are_restored_and_user_names_untouched() {
+    let s = session_with(&[ContextSource::Text("the context".into())]);
+    let r = ok(
+        &s,
+        "context = 'mine'\nllm_query = None\ndel FINAL_VAR\nanswer = 5\nmy_var = 1\ncontext_0 = 2",
+    );
+    for name in ["context", "llm_query", "FINAL_VAR", "answer", "context_0"] {
+        assert!(
+            r.stderr.contains(&format!("`{name}` is reserved")),
+            "{}",
+            r.stderr
+        );
+    }
+    let r = ok(
+        &s,
+        "print(context, context_0 is context, callable(llm_query), callable(FINAL_VAR), answer['ready'], my_var)",
+    );
+    assert_eq!(r.stdout, "the context True True True False 1\n");
+    assert!(r.stderr.is_empty(), "{}", r.stderr);
+}
+
+#[test]
+fn answer_dict_records_the_final_answer_when_ready() {
+    let s = session();
+    let r = ok(&s, "answer['content'] = 'draft'");
+    assert_eq!(r.final_answer, None);
+    let r = ok(
+        &s,
+        "answer['content'] = [1, 2]\nanswer['ready'] = True\nx = 1",
+    );
+    let fa = r.final_answer.expect("recorded");
+    assert_eq!(fa.value, "[1, 2]");
+    assert_eq!(fa.source, FinalSource::AnswerDict);
+    // Ready first, content after: the content written while ready counts.
+    let s = session();
+    let r = ok(&s, "answer['ready'] = True\nanswer['content'] = 'late'");
+    assert_eq!(r.final_answer.expect("recorded").value, "late");
+    // update() bypasses __setitem__; checked after the block.
+    let s = session();
+    let r = ok(&s, "answer.update(content='via update', ready=True)");
+    assert_eq!(r.final_answer.expect("recorded").value, "via update");
+    // A rebound plain dict that is ready still counts, and `answer` is restored.
+    let s = session();
+    let r = ok(&s, "answer = {'content': 'rebound', 'ready': True}");
+    assert_eq!(r.final_answer.expect("recorded").value, "rebound");
+    assert_eq!(ok(&s, "type(answer).__name__").stdout, "'AnswerDict'\n");
+}
+
+#[test]
+fn final_var_records_a_value_or_a_named_variable() {
+    let s = session();
+    let r = ok(&s, "result = {'total': 3}\nFINAL_VAR('result')");
+    let fa = r.final_answer.expect("recorded");
+    assert_eq!(fa.value, "{'total': 3}");
+    assert_eq!(fa.source, FinalSource::FinalVar);
+    let r = ok(&s, "FINAL_VAR(6 * 7)");
+    assert_eq!(r.final_answer.expect("recorded").value, "42");
+    let r = ok(&s, "FINAL_VAR('plain words')");
+    assert_eq!(r.final_answer.expect("recorded").value, "plain words");
+    let r = ok(&s, "y = 1");
+    assert_eq!(r.final_answer, None);
+}
+
+#[test]
+fn show_vars_and_variables_list_user_variables() {
+    let s = session_with(&[ContextSource::Text("ctx".into())]);
+    let r = ok(
+        &s,
+        "import json\nnames = ['a', 'b', 'c']\n_hidden = 1\ncount = 3\nSHOW_VARS()",
+    );
+    assert!(r.stdout.contains("names"), "{}", r.stdout);
+    assert!(r.stdout.contains("len=3"), "{}", r.stdout);
+    assert!(!r.stdout.contains("_hidden"));
+    assert!(!r.stdout.contains("context"));
+    assert!(!r.stdout.contains("json"));
+    let names: Vec<_> = r.variables.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(names, ["names", "count"]);
+    assert_eq!(r.new_variables, ["names", "count"]);
+    let names_var = &r.variables[0];
+    assert_eq!(names_var.type_name, "list");
+    assert_eq!(names_var.size, Some(3));
+    assert_eq!(names_var.preview, "['a', 'b', 'c']");
+    assert_eq!(s.variables().expect("lists"), r.variables);
+    let big = ok(&s, "big = 'z' * 10_000_000");
+    let info = big
+        .variables
+        .iter()
+        .find(|v| v.name == "big")
+        .expect("listed");
+    assert_eq!(info.size, Some(10_000_000));
+    assert!(info.preview.len() < 100);
+}
+
+#[test]
+fn sessions_are_independent_and_run_concurrently() {
+    let limit = Duration::from_millis(600);
+    let slow = ReplSession::new(config(limit), no_endpoints(), &[]).expect("starts");
+    let fast = session();
+    ok(&fast, "who = 'fast'");
+    ok(&slow, "who = 'slow'");
+    std::thread::scope(|scope| {
+        let handle = scope.spawn(|| slow.exec("while True: pass").expect("kernel works"));
+        // The other session keeps answering while one spins.
+        for _ in 0..5 {
+            assert_eq!(ok(&fast, "who").stdout, "'fast'\n");
+        }
+        let r = handle.join().expect("joins");
+        assert!(r.timed_out);
+    });
+    assert_eq!(ok(&slow, "who").stdout, "'slow'\n");
+}
