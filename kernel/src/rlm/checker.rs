@@ -7,7 +7,7 @@
 use super::blocks::extract_code_blocks;
 use super::executor::BlockRun;
 use super::final_answer::{Completion, CompletionRules, FinalKind, check_completion};
-use super::upstream::FinalSource;
+use crate::repl::FinalSource;
 
 /// Decides whether a reply ended the run; see the rules in
 /// [`final_answer`](super::final_answer) docs.
@@ -55,9 +55,10 @@ impl CompletionChecker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::repl::{ExecutionResult, FinalAnswer};
     use crate::rlm::blocks::CodeBlock;
     use crate::rlm::final_answer::{FinalNote, FoundAnswer};
-    use crate::rlm::upstream::{ExecutionResult, FinalAnswer};
+    use crate::rlm::test_support::empty_result;
 
     fn run(final_answer: Option<FinalAnswer>) -> BlockRun {
         BlockRun {
@@ -67,7 +68,7 @@ mod tests {
             },
             result: ExecutionResult {
                 final_answer,
-                ..Default::default()
+                ..empty_result()
             },
         }
     }

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::executor::BlockRun;
 use super::final_answer::FinalNote;
 use super::prompts::{Prompts, group_digits};
-use super::upstream::VariableInfo;
+use crate::repl::VariableInfo;
 
 /// Settings of the feedback messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -206,10 +206,12 @@ pub(crate) fn format_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::repl::{ExecError, ExecutionResult};
     use crate::rlm::blocks::CodeBlock;
     use crate::rlm::final_answer::{CompletionRules, FinalKind};
     use crate::rlm::prompts::PromptConfig;
-    use crate::rlm::upstream::{ExecError, ExecutionResult, SubCallMetadata};
+    use crate::rlm::test_support::empty_result;
+    use bridge::SubCallMetadata;
 
     fn run(index: usize, result: ExecutionResult) -> BlockRun {
         BlockRun {
@@ -295,7 +297,7 @@ mod tests {
             duration: Duration::from_millis(3),
             variables: vec![var("n", "int", None)],
             new_variables: vec!["n".into()],
-            ..Default::default()
+            ..empty_result()
         };
         let fanned = ExecutionResult {
             stdout: "['ERROR', 'OK']".into(),
@@ -307,7 +309,7 @@ mod tests {
                 var("chunks", "list", Some(2)),
                 var("labels", "list", Some(2)),
             ],
-            ..Default::default()
+            ..empty_result()
         };
         let failed = ExecutionResult {
             stdout: "before the error\n".into(),
@@ -320,7 +322,7 @@ mod tests {
             }),
             duration: Duration::from_millis(1),
             variables: vec![var("n", "int", None), var("chunks", "list", Some(2)), var("labels", "list", Some(2))],
-            ..Default::default()
+            ..empty_result()
         };
         let text = format_feedback(
             &[run(0, ok), run(1, fanned), run(2, failed)],
@@ -338,11 +340,11 @@ mod tests {
             stderr: "TimeoutError: the block ran longer than 5 s and was interrupted\n".into(),
             timed_out: true,
             duration: Duration::from_millis(5_004),
-            ..Default::default()
+            ..empty_result()
         };
         let silent = ExecutionResult {
             duration: Duration::from_millis(0),
-            ..Default::default()
+            ..empty_result()
         };
         let huge = ExecutionResult {
             stdout: format!("HEAD{}TAIL", "x".repeat(1_000)),
@@ -351,7 +353,7 @@ mod tests {
             variables: (0..5)
                 .map(|i| var(&format!("v{i}"), "str", Some(i)))
                 .collect(),
-            ..Default::default()
+            ..empty_result()
         };
         let config = FeedbackConfig {
             block_limit: 100,
@@ -401,7 +403,7 @@ mod tests {
                 traceback: String::new(),
                 line: None,
             }),
-            ..Default::default()
+            ..empty_result()
         };
         let text = format_block(&run(0, result), 1, &FeedbackConfig::default());
         assert!(text.contains("raised KeyError"), "{text}");

@@ -18,6 +18,7 @@
 //! endpoint that does so.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -25,9 +26,8 @@ use super::blocks::CodeBlock;
 use super::executor::BlockRun;
 use super::metadata::IterationRecord;
 use super::runner::{RlmConfig, RlmResult};
-use super::upstream::{
-    ChatRequest, ChatResponse, ContextMetadata, ExecutionResult, Message, SubCallMetadata,
-};
+use crate::repl::{ContextMetadata, ExecutionResult};
+use bridge::{ChatRequest, ChatResponse, Ledger, Message, SubCallMetadata};
 
 /// What a before-hook wants the loop to do.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,6 +55,9 @@ pub struct RunInfo<'a> {
     pub system_prompt: &'a str,
     /// When the run started, in unix milliseconds.
     pub started_at_ms: u64,
+    /// The ledger every model call of the run is recorded in.
+    #[serde(skip)]
+    pub ledger: Option<&'a Arc<Ledger>>,
 }
 
 /// A model endpoint as the trajectory records it: no API key, no headers.

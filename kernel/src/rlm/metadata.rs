@@ -10,7 +10,8 @@ use super::blocks::CodeBlock;
 use super::executor::BlockRun;
 use super::feedback::truncate_middle;
 use super::final_answer::{FinalKind, FinalNote};
-use super::upstream::{ExecError, SubCallMetadata};
+use crate::repl::ExecError;
+use bridge::SubCallMetadata;
 
 /// Why a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -282,8 +283,8 @@ impl BlockRecord {
             sub_calls: result.sub_calls.len(),
             new_variables: result.new_variables.clone(),
             final_answer: result.final_answer.as_ref().map(|f| match f.source {
-                super::upstream::FinalSource::AnswerDict => FinalKind::AnswerDict,
-                super::upstream::FinalSource::FinalVar => FinalKind::FinalVar,
+                crate::repl::FinalSource::AnswerDict => FinalKind::AnswerDict,
+                crate::repl::FinalSource::FinalVar => FinalKind::FinalVar,
             }),
         }
     }

@@ -6,7 +6,7 @@ use super::executor::BlockRun;
 use super::hooks::{Hook, HookAction, ModelCall, RunError, RunInfo};
 use super::metadata::{IterationRecord, SessionMetrics, TerminationReason};
 use super::runner::RlmResult;
-use super::upstream::SubCallMetadata;
+use bridge::SubCallMetadata;
 
 /// Counts iterations, blocks, calls, tokens, cost and time; fills `RlmResult::metrics` in
 /// [`Hook::after_run`]. The runner installs one ahead of the user's hooks.

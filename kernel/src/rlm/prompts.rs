@@ -6,7 +6,7 @@
 //! ones are left untouched.
 
 use super::final_answer::{CodeAndFinal, CompletionRules, FinalKind, FinalNote, Protocol};
-use super::upstream::{ContextKind, ContextMetadata};
+use crate::repl::{ContextKind, ContextMetadata};
 
 const SYSTEM: &str = include_str!("../../../prompts/system.md");
 const FINISH_AUTO: &str = include_str!("../../../prompts/finish_auto.md");
@@ -255,10 +255,10 @@ fn describe_context(meta: &ContextMetadata) -> String {
     let mut line = format!("- {name}: {shape}, from `{}`.\n", meta.source);
     if let Some(sizes) = &meta.item_sizes {
         line.push_str(&format!(
-            "  Item sizes: {} to {} characters, {} on average.\n",
+            "  Item sizes: {} to {} characters, median {}.\n",
             group_digits(sizes.min),
             group_digits(sizes.max),
-            group_digits(sizes.mean.round() as u64)
+            group_digits(sizes.median)
         ));
     }
     if let Some(columns) = meta.columns.as_ref().filter(|c| !c.is_empty()) {
@@ -350,7 +350,7 @@ pub(crate) fn human_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rlm::upstream::ItemSizes;
+    use crate::repl::ItemSizes;
 
     fn rules(protocol: Protocol, code_and_final: CodeAndFinal) -> CompletionRules {
         CompletionRules {
@@ -419,11 +419,7 @@ mod tests {
                 source: "events.jsonl".into(),
                 bytes: 900,
                 items: Some(1),
-                item_sizes: Some(ItemSizes {
-                    min: 80,
-                    max: 80,
-                    mean: 80.0,
-                }),
+                item_sizes: ItemSizes::from_sizes(vec![80]),
                 ..base.clone()
             },
             ContextMetadata {
@@ -433,11 +429,7 @@ mod tests {
                 source: "docs/".into(),
                 bytes: 2_500_000_000,
                 items: Some(3_100),
-                item_sizes: Some(ItemSizes {
-                    min: 12,
-                    max: 1_048_576,
-                    mean: 806_451.6,
-                }),
+                item_sizes: ItemSizes::from_sizes(vec![12, 4_000, 1_048_576]),
                 ..base
             },
         ]

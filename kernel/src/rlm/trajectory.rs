@@ -29,7 +29,7 @@ use super::final_answer::FinalKind;
 use super::hooks::{Hook, HookAction, RunError, RunInfo};
 use super::metadata::{IterationRecord, SessionMetrics, TerminationReason};
 use super::runner::RlmResult;
-use super::upstream::Message;
+use bridge::Message;
 
 /// The format version in the header line.
 pub const TRAJECTORY_VERSION: u32 = 1;
@@ -214,6 +214,7 @@ mod tests {
             contexts: &[],
             system_prompt: "system",
             started_at_ms: 1,
+            ledger: None,
         }
     }
 
