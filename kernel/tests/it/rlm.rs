@@ -306,9 +306,7 @@ fn each_final_answer_convention() {
         Case {
             name: "answer dict, ready set before the content",
             config: config(),
-            replies: &[
-                "```repl\nanswer['ready'] = True\nanswer['content'] = 'forty-two'\n```",
-            ],
+            replies: &["```repl\nanswer['ready'] = True\nanswer['content'] = 'forty-two'\n```"],
             answer: "forty-two",
             kind: FinalKind::AnswerDict,
             iterations: 1,
