@@ -155,3 +155,30 @@ fn usd_budget_stops_the_run() {
     let result = budget_run(&["--max-usd", "0.002", "--price", "1:1"]);
     assert_eq!(result["termination_reason"], "cost_budget");
 }
+
+#[test]
+fn failed_sub_calls_return_error_strings_or_raise_when_asked() {
+    let mock = || {
+        Mock::start_with(bridge::mock::MockConfig {
+            script: bridge::mock::Script::from_json_value(serde_json::json!({
+                "models": {"root-model": {"replies": [repl(
+                    "try:\n    r = llm_query('boom')\n    outcome = 'returned ' + r[:6]\nexcept LlmQueryError as e:\n    outcome = 'raised ' + type(e).__name__\nFINAL_VAR(outcome)"
+                )]}}
+            }))
+            .expect("script"),
+            faults: bridge::mock::Faults::none().with_rule(bridge::mock::FaultRule::matching(
+                "boom",
+                bridge::mock::FaultKind::MalformedJson,
+            )),
+            ..bridge::mock::MockConfig::default()
+        })
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = context_file(&dir);
+    let run = mock().run(&["--context", &context, "--query", "q"]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "returned Error:");
+    let run = mock().run(&["--context", &context, "--query", "q", "--sub-call-errors", "raise"]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "raised LlmQueryError");
+}

@@ -116,9 +116,13 @@ pub(crate) struct RunOptions {
     #[arg(long, env = "RLM_SUB_PRICE", value_name = "IN:OUT")]
     pub(crate) sub_price: Option<String>,
 
-    /// Sub-model requests in flight at once for `llm_query_batched` [default: 64].
+    /// Sub-model requests in flight at once (for `llm_query_batched` and across threads) [default: 128].
     #[arg(long, env = "RLM_BATCH_CONCURRENCY")]
     pub(crate) batch_concurrency: Option<usize>,
+
+    /// What a failed sub-call gives the code: an `"Error: ..."` string, or a raised `LlmQueryError`.
+    #[arg(long, env = "RLM_SUB_CALL_ERRORS", value_enum)]
+    pub(crate) sub_call_errors: Option<SubCallErrorsArg>,
 
     /// Which final-answer conventions count.
     #[arg(long, env = "RLM_PROTOCOL", value_enum)]
@@ -159,6 +163,16 @@ pub(crate) enum ProviderArg {
     Openai,
     /// Anthropic Messages API.
     Anthropic,
+}
+
+/// What a failed sub-call does in Python.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum SubCallErrorsArg {
+    /// Return `"Error: <reason>"` in the reply's place.
+    String,
+    /// Raise `LlmQueryError`.
+    Raise,
 }
 
 /// Final-answer conventions.

@@ -15,14 +15,14 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use bridge::{Budget, EndpointConfig, Endpoints, Ledger, Price, Provider};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kernel::repl::{ContextSource, ReplSession, SessionConfig};
+use kernel::repl::{ContextSource, ReplSession, SessionConfig, SubCallErrorMode};
 use kernel::rlm::{
     CompletionRules, Progress, Protocol, Rlm, RlmConfig, RlmResult, TerminationReason,
     TrajectoryWriter,
 };
 use serde::Deserialize;
 
-use super::args::{ProtocolArg, ProviderArg, RunArgs, RunOptions};
+use super::args::{ProtocolArg, ProviderArg, RunArgs, RunOptions, SubCallErrorsArg};
 use super::trace::TraceHook;
 
 /// Exit code of a run that stopped at a limit (iterations, time, budget) or without an answer.
@@ -82,6 +82,7 @@ pub(crate) fn merge(cli: RunOptions, file: RunOptions) -> RunOptions {
         price: cli.price.or(file.price),
         sub_price: cli.sub_price.or(file.sub_price),
         batch_concurrency: cli.batch_concurrency.or(file.batch_concurrency),
+        sub_call_errors: cli.sub_call_errors.or(file.sub_call_errors),
         protocol: cli.protocol.or(file.protocol),
         prompt_extension: cli.prompt_extension.or(file.prompt_extension),
         system_prompt: cli.system_prompt.or(file.system_prompt),
@@ -200,6 +201,12 @@ pub(crate) fn session_config(opts: &RunOptions) -> Result<SessionConfig> {
     }
     if let Some(width) = opts.batch_concurrency {
         config.batch_concurrency = Some(width);
+    }
+    if let Some(mode) = opts.sub_call_errors {
+        config.sub_call_errors = match mode {
+            SubCallErrorsArg::String => SubCallErrorMode::ReturnString,
+            SubCallErrorsArg::Raise => SubCallErrorMode::Raise,
+        };
     }
     config.sub_endpoint = SUB.to_owned();
     Ok(config)
