@@ -232,7 +232,7 @@ impl ReplSession {
         self.id
     }
 
-    fn request<T>(
+    fn request<T: Send>(
         &self,
         wait: Duration,
         job: impl FnOnce(Sender<T>) -> Job,
@@ -247,7 +247,7 @@ impl ReplSession {
             .map_err(|_| ReplError::SessionClosed {
                 reason: "its Python thread has exited".to_owned(),
             })?;
-        match answer.recv_timeout(wait) {
+        match without_gil(move || answer.recv_timeout(wait)) {
             Ok(value) => Ok(value),
             Err(RecvTimeoutError::Timeout) => Err(ReplError::Unresponsive { waited: wait }),
             Err(RecvTimeoutError::Disconnected) => Err(ReplError::SessionClosed {
@@ -263,16 +263,29 @@ impl Drop for ReplSession {
         self.watchdog.shutdown();
         let _ = self.jobs.send(Job::Shutdown);
         // Join unless the thread is stuck in native code; then leave it to finish on its own.
-        let done = match self.thread_done.get_mut() {
-            Ok(rx) => rx.recv_timeout(Duration::from_secs(2)).is_ok(),
-            Err(poisoned) => poisoned
-                .into_inner()
-                .recv_timeout(Duration::from_secs(2))
-                .is_ok(),
-        };
+        let thread_done = &self.thread_done;
+        let done = without_gil(|| {
+            let rx = match thread_done.lock() {
+                Ok(rx) => rx,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            rx.recv_timeout(Duration::from_secs(2)).is_ok()
+        });
         if done && let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+/// Run `wait` with the GIL released if the calling thread holds it (e.g. a Python extension
+/// calling into the kernel): the session thread needs the GIL to answer.
+fn without_gil<T: Send>(wait: impl FnOnce() -> T + Send) -> T {
+    // SAFETY: only called once a session exists, i.e. after the interpreter is initialised.
+    let attached = unsafe { pyo3::ffi::PyGILState_Check() } == 1;
+    if attached {
+        Python::attach(|py| py.detach(wait))
+    } else {
+        wait()
     }
 }
 
