@@ -503,11 +503,21 @@ impl SessionState {
         }))
     }
 
+    /// Blocks are compiled as `<repl-block-N>` in the first session of the process and as
+    /// `<repl-S-block-N>` in session S > 1, so the process-wide linecache keeps them apart.
+    pub(crate) fn block_filename_prefix(&self) -> String {
+        if self.id == 1 {
+            "<repl-block-".to_owned()
+        } else {
+            format!("<repl-{}-block-", self.id)
+        }
+    }
+
     fn close(self, py: Python<'_>) {
         let globals = self.globals.bind(py);
         globals.clear();
         if let Ok(support) = interpreter().map(|i| i.support(py)) {
-            let _ = support.call_method0("unbind_thread");
+            let _ = support.call_method1("unbind_thread", (self.block_filename_prefix(),));
         }
     }
 }
