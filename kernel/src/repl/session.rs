@@ -143,14 +143,15 @@ impl ReplSession {
             .map_err(|e| ReplError::Interpreter {
                 message: format!("cannot start the session thread: {e}"),
             })?;
-        let contexts = match ready_rx.recv() {
+        // The session thread always answers or exits (dropping the sender).
+        let contexts = match without_gil(move || ready_rx.recv()) {
             Ok(Ok(contexts)) => contexts,
             Ok(Err(e)) => {
-                let _ = thread.join();
+                let _ = without_gil(move || thread.join());
                 return Err(e);
             }
             Err(_) => {
-                let _ = thread.join();
+                let _ = without_gil(move || thread.join());
                 return Err(ReplError::SessionClosed {
                     reason: "the session thread stopped while starting".to_owned(),
                 });
