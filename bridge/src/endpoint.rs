@@ -111,6 +111,10 @@ pub struct EndpointConfig {
     pub price: Option<Price>,
     /// Default sampling parameters, overridden field by field by each request.
     pub params: SamplingParams,
+    /// Whether calls here count against [`Budget::max_calls`](crate::Budget). Sub-model
+    /// endpoints do; a root model's calls are iterations, limited elsewhere, so its endpoint
+    /// sets this to `false` and still counts against the token and USD limits.
+    pub counts_toward_call_budget: bool,
 }
 
 impl fmt::Debug for EndpointConfig {
@@ -132,6 +136,7 @@ impl fmt::Debug for EndpointConfig {
             .field("retry", &self.retry)
             .field("price", &self.price)
             .field("params", &self.params)
+            .field("counts_toward_call_budget", &self.counts_toward_call_budget)
             .finish()
     }
 }
@@ -157,6 +162,7 @@ impl Default for EndpointConfig {
             retry: RetryPolicy::default(),
             price: None,
             params: SamplingParams::default(),
+            counts_toward_call_budget: true,
         }
     }
 }
@@ -397,13 +403,14 @@ impl Shared {
         if cancel.is_cancelled() {
             return Err(BridgeError::Cancelled);
         }
-        self.ledger.reserve_call()?;
+        let counted = self.config.counts_toward_call_budget;
+        self.ledger.reserve_call(counted)?;
         let policy = &self.config.retry;
         loop {
             let permit = tokio::select! {
                 biased;
                 () = cancel.cancelled() => {
-                    if attempts.count == 0 {
+                    if attempts.count == 0 && counted {
                         self.ledger.release_call();
                     }
                     return Err(BridgeError::Cancelled);

@@ -232,8 +232,9 @@ impl Ledger {
         self.next_index.fetch_add(1, Ordering::AcqRel)
     }
 
-    /// Reserve one call against the budget, or say which limit refuses it.
-    pub(crate) fn reserve_call(&self) -> Result<(), BudgetExceeded> {
+    /// Reserve one call against the budget, or say which limit refuses it. An `uncounted`
+    /// call (`counted == false`) is held to the token and USD limits only.
+    pub(crate) fn reserve_call(&self, counted: bool) -> Result<(), BudgetExceeded> {
         if let Some(max) = self.budget.max_tokens {
             let used = self.tokens_used();
             if used >= max {
@@ -254,7 +255,8 @@ impl Ledger {
                 });
             }
         }
-        match self.budget.max_calls {
+        match self.budget.max_calls.filter(|_| counted) {
+            None if !counted => Ok(()),
             None => {
                 self.reserved_calls.fetch_add(1, Ordering::AcqRel);
                 Ok(())

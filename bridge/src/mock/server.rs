@@ -19,7 +19,7 @@ use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use futures::StreamExt;
 use serde::Serialize;
-use tokio::net::TcpListener;
+use tokio::net::TcpSocket;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -85,7 +85,17 @@ impl MockServer {
         let invalid = |e: MockError| io::Error::new(io::ErrorKind::InvalidInput, e);
         config.latency.validate().map_err(invalid)?;
         let faults = FaultPlan::new(&config.faults).map_err(invalid)?;
-        let listener = TcpListener::bind(addr).await?;
+        // A deep accept backlog: benchmarks open thousands of connections at once, and
+        // tokio's default of 1024 would turn that burst into connect timeouts.
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        socket.set_nodelay(true)?;
+        socket.bind(addr)?;
+        let listener = socket.listen(8192)?;
         let addr = listener.local_addr()?;
         let log = RequestLog::with_limit(config.log_limit);
         let shutdown = CancellationToken::new();

@@ -154,3 +154,41 @@ async fn prices_give_costs_and_the_usd_budget_stops_calls() {
     assert!(matches!(err, BridgeError::Budget(ref b) if b.limit == BudgetLimit::Usd));
     assert!(err.to_string().contains("--max-usd"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncounted_endpoints_spend_tokens_but_not_calls() {
+    let server = start_with(Latency::None, Faults::none()).await;
+    let ledger = Arc::new(bridge::Ledger::new(Budget {
+        max_calls: Some(2),
+        ..Budget::default()
+    }));
+    let root = EndpointConfig {
+        counts_toward_call_budget: false,
+        ..EndpointConfig::openai("root", server.openai_base_url(), "root-model")
+    };
+    let sub = EndpointConfig::openai("sub", server.openai_base_url(), "sub-model");
+    let endpoints = bridge::Endpoints::new(vec![root, sub], Arc::clone(&ledger)).expect("valid");
+    let (root, sub) = (
+        endpoints.get("root").expect("root"),
+        endpoints.get("sub").expect("sub"),
+    );
+    let opts = CallOptions::default();
+    for i in 0..5 {
+        root.call(ChatRequest::from_prompt(format!("iteration {i}")), &opts)
+            .await
+            .expect("root calls are not limited by max_calls");
+    }
+    for _ in 0..2 {
+        sub.call(ChatRequest::from_prompt("sub"), &opts)
+            .await
+            .expect("within the call budget");
+    }
+    let refused = sub.call(ChatRequest::from_prompt("sub"), &opts).await;
+    assert!(
+        matches!(refused, Err(BridgeError::Budget(_))),
+        "{refused:?}"
+    );
+    assert_eq!(ledger.calls_reserved(), 2);
+    assert!(ledger.tokens_used() > 0);
+    assert_eq!(ledger.usage_by_model()["root-model"].calls, 5);
+}

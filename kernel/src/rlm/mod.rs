@@ -1,1 +1,93 @@
-//! The RLM loop.
+//! The RLM loop: a root model writes code, the kernel runs it against the context, until the
+//! model gives a final answer.
+//!
+//! # Pieces
+//!
+//! - Three stages, each usable on its own (workflow agents reuse them):
+//!   [`CodeGenerator`] asks the root model for the next reply over a [`Conversation`];
+//!   [`CodeExecutor`] runs the reply's ```` ```repl ```` blocks ([`extract_code_blocks`]) in the
+//!   [`ReplSession`](crate::repl::ReplSession); [`CompletionChecker`] decides whether the reply
+//!   finished the run ([`check_completion`]: the `answer` dict, `FINAL_VAR`, `FINAL(...)`, under a
+//!   [`Protocol`] and a [`CodeAndFinal`] policy).
+//! - [`Rlm`] runs them in a loop with limits ([`RlmConfig`]) and returns an [`RlmResult`]: the
+//!   answer, a [`TerminationReason`], [`SessionMetrics`] and one [`IterationRecord`] per
+//!   iteration ([`IterationMetadata`], [`ExecutionMetadata`], capped block outputs, sub-calls).
+//! - What the model reads: [`Prompts`] (texts in `prompts/`, compiled in) and the feedback
+//!   message after each reply ([`format_feedback`]).
+//! - [`Hook`]s see every step and may amend or stop it; [`MetricsHook`], [`TrajectoryWriter`]
+//!   (JSONL) and [`ProgressHook`] are hooks.
+//!
+//! # Data flow of one iteration
+//!
+//! ```text
+//! Conversation ─▶ CodeGenerator ─▶ reply ─▶ extract_code_blocks ─▶ CodeExecutor ─▶ BlockRun*
+//!      ▲                                                                              │
+//!      └── reply + format_feedback(runs, notes) ◀── CompletionChecker ◀───────────────┘
+//!                                                        │ final answer
+//!                                                        ▼
+//!                                                    RlmResult
+//! ```
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use bridge::{Budget, EndpointConfig, Endpoints, Ledger};
+//! use kernel::repl::{ContextSource, ReplSession, SessionConfig};
+//! use kernel::rlm::{Rlm, RlmConfig, TrajectoryWriter};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let endpoints = Arc::new(Endpoints::new(
+//!     vec![
+//!         EndpointConfig::openai("root", "http://127.0.0.1:8000/v1", "big-model"),
+//!         EndpointConfig::openai("sub", "http://127.0.0.1:8000/v1", "small-model"),
+//!     ],
+//!     Arc::new(Ledger::new(Budget::default())),
+//! )?);
+//! let session = ReplSession::new(
+//!     SessionConfig::default(),
+//!     Arc::clone(&endpoints),
+//!     &[ContextSource::Path("logs.txt".into())],
+//! )?;
+//! let mut rlm = Rlm::new(RlmConfig::default(), endpoints, Arc::new(session));
+//! rlm.add_hook(TrajectoryWriter::create("trajectory.jsonl".as_ref())?);
+//! let result = rlm.run("Which service logged the most errors?")?;
+//! println!("{:?}: {}", result.termination_reason, result.answer.unwrap_or_default());
+//! # Ok(()) }
+//! ```
+
+mod blocks;
+mod checker;
+mod executor;
+mod feedback;
+mod final_answer;
+mod generator;
+mod hooks;
+mod metadata;
+mod metrics;
+mod progress;
+mod prompts;
+mod runner;
+#[cfg(test)]
+mod test_support;
+mod trajectory;
+
+pub use blocks::{CodeBlock, extract_code_blocks};
+pub use checker::CompletionChecker;
+pub use executor::{BlockRun, CodeExecutor, ExecutedReply, ExecutionStop};
+pub use feedback::{FeedbackConfig, format_block, format_feedback, truncate_middle};
+pub use final_answer::{
+    CodeAndFinal, Completion, CompletionRules, FinalKind, FinalLines, FinalNote, FinalText,
+    FoundAnswer, Protocol, UnknownProtocol, check_completion, scan_final_lines,
+};
+pub use generator::{CodeGenerator, Conversation, Generation};
+pub use hooks::{EndpointSummary, Hook, HookAction, Hooks, ModelCall, RunError, RunInfo};
+pub use metadata::{
+    BlockRecord, ExecutionMetadata, ExecutionStatus, IterationMetadata, IterationRecord,
+    ModelMetrics, SessionMetrics, TerminationReason,
+};
+pub use metrics::MetricsHook;
+pub use progress::{Phase, Progress, ProgressHook, ProgressSnapshot};
+pub use prompts::{PromptConfig, Prompts, describe_contexts};
+pub use runner::{Rlm, RlmConfig, RlmError, RlmResult};
+pub use trajectory::{TRAJECTORY_VERSION, TrajectoryWriter};

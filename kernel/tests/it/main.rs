@@ -3,4 +3,5 @@
 mod context;
 mod natives;
 mod repl;
+mod rlm;
 mod support;

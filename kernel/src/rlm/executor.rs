@@ -1,0 +1,121 @@
+//! The code executor: runs the `repl` blocks of a reply, in order, in the session.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::blocks::CodeBlock;
+use super::hooks::{Hook, HookAction};
+use crate::repl::{ExecutionResult, ReplError, ReplSession};
+
+/// One block of a reply and what running it produced.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BlockRun {
+    /// The block.
+    pub block: CodeBlock,
+    /// Its execution.
+    pub result: ExecutionResult,
+}
+
+/// Why the executor stopped before the last block.
+#[derive(Debug)]
+pub enum ExecutionStop {
+    /// A hook stopped the run.
+    Hook(String),
+    /// A sub-call was refused by a budget; the blocks after this one did not run.
+    Budget,
+    /// The run's deadline passed.
+    Deadline,
+    /// The session itself failed (not the model's code).
+    Kernel(ReplError),
+}
+
+/// The blocks of a reply that ran, and why the rest did not.
+#[derive(Debug)]
+pub struct ExecutedReply {
+    /// The blocks that ran (or that a hook answered for), in order.
+    pub runs: Vec<BlockRun>,
+    /// Set when not every block ran.
+    pub stop: Option<ExecutionStop>,
+}
+
+/// Runs blocks in a [`ReplSession`].
+#[derive(Debug, Clone)]
+pub struct CodeExecutor {
+    session: Arc<ReplSession>,
+}
+
+impl CodeExecutor {
+    /// An executor over `session`.
+    pub fn new(session: Arc<ReplSession>) -> Self {
+        Self { session }
+    }
+
+    /// The session.
+    pub fn session(&self) -> &Arc<ReplSession> {
+        &self.session
+    }
+
+    /// Runs one block.
+    pub fn execute(&self, block: &CodeBlock) -> Result<ExecutionResult, ReplError> {
+        self.session.exec(&block.code)
+    }
+
+    /// Runs `blocks` in order, with [`Hook::before_block`], [`Hook::after_block`] and
+    /// [`Hook::on_sub_call`] around each. Stops early when a hook says so, when a sub-call was
+    /// refused by a budget, when `deadline` has passed, or when the session breaks.
+    pub fn execute_all(
+        &self,
+        iteration: u32,
+        blocks: Vec<CodeBlock>,
+        hooks: &mut dyn Hook,
+        deadline: Option<Instant>,
+    ) -> ExecutedReply {
+        let mut runs = Vec::with_capacity(blocks.len());
+        for mut block in blocks {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return ExecutedReply {
+                    runs,
+                    stop: Some(ExecutionStop::Deadline),
+                };
+            }
+            let result = match hooks.before_block(iteration, &mut block) {
+                HookAction::Continue => match self.execute(&block) {
+                    Ok(result) => result,
+                    Err(error) => {
+                        return ExecutedReply {
+                            runs,
+                            stop: Some(ExecutionStop::Kernel(error)),
+                        };
+                    }
+                },
+                HookAction::Replace(result) => result,
+                HookAction::Stop(reason) => {
+                    return ExecutedReply {
+                        runs,
+                        stop: Some(ExecutionStop::Hook(reason)),
+                    };
+                }
+            };
+            let mut run = BlockRun { block, result };
+            hooks.after_block(iteration, &mut run);
+            for call in &run.result.sub_calls {
+                hooks.on_sub_call(iteration, call);
+            }
+            let refused = run
+                .result
+                .sub_calls
+                .iter()
+                .any(|c| c.error_kind.as_deref() == Some("budget"));
+            runs.push(run);
+            if refused {
+                return ExecutedReply {
+                    runs,
+                    stop: Some(ExecutionStop::Budget),
+                };
+            }
+        }
+        ExecutedReply { runs, stop: None }
+    }
+}

@@ -1,0 +1,334 @@
+//! The records of a run, under the names users know from the design: [`IterationMetadata`],
+//! [`ExecutionMetadata`], [`SessionMetrics`] (with the bridge's `SubCallMetadata` and the REPL's
+//! `ContextMetadata`). They are what the result carries and what the trajectory writes.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::blocks::CodeBlock;
+use super::executor::BlockRun;
+use super::feedback::truncate_middle;
+use super::final_answer::{FinalKind, FinalNote};
+use crate::repl::ExecError;
+use bridge::SubCallMetadata;
+
+/// Why a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TerminationReason {
+    /// The model gave a final answer.
+    FinalAnswer,
+    /// The iteration limit was reached; the answer is the reply to the "answer now" request.
+    MaxIterations,
+    /// The wall-clock limit of the run passed.
+    Timeout,
+    /// The budget of model calls is spent.
+    CallBudget,
+    /// The token budget is spent.
+    TokenBudget,
+    /// The USD budget is spent.
+    CostBudget,
+    /// Too many iterations in a row had a failing block.
+    ConsecutiveFailures,
+    /// The root model could not be reached or kept failing after the bridge's retries.
+    RootModelError,
+    /// The REPL session itself broke (not the model's code).
+    KernelError,
+    /// A hook stopped the run.
+    StoppedByHook,
+}
+
+impl TerminationReason {
+    /// Whether the run ended with a model-given answer rather than a limit or an error.
+    pub fn is_success(self) -> bool {
+        self == TerminationReason::FinalAnswer
+    }
+
+    /// Whether the run ended because a limit was reached (iterations, time, budget, failures).
+    pub fn is_limit(self) -> bool {
+        matches!(
+            self,
+            TerminationReason::MaxIterations
+                | TerminationReason::Timeout
+                | TerminationReason::CallBudget
+                | TerminationReason::TokenBudget
+                | TerminationReason::CostBudget
+                | TerminationReason::ConsecutiveFailures
+                | TerminationReason::StoppedByHook
+        )
+    }
+}
+
+/// What the model did in one iteration.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IterationMetadata {
+    /// The iteration, from 1.
+    pub iteration: u32,
+    /// `repl` blocks in the reply.
+    pub code_blocks: usize,
+    /// `llm_query` calls made by the blocks.
+    pub llm_query_calls: u32,
+    /// `llm_query_batched` calls made by the blocks.
+    pub llm_query_batched_calls: u32,
+    /// Whether the iteration ended the run with an answer.
+    pub final_answer_found: bool,
+    /// How the answer was given.
+    pub final_answer_type: Option<FinalKind>,
+}
+
+/// How running an iteration's blocks went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutionStatus {
+    /// Every block ran to its end.
+    Success,
+    /// A block raised or was interrupted.
+    Error,
+    /// The reply had no block.
+    NoCode,
+}
+
+/// What running an iteration's blocks did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutionMetadata {
+    /// Blocks run.
+    pub blocks_executed: usize,
+    /// Sub-model calls made by the blocks.
+    pub sub_calls: usize,
+    /// Time spent running the blocks, in milliseconds.
+    pub execution_ms: f64,
+    /// The outcome.
+    pub status: ExecutionStatus,
+    /// The type of the first error (`TimeoutError` for an interrupted block).
+    pub error_type: Option<String>,
+    /// Variables the blocks created, in order of creation.
+    pub variables_created: Vec<String>,
+}
+
+impl ExecutionMetadata {
+    /// The metadata of a reply's block runs.
+    pub fn from_runs(runs: &[BlockRun]) -> Self {
+        let mut error_type = None;
+        let mut variables_created: Vec<String> = Vec::new();
+        for run in runs {
+            if error_type.is_none() {
+                error_type = if run.result.timed_out {
+                    Some("TimeoutError".to_owned())
+                } else {
+                    run.result.error.as_ref().map(|e| e.type_name.clone())
+                };
+            }
+            for name in &run.result.new_variables {
+                if !variables_created.contains(name) {
+                    variables_created.push(name.clone());
+                }
+            }
+        }
+        let status = if runs.is_empty() {
+            ExecutionStatus::NoCode
+        } else if error_type.is_some() {
+            ExecutionStatus::Error
+        } else {
+            ExecutionStatus::Success
+        };
+        Self {
+            blocks_executed: runs.len(),
+            sub_calls: runs.iter().map(|r| r.result.sub_calls.len()).sum(),
+            execution_ms: runs
+                .iter()
+                .map(|r| r.result.duration.as_secs_f64() * 1000.0)
+                .sum(),
+            status,
+            error_type,
+            variables_created,
+        }
+    }
+}
+
+/// One model's calls, tokens, cost and latency in a run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelMetrics {
+    /// Calls made (including failed ones).
+    pub calls: u64,
+    /// Calls that failed.
+    pub errors: u64,
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Completion tokens.
+    pub completion_tokens: u64,
+    /// Whether some token counts are estimates.
+    pub tokens_estimated: bool,
+    /// Cost in USD (0 when the model has no price).
+    pub cost_usd: f64,
+    /// Latency summed over calls, in milliseconds.
+    pub latency_ms: f64,
+}
+
+impl ModelMetrics {
+    /// Adds one call record.
+    pub fn add(&mut self, call: &SubCallMetadata) {
+        self.calls += 1;
+        self.errors += u64::from(call.error.is_some());
+        self.prompt_tokens += call.prompt_tokens;
+        self.completion_tokens += call.completion_tokens;
+        self.tokens_estimated |= call.tokens_estimated;
+        self.cost_usd += call.cost_usd.unwrap_or(0.0);
+        self.latency_ms += call.latency_ms;
+    }
+}
+
+/// The totals of a run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SessionMetrics {
+    /// Iterations run (root-model replies handled), without the "answer now" call.
+    pub iterations: u32,
+    /// `repl` blocks run.
+    pub code_blocks: usize,
+    /// `llm_query` calls.
+    pub llm_query_calls: u64,
+    /// `llm_query_batched` calls.
+    pub llm_query_batched_calls: u64,
+    /// Sub-model calls (each prompt of a batch counts).
+    pub sub_calls: u64,
+    /// Sub-model calls that failed.
+    pub sub_call_errors: u64,
+    /// Root-model calls, including the "answer now" call.
+    pub root_calls: u64,
+    /// Wall-clock time of the run, in milliseconds.
+    pub total_ms: f64,
+    /// Time spent waiting for the root model, in milliseconds.
+    pub root_latency_ms: f64,
+    /// Time spent running blocks, in milliseconds.
+    pub execution_ms: f64,
+    /// Calls, tokens, cost and latency per model (root and sub-models).
+    pub models: BTreeMap<String, ModelMetrics>,
+    /// Prompt tokens over all models.
+    pub prompt_tokens: u64,
+    /// Completion tokens over all models.
+    pub completion_tokens: u64,
+    /// Cost over all models, in USD.
+    pub cost_usd: f64,
+    /// Blocks that raised.
+    pub block_errors: u64,
+    /// Blocks interrupted by the time limit.
+    pub block_timeouts: u64,
+    /// Whether the run ended with a final answer.
+    pub final_answer_found: bool,
+    /// Why the run ended (set when it ends).
+    pub termination_reason: Option<TerminationReason>,
+}
+
+impl SessionMetrics {
+    /// Adds a model call (root or sub) to the per-model and overall totals.
+    pub fn add_call(&mut self, call: &SubCallMetadata) {
+        self.models.entry(call.model.clone()).or_default().add(call);
+        self.prompt_tokens += call.prompt_tokens;
+        self.completion_tokens += call.completion_tokens;
+        self.cost_usd += call.cost_usd.unwrap_or(0.0);
+    }
+}
+
+/// One block of an iteration as recorded: the code and its outputs, capped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockRecord {
+    /// Position in the reply, from 0.
+    pub index: usize,
+    /// The code.
+    pub code: String,
+    /// Standard output, cut head+tail to the feedback limit.
+    pub stdout: String,
+    /// Standard error (with the traceback), cut head+tail to the feedback limit.
+    pub stderr: String,
+    /// Characters of stdout not recorded (dropped by the session or by the cap).
+    pub stdout_omitted_chars: usize,
+    /// Characters of stderr not recorded.
+    pub stderr_omitted_chars: usize,
+    /// The exception, if the block raised.
+    pub error: Option<ExecError>,
+    /// Whether the block was interrupted by the time limit.
+    pub timed_out: bool,
+    /// Run time in milliseconds.
+    pub duration_ms: f64,
+    /// `llm_query` calls.
+    pub llm_query_calls: u32,
+    /// `llm_query_batched` calls.
+    pub llm_query_batched_calls: u32,
+    /// Sub-model calls.
+    pub sub_calls: usize,
+    /// Variables the block created.
+    pub new_variables: Vec<String>,
+    /// The final answer the block recorded, if any.
+    pub final_answer: Option<FinalKind>,
+}
+
+impl BlockRecord {
+    /// The record of a block run with outputs cut to `limit` characters each.
+    pub fn from_run(run: &BlockRun, limit: usize) -> Self {
+        let result = &run.result;
+        let (stdout, stdout_cut) = capped(&result.stdout, limit);
+        let (stderr, stderr_cut) = capped(&result.stderr, limit);
+        Self {
+            index: run.block.index,
+            code: run.block.code.clone(),
+            stdout,
+            stderr,
+            stdout_omitted_chars: result.stdout_omitted_chars + stdout_cut,
+            stderr_omitted_chars: result.stderr_omitted_chars + stderr_cut,
+            error: result.error.clone(),
+            timed_out: result.timed_out,
+            duration_ms: result.duration.as_secs_f64() * 1000.0,
+            llm_query_calls: result.llm_query_calls,
+            llm_query_batched_calls: result.llm_query_batched_calls,
+            sub_calls: result.sub_calls.len(),
+            new_variables: result.new_variables.clone(),
+            final_answer: result.final_answer.as_ref().map(|f| match f.source {
+                crate::repl::FinalSource::AnswerDict => FinalKind::AnswerDict,
+                crate::repl::FinalSource::FinalVar => FinalKind::FinalVar,
+            }),
+        }
+    }
+
+    /// The block this record describes.
+    pub fn block(&self) -> CodeBlock {
+        CodeBlock {
+            index: self.index,
+            code: self.code.clone(),
+        }
+    }
+}
+
+/// `text` cut head+tail to `limit` characters, and how many characters were left out.
+fn capped(text: &str, limit: usize) -> (String, usize) {
+    let total = text.chars().count();
+    if total <= limit {
+        return (text.to_owned(), 0);
+    }
+    (truncate_middle(text, limit).into_owned(), total - limit)
+}
+
+/// Everything recorded about one iteration: what the result lists and the trajectory writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IterationRecord {
+    /// What the model did.
+    #[serde(flatten)]
+    pub metadata: IterationMetadata,
+    /// What running its code did.
+    pub execution: ExecutionMetadata,
+    /// The root model's reply, verbatim.
+    pub reply: String,
+    /// The blocks with their capped outputs.
+    pub blocks: Vec<BlockRecord>,
+    /// The root-model call.
+    pub root_call: Option<SubCallMetadata>,
+    /// The sub-model calls the blocks made.
+    pub sub_calls: Vec<SubCallMetadata>,
+    /// Why an attempt to finish did not count.
+    pub notes: Vec<FinalNote>,
+    /// Start of the iteration, in milliseconds since the run started.
+    pub started_ms: f64,
+    /// Time waiting for the root model, in milliseconds.
+    pub model_ms: f64,
+    /// Time running blocks, in milliseconds.
+    pub execution_ms: f64,
+}

@@ -1,0 +1,778 @@
+//! The loop: generator → executor → checker, until a final answer or a limit.
+//!
+//! [`Rlm::run`] builds the conversation (system prompt, context description and query), then
+//! per iteration: asks the root model ([`CodeGenerator`]), runs the reply's blocks
+//! ([`CodeExecutor`]), checks for a final answer ([`CompletionChecker`]), records the iteration
+//! and answers with the feedback message. Every step goes through the hooks.
+//!
+//! Stops, each with a [`TerminationReason`] and the best answer there is (a final answer, or the
+//! last answer the model gave that was not accepted, such as a `FINAL` line deferred until it
+//! saw the output):
+//! - a final answer (`final_answer`);
+//! - the iteration limit: one more root call asks for the answer now; its text is the answer
+//!   (`max_iterations`);
+//! - the run's wall-clock limit, checked before every model call and block; a model call in
+//!   flight is cancelled at the deadline (`timeout`);
+//! - a budget of the bridge's ledger: a sub-call refused inside a block stops the run after that
+//!   block, a refused root call stops it at once (`call_budget`, `token_budget`, `cost_budget`);
+//! - N iterations in a row with a failing block (`consecutive_failures`);
+//! - the root model failing after the bridge's retries (`root_model_error`), or the session
+//!   breaking (`kernel_error`): the trajectory so far is kept and the error is in the result;
+//! - a hook (`stopped_by_hook`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::blocks::extract_code_blocks;
+use super::checker::CompletionChecker;
+use super::executor::{CodeExecutor, ExecutionStop};
+use super::feedback::{FeedbackConfig, format_feedback};
+use super::final_answer::{CompletionRules, FinalKind, FinalText, FoundAnswer, scan_final_lines};
+use super::generator::{CodeGenerator, Conversation, Generation};
+use super::hooks::{EndpointSummary, Hook, HookAction, Hooks, ModelCall, RunError, RunInfo};
+use super::metadata::{
+    BlockRecord, ExecutionMetadata, ExecutionStatus, IterationMetadata, IterationRecord,
+    SessionMetrics, TerminationReason,
+};
+use super::metrics::MetricsHook;
+use super::prompts::{PromptConfig, Prompts};
+use crate::repl::{ContextMetadata, ReplSession};
+use bridge::{
+    BridgeError, BudgetLimit, CancellationToken, ChatRequest, Endpoints, Ledger, SubCallMetadata,
+};
+
+/// Errors that prevent a run from starting. Once a run started, every failure ends it with a
+/// [`TerminationReason`] in the [`RlmResult`] instead.
+#[derive(Debug, thiserror::Error)]
+pub enum RlmError {
+    /// The root endpoint is not configured.
+    #[error("Cannot start the run: {0}")]
+    Endpoint(#[from] BridgeError),
+    /// `run` was called on a thread that drives a tokio runtime.
+    #[error(
+        "`Rlm::run` blocks and cannot be called from inside a tokio runtime; call it from a plain \
+         thread or `tokio::task::spawn_blocking`"
+    )]
+    InsideRuntime,
+}
+
+/// The settings of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RlmConfig {
+    /// The endpoint of the root model.
+    pub root_endpoint: String,
+    /// Iterations (root-model replies) before the "answer now" request.
+    pub max_iterations: u32,
+    /// Wall-clock limit of the whole run.
+    #[serde(with = "optional_seconds")]
+    pub run_timeout: Option<Duration>,
+    /// Stop after this many iterations in a row in which a block raised or timed out.
+    pub max_consecutive_failures: Option<u32>,
+    /// Which final-answer conventions count, and what to do with code plus a final line.
+    pub completion: CompletionRules,
+    /// How block output is shown to the model.
+    pub feedback: FeedbackConfig,
+    /// System prompt override, extension, sub-model window.
+    pub prompts: PromptConfig,
+}
+
+impl Default for RlmConfig {
+    fn default() -> Self {
+        Self {
+            root_endpoint: "root".to_owned(),
+            max_iterations: 30,
+            run_timeout: None,
+            max_consecutive_failures: Some(5),
+            completion: CompletionRules::default(),
+            feedback: FeedbackConfig::default(),
+            prompts: PromptConfig::default(),
+        }
+    }
+}
+
+/// What a run produced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RlmResult {
+    /// The final answer, or the best partial answer when a limit stopped the run.
+    pub answer: Option<String>,
+    /// How the answer was given.
+    pub answer_kind: Option<FinalKind>,
+    /// Why the run ended.
+    pub termination_reason: TerminationReason,
+    /// What went wrong, for stops other than a final answer.
+    pub error: Option<String>,
+    /// Totals.
+    pub metrics: SessionMetrics,
+    /// Every iteration, in order.
+    pub iterations: Vec<IterationRecord>,
+    /// Every sub-model call made by the run's code, in call order.
+    pub sub_calls: Vec<SubCallMetadata>,
+    /// The contexts the run worked on.
+    pub contexts: Vec<ContextMetadata>,
+}
+
+/// Runs RLM queries over one session and one endpoint registry.
+pub struct Rlm {
+    config: RlmConfig,
+    endpoints: Arc<Endpoints>,
+    session: Arc<ReplSession>,
+    hooks: Hooks,
+}
+
+impl std::fmt::Debug for Rlm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rlm")
+            .field("config", &self.config)
+            .field("hooks", &self.hooks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Rlm {
+    /// A runner; the session holds the contexts, the registry holds `config.root_endpoint`.
+    pub fn new(config: RlmConfig, endpoints: Arc<Endpoints>, session: Arc<ReplSession>) -> Self {
+        Self {
+            config,
+            endpoints,
+            session,
+            hooks: Hooks::new(),
+        }
+    }
+
+    /// Adds a hook; hooks run in the order they were added, after the built-in metrics.
+    pub fn add_hook(&mut self, hook: impl Hook + 'static) -> &mut Self {
+        self.hooks.push(hook);
+        self
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RlmConfig {
+        &self.config
+    }
+
+    /// The session.
+    pub fn session(&self) -> &Arc<ReplSession> {
+        &self.session
+    }
+
+    /// The prompts this runner sends.
+    pub fn prompts(&self) -> Prompts {
+        Prompts::new(
+            self.config.prompts.clone(),
+            self.config.completion,
+            self.config.feedback.block_limit,
+            self.config.max_iterations,
+        )
+    }
+
+    /// Answers `query`: runs the loop to a final answer or a limit. Blocks the calling thread
+    /// (root-model calls run on the kernel's shared runtime).
+    pub fn run(&mut self, query: &str) -> Result<RlmResult, RlmError> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(RlmError::InsideRuntime);
+        }
+        let root = self.endpoints.get(&self.config.root_endpoint)?;
+        let prompts = self.prompts();
+        let contexts = self.session.contexts().to_vec();
+        let system_prompt = prompts.system_prompt();
+        let conversation = Conversation::new(
+            system_prompt.clone(),
+            prompts.first_message(&contexts, query),
+        );
+        let endpoints = summarize(&self.endpoints);
+        let started = Instant::now();
+        let mut metrics = MetricsHook::new();
+        let mut hooks = Chain {
+            first: &mut metrics,
+            rest: &mut self.hooks,
+        };
+        let info = RunInfo {
+            query,
+            config: &self.config,
+            endpoints: &endpoints,
+            contexts: &contexts,
+            system_prompt: &system_prompt,
+            started_at_ms: unix_ms(),
+            ledger: Some(self.endpoints.ledger()),
+        };
+        let mut run = Run {
+            config: &self.config,
+            prompts,
+            generator: CodeGenerator::new(root),
+            executor: CodeExecutor::new(Arc::clone(&self.session)),
+            checker: CompletionChecker::new(self.config.completion),
+            ledger: Arc::clone(self.endpoints.ledger()),
+            conversation,
+            started,
+            deadline: self.config.run_timeout.map(|t| started + t),
+            iterations: Vec::new(),
+            sub_calls: Vec::new(),
+            candidate: None,
+        };
+        let ending = match hooks.before_run(&info) {
+            HookAction::Continue => run.drive(&mut hooks),
+            HookAction::Replace(answer) => Ending::answer(answer, FinalKind::Hook),
+            HookAction::Stop(reason) => Ending::stop(TerminationReason::StoppedByHook, reason),
+        };
+        Ok(run.finish(ending, contexts, &mut hooks))
+    }
+}
+
+/// The built-in metrics first, then the user's hooks.
+struct Chain<'a> {
+    first: &'a mut MetricsHook,
+    rest: &'a mut Hooks,
+}
+
+impl Hook for Chain<'_> {
+    fn before_run(&mut self, run: &RunInfo<'_>) -> HookAction<String> {
+        let _ = self.first.before_run(run);
+        self.rest.before_run(run)
+    }
+
+    fn before_iteration(
+        &mut self,
+        iteration: u32,
+        messages: &[bridge::Message],
+    ) -> HookAction<String> {
+        self.rest.before_iteration(iteration, messages)
+    }
+
+    fn before_model_call(
+        &mut self,
+        iteration: u32,
+        request: &mut ChatRequest,
+    ) -> HookAction<String> {
+        self.rest.before_model_call(iteration, request)
+    }
+
+    fn after_model_call(&mut self, call: &mut ModelCall) {
+        self.first.after_model_call(call);
+        self.rest.after_model_call(call);
+    }
+
+    fn before_block(
+        &mut self,
+        iteration: u32,
+        block: &mut super::blocks::CodeBlock,
+    ) -> HookAction<crate::repl::ExecutionResult> {
+        self.rest.before_block(iteration, block)
+    }
+
+    fn after_block(&mut self, iteration: u32, run: &mut super::executor::BlockRun) {
+        self.first.after_block(iteration, run);
+        self.rest.after_block(iteration, run);
+    }
+
+    fn on_sub_call(&mut self, iteration: u32, call: &SubCallMetadata) {
+        self.first.on_sub_call(iteration, call);
+        self.rest.on_sub_call(iteration, call);
+    }
+
+    fn after_iteration(&mut self, record: &mut IterationRecord) {
+        self.first.after_iteration(record);
+        self.rest.after_iteration(record);
+    }
+
+    fn on_error(&mut self, error: &RunError) {
+        self.first.on_error(error);
+        self.rest.on_error(error);
+    }
+
+    fn after_run(&mut self, result: &mut RlmResult) {
+        self.first.after_run(result);
+        self.rest.after_run(result);
+    }
+}
+
+/// How the loop ended.
+#[derive(Debug)]
+struct Ending {
+    reason: TerminationReason,
+    answer: Option<FoundAnswer>,
+    error: Option<String>,
+}
+
+impl Ending {
+    fn answer(value: String, kind: FinalKind) -> Self {
+        Self {
+            reason: TerminationReason::FinalAnswer,
+            answer: Some(FoundAnswer { value, kind }),
+            error: None,
+        }
+    }
+
+    fn stop(reason: TerminationReason, error: impl Into<String>) -> Self {
+        Self {
+            reason,
+            answer: None,
+            error: Some(error.into()),
+        }
+    }
+}
+
+/// The state of one run.
+struct Run<'a> {
+    config: &'a RlmConfig,
+    prompts: Prompts,
+    generator: CodeGenerator,
+    executor: CodeExecutor,
+    checker: CompletionChecker,
+    ledger: Arc<Ledger>,
+    conversation: Conversation,
+    started: Instant,
+    deadline: Option<Instant>,
+    iterations: Vec<IterationRecord>,
+    sub_calls: Vec<SubCallMetadata>,
+    candidate: Option<FoundAnswer>,
+}
+
+/// What asking the root model gave.
+enum Reply {
+    Text {
+        text: String,
+        model_ms: f64,
+        record: Option<SubCallMetadata>,
+    },
+    Stopped(Ending),
+}
+
+impl Run<'_> {
+    fn drive(&mut self, hooks: &mut dyn Hook) -> Ending {
+        let mut failures_in_a_row = 0u32;
+        for iteration in 1..=self.config.max_iterations {
+            if let Some(ending) = self.past_deadline() {
+                return ending;
+            }
+            match hooks.before_iteration(iteration, self.conversation.messages()) {
+                HookAction::Continue => {}
+                HookAction::Replace(answer) => return Ending::answer(answer, FinalKind::Hook),
+                HookAction::Stop(reason) => {
+                    return Ending::stop(TerminationReason::StoppedByHook, reason);
+                }
+            }
+            let started_ms = self.elapsed_ms();
+            let (reply, model_ms, root_call) = match self.ask(iteration, false, hooks) {
+                Reply::Text {
+                    text,
+                    model_ms,
+                    record,
+                } => (text, model_ms, record),
+                Reply::Stopped(ending) => return ending,
+            };
+
+            let blocks = extract_code_blocks(&reply);
+            let block_count = blocks.len();
+            let executed = self
+                .executor
+                .execute_all(iteration, blocks, hooks, self.deadline);
+            let runs = executed.runs;
+            let session = Arc::clone(self.executor.session());
+            let completion = self.checker.check(&reply, &runs, &mut |name| {
+                session.variable_as_string(name).ok().flatten()
+            });
+
+            let execution = ExecutionMetadata::from_runs(&runs);
+            let iteration_subcalls: Vec<SubCallMetadata> = runs
+                .iter()
+                .flat_map(|r| r.result.sub_calls.iter().cloned())
+                .collect();
+            self.sub_calls.extend(iteration_subcalls.iter().cloned());
+            let mut record = IterationRecord {
+                metadata: IterationMetadata {
+                    iteration,
+                    code_blocks: block_count,
+                    llm_query_calls: runs.iter().map(|r| r.result.llm_query_calls).sum(),
+                    llm_query_batched_calls: runs
+                        .iter()
+                        .map(|r| r.result.llm_query_batched_calls)
+                        .sum(),
+                    final_answer_found: completion.answer.is_some(),
+                    final_answer_type: completion.answer.as_ref().map(|a| a.kind),
+                },
+                execution_ms: execution.execution_ms,
+                execution,
+                reply: reply.clone(),
+                blocks: runs
+                    .iter()
+                    .map(|r| BlockRecord::from_run(r, self.config.feedback.block_limit))
+                    .collect(),
+                root_call,
+                sub_calls: iteration_subcalls,
+                notes: completion.notes.clone(),
+                started_ms,
+                model_ms,
+            };
+            hooks.after_iteration(&mut record);
+            let failed = record.execution.status == ExecutionStatus::Error;
+            let error_type = record.execution.error_type.clone();
+            self.iterations.push(record);
+
+            if let Some(answer) = completion.answer {
+                return Ending {
+                    reason: TerminationReason::FinalAnswer,
+                    answer: Some(answer),
+                    error: None,
+                };
+            }
+            if completion.candidate.is_some() {
+                self.candidate = completion.candidate;
+            }
+            if let Some(stop) = executed.stop {
+                return self.execution_stopped(iteration, stop, &runs, hooks);
+            }
+            failures_in_a_row = if failed { failures_in_a_row + 1 } else { 0 };
+            if let Some(limit) = self.config.max_consecutive_failures
+                && failures_in_a_row >= limit
+            {
+                return Ending::stop(
+                    TerminationReason::ConsecutiveFailures,
+                    format!(
+                        "{failures_in_a_row} iterations in a row had a failing block (last: `{}`); \
+                         raise `max_consecutive_failures` or check the model and the context",
+                        error_type.unwrap_or_default()
+                    ),
+                );
+            }
+            let feedback = format_feedback(
+                &runs,
+                &completion.notes,
+                &self.prompts,
+                &self.config.feedback,
+                iteration,
+            );
+            self.conversation.push_turn(reply, feedback);
+        }
+        self.answer_now(hooks)
+    }
+
+    /// One root-model call, with hooks, the deadline and error handling.
+    fn ask(&mut self, iteration: u32, answer_now: bool, hooks: &mut dyn Hook) -> Reply {
+        let mut request = self.generator.request(self.conversation.messages());
+        let (mut call, model_ms) = match hooks.before_model_call(iteration, &mut request) {
+            HookAction::Continue => {
+                let sent = Instant::now();
+                let generation = match self.call_root(request) {
+                    Ok(generation) => generation,
+                    Err(ending) => return Reply::Stopped(ending),
+                };
+                let model_ms = sent.elapsed().as_secs_f64() * 1000.0;
+                match generation.result {
+                    Ok(response) => (
+                        ModelCall {
+                            iteration,
+                            answer_now,
+                            reply: response.content.clone(),
+                            response: Some(response),
+                            record: generation.record,
+                        },
+                        model_ms,
+                    ),
+                    Err(error) => {
+                        return Reply::Stopped(self.root_failed(
+                            iteration,
+                            error,
+                            generation.record,
+                            hooks,
+                        ));
+                    }
+                }
+            }
+            HookAction::Replace(text) => (
+                ModelCall {
+                    iteration,
+                    answer_now,
+                    reply: text,
+                    response: None,
+                    record: None,
+                },
+                0.0,
+            ),
+            HookAction::Stop(reason) => {
+                return Reply::Stopped(Ending::stop(TerminationReason::StoppedByHook, reason));
+            }
+        };
+        hooks.after_model_call(&mut call);
+        Reply::Text {
+            text: call.reply,
+            model_ms,
+            record: call.record,
+        }
+    }
+
+    /// Sends the request on the shared runtime, cancelled at the run's deadline.
+    fn call_root(&self, request: ChatRequest) -> Result<Generation, Ending> {
+        let cancel = CancellationToken::new();
+        let generator = &self.generator;
+        let deadline = self.deadline;
+        let outcome = crate::runtime::shared().block_on(async {
+            match deadline {
+                Some(deadline) => tokio::time::timeout_at(
+                    tokio::time::Instant::from_std(deadline),
+                    generator.generate(request, &cancel),
+                )
+                .await
+                .ok(),
+                None => Some(generator.generate(request, &cancel).await),
+            }
+        });
+        outcome.ok_or_else(|| self.timeout_ending())
+    }
+
+    fn root_failed(
+        &self,
+        iteration: u32,
+        error: BridgeError,
+        record: Option<SubCallMetadata>,
+        hooks: &mut dyn Hook,
+    ) -> Ending {
+        let (kind, reason) = match &error {
+            BridgeError::Budget(exceeded) => ("budget", budget_reason(exceeded.limit)),
+            BridgeError::Cancelled if self.deadline_passed() => {
+                return self.timeout_ending();
+            }
+            _ => ("root_model", TerminationReason::RootModelError),
+        };
+        let message = error.to_string();
+        hooks.on_error(&RunError {
+            iteration,
+            kind: kind.to_owned(),
+            message: message.clone(),
+            record,
+        });
+        Ending::stop(reason, message)
+    }
+
+    fn execution_stopped(
+        &self,
+        iteration: u32,
+        stop: ExecutionStop,
+        runs: &[super::executor::BlockRun],
+        hooks: &mut dyn Hook,
+    ) -> Ending {
+        match stop {
+            ExecutionStop::Hook(reason) => Ending::stop(TerminationReason::StoppedByHook, reason),
+            ExecutionStop::Deadline => self.timeout_ending(),
+            ExecutionStop::Budget => {
+                let message = runs
+                    .iter()
+                    .flat_map(|r| &r.result.sub_calls)
+                    .find(|c| c.error_kind.as_deref() == Some("budget"))
+                    .and_then(|c| c.error.clone())
+                    .unwrap_or_else(|| "A budget limit was reached".to_owned());
+                hooks.on_error(&RunError {
+                    iteration,
+                    kind: "budget".to_owned(),
+                    message: message.clone(),
+                    record: None,
+                });
+                Ending::stop(budget_reason_from_ledger(&self.ledger), message)
+            }
+            ExecutionStop::Kernel(error) => {
+                let message = format!("The REPL session failed: {error}");
+                hooks.on_error(&RunError {
+                    iteration,
+                    kind: "kernel".to_owned(),
+                    message: message.clone(),
+                    record: None,
+                });
+                Ending::stop(TerminationReason::KernelError, message)
+            }
+        }
+    }
+
+    /// After the last iteration: one more call asking for the answer as text.
+    fn answer_now(&mut self, hooks: &mut dyn Hook) -> Ending {
+        if let Some(ending) = self.past_deadline() {
+            return ending;
+        }
+        self.conversation
+            .append_to_last_user(self.prompts.answer_now().trim_end());
+        let iteration = self.config.max_iterations + 1;
+        let text = match self.ask(iteration, true, hooks) {
+            Reply::Text { text, .. } => text,
+            Reply::Stopped(ending) => return ending,
+        };
+        let session = Arc::clone(self.executor.session());
+        let answer = answer_from_text(&text, &mut |name| {
+            session.variable_as_string(name).ok().flatten()
+        });
+        Ending {
+            reason: TerminationReason::MaxIterations,
+            answer: answer.map(|value| FoundAnswer {
+                value,
+                kind: FinalKind::AnswerNow,
+            }),
+            error: Some(format!(
+                "Reached the limit of {} iterations; the answer is the model's reply to a last \
+                 request to answer now. Raise `max_iterations` to give it more room",
+                self.config.max_iterations
+            )),
+        }
+    }
+
+    fn finish(
+        self,
+        ending: Ending,
+        contexts: Vec<ContextMetadata>,
+        hooks: &mut dyn Hook,
+    ) -> RlmResult {
+        let answer = ending.answer.or(self.candidate);
+        let mut result = RlmResult {
+            answer: answer.as_ref().map(|a| a.value.clone()),
+            answer_kind: answer.as_ref().map(|a| a.kind),
+            termination_reason: ending.reason,
+            error: ending.error,
+            metrics: SessionMetrics::default(),
+            iterations: self.iterations,
+            sub_calls: self.sub_calls,
+            contexts,
+        };
+        hooks.after_run(&mut result);
+        result
+    }
+
+    fn elapsed_ms(&self) -> f64 {
+        self.started.elapsed().as_secs_f64() * 1000.0
+    }
+
+    fn deadline_passed(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+
+    fn past_deadline(&self) -> Option<Ending> {
+        self.deadline_passed().then(|| self.timeout_ending())
+    }
+
+    fn timeout_ending(&self) -> Ending {
+        let limit = self.config.run_timeout.unwrap_or_default();
+        Ending::stop(
+            TerminationReason::Timeout,
+            format!(
+                "The run reached its time limit of {:.1} s; raise the run timeout to give it more time",
+                limit.as_secs_f64()
+            ),
+        )
+    }
+}
+
+/// The answer in an "answer now" reply: a `FINAL_VAR(name)` line with a value, else a
+/// `FINAL(...)` line, else the whole reply; `None` when that is empty.
+pub(crate) fn answer_from_text(
+    text: &str,
+    resolve: &mut dyn FnMut(&str) -> Option<String>,
+) -> Option<String> {
+    let lines = scan_final_lines(text);
+    if let Some(value) = lines
+        .final_var
+        .filter(|name| !name.is_empty())
+        .and_then(|name| resolve(&name))
+        .filter(|v| !v.trim().is_empty())
+    {
+        return Some(value);
+    }
+    if let Some(FinalText::Closed(value)) = lines.final_text
+        && !value.is_empty()
+    {
+        return Some(value);
+    }
+    let trimmed = text.trim();
+    (!trimmed.is_empty()).then(|| trimmed.to_owned())
+}
+
+fn budget_reason(limit: BudgetLimit) -> TerminationReason {
+    match limit {
+        BudgetLimit::Calls => TerminationReason::CallBudget,
+        BudgetLimit::Tokens => TerminationReason::TokenBudget,
+        BudgetLimit::Usd => TerminationReason::CostBudget,
+    }
+}
+
+/// Which limit a refused sub-call hit, read from the ledger (the record carries only the text).
+fn budget_reason_from_ledger(ledger: &Ledger) -> TerminationReason {
+    let budget = ledger.budget();
+    if budget
+        .max_tokens
+        .is_some_and(|max| ledger.tokens_used() >= max)
+    {
+        TerminationReason::TokenBudget
+    } else if budget.max_usd.is_some_and(|max| ledger.usd_used() >= max) {
+        TerminationReason::CostBudget
+    } else {
+        TerminationReason::CallBudget
+    }
+}
+
+fn summarize(endpoints: &Endpoints) -> Vec<EndpointSummary> {
+    endpoints
+        .names()
+        .into_iter()
+        .filter_map(|name| endpoints.get(&name).ok())
+        .map(|endpoint| {
+            let config = endpoint.config();
+            EndpointSummary {
+                name: config.name.clone(),
+                provider: config.provider.to_string(),
+                model: config.model.clone(),
+                base_url: config.base_url.clone(),
+            }
+        })
+        .collect()
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `Option<Duration>` as fractional seconds.
+mod optional_seconds {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(
+        value: &Option<Duration>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(d) => s.serialize_some(&d.as_secs_f64()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        let secs = Option::<f64>::deserialize(d)?;
+        secs.map(|s| Duration::try_from_secs_f64(s).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_round_trips_through_json_with_seconds() {
+        let config = RlmConfig {
+            run_timeout: Some(Duration::from_millis(1_500)),
+            ..RlmConfig::default()
+        };
+        let json = serde_json::to_value(&config).expect("serialize");
+        assert_eq!(json["run_timeout"], 1.5);
+        assert_eq!(json["completion"]["protocol"], "auto");
+        assert_eq!(json["completion"]["code_and_final"], "see_output_first");
+        let back: RlmConfig = serde_json::from_value(json).expect("deserialize");
+        assert_eq!(back, config);
+        let partial: RlmConfig =
+            serde_json::from_str(r#"{"max_iterations": 3}"#).expect("defaults fill the rest");
+        assert_eq!(partial.max_iterations, 3);
+        assert_eq!(partial.root_endpoint, "root");
+    }
+}

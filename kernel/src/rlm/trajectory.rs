@@ -1,0 +1,292 @@
+//! The trajectory: a JSONL log of a run that a person or a program can replay.
+//!
+//! Lines, each one JSON object with a `type`:
+//!
+//! - `header`: format version, start time, the query, the loop configuration, the endpoints
+//!   (name, provider, model, base URL: never keys or headers), the contexts' metadata and the
+//!   system prompt;
+//! - `iteration`: one per iteration, the [`IterationRecord`] (the reply, blocks with outputs cut
+//!   to the feedback limit, sub-call records, timings, metadata);
+//! - `error`: a failed step (root model unreachable, budget spent, ...);
+//! - `result`: the answer, the termination reason and the metrics.
+//!
+//! The context itself is never written, and block outputs are capped, so the size of a
+//! trajectory does not grow with the size of the context. Each line is written with one
+//! `write_all` and flushed at once: a run killed at any point leaves a file whose complete lines
+//! are valid JSON. Give [`TrajectoryWriter::new`] an unbuffered writer (a `File`) for that.
+//!
+//! A trajectory that cannot be written stops the run at the next iteration (`stopped_by_hook`
+//! with the I/O error): a user who asked for a record gets one or a clear failure.
+
+use std::fmt;
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::final_answer::FinalKind;
+use super::hooks::{Hook, HookAction, RunError, RunInfo};
+use super::metadata::{IterationRecord, SessionMetrics, TerminationReason};
+use super::runner::RlmResult;
+use bridge::Message;
+
+/// The format version in the header line.
+pub const TRAJECTORY_VERSION: u32 = 1;
+
+/// Writes a run's trajectory as JSONL, one flushed line per event.
+pub struct TrajectoryWriter<W: Write + Send> {
+    out: W,
+    lines: u64,
+    failure: Option<String>,
+}
+
+impl<W: Write + Send> fmt::Debug for TrajectoryWriter<W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TrajectoryWriter")
+            .field("lines", &self.lines)
+            .field("failure", &self.failure)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TrajectoryWriter<File> {
+    /// Creates (or truncates) the file at `path`.
+    pub fn create(path: &Path) -> io::Result<Self> {
+        Ok(Self::new(File::create(path)?))
+    }
+}
+
+impl<W: Write + Send> TrajectoryWriter<W> {
+    /// Writes to `out`; use an unbuffered writer so each line reaches the OS in one write.
+    pub fn new(out: W) -> Self {
+        Self {
+            out,
+            lines: 0,
+            failure: None,
+        }
+    }
+
+    /// Lines written so far.
+    pub fn lines(&self) -> u64 {
+        self.lines
+    }
+
+    /// The first write error, if any.
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    fn write_line(&mut self, value: &impl Serialize) {
+        if self.failure.is_some() {
+            return;
+        }
+        let written = serde_json::to_vec(value)
+            .map_err(io::Error::other)
+            .and_then(|mut line| {
+                line.push(b'\n');
+                self.out.write_all(&line)?;
+                self.out.flush()
+            });
+        match written {
+            Ok(()) => self.lines += 1,
+            Err(e) => {
+                tracing::warn!("Could not write the trajectory: {e}");
+                self.failure = Some(format!("Could not write the trajectory: {e}"));
+            }
+        }
+    }
+
+    fn stop_if_failed(&self) -> HookAction<String> {
+        match &self.failure {
+            Some(message) => HookAction::Stop(message.clone()),
+            None => HookAction::Continue,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Header<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    version: u32,
+    #[serde(flatten)]
+    run: &'a RunInfo<'a>,
+}
+
+#[derive(Serialize)]
+struct Line<'a, T: Serialize> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(flatten)]
+    body: &'a T,
+}
+
+#[derive(Serialize)]
+struct Closing<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    answer: Option<&'a str>,
+    answer_kind: Option<FinalKind>,
+    termination_reason: TerminationReason,
+    error: Option<&'a str>,
+    metrics: &'a SessionMetrics,
+}
+
+impl<W: Write + Send> Hook for TrajectoryWriter<W> {
+    fn before_run(&mut self, run: &RunInfo<'_>) -> HookAction<String> {
+        self.write_line(&Header {
+            kind: "header",
+            version: TRAJECTORY_VERSION,
+            run,
+        });
+        self.stop_if_failed()
+    }
+
+    fn before_iteration(&mut self, _iteration: u32, _messages: &[Message]) -> HookAction<String> {
+        self.stop_if_failed()
+    }
+
+    fn after_iteration(&mut self, record: &mut IterationRecord) {
+        self.write_line(&Line {
+            kind: "iteration",
+            body: record,
+        });
+    }
+
+    fn on_error(&mut self, error: &RunError) {
+        self.write_line(&Line {
+            kind: "error",
+            body: error,
+        });
+    }
+
+    fn after_run(&mut self, result: &mut RlmResult) {
+        self.write_line(&Closing {
+            kind: "result",
+            answer: result.answer.as_deref(),
+            answer_kind: result.answer_kind,
+            termination_reason: result.termination_reason,
+            error: result.error.as_deref(),
+            metrics: &result.metrics,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::rlm::metadata::{ExecutionMetadata, IterationMetadata};
+    use crate::rlm::runner::RlmConfig;
+
+    /// A writer tests can read back after the hook took ownership.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().expect("buffer").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    struct Broken;
+
+    impl Write for Broken {
+        fn write(&mut self, _buf: &[u8]) -> io::Result<usize> {
+            Err(io::Error::other("disk full"))
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn run_info(config: &RlmConfig) -> RunInfo<'_> {
+        RunInfo {
+            query: "How many errors?",
+            config,
+            endpoints: &[],
+            contexts: &[],
+            system_prompt: "system",
+            started_at_ms: 1,
+            ledger: None,
+        }
+    }
+
+    fn record() -> IterationRecord {
+        IterationRecord {
+            metadata: IterationMetadata {
+                iteration: 1,
+                ..Default::default()
+            },
+            execution: ExecutionMetadata::from_runs(&[]),
+            reply: "FINAL(3)".into(),
+            blocks: vec![],
+            root_call: None,
+            sub_calls: vec![],
+            notes: vec![],
+            started_ms: 0.0,
+            model_ms: 1.0,
+            execution_ms: 0.0,
+        }
+    }
+
+    #[test]
+    fn writes_header_iterations_and_result_as_json_lines() {
+        let buffer = Shared::default();
+        let mut writer = TrajectoryWriter::new(buffer.clone());
+        let config = RlmConfig::default();
+        assert_eq!(writer.before_run(&run_info(&config)), HookAction::Continue);
+        writer.after_iteration(&mut record());
+        let mut result = RlmResult {
+            answer: Some("3".into()),
+            answer_kind: Some(FinalKind::FinalLine),
+            termination_reason: TerminationReason::FinalAnswer,
+            error: None,
+            metrics: SessionMetrics::default(),
+            iterations: vec![],
+            sub_calls: vec![],
+            contexts: vec![],
+        };
+        writer.after_run(&mut result);
+        assert_eq!(writer.lines(), 3);
+
+        let text = String::from_utf8(buffer.0.lock().expect("buffer").clone()).expect("utf-8");
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("every line is JSON"))
+            .collect();
+        assert_eq!(lines[0]["type"], "header");
+        assert_eq!(lines[0]["version"], TRAJECTORY_VERSION);
+        assert_eq!(lines[0]["query"], "How many errors?");
+        assert_eq!(lines[0]["config"]["max_iterations"], 30);
+        assert_eq!(lines[1]["type"], "iteration");
+        assert_eq!(lines[1]["iteration"], 1);
+        assert_eq!(lines[1]["reply"], "FINAL(3)");
+        assert_eq!(lines[1]["execution"]["status"], "no_code");
+        assert_eq!(lines[2]["type"], "result");
+        assert_eq!(lines[2]["answer"], "3");
+        assert_eq!(lines[2]["answer_kind"], "final_line");
+        assert_eq!(lines[2]["termination_reason"], "final_answer");
+    }
+
+    #[test]
+    fn a_write_failure_stops_the_run() {
+        let mut writer = TrajectoryWriter::new(Broken);
+        let config = RlmConfig::default();
+        let HookAction::Stop(message) = writer.before_run(&run_info(&config)) else {
+            panic!("a trajectory that cannot be written must stop the run");
+        };
+        assert_eq!(message, "Could not write the trajectory: disk full");
+        assert!(matches!(
+            writer.before_iteration(1, &[]),
+            HookAction::Stop(_)
+        ));
+        assert_eq!(writer.lines(), 0);
+    }
+}
