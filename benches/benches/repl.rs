@@ -197,8 +197,10 @@ fn loads(quick: bool) -> anyhow::Result<()> {
     println!(
         "## context loads (one child process each; RSS above an interpreter with polars imported)"
     );
-    println!("| context | file MB | load ms | MB/s | peak RSS MB | peak extra / file |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| context | file MB | load ms | MB/s | peak RSS MB | peak extra / file | extra after load / file |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     let exe = std::env::current_exe()?;
     for (label, path, size, generate) in cases {
         generate(&path, size)?;
@@ -214,11 +216,13 @@ fn loads(quick: bool) -> anyhow::Result<()> {
         let load_ms = report["load_ms"].as_f64().unwrap_or(f64::NAN);
         let hwm = report["hwm_kib"].as_u64().unwrap_or(0) as f64 / 1024.0;
         let base = report["baseline_kib"].as_u64().unwrap_or(0) as f64 / 1024.0;
+        let after = report["rss_kib"].as_u64().unwrap_or(0) as f64 / 1024.0;
         let file_mb = file_bytes as f64 / mb as f64;
         println!(
-            "| {label} | {file_mb:.0} | {load_ms:.0} | {:.0} | {hwm:.0} | {:.2}× |",
+            "| {label} | {file_mb:.0} | {load_ms:.0} | {:.0} | {hwm:.0} | {:.2}× | {:.2}× |",
             file_mb / (load_ms / 1000.0),
-            (hwm - base) / file_mb
+            (hwm - base) / file_mb,
+            (after - base) / file_mb
         );
         std::fs::remove_file(&path)?;
     }

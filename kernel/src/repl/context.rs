@@ -4,8 +4,8 @@
 //! | source | Python object | how |
 //! |---|---|---|
 //! | text file, `-` (stdin), [`ContextSource::Text`] | `str` | read + UTF-8 check in Rust, one copy into Python |
-//! | `.json` | `dict` / `list` | validated (and item sizes measured) by serde in Rust, parsed by Python's C `json` |
-//! | `.jsonl` | `list` | each line validated in Rust (errors name the line), parsed by Python's `json` |
+//! | `.json` | `dict` / `list` | parsed by Python's C `json` while serde measures item sizes on another thread |
+//! | `.jsonl` | `list` | parsed line by line by Python's `json`; on failure serde names the bad line |
 //! | `.csv` `.tsv` `.parquet` `.arrow` `.ipc` `.feather` `.ndjson` | `polars.DataFrame` | Python polars reads the file itself |
 //! | directory | `dict` relative path → text | walked in sorted order |
 //!
@@ -15,9 +15,12 @@
 //! cost minutes of build time on a 2-core machine and the hand-over to Python would still
 //! need the pyarrow/FFI bridge, for no gain over letting Python polars read the file.
 //!
-//! JSON objects are built by CPython's C `json` module (faster than converting a serde value
-//! through pyo3 object by object, and without a second in-memory tree); serde's job is only
-//! to validate with exact line/column errors and to measure item sizes from raw slices.
+//! JSON objects are built by CPython's C `json` module, with the cyclic GC paused (it would
+//! otherwise rescan the growing tree again and again: 2-4x slower). Converting a serde value
+//! through pyo3 object by object makes the same C-API calls plus a second in-memory tree, so
+//! Python's parser is the judge of validity (it also accepts `NaN`, as pandas writes it);
+//! serde runs beside it, on another thread over the same UTF-8 buffer, to measure item sizes
+//! from raw slices and to give exact line/column errors.
 //!
 //! Directories: files are read recursively in sorted order; entries whose name starts with
 //! `.` (e.g. `.git`) are skipped and symbolic links to directories are not followed. A file
@@ -196,26 +199,53 @@ fn load_path<'py>(
         }
         FileFormat::Json => {
             meta.kind = ContextKind::Json;
-            let text = read_text(path, "")?;
-            let sizes = json_item_sizes(&text).map_err(|e| malformed_json(path, &e))?;
-            set_text_stats(meta, &text, sizes);
-            let py_text = PyString::new(py, &text);
-            drop(text);
-            support_call(py, "json_loads", (py_text,), "parsing a JSON context")
+            let py_text = read_py_text(py, path, meta)?;
+            // CPython's parser builds the objects (and is the judge: it accepts `NaN`, as
+            // pandas writes it); meanwhile serde measures item sizes on another thread and,
+            // if Python fails, supplies the line/column error.
+            let text = py_text
+                .to_str()
+                .map_err(|e| ReplError::internal("reading a JSON context", e))?;
+            std::thread::scope(|scope| {
+                let sizes = scope.spawn(|| json_item_sizes(text));
+                let parsed = support_call(py, "json_loads", (&py_text,), "parsing a JSON context");
+                let sizes = sizes.join();
+                match (parsed, sizes) {
+                    (Ok(value), Ok(Ok(sizes))) => {
+                        set_item_stats(meta, sizes);
+                        Ok(value)
+                    }
+                    (Ok(value), _) => Ok(value),
+                    (Err(_), Ok(Err(e))) => Err(malformed_json(path, &e.to_string())),
+                    (Err(e), _) => Err(malformed_json(path, &python_error_text(&e))),
+                }
+            })
         }
         FileFormat::JsonLines => {
             meta.kind = ContextKind::JsonLines;
-            let text = read_text(path, "")?;
-            let sizes = json_lines_sizes(&text, path)?;
-            set_text_stats(meta, &text, Some(sizes));
-            let py_text = PyString::new(py, &text);
-            drop(text);
-            support_call(
+            let py_text = read_py_text(py, path, meta)?;
+            let text = py_text
+                .to_str()
+                .map_err(|e| ReplError::internal("reading a JSON-lines context", e))?;
+            let sizes: Vec<u64> = text
+                .split('\n')
+                .filter(|line| !line.trim().is_empty())
+                .map(|line| char_len(line.trim_end_matches('\r')))
+                .collect();
+            match support_call(
                 py,
                 "jsonl_loads",
-                (py_text,),
+                (&py_text,),
                 "parsing a JSON-lines context",
-            )
+            ) {
+                Ok(value) => {
+                    set_item_stats(meta, Some(sizes));
+                    Ok(value)
+                }
+                // Find the bad line for the message.
+                Err(e) => Err(json_lines_error(text, path)
+                    .unwrap_or_else(|| malformed_json_lines(path, python_error_text(&e)))),
+            }
         }
         FileFormat::Table(format) => {
             meta.kind = ContextKind::Table;
@@ -233,11 +263,28 @@ fn text_value<'py>(py: Python<'py>, text: &str, meta: &mut ContextMetadata) -> B
     PyString::new(py, text).into_any()
 }
 
-fn set_text_stats(meta: &mut ContextMetadata, text: &str, sizes: Option<Vec<u64>>) {
-    meta.chars = Some(text.chars().count() as u64);
+/// Read a UTF-8 file straight into a Python `str` (the Rust copy is dropped at once).
+fn read_py_text<'py>(
+    py: Python<'py>,
+    path: &Path,
+    meta: &mut ContextMetadata,
+) -> Result<Bound<'py, PyString>, ReplError> {
+    let text = read_text(path, "")?;
+    meta.chars = Some(char_len(&text));
+    Ok(PyString::new(py, &text))
+}
+
+fn set_item_stats(meta: &mut ContextMetadata, sizes: Option<Vec<u64>>) {
     if let Some(sizes) = sizes {
         meta.items = Some(sizes.len() as u64);
         meta.item_sizes = ItemSizes::from_sizes(sizes);
+    }
+}
+
+fn python_error_text(e: &ReplError) -> String {
+    match e {
+        ReplError::Internal { message, .. } => message.clone(),
+        other => other.to_string(),
     }
 }
 
@@ -311,33 +358,34 @@ fn json_item_sizes(text: &str) -> Result<Option<Vec<u64>>, serde_json::Error> {
     Ok(sizes)
 }
 
-fn malformed_json(path: &Path, e: &serde_json::Error) -> ReplError {
+fn malformed_json(path: &Path, detail: &str) -> ReplError {
     ReplError::ContextMalformed {
         path: path.to_owned(),
         format: "JSON",
-        detail: e.to_string(),
+        detail: detail.to_owned(),
         fix: "fix the file, or rename it (e.g. to `.txt`) to load it as plain text".to_owned(),
     }
 }
 
-/// Sizes of the non-blank lines of a JSON-lines file; every line must be one JSON value.
-fn json_lines_sizes(text: &str, path: &Path) -> Result<Vec<u64>, ReplError> {
-    let mut sizes = Vec::new();
-    for (i, line) in text.split('\n').enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        if let Err(e) = serde_json::from_str::<IgnoredAny>(line) {
-            return Err(ReplError::ContextMalformed {
-                path: path.to_owned(),
-                format: "JSON lines",
-                detail: format!("line {}: {e}", i + 1),
-                fix: "every non-blank line must be one JSON value; fix that line, or rename the file (e.g. to `.txt`) to load it as plain text".to_owned(),
-            });
-        }
-        sizes.push(char_len(line.trim_end_matches('\r')));
+fn malformed_json_lines(path: &Path, detail: String) -> ReplError {
+    ReplError::ContextMalformed {
+        path: path.to_owned(),
+        format: "JSON lines",
+        detail,
+        fix: "every non-blank line must be one JSON value; fix that line, or rename the file (e.g. to `.txt`) to load it as plain text".to_owned(),
     }
-    Ok(sizes)
+}
+
+/// The first line of a JSON-lines text that is not one JSON value, as an error.
+fn json_lines_error(text: &str, path: &Path) -> Option<ReplError> {
+    text.split('\n').enumerate().find_map(|(i, line)| {
+        if line.trim().is_empty() {
+            return None;
+        }
+        serde_json::from_str::<IgnoredAny>(line)
+            .err()
+            .map(|e| malformed_json_lines(path, format!("line {}: {e}", i + 1)))
+    })
 }
 
 fn support_call<'py>(

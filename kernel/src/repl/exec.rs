@@ -37,11 +37,7 @@ impl SessionState {
         let fail = |e: PyErr| ReplError::internal("running a block", e);
         let support = interpreter()?.support(py);
         self.blocks += 1;
-        let filename = if self.id == 1 {
-            format!("<repl-block-{}>", self.blocks)
-        } else {
-            format!("<repl-{}-block-{}>", self.id, self.blocks)
-        };
+        let filename = format!("{}{}>", self.block_filename_prefix(), self.blocks);
         let max = self.config.max_output_chars;
         let stdout = Bound::new(py, OutputCapture::new(max)).map_err(fail)?;
         let stderr = Bound::new(py, OutputCapture::new(max)).map_err(fail)?;

@@ -26,9 +26,28 @@
 //! `llm_query`, `time.sleep`, I/O) → disarm → describe exception → restore reserved names →
 //! collect output, sub-call records, variables, final answer → [`ExecutionResult`].
 //!
-//! # Reserved names
-//! `context`, `context_0…n`, `llm_query`, `llm_query_batched`, `FINAL_VAR`, `SHOW_VARS`,
-//! `answer` and `LlmQueryError` are put back after a block that rebinds or deletes them.
+//! # What a model's code sees
+//! - `context`, `context_0…n`, `llm_query`, `llm_query_batched`, `FINAL_VAR`, `SHOW_VARS`,
+//!   `answer` and `LlmQueryError` are reserved: put back (with a note on stderr) after a block
+//!   that rebinds or deletes them. The model's own variables are never touched.
+//! - A final bare expression is shown like IPython: `repr(value)` on stdout unless `None`.
+//! - Final answers: `FINAL_VAR(x)` records `str(x)`, or, when `x` is a str naming a variable,
+//!   that variable's `str()`. `answer["ready"] = True` records `str(answer["content"])` at
+//!   that moment, and again when `content` changes while `ready` stays truthy (so both
+//!   assignment orders work); `answer.update(...)` or rebinding `answer` to a ready dict is
+//!   caught after the block. A block's [`ExecutionResult::final_answer`] is the last recorded.
+//! - `SHOW_VARS()` prints the user's variables (name, type, `len`, preview) and returns None;
+//!   the same list is in [`ExecutionResult::variables`].
+//! - `sys.stdin` is empty (`input()` raises `EOFError`); `sys.exit()`, `exit()` and
+//!   `KeyboardInterrupt` are reported as errors and the session goes on.
+//!
+//! # Limits of interruption
+//! A timeout stops pure-Python code, `time.sleep` and `llm_query`/`llm_query_batched` (also
+//! in threads the block started, e.g. a `ThreadPoolExecutor` mapping `llm_query`). Other
+//! blocking C calls in the session thread (a bare `lock.acquire()`, a socket read, an asyncio
+//! event loop waiting) are interrupted only when they return; if that takes longer than the
+//! limit plus 10 s, `exec` returns [`ReplError::Unresponsive`] and the session stays busy
+//! until the call returns. `os._exit()` ends the process like in any Python.
 //!
 //! # Example
 //! ```

@@ -143,14 +143,15 @@ impl ReplSession {
             .map_err(|e| ReplError::Interpreter {
                 message: format!("cannot start the session thread: {e}"),
             })?;
-        let contexts = match ready_rx.recv() {
+        // The session thread always answers or exits (dropping the sender).
+        let contexts = match without_gil(move || ready_rx.recv()) {
             Ok(Ok(contexts)) => contexts,
             Ok(Err(e)) => {
-                let _ = thread.join();
+                let _ = without_gil(move || thread.join());
                 return Err(e);
             }
             Err(_) => {
-                let _ = thread.join();
+                let _ = without_gil(move || thread.join());
                 return Err(ReplError::SessionClosed {
                     reason: "the session thread stopped while starting".to_owned(),
                 });
@@ -232,7 +233,7 @@ impl ReplSession {
         self.id
     }
 
-    fn request<T>(
+    fn request<T: Send>(
         &self,
         wait: Duration,
         job: impl FnOnce(Sender<T>) -> Job,
@@ -247,7 +248,7 @@ impl ReplSession {
             .map_err(|_| ReplError::SessionClosed {
                 reason: "its Python thread has exited".to_owned(),
             })?;
-        match answer.recv_timeout(wait) {
+        match without_gil(move || answer.recv_timeout(wait)) {
             Ok(value) => Ok(value),
             Err(RecvTimeoutError::Timeout) => Err(ReplError::Unresponsive { waited: wait }),
             Err(RecvTimeoutError::Disconnected) => Err(ReplError::SessionClosed {
@@ -263,16 +264,29 @@ impl Drop for ReplSession {
         self.watchdog.shutdown();
         let _ = self.jobs.send(Job::Shutdown);
         // Join unless the thread is stuck in native code; then leave it to finish on its own.
-        let done = match self.thread_done.get_mut() {
-            Ok(rx) => rx.recv_timeout(Duration::from_secs(2)).is_ok(),
-            Err(poisoned) => poisoned
-                .into_inner()
-                .recv_timeout(Duration::from_secs(2))
-                .is_ok(),
-        };
+        let thread_done = &self.thread_done;
+        let done = without_gil(|| {
+            let rx = match thread_done.lock() {
+                Ok(rx) => rx,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            rx.recv_timeout(Duration::from_secs(2)).is_ok()
+        });
         if done && let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+/// Run `wait` with the GIL released if the calling thread holds it (e.g. a Python extension
+/// calling into the kernel): the session thread needs the GIL to answer.
+fn without_gil<T: Send>(wait: impl FnOnce() -> T + Send) -> T {
+    // SAFETY: only called once a session exists, i.e. after the interpreter is initialised.
+    let attached = unsafe { pyo3::ffi::PyGILState_Check() } == 1;
+    if attached {
+        Python::attach(|py| py.detach(wait))
+    } else {
+        wait()
     }
 }
 
@@ -490,11 +504,21 @@ impl SessionState {
         }))
     }
 
+    /// Blocks are compiled as `<repl-block-N>` in the first session of the process and as
+    /// `<repl-S-block-N>` in session S > 1, so the process-wide linecache keeps them apart.
+    pub(crate) fn block_filename_prefix(&self) -> String {
+        if self.id == 1 {
+            "<repl-block-".to_owned()
+        } else {
+            format!("<repl-{}-block-", self.id)
+        }
+    }
+
     fn close(self, py: Python<'_>) {
         let globals = self.globals.bind(py);
         globals.clear();
         if let Ok(support) = interpreter().map(|i| i.support(py)) {
-            let _ = support.call_method0("unbind_thread");
+            let _ = support.call_method1("unbind_thread", (self.block_filename_prefix(),));
         }
     }
 }

@@ -108,11 +108,14 @@ def bind_thread(session):
     session.thread_ident = threading.get_ident()
 
 
-def unbind_thread():
-    """Forget the calling thread (its ident may be reused by an unrelated thread)."""
+def unbind_thread(block_prefix):
+    """Forget the calling thread (its ident may be reused by an unrelated thread) and the
+    session's block sources in linecache."""
     ident = threading.get_ident()
     with threading._active_limbo_lock:
         threading._active.pop(ident, None)
+    for name in [n for n in linecache.cache if n.startswith(block_prefix)]:
+        linecache.cache.pop(name, None)
 
 
 def _kill_tracer(frame, event, arg):

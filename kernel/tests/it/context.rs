@@ -83,6 +83,19 @@ fn json_becomes_dict_or_list_with_item_sizes() {
 }
 
 #[test]
+fn json_with_nan_loads_like_python_reads_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write(dir.path(), "pandas.json", r#"[{"x": NaN}, {"x": 1.5}]"#);
+    let s = session_with(&[ContextSource::Path(path)]);
+    assert_eq!(s.contexts()[0].kind, ContextKind::Json);
+    let r = ok(
+        &s,
+        "import math\nprint(math.isnan(context[0]['x']), context[1]['x'])",
+    );
+    assert_eq!(r.stdout, "True 1.5\n");
+}
+
+#[test]
 fn jsonl_becomes_list_skipping_blank_lines() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = write(
@@ -274,4 +287,46 @@ fn a_bad_context_among_good_ones_loads_nothing() {
     let bad = write(dir.path(), "bad.json", "[1,");
     let err = load_err(&[ContextSource::Path(good), ContextSource::Path(bad.clone())]);
     assert!(err.to_string().contains(&format!("`{}`", bad.display())));
+}
+
+#[test]
+fn stdin_context_is_read_as_text() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    if std::env::var_os("RLM_TEST_STDIN_CHILD").is_some() {
+        let s = session_with(&[ContextSource::from_arg("-")]);
+        let meta = &s.contexts()[0];
+        let r = ok(&s, "print(repr(context))");
+        println!(
+            "CHILD-RESULT {} {:?} {}",
+            meta.source,
+            meta.chars,
+            r.stdout.trim()
+        );
+        return;
+    }
+    // Re-run this test in a child process whose stdin we control.
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "context::stdin_context_is_read_as_text",
+            "--nocapture",
+        ])
+        .env("RLM_TEST_STDIN_CHILD", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("child starts");
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(b"line one\nline two\n")
+        .expect("writes");
+    let out = child.wait_with_output().expect("child ends");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("CHILD-RESULT - Some(18) 'line one\\nline two\\n'"),
+        "{stdout}"
+    );
 }

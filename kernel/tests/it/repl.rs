@@ -326,3 +326,14 @@ fn sessions_are_independent_and_run_concurrently() {
     });
     assert_eq!(ok(&slow, "who").stdout, "'slow'\n");
 }
+
+#[test]
+fn a_caller_holding_the_gil_does_not_deadlock() {
+    use pyo3::prelude::*;
+    let _ = session(); // initialises the interpreter
+    // Like a Python extension calling into the kernel: the GIL is held throughout.
+    let s = Python::attach(|_py| session());
+    let out = Python::attach(|_py| s.exec("6 * 7").expect("kernel works").stdout);
+    assert_eq!(out, "42\n");
+    Python::attach(|_py| drop(s));
+}
