@@ -111,3 +111,24 @@ fn fence_tags_other_than_repl_do_not_run() {
     assert_eq!(run.last_line(), "only repl blocks run");
     assert_eq!(mock.root_requests(), 2);
 }
+
+#[test]
+fn code_and_final_in_one_reply_waits_for_the_output_unless_accepted() {
+    let replies = [
+        "```repl\nn = len(context.split())\nprint(n)\n```\nFINAL(3 words)",
+        "I saw the output.\nFINAL(confirmed: 3 words)",
+    ];
+    let (mock, run) = run_script(&replies, &[]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "confirmed: 3 words");
+    assert_eq!(
+        mock.root_requests(),
+        2,
+        "the model saw its output before finishing"
+    );
+
+    let (mock, run) = run_script(&replies, &["--code-and-final", "accept"]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "3 words");
+    assert_eq!(mock.root_requests(), 1);
+}

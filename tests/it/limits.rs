@@ -178,7 +178,60 @@ fn failed_sub_calls_return_error_strings_or_raise_when_asked() {
     let run = mock().run(&["--context", &context, "--query", "q"]);
     run.assert_code(0);
     assert_eq!(run.last_line(), "returned Error:");
-    let run = mock().run(&["--context", &context, "--query", "q", "--sub-call-errors", "raise"]);
+    let run = mock().run(&[
+        "--context",
+        &context,
+        "--query",
+        "q",
+        "--sub-call-errors",
+        "raise",
+    ]);
     run.assert_code(0);
     assert_eq!(run.last_line(), "raised LlmQueryError");
+}
+
+#[test]
+fn consecutive_failures_stop_the_run_with_the_flag_value() {
+    let mock = Mock::start(serde_json::json!({
+        "models": {"root-model": {"replies": [repl("1 / 0")]}}
+    }));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = mock.run(&[
+        "--context",
+        &context_file(&dir),
+        "--query",
+        "q",
+        "--max-consecutive-failures",
+        "2",
+        "--json",
+    ]);
+    run.assert_code(3);
+    let result = run.json();
+    assert_eq!(result["termination_reason"], "consecutive_failures");
+    assert_eq!(result["metrics"]["iterations"], 2);
+}
+
+#[test]
+fn output_limit_flag_sets_the_feedback_cut() {
+    let mock = Mock::start(rules(
+        &repl("print('y' * 5000)"),
+        serde_json::json!([
+            {"turn": 1, "last_user": "characters omitted", "reply": "FINAL(cut)"}
+        ]),
+    ));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = mock.run(&[
+        "--context",
+        &context_file(&dir),
+        "--query",
+        "q",
+        "--output-limit",
+        "1000",
+    ]);
+    run.assert_code(0);
+    assert_eq!(
+        run.last_line(),
+        "cut",
+        "5 000 characters exceed a 1 000-character limit"
+    );
 }

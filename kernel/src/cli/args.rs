@@ -92,7 +92,7 @@ pub(crate) struct RunOptions {
     #[arg(long, env = "RLM_CELL_TIMEOUT", value_name = "SECONDS")]
     pub(crate) cell_timeout: Option<f64>,
 
-    /// Timeout of one sub-model HTTP attempt, in seconds [default: 120].
+    /// Timeout of one sub-model HTTP attempt, in seconds [default: 300].
     #[arg(long, env = "RLM_SUB_TIMEOUT", value_name = "SECONDS")]
     pub(crate) sub_timeout: Option<f64>,
 
@@ -127,6 +127,19 @@ pub(crate) struct RunOptions {
     /// Which final-answer conventions count.
     #[arg(long, env = "RLM_PROTOCOL", value_enum)]
     pub(crate) protocol: Option<ProtocolArg>,
+
+    /// A reply with both code and a `FINAL` line: wait until the model has seen the code's
+    /// output and confirms (`see-output`), or accept the line right after the code ran (`accept`).
+    #[arg(long, env = "RLM_CODE_AND_FINAL", value_enum)]
+    pub(crate) code_and_final: Option<CodeAndFinalArg>,
+
+    /// Characters of output shown to the root model per code block (head and tail kept) [default: 20000].
+    #[arg(long, env = "RLM_OUTPUT_LIMIT", value_name = "CHARS")]
+    pub(crate) output_limit: Option<usize>,
+
+    /// Stop after this many iterations in a row whose code failed [default: 5].
+    #[arg(long, env = "RLM_MAX_CONSECUTIVE_FAILURES")]
+    pub(crate) max_consecutive_failures: Option<u32>,
 
     /// Append the text of FILE to the system prompt (domain instructions).
     #[arg(long, value_name = "FILE")]
@@ -163,6 +176,16 @@ pub(crate) enum ProviderArg {
     Openai,
     /// Anthropic Messages API.
     Anthropic,
+}
+
+/// What to do with a reply that has code and a `FINAL` line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum CodeAndFinalArg {
+    /// Run the code, show its output, and let the model confirm its answer.
+    SeeOutput,
+    /// Run the code, then accept the final line.
+    Accept,
 }
 
 /// What a failed sub-call does in Python.

@@ -17,12 +17,14 @@ use bridge::{Budget, EndpointConfig, Endpoints, Ledger, Price, Provider};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernel::repl::{ContextSource, ReplSession, SessionConfig, SubCallErrorMode};
 use kernel::rlm::{
-    CompletionRules, Progress, Protocol, Rlm, RlmConfig, RlmResult, TerminationReason,
-    TrajectoryWriter,
+    CodeAndFinal, CompletionRules, Progress, Protocol, Rlm, RlmConfig, RlmResult,
+    TerminationReason, TrajectoryWriter,
 };
 use serde::Deserialize;
 
-use super::args::{ProtocolArg, ProviderArg, RunArgs, RunOptions, SubCallErrorsArg};
+use super::args::{
+    CodeAndFinalArg, ProtocolArg, ProviderArg, RunArgs, RunOptions, SubCallErrorsArg,
+};
 use super::trace::TraceHook;
 
 /// Exit code of a run that stopped at a limit (iterations, time, budget) or without an answer.
@@ -84,6 +86,11 @@ pub(crate) fn merge(cli: RunOptions, file: RunOptions) -> RunOptions {
         batch_concurrency: cli.batch_concurrency.or(file.batch_concurrency),
         sub_call_errors: cli.sub_call_errors.or(file.sub_call_errors),
         protocol: cli.protocol.or(file.protocol),
+        code_and_final: cli.code_and_final.or(file.code_and_final),
+        output_limit: cli.output_limit.or(file.output_limit),
+        max_consecutive_failures: cli
+            .max_consecutive_failures
+            .or(file.max_consecutive_failures),
         prompt_extension: cli.prompt_extension.or(file.prompt_extension),
         system_prompt: cli.system_prompt.or(file.system_prompt),
         trajectory: cli.trajectory.or(file.trajectory),
@@ -163,7 +170,6 @@ pub(crate) fn build_endpoints(opts: &RunOptions) -> Result<Arc<Endpoints>> {
     // Root calls are iterations, bounded by `--max-iterations`; `--max-sub-calls` counts
     // only what the code asks of sub-models. Tokens and USD count every call.
     root.counts_toward_call_budget = false;
-    // A root reply can be long and slow; give it at least the default attempt timeout.
     let mut sub = config(
         SUB,
         opts.sub_base_url.as_deref().unwrap_or(&base_url),
@@ -235,8 +241,18 @@ pub(crate) fn rlm_config(opts: &RunOptions) -> Result<RlmConfig> {
             ProtocolArg::Final => Protocol::Final,
             ProtocolArg::Answer => Protocol::Answer,
         },
-        ..config.completion
+        code_and_final: match opts.code_and_final {
+            None => config.completion.code_and_final,
+            Some(CodeAndFinalArg::SeeOutput) => CodeAndFinal::SeeOutputFirst,
+            Some(CodeAndFinalArg::Accept) => CodeAndFinal::Accept,
+        },
     };
+    if let Some(limit) = opts.output_limit {
+        config.feedback.block_limit = limit;
+    }
+    if let Some(n) = opts.max_consecutive_failures {
+        config.max_consecutive_failures = (n > 0).then_some(n);
+    }
     if let Some(path) = &opts.prompt_extension {
         config.prompts.extension = Some(read_prompt_file("prompt-extension", path)?);
     }
