@@ -306,9 +306,7 @@ fn each_final_answer_convention() {
         Case {
             name: "answer dict, ready set before the content",
             config: config(),
-            replies: &[
-                "```repl\nanswer['ready'] = True\nanswer['content'] = 'forty-two'\n```",
-            ],
+            replies: &["```repl\nanswer['ready'] = True\nanswer['content'] = 'forty-two'\n```"],
             answer: "forty-two",
             kind: FinalKind::AnswerDict,
             iterations: 1,
@@ -725,6 +723,34 @@ fn the_run_timeout_cancels_a_slow_root_call() {
         "{:?}",
         started.elapsed()
     );
+}
+
+#[test]
+fn the_run_timeout_interrupts_a_running_block() {
+    let harness = Harness::new(Setup {
+        script: script(&[
+            "```repl\nimport time\ntime.sleep(60)\n```",
+            "FINAL(too late)",
+        ]),
+        cell_timeout: Duration::from_secs(30),
+        ..Setup::default()
+    });
+    let mut config = config();
+    config.run_timeout = Some(Duration::from_millis(800));
+    let started = std::time::Instant::now();
+    let result = harness.run(config, "q");
+    assert_eq!(result.termination_reason, TerminationReason::Timeout);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        result.iterations.len(),
+        1,
+        "the interrupted iteration is recorded"
+    );
+    assert_eq!(harness.root_requests().len(), 1);
 }
 
 fn read_jsonl(path: &std::path::Path) -> Vec<Value> {
