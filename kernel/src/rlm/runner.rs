@@ -759,6 +759,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn answer_now_text_table() {
+        let mut resolve = |name: &str| (name == "x").then(|| "from x".to_owned());
+        let cases: &[(&str, Option<&str>)] = &[
+            ("My best estimate is 2.", Some("My best estimate is 2.")),
+            ("  padded  \n", Some("padded")),
+            ("", None),
+            (" \n ", None),
+            ("Reasoning...\nFINAL(7)", Some("7")),
+            ("FINAL_VAR(x)", Some("from x")),
+            ("FINAL_VAR(missing)\nFINAL(8)", Some("8")),
+            ("FINAL_VAR(missing)", Some("FINAL_VAR(missing)")),
+            ("FINAL()", Some("FINAL()")),
+        ];
+        for (text, want) in cases {
+            assert_eq!(
+                answer_from_text(text, &mut resolve).as_deref(),
+                *want,
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
     fn config_round_trips_through_json_with_seconds() {
         let config = RlmConfig {
             run_timeout: Some(Duration::from_millis(1_500)),

@@ -997,3 +997,51 @@ fn the_trajectory_is_flushed_after_every_iteration() {
     );
     assert_eq!(read_jsonl(&path).len(), 5);
 }
+
+/// Answers from a cache before anything runs.
+struct Cache;
+
+impl Hook for Cache {
+    fn before_run(&mut self, run: &kernel::rlm::RunInfo<'_>) -> HookAction<String> {
+        assert_eq!(run.contexts.len(), 1);
+        assert!(run.system_prompt.contains("llm_query_batched"));
+        HookAction::Replace(format!("cached answer to {}", run.query))
+    }
+}
+
+#[test]
+fn a_hook_can_answer_before_the_run() {
+    let harness = Harness::new(Setup::default());
+    let mut rlm = harness.rlm(config());
+    rlm.add_hook(Cache);
+    let result = rlm.run("q").expect("run");
+    assert_eq!(result.termination_reason, TerminationReason::FinalAnswer);
+    assert_eq!(result.answer.as_deref(), Some("cached answer to q"));
+    assert_eq!(result.answer_kind, Some(FinalKind::Hook));
+    assert!(result.iterations.is_empty());
+    assert!(harness.log().is_empty());
+}
+
+#[test]
+fn an_unknown_root_endpoint_is_an_error_before_the_run() {
+    let harness = Harness::new(Setup::default());
+    let mut config = config();
+    config.root_endpoint = "nope".into();
+    let error = harness.rlm(config).run("q").expect_err("no such endpoint");
+    let message = error.to_string();
+    assert!(message.contains("Unknown endpoint `nope`"), "{message}");
+    assert!(message.contains("`root`"), "{message}");
+}
+
+#[test]
+fn running_inside_a_tokio_runtime_is_refused() {
+    let harness = Harness::new(Setup::default());
+    let mut rlm = harness.rlm(config());
+    let error = rt()
+        .block_on(async { rlm.run("q") })
+        .expect_err("blocking inside the runtime is refused");
+    assert!(
+        matches!(error, kernel::rlm::RlmError::InsideRuntime),
+        "{error}"
+    );
+}
