@@ -128,7 +128,8 @@ pub enum FinalText {
     Unclosed,
 }
 
-/// Why a reply did not end the run although it tried to; each becomes a note to the model.
+/// Why a reply did not end the run although it tried to (and other notes on the reply); each
+/// becomes a note to the model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "note", rename_all = "snake_case")]
 pub enum FinalNote {
@@ -160,6 +161,8 @@ pub enum FinalNote {
         /// The convention used.
         kind: FinalKind,
     },
+    /// The reply stopped at the output token limit (added by the loop, not by the checker).
+    CutOff,
 }
 
 /// A final answer and how it was given.

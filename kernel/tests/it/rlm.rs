@@ -1045,3 +1045,22 @@ fn running_inside_a_tokio_runtime_is_refused() {
         "{error}"
     );
 }
+
+#[test]
+fn a_reply_cut_off_at_the_token_limit_is_pointed_out() {
+    let harness = Harness::new(Setup {
+        script: json!({"models": {"root": {"replies": [
+            {"text": "Let me count.\n```repl\nprint(len(cont", "finish_reason": "length"},
+            "FINAL(3)"
+        ]}}}),
+        ..Setup::default()
+    });
+    let (result, seen) = harness.run_capturing(config(), "q");
+    assert_eq!(result.answer.as_deref(), Some("3"));
+    assert!(
+        seen[1].contains("stopped at the output token limit"),
+        "{}",
+        seen[1]
+    );
+    assert_eq!(result.iterations[0].notes, [kernel::rlm::FinalNote::CutOff]);
+}
