@@ -1,4 +1,8 @@
 //! `rlm`: the command-line front end of rlm-kernel.
+//!
+//! Exit codes: 0 the model gave a final answer; 1 an error (bad input, unreachable endpoint,
+//! failed run); 2 a usage error; 3 a limit stopped the run (iterations, time, budget, repeated
+//! failures) — a partial or fallback answer may still have been printed.
 
 mod cli;
 
@@ -10,7 +14,7 @@ use cli::args::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli) {
+    match dispatch(cli) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err}");
@@ -22,13 +26,19 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Run(args) => {
+            let file = cli::run::load_config_file(cli.config.as_deref())?;
+            cli::run::execute(*args, file)
+        }
+        Command::Demo(args) => {
+            let file = cli::run::load_config_file(cli.config.as_deref())?;
+            cli::demo::execute(*args, file)
+        }
         Command::MockLm(args) => {
-            let runtime = tokio::runtime::Runtime::new()?;
-            runtime.block_on(cli::mock_lm::serve(args))?;
+            kernel::runtime::shared().block_on(cli::mock_lm::serve(args))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Run(_) | Command::Demo(_) => anyhow::bail!("not yet wired"),
     }
 }

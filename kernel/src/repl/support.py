@@ -315,9 +315,10 @@ def _record(session, source, value):
 class AnswerDict(dict):
     """The `answer` dict: `answer["content"]`, `answer["ready"]`.
 
-    The final answer is recorded the moment `ready` becomes truthy, as `str(content)` at that
-    moment, and recorded again whenever `content` changes while `ready` is truthy (so both
-    assignment orders work)."""
+    The final answer is recorded once, the moment `ready` becomes truthy, as `str(content)`
+    at that moment; later changes to `content` in the same block do not alter it. When
+    `content` is still empty at that moment (the model set `ready` first), the first
+    non-empty `content` assigned while `ready` is truthy is recorded instead."""
 
     __slots__ = ("_session", "_version")
 
@@ -327,8 +328,11 @@ class AnswerDict(dict):
         self._version = 0
 
     def _check(self):
-        if self.get("ready"):
-            _record(self._session, "answer", str(self.get("content", "")))
+        if self._session.final is not None or not self.get("ready"):
+            return
+        content = str(self.get("content", ""))
+        if content:
+            _record(self._session, "answer", content)
 
     def __setitem__(self, key, value):
         super().__setitem__(key, value)

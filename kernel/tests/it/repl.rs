@@ -241,7 +241,14 @@ fn answer_dict_records_the_final_answer_when_ready() {
     let fa = r.final_answer.expect("recorded");
     assert_eq!(fa.value, "[1, 2]");
     assert_eq!(fa.source, FinalSource::AnswerDict);
-    // Ready first, content after: the content written while ready counts.
+    // Later changes in the same block do not alter the recorded answer.
+    let s = session();
+    let r = ok(
+        &s,
+        "answer['content'] = 'at that moment'\nanswer['ready'] = True\nanswer['content'] = 'later'",
+    );
+    assert_eq!(r.final_answer.expect("recorded").value, "at that moment");
+    // Ready first, content after: the first content written while ready counts.
     let s = session();
     let r = ok(&s, "answer['ready'] = True\nanswer['content'] = 'late'");
     assert_eq!(r.final_answer.expect("recorded").value, "late");

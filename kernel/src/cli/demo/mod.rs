@@ -1,0 +1,168 @@
+//! `rlm demo`: a complete RLM analysis on a fresh machine, with no API key.
+//!
+//! It generates a few MB of service logs whose per-service error counts are known, starts the
+//! mock LM server in-process with a bundled strategy script (`strategy.json`: the root model
+//! looks at the context, fans chunks out with `llm_query_batched`, sets the `answer` dict; the
+//! sub-model counts `level=ERROR`), runs the real loop — REPL, batched sub-calls, final-answer
+//! detection — printing the trajectory as it goes, and checks the answer against the truth.
+//! With `--base-url` and `--model` the same task runs against a real endpoint instead.
+
+mod logs;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use bridge::mock::{MockConfig, MockServer, Script};
+use kernel::repl::{ContextSource, ReplSession};
+
+use super::args::{DemoArgs, ProviderArg, RunOptions};
+use super::run::{self, Display, RunOutcome};
+
+/// The scripted root and sub-model.
+const STRATEGY: &str = include_str!("strategy.json");
+
+const QUERY: &str = "The context is a service log, one event per line. For each service, count \
+the lines whose level is ERROR. Answer with a JSON object mapping every service name to its \
+count, keys sorted.";
+
+/// `rlm demo`.
+pub(crate) fn execute(args: DemoArgs, file: RunOptions) -> Result<ExitCode> {
+    let mut opts = run::merge(args.options, file);
+    let runtime = kernel::runtime::shared();
+    let server = if opts.base_url.is_none() {
+        let script =
+            Script::from_json_str(STRATEGY).context("The bundled demo script is invalid")?;
+        let server = runtime
+            .block_on(MockServer::start(MockConfig {
+                script,
+                ..MockConfig::default()
+            }))
+            .context("Could not start the mock LM server on 127.0.0.1")?;
+        opts.base_url = Some(server.openai_base_url());
+        opts.provider = Some(ProviderArg::Openai);
+        opts.model = Some("demo-root".to_owned());
+        opts.sub_model = Some("demo-sub".to_owned());
+        if !opts.quiet {
+            eprintln!(
+                "rlm demo: the models are SCRIPTED. A mock LM server on {} replays a fixed \
+                 strategy; no real language model is involved. Pass `--base-url URL --model NAME` \
+                 to run the same task against a real endpoint.",
+                server.openai_base_url()
+            );
+        }
+        Some(server)
+    } else {
+        if opts.model.is_none() {
+            anyhow::bail!("With `--base-url`, pass `--model NAME` too");
+        }
+        None
+    };
+
+    let size = (args.size_mb.max(0.01) * 1e6) as usize;
+    let logs = logs::generate(size, args.seed);
+    let (path, _guard) = match &args.keep_context {
+        Some(path) => (path.clone(), None),
+        None => {
+            let dir = tempfile::tempdir().context("Could not create a temporary directory")?;
+            (dir.path().join("service.log"), Some(dir))
+        }
+    };
+    std::fs::write(&path, &logs.text)
+        .with_context(|| format!("Could not write the demo context to `{}`", path.display()))?;
+    if !opts.quiet {
+        eprintln!(
+            "context: {} ({:.1} MB, {} lines across {} services)\nquery: {QUERY}",
+            path.display(),
+            logs.text.len() as f64 / 1e6,
+            logs.lines,
+            logs.errors_by_service.len()
+        );
+    }
+
+    let endpoints = run::build_endpoints(&opts)?;
+    let session = ReplSession::new(
+        run::session_config(&opts)?,
+        Arc::clone(&endpoints),
+        &[ContextSource::Path(PathBuf::from(&path))],
+    )
+    .context("Could not load the demo context")?;
+    let display = if opts.quiet {
+        Display::Quiet
+    } else {
+        Display::Trace
+    };
+    let result = run::run_loop(
+        QUERY,
+        run::rlm_config(&opts)?,
+        endpoints,
+        Arc::new(session),
+        opts.trajectory.as_deref(),
+        display,
+    )?;
+    if let Some(server) = server.as_ref() {
+        // Keep the server's request count for the summary before shutting it down.
+        eprintln!("mock LM server answered {} requests", server.log().len());
+    }
+    if let Some(server) = server {
+        runtime.block_on(server.shutdown());
+    }
+    let outcome = run::report(&result, &opts)?;
+
+    let verdict = check(result.answer.as_deref(), &logs.errors_by_service);
+    match &verdict {
+        Ok(()) => eprintln!(
+            "check: the answer matches the error counts computed from the generated logs ✓"
+        ),
+        Err(why) => eprintln!("check: the answer is WRONG: {why}"),
+    }
+    Ok(match (outcome, verdict) {
+        (RunOutcome::Answered, Ok(())) => ExitCode::SUCCESS,
+        (RunOutcome::Answered, Err(_)) => ExitCode::FAILURE,
+        (other, _) => other.exit_code(),
+    })
+}
+
+/// Compares the JSON object in `answer` with the true counts.
+fn check(answer: Option<&str>, truth: &BTreeMap<String, u64>) -> Result<(), String> {
+    let answer = answer.ok_or("the run gave no answer")?;
+    let json = match (answer.find('{'), answer.rfind('}')) {
+        (Some(start), Some(end)) if start < end => &answer[start..=end],
+        _ => return Err(format!("no JSON object in the answer `{answer}`")),
+    };
+    let got: BTreeMap<String, u64> = serde_json::from_str(json)
+        .map_err(|e| format!("the answer is not a JSON object of counts: {e}"))?;
+    if &got == truth {
+        return Ok(());
+    }
+    let diff: Vec<String> = truth
+        .iter()
+        .filter(|(k, v)| got.get(*k) != Some(v))
+        .map(|(k, v)| format!("{k}: expected {v}, got {:?}", got.get(k)))
+        .chain(
+            got.keys()
+                .filter(|k| !truth.contains_key(*k))
+                .map(|k| format!("unexpected service `{k}`")),
+        )
+        .collect();
+    Err(diff.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_check_accepts_only_the_true_counts() {
+        let truth: BTreeMap<String, u64> = [("a".into(), 2), ("b".into(), 0)].into();
+        assert!(check(Some(r#"{"a": 2, "b": 0}"#), &truth).is_ok());
+        assert!(check(Some("Counts: {\"b\": 0, \"a\": 2}."), &truth).is_ok());
+        let wrong = check(Some(r#"{"a": 3, "b": 0}"#), &truth).expect_err("wrong count");
+        assert!(wrong.contains("a: expected 2"), "{wrong}");
+        assert!(check(Some(r#"{"a": 2}"#), &truth).is_err());
+        assert!(check(Some("no json"), &truth).is_err());
+        assert!(check(None, &truth).is_err());
+    }
+}

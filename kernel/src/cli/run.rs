@@ -1,0 +1,434 @@
+//! `rlm run`: resolve the configuration, build the endpoints and the session, run the loop,
+//! print the answer.
+//!
+//! Precedence of every option: flag > environment variable > `rlm.toml` (`[run]` table) >
+//! built-in default. Output contract: progress and the trace go to stderr; the final answer is
+//! the last line(s) of stdout (or the whole result as JSON with `--json`); the exit code says
+//! how the run ended ([`RunOutcome`]).
+
+use std::io::{IsTerminal, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use bridge::{Budget, EndpointConfig, Endpoints, Ledger, Price, Provider};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kernel::repl::{ContextSource, ReplSession, SessionConfig};
+use kernel::rlm::{
+    CompletionRules, Progress, Protocol, Rlm, RlmConfig, RlmResult, TerminationReason,
+    TrajectoryWriter,
+};
+use serde::Deserialize;
+
+use super::args::{ProtocolArg, ProviderArg, RunArgs, RunOptions};
+use super::trace::TraceHook;
+
+/// Exit code of a run that stopped at a limit (iterations, time, budget) or without an answer.
+pub(crate) const EXIT_LIMIT: u8 = 3;
+
+/// Endpoint names in the registry.
+const ROOT: &str = "root";
+const SUB: &str = "sub";
+
+/// The `rlm.toml` file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    run: RunOptions,
+}
+
+/// Reads `rlm.toml`: the explicit `--config` path (must exist), else `./rlm.toml` if present.
+pub(crate) fn load_config_file(explicit: Option<&Path>) -> Result<RunOptions> {
+    let path = match explicit {
+        Some(p) => p.to_path_buf(),
+        None => {
+            let default = PathBuf::from("rlm.toml");
+            if !default.exists() {
+                return Ok(RunOptions::default());
+            }
+            default
+        }
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("Could not read the configuration file `{}`", path.display()))?;
+    let file: ConfigFile = toml::from_str(&text).with_context(|| {
+        format!(
+            "Configuration file `{}` is not valid; options go in a `[run]` table with the flag names, e.g. `max-iterations = 20`",
+            path.display()
+        )
+    })?;
+    Ok(file.run)
+}
+
+/// Flag/env values win over the file's.
+pub(crate) fn merge(cli: RunOptions, file: RunOptions) -> RunOptions {
+    RunOptions {
+        model: cli.model.or(file.model),
+        sub_model: cli.sub_model.or(file.sub_model),
+        base_url: cli.base_url.or(file.base_url),
+        sub_base_url: cli.sub_base_url.or(file.sub_base_url),
+        provider: cli.provider.or(file.provider),
+        api_key_env: cli.api_key_env.or(file.api_key_env),
+        max_iterations: cli.max_iterations.or(file.max_iterations),
+        timeout: cli.timeout.or(file.timeout),
+        cell_timeout: cli.cell_timeout.or(file.cell_timeout),
+        sub_timeout: cli.sub_timeout.or(file.sub_timeout),
+        max_sub_calls: cli.max_sub_calls.or(file.max_sub_calls),
+        max_tokens: cli.max_tokens.or(file.max_tokens),
+        max_usd: cli.max_usd.or(file.max_usd),
+        price: cli.price.or(file.price),
+        sub_price: cli.sub_price.or(file.sub_price),
+        batch_concurrency: cli.batch_concurrency.or(file.batch_concurrency),
+        protocol: cli.protocol.or(file.protocol),
+        prompt_extension: cli.prompt_extension.or(file.prompt_extension),
+        system_prompt: cli.system_prompt.or(file.system_prompt),
+        trajectory: cli.trajectory.or(file.trajectory),
+        answer_file: cli.answer_file.or(file.answer_file),
+        json: cli.json || file.json,
+        quiet: cli.quiet || file.quiet,
+    }
+}
+
+fn seconds(flag: &str, value: f64) -> Result<Duration> {
+    Duration::try_from_secs_f64(value)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .with_context(|| format!("`--{flag}` must be a positive number of seconds, got {value}"))
+}
+
+fn parse_price(flag: &str, text: &str) -> Result<Price> {
+    let parsed = text.split_once(':').and_then(|(i, o)| {
+        Some(Price {
+            input_per_mtok: i.trim().parse().ok()?,
+            output_per_mtok: o.trim().parse().ok()?,
+        })
+    });
+    parsed.with_context(|| {
+        format!(
+            "`--{flag}` takes USD per million tokens as `INPUT:OUTPUT`, e.g. `2.5:10`; got `{text}`"
+        )
+    })
+}
+
+/// Builds the `root` and `sub` endpoints sharing one ledger with the run's budget.
+pub(crate) fn build_endpoints(opts: &RunOptions) -> Result<Arc<Endpoints>> {
+    let provider = match opts.provider.unwrap_or(ProviderArg::Openai) {
+        ProviderArg::Openai => Provider::OpenAi,
+        ProviderArg::Anthropic => Provider::Anthropic,
+    };
+    let Some(model) = opts.model.clone() else {
+        bail!(
+            "No root model given; pass `--model NAME` (or set `RLM_MODEL`, or `model` in rlm.toml)"
+        );
+    };
+    let base_url = opts.base_url.clone().unwrap_or_else(|| match provider {
+        Provider::OpenAi => "https://api.openai.com/v1".to_owned(),
+        Provider::Anthropic => "https://api.anthropic.com".to_owned(),
+    });
+    let api_key_env = opts.api_key_env.clone().unwrap_or_else(|| {
+        match provider {
+            Provider::OpenAi => "OPENAI_API_KEY",
+            Provider::Anthropic => "ANTHROPIC_API_KEY",
+        }
+        .to_owned()
+    });
+    let price = opts
+        .price
+        .as_deref()
+        .map(|p| parse_price("price", p))
+        .transpose()?;
+    let sub_price = match &opts.sub_price {
+        Some(p) => Some(parse_price("sub-price", p)?),
+        None => price,
+    };
+    let sub_timeout = opts
+        .sub_timeout
+        .map(|s| seconds("sub-timeout", s))
+        .transpose()?;
+
+    let config = |name: &str, url: &str, model: &str| EndpointConfig {
+        name: name.to_owned(),
+        provider,
+        base_url: url.to_owned(),
+        model: model.to_owned(),
+        api_key_env: Some(api_key_env.clone()),
+        ..EndpointConfig::default()
+    };
+    let mut root = config(ROOT, &base_url, &model);
+    root.price = price;
+    // Root calls are iterations, bounded by `--max-iterations`; `--max-sub-calls` counts
+    // only what the code asks of sub-models. Tokens and USD count every call.
+    root.counts_toward_call_budget = false;
+    // A root reply can be long and slow; give it at least the default attempt timeout.
+    let mut sub = config(
+        SUB,
+        opts.sub_base_url.as_deref().unwrap_or(&base_url),
+        opts.sub_model.as_deref().unwrap_or(&model),
+    );
+    sub.price = sub_price;
+    if let Some(t) = sub_timeout {
+        sub.timeout = t;
+    }
+    if let Some(width) = opts.batch_concurrency {
+        if width == 0 {
+            bail!("`--batch-concurrency` must be at least 1");
+        }
+        sub.max_in_flight = sub.max_in_flight.max(width);
+    }
+    let budget = Budget {
+        max_calls: opts.max_sub_calls,
+        max_tokens: opts.max_tokens,
+        max_usd: opts.max_usd,
+    };
+    if budget.max_usd.is_some() && root.price.is_none() && sub.price.is_none() {
+        bail!(
+            "`--max-usd` needs prices to count cost; pass `--price INPUT:OUTPUT` (USD per million tokens)"
+        );
+    }
+    let endpoints = Endpoints::new(vec![root, sub], Arc::new(Ledger::new(budget)))
+        .context("Could not set up the model endpoints")?;
+    Ok(Arc::new(endpoints))
+}
+
+pub(crate) fn session_config(opts: &RunOptions) -> Result<SessionConfig> {
+    let mut config = SessionConfig::default();
+    if let Some(s) = opts.cell_timeout {
+        config.cell_timeout = seconds("cell-timeout", s)?;
+    }
+    if let Some(width) = opts.batch_concurrency {
+        config.batch_concurrency = Some(width);
+    }
+    config.sub_endpoint = SUB.to_owned();
+    Ok(config)
+}
+
+fn read_prompt_file(flag: &str, path: &Path) -> Result<String> {
+    std::fs::read_to_string(path)
+        .with_context(|| format!("Could not read `--{flag}` file `{}`", path.display()))
+}
+
+pub(crate) fn rlm_config(opts: &RunOptions) -> Result<RlmConfig> {
+    let mut config = RlmConfig {
+        root_endpoint: ROOT.to_owned(),
+        ..RlmConfig::default()
+    };
+    if let Some(n) = opts.max_iterations {
+        if n == 0 {
+            bail!("`--max-iterations` must be at least 1");
+        }
+        config.max_iterations = n;
+    }
+    config.run_timeout = opts.timeout.map(|s| seconds("timeout", s)).transpose()?;
+    config.completion = CompletionRules {
+        protocol: match opts.protocol.unwrap_or(ProtocolArg::Auto) {
+            ProtocolArg::Auto => Protocol::Auto,
+            ProtocolArg::Final => Protocol::Final,
+            ProtocolArg::Answer => Protocol::Answer,
+        },
+        ..config.completion
+    };
+    if let Some(path) = &opts.prompt_extension {
+        config.prompts.extension = Some(read_prompt_file("prompt-extension", path)?);
+    }
+    if let Some(path) = &opts.system_prompt {
+        config.prompts.system_override = Some(read_prompt_file("system-prompt", path)?);
+    }
+    Ok(config)
+}
+
+/// How a run ended, as the process sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunOutcome {
+    /// The model gave a final answer: exit 0.
+    Answered,
+    /// A limit stopped the run (a partial or fallback answer may be printed): exit 3.
+    Limited,
+    /// The run could not go on (model unreachable, kernel broke): exit 1.
+    Failed,
+}
+
+impl RunOutcome {
+    pub(crate) fn of(reason: TerminationReason) -> Self {
+        if reason.is_success() {
+            Self::Answered
+        } else if reason.is_limit() {
+            Self::Limited
+        } else {
+            Self::Failed
+        }
+    }
+
+    pub(crate) fn exit_code(self) -> ExitCode {
+        match self {
+            Self::Answered => ExitCode::SUCCESS,
+            Self::Limited => ExitCode::from(EXIT_LIMIT),
+            Self::Failed => ExitCode::FAILURE,
+        }
+    }
+}
+
+/// What to show while a run goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Display {
+    /// Nothing on stderr.
+    Quiet,
+    /// A live progress line (only when stderr is a terminal).
+    Progress,
+    /// The progress line plus each reply, block and output, as the run goes.
+    Trace,
+}
+
+/// Runs the loop over `session` and reports on stderr as `display` says.
+pub(crate) fn run_loop(
+    query: &str,
+    config: RlmConfig,
+    endpoints: Arc<Endpoints>,
+    session: Arc<ReplSession>,
+    trajectory: Option<&Path>,
+    display: Display,
+) -> Result<RlmResult> {
+    let max_iterations = config.max_iterations;
+    let mut rlm = Rlm::new(config, endpoints, session);
+    if let Some(path) = trajectory {
+        let writer = TrajectoryWriter::create(path).with_context(|| {
+            format!("Could not create the trajectory file `{}`", path.display())
+        })?;
+        rlm.add_hook(writer);
+    }
+    if display == Display::Trace {
+        rlm.add_hook(TraceHook::new());
+    }
+    let progress = Progress::new();
+    rlm.add_hook(progress.hook());
+    let bar = (display != Display::Quiet && std::io::stderr().is_terminal())
+        .then(|| spawn_progress_bar(progress, max_iterations));
+    let result = rlm.run(query);
+    if let Some((bar, stop)) = bar {
+        stop.cancel();
+        bar.finish_and_clear();
+    }
+    Ok(result?)
+}
+
+/// A progress line redrawn from the [`Progress`] handle until `stop` is cancelled.
+fn spawn_progress_bar(
+    progress: Progress,
+    max_iterations: u32,
+) -> (ProgressBar, tokio_util::sync::CancellationToken) {
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (bar2, stop2) = (bar.clone(), stop.clone());
+    std::thread::spawn(move || {
+        while !stop2.is_cancelled() {
+            let s = progress.snapshot();
+            bar2.set_message(format!(
+                "iteration {}/{} · sub-calls {} done, {} in flight · {} tokens · ${:.4} · {:.1}s",
+                s.iteration,
+                max_iterations,
+                s.sub_calls_done,
+                s.calls_in_flight,
+                s.tokens,
+                s.cost_usd,
+                s.elapsed.as_secs_f64()
+            ));
+            bar2.tick();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    (bar, stop)
+}
+
+/// Prints the result: JSON, or the answer as the last stdout line(s); writes `--answer-file`.
+pub(crate) fn report(result: &RlmResult, opts: &RunOptions) -> Result<RunOutcome> {
+    let outcome = RunOutcome::of(result.termination_reason);
+    if let Some(path) = &opts.answer_file {
+        std::fs::write(path, result.answer.as_deref().unwrap_or_default())
+            .with_context(|| format!("Could not write the answer file `{}`", path.display()))?;
+    }
+    let mut stdout = std::io::stdout().lock();
+    if opts.json {
+        serde_json::to_writer_pretty(&mut stdout, result)?;
+        writeln!(stdout)?;
+    } else if let Some(answer) = &result.answer {
+        writeln!(stdout, "{answer}")?;
+    }
+    stdout.flush()?;
+    if !opts.quiet {
+        let m = &result.metrics;
+        eprintln!(
+            "{} after {} iteration(s), {} sub-call(s), {:.2}s",
+            describe(result.termination_reason),
+            m.iterations,
+            m.sub_calls,
+            m.total_ms / 1e3,
+        );
+        if let Some(error) = &result.error {
+            eprintln!("  {error}");
+        }
+    }
+    if result.answer.is_none() && outcome == RunOutcome::Answered {
+        bail!("The run ended without an answer");
+    }
+    Ok(outcome)
+}
+
+fn describe(reason: TerminationReason) -> &'static str {
+    match reason {
+        TerminationReason::FinalAnswer => "final answer",
+        TerminationReason::MaxIterations => "stopped at the iteration limit (answer requested)",
+        TerminationReason::Timeout => "stopped at the run timeout",
+        TerminationReason::CallBudget => "stopped: sub-call budget spent",
+        TerminationReason::TokenBudget => "stopped: token budget spent",
+        TerminationReason::CostBudget => "stopped: USD budget spent",
+        TerminationReason::ConsecutiveFailures => "stopped after consecutive failing iterations",
+        TerminationReason::RootModelError => "failed: the root model could not be reached",
+        TerminationReason::KernelError => "failed: the Python session broke",
+        TerminationReason::StoppedByHook => "stopped by a hook",
+    }
+}
+
+/// `rlm run`.
+pub(crate) fn execute(args: RunArgs, file: RunOptions) -> Result<ExitCode> {
+    let opts = merge(args.options, file);
+    let Some(query) = args.query else {
+        bail!("No query given; pass `--query \"...\"`");
+    };
+    if args.contexts.is_empty() {
+        bail!("No context given; pass `--context PATH` (a file, a directory, or `-` for stdin)");
+    }
+    let endpoints = build_endpoints(&opts)?;
+    let sources: Vec<ContextSource> = args
+        .contexts
+        .iter()
+        .map(|p| {
+            if p.as_os_str() == "-" {
+                ContextSource::Stdin
+            } else {
+                ContextSource::Path(p.clone())
+            }
+        })
+        .collect();
+    let session = ReplSession::new(session_config(&opts)?, Arc::clone(&endpoints), &sources)
+        .context("Could not load the context")?;
+    let display = if opts.quiet {
+        Display::Quiet
+    } else {
+        Display::Progress
+    };
+    let result = run_loop(
+        &query,
+        rlm_config(&opts)?,
+        endpoints,
+        Arc::new(session),
+        opts.trajectory.as_deref(),
+        display,
+    )?;
+    Ok(report(&result, &opts)?.exit_code())
+}

@@ -1,0 +1,157 @@
+//! Clear errors, not panics: bad input, unreachable or refusing endpoints, bad configuration.
+
+use crate::support::{Mock, Run, file, rlm, script};
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+#[track_caller]
+fn assert_clean_error(run: &Run, code: i32, needles: &[&str]) {
+    run.assert_code(code);
+    for needle in needles {
+        assert!(
+            run.stderr.contains(needle),
+            "stderr lacks `{needle}`:\n{}",
+            run.stderr
+        );
+    }
+    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+}
+
+#[test]
+fn missing_context_file_names_the_file() {
+    let mock = Mock::start(script(&["FINAL(x)"]));
+    let run = mock.run(&["--context", "/nonexistent/logs.txt", "--query", "q"]);
+    assert_clean_error(&run, 1, &["/nonexistent/logs.txt"]);
+    assert_eq!(
+        mock.log().len(),
+        0,
+        "nothing was sent before the context loaded"
+    );
+}
+
+#[test]
+fn refused_connection_names_the_url() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "c.txt", "text");
+    let url = format!("http://127.0.0.1:{port}/v1");
+    let run = rlm(
+        &args(&[
+            "run",
+            "--base-url",
+            &url,
+            "--model",
+            "m",
+            "--context",
+            context.to_str().expect("utf-8"),
+            "--query",
+            "q",
+        ]),
+        None,
+    );
+    assert_clean_error(&run, 1, &[&format!("127.0.0.1:{port}")]);
+}
+
+#[test]
+fn bad_api_key_says_which_variable() {
+    let mock = Mock::start_with(bridge::mock::MockConfig {
+        api_key: Some("right".into()),
+        ..bridge::mock::MockConfig::default()
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "c.txt", "text");
+    let run = mock.run_env(
+        &[
+            "--context",
+            context.to_str().expect("utf-8"),
+            "--query",
+            "q",
+        ],
+        &[("OPENAI_API_KEY", "wrong")],
+    );
+    assert_clean_error(&run, 1, &["OPENAI_API_KEY"]);
+    let run = mock.run(&[
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "q",
+    ]);
+    assert_clean_error(&run, 1, &["OPENAI_API_KEY"]);
+}
+
+#[test]
+fn unknown_provider_and_missing_options_are_usage_errors() {
+    let run = rlm(&args(&["run", "--provider", "palm", "--query", "q"]), None);
+    assert_clean_error(&run, 2, &["palm", "openai", "anthropic"]);
+    let run = rlm(&args(&["run", "--context", "x", "--query", "q"]), None);
+    assert_clean_error(&run, 1, &["--model"]);
+}
+
+#[test]
+fn bad_config_file_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = file(dir.path(), "rlm.toml", "[run]\nmax-iteratons = 3\n");
+    let run = rlm(
+        &args(&[
+            "--config",
+            config.to_str().expect("utf-8"),
+            "run",
+            "--query",
+            "q",
+            "--context",
+            "x",
+        ]),
+        None,
+    );
+    assert_clean_error(&run, 1, &["rlm.toml", "max-iteratons"]);
+}
+
+#[test]
+fn config_file_supplies_defaults_and_flags_win() {
+    let mock = Mock::start(script(&[
+        "```repl\nprint(1)\n```",
+        "```repl\nprint(2)\n```",
+        "answered now",
+    ]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = file(
+        dir.path(),
+        "rlm.toml",
+        &format!(
+            "[run]\nbase-url = \"{}\"\nmodel = \"root-model\"\nmax-iterations = 1\n",
+            mock.url()
+        ),
+    );
+    let context = file(dir.path(), "c.txt", "text");
+    let base = [
+        "--config",
+        config.to_str().expect("utf-8"),
+        "run",
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "q",
+        "--json",
+    ];
+    let run = rlm(&args(&base), None);
+    run.assert_code(3);
+    assert_eq!(
+        run.json()["metrics"]["iterations"],
+        1,
+        "max-iterations from the file"
+    );
+    let mut with_flag = args(&base);
+    with_flag.extend(args(&["--max-iterations", "2"]));
+    let run = rlm(&with_flag, None);
+    run.assert_code(3);
+    assert_eq!(
+        run.json()["metrics"]["iterations"],
+        2,
+        "the flag wins over the file"
+    );
+}

@@ -1,0 +1,113 @@
+//! The three final-answer conventions through the real binary, with their edge cases.
+
+use crate::support::{Mock, file, repl, script};
+
+fn run_script(replies: &[&str], extra: &[&str]) -> (Mock, crate::support::Run) {
+    let mock = Mock::start(script(replies));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "ctx.txt", "alpha beta gamma");
+    let mut args = vec![
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "q",
+    ];
+    args.extend_from_slice(extra);
+    let run = mock.run(&args);
+    (mock, run)
+}
+
+#[test]
+fn final_not_at_line_start_then_missing_variable_then_nested_parentheses() {
+    let (mock, run) = run_script(
+        &[
+            "The answer is FINAL(42) if I had checked.",
+            "FINAL_VAR(nope)",
+            "Done.\nFINAL(func(a, b))",
+        ],
+        &[],
+    );
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "func(a, b)");
+    assert_eq!(
+        mock.root_requests(),
+        3,
+        "neither of the first two replies ended the run"
+    );
+    let second_feedback = &mock.log().entries()[2].last_user;
+    assert!(
+        second_feedback.contains("nope"),
+        "the model is told the variable is missing: {second_feedback}"
+    );
+}
+
+#[test]
+fn final_keeps_quotes_and_spans_lines() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let answer_file = dir.path().join("answer.txt");
+    let (_mock, run) = run_script(
+        &["FINAL(\"first line\"\nsecond (line))"],
+        &["--answer-file", answer_file.to_str().expect("utf-8")],
+    );
+    run.assert_code(0);
+    assert_eq!(
+        std::fs::read_to_string(&answer_file).expect("answer file"),
+        "\"first line\"\nsecond (line)"
+    );
+    assert!(
+        run.stdout.ends_with("\"first line\"\nsecond (line)\n"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn answer_dict_gives_the_content_when_ready() {
+    let code = repl(
+        "answer['content'] = 'draft'\nanswer['content'] = {'n': 3}\nanswer['ready'] = True\nanswer['content'] = 'changed later'",
+    );
+    let (_mock, run) = run_script(&[&code], &[]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "{'n': 3}");
+}
+
+#[test]
+fn final_var_in_code_and_in_text() {
+    let code = repl("words = context.split()\nFINAL_VAR(str(len(words)) + ' words')");
+    let (_mock, run) = run_script(&[&code], &[]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "3 words");
+
+    let (_mock, run) = run_script(
+        &[&repl("result = context.upper()"), "FINAL_VAR( \"result\" )"],
+        &[],
+    );
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "ALPHA BETA GAMMA");
+}
+
+#[test]
+fn protocol_answer_ignores_final_lines() {
+    let code = repl("answer['content'] = 'from the dict'\nanswer['ready'] = True");
+    let (mock, run) = run_script(&["FINAL(from the text)", &code], &["--protocol", "answer"]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "from the dict");
+    assert_eq!(mock.root_requests(), 2);
+
+    let (_mock, run) = run_script(&[&code, "FINAL(text)"], &["--protocol", "final"]);
+    run.assert_code(0);
+    assert_eq!(
+        run.last_line(),
+        "text",
+        "the dict does not count under `final`"
+    );
+}
+
+#[test]
+fn fence_tags_other_than_repl_do_not_run() {
+    let reply = "```python\nprint('should not run')\nanswer['content'] = 'python'\nanswer['ready'] = True\n```";
+    let (mock, run) = run_script(&[reply, "FINAL(only repl blocks run)"], &[]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "only repl blocks run");
+    assert_eq!(mock.root_requests(), 2);
+}

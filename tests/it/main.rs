@@ -1,0 +1,14 @@
+//! End-to-end tests of the real `rlm` binary against the mock LM server on 127.0.0.1.
+//!
+//! Each test starts a mock server in-process with a script for the root model (`root-model`,
+//! replies by turn) and the sub-model (`sub-model`), runs `rlm` as a child process, and asserts
+//! on its exit code, stdout, stderr, trajectory file and the server's request log.
+
+mod support;
+
+mod cli_errors;
+mod contexts;
+mod demo;
+mod final_answers;
+mod limits;
+mod run;

@@ -1,0 +1,88 @@
+//! A whole run: several iterations, batched fan-out, the answer on stdout, JSON and trajectory.
+
+use crate::support::{Mock, file, repl};
+
+fn fan_out_script() -> serde_json::Value {
+    serde_json::json!({
+        "models": {
+            "root-model": {"replies": [
+                format!("Let me split the context.\n{}", repl(
+                    "chunks = [context[i:i + 100] for i in range(0, len(context), 100)]\nprint(len(chunks), 'chunks')"
+                )),
+                repl("replies = llm_query_batched(['How many? ' + c for c in chunks])\ntotal = sum(int(r) for r in replies)\nprint('total', total)"),
+                "The total is computed.\nFINAL_VAR(total)",
+            ]},
+            "sub-model": {"replies": [{"behaviour": "count_word", "word": "x"}]}
+        }
+    })
+}
+
+#[test]
+fn multi_iteration_run_with_batched_fan_out() {
+    let mock = Mock::start(fan_out_script());
+    let dir = tempfile::tempdir().expect("tempdir");
+    // 1 000 characters, an `x` every 7th: 143 of them, spread over 10 chunks.
+    let text: String = (0..1000)
+        .map(|i| if i % 7 == 0 { 'x' } else { '.' })
+        .collect();
+    let context = file(dir.path(), "ctx.txt", &text);
+    let trajectory = dir.path().join("t.jsonl");
+    let run = mock.run(&[
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "How many x?",
+        "--trajectory",
+        trajectory.to_str().expect("utf-8"),
+    ]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "143");
+
+    let log = mock.log().entries();
+    let sub: Vec<_> = log.iter().filter(|r| r.model == "sub-model").collect();
+    assert_eq!(sub.len(), 10, "one sub-call per chunk");
+    assert!(sub.iter().all(|r| r.last_user.starts_with("How many? ")));
+    assert_eq!(mock.root_requests(), 3);
+
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&trajectory)
+        .expect("trajectory written")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each trajectory line is JSON"))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        1 + 3 + 1,
+        "header, 3 iterations, closing line: {lines:#?}"
+    );
+    let text = serde_json::to_string(&lines).expect("json");
+    assert!(
+        !text.contains("x......x"),
+        "the context itself is never written"
+    );
+}
+
+#[test]
+fn json_output_carries_metrics() {
+    let mock = Mock::start(fan_out_script());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text: String = (0..300)
+        .map(|i| if i % 3 == 0 { 'x' } else { '-' })
+        .collect();
+    let context = file(dir.path(), "ctx.txt", &text);
+    let run = mock.run(&[
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "How many x?",
+        "--json",
+    ]);
+    run.assert_code(0);
+    let result = run.json();
+    assert_eq!(result["answer"], "100");
+    assert_eq!(result["termination_reason"], "final_answer");
+    let metrics = &result["metrics"];
+    assert_eq!(metrics["iterations"], 3);
+    assert_eq!(metrics["sub_calls"], 3);
+    assert_eq!(metrics["llm_query_batched_calls"], 1);
+    assert_eq!(result["iterations"].as_array().map(Vec::len), Some(3));
+}

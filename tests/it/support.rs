@@ -1,0 +1,187 @@
+//! Running `rlm` against an in-process mock LM server.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use bridge::mock::{MockConfig, MockServer, RequestLog, Script};
+
+/// One tokio runtime for every mock server of this test binary.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime")
+    })
+}
+
+/// A mock server for one test; stops when dropped.
+pub(crate) struct Mock {
+    server: MockServer,
+}
+
+impl Mock {
+    /// Serves `script` (JSON).
+    pub(crate) fn start(script: serde_json::Value) -> Self {
+        Self::start_with(MockConfig {
+            script: Script::from_json_value(script).expect("valid script"),
+            ..MockConfig::default()
+        })
+    }
+
+    pub(crate) fn start_with(config: MockConfig) -> Self {
+        let server = runtime()
+            .block_on(MockServer::start(config))
+            .expect("mock server starts");
+        Self { server }
+    }
+
+    pub(crate) fn url(&self) -> String {
+        self.server.openai_base_url()
+    }
+
+    pub(crate) fn log(&self) -> RequestLog {
+        self.server.log()
+    }
+
+    /// How many requests the root model received.
+    pub(crate) fn root_requests(&self) -> usize {
+        self.log()
+            .entries()
+            .iter()
+            .filter(|r| r.model == "root-model")
+            .count()
+    }
+
+    /// `rlm run` against this server with `root-model` / `sub-model`, plus `args`.
+    pub(crate) fn run(&self, args: &[&str]) -> Run {
+        self.run_env(args, &[])
+    }
+
+    /// Like [`Mock::run`], with extra environment variables.
+    pub(crate) fn run_env(&self, args: &[&str], envs: &[(&str, &str)]) -> Run {
+        let mut full = vec![
+            "run",
+            "--base-url",
+            &self.url(),
+            "--model",
+            "root-model",
+            "--sub-model",
+            "sub-model",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+        full.extend(args.iter().map(|s| s.to_string()));
+        rlm_with(&full, None, envs)
+    }
+}
+
+/// The outcome of one `rlm` process.
+#[derive(Debug)]
+pub(crate) struct Run {
+    pub(crate) code: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+}
+
+impl Run {
+    /// The last non-empty stdout line.
+    pub(crate) fn last_line(&self) -> &str {
+        self.stdout
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}):\n{}\n{}",
+                self.stdout, self.stderr
+            )
+        })
+    }
+
+    #[track_caller]
+    pub(crate) fn assert_code(&self, code: i32) -> &Self {
+        assert_eq!(
+            self.code,
+            Some(code),
+            "exit code\n--- stdout\n{}\n--- stderr\n{}",
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+}
+
+/// Runs `rlm` with `args` (and `stdin` piped in, if given), with a clean environment for the
+/// variables `rlm` reads.
+pub(crate) fn rlm(args: &[String], stdin: Option<&[u8]>) -> Run {
+    rlm_with(args, stdin, &[])
+}
+
+/// Like [`rlm`], with extra environment variables.
+pub(crate) fn rlm_with(args: &[String], stdin: Option<&[u8]>, envs: &[(&str, &str)]) -> Run {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rlm"));
+    cmd.args(args)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+    for (key, _) in std::env::vars() {
+        if key.starts_with("RLM_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.envs(envs.iter().copied());
+    let mut child = cmd.spawn().expect("rlm starts");
+    if let Some(input) = stdin {
+        use std::io::Write;
+        let mut pipe = child.stdin.take().expect("stdin pipe");
+        pipe.write_all(input).expect("write stdin");
+    }
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = child.wait_with_output().expect("rlm finishes");
+    Run {
+        code: status.code(),
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+    }
+}
+
+/// A temporary directory holding `name` with `contents`.
+pub(crate) fn file(dir: &Path, name: &str, contents: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).expect("write test file");
+    path
+}
+
+/// A root model whose replies are `replies` by turn, and a sub-model that echoes.
+pub(crate) fn script(replies: &[&str]) -> serde_json::Value {
+    serde_json::json!({
+        "models": {
+            "root-model": {"replies": replies},
+            "sub-model": {"replies": [{"behaviour": "echo"}]}
+        }
+    })
+}
+
+/// A ```repl block.
+pub(crate) fn repl(code: &str) -> String {
+    format!("```repl\n{code}\n```")
+}
