@@ -274,10 +274,10 @@ fn balance(text: &str, respect_quotes: bool) -> Option<usize> {
 /// After all blocks of a reply ran, the reply is checked in this order:
 ///
 /// 1. **In code**, block by block: the first block that recorded a final answer wins. The REPL
-///    records one when `answer["ready"]` becomes truthy, as `str(answer["content"])`, and again
-///    if the content changes while `ready` stays truthy, so both orders of assignment work
-///    ([`FinalKind::AnswerDict`]); or when the code calls `FINAL_VAR(x)`
-///    ([`FinalKind::FinalVar`]). Later blocks of the reply still run.
+///    records one the moment `answer["ready"]` becomes truthy, as `str(answer["content"])` at
+///    that moment (if the content is still empty then, the first non-empty content assigned
+///    while `ready` is truthy) ([`FinalKind::AnswerDict`]); or when the code calls
+///    `FINAL_VAR(x)` ([`FinalKind::FinalVar`]). Later blocks of the reply still run.
 /// 2. **In the reply text** outside ```` ```repl ```` blocks (text inside them is code):
 ///    - the first line that begins, after whitespace, with `FINAL_VAR(name)`: the name is
 ///      trimmed of spaces and quotes and resolved in the session namespace (`str(value)`). A

@@ -304,6 +304,16 @@ fn each_final_answer_convention() {
     };
     let cases = [
         Case {
+            name: "answer dict, content as it was when ready became true",
+            config: config(),
+            replies: &[
+                "```repl\nanswer['content'] = 'forty-two'\nanswer['ready'] = True\nanswer['content'] = 'changed later'\n```",
+            ],
+            answer: "forty-two",
+            kind: FinalKind::AnswerDict,
+            iterations: 1,
+        },
+        Case {
             name: "answer dict, ready set before the content",
             config: config(),
             replies: &["```repl\nanswer['ready'] = True\nanswer['content'] = 'forty-two'\n```"],
