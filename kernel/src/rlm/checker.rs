@@ -9,8 +9,8 @@ use super::executor::BlockRun;
 use super::final_answer::{Completion, CompletionRules, FinalKind, check_completion};
 use crate::repl::FinalSource;
 
-/// Decides whether a reply ended the run; see the rules in
-/// [`final_answer`](super::final_answer) docs.
+/// Decides whether a reply ended the run; the rules are those of
+/// [`check_completion`](super::check_completion).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CompletionChecker {
     rules: CompletionRules,

@@ -5,6 +5,8 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use bridge::CancellationToken;
+
 use super::blocks::CodeBlock;
 use super::hooks::{Hook, HookAction};
 use crate::repl::{ExecutionResult, ReplError, ReplSession};
@@ -62,9 +64,35 @@ impl CodeExecutor {
         self.session.exec(&block.code)
     }
 
+    /// Runs one block; if it is still running at `deadline`, cancels the session, which
+    /// interrupts the block and its in-flight sub-calls. The session's cancellation cannot be
+    /// undone: its later sub-calls fail, so a session that hit a run deadline is best retired.
+    pub fn execute_until(
+        &self,
+        block: &CodeBlock,
+        deadline: Option<Instant>,
+    ) -> Result<ExecutionResult, ReplError> {
+        let Some(deadline) = deadline else {
+            return self.execute(block);
+        };
+        let finished = CancellationToken::new();
+        let watch = finished.clone();
+        let session = self.session.cancel_token();
+        crate::runtime::shared().spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => session.cancel(),
+                () = watch.cancelled() => {}
+            }
+        });
+        let result = self.execute(block);
+        finished.cancel();
+        result
+    }
+
     /// Runs `blocks` in order, with [`Hook::before_block`], [`Hook::after_block`] and
     /// [`Hook::on_sub_call`] around each. Stops early when a hook says so, when a sub-call was
-    /// refused by a budget, when `deadline` has passed, or when the session breaks.
+    /// refused by a budget, when `deadline` has passed (a block still running then is interrupted, see
+    /// [`execute_until`](Self::execute_until)), or when the session breaks.
     pub fn execute_all(
         &self,
         iteration: u32,
@@ -81,7 +109,7 @@ impl CodeExecutor {
                 };
             }
             let result = match hooks.before_block(iteration, &mut block) {
-                HookAction::Continue => match self.execute(&block) {
+                HookAction::Continue => match self.execute_until(&block, deadline) {
                     Ok(result) => result,
                     Err(error) => {
                         return ExecutedReply {

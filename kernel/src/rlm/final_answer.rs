@@ -1,37 +1,5 @@
 //! Final-answer detection: the three conventions models use to say "done", and which of them
-//! count in a run.
-//!
-//! After all blocks of a reply ran, the reply is checked in this order:
-//!
-//! 1. **In code**, block by block: the first block that recorded a final answer wins. The REPL
-//!    records one when `answer["ready"]` becomes truthy (the value is `str(answer["content"])` at
-//!    that moment: [`FinalKind::AnswerDict`]) or when the code calls `FINAL_VAR(x)`
-//!    ([`FinalKind::FinalVar`]).
-//! 2. **In the reply text** outside ```` ```repl ```` blocks (text inside them is code):
-//!    - the first line that begins, after whitespace, with `FINAL_VAR(name)`: the name is
-//!      trimmed of spaces and quotes and resolved in the session namespace (`str(value)`). A
-//!      missing name, an unknown variable or an empty value is not final; the model is told why
-//!      in the next message, and a `FINAL(...)` line of the same reply is still considered;
-//!    - then the first line that begins with `FINAL(`: its argument is the answer verbatim
-//!      (quotes kept, may span lines, nested parentheses kept, `FINAL(func(a, b))` gives
-//!      `func(a, b)`) apart from surrounding whitespace. The argument ends at the parenthesis
-//!      that balances the opening one (parentheses inside double-quoted strings do not count);
-//!      anything after it on that line is ignored. An argument that never closes or is empty is
-//!      not final and the model is told so.
-//!
-//!    `FINAL` anywhere but at the start of a line (`The answer is FINAL(42)`) is prose.
-//!
-//! [`Protocol`] selects the conventions that count; using an inactive one earns a note.
-//!
-//! **Code and a final line in one reply.** A model that writes code *and* a `FINAL(...)` or
-//! `FINAL_VAR(...)` line in the same reply wrote the answer before seeing what the code printed:
-//! the answer is a prediction. [`CodeAndFinal::SeeOutputFirst`] (the default) runs the code,
-//! shows the output, and asks the model to repeat the final line if it still holds; this costs
-//! one more root call when the prediction was right and prevents a confidently wrong answer when
-//! a block raised, timed out or printed something unexpected, which is what a user who relies on
-//! the answer wants. [`CodeAndFinal::Accept`] takes the line at once (the value of `FINAL_VAR` is
-//! read after the blocks ran). In-code conventions are never deferred: the code itself decided,
-//! at run time, that the answer was ready.
+//! count in a run. The rules are documented on [`check_completion`].
 
 use std::fmt;
 use std::str::FromStr;
@@ -160,7 +128,8 @@ pub enum FinalText {
     Unclosed,
 }
 
-/// Why a reply did not end the run although it tried to; each becomes a note to the model.
+/// Why a reply did not end the run although it tried to (and other notes on the reply); each
+/// becomes a note to the model.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "note", rename_all = "snake_case")]
 pub enum FinalNote {
@@ -192,6 +161,8 @@ pub enum FinalNote {
         /// The convention used.
         kind: FinalKind,
     },
+    /// The reply stopped at the output token limit (added by the loop, not by the checker).
+    CutOff,
 }
 
 /// A final answer and how it was given.
@@ -298,7 +269,40 @@ fn balance(text: &str, respect_quotes: bool) -> Option<usize> {
 /// `code_finals` are the final answers the reply's blocks recorded, in block order
 /// (`(kind, value)` with kind [`FinalKind::AnswerDict`] or [`FinalKind::FinalVar`]);
 /// `had_blocks` says whether the reply contained any `repl` block; `resolve` reads a session
-/// variable as `str(value)` (`None` when unset). See the module docs for the rules.
+/// variable as `str(value)` (`None` when unset).
+///
+/// After all blocks of a reply ran, the reply is checked in this order:
+///
+/// 1. **In code**, block by block: the first block that recorded a final answer wins. The REPL
+///    records one the moment `answer["ready"]` becomes truthy, as `str(answer["content"])` at
+///    that moment (if the content is still empty then, the first non-empty content assigned
+///    while `ready` is truthy) ([`FinalKind::AnswerDict`]); or when the code calls
+///    `FINAL_VAR(x)` ([`FinalKind::FinalVar`]). Later blocks of the reply still run.
+/// 2. **In the reply text** outside ```` ```repl ```` blocks (text inside them is code):
+///    - the first line that begins, after whitespace, with `FINAL_VAR(name)`: the name is
+///      trimmed of spaces and quotes and resolved in the session namespace (`str(value)`). A
+///      missing name, an unknown variable or an empty value is not final; the model is told why
+///      in the next message, and a `FINAL(...)` line of the same reply is still considered;
+///    - then the first line that begins with `FINAL(`: its argument is the answer verbatim
+///      (quotes kept, may span lines, nested parentheses kept, `FINAL(func(a, b))` gives
+///      `func(a, b)`) apart from surrounding whitespace. The argument ends at the parenthesis
+///      that balances the opening one (parentheses inside double-quoted strings do not count);
+///      anything after it on that line is ignored. An argument that never closes or is empty is
+///      not final and the model is told so.
+///
+///    `FINAL` anywhere but at the start of a line (`The answer is FINAL(42)`) is prose.
+///
+/// [`Protocol`] selects the conventions that count; using an inactive one earns a note.
+///
+/// **Code and a final line in one reply.** A model that writes code *and* a `FINAL(...)` or
+/// `FINAL_VAR(...)` line in the same reply wrote the answer before seeing what the code printed:
+/// the answer is a prediction. [`CodeAndFinal::SeeOutputFirst`] (the default) runs the code,
+/// shows the output, and asks the model to repeat the final line if it still holds; this costs
+/// one more root call when the prediction was right and prevents a confidently wrong answer when
+/// a block raised, timed out or printed something unexpected, which is what a user who relies on
+/// the answer wants. [`CodeAndFinal::Accept`] takes the line at once (the value of `FINAL_VAR` is
+/// read after the blocks ran). In-code conventions are never deferred: the code itself decided,
+/// at run time, that the answer was ready.
 pub fn check_completion(
     reply: &str,
     had_blocks: bool,

@@ -28,6 +28,16 @@
 //!                                                    RlmResult
 //! ```
 //!
+//! # Defaults worth knowing
+//!
+//! - 30 iterations, then one "answer now" call; 5 failing iterations in a row stop the run; no
+//!   wall-clock limit unless [`RlmConfig::run_timeout`] is set (at the deadline a running block
+//!   is interrupted through the session's cancellation token).
+//! - Block output shown to the model: 20 000 characters per block, head and tail kept.
+//! - A reply with code *and* a `FINAL`/`FINAL_VAR` line is not accepted until the model has seen
+//!   the output ([`CodeAndFinal::SeeOutputFirst`]; see [`check_completion`] for why).
+//! - [`Rlm::run`] blocks the calling thread and may be called again; hooks stay registered.
+//!
 //! # Example
 //!
 //! ```no_run

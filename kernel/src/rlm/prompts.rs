@@ -5,8 +5,10 @@
 //! `{{...}}` is inserted as is). A system-prompt override may use the same placeholders; unknown
 //! ones are left untouched.
 
+use std::time::Duration;
+
 use super::final_answer::{CodeAndFinal, CompletionRules, FinalKind, FinalNote, Protocol};
-use crate::repl::{ContextKind, ContextMetadata};
+use crate::repl::{ContextKind, ContextMetadata, SessionConfig, SubCallErrorMode};
 
 const SYSTEM: &str = include_str!("../../../prompts/system.md");
 const FINISH_AUTO: &str = include_str!("../../../prompts/finish_auto.md");
@@ -25,6 +27,9 @@ const NOTE_INACTIVE: &str = include_str!("../../../prompts/notes/inactive.md");
 const NOTE_SEE_OUTPUT_FIRST: &str = include_str!("../../../prompts/notes/see_output_first.md");
 const HOW_ANSWER: &str = include_str!("../../../prompts/notes/how_answer.md");
 const HOW_FINAL: &str = include_str!("../../../prompts/notes/how_final.md");
+const NOTE_CUT_OFF: &str = include_str!("../../../prompts/notes/cut_off.md");
+const SUB_CALL_ERRORS_STRING: &str = include_str!("../../../prompts/sub_call_errors_string.md");
+const SUB_CALL_ERRORS_RAISE: &str = include_str!("../../../prompts/sub_call_errors_raise.md");
 
 /// Columns of a table context listed by name in the description.
 const MAX_LISTED_COLUMNS: usize = 40;
@@ -57,6 +62,8 @@ pub struct Prompts {
     rules: CompletionRules,
     feedback_limit: usize,
     max_iterations: u32,
+    cell_timeout: Duration,
+    sub_call_errors: SubCallErrorMode,
 }
 
 impl Prompts {
@@ -67,12 +74,23 @@ impl Prompts {
         feedback_limit: usize,
         max_iterations: u32,
     ) -> Self {
+        let session = SessionConfig::default();
         Self {
             config,
             rules,
             feedback_limit,
             max_iterations,
+            cell_timeout: session.cell_timeout,
+            sub_call_errors: session.sub_call_errors,
         }
+    }
+
+    /// States the session's block time limit and sub-call error behaviour (defaults:
+    /// [`SessionConfig::default`]).
+    pub fn with_session(mut self, session: &SessionConfig) -> Self {
+        self.cell_timeout = session.cell_timeout;
+        self.sub_call_errors = session.sub_call_errors;
+        self
     }
 
     /// The system prompt: the built-in text or the override, then the extension.
@@ -81,6 +99,10 @@ impl Prompts {
         let finish = self.finish_instructions();
         let feedback_limit = group_digits(self.feedback_limit as u64);
         let sub_chars = group_digits(self.config.sub_context_chars as u64);
+        let sub_call_errors = match self.sub_call_errors {
+            SubCallErrorMode::ReturnString => SUB_CALL_ERRORS_STRING,
+            SubCallErrorMode::Raise => SUB_CALL_ERRORS_RAISE,
+        };
         let mut text = fill(
             template,
             &[
@@ -88,6 +110,8 @@ impl Prompts {
                 ("feedback_limit", &feedback_limit),
                 ("sub_context_chars", &sub_chars),
                 ("max_iterations", &self.max_iterations.to_string()),
+                ("cell_timeout", &spoken_duration(self.cell_timeout)),
+                ("sub_call_errors", sub_call_errors.trim_end()),
             ],
         );
         let text_end = text.trim_end().len();
@@ -179,6 +203,7 @@ impl Prompts {
                     ],
                 )
             }
+            FinalNote::CutOff => NOTE_CUT_OFF.to_owned(),
             FinalNote::SeeOutputFirst { kind } => fill(
                 NOTE_SEE_OUTPUT_FIRST,
                 &[("convention", &format!("a `{}` line", convention(*kind)))],
@@ -317,6 +342,18 @@ pub(crate) fn fill(template: &str, values: &[(&str, &str)]) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// `2 minutes`, `30 seconds`, `1.5 seconds`.
+fn spoken_duration(d: Duration) -> String {
+    let secs = d.as_secs_f64();
+    if secs >= 120.0 && secs % 60.0 == 0.0 {
+        format!("{} minutes", secs / 60.0)
+    } else if secs == 1.0 {
+        "1 second".to_owned()
+    } else {
+        format!("{} seconds", (secs * 10.0).round() / 10.0)
+    }
 }
 
 /// `1234567` → `1,234,567`.
@@ -483,6 +520,27 @@ mod tests {
     }
 
     #[test]
+    fn session_facts_are_stated() {
+        let session = SessionConfig {
+            cell_timeout: Duration::from_secs(30),
+            sub_call_errors: SubCallErrorMode::Raise,
+            ..SessionConfig::default()
+        };
+        let system = prompts(Protocol::Auto)
+            .with_session(&session)
+            .system_prompt();
+        assert!(
+            system.contains("Each block may run for 30 seconds."),
+            "{system}"
+        );
+        assert!(system.contains("raises `LlmQueryError`"), "{system}");
+        assert!(!system.contains("instead of raising"), "{system}");
+        assert_eq!(spoken_duration(Duration::from_secs(120)), "2 minutes");
+        assert_eq!(spoken_duration(Duration::from_secs(1)), "1 second");
+        assert_eq!(spoken_duration(Duration::from_millis(1_500)), "1.5 seconds");
+    }
+
+    #[test]
     fn no_context_is_said_plainly() {
         assert_eq!(
             describe_contexts(&[]),
@@ -522,6 +580,7 @@ mod tests {
             FinalNote::SeeOutputFirst {
                 kind: FinalKind::FinalVarLine,
             },
+            FinalNote::CutOff,
         ];
         let mut all = String::new();
         for note in &notes {

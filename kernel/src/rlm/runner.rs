@@ -29,7 +29,9 @@ use super::blocks::extract_code_blocks;
 use super::checker::CompletionChecker;
 use super::executor::{CodeExecutor, ExecutionStop};
 use super::feedback::{FeedbackConfig, format_feedback};
-use super::final_answer::{CompletionRules, FinalKind, FinalText, FoundAnswer, scan_final_lines};
+use super::final_answer::{
+    CompletionRules, FinalKind, FinalNote, FinalText, FoundAnswer, scan_final_lines,
+};
 use super::generator::{CodeGenerator, Conversation, Generation};
 use super::hooks::{EndpointSummary, Hook, HookAction, Hooks, ModelCall, RunError, RunInfo};
 use super::metadata::{
@@ -166,6 +168,7 @@ impl Rlm {
             self.config.feedback.block_limit,
             self.config.max_iterations,
         )
+        .with_session(self.session.config())
     }
 
     /// Answers `query`: runs the loop to a final answer or a limit. Blocks the calling thread
@@ -336,6 +339,8 @@ enum Reply {
         text: String,
         model_ms: f64,
         record: Option<SubCallMetadata>,
+        /// The reply stopped at the output token limit.
+        cut_off: bool,
     },
     Stopped(Ending),
 }
@@ -355,12 +360,13 @@ impl Run<'_> {
                 }
             }
             let started_ms = self.elapsed_ms();
-            let (reply, model_ms, root_call) = match self.ask(iteration, false, hooks) {
+            let (reply, model_ms, root_call, cut_off) = match self.ask(iteration, false, hooks) {
                 Reply::Text {
                     text,
                     model_ms,
                     record,
-                } => (text, model_ms, record),
+                    cut_off,
+                } => (text, model_ms, record, cut_off),
                 Reply::Stopped(ending) => return ending,
             };
 
@@ -371,9 +377,12 @@ impl Run<'_> {
                 .execute_all(iteration, blocks, hooks, self.deadline);
             let runs = executed.runs;
             let session = Arc::clone(self.executor.session());
-            let completion = self.checker.check(&reply, &runs, &mut |name| {
+            let mut completion = self.checker.check(&reply, &runs, &mut |name| {
                 session.variable_as_string(name).ok().flatten()
             });
+            if cut_off && completion.answer.is_none() {
+                completion.notes.insert(0, FinalNote::CutOff);
+            }
 
             let execution = ExecutionMetadata::from_runs(&runs);
             let iteration_subcalls: Vec<SubCallMetadata> = runs
@@ -496,10 +505,16 @@ impl Run<'_> {
             }
         };
         hooks.after_model_call(&mut call);
+        let cut_off = call
+            .response
+            .as_ref()
+            .and_then(|r| r.finish_reason.as_deref())
+            .is_some_and(|reason| matches!(reason, "length" | "max_tokens"));
         Reply::Text {
             text: call.reply,
             model_ms,
             record: call.record,
+            cut_off,
         }
     }
 
@@ -757,6 +772,29 @@ mod optional_seconds {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn answer_now_text_table() {
+        let mut resolve = |name: &str| (name == "x").then(|| "from x".to_owned());
+        let cases: &[(&str, Option<&str>)] = &[
+            ("My best estimate is 2.", Some("My best estimate is 2.")),
+            ("  padded  \n", Some("padded")),
+            ("", None),
+            (" \n ", None),
+            ("Reasoning...\nFINAL(7)", Some("7")),
+            ("FINAL_VAR(x)", Some("from x")),
+            ("FINAL_VAR(missing)\nFINAL(8)", Some("8")),
+            ("FINAL_VAR(missing)", Some("FINAL_VAR(missing)")),
+            ("FINAL()", Some("FINAL()")),
+        ];
+        for (text, want) in cases {
+            assert_eq!(
+                answer_from_text(text, &mut resolve).as_deref(),
+                *want,
+                "{text:?}"
+            );
+        }
+    }
 
     #[test]
     fn config_round_trips_through_json_with_seconds() {

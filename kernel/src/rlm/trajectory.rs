@@ -8,7 +8,8 @@
 //! - `iteration`: one per iteration, the [`IterationRecord`] (the reply, blocks with outputs cut
 //!   to the feedback limit, sub-call records, timings, metadata);
 //! - `error`: a failed step (root model unreachable, budget spent, ...);
-//! - `result`: the answer, the termination reason and the metrics.
+//! - `result`: the answer (head and tail of an answer over 100 000 characters, with its full
+//!   length in `answer_chars`), the termination reason and the metrics.
 //!
 //! The context itself is never written, and block outputs are capped, so the size of a
 //! trajectory does not grow with the size of the context. Each line is written with one
@@ -18,6 +19,7 @@
 //! A trajectory that cannot be written stops the run at the next iteration (`stopped_by_hook`
 //! with the I/O error): a user who asked for a record gets one or a clear failure.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::fs::File;
 use std::io::{self, Write};
@@ -25,6 +27,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use super::feedback::truncate_middle;
 use super::final_answer::FinalKind;
 use super::hooks::{Hook, HookAction, RunError, RunInfo};
 use super::metadata::{IterationRecord, SessionMetrics, TerminationReason};
@@ -33,6 +36,10 @@ use bridge::Message;
 
 /// The format version in the header line.
 pub const TRAJECTORY_VERSION: u32 = 1;
+
+/// Characters of the answer written in the `result` line (head and tail of a longer one; the
+/// result itself always carries the whole answer).
+const ANSWER_LIMIT: usize = 100_000;
 
 /// Writes a run's trajectory as JSONL, one flushed line per event.
 pub struct TrajectoryWriter<W: Write + Send> {
@@ -126,7 +133,8 @@ struct Line<'a, T: Serialize> {
 struct Closing<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
-    answer: Option<&'a str>,
+    answer: Option<Cow<'a, str>>,
+    answer_chars: Option<usize>,
     answer_kind: Option<FinalKind>,
     termination_reason: TerminationReason,
     error: Option<&'a str>,
@@ -164,7 +172,11 @@ impl<W: Write + Send> Hook for TrajectoryWriter<W> {
     fn after_run(&mut self, result: &mut RlmResult) {
         self.write_line(&Closing {
             kind: "result",
-            answer: result.answer.as_deref(),
+            answer: result
+                .answer
+                .as_deref()
+                .map(|a| truncate_middle(a, ANSWER_LIMIT)),
+            answer_chars: result.answer.as_deref().map(|a| a.chars().count()),
             answer_kind: result.answer_kind,
             termination_reason: result.termination_reason,
             error: result.error.as_deref(),
@@ -271,6 +283,7 @@ mod tests {
         assert_eq!(lines[1]["execution"]["status"], "no_code");
         assert_eq!(lines[2]["type"], "result");
         assert_eq!(lines[2]["answer"], "3");
+        assert_eq!(lines[2]["answer_chars"], 1);
         assert_eq!(lines[2]["answer_kind"], "final_line");
         assert_eq!(lines[2]["termination_reason"], "final_answer");
     }

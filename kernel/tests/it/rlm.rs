@@ -304,6 +304,16 @@ fn each_final_answer_convention() {
     };
     let cases = [
         Case {
+            name: "answer dict, content as it was when ready became true",
+            config: config(),
+            replies: &[
+                "```repl\nanswer['content'] = 'forty-two'\nanswer['ready'] = True\nanswer['content'] = 'changed later'\n```",
+            ],
+            answer: "forty-two",
+            kind: FinalKind::AnswerDict,
+            iterations: 1,
+        },
+        Case {
             name: "answer dict, ready set before the content",
             config: config(),
             replies: &["```repl\nanswer['ready'] = True\nanswer['content'] = 'forty-two'\n```"],
@@ -725,6 +735,34 @@ fn the_run_timeout_cancels_a_slow_root_call() {
     );
 }
 
+#[test]
+fn the_run_timeout_interrupts_a_running_block() {
+    let harness = Harness::new(Setup {
+        script: script(&[
+            "```repl\nimport time\ntime.sleep(60)\n```",
+            "FINAL(too late)",
+        ]),
+        cell_timeout: Duration::from_secs(30),
+        ..Setup::default()
+    });
+    let mut config = config();
+    config.run_timeout = Some(Duration::from_millis(800));
+    let started = std::time::Instant::now();
+    let result = harness.run(config, "q");
+    assert_eq!(result.termination_reason, TerminationReason::Timeout);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        result.iterations.len(),
+        1,
+        "the interrupted iteration is recorded"
+    );
+    assert_eq!(harness.root_requests().len(), 1);
+}
+
 fn read_jsonl(path: &std::path::Path) -> Vec<Value> {
     std::fs::read_to_string(path)
         .expect("trajectory readable")
@@ -968,4 +1006,71 @@ fn the_trajectory_is_flushed_after_every_iteration() {
         "header + one line per iteration"
     );
     assert_eq!(read_jsonl(&path).len(), 5);
+}
+
+/// Answers from a cache before anything runs.
+struct Cache;
+
+impl Hook for Cache {
+    fn before_run(&mut self, run: &kernel::rlm::RunInfo<'_>) -> HookAction<String> {
+        assert_eq!(run.contexts.len(), 1);
+        assert!(run.system_prompt.contains("llm_query_batched"));
+        HookAction::Replace(format!("cached answer to {}", run.query))
+    }
+}
+
+#[test]
+fn a_hook_can_answer_before_the_run() {
+    let harness = Harness::new(Setup::default());
+    let mut rlm = harness.rlm(config());
+    rlm.add_hook(Cache);
+    let result = rlm.run("q").expect("run");
+    assert_eq!(result.termination_reason, TerminationReason::FinalAnswer);
+    assert_eq!(result.answer.as_deref(), Some("cached answer to q"));
+    assert_eq!(result.answer_kind, Some(FinalKind::Hook));
+    assert!(result.iterations.is_empty());
+    assert!(harness.log().is_empty());
+}
+
+#[test]
+fn an_unknown_root_endpoint_is_an_error_before_the_run() {
+    let harness = Harness::new(Setup::default());
+    let mut config = config();
+    config.root_endpoint = "nope".into();
+    let error = harness.rlm(config).run("q").expect_err("no such endpoint");
+    let message = error.to_string();
+    assert!(message.contains("Unknown endpoint `nope`"), "{message}");
+    assert!(message.contains("`root`"), "{message}");
+}
+
+#[test]
+fn running_inside_a_tokio_runtime_is_refused() {
+    let harness = Harness::new(Setup::default());
+    let mut rlm = harness.rlm(config());
+    let error = rt()
+        .block_on(async { rlm.run("q") })
+        .expect_err("blocking inside the runtime is refused");
+    assert!(
+        matches!(error, kernel::rlm::RlmError::InsideRuntime),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_reply_cut_off_at_the_token_limit_is_pointed_out() {
+    let harness = Harness::new(Setup {
+        script: json!({"models": {"root": {"replies": [
+            {"text": "Let me count.\n```repl\nprint(len(cont", "finish_reason": "length"},
+            "FINAL(3)"
+        ]}}}),
+        ..Setup::default()
+    });
+    let (result, seen) = harness.run_capturing(config(), "q");
+    assert_eq!(result.answer.as_deref(), Some("3"));
+    assert!(
+        seen[1].contains("stopped at the output token limit"),
+        "{}",
+        seen[1]
+    );
+    assert_eq!(result.iterations[0].notes, [kernel::rlm::FinalNote::CutOff]);
 }
