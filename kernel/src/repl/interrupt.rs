@@ -1,5 +1,6 @@
-//! Cell interrupts: a watchdog thread per session stops a block that outlives its time limit
-//! (or whose session token is cancelled).
+//! Cell interrupts: a watchdog thread per session stops a block that outlives its time limit,
+//! whose session token is cancelled, or that a caller interrupts
+//! ([`Watchdog::interrupt_running`], a notebook's stop button).
 //!
 //! Firing does three things: cancels the block's [`CancellationToken`] (in-flight
 //! `llm_query` calls return at once), raises `CellTimeout`/`CellCancelled` asynchronously in
@@ -42,6 +43,8 @@ struct Armed {
     session_token: CancellationToken,
     /// The session token was already cancelled when the block started: not a reason to stop it.
     cancelled_at_start: bool,
+    /// A caller asked to stop this block (and only this block).
+    interrupt_requested: bool,
     fired: Option<InterruptReason>,
 }
 
@@ -94,6 +97,7 @@ impl Watchdog {
             cell_token: req.cell_token,
             session_token: req.session_token,
             cancelled_at_start,
+            interrupt_requested: false,
             fired: None,
         });
         drop(state);
@@ -122,6 +126,19 @@ impl Watchdog {
         armed.fired
     }
 
+    /// Stop the block running now, if any, as if cancelled; later blocks are unaffected.
+    /// Returns whether a block was running.
+    pub(crate) fn interrupt_running(&self) -> bool {
+        let mut state = self.lock();
+        let Some(armed) = state.armed.as_mut() else {
+            return false;
+        };
+        armed.interrupt_requested = true;
+        drop(state);
+        self.wake.notify_all();
+        true
+    }
+
     /// Wake the watchdog to re-check (e.g. the session token was cancelled).
     pub(crate) fn notify(&self) {
         self.wake.notify_all();
@@ -145,7 +162,8 @@ impl Watchdog {
                 continue;
             };
             let now = Instant::now();
-            let cancelled = !armed.cancelled_at_start && armed.session_token.is_cancelled();
+            let cancelled = armed.interrupt_requested
+                || (!armed.cancelled_at_start && armed.session_token.is_cancelled());
             let reason = match armed.fired {
                 Some(reason) => reason,
                 None if cancelled => InterruptReason::Cancelled,

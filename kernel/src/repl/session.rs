@@ -223,6 +223,13 @@ impl ReplSession {
         self.cancel.clone()
     }
 
+    /// Interrupts the block running now, if any, like a notebook's stop button: its in-flight
+    /// sub-calls are cancelled and it ends with `CellCancelled`; the session keeps its state
+    /// and takes the next block normally. Returns whether a block was running.
+    pub fn interrupt(&self) -> bool {
+        self.watchdog.interrupt_running()
+    }
+
     /// The session's configuration.
     pub fn config(&self) -> &SessionConfig {
         &self.config

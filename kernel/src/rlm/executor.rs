@@ -64,9 +64,8 @@ impl CodeExecutor {
         self.session.exec(&block.code)
     }
 
-    /// Runs one block; if it is still running at `deadline`, cancels the session, which
-    /// interrupts the block and its in-flight sub-calls. The session's cancellation cannot be
-    /// undone: its later sub-calls fail, so a session that hit a run deadline is best retired.
+    /// Runs one block; if it is still running at `deadline`, interrupts it (with its in-flight
+    /// sub-calls). The session stays usable for later blocks and runs.
     pub fn execute_until(
         &self,
         block: &CodeBlock,
@@ -77,10 +76,12 @@ impl CodeExecutor {
         };
         let finished = CancellationToken::new();
         let watch = finished.clone();
-        let session = self.session.cancel_token();
+        let session = Arc::clone(&self.session);
         crate::runtime::shared().spawn(async move {
             tokio::select! {
-                () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => session.cancel(),
+                () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {
+                    session.interrupt();
+                }
                 () = watch.cancelled() => {}
             }
         });

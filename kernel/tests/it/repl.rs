@@ -1,5 +1,6 @@
 //! The session: state, output, display, exceptions, timeouts, reserved names, final answers.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kernel::repl::{ContextSource, FinalSource, ReplSession};
@@ -182,6 +183,30 @@ fn cancelling_the_session_token_interrupts_the_block() {
     assert!(!r.timed_out);
     // Later blocks still run.
     assert_eq!(ok(&s, "1 + 1").stdout, "2\n");
+}
+
+#[test]
+fn interrupt_stops_only_the_running_block() {
+    let s = Arc::new(
+        ReplSession::new(config(Duration::from_secs(30)), no_endpoints(), &[]).expect("starts"),
+    );
+    assert!(!s.interrupt(), "nothing is running");
+    ok(&s, "kept = 'state'");
+    let handle = Arc::clone(&s);
+    let interrupter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        handle.interrupt()
+    });
+    let started = Instant::now();
+    let r = s.exec("import time\ntime.sleep(60)").expect("kernel works");
+    assert!(interrupter.join().expect("joins"), "a block was running");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(r.error.expect("stopped").type_name, "CellCancelled");
+    // Unlike the session token, an interrupt does not outlive its block.
+    assert!(!s.cancel_token().is_cancelled());
+    assert_eq!(ok(&s, "kept").stdout, "'state'\n");
+    let r = ok(&s, "time.sleep(0.3)\n'slept'");
+    assert_eq!(r.stdout, "'slept'\n", "the next block is not interrupted");
 }
 
 #[test]

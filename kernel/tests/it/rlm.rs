@@ -761,6 +761,16 @@ fn the_run_timeout_interrupts_a_running_block() {
         "the interrupted iteration is recorded"
     );
     assert_eq!(harness.root_requests().len(), 1);
+    // Only the block was interrupted: the session keeps its state and can still call models.
+    let after = harness
+        .session
+        .exec(
+            "import time
+print(llm_query('still here'))",
+        )
+        .expect("the session answers");
+    assert!(after.error.is_none(), "{:?}", after.error);
+    assert_eq!(after.stdout, "still here\n");
 }
 
 fn read_jsonl(path: &std::path::Path) -> Vec<Value> {
