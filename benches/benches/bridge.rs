@@ -30,6 +30,7 @@ use bridge::{
     BatchPolicy, Budget, CancellationToken, ChatRequest, Endpoint, EndpointConfig, Ledger,
     RetryPolicy,
 };
+use rlm_benches::percentile;
 
 /// File descriptors kept free for everything that is not a client/server socket pair.
 const FD_RESERVE: u64 = 512;
@@ -248,14 +249,6 @@ fn run(
         ratio: (!ideal.is_zero()).then(|| wall.as_secs_f64() / ideal.as_secs_f64()),
         errors,
     })
-}
-
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let idx = ((sorted.len() - 1) as f64 * q).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
 }
 
 /// Thread ids of one side (client or mock), for per-thread CPU accounting.

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kernel::repl::{ContextSource, ReplSession, SessionConfig};
+use rlm_benches::{TempDir, generate_text, status_kib};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -24,18 +25,6 @@ fn main() -> anyhow::Result<()> {
     sub_calls::run(quick)?;
     loads(quick)?;
     Ok(())
-}
-
-/// `VmHWM` / `VmRSS` of this process in KiB.
-fn status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        })
-        .unwrap_or(0)
 }
 
 fn no_endpoints() -> Arc<kernel::repl::Endpoints> {
@@ -77,27 +66,6 @@ fn load_child(path: Option<PathBuf>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A scratch directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> std::io::Result<Self> {
-        let path = std::env::temp_dir().join(format!("rlm-repl-bench-{}", std::process::id()));
-        std::fs::create_dir_all(&path)?;
-        Ok(Self(path))
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn generate_csv(path: &Path, target_bytes: u64) -> anyhow::Result<()> {
     let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
     let header = "id,service,level,latency_ms,message\n";
@@ -115,26 +83,6 @@ fn generate_csv(path: &Path, target_bytes: u64) -> anyhow::Result<()> {
             i % 10,
             i.wrapping_mul(2_654_435_761) % 1_000_000,
             i % 64
-        );
-        out.write_all(line.as_bytes())?;
-        written += line.len() as u64;
-        i += 1;
-    }
-    out.flush()?;
-    Ok(())
-}
-
-fn generate_text(path: &Path, target_bytes: u64) -> anyhow::Result<()> {
-    let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
-    let mut written = 0u64;
-    let mut i: u64 = 0;
-    while written < target_bytes {
-        let line = format!(
-            "2025-01-01T00:00:{:02} service-{} user {} did something interesting #{}\n",
-            i % 60,
-            i % 13,
-            i.wrapping_mul(7919) % 100_000,
-            i
         );
         out.write_all(line.as_bytes())?;
         written += line.len() as u64;
@@ -166,7 +114,7 @@ fn generate_json(path: &Path, target_bytes: u64) -> anyhow::Result<()> {
 }
 
 fn loads(quick: bool) -> anyhow::Result<()> {
-    let dir = TempDir::new()?;
+    let dir = TempDir::new("rlm-repl-bench")?;
     let mb = 1u64 << 20;
     let (csv_size, text_size, json_size) = if quick {
         (64 * mb, 8 * mb, 16 * mb)

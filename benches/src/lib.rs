@@ -1,1 +1,73 @@
-//! Benchmarks live in `benches/benches/`; shared helpers here.
+//! Benchmarks live in `benches/benches/` (`bridge`, `repl`, `rlm`); the helpers they share
+//! live here: reading this process's memory counters, percentiles, a scratch directory and a
+//! synthetic log-like text context.
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// A field of `/proc/self/status` in KiB (`"VmHWM:"` = peak RSS, `"VmRSS:"` = current RSS);
+/// 0 when it cannot be read.
+pub fn status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+/// The `q`-quantile (0..=1, nearest rank) of an ascending slice; NaN when empty.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+/// A scratch directory under the system temp dir, named `{prefix}-{pid}`, removed on drop.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates (or reuses) `{temp}/{prefix}-{pid}`.
+    pub fn new(prefix: &str) -> std::io::Result<Self> {
+        let path = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
+        std::fs::create_dir_all(&path)?;
+        Ok(Self(path))
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes at least `target_bytes` of log-like ASCII lines to `path`.
+pub fn generate_text(path: &Path, target_bytes: u64) -> anyhow::Result<()> {
+    let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    let mut written = 0u64;
+    let mut i: u64 = 0;
+    while written < target_bytes {
+        let line = format!(
+            "2025-01-01T00:00:{:02} service-{} user {} did something interesting #{}\n",
+            i % 60,
+            i % 13,
+            i.wrapping_mul(7919) % 100_000,
+            i
+        );
+        out.write_all(line.as_bytes())?;
+        written += line.len() as u64;
+        i += 1;
+    }
+    out.flush()?;
+    Ok(())
+}
