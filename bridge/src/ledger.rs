@@ -115,7 +115,8 @@ pub struct Ledger {
 
 #[derive(Default)]
 struct LedgerState {
-    records: Vec<SubCallMetadata>,
+    /// Keyed by `call_index`: calls finish out of order, readers want ranges in order.
+    records: BTreeMap<u64, SubCallMetadata>,
     by_model: BTreeMap<String, ModelUsage>,
 }
 
@@ -168,15 +169,11 @@ impl Ledger {
 
     /// Records with `call_index >= call_index`, in order.
     pub fn records_since(&self, call_index: u64) -> Vec<SubCallMetadata> {
-        let mut out: Vec<_> = self
-            .state()
+        self.state()
             .records
-            .iter()
-            .filter(|r| r.call_index >= call_index)
-            .cloned()
-            .collect();
-        out.sort_unstable_by_key(|r| r.call_index);
-        out
+            .range(call_index..)
+            .map(|(_, r)| r.clone())
+            .collect()
     }
 
     /// The index the next call will get, which is the number of calls started so far.
@@ -306,7 +303,7 @@ impl Ledger {
                     state.by_model.insert(meta.model.clone(), usage);
                 }
             }
-            state.records.push(meta);
+            state.records.insert(meta.call_index, meta);
         }
         if let (Some(observer), Some(meta)) = (observer, for_observer) {
             observer(&meta);
