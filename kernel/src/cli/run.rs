@@ -383,7 +383,8 @@ pub(crate) fn report(result: &RlmResult, opts: &RunOptions) -> Result<RunOutcome
         writeln!(stdout, "{answer}")?;
     }
     stdout.flush()?;
-    if !opts.quiet {
+    // `--quiet` silences progress and the summary, never the reason a run failed.
+    if !opts.quiet || outcome == RunOutcome::Failed {
         let m = &result.metrics;
         eprintln!(
             "{} after {} iteration(s), {} sub-call(s), {:.2}s",
@@ -396,8 +397,10 @@ pub(crate) fn report(result: &RlmResult, opts: &RunOptions) -> Result<RunOutcome
             eprintln!("  {error}");
         }
     }
-    if result.answer.is_none() && outcome == RunOutcome::Answered {
-        bail!("The run ended without an answer");
+    if result.answer.is_none() {
+        eprintln!(
+            "The run ended without an answer; the trajectory (`--trajectory FILE`) shows how far it got."
+        );
     }
     Ok(outcome)
 }
