@@ -86,3 +86,55 @@ fn json_output_carries_metrics() {
     assert_eq!(metrics["llm_query_batched_calls"], 1);
     assert_eq!(result["iterations"].as_array().map(Vec::len), Some(3));
 }
+
+#[test]
+fn a_killed_run_leaves_a_valid_trajectory_prefix() {
+    let code = repl("print('working')");
+    let mock = Mock::start(serde_json::json!({
+        "models": {"root-model": {
+            "latency": {"kind": "fixed", "ms": 150},
+            "replies": [code.clone(), code.clone(), code.clone(), code.clone(), code]
+        }}
+    }));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "ctx.txt", "some text");
+    let trajectory = dir.path().join("t.jsonl");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rlm"))
+        .args([
+            "run",
+            "--base-url",
+            &mock.url(),
+            "--model",
+            "root-model",
+            "--query",
+            "q",
+        ])
+        .arg("--context")
+        .arg(&context)
+        .arg("--trajectory")
+        .arg(&trajectory)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("rlm starts");
+    // Wait for the header and two iterations, then kill -9 mid-run.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while std::fs::read_to_string(&trajectory).map_or(0, |t| t.lines().count()) < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run made progress"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    let text = std::fs::read_to_string(&trajectory).expect("trajectory");
+    assert!(text.ends_with('\n'), "no half-written line");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every line is complete JSON"))
+        .collect();
+    assert!(lines.len() >= 3 && lines.len() < 7, "{} lines", lines.len());
+    assert_eq!(lines[0]["type"], "header");
+    assert!(lines[1..].iter().all(|l| l["type"] == "iteration"));
+}
