@@ -5,6 +5,7 @@ mod batch;
 mod budget;
 mod cancel;
 mod errors;
+mod interop;
 mod mock;
 mod openai;
 mod retry;
