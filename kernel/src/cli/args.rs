@@ -80,6 +80,14 @@ pub(crate) struct RunOptions {
     #[arg(long, env = "RLM_API_KEY_ENV", value_name = "VAR")]
     pub(crate) api_key_env: Option<String>,
 
+    /// Most tokens one model reply may have (sent as `max_tokens`; default: the server's).
+    #[arg(long, env = "RLM_MAX_OUTPUT_TOKENS")]
+    pub(crate) max_output_tokens: Option<u32>,
+
+    /// Sampling temperature of every model call (default: the server's).
+    #[arg(long, env = "RLM_TEMPERATURE")]
+    pub(crate) temperature: Option<f32>,
+
     /// Maximum root-model iterations before a last "answer now" call [default: 30].
     #[arg(long, env = "RLM_MAX_ITERATIONS")]
     pub(crate) max_iterations: Option<u32>,

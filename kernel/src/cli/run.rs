@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use bridge::{Budget, EndpointConfig, Endpoints, Ledger, Price, Provider};
+use bridge::{Budget, EndpointConfig, Endpoints, Ledger, Price, Provider, SamplingParams};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernel::repl::{ContextSource, ReplSession, SessionConfig, SubCallErrorMode};
 use kernel::rlm::{
@@ -74,6 +74,8 @@ pub(crate) fn merge(cli: RunOptions, file: RunOptions) -> RunOptions {
         sub_base_url: cli.sub_base_url.or(file.sub_base_url),
         provider: cli.provider.or(file.provider),
         api_key_env: cli.api_key_env.or(file.api_key_env),
+        max_output_tokens: cli.max_output_tokens.or(file.max_output_tokens),
+        temperature: cli.temperature.or(file.temperature),
         max_iterations: cli.max_iterations.or(file.max_iterations),
         timeout: cli.timeout.or(file.timeout),
         cell_timeout: cli.cell_timeout.or(file.cell_timeout),
@@ -157,12 +159,20 @@ pub(crate) fn build_endpoints(opts: &RunOptions) -> Result<Arc<Endpoints>> {
         .map(|s| seconds("sub-timeout", s))
         .transpose()?;
 
+    // Unset fields stay off the wire, so each server applies its own defaults (the
+    // Anthropic client fills in the `max_tokens` its API requires).
+    let params = SamplingParams {
+        max_tokens: opts.max_output_tokens,
+        temperature: opts.temperature,
+        ..SamplingParams::default()
+    };
     let config = |name: &str, url: &str, model: &str| EndpointConfig {
         name: name.to_owned(),
         provider,
         base_url: url.to_owned(),
         model: model.to_owned(),
         api_key_env: Some(api_key_env.clone()),
+        params: params.clone(),
         ..EndpointConfig::default()
     };
     let mut root = config(ROOT, &base_url, &model);
