@@ -1,7 +1,7 @@
 //! A hook that prints the run as it goes: each reply's prose, each block with its output, and
 //! the sub-calls it made. Used by `rlm demo`, on stderr.
 
-use kernel::rlm::{BlockRun, Hook, ModelCall, truncate_middle};
+use kernel::rlm::{BlockRun, Hook, ModelCall, extract_code_blocks, truncate_middle};
 
 /// Lines of code or output shown per block before the middle is elided.
 const SHOWN_CHARS: usize = 1_200;
@@ -24,22 +24,27 @@ fn indent(text: &str) -> String {
 
 impl Hook for TraceHook {
     fn after_model_call(&mut self, call: &mut ModelCall) {
-        let prose: String = call
-            .reply
-            .split("```")
-            .step_by(2)
-            .collect::<Vec<_>>()
-            .join(" ")
-            .trim()
-            .to_owned();
+        // Replies with code: the prose around the blocks (the blocks print as they run).
+        // Replies without: the whole text, which is what the model said.
+        let shown = if extract_code_blocks(&call.reply).is_empty() {
+            call.reply.trim().to_owned()
+        } else {
+            call.reply
+                .split("```")
+                .step_by(2)
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
         let label = if call.answer_now {
             "answer-now"
         } else {
             "iteration"
         };
         eprintln!("\n── {label} {} · root model ─────────────", call.iteration);
-        if !prose.is_empty() {
-            eprintln!("{}", truncate_middle(&prose, SHOWN_CHARS));
+        if !shown.is_empty() {
+            eprintln!("{}", truncate_middle(&shown, SHOWN_CHARS));
         }
     }
 
