@@ -3,7 +3,8 @@
 //!
 //! | source | Python object | how |
 //! |---|---|---|
-//! | text file, `-` (stdin), [`ContextSource::Text`] | `str` | read + UTF-8 check in Rust, one copy into Python |
+//! | text file | `str` | streamed into the `str`'s own buffer, no second copy (`pystr.rs`) |
+//! | `-` (stdin), [`ContextSource::Text`] | `str` | UTF-8 check in Rust, one copy into Python |
 //! | `.json` | `dict` / `list` | parsed by Python's C `json` while serde measures item sizes on another thread |
 //! | `.jsonl` | `list` | parsed line by line by Python's `json`; on failure serde names the bad line |
 //! | `.csv` `.tsv` `.parquet` `.arrow` `.ipc` `.feather` `.ndjson` | `polars.DataFrame` | Python polars reads the file itself |
@@ -42,6 +43,7 @@ use serde_json::value::RawValue;
 
 use super::error::ReplError;
 use super::metadata::{ContextKind, ContextMetadata, ItemSizes};
+use super::pystr::read_file_as_str;
 
 /// Where a context comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,8 +196,10 @@ fn load_path<'py>(
     meta.bytes = info.len();
     match file_format(path) {
         FileFormat::Text => {
-            let text = read_text(path, "")?;
-            Ok(text_value(py, &text, meta))
+            meta.kind = ContextKind::Text;
+            let (text, chars) = read_file_as_str(py, path, "")?;
+            meta.chars = Some(chars);
+            Ok(text.into_any())
         }
         FileFormat::Json => {
             meta.kind = ContextKind::Json;
@@ -263,15 +267,15 @@ fn text_value<'py>(py: Python<'py>, text: &str, meta: &mut ContextMetadata) -> B
     PyString::new(py, text).into_any()
 }
 
-/// Read a UTF-8 file straight into a Python `str` (the Rust copy is dropped at once).
+/// Read a UTF-8 file straight into a Python `str`, with no second copy (see [`read_file_as_str`]).
 fn read_py_text<'py>(
     py: Python<'py>,
     path: &Path,
     meta: &mut ContextMetadata,
 ) -> Result<Bound<'py, PyString>, ReplError> {
-    let text = read_text(path, "")?;
-    meta.chars = Some(char_len(&text));
-    Ok(PyString::new(py, &text))
+    let (text, chars) = read_file_as_str(py, path, "")?;
+    meta.chars = Some(chars);
+    Ok(text)
 }
 
 fn set_item_stats(meta: &mut ContextMetadata, sizes: Option<Vec<u64>>) {

@@ -76,6 +76,7 @@ mod interpreter;
 mod interrupt;
 mod metadata;
 mod natives;
+mod pystr;
 mod session;
 
 pub use bridge::{Endpoints, Ledger, SubCallMetadata};

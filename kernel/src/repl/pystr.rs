@@ -1,0 +1,273 @@
+//! A UTF-8 file streamed into a Python `str` with no second copy of the text in memory.
+//!
+//! Reading the file into a Rust `String` and handing it to `PyUnicode_FromStringAndSize` peaks
+//! at twice the file size (both copies live at once). Instead, pass 1 streams the file in
+//! [`CHUNK`]-sized pieces to validate UTF-8, count characters and find the widest one; then
+//! `PyUnicode_New` allocates the final `str` in its PEP 393 layout (1, 2 or 4 bytes per
+//! character) and pass 2 streams the file again, writing each piece straight into that buffer.
+//! Peak memory is the `str` plus one chunk; the second read comes from the page cache.
+//!
+//! Safety rests on one check: every write is bounds- and width-checked against what pass 1
+//! measured, so a file that changes between the passes yields an error, never a bad `str`.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyString;
+
+use super::error::ReplError;
+
+/// Bytes read at a time.
+const CHUNK: usize = 8 << 20;
+
+/// What pass 1 learned.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Shape {
+    chars: u64,
+    max_char: u32,
+}
+
+/// Reads `path` into a new `str`; returns it with its length in characters.
+pub(crate) fn read_file_as_str<'py>(
+    py: Python<'py>,
+    path: &Path,
+    hint: &str,
+) -> Result<(Bound<'py, PyString>, u64), ReplError> {
+    let shape = measure(path, hint)?;
+    let size = ffi::Py_ssize_t::try_from(shape.chars).map_err(|_| {
+        ReplError::internal(
+            "loading a text context",
+            format!(
+                "`{}` has more characters than a Python str can hold",
+                path.display()
+            ),
+        )
+    })?;
+    // SAFETY: plain allocation call with the GIL held; a NULL result is checked below.
+    let raw = unsafe { ffi::PyUnicode_New(size, shape.max_char) };
+    if raw.is_null() {
+        let err = PyErr::fetch(py);
+        return Err(ReplError::internal("allocating a text context", err));
+    }
+    // SAFETY: `raw` is a new, owned, non-NULL reference to a `str`.
+    let text = unsafe { Bound::from_owned_ptr(py, raw).cast_into_unchecked::<PyString>() };
+    fill(&text, path, shape, hint)?;
+    Ok((text, shape.chars))
+}
+
+/// Streams `path` as UTF-8, calling `each` on every complete piece of text in order.
+fn stream_utf8(
+    path: &Path,
+    hint: &str,
+    mut each: impl FnMut(&str) -> Result<(), ReplError>,
+) -> Result<(), ReplError> {
+    let read_err = |source| ReplError::ContextRead {
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = File::open(path).map_err(read_err)?;
+    let mut buf = vec![0u8; CHUNK + 4];
+    let mut carry = 0usize;
+    let mut consumed = 0usize;
+    loop {
+        let read = read_full(&mut file, &mut buf[carry..carry + CHUNK]).map_err(read_err)?;
+        let len = carry + read;
+        if read == 0 {
+            if carry > 0 {
+                return Err(not_utf8(path, consumed, hint));
+            }
+            return Ok(());
+        }
+        let valid = match std::str::from_utf8(&buf[..len]) {
+            Ok(_) => len,
+            // A sequence cut by the chunk boundary: finish it with the next read.
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(e) => return Err(not_utf8(path, consumed + e.valid_up_to(), hint)),
+        };
+        // SAFETY: `from_utf8` accepted exactly these bytes.
+        each(unsafe { std::str::from_utf8_unchecked(&buf[..valid]) })?;
+        consumed += valid;
+        buf.copy_within(valid..len, 0);
+        carry = len - valid;
+    }
+}
+
+/// Fills `buf` from `file` until it is full or the file ends; returns the bytes read.
+fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// Pass 1: validate, count characters, find the widest.
+fn measure(path: &Path, hint: &str) -> Result<Shape, ReplError> {
+    let mut shape = Shape::default();
+    stream_utf8(path, hint, |piece| {
+        if piece.is_ascii() {
+            shape.chars += piece.len() as u64;
+            if !piece.is_empty() {
+                shape.max_char = shape.max_char.max(0x7f);
+            }
+        } else {
+            for c in piece.chars() {
+                shape.chars += 1;
+                shape.max_char = shape.max_char.max(c as u32);
+            }
+        }
+        Ok(())
+    })?;
+    Ok(shape)
+}
+
+/// Pass 2: write the text into the `str`'s buffer.
+fn fill(
+    text: &Bound<'_, PyString>,
+    path: &Path,
+    shape: Shape,
+    hint: &str,
+) -> Result<(), ReplError> {
+    let ptr = text.as_ptr();
+    // SAFETY: `ptr` is a live, freshly allocated compact `str`.
+    let (kind, data) = unsafe { (ffi::PyUnicode_KIND(ptr), ffi::PyUnicode_DATA(ptr)) };
+    let changed = || ReplError::ContextRead {
+        path: path.to_owned(),
+        source: std::io::Error::other("the file changed while it was being loaded; load it again"),
+    };
+    let total = usize::try_from(shape.chars).map_err(|_| changed())?;
+    let mut at = 0usize;
+    stream_utf8(path, hint, |piece| {
+        if kind == ffi::PyUnicode_1BYTE_KIND && piece.is_ascii() {
+            if at + piece.len() > total {
+                return Err(changed());
+            }
+            // SAFETY: `at + len <= total` characters of 1 byte each fit the buffer.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    piece.as_ptr(),
+                    data.cast::<u8>().add(at),
+                    piece.len(),
+                );
+            }
+            at += piece.len();
+            return Ok(());
+        }
+        for c in piece.chars() {
+            let code = c as u32;
+            if at >= total || code > shape.max_char {
+                return Err(changed());
+            }
+            // SAFETY: `at < total`, and `code <= max_char` fits the width `PyUnicode_New`
+            // chose for `max_char`.
+            unsafe {
+                match kind {
+                    ffi::PyUnicode_1BYTE_KIND => *data.cast::<u8>().add(at) = code as u8,
+                    ffi::PyUnicode_2BYTE_KIND => *data.cast::<u16>().add(at) = code as u16,
+                    _ => *data.cast::<u32>().add(at) = code,
+                }
+            }
+            at += 1;
+        }
+        Ok(())
+    })?;
+    if at != total {
+        return Err(changed());
+    }
+    Ok(())
+}
+
+fn not_utf8(path: &Path, offset: usize, hint: &str) -> ReplError {
+    ReplError::ContextNotUtf8 {
+        path: path.to_owned(),
+        offset,
+        line: line_of(path, offset),
+        hint: hint.to_owned(),
+    }
+}
+
+/// 1-based line of byte `offset` (read again: only on the error path).
+fn line_of(path: &Path, offset: usize) -> usize {
+    let Ok(file) = File::open(path) else {
+        return 0;
+    };
+    let mut lines = 1;
+    let mut left = offset;
+    let mut reader = std::io::BufReader::with_capacity(1 << 16, file);
+    let mut buf = vec![0u8; 1 << 16];
+    while left > 0 {
+        let n = match reader.read(&mut buf[..left.min(1 << 16)]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        lines += buf[..n].iter().filter(|&&b| b == b'\n').count();
+        left -= n;
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(bytes: &[u8]) -> Result<(String, u64), ReplError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.txt");
+        std::fs::write(&path, bytes).expect("write");
+        Python::initialize();
+        Python::attach(|py| {
+            let (s, chars) = read_file_as_str(py, &path, "")?;
+            Ok((s.to_str().expect("valid str").to_owned(), chars))
+        })
+    }
+
+    #[test]
+    fn every_width_round_trips() {
+        for text in [
+            "",
+            "plain ascii\n",
+            "café Ünïcode",
+            "mixed ☃ snowman",
+            "emoji 🦀 and ascii",
+        ] {
+            let (back, chars) = load(text.as_bytes()).expect("loads");
+            assert_eq!(back, text);
+            assert_eq!(chars, text.chars().count() as u64);
+        }
+    }
+
+    #[test]
+    fn pieces_cut_inside_a_character_round_trip() {
+        // Multi-byte characters straddle the chunk boundaries.
+        let mut text = "a".repeat(CHUNK - 1);
+        text.push('🦀');
+        text.push_str(&"é".repeat(CHUNK / 2 + 3));
+        text.push_str("end");
+        let (back, chars) = load(text.as_bytes()).expect("loads");
+        assert!(back == text, "round trip");
+        assert_eq!(chars, text.chars().count() as u64);
+    }
+
+    #[test]
+    fn invalid_utf8_names_offset_and_line() {
+        let Err(ReplError::ContextNotUtf8 { offset, line, .. }) = load(b"ok\nfine\n\xff bad")
+        else {
+            panic!("not UTF-8");
+        };
+        assert_eq!((offset, line), (8, 3));
+        let Err(ReplError::ContextNotUtf8 { offset, .. }) =
+            load("cut 🦀".as_bytes().split_last().expect("bytes").1)
+        else {
+            panic!("truncated sequence at the end");
+        };
+        assert_eq!(offset, 4);
+    }
+}
