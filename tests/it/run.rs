@@ -138,3 +138,39 @@ fn a_killed_run_leaves_a_valid_trajectory_prefix() {
     assert_eq!(lines[0]["type"], "header");
     assert!(lines[1..].iter().all(|l| l["type"] == "iteration"));
 }
+
+#[test]
+fn the_anthropic_wire_format_runs_the_same_loop() {
+    let mock = Mock::start(fan_out_script());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text: String = (0..500)
+        .map(|i| if i % 5 == 0 { 'x' } else { '.' })
+        .collect();
+    let context = file(dir.path(), "ctx.txt", &text);
+    let anthropic_url = mock.url().trim_end_matches("/v1").to_owned();
+    let run = crate::support::rlm_with(
+        &[
+            "run",
+            "--provider",
+            "anthropic",
+            "--base-url",
+            &anthropic_url,
+            "--model",
+            "root-model",
+            "--sub-model",
+            "sub-model",
+            "--context",
+            context.to_str().expect("utf-8"),
+            "--query",
+            "How many x?",
+        ]
+        .map(str::to_owned),
+        None,
+        &[("ANTHROPIC_API_KEY", "test-key")],
+    );
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "100");
+    let log = mock.log().entries();
+    assert!(log.iter().all(|r| r.path == "/v1/messages"), "{log:?}");
+    assert_eq!(log.iter().filter(|r| r.model == "sub-model").count(), 5);
+}
