@@ -11,4 +11,5 @@ mod contexts;
 mod demo;
 mod final_answers;
 mod limits;
+mod mock_lm;
 mod run;
