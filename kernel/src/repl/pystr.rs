@@ -21,7 +21,7 @@ use pyo3::types::PyString;
 use super::error::ReplError;
 
 /// Bytes read at a time.
-const CHUNK: usize = 8 << 20;
+const CHUNK: usize = 1 << 20;
 
 /// What pass 1 learned.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
