@@ -487,3 +487,11 @@ pub(crate) fn partial_call(calls: &mut Vec<PartialToolCall>, key: usize) -> &mut
     };
     &mut calls[pos]
 }
+
+/// The model a response names, else the one requested, else the endpoint's default.
+fn response_model(reported: Option<String>, req: &ChatRequest, default: &str) -> String {
+    reported
+        .filter(|m| !m.is_empty())
+        .or_else(|| req.model.clone())
+        .unwrap_or_else(|| default.to_owned())
+}

@@ -79,9 +79,7 @@ impl OpenAiClient {
     }
 
     fn model_or_default(&self, req: &ChatRequest, reported: Option<String>) -> String {
-        reported
-            .filter(|m| !m.is_empty())
-            .unwrap_or_else(|| req.model.clone().unwrap_or_else(|| self.model.clone()))
+        super::response_model(reported, req, &self.model)
     }
 }
 
