@@ -235,3 +235,33 @@ fn output_limit_flag_sets_the_feedback_cut() {
         "5 000 characters exceed a 1 000-character limit"
     );
 }
+
+#[test]
+fn max_history_chars_keeps_root_requests_bounded() {
+    let step = repl("print('z' * 6000)");
+    let replies = [&step, &step, &step, &step, &step, "FINAL(done)"];
+    let largest_request = |extra: &[&str]| {
+        let mock = Mock::start(serde_json::json!({"models": {"root-model": {"replies": replies}}}));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let context = context_file(&dir);
+        let mut args = vec!["--context", context.as_str(), "--query", "q"];
+        args.extend_from_slice(extra);
+        mock.run(&args).assert_code(0);
+        mock.log()
+            .entries()
+            .iter()
+            .map(|r| r.request_bytes)
+            .max()
+            .expect("requests")
+    };
+    let unbounded = largest_request(&[]);
+    let bounded = largest_request(&["--max-history-chars", "20000"]);
+    assert!(
+        unbounded > 30_000,
+        "five outputs of 6 000 characters: {unbounded}"
+    );
+    assert!(
+        bounded < 30_000,
+        "old outputs elided: {bounded} bytes vs {unbounded}"
+    );
+}

@@ -35,14 +35,15 @@ fn mock_lm_serves_a_script_that_rlm_run_completes() {
             .expect("rlm mock-lm starts"),
     );
     let stderr = server.0.stderr.take().expect("stderr");
-    let url = BufReader::new(stderr)
-        .lines()
-        .map_while(Result::ok)
+    let mut lines = BufReader::new(stderr).lines().map_while(Result::ok);
+    let url = lines
         .find_map(|line| {
             line.split_once("OpenAI-compatible:")
                 .map(|(_, url)| url.trim().to_owned())
         })
         .expect("the server prints its URL");
+    // Keep reading what else it says, as a terminal would.
+    std::thread::spawn(move || lines.for_each(drop));
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
 
     let context = file(dir.path(), "c.txt", "text");

@@ -145,6 +145,12 @@ pub(crate) struct RunOptions {
     #[arg(long, env = "RLM_OUTPUT_LIMIT", value_name = "CHARS")]
     pub(crate) output_limit: Option<usize>,
 
+    /// Keep the conversation sent to the root model under this many characters by eliding the
+    /// oldest block outputs (the model's replies and the last two outputs are always kept)
+    /// [default: no limit].
+    #[arg(long, env = "RLM_MAX_HISTORY_CHARS", value_name = "CHARS")]
+    pub(crate) max_history_chars: Option<usize>,
+
     /// Stop after this many iterations in a row whose code failed [default: 5].
     #[arg(long, env = "RLM_MAX_CONSECUTIVE_FAILURES")]
     pub(crate) max_consecutive_failures: Option<u32>,

@@ -1,5 +1,7 @@
 //! `rlm mock-lm`: the mock LM server in the foreground until Ctrl-C.
 
+use std::io::Write as _;
+
 use anyhow::{Context, Result};
 use bridge::mock::{FaultKind, MockOptions, MockServer};
 
@@ -32,15 +34,23 @@ pub(crate) async fn serve(args: MockLmArgs) -> Result<()> {
             args.port
         )
     })?;
-    eprintln!("mock LM server listening (scripted models, not a real language model)");
-    eprintln!("  OpenAI-compatible: {}", server.openai_base_url());
-    eprintln!("  Anthropic:         {}", server.anthropic_base_url());
-    eprintln!("Press Ctrl-C to stop.");
+    // Written, not `eprintln!`ed: a server whose stderr was closed keeps serving.
+    let _ = writeln!(
+        std::io::stderr(),
+        "mock LM server listening (scripted models, not a real language model)\n  \
+         OpenAI-compatible: {}\n  Anthropic:         {}\nPress Ctrl-C to stop.",
+        server.openai_base_url(),
+        server.anthropic_base_url()
+    );
     tokio::signal::ctrl_c()
         .await
         .context("Could not wait for Ctrl-C")?;
     let log = server.log();
     server.shutdown().await;
-    eprintln!("mock LM server stopped after {} requests", log.len());
+    let _ = writeln!(
+        std::io::stderr(),
+        "mock LM server stopped after {} requests",
+        log.len()
+    );
     Ok(())
 }

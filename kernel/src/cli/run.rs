@@ -90,6 +90,7 @@ pub(crate) fn merge(cli: RunOptions, file: RunOptions) -> RunOptions {
         protocol: cli.protocol.or(file.protocol),
         code_and_final: cli.code_and_final.or(file.code_and_final),
         output_limit: cli.output_limit.or(file.output_limit),
+        max_history_chars: cli.max_history_chars.or(file.max_history_chars),
         max_consecutive_failures: cli
             .max_consecutive_failures
             .or(file.max_consecutive_failures),
@@ -260,6 +261,7 @@ pub(crate) fn rlm_config(opts: &RunOptions) -> Result<RlmConfig> {
     if let Some(limit) = opts.output_limit {
         config.feedback.block_limit = limit;
     }
+    config.max_history_chars = opts.max_history_chars;
     if let Some(n) = opts.max_consecutive_failures {
         config.max_consecutive_failures = (n > 0).then_some(n);
     }

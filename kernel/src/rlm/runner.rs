@@ -73,6 +73,9 @@ pub struct RlmConfig {
     pub run_timeout: Option<Duration>,
     /// Stop after this many iterations in a row in which a block raised or timed out.
     pub max_consecutive_failures: Option<u32>,
+    /// Keep the conversation sent to the root model within this many characters by eliding
+    /// the oldest block outputs (see [`Conversation::fit`]); `None`: never elide.
+    pub max_history_chars: Option<usize>,
     /// Which final-answer conventions count, and what to do with code plus a final line.
     pub completion: CompletionRules,
     /// How block output is shown to the model.
@@ -88,6 +91,7 @@ impl Default for RlmConfig {
             max_iterations: 30,
             run_timeout: None,
             max_consecutive_failures: Some(5),
+            max_history_chars: None,
             completion: CompletionRules::default(),
             feedback: FeedbackConfig::default(),
             prompts: PromptConfig::default(),
@@ -454,6 +458,9 @@ impl Run<'_> {
                 iteration,
             );
             self.conversation.push_turn(reply, feedback);
+            if let Some(max) = self.config.max_history_chars {
+                self.conversation.fit(max);
+            }
         }
         self.answer_now(hooks)
     }
