@@ -219,7 +219,7 @@ fn fixed_overhead(mock_rt: &tokio::runtime::Runtime, quick: bool) -> anyhow::Res
         let wall = started.elapsed();
         anyhow::ensure!(response.content == reply, "unexpected root reply");
         anyhow::ensure!(
-            result.final_answer.is_some(),
+            result.final_answer().is_some(),
             "the block gave no final answer"
         );
         Ok(wall)

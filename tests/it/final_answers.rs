@@ -132,3 +132,16 @@ fn code_and_final_in_one_reply_waits_for_the_output_unless_accepted() {
     assert_eq!(run.last_line(), "3 words");
     assert_eq!(mock.root_requests(), 1);
 }
+
+#[test]
+fn the_protocol_picks_its_convention_when_a_block_uses_both() {
+    let both = repl(
+        "FINAL_VAR('from final_var')\nanswer['content'] = 'from the dict'\nanswer['ready'] = True",
+    );
+    let (_mock, run) = run_script(&[&both], &["--protocol", "answer"]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "from the dict");
+    let (_mock, run) = run_script(&[&both], &["--protocol", "final"]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "from final_var");
+}

@@ -74,7 +74,7 @@ impl Hook for TraceHook {
             eprintln!("  ├ stderr");
             eprintln!("{}", indent(&truncate_middle(err, SHOWN_CHARS)));
         }
-        if let Some(answer) = &r.final_answer {
+        if let Some(answer) = r.final_answer() {
             eprintln!("  └ final answer set ({:?})", answer.source);
         } else {
             eprintln!("  └");

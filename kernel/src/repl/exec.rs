@@ -123,10 +123,17 @@ impl SessionState {
             ));
         }
 
-        let final_answer = session
-            .getattr("final")
-            .and_then(|f| f.extract::<Option<(String, String)>>())
+        let final_answers = session
+            .getattr("finals")
+            .and_then(|f| f.call_method0("items"))
+            .and_then(|items| {
+                items
+                    .try_iter()?
+                    .map(|i| i?.extract())
+                    .collect::<PyResult<Vec<(String, String)>>>()
+            })
             .map_err(fail)?
+            .into_iter()
             .map(|(source, value)| FinalAnswer {
                 value,
                 source: if source == "answer" {
@@ -134,7 +141,8 @@ impl SessionState {
                 } else {
                     FinalSource::FinalVar
                 },
-            });
+            })
+            .collect();
         session.call_method0("end_block").map_err(fail)?;
         let variables = self.variables(py)?;
         let new_variables = self
@@ -156,7 +164,7 @@ impl SessionState {
             sub_calls: self.bridge.endpoints().ledger().records_since(ledger_start),
             llm_query_calls,
             llm_query_batched_calls,
-            final_answer,
+            final_answers,
             variables,
             new_variables,
         })

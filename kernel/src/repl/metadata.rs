@@ -193,8 +193,10 @@ pub struct ExecutionResult {
     pub llm_query_calls: u32,
     /// Calls of `llm_query_batched` during the block.
     pub llm_query_batched_calls: u32,
-    /// The final answer recorded during the block (the last one, if several).
-    pub final_answer: Option<FinalAnswer>,
+    /// Final answers recorded during the block, at most one per convention, in the order
+    /// first recorded: the `answer` dict's content at the moment `ready` turned true, and the
+    /// value of the last `FINAL_VAR` call.
+    pub final_answers: Vec<FinalAnswer>,
     /// The user's variables after the block.
     pub variables: Vec<VariableInfo>,
     /// Names the block created.
@@ -205,5 +207,10 @@ impl ExecutionResult {
     /// The block ended without an exception or timeout.
     pub fn is_success(&self) -> bool {
         self.error.is_none() && !self.timed_out
+    }
+
+    /// The first final answer the block recorded, whatever its convention.
+    pub fn final_answer(&self) -> Option<&FinalAnswer> {
+        self.final_answers.first()
     }
 }

@@ -70,7 +70,7 @@ class Session:
         "stdout",
         "stderr",
         "stop",
-        "final",
+        "finals",
         "globals",
         "killing",
         "thread_ident",
@@ -84,14 +84,16 @@ class Session:
         self.stdout = None
         self.stderr = None
         self.stop = threading.Event()
-        self.final = None  # (source, value) recorded during the current block
+        # Final answers recorded during the current block, one per convention, in the
+        # order first recorded: {"answer": text, "final_var": text}.
+        self.finals = {}
         self.globals = globals_
 
     def begin_block(self, stdout, stderr):
         self.stdout = stdout
         self.stderr = stderr
         self.stop = threading.Event()
-        self.final = None
+        self.finals = {}
 
     def end_block(self):
         self.stdout = None
@@ -312,7 +314,12 @@ def describe_exception(exc, filename, message=None):
 
 
 def _record(session, source, value):
-    session.final = (source, value)
+    """The `answer` dict keeps the content of the moment `ready` turned true (first wins);
+    `FINAL_VAR` keeps its last call. Each convention has its own slot, so the loop can honour
+    whichever its protocol counts."""
+    if source == "answer" and "answer" in session.finals:
+        return
+    session.finals[source] = value
 
 
 class AnswerDict(dict):
@@ -331,7 +338,7 @@ class AnswerDict(dict):
         self._version = 0
 
     def _check(self):
-        if self._session.final is not None or not self.get("ready"):
+        if "answer" in self._session.finals or not self.get("ready"):
             return
         content = str(self.get("content", ""))
         if content:
@@ -387,7 +394,7 @@ def check_answer_after_block(session, answer, current, version_before):
 
     `current` is what the namespace's `answer` is now (the user may have rebound it to a
     plain dict); `answer` is the session's own AnswerDict."""
-    if session.final is not None:
+    if "answer" in session.finals:
         return
     if current is not answer:
         try:

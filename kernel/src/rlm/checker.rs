@@ -1,7 +1,7 @@
 //! The completion checker: after a reply's blocks ran, did the model finish?
 //!
 //! A thin stage over [`check_completion`](super::check_completion): it takes the final answers
-//! the blocks recorded (`ExecutionResult::final_answer`) and reads `FINAL_VAR(name)` lines'
+//! the blocks recorded (`ExecutionResult::final_answers`) and reads `FINAL_VAR(name)` lines'
 //! variables through a resolver (in the loop: `ReplSession::variable_as_string`).
 
 use super::blocks::extract_code_blocks;
@@ -37,7 +37,7 @@ impl CompletionChecker {
     ) -> Completion {
         let code_finals: Vec<(FinalKind, String)> = runs
             .iter()
-            .filter_map(|run| run.result.final_answer.as_ref())
+            .flat_map(|run| &run.result.final_answers)
             .map(|answer| {
                 let kind = match answer.source {
                     FinalSource::AnswerDict => FinalKind::AnswerDict,
@@ -67,7 +67,7 @@ mod tests {
                 code: "x".into(),
             },
             result: ExecutionResult {
-                final_answer,
+                final_answers: final_answer.into_iter().collect(),
                 ..empty_result()
             },
         }

@@ -282,7 +282,7 @@ impl BlockRecord {
             llm_query_batched_calls: result.llm_query_batched_calls,
             sub_calls: result.sub_calls.len(),
             new_variables: result.new_variables.clone(),
-            final_answer: result.final_answer.as_ref().map(|f| match f.source {
+            final_answer: result.final_answer().map(|f| match f.source {
                 crate::repl::FinalSource::AnswerDict => FinalKind::AnswerDict,
                 crate::repl::FinalSource::FinalVar => FinalKind::FinalVar,
             }),

@@ -17,7 +17,7 @@ pub(crate) fn empty_result() -> ExecutionResult {
         sub_calls: Vec::new(),
         llm_query_calls: 0,
         llm_query_batched_calls: 0,
-        final_answer: None,
+        final_answers: Vec::new(),
         variables: Vec::new(),
         new_variables: Vec::new(),
     }

@@ -258,12 +258,12 @@ fn reserved_names_are_restored_and_user_names_untouched() {
 fn answer_dict_records_the_final_answer_when_ready() {
     let s = session();
     let r = ok(&s, "answer['content'] = 'draft'");
-    assert_eq!(r.final_answer, None);
+    assert_eq!(r.final_answer(), None);
     let r = ok(
         &s,
         "answer['content'] = [1, 2]\nanswer['ready'] = True\nx = 1",
     );
-    let fa = r.final_answer.expect("recorded");
+    let fa = r.final_answer().expect("recorded");
     assert_eq!(fa.value, "[1, 2]");
     assert_eq!(fa.source, FinalSource::AnswerDict);
     // Later changes in the same block do not alter the recorded answer.
@@ -272,35 +272,62 @@ fn answer_dict_records_the_final_answer_when_ready() {
         &s,
         "answer['content'] = 'at that moment'\nanswer['ready'] = True\nanswer['content'] = 'later'",
     );
-    assert_eq!(r.final_answer.expect("recorded").value, "at that moment");
+    assert_eq!(r.final_answer().expect("recorded").value, "at that moment");
     // Ready first, content after: the first content written while ready counts.
     let s = session();
     let r = ok(&s, "answer['ready'] = True\nanswer['content'] = 'late'");
-    assert_eq!(r.final_answer.expect("recorded").value, "late");
+    assert_eq!(r.final_answer().expect("recorded").value, "late");
     // update() bypasses __setitem__; checked after the block.
     let s = session();
     let r = ok(&s, "answer.update(content='via update', ready=True)");
-    assert_eq!(r.final_answer.expect("recorded").value, "via update");
+    assert_eq!(r.final_answer().expect("recorded").value, "via update");
     // A rebound plain dict that is ready still counts, and `answer` is restored.
     let s = session();
     let r = ok(&s, "answer = {'content': 'rebound', 'ready': True}");
-    assert_eq!(r.final_answer.expect("recorded").value, "rebound");
+    assert_eq!(r.final_answer().expect("recorded").value, "rebound");
     assert_eq!(ok(&s, "type(answer).__name__").stdout, "'AnswerDict'\n");
+}
+
+#[test]
+fn each_convention_keeps_its_own_final_answer() {
+    let s = session();
+    let r = ok(
+        &s,
+        "FINAL_VAR('first')\nanswer['content'] = 'dict'\nanswer['ready'] = True\nFINAL_VAR('last')",
+    );
+    let got: Vec<(FinalSource, &str)> = r
+        .final_answers
+        .iter()
+        .map(|a| (a.source, a.value.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (FinalSource::FinalVar, "last"),
+            (FinalSource::AnswerDict, "dict")
+        ],
+        "FINAL_VAR keeps its last value, in the slot it first took"
+    );
+    assert_eq!(
+        ok(&s, "x = 1").final_answers,
+        [],
+        "a new block starts empty"
+    );
 }
 
 #[test]
 fn final_var_records_a_value_or_a_named_variable() {
     let s = session();
     let r = ok(&s, "result = {'total': 3}\nFINAL_VAR('result')");
-    let fa = r.final_answer.expect("recorded");
+    let fa = r.final_answer().expect("recorded");
     assert_eq!(fa.value, "{'total': 3}");
     assert_eq!(fa.source, FinalSource::FinalVar);
     let r = ok(&s, "FINAL_VAR(6 * 7)");
-    assert_eq!(r.final_answer.expect("recorded").value, "42");
+    assert_eq!(r.final_answer().expect("recorded").value, "42");
     let r = ok(&s, "FINAL_VAR('plain words')");
-    assert_eq!(r.final_answer.expect("recorded").value, "plain words");
+    assert_eq!(r.final_answer().expect("recorded").value, "plain words");
     let r = ok(&s, "y = 1");
-    assert_eq!(r.final_answer, None);
+    assert_eq!(r.final_answer(), None);
 }
 
 #[test]
