@@ -174,3 +174,40 @@ fn the_anthropic_wire_format_runs_the_same_loop() {
     assert!(log.iter().all(|r| r.path == "/v1/messages"), "{log:?}");
     assert_eq!(log.iter().filter(|r| r.model == "sub-model").count(), 5);
 }
+
+#[test]
+fn extra_models_are_listed_for_the_root_and_picked_by_name() {
+    let code = repl("pair = llm_query('which?', model='big') + ' ' + llm_query('which?')\nprint(pair)");
+    let mock = Mock::start(serde_json::json!({
+        "models": {
+            "root-model": {
+                "rules": [
+                    {"turn": 0, "system": "`big` \\(big-model\\)", "reply": code},
+                    {"turn": 0, "reply": "FINAL(the system prompt does not list `big`)"}
+                ],
+                "replies": ["", "FINAL_VAR(pair)"]
+            },
+            "sub-model": {"replies": ["small"]},
+            "big-model": {"replies": ["large"]}
+        }
+    }));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "ctx.txt", "text");
+    let context = context.to_str().expect("utf-8");
+    let run = mock.run(&[
+        "--context",
+        context,
+        "--query",
+        "q",
+        "--extra-model",
+        "big=big-model",
+    ]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "large small");
+
+    for (spec, needle) in [("big", "NAME=MODEL"), ("sub=other", "is taken")] {
+        let run = mock.run(&["--context", context, "--query", "q", "--extra-model", spec]);
+        run.assert_code(1);
+        assert!(run.stderr.contains(needle), "{spec}: {}", run.stderr);
+    }
+}

@@ -72,6 +72,12 @@ pub(crate) struct RunOptions {
     #[arg(long, env = "RLM_SUB_BASE_URL", value_name = "URL")]
     pub(crate) sub_base_url: Option<String>,
 
+    /// Another sub-model the code may pick with `llm_query(..., model="NAME")`, as
+    /// `NAME=MODEL` or `NAME=MODEL@BASE_URL` (default URL: the sub-model's). Repeatable.
+    #[arg(long = "extra-model", value_name = "NAME=MODEL[@URL]")]
+    #[serde(default, rename = "extra-models")]
+    pub(crate) extra_models: Vec<String>,
+
     /// Wire format of the model API.
     #[arg(long, env = "RLM_PROVIDER", value_enum)]
     pub(crate) provider: Option<ProviderArg>,

@@ -72,6 +72,11 @@ pub(crate) fn merge(cli: RunOptions, file: RunOptions) -> RunOptions {
         sub_model: cli.sub_model.or(file.sub_model),
         base_url: cli.base_url.or(file.base_url),
         sub_base_url: cli.sub_base_url.or(file.sub_base_url),
+        extra_models: if cli.extra_models.is_empty() {
+            file.extra_models
+        } else {
+            cli.extra_models
+        },
         provider: cli.provider.or(file.provider),
         api_key_env: cli.api_key_env.or(file.api_key_env),
         max_output_tokens: cli.max_output_tokens.or(file.max_output_tokens),
@@ -196,19 +201,45 @@ pub(crate) fn build_endpoints(opts: &RunOptions) -> Result<Arc<Endpoints>> {
         }
         sub.max_in_flight = sub.max_in_flight.max(width);
     }
+    let mut configs = vec![root, sub];
+    for spec in &opts.extra_models {
+        configs.push(extra_model(spec, &configs)?);
+    }
     let budget = Budget {
         max_calls: opts.max_sub_calls,
         max_tokens: opts.max_tokens,
         max_usd: opts.max_usd,
     };
-    if budget.max_usd.is_some() && root.price.is_none() && sub.price.is_none() {
+    if budget.max_usd.is_some() && configs.iter().all(|c| c.price.is_none()) {
         bail!(
             "`--max-usd` needs prices to count cost; pass `--price INPUT:OUTPUT` (USD per million tokens)"
         );
     }
-    let endpoints = Endpoints::new(vec![root, sub], Arc::new(Ledger::new(budget)))
+    let endpoints = Endpoints::new(configs, Arc::new(Ledger::new(budget)))
         .context("Could not set up the model endpoints")?;
     Ok(Arc::new(endpoints))
+}
+
+/// `NAME=MODEL[@BASE_URL]`: an endpoint like `sub` (`configs[1]`) under another name.
+fn extra_model(spec: &str, configs: &[EndpointConfig]) -> Result<EndpointConfig> {
+    let parsed = spec
+        .split_once('=')
+        .filter(|(name, model)| !name.trim().is_empty() && !model.trim().is_empty());
+    let Some((name, rest)) = parsed else {
+        bail!("`--extra-model` takes `NAME=MODEL` or `NAME=MODEL@BASE_URL`; got `{spec}`");
+    };
+    let name = name.trim();
+    if configs.iter().any(|c| c.name == name) {
+        bail!("`--extra-model {spec}`: the name `{name}` is taken; pick another");
+    }
+    let sub = &configs[1];
+    let (model, url) = rest.split_once('@').unwrap_or((rest, &sub.base_url));
+    Ok(EndpointConfig {
+        name: name.to_owned(),
+        base_url: url.trim().to_owned(),
+        model: model.trim().to_owned(),
+        ..sub.clone()
+    })
 }
 
 pub(crate) fn session_config(opts: &RunOptions) -> Result<SessionConfig> {

@@ -30,6 +30,8 @@ const HOW_FINAL: &str = include_str!("../../../prompts/notes/how_final.md");
 const NOTE_CUT_OFF: &str = include_str!("../../../prompts/notes/cut_off.md");
 const SUB_CALL_ERRORS_STRING: &str = include_str!("../../../prompts/sub_call_errors_string.md");
 const SUB_CALL_ERRORS_RAISE: &str = include_str!("../../../prompts/sub_call_errors_raise.md");
+const SUB_MODELS_ONE: &str = include_str!("../../../prompts/sub_models_one.md");
+const SUB_MODELS_MANY: &str = include_str!("../../../prompts/sub_models_many.md");
 
 /// Columns of a table context listed by name in the description.
 const MAX_LISTED_COLUMNS: usize = 40;
@@ -64,6 +66,10 @@ pub struct Prompts {
     max_iterations: u32,
     cell_timeout: Duration,
     sub_call_errors: SubCallErrorMode,
+    /// The endpoint `llm_query` uses by default.
+    default_sub: String,
+    /// Endpoints the code may name with `model=`, with their model names.
+    sub_models: Vec<(String, String)>,
 }
 
 impl Prompts {
@@ -82,6 +88,8 @@ impl Prompts {
             max_iterations,
             cell_timeout: session.cell_timeout,
             sub_call_errors: session.sub_call_errors,
+            default_sub: session.sub_endpoint,
+            sub_models: Vec::new(),
         }
     }
 
@@ -90,7 +98,32 @@ impl Prompts {
     pub fn with_session(mut self, session: &SessionConfig) -> Self {
         self.cell_timeout = session.cell_timeout;
         self.sub_call_errors = session.sub_call_errors;
+        self.default_sub = session.sub_endpoint.clone();
         self
+    }
+
+    /// Names the endpoints the code may pick with `model=` (name, model), so the system
+    /// prompt can list them.
+    pub fn with_sub_models(mut self, models: Vec<(String, String)>) -> Self {
+        self.sub_models = models;
+        self
+    }
+
+    /// The system prompt's line on `model=`.
+    fn sub_models_line(&self) -> String {
+        let default = &self.default_sub;
+        if self.sub_models.iter().all(|(name, _)| name == default) {
+            return SUB_MODELS_ONE.to_owned();
+        }
+        let models: Vec<String> = self
+            .sub_models
+            .iter()
+            .map(|(name, model)| format!("`{name}` ({model})"))
+            .collect();
+        fill(
+            SUB_MODELS_MANY,
+            &[("models", &models.join(", ")), ("default", default)],
+        )
     }
 
     /// The system prompt: the built-in text or the override, then the extension.
@@ -112,6 +145,7 @@ impl Prompts {
                 ("max_iterations", &self.max_iterations.to_string()),
                 ("cell_timeout", &spoken_duration(self.cell_timeout)),
                 ("sub_call_errors", sub_call_errors.trim_end()),
+                ("sub_models", self.sub_models_line().trim_end()),
             ],
         );
         let text_end = text.trim_end().len();
@@ -475,6 +509,24 @@ mod tests {
     #[test]
     fn system_prompt_auto() {
         insta::assert_snapshot!(prompts(Protocol::Auto).system_prompt());
+    }
+
+    #[test]
+    fn system_prompt_lists_the_sub_models_code_may_name() {
+        let one = prompts(Protocol::Auto).with_sub_models(vec![("sub".into(), "small".into())]);
+        let many = prompts(Protocol::Auto).with_sub_models(vec![
+            ("sub".into(), "small-model".into()),
+            ("big".into(), "large-model".into()),
+        ]);
+        let line = |p: &Prompts| {
+            p.system_prompt()
+                .lines()
+                .skip_while(|l| !l.contains("`model`"))
+                .take(2)
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        insta::assert_snapshot!(format!("one:\n{}\n\nmany:\n{}", line(&one), line(&many)));
     }
 
     #[test]

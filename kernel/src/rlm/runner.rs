@@ -173,6 +173,17 @@ impl Rlm {
             self.config.max_iterations,
         )
         .with_session(self.session.config())
+        .with_sub_models(
+            self.endpoints
+                .names()
+                .into_iter()
+                .filter(|name| *name != self.config.root_endpoint)
+                .filter_map(|name| {
+                    let model = self.endpoints.get(&name).ok()?.config().model.clone();
+                    Some((name, model))
+                })
+                .collect(),
+        )
     }
 
     /// Answers `query`: runs the loop to a final answer or a limit. Blocks the calling thread
