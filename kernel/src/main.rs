@@ -2,7 +2,9 @@
 //!
 //! Exit codes: 0 the model gave a final answer; 1 an error (bad input, unreachable endpoint,
 //! failed run); 2 a usage error; 3 a limit stopped the run (iterations, time, budget, repeated
-//! failures) — a partial or fallback answer may still have been printed.
+//! failures) — a partial or fallback answer may still have been printed; 130 Ctrl-C stopped
+//! the run (the first Ctrl-C stops it gracefully, keeping its best answer and trajectory; a
+//! second one quits at once).
 
 mod cli;
 

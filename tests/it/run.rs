@@ -177,7 +177,8 @@ fn the_anthropic_wire_format_runs_the_same_loop() {
 
 #[test]
 fn extra_models_are_listed_for_the_root_and_picked_by_name() {
-    let code = repl("pair = llm_query('which?', model='big') + ' ' + llm_query('which?')\nprint(pair)");
+    let code =
+        repl("pair = llm_query('which?', model='big') + ' ' + llm_query('which?')\nprint(pair)");
     let mock = Mock::start(serde_json::json!({
         "models": {
             "root-model": {
@@ -210,4 +211,72 @@ fn extra_models_are_listed_for_the_root_and_picked_by_name() {
         run.assert_code(1);
         assert!(run.stderr.contains(needle), "{spec}: {}", run.stderr);
     }
+}
+
+#[test]
+fn ctrl_c_stops_the_run_and_keeps_its_best_answer_and_trajectory() {
+    let mock = Mock::start(serde_json::json!({
+        "models": {"root-model": {"replies": [
+            format!("{}\nFINAL(draft answer)", repl("print('working')")),
+            repl("import time\ntime.sleep(60)"),
+            "FINAL(never)"
+        ]}}
+    }));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "ctx.txt", "some text");
+    let trajectory = dir.path().join("t.jsonl");
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_rlm"))
+        .args([
+            "run",
+            "--base-url",
+            &mock.url(),
+            "--model",
+            "root-model",
+            "--query",
+            "q",
+        ])
+        .arg("--context")
+        .arg(&context)
+        .arg("--trajectory")
+        .arg(&trajectory)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("rlm starts");
+    // Wait until the second reply's block is sleeping, then press Ctrl-C.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while mock.root_requests() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run made progress"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: sends SIGINT to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let started = std::time::Instant::now();
+    let output = child.wait_with_output().expect("rlm exits");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "stopped promptly"
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{stderr}");
+    assert_eq!(
+        stdout.trim_end(),
+        "draft answer",
+        "the best answer so far is printed"
+    );
+    assert!(stderr.contains("Interrupted"), "{stderr}");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&trajectory)
+        .expect("trajectory")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    let last = lines.last().expect("lines");
+    assert_eq!(last["type"], "result", "the trajectory is closed: {last}");
+    assert_eq!(last["termination_reason"], "interrupted");
 }

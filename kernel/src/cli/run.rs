@@ -17,7 +17,7 @@ use bridge::{Budget, EndpointConfig, Endpoints, Ledger, Price, Provider, Samplin
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernel::repl::{ContextSource, ReplSession, SessionConfig, SubCallErrorMode};
 use kernel::rlm::{
-    CodeAndFinal, CompletionRules, Progress, Protocol, Rlm, RlmConfig, RlmResult,
+    CodeAndFinal, CompletionRules, Progress, Protocol, Rlm, RlmConfig, RlmResult, StopHandle,
     TerminationReason, TrajectoryWriter,
 };
 use serde::Deserialize;
@@ -29,6 +29,9 @@ use super::trace::TraceHook;
 
 /// Exit code of a run that stopped at a limit (iterations, time, budget) or without an answer.
 pub(crate) const EXIT_LIMIT: u8 = 3;
+
+/// Exit code after Ctrl-C, as shells report a SIGINT death (128 + 2).
+pub(crate) const EXIT_INTERRUPTED: u8 = 130;
 
 /// Endpoint names in the registry.
 const ROOT: &str = "root";
@@ -314,11 +317,15 @@ pub(crate) enum RunOutcome {
     Limited,
     /// The run could not go on (model unreachable, kernel broke): exit 1.
     Failed,
+    /// Ctrl-C stopped the run (its best partial answer may be printed): exit 130.
+    Interrupted,
 }
 
 impl RunOutcome {
     pub(crate) fn of(reason: TerminationReason) -> Self {
-        if reason.is_success() {
+        if reason == TerminationReason::Interrupted {
+            Self::Interrupted
+        } else if reason.is_success() {
             Self::Answered
         } else if reason.is_limit() {
             Self::Limited
@@ -332,6 +339,7 @@ impl RunOutcome {
             Self::Answered => ExitCode::SUCCESS,
             Self::Limited => ExitCode::from(EXIT_LIMIT),
             Self::Failed => ExitCode::FAILURE,
+            Self::Interrupted => ExitCode::from(EXIT_INTERRUPTED),
         }
     }
 }
@@ -369,6 +377,7 @@ pub(crate) fn run_loop(
     }
     let progress = Progress::new();
     rlm.add_hook(progress.hook());
+    stop_on_ctrl_c(rlm.stop_handle());
     let bar = (display != Display::Quiet && std::io::stderr().is_terminal())
         .then(|| spawn_progress_bar(progress, max_iterations));
     let result = rlm.run(query);
@@ -377,6 +386,24 @@ pub(crate) fn run_loop(
         bar.finish_and_clear();
     }
     Ok(result?)
+}
+
+/// The first Ctrl-C stops the run gracefully (best partial answer, closed trajectory); a
+/// second one quits at once.
+fn stop_on_ctrl_c(handle: StopHandle) {
+    kernel::runtime::shared().spawn(async move {
+        if tokio::signal::ctrl_c().await.is_err() {
+            return;
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "\nInterrupted: stopping the run and keeping what it found (Ctrl-C again to quit at once)"
+        );
+        handle.stop();
+        if tokio::signal::ctrl_c().await.is_ok() {
+            std::process::exit(i32::from(EXIT_INTERRUPTED));
+        }
+    });
 }
 
 /// A progress line redrawn from the [`Progress`] handle until `stop` is cancelled.
@@ -460,6 +487,7 @@ fn describe(reason: TerminationReason) -> &'static str {
         TerminationReason::RootModelError => "failed: the root model could not be reached",
         TerminationReason::KernelError => "failed: the Python session broke",
         TerminationReason::StoppedByHook => "stopped by a hook",
+        TerminationReason::Interrupted => "interrupted (Ctrl-C)",
     }
 }
 

@@ -37,6 +37,8 @@ pub enum TerminationReason {
     KernelError,
     /// A hook stopped the run.
     StoppedByHook,
+    /// The run was stopped from outside ([`StopHandle::stop`](super::StopHandle::stop), Ctrl-C).
+    Interrupted,
 }
 
 impl TerminationReason {

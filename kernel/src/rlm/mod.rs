@@ -99,5 +99,5 @@ pub use metadata::{
 pub use metrics::MetricsHook;
 pub use progress::{Phase, Progress, ProgressHook, ProgressSnapshot};
 pub use prompts::{PromptConfig, Prompts, describe_contexts};
-pub use runner::{Rlm, RlmConfig, RlmError, RlmResult};
+pub use runner::{Rlm, RlmConfig, RlmError, RlmResult, StopHandle};
 pub use trajectory::{TRAJECTORY_VERSION, TrajectoryWriter};

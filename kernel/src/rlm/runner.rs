@@ -18,7 +18,9 @@
 //! - N iterations in a row with a failing block (`consecutive_failures`);
 //! - the root model failing after the bridge's retries (`root_model_error`), or the session
 //!   breaking (`kernel_error`): the trajectory so far is kept and the error is in the result;
-//! - a hook (`stopped_by_hook`).
+//! - a hook (`stopped_by_hook`);
+//! - a [`StopHandle`] from another thread, e.g. on Ctrl-C (`interrupted`): the root call in
+//!   flight is cancelled and a running block interrupted.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -126,7 +128,34 @@ pub struct Rlm {
     endpoints: Arc<Endpoints>,
     session: Arc<ReplSession>,
     hooks: Hooks,
+    stop: CancellationToken,
 }
+
+/// Stops a runner's run from another thread (a Ctrl-C handler, a notebook's stop button).
+#[derive(Debug, Clone)]
+pub struct StopHandle {
+    stop: CancellationToken,
+    session: Arc<ReplSession>,
+}
+
+impl StopHandle {
+    /// Ends the run in progress as soon as possible: a root-model call in flight is cancelled,
+    /// a running block is interrupted (with its sub-calls), and the run returns its best
+    /// partial answer with [`TerminationReason::Interrupted`]. Later runs of the same runner
+    /// end at once; the session keeps its state for a new runner.
+    pub fn stop(&self) {
+        self.stop.cancel();
+        self.session.interrupt();
+    }
+
+    /// Whether [`stop`](Self::stop) was called.
+    pub fn is_stopped(&self) -> bool {
+        self.stop.is_cancelled()
+    }
+}
+
+/// What an interrupted run says.
+const INTERRUPTED: &str = "The run was interrupted; the answer is the best one found so far";
 
 impl std::fmt::Debug for Rlm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -145,6 +174,15 @@ impl Rlm {
             endpoints,
             session,
             hooks: Hooks::new(),
+            stop: CancellationToken::new(),
+        }
+    }
+
+    /// A handle that stops this runner's runs from another thread.
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle {
+            stop: self.stop.clone(),
+            session: Arc::clone(&self.session),
         }
     }
 
@@ -206,6 +244,7 @@ impl Rlm {
         let mut hooks = Chain {
             first: &mut metrics,
             rest: &mut self.hooks,
+            stop: self.stop.clone(),
         };
         let info = RunInfo {
             query,
@@ -229,25 +268,39 @@ impl Rlm {
             iterations: Vec::new(),
             sub_calls: Vec::new(),
             candidate: None,
+            stop: self.stop.clone(),
         };
         let ending = match hooks.before_run(&info) {
             HookAction::Continue => run.drive(&mut hooks),
             HookAction::Replace(answer) => Ending::answer(answer, FinalKind::Hook),
-            HookAction::Stop(reason) => Ending::stop(TerminationReason::StoppedByHook, reason),
+            HookAction::Stop(reason) => run.hook_stop(reason),
         };
         Ok(run.finish(ending, contexts, &mut hooks))
     }
 }
 
-/// The built-in metrics first, then the user's hooks.
+/// The built-in metrics first, then the user's hooks; every before-step also checks the
+/// runner's stop token, so a stopped run ends at the next step.
 struct Chain<'a> {
     first: &'a mut MetricsHook,
     rest: &'a mut Hooks,
+    stop: CancellationToken,
+}
+
+impl Chain<'_> {
+    fn stopped<T>(&self) -> Option<HookAction<T>> {
+        self.stop
+            .is_cancelled()
+            .then(|| HookAction::Stop(INTERRUPTED.to_owned()))
+    }
 }
 
 impl Hook for Chain<'_> {
     fn before_run(&mut self, run: &RunInfo<'_>) -> HookAction<String> {
         let _ = self.first.before_run(run);
+        if let Some(stop) = self.stopped() {
+            return stop;
+        }
         self.rest.before_run(run)
     }
 
@@ -256,6 +309,9 @@ impl Hook for Chain<'_> {
         iteration: u32,
         messages: &[bridge::Message],
     ) -> HookAction<String> {
+        if let Some(stop) = self.stopped() {
+            return stop;
+        }
         self.rest.before_iteration(iteration, messages)
     }
 
@@ -264,6 +320,9 @@ impl Hook for Chain<'_> {
         iteration: u32,
         request: &mut ChatRequest,
     ) -> HookAction<String> {
+        if let Some(stop) = self.stopped() {
+            return stop;
+        }
         self.rest.before_model_call(iteration, request)
     }
 
@@ -277,6 +336,9 @@ impl Hook for Chain<'_> {
         iteration: u32,
         block: &mut super::blocks::CodeBlock,
     ) -> HookAction<crate::repl::ExecutionResult> {
+        if let Some(stop) = self.stopped() {
+            return stop;
+        }
         self.rest.before_block(iteration, block)
     }
 
@@ -346,6 +408,7 @@ struct Run<'a> {
     iterations: Vec<IterationRecord>,
     sub_calls: Vec<SubCallMetadata>,
     candidate: Option<FoundAnswer>,
+    stop: CancellationToken,
 }
 
 /// What asking the root model gave.
@@ -370,9 +433,7 @@ impl Run<'_> {
             match hooks.before_iteration(iteration, self.conversation.messages()) {
                 HookAction::Continue => {}
                 HookAction::Replace(answer) => return Ending::answer(answer, FinalKind::Hook),
-                HookAction::Stop(reason) => {
-                    return Ending::stop(TerminationReason::StoppedByHook, reason);
-                }
+                HookAction::Stop(reason) => return self.hook_stop(reason),
             }
             let started_ms = self.elapsed_ms();
             let (reply, model_ms, root_call, cut_off) = match self.ask(iteration, false, hooks) {
@@ -518,9 +579,7 @@ impl Run<'_> {
                 },
                 0.0,
             ),
-            HookAction::Stop(reason) => {
-                return Reply::Stopped(Ending::stop(TerminationReason::StoppedByHook, reason));
-            }
+            HookAction::Stop(reason) => return Reply::Stopped(self.hook_stop(reason)),
         };
         hooks.after_model_call(&mut call);
         let cut_off = call
@@ -536,9 +595,10 @@ impl Run<'_> {
         }
     }
 
-    /// Sends the request on the shared runtime, cancelled at the run's deadline.
+    /// Sends the request on the shared runtime, cancelled at the run's deadline or when the
+    /// run is stopped.
     fn call_root(&self, request: ChatRequest) -> Result<Generation, Ending> {
-        let cancel = CancellationToken::new();
+        let cancel = self.stop.child_token();
         let generator = &self.generator;
         let deadline = self.deadline;
         let outcome = crate::runtime::shared().block_on(async {
@@ -552,7 +612,21 @@ impl Run<'_> {
                 None => Some(generator.generate(request, &cancel).await),
             }
         });
-        outcome.ok_or_else(|| self.timeout_ending())
+        match outcome {
+            Some(_) if self.stop.is_cancelled() => Err(self.hook_stop(INTERRUPTED.to_owned())),
+            Some(generation) => Ok(generation),
+            None => Err(self.timeout_ending()),
+        }
+    }
+
+    /// A before-hook said stop: the runner's own stop token, or a user hook.
+    fn hook_stop(&self, reason: String) -> Ending {
+        let why = if self.stop.is_cancelled() {
+            TerminationReason::Interrupted
+        } else {
+            TerminationReason::StoppedByHook
+        };
+        Ending::stop(why, reason)
     }
 
     fn root_failed(
@@ -587,7 +661,7 @@ impl Run<'_> {
         hooks: &mut dyn Hook,
     ) -> Ending {
         match stop {
-            ExecutionStop::Hook(reason) => Ending::stop(TerminationReason::StoppedByHook, reason),
+            ExecutionStop::Hook(reason) => self.hook_stop(reason),
             ExecutionStop::Deadline => self.timeout_ending(),
             ExecutionStop::Budget => {
                 let message = runs

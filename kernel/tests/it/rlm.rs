@@ -1084,3 +1084,45 @@ fn a_reply_cut_off_at_the_token_limit_is_pointed_out() {
     );
     assert_eq!(result.iterations[0].notes, [kernel::rlm::FinalNote::CutOff]);
 }
+
+#[test]
+fn a_stop_handle_cancels_a_slow_root_call_and_later_runs_end_at_once() {
+    let mut script = script(&["FINAL(too late)"]);
+    script["models"]["root"]["latency"] = json!({"kind": "fixed", "ms": 5_000});
+    let harness = Harness::new(Setup {
+        script,
+        ..Setup::default()
+    });
+    let mut rlm = harness.rlm(config());
+    let handle = rlm.stop_handle();
+    let stopper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        handle.stop();
+    });
+    let started = std::time::Instant::now();
+    let result = rlm.run("q").expect("the run starts");
+    stopper.join().expect("joins");
+    assert_eq!(result.termination_reason, TerminationReason::Interrupted);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(rlm.stop_handle().is_stopped());
+    let again = rlm.run("q").expect("the run starts");
+    assert_eq!(again.termination_reason, TerminationReason::Interrupted);
+    assert!(
+        again.iterations.is_empty(),
+        "a stopped runner asks nothing more"
+    );
+    assert_eq!(again.metrics.root_calls, 0);
+    // The session itself is fine for a new runner.
+    assert!(
+        harness
+            .session
+            .exec("1 + 1")
+            .expect("answers")
+            .error
+            .is_none()
+    );
+}
