@@ -601,22 +601,27 @@ impl Run<'_> {
         let cancel = self.stop.child_token();
         let generator = &self.generator;
         let deadline = self.deadline;
-        let outcome = crate::runtime::shared().block_on(async {
-            match deadline {
-                Some(deadline) => tokio::time::timeout_at(
-                    tokio::time::Instant::from_std(deadline),
-                    generator.generate(request, &cancel),
-                )
-                .await
-                .ok(),
-                None => Some(generator.generate(request, &cancel).await),
+        let generation = crate::runtime::shared().block_on(async {
+            let call = generator.generate(request, &cancel);
+            tokio::pin!(call);
+            if let Some(deadline) = deadline {
+                tokio::select! {
+                    generation = &mut call => return generation,
+                    () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {
+                        cancel.cancel();
+                    }
+                }
             }
+            // Cancelled, not dropped: the call ends at once and the ledger records it.
+            call.await
         });
-        match outcome {
-            Some(_) if self.stop.is_cancelled() => Err(self.hook_stop(INTERRUPTED.to_owned())),
-            Some(generation) => Ok(generation),
-            None => Err(self.timeout_ending()),
+        if self.stop.is_cancelled() {
+            return Err(self.hook_stop(INTERRUPTED.to_owned()));
         }
+        if self.deadline_passed() && matches!(generation.result, Err(BridgeError::Cancelled)) {
+            return Err(self.timeout_ending());
+        }
+        Ok(generation)
     }
 
     /// A before-hook said stop: the runner's own stop token, or a user hook.

@@ -733,6 +733,10 @@ fn the_run_timeout_cancels_a_slow_root_call() {
         "{:?}",
         started.elapsed()
     );
+    // Cancelled, not dropped: the bridge still records the call.
+    let records = harness.endpoints.ledger().records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].error_kind.as_deref(), Some("cancelled"));
 }
 
 #[test]
