@@ -170,6 +170,36 @@ impl SessionState {
         })
     }
 
+    /// Runs `f` — user code outside a block, such as a variable's `__str__` — under the
+    /// watchdog, so code that never returns is interrupted after `limit` like a block.
+    pub(crate) fn guarded<T>(
+        &mut self,
+        py: Python<'_>,
+        limit: std::time::Duration,
+        f: impl FnOnce() -> T,
+    ) -> Result<T, ReplError> {
+        let fail = |e: PyErr| ReplError::internal("running user code", e);
+        let support = interpreter()?.support(py);
+        self.guards += 1;
+        self.watchdog.arm(
+            py,
+            ArmRequest {
+                // Its own id space: a stale interrupt of a block can never match a guard.
+                block: (1 << 63) | self.guards,
+                timeout: limit,
+                thread_id: self.thread_id,
+                session: self.py_session.clone_ref(py),
+                timeout_class: support.getattr("CellTimeout").map_err(fail)?.unbind(),
+                cancelled_class: support.getattr("CellCancelled").map_err(fail)?.unbind(),
+                cell_token: tokio_util::sync::CancellationToken::new(),
+                session_token: self.bridge.session_token(),
+            },
+        );
+        let out = f();
+        self.watchdog.disarm(py);
+        Ok(out)
+    }
+
     /// Describe an exception raised by the block (support frames removed).
     fn describe(
         &self,

@@ -31,6 +31,9 @@ const INTERRUPT_GRACE: Duration = Duration::from_secs(10);
 /// How long non-exec jobs (variables, session start) may wait for an idle session thread.
 const QUERY_WAIT: Duration = Duration::from_secs(30);
 
+/// How long a variable's `__str__` may run when the loop reads it (well under `QUERY_WAIT`).
+const STR_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Names the kernel defines in every session (restored after a block that rebinds them);
 /// `context_0 … context_n` are reserved too.
 pub const RESERVED_NAMES: &[&str] = &[
@@ -361,6 +364,8 @@ pub(crate) struct SessionState {
     pub(crate) watchdog: Arc<Watchdog>,
     pub(crate) thread_id: std::os::raw::c_long,
     pub(crate) blocks: u64,
+    /// User code run outside blocks under the watchdog (see `SessionState::guarded`).
+    pub(crate) guards: u64,
 }
 
 impl SessionState {
@@ -461,6 +466,7 @@ impl SessionState {
             watchdog: init.watchdog,
             thread_id,
             blocks: 0,
+            guards: 0,
         };
         Ok((state, contexts))
     }
@@ -496,16 +502,22 @@ impl SessionState {
             .map_err(|e| ReplError::internal("listing variables", e))
     }
 
-    fn variable_as_string(&self, py: Python<'_>, name: &str) -> Result<Option<String>, ReplError> {
-        let globals = self.globals.bind(py);
+    fn variable_as_string(
+        &mut self,
+        py: Python<'_>,
+        name: &str,
+    ) -> Result<Option<String>, ReplError> {
+        let globals = self.globals.bind(py).clone();
         let Some(value) = globals
             .get_item(name)
             .map_err(|e| ReplError::internal("reading a variable", e))?
         else {
             return Ok(None);
         };
-        // str() runs the user's __str__; its failure is described, not a kernel error.
-        Ok(Some(match value.str() {
+        // str() runs the user's __str__: bounded like a block, its failure described.
+        let limit = self.config.cell_timeout.min(STR_TIMEOUT);
+        let text = self.guarded(py, limit, || value.str())?;
+        Ok(Some(match text {
             Ok(s) => s.to_string_lossy().into_owned(),
             Err(e) => format!("<str() of `{name}` failed: {e}>"),
         }))

@@ -12,6 +12,7 @@ sub-model natives live in Rust.
 import ast
 import gc
 import io
+import itertools
 import json
 import linecache
 import reprlib
@@ -306,8 +307,27 @@ def describe_exception(exc, filename, message=None):
             if tb.tb_frame.f_code.co_filename == filename:
                 line = tb.tb_lineno
             tb = tb.tb_next
-    shown = message if message is not None else str(exc)
-    return type(exc).__name__, shown, text, line
+    if message is not None:
+        shown = message
+    else:
+        try:
+            shown = str(exc)
+        except BaseException:
+            shown = f"<str() of the {type(exc).__name__} failed>"
+    return type(exc).__name__, _cap(shown, MESSAGE_CAP), _cap(text, TRACEBACK_CAP), line
+
+
+# An exception's text may hold a whole context (`float(context)`); what the kernel keeps of it
+# is bounded, head and tail, like block output.
+MESSAGE_CAP = 2_000
+TRACEBACK_CAP = 20_000
+
+
+def _cap(text, limit):
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half:,} characters omitted ...]\n{text[-half:]}"
 
 
 # --- final answers -------------------------------------------------------------------
@@ -396,15 +416,15 @@ def check_answer_after_block(session, answer, current, version_before):
     plain dict); `answer` is the session's own AnswerDict."""
     if "answer" in session.finals:
         return
-    if current is not answer:
-        try:
+    # The user's objects decide truth and text here; their failure means "not ready".
+    try:
+        if current is not answer:
             if hasattr(current, "get") and current.get("ready"):
                 _record(session, "answer", str(current.get("content", "")))
-        except Exception:
-            pass
-        return
-    if answer._version != version_before and answer.get("ready"):
-        _record(session, "answer", str(answer.get("content", "")))
+        elif answer._version != version_before and answer.get("ready"):
+            _record(session, "answer", str(answer.get("content", "")))
+    except Exception:
+        pass
 
 
 def make_final_var(session, globals_):
@@ -423,7 +443,24 @@ def make_final_var(session, globals_):
 
 # --- variables -----------------------------------------------------------------------
 
-_repr = reprlib.Repr()
+class _SafeRepr(reprlib.Repr):
+    """reprlib that never runs the user's `__repr__`: objects of other modules are named,
+    not shown (a `__repr__` that loops or raises must not hang or break the listing)."""
+
+    def repr_instance(self, x, level):
+        module = type(x).__module__
+        if module == "builtins":
+            return super().repr_instance(x, level)
+        if module == "collections":
+            # defaultdict, Counter, OrderedDict, deque: shown by their contents.
+            if isinstance(x, dict):
+                return self.repr_dict(x, level)
+            if hasattr(x, "__iter__"):
+                return self.repr_list(list(itertools.islice(x, self.maxlist + 1)), level)
+        return "<" + type(x).__name__ + " object>"
+
+
+_repr = _SafeRepr()
 _repr.maxstring = 60
 _repr.maxother = 60
 _repr.maxlist = 5
@@ -472,7 +509,7 @@ def list_variables(globals_, reserved):
     Hidden: names starting with `_`, reserved names, and modules."""
     out = []
     for name, value in list(globals_.items()):
-        if name.startswith("_") or name in reserved or type(value).__name__ == "module":
+        if not _is_user_name(name, value, reserved):
             continue
         type_name, size, preview = _summarize(value)
         out.append((name, type_name, size, preview))
@@ -496,12 +533,18 @@ def make_show_vars(globals_, reserved):
     return SHOW_VARS
 
 
+def _is_user_name(name, value, reserved):
+    # `globals().update({1: ...})` puts non-str keys in the namespace; they are not variables.
+    return (
+        type(name) is str
+        and not name.startswith("_")
+        and name not in reserved
+        and type(value).__name__ != "module"
+    )
+
+
 def user_names(globals_, reserved):
-    return [
-        n
-        for n, v in globals_.items()
-        if not n.startswith("_") and n not in reserved and type(v).__name__ != "module"
-    ]
+    return [n for n, v in list(globals_.items()) if _is_user_name(n, v, reserved)]
 
 
 # --- contexts ------------------------------------------------------------------------

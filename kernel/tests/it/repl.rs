@@ -389,3 +389,62 @@ fn a_caller_holding_the_gil_does_not_deadlock() {
     assert_eq!(out, "42\n");
     Python::attach(|_py| drop(s));
 }
+
+#[test]
+fn hostile_objects_never_break_the_session() {
+    let limit = Duration::from_millis(500);
+    let s = ReplSession::new(config(limit), no_endpoints(), &[]).expect("starts");
+    // Non-str keys in the namespace are not variables, and do not break later blocks.
+    ok(&s, "globals().update({1: 'one'})\nkept = 'state'");
+    assert_eq!(ok(&s, "kept").stdout, "'state'\n");
+    assert!(
+        s.variables()
+            .expect("lists")
+            .iter()
+            .any(|v| v.name == "kept")
+    );
+
+    // An exception whose __str__ raises is still described.
+    let r = s
+        .exec("class E(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\nraise E()")
+        .expect("kernel works");
+    assert_eq!(r.error.expect("raised").type_name, "E");
+
+    // A `ready` whose truth value raises: an error in the user's block, not the kernel's.
+    let r = s
+        .exec("class B:\n    def __bool__(self):\n        raise ValueError('ambiguous')\nanswer['content'] = 'x'\nanswer['ready'] = B()")
+        .expect("kernel works");
+    assert_eq!(r.final_answer(), None);
+    assert_eq!(r.error.expect("raised").type_name, "ValueError");
+
+    // __repr__ and __str__ that never return: listing skips them, str() is interrupted.
+    ok(
+        &s,
+        "class Loop:\n    def __repr__(self):\n        while True: pass\n    __str__ = __repr__\nitems = [Loop()]\nloop = Loop()",
+    );
+    let listed = s.variables().expect("lists");
+    let items = listed.iter().find(|v| v.name == "items").expect("items");
+    assert_eq!(items.preview, "[<Loop object>]");
+    let started = Instant::now();
+    let text = s
+        .variable_as_string("loop")
+        .expect("kernel works")
+        .expect("set");
+    assert!(text.contains("failed"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        ok(&s, "kept").stdout,
+        "'state'\n",
+        "the session still answers"
+    );
+}
+
+#[test]
+fn exception_text_is_bounded() {
+    let s = session();
+    let r = s.exec("float('x' * 5_000_000)").expect("kernel works");
+    let error = r.error.expect("raised");
+    assert!(error.message.len() < 3_000, "{}", error.message.len());
+    assert!(error.traceback.len() < 25_000, "{}", error.traceback.len());
+    assert!(error.message.contains("characters omitted"));
+}
