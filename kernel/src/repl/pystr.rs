@@ -7,8 +7,10 @@
 //! character) and pass 2 streams the file again, writing each piece straight into that buffer.
 //! Peak memory is the `str` plus one chunk; the second read comes from the page cache.
 //!
-//! Safety rests on one check: every write is bounds- and width-checked against what pass 1
-//! measured, so a file that changes between the passes yields an error, never a bad `str`.
+//! Safety rests on checks against what pass 1 measured: pass 2 reads exactly the bytes pass 1
+//! read (a file still being appended to loads as it was), every write is bounds- and
+//! width-checked, and the widest character must be met again, so a file rewritten between
+//! the passes yields an error, never a malformed `str`.
 
 use std::fs::File;
 use std::io::Read;
@@ -26,6 +28,7 @@ const CHUNK: usize = 1 << 20;
 /// What pass 1 learned.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Shape {
+    bytes: u64,
     chars: u64,
     max_char: u32,
 }
@@ -58,17 +61,19 @@ pub(crate) fn read_file_as_str<'py>(
     Ok((text, shape.chars))
 }
 
-/// Streams `path` as UTF-8, calling `each` on every complete piece of text in order.
+/// Streams the first `limit` bytes of `path` (all of it for `u64::MAX`) as UTF-8, calling
+/// `each` on every complete piece of text in order; returns the bytes read.
 fn stream_utf8(
     path: &Path,
     hint: &str,
+    limit: u64,
     mut each: impl FnMut(&str) -> Result<(), ReplError>,
-) -> Result<(), ReplError> {
+) -> Result<u64, ReplError> {
     let read_err = |source| ReplError::ContextRead {
         path: path.to_owned(),
         source,
     };
-    let mut file = File::open(path).map_err(read_err)?;
+    let mut file = File::open(path).map_err(read_err)?.take(limit);
     let mut buf = vec![0u8; CHUNK + 4];
     let mut carry = 0usize;
     let mut consumed = 0usize;
@@ -79,7 +84,7 @@ fn stream_utf8(
             if carry > 0 {
                 return Err(not_utf8(path, consumed, hint));
             }
-            return Ok(());
+            return Ok(consumed as u64);
         }
         let valid = match std::str::from_utf8(&buf[..len]) {
             Ok(_) => len,
@@ -96,7 +101,7 @@ fn stream_utf8(
 }
 
 /// Fills `buf` from `file` until it is full or the file ends; returns the bytes read.
-fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_full(file: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut filled = 0;
     while filled < buf.len() {
         match file.read(&mut buf[filled..]) {
@@ -112,7 +117,7 @@ fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
 /// Pass 1: validate, count characters, find the widest.
 fn measure(path: &Path, hint: &str) -> Result<Shape, ReplError> {
     let mut shape = Shape::default();
-    stream_utf8(path, hint, |piece| {
+    shape.bytes = stream_utf8(path, hint, u64::MAX, |piece| {
         if piece.is_ascii() {
             shape.chars += piece.len() as u64;
             if !piece.is_empty() {
@@ -145,7 +150,8 @@ fn fill(
     };
     let total = usize::try_from(shape.chars).map_err(|_| changed())?;
     let mut at = 0usize;
-    stream_utf8(path, hint, |piece| {
+    let mut widest = 0u32;
+    let bytes = stream_utf8(path, hint, shape.bytes, |piece| {
         if kind == ffi::PyUnicode_1BYTE_KIND && piece.is_ascii() {
             if at + piece.len() > total {
                 return Err(changed());
@@ -159,10 +165,14 @@ fn fill(
                 );
             }
             at += piece.len();
+            if !piece.is_empty() {
+                widest = widest.max(0x7f);
+            }
             return Ok(());
         }
         for c in piece.chars() {
             let code = c as u32;
+            widest = widest.max(code);
             if at >= total || code > shape.max_char {
                 return Err(changed());
             }
@@ -179,7 +189,8 @@ fn fill(
         }
         Ok(())
     })?;
-    if at != total {
+    // PEP 393 requires the layout to match the widest character actually stored.
+    if bytes != shape.bytes || at != total || widest != shape.max_char {
         return Err(changed());
     }
     Ok(())
@@ -254,6 +265,33 @@ mod tests {
         let (back, chars) = load(text.as_bytes()).expect("loads");
         assert!(back == text, "round trip");
         assert_eq!(chars, text.chars().count() as u64);
+    }
+
+    #[test]
+    fn a_file_changed_between_the_passes_is_an_error_or_loads_as_measured() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.txt");
+        Python::initialize();
+        let fill_after = |first: &str, then: &str| {
+            std::fs::write(&path, first).expect("write");
+            let shape = measure(&path, "").expect("measures");
+            std::fs::write(&path, then).expect("rewrite");
+            Python::attach(|py| {
+                let size = ffi::Py_ssize_t::try_from(shape.chars).expect("size");
+                // SAFETY: as in `read_file_as_str`.
+                let text = unsafe {
+                    Bound::from_owned_ptr(py, ffi::PyUnicode_New(size, shape.max_char))
+                        .cast_into_unchecked::<PyString>()
+                };
+                fill(&text, &path, shape, "").map(|()| text.to_string())
+            })
+        };
+        // Same length, narrower text: the layout would not match, so it is refused.
+        assert!(fill_after("ab☃", "abc").is_err());
+        assert!(fill_after("abc", "ab☃").is_err());
+        assert!(fill_after("abcdef", "abc").is_err(), "truncated");
+        // Appended to (a live log): loads what pass 1 measured.
+        assert_eq!(fill_after("abc", "abc and more").expect("loads"), "abc");
     }
 
     #[test]
