@@ -87,6 +87,9 @@ pub(crate) enum Job {
         name: String,
         reply: Sender<Result<Option<String>, ReplError>>,
     },
+    ResetAnswer {
+        reply: Sender<Result<(), ReplError>>,
+    },
     Shutdown,
 }
 
@@ -204,6 +207,12 @@ impl ReplSession {
     /// Metadata of the loaded contexts, in order.
     pub fn contexts(&self) -> &[ContextMetadata] {
         &self.contexts
+    }
+
+    /// Empties the `answer` dict (`content = ""`, `ready = False`), so that a new run on this
+    /// session does not inherit the last run's finished answer. The loop calls it per run.
+    pub fn reset_answer(&self) -> Result<(), ReplError> {
+        self.request(QUERY_WAIT, |reply| Job::ResetAnswer { reply })?
     }
 
     /// The user's variables (reserved names, `_private` names and modules hidden).
@@ -342,6 +351,9 @@ fn session_thread(
                 }
                 Ok(Job::VariableString { name, reply }) => {
                     let _ = reply.send(state.variable_as_string(py, &name));
+                }
+                Ok(Job::ResetAnswer { reply }) => {
+                    let _ = reply.send(state.reset_answer(py));
                 }
                 Ok(Job::Shutdown) | Err(_) => break,
             }
@@ -500,6 +512,14 @@ impl SessionState {
             )
             .and_then(|names| names.extract::<Vec<String>>())
             .map_err(|e| ReplError::internal("listing variables", e))
+    }
+
+    fn reset_answer(&self, py: Python<'_>) -> Result<(), ReplError> {
+        let answer = self.answer.bind(py);
+        answer
+            .call_method0("reset")
+            .and_then(|_| self.globals.bind(py).set_item("answer", answer))
+            .map_err(|e| ReplError::internal("resetting the answer dict", e))
     }
 
     fn variable_as_string(

@@ -370,6 +370,12 @@ class AnswerDict(dict):
         if key in ("ready", "content"):
             self._check()
 
+    def reset(self):
+        """Back to `{"content": "", "ready": False}` (a new run starts)."""
+        dict.clear(self)
+        dict.update(self, content="", ready=False)
+        self._version += 1
+
     def __delitem__(self, key):
         super().__delitem__(key)
         self._version += 1

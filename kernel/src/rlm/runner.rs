@@ -60,6 +60,9 @@ pub enum RlmError {
          thread or `tokio::task::spawn_blocking`"
     )]
     InsideRuntime,
+    /// The session could not be prepared for the run.
+    #[error("Cannot start the run: {0}")]
+    Session(#[from] crate::repl::ReplError),
 }
 
 /// The settings of a run.
@@ -231,6 +234,8 @@ impl Rlm {
             return Err(RlmError::InsideRuntime);
         }
         let root = self.endpoints.get(&self.config.root_endpoint)?;
+        // A finished answer of an earlier run on this session must not end this one.
+        self.session.reset_answer()?;
         let prompts = self.prompts();
         let contexts = self.session.contexts().to_vec();
         let system_prompt = prompts.system_prompt();

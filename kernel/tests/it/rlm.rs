@@ -1130,3 +1130,28 @@ fn a_stop_handle_cancels_a_slow_root_call_and_later_runs_end_at_once() {
             .is_none()
     );
 }
+
+#[test]
+fn a_second_run_on_the_session_does_not_inherit_the_finished_answer() {
+    let harness = Harness::new(Setup {
+        script: json!({"models": {
+            "root": {
+                "rules": [
+                    {"turn": 0, "last_user": "QUERY-ONE",
+                     "reply": "```repl\nanswer['content'] = 'first run'\nanswer['ready'] = True\n```"},
+                    {"turn": 0, "last_user": "QUERY-TWO",
+                     "reply": "```repl\nanswer['content'] = 'draft, still working'\n```"}
+                ],
+                "replies": ["", "FINAL(second run)"]
+            },
+            "sub": {"replies": [{"behaviour": "echo"}]}
+        }}),
+        ..Setup::default()
+    });
+    let first = harness.run(config(), "QUERY-ONE");
+    assert_eq!(first.answer.as_deref(), Some("first run"));
+    // Without the reset, `ready` would still be true and the draft would end this run.
+    let second = harness.run(config(), "QUERY-TWO");
+    assert_eq!(second.answer.as_deref(), Some("second run"));
+    assert_eq!(second.iterations.len(), 2);
+}
