@@ -161,3 +161,43 @@ fn config_file_supplies_defaults_and_flags_win() {
         "the flag wins over the file"
     );
 }
+
+#[test]
+fn bad_outputs_and_limits_fail_before_any_model_call() {
+    let mock = Mock::start(script(&["FINAL(x)"]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "c.txt", "text");
+    let context = context.to_str().expect("utf-8");
+    let run = mock.run(&[
+        "--context",
+        context,
+        "--query",
+        "q",
+        "--answer-file",
+        "/nonexistent/dir/answer.txt",
+    ]);
+    assert_clean_error(&run, 1, &["/nonexistent/dir/answer.txt"]);
+    for flag in ["--timeout", "--cell-timeout", "--sub-timeout"] {
+        let run = mock.run(&["--context", context, "--query", "q", flag, "1e19"]);
+        assert_clean_error(&run, 1, &[flag.trim_start_matches('-')]);
+    }
+    assert_eq!(mock.log().len(), 0, "no model was called");
+    let run = rlm(&args(&["run", "--context", context]), None);
+    assert_clean_error(&run, 2, &["--query"]);
+}
+
+#[test]
+fn an_unwritable_trajectory_is_an_error_not_a_limit() {
+    let mock = Mock::start(script(&["```repl\nprint(1)\n```", "FINAL(x)"]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "c.txt", "text");
+    let run = mock.run(&[
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "q",
+        "--trajectory",
+        "/dev/full",
+    ]);
+    assert_clean_error(&run, 1, &["trajectory"]);
+}

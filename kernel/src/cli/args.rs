@@ -41,12 +41,12 @@ pub(crate) enum Command {
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
     /// Context file(s) or directory; `-` reads standard input. Several become `context_0 … context_n`.
-    #[arg(long = "context", short = 'c', value_name = "PATH", num_args = 1..)]
+    #[arg(long = "context", short = 'c', value_name = "PATH", num_args = 1.., required = true)]
     pub(crate) contexts: Vec<PathBuf>,
 
     /// The question to answer about the context.
     #[arg(long, short = 'q')]
-    pub(crate) query: Option<String>,
+    pub(crate) query: String,
 
     #[command(flatten)]
     pub(crate) options: RunOptions,

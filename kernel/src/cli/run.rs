@@ -111,11 +111,16 @@ pub(crate) fn merge(cli: RunOptions, file: RunOptions) -> RunOptions {
     }
 }
 
+/// The longest limit accepted: ten years, beyond which a limit is no limit.
+const MAX_SECONDS: f64 = 10.0 * 365.0 * 86_400.0;
+
 fn seconds(flag: &str, value: f64) -> Result<Duration> {
     Duration::try_from_secs_f64(value)
         .ok()
-        .filter(|d| !d.is_zero())
-        .with_context(|| format!("`--{flag}` must be a positive number of seconds, got {value}"))
+        .filter(|d| !d.is_zero() && value <= MAX_SECONDS)
+        .with_context(|| {
+            format!("`--{flag}` must be a positive number of seconds up to {MAX_SECONDS:.0}, got {value}")
+        })
 }
 
 fn parse_price(flag: &str, text: &str) -> Result<Price> {
@@ -325,6 +330,10 @@ impl RunOutcome {
     pub(crate) fn of(reason: TerminationReason) -> Self {
         if reason == TerminationReason::Interrupted {
             Self::Interrupted
+        } else if reason == TerminationReason::StoppedByHook {
+            // The CLI's own hooks stop a run only when they fail (the trajectory cannot be
+            // written): an error, not a limit.
+            Self::Failed
         } else if reason.is_success() {
             Self::Answered
         } else if reason.is_limit() {
@@ -438,13 +447,19 @@ fn spawn_progress_bar(
     (bar, stop)
 }
 
+/// Checks before the run that `--answer-file` can be written (creating it empty), so a typo
+/// in its path does not surface only after the models were paid for.
+pub(crate) fn check_answer_file(opts: &RunOptions) -> Result<()> {
+    if let Some(path) = &opts.answer_file {
+        std::fs::File::create(path)
+            .with_context(|| format!("Could not create the answer file `{}`", path.display()))?;
+    }
+    Ok(())
+}
+
 /// Prints the result: JSON, or the answer as the last stdout line(s); writes `--answer-file`.
 pub(crate) fn report(result: &RlmResult, opts: &RunOptions) -> Result<RunOutcome> {
     let outcome = RunOutcome::of(result.termination_reason);
-    if let Some(path) = &opts.answer_file {
-        std::fs::write(path, result.answer.as_deref().unwrap_or_default())
-            .with_context(|| format!("Could not write the answer file `{}`", path.display()))?;
-    }
     let mut stdout = std::io::stdout().lock();
     if opts.json {
         serde_json::to_writer_pretty(&mut stdout, result)?;
@@ -467,6 +482,11 @@ pub(crate) fn report(result: &RlmResult, opts: &RunOptions) -> Result<RunOutcome
             eprintln!("  {error}");
         }
     }
+    // After stdout: an answer file that cannot be written must not cost the answer.
+    if let Some(path) = &opts.answer_file {
+        std::fs::write(path, result.answer.as_deref().unwrap_or_default())
+            .with_context(|| format!("Could not write the answer file `{}`", path.display()))?;
+    }
     if result.answer.is_none() {
         eprintln!(
             "The run ended without an answer; the trajectory (`--trajectory FILE`) shows how far it got."
@@ -486,7 +506,7 @@ fn describe(reason: TerminationReason) -> &'static str {
         TerminationReason::ConsecutiveFailures => "stopped after consecutive failing iterations",
         TerminationReason::RootModelError => "failed: the root model could not be reached",
         TerminationReason::KernelError => "failed: the Python session broke",
-        TerminationReason::StoppedByHook => "stopped by a hook",
+        TerminationReason::StoppedByHook => "failed: the trajectory could not be written",
         TerminationReason::Interrupted => "interrupted (Ctrl-C)",
     }
 }
@@ -494,13 +514,11 @@ fn describe(reason: TerminationReason) -> &'static str {
 /// `rlm run`.
 pub(crate) fn execute(args: RunArgs, file: RunOptions) -> Result<ExitCode> {
     let opts = merge(args.options, file);
-    let Some(query) = args.query else {
-        bail!("No query given; pass `--query \"...\"`");
-    };
-    if args.contexts.is_empty() {
-        bail!("No context given; pass `--context PATH` (a file, a directory, or `-` for stdin)");
-    }
+    // Every option is checked before the context loads: a big context can take a while.
     let endpoints = build_endpoints(&opts)?;
+    let config = rlm_config(&opts)?;
+    let session_config = session_config(&opts)?;
+    check_answer_file(&opts)?;
     let sources: Vec<ContextSource> = args
         .contexts
         .iter()
@@ -512,7 +530,7 @@ pub(crate) fn execute(args: RunArgs, file: RunOptions) -> Result<ExitCode> {
             }
         })
         .collect();
-    let session = ReplSession::new(session_config(&opts)?, Arc::clone(&endpoints), &sources)
+    let session = ReplSession::new(session_config, Arc::clone(&endpoints), &sources)
         .context("Could not load the context")?;
     let display = if opts.quiet {
         Display::Quiet
@@ -520,8 +538,8 @@ pub(crate) fn execute(args: RunArgs, file: RunOptions) -> Result<ExitCode> {
         Display::Progress
     };
     let result = run_loop(
-        &query,
-        rlm_config(&opts)?,
+        &args.query,
+        config,
         endpoints,
         Arc::new(session),
         opts.trajectory.as_deref(),

@@ -89,7 +89,10 @@ impl Watchdog {
         let mut state = self.lock();
         state.armed = Some(Armed {
             block: req.block,
-            deadline: Instant::now() + req.timeout,
+            // A limit too far out to represent is, in practice, none: a century.
+            deadline: Instant::now()
+                .checked_add(req.timeout)
+                .unwrap_or_else(|| Instant::now() + Duration::from_secs(100 * 365 * 86_400)),
             thread_id: req.thread_id,
             session: req.session,
             timeout_class: req.timeout_class,

@@ -269,7 +269,8 @@ impl Rlm {
             ledger: Arc::clone(self.endpoints.ledger()),
             conversation,
             started,
-            deadline: self.config.run_timeout.map(|t| started + t),
+            // A limit too far out to represent is no limit.
+            deadline: self.config.run_timeout.and_then(|t| started.checked_add(t)),
             iterations: Vec::new(),
             sub_calls: Vec::new(),
             candidate: None,

@@ -83,6 +83,7 @@ pub(crate) fn execute(args: DemoArgs, file: RunOptions) -> Result<ExitCode> {
     }
 
     let endpoints = run::build_endpoints(&opts)?;
+    run::check_answer_file(&opts)?;
     let session = ReplSession::new(
         run::session_config(&opts)?,
         Arc::clone(&endpoints),
