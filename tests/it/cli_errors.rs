@@ -201,3 +201,40 @@ fn an_unwritable_trajectory_is_an_error_not_a_limit() {
     ]);
     assert_clean_error(&run, 1, &["trajectory"]);
 }
+
+#[test]
+fn paths_in_the_config_file_are_relative_to_it() {
+    let mock = Mock::start(script(&["FINAL(done)"]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = file(
+        dir.path(),
+        "rlm.toml",
+        &format!(
+            "[run]\nbase-url = \"{}\"\nmodel = \"root-model\"\ntrajectory = \"t.jsonl\"\nanswer-file = \"out/answer.txt\"\n",
+            mock.url()
+        ),
+    );
+    std::fs::create_dir(dir.path().join("out")).expect("mkdir");
+    let context = file(dir.path(), "c.txt", "text");
+    let run = rlm(
+        &args(&[
+            "--config",
+            config.to_str().expect("utf-8"),
+            "run",
+            "--context",
+            context.to_str().expect("utf-8"),
+            "--query",
+            "q",
+        ]),
+        None,
+    );
+    run.assert_code(0);
+    assert!(
+        dir.path().join("t.jsonl").exists(),
+        "trajectory beside the config"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("out/answer.txt")).expect("answer file"),
+        "done"
+    );
+}

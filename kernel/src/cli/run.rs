@@ -65,7 +65,24 @@ pub(crate) fn load_config_file(explicit: Option<&Path>) -> Result<RunOptions> {
             path.display()
         )
     })?;
-    Ok(file.run)
+    // Paths in the file are relative to the file, as a reader of it would expect.
+    let mut run = file.run;
+    if let Some(dir) = path.parent() {
+        for p in [
+            &mut run.prompt_extension,
+            &mut run.system_prompt,
+            &mut run.trajectory,
+            &mut run.answer_file,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if p.is_relative() {
+                *p = dir.join(&*p);
+            }
+        }
+    }
+    Ok(run)
 }
 
 /// Flag/env values win over the file's.
