@@ -82,6 +82,8 @@ pub(crate) struct Transport {
     parsed_url: reqwest::Url,
     headers: HeaderMap,
     timeout: Duration,
+    /// The longest `Retry-After` worth keeping: the retry policy's `max_delay`.
+    max_retry_after: Duration,
     auth_hint: String,
     http: reqwest::Client,
 }
@@ -184,6 +186,7 @@ impl Transport {
             parsed_url: parsed,
             headers,
             timeout: config.timeout,
+            max_retry_after: config.retry.max_delay,
             auth_hint: key.hint(&config.name, example_var),
             http: shared_http_client(),
         })
@@ -204,7 +207,7 @@ impl Transport {
         if status.is_success() {
             return Ok(response);
         }
-        let retry_after = crate::retry::retry_after(response.headers());
+        let retry_after = crate::retry::retry_after(response.headers(), self.max_retry_after);
         // The error body is small; if reading it fails the status alone still says enough.
         let text = response.text().await.unwrap_or_default();
         Err(self.status_error(status.as_u16(), &text, retry_after))
