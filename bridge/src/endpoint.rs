@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use crate::chat::{ChatRequest, ChatResponse, SamplingParams};
 use crate::client::{AnthropicClient, LmClient, OpenAiClient};
 use crate::error::BridgeError;
-use crate::ledger::{Ledger, SubCallMetadata};
+use crate::ledger::{CallEstimate, Ledger, Reservation, SubCallMetadata};
 pub use crate::retry::RetryPolicy;
 
 /// The wire protocol of an endpoint.
@@ -363,8 +363,8 @@ struct CallTicket<'a> {
     started_at_ms: u64,
     batch_size: Option<usize>,
     attempts: Attempts,
-    /// Whether the call holds a `max_calls` slot.
-    holds_call_slot: bool,
+    /// What the call holds against the budget once admitted.
+    reservation: Option<Reservation>,
     settled: bool,
 }
 
@@ -378,7 +378,7 @@ impl<'a> CallTicket<'a> {
             started_at_ms: unix_ms(),
             batch_size,
             attempts: Attempts::default(),
-            holds_call_slot: false,
+            reservation: None,
             settled: false,
         }
     }
@@ -392,9 +392,6 @@ impl<'a> CallTicket<'a> {
         if std::mem::replace(&mut self.settled, true) {
             return;
         }
-        if self.holds_call_slot && self.attempts.count == 0 {
-            self.shared.ledger.release_call();
-        }
         self.shared.record(
             self.index,
             self.started_at_ms,
@@ -403,6 +400,12 @@ impl<'a> CallTicket<'a> {
             &self.attempts,
             self.batch_size,
         );
+        // After the record, so the real usage is counted before the estimate is released.
+        if let Some(reservation) = self.reservation.take() {
+            self.shared
+                .ledger
+                .release(reservation, self.attempts.count > 0);
+        }
     }
 }
 
@@ -465,9 +468,12 @@ impl Shared {
         if cancel.is_cancelled() {
             return Err(BridgeError::Cancelled);
         }
-        let counted = self.config.counts_toward_call_budget;
-        self.ledger.reserve_call(counted)?;
-        ticket.holds_call_slot = counted;
+        let estimate =
+            CallEstimate::new(req.prompt_chars(), self.max_tokens(req), self.config.price);
+        ticket.reservation = Some(
+            self.ledger
+                .reserve(self.config.counts_toward_call_budget, estimate)?,
+        );
         let policy = &self.config.retry;
         let attempts = &mut ticket.attempts;
         loop {
@@ -504,6 +510,24 @@ impl Shared {
                 }
                 other => return other,
             }
+        }
+    }
+
+    /// The `max_tokens` the request goes out with, if any: the request's, else the endpoint's
+    /// default, a number in `extra` winning over both as it does on the wire.
+    fn max_tokens(&self, req: &ChatRequest) -> Option<u64> {
+        let extra = req
+            .params
+            .extra
+            .get("max_tokens")
+            .or_else(|| self.config.params.extra.get("max_tokens"));
+        match extra {
+            Some(value) => value.as_u64(),
+            None => req
+                .params
+                .max_tokens
+                .or(self.config.params.max_tokens)
+                .map(u64::from),
         }
     }
 

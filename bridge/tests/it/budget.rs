@@ -192,3 +192,111 @@ async fn uncounted_endpoints_spend_tokens_but_not_calls() {
     assert!(ledger.tokens_used() > 0);
     assert_eq!(ledger.usage_by_model()["root-model"].calls, 5);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_budget_holds_under_concurrency() {
+    let server = start_with(
+        Latency::fixed(std::time::Duration::from_millis(50)),
+        Faults::none(),
+    )
+    .await;
+    let max = 10;
+    let budget = Budget {
+        max_tokens: Some(max),
+        ..Budget::default()
+    };
+    let sub = endpoint(openai_config(&server), budget);
+    // 18 or 19 characters: an estimate of 5 tokens each, so two calls fit in flight.
+    let reqs = (0..100)
+        .map(|i| ChatRequest::from_prompt(format!("some prompt text {i}")))
+        .collect();
+    let results = sub
+        .batch(reqs, BatchPolicy::unbounded(), &CancellationToken::new())
+        .await;
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    assert!((1..=2).contains(&ok), "{ok} calls were admitted");
+    for r in &results {
+        if let Err(e) = r {
+            assert!(
+                matches!(e, BridgeError::Budget(b) if b.limit == BudgetLimit::Tokens),
+                "{e:?}"
+            );
+            assert!(e.to_string().contains("`max_tokens`"), "{e}");
+        }
+    }
+    assert_eq!(
+        server.log().len(),
+        ok,
+        "refused calls never reach the server"
+    );
+
+    // Admission counted each call's estimate (its prompt); only the part of its real usage
+    // beyond that estimate can overshoot the limit.
+    let records = sub.ledger().records();
+    let estimate_error: u64 = records
+        .iter()
+        .filter(|r| r.error.is_none())
+        .map(|r| {
+            let estimate = (r.prompt_chars as u64).div_ceil(4);
+            (r.prompt_tokens + r.completion_tokens).saturating_sub(estimate)
+        })
+        .sum();
+    let used = sub.ledger().tokens_used();
+    assert!(
+        used <= max + estimate_error,
+        "{used} tokens used, limit {max} + estimate error {estimate_error}"
+    );
+    assert!(used <= 2 * max, "{used}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_and_usd_estimates_count_max_tokens_and_the_price() {
+    let server = start_with(Latency::None, Faults::none()).await;
+    let config = EndpointConfig {
+        price: Some(Price {
+            input_per_mtok: 1_000.0,
+            output_per_mtok: 3_000.0,
+        }),
+        ..openai_config(&server)
+    };
+    // 40 characters = 10 prompt tokens, plus `max_tokens` 90: a 100-token estimate.
+    let mut req = ChatRequest::from_prompt("z".repeat(40));
+    req.params.max_tokens = Some(90);
+    let tokens = endpoint(
+        config.clone(),
+        Budget {
+            max_tokens: Some(99),
+            ..Budget::default()
+        },
+    );
+    let err = tokens
+        .call(req.clone(), &CallOptions::default())
+        .await
+        .expect_err("the estimate alone is over the limit");
+    assert!(
+        matches!(err, BridgeError::Budget(ref b) if b.limit == BudgetLimit::Tokens),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("100"), "names the estimate: {err}");
+    assert_eq!(server.log().len(), 0);
+
+    // The same estimate costs 10 * 1000 / 1e6 + 90 * 3000 / 1e6 = 0.28 USD.
+    let usd = endpoint(
+        config,
+        Budget {
+            max_usd: Some(0.279),
+            ..Budget::default()
+        },
+    );
+    let err = usd
+        .call(req.clone(), &CallOptions::default())
+        .await
+        .expect_err("the estimated cost is over the limit");
+    assert!(
+        matches!(err, BridgeError::Budget(ref b) if b.limit == BudgetLimit::Usd),
+        "{err:?}"
+    );
+    assert_eq!(server.log().len(), 0);
+    assert_eq!(usd.ledger().usd_used(), 0.0);
+    assert_eq!(usd.ledger().records().len(), 1);
+}
