@@ -105,20 +105,21 @@ pub struct ModelUsage {
 }
 
 impl ModelUsage {
+    // Token counts come from servers, so every sum saturates rather than overflows.
     fn add(&mut self, m: &SubCallMetadata) {
-        self.calls += 1;
-        self.errors += u64::from(m.error.is_some());
-        self.prompt_tokens += m.prompt_tokens;
-        self.completion_tokens += m.completion_tokens;
+        self.calls = self.calls.saturating_add(1);
+        self.errors = self.errors.saturating_add(u64::from(m.error.is_some()));
+        self.prompt_tokens = self.prompt_tokens.saturating_add(m.prompt_tokens);
+        self.completion_tokens = self.completion_tokens.saturating_add(m.completion_tokens);
         self.cost_usd += m.cost_usd.unwrap_or(0.0);
         self.total_latency_ms += m.latency_ms;
     }
 
     fn merge(&mut self, o: &ModelUsage) {
-        self.calls += o.calls;
-        self.errors += o.errors;
-        self.prompt_tokens += o.prompt_tokens;
-        self.completion_tokens += o.completion_tokens;
+        self.calls = self.calls.saturating_add(o.calls);
+        self.errors = self.errors.saturating_add(o.errors);
+        self.prompt_tokens = self.prompt_tokens.saturating_add(o.prompt_tokens);
+        self.completion_tokens = self.completion_tokens.saturating_add(o.completion_tokens);
         self.cost_usd += o.cost_usd;
         self.total_latency_ms += o.total_latency_ms;
     }
@@ -378,12 +379,10 @@ impl Ledger {
     /// `sent`. Call it after the call's record, so its real usage is counted first.
     pub(crate) fn release(&self, reservation: Reservation, sent: bool) {
         if reservation.tokens > 0 {
-            self.tokens_committed
-                .fetch_sub(reservation.tokens, Ordering::AcqRel);
+            saturating_sub(&self.tokens_committed, reservation.tokens);
         }
         if reservation.nano_usd > 0 {
-            self.nano_usd_committed
-                .fetch_sub(reservation.nano_usd, Ordering::AcqRel);
+            saturating_sub(&self.nano_usd_committed, reservation.nano_usd);
         }
         if reservation.call_slot && !sent {
             self.reserved_calls.fetch_sub(1, Ordering::AcqRel);
@@ -392,15 +391,16 @@ impl Ledger {
 
     /// Store one record and update the totals.
     pub(crate) fn record(&self, meta: SubCallMetadata) {
-        let tokens = meta.prompt_tokens + meta.completion_tokens;
+        let tokens = meta.prompt_tokens.saturating_add(meta.completion_tokens);
         if tokens > 0 {
-            self.tokens_used.fetch_add(tokens, Ordering::AcqRel);
-            self.tokens_committed.fetch_add(tokens, Ordering::AcqRel);
+            saturating_add(&self.tokens_used, tokens);
+            saturating_add(&self.tokens_committed, tokens);
         }
         if let Some(cost) = meta.cost_usd.filter(|c| *c > 0.0) {
+            // A float-to-integer `as` saturates (an infinite cost becomes `u64::MAX`).
             let nano = (cost * NANO).round() as u64;
-            self.nano_usd_used.fetch_add(nano, Ordering::AcqRel);
-            self.nano_usd_committed.fetch_add(nano, Ordering::AcqRel);
+            saturating_add(&self.nano_usd_used, nano);
+            saturating_add(&self.nano_usd_committed, nano);
         }
         let observer = self
             .observer
@@ -424,6 +424,21 @@ impl Ledger {
             observer(&meta);
         }
     }
+}
+
+/// `counter += amount`, stopping at `u64::MAX` (server-reported usage can be anything).
+fn saturating_add(counter: &AtomicU64, amount: u64) {
+    // The closure always returns `Some`, so the update cannot fail.
+    let _ = counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+        Some(n.saturating_add(amount))
+    });
+}
+
+/// `counter -= amount`, stopping at 0.
+fn saturating_sub(counter: &AtomicU64, amount: u64) {
+    let _ = counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+        Some(n.saturating_sub(amount))
+    });
 }
 
 #[cfg(test)]

@@ -429,9 +429,11 @@ struct WireUsage {
 impl WireUsage {
     fn into_usage(self) -> Usage {
         Usage {
-            prompt_tokens: self.input_tokens.unwrap_or(0)
-                + self.cache_creation_input_tokens.unwrap_or(0)
-                + self.cache_read_input_tokens.unwrap_or(0),
+            prompt_tokens: self
+                .input_tokens
+                .unwrap_or(0)
+                .saturating_add(self.cache_creation_input_tokens.unwrap_or(0))
+                .saturating_add(self.cache_read_input_tokens.unwrap_or(0)),
             completion_tokens: self.output_tokens.unwrap_or(0),
             estimated: false,
         }

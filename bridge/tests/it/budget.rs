@@ -9,7 +9,9 @@ use bridge::{
 };
 use futures::future::join_all;
 
-use crate::support::{endpoint, openai_config, start_with};
+use crate::support::{
+    AfterReply, endpoint, http_reply, openai_config, raw_config, raw_server, start_with,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_calls_is_exact_under_concurrency() {
@@ -299,4 +301,72 @@ async fn token_and_usd_estimates_count_max_tokens_and_the_price() {
     assert_eq!(server.log().len(), 0);
     assert_eq!(usd.ledger().usd_used(), 0.0);
     assert_eq!(usd.ledger().records().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn absurd_server_usage_saturates_the_counters() {
+    let json = [("content-type", "application/json")];
+    let openai = http_reply(
+        "200 OK",
+        &json,
+        r#"{"model":"m","choices":[{"message":{"content":"hi"},"finish_reason":"stop"}],
+            "usage":{"prompt_tokens":18446744073709551615,"completion_tokens":1}}"#,
+    );
+    let config = EndpointConfig {
+        price: Some(Price {
+            input_per_mtok: 1e300,
+            output_per_mtok: 1e300,
+        }),
+        ..raw_config(&raw_server(openai, AfterReply::Close).await, 1)
+    };
+    let sub = endpoint(config.clone(), Budget::default());
+    for _ in 0..2 {
+        let answer = sub
+            .call(ChatRequest::from_prompt("x"), &CallOptions::default())
+            .await
+            .expect("a huge usage is still an answer");
+        assert_eq!(answer.usage.prompt_tokens, u64::MAX);
+        assert_eq!(answer.usage.total(), u64::MAX);
+    }
+    let ledger = sub.ledger();
+    assert_eq!(ledger.tokens_used(), u64::MAX);
+    let totals = ledger.totals();
+    assert_eq!(
+        (totals.prompt_tokens, totals.completion_tokens),
+        (u64::MAX, 2)
+    );
+    assert_eq!(ledger.usd_used(), u64::MAX as f64 / 1e9);
+
+    let anthropic = http_reply(
+        "200 OK",
+        &json,
+        r#"{"model":"m","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn",
+            "usage":{"input_tokens":18446744073709551615,"cache_read_input_tokens":5,
+                     "output_tokens":18446744073709551615}}"#,
+    );
+    let base_url = raw_server(anthropic, AfterReply::Close).await;
+    let root = endpoint(
+        EndpointConfig {
+            provider: bridge::Provider::Anthropic,
+            ..raw_config(&base_url, 1)
+        },
+        Budget {
+            max_tokens: Some(1000),
+            ..Budget::default()
+        },
+    );
+    let answer = root
+        .call(ChatRequest::from_prompt("x"), &CallOptions::default())
+        .await
+        .expect("a huge usage is still an answer");
+    assert_eq!(answer.usage.prompt_tokens, u64::MAX);
+    assert_eq!(answer.usage.total(), u64::MAX);
+    assert_eq!(root.ledger().tokens_used(), u64::MAX);
+    let refused = root
+        .call(ChatRequest::from_prompt("x"), &CallOptions::default())
+        .await;
+    assert!(
+        matches!(refused, Err(BridgeError::Budget(ref b)) if b.limit == BudgetLimit::Tokens),
+        "{refused:?}"
+    );
 }
