@@ -30,6 +30,7 @@ use async_trait::async_trait;
 use eventsource_stream::{Event, EventStreamError};
 use futures::{Stream, StreamExt};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 pub use anthropic::{ANTHROPIC_DEFAULT_MAX_TOKENS, ANTHROPIC_VERSION, AnthropicClient};
@@ -229,17 +230,54 @@ impl Transport {
     }
 
     /// One streaming attempt: send and return the SSE events; `timeout` bounds the wait for
-    /// the headers and then each event separately.
+    /// the headers and then each event separately. A server that answers in another
+    /// `Content-Type` (it does not stream) has its whole body read, within `timeout`, for the
+    /// client to decode as a non-streamed answer. A missing `Content-Type` is read as SSE.
     pub(crate) async fn post_sse(
         &self,
         body: Vec<u8>,
-    ) -> Result<impl Stream<Item = Result<Event, EventStreamError<reqwest::Error>>>, BridgeError>
-    {
+    ) -> Result<
+        StreamReply<impl Stream<Item = Result<Event, EventStreamError<reqwest::Error>>>>,
+        BridgeError,
+    > {
         use eventsource_stream::Eventsource;
-        let response = tokio::time::timeout(self.timeout, self.send(body, true))
+        let attempt = async {
+            let response = self.send(body, true).await?;
+            let content_type = response
+                .headers()
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            match content_type {
+                Some(ct) if !is_event_stream(&ct) => {
+                    let body = response.bytes().await.map_err(|e| self.map_reqwest(&e))?;
+                    Ok(StreamReply::Whole {
+                        content_type: ct,
+                        body: body.to_vec(),
+                    })
+                }
+                _ => Ok(StreamReply::Events(response.bytes_stream().eventsource())),
+            }
+        };
+        tokio::time::timeout(self.timeout, attempt)
             .await
-            .map_err(|_| self.timeout_error())??;
-        Ok(response.bytes_stream().eventsource())
+            .map_err(|_| self.timeout_error())?
+    }
+
+    /// Decode the whole body a server sent instead of a stream.
+    pub(crate) fn decode_whole<T: DeserializeOwned>(
+        &self,
+        content_type: &str,
+        body: &[u8],
+    ) -> Result<T, BridgeError> {
+        serde_json::from_slice(body).map_err(|e| {
+            self.decode(format!(
+                "a streaming request was answered with `Content-Type: {content_type}` instead \
+                 of `text/event-stream`, and the body is no answer either ({e}); the body \
+                 starts with {:?}",
+                body_snippet(body)
+            ))
+        })
     }
 
     /// The next SSE event, `None` at the end of the stream.
@@ -267,7 +305,7 @@ impl Transport {
     fn decode_error(&self, e: serde_json::Error, bytes: &[u8]) -> BridgeError {
         self.decode(format!(
             "{e}; the body starts with {:?}",
-            snippet(&String::from_utf8_lossy(bytes), 200)
+            body_snippet(bytes)
         ))
     }
 
@@ -314,14 +352,19 @@ impl Transport {
 
     fn map_reqwest(&self, e: &reqwest::Error) -> BridgeError {
         let detail = root_cause(e);
-        if e.is_timeout() {
-            self.timeout_error()
-        } else if e.is_connect() {
+        // A connect timeout is both; "could not connect" is the one that helps.
+        if e.is_connect() {
             BridgeError::Connect {
                 endpoint: self.endpoint.clone(),
                 url: self.url.clone(),
-                detail,
+                detail: if e.is_timeout() {
+                    format!("the connection attempt timed out: {detail}")
+                } else {
+                    detail
+                },
             }
+        } else if e.is_timeout() {
+            self.timeout_error()
         } else if e.is_builder() {
             BridgeError::Config(format!(
                 "could not build the request for `{}`: {detail}",
@@ -331,6 +374,36 @@ impl Transport {
             self.network(detail)
         }
     }
+}
+
+/// What a streaming request got back.
+pub(crate) enum StreamReply<S> {
+    /// The SSE events asked for.
+    Events(S),
+    /// A whole body in another `Content-Type`: the server does not stream.
+    Whole {
+        /// The `Content-Type` it came with.
+        content_type: String,
+        /// The body.
+        body: Vec<u8>,
+    },
+}
+
+/// Whether a `Content-Type` is SSE (`text/event-stream`, parameters allowed).
+fn is_event_stream(content_type: &str) -> bool {
+    content_type
+        .split(';')
+        .next()
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
+/// For fields some servers send as `null` where the spec has a list or an object.
+pub(crate) fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + serde::Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Option::unwrap_or_default)
 }
 
 /// The innermost cause of an error chain, which is the one that names the problem
@@ -367,6 +440,13 @@ pub(crate) fn error_message(body: &str, status: u16) -> String {
             .to_owned(),
         _ => snippet(body.trim(), 500),
     }
+}
+
+/// The start of a body, for error messages.
+fn body_snippet(body: &[u8]) -> String {
+    // 200 characters are at most 800 bytes of UTF-8; a cut character becomes `�`.
+    let head = &body[..body.len().min(800)];
+    snippet(&String::from_utf8_lossy(head), 200)
 }
 
 fn snippet(s: &str, max_chars: usize) -> String {
@@ -497,4 +577,71 @@ fn response_model(reported: Option<String>, req: &ChatRequest, default: &str) ->
         .filter(|m| !m.is_empty())
         .or_else(|| req.model.clone())
         .unwrap_or_else(|| default.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    /// A listener whose accept queue is full: Linux drops further SYNs, so a connection to
+    /// it times out instead of being refused. `None` if this system refuses them instead.
+    async fn unconnectable() -> Option<(String, tokio::net::TcpListener, Vec<tokio::net::TcpStream>)>
+    {
+        let socket = tokio::net::TcpSocket::new_v4().ok()?;
+        socket.bind("127.0.0.1:0".parse().ok()?).ok()?;
+        let listener = socket.listen(0).ok()?;
+        let addr = listener.local_addr().ok()?;
+        let mut queued = Vec::new();
+        for _ in 0..16 {
+            let connect = tokio::net::TcpStream::connect(addr);
+            match tokio::time::timeout(Duration::from_millis(200), connect).await {
+                Ok(Ok(stream)) => queued.push(stream),
+                Ok(Err(_)) => return None,
+                Err(_) => return Some((addr.to_string(), listener, queued)),
+            }
+        }
+        None
+    }
+
+    #[tokio::test]
+    async fn a_connect_timeout_is_a_connect_error_naming_the_url() {
+        let Some((addr, _listener, _queued)) = unconnectable().await else {
+            eprintln!("skipped: this system refuses connections to a full accept queue");
+            return;
+        };
+        let config = EndpointConfig::openai("sub", format!("http://{addr}/v1"), "m");
+        let mut transport = Transport::new(
+            &config,
+            join_url(&config.base_url, "chat/completions"),
+            HeaderMap::new(),
+            &KeySource::None,
+            "OPENAI_API_KEY",
+        )
+        .expect("valid config");
+        transport.http = reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(Duration::from_millis(200))
+            .build()
+            .expect("client");
+        let started = Instant::now();
+        let err = transport
+            .post_json::<serde_json::Value>(b"{}".to_vec())
+            .await
+            .expect_err("cannot connect");
+        assert!(started.elapsed() >= Duration::from_millis(200), "timed out");
+        assert!(matches!(err, BridgeError::Connect { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with(&format!(
+                "Could not connect to `http://{addr}/v1/chat/completions`"
+            )),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("timed out") && !msg.contains("`timeout`"),
+            "{msg}"
+        );
+    }
 }
