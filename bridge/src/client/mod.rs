@@ -8,7 +8,8 @@
 //! (URL, headers, per-attempt timeout, error mapping) over the process-wide
 //! [`shared_http_client`], and translate the JSON answer, or the SSE stream, back into a
 //! [`ChatResponse`]. A client makes exactly one attempt; retries, limits and accounting live
-//! in [`crate::Endpoint`].
+//! in [`crate::Endpoint`]. Whole bodies are read up to [`MAX_ANSWER_BYTES`] (error bodies up
+//! to [`MAX_ERROR_BYTES`]), so a broken or hostile server cannot exhaust memory.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), bridge::BridgeError> {
@@ -39,6 +40,13 @@ pub use openai::OpenAiClient;
 use crate::chat::{ChatRequest, ChatResponse};
 use crate::endpoint::EndpointConfig;
 use crate::error::BridgeError;
+
+/// The largest answer body read (a JSON answer, or a whole body sent instead of a stream);
+/// a larger one fails as a [`BridgeError::Decode`].
+pub const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+/// How much of an error body is read for the message; the rest is left unread.
+pub const MAX_ERROR_BYTES: usize = 64 << 10;
 
 /// A chat model reachable over HTTP; one call is one attempt.
 #[async_trait]
@@ -85,6 +93,8 @@ pub(crate) struct Transport {
     timeout: Duration,
     /// The longest `Retry-After` worth keeping: the retry policy's `max_delay`.
     max_retry_after: Duration,
+    /// [`MAX_ANSWER_BYTES`], lowered by tests.
+    max_answer_bytes: usize,
     auth_hint: String,
     http: reqwest::Client,
 }
@@ -188,6 +198,7 @@ impl Transport {
             headers,
             timeout: config.timeout,
             max_retry_after: config.retry.max_delay,
+            max_answer_bytes: MAX_ANSWER_BYTES,
             auth_hint: key.hint(&config.name, example_var),
             http: shared_http_client(),
         })
@@ -209,9 +220,31 @@ impl Transport {
             return Ok(response);
         }
         let retry_after = crate::retry::retry_after(response.headers(), self.max_retry_after);
-        // The error body is small; if reading it fails the status alone still says enough.
-        let text = response.text().await.unwrap_or_default();
+        let text = read_error_body(response).await;
         Err(self.status_error(status.as_u16(), &text, retry_after))
+    }
+
+    /// The whole body of an answer, up to `max_answer_bytes`.
+    async fn read_answer(&self, mut response: reqwest::Response) -> Result<Vec<u8>, BridgeError> {
+        let cap = self.max_answer_bytes;
+        let announced = response.content_length();
+        if let Some(length) = announced.filter(|&n| n > cap as u64) {
+            return Err(self.decode(format!(
+                "the answer is larger than the {} limit (`Content-Length: {length}`)",
+                fmt_bytes(cap)
+            )));
+        }
+        let mut body = Vec::with_capacity(announced.map_or(0, |n| n as usize));
+        while let Some(chunk) = response.chunk().await.map_err(|e| self.map_reqwest(&e))? {
+            if body.len() + chunk.len() > cap {
+                return Err(self.decode(format!(
+                    "the answer is larger than the {} limit",
+                    fmt_bytes(cap)
+                )));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
     }
 
     /// One non-streaming attempt: send, read the whole body, decode it, all within `timeout`.
@@ -221,7 +254,7 @@ impl Transport {
     ) -> Result<T, BridgeError> {
         let attempt = async {
             let response = self.send(body, false).await?;
-            let bytes = response.bytes().await.map_err(|e| self.map_reqwest(&e))?;
+            let bytes = self.read_answer(response).await?;
             serde_json::from_slice::<T>(&bytes).map_err(|e| self.decode_error(e, &bytes))
         };
         tokio::time::timeout(self.timeout, attempt)
@@ -249,13 +282,10 @@ impl Transport {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
             match content_type {
-                Some(ct) if !is_event_stream(&ct) => {
-                    let body = response.bytes().await.map_err(|e| self.map_reqwest(&e))?;
-                    Ok(StreamReply::Whole {
-                        content_type: ct,
-                        body: body.to_vec(),
-                    })
-                }
+                Some(ct) if !is_event_stream(&ct) => Ok(StreamReply::Whole {
+                    content_type: ct,
+                    body: self.read_answer(response).await?,
+                }),
                 _ => Ok(StreamReply::Events(response.bytes_stream().eventsource())),
             }
         };
@@ -373,6 +403,31 @@ impl Transport {
         } else {
             self.network(detail)
         }
+    }
+}
+
+/// The start of an error body (at most [`MAX_ERROR_BYTES`]) as text. If reading fails, what
+/// arrived is kept: the status alone still says enough.
+async fn read_error_body(mut response: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = MAX_ERROR_BYTES - body.len();
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+/// `64 MiB`, or a byte count when it is not whole mebibytes.
+fn fmt_bytes(n: usize) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{} MiB", n >> 20)
+    } else {
+        format!("{n} bytes")
     }
 }
 
@@ -605,21 +660,68 @@ mod tests {
         None
     }
 
-    #[tokio::test]
-    async fn a_connect_timeout_is_a_connect_error_naming_the_url() {
-        let Some((addr, _listener, _queued)) = unconnectable().await else {
-            eprintln!("skipped: this system refuses connections to a full accept queue");
-            return;
-        };
+    /// A transport posting to `http://{addr}/v1/chat/completions`.
+    fn transport(addr: &str) -> Transport {
         let config = EndpointConfig::openai("sub", format!("http://{addr}/v1"), "m");
-        let mut transport = Transport::new(
+        Transport::new(
             &config,
             join_url(&config.base_url, "chat/completions"),
             HeaderMap::new(),
             &KeySource::None,
             "OPENAI_API_KEY",
         )
-        .expect("valid config");
+        .expect("valid config")
+    }
+
+    #[tokio::test]
+    async fn an_answer_past_the_cap_without_content_length_is_refused() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        tokio::spawn(async move {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            // The request is small: its head and `{}` body come in one read or two.
+            let mut request = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !request.ends_with(b"\r\n\r\n{}") {
+                match socket.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
+            let head =
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n";
+            let _ = socket.write_all(head.as_bytes()).await;
+            // Just past the cap, then the connection stays open: only the cap ends the read.
+            let _ = socket.write_all(&[b' '; 1025]).await;
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        });
+        let mut transport = transport(&addr);
+        transport.max_answer_bytes = 1024;
+        transport.timeout = Duration::from_secs(5);
+        let err = transport
+            .post_json::<serde_json::Value>(b"{}".to_vec())
+            .await
+            .expect_err("too large");
+        assert!(matches!(err, BridgeError::Decode { .. }), "{err:?}");
+        assert!(
+            err.to_string()
+                .contains("the answer is larger than the 1024 bytes limit"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connect_timeout_is_a_connect_error_naming_the_url() {
+        let Some((addr, _listener, _queued)) = unconnectable().await else {
+            eprintln!("skipped: this system refuses connections to a full accept queue");
+            return;
+        };
+        let mut transport = transport(&addr);
         transport.http = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(Duration::from_millis(200))

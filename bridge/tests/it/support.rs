@@ -68,6 +68,8 @@ pub(crate) fn endpoint(config: EndpointConfig, budget: Budget) -> Endpoint {
 pub(crate) enum AfterReply {
     /// Close the connection (the reply is complete).
     Close,
+    /// Keep the connection open without writing more (a body shorter than announced).
+    Stall,
 }
 
 /// A bare HTTP/1.1 server on 127.0.0.1 answering every request with the same bytes, for
@@ -93,6 +95,7 @@ pub(crate) async fn raw_server(reply: impl Into<Vec<u8>>, after: AfterReply) -> 
                     AfterReply::Close => {
                         let _ = socket.shutdown().await;
                     }
+                    AfterReply::Stall => tokio::time::sleep(Duration::from_secs(60)).await,
                 }
             });
         }
