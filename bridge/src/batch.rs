@@ -3,7 +3,9 @@
 //! At most `concurrency` calls of one batch run at once (each one a tokio task, so the JSON
 //! work spreads over the runtime's threads); the endpoint's limiter still caps what all
 //! callers together have in flight. Each slot gets its own `Result`: a failure, a panic or a
-//! cancellation touches only its slot, and every slot leaves one ledger record.
+//! cancellation touches only its slot, and every slot leaves one ledger record. Dropping the
+//! batch future aborts its tasks; the calls they had started are recorded as cancelled and
+//! the ones not yet started take no ledger index.
 
 use std::panic::AssertUnwindSafe;
 

@@ -192,9 +192,9 @@ impl Usage {
         }
     }
 
-    /// Prompt plus completion tokens.
+    /// Prompt plus completion tokens (saturating: servers report what they like).
     pub fn total(&self) -> u64 {
-        self.prompt_tokens + self.completion_tokens
+        self.prompt_tokens.saturating_add(self.completion_tokens)
     }
 }
 

@@ -11,6 +11,10 @@
 //! ```
 //!
 //! Every wait on that path (permit, attempt, backoff) races the caller's cancellation token.
+//! The index, the reservation and the attempts live in a `CallTicket` whose `Drop` records
+//! the call as cancelled if its future is dropped before it ends (a caller's `timeout`, an
+//! aborted batch task), so every index gets exactly one record and a call that was never
+//! sent gives its reservation back.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -25,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use crate::chat::{ChatRequest, ChatResponse, SamplingParams};
 use crate::client::{AnthropicClient, LmClient, OpenAiClient};
 use crate::error::BridgeError;
-use crate::ledger::{Ledger, SubCallMetadata};
+use crate::ledger::{CallEstimate, Ledger, Reservation, SubCallMetadata};
 pub use crate::retry::RetryPolicy;
 
 /// The wire protocol of an endpoint.
@@ -340,10 +344,80 @@ impl Endpoint {
     }
 }
 
-/// How a call ended, for the record.
+/// The HTTP attempts of a call so far.
+#[derive(Debug, Default)]
 struct Attempts {
     count: u32,
     first_sent: Option<Instant>,
+}
+
+/// The bookkeeping of one call in progress: its ledger index, its budget reservation and its
+/// attempts. It is settled exactly once: by [`finish`](Self::finish) when the call returns,
+/// or by `Drop` when the call's future is dropped first (a caller's `timeout`, an aborted
+/// batch task), which records the call as cancelled. Either way a reservation whose call was
+/// never sent is given back.
+struct CallTicket<'a> {
+    shared: &'a Shared,
+    req: &'a ChatRequest,
+    index: u64,
+    started_at_ms: u64,
+    batch_size: Option<usize>,
+    attempts: Attempts,
+    /// What the call holds against the budget once admitted.
+    reservation: Option<Reservation>,
+    settled: bool,
+}
+
+impl<'a> CallTicket<'a> {
+    /// Take the next call index.
+    fn begin(shared: &'a Shared, req: &'a ChatRequest, batch_size: Option<usize>) -> Self {
+        Self {
+            shared,
+            req,
+            index: shared.ledger.begin_call(),
+            started_at_ms: unix_ms(),
+            batch_size,
+            attempts: Attempts::default(),
+            reservation: None,
+            settled: false,
+        }
+    }
+
+    /// Record how the call ended.
+    fn finish(mut self, result: &Result<ChatResponse, BridgeError>) {
+        self.settle(result);
+    }
+
+    fn settle(&mut self, result: &Result<ChatResponse, BridgeError>) {
+        if std::mem::replace(&mut self.settled, true) {
+            return;
+        }
+        self.shared.record(
+            self.index,
+            self.started_at_ms,
+            self.req,
+            result,
+            &self.attempts,
+            self.batch_size,
+        );
+        // After the record, so the real usage is counted before the estimate is released.
+        if let Some(reservation) = self.reservation.take() {
+            self.shared
+                .ledger
+                .release(reservation, self.attempts.count > 0);
+        }
+    }
+}
+
+impl Drop for CallTicket<'_> {
+    fn drop(&mut self) {
+        let error = if std::thread::panicking() {
+            BridgeError::Internal(format!("call {} panicked", self.index))
+        } else {
+            BridgeError::Cancelled
+        };
+        self.settle(&Err(error));
+    }
 }
 
 impl Shared {
@@ -355,39 +429,30 @@ impl Shared {
         on_delta: Option<&mut (dyn FnMut(&str) + Send)>,
         batch_size: Option<usize>,
     ) -> Result<ChatResponse, BridgeError> {
-        let index = self.ledger.begin_call();
-        let started_at_ms = unix_ms();
-        let mut attempts = Attempts {
-            count: 0,
-            first_sent: None,
-        };
+        let mut ticket = CallTicket::begin(self, &req, batch_size);
         let result = self
-            .run(&req, cancel, stream, on_delta, &mut attempts)
+            .run(&req, cancel, stream, on_delta, &mut ticket)
             .await
             .map(|mut answer| {
-                answer.attempts = attempts.count;
-                if let Some(t0) = attempts.first_sent {
+                answer.attempts = ticket.attempts.count;
+                if let Some(t0) = ticket.attempts.first_sent {
                     answer.latency = t0.elapsed();
                 }
                 answer
             });
-        self.record(index, started_at_ms, &req, &result, &attempts, batch_size);
+        ticket.finish(&result);
         result
     }
 
     /// Record a call that never started (e.g. its batch was cancelled first).
     pub(crate) fn record_unsent(&self, req: &ChatRequest, error: &BridgeError, batch_size: usize) {
         let index = self.ledger.begin_call();
-        let attempts = Attempts {
-            count: 0,
-            first_sent: None,
-        };
         self.record(
             index,
             unix_ms(),
             req,
             &Err(error.clone()),
-            &attempts,
+            &Attempts::default(),
             Some(batch_size),
         );
     }
@@ -398,23 +463,23 @@ impl Shared {
         cancel: &CancellationToken,
         stream: bool,
         mut on_delta: Option<&mut (dyn FnMut(&str) + Send)>,
-        attempts: &mut Attempts,
+        ticket: &mut CallTicket<'_>,
     ) -> Result<ChatResponse, BridgeError> {
         if cancel.is_cancelled() {
             return Err(BridgeError::Cancelled);
         }
-        let counted = self.config.counts_toward_call_budget;
-        self.ledger.reserve_call(counted)?;
+        let estimate =
+            CallEstimate::new(req.prompt_chars(), self.max_tokens(req), self.config.price);
+        ticket.reservation = Some(
+            self.ledger
+                .reserve(self.config.counts_toward_call_budget, estimate)?,
+        );
         let policy = &self.config.retry;
+        let attempts = &mut ticket.attempts;
         loop {
             let permit = tokio::select! {
                 biased;
-                () = cancel.cancelled() => {
-                    if attempts.count == 0 && counted {
-                        self.ledger.release_call();
-                    }
-                    return Err(BridgeError::Cancelled);
-                }
+                () = cancel.cancelled() => return Err(BridgeError::Cancelled),
                 permit = self.limiter.acquire() => permit.map_err(|_| {
                     BridgeError::Config(format!("the limiter of endpoint `{}` was closed", self.config.name))
                 })?,
@@ -445,6 +510,24 @@ impl Shared {
                 }
                 other => return other,
             }
+        }
+    }
+
+    /// The `max_tokens` the request goes out with, if any: the request's, else the endpoint's
+    /// default, a number in `extra` winning over both as it does on the wire.
+    fn max_tokens(&self, req: &ChatRequest) -> Option<u64> {
+        let extra = req
+            .params
+            .extra
+            .get("max_tokens")
+            .or_else(|| self.config.params.extra.get("max_tokens"));
+        match extra {
+            Some(value) => value.as_u64(),
+            None => req
+                .params
+                .max_tokens
+                .or(self.config.params.max_tokens)
+                .map(u64::from),
         }
     }
 

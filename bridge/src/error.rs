@@ -217,23 +217,42 @@ pub struct BudgetExceeded {
     pub max: f64,
     /// What was used when the call was refused.
     pub used: f64,
+    /// What calls in flight had reserved on top of `used` (0 for `max_calls`).
+    pub reserved: f64,
+    /// The refused call's own estimate (0 for `max_calls`).
+    pub needed: f64,
 }
 
 impl fmt::Display for BudgetExceeded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (what, max, used) = match self.limit {
-            BudgetLimit::Calls => ("sub-calls", fmt_count(self.max), fmt_count(self.used)),
-            BudgetLimit::Tokens => ("tokens", fmt_count(self.max), fmt_count(self.used)),
-            BudgetLimit::Usd => (
-                "USD",
-                format!("{:.4}", self.max),
-                format!("{:.4}", self.used),
-            ),
+        let amount = |x: f64| match self.limit {
+            BudgetLimit::Calls | BudgetLimit::Tokens => fmt_count(x),
+            BudgetLimit::Usd => format!("{x:.4}"),
+        };
+        let what = match self.limit {
+            BudgetLimit::Calls => "sub-calls",
+            BudgetLimit::Tokens => "tokens",
+            BudgetLimit::Usd => "USD",
         };
         write!(
             f,
-            "Budget exhausted: {used} of {max} {what} used (`{}`); the call was not sent. \
-             Raise the limit with `{}` to allow more",
+            "Budget exhausted: {} of {} {what} used",
+            amount(self.used),
+            amount(self.max)
+        )?;
+        if self.reserved > 0.0 {
+            write!(
+                f,
+                ", {} more reserved by calls in flight",
+                amount(self.reserved)
+            )?;
+        }
+        if self.needed > 0.0 {
+            write!(f, ", and this call may need {}", amount(self.needed))?;
+        }
+        write!(
+            f,
+            " (`{}`); the call was not sent. Raise the limit with `{}` to allow more",
             self.limit.field(),
             self.limit.flag()
         )

@@ -1,7 +1,30 @@
 //! Accounting: one [`SubCallMetadata`] per call, usage per model, and budgets.
 //!
-//! The hot path touches three atomics (call index, call reservation, budget reads) and one
-//! short `Mutex` section to push the record; nothing is held across an await.
+//! # Budget semantics
+//!
+//! A call is admitted before it is sent and holds a reservation until it ends:
+//!
+//! - `max_calls`: one slot per call (calls of endpoints that do not count toward it take
+//!   none). A slot is spent once the call is sent and given back if the call ends (cancelled,
+//!   dropped) before its first attempt, so the limit is exact under any concurrency.
+//! - `max_tokens`: the call's estimate is `ceil(prompt_chars / 4)` plus the request's
+//!   `max_tokens` (or the endpoint's default) when one is set. The call is admitted only if
+//!   tokens used + tokens reserved by calls in flight + its estimate (at least 1) stay within
+//!   the limit.
+//! - `max_usd`: the same, with the estimate priced by the endpoint's [`Price`]
+//!   (prompt tokens at the input price, `max_tokens` at the output price); without a price the
+//!   estimate is 0 and a call is admitted while the recorded cost is below the limit.
+//!
+//! Each claim is one compare-and-swap on a counter of "used + reserved". When the call ends
+//! its real usage is recorded, then its reservation released, so concurrent admissions never
+//! see less than is spent. A budget can therefore only be overshot by what admitted calls
+//! used beyond their estimates (e.g. completion tokens when no `max_tokens` is set). The
+//! limits are claimed in the order tokens, USD, calls; a call refused by a later limit gives
+//! its earlier claims straight back, and a concurrent call at the very edge of those limits
+//! may be refused by that brief claim (never admitted beyond them).
+//!
+//! The hot path touches a few atomics (call index, budget claims) and one short `Mutex`
+//! section to push the record; nothing is held across an await.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -10,6 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use serde::{Deserialize, Serialize};
 
+use crate::endpoint::Price;
 use crate::error::{BudgetExceeded, BudgetLimit};
 
 /// What one model call did, recorded whether it succeeded or not.
@@ -56,9 +80,10 @@ pub struct SubCallMetadata {
 pub struct Budget {
     /// Maximum calls sent (exact under concurrency).
     pub max_calls: Option<u64>,
-    /// Calls are refused once recorded prompt+completion tokens reach this.
+    /// Prompt plus completion tokens; a call is refused unless what is used, what calls in
+    /// flight reserved and its own estimate fit (see the module docs).
     pub max_tokens: Option<u64>,
-    /// Calls are refused once recorded cost reaches this (needs a `Price`).
+    /// Cost in USD, admitted like `max_tokens` with estimates priced by the endpoint's `Price`.
     pub max_usd: Option<f64>,
 }
 
@@ -80,23 +105,55 @@ pub struct ModelUsage {
 }
 
 impl ModelUsage {
+    // Token counts come from servers, so every sum saturates rather than overflows.
     fn add(&mut self, m: &SubCallMetadata) {
-        self.calls += 1;
-        self.errors += u64::from(m.error.is_some());
-        self.prompt_tokens += m.prompt_tokens;
-        self.completion_tokens += m.completion_tokens;
+        self.calls = self.calls.saturating_add(1);
+        self.errors = self.errors.saturating_add(u64::from(m.error.is_some()));
+        self.prompt_tokens = self.prompt_tokens.saturating_add(m.prompt_tokens);
+        self.completion_tokens = self.completion_tokens.saturating_add(m.completion_tokens);
         self.cost_usd += m.cost_usd.unwrap_or(0.0);
         self.total_latency_ms += m.latency_ms;
     }
 
     fn merge(&mut self, o: &ModelUsage) {
-        self.calls += o.calls;
-        self.errors += o.errors;
-        self.prompt_tokens += o.prompt_tokens;
-        self.completion_tokens += o.completion_tokens;
+        self.calls = self.calls.saturating_add(o.calls);
+        self.errors = self.errors.saturating_add(o.errors);
+        self.prompt_tokens = self.prompt_tokens.saturating_add(o.prompt_tokens);
+        self.completion_tokens = self.completion_tokens.saturating_add(o.completion_tokens);
         self.cost_usd += o.cost_usd;
         self.total_latency_ms += o.total_latency_ms;
     }
+}
+
+/// What a call is expected to spend, reserved against the budget while it runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CallEstimate {
+    /// Prompt tokens (estimated from characters) plus `max_tokens` if set.
+    pub(crate) tokens: u64,
+    /// Those tokens priced, in nano-USD, rounded up.
+    pub(crate) nano_usd: u64,
+}
+
+impl CallEstimate {
+    /// The estimate of `prompt_chars` in and at most `max_tokens` out, priced by `price`.
+    pub(crate) fn new(prompt_chars: usize, max_tokens: Option<u64>, price: Option<Price>) -> Self {
+        let prompt = (prompt_chars as u64).div_ceil(4);
+        let completion = max_tokens.unwrap_or(0);
+        Self {
+            tokens: prompt.saturating_add(completion),
+            // A float-to-integer `as` saturates, so an absurd price cannot wrap.
+            nano_usd: price.map_or(0, |p| (p.cost(prompt, completion) * NANO).ceil() as u64),
+        }
+    }
+}
+
+/// What one admitted call holds against the budget until [`Ledger::release`].
+#[derive(Debug, Default)]
+#[must_use = "a reservation must be released when its call ends"]
+pub(crate) struct Reservation {
+    call_slot: bool,
+    tokens: u64,
+    nano_usd: u64,
 }
 
 /// Called after each record is stored.
@@ -109,6 +166,10 @@ pub struct Ledger {
     reserved_calls: AtomicU64,
     tokens_used: AtomicU64,
     nano_usd_used: AtomicU64,
+    /// Tokens used plus tokens reserved by calls in flight: what admission checks.
+    tokens_committed: AtomicU64,
+    /// The same for cost, in nano-USD.
+    nano_usd_committed: AtomicU64,
     state: Mutex<LedgerState>,
     observer: RwLock<Option<LedgerObserver>>,
 }
@@ -130,6 +191,7 @@ impl fmt::Debug for Ledger {
                 &self.reserved_calls.load(Ordering::Relaxed),
             )
             .field("tokens_used", &self.tokens_used())
+            .field("tokens_reserved", &self.tokens_reserved())
             .finish_non_exhaustive()
     }
 }
@@ -151,6 +213,8 @@ impl Ledger {
             reserved_calls: AtomicU64::new(0),
             tokens_used: AtomicU64::new(0),
             nano_usd_used: AtomicU64::new(0),
+            tokens_committed: AtomicU64::new(0),
+            nano_usd_committed: AtomicU64::new(0),
             state: Mutex::new(LedgerState::default()),
             observer: RwLock::new(None),
         }
@@ -211,6 +275,13 @@ impl Ledger {
         self.tokens_used.load(Ordering::Acquire)
     }
 
+    /// Tokens reserved by calls in flight (their estimates).
+    pub fn tokens_reserved(&self) -> u64 {
+        self.tokens_committed
+            .load(Ordering::Acquire)
+            .saturating_sub(self.tokens_used())
+    }
+
     /// Cost recorded so far, in USD.
     pub fn usd_used(&self) -> f64 {
         self.nano_usd_used.load(Ordering::Acquire) as f64 / NANO
@@ -229,31 +300,47 @@ impl Ledger {
         self.next_index.fetch_add(1, Ordering::AcqRel)
     }
 
-    /// Reserve one call against the budget, or say which limit refuses it. An `uncounted`
-    /// call (`counted == false`) is held to the token and USD limits only.
-    pub(crate) fn reserve_call(&self, counted: bool) -> Result<(), BudgetExceeded> {
+    /// Admit one call expected to spend `estimate`, or say which limit refuses it (see the
+    /// module docs). An `uncounted` call (`counted == false`) takes no `max_calls` slot.
+    /// The reservation must be given back with [`release`](Self::release).
+    pub(crate) fn reserve(
+        &self,
+        counted: bool,
+        estimate: CallEstimate,
+    ) -> Result<Reservation, BudgetExceeded> {
+        let mut reservation = Reservation::default();
         if let Some(max) = self.budget.max_tokens {
-            let used = self.tokens_used();
-            if used >= max {
-                return Err(BudgetExceeded {
+            self.claim(&self.tokens_committed, max, estimate.tokens)
+                .map_err(|committed| BudgetExceeded {
                     limit: BudgetLimit::Tokens,
                     max: max as f64,
-                    used: used as f64,
-                });
-            }
+                    used: self.tokens_used() as f64,
+                    reserved: committed.saturating_sub(self.tokens_used()) as f64,
+                    needed: estimate.tokens as f64,
+                })?;
+            reservation.tokens = estimate.tokens;
         }
         if let Some(max) = self.budget.max_usd {
-            let used = self.usd_used();
-            if used >= max {
+            let max_nano = (max * NANO) as u64;
+            if let Err(committed) =
+                self.claim(&self.nano_usd_committed, max_nano, estimate.nano_usd)
+            {
+                self.release(reservation, false);
+                let used = self.nano_usd_used.load(Ordering::Acquire);
                 return Err(BudgetExceeded {
                     limit: BudgetLimit::Usd,
                     max,
-                    used,
+                    used: used as f64 / NANO,
+                    reserved: committed.saturating_sub(used) as f64 / NANO,
+                    needed: estimate.nano_usd as f64 / NANO,
                 });
             }
+            reservation.nano_usd = estimate.nano_usd;
         }
-        match self.budget.max_calls.filter(|_| counted) {
-            None if !counted => Ok(()),
+        if !counted {
+            return Ok(reservation);
+        }
+        let slot = match self.budget.max_calls {
             None => {
                 self.reserved_calls.fetch_add(1, Ordering::AcqRel);
                 Ok(())
@@ -268,24 +355,52 @@ impl Ledger {
                     limit: BudgetLimit::Calls,
                     max: max as f64,
                     used: used as f64,
+                    reserved: 0.0,
+                    needed: 0.0,
                 }),
+        };
+        if let Err(refused) = slot {
+            self.release(reservation, false);
+            return Err(refused);
         }
+        reservation.call_slot = true;
+        Ok(reservation)
     }
 
-    /// Give back a reservation whose call was never sent (cancelled while queued).
-    pub(crate) fn release_call(&self) {
-        self.reserved_calls.fetch_sub(1, Ordering::AcqRel);
+    /// Add `amount` to `committed` if it then stays within `max` (counting at least 1, so a
+    /// spent budget refuses even a call estimated at nothing); `Err` has the value seen.
+    fn claim(&self, committed: &AtomicU64, max: u64, amount: u64) -> Result<u64, u64> {
+        committed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+            (c.checked_add(amount.max(1))? <= max).then(|| c + amount)
+        })
+    }
+
+    /// Give back what `reservation` holds; its `max_calls` slot only if the call was never
+    /// `sent`. Call it after the call's record, so its real usage is counted first.
+    pub(crate) fn release(&self, reservation: Reservation, sent: bool) {
+        if reservation.tokens > 0 {
+            saturating_sub(&self.tokens_committed, reservation.tokens);
+        }
+        if reservation.nano_usd > 0 {
+            saturating_sub(&self.nano_usd_committed, reservation.nano_usd);
+        }
+        if reservation.call_slot && !sent {
+            self.reserved_calls.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// Store one record and update the totals.
     pub(crate) fn record(&self, meta: SubCallMetadata) {
-        let tokens = meta.prompt_tokens + meta.completion_tokens;
+        let tokens = meta.prompt_tokens.saturating_add(meta.completion_tokens);
         if tokens > 0 {
-            self.tokens_used.fetch_add(tokens, Ordering::AcqRel);
+            saturating_add(&self.tokens_used, tokens);
+            saturating_add(&self.tokens_committed, tokens);
         }
         if let Some(cost) = meta.cost_usd.filter(|c| *c > 0.0) {
-            self.nano_usd_used
-                .fetch_add((cost * NANO).round() as u64, Ordering::AcqRel);
+            // A float-to-integer `as` saturates (an infinite cost becomes `u64::MAX`).
+            let nano = (cost * NANO).round() as u64;
+            saturating_add(&self.nano_usd_used, nano);
+            saturating_add(&self.nano_usd_committed, nano);
         }
         let observer = self
             .observer
@@ -308,5 +423,102 @@ impl Ledger {
         if let (Some(observer), Some(meta)) = (observer, for_observer) {
             observer(&meta);
         }
+    }
+}
+
+/// `counter += amount`, stopping at `u64::MAX` (server-reported usage can be anything).
+fn saturating_add(counter: &AtomicU64, amount: u64) {
+    // The closure always returns `Some`, so the update cannot fail.
+    let _ = counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+        Some(n.saturating_add(amount))
+    });
+}
+
+/// `counter -= amount`, stopping at 0.
+fn saturating_sub(counter: &AtomicU64, amount: u64) {
+    let _ = counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+        Some(n.saturating_sub(amount))
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn estimate(tokens: u64) -> CallEstimate {
+        CallEstimate {
+            tokens,
+            nano_usd: 0,
+        }
+    }
+
+    #[test]
+    fn reservations_count_until_released_and_unsent_slots_come_back() {
+        let ledger = Ledger::new(Budget {
+            max_calls: Some(2),
+            max_tokens: Some(10),
+            max_usd: None,
+        });
+        let a = ledger.reserve(true, estimate(6)).expect("fits");
+        let refused = ledger.reserve(true, estimate(5)).expect_err("6 + 5 > 10");
+        assert_eq!(refused.limit, BudgetLimit::Tokens);
+        assert_eq!(
+            (refused.used, refused.reserved, refused.needed),
+            (0.0, 6.0, 5.0)
+        );
+        assert!(
+            refused
+                .to_string()
+                .contains("6 more reserved by calls in flight")
+        );
+        assert_eq!(ledger.calls_reserved(), 1, "a refused call holds no slot");
+        let b = ledger.reserve(true, estimate(4)).expect("6 + 4 fit");
+        assert_eq!(ledger.tokens_reserved(), 10);
+        ledger.release(b, false);
+        assert_eq!(
+            ledger.calls_reserved(),
+            1,
+            "an unsent call gives its slot back"
+        );
+        assert_eq!(ledger.tokens_reserved(), 6);
+        ledger.release(a, true);
+        assert_eq!((ledger.calls_reserved(), ledger.tokens_reserved()), (1, 0));
+    }
+
+    #[test]
+    fn a_refusal_by_a_later_limit_gives_earlier_claims_back() {
+        let ledger = Ledger::new(Budget {
+            max_calls: Some(0),
+            max_tokens: Some(10),
+            max_usd: Some(1.0),
+        });
+        let refused = ledger
+            .reserve(
+                true,
+                CallEstimate {
+                    tokens: 3,
+                    nano_usd: 5,
+                },
+            )
+            .expect_err("no calls allowed");
+        assert_eq!(refused.limit, BudgetLimit::Calls);
+        assert_eq!(ledger.tokens_reserved(), 0);
+        assert_eq!(ledger.nano_usd_committed.load(Ordering::Acquire), 0);
+        let root = ledger
+            .reserve(false, estimate(10))
+            .expect("uncounted calls skip max_calls");
+        ledger.release(root, true);
+    }
+
+    #[test]
+    fn estimates_price_prompt_and_max_tokens() {
+        let price = Price {
+            input_per_mtok: 1_000.0,
+            output_per_mtok: 3_000.0,
+        };
+        let e = CallEstimate::new(40, Some(90), Some(price));
+        assert_eq!(e.tokens, 100);
+        assert_eq!(e.nano_usd, 280_000_000);
+        assert_eq!(CallEstimate::new(41, None, None), estimate(11));
     }
 }

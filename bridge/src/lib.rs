@@ -13,7 +13,8 @@
 //! - `mock` (feature `mock`): an in-process mock LM server for tests, benchmarks and demos.
 //!
 //! Data flows `ChatRequest → Endpoint::call → (budget, permit, client attempt, backoff)* →
-//! ChatResponse`, with one `SubCallMetadata` pushed to the ledger at the end, success or not.
+//! ChatResponse`, with one `SubCallMetadata` pushed to the ledger at the end, success or not
+//! (a call whose future is dropped is recorded as cancelled).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), bridge::BridgeError> {

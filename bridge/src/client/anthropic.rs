@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{
-    KeySource, LmClient, Params, PartialToolCall, Transport, join_url, partial_call, to_body,
+    KeySource, LmClient, Params, PartialToolCall, StreamReply, Transport, join_url,
+    null_as_default, partial_call, to_body,
 };
 use crate::chat::{ChatRequest, ChatResponse, Message, Role, SamplingParams, ToolCall, Usage};
 use crate::endpoint::EndpointConfig;
@@ -94,14 +95,17 @@ impl AnthropicClient {
     fn model_or_default(&self, req: &ChatRequest, reported: Option<String>) -> String {
         super::response_model(reported, req, &self.model)
     }
-}
 
-#[async_trait]
-impl LmClient for AnthropicClient {
-    async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, BridgeError> {
-        let body = self.body(req, false)?;
-        let start = Instant::now();
-        let response: WireResponse = self.transport.post_json(body).await?;
+    /// A whole (non-streamed) response as an answer, or as the error it carries.
+    fn answer(
+        &self,
+        req: &ChatRequest,
+        response: WireResponse,
+        start: Instant,
+    ) -> Result<ChatResponse, BridgeError> {
+        if let Some(error) = response.error {
+            return Err(self.error_in_body(&error));
+        }
         let mut content = String::new();
         let mut tool_calls = Vec::new();
         for block in response.content {
@@ -131,6 +135,32 @@ impl LmClient for AnthropicClient {
         Ok(answer)
     }
 
+    /// An `error` object sent with status 200 (a stream's `error` event, or a whole
+    /// `{"type": "error"}` body), with the HTTP status its `type` stands for.
+    fn error_in_body(&self, error: &Value) -> BridgeError {
+        let status = match error.get("type").and_then(Value::as_str) {
+            Some("overloaded_error") => 529,
+            Some("rate_limit_error") => 429,
+            Some("api_error") => 500,
+            Some("authentication_error") => 401,
+            Some("permission_error") => 403,
+            Some("not_found_error") => 404,
+            _ => 400,
+        };
+        self.transport
+            .status_error(status, &error.to_string(), None)
+    }
+}
+
+#[async_trait]
+impl LmClient for AnthropicClient {
+    async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, BridgeError> {
+        let body = self.body(req, false)?;
+        let start = Instant::now();
+        let response: WireResponse = self.transport.post_json(body).await?;
+        self.answer(req, response, start)
+    }
+
     async fn chat_stream(
         &self,
         req: &ChatRequest,
@@ -138,7 +168,17 @@ impl LmClient for AnthropicClient {
     ) -> Result<ChatResponse, BridgeError> {
         let body = self.body(req, true)?;
         let start = Instant::now();
-        let events = self.transport.post_sse(body).await?;
+        let events = match self.transport.post_sse(body).await? {
+            StreamReply::Events(events) => events,
+            StreamReply::Whole { content_type, body } => {
+                let response = self.transport.decode_whole(&content_type, &body)?;
+                let answer = self.answer(req, response, start)?;
+                if !answer.content.is_empty() {
+                    on_delta(&answer.content);
+                }
+                return Ok(answer);
+            }
+        };
         let mut events = std::pin::pin!(events);
         let mut content = String::new();
         let mut calls: Vec<PartialToolCall> = Vec::new();
@@ -210,20 +250,7 @@ impl LmClient for AnthropicClient {
                     stopped = true;
                     break;
                 }
-                WireEvent::Error { error } => {
-                    let status = match error.get("type").and_then(Value::as_str) {
-                        Some("overloaded_error") => 529,
-                        Some("rate_limit_error") => 429,
-                        Some("api_error") => 500,
-                        Some("authentication_error") => 401,
-                        Some("permission_error") => 403,
-                        Some("not_found_error") => 404,
-                        _ => 400,
-                    };
-                    return Err(self
-                        .transport
-                        .status_error(status, &error.to_string(), None));
-                }
+                WireEvent::Error { error } => return Err(self.error_in_body(&error)),
                 WireEvent::Other => {}
             }
         }
@@ -387,12 +414,14 @@ struct WireTool<'a> {
 struct WireResponse {
     #[serde(default)]
     model: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     content: Vec<WireBlock>,
     #[serde(default)]
     stop_reason: Option<String>,
     #[serde(default)]
     usage: Option<WireUsage>,
+    #[serde(default)]
+    error: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -429,9 +458,11 @@ struct WireUsage {
 impl WireUsage {
     fn into_usage(self) -> Usage {
         Usage {
-            prompt_tokens: self.input_tokens.unwrap_or(0)
-                + self.cache_creation_input_tokens.unwrap_or(0)
-                + self.cache_read_input_tokens.unwrap_or(0),
+            prompt_tokens: self
+                .input_tokens
+                .unwrap_or(0)
+                .saturating_add(self.cache_creation_input_tokens.unwrap_or(0))
+                .saturating_add(self.cache_read_input_tokens.unwrap_or(0)),
             completion_tokens: self.output_tokens.unwrap_or(0),
             estimated: false,
         }

@@ -8,7 +8,8 @@
 //! (URL, headers, per-attempt timeout, error mapping) over the process-wide
 //! [`shared_http_client`], and translate the JSON answer, or the SSE stream, back into a
 //! [`ChatResponse`]. A client makes exactly one attempt; retries, limits and accounting live
-//! in [`crate::Endpoint`].
+//! in [`crate::Endpoint`]. Whole bodies are read up to [`MAX_ANSWER_BYTES`] (error bodies up
+//! to [`MAX_ERROR_BYTES`]), so a broken or hostile server cannot exhaust memory.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), bridge::BridgeError> {
@@ -30,6 +31,7 @@ use async_trait::async_trait;
 use eventsource_stream::{Event, EventStreamError};
 use futures::{Stream, StreamExt};
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 pub use anthropic::{ANTHROPIC_DEFAULT_MAX_TOKENS, ANTHROPIC_VERSION, AnthropicClient};
@@ -38,6 +40,13 @@ pub use openai::OpenAiClient;
 use crate::chat::{ChatRequest, ChatResponse};
 use crate::endpoint::EndpointConfig;
 use crate::error::BridgeError;
+
+/// The largest answer body read (a JSON answer, or a whole body sent instead of a stream);
+/// a larger one fails as a [`BridgeError::Decode`].
+pub const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+/// How much of an error body is read for the message; the rest is left unread.
+pub const MAX_ERROR_BYTES: usize = 64 << 10;
 
 /// A chat model reachable over HTTP; one call is one attempt.
 #[async_trait]
@@ -82,6 +91,10 @@ pub(crate) struct Transport {
     parsed_url: reqwest::Url,
     headers: HeaderMap,
     timeout: Duration,
+    /// The longest `Retry-After` worth keeping: the retry policy's `max_delay`.
+    max_retry_after: Duration,
+    /// [`MAX_ANSWER_BYTES`], lowered by tests.
+    max_answer_bytes: usize,
     auth_hint: String,
     http: reqwest::Client,
 }
@@ -184,6 +197,8 @@ impl Transport {
             parsed_url: parsed,
             headers,
             timeout: config.timeout,
+            max_retry_after: config.retry.max_delay,
+            max_answer_bytes: MAX_ANSWER_BYTES,
             auth_hint: key.hint(&config.name, example_var),
             http: shared_http_client(),
         })
@@ -204,10 +219,32 @@ impl Transport {
         if status.is_success() {
             return Ok(response);
         }
-        let retry_after = crate::retry::retry_after(response.headers());
-        // The error body is small; if reading it fails the status alone still says enough.
-        let text = response.text().await.unwrap_or_default();
+        let retry_after = crate::retry::retry_after(response.headers(), self.max_retry_after);
+        let text = read_error_body(response).await;
         Err(self.status_error(status.as_u16(), &text, retry_after))
+    }
+
+    /// The whole body of an answer, up to `max_answer_bytes`.
+    async fn read_answer(&self, mut response: reqwest::Response) -> Result<Vec<u8>, BridgeError> {
+        let cap = self.max_answer_bytes;
+        let announced = response.content_length();
+        if let Some(length) = announced.filter(|&n| n > cap as u64) {
+            return Err(self.decode(format!(
+                "the answer is larger than the {} limit (`Content-Length: {length}`)",
+                fmt_bytes(cap)
+            )));
+        }
+        let mut body = Vec::with_capacity(announced.map_or(0, |n| n as usize));
+        while let Some(chunk) = response.chunk().await.map_err(|e| self.map_reqwest(&e))? {
+            if body.len() + chunk.len() > cap {
+                return Err(self.decode(format!(
+                    "the answer is larger than the {} limit",
+                    fmt_bytes(cap)
+                )));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
     }
 
     /// One non-streaming attempt: send, read the whole body, decode it, all within `timeout`.
@@ -217,7 +254,7 @@ impl Transport {
     ) -> Result<T, BridgeError> {
         let attempt = async {
             let response = self.send(body, false).await?;
-            let bytes = response.bytes().await.map_err(|e| self.map_reqwest(&e))?;
+            let bytes = self.read_answer(response).await?;
             serde_json::from_slice::<T>(&bytes).map_err(|e| self.decode_error(e, &bytes))
         };
         tokio::time::timeout(self.timeout, attempt)
@@ -226,17 +263,51 @@ impl Transport {
     }
 
     /// One streaming attempt: send and return the SSE events; `timeout` bounds the wait for
-    /// the headers and then each event separately.
+    /// the headers and then each event separately. A server that answers in another
+    /// `Content-Type` (it does not stream) has its whole body read, within `timeout`, for the
+    /// client to decode as a non-streamed answer. A missing `Content-Type` is read as SSE.
     pub(crate) async fn post_sse(
         &self,
         body: Vec<u8>,
-    ) -> Result<impl Stream<Item = Result<Event, EventStreamError<reqwest::Error>>>, BridgeError>
-    {
+    ) -> Result<
+        StreamReply<impl Stream<Item = Result<Event, EventStreamError<reqwest::Error>>>>,
+        BridgeError,
+    > {
         use eventsource_stream::Eventsource;
-        let response = tokio::time::timeout(self.timeout, self.send(body, true))
+        let attempt = async {
+            let response = self.send(body, true).await?;
+            let content_type = response
+                .headers()
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            match content_type {
+                Some(ct) if !is_event_stream(&ct) => Ok(StreamReply::Whole {
+                    content_type: ct,
+                    body: self.read_answer(response).await?,
+                }),
+                _ => Ok(StreamReply::Events(response.bytes_stream().eventsource())),
+            }
+        };
+        tokio::time::timeout(self.timeout, attempt)
             .await
-            .map_err(|_| self.timeout_error())??;
-        Ok(response.bytes_stream().eventsource())
+            .map_err(|_| self.timeout_error())?
+    }
+
+    /// Decode the whole body a server sent instead of a stream.
+    pub(crate) fn decode_whole<T: DeserializeOwned>(
+        &self,
+        content_type: &str,
+        body: &[u8],
+    ) -> Result<T, BridgeError> {
+        serde_json::from_slice(body).map_err(|e| {
+            self.decode(format!(
+                "a streaming request was answered with `Content-Type: {content_type}` instead \
+                 of `text/event-stream`, and the body is no answer either ({e}); the body \
+                 starts with {:?}",
+                body_snippet(body)
+            ))
+        })
     }
 
     /// The next SSE event, `None` at the end of the stream.
@@ -264,7 +335,7 @@ impl Transport {
     fn decode_error(&self, e: serde_json::Error, bytes: &[u8]) -> BridgeError {
         self.decode(format!(
             "{e}; the body starts with {:?}",
-            snippet(&String::from_utf8_lossy(bytes), 200)
+            body_snippet(bytes)
         ))
     }
 
@@ -311,14 +382,19 @@ impl Transport {
 
     fn map_reqwest(&self, e: &reqwest::Error) -> BridgeError {
         let detail = root_cause(e);
-        if e.is_timeout() {
-            self.timeout_error()
-        } else if e.is_connect() {
+        // A connect timeout is both; "could not connect" is the one that helps.
+        if e.is_connect() {
             BridgeError::Connect {
                 endpoint: self.endpoint.clone(),
                 url: self.url.clone(),
-                detail,
+                detail: if e.is_timeout() {
+                    format!("the connection attempt timed out: {detail}")
+                } else {
+                    detail
+                },
             }
+        } else if e.is_timeout() {
+            self.timeout_error()
         } else if e.is_builder() {
             BridgeError::Config(format!(
                 "could not build the request for `{}`: {detail}",
@@ -328,6 +404,61 @@ impl Transport {
             self.network(detail)
         }
     }
+}
+
+/// The start of an error body (at most [`MAX_ERROR_BYTES`]) as text. If reading fails, what
+/// arrived is kept: the status alone still says enough.
+async fn read_error_body(mut response: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = MAX_ERROR_BYTES - body.len();
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+/// `64 MiB`, or a byte count when it is not whole mebibytes.
+fn fmt_bytes(n: usize) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{} MiB", n >> 20)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
+/// What a streaming request got back.
+pub(crate) enum StreamReply<S> {
+    /// The SSE events asked for.
+    Events(S),
+    /// A whole body in another `Content-Type`: the server does not stream.
+    Whole {
+        /// The `Content-Type` it came with.
+        content_type: String,
+        /// The body.
+        body: Vec<u8>,
+    },
+}
+
+/// Whether a `Content-Type` is SSE (`text/event-stream`, parameters allowed).
+fn is_event_stream(content_type: &str) -> bool {
+    content_type
+        .split(';')
+        .next()
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
+/// For fields some servers send as `null` where the spec has a list or an object.
+pub(crate) fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + serde::Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Option::unwrap_or_default)
 }
 
 /// The innermost cause of an error chain, which is the one that names the problem
@@ -364,6 +495,13 @@ pub(crate) fn error_message(body: &str, status: u16) -> String {
             .to_owned(),
         _ => snippet(body.trim(), 500),
     }
+}
+
+/// The start of a body, for error messages.
+fn body_snippet(body: &[u8]) -> String {
+    // 200 characters are at most 800 bytes of UTF-8; a cut character becomes `�`.
+    let head = &body[..body.len().min(800)];
+    snippet(&String::from_utf8_lossy(head), 200)
 }
 
 fn snippet(s: &str, max_chars: usize) -> String {
@@ -494,4 +632,118 @@ fn response_model(reported: Option<String>, req: &ChatRequest, default: &str) ->
         .filter(|m| !m.is_empty())
         .or_else(|| req.model.clone())
         .unwrap_or_else(|| default.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    /// A listener whose accept queue is full: Linux drops further SYNs, so a connection to
+    /// it times out instead of being refused. `None` if this system refuses them instead.
+    async fn unconnectable() -> Option<(String, tokio::net::TcpListener, Vec<tokio::net::TcpStream>)>
+    {
+        let socket = tokio::net::TcpSocket::new_v4().ok()?;
+        socket.bind("127.0.0.1:0".parse().ok()?).ok()?;
+        let listener = socket.listen(0).ok()?;
+        let addr = listener.local_addr().ok()?;
+        let mut queued = Vec::new();
+        for _ in 0..16 {
+            let connect = tokio::net::TcpStream::connect(addr);
+            match tokio::time::timeout(Duration::from_millis(200), connect).await {
+                Ok(Ok(stream)) => queued.push(stream),
+                Ok(Err(_)) => return None,
+                Err(_) => return Some((addr.to_string(), listener, queued)),
+            }
+        }
+        None
+    }
+
+    /// A transport posting to `http://{addr}/v1/chat/completions`.
+    fn transport(addr: &str) -> Transport {
+        let config = EndpointConfig::openai("sub", format!("http://{addr}/v1"), "m");
+        Transport::new(
+            &config,
+            join_url(&config.base_url, "chat/completions"),
+            HeaderMap::new(),
+            &KeySource::None,
+            "OPENAI_API_KEY",
+        )
+        .expect("valid config")
+    }
+
+    #[tokio::test]
+    async fn an_answer_past_the_cap_without_content_length_is_refused() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        tokio::spawn(async move {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            // The request is small: its head and `{}` body come in one read or two.
+            let mut request = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !request.ends_with(b"\r\n\r\n{}") {
+                match socket.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
+            let head =
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n";
+            let _ = socket.write_all(head.as_bytes()).await;
+            // Just past the cap, then the connection stays open: only the cap ends the read.
+            let _ = socket.write_all(&[b' '; 1025]).await;
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        });
+        let mut transport = transport(&addr);
+        transport.max_answer_bytes = 1024;
+        transport.timeout = Duration::from_secs(5);
+        let err = transport
+            .post_json::<serde_json::Value>(b"{}".to_vec())
+            .await
+            .expect_err("too large");
+        assert!(matches!(err, BridgeError::Decode { .. }), "{err:?}");
+        assert!(
+            err.to_string()
+                .contains("the answer is larger than the 1024 bytes limit"),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connect_timeout_is_a_connect_error_naming_the_url() {
+        let Some((addr, _listener, _queued)) = unconnectable().await else {
+            eprintln!("skipped: this system refuses connections to a full accept queue");
+            return;
+        };
+        let mut transport = transport(&addr);
+        transport.http = reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(Duration::from_millis(200))
+            .build()
+            .expect("client");
+        let started = Instant::now();
+        let err = transport
+            .post_json::<serde_json::Value>(b"{}".to_vec())
+            .await
+            .expect_err("cannot connect");
+        assert!(started.elapsed() >= Duration::from_millis(200), "timed out");
+        assert!(matches!(err, BridgeError::Connect { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with(&format!(
+                "Could not connect to `http://{addr}/v1/chat/completions`"
+            )),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("timed out") && !msg.contains("`timeout`"),
+            "{msg}"
+        );
+    }
 }

@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{
-    KeySource, LmClient, Params, PartialToolCall, Transport, join_url, partial_call, to_body,
+    KeySource, LmClient, Params, PartialToolCall, StreamReply, Transport, join_url,
+    null_as_default, partial_call, to_body,
 };
 use crate::chat::{ChatRequest, ChatResponse, Message, Role, SamplingParams, ToolCall, Usage};
 use crate::endpoint::EndpointConfig;
@@ -81,14 +82,17 @@ impl OpenAiClient {
     fn model_or_default(&self, req: &ChatRequest, reported: Option<String>) -> String {
         super::response_model(reported, req, &self.model)
     }
-}
 
-#[async_trait]
-impl LmClient for OpenAiClient {
-    async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, BridgeError> {
-        let body = self.body(req, false)?;
-        let start = Instant::now();
-        let response: WireResponse = self.transport.post_json(body).await?;
+    /// A whole (non-streamed) response as an answer, or as the error it carries.
+    fn answer(
+        &self,
+        req: &ChatRequest,
+        response: WireResponse,
+        start: Instant,
+    ) -> Result<ChatResponse, BridgeError> {
+        if let Some(error) = response.error {
+            return Err(self.error_in_body(&error));
+        }
         let choice = response
             .choices
             .into_iter()
@@ -120,6 +124,29 @@ impl LmClient for OpenAiClient {
         Ok(answer)
     }
 
+    /// An `error` object sent with status 200 (in a stream chunk or a whole body, as
+    /// OpenRouter and some proxies do): its `code` if it is an HTTP error status, else 500.
+    fn error_in_body(&self, error: &Value) -> BridgeError {
+        let status = error
+            .get("code")
+            .and_then(Value::as_u64)
+            .and_then(|c| u16::try_from(c).ok())
+            .filter(|c| (400..600).contains(c))
+            .unwrap_or(500);
+        self.transport
+            .status_error(status, &error.to_string(), None)
+    }
+}
+
+#[async_trait]
+impl LmClient for OpenAiClient {
+    async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, BridgeError> {
+        let body = self.body(req, false)?;
+        let start = Instant::now();
+        let response: WireResponse = self.transport.post_json(body).await?;
+        self.answer(req, response, start)
+    }
+
     async fn chat_stream(
         &self,
         req: &ChatRequest,
@@ -127,7 +154,17 @@ impl LmClient for OpenAiClient {
     ) -> Result<ChatResponse, BridgeError> {
         let body = self.body(req, true)?;
         let start = Instant::now();
-        let events = self.transport.post_sse(body).await?;
+        let events = match self.transport.post_sse(body).await? {
+            StreamReply::Events(events) => events,
+            StreamReply::Whole { content_type, body } => {
+                let response = self.transport.decode_whole(&content_type, &body)?;
+                let answer = self.answer(req, response, start)?;
+                if !answer.content.is_empty() {
+                    on_delta(&answer.content);
+                }
+                return Ok(answer);
+            }
+        };
         let mut events = std::pin::pin!(events);
         let mut content = String::new();
         let mut calls: Vec<PartialToolCall> = Vec::new();
@@ -149,15 +186,7 @@ impl LmClient for OpenAiClient {
                     .decode(format!("invalid stream chunk ({e}): {data:.200}"))
             })?;
             if let Some(error) = chunk.error {
-                let status = error
-                    .get("code")
-                    .and_then(Value::as_u64)
-                    .and_then(|c| u16::try_from(c).ok())
-                    .filter(|c| (400..600).contains(c))
-                    .unwrap_or(500);
-                return Err(self
-                    .transport
-                    .status_error(status, &error.to_string(), None));
+                return Err(self.error_in_body(&error));
             }
             if chunk.model.is_some() {
                 model = chunk.model;
@@ -342,10 +371,12 @@ struct WireFunctionDef<'a> {
 struct WireResponse {
     #[serde(default)]
     model: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     choices: Vec<WireChoice>,
     #[serde(default)]
     usage: Option<WireUsage>,
+    #[serde(default)]
+    error: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -390,7 +421,7 @@ struct WireUsage {
 struct WireChunk {
     #[serde(default)]
     model: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     choices: Vec<WireChunkChoice>,
     #[serde(default)]
     usage: Option<WireUsage>,
@@ -400,7 +431,7 @@ struct WireChunk {
 
 #[derive(Deserialize)]
 struct WireChunkChoice {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_default")]
     delta: WireDelta,
     #[serde(default)]
     finish_reason: Option<String>,

@@ -1,10 +1,15 @@
 //! The Anthropic Messages format, JSON and SSE, against the mock.
 
 use bridge::mock::SAMPLE_SCRIPT;
-use bridge::{Budget, CallOptions, ChatRequest, Message, Role, ToolDefinition};
+use bridge::{
+    BridgeError, Budget, CallOptions, ChatRequest, EndpointConfig, Message, Provider, Role,
+    ToolDefinition,
+};
 use serde_json::json;
 
-use crate::support::{anthropic_config, endpoint, start, start_script};
+use crate::support::{
+    AfterReply, anthropic_config, endpoint, http_reply, raw_config, raw_server, start, start_script,
+};
 
 const SYSTEM_SCRIPT: &str = r#"{"models": {"*": {"rules": [
     {"system": "^You are (\\w+)$", "reply": "system={{1}} user={{last_user}} turn={{turn}}"}
@@ -113,4 +118,41 @@ async fn tool_use_round_trip_in_json() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_use_round_trip_in_sse() {
     tool_use_round_trip(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_json_answer_to_a_streaming_request_is_decoded() {
+    let json = [("content-type", "application/json")];
+    let answer = r#"{"model":"m","content":[{"type":"text","text":"whole"}],
+                     "stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":4}}"#;
+    let error = r#"{"type":"error","error":{"type":"overloaded_error","message":"busy"}}"#;
+    let mut results = Vec::new();
+    for body in [answer, error] {
+        let base_url = raw_server(http_reply("200 OK", &json, body), AfterReply::Close).await;
+        let config = EndpointConfig {
+            provider: Provider::Anthropic,
+            ..raw_config(&base_url, 1)
+        };
+        let root = endpoint(config, Budget::default());
+        let mut deltas = Vec::new();
+        let result = root
+            .call_streaming(
+                ChatRequest::from_prompt("x"),
+                &CallOptions::default(),
+                &mut |d: &str| deltas.push(d.to_owned()),
+            )
+            .await;
+        results.push((result, deltas));
+    }
+    let (answer, deltas) = &results[0];
+    let answer = answer.as_ref().expect("the JSON answer is used");
+    assert_eq!(answer.content, "whole");
+    assert_eq!(deltas, &["whole"]);
+    assert_eq!(answer.usage.completion_tokens, 4);
+    let (error, _) = &results[1];
+    let error = error.as_ref().expect_err("an error body");
+    assert!(
+        matches!(error, BridgeError::Http { status: 529, message, .. } if message == "busy"),
+        "{error:?}"
+    );
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bridge::mock::{FaultKind, Faults, Latency};
+use bridge::mock::{FaultKind, FaultRule, Faults, Latency};
 use bridge::{
     BatchPolicy, BridgeError, Budget, CallOptions, CancellationToken, ChatRequest, EndpointConfig,
     RetryPolicy,
@@ -148,4 +148,136 @@ async fn a_cancelled_token_sends_nothing() {
     );
     assert_eq!(server.log().len(), 0);
     assert_eq!(sub.ledger().records().len(), 3);
+}
+
+/// A mock where every call whose prompt starts with `hang` hangs for 30 s.
+async fn hanging_server() -> bridge::mock::MockServer {
+    let faults = Faults {
+        hang: Duration::from_secs(30),
+        ..Faults::none()
+    }
+    .with_rule(FaultRule::matching("^hang", FaultKind::Hang));
+    start_with(Latency::None, faults).await
+}
+
+/// Poll `done` every 5 ms for up to 3 s.
+async fn eventually(mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + PROMPT;
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    done()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_call_is_recorded_and_an_unsent_one_gives_its_slot_back() {
+    let server = hanging_server().await;
+    let config = EndpointConfig {
+        max_in_flight: 1,
+        ..openai_config(&server)
+    };
+    let budget = Budget {
+        max_calls: Some(2),
+        ..Budget::default()
+    };
+    let sub = Arc::new(endpoint(config, budget));
+    let ledger = Arc::clone(sub.ledger());
+
+    // A holds the only permit, hanging at the server.
+    let a = tokio::spawn({
+        let sub = Arc::clone(&sub);
+        async move {
+            sub.call(ChatRequest::from_prompt("hang A"), &CallOptions::default())
+                .await
+        }
+    });
+    assert!(eventually(|| sub.in_flight() == 1).await);
+
+    // B queues for the permit; its caller gives up by dropping the future.
+    let b = tokio::time::timeout(
+        Duration::from_millis(100),
+        sub.call(ChatRequest::from_prompt("B"), &CallOptions::default()),
+    )
+    .await;
+    assert!(b.is_err(), "B cannot have finished: {b:?}");
+    assert_eq!(
+        ledger.calls_reserved(),
+        1,
+        "B was never sent: its slot is back"
+    );
+    let b_record = &ledger.records()[0];
+    assert_eq!(b_record.call_index, 1);
+    assert_eq!(b_record.error_kind.as_deref(), Some("cancelled"));
+    assert_eq!(b_record.attempts, 0);
+
+    // A is dropped mid-flight: it was sent, so its slot stays spent.
+    a.abort();
+    assert!(a.await.expect_err("aborted").is_cancelled());
+    assert!(eventually(|| sub.in_flight() == 0).await);
+
+    // C gets the slot B gave back; D finds the budget spent.
+    let c = sub
+        .call(ChatRequest::from_prompt("C"), &CallOptions::default())
+        .await
+        .expect("C uses the slot B gave back");
+    assert_eq!(c.content, "C");
+    let d = sub
+        .call(ChatRequest::from_prompt("D"), &CallOptions::default())
+        .await;
+    assert!(matches!(d, Err(BridgeError::Budget(_))), "{d:?}");
+
+    let records = ledger.records();
+    let indices: Vec<u64> = records.iter().map(|r| r.call_index).collect();
+    assert_eq!(indices, [0, 1, 2, 3], "one record per call index");
+    assert_eq!(ledger.next_call_index(), 4);
+    let kinds: Vec<(Option<&str>, u32)> = records
+        .iter()
+        .map(|r| (r.error_kind.as_deref(), r.attempts))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (Some("cancelled"), 1),
+            (Some("cancelled"), 0),
+            (None, 1),
+            (Some("budget"), 0)
+        ]
+    );
+    assert_eq!(ledger.calls_reserved(), 2, "A and C were sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_batch_leaves_a_record_for_every_started_call() {
+    let server = hanging_server().await;
+    let sub = endpoint(openai_config(&server), Budget::default());
+    let reqs = (0..5)
+        .map(|i| ChatRequest::from_prompt(format!("hang {i}")))
+        .collect();
+    let cancel = CancellationToken::new();
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(300),
+        sub.batch(reqs, BatchPolicy::bounded(2), &cancel),
+    )
+    .await;
+    assert!(dropped.is_err(), "the batch cannot have finished");
+    let ledger = sub.ledger();
+    assert!(
+        eventually(|| ledger.records().len() == 2).await,
+        "{} records",
+        ledger.records().len()
+    );
+    assert_eq!(
+        ledger.next_call_index(),
+        2,
+        "calls never started take no index"
+    );
+    for r in ledger.records() {
+        assert_eq!(r.error_kind.as_deref(), Some("cancelled"), "{r:?}");
+        assert_eq!(r.attempts, 1);
+        assert!(r.batched && r.batch_size == 5);
+    }
+    assert!(eventually(|| sub.in_flight() == 0).await);
 }

@@ -7,7 +7,10 @@ use bridge::{
     BridgeError, Budget, CallOptions, ChatRequest, EndpointConfig, Endpoints, Ledger, Provider,
 };
 
-use crate::support::{anthropic_config, endpoint, fast_retry, openai_config, start, start_with};
+use crate::support::{
+    AfterReply, anthropic_config, endpoint, fast_retry, openai_config, raw_config, raw_server,
+    start, start_with,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_base_url_is_a_404_that_points_at_base_url() {
@@ -234,4 +237,61 @@ fn debug_output_never_shows_keys() {
             "{text}"
         );
     }
+}
+
+/// A reply announcing a 1 GiB body of which it sends only `sent`, then stalls.
+fn huge_reply(status: &str, sent: &str) -> String {
+    format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{sent}",
+        1u64 << 30
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answer_bodies_are_capped() {
+    let base_url = raw_server(huge_reply("200 OK", "{"), AfterReply::Stall).await;
+    let config = EndpointConfig {
+        timeout: std::time::Duration::from_secs(2),
+        ..raw_config(&base_url, 1)
+    };
+    let sub = endpoint(config, Budget::default());
+    for stream in [false, true] {
+        let opts = CallOptions {
+            stream,
+            ..CallOptions::default()
+        };
+        let err = sub
+            .call(ChatRequest::from_prompt("hi"), &opts)
+            .await
+            .expect_err("too large");
+        assert!(matches!(err, BridgeError::Decode { .. }), "{err:?}");
+        assert!(!err.is_retryable());
+        let msg = err.to_string();
+        assert!(
+            msg.contains("64 MiB") && msg.contains("1073741824"),
+            "{msg}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_bodies_are_read_only_as_far_as_the_message_needs() {
+    let sent = format!(r#"{{"error":{{"message":"{}"#, "x".repeat(200 * 1024));
+    let reply = huge_reply("400 Bad Request", &sent);
+    let base_url = raw_server(reply, AfterReply::Stall).await;
+    let config = EndpointConfig {
+        timeout: std::time::Duration::from_secs(2),
+        ..raw_config(&base_url, 1)
+    };
+    let sub = endpoint(config, Budget::default());
+    let err = sub
+        .call(ChatRequest::from_prompt("hi"), &CallOptions::default())
+        .await
+        .expect_err("400");
+    assert!(
+        matches!(err, BridgeError::Http { status: 400, .. }),
+        "read the start of the body, not all of it: {err:?}"
+    );
+    let msg = err.to_string();
+    assert!(msg.contains("xxxx") && msg.len() < 2_000, "{}", msg.len());
 }

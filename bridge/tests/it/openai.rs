@@ -1,10 +1,12 @@
 //! The OpenAI chat-completions format, JSON and SSE, against the mock.
 
 use bridge::mock::SAMPLE_SCRIPT;
-use bridge::{Budget, CallOptions, ChatRequest, Message, Role, ToolDefinition};
+use bridge::{BridgeError, Budget, CallOptions, ChatRequest, Message, Role, ToolDefinition};
 use serde_json::json;
 
-use crate::support::{endpoint, openai_config, start, start_script};
+use crate::support::{
+    AfterReply, endpoint, http_reply, openai_config, raw_config, raw_server, start, start_script,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn echo_round_trip_reports_usage_and_records_the_call() {
@@ -175,4 +177,99 @@ async fn scripted_rules_see_the_system_prompt_and_last_user_message() {
         .await
         .expect("terse");
     assert_eq!(terse.content, "ok");
+}
+
+/// One call (streamed or not) to a raw server answering `reply`, with `max_attempts`: the
+/// result, the deltas received and the attempts made.
+async fn call_raw(
+    reply: String,
+    stream: bool,
+    max_attempts: u32,
+) -> (Result<bridge::ChatResponse, BridgeError>, Vec<String>, u32) {
+    let base_url = raw_server(reply, AfterReply::Close).await;
+    let sub = endpoint(raw_config(&base_url, max_attempts), Budget::default());
+    let req = ChatRequest::from_prompt("x");
+    let opts = CallOptions::default();
+    let mut deltas = Vec::new();
+    let result = if stream {
+        sub.call_streaming(req, &opts, &mut |d: &str| deltas.push(d.to_owned()))
+            .await
+    } else {
+        sub.call(req, &opts).await
+    };
+    let attempts = sub.ledger().records()[0].attempts;
+    (result, deltas, attempts)
+}
+
+const JSON: [(&str, &str); 1] = [("content-type", "application/json")];
+const SSE: [(&str, &str); 1] = [("content-type", "text/event-stream")];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_json_answer_to_a_streaming_request_is_decoded() {
+    let body = r#"{"model":"m","choices":[{"message":{"content":"whole"},"finish_reason":"stop"}],
+                   "usage":{"prompt_tokens":3,"completion_tokens":4}}"#;
+    let (result, deltas, attempts) = call_raw(http_reply("200 OK", &JSON, body), true, 3).await;
+    let answer = result.expect("the JSON answer is used");
+    assert_eq!(answer.content, "whole");
+    assert_eq!(deltas, ["whole"], "the whole text arrives as one delta");
+    assert_eq!(
+        (answer.usage.prompt_tokens, answer.usage.completion_tokens),
+        (3, 4)
+    );
+    assert_eq!(attempts, 1);
+
+    let page = http_reply(
+        "200 OK",
+        &[("content-type", "text/html")],
+        "<html>login</html>",
+    );
+    let (result, _, attempts) = call_raw(page, true, 3).await;
+    let err = result.expect_err("not an answer");
+    assert!(matches!(err, BridgeError::Decode { .. }), "{err:?}");
+    assert!(!err.is_retryable());
+    let msg = err.to_string();
+    assert!(
+        msg.contains("text/html") && msg.contains("text/event-stream") && msg.contains("login"),
+        "{msg}"
+    );
+    assert_eq!(attempts, 1, "not retried");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_in_a_200_body_is_the_same_error_as_in_a_stream() {
+    let error = r#"{"message":"upstream overloaded","code":429}"#;
+    let is_the_error = |e: &BridgeError| matches!(e, BridgeError::Http { status: 429, message, .. } if message == "upstream overloaded");
+    let json = http_reply("200 OK", &JSON, &format!(r#"{{"error":{error}}}"#));
+    let (plain, _, attempts) = call_raw(json, false, 2).await;
+    let plain = plain.expect_err("an error body");
+    assert!(is_the_error(&plain), "{plain:?}");
+    assert_eq!(attempts, 2, "retryable like the streamed error");
+
+    let sse = http_reply("200 OK", &SSE, &format!("data: {{\"error\":{error}}}\n\n"));
+    let (streamed, _, attempts) = call_raw(sse, true, 2).await;
+    let streamed = streamed.expect_err("an error event");
+    assert!(is_the_error(&streamed), "{streamed:?}");
+    assert_eq!(attempts, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn null_choices_count_as_none() {
+    let sse = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\n",
+        "data: {\"choices\":null,\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7}}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":null,\"finish_reason\":null}]}\n\n",
+        "data: [DONE]\n\n"
+    );
+    let (result, _, _) = call_raw(http_reply("200 OK", &SSE, sse), true, 1).await;
+    let answer = result.expect("null choices are skipped");
+    assert_eq!(answer.content, "hi");
+    assert_eq!(
+        (answer.usage.prompt_tokens, answer.usage.completion_tokens),
+        (5, 7)
+    );
+
+    let body = r#"{"model":"m","choices":null}"#;
+    let (result, _, _) = call_raw(http_reply("200 OK", &JSON, body), false, 1).await;
+    let err = result.expect_err("no choices");
+    assert!(err.to_string().contains("has no `choices`"), "{err}");
 }

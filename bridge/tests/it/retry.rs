@@ -6,7 +6,10 @@ use bridge::mock::{FaultKind, Faults, Latency};
 use bridge::{BridgeError, Budget, CallOptions, ChatRequest, EndpointConfig, RetryPolicy};
 use serde_json::Value;
 
-use crate::support::{anthropic_config, endpoint, fast_retry, openai_config, start_with};
+use crate::support::{
+    AfterReply, anthropic_config, endpoint, fast_retry, http_reply, openai_config, raw_config,
+    raw_server, start_with,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_is_honoured_between_attempts() {
@@ -145,4 +148,43 @@ async fn timeouts_say_which_setting_to_raise() {
         msg.contains("timed out after 0.2s") && msg.contains("`timeout`"),
         "{msg}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_retry_after_waits_at_most_max_delay() {
+    let body = r#"{"error":{"message":"slow down"}}"#;
+    for (header, value) in [
+        ("retry-after", "1e20"),
+        ("retry-after", "18000000000000000000"),
+        ("retry-after-ms", "1e300"),
+    ] {
+        let reply = http_reply("429 Too Many Requests", &[(header, value)], body);
+        let base_url = raw_server(reply, AfterReply::Close).await;
+        let max_delay = Duration::from_millis(200);
+        let config = EndpointConfig {
+            retry: RetryPolicy {
+                max_attempts: 2,
+                base_delay: Duration::from_millis(1),
+                max_delay,
+            },
+            ..raw_config(&base_url, 2)
+        };
+        let sub = endpoint(config, Budget::default());
+        let started = std::time::Instant::now();
+        let err = sub
+            .call(ChatRequest::from_prompt("x"), &CallOptions::default())
+            .await
+            .expect_err("always 429");
+        let elapsed = started.elapsed();
+        assert!(
+            matches!(err, BridgeError::Http { status: 429, retry_after: Some(d), .. } if d == max_delay),
+            "{header}: {value}: {err:?}"
+        );
+        assert!(err.to_string().contains("slow down"), "{err}");
+        assert!(
+            elapsed >= max_delay && elapsed < Duration::from_secs(3),
+            "{header}: {value}: waited {elapsed:?}"
+        );
+        assert_eq!(sub.ledger().records()[0].attempts, 2);
+    }
 }
