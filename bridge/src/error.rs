@@ -206,6 +206,14 @@ impl BudgetLimit {
             Self::Usd => "--max-usd",
         }
     }
+
+    /// The limit a [`BudgetExceeded`] message names (its field, in backticks): how a caller
+    /// that only kept the text of a refusal, such as a sub-call record, tells which it was.
+    pub fn named_in(message: &str) -> Option<Self> {
+        [Self::Calls, Self::Tokens, Self::Usd]
+            .into_iter()
+            .find(|limit| message.contains(&format!("`{}`", limit.field())))
+    }
 }
 
 /// A call refused because a budget limit was reached.

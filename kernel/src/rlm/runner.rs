@@ -44,7 +44,7 @@ use super::metrics::MetricsHook;
 use super::prompts::{PromptConfig, Prompts};
 use crate::repl::{ContextMetadata, ReplSession};
 use bridge::{
-    BridgeError, BudgetLimit, CancellationToken, ChatRequest, Endpoints, Ledger, SubCallMetadata,
+    BridgeError, BudgetLimit, CancellationToken, ChatRequest, Endpoints, SubCallMetadata,
 };
 
 /// Errors that prevent a run from starting. Once a run started, every failure ends it with a
@@ -266,7 +266,6 @@ impl Rlm {
             generator: CodeGenerator::new(root),
             executor: CodeExecutor::new(Arc::clone(&self.session)),
             checker: CompletionChecker::new(self.config.completion),
-            ledger: Arc::clone(self.endpoints.ledger()),
             conversation,
             started,
             // A limit too far out to represent is no limit.
@@ -407,7 +406,6 @@ struct Run<'a> {
     generator: CodeGenerator,
     executor: CodeExecutor,
     checker: CompletionChecker,
-    ledger: Arc<Ledger>,
     conversation: Conversation,
     started: Instant,
     deadline: Option<Instant>,
@@ -687,7 +685,9 @@ impl Run<'_> {
                     message: message.clone(),
                     record: None,
                 });
-                Ending::stop(budget_reason_from_ledger(&self.ledger), message)
+                let reason = BudgetLimit::named_in(&message)
+                    .map_or(TerminationReason::CallBudget, budget_reason);
+                Ending::stop(reason, message)
             }
             ExecutionStop::Kernel(error) => {
                 let message = format!("The REPL session failed: {error}");
@@ -806,21 +806,6 @@ fn budget_reason(limit: BudgetLimit) -> TerminationReason {
         BudgetLimit::Calls => TerminationReason::CallBudget,
         BudgetLimit::Tokens => TerminationReason::TokenBudget,
         BudgetLimit::Usd => TerminationReason::CostBudget,
-    }
-}
-
-/// Which limit a refused sub-call hit, read from the ledger (the record carries only the text).
-fn budget_reason_from_ledger(ledger: &Ledger) -> TerminationReason {
-    let budget = ledger.budget();
-    if budget
-        .max_tokens
-        .is_some_and(|max| ledger.tokens_used() >= max)
-    {
-        TerminationReason::TokenBudget
-    } else if budget.max_usd.is_some_and(|max| ledger.usd_used() >= max) {
-        TerminationReason::CostBudget
-    } else {
-        TerminationReason::CallBudget
     }
 }
 

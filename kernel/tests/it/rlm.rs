@@ -618,9 +618,10 @@ fn token_budget_stops_the_run() {
     assert_eq!(result.termination_reason, TerminationReason::TokenBudget);
     assert_eq!(
         harness.root_requests().len(),
-        1,
-        "the system prompt alone is over 100 tokens"
+        0,
+        "the system prompt alone is over 100 tokens: the first call is refused before sending"
     );
+    assert_eq!(result.metrics.prompt_tokens, 0, "nothing was spent");
 }
 
 #[test]
@@ -639,10 +640,20 @@ fn cost_budget_stops_the_run() {
     });
     let result = harness.run(config(), "q");
     assert_eq!(result.termination_reason, TerminationReason::CostBudget);
+    // At $1 a token, every sub-call's estimate is over the $1 limit: refused, never sent.
     assert!(
-        result.metrics.cost_usd >= 1.0,
+        result.metrics.cost_usd <= 1.0,
         "{}",
         result.metrics.cost_usd
+    );
+    assert!(harness.sub_requests().is_empty());
+    assert!(
+        result
+            .sub_calls
+            .iter()
+            .all(|c| c.error_kind.as_deref() == Some("budget")),
+        "{:?}",
+        result.sub_calls
     );
 }
 
