@@ -99,24 +99,7 @@ fn a_killed_run_leaves_a_valid_trajectory_prefix() {
     let dir = tempfile::tempdir().expect("tempdir");
     let context = file(dir.path(), "ctx.txt", "some text");
     let trajectory = dir.path().join("t.jsonl");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rlm"))
-        .args([
-            "run",
-            "--base-url",
-            &mock.url(),
-            "--model",
-            "root-model",
-            "--query",
-            "q",
-        ])
-        .arg("--context")
-        .arg(&context)
-        .arg("--trajectory")
-        .arg(&trajectory)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("rlm starts");
+    let mut child = mock.spawn_run(&context, &trajectory);
     // Wait for the header and two iterations, then kill -9 mid-run.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while std::fs::read_to_string(&trajectory).map_or(0, |t| t.lines().count()) < 3 {
@@ -225,24 +208,7 @@ fn ctrl_c_stops_the_run_and_keeps_its_best_answer_and_trajectory() {
     let dir = tempfile::tempdir().expect("tempdir");
     let context = file(dir.path(), "ctx.txt", "some text");
     let trajectory = dir.path().join("t.jsonl");
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_rlm"))
-        .args([
-            "run",
-            "--base-url",
-            &mock.url(),
-            "--model",
-            "root-model",
-            "--query",
-            "q",
-        ])
-        .arg("--context")
-        .arg(&context)
-        .arg("--trajectory")
-        .arg(&trajectory)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("rlm starts");
+    let child = mock.spawn_run(&context, &trajectory);
     // Wait until the second reply's block is sleeping, then press Ctrl-C.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while mock.root_requests() < 2 {

@@ -56,6 +56,29 @@ impl Mock {
             .count()
     }
 
+    /// `rlm run --query q` over `context` with a trajectory, as a child process left
+    /// running (stdout and stderr piped), for tests that signal or kill it.
+    pub(crate) fn spawn_run(&self, context: &Path, trajectory: &Path) -> std::process::Child {
+        Command::new(env!("CARGO_BIN_EXE_rlm"))
+            .args([
+                "run",
+                "--base-url",
+                &self.url(),
+                "--model",
+                "root-model",
+                "--query",
+                "q",
+            ])
+            .arg("--context")
+            .arg(context)
+            .arg("--trajectory")
+            .arg(trajectory)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("rlm starts")
+    }
+
     /// `rlm run` against this server with `root-model` / `sub-model`, plus `args`.
     pub(crate) fn run(&self, args: &[&str]) -> Run {
         self.run_env(args, &[])

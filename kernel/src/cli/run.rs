@@ -154,7 +154,7 @@ fn parse_price(flag: &str, text: &str) -> Result<Price> {
     })
 }
 
-/// Builds the `root` and `sub` endpoints sharing one ledger with the run's budget.
+/// Builds the `root`, `sub` and `--extra-model` endpoints, sharing one ledger with the run's budget.
 pub(crate) fn build_endpoints(opts: &RunOptions) -> Result<Arc<Endpoints>> {
     let provider = match opts.provider.unwrap_or(ProviderArg::Openai) {
         ProviderArg::Openai => Provider::OpenAi,
