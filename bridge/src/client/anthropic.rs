@@ -186,7 +186,12 @@ impl LmClient for AnthropicClient {
         let mut model = None;
         let mut usage: Option<WireUsage> = None;
         let mut stopped = false;
-        while let Some(event) = self.transport.next_event(&mut events).await? {
+        let mut received = 0;
+        while let Some(event) = self
+            .transport
+            .next_event(&mut events, &mut received)
+            .await?
+        {
             if event.data.trim().is_empty() {
                 continue;
             }

@@ -310,15 +310,29 @@ impl Transport {
         })
     }
 
-    /// The next SSE event, `None` at the end of the stream.
-    pub(crate) async fn next_event<S>(&self, events: &mut S) -> Result<Option<Event>, BridgeError>
+    /// The next SSE event, `None` at the end of the stream. `received` counts the stream's
+    /// event data so far: a stream is held to the same [`MAX_ANSWER_BYTES`] as a whole body.
+    pub(crate) async fn next_event<S>(
+        &self,
+        events: &mut S,
+        received: &mut usize,
+    ) -> Result<Option<Event>, BridgeError>
     where
         S: Stream<Item = Result<Event, EventStreamError<reqwest::Error>>> + Unpin,
     {
         match tokio::time::timeout(self.timeout, events.next()).await {
             Err(_) => Err(self.timeout_error()),
             Ok(None) => Ok(None),
-            Ok(Some(Ok(event))) => Ok(Some(event)),
+            Ok(Some(Ok(event))) => {
+                *received = received.saturating_add(event.data.len());
+                if *received > self.max_answer_bytes {
+                    return Err(self.decode(format!(
+                        "the streamed answer is larger than the {} bytes limit",
+                        self.max_answer_bytes
+                    )));
+                }
+                Ok(Some(event))
+            }
             Ok(Some(Err(EventStreamError::Transport(e)))) => Err(self.map_reqwest(&e)),
             Ok(Some(Err(e))) => Err(self.decode(format!("invalid SSE stream: {e}"))),
         }
@@ -713,6 +727,65 @@ mod tests {
                 .contains("the answer is larger than the 1024 bytes limit"),
             "{err}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_stream_past_the_cap_is_refused() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        tokio::spawn(async move {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let mut request = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !request.ends_with(b"\r\n\r\n{}") {
+                match socket.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
+            let head =
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+            let _ = socket.write_all(head.as_bytes()).await;
+            // Events without end: only the cap stops the reader.
+            for _ in 0..10_000 {
+                if socket
+                    .write_all(b"data: 0123456789abcdef\n\n")
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        let mut transport = transport(&addr);
+        transport.max_answer_bytes = 1024;
+        transport.timeout = Duration::from_secs(5);
+        let StreamReply::Events(mut events) = transport
+            .post_sse(b"{}".to_vec())
+            .await
+            .expect("the stream starts")
+        else {
+            panic!("an event stream");
+        };
+        let mut received = 0;
+        let err = loop {
+            match transport.next_event(&mut events, &mut received).await {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("the stream ended before the cap"),
+                Err(err) => break err,
+            }
+        };
+        assert!(matches!(err, BridgeError::Decode { .. }), "{err:?}");
+        assert!(
+            err.to_string().contains("larger than the 1024 bytes limit"),
+            "{err}"
+        );
+        assert!(received > 1024 && received < 1024 + 64, "{received}");
     }
 
     #[tokio::test]

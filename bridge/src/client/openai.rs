@@ -172,7 +172,12 @@ impl LmClient for OpenAiClient {
         let mut usage = None;
         let mut model = None;
         let mut done = false;
-        while let Some(event) = self.transport.next_event(&mut events).await? {
+        let mut received = 0;
+        while let Some(event) = self
+            .transport
+            .next_event(&mut events, &mut received)
+            .await?
+        {
             let data = event.data.trim();
             if data == "[DONE]" {
                 done = true;
