@@ -687,9 +687,14 @@ mod tests {
         .expect("valid config")
     }
 
-    #[tokio::test]
-    async fn an_answer_past_the_cap_without_content_length_is_refused() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// A one-connection HTTP server on loopback: reads one small request (head and `{}`
+    /// body), then hands the socket to `respond`. Returns its address.
+    async fn serve_once<F, Fut>(respond: F) -> String
+    where
+        F: FnOnce(tokio::net::TcpStream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
+        use tokio::io::AsyncReadExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -707,13 +712,23 @@ mod tests {
                     Ok(n) => request.extend_from_slice(&buf[..n]),
                 }
             }
+            respond(socket).await;
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn an_answer_past_the_cap_without_content_length_is_refused() {
+        use tokio::io::AsyncWriteExt;
+        let addr = serve_once(|mut socket| async move {
             let head =
                 "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n";
             let _ = socket.write_all(head.as_bytes()).await;
             // Just past the cap, then the connection stays open: only the cap ends the read.
             let _ = socket.write_all(&[b' '; 1025]).await;
             tokio::time::sleep(Duration::from_secs(60)).await;
-        });
+        })
+        .await;
         let mut transport = transport(&addr);
         transport.max_answer_bytes = 1024;
         transport.timeout = Duration::from_secs(5);
@@ -731,23 +746,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_stream_past_the_cap_is_refused() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr").to_string();
-        tokio::spawn(async move {
-            let Ok((mut socket, _)) = listener.accept().await else {
-                return;
-            };
-            let mut request = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !request.ends_with(b"\r\n\r\n{}") {
-                match socket.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => request.extend_from_slice(&buf[..n]),
-                }
-            }
+        use tokio::io::AsyncWriteExt;
+        let addr = serve_once(|mut socket| async move {
             let head =
                 "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
             let _ = socket.write_all(head.as_bytes()).await;
@@ -761,7 +761,8 @@ mod tests {
                     return;
                 }
             }
-        });
+        })
+        .await;
         let mut transport = transport(&addr);
         transport.max_answer_bytes = 1024;
         transport.timeout = Duration::from_secs(5);
