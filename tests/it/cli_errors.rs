@@ -238,3 +238,35 @@ fn paths_in_the_config_file_are_relative_to_it() {
         "done"
     );
 }
+
+#[test]
+fn flags_turn_off_switches_set_in_the_config_file() {
+    let mock = Mock::start(script(&["FINAL(done)"]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = file(
+        dir.path(),
+        "rlm.toml",
+        &format!(
+            "[run]\nbase-url = \"{}\"\nmodel = \"root-model\"\njson = true\n",
+            mock.url()
+        ),
+    );
+    let context = file(dir.path(), "c.txt", "text");
+    let base = args(&[
+        "--config",
+        config.to_str().expect("utf-8"),
+        "run",
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "q",
+    ]);
+    let run = rlm(&base, None);
+    run.assert_code(0);
+    assert_eq!(run.json()["answer"], "done", "json from the file");
+    let mut off = base.clone();
+    off.push("--json=false".to_owned());
+    let run = rlm(&off, None);
+    run.assert_code(0);
+    assert_eq!(run.stdout, "done\n", "the flag turns it off");
+}

@@ -177,15 +177,25 @@ pub(crate) struct RunOptions {
     #[arg(long, value_name = "FILE")]
     pub(crate) answer_file: Option<PathBuf>,
 
-    /// Print the whole result with metrics as JSON on stdout.
-    #[arg(long)]
-    #[serde(default)]
-    pub(crate) json: bool,
+    /// Print the whole result with metrics as JSON on stdout (`--json=false` overrides rlm.toml).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub(crate) json: Option<bool>,
 
-    /// No progress or trajectory on stderr.
-    #[arg(long)]
-    #[serde(default)]
-    pub(crate) quiet: bool,
+    /// No progress or trajectory on stderr (`--quiet=false` overrides rlm.toml).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub(crate) quiet: Option<bool>,
+}
+
+impl RunOptions {
+    /// `--json`, off unless set.
+    pub(crate) fn json(&self) -> bool {
+        self.json.unwrap_or(false)
+    }
+
+    /// `--quiet`, off unless set.
+    pub(crate) fn quiet(&self) -> bool {
+        self.quiet.unwrap_or(false)
+    }
 }
 
 /// Model API wire formats.

@@ -123,8 +123,8 @@ pub(crate) fn merge(cli: RunOptions, file: RunOptions) -> RunOptions {
         system_prompt: cli.system_prompt.or(file.system_prompt),
         trajectory: cli.trajectory.or(file.trajectory),
         answer_file: cli.answer_file.or(file.answer_file),
-        json: cli.json || file.json,
-        quiet: cli.quiet || file.quiet,
+        json: cli.json.or(file.json),
+        quiet: cli.quiet.or(file.quiet),
     }
 }
 
@@ -478,7 +478,7 @@ pub(crate) fn check_answer_file(opts: &RunOptions) -> Result<()> {
 pub(crate) fn report(result: &RlmResult, opts: &RunOptions) -> Result<RunOutcome> {
     let outcome = RunOutcome::of(result.termination_reason);
     let mut stdout = std::io::stdout().lock();
-    if opts.json {
+    if opts.json() {
         serde_json::to_writer_pretty(&mut stdout, result)?;
         writeln!(stdout)?;
     } else if let Some(answer) = &result.answer {
@@ -486,7 +486,7 @@ pub(crate) fn report(result: &RlmResult, opts: &RunOptions) -> Result<RunOutcome
     }
     stdout.flush()?;
     // `--quiet` silences progress and the summary, never the reason a run failed.
-    if !opts.quiet || outcome == RunOutcome::Failed {
+    if !opts.quiet() || outcome == RunOutcome::Failed {
         let m = &result.metrics;
         eprintln!(
             "{} after {} iteration(s), {} sub-call(s), {:.2}s",
@@ -549,7 +549,7 @@ pub(crate) fn execute(args: RunArgs, file: RunOptions) -> Result<ExitCode> {
         .collect();
     let session = ReplSession::new(session_config, Arc::clone(&endpoints), &sources)
         .context("Could not load the context")?;
-    let display = if opts.quiet {
+    let display = if opts.quiet() {
         Display::Quiet
     } else {
         Display::Progress

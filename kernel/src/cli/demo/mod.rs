@@ -45,7 +45,7 @@ pub(crate) fn execute(args: DemoArgs, file: RunOptions) -> Result<ExitCode> {
         opts.provider = Some(ProviderArg::Openai);
         opts.model = Some("demo-root".to_owned());
         opts.sub_model = Some("demo-sub".to_owned());
-        if !opts.quiet {
+        if !opts.quiet() {
             eprintln!(
                 "rlm demo: the models are SCRIPTED. A mock LM server on {} replays a fixed \
                  strategy; no real language model is involved. Pass `--base-url URL --model NAME` \
@@ -72,7 +72,7 @@ pub(crate) fn execute(args: DemoArgs, file: RunOptions) -> Result<ExitCode> {
     };
     std::fs::write(&path, &logs.text)
         .with_context(|| format!("Could not write the demo context to `{}`", path.display()))?;
-    if !opts.quiet {
+    if !opts.quiet() {
         eprintln!(
             "context: {} ({:.1} MB, {} lines across {} services)\nquery: {QUERY}",
             path.display(),
@@ -90,7 +90,7 @@ pub(crate) fn execute(args: DemoArgs, file: RunOptions) -> Result<ExitCode> {
         &[ContextSource::Path(PathBuf::from(&path))],
     )
     .context("Could not load the demo context")?;
-    let display = if opts.quiet {
+    let display = if opts.quiet() {
         Display::Quiet
     } else {
         Display::Trace
