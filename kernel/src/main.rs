@@ -23,7 +23,11 @@ fn main() -> ExitCode {
             for cause in err.chain().skip(1) {
                 eprintln!("  caused by: {cause}");
             }
-            ExitCode::FAILURE
+            if err.downcast_ref::<cli::UsageError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -32,11 +36,13 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => {
             let file = cli::run::load_config_file(cli.config.as_deref())?;
-            cli::run::execute(*args, file)
+            let path = cli::run::config_file_path(cli.config.as_deref());
+            cli::run::execute(*args, file, path.as_deref())
         }
         Command::Demo(args) => {
             let file = cli::run::load_config_file(cli.config.as_deref())?;
-            cli::demo::execute(*args, file)
+            let path = cli::run::config_file_path(cli.config.as_deref());
+            cli::demo::execute(*args, file, path.as_deref())
         }
         Command::MockLm(args) => {
             kernel::runtime::shared().block_on(cli::mock_lm::serve(args))?;

@@ -12,4 +12,5 @@ mod demo;
 mod final_answers;
 mod limits;
 mod mock_lm;
+mod outputs;
 mod run;

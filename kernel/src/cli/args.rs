@@ -184,6 +184,10 @@ pub(crate) struct RunOptions {
     /// No progress or trajectory on stderr (`--quiet=false` overrides rlm.toml).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub(crate) quiet: Option<bool>,
+
+    /// Overwrite an existing `--trajectory` file (outputs that are inputs are refused even so).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub(crate) force: Option<bool>,
 }
 
 impl RunOptions {
@@ -195,6 +199,11 @@ impl RunOptions {
     /// `--quiet`, off unless set.
     pub(crate) fn quiet(&self) -> bool {
         self.quiet.unwrap_or(false)
+    }
+
+    /// `--force`, off unless set.
+    pub(crate) fn force(&self) -> bool {
+        self.force.unwrap_or(false)
     }
 }
 

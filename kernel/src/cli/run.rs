@@ -25,6 +25,7 @@ use serde::Deserialize;
 use super::args::{
     CodeAndFinalArg, ProtocolArg, ProviderArg, RunArgs, RunOptions, SubCallErrorsArg,
 };
+use super::outputs::{self, Output};
 use super::trace::TraceHook;
 
 /// Exit code of a run that stopped at a limit (iterations, time, budget) or without an answer.
@@ -45,17 +46,18 @@ struct ConfigFile {
     run: RunOptions,
 }
 
+/// The configuration file in use: the explicit `--config` path, else `./rlm.toml` if present.
+pub(crate) fn config_file_path(explicit: Option<&Path>) -> Option<PathBuf> {
+    match explicit {
+        Some(p) => Some(p.to_path_buf()),
+        None => Some(PathBuf::from("rlm.toml")).filter(|p| p.exists()),
+    }
+}
+
 /// Reads `rlm.toml`: the explicit `--config` path (must exist), else `./rlm.toml` if present.
 pub(crate) fn load_config_file(explicit: Option<&Path>) -> Result<RunOptions> {
-    let path = match explicit {
-        Some(p) => p.to_path_buf(),
-        None => {
-            let default = PathBuf::from("rlm.toml");
-            if !default.exists() {
-                return Ok(RunOptions::default());
-            }
-            default
-        }
+    let Some(path) = config_file_path(explicit) else {
+        return Ok(RunOptions::default());
     };
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("Could not read the configuration file `{}`", path.display()))?;
@@ -125,6 +127,7 @@ pub(crate) fn merge(cli: RunOptions, file: RunOptions) -> RunOptions {
         answer_file: cli.answer_file.or(file.answer_file),
         json: cli.json.or(file.json),
         quiet: cli.quiet.or(file.quiet),
+        force: cli.force.or(file.force),
     }
 }
 
@@ -464,14 +467,32 @@ fn spawn_progress_bar(
     (bar, stop)
 }
 
-/// Checks before the run that `--answer-file` can be written (creating it empty), so a typo
-/// in its path does not surface only after the models were paid for.
-pub(crate) fn check_answer_file(opts: &RunOptions) -> Result<()> {
+/// Checks before the run that no output clobbers an input and that `--answer-file` can be
+/// written (without touching it), so a typo in its path does not surface only after the
+/// models were paid for.
+pub(crate) fn check_outputs(opts: &RunOptions, inputs: &[PathBuf]) -> Result<()> {
+    let outputs: Vec<Output<'_>> = [
+        ("answer-file", opts.answer_file.as_deref()),
+        ("trajectory", opts.trajectory.as_deref()),
+    ]
+    .into_iter()
+    .filter_map(|(flag, path)| Some(Output { flag, path: path? }))
+    .collect();
+    outputs::check_outputs(inputs, &outputs, opts.force())?;
     if let Some(path) = &opts.answer_file {
-        std::fs::File::create(path)
-            .with_context(|| format!("Could not create the answer file `{}`", path.display()))?;
+        outputs::check_answer_file(path)?;
     }
     Ok(())
+}
+
+/// The files a run reads besides its contexts: the configuration and prompt files.
+pub(crate) fn option_inputs(opts: &RunOptions, config: Option<&Path>) -> Vec<PathBuf> {
+    config
+        .into_iter()
+        .chain(opts.prompt_extension.as_deref())
+        .chain(opts.system_prompt.as_deref())
+        .map(Path::to_path_buf)
+        .collect()
 }
 
 /// Prints the result: JSON, or the answer as the last stdout line(s); writes `--answer-file`.
@@ -501,8 +522,7 @@ pub(crate) fn report(result: &RlmResult, opts: &RunOptions) -> Result<RunOutcome
     }
     // After stdout: an answer file that cannot be written must not cost the answer.
     if let Some(path) = &opts.answer_file {
-        std::fs::write(path, result.answer.as_deref().unwrap_or_default())
-            .with_context(|| format!("Could not write the answer file `{}`", path.display()))?;
+        outputs::write_answer_file(path, result.answer.as_deref().unwrap_or_default())?;
     }
     if result.answer.is_none() {
         eprintln!(
@@ -528,14 +548,25 @@ fn describe(reason: TerminationReason) -> &'static str {
     }
 }
 
-/// `rlm run`.
-pub(crate) fn execute(args: RunArgs, file: RunOptions) -> Result<ExitCode> {
+/// `rlm run`; `config_path` is the configuration file in use, an input like the contexts.
+pub(crate) fn execute(
+    args: RunArgs,
+    file: RunOptions,
+    config_path: Option<&Path>,
+) -> Result<ExitCode> {
     let opts = merge(args.options, file);
     // Every option is checked before the context loads: a big context can take a while.
     let endpoints = build_endpoints(&opts)?;
     let config = rlm_config(&opts)?;
     let session_config = session_config(&opts)?;
-    check_answer_file(&opts)?;
+    let mut inputs: Vec<PathBuf> = args
+        .contexts
+        .iter()
+        .filter(|p| p.as_os_str() != "-")
+        .cloned()
+        .collect();
+    inputs.extend(option_inputs(&opts, config_path));
+    check_outputs(&opts, &inputs)?;
     let sources: Vec<ContextSource> = args
         .contexts
         .iter()

@@ -10,7 +10,7 @@
 mod logs;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -18,6 +18,7 @@ use anyhow::{Context, Result};
 use bridge::mock::{MockConfig, MockServer, Script};
 use kernel::repl::{ContextSource, ReplSession};
 
+use super::UsageError;
 use super::args::{DemoArgs, ProviderArg, RunOptions};
 use super::run::{self, Display, RunOutcome};
 
@@ -28,8 +29,12 @@ const QUERY: &str = "The context is a service log, one event per line. For each 
 the lines whose level is ERROR. Answer with a JSON object mapping every service name to its \
 count, keys sorted.";
 
-/// `rlm demo`.
-pub(crate) fn execute(args: DemoArgs, file: RunOptions) -> Result<ExitCode> {
+/// `rlm demo`; `config_path` is the configuration file in use.
+pub(crate) fn execute(
+    args: DemoArgs,
+    file: RunOptions,
+    config_path: Option<&Path>,
+) -> Result<ExitCode> {
     let mut opts = run::merge(args.options, file);
     let runtime = kernel::runtime::shared();
     let server = if opts.base_url.is_none() {
@@ -61,6 +66,19 @@ pub(crate) fn execute(args: DemoArgs, file: RunOptions) -> Result<ExitCode> {
         None
     };
 
+    // `--keep-context` is an output too: it must not replace a file the user has.
+    if let Some(path) = &args.keep_context
+        && !opts.force()
+        && path.exists()
+    {
+        return Err(UsageError::new(format!(
+            "`--keep-context` `{}` already exists; pass `--force` to overwrite it, or choose another path",
+            path.display()
+        ))
+        .into());
+    }
+    run::check_outputs(&opts, &run::option_inputs(&opts, config_path))?;
+
     let size = (args.size_mb.max(0.01) * 1e6) as usize;
     let logs = logs::generate(size, args.seed);
     let (path, _guard) = match &args.keep_context {
@@ -83,7 +101,6 @@ pub(crate) fn execute(args: DemoArgs, file: RunOptions) -> Result<ExitCode> {
     }
 
     let endpoints = run::build_endpoints(&opts)?;
-    run::check_answer_file(&opts)?;
     let session = ReplSession::new(
         run::session_config(&opts)?,
         Arc::clone(&endpoints),
