@@ -18,9 +18,9 @@ use anyhow::{Context, Result};
 use bridge::mock::{MockConfig, MockServer, Script};
 use kernel::repl::{ContextSource, ReplSession};
 
-use super::UsageError;
-use super::args::{DemoArgs, ProviderArg, RunOptions};
-use super::run::{self, Display, RunOutcome};
+use crate::UsageError;
+use crate::args::{DemoArgs, ProviderArg, RunOptions};
+use crate::run::{self, Display, RunOutcome};
 
 /// The scripted root and sub-model.
 const STRATEGY: &str = include_str!("strategy.json");

@@ -5,7 +5,7 @@ use std::io::Write as _;
 use anyhow::{Context, Result};
 use bridge::mock::{FaultKind, MockOptions, MockServer};
 
-use super::args::MockLmArgs;
+use crate::args::MockLmArgs;
 
 pub(crate) async fn serve(args: MockLmArgs) -> Result<()> {
     let faults = if args.fault_rate > 0.0 {

@@ -6,13 +6,18 @@
 //! the run (the first Ctrl-C stops it gracefully, keeping its best answer and trajectory; a
 //! second one quits at once).
 
-mod cli;
+mod args;
+mod demo;
+mod mock_lm;
+mod outputs;
+mod run;
+mod trace;
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
-use cli::args::{Cli, Command};
+use args::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -23,7 +28,7 @@ fn main() -> ExitCode {
             for cause in err.chain().skip(1) {
                 eprintln!("  caused by: {cause}");
             }
-            if err.downcast_ref::<cli::UsageError>().is_some() {
+            if err.downcast_ref::<UsageError>().is_some() {
                 ExitCode::from(2)
             } else {
                 ExitCode::FAILURE
@@ -35,18 +40,36 @@ fn main() -> ExitCode {
 fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => {
-            let file = cli::run::load_config_file(cli.config.as_deref())?;
-            let path = cli::run::config_file_path(cli.config.as_deref());
-            cli::run::execute(*args, file, path.as_deref())
+            let file = run::load_config_file(cli.config.as_deref())?;
+            let path = run::config_file_path(cli.config.as_deref());
+            run::execute(*args, file, path.as_deref())
         }
         Command::Demo(args) => {
-            let file = cli::run::load_config_file(cli.config.as_deref())?;
-            let path = cli::run::config_file_path(cli.config.as_deref());
-            cli::demo::execute(*args, file, path.as_deref())
+            let file = run::load_config_file(cli.config.as_deref())?;
+            let path = run::config_file_path(cli.config.as_deref());
+            demo::execute(*args, file, path.as_deref())
         }
         Command::MockLm(args) => {
-            kernel::runtime::shared().block_on(cli::mock_lm::serve(args))?;
+            kernel::runtime::shared().block_on(mock_lm::serve(args))?;
             Ok(ExitCode::SUCCESS)
         }
     }
 }
+
+/// A mistake in how `rlm` was called (exit code 2), as opposed to a failure while running.
+#[derive(Debug)]
+pub(crate) struct UsageError(String);
+
+impl UsageError {
+    pub(crate) fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
+    }
+}
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}

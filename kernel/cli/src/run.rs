@@ -22,11 +22,11 @@ use kernel::rlm::{
 };
 use serde::Deserialize;
 
-use super::args::{
+use crate::args::{
     CodeAndFinalArg, ProtocolArg, ProviderArg, RunArgs, RunOptions, SubCallErrorsArg,
 };
-use super::outputs::{self, Output};
-use super::trace::TraceHook;
+use crate::outputs::{self, Output};
+use crate::trace::TraceHook;
 
 /// Exit code of a run that stopped at a limit (iterations, time, budget) or without an answer.
 pub(crate) const EXIT_LIMIT: u8 = 3;
