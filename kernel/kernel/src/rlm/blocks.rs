@@ -5,6 +5,8 @@ use std::sync::LazyLock;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
+use crate::repl::ExecutionResult;
+
 /// The one pattern that marks runnable code: a fence tagged `repl`, optional whitespace, a
 /// newline, the code (non-greedy, may span lines), a newline and the closing fence.
 static REPL_BLOCK: LazyLock<Regex> = LazyLock::new(|| {
@@ -40,6 +42,15 @@ pub fn extract_code_blocks(reply: &str) -> Vec<CodeBlock> {
 /// prose (a `FINAL(...)` inside a block is code, not a final-answer line).
 pub(crate) fn prose_outside_blocks(reply: &str) -> String {
     REPL_BLOCK.replace_all(reply, "\n").into_owned()
+}
+
+/// One block of a reply and what running it produced.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BlockRun {
+    /// The block.
+    pub block: CodeBlock,
+    /// Its execution.
+    pub result: ExecutionResult,
 }
 
 #[cfg(test)]

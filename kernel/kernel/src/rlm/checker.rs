@@ -4,8 +4,8 @@
 //! the blocks recorded (`ExecutionResult::final_answers`) and reads `FINAL_VAR(name)` lines'
 //! variables through a resolver (in the loop: `ReplSession::variable_as_string`).
 
+use super::blocks::BlockRun;
 use super::blocks::extract_code_blocks;
-use super::executor::BlockRun;
 use super::final_answer::{Completion, CompletionRules, FinalKind, check_completion};
 use crate::repl::FinalSource;
 

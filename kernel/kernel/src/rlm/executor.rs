@@ -3,22 +3,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
-
 use bridge::CancellationToken;
 
-use super::blocks::CodeBlock;
+use super::blocks::{BlockRun, CodeBlock};
 use super::hooks::{Hook, HookAction};
 use crate::repl::{ExecutionResult, ReplError, ReplSession};
-
-/// One block of a reply and what running it produced.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct BlockRun {
-    /// The block.
-    pub block: CodeBlock,
-    /// Its execution.
-    pub result: ExecutionResult,
-}
 
 /// Why the executor stopped before the last block.
 #[derive(Debug)]

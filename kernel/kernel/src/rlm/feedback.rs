@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::executor::BlockRun;
+use super::blocks::BlockRun;
 use super::final_answer::FinalNote;
 use super::prompts::{Prompts, group_digits};
 use crate::repl::VariableInfo;

@@ -22,10 +22,11 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::blocks::BlockRun;
 use super::blocks::CodeBlock;
-use super::executor::BlockRun;
+use super::config::RlmConfig;
 use super::metadata::IterationRecord;
-use super::runner::{RlmConfig, RlmResult};
+use super::metadata::RlmResult;
 use crate::repl::{ContextMetadata, ExecutionResult};
 use bridge::{ChatRequest, ChatResponse, Ledger, Message, SubCallMetadata};
 

@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::blocks::BlockRun;
 use super::blocks::CodeBlock;
-use super::executor::BlockRun;
 use super::feedback::truncate_middle;
 use super::final_answer::{FinalKind, FinalNote};
-use crate::repl::ExecError;
+use crate::repl::{ContextMetadata, ExecError};
 use bridge::SubCallMetadata;
 
 /// Why a run ended.
@@ -333,4 +333,25 @@ pub struct IterationRecord {
     pub model_ms: f64,
     /// Time running blocks, in milliseconds.
     pub execution_ms: f64,
+}
+
+/// What a run produced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RlmResult {
+    /// The final answer, or the best partial answer when a limit stopped the run.
+    pub answer: Option<String>,
+    /// How the answer was given.
+    pub answer_kind: Option<FinalKind>,
+    /// Why the run ended.
+    pub termination_reason: TerminationReason,
+    /// What went wrong, for stops other than a final answer.
+    pub error: Option<String>,
+    /// Totals.
+    pub metrics: SessionMetrics,
+    /// Every iteration, in order.
+    pub iterations: Vec<IterationRecord>,
+    /// Every sub-model call made by the run's code, in call order.
+    pub sub_calls: Vec<SubCallMetadata>,
+    /// The contexts the run worked on.
+    pub contexts: Vec<ContextMetadata>,
 }

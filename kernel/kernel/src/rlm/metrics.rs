@@ -2,10 +2,10 @@
 
 use std::time::Instant;
 
-use super::executor::BlockRun;
+use super::blocks::BlockRun;
 use super::hooks::{Hook, HookAction, ModelCall, RunError, RunInfo};
+use super::metadata::RlmResult;
 use super::metadata::{IterationRecord, SessionMetrics, TerminationReason};
-use super::runner::RlmResult;
 use bridge::SubCallMetadata;
 
 /// Counts iterations, blocks, calls, tokens, cost and time; fills `RlmResult::metrics` in

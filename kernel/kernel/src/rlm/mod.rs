@@ -68,6 +68,7 @@
 
 mod blocks;
 mod checker;
+mod config;
 mod executor;
 mod feedback;
 mod final_answer;
@@ -82,9 +83,10 @@ mod runner;
 mod test_support;
 mod trajectory;
 
-pub use blocks::{CodeBlock, extract_code_blocks};
+pub use blocks::{BlockRun, CodeBlock, extract_code_blocks};
 pub use checker::CompletionChecker;
-pub use executor::{BlockRun, CodeExecutor, ExecutedReply, ExecutionStop};
+pub use config::RlmConfig;
+pub use executor::{CodeExecutor, ExecutedReply, ExecutionStop};
 pub use feedback::{FeedbackConfig, format_block, format_feedback, truncate_middle};
 pub use final_answer::{
     CodeAndFinal, Completion, CompletionRules, FinalKind, FinalLines, FinalNote, FinalText,
@@ -94,10 +96,10 @@ pub use generator::{CodeGenerator, Conversation, Generation};
 pub use hooks::{EndpointSummary, Hook, HookAction, Hooks, ModelCall, RunError, RunInfo};
 pub use metadata::{
     BlockRecord, ExecutionMetadata, ExecutionStatus, IterationMetadata, IterationRecord,
-    ModelMetrics, SessionMetrics, TerminationReason,
+    ModelMetrics, RlmResult, SessionMetrics, TerminationReason,
 };
 pub use metrics::MetricsHook;
 pub use progress::{Phase, Progress, ProgressHook, ProgressSnapshot};
 pub use prompts::{PromptConfig, Prompts, describe_contexts};
-pub use runner::{Rlm, RlmConfig, RlmError, RlmResult, StopHandle};
+pub use runner::{Rlm, RlmError, StopHandle};
 pub use trajectory::{TRAJECTORY_VERSION, TrajectoryWriter};

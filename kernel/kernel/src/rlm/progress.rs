@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 use bridge::{ChatRequest, Ledger, Message};
 use serde::Serialize;
 
+use super::blocks::BlockRun;
 use super::blocks::CodeBlock;
-use super::executor::BlockRun;
 use super::hooks::{Hook, HookAction, ModelCall, RunError, RunInfo};
-use super::runner::RlmResult;
+use super::metadata::RlmResult;
 use crate::repl::ExecutionResult;
 
 /// What the run is doing.

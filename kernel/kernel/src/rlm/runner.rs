@@ -23,25 +23,22 @@
 //!   flight is cancelled and a running block interrupted.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
-
-use super::blocks::extract_code_blocks;
+use super::blocks::{BlockRun, extract_code_blocks};
 use super::checker::CompletionChecker;
+use super::config::RlmConfig;
 use super::executor::{CodeExecutor, ExecutionStop};
-use super::feedback::{FeedbackConfig, format_feedback};
-use super::final_answer::{
-    CompletionRules, FinalKind, FinalNote, FinalText, FoundAnswer, scan_final_lines,
-};
+use super::feedback::format_feedback;
+use super::final_answer::{FinalKind, FinalNote, FinalText, FoundAnswer, scan_final_lines};
 use super::generator::{CodeGenerator, Conversation, Generation};
 use super::hooks::{EndpointSummary, Hook, HookAction, Hooks, ModelCall, RunError, RunInfo};
 use super::metadata::{
-    BlockRecord, ExecutionMetadata, ExecutionStatus, IterationMetadata, IterationRecord,
+    BlockRecord, ExecutionMetadata, ExecutionStatus, IterationMetadata, IterationRecord, RlmResult,
     SessionMetrics, TerminationReason,
 };
 use super::metrics::MetricsHook;
-use super::prompts::{PromptConfig, Prompts};
+use super::prompts::Prompts;
 use crate::repl::{ContextMetadata, ReplSession};
 use bridge::{
     BridgeError, BudgetLimit, CancellationToken, ChatRequest, Endpoints, SubCallMetadata,
@@ -63,66 +60,6 @@ pub enum RlmError {
     /// The session could not be prepared for the run.
     #[error("Cannot start the run: {0}")]
     Session(#[from] crate::repl::ReplError),
-}
-
-/// The settings of a run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct RlmConfig {
-    /// The endpoint of the root model.
-    pub root_endpoint: String,
-    /// Iterations (root-model replies) before the "answer now" request.
-    pub max_iterations: u32,
-    /// Wall-clock limit of the whole run.
-    #[serde(with = "optional_seconds")]
-    pub run_timeout: Option<Duration>,
-    /// Stop after this many iterations in a row in which a block raised or timed out.
-    pub max_consecutive_failures: Option<u32>,
-    /// Keep the conversation sent to the root model within this many characters by eliding
-    /// the oldest block outputs (see [`Conversation::fit`]); `None`: never elide.
-    pub max_history_chars: Option<usize>,
-    /// Which final-answer conventions count, and what to do with code plus a final line.
-    pub completion: CompletionRules,
-    /// How block output is shown to the model.
-    pub feedback: FeedbackConfig,
-    /// System prompt override, extension, sub-model window.
-    pub prompts: PromptConfig,
-}
-
-impl Default for RlmConfig {
-    fn default() -> Self {
-        Self {
-            root_endpoint: "root".to_owned(),
-            max_iterations: 30,
-            run_timeout: None,
-            max_consecutive_failures: Some(5),
-            max_history_chars: None,
-            completion: CompletionRules::default(),
-            feedback: FeedbackConfig::default(),
-            prompts: PromptConfig::default(),
-        }
-    }
-}
-
-/// What a run produced.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RlmResult {
-    /// The final answer, or the best partial answer when a limit stopped the run.
-    pub answer: Option<String>,
-    /// How the answer was given.
-    pub answer_kind: Option<FinalKind>,
-    /// Why the run ended.
-    pub termination_reason: TerminationReason,
-    /// What went wrong, for stops other than a final answer.
-    pub error: Option<String>,
-    /// Totals.
-    pub metrics: SessionMetrics,
-    /// Every iteration, in order.
-    pub iterations: Vec<IterationRecord>,
-    /// Every sub-model call made by the run's code, in call order.
-    pub sub_calls: Vec<SubCallMetadata>,
-    /// The contexts the run worked on.
-    pub contexts: Vec<ContextMetadata>,
 }
 
 /// Runs RLM queries over one session and one endpoint registry.
@@ -347,7 +284,7 @@ impl Hook for Chain<'_> {
         self.rest.before_block(iteration, block)
     }
 
-    fn after_block(&mut self, iteration: u32, run: &mut super::executor::BlockRun) {
+    fn after_block(&mut self, iteration: u32, run: &mut BlockRun) {
         self.first.after_block(iteration, run);
         self.rest.after_block(iteration, run);
     }
@@ -666,7 +603,7 @@ impl Run<'_> {
         &self,
         iteration: u32,
         stop: ExecutionStop,
-        runs: &[super::executor::BlockRun],
+        runs: &[BlockRun],
         hooks: &mut dyn Hook,
     ) -> Ending {
         match stop {
@@ -832,31 +769,6 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// `Option<Duration>` as fractional seconds.
-mod optional_seconds {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(
-        value: &Option<Duration>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        match value {
-            Some(d) => s.serialize_some(&d.as_secs_f64()),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<Duration>, D::Error> {
-        let secs = Option::<f64>::deserialize(d)?;
-        secs.map(|s| Duration::try_from_secs_f64(s).map_err(serde::de::Error::custom))
-            .transpose()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -882,23 +794,5 @@ mod tests {
                 "{text:?}"
             );
         }
-    }
-
-    #[test]
-    fn config_round_trips_through_json_with_seconds() {
-        let config = RlmConfig {
-            run_timeout: Some(Duration::from_millis(1_500)),
-            ..RlmConfig::default()
-        };
-        let json = serde_json::to_value(&config).expect("serialize");
-        assert_eq!(json["run_timeout"], 1.5);
-        assert_eq!(json["completion"]["protocol"], "auto");
-        assert_eq!(json["completion"]["code_and_final"], "see_output_first");
-        let back: RlmConfig = serde_json::from_value(json).expect("deserialize");
-        assert_eq!(back, config);
-        let partial: RlmConfig =
-            serde_json::from_str(r#"{"max_iterations": 3}"#).expect("defaults fill the rest");
-        assert_eq!(partial.max_iterations, 3);
-        assert_eq!(partial.root_endpoint, "root");
     }
 }

@@ -30,8 +30,8 @@ use serde::Serialize;
 use super::feedback::truncate_middle;
 use super::final_answer::FinalKind;
 use super::hooks::{Hook, HookAction, RunError, RunInfo};
+use super::metadata::RlmResult;
 use super::metadata::{IterationRecord, SessionMetrics, TerminationReason};
-use super::runner::RlmResult;
 use bridge::Message;
 
 /// The format version in the header line.
@@ -190,8 +190,8 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
+    use crate::rlm::config::RlmConfig;
     use crate::rlm::metadata::{ExecutionMetadata, IterationMetadata};
-    use crate::rlm::runner::RlmConfig;
 
     /// A writer tests can read back after the hook took ownership.
     #[derive(Clone, Default)]
