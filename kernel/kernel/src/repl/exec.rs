@@ -41,109 +41,35 @@ impl SessionState {
         let max = self.config.max_output_chars;
         let stdout = Bound::new(py, OutputCapture::new(max)).map_err(fail)?;
         let stderr = Bound::new(py, OutputCapture::new(max)).map_err(fail)?;
-        let session = self.py_session.bind(py);
-        session
-            .call_method1("begin_block", (&stdout, &stderr))
-            .map_err(fail)?;
+        let session = self.py_session.bind(py).clone();
+        // From here every exit, `?` included, ends the block: output is never left routed to
+        // a capture nobody reads.
+        let scope = BlockScope::begin(&session, &stdout, &stderr).map_err(fail)?;
         let names_before: HashSet<String> = self.user_names(py)?.into_iter().collect();
-        let answer = self.answer.bind(py);
+        let answer = self.answer.bind(py).clone();
         let version_before = support
-            .call_method1("answer_version", (answer,))
+            .call_method1("answer_version", (&answer,))
             .map_err(fail)?;
         let ledger_start = self.bridge.endpoints().ledger().next_call_index();
-        let cell_token = self.bridge.begin_block();
         let globals = self.globals.bind(py).clone();
 
-        let mut timed_out = false;
-        let error = match support.call_method1("compile_block", (code, &filename)) {
-            Err(e) => Some(self.describe(py, e, &filename, None)?),
-            Ok(compiled) => {
-                let (body, expr): (Bound<'_, PyCode>, Option<Bound<'_, PyCode>>) =
-                    compiled.extract().map_err(fail)?;
-                let classes = (
-                    support.getattr("CellTimeout").map_err(fail)?,
-                    support.getattr("CellCancelled").map_err(fail)?,
-                );
-                self.watchdog.arm(
-                    py,
-                    ArmRequest {
-                        block: self.blocks,
-                        timeout: self.config.cell_timeout,
-                        thread_id: self.thread_id,
-                        session: session.clone().unbind(),
-                        timeout_class: classes.0.unbind(),
-                        cancelled_class: classes.1.unbind(),
-                        cell_token,
-                        session_token: self.bridge.session_token(),
-                    },
-                );
-                let outcome = run_user_code(&body, expr.as_ref(), &globals, stdout.get());
-                let fired = self.watchdog.disarm(py);
-                match (fired, outcome) {
-                    (Some(reason), outcome) => {
-                        timed_out = reason == InterruptReason::Timeout;
-                        let (type_name, message) = interrupt_text(reason, self.config.cell_timeout);
-                        let mut described = match outcome {
-                            Err(e) => self.describe(py, e, &filename, Some(message.clone()))?,
-                            Ok(()) => ExecError {
-                                type_name: String::new(),
-                                message: message.clone(),
-                                traceback: format!("{type_name}: {message}\n"),
-                                line: None,
-                            },
-                        };
-                        type_name.clone_into(&mut described.type_name);
-                        Some(described)
-                    }
-                    (None, Err(e)) => Some(self.describe(py, e, &filename, None)?),
-                    (None, Ok(())) => None,
-                }
-            }
-        };
+        let (error, timed_out) = self.run_block(py, code, &filename, &globals, stdout.get())?;
         if let Some(error) = &error {
             stderr.get().push(&error.traceback);
         }
-
-        // Tidy the namespace: a rebound `answer` is checked before it is restored.
+        // A rebound `answer` is checked before the reserved names are restored.
         let current_answer = globals.get_item("answer").map_err(fail)?;
         support
             .call_method1(
                 "check_answer_after_block",
-                (session, answer, current_answer, version_before),
+                (&session, &answer, current_answer, version_before),
             )
             .map_err(fail)?;
-        for (name, value) in &self.reserved {
-            let current = globals.get_item(name).map_err(fail)?;
-            if current.as_ref().is_some_and(|c| c.is(value)) {
-                continue;
-            }
-            globals.set_item(name, value).map_err(fail)?;
-            stderr.get().push(&format!(
-                "Note: `{name}` is reserved by the REPL and was restored; keep your value under another name.\n"
-            ));
-        }
+        self.restore_reserved(&globals, stderr.get())
+            .map_err(fail)?;
+        let final_answers = recorded_finals(&session).map_err(fail)?;
+        scope.end().map_err(fail)?;
 
-        let final_answers = session
-            .getattr("finals")
-            .and_then(|f| f.call_method0("items"))
-            .and_then(|items| {
-                items
-                    .try_iter()?
-                    .map(|i| i?.extract())
-                    .collect::<PyResult<Vec<(String, String)>>>()
-            })
-            .map_err(fail)?
-            .into_iter()
-            .map(|(source, value)| FinalAnswer {
-                value,
-                source: if source == "answer" {
-                    FinalSource::AnswerDict
-                } else {
-                    FinalSource::FinalVar
-                },
-            })
-            .collect();
-        session.call_method0("end_block").map_err(fail)?;
         let variables = self.variables(py)?;
         let new_variables = self
             .user_names(py)?
@@ -168,6 +94,78 @@ impl SessionState {
             variables,
             new_variables,
         })
+    }
+
+    /// Compiles and runs `code` under the watchdog; returns the error the block raised (or
+    /// the interrupt that stopped it) and whether it timed out.
+    fn run_block(
+        &mut self,
+        py: Python<'_>,
+        code: &str,
+        filename: &str,
+        globals: &Bound<'_, PyDict>,
+        stdout: &OutputCapture,
+    ) -> Result<(Option<ExecError>, bool), ReplError> {
+        let fail = |e: PyErr| ReplError::internal("running a block", e);
+        let support = interpreter()?.support(py);
+        let compiled = match support.call_method1("compile_block", (code, filename)) {
+            Err(e) => return Ok((Some(self.describe(py, e, filename, None)?), false)),
+            Ok(compiled) => compiled,
+        };
+        let (body, expr): (Bound<'_, PyCode>, Option<Bound<'_, PyCode>>) =
+            compiled.extract().map_err(fail)?;
+        self.watchdog.arm(
+            py,
+            ArmRequest {
+                block: self.blocks,
+                timeout: self.config.cell_timeout,
+                thread_id: self.thread_id,
+                session: self.py_session.clone_ref(py),
+                timeout_class: support.getattr("CellTimeout").map_err(fail)?.unbind(),
+                cancelled_class: support.getattr("CellCancelled").map_err(fail)?.unbind(),
+                cell_token: self.bridge.begin_block(),
+                session_token: self.bridge.session_token(),
+            },
+        );
+        let outcome = run_user_code(&body, expr.as_ref(), globals, stdout);
+        let fired = self.watchdog.disarm(py);
+        let Some(reason) = fired else {
+            return match outcome {
+                Err(e) => Ok((Some(self.describe(py, e, filename, None)?), false)),
+                Ok(()) => Ok((None, false)),
+            };
+        };
+        let (type_name, message) = interrupt_text(reason, self.config.cell_timeout);
+        let mut described = match outcome {
+            Err(e) => self.describe(py, e, filename, Some(message.clone()))?,
+            Ok(()) => ExecError {
+                type_name: String::new(),
+                traceback: format!("{type_name}: {message}\n"),
+                message,
+                line: None,
+            },
+        };
+        described.type_name = type_name;
+        Ok((Some(described), reason == InterruptReason::Timeout))
+    }
+
+    /// Puts back reserved names the block rebound or deleted, with a note on its stderr.
+    fn restore_reserved(
+        &self,
+        globals: &Bound<'_, PyDict>,
+        stderr: &OutputCapture,
+    ) -> PyResult<()> {
+        for (name, value) in &self.reserved {
+            let current = globals.get_item(name)?;
+            if current.as_ref().is_some_and(|c| c.is(value)) {
+                continue;
+            }
+            globals.set_item(name, value)?;
+            stderr.push(&format!(
+                "Note: `{name}` is reserved by the REPL and was restored; keep your value under another name.\n"
+            ));
+        }
+        Ok(())
     }
 
     /// Runs `f` — user code outside a block, such as a variable's `__str__` — under the
@@ -255,5 +253,62 @@ fn interrupt_text(reason: InterruptReason, limit: Duration) -> (String, String) 
             "CellCancelled".to_owned(),
             "The block was stopped because the session's run was cancelled (a run time limit or budget stop); the session kept its variables".to_owned(),
         ),
+    }
+}
+
+/// The final answers the block recorded, one per convention.
+fn recorded_finals(session: &Bound<'_, PyAny>) -> PyResult<Vec<FinalAnswer>> {
+    let items: Vec<(String, String)> = session
+        .getattr("finals")?
+        .call_method0("items")?
+        .try_iter()?
+        .map(|i| i?.extract())
+        .collect::<PyResult<_>>()?;
+    Ok(items
+        .into_iter()
+        .map(|(source, value)| FinalAnswer {
+            value,
+            source: if source == "answer" {
+                FinalSource::AnswerDict
+            } else {
+                FinalSource::FinalVar
+            },
+        })
+        .collect())
+}
+
+/// A block's output routing in the support module's `Session`: begun with the block's
+/// captures, ended on every exit path (on drop if [`BlockScope::end`] was not reached).
+struct BlockScope<'a, 'py> {
+    session: &'a Bound<'py, PyAny>,
+    ended: bool,
+}
+
+impl<'a, 'py> BlockScope<'a, 'py> {
+    fn begin(
+        session: &'a Bound<'py, PyAny>,
+        stdout: &Bound<'py, OutputCapture>,
+        stderr: &Bound<'py, OutputCapture>,
+    ) -> PyResult<Self> {
+        session.call_method1("begin_block", (stdout, stderr))?;
+        Ok(Self {
+            session,
+            ended: false,
+        })
+    }
+
+    fn end(mut self) -> PyResult<()> {
+        self.ended = true;
+        self.session.call_method0("end_block").map(drop)
+    }
+}
+
+impl Drop for BlockScope<'_, '_> {
+    fn drop(&mut self) {
+        if !self.ended
+            && let Err(e) = self.session.call_method0("end_block")
+        {
+            tracing::warn!("could not end a block after an internal error: {e}");
+        }
     }
 }

@@ -448,3 +448,36 @@ fn exception_text_is_bounded() {
     assert!(error.traceback.len() < 25_000, "{}", error.traceback.len());
     assert!(error.message.contains("characters omitted"));
 }
+
+#[test]
+fn an_internal_failure_mid_block_still_ends_the_block() {
+    let s = session();
+    // Break the support code the kernel calls after user code, from inside a block: the block
+    // fails with an internal error after its output was routed to the block's capture.
+    let err = s
+        .exec(
+            "import sys, _rlm_kernel\n\
+             sys._probe_session = _rlm_kernel._current_session()\n\
+             sys._saved_check = _rlm_kernel.check_answer_after_block\n\
+             def _boom(*args):\n    raise RuntimeError('support code broke')\n\
+             _rlm_kernel.check_answer_after_block = _boom",
+        )
+        .expect_err("the support code failed");
+    assert!(err.to_string().contains("support code broke"), "{err}");
+    // Output is no longer routed to the dead block's capture.
+    pyo3::Python::attach(|py| {
+        use pyo3::types::PyAnyMethods as _;
+        let routed = py
+            .import("sys")
+            .and_then(|sys| sys.getattr("_probe_session"))
+            .and_then(|session| session.getattr("stdout"))
+            .expect("probe");
+        assert!(routed.is_none(), "stdout still routed to the failed block");
+    });
+    // The session still works once the support code is repaired.
+    ok(
+        &s,
+        "import sys, _rlm_kernel\n_rlm_kernel.check_answer_after_block = sys._saved_check",
+    );
+    assert_eq!(ok(&s, "print('fine')").stdout, "fine\n");
+}
