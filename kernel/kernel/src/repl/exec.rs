@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyCode, PyCodeMethods, PyDict};
+use tokio_util::sync::CancellationToken;
 
 use super::capture::OutputCapture;
 use super::error::ReplError;
@@ -32,6 +33,7 @@ impl SessionState {
         &mut self,
         py: Python<'_>,
         code: &str,
+        stop: Option<CancellationToken>,
     ) -> Result<ExecutionResult, ReplError> {
         let started = Instant::now();
         let fail = |e: PyErr| ReplError::internal("running a block", e);
@@ -53,7 +55,8 @@ impl SessionState {
         let ledger_start = self.bridge.endpoints().ledger().next_call_index();
         let globals = self.globals.bind(py).clone();
 
-        let (error, timed_out) = self.run_block(py, code, &filename, &globals, stdout.get())?;
+        let (error, timed_out) =
+            self.run_block(py, code, &filename, &globals, stdout.get(), stop)?;
         if let Some(error) = &error {
             stderr.get().push(&error.traceback);
         }
@@ -105,6 +108,7 @@ impl SessionState {
         filename: &str,
         globals: &Bound<'_, PyDict>,
         stdout: &OutputCapture,
+        stop: Option<CancellationToken>,
     ) -> Result<(Option<ExecError>, bool), ReplError> {
         let fail = |e: PyErr| ReplError::internal("running a block", e);
         let support = interpreter()?.support(py);
@@ -125,6 +129,7 @@ impl SessionState {
                 cancelled_class: support.getattr("CellCancelled").map_err(fail)?.unbind(),
                 cell_token: self.bridge.begin_block(),
                 session_token: self.bridge.session_token(),
+                stop,
             },
         );
         let outcome = run_user_code(&body, expr.as_ref(), globals, stdout);
@@ -189,8 +194,9 @@ impl SessionState {
                 session: self.py_session.clone_ref(py),
                 timeout_class: support.getattr("CellTimeout").map_err(fail)?.unbind(),
                 cancelled_class: support.getattr("CellCancelled").map_err(fail)?.unbind(),
-                cell_token: tokio_util::sync::CancellationToken::new(),
+                cell_token: CancellationToken::new(),
                 session_token: self.bridge.session_token(),
+                stop: None,
             },
         );
         let out = f();

@@ -10,6 +10,12 @@
 //! every [`REFIRE_INTERVAL`] until the block ends, so `except Exception:` or even a bare
 //! `except:` inside a loop cannot keep a cell alive.
 //!
+//! A caller's stop is latched: [`ReplSession::exec_until_stopped`](super::ReplSession::exec_until_stopped)
+//! hands the watchdog the caller's token, and arming checks it, so a stop (a `StopHandle`, the
+//! run deadline) that lands after the loop's last check but before the block is armed stops
+//! the block as soon as it starts instead of being dropped. The token belongs to one block,
+//! so a stop never leaks into a later block or run of the session.
+//!
 //! Races are closed by the GIL: the session thread arms and disarms while holding it, the
 //! watchdog checks "still armed for this block?" and raises while holding it, and disarming
 //! clears any raise still pending, so an interrupt never lands outside the user's code.
@@ -43,6 +49,8 @@ struct Armed {
     session_token: CancellationToken,
     /// The session token was already cancelled when the block started: not a reason to stop it.
     cancelled_at_start: bool,
+    /// The caller's stop for this block: cancelled before or while it runs, it stops it.
+    stop: Option<CancellationToken>,
     /// A caller asked to stop this block (and only this block).
     interrupt_requested: bool,
     fired: Option<InterruptReason>,
@@ -73,6 +81,8 @@ pub(crate) struct ArmRequest {
     pub(crate) cancelled_class: Py<PyAny>,
     pub(crate) cell_token: CancellationToken,
     pub(crate) session_token: CancellationToken,
+    /// Stops the block when cancelled, even if that happened before it was armed.
+    pub(crate) stop: Option<CancellationToken>,
 }
 
 impl Watchdog {
@@ -100,6 +110,7 @@ impl Watchdog {
             cell_token: req.cell_token,
             session_token: req.session_token,
             cancelled_at_start,
+            stop: req.stop,
             interrupt_requested: false,
             fired: None,
         });
@@ -166,6 +177,10 @@ impl Watchdog {
             };
             let now = Instant::now();
             let cancelled = armed.interrupt_requested
+                || armed
+                    .stop
+                    .as_ref()
+                    .is_some_and(CancellationToken::is_cancelled)
                 || (!armed.cancelled_at_start && armed.session_token.is_cancelled());
             let reason = match armed.fired {
                 Some(reason) => reason,

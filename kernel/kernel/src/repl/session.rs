@@ -78,6 +78,7 @@ impl Default for SessionConfig {
 pub(crate) enum Job {
     Exec {
         code: String,
+        stop: Option<CancellationToken>,
         reply: Sender<Result<ExecutionResult, ReplError>>,
     },
     Variables {
@@ -197,9 +198,30 @@ impl ReplSession {
     /// Run one code block. `Err` only if the kernel itself broke; a Python exception, a
     /// timeout or `sys.exit()` are reported in the [`ExecutionResult`].
     pub fn exec(&self, code: &str) -> Result<ExecutionResult, ReplError> {
+        self.exec_job(code, None)
+    }
+
+    /// Like [`exec`](Self::exec), and the block is stopped (`CellCancelled`) once `stop` is
+    /// cancelled — also when that happens before the block started running, so a stop that
+    /// races with the start of a block is never lost. Whoever cancels `stop` while the block
+    /// runs must then call [`interrupt`](Self::interrupt) to wake the watchdog.
+    pub fn exec_until_stopped(
+        &self,
+        code: &str,
+        stop: &CancellationToken,
+    ) -> Result<ExecutionResult, ReplError> {
+        self.exec_job(code, Some(stop.clone()))
+    }
+
+    fn exec_job(
+        &self,
+        code: &str,
+        stop: Option<CancellationToken>,
+    ) -> Result<ExecutionResult, ReplError> {
         let wait = self.config.cell_timeout + INTERRUPT_GRACE;
         self.request(wait, |reply| Job::Exec {
             code: code.to_owned(),
+            stop,
             reply,
         })?
     }
@@ -342,8 +364,8 @@ fn session_thread(
             });
             jobs = rx;
             match job {
-                Ok(Job::Exec { code, reply }) => {
-                    let result = state.exec(py, &code);
+                Ok(Job::Exec { code, stop, reply }) => {
+                    let result = state.exec(py, &code, stop);
                     let _ = reply.send(result);
                 }
                 Ok(Job::Variables { reply }) => {

@@ -35,12 +35,13 @@ pub struct ExecutedReply {
 #[derive(Debug, Clone)]
 pub struct CodeExecutor {
     session: Arc<ReplSession>,
+    stop: CancellationToken,
 }
 
 impl CodeExecutor {
     /// An executor over `session`.
     pub fn new(session: Arc<ReplSession>) -> Self {
-        Self { session }
+        Self::with_stop(session, CancellationToken::new())
     }
 
     /// The session.
@@ -48,9 +49,15 @@ impl CodeExecutor {
         &self.session
     }
 
+    /// An executor whose blocks stop when `stop` is cancelled (the run's stop token): a stop
+    /// that arrives while a block starts is never lost.
+    pub fn with_stop(session: Arc<ReplSession>, stop: CancellationToken) -> Self {
+        Self { session, stop }
+    }
+
     /// Runs one block.
     pub fn execute(&self, block: &CodeBlock) -> Result<ExecutionResult, ReplError> {
-        self.session.exec(&block.code)
+        self.session.exec_until_stopped(&block.code, &self.stop)
     }
 
     /// Runs one block; if it is still running at `deadline`, interrupts it (with its in-flight
@@ -63,18 +70,23 @@ impl CodeExecutor {
         let Some(deadline) = deadline else {
             return self.execute(block);
         };
+        // The block's own stop: the run's, or the deadline, whichever comes first — latched,
+        // so a deadline passing just before the block is armed still stops it at once.
+        let stop = self.stop.child_token();
         let finished = CancellationToken::new();
         let watch = finished.clone();
         let session = Arc::clone(&self.session);
+        let block_stop = stop.clone();
         crate::runtime::shared().spawn(async move {
             tokio::select! {
                 () = tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)) => {
+                    block_stop.cancel();
                     session.interrupt();
                 }
                 () = watch.cancelled() => {}
             }
         });
-        let result = self.execute(block);
+        let result = self.session.exec_until_stopped(&block.code, &stop);
         finished.cancel();
         result
     }

@@ -201,7 +201,7 @@ impl Rlm {
             config: &self.config,
             prompts,
             generator: CodeGenerator::new(root),
-            executor: CodeExecutor::new(Arc::clone(&self.session)),
+            executor: CodeExecutor::with_stop(Arc::clone(&self.session), self.stop.clone()),
             checker: CompletionChecker::new(self.config.completion),
             conversation,
             started,

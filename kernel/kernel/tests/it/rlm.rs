@@ -1166,3 +1166,67 @@ fn a_second_run_on_the_session_does_not_inherit_the_finished_answer() {
     assert_eq!(second.answer.as_deref(), Some("second run"));
     assert_eq!(second.iterations.len(), 2);
 }
+
+/// Runs `action` in `before_block`, after the loop's own stop check and before the block is
+/// armed: the window in which an interrupt used to be lost.
+struct BeforeBlock<F: FnMut() + Send>(F);
+
+impl<F: FnMut() + Send> Hook for BeforeBlock<F> {
+    fn before_block(
+        &mut self,
+        _iteration: u32,
+        _block: &mut kernel::rlm::CodeBlock,
+    ) -> HookAction<kernel::repl::ExecutionResult> {
+        (self.0)();
+        HookAction::Continue
+    }
+}
+
+/// The error type the first block of a result ended with.
+fn first_block_error(result: &RlmResult) -> String {
+    result.iterations[0].blocks[0]
+        .error
+        .as_ref()
+        .map(|e| e.type_name.clone())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_stop_between_before_block_and_the_block_start_is_not_lost() {
+    let harness = Harness::new(Setup {
+        script: script(&["```repl\nimport time\ntime.sleep(60)\n```", "FINAL(x)"]),
+        // Long enough that a lost interrupt shows as a `CellTimeout` instead.
+        cell_timeout: Duration::from_secs(5),
+        ..Setup::default()
+    });
+    let mut rlm = harness.rlm(config());
+    let handle = rlm.stop_handle();
+    rlm.add_hook(BeforeBlock(move || handle.stop()));
+    let result = rlm.run("q").expect("the run starts");
+    assert_eq!(result.termination_reason, TerminationReason::Interrupted);
+    assert_eq!(first_block_error(&result), "CellCancelled");
+    // The stop belonged to that run: the session runs the next block normally.
+    assert_eq!(
+        harness.session.exec("print('next')").expect("runs").stdout,
+        "next\n"
+    );
+}
+
+#[test]
+fn a_deadline_passing_as_the_block_starts_still_stops_it() {
+    let harness = Harness::new(Setup {
+        script: script(&["```repl\nimport time\ntime.sleep(60)\n```", "FINAL(x)"]),
+        cell_timeout: Duration::from_secs(5),
+        ..Setup::default()
+    });
+    let mut config = config();
+    config.run_timeout = Some(Duration::from_millis(300));
+    let mut rlm = harness.rlm(config);
+    // The deadline passes inside `before_block`, after the executor checked it.
+    rlm.add_hook(BeforeBlock(|| {
+        std::thread::sleep(Duration::from_millis(600))
+    }));
+    let result = rlm.run("q").expect("the run starts");
+    assert_eq!(result.termination_reason, TerminationReason::Timeout);
+    assert_eq!(first_block_error(&result), "CellCancelled");
+}
