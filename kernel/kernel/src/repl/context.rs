@@ -398,7 +398,7 @@ fn support_call<'py>(
     args: impl pyo3::call::PyCallArgs<'py>,
     action: &'static str,
 ) -> Result<Bound<'py, PyAny>, ReplError> {
-    let support = super::interpreter::interpreter()?.support(py);
+    let support = super::interpreter::interpreter(py)?.support(py);
     support
         .call_method1(function, args)
         .map_err(|e| ReplError::internal(action, e))

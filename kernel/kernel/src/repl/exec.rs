@@ -37,7 +37,7 @@ impl SessionState {
     ) -> Result<ExecutionResult, ReplError> {
         let started = Instant::now();
         let fail = |e: PyErr| ReplError::internal("running a block", e);
-        let support = interpreter()?.support(py);
+        let support = interpreter(py)?.support(py);
         self.blocks += 1;
         let filename = format!("{}{}>", self.block_filename_prefix(), self.blocks);
         let max = self.config.max_output_chars;
@@ -111,7 +111,7 @@ impl SessionState {
         stop: Option<CancellationToken>,
     ) -> Result<(Option<ExecError>, bool), ReplError> {
         let fail = |e: PyErr| ReplError::internal("running a block", e);
-        let support = interpreter()?.support(py);
+        let support = interpreter(py)?.support(py);
         let compiled = match support.call_method1("compile_block", (code, filename)) {
             Err(e) => return Ok((Some(self.describe(py, e, filename, None)?), false)),
             Ok(compiled) => compiled,
@@ -182,7 +182,7 @@ impl SessionState {
         f: impl FnOnce() -> T,
     ) -> Result<T, ReplError> {
         let fail = |e: PyErr| ReplError::internal("running user code", e);
-        let support = interpreter()?.support(py);
+        let support = interpreter(py)?.support(py);
         self.guards += 1;
         self.watchdog.arm(
             py,
@@ -212,7 +212,7 @@ impl SessionState {
         filename: &str,
         message: Option<String>,
     ) -> Result<ExecError, ReplError> {
-        let support = interpreter()?.support(py);
+        let support = interpreter(py)?.support(py);
         let value = err.into_value(py);
         let (type_name, message, traceback, line) = support
             .call_method1("describe_exception", (value, filename, message))

@@ -1,10 +1,15 @@
 //! The process-wide embedded interpreter: initialised once, patched once (routed stdio, no
 //! stdin, interruptible `time.sleep`), shared by every session through the GIL.
+//!
+//! The support module is set up under a [`PyOnceLock`], never a plain `OnceLock`: its
+//! initialiser runs Python code, so it holds the GIL, and a second thread that holds the GIL
+//! (a Python thread of a host interpreter that imports the kernel) while it waits for the
+//! first would deadlock. `PyOnceLock` releases the GIL while it waits.
 
 use std::ffi::CString;
-use std::sync::OnceLock;
 
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 
 use super::error::ReplError;
 
@@ -16,34 +21,37 @@ pub(crate) struct Interpreter {
     pub(crate) support: Py<PyModule>,
 }
 
-static INTERPRETER: OnceLock<Result<Interpreter, String>> = OnceLock::new();
+static INTERPRETER: PyOnceLock<Result<Interpreter, String>> = PyOnceLock::new();
 
-/// The interpreter, initialising it on first use.
-pub(crate) fn interpreter() -> Result<&'static Interpreter, ReplError> {
+/// Starts CPython if this process does not run it yet, and sets up the support module.
+pub(crate) fn start() -> Result<&'static Interpreter, ReplError> {
+    Python::initialize();
+    Python::attach(interpreter)
+}
+
+/// The interpreter, setting up the support module on first use.
+pub(crate) fn interpreter(py: Python<'_>) -> Result<&'static Interpreter, ReplError> {
     INTERPRETER
-        .get_or_init(init)
+        .get_or_init(py, || init(py))
         .as_ref()
         .map_err(|message| ReplError::Interpreter {
             message: message.clone(),
         })
 }
 
-fn init() -> Result<Interpreter, String> {
-    Python::initialize();
-    Python::attach(|py| {
-        let source = CString::new(SUPPORT_SOURCE).map_err(|e| e.to_string())?;
-        let support = PyModule::from_code(py, &source, c"<rlm-kernel>", c"_rlm_kernel")
-            .map_err(|e| format!("loading the kernel support module failed: {e}"))?;
-        let sys = py.import("sys").map_err(|e| e.to_string())?;
-        sys.getattr("modules")
-            .and_then(|m| m.set_item("_rlm_kernel", &support))
-            .map_err(|e| e.to_string())?;
-        support
-            .call_method1("install", (sys,))
-            .map_err(|e| format!("patching the interpreter failed: {e}"))?;
-        Ok(Interpreter {
-            support: support.unbind(),
-        })
+fn init(py: Python<'_>) -> Result<Interpreter, String> {
+    let source = CString::new(SUPPORT_SOURCE).map_err(|e| e.to_string())?;
+    let support = PyModule::from_code(py, &source, c"<rlm-kernel>", c"_rlm_kernel")
+        .map_err(|e| format!("loading the kernel support module failed: {e}"))?;
+    let sys = py.import("sys").map_err(|e| e.to_string())?;
+    sys.getattr("modules")
+        .and_then(|m| m.set_item("_rlm_kernel", &support))
+        .map_err(|e| e.to_string())?;
+    support
+        .call_method1("install", (sys,))
+        .map_err(|e| format!("patching the interpreter failed: {e}"))?;
+    Ok(Interpreter {
+        support: support.unbind(),
     })
 }
 

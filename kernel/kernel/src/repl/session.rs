@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::context::{ContextSource, load_context};
 use super::error::ReplError;
-use super::interpreter::interpreter;
+use super::interpreter::{self, interpreter};
 use super::interrupt::Watchdog;
 use super::metadata::{ContextMetadata, ExecutionResult, VariableInfo};
 use super::natives::{LlmQuery, LlmQueryBatched, SubCallErrorMode, SubModelBridge};
@@ -125,7 +125,7 @@ impl ReplSession {
         endpoints: Arc<Endpoints>,
         contexts: &[ContextSource],
     ) -> Result<Self, ReplError> {
-        interpreter()?;
+        interpreter::start()?;
         let id = NEXT_SESSION_ID.fetch_add(1, Ordering::Relaxed);
         let cancel = CancellationToken::new();
         let closed = CancellationToken::new();
@@ -407,7 +407,7 @@ impl SessionState {
         py: Python<'_>,
         init: SessionInit,
     ) -> Result<(Self, Vec<ContextMetadata>), ReplError> {
-        let support = interpreter()?.support(py);
+        let support = interpreter(py)?.support(py);
         let fail = |e: PyErr| ReplError::internal("creating a session", e);
         let globals = PyDict::new(py);
         globals
@@ -506,7 +506,7 @@ impl SessionState {
     }
 
     pub(crate) fn variables(&self, py: Python<'_>) -> Result<Vec<VariableInfo>, ReplError> {
-        let support = interpreter()?.support(py);
+        let support = interpreter(py)?.support(py);
         let rows = support
             .call_method1(
                 "list_variables",
@@ -526,7 +526,7 @@ impl SessionState {
     }
 
     pub(crate) fn user_names(&self, py: Python<'_>) -> Result<Vec<String>, ReplError> {
-        let support = interpreter()?.support(py);
+        let support = interpreter(py)?.support(py);
         support
             .call_method1(
                 "user_names",
@@ -578,7 +578,7 @@ impl SessionState {
     fn close(self, py: Python<'_>) {
         let globals = self.globals.bind(py);
         globals.clear();
-        if let Ok(support) = interpreter().map(|i| i.support(py)) {
+        if let Ok(support) = interpreter(py).map(|i| i.support(py)) {
             let _ = support.call_method1("unbind_thread", (self.block_filename_prefix(),));
         }
     }

@@ -481,3 +481,31 @@ fn an_internal_failure_mid_block_still_ends_the_block() {
     );
     assert_eq!(ok(&s, "print('fine')").stdout, "fine\n");
 }
+
+/// A host interpreter (the Python package) has threads that hold the GIL when they first ask
+/// for the kernel. Two of them racing to set it up must not deadlock: with a plain `OnceLock`
+/// the one holding the GIL waited for the other, which waited for the GIL.
+#[test]
+fn two_threads_racing_to_set_up_the_kernel_do_not_deadlock() {
+    // CPython runs, the kernel is not set up yet (nextest runs each test in its own process).
+    pyo3::Python::initialize();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let outcome = pyo3::Python::attach(|_py| {
+            let other = std::thread::spawn(|| session().exec("1 + 1").map(|r| r.stdout));
+            // Let the other thread enter the set-up, then ask for the kernel while still
+            // holding the GIL.
+            std::thread::sleep(Duration::from_millis(300));
+            let mine = session().exec("2 + 2").map(|r| r.stdout);
+            (mine, other)
+        });
+        let (mine, other) = outcome;
+        let other = other.join().expect("the other thread finishes");
+        let _ = done_tx.send((mine, other));
+    });
+    let (mine, other) = done_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("both threads got the kernel: no deadlock");
+    assert_eq!(mine.expect("runs"), "4\n");
+    assert_eq!(other.expect("runs"), "2\n");
+}
