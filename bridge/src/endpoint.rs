@@ -495,7 +495,7 @@ impl Shared {
             match outcome {
                 Err(e) if e.is_retryable() && attempts.count < policy.max_attempts => {
                     let delay = policy.delay_after(attempts.count, e.retry_after());
-                    tracing::debug!(
+                    tracing::info!(
                         endpoint = %self.config.name,
                         attempt = attempts.count,
                         delay_ms = delay.as_millis() as u64,

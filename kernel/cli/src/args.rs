@@ -7,7 +7,13 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::str::FromStr;
+
+use bridge::Provider;
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use clap::{Args, Parser, Subcommand};
+use kernel::repl::SubCallErrorMode;
+use kernel::rlm::{CodeAndFinal, Protocol};
 use serde::Deserialize;
 
 /// `rlm`: a Recursive Language Model runtime.
@@ -23,6 +29,11 @@ pub(crate) struct Cli {
     #[arg(long, global = true, env = "RLM_CONFIG", value_name = "FILE")]
     pub(crate) config: Option<PathBuf>,
 
+    /// More output on stderr: `-v` shows the run's trace (as `--trace`) and info logs (retries,
+    /// interrupts), `-vv` debug logs. `RUST_LOG` sets the log filter itself.
+    #[arg(long, short = 'v', global = true, action = clap::ArgAction::Count)]
+    pub(crate) verbose: u8,
+
     #[command(subcommand)]
     pub(crate) command: Command,
 }
@@ -35,6 +46,16 @@ pub(crate) enum Command {
     Demo(Box<DemoArgs>),
     /// Serve the mock LM server (OpenAI and Anthropic wire formats) on 127.0.0.1.
     MockLm(MockLmArgs),
+    /// Print a saved trajectory (`--trajectory FILE`) as the readable trace `--trace` shows.
+    Show(ShowArgs),
+}
+
+/// Arguments of `rlm show`.
+#[derive(Debug, Args)]
+pub(crate) struct ShowArgs {
+    /// The trajectory file (JSONL) written by `rlm run --trajectory`.
+    #[arg(value_name = "FILE")]
+    pub(crate) trajectory: PathBuf,
 }
 
 /// Arguments of `rlm run`.
@@ -79,8 +100,11 @@ pub(crate) struct RunOptions {
     pub(crate) extra_models: Vec<String>,
 
     /// Wire format of the model API.
-    #[arg(long, env = "RLM_PROVIDER", value_enum)]
-    pub(crate) provider: Option<ProviderArg>,
+    #[arg(long, env = "RLM_PROVIDER", value_parser = library_enum::<Provider>([
+        PossibleValue::new("openai").help("OpenAI-compatible chat completions (OpenAI, vLLM, SGLang, llama.cpp, Ollama, OpenRouter)"),
+        PossibleValue::new("anthropic").help("Anthropic Messages API"),
+    ]))]
+    pub(crate) provider: Option<Provider>,
 
     /// Environment variable holding the API key (default: `OPENAI_API_KEY` or `ANTHROPIC_API_KEY`).
     #[arg(long, env = "RLM_API_KEY_ENV", value_name = "VAR")]
@@ -135,17 +159,27 @@ pub(crate) struct RunOptions {
     pub(crate) batch_concurrency: Option<usize>,
 
     /// What a failed sub-call gives the code: an `"Error: ..."` string, or a raised `LlmQueryError`.
-    #[arg(long, env = "RLM_SUB_CALL_ERRORS", value_enum)]
-    pub(crate) sub_call_errors: Option<SubCallErrorsArg>,
+    #[arg(long, env = "RLM_SUB_CALL_ERRORS", value_parser = library_enum::<SubCallErrorMode>([
+        PossibleValue::new("string").help("Return `\"Error: <reason>\"` in the reply's place"),
+        PossibleValue::new("raise").help("Raise `LlmQueryError`"),
+    ]))]
+    pub(crate) sub_call_errors: Option<SubCallErrorMode>,
 
     /// Which final-answer conventions count.
-    #[arg(long, env = "RLM_PROTOCOL", value_enum)]
-    pub(crate) protocol: Option<ProtocolArg>,
+    #[arg(long, env = "RLM_PROTOCOL", value_parser = library_enum::<Protocol>([
+        PossibleValue::new("auto").help("All conventions: the `answer` dict, `FINAL_VAR(...)` and `FINAL(...)`"),
+        PossibleValue::new("final").help("Only `FINAL(...)` / `FINAL_VAR(...)` (reply lines and in-code `FINAL_VAR`)"),
+        PossibleValue::new("answer").help("Only the `answer` dict (`answer[\"ready\"] = True`)"),
+    ]))]
+    pub(crate) protocol: Option<Protocol>,
 
     /// A reply with both code and a `FINAL` line: wait until the model has seen the code's
     /// output and confirms (`see-output`), or accept the line right after the code ran (`accept`).
-    #[arg(long, env = "RLM_CODE_AND_FINAL", value_enum)]
-    pub(crate) code_and_final: Option<CodeAndFinalArg>,
+    #[arg(long, env = "RLM_CODE_AND_FINAL", value_parser = library_enum::<CodeAndFinal>([
+        PossibleValue::new("see-output").help("Run the code, show its output, and let the model confirm its answer"),
+        PossibleValue::new("accept").help("Run the code, then accept the final line"),
+    ]))]
+    pub(crate) code_and_final: Option<CodeAndFinal>,
 
     /// Characters of output shown to the root model per code block (head and tail kept) [default: 20000].
     #[arg(long, env = "RLM_OUTPUT_LIMIT", value_name = "CHARS")]
@@ -181,9 +215,15 @@ pub(crate) struct RunOptions {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub(crate) json: Option<bool>,
 
-    /// No progress or trajectory on stderr (`--quiet=false` overrides rlm.toml).
+    /// No progress line and no closing summary on stderr; errors still print (`--quiet=false`
+    /// overrides rlm.toml).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub(crate) quiet: Option<bool>,
+
+    /// Print the run as it goes on stderr: the model's text, each block's code and output,
+    /// sub-calls, the answer (as `rlm demo` does; `-v` also turns it on).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub(crate) trace: Option<bool>,
 
     /// Overwrite an existing `--trajectory` file (outputs that are inputs are refused even so).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
@@ -201,52 +241,28 @@ impl RunOptions {
         self.quiet.unwrap_or(false)
     }
 
+    /// `--trace`, off unless set.
+    pub(crate) fn trace(&self) -> bool {
+        self.trace.unwrap_or(false)
+    }
+
     /// `--force`, off unless set.
     pub(crate) fn force(&self) -> bool {
         self.force.unwrap_or(false)
     }
 }
 
-/// Model API wire formats.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum ProviderArg {
-    /// OpenAI-compatible chat completions (OpenAI, vLLM, SGLang, llama.cpp, Ollama, OpenRouter).
-    Openai,
-    /// Anthropic Messages API.
-    Anthropic,
-}
-
-/// What to do with a reply that has code and a `FINAL` line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub(crate) enum CodeAndFinalArg {
-    /// Run the code, show its output, and let the model confirm its answer.
-    SeeOutput,
-    /// Run the code, then accept the final line.
-    Accept,
-}
-
-/// What a failed sub-call does in Python.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum SubCallErrorsArg {
-    /// Return `"Error: <reason>"` in the reply's place.
-    String,
-    /// Raise `LlmQueryError`.
-    Raise,
-}
-
-/// Final-answer conventions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum ProtocolArg {
-    /// All conventions: the `answer` dict, `FINAL_VAR(...)` and `FINAL(...)`.
-    Auto,
-    /// Only `FINAL(...)` / `FINAL_VAR(...)` (reply lines and in-code `FINAL_VAR`).
-    Final,
-    /// Only the `answer` dict (`answer["ready"] = True`).
-    Answer,
+/// A parser for one of the library's own enums: clap checks the spelling against `values` (and
+/// lists them in `--help`), the type's `FromStr` makes the value. `rlm.toml` reads the same
+/// spellings through the type's serde aliases.
+fn library_enum<T>(
+    values: impl IntoIterator<Item = PossibleValue>,
+) -> impl TypedValueParser<Value = T>
+where
+    T: FromStr + Clone + Send + Sync + 'static,
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    PossibleValuesParser::new(values).try_map(|name| name.parse::<T>())
 }
 
 /// Arguments of `rlm demo`.

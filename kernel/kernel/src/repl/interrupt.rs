@@ -197,6 +197,7 @@ impl Watchdog {
                 // the exception lands; then wake in-flight sub-calls (they hold no GIL).
                 armed.fired = Some(reason);
                 armed.cell_token.cancel();
+                tracing::info!(block = armed.block, ?reason, "interrupting a running block");
             }
             let block = armed.block;
             drop(state);

@@ -86,5 +86,5 @@ pub use metadata::{
     ContextKind, ContextMetadata, ExecError, ExecutionResult, FinalAnswer, FinalSource, ItemSizes,
     VariableInfo,
 };
-pub use natives::SubCallErrorMode;
+pub use natives::{SubCallErrorMode, UnknownSubCallErrorMode};
 pub use session::{RESERVED_NAMES, ReplSession, SessionConfig};

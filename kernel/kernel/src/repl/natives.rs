@@ -27,9 +27,37 @@ use bridge::{BatchPolicy, BridgeError, CallOptions, ChatRequest, Endpoints};
 pub enum SubCallErrorMode {
     /// Return `"Error: <reason>"` in place of the answer (what RLM prompts expect).
     #[default]
+    #[serde(alias = "string")]
     ReturnString,
     /// Raise `LlmQueryError` (for a batch: after all calls finished, with `.results`).
     Raise,
+}
+
+impl SubCallErrorMode {
+    /// The name used on the command line and in `rlm.toml`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SubCallErrorMode::ReturnString => "string",
+            SubCallErrorMode::Raise => "raise",
+        }
+    }
+}
+
+/// The error for an unknown [`SubCallErrorMode`] name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Unknown sub-call error mode `{0}`; use `string` or `raise`")]
+pub struct UnknownSubCallErrorMode(pub String);
+
+impl std::str::FromStr for SubCallErrorMode {
+    type Err = UnknownSubCallErrorMode;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "string" | "return_string" => Ok(SubCallErrorMode::ReturnString),
+            "raise" => Ok(SubCallErrorMode::Raise),
+            _ => Err(UnknownSubCallErrorMode(s.to_owned())),
+        }
+    }
 }
 
 /// The session's link to the bridge, shared by its natives.

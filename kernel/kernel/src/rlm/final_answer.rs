@@ -104,9 +104,37 @@ impl FinalKind {
 pub enum CodeAndFinal {
     /// Run the blocks, show the output, and ask the model to confirm the line (default).
     #[default]
+    #[serde(alias = "see-output")]
     SeeOutputFirst,
     /// Run the blocks, then accept the line.
     Accept,
+}
+
+impl CodeAndFinal {
+    /// The name used on the command line and in `rlm.toml`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CodeAndFinal::SeeOutputFirst => "see-output",
+            CodeAndFinal::Accept => "accept",
+        }
+    }
+}
+
+/// The error for an unknown [`CodeAndFinal`] name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Unknown code-and-final policy `{0}`; use `see-output` or `accept`")]
+pub struct UnknownCodeAndFinal(pub String);
+
+impl FromStr for CodeAndFinal {
+    type Err = UnknownCodeAndFinal;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "see-output" | "see_output_first" => Ok(CodeAndFinal::SeeOutputFirst),
+            "accept" => Ok(CodeAndFinal::Accept),
+            _ => Err(UnknownCodeAndFinal(s.to_owned())),
+        }
+    }
 }
 
 /// What the text of a reply says about finishing (outside `repl` blocks).
@@ -422,6 +450,40 @@ fn push_once(notes: &mut Vec<FinalNote>, note: FinalNote) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::repl::SubCallErrorMode;
+
+    #[test]
+    fn settings_parse_from_their_command_line_and_file_names() {
+        for (text, want) in [
+            ("see-output", CodeAndFinal::SeeOutputFirst),
+            ("see_output_first", CodeAndFinal::SeeOutputFirst),
+            ("accept", CodeAndFinal::Accept),
+        ] {
+            assert_eq!(text.parse::<CodeAndFinal>(), Ok(want), "{text}");
+            let json = serde_json::Value::String(text.to_owned());
+            assert_eq!(
+                serde_json::from_value::<CodeAndFinal>(json).ok(),
+                Some(want)
+            );
+        }
+        assert_eq!(
+            "later".parse::<CodeAndFinal>().map_err(|e| e.to_string()),
+            Err("Unknown code-and-final policy `later`; use `see-output` or `accept`".to_owned())
+        );
+        for policy in [CodeAndFinal::SeeOutputFirst, CodeAndFinal::Accept] {
+            assert_eq!(policy.as_str().parse::<CodeAndFinal>(), Ok(policy));
+        }
+        for mode in [SubCallErrorMode::ReturnString, SubCallErrorMode::Raise] {
+            assert_eq!(mode.as_str().parse::<SubCallErrorMode>(), Ok(mode));
+            let json = serde_json::Value::String(mode.as_str().to_owned());
+            assert_eq!(
+                serde_json::from_value::<SubCallErrorMode>(json).ok(),
+                Some(mode)
+            );
+        }
+        assert!("return_string".parse::<SubCallErrorMode>().is_ok());
+        assert!("loud".parse::<SubCallErrorMode>().is_err());
+    }
 
     fn text(reply: &str) -> Option<FinalText> {
         scan_final_lines(reply).final_text

@@ -90,7 +90,8 @@ pub use executor::{CodeExecutor, ExecutedReply, ExecutionStop};
 pub use feedback::{FeedbackConfig, format_block, format_feedback, truncate_middle};
 pub use final_answer::{
     CodeAndFinal, Completion, CompletionRules, FinalKind, FinalLines, FinalNote, FinalText,
-    FoundAnswer, Protocol, UnknownProtocol, check_completion, scan_final_lines,
+    FoundAnswer, Protocol, UnknownCodeAndFinal, UnknownProtocol, check_completion,
+    scan_final_lines,
 };
 pub use generator::{CodeGenerator, Conversation, Generation};
 pub use hooks::{EndpointSummary, Hook, HookAction, Hooks, ModelCall, RunError, RunInfo};
