@@ -14,3 +14,4 @@ mod limits;
 mod mock_lm;
 mod outputs;
 mod run;
+mod trace;

@@ -208,3 +208,23 @@ pub(crate) fn script(replies: &[&str]) -> serde_json::Value {
 pub(crate) fn repl(code: &str) -> String {
     format!("```repl\n{code}\n```")
 }
+
+/// `text` with what changes between runs replaced (times, token counts — prompts hold
+/// temporary paths —, temporary paths), for snapshots and comparisons.
+pub(crate) fn redacted(text: &str) -> String {
+    static RULES: OnceLock<Vec<(regex::Regex, &'static str)>> = OnceLock::new();
+    let rules = RULES.get_or_init(|| {
+        [
+            (r"\(\d+ ms\)", "([ms] ms)"),
+            (r"\d+(\.\d+)?s\b", "[secs]s"),
+            (r"\d+ tokens", "[n] tokens"),
+            (r"/[^\s`']*/\.tmp[^\s`'/]*", "[tmp]"),
+        ]
+        .into_iter()
+        .map(|(pattern, with)| (regex::Regex::new(pattern).expect("valid regex"), with))
+        .collect()
+    });
+    rules.iter().fold(text.to_owned(), |text, (pattern, with)| {
+        pattern.replace_all(&text, *with).into_owned()
+    })
+}

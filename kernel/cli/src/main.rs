@@ -8,9 +8,11 @@
 
 mod args;
 mod demo;
+mod logging;
 mod mock_lm;
 mod outputs;
 mod run;
+mod show;
 mod trace;
 
 use std::process::ExitCode;
@@ -21,6 +23,7 @@ use args::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    logging::init(cli.verbose);
     match dispatch(cli) {
         Ok(code) => code,
         Err(err) => {
@@ -42,13 +45,14 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(args) => {
             let file = run::load_config_file(cli.config.as_deref())?;
             let path = run::config_file_path(cli.config.as_deref());
-            run::execute(*args, file, path.as_deref())
+            run::execute(*args, file, path.as_deref(), cli.verbose)
         }
         Command::Demo(args) => {
             let file = run::load_config_file(cli.config.as_deref())?;
             let path = run::config_file_path(cli.config.as_deref());
-            demo::execute(*args, file, path.as_deref())
+            demo::execute(*args, file, path.as_deref(), cli.verbose)
         }
+        Command::Show(args) => show::execute(&args),
         Command::MockLm(args) => {
             kernel::runtime::shared().block_on(mock_lm::serve(args))?;
             Ok(ExitCode::SUCCESS)

@@ -15,18 +15,16 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use bridge::{Budget, EndpointConfig, Endpoints, Ledger, Price, Provider, SamplingParams};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kernel::repl::{ContextSource, ReplSession, SessionConfig, SubCallErrorMode};
+use kernel::repl::{ContextSource, ReplSession, SessionConfig};
 use kernel::rlm::{
-    CodeAndFinal, CompletionRules, Progress, Protocol, Rlm, RlmConfig, RlmResult, StopHandle,
+    CompletionRules, Phase, Progress, ProgressSnapshot, Rlm, RlmConfig, RlmResult, StopHandle,
     TerminationReason, TrajectoryWriter,
 };
 use serde::Deserialize;
 
-use crate::args::{
-    CodeAndFinalArg, ProtocolArg, ProviderArg, RunArgs, RunOptions, SubCallErrorsArg,
-};
+use crate::args::{RunArgs, RunOptions};
 use crate::outputs::{self, Output};
-use crate::trace::TraceHook;
+use crate::trace::{self, SubCallCounts, TraceHook};
 
 /// Exit code of a run that stopped at a limit (iterations, time, budget) or without an answer.
 pub(crate) const EXIT_LIMIT: u8 = 3;
@@ -127,6 +125,7 @@ pub(crate) fn merge(cli: RunOptions, file: RunOptions) -> RunOptions {
         answer_file: cli.answer_file.or(file.answer_file),
         json: cli.json.or(file.json),
         quiet: cli.quiet.or(file.quiet),
+        trace: cli.trace.or(file.trace),
         force: cli.force.or(file.force),
     }
 }
@@ -159,10 +158,7 @@ fn parse_price(flag: &str, text: &str) -> Result<Price> {
 
 /// Builds the `root`, `sub` and `--extra-model` endpoints, sharing one ledger with the run's budget.
 pub(crate) fn build_endpoints(opts: &RunOptions) -> Result<Arc<Endpoints>> {
-    let provider = match opts.provider.unwrap_or(ProviderArg::Openai) {
-        ProviderArg::Openai => Provider::OpenAi,
-        ProviderArg::Anthropic => Provider::Anthropic,
-    };
+    let provider = opts.provider.unwrap_or_default();
     let Some(model) = opts.model.clone() else {
         bail!(
             "No root model given; pass `--model NAME` (or set `RLM_MODEL`, or `model` in rlm.toml)"
@@ -279,10 +275,7 @@ pub(crate) fn session_config(opts: &RunOptions) -> Result<SessionConfig> {
         config.batch_concurrency = Some(width);
     }
     if let Some(mode) = opts.sub_call_errors {
-        config.sub_call_errors = match mode {
-            SubCallErrorsArg::String => SubCallErrorMode::ReturnString,
-            SubCallErrorsArg::Raise => SubCallErrorMode::Raise,
-        };
+        config.sub_call_errors = mode;
     }
     config.sub_endpoint = SUB.to_owned();
     Ok(config)
@@ -306,16 +299,10 @@ pub(crate) fn rlm_config(opts: &RunOptions) -> Result<RlmConfig> {
     }
     config.run_timeout = opts.timeout.map(|s| seconds("timeout", s)).transpose()?;
     config.completion = CompletionRules {
-        protocol: match opts.protocol.unwrap_or(ProtocolArg::Auto) {
-            ProtocolArg::Auto => Protocol::Auto,
-            ProtocolArg::Final => Protocol::Final,
-            ProtocolArg::Answer => Protocol::Answer,
-        },
-        code_and_final: match opts.code_and_final {
-            None => config.completion.code_and_final,
-            Some(CodeAndFinalArg::SeeOutput) => CodeAndFinal::SeeOutputFirst,
-            Some(CodeAndFinalArg::Accept) => CodeAndFinal::Accept,
-        },
+        protocol: opts.protocol.unwrap_or_default(),
+        code_and_final: opts
+            .code_and_final
+            .unwrap_or(config.completion.code_and_final),
     };
     if let Some(limit) = opts.output_limit {
         config.feedback.block_limit = limit;
@@ -384,6 +371,20 @@ pub(crate) enum Display {
     Trace,
 }
 
+impl Display {
+    /// `--trace` or `-v` (which win over `--quiet`: they are asked for on purpose), else
+    /// `--quiet`, else `default`.
+    pub(crate) fn choose(opts: &RunOptions, verbosity: u8, default: Display) -> Self {
+        if opts.trace() || verbosity > 0 {
+            Display::Trace
+        } else if opts.quiet() {
+            Display::Quiet
+        } else {
+            default
+        }
+    }
+}
+
 /// Runs the loop over `session` and reports on stderr as `display` says.
 pub(crate) fn run_loop(
     query: &str,
@@ -401,16 +402,25 @@ pub(crate) fn run_loop(
         })?;
         rlm.add_hook(writer);
     }
+    let show_bar = display != Display::Quiet && std::io::stderr().is_terminal();
+    let bar = if show_bar {
+        ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+    } else {
+        ProgressBar::hidden()
+    };
     if display == Display::Trace {
-        rlm.add_hook(TraceHook::new());
+        let bar = bar.clone();
+        // Through the bar, so the progress line is lifted while the trace prints.
+        rlm.add_hook(TraceHook::new(Box::new(move |text| {
+            bar.suspend(|| eprint!("{text}"));
+        })));
     }
     let progress = Progress::new();
     rlm.add_hook(progress.hook());
     stop_on_ctrl_c(rlm.stop_handle());
-    let bar = (display != Display::Quiet && std::io::stderr().is_terminal())
-        .then(|| spawn_progress_bar(progress, max_iterations));
+    let stop = show_bar.then(|| spawn_progress_bar(&bar, progress, max_iterations));
     let result = rlm.run(query);
-    if let Some((bar, stop)) = bar {
+    if let Some(stop) = stop {
         stop.cancel();
         bar.finish_and_clear();
     }
@@ -435,36 +445,60 @@ fn stop_on_ctrl_c(handle: StopHandle) {
     });
 }
 
-/// A progress line redrawn from the [`Progress`] handle until `stop` is cancelled.
+/// Redraws `bar` from the [`Progress`] handle until the returned token is cancelled.
 fn spawn_progress_bar(
+    bar: &ProgressBar,
     progress: Progress,
     max_iterations: u32,
-) -> (ProgressBar, tokio_util::sync::CancellationToken) {
-    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+) -> tokio_util::sync::CancellationToken {
     bar.set_style(
         ProgressStyle::with_template("{spinner} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_spinner()),
     );
     let stop = tokio_util::sync::CancellationToken::new();
-    let (bar2, stop2) = (bar.clone(), stop.clone());
+    let (bar, stop2) = (bar.clone(), stop.clone());
     std::thread::spawn(move || {
         while !stop2.is_cancelled() {
-            let s = progress.snapshot();
-            bar2.set_message(format!(
-                "iteration {}/{} · sub-calls {} done, {} in flight · {} tokens · ${:.4} · {:.1}s",
-                s.iteration,
-                max_iterations,
-                s.sub_calls_done,
-                s.calls_in_flight,
-                s.tokens,
-                s.cost_usd,
-                s.elapsed.as_secs_f64()
-            ));
-            bar2.tick();
+            bar.set_message(progress_line(&progress.snapshot(), max_iterations));
+            bar.tick();
             std::thread::sleep(Duration::from_millis(100));
         }
     });
-    (bar, stop)
+    stop
+}
+
+/// What the run is doing, e.g. `iteration 3/30 · block 2/3 running 37 s · sub-calls 12/31 ·
+/// 18204 tokens · 41.2 s`.
+pub(crate) fn progress_line(s: &ProgressSnapshot, max_iterations: u32) -> String {
+    let doing = match s.phase {
+        Phase::Starting => "starting".to_owned(),
+        Phase::Thinking => format!("root model thinking {:.0} s", s.phase_elapsed.as_secs_f64()),
+        Phase::Running { block, blocks } => {
+            let mut text = format!(
+                "block {block}/{blocks} running {:.0} s",
+                s.phase_elapsed.as_secs_f64()
+            );
+            if s.phase_sub_calls_started > 0 {
+                text.push_str(&format!(
+                    " · sub-calls {}/{}",
+                    s.phase_sub_calls_done, s.phase_sub_calls_started
+                ));
+            }
+            text
+        }
+        Phase::Done => "done".to_owned(),
+    };
+    let cost = if s.cost_usd > 0.0 {
+        format!(" · ${:.4}", s.cost_usd)
+    } else {
+        String::new()
+    };
+    format!(
+        "iteration {}/{max_iterations} · {doing} · {} tokens{cost} · {:.1} s",
+        s.iteration,
+        s.tokens,
+        s.elapsed.as_secs_f64()
+    )
 }
 
 /// Checks before the run that no output clobbers an input and that `--answer-file` can be
@@ -508,13 +542,14 @@ pub(crate) fn report(result: &RlmResult, opts: &RunOptions) -> Result<RunOutcome
     stdout.flush()?;
     // `--quiet` silences progress and the summary, never the reason a run failed.
     if !opts.quiet() || outcome == RunOutcome::Failed {
-        let m = &result.metrics;
         eprintln!(
-            "{} after {} iteration(s), {} sub-call(s), {:.2}s",
-            describe(result.termination_reason),
-            m.iterations,
-            m.sub_calls,
-            m.total_ms / 1e3,
+            "{}",
+            trace::summary(
+                result.termination_reason,
+                &result.metrics,
+                &SubCallCounts::of(&result.sub_calls),
+                priced(result),
+            )
         );
         if let Some(error) = &result.error {
             eprintln!("  {error}");
@@ -525,27 +560,28 @@ pub(crate) fn report(result: &RlmResult, opts: &RunOptions) -> Result<RunOutcome
         outputs::write_answer_file(path, result.answer.as_deref().unwrap_or_default())?;
     }
     if result.answer.is_none() {
-        eprintln!(
-            "The run ended without an answer; the trajectory (`--trajectory FILE`) shows how far it got."
-        );
+        match &opts.trajectory {
+            Some(path) => eprintln!(
+                "The run ended without an answer; the trajectory `{}` shows how far it got (`rlm show {}`).",
+                path.display(),
+                path.display()
+            ),
+            None => eprintln!(
+                "The run ended without an answer; pass `--trajectory FILE` to keep a record of how far a run gets."
+            ),
+        }
     }
     Ok(outcome)
 }
 
-fn describe(reason: TerminationReason) -> &'static str {
-    match reason {
-        TerminationReason::FinalAnswer => "final answer",
-        TerminationReason::MaxIterations => "stopped at the iteration limit (answer requested)",
-        TerminationReason::Timeout => "stopped at the run timeout",
-        TerminationReason::CallBudget => "stopped: sub-call budget spent",
-        TerminationReason::TokenBudget => "stopped: token budget spent",
-        TerminationReason::CostBudget => "stopped: USD budget spent",
-        TerminationReason::ConsecutiveFailures => "stopped after consecutive failing iterations",
-        TerminationReason::RootModelError => "failed: the root model could not be reached",
-        TerminationReason::KernelError => "failed: the Python session broke",
-        TerminationReason::StoppedByHook => "failed: the trajectory could not be written",
-        TerminationReason::Interrupted => "interrupted (Ctrl-C)",
-    }
+/// Whether any call of the run had a price (a cost of 0 then means free, not unknown).
+pub(crate) fn priced(result: &RlmResult) -> bool {
+    result
+        .iterations
+        .iter()
+        .filter_map(|i| i.root_call.as_ref())
+        .chain(&result.sub_calls)
+        .any(|c| c.cost_usd.is_some())
 }
 
 /// `rlm run`; `config_path` is the configuration file in use, an input like the contexts.
@@ -553,6 +589,7 @@ pub(crate) fn execute(
     args: RunArgs,
     file: RunOptions,
     config_path: Option<&Path>,
+    verbosity: u8,
 ) -> Result<ExitCode> {
     let opts = merge(args.options, file);
     // Every option is checked before the context loads: a big context can take a while.
@@ -580,11 +617,7 @@ pub(crate) fn execute(
         .collect();
     let session = ReplSession::new(session_config, Arc::clone(&endpoints), &sources)
         .context("Could not load the context")?;
-    let display = if opts.quiet() {
-        Display::Quiet
-    } else {
-        Display::Progress
-    };
+    let display = Display::choose(&opts, verbosity, Display::Progress);
     let result = run_loop(
         &args.query,
         config,

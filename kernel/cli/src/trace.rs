@@ -1,17 +1,255 @@
-//! A hook that prints the run as it goes: each reply's prose, each block with its output, and
-//! the sub-calls it made. Used by `rlm demo`, on stderr.
+//! The readable trace of a run: the query and models, each reply's prose, each block with its
+//! output and sub-calls, and a closing summary.
+//!
+//! One renderer serves both the live run ([`TraceHook`], for `rlm run -v` / `--trace` and
+//! `rlm demo`) and a saved trajectory (`rlm show`): each part is rendered from the records the
+//! trajectory keeps ([`IterationRecord`], [`BlockRecord`], the bridge's `SubCallMetadata`), so
+//! what a user sees live is what they see replayed. Renderers return text; the caller decides
+//! where it goes (through the progress bar, so the bar does not tear the trace).
 
-use kernel::rlm::{BlockRun, Hook, ModelCall, extract_code_blocks, truncate_middle};
+use std::fmt::Write as _;
 
-/// Lines of code or output shown per block before the middle is elided.
+use bridge::SubCallMetadata;
+use kernel::repl::ContextMetadata;
+use kernel::rlm::{
+    BlockRecord, BlockRun, EndpointSummary, Hook, HookAction, ModelCall, RlmResult, RunError,
+    RunInfo, SessionMetrics, TerminationReason, extract_code_blocks, truncate_middle,
+};
+
+/// Characters of prose, code or output shown per part before the middle is elided.
 const SHOWN_CHARS: usize = 1_200;
 
-#[derive(Debug, Default)]
-pub(crate) struct TraceHook;
+/// Where rendered text goes.
+pub(crate) type Sink = Box<dyn FnMut(&str) + Send>;
+
+/// Prints the run as it goes.
+pub(crate) struct TraceHook {
+    sink: Sink,
+}
+
+impl std::fmt::Debug for TraceHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceHook").finish_non_exhaustive()
+    }
+}
 
 impl TraceHook {
-    pub(crate) fn new() -> Self {
-        Self
+    /// A hook that hands each rendered part to `sink`.
+    pub(crate) fn new(sink: Sink) -> Self {
+        Self { sink }
+    }
+}
+
+impl Hook for TraceHook {
+    fn before_run(&mut self, run: &RunInfo<'_>) -> HookAction<String> {
+        (self.sink)(&header(run.query, run.endpoints, run.contexts));
+        HookAction::Continue
+    }
+
+    fn after_model_call(&mut self, call: &mut ModelCall) {
+        (self.sink)(&reply(call.iteration, call.answer_now, &call.reply));
+    }
+
+    fn after_block(&mut self, _iteration: u32, run: &mut BlockRun) {
+        let record = BlockRecord::from_run(run, SHOWN_CHARS);
+        (self.sink)(&block(&record, &run.result.sub_calls));
+    }
+
+    fn on_error(&mut self, error: &RunError) {
+        (self.sink)(&failure(error));
+    }
+
+    fn after_run(&mut self, result: &mut RlmResult) {
+        (self.sink)(&answer(result.answer.as_deref()));
+    }
+}
+
+/// The query, the models and the contexts.
+pub(crate) fn header(
+    query: &str,
+    endpoints: &[EndpointSummary],
+    contexts: &[ContextMetadata],
+) -> String {
+    let mut out = format!("query: {}\n", truncate_middle(query.trim(), SHOWN_CHARS));
+    let models: Vec<String> = endpoints
+        .iter()
+        .map(|e| format!("{} `{}`", e.name, e.model))
+        .collect();
+    if !models.is_empty() {
+        let _ = writeln!(out, "models: {}", models.join(", "));
+    }
+    for context in contexts {
+        let _ = writeln!(out, "{}", context.summary());
+    }
+    out
+}
+
+/// A root-model reply: the prose around its blocks (the blocks print as they run), or the
+/// whole text when it has none.
+pub(crate) fn reply(iteration: u32, answer_now: bool, text: &str) -> String {
+    let shown = if extract_code_blocks(text).is_empty() {
+        text.trim().to_owned()
+    } else {
+        text.split("```")
+            .step_by(2)
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let label = if answer_now {
+        "answer-now"
+    } else {
+        "iteration"
+    };
+    let mut out = format!("\n── {label} {iteration} · root model ─────────────\n");
+    if !shown.is_empty() {
+        let _ = writeln!(out, "{}", truncate_middle(&shown, SHOWN_CHARS));
+    }
+    out
+}
+
+/// One block: its code, its sub-calls, its output and whether it set the final answer.
+/// `sub_calls` are the calls the block made.
+pub(crate) fn block(record: &BlockRecord, sub_calls: &[SubCallMetadata]) -> String {
+    let mut out = format!("  ┌ repl block ({:.0} ms)\n", record.duration_ms);
+    let _ = writeln!(
+        out,
+        "{}",
+        indent(&truncate_middle(record.code.trim_end(), SHOWN_CHARS))
+    );
+    if !sub_calls.is_empty() {
+        let natives: Vec<String> = [
+            ("llm_query", record.llm_query_calls),
+            ("llm_query_batched", record.llm_query_batched_calls),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| format!("{name} ×{n}"))
+        .collect();
+        let _ = writeln!(
+            out,
+            "  ├ {}: {}",
+            natives.join(", "),
+            SubCallCounts::of(sub_calls)
+        );
+    }
+    for (label, text, omitted) in [
+        ("output", &record.stdout, record.stdout_omitted_chars),
+        ("stderr", &record.stderr, record.stderr_omitted_chars),
+    ] {
+        let text = text.trim_end();
+        if text.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "  ├ {label}");
+        let _ = writeln!(out, "{}", indent(&truncate_middle(text, SHOWN_CHARS)));
+        if omitted > 0 {
+            let _ = writeln!(out, "  │ ({omitted} more characters not kept)");
+        }
+    }
+    if record.timed_out {
+        let _ = writeln!(out, "  ├ interrupted (time limit or Ctrl-C)");
+    }
+    match record.final_answer {
+        Some(kind) => {
+            let _ = writeln!(out, "  └ final answer set ({})", kind.spelling());
+        }
+        None => out.push_str("  └\n"),
+    }
+    out
+}
+
+/// The answer the run ended with (the whole of it is on stdout).
+pub(crate) fn answer(answer: Option<&str>) -> String {
+    match answer {
+        Some(text) => format!(
+            "\n── answer ─────────────\n{}\n",
+            truncate_middle(text.trim_end(), SHOWN_CHARS)
+        ),
+        None => "\n── no answer ─────────────\n".to_owned(),
+    }
+}
+
+/// A failed step.
+pub(crate) fn failure(error: &RunError) -> String {
+    format!("  ✗ {}\n", error.message)
+}
+
+/// Sub-calls by how they ended: sent (and of those, failed) or refused before sending.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SubCallCounts {
+    /// Calls that reached the server (at least one HTTP attempt).
+    pub(crate) sent: usize,
+    /// Sent calls that failed.
+    pub(crate) failed: usize,
+    /// Calls never sent: refused by a budget, or cancelled before their first attempt.
+    pub(crate) refused: usize,
+}
+
+impl SubCallCounts {
+    pub(crate) fn of<'a>(calls: impl IntoIterator<Item = &'a SubCallMetadata>) -> Self {
+        let mut counts = Self::default();
+        for call in calls {
+            if call.attempts == 0 && call.error.is_some() {
+                counts.refused += 1;
+            } else {
+                counts.sent += 1;
+                counts.failed += usize::from(call.error.is_some());
+            }
+        }
+        counts
+    }
+}
+
+impl std::fmt::Display for SubCallCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} sub-call(s) sent", self.sent)?;
+        if self.failed > 0 {
+            write!(f, " ({} failed)", self.failed)?;
+        }
+        if self.refused > 0 {
+            write!(f, ", {} refused before sending", self.refused)?;
+        }
+        Ok(())
+    }
+}
+
+/// The closing line: how the run ended, iterations, sub-calls, tokens, cost (when a price was
+/// given) and time.
+pub(crate) fn summary(
+    reason: TerminationReason,
+    metrics: &SessionMetrics,
+    sub_calls: &SubCallCounts,
+    priced: bool,
+) -> String {
+    let mut line = format!(
+        "{} after {} iteration(s), {sub_calls}, {} tokens",
+        describe(reason),
+        metrics.iterations,
+        metrics.prompt_tokens + metrics.completion_tokens,
+    );
+    if priced {
+        let _ = write!(line, ", ${:.4}", metrics.cost_usd);
+    }
+    let _ = write!(line, ", {:.2}s", metrics.total_ms / 1e3);
+    line
+}
+
+/// How a run ended, in words.
+pub(crate) fn describe(reason: TerminationReason) -> &'static str {
+    match reason {
+        TerminationReason::FinalAnswer => "final answer",
+        TerminationReason::MaxIterations => "stopped at the iteration limit (answer requested)",
+        TerminationReason::Timeout => "stopped at the run timeout",
+        TerminationReason::CallBudget => "stopped: sub-call budget spent",
+        TerminationReason::TokenBudget => "stopped: token budget spent",
+        TerminationReason::CostBudget => "stopped: USD budget spent",
+        TerminationReason::ConsecutiveFailures => "stopped after consecutive failing iterations",
+        TerminationReason::RootModelError => "failed: the root model did not answer",
+        TerminationReason::KernelError => "failed: the Python session broke",
+        TerminationReason::StoppedByHook => "failed: the trajectory could not be written",
+        TerminationReason::Interrupted => "interrupted (Ctrl-C)",
     }
 }
 
@@ -20,64 +258,4 @@ fn indent(text: &str) -> String {
         .map(|l| format!("  │ {l}"))
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-impl Hook for TraceHook {
-    fn after_model_call(&mut self, call: &mut ModelCall) {
-        // Replies with code: the prose around the blocks (the blocks print as they run).
-        // Replies without: the whole text, which is what the model said.
-        let shown = if extract_code_blocks(&call.reply).is_empty() {
-            call.reply.trim().to_owned()
-        } else {
-            call.reply
-                .split("```")
-                .step_by(2)
-                .map(str::trim)
-                .filter(|p| !p.is_empty())
-                .collect::<Vec<_>>()
-                .join("\n")
-        };
-        let label = if call.answer_now {
-            "answer-now"
-        } else {
-            "iteration"
-        };
-        eprintln!("\n── {label} {} · root model ─────────────", call.iteration);
-        if !shown.is_empty() {
-            eprintln!("{}", truncate_middle(&shown, SHOWN_CHARS));
-        }
-    }
-
-    fn after_block(&mut self, _iteration: u32, run: &mut BlockRun) {
-        let r = &run.result;
-        eprintln!("  ┌ repl block ({:.0} ms)", r.duration.as_secs_f64() * 1e3);
-        eprintln!(
-            "{}",
-            indent(&truncate_middle(run.block.code.trim_end(), SHOWN_CHARS))
-        );
-        if !r.sub_calls.is_empty() {
-            let failed = r.sub_calls.iter().filter(|c| c.error.is_some()).count();
-            eprintln!(
-                "  ├ {} sub-call(s) ({} llm_query, {} llm_query_batched), {failed} failed",
-                r.sub_calls.len(),
-                r.llm_query_calls,
-                r.llm_query_batched_calls
-            );
-        }
-        let out = r.stdout.trim_end();
-        if !out.is_empty() {
-            eprintln!("  ├ output");
-            eprintln!("{}", indent(&truncate_middle(out, SHOWN_CHARS)));
-        }
-        let err = r.stderr.trim_end();
-        if !err.is_empty() {
-            eprintln!("  ├ stderr");
-            eprintln!("{}", indent(&truncate_middle(err, SHOWN_CHARS)));
-        }
-        if let Some(answer) = r.final_answer() {
-            eprintln!("  └ final answer set ({:?})", answer.source);
-        } else {
-            eprintln!("  └");
-        }
-    }
 }

@@ -19,7 +19,7 @@ use bridge::mock::{MockConfig, MockServer, Script};
 use kernel::repl::{ContextSource, ReplSession};
 
 use crate::UsageError;
-use crate::args::{DemoArgs, ProviderArg, RunOptions};
+use crate::args::{DemoArgs, RunOptions};
 use crate::run::{self, Display, RunOutcome};
 
 /// The scripted root and sub-model.
@@ -34,6 +34,7 @@ pub(crate) fn execute(
     args: DemoArgs,
     file: RunOptions,
     config_path: Option<&Path>,
+    verbosity: u8,
 ) -> Result<ExitCode> {
     let mut opts = run::merge(args.options, file);
     let runtime = kernel::runtime::shared();
@@ -47,7 +48,7 @@ pub(crate) fn execute(
             }))
             .context("Could not start the mock LM server on 127.0.0.1")?;
         opts.base_url = Some(server.openai_base_url());
-        opts.provider = Some(ProviderArg::Openai);
+        opts.provider = Some(bridge::Provider::OpenAi);
         opts.model = Some("demo-root".to_owned());
         opts.sub_model = Some("demo-sub".to_owned());
         if !opts.quiet() {
@@ -92,7 +93,7 @@ pub(crate) fn execute(
         .with_context(|| format!("Could not write the demo context to `{}`", path.display()))?;
     if !opts.quiet() {
         eprintln!(
-            "context: {} ({:.1} MB, {} lines across {} services)\nquery: {QUERY}",
+            "context: {} ({:.1} MB, {} lines across {} services)",
             path.display(),
             logs.text.len() as f64 / 1e6,
             logs.lines,
@@ -107,11 +108,7 @@ pub(crate) fn execute(
         &[ContextSource::Path(PathBuf::from(&path))],
     )
     .context("Could not load the demo context")?;
-    let display = if opts.quiet() {
-        Display::Quiet
-    } else {
-        Display::Trace
-    };
+    let display = Display::choose(&opts, verbosity, Display::Trace);
     let result = run::run_loop(
         QUERY,
         run::rlm_config(&opts)?,

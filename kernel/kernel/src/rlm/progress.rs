@@ -55,6 +55,12 @@ pub struct ProgressSnapshot {
     pub cost_usd: f64,
     /// Time since the run started.
     pub elapsed: Duration,
+    /// Time since the current phase began (the root call was sent, the block started).
+    pub phase_elapsed: Duration,
+    /// Sub-model calls started in the current phase (a block's fan-out so far).
+    pub phase_sub_calls_started: u64,
+    /// Of those, the calls finished.
+    pub phase_sub_calls_done: u64,
 }
 
 #[derive(Debug, Default)]
@@ -71,6 +77,21 @@ struct State {
     base_usd: f64,
     root_calls: u64,
     blocks_in_reply: usize,
+    phase_started: Option<Instant>,
+    phase_base_index: u64,
+    phase_base_recorded: u64,
+}
+
+impl State {
+    /// Enters `phase`, counting its time and sub-calls from now.
+    fn enter(&mut self, phase: Phase) {
+        self.phase = phase;
+        self.phase_started = Some(Instant::now());
+        if let Some(ledger) = &self.ledger {
+            self.phase_base_index = ledger.next_call_index();
+            self.phase_base_recorded = ledger.totals().calls;
+        }
+    }
 }
 
 /// A shared view of a run's progress; clone it freely and poll it from any thread.
@@ -112,6 +133,19 @@ impl Progress {
             }
             None => (0, 0, 0, 0.0),
         };
+        // Only a block's calls are sub-calls; while thinking, the one call is the root's.
+        let (phase_started, phase_done) = match (&state.ledger, state.phase) {
+            (Some(ledger), Phase::Running { .. }) => (
+                ledger
+                    .next_call_index()
+                    .saturating_sub(state.phase_base_index),
+                ledger
+                    .totals()
+                    .calls
+                    .saturating_sub(state.phase_base_recorded),
+            ),
+            _ => (0, 0),
+        };
         ProgressSnapshot {
             iteration: state.iteration,
             max_iterations: state.max_iterations,
@@ -124,6 +158,13 @@ impl Progress {
                 .finished
                 .or_else(|| state.started.map(|t| t.elapsed()))
                 .unwrap_or_default(),
+            phase_elapsed: state
+                .phase_started
+                .filter(|_| state.finished.is_none())
+                .map(|t| t.elapsed())
+                .unwrap_or_default(),
+            phase_sub_calls_started: phase_started,
+            phase_sub_calls_done: phase_done.min(phase_started),
         }
     }
 }
@@ -162,7 +203,7 @@ impl Hook for ProgressHook {
         _iteration: u32,
         _request: &mut ChatRequest,
     ) -> HookAction<String> {
-        self.progress.state().phase = Phase::Thinking;
+        self.progress.state().enter(Phase::Thinking);
         HookAction::Continue
     }
 
@@ -180,10 +221,11 @@ impl Hook for ProgressHook {
         block: &mut CodeBlock,
     ) -> HookAction<ExecutionResult> {
         let mut state = self.progress.state();
-        state.phase = Phase::Running {
+        let blocks = state.blocks_in_reply.max(block.index + 1);
+        state.enter(Phase::Running {
             block: block.index + 1,
-            blocks: state.blocks_in_reply.max(block.index + 1),
-        };
+            blocks,
+        });
         HookAction::Continue
     }
 

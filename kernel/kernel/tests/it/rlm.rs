@@ -8,8 +8,8 @@ use bridge::mock::{MockConfig, MockServer, RequestRecord, Script};
 use bridge::{Budget, EndpointConfig, Endpoints, Ledger, Price, RetryPolicy};
 use kernel::repl::{ContextSource, ReplSession, SessionConfig};
 use kernel::rlm::{
-    CodeAndFinal, FinalKind, Hook, HookAction, ModelCall, Progress, Protocol, Rlm, RlmConfig,
-    RlmResult, TerminationReason, TrajectoryWriter,
+    BlockRun, CodeAndFinal, FinalKind, Hook, HookAction, ModelCall, Phase, Progress,
+    ProgressSnapshot, Protocol, Rlm, RlmConfig, RlmResult, TerminationReason, TrajectoryWriter,
 };
 use serde_json::{Value, json};
 
@@ -966,6 +966,44 @@ fn progress_reports_the_run() {
     assert_eq!(
         serde_json::to_value(snapshot.phase).expect("json")["phase"],
         "done"
+    );
+}
+
+#[test]
+fn progress_counts_the_running_block_and_its_fan_out() {
+    /// Takes a snapshot when a block has run, before the phase moves on.
+    struct AtBlockEnd(Progress, Arc<Mutex<Vec<ProgressSnapshot>>>);
+    impl Hook for AtBlockEnd {
+        fn after_block(&mut self, _iteration: u32, _run: &mut BlockRun) {
+            self.1.lock().expect("snapshots").push(self.0.snapshot());
+        }
+    }
+    let harness = Harness::new(Setup {
+        script: script(&[FAN_OUT, "FINAL(ok)"]),
+        ..Setup::default()
+    });
+    let progress = Progress::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut rlm = harness.rlm(config());
+    rlm.add_hook(progress.hook());
+    rlm.add_hook(AtBlockEnd(progress.clone(), Arc::clone(&seen)));
+    rlm.run("q").expect("run");
+    let seen = seen.lock().expect("snapshots");
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].phase,
+        Phase::Running {
+            block: 1,
+            blocks: 1
+        }
+    );
+    assert_eq!(seen[0].phase_sub_calls_started, 6, "the block's fan-out");
+    assert_eq!(seen[0].phase_sub_calls_done, 6);
+    let done = progress.snapshot();
+    assert_eq!(
+        done.phase_elapsed,
+        Duration::ZERO,
+        "no phase runs after the end"
     );
 }
 

@@ -1,0 +1,206 @@
+//! Seeing a run: `rlm run --trace` / `-v`, `rlm show`, the closing summary, logs.
+
+use bridge::mock::{FaultKind, Faults, MockConfig, Script};
+
+use crate::support::{Mock, file, redacted, repl, rlm, rlm_with};
+
+/// A root model that talks, fans out two sub-calls, then answers.
+fn talking_script() -> serde_json::Value {
+    serde_json::json!({
+        "models": {
+            "root-model": {"replies": [
+                format!("Let me look at the context.\n{}", repl("parts = llm_query_batched(['a', 'b'])\nprint(len(context), parts)")),
+                "It has 4 characters.\nFINAL(4 characters)"
+            ]},
+            "sub-model": {"replies": [{"behaviour": "echo"}]}
+        }
+    })
+}
+
+#[test]
+fn trace_prints_the_run_as_it_goes() {
+    let mock = Mock::start(talking_script());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "c.txt", "text");
+    let context = context.to_str().expect("utf-8");
+    let run = mock.run(&["--context", context, "--query", "How long?", "--trace"]);
+    run.assert_code(0);
+    assert_eq!(run.stdout, "4 characters\n", "the trace stays on stderr");
+    insta::assert_snapshot!(redacted(&run.stderr));
+
+    // `-v` shows the same trace (plus logs, none here).
+    let verbose = mock.run(&["--context", context, "--query", "How long?", "-v"]);
+    verbose.assert_code(0);
+    assert_eq!(redacted(&verbose.stderr), redacted(&run.stderr));
+    // Without either, only the closing line.
+    let plain = mock.run(&["--context", context, "--query", "How long?"]);
+    assert_eq!(plain.stderr.lines().count(), 1, "{}", plain.stderr);
+    assert!(
+        plain
+            .stderr
+            .starts_with("final answer after 2 iteration(s), 2 sub-call(s) sent, "),
+        "{}",
+        plain.stderr
+    );
+}
+
+#[test]
+fn show_replays_a_saved_trajectory_with_the_same_renderer() {
+    let mock = Mock::start(talking_script());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "c.txt", "text");
+    let trajectory = dir.path().join("run.jsonl");
+    let run = mock.run(&[
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "How long?",
+        "--trace",
+        "--trajectory",
+        trajectory.to_str().expect("utf-8"),
+    ]);
+    run.assert_code(0);
+    let show = rlm(
+        &[
+            "show".to_owned(),
+            trajectory.to_str().expect("utf-8").to_owned(),
+        ],
+        None,
+    );
+    show.assert_code(0);
+    assert_eq!(show.stderr, "");
+    insta::assert_snapshot!(redacted(&show.stdout));
+    assert_eq!(
+        redacted(&show.stdout),
+        redacted(&run.stderr),
+        "live and replayed traces are the same"
+    );
+}
+
+#[test]
+fn show_reads_a_cut_trajectory_and_refuses_what_is_not_one() {
+    let mock = Mock::start(talking_script());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "c.txt", "text");
+    let trajectory = dir.path().join("run.jsonl");
+    mock.run(&[
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "q",
+        "--trajectory",
+        trajectory.to_str().expect("utf-8"),
+    ])
+    .assert_code(0);
+    // A run killed after its first iteration leaves the header and that line.
+    let text = std::fs::read_to_string(&trajectory).expect("trajectory");
+    let cut: String = text.lines().take(2).map(|l| format!("{l}\n")).collect();
+    let cut_path = file(dir.path(), "cut.jsonl", &cut);
+    let show = rlm(
+        &["show".into(), cut_path.to_str().expect("utf-8").into()],
+        None,
+    );
+    show.assert_code(0);
+    assert!(
+        show.stdout.ends_with(
+            "\n(the trajectory ends here: the run was stopped before it wrote its result)\n"
+        ),
+        "{}",
+        show.stdout
+    );
+
+    let not_json = file(
+        dir.path(),
+        "notes.txt",
+        "{\"type\": \"header\"}\nplain words\n",
+    );
+    let show = rlm(
+        &["show".into(), not_json.to_str().expect("utf-8").into()],
+        None,
+    );
+    show.assert_code(1);
+    insta::assert_snapshot!(redacted(&show.stderr), @r"
+    error: Line 1 of `[tmp]/notes.txt` is not a valid `header` line
+      caused by: missing field `version`
+    ");
+}
+
+#[test]
+fn the_closing_line_counts_refused_sub_calls_apart_and_shows_cost_with_a_price() {
+    let mock = Mock::start(talking_script());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "c.txt", "text");
+    let run = mock.run(&[
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "q",
+        "--max-sub-calls",
+        "1",
+        "--price",
+        "1:2",
+    ]);
+    run.assert_code(3);
+    insta::assert_snapshot!(redacted(&run.stderr), @r"
+    stopped: sub-call budget spent after 1 iteration(s), 1 sub-call(s) sent, 1 refused before sending, [n] tokens, $0.0013, [secs]s
+      Budget exhausted: 1 of 1 sub-calls used (`max_calls`); the call was not sent. Raise the limit with `--max-sub-calls` to allow more
+    The run ended without an answer; pass `--trajectory FILE` to keep a record of how far a run gets.
+    ");
+}
+
+#[test]
+fn verbose_shows_retries_and_rust_log_picks_the_filter() {
+    let mock = Mock::start_with(MockConfig {
+        script: Script::from_json_value(talking_script()).expect("script"),
+        faults: Faults::fail_first(1, FaultKind::ServerError),
+        ..MockConfig::default()
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "c.txt", "text");
+    let context = context.to_str().expect("utf-8");
+    let quiet = mock.run(&["--context", context, "--query", "q"]);
+    quiet.assert_code(0);
+    assert!(!quiet.stderr.contains("retrying"), "{}", quiet.stderr);
+
+    let mock = Mock::start_with(MockConfig {
+        script: Script::from_json_value(talking_script()).expect("script"),
+        faults: Faults::fail_first(1, FaultKind::ServerError),
+        ..MockConfig::default()
+    });
+    let verbose = mock.run(&["--context", context, "--query", "q", "-v"]);
+    verbose.assert_code(0);
+    let retry = verbose
+        .stderr
+        .lines()
+        .find(|l| l.contains("retrying model call"))
+        .unwrap_or_else(|| panic!("no retry log:\n{}", verbose.stderr));
+    assert!(
+        retry.contains("INFO") && retry.contains("endpoint=root"),
+        "{retry}"
+    );
+
+    // `RUST_LOG` wins over the default quiet: the same event, without the trace.
+    let mock = Mock::start_with(MockConfig {
+        script: Script::from_json_value(talking_script()).expect("script"),
+        faults: Faults::fail_first(1, FaultKind::ServerError),
+        ..MockConfig::default()
+    });
+    let logged = mock.run_env(
+        &["--context", context, "--query", "q"],
+        &[("RUST_LOG", "bridge=info")],
+    );
+    logged.assert_code(0);
+    assert!(
+        logged.stderr.contains("retrying model call"),
+        "{}",
+        logged.stderr
+    );
+    assert!(!logged.stderr.contains("── iteration"), "{}", logged.stderr);
+}
+
+#[test]
+fn run_help_is_stable() {
+    let help = rlm_with(&["run".into(), "--help".into()], None, &[]);
+    help.assert_code(0);
+    insta::assert_snapshot!(help.stdout);
+}
