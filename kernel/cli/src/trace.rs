@@ -3,7 +3,7 @@
 //!
 //! One renderer serves both the live run ([`TraceHook`], for `rlm run -v` / `--trace` and
 //! `rlm demo`) and a saved trajectory (`rlm show`): each part is rendered from the records the
-//! trajectory keeps ([`IterationRecord`], [`BlockRecord`], the bridge's `SubCallMetadata`), so
+//! trajectory keeps ([`kernel::rlm::IterationRecord`], [`BlockRecord`], the bridge's `SubCallMetadata`), so
 //! what a user sees live is what they see replayed. Renderers return text; the caller decides
 //! where it goes (through the progress bar, so the bar does not tear the trace).
 
