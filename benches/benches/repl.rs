@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kernel::repl::{ContextSource, ReplSession, SessionConfig};
-use rlm_benches::{TempDir, generate_text, status_kib};
+use rlm_benches::{generate_text, status_kib};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -114,7 +114,9 @@ fn generate_json(path: &Path, target_bytes: u64) -> anyhow::Result<()> {
 }
 
 fn loads(quick: bool) -> anyhow::Result<()> {
-    let dir = TempDir::new("rlm-repl-bench")?;
+    let dir = tempfile::Builder::new()
+        .prefix("rlm-repl-bench")
+        .tempdir()?;
     let mb = 1u64 << 20;
     let (csv_size, text_size, json_size) = if quick {
         (64 * mb, 8 * mb, 16 * mb)

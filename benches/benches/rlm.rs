@@ -35,7 +35,7 @@ use bridge::{
 };
 use kernel::repl::{ContextSource, ReplSession, SessionConfig};
 use kernel::rlm::{Hook, HookAction, Rlm, RlmConfig, RlmResult, TerminationReason};
-use rlm_benches::{TempDir, generate_text, percentile, status_kib};
+use rlm_benches::{generate_text, percentile, status_kib};
 use serde_json::json;
 
 const ROOT_MODEL: &str = "root-model";
@@ -54,7 +54,9 @@ fn main() -> anyhow::Result<()> {
     let quick = args.iter().any(|a| a == "--quick")
         || std::env::var("RLM_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
     let mock_rt = mock_runtime()?;
-    let dir = TempDir::new("rlm-loop-bench")?;
+    let dir = tempfile::Builder::new()
+        .prefix("rlm-loop-bench")
+        .tempdir()?;
     println!(
         "# rlm loop benchmarks{}",
         if quick { " (--quick)" } else { "" }

@@ -1,9 +1,9 @@
 //! Benchmarks live in `benches/benches/` (`bridge`, `repl`, `rlm`); the helpers they share
-//! live here: reading this process's memory counters, percentiles, a scratch directory and a
-//! synthetic log-like text context.
+//! live here: reading this process's memory counters, percentiles and a synthetic log-like text
+//! context.
 
 use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// A field of `/proc/self/status` in KiB (`"VmHWM:"` = peak RSS, `"VmRSS:"` = current RSS);
 /// 0 when it cannot be read.
@@ -25,30 +25,6 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     }
     let idx = ((sorted.len() - 1) as f64 * q).round() as usize;
     sorted[idx.min(sorted.len() - 1)]
-}
-
-/// A scratch directory under the system temp dir, named `{prefix}-{pid}`, removed on drop.
-#[derive(Debug)]
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    /// Creates (or reuses) `{temp}/{prefix}-{pid}`.
-    pub fn new(prefix: &str) -> std::io::Result<Self> {
-        let path = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
-        std::fs::create_dir_all(&path)?;
-        Ok(Self(path))
-    }
-
-    /// The directory.
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Writes at least `target_bytes` of log-like ASCII lines to `path`.

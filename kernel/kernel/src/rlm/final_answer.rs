@@ -84,20 +84,6 @@ pub enum FinalKind {
     Hook,
 }
 
-impl FinalKind {
-    /// How the model writes this convention, for messages.
-    pub fn spelling(self) -> &'static str {
-        match self {
-            FinalKind::AnswerDict => "answer[\"ready\"] = True",
-            FinalKind::FinalVar => "FINAL_VAR(...) in code",
-            FinalKind::FinalVarLine => "a FINAL_VAR(name) line",
-            FinalKind::FinalLine => "a FINAL(...) line",
-            FinalKind::AnswerNow => "the answer-now reply",
-            FinalKind::Hook => "a hook",
-        }
-    }
-}
-
 /// What to do with a reply that has both ```` ```repl ```` blocks and a `FINAL`/`FINAL_VAR` line.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -177,11 +177,6 @@ impl Hooks {
         self.list.push(Box::new(hook));
     }
 
-    /// Adds a boxed hook after the existing ones.
-    pub fn push_boxed(&mut self, hook: Box<dyn Hook>) {
-        self.list.push(hook);
-    }
-
     /// The number of hooks.
     pub fn len(&self) -> usize {
         self.list.len()

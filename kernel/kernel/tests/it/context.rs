@@ -30,14 +30,21 @@ fn load_err(sources: &[ContextSource]) -> ReplError {
 fn text_file_becomes_str_with_metadata() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = write(dir.path(), "notes.txt", "héllo\nworld\n");
+    let started = std::time::Instant::now();
     let s = session_with(&[ContextSource::Path(path.clone())]);
+    let session_ms = started.elapsed().as_secs_f64() * 1e3;
     let meta = &s.contexts()[0];
     assert_eq!(meta.kind, ContextKind::Text);
     assert_eq!(meta.name, "context_0");
     assert_eq!(meta.bytes, 13);
     assert_eq!(meta.chars, Some(12));
     assert_eq!(meta.source, path.display().to_string());
-    assert!(meta.load_ms >= 0.0);
+    // The load is measured, and is part of starting the session.
+    assert!(
+        meta.load_ms > 0.0 && meta.load_ms <= session_ms,
+        "load {} ms within session start {session_ms} ms",
+        meta.load_ms
+    );
     let r = ok(
         &s,
         "print(type(context).__name__, len(context), context is context_0)",

@@ -187,8 +187,6 @@ fn eight_python_threads_calling_llm_query_overlap() {
         "{}",
         mock.server.log().max_concurrency()
     );
-    // Generous bound: serialised calls would take 1.6 s.
-    assert!(r.duration < Duration::from_millis(1500), "{:?}", r.duration);
 }
 
 #[test]
