@@ -6,6 +6,7 @@
 
 mod support;
 
+mod chat;
 mod cli_errors;
 mod contexts;
 mod demo;

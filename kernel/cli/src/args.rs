@@ -42,6 +42,10 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Answer a query over one or more contexts with the RLM loop.
     Run(Box<RunArgs>),
+    /// Ask one question after another about contexts loaded once; each question runs in the
+    /// same Python session, so variables made for one are there for the next.
+    #[command(allow_negative_numbers = true)]
+    Chat(Box<ChatArgs>),
     /// Run a complete RLM analysis on generated logs against scripted mock models (no API key needed).
     Demo(Box<DemoArgs>),
     /// Serve the mock LM server (OpenAI and Anthropic wire formats) on 127.0.0.1.
@@ -68,6 +72,22 @@ pub(crate) struct RunArgs {
     /// The question to answer about the context.
     #[arg(long, short = 'q')]
     pub(crate) query: String,
+
+    #[command(flatten)]
+    pub(crate) options: RunOptions,
+}
+
+/// Arguments of `rlm chat`.
+#[derive(Debug, Args)]
+pub(crate) struct ChatArgs {
+    /// Context file(s) or directory, loaded once. Several become `context_0 … context_n`.
+    #[arg(long = "context", short = 'c', value_name = "PATH", num_args = 1.., required = true)]
+    pub(crate) contexts: Vec<PathBuf>,
+
+    /// Characters of the summary of earlier questions and answers the root model sees with
+    /// each new question (the most recent that fit; 0 for none) [default: 4000].
+    #[arg(long, value_name = "CHARS")]
+    pub(crate) summary_chars: Option<usize>,
 
     #[command(flatten)]
     pub(crate) options: RunOptions,

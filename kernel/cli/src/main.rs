@@ -7,6 +7,7 @@
 //! second one quits at once).
 
 mod args;
+mod chat;
 mod demo;
 mod logging;
 mod mock_lm;
@@ -46,6 +47,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let file = run::load_config_file(cli.config.as_deref())?;
             let path = run::config_file_path(cli.config.as_deref());
             run::execute(*args, file, path.as_deref(), cli.verbose)
+        }
+        Command::Chat(args) => {
+            let file = run::load_config_file(cli.config.as_deref())?;
+            let path = run::config_file_path(cli.config.as_deref());
+            chat::execute(*args, file, path.as_deref(), cli.verbose)
         }
         Command::Demo(args) => {
             let file = run::load_config_file(cli.config.as_deref())?;

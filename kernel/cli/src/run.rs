@@ -17,8 +17,8 @@ use bridge::{Budget, EndpointConfig, Endpoints, Ledger, Price, Provider, Samplin
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernel::repl::{ContextSource, ReplSession, SessionConfig};
 use kernel::rlm::{
-    CompletionRules, Phase, Progress, ProgressSnapshot, Rlm, RlmConfig, RlmResult, StopHandle,
-    TerminationReason, TrajectoryWriter,
+    CompletionRules, Phase, Progress, ProgressSnapshot, Rlm, RlmConfig, RlmError, RlmResult,
+    StopHandle, TerminationReason, TrajectoryWriter,
 };
 use serde::Deserialize;
 
@@ -394,8 +394,25 @@ pub(crate) fn run_loop(
     trajectory: Option<&Path>,
     display: Display,
 ) -> Result<RlmResult> {
-    let max_iterations = config.max_iterations;
     let mut rlm = Rlm::new(config, endpoints, session);
+    let observer = observe(&mut rlm, trajectory, display)?;
+    observer.run(|| rlm.run(query))
+}
+
+/// What watches a runner's runs: the trajectory, the trace, the progress line, Ctrl-C.
+pub(crate) struct Observer {
+    bar: ProgressBar,
+    show_bar: bool,
+    progress: Progress,
+    max_iterations: u32,
+}
+
+/// Adds the trajectory, trace and progress hooks to `rlm` and stops it on Ctrl-C.
+pub(crate) fn observe(
+    rlm: &mut Rlm,
+    trajectory: Option<&Path>,
+    display: Display,
+) -> Result<Observer> {
     if let Some(path) = trajectory {
         let writer = TrajectoryWriter::create(path).with_context(|| {
             format!("Could not create the trajectory file `{}`", path.display())
@@ -418,13 +435,31 @@ pub(crate) fn run_loop(
     let progress = Progress::new();
     rlm.add_hook(progress.hook());
     stop_on_ctrl_c(rlm.stop_handle());
-    let stop = show_bar.then(|| spawn_progress_bar(&bar, progress, max_iterations));
-    let result = rlm.run(query);
-    if let Some(stop) = stop {
-        stop.cancel();
-        bar.finish_and_clear();
+    Ok(Observer {
+        bar,
+        show_bar,
+        progress,
+        max_iterations: rlm.config().max_iterations,
+    })
+}
+
+impl Observer {
+    /// Runs `run` with the progress line drawn meanwhile.
+    pub(crate) fn run(
+        &self,
+        run: impl FnOnce() -> Result<RlmResult, RlmError>,
+    ) -> Result<RlmResult> {
+        let stop = self.show_bar.then(|| {
+            self.bar.reset();
+            spawn_progress_bar(&self.bar, self.progress.clone(), self.max_iterations)
+        });
+        let result = run();
+        if let Some(stop) = stop {
+            stop.cancel();
+            self.bar.finish_and_clear();
+        }
+        Ok(result?)
     }
-    Ok(result?)
 }
 
 /// The first Ctrl-C stops the run gracefully (best partial answer, closed trajectory); a

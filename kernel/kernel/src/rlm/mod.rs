@@ -14,6 +14,8 @@
 //!   iteration ([`IterationMetadata`], [`ExecutionMetadata`], capped block outputs, sub-calls).
 //! - What the model reads: [`Prompts`] (texts in `prompts/`, compiled in) and the feedback
 //!   message after each reply ([`format_feedback`]).
+//! - [`RlmChat`] asks follow-up questions in the same session (variables persist; the root
+//!   model sees a bounded summary of earlier questions and answers).
 //! - [`Hook`]s see every step and may amend or stop it; [`MetricsHook`], [`TrajectoryWriter`]
 //!   (JSONL) and [`ProgressHook`] are hooks.
 //!
@@ -67,6 +69,7 @@
 //! ```
 
 mod blocks;
+mod chat;
 mod checker;
 mod config;
 mod executor;
@@ -84,6 +87,7 @@ mod test_support;
 mod trajectory;
 
 pub use blocks::{BlockRun, CodeBlock, extract_code_blocks};
+pub use chat::{DEFAULT_SUMMARY_CHARS, Exchange, RlmChat};
 pub use checker::CompletionChecker;
 pub use config::RlmConfig;
 pub use executor::{CodeExecutor, ExecutedReply, ExecutionStop};

@@ -16,6 +16,7 @@ const FINISH_FINAL: &str = include_str!("../../../../prompts/finish_final.md");
 const FINISH_ANSWER: &str = include_str!("../../../../prompts/finish_answer.md");
 const CODE_AND_FINAL: &str = include_str!("../../../../prompts/code_and_final.md");
 const FIRST_MESSAGE: &str = include_str!("../../../../prompts/first_message.md");
+const FOLLOW_UP_MESSAGE: &str = include_str!("../../../../prompts/follow_up_message.md");
 const FEEDBACK_FOOTER: &str = include_str!("../../../../prompts/feedback_footer.md");
 const NO_CODE: &str = include_str!("../../../../prompts/no_code.md");
 const ANSWER_NOW: &str = include_str!("../../../../prompts/answer_now.md");
@@ -182,6 +183,26 @@ impl Prompts {
             FIRST_MESSAGE,
             &[
                 ("context_description", description.trim_end()),
+                ("query", query.trim()),
+                ("max_iterations", &self.max_iterations.to_string()),
+            ],
+        )
+    }
+
+    /// The first user message of a follow-up question: the context description, a summary of
+    /// the earlier questions asked in the same session, and the query.
+    pub fn follow_up_message(
+        &self,
+        contexts: &[ContextMetadata],
+        earlier: &str,
+        query: &str,
+    ) -> String {
+        let description = describe_contexts(contexts);
+        fill(
+            FOLLOW_UP_MESSAGE,
+            &[
+                ("context_description", description.trim_end()),
+                ("earlier", earlier.trim()),
                 ("query", query.trim()),
                 ("max_iterations", &self.max_iterations.to_string()),
             ],

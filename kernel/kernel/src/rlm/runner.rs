@@ -167,6 +167,16 @@ impl Rlm {
     /// Answers `query`: runs the loop to a final answer or a limit. Blocks the calling thread
     /// (root-model calls run on the kernel's shared runtime).
     pub fn run(&mut self, query: &str) -> Result<RlmResult, RlmError> {
+        self.run_with_earlier(query, None)
+    }
+
+    /// [`Rlm::run`] for a follow-up: the first message carries `earlier`, a summary of the
+    /// questions asked before in the same session ([`RlmChat`](super::RlmChat) writes it).
+    pub(crate) fn run_with_earlier(
+        &mut self,
+        query: &str,
+        earlier: Option<&str>,
+    ) -> Result<RlmResult, RlmError> {
         if tokio::runtime::Handle::try_current().is_ok() {
             return Err(RlmError::InsideRuntime);
         }
@@ -176,10 +186,11 @@ impl Rlm {
         let prompts = self.prompts();
         let contexts = self.session.contexts().to_vec();
         let system_prompt = prompts.system_prompt();
-        let conversation = Conversation::new(
-            system_prompt.clone(),
-            prompts.first_message(&contexts, query),
-        );
+        let first_message = match earlier {
+            Some(earlier) => prompts.follow_up_message(&contexts, earlier, query),
+            None => prompts.first_message(&contexts, query),
+        };
+        let conversation = Conversation::new(system_prompt.clone(), first_message);
         let endpoints = summarize(&self.endpoints);
         let started = Instant::now();
         let mut metrics = MetricsHook::new();

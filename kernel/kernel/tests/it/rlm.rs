@@ -9,7 +9,8 @@ use bridge::{Budget, EndpointConfig, Endpoints, Ledger, Price, RetryPolicy};
 use kernel::repl::{ContextSource, ReplSession, SessionConfig};
 use kernel::rlm::{
     BlockRun, CodeAndFinal, FinalKind, Hook, HookAction, ModelCall, Phase, Progress,
-    ProgressSnapshot, Protocol, Rlm, RlmConfig, RlmResult, TerminationReason, TrajectoryWriter,
+    ProgressSnapshot, Protocol, Rlm, RlmChat, RlmConfig, RlmResult, TerminationReason,
+    TrajectoryWriter,
 };
 use serde_json::{Value, json};
 
@@ -1267,4 +1268,72 @@ fn a_deadline_passing_as_the_block_starts_still_stops_it() {
     let result = rlm.run("q").expect("the run starts");
     assert_eq!(result.termination_reason, TerminationReason::Timeout);
     assert_eq!(first_block_error(&result), "CellCancelled");
+}
+
+/// A root model that makes `x` when it is missing and reads it when it is there.
+const MAKE_OR_USE_X: &str = "```repl\ntry:\n    print('x is', x + 1)\nexcept NameError:\n    x = 41\n    print('made x')\n```";
+
+fn chat_script() -> Value {
+    json!({"models": {"root": {
+        "rules": [
+            {"turn": 1, "last_user": "x is (\\d+)", "reply": "FINAL({{1}})"},
+            {"turn": 1, "last_user": "made x", "reply": "FINAL(made x)"}
+        ],
+        "replies": [MAKE_OR_USE_X]
+    }}})
+}
+
+#[test]
+fn a_chat_keeps_the_session_and_tells_the_model_what_came_before() {
+    let harness = Harness::new(Setup {
+        script: chat_script(),
+        ..Setup::default()
+    });
+    let sent = Sent::default();
+    let mut rlm = harness.rlm(config());
+    rlm.add_hook(sent.clone());
+    let mut chat = RlmChat::new(rlm);
+    let first = chat.ask("Make x.").expect("first question");
+    assert_eq!(first.answer.as_deref(), Some("made x"));
+    assert_eq!(
+        chat.summary(),
+        "1. Q: Make x.\n   A: made x\n   Variables: x"
+    );
+    let second = chat.ask("What is x + 1?").expect("second question");
+    assert_eq!(
+        second.answer.as_deref(),
+        Some("42"),
+        "x survived the first question"
+    );
+    assert_eq!(chat.exchanges().len(), 2);
+    assert_eq!(chat.exchanges()[1].variables_created, Vec::<String>::new());
+
+    let sent = sent.0.lock().expect("sent");
+    assert_eq!(sent.len(), 4, "two root calls per question");
+    assert!(!sent[0].contains("Earlier questions"), "{}", sent[0]);
+    let follow_up = &sent[2];
+    let from = follow_up
+        .find("# Earlier questions")
+        .expect("a summary section");
+    insta::assert_snapshot!(&follow_up[from..]);
+}
+
+#[test]
+fn the_chat_summary_keeps_the_latest_exchanges_within_its_bound() {
+    let harness = Harness::new(Setup {
+        script: chat_script(),
+        ..Setup::default()
+    });
+    let mut chat = RlmChat::new(harness.rlm(config())).with_summary_limit(70);
+    for question in ["Make x.", "Use x.", "Use x again."] {
+        chat.ask(question).expect("question");
+    }
+    let summary = chat.summary();
+    assert!(summary.chars().count() <= 70, "{summary}");
+    assert!(
+        summary.starts_with("(2 earlier question(s) not shown)\n3. Q: Use x again."),
+        "{summary}"
+    );
+    let none = RlmChat::new(harness.rlm(config())).with_summary_limit(0);
+    assert_eq!(none.summary(), "");
 }
