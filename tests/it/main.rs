@@ -10,6 +10,7 @@ mod chat;
 mod cli_errors;
 mod contexts;
 mod demo;
+mod dry_run;
 mod final_answers;
 mod limits;
 mod mock_lm;

@@ -29,22 +29,32 @@ fn mock_lm_serves_a_script_that_rlm_run_completes() {
         Command::new(env!("CARGO_BIN_EXE_rlm"))
             .args(["mock-lm", "--port", "0", "--latency-ms", "5", "--script"])
             .arg(&script)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
             .spawn()
             .expect("rlm mock-lm starts"),
     );
-    let stderr = server.0.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines().map_while(Result::ok);
-    let url = lines
-        .find_map(|line| {
-            line.split_once("OpenAI-compatible:")
-                .map(|(_, url)| url.trim().to_owned())
-        })
-        .expect("the server prints its URL");
-    // Keep reading what else it says, as a terminal would.
-    std::thread::spawn(move || lines.for_each(drop));
+    // The URLs, one a line on stdout: OpenAI-compatible, then Anthropic.
+    let stdout = server.0.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
+    let url = lines.next().expect("the server prints its OpenAI URL");
+    let anthropic = lines.next().expect("the server prints its Anthropic URL");
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    assert_eq!(url, format!("{anthropic}/v1"));
+    assert_ne!(
+        url, "http://127.0.0.1:0/v1",
+        "`--port 0` prints the port it got"
+    );
+
+    // `/v1/models` lists the script's models.
+    let models = http_get(&format!("{url}/models"));
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["root-model", "sub-model"]);
 
     let context = file(dir.path(), "c.txt", "text");
     let run = rlm(
@@ -89,4 +99,17 @@ fn mock_lm_rejects_a_bad_script_clearly() {
     );
     run.assert_code(1);
     assert!(run.stderr.contains("bad.json"), "{}", run.stderr);
+}
+
+/// `GET url` (plain HTTP/1.0 on 127.0.0.1), the body as JSON.
+fn http_get(url: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").expect("http URL");
+    let (host, path) = rest.split_once('/').expect("a path");
+    let mut stream = std::net::TcpStream::connect(host).expect("connect");
+    write!(stream, "GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let (_, body) = response.split_once("\r\n\r\n").expect("headers end");
+    serde_json::from_str(body).expect("JSON body")
 }

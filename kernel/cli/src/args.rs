@@ -41,12 +41,14 @@ pub(crate) struct Cli {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Answer a query over one or more contexts with the RLM loop.
+    #[command(allow_negative_numbers = true)]
     Run(Box<RunArgs>),
     /// Ask one question after another about contexts loaded once; each question runs in the
     /// same Python session, so variables made for one are there for the next.
     #[command(allow_negative_numbers = true)]
     Chat(Box<ChatArgs>),
     /// Run a complete RLM analysis on generated logs against scripted mock models (no API key needed).
+    #[command(allow_negative_numbers = true)]
     Demo(Box<DemoArgs>),
     /// Serve the mock LM server (OpenAI and Anthropic wire formats) on 127.0.0.1.
     MockLm(MockLmArgs),
@@ -72,6 +74,11 @@ pub(crate) struct RunArgs {
     /// The question to answer about the context.
     #[arg(long, short = 'q')]
     pub(crate) query: String,
+
+    /// Load the contexts and print the exact first request to the root model (system prompt,
+    /// context description, query), then stop: no model is called.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
 
     #[command(flatten)]
     pub(crate) options: RunOptions,

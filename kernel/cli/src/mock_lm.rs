@@ -34,7 +34,18 @@ pub(crate) async fn serve(args: MockLmArgs) -> Result<()> {
             args.port
         )
     })?;
-    // Written, not `eprintln!`ed: a server whose stderr was closed keeps serving.
+    // The URLs alone on stdout, one a line (OpenAI-compatible, then Anthropic), for scripts:
+    // `rlm mock-lm --port 0 | head -1`. Written, not `println!`ed: a server whose output was
+    // closed keeps serving.
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(
+        stdout,
+        "{}\n{}",
+        server.openai_base_url(),
+        server.anthropic_base_url()
+    );
+    let _ = stdout.flush();
+    drop(stdout);
     let _ = writeln!(
         std::io::stderr(),
         "mock LM server listening (scripted models, not a real language model)\n  \

@@ -609,6 +609,42 @@ pub(crate) fn report(result: &RlmResult, opts: &RunOptions) -> Result<RunOutcome
     Ok(outcome)
 }
 
+/// `--dry-run`: the first root-model request as it would be sent, on stdout.
+fn print_first_request(rlm: &Rlm, endpoints: &Endpoints, query: &str, json: bool) -> Result<()> {
+    let messages = rlm.first_messages(query);
+    let root = endpoints.get(&rlm.config().root_endpoint)?;
+    let endpoint = root.config();
+    let mut out = std::io::stdout().lock();
+    if json {
+        let request = serde_json::json!({
+            "dry_run": true,
+            "provider": endpoint.provider.to_string(),
+            "base_url": endpoint.base_url,
+            "model": endpoint.model,
+            "messages": messages,
+        });
+        serde_json::to_writer_pretty(&mut out, &request)?;
+        writeln!(out)?;
+    } else {
+        writeln!(
+            out,
+            "First request to `{}` at {} ({}):",
+            endpoint.model, endpoint.base_url, endpoint.provider
+        )?;
+        for message in &messages {
+            writeln!(
+                out,
+                "\n── {} ─────────────\n{}",
+                message.role.as_str(),
+                message.content.trim_end()
+            )?;
+        }
+    }
+    out.flush()?;
+    eprintln!("Dry run: no model was called.");
+    Ok(())
+}
+
 /// Whether any call of the run had a price (a cost of 0 then means free, not unknown).
 pub(crate) fn priced(result: &RlmResult) -> bool {
     result
@@ -652,6 +688,11 @@ pub(crate) fn execute(
         .collect();
     let session = ReplSession::new(session_config, Arc::clone(&endpoints), &sources)
         .context("Could not load the context")?;
+    if args.dry_run {
+        let rlm = Rlm::new(config, Arc::clone(&endpoints), Arc::new(session));
+        print_first_request(&rlm, &endpoints, &args.query, opts.json())?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let display = Display::choose(&opts, verbosity, Display::Progress);
     let result = run_loop(
         &args.query,

@@ -41,7 +41,7 @@ use super::metrics::MetricsHook;
 use super::prompts::Prompts;
 use crate::repl::{ContextMetadata, ReplSession};
 use bridge::{
-    BridgeError, BudgetLimit, CancellationToken, ChatRequest, Endpoints, SubCallMetadata,
+    BridgeError, BudgetLimit, CancellationToken, ChatRequest, Endpoints, Message, SubCallMetadata,
 };
 
 /// Errors that prevent a run from starting. Once a run started, every failure ends it with a
@@ -164,6 +164,23 @@ impl Rlm {
         )
     }
 
+    /// The messages the first root-model call of [`Rlm::run`] would send for `query`: the
+    /// system prompt and the first user message (context description and query). Sends nothing.
+    pub fn first_messages(&self, query: &str) -> Vec<Message> {
+        self.conversation(&self.prompts(), query, None)
+            .messages()
+            .to_vec()
+    }
+
+    fn conversation(&self, prompts: &Prompts, query: &str, earlier: Option<&str>) -> Conversation {
+        let contexts = self.session.contexts();
+        let first_message = match earlier {
+            Some(earlier) => prompts.follow_up_message(contexts, earlier, query),
+            None => prompts.first_message(contexts, query),
+        };
+        Conversation::new(prompts.system_prompt(), first_message)
+    }
+
     /// Answers `query`: runs the loop to a final answer or a limit. Blocks the calling thread
     /// (root-model calls run on the kernel's shared runtime).
     pub fn run(&mut self, query: &str) -> Result<RlmResult, RlmError> {
@@ -186,11 +203,7 @@ impl Rlm {
         let prompts = self.prompts();
         let contexts = self.session.contexts().to_vec();
         let system_prompt = prompts.system_prompt();
-        let first_message = match earlier {
-            Some(earlier) => prompts.follow_up_message(&contexts, earlier, query),
-            None => prompts.first_message(&contexts, query),
-        };
-        let conversation = Conversation::new(system_prompt.clone(), first_message);
+        let conversation = self.conversation(&prompts, query, earlier);
         let endpoints = summarize(&self.endpoints);
         let started = Instant::now();
         let mut metrics = MetricsHook::new();

@@ -1,0 +1,53 @@
+//! `rlm run --dry-run`: the exact first request, no model call.
+
+use crate::support::{Mock, file, redacted, script};
+
+#[test]
+fn dry_run_prints_the_first_request_and_calls_no_model() {
+    let mock = Mock::start(script(&["FINAL(never)"]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "c.txt", "four");
+    let context = context.to_str().expect("utf-8");
+    let run = mock.run(&["--context", context, "--query", "How long?", "--dry-run"]);
+    run.assert_code(0);
+    assert_eq!(run.stderr, "Dry run: no model was called.\n");
+    let user = run
+        .stdout
+        .split("── user ─────────────\n")
+        .nth(1)
+        .expect("a user message");
+    insta::assert_snapshot!(redacted(user));
+    assert!(
+        run.stdout.contains("── system ─────────────\n"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.starts_with(&format!(
+        "First request to `root-model` at {} (openai):",
+        mock.url()
+    )));
+
+    let json = mock.run(&[
+        "--context",
+        context,
+        "--query",
+        "How long?",
+        "--dry-run",
+        "--json",
+    ]);
+    json.assert_code(0);
+    let request = json.json();
+    assert_eq!(request["model"], "root-model");
+    assert_eq!(request["messages"][0]["role"], "system");
+    assert_eq!(request["messages"][1]["role"], "user");
+    assert_eq!(
+        redacted(
+            request["messages"][1]["content"]
+                .as_str()
+                .expect("text")
+                .trim_end()
+        ),
+        redacted(user.trim_end())
+    );
+    assert_eq!(mock.log().len(), 0, "no model was called");
+}
