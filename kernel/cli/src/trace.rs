@@ -12,8 +12,8 @@ use std::fmt::Write as _;
 use bridge::SubCallMetadata;
 use kernel::repl::ContextMetadata;
 use kernel::rlm::{
-    BlockRecord, BlockRun, EndpointSummary, Hook, HookAction, ModelCall, RlmResult, RunError,
-    RunInfo, SessionMetrics, TerminationReason, extract_code_blocks, truncate_middle,
+    BlockRecord, BlockRun, EndpointSummary, FinalKind, Hook, HookAction, ModelCall, RlmResult,
+    RunError, RunInfo, SessionMetrics, TerminationReason, extract_code_blocks, truncate_middle,
 };
 
 /// Characters of prose, code or output shown per part before the middle is elided.
@@ -153,7 +153,7 @@ pub(crate) fn block(record: &BlockRecord, sub_calls: &[SubCallMetadata]) -> Stri
     }
     match record.final_answer {
         Some(kind) => {
-            let _ = writeln!(out, "  └ final answer set ({})", kind.spelling());
+            let _ = writeln!(out, "  └ final answer set ({})", convention(kind));
         }
         None => out.push_str("  └\n"),
     }
@@ -250,6 +250,18 @@ pub(crate) fn describe(reason: TerminationReason) -> &'static str {
         TerminationReason::KernelError => "failed: the Python session broke",
         TerminationReason::StoppedByHook => "failed: the trajectory could not be written",
         TerminationReason::Interrupted => "interrupted (Ctrl-C)",
+    }
+}
+
+/// How a model writes a final-answer convention, for messages.
+pub(crate) fn convention(kind: FinalKind) -> &'static str {
+    match kind {
+        FinalKind::AnswerDict => "`answer[\"ready\"] = True`",
+        FinalKind::FinalVar => "`FINAL_VAR(...)` in code",
+        FinalKind::FinalVarLine => "a `FINAL_VAR(name)` line",
+        FinalKind::FinalLine => "a `FINAL(...)` line",
+        FinalKind::AnswerNow => "the answer-now reply",
+        FinalKind::Hook => "a hook",
     }
 }
 
