@@ -55,7 +55,7 @@ impl SessionState {
         let ledger_start = self.bridge.endpoints().ledger().next_call_index();
         let globals = self.globals.bind(py).clone();
 
-        let (error, timed_out) =
+        let (error, interrupt) =
             self.run_block(py, code, &filename, &globals, stdout.get(), stop)?;
         if let Some(error) = &error {
             stderr.get().push(&error.traceback);
@@ -72,6 +72,10 @@ impl SessionState {
             .map_err(fail)?;
         let final_answers = recorded_finals(&session).map_err(fail)?;
         scope.end().map_err(fail)?;
+        // The processes the block started join the session's; an interrupted block's stop.
+        session
+            .call_method1("settle_processes", (interrupt.is_some(),))
+            .map_err(fail)?;
 
         let variables = self.variables(py)?;
         let new_variables = self
@@ -88,7 +92,7 @@ impl SessionState {
             stdout_omitted_chars: out.omitted_chars,
             stderr_omitted_chars: err.omitted_chars,
             error,
-            timed_out,
+            timed_out: interrupt == Some(InterruptReason::Timeout),
             duration: started.elapsed(),
             sub_calls: self.bridge.endpoints().ledger().records_since(ledger_start),
             llm_query_calls,
@@ -100,7 +104,7 @@ impl SessionState {
     }
 
     /// Compiles and runs `code` under the watchdog; returns the error the block raised (or
-    /// the interrupt that stopped it) and whether it timed out.
+    /// the interrupt that stopped it) and the reason it was interrupted, if it was.
     fn run_block(
         &mut self,
         py: Python<'_>,
@@ -109,11 +113,12 @@ impl SessionState {
         globals: &Bound<'_, PyDict>,
         stdout: &OutputCapture,
         stop: Option<CancellationToken>,
-    ) -> Result<(Option<ExecError>, bool), ReplError> {
+    ) -> Result<(Option<ExecError>, Option<InterruptReason>), ReplError> {
         let fail = |e: PyErr| ReplError::internal("running a block", e);
         let support = interpreter(py)?.support(py);
-        let compiled = match support.call_method1("compile_block", (code, filename)) {
-            Err(e) => return Ok((Some(self.describe(py, e, filename, None)?), false)),
+        let session = self.py_session.bind(py);
+        let compiled = match support.call_method1("compile_block", (session, code, filename)) {
+            Err(e) => return Ok((Some(self.describe(py, e, filename, None)?), None)),
             Ok(compiled) => compiled,
         };
         let (body, expr): (Bound<'_, PyCode>, Option<Bound<'_, PyCode>>) =
@@ -133,11 +138,14 @@ impl SessionState {
             },
         );
         let outcome = run_user_code(&body, expr.as_ref(), globals, stdout);
+        if std::process::id() != self.pid {
+            exit_forked_child(py, outcome);
+        }
         let fired = self.watchdog.disarm(py);
         let Some(reason) = fired else {
             return match outcome {
-                Err(e) => Ok((Some(self.describe(py, e, filename, None)?), false)),
-                Ok(()) => Ok((None, false)),
+                Err(e) => Ok((Some(self.describe(py, e, filename, None)?), None)),
+                Ok(()) => Ok((None, None)),
             };
         };
         let (type_name, message) = interrupt_text(reason, self.config.cell_timeout);
@@ -151,7 +159,7 @@ impl SessionState {
             },
         };
         described.type_name = type_name;
-        Ok((Some(described), reason == InterruptReason::Timeout))
+        Ok((Some(described), Some(reason)))
     }
 
     /// Puts back reserved names the block rebound or deleted, with a note on its stderr.
@@ -225,6 +233,24 @@ impl SessionState {
             line,
         })
     }
+}
+
+/// A forked child's copy of a block has ended (`outcome`): the child exits at once with the
+/// status Python's own exit would give it, never returning into the runtime, whose threads,
+/// channels and sockets belong to the parent. `_exit` runs no exit handlers and flushes no
+/// buffers, so nothing of the child reaches the parent's terminal or trajectory.
+fn exit_forked_child(py: Python<'_>, outcome: PyResult<()>) -> ! {
+    let error = outcome.err().map(|e| e.into_value(py));
+    let status = interpreter(py)
+        .and_then(|i| {
+            i.support(py)
+                .call_method1("forked_child_status", (error,))
+                .and_then(|s| s.extract::<i32>())
+                .map_err(|e| ReplError::internal("ending a forked child", e))
+        })
+        .unwrap_or(1);
+    // SAFETY: `_exit` ends the process without touching any state of it.
+    unsafe { libc::_exit(status) }
 }
 
 /// The user's code: the body, then the final bare expression whose repr is shown.

@@ -1,5 +1,6 @@
 //! The process-wide embedded interpreter: initialised once, patched once (routed stdio, no
-//! stdin, interruptible `time.sleep`), shared by every session through the GIL.
+//! stdin, interruptible `time.sleep`, spawn workers that find the session modules), shared
+//! by every session through the GIL.
 //!
 //! The support module is set up under a [`PyOnceLock`], never a plain `OnceLock`: its
 //! initialiser runs Python code, so it holds the GIL, and a second thread that holds the GIL
@@ -7,6 +8,7 @@
 //! first would deadlock. `PyOnceLock` releases the GIL while it waits.
 
 use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -23,8 +25,15 @@ pub(crate) struct Interpreter {
 
 static INTERPRETER: PyOnceLock<Result<Interpreter, String>> = PyOnceLock::new();
 
+/// Whether the kernel started CPython (the `rlm` binary) rather than a host that embeds it.
+static OWNS_INTERPRETER: AtomicBool = AtomicBool::new(false);
+
 /// Starts CPython if this process does not run it yet, and sets up the support module.
 pub(crate) fn start() -> Result<&'static Interpreter, ReplError> {
+    // SAFETY: `Py_IsInitialized` may be called at any time, even before initialisation.
+    if unsafe { pyo3::ffi::Py_IsInitialized() } == 0 {
+        OWNS_INTERPRETER.store(true, Ordering::Relaxed);
+    }
     Python::initialize();
     Python::attach(interpreter)
 }
@@ -48,7 +57,7 @@ fn init(py: Python<'_>) -> Result<Interpreter, String> {
         .and_then(|m| m.set_item("_rlm_kernel", &support))
         .map_err(|e| e.to_string())?;
     support
-        .call_method1("install", (sys,))
+        .call_method1("install", (sys, OWNS_INTERPRETER.load(Ordering::Relaxed)))
         .map_err(|e| format!("patching the interpreter failed: {e}"))?;
     Ok(Interpreter {
         support: support.unbind(),

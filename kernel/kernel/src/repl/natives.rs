@@ -72,6 +72,8 @@ pub(crate) struct SubModelBridge {
     llm_query_calls: AtomicU32,
     llm_query_batched_calls: AtomicU32,
     error_class: Py<PyAny>,
+    /// The process whose runtime serves the calls: a forked child has none.
+    pid: u32,
 }
 
 impl SubModelBridge {
@@ -94,6 +96,7 @@ impl SubModelBridge {
             llm_query_calls: AtomicU32::new(0),
             llm_query_batched_calls: AtomicU32::new(0),
             error_class,
+            pid: std::process::id(),
         }
     }
 
@@ -134,6 +137,21 @@ impl SubModelBridge {
 
     fn endpoint_name(&self, model: Option<String>) -> String {
         model.unwrap_or_else(|| self.default_endpoint.clone())
+    }
+
+    /// In a forked child the runtime's threads do not exist: a call would wait forever.
+    fn refuse_in_forked_child(&self, py: Python<'_>, function: &str) -> PyResult<()> {
+        if std::process::id() == self.pid {
+            return Ok(());
+        }
+        Err(self.error(
+            py,
+            format!(
+                "{function}() cannot run in a forked child process: sub-model calls belong to the REPL's own process. Call it there and hand the results to the workers (llm_query_batched runs many calls in parallel)"
+            ),
+            "forked_child",
+            None,
+        ))
     }
 
     fn failure(&self, py: Python<'_>, err: &BridgeError) -> PyResult<String> {
@@ -202,6 +220,7 @@ impl LlmQuery {
         prompt: &Bound<'_, PyAny>,
         model: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<String> {
+        self.bridge.refuse_in_forked_child(py, "llm_query")?;
         let prompt = extract_prompt(prompt, || "llm_query() `prompt`".to_owned())?;
         let model = extract_model(model, "llm_query")?;
         let bridge = &self.bridge;
@@ -247,6 +266,8 @@ impl LlmQueryBatched {
         prompts: &Bound<'py, PyAny>,
         model: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
+        self.bridge
+            .refuse_in_forked_child(py, "llm_query_batched")?;
         if prompts.is_instance_of::<PyString>() {
             return Err(PyTypeError::new_err(
                 "llm_query_batched() `prompts` must be a list of str, not a single str; use llm_query() for one prompt",

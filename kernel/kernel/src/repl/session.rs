@@ -106,6 +106,9 @@ pub struct ReplSession {
     cancel: CancellationToken,
     closed: CancellationToken,
     watchdog: Arc<Watchdog>,
+    /// The support module's `Session`: what [`ReplSession::end_processes`] reaches without
+    /// the session thread, which may be stuck in a block.
+    py_session: Py<PyAny>,
     thread: Option<JoinHandle<()>>,
     thread_done: Mutex<Receiver<()>>,
 }
@@ -151,8 +154,8 @@ impl ReplSession {
                 message: format!("cannot start the session thread: {e}"),
             })?;
         // The session thread always answers or exits (dropping the sender).
-        let contexts = match without_gil(move || ready_rx.recv()) {
-            Ok(Ok(contexts)) => contexts,
+        let (contexts, py_session) = match without_gil(move || ready_rx.recv()) {
+            Ok(Ok(started)) => started,
             Ok(Err(e)) => {
                 let _ = without_gil(move || thread.join());
                 return Err(e);
@@ -190,6 +193,7 @@ impl ReplSession {
             cancel,
             closed,
             watchdog,
+            py_session,
             thread: Some(thread),
             thread_done: Mutex::new(thread_done),
         })
@@ -264,6 +268,20 @@ impl ReplSession {
         self.watchdog.interrupt_running()
     }
 
+    /// Terminates the processes the session's blocks started that still run — pool workers,
+    /// forked children, subprocesses and their descendants (see the [module docs](super)).
+    /// The loop calls it when a run ends; dropping the session does too. It does not wait
+    /// for the session thread, so it works while a block is stuck.
+    pub fn end_processes(&self) -> Result<(), ReplError> {
+        Python::attach(|py| {
+            self.py_session
+                .bind(py)
+                .call_method0("terminate_processes")
+                .map(drop)
+                .map_err(|e| ReplError::internal("terminating the session's processes", e))
+        })
+    }
+
     /// The session's configuration.
     pub fn config(&self) -> &SessionConfig {
         &self.config
@@ -301,6 +319,9 @@ impl ReplSession {
 
 impl Drop for ReplSession {
     fn drop(&mut self) {
+        if let Err(e) = self.end_processes() {
+            tracing::warn!("could not end a closing session's processes: {e}");
+        }
         self.closed.cancel();
         self.watchdog.shutdown();
         let _ = self.jobs.send(Job::Shutdown);
@@ -343,12 +364,12 @@ struct SessionInit {
 fn session_thread(
     init: SessionInit,
     jobs: Receiver<Job>,
-    ready: Sender<Result<Vec<ContextMetadata>, ReplError>>,
+    ready: Sender<Result<(Vec<ContextMetadata>, Py<PyAny>), ReplError>>,
 ) {
     Python::attach(|py| {
         let mut state = match SessionState::create(py, init) {
             Ok((state, contexts)) => {
-                let _ = ready.send(Ok(contexts));
+                let _ = ready.send(Ok((contexts, state.py_session.clone_ref(py))));
                 state
             }
             Err(e) => {
@@ -397,6 +418,9 @@ pub(crate) struct SessionState {
     pub(crate) bridge: Arc<SubModelBridge>,
     pub(crate) watchdog: Arc<Watchdog>,
     pub(crate) thread_id: std::os::raw::c_long,
+    /// The process the session lives in: a block that finds itself elsewhere runs in a
+    /// forked child (see `SessionState::exec`).
+    pub(crate) pid: u32,
     pub(crate) blocks: u64,
     /// User code run outside blocks under the watchdog (see `SessionState::guarded`).
     pub(crate) guards: u64,
@@ -409,15 +433,13 @@ impl SessionState {
     ) -> Result<(Self, Vec<ContextMetadata>), ReplError> {
         let support = interpreter(py)?.support(py);
         let fail = |e: PyErr| ReplError::internal("creating a session", e);
-        let globals = PyDict::new(py);
-        globals
-            .set_item("__name__", "__main__")
-            .and_then(|()| globals.set_item("__builtins__", py.import("builtins")?))
-            .and_then(|()| globals.set_item("__doc__", py.None()))
-            .map_err(fail)?;
         let py_session = support
             .getattr("Session")
-            .and_then(|c| c.call1((init.id, &globals)))
+            .and_then(|c| c.call1((init.id,)))
+            .map_err(fail)?;
+        let globals = py_session
+            .getattr("globals")
+            .and_then(|g| Ok(g.cast_into::<PyDict>()?))
             .map_err(fail)?;
         support
             .call_method1("bind_thread", (&py_session,))
@@ -499,6 +521,7 @@ impl SessionState {
             bridge,
             watchdog: init.watchdog,
             thread_id,
+            pid: std::process::id(),
             blocks: 0,
             guards: 0,
         };
@@ -576,8 +599,10 @@ impl SessionState {
     }
 
     fn close(self, py: Python<'_>) {
-        let globals = self.globals.bind(py);
-        globals.clear();
+        if let Err(e) = self.py_session.bind(py).call_method0("close") {
+            tracing::warn!("could not close a session's module and processes: {e}");
+            self.globals.bind(py).clear();
+        }
         if let Ok(support) = interpreter(py).map(|i| i.support(py)) {
             let _ = support.call_method1("unbind_thread", (self.block_filename_prefix(),));
         }

@@ -5,21 +5,30 @@ from this file are filtered out of user tracebacks. It holds what is easier to s
 than through the C API: per-thread routing of `sys.stdout`/`sys.stderr` to the capture of
 the session that owns the thread, the interruptible `time.sleep`, cell compilation with
 IPython-style display of a final bare expression, traceback formatting, the `answer` dict,
-`FINAL_VAR`, `SHOW_VARS` and variable summaries. Cell execution itself, the watchdog and the
-sub-model natives live in Rust.
+`FINAL_VAR`, `SHOW_VARS` and variable summaries, the session module that makes the
+namespace picklable, and the bookkeeping of the processes a session's code starts. Cell
+execution itself, the watchdog and the sub-model natives live in Rust.
 """
 
 import ast
+import builtins
 import gc
 import io
 import itertools
 import json
 import linecache
+import multiprocessing.spawn
+import os
+import pickle
 import reprlib
+import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
+import types
+import weakref
 
 SUPPORT_FILE = "<rlm-kernel>"
 
@@ -73,12 +82,18 @@ class Session:
         "stop",
         "finals",
         "globals",
+        "module",
+        "name",
+        "definitions",
+        "processes",
+        "pool_processes",
+        "block_children",
         "killing",
         "thread_ident",
         "__weakref__",
     )
 
-    def __init__(self, sid, globals_):
+    def __init__(self, sid):
         self.sid = sid
         self.killing = None  # the interrupt class while a block is being stopped
         self.thread_ident = None  # the session thread
@@ -88,17 +103,77 @@ class Session:
         # Final answers recorded during the current block, one per convention, in the
         # order first recorded: {"answer": text, "final_var": text}.
         self.finals = {}
-        self.globals = globals_
+        # The namespace is the dict of a real module registered in `sys.modules` under its
+        # own name (never `__main__`: an embedding host keeps its own), so what a block
+        # defines pickles by reference, as from a script's `__main__`.
+        self.name = session_module_name(sid)
+        self.module = types.ModuleType(self.name)
+        self.module.__builtins__ = builtins
+        self.globals = self.module.__dict__
+        sys.modules[self.name] = self.module
+        # (block filename, first line, source) of every top-level import, function, class
+        # and named lambda, in order: what a spawn worker re-creates (see `_replay`).
+        self.definitions = []
+        # Processes the session's blocks started: {pid: start time} of direct children,
+        # and multiprocessing's own Process objects (also grandchildren, e.g. forkserver).
+        self.processes = {}
+        self.pool_processes = []
+        self.block_children = None
+        _SESSIONS.add(self)
 
     def begin_block(self, stdout, stderr):
         self.stdout = stdout
         self.stderr = stderr
         self.stop = threading.Event()
         self.finals = {}
+        self.block_children = (_direct_children(), set(_mp_children()))
 
     def end_block(self):
         self.stdout = None
         self.stderr = None
+
+    def settle_processes(self, interrupted):
+        """After a block: the processes it started and that still run belong to the session;
+        those of an interrupted block are terminated with it."""
+        if self.block_children is None:
+            return
+        children, pool = self.block_children
+        self.block_children = None
+        started = {
+            pid: since
+            for pid in _direct_children() - children
+            if (since := _start_time(pid)) is not None
+        }
+        started_pool = [p for p in _mp_children() if p not in pool]
+        if interrupted:
+            _terminate(started, started_pool)
+        else:
+            self.processes.update(started)
+            self.pool_processes.extend(started_pool)
+
+    def terminate_processes(self):
+        """Terminate every process the session's blocks started that still runs."""
+        processes, pool = self.processes, self.pool_processes
+        self.processes, self.pool_processes = {}, []
+        _terminate(processes, pool)
+
+    def close(self):
+        self.terminate_processes()
+        self.globals.clear()
+        # Now, not at an interpreter exit that an embedding may never run: multiprocessing's
+        # semaphores of the session's pools are released (else the resource tracker warns).
+        gc.collect()
+        _SESSIONS.discard(self)
+        if sys.modules.get(self.name) is self.module:
+            del sys.modules[self.name]
+        _remove_session_module(self.name)
+
+
+_SESSIONS = weakref.WeakSet()
+
+
+def session_module_name(sid):
+    return f"__rlm_session_{sid}__"
 
 
 def _current_session():
@@ -242,8 +317,19 @@ def _interruptible_sleep(secs):
     return None
 
 
-def install(sys_module):
-    """Patch the interpreter once: routed stdio, no stdin, interruptible sleep."""
+def install(sys_module, owns_interpreter):
+    """Patch the interpreter once: routed stdio, no stdin, interruptible sleep, spawn workers
+    that can import the session modules.
+
+    `owns_interpreter`: the kernel initialised the interpreter (the `rlm` binary), so
+    `sys.executable` is only a guess from `PATH`; spawn workers must run the Python whose
+    library is embedded."""
+    if owns_interpreter:
+        python = os.path.join(sys_module.base_exec_prefix, "bin", "python%d.%d" % sys_module.version_info[:2])
+        if os.access(python, os.X_OK):
+            sys_module.executable = python
+            multiprocessing.spawn.set_executable(python)
+    multiprocessing.spawn.get_preparation_data = _preparation_data
     sys_module.stdout = _RoutedStream("stdout", sys_module.__stdout__)
     sys_module.stderr = _RoutedStream("stderr", sys_module.__stderr__)
     sys_module.stdin = _NoInput()
@@ -254,22 +340,397 @@ def install(sys_module):
 # --- compiling a block ---------------------------------------------------------------
 
 
-def compile_block(source, filename):
+def compile_block(session, source, filename):
     """Compile a block; returns (body_code, last_expression_code_or_None).
 
     Like IPython: if the last statement is a bare expression, it is compiled separately in
-    `eval` mode so that its value can be shown (repr, unless None)."""
+    `eval` mode so that its value can be shown (repr, unless None). A block is the main
+    program: `__name__ == "__main__"` holds in it, though `__name__` names the session
+    module. A top-level `name = lambda ...` becomes `def name(...)`, so it pickles by name.
+    The block's definitions are recorded for spawn workers."""
     lines = source.splitlines(True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
     linecache.cache[filename] = (len(source), None, lines, filename)
     tree = ast.parse(source, filename, "exec")
+    _record_definitions(session, tree, lines, filename)
+    tree = _MainGuard().visit(tree)
+    tree.body = [_named_lambda(node) for node in tree.body]
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
     body = compile(tree, filename, "exec", dont_inherit=True)
     expr = compile(last, filename, "eval", dont_inherit=True) if last is not None else None
     return body, expr
+
+
+_DEFINITIONS = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _is_named_lambda(node):
+    return (
+        isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+        and isinstance(node.value, ast.Lambda)
+    )
+
+
+def _record_definitions(session, tree, lines, filename):
+    for node in tree.body:
+        if isinstance(node, _DEFINITIONS) or _is_named_lambda(node):
+            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", ())])
+            text = "".join(lines[first - 1 : node.end_lineno])
+            session.definitions.append((filename, first, text))
+
+
+def _named_lambda(node):
+    if not _is_named_lambda(node):
+        return node
+    function = ast.FunctionDef(
+        name=node.targets[0].id,
+        args=node.value.args,
+        body=[ast.copy_location(ast.Return(node.value.body), node.value.body)],
+        decorator_list=[],
+        returns=None,
+        type_comment=None,
+    )
+    return ast.copy_location(function, node)
+
+
+class _MainGuard(ast.NodeTransformer):
+    """`__name__ == "__main__"` (either way round, `==` or `!=`) compares the constant."""
+
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        if len(node.ops) != 1 or not isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
+            return node
+        sides = [node.left, node.comparators[0]]
+        names = [isinstance(x, ast.Name) and x.id == "__name__" for x in sides]
+        mains = [isinstance(x, ast.Constant) and x.value == "__main__" for x in sides]
+        if names[0] and mains[1]:
+            node.left = ast.copy_location(ast.Constant("__main__"), node.left)
+        elif mains[0] and names[1]:
+            node.comparators[0] = ast.copy_location(ast.Constant("__main__"), sides[1])
+        return node
+
+
+# --- spawn and forkserver workers ----------------------------------------------------
+
+# A worker started by `spawn` or `forkserver` is a fresh interpreter: to unpickle a function
+# by reference it imports the session module by name. The kernel writes, when a worker
+# starts, one file per session into a private directory that is on the worker's `sys.path`
+# (never the parent's); the file re-creates the session's imports, functions, classes and
+# named lambdas from their source, the way spawn re-imports a script's `__main__`, then the
+# other globals those functions and classes name (constants, tables, compiled patterns),
+# copied by value when they pickle within `_VALUE_LIMIT` bytes. Bigger data (a whole
+# context) is not copied: a worker gets it as arguments.
+
+_VALUE_LIMIT = 1 << 20
+
+_spawn_dir = None
+
+_REPLAY = '''"""Definitions of rlm REPL session {sid}, re-created in a spawn or forkserver worker."""
+
+
+def _rlm_replay(definitions, namespace):
+    import os
+
+    # Like a forked child, a worker never writes to the run's terminal or stdout.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    for filename, line, source in definitions:
+        try:
+            exec(compile("\\n" * (line - 1) + source, filename, "exec"), namespace)
+        except Exception:
+            pass
+
+
+_rlm_replay({definitions!r}, globals())
+del _rlm_replay
+
+def _rlm_values(values, namespace):
+    import pickle
+
+    for name, value in values:
+        try:
+            namespace[name] = pickle.loads(value)
+        except Exception:
+            pass
+
+
+_rlm_values({values!r}, globals())
+del _rlm_values
+'''
+
+
+def _global_names(code):
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _referenced_values(session):
+    """(name, pickled value) of the globals the session's functions and classes name that
+    are data (not functions, classes or modules) and pickle small enough."""
+    namespace = session.globals
+    names = set()
+    for value in list(namespace.values()):
+        code = getattr(value, "__code__", None)
+        if isinstance(code, types.CodeType) and getattr(value, "__module__", None) == session.name:
+            names |= _global_names(code)
+        elif isinstance(value, type) and value.__module__ == session.name:
+            for member in vars(value).values():
+                member = getattr(member, "__func__", member)
+                if isinstance(getattr(member, "__code__", None), types.CodeType):
+                    names |= _global_names(member.__code__)
+    values = []
+    for name in sorted(n for n in names if isinstance(n, str) and n in namespace):
+        value = namespace[name]
+        if callable(value) or isinstance(value, types.ModuleType):
+            continue
+        try:
+            data = pickle.dumps(value)
+        except Exception:
+            continue
+        if len(data) <= _VALUE_LIMIT:
+            values.append((name, data))
+    return values
+
+
+def _write_session_modules():
+    global _spawn_dir
+    sessions = [s for s in list(_SESSIONS) if s.definitions]
+    if not sessions:
+        return _spawn_dir
+    if _spawn_dir is None:
+        _spawn_dir = tempfile.mkdtemp(prefix="rlm-sessions-")
+        # A file where `__pycache__` would go: a rewritten module is never read from a stale
+        # bytecode cache (its mtime and size may not change).
+        open(os.path.join(_spawn_dir, "__pycache__"), "w").close()
+    for session in sessions:
+        name = session.name
+        text = _REPLAY.format(
+            sid=session.sid,
+            definitions=list(session.definitions),
+            values=_referenced_values(session),
+        )
+        path = os.path.join(_spawn_dir, name + ".py")
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    return _spawn_dir
+
+
+def _remove_session_module(name):
+    """Delete a closed session's module file, and the directory with the last one."""
+    global _spawn_dir
+    if _spawn_dir is None:
+        return
+    leftovers = [name + ".py"] + ([] if _SESSIONS else ["__pycache__"])
+    for leftover in leftovers:
+        try:
+            os.unlink(os.path.join(_spawn_dir, leftover))
+        except OSError:
+            pass
+    if not _SESSIONS:
+        try:
+            os.rmdir(_spawn_dir)
+        except OSError:
+            pass
+        _spawn_dir = None
+
+
+_original_preparation_data = multiprocessing.spawn.get_preparation_data
+
+
+def _preparation_data(name):
+    data = _original_preparation_data(name)
+    directory = _write_session_modules()
+    if directory is not None:
+        data["sys_path"] = list(data.get("sys_path", sys.path)) + [directory]
+    return data
+
+
+# --- processes the session's code starts ---------------------------------------------
+
+
+def _direct_children():
+    """Pids of this process's children (Linux `/proc`; elsewhere none are seen and only
+    multiprocessing's own processes are tracked)."""
+    pids = set()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return pids
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+def _stat(pid):
+    """(parent pid, start time, state) of a process, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2 :].split()
+    return int(fields[1]), int(fields[19]), fields[0]
+
+
+def _start_time(pid):
+    stat = _stat(pid)
+    return stat[1] if stat is not None else None
+
+
+def _mp_children():
+    """multiprocessing's live processes (pool workers of every start method)."""
+    if "multiprocessing" not in sys.modules:
+        return []
+    return sys.modules["multiprocessing"].active_children()
+
+
+def _mp_helpers():
+    """Pids of multiprocessing's long-lived helpers (forkserver, resource tracker): shared by
+    the whole interpreter, they are left alone and end with it."""
+    pids = set()
+    for module, attr, pid_attr in (
+        ("multiprocessing.forkserver", "_forkserver", "_forkserver_pid"),
+        ("multiprocessing.resource_tracker", "_resource_tracker", "_pid"),
+    ):
+        helper = getattr(sys.modules.get(module), attr, None)
+        pid = getattr(helper, pid_attr, None)
+        if pid is not None:
+            pids.add(pid)
+    return pids
+
+
+def _descendants(roots):
+    parents = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return set(roots)
+    for entry in entries:
+        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
+            parents.setdefault(stat[0], []).append(int(entry))
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(parents.get(pid, ()))
+    return found
+
+
+_TERMINATE_GRACE = 1.0
+
+
+def _terminate(processes, pool):
+    """Stop processes: multiprocessing's own through their pools and `Process` objects (so
+    they are reaped and a pool does not start replacements), the others (forks, subprocesses
+    and everything below them) with SIGTERM, then SIGKILL after a grace period."""
+    pool = [p for p in pool if _alive(p)]
+    for p in pool:
+        _terminate_owning_pool(p)
+    for p in pool:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + _TERMINATE_GRACE
+    for p in pool:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(_TERMINATE_GRACE)
+    skip = _mp_helpers() | {p.pid for p in pool}
+    mine = os.getpid()
+    # A pid is ours only while it is still our child started at the recorded time.
+    roots = [
+        pid
+        for pid, since in processes.items()
+        if pid not in skip and (stat := _stat(pid)) is not None and stat[:2] == (mine, since)
+    ]
+    targets = _descendants(roots) - skip
+    if not targets:
+        return
+    _signal_all(targets, signal.SIGTERM)
+    deadline = time.monotonic() + _TERMINATE_GRACE
+    while time.monotonic() < deadline:
+        _reap(roots)
+        if not any(_running(pid) for pid in targets):
+            return
+        _original_sleep(0.02)
+    _signal_all([pid for pid in targets if _running(pid)], signal.SIGKILL)
+    deadline = time.monotonic() + _TERMINATE_GRACE
+    while time.monotonic() < deadline and any(_running(pid) for pid in roots):
+        _original_sleep(0.02)
+    _reap(roots)
+
+
+def _alive(process):
+    try:
+        return process.is_alive()
+    except ValueError:  # closed by its owner: nothing left to stop
+        return False
+
+
+def _terminate_owning_pool(process):
+    # A `multiprocessing.Pool` replaces dead workers; its finalizer stops it for good.
+    registry = getattr(sys.modules.get("multiprocessing.util"), "_finalizer_registry", {})
+    for finalizer in list(registry.values()):
+        callback = getattr(finalizer, "_callback", None)
+        args = getattr(finalizer, "_args", ())
+        if getattr(callback, "__qualname__", "") == "Pool._terminate_pool" and len(args) > 3:
+            if any(worker is process for worker in args[3]):
+                finalizer()
+
+
+def _signal_all(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def _running(pid):
+    stat = _stat(pid)
+    return stat is not None and stat[2] not in ("Z", "X")
+
+
+def _reap(pids):
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except OSError:
+            pass
+
+
+# --- forked children -----------------------------------------------------------------
+
+
+def forked_child_status(exc):
+    """The exit status of a forked child whose copy of a block ended with `exc` (None: the
+    block finished), as Python's own exit would give it."""
+    if exc is None:
+        return 0
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code & 0xFF
+        return 1
+    return 1
 
 
 # --- exceptions ----------------------------------------------------------------------

@@ -22,7 +22,7 @@
 //! - a [`StopHandle`] from another thread, e.g. on Ctrl-C (`interrupted`): the root call in
 //!   flight is cancelled and a running block interrupted.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::blocks::{BlockRun, extract_code_blocks};
@@ -75,7 +75,9 @@ pub struct Rlm {
 #[derive(Debug, Clone)]
 pub struct StopHandle {
     stop: CancellationToken,
-    session: Arc<ReplSession>,
+    /// Weak: a handle kept by a signal handler must not keep the session (and the processes
+    /// its code started) alive after the run.
+    session: Weak<ReplSession>,
 }
 
 impl StopHandle {
@@ -85,7 +87,9 @@ impl StopHandle {
     /// end at once; the session keeps its state for a new runner.
     pub fn stop(&self) {
         self.stop.cancel();
-        self.session.interrupt();
+        if let Some(session) = self.session.upgrade() {
+            session.interrupt();
+        }
     }
 
     /// Whether [`stop`](Self::stop) was called.
@@ -122,7 +126,7 @@ impl Rlm {
     pub fn stop_handle(&self) -> StopHandle {
         StopHandle {
             stop: self.stop.clone(),
-            session: Arc::clone(&self.session),
+            session: Arc::downgrade(&self.session),
         }
     }
 
@@ -241,7 +245,12 @@ impl Rlm {
             HookAction::Replace(answer) => Ending::answer(answer, FinalKind::Hook),
             HookAction::Stop(reason) => run.hook_stop(reason),
         };
-        Ok(run.finish(ending, contexts, &mut hooks))
+        let result = run.finish(ending, contexts, &mut hooks);
+        // Processes the run's code started end with the run, however it ended.
+        if let Err(e) = self.session.end_processes() {
+            tracing::warn!("could not end the run's processes: {e}");
+        }
+        Ok(result)
     }
 }
 
