@@ -15,5 +15,6 @@ mod final_answers;
 mod limits;
 mod mock_lm;
 mod outputs;
+mod processes;
 mod run;
 mod trace;

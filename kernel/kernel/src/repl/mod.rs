@@ -41,6 +41,37 @@
 //! - `sys.stdin` is empty (`input()` raises `EOFError`); `sys.exit()`, `exit()` and
 //!   `KeyboardInterrupt` are reported as errors and the session goes on.
 //!
+//! # Processes
+//! - The namespace is the dict of a module registered in `sys.modules` as
+//!   `__rlm_session_N__` (N: [`ReplSession::id`]), never `__main__`, which stays the
+//!   embedding host's. Functions, classes and named lambdas (`f = lambda ...` at the top of a
+//!   block is compiled as `def f`) therefore pickle by reference, so `multiprocessing.Pool`
+//!   and `ProcessPoolExecutor` map them. A block is the main program: in it
+//!   `__name__ == "__main__"` holds, though `__name__` names the module.
+//! - `fork` workers inherit the module. A `spawn` or `forkserver` worker is a fresh
+//!   interpreter: the kernel writes a module file per session into a private temporary
+//!   directory on the worker's `sys.path` (never the parent's) when a worker starts; it
+//!   re-creates every block's top-level imports, functions, classes and named lambdas from
+//!   their source, then the data globals they name, copied by value up to 1 MiB each (a
+//!   whole context is not copied: pass data as arguments), as spawn re-imports a script's
+//!   `__main__`. When the kernel initialised the interpreter (the `rlm` binary),
+//!   `sys.executable` is set to the Python whose library is embedded, which spawn runs.
+//! - A forked child never returns into the runtime: when its copy of a block ends, it exits
+//!   at once (`_exit`) with status 0, 1 after an exception, or the code of `sys.exit(code)`;
+//!   its output goes to the copy of the block's capture and is lost, and it never touches
+//!   the parent's trajectory, sockets or terminal. `llm_query` in a forked child raises
+//!   `LlmQueryError` (kind `forked_child`): sub-model calls belong to the session's process.
+//!   Pool workers' prints are lost too (a spawn worker's go to `/dev/null` once it loads the
+//!   session module): workers return results.
+//! - Processes a block starts (direct children, seen on Linux in `/proc`, and
+//!   multiprocessing's own, such as forkserver workers) belong to the session. Those still
+//!   running are terminated — pools through their own `terminate`, the others and their
+//!   descendants with SIGTERM, then SIGKILL after 1 s — when the block is interrupted (cell
+//!   timeout, cancellation), when a run ends ([`ReplSession::end_processes`]) and when the
+//!   session closes. The host's own processes and multiprocessing's shared helpers
+//!   (forkserver, resource tracker) are left alone. Processes started between blocks by
+//!   threads a block left running are not tracked.
+//!
 //! # Limits of interruption
 //! A timeout stops pure-Python code, `time.sleep` and `llm_query`/`llm_query_batched` (also
 //! in threads the block started, e.g. a `ThreadPoolExecutor` mapping `llm_query`). Other

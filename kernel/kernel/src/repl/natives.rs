@@ -8,6 +8,8 @@
 //! block's cancellation token, which the watchdog cancels on a timeout and which is a child
 //! of the session token ([`ReplSession::cancel_token`](super::ReplSession::cancel_token)).
 //! Failures become `"Error: <reason>"` strings or `LlmQueryError`, per [`SubCallErrorMode`].
+//! In a forked child, whose copy of the runtime has no threads, a call raises `LlmQueryError`
+//! (kind `forked_child`) in either mode instead of waiting forever.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};

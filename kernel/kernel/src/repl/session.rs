@@ -361,10 +361,13 @@ struct SessionInit {
     watchdog: Arc<Watchdog>,
 }
 
+/// What a started session thread hands back: the loaded contexts and its `Session` object.
+type Started = (Vec<ContextMetadata>, Py<PyAny>);
+
 fn session_thread(
     init: SessionInit,
     jobs: Receiver<Job>,
-    ready: Sender<Result<(Vec<ContextMetadata>, Py<PyAny>), ReplError>>,
+    ready: Sender<Result<Started, ReplError>>,
 ) {
     Python::attach(|py| {
         let mut state = match SessionState::create(py, init) {

@@ -509,3 +509,48 @@ fn two_threads_racing_to_set_up_the_kernel_do_not_deadlock() {
     assert_eq!(mine.expect("runs"), "4\n");
     assert_eq!(other.expect("runs"), "2\n");
 }
+
+#[test]
+fn the_namespace_is_its_own_module_so_definitions_pickle_by_reference() {
+    let s = session();
+    ok(
+        &s,
+        "import pickle, sys\ndef f(x):\n    return x + 1\ng = lambda y: y * 2\nclass C:\n    pass",
+    );
+    let r = ok(
+        &s,
+        "same = [pickle.loads(pickle.dumps(o)) is o for o in (f, g, C, C())[:3]]\n\
+         own = sys.modules[__name__] is not sys.modules['__main__'] and __name__.startswith('__rlm_session_')\n\
+         guard = __name__ == '__main__'\n\
+         print(same, own, guard, g.__name__, g(4))",
+    );
+    assert_eq!(r.stdout, "[True, True, True] True True g 8\n");
+}
+
+/// Whether `pid` is a live process (a zombie has ended).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+        !matches!(state, Some(Some('Z' | 'X')))
+    })
+}
+
+#[test]
+fn end_processes_stops_what_blocks_started_and_nothing_else() {
+    let mut host = std::process::Command::new("sleep")
+        .arg("300")
+        .spawn()
+        .expect("sleep starts");
+    let s = session();
+    let r = ok(
+        &s,
+        "import subprocess\nsleeper = subprocess.Popen(['sleep', '300'])\nprint(sleeper.pid)",
+    );
+    let pid: u32 = r.stdout.trim().parse().expect("a pid");
+    assert!(running(pid));
+    s.end_processes().expect("ends");
+    assert!(!running(pid), "the block's subprocess still runs");
+    assert!(running(host.id()), "the host's own process was touched");
+    let _ = host.kill();
+    let _ = host.wait();
+}

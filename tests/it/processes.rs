@@ -1,0 +1,206 @@
+//! Model code that uses processes: pools over functions defined in earlier blocks, forked
+//! children that end with their block, and no process left behind when the run ends.
+
+use crate::support::{Mock, Run, file, repl, script};
+
+const DEFINITIONS: &str = "\
+OFFSET = 1
+def sq(x):
+    return x * x + OFFSET
+cube = lambda x: x ** 3
+class Box:
+    def __init__(self, v):
+        self.v = v
+def boxed(x):
+    return Box(x)";
+
+/// Maps `sq`, `cube` and `boxed` over a `Pool` and a `ProcessPoolExecutor` of each start
+/// method; `result` holds one line per method.
+const POOLS: &str = "\
+import multiprocessing as mp
+import concurrent.futures as cf
+lines = []
+if __name__ == '__main__':
+    for method in METHODS:
+        ctx = mp.get_context(method)
+        with ctx.Pool(2) as pool:
+            a = pool.map(sq, range(10))
+            c = pool.map(cube, range(4))
+            b = [box.v for box in pool.map(boxed, range(3))]
+        with cf.ProcessPoolExecutor(2, mp_context=ctx) as ex:
+            d = list(ex.map(sq, range(10)))
+        lines.append(f'{method}: {sum(a)} {c} {b} {sum(d)}')
+result = '; '.join(lines)";
+
+fn run_blocks(blocks: &[String], args: &[&str]) -> Run {
+    let mut replies: Vec<&str> = blocks.iter().map(String::as_str).collect();
+    replies.push("FINAL_VAR(result)");
+    let mock = Mock::start(script(&replies));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "ctx.txt", "some context");
+    let mut all = vec![
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "q",
+    ];
+    all.extend_from_slice(args);
+    mock.run(&all)
+}
+
+#[test]
+fn pools_map_functions_classes_and_lambdas_from_earlier_blocks() {
+    let pools = POOLS.replace("METHODS", "('fork', 'spawn', 'forkserver')");
+    let run = run_blocks(&[repl(DEFINITIONS), repl(&pools)], &[]);
+    run.assert_code(0);
+    let expected = ["fork", "spawn", "forkserver"]
+        .map(|m| format!("{m}: 295 [0, 1, 8, 27] [0, 1, 2] 295"))
+        .join("; ");
+    assert_eq!(run.last_line(), expected, "stderr:\n{}", run.stderr);
+    // Workers never write to the run's stdout or stderr.
+    assert_eq!(run.stdout.trim(), expected);
+    assert!(!run.stderr.contains("Traceback"), "{}", run.stderr);
+}
+
+#[test]
+fn a_forked_child_ends_with_its_copy_of_the_block_and_its_status() {
+    let code = "\
+import os, sys
+statuses = []
+for how in ('finish', 'raise', 'exit 3'):
+    pid = os.fork()
+    if pid == 0:
+        print('the child writes nowhere')
+        if how == 'raise':
+            raise ValueError('in the child')
+        if how == 'exit 3':
+            sys.exit(3)
+        break
+    statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+result = ' '.join(map(str, statuses))";
+    let run = run_blocks(&[repl(code)], &["--cell-timeout", "20"]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "0 1 3");
+    assert!(!run.stdout.contains("the child writes nowhere"));
+    // A child that returned into the runtime would run the rest of the loop: one answer only.
+    assert_eq!(run.stdout.trim(), "0 1 3");
+}
+
+#[test]
+fn llm_query_in_a_forked_child_is_refused_not_hung() {
+    let code = "\
+import os
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    try:
+        llm_query('hello')
+        text = 'answered'
+    except LlmQueryError as e:
+        text = e.kind
+    os.write(w, text.encode())
+else:
+    os.close(w)
+    os.waitpid(pid, 0)
+    result = os.read(r, 100).decode()";
+    let run = run_blocks(&[repl(code)], &["--cell-timeout", "20"]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "forked_child");
+}
+
+/// Whether `pid` is a live process (a zombie has ended).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next());
+        !matches!(state, Some(Some('Z' | 'X')))
+    })
+}
+
+/// The pids a block printed as `pids: 1 2 3` (in the trajectory's block output).
+fn printed_pids(trajectory: &std::path::Path) -> Vec<u32> {
+    let text = std::fs::read_to_string(trajectory).expect("trajectory");
+    let line = text
+        .split("pids: ")
+        .nth(1)
+        .and_then(|rest| rest.split("\\n").next())
+        .expect("the block printed its pids");
+    line.split_whitespace()
+        .map(|p| p.parse().expect("a pid"))
+        .collect()
+}
+
+#[test]
+fn no_process_the_run_started_outlives_it() {
+    // A bare fork whose child sleeps, a subprocess and a fork pool left open: all running
+    // when the run answers.
+    let code = "\
+import os, subprocess, time
+import multiprocessing as mp
+pool = mp.get_context('fork').Pool(2)
+sleeper = subprocess.Popen(['sleep', '300'])
+pid = os.fork()
+if pid == 0:
+    time.sleep(300)
+print('pids:', pid, sleeper.pid, *[p.pid for p in mp.active_children()])
+result = 'started'";
+    let mock = Mock::start(script(&[&repl(code), "FINAL_VAR(result)"]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "ctx.txt", "some context");
+    let trajectory = dir.path().join("t.jsonl");
+    let run = mock.run(&[
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "q",
+        "--trajectory",
+        trajectory.to_str().expect("utf-8"),
+    ]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "started");
+    let pids = printed_pids(&trajectory);
+    assert_eq!(pids.len(), 4, "{pids:?}");
+    let left: Vec<u32> = pids.into_iter().filter(|&p| running(p)).collect();
+    assert!(left.is_empty(), "still running after the run: {left:?}");
+}
+
+#[test]
+fn a_pool_left_open_at_a_cell_timeout_is_cleaned_up() {
+    let stuck = "\
+import multiprocessing as mp, os, time
+def spin(x):
+    while True:
+        pass
+pool = mp.get_context('fork').Pool(2)
+pending = pool.map_async(spin, range(2))
+workers = [p.pid for p in mp.active_children()]
+print('pids:', *workers)
+time.sleep(300)";
+    let check = "\
+def running(pid):
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            return f.read().rsplit(') ', 1)[1][0] not in 'ZX'
+    except OSError:
+        return False
+result = f'{sum(map(running, workers))} running, {len(mp.active_children())} children'";
+    let mock = Mock::start(script(&[&repl(stuck), &repl(check), "FINAL_VAR(result)"]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "ctx.txt", "some context");
+    let trajectory = dir.path().join("t.jsonl");
+    let run = mock.run(&[
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "q",
+        "--cell-timeout",
+        "2",
+        "--trajectory",
+        trajectory.to_str().expect("utf-8"),
+    ]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "0 running, 0 children");
+    let pids = printed_pids(&trajectory);
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    assert!(!pids.into_iter().any(running));
+}
