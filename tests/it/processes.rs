@@ -32,26 +32,32 @@ if __name__ == '__main__':
         lines.append(f'{method}: {sum(a)} {c} {b} {sum(d)}')
 result = '; '.join(lines)";
 
-fn run_blocks(blocks: &[String], args: &[&str]) -> Run {
+/// Runs `blocks`, then answers with `FINAL_VAR(result)`; returns the run and its trajectory.
+fn run_blocks(blocks: &[String], args: &[&str]) -> (Run, String) {
     let mut replies: Vec<&str> = blocks.iter().map(String::as_str).collect();
     replies.push("FINAL_VAR(result)");
     let mock = Mock::start(script(&replies));
     let dir = tempfile::tempdir().expect("tempdir");
     let context = file(dir.path(), "ctx.txt", "some context");
+    let trajectory = dir.path().join("t.jsonl");
     let mut all = vec![
         "--context",
         context.to_str().expect("utf-8"),
         "--query",
         "q",
+        "--trajectory",
+        trajectory.to_str().expect("utf-8"),
     ];
     all.extend_from_slice(args);
-    mock.run(&all)
+    let run = mock.run(&all);
+    let text = std::fs::read_to_string(&trajectory).unwrap_or_default();
+    (run, text)
 }
 
 #[test]
 fn pools_map_functions_classes_and_lambdas_from_earlier_blocks() {
     let pools = POOLS.replace("METHODS", "('fork', 'spawn', 'forkserver')");
-    let run = run_blocks(&[repl(DEFINITIONS), repl(&pools)], &[]);
+    let (run, _) = run_blocks(&[repl(DEFINITIONS), repl(&pools)], &[]);
     run.assert_code(0);
     let expected = ["fork", "spawn", "forkserver"]
         .map(|m| format!("{m}: 295 [0, 1, 8, 27] [0, 1, 2] 295"))
@@ -78,7 +84,7 @@ for how in ('finish', 'raise', 'exit 3'):
         break
     statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 result = ' '.join(map(str, statuses))";
-    let run = run_blocks(&[repl(code)], &["--cell-timeout", "20"]);
+    let (run, _) = run_blocks(&[repl(code)], &["--cell-timeout", "20"]);
     run.assert_code(0);
     assert_eq!(run.last_line(), "0 1 3");
     assert!(!run.stdout.contains("the child writes nowhere"));
@@ -104,7 +110,7 @@ else:
     os.close(w)
     os.waitpid(pid, 0)
     result = os.read(r, 100).decode()";
-    let run = run_blocks(&[repl(code)], &["--cell-timeout", "20"]);
+    let (run, _) = run_blocks(&[repl(code)], &["--cell-timeout", "20"]);
     run.assert_code(0);
     assert_eq!(run.last_line(), "forked_child");
 }
@@ -118,9 +124,8 @@ fn running(pid: u32) -> bool {
 }
 
 /// The pids a block printed as `pids: 1 2 3` (in the trajectory's block output).
-fn printed_pids(trajectory: &std::path::Path) -> Vec<u32> {
-    let text = std::fs::read_to_string(trajectory).expect("trajectory");
-    let line = text
+fn printed_pids(trajectory: &str) -> Vec<u32> {
+    let line = trajectory
         .split("pids: ")
         .nth(1)
         .and_then(|rest| rest.split("\\n").next())
@@ -144,18 +149,7 @@ if pid == 0:
     time.sleep(300)
 print('pids:', pid, sleeper.pid, *[p.pid for p in mp.active_children()])
 result = 'started'";
-    let mock = Mock::start(script(&[&repl(code), "FINAL_VAR(result)"]));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let context = file(dir.path(), "ctx.txt", "some context");
-    let trajectory = dir.path().join("t.jsonl");
-    let run = mock.run(&[
-        "--context",
-        context.to_str().expect("utf-8"),
-        "--query",
-        "q",
-        "--trajectory",
-        trajectory.to_str().expect("utf-8"),
-    ]);
+    let (run, trajectory) = run_blocks(&[repl(code)], &[]);
     run.assert_code(0);
     assert_eq!(run.last_line(), "started");
     let pids = printed_pids(&trajectory);
@@ -184,20 +178,7 @@ def running(pid):
     except OSError:
         return False
 result = f'{sum(map(running, workers))} running, {len(mp.active_children())} children'";
-    let mock = Mock::start(script(&[&repl(stuck), &repl(check), "FINAL_VAR(result)"]));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let context = file(dir.path(), "ctx.txt", "some context");
-    let trajectory = dir.path().join("t.jsonl");
-    let run = mock.run(&[
-        "--context",
-        context.to_str().expect("utf-8"),
-        "--query",
-        "q",
-        "--cell-timeout",
-        "2",
-        "--trajectory",
-        trajectory.to_str().expect("utf-8"),
-    ]);
+    let (run, trajectory) = run_blocks(&[repl(stuck), repl(check)], &["--cell-timeout", "2"]);
     run.assert_code(0);
     assert_eq!(run.last_line(), "0 running, 0 children");
     let pids = printed_pids(&trajectory);

@@ -106,13 +106,13 @@ class Session:
         # The namespace is the dict of a real module registered in `sys.modules` under its
         # own name (never `__main__`: an embedding host keeps its own), so what a block
         # defines pickles by reference, as from a script's `__main__`.
-        self.name = session_module_name(sid)
+        self.name = f"__rlm_session_{sid}__"
         self.module = types.ModuleType(self.name)
         self.module.__builtins__ = builtins
         self.globals = self.module.__dict__
         sys.modules[self.name] = self.module
         # (block filename, first line, source) of every top-level import, function, class
-        # and named lambda, in order: what a spawn worker re-creates (see `_replay`).
+        # and named lambda, in order: what a spawn worker re-creates (see `_REPLAY`).
         self.definitions = []
         # Processes the session's blocks started: {pid: start time} of direct children,
         # and multiprocessing's own Process objects (also grandchildren, e.g. forkserver).
@@ -147,9 +147,14 @@ class Session:
         started_pool = [p for p in _mp_children() if p not in pool]
         if interrupted:
             _terminate(started, started_pool)
-        else:
-            self.processes.update(started)
-            self.pool_processes.extend(started_pool)
+            started, started_pool = {}, []
+        # Forget what has ended, so a long session's lists stay short.
+        self.processes = {
+            pid: since
+            for pid, since in (self.processes | started).items()
+            if _running(pid)
+        }
+        self.pool_processes = [p for p in self.pool_processes + started_pool if _alive(p)]
 
     def terminate_processes(self):
         """Terminate every process the session's blocks started that still runs."""
@@ -170,10 +175,6 @@ class Session:
 
 
 _SESSIONS = weakref.WeakSet()
-
-
-def session_module_name(sid):
-    return f"__rlm_session_{sid}__"
 
 
 def _current_session():
@@ -659,9 +660,9 @@ def _terminate(processes, pool):
         for pid, since in processes.items()
         if pid not in skip and (stat := _stat(pid)) is not None and stat[:2] == (mine, since)
     ]
-    targets = _descendants(roots) - skip
-    if not targets:
+    if not roots:
         return
+    targets = _descendants(roots) - skip
     _signal_all(targets, signal.SIGTERM)
     deadline = time.monotonic() + _TERMINATE_GRACE
     while time.monotonic() < deadline:
