@@ -95,7 +95,7 @@ fn unknown_provider_and_missing_options_are_usage_errors() {
     let run = rlm(&args(&["run", "--provider", "palm", "--query", "q"]), None);
     assert_clean_error(&run, 2, &["palm", "openai", "anthropic"]);
     let run = rlm(&args(&["run", "--context", "x", "--query", "q"]), None);
-    assert_clean_error(&run, 1, &["--model"]);
+    assert_clean_error(&run, 2, &["--model"]);
 }
 
 #[test]
@@ -179,7 +179,7 @@ fn bad_outputs_and_limits_fail_before_any_model_call() {
     assert_clean_error(&run, 1, &["/nonexistent/dir/answer.txt"]);
     for flag in ["--timeout", "--cell-timeout", "--sub-timeout"] {
         let run = mock.run(&["--context", context, "--query", "q", flag, "1e19"]);
-        assert_clean_error(&run, 1, &[flag.trim_start_matches('-')]);
+        assert_clean_error(&run, 2, &[flag]);
     }
     assert_eq!(mock.log().len(), 0, "no model was called");
     let run = rlm(&args(&["run", "--context", context]), None);

@@ -135,13 +135,20 @@ fn budget_run(extra: &[&str]) -> serde_json::Value {
 fn sub_call_budget_stops_the_run() {
     let result = budget_run(&["--max-sub-calls", "3"]);
     assert_eq!(result["termination_reason"], "call_budget");
-    let ok = result["sub_calls"]
+    let ok = result["iterations"]
         .as_array()
-        .expect("sub_calls")
+        .expect("iterations")
         .iter()
+        .flat_map(|i| i["sub_calls"].as_array().expect("sub_calls"))
         .filter(|c| c["error"].is_null())
         .count();
     assert_eq!(ok, 3, "exactly the budget's calls went through");
+    assert_eq!(result["metrics"]["sub_calls_sent"], 3);
+    assert!(
+        result["metrics"]["sub_calls_refused"].as_u64() >= Some(1),
+        "{}",
+        result["metrics"]
+    );
 }
 
 #[test]

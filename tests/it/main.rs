@@ -13,6 +13,7 @@ mod demo;
 mod dry_run;
 mod final_answers;
 mod limits;
+mod messages;
 mod mock_lm;
 mod outputs;
 mod processes;

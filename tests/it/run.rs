@@ -191,7 +191,7 @@ fn extra_models_are_listed_for_the_root_and_picked_by_name() {
 
     for (spec, needle) in [("big", "NAME=MODEL"), ("sub=other", "is taken")] {
         let run = mock.run(&["--context", context, "--query", "q", "--extra-model", spec]);
-        run.assert_code(1);
+        run.assert_code(2);
         assert!(run.stderr.contains(needle), "{spec}: {}", run.stderr);
     }
 }

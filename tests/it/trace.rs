@@ -143,7 +143,7 @@ fn the_closing_line_counts_refused_sub_calls_apart_and_shows_cost_with_a_price()
     run.assert_code(3);
     insta::assert_snapshot!(redacted(&run.stderr), @r"
     stopped: sub-call budget spent after 1 iteration(s), 1 sub-call(s) sent, 1 refused before sending, [n] tokens, $0.0013, [secs]s
-      Budget exhausted: 1 of 1 sub-calls used (`max_calls`); the call was not sent. Raise the limit with `--max-sub-calls` to allow more
+      `--max-sub-calls 1` is spent: a sub-call was refused before sending. Raise it to allow more.
     The run ended without an answer; pass `--trajectory FILE` to keep a record of how far a run gets.
     ");
 }

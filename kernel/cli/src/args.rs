@@ -93,7 +93,7 @@ pub(crate) struct ChatArgs {
 
     /// Characters of the summary of earlier questions and answers the root model sees with
     /// each new question (the most recent that fit; 0 for none) [default: 4000].
-    #[arg(long, value_name = "CHARS")]
+    #[arg(long, value_name = "CHARS", value_parser = at_least::<usize>(0))]
     pub(crate) summary_chars: Option<usize>,
 
     #[command(flatten)]
@@ -138,7 +138,7 @@ pub(crate) struct RunOptions {
     pub(crate) api_key_env: Option<String>,
 
     /// Most tokens one model reply may have (sent as `max_tokens`; default: the server's).
-    #[arg(long, env = "RLM_MAX_OUTPUT_TOKENS")]
+    #[arg(long, env = "RLM_MAX_OUTPUT_TOKENS", value_parser = at_least::<u32>(1))]
     pub(crate) max_output_tokens: Option<u32>,
 
     /// Sampling temperature of every model call (default: the server's).
@@ -146,7 +146,7 @@ pub(crate) struct RunOptions {
     pub(crate) temperature: Option<f32>,
 
     /// Maximum root-model iterations before a last "answer now" call [default: 30].
-    #[arg(long, env = "RLM_MAX_ITERATIONS")]
+    #[arg(long, env = "RLM_MAX_ITERATIONS", value_parser = at_least::<u32>(1))]
     pub(crate) max_iterations: Option<u32>,
 
     /// Wall-clock limit for the whole run, in seconds.
@@ -162,11 +162,11 @@ pub(crate) struct RunOptions {
     pub(crate) sub_timeout: Option<f64>,
 
     /// Budget: the most sub-model calls the run may make.
-    #[arg(long, env = "RLM_MAX_SUB_CALLS")]
+    #[arg(long, env = "RLM_MAX_SUB_CALLS", value_parser = at_least::<u64>(0))]
     pub(crate) max_sub_calls: Option<u64>,
 
     /// Budget: the most tokens (prompt + completion, all models) the run may use.
-    #[arg(long, env = "RLM_MAX_TOKENS")]
+    #[arg(long, env = "RLM_MAX_TOKENS", value_parser = at_least::<u64>(1))]
     pub(crate) max_tokens: Option<u64>,
 
     /// Budget: the most USD the run may spend (needs prices).
@@ -182,7 +182,7 @@ pub(crate) struct RunOptions {
     pub(crate) sub_price: Option<String>,
 
     /// Sub-model requests in flight at once (for `llm_query_batched` and across threads) [default: 128].
-    #[arg(long, env = "RLM_BATCH_CONCURRENCY")]
+    #[arg(long, env = "RLM_BATCH_CONCURRENCY", value_parser = at_least::<usize>(1))]
     pub(crate) batch_concurrency: Option<usize>,
 
     /// What a failed sub-call gives the code: an `"Error: ..."` string, or a raised `LlmQueryError`.
@@ -209,17 +209,17 @@ pub(crate) struct RunOptions {
     pub(crate) code_and_final: Option<CodeAndFinal>,
 
     /// Characters of output shown to the root model per code block (head and tail kept) [default: 20000].
-    #[arg(long, env = "RLM_OUTPUT_LIMIT", value_name = "CHARS")]
+    #[arg(long, env = "RLM_OUTPUT_LIMIT", value_name = "CHARS", value_parser = at_least::<usize>(1))]
     pub(crate) output_limit: Option<usize>,
 
     /// Keep the conversation sent to the root model under this many characters by eliding the
     /// oldest block outputs (the model's replies and the last two outputs are always kept)
     /// [default: no limit].
-    #[arg(long, env = "RLM_MAX_HISTORY_CHARS", value_name = "CHARS")]
+    #[arg(long, env = "RLM_MAX_HISTORY_CHARS", value_name = "CHARS", value_parser = at_least::<usize>(1))]
     pub(crate) max_history_chars: Option<usize>,
 
     /// Stop after this many iterations in a row whose code failed [default: 5].
-    #[arg(long, env = "RLM_MAX_CONSECUTIVE_FAILURES")]
+    #[arg(long, env = "RLM_MAX_CONSECUTIVE_FAILURES", value_parser = at_least::<u32>(0))]
     pub(crate) max_consecutive_failures: Option<u32>,
 
     /// Append the text of FILE to the system prompt (domain instructions).
@@ -276,6 +276,24 @@ impl RunOptions {
     /// `--force`, off unless set.
     pub(crate) fn force(&self) -> bool {
         self.force.unwrap_or(false)
+    }
+}
+
+/// A whole number of at least `min`. With negative numbers allowed as values, `-1` gets
+/// "must be ≥ 1, got -1" instead of clap's "unexpected argument '-1'".
+fn at_least<T>(min: i64) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
+where
+    T: TryFrom<i64> + Clone + Send + Sync + 'static,
+{
+    move |text| {
+        let n: i64 = text
+            .trim()
+            .parse()
+            .map_err(|_| format!("must be a whole number ≥ {min}, got `{text}`"))?;
+        if n < min {
+            return Err(format!("must be ≥ {min}, got {n}"));
+        }
+        T::try_from(n).map_err(|_| format!("must be at most {}, got {n}", i64::MAX))
     }
 }
 

@@ -20,6 +20,7 @@ use rustyline::error::ReadlineError;
 
 use crate::UsageError;
 use crate::args::{ChatArgs, RunOptions};
+use crate::report;
 use crate::run::{self, Display, RunOutcome};
 
 /// Where the questions come from.
@@ -118,7 +119,7 @@ pub(crate) fn execute(
     let mut last = RunOutcome::Answered;
     while let Some(question) = questions.next()? {
         let result = observed.run(|| chat.ask(&question))?;
-        last = run::report(&result, &opts)?;
+        last = report::report(&result, &opts, &question)?;
         std::io::stdout().flush()?;
         if last == RunOutcome::Interrupted {
             break;

@@ -12,11 +12,14 @@ mod demo;
 mod logging;
 mod mock_lm;
 mod outputs;
+mod report;
 mod run;
 mod show;
 mod trace;
 
+use std::io::Write as _;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 
@@ -25,6 +28,11 @@ use args::{Cli, Command};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     logging::init(cli.verbose);
+    if let Command::Run(args) = &cli.command
+        && args.options.json()
+    {
+        JSON_ERRORS.store(true, Ordering::Relaxed);
+    }
     match dispatch(cli) {
         Ok(code) => code,
         Err(err) => {
@@ -32,13 +40,37 @@ fn main() -> ExitCode {
             for cause in err.chain().skip(1) {
                 eprintln!("  caused by: {cause}");
             }
-            if err.downcast_ref::<UsageError>().is_some() {
-                ExitCode::from(2)
+            let code: u8 = if err.downcast_ref::<UsageError>().is_some() {
+                2
             } else {
-                ExitCode::FAILURE
+                1
+            };
+            if JSON_ERRORS.load(Ordering::Relaxed) {
+                print_json_error(&err, code);
             }
+            ExitCode::from(code)
         }
     }
+}
+
+/// Set once `--json` is known to be on (flag or `rlm.toml`): a run that fails before it
+/// starts still gives a JSON reader a document.
+pub(crate) static JSON_ERRORS: AtomicBool = AtomicBool::new(false);
+
+/// `{"error": {...}}` on stdout, for a run that failed before it started.
+fn print_json_error(err: &anyhow::Error, code: u8) {
+    let document = serde_json::json!({
+        "rlm_version": env!("CARGO_PKG_VERSION"),
+        "error": {
+            "message": err.to_string(),
+            "causes": err.chain().skip(1).map(|c| c.to_string()).collect::<Vec<_>>(),
+            "usage_error": code == 2,
+            "exit_code": code,
+        }
+    });
+    let mut out = std::io::stdout().lock();
+    let _ = serde_json::to_writer_pretty(&mut out, &document);
+    let _ = writeln!(out);
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use bridge::{Budget, EndpointConfig, Endpoints, Ledger, Price, Provider, SamplingParams};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernel::repl::{ContextSource, ReplSession, SessionConfig};
@@ -22,9 +22,11 @@ use kernel::rlm::{
 };
 use serde::Deserialize;
 
+use crate::UsageError;
 use crate::args::{RunArgs, RunOptions};
 use crate::outputs::{self, Output};
-use crate::trace::{self, SubCallCounts, TraceHook};
+use crate::report;
+use crate::trace::TraceHook;
 
 /// Exit code of a run that stopped at a limit (iterations, time, budget) or without an answer.
 pub(crate) const EXIT_LIMIT: u8 = 3;
@@ -133,12 +135,19 @@ pub(crate) fn merge(cli: RunOptions, file: RunOptions) -> RunOptions {
 /// The longest limit accepted: ten years, beyond which a limit is no limit.
 const MAX_SECONDS: f64 = 10.0 * 365.0 * 86_400.0;
 
+/// A mistake in the options: exit code 2.
+fn usage(message: impl Into<String>) -> anyhow::Error {
+    UsageError::new(message).into()
+}
+
 fn seconds(flag: &str, value: f64) -> Result<Duration> {
     Duration::try_from_secs_f64(value)
         .ok()
         .filter(|d| !d.is_zero() && value <= MAX_SECONDS)
-        .with_context(|| {
-            format!("`--{flag}` must be a positive number of seconds up to {MAX_SECONDS:.0}, got {value}")
+        .ok_or_else(|| {
+            usage(format!(
+                "`--{flag}` must be a positive number of seconds up to {MAX_SECONDS:.0}, got {value}"
+            ))
         })
 }
 
@@ -149,20 +158,22 @@ fn parse_price(flag: &str, text: &str) -> Result<Price> {
             output_per_mtok: o.trim().parse().ok()?,
         })
     });
-    parsed.with_context(|| {
-        format!(
-            "`--{flag}` takes USD per million tokens as `INPUT:OUTPUT`, e.g. `2.5:10`; got `{text}`"
-        )
-    })
+    parsed
+        .filter(|p| p.input_per_mtok >= 0.0 && p.output_per_mtok >= 0.0)
+        .ok_or_else(|| {
+            usage(format!(
+                "`--{flag}` takes USD per million tokens as `INPUT:OUTPUT`, e.g. `2.5:10`; got `{text}`"
+            ))
+        })
 }
 
 /// Builds the `root`, `sub` and `--extra-model` endpoints, sharing one ledger with the run's budget.
 pub(crate) fn build_endpoints(opts: &RunOptions) -> Result<Arc<Endpoints>> {
     let provider = opts.provider.unwrap_or_default();
     let Some(model) = opts.model.clone() else {
-        bail!(
-            "No root model given; pass `--model NAME` (or set `RLM_MODEL`, or `model` in rlm.toml)"
-        );
+        return Err(usage(
+            "No root model given; pass `--model NAME` (or set `RLM_MODEL`, or `model` in rlm.toml)",
+        ));
     };
     let base_url = opts.base_url.clone().unwrap_or_else(|| match provider {
         Provider::OpenAi => "https://api.openai.com/v1".to_owned(),
@@ -221,7 +232,7 @@ pub(crate) fn build_endpoints(opts: &RunOptions) -> Result<Arc<Endpoints>> {
     }
     if let Some(width) = opts.batch_concurrency {
         if width == 0 {
-            bail!("`--batch-concurrency` must be at least 1");
+            return Err(usage("`--batch-concurrency` must be ≥ 1, got 0"));
         }
         sub.max_in_flight = sub.max_in_flight.max(width);
     }
@@ -234,14 +245,70 @@ pub(crate) fn build_endpoints(opts: &RunOptions) -> Result<Arc<Endpoints>> {
         max_tokens: opts.max_tokens,
         max_usd: opts.max_usd,
     };
-    if budget.max_usd.is_some() && configs.iter().all(|c| c.price.is_none()) {
-        bail!(
-            "`--max-usd` needs prices to count cost; pass `--price INPUT:OUTPUT` (USD per million tokens)"
-        );
+    if let Some(usd) = budget.max_usd
+        && !(usd > 0.0 && usd.is_finite())
+    {
+        return Err(usage(format!(
+            "`--max-usd` must be a positive amount of USD, got {usd}"
+        )));
     }
+    if budget.max_usd.is_some() && configs.iter().all(|c| c.price.is_none()) {
+        return Err(usage(
+            "`--max-usd` needs prices to count cost; pass `--price INPUT:OUTPUT` (USD per million tokens)",
+        ));
+    }
+    check_urls_and_keys(&configs, opts)?;
     let endpoints = Endpoints::new(configs, Arc::new(Ledger::new(budget)))
         .context("Could not set up the model endpoints")?;
     Ok(Arc::new(endpoints))
+}
+
+/// Before any call: every base URL is an `http(s)://` URL, and a server off this machine has
+/// an API key to send (a local server often needs none). Each message names the flag or the
+/// variable to set.
+fn check_urls_and_keys(configs: &[EndpointConfig], opts: &RunOptions) -> Result<()> {
+    for config in configs {
+        let flag = match config.name.as_str() {
+            ROOT => "--base-url",
+            SUB if opts.sub_base_url.is_some() => "--sub-base-url",
+            SUB => "--base-url",
+            _ => "--extra-model",
+        };
+        let url = config.base_url.as_str();
+        let Some(rest) = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"))
+        else {
+            return Err(usage(format!(
+                "`{flag}` must start with `http://` or `https://`, got `{url}`"
+            )));
+        };
+        let Some(var) = config.api_key_env.as_deref() else {
+            continue;
+        };
+        let has_key = std::env::var(var).is_ok_and(|key| !key.trim().is_empty());
+        if !has_key && !is_loopback(rest) {
+            return Err(usage(format!(
+                "`{url}` needs an API key and `{var}` is not set; export `{var}` with your key, or \
+                 name the variable that holds it with `--api-key-env VAR`"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether the host of `rest` (a URL after its scheme) is this machine.
+fn is_loopback(rest: &str) -> bool {
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_port = authority.rsplit('@').next().unwrap_or_default();
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host_port.split(':').next().unwrap_or_default(),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// `NAME=MODEL[@BASE_URL]`: an endpoint like `sub` (`configs[1]`) under another name.
@@ -250,11 +317,15 @@ fn extra_model(spec: &str, configs: &[EndpointConfig]) -> Result<EndpointConfig>
         .split_once('=')
         .filter(|(name, model)| !name.trim().is_empty() && !model.trim().is_empty());
     let Some((name, rest)) = parsed else {
-        bail!("`--extra-model` takes `NAME=MODEL` or `NAME=MODEL@BASE_URL`; got `{spec}`");
+        return Err(usage(format!(
+            "`--extra-model` takes `NAME=MODEL` or `NAME=MODEL@BASE_URL`; got `{spec}`"
+        )));
     };
     let name = name.trim();
     if configs.iter().any(|c| c.name == name) {
-        bail!("`--extra-model {spec}`: the name `{name}` is taken; pick another");
+        return Err(usage(format!(
+            "`--extra-model {spec}`: the name `{name}` is taken; pick another"
+        )));
     }
     let sub = &configs[1];
     let (model, url) = rest.split_once('@').unwrap_or((rest, &sub.base_url));
@@ -293,7 +364,7 @@ pub(crate) fn rlm_config(opts: &RunOptions) -> Result<RlmConfig> {
     };
     if let Some(n) = opts.max_iterations {
         if n == 0 {
-            bail!("`--max-iterations` must be at least 1");
+            return Err(usage("`--max-iterations` must be ≥ 1, got 0"));
         }
         config.max_iterations = n;
     }
@@ -564,51 +635,6 @@ pub(crate) fn option_inputs(opts: &RunOptions, config: Option<&Path>) -> Vec<Pat
         .collect()
 }
 
-/// Prints the result: JSON, or the answer as the last stdout line(s); writes `--answer-file`.
-pub(crate) fn report(result: &RlmResult, opts: &RunOptions) -> Result<RunOutcome> {
-    let outcome = RunOutcome::of(result.termination_reason);
-    let mut stdout = std::io::stdout().lock();
-    if opts.json() {
-        serde_json::to_writer_pretty(&mut stdout, result)?;
-        writeln!(stdout)?;
-    } else if let Some(answer) = &result.answer {
-        writeln!(stdout, "{answer}")?;
-    }
-    stdout.flush()?;
-    // `--quiet` silences progress and the summary, never the reason a run failed.
-    if !opts.quiet() || outcome == RunOutcome::Failed {
-        eprintln!(
-            "{}",
-            trace::summary(
-                result.termination_reason,
-                &result.metrics,
-                &SubCallCounts::of(&result.sub_calls),
-                priced(result),
-            )
-        );
-        if let Some(error) = &result.error {
-            eprintln!("  {error}");
-        }
-    }
-    // After stdout: an answer file that cannot be written must not cost the answer.
-    if let Some(path) = &opts.answer_file {
-        outputs::write_answer_file(path, result.answer.as_deref().unwrap_or_default())?;
-    }
-    if result.answer.is_none() {
-        match &opts.trajectory {
-            Some(path) => eprintln!(
-                "The run ended without an answer; the trajectory `{}` shows how far it got (`rlm show {}`).",
-                path.display(),
-                path.display()
-            ),
-            None => eprintln!(
-                "The run ended without an answer; pass `--trajectory FILE` to keep a record of how far a run gets."
-            ),
-        }
-    }
-    Ok(outcome)
-}
-
 /// `--dry-run`: the first root-model request as it would be sent, on stdout.
 fn print_first_request(rlm: &Rlm, endpoints: &Endpoints, query: &str, json: bool) -> Result<()> {
     let messages = rlm.first_messages(query);
@@ -645,16 +671,6 @@ fn print_first_request(rlm: &Rlm, endpoints: &Endpoints, query: &str, json: bool
     Ok(())
 }
 
-/// Whether any call of the run had a price (a cost of 0 then means free, not unknown).
-pub(crate) fn priced(result: &RlmResult) -> bool {
-    result
-        .iterations
-        .iter()
-        .filter_map(|i| i.root_call.as_ref())
-        .chain(&result.sub_calls)
-        .any(|c| c.cost_usd.is_some())
-}
-
 /// `rlm run`; `config_path` is the configuration file in use, an input like the contexts.
 pub(crate) fn execute(
     args: RunArgs,
@@ -663,6 +679,7 @@ pub(crate) fn execute(
     verbosity: u8,
 ) -> Result<ExitCode> {
     let opts = merge(args.options, file);
+    crate::JSON_ERRORS.store(opts.json(), std::sync::atomic::Ordering::Relaxed);
     // Every option is checked before the context loads: a big context can take a while.
     let endpoints = build_endpoints(&opts)?;
     let config = rlm_config(&opts)?;
@@ -702,5 +719,5 @@ pub(crate) fn execute(
         opts.trajectory.as_deref(),
         display,
     )?;
-    Ok(report(&result, &opts)?.exit_code())
+    Ok(report::report(&result, &opts, &args.query)?.exit_code())
 }

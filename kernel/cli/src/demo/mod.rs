@@ -124,7 +124,7 @@ pub(crate) fn execute(
     if let Some(server) = server {
         runtime.block_on(server.shutdown());
     }
-    let outcome = run::report(&result, &opts)?;
+    let outcome = crate::report::report(&result, &opts, QUERY)?;
 
     let verdict = check(result.answer.as_deref(), &logs.errors_by_service);
     match &verdict {
