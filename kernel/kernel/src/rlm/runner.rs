@@ -434,14 +434,8 @@ impl Run<'_> {
                 completion.notes.insert(0, FinalNote::CutOff);
             }
 
-            let execution = ExecutionMetadata::from_runs(&runs);
-            let iteration_subcalls: Vec<SubCallMetadata> = runs
-                .iter()
-                .flat_map(|r| r.result.sub_calls.iter().cloned())
-                .collect();
-            self.sub_calls.extend(iteration_subcalls.iter().cloned());
-            let mut record = IterationRecord {
-                metadata: IterationMetadata {
+            let mut record = self.record(
+                IterationMetadata {
                     iteration,
                     code_blocks: block_count,
                     llm_query_calls: runs.iter().map(|r| r.result.llm_query_calls).sum(),
@@ -452,19 +446,12 @@ impl Run<'_> {
                     final_answer_found: completion.answer.is_some(),
                     final_answer_type: completion.answer.as_ref().map(|a| a.kind),
                 },
-                execution_ms: execution.execution_ms,
-                execution,
-                reply: reply.clone(),
-                blocks: runs
-                    .iter()
-                    .map(|r| BlockRecord::from_run(r, self.config.feedback.block_limit))
-                    .collect(),
+                &reply,
+                &runs,
                 root_call,
-                sub_calls: iteration_subcalls,
-                notes: completion.notes.clone(),
-                started_ms,
-                model_ms,
-            };
+                &completion.notes,
+                (started_ms, model_ms),
+            );
             hooks.after_iteration(&mut record);
             let failed = record.execution.status == ExecutionStatus::Error;
             let error_type = record.execution.error_type.clone();
@@ -509,6 +496,39 @@ impl Run<'_> {
             }
         }
         self.answer_now(hooks)
+    }
+
+    /// The record of one iteration; its sub-calls are also added to the run's.
+    fn record(
+        &mut self,
+        metadata: IterationMetadata,
+        reply: &str,
+        runs: &[BlockRun],
+        root_call: Option<SubCallMetadata>,
+        notes: &[FinalNote],
+        (started_ms, model_ms): (f64, f64),
+    ) -> IterationRecord {
+        let execution = ExecutionMetadata::from_runs(runs);
+        let sub_calls: Vec<SubCallMetadata> = runs
+            .iter()
+            .flat_map(|r| r.result.sub_calls.iter().cloned())
+            .collect();
+        self.sub_calls.extend(sub_calls.iter().cloned());
+        IterationRecord {
+            metadata,
+            execution_ms: execution.execution_ms,
+            execution,
+            reply: reply.to_owned(),
+            blocks: runs
+                .iter()
+                .map(|r| BlockRecord::from_run(r, self.config.feedback.block_limit))
+                .collect(),
+            root_call,
+            sub_calls,
+            notes: notes.to_vec(),
+            started_ms,
+            model_ms,
+        }
     }
 
     /// One root-model call, with hooks, the deadline and error handling.
