@@ -200,7 +200,8 @@ fn extra_models_are_listed_for_the_root_and_picked_by_name() {
 fn ctrl_c_stops_the_run_and_keeps_its_best_answer_and_trajectory() {
     let mock = Mock::start(serde_json::json!({
         "models": {"root-model": {"replies": [
-            format!("{}\nFINAL(draft answer)", repl("print('working')")),
+            // A block that raised holds its reply's FINAL back: the best answer so far.
+            format!("{}\nFINAL(draft answer)", repl("print('working')\nraise ValueError('not yet')")),
             repl("import time\ntime.sleep(60)"),
             "FINAL(never)"
         ]}}

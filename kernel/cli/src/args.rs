@@ -200,11 +200,13 @@ pub(crate) struct RunOptions {
     ]))]
     pub(crate) protocol: Option<Protocol>,
 
-    /// A reply with both code and a `FINAL` line: wait until the model has seen the code's
-    /// output and confirms (`see-output`), or accept the line right after the code ran (`accept`).
+    /// A reply with both code and a `FINAL`/`FINAL_VAR` line: run the code, then accept the line
+    /// unless a block raised (the default), always wait until the model has seen the output and
+    /// confirms, or accept it even after an error.
     #[arg(long, env = "RLM_CODE_AND_FINAL", value_parser = library_enum::<CodeAndFinal>([
-        PossibleValue::new("see-output").help("Run the code, show its output, and let the model confirm its answer"),
-        PossibleValue::new("accept").help("Run the code, then accept the final line"),
+        PossibleValue::new("accept-unless-error").help("Run the code, then accept the final line unless a block raised [default]"),
+        PossibleValue::new("see-output-first").alias("see-output").help("Run the code, show its output, and let the model confirm its answer"),
+        PossibleValue::new("accept").help("Run the code, then accept the final line even when a block raised"),
     ]))]
     pub(crate) code_and_final: Option<CodeAndFinal>,
 

@@ -2,11 +2,12 @@
 //!
 //! A thin stage over [`check_completion`](super::check_completion): it takes the final answers
 //! the blocks recorded (`ExecutionResult::final_answers`) and reads `FINAL_VAR(name)` lines'
-//! variables through a resolver (in the loop: `ReplSession::variable_as_string`).
+//! variables through a resolver (in the loop: `ReplSession::variable_as_string`). A reply whose
+//! blocks did not all run, or of which a block raised or timed out, is [`ReplyCode::Failed`].
 
 use super::blocks::BlockRun;
 use super::blocks::extract_code_blocks;
-use super::final_answer::{Completion, CompletionRules, FinalKind, check_completion};
+use super::final_answer::{Completion, CompletionRules, FinalKind, ReplyCode, check_completion};
 use crate::repl::FinalSource;
 
 /// Decides whether a reply ended the run; the rules are those of
@@ -46,9 +47,19 @@ impl CompletionChecker {
                 (kind, answer.value.clone())
             })
             .collect();
-        // A hook may have skipped blocks; what counts is whether the reply had code.
-        let had_blocks = !runs.is_empty() || !extract_code_blocks(reply).is_empty();
-        check_completion(reply, had_blocks, &code_finals, self.rules, resolve)
+        // A hook may have answered for blocks (they count as run); a stop leaves some unrun.
+        let blocks = extract_code_blocks(reply).len().max(runs.len());
+        let raised = runs
+            .iter()
+            .any(|run| run.result.error.is_some() || run.result.timed_out);
+        let code = if blocks == 0 {
+            ReplyCode::NoBlocks
+        } else if raised || runs.len() < blocks {
+            ReplyCode::Failed
+        } else {
+            ReplyCode::Succeeded
+        };
+        check_completion(reply, code, &code_finals, self.rules, resolve)
     }
 }
 

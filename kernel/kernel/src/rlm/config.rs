@@ -85,7 +85,7 @@ mod tests {
         let json = serde_json::to_value(&config).expect("serialize");
         assert_eq!(json["run_timeout"], 1.5);
         assert_eq!(json["completion"]["protocol"], "auto");
-        assert_eq!(json["completion"]["code_and_final"], "see_output_first");
+        assert_eq!(json["completion"]["code_and_final"], "accept_unless_error");
         let back: RlmConfig = serde_json::from_value(json).expect("deserialize");
         assert_eq!(back, config);
         let partial: RlmConfig =

@@ -88,11 +88,14 @@ pub enum FinalKind {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CodeAndFinal {
-    /// Run the blocks, show the output, and ask the model to confirm the line (default).
+    /// Run the blocks, then accept the line, unless a block raised (default).
     #[default]
-    #[serde(alias = "see-output")]
+    #[serde(alias = "accept-unless-error")]
+    AcceptUnlessError,
+    /// Run the blocks, show the output, and ask the model to confirm the line.
+    #[serde(alias = "see-output-first", alias = "see-output")]
     SeeOutputFirst,
-    /// Run the blocks, then accept the line.
+    /// Run the blocks, then accept the line even when a block raised.
     Accept,
 }
 
@@ -100,7 +103,8 @@ impl CodeAndFinal {
     /// The name used on the command line and in `rlm.toml`.
     pub fn as_str(self) -> &'static str {
         match self {
-            CodeAndFinal::SeeOutputFirst => "see-output",
+            CodeAndFinal::AcceptUnlessError => "accept-unless-error",
+            CodeAndFinal::SeeOutputFirst => "see-output-first",
             CodeAndFinal::Accept => "accept",
         }
     }
@@ -108,7 +112,9 @@ impl CodeAndFinal {
 
 /// The error for an unknown [`CodeAndFinal`] name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("Unknown code-and-final policy `{0}`; use `see-output` or `accept`")]
+#[error(
+    "Unknown code-and-final policy `{0}`; use `accept-unless-error`, `see-output-first` or `accept`"
+)]
 pub struct UnknownCodeAndFinal(pub String);
 
 impl FromStr for CodeAndFinal {
@@ -116,11 +122,26 @@ impl FromStr for CodeAndFinal {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim().to_ascii_lowercase().as_str() {
-            "see-output" | "see_output_first" => Ok(CodeAndFinal::SeeOutputFirst),
+            "accept-unless-error" | "accept_unless_error" => Ok(CodeAndFinal::AcceptUnlessError),
+            "see-output-first" | "see-output" | "see_output_first" => {
+                Ok(CodeAndFinal::SeeOutputFirst)
+            }
             "accept" => Ok(CodeAndFinal::Accept),
             _ => Err(UnknownCodeAndFinal(s.to_owned())),
         }
     }
+}
+
+/// What became of a reply's ```` ```repl ```` blocks, for the completion check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplyCode {
+    /// The reply had no `repl` block.
+    NoBlocks,
+    /// Every block ran and none raised.
+    Succeeded,
+    /// A block raised or timed out, or not every block ran.
+    Failed,
 }
 
 /// What the text of a reply says about finishing (outside `repl` blocks).
@@ -129,7 +150,7 @@ pub struct FinalLines {
     /// The name from the first line beginning with `FINAL_VAR(`, trimmed of spaces and quotes
     /// (empty when the parentheses hold no name).
     pub final_var: Option<String>,
-    /// The first line beginning with `FINAL(`.
+    /// The first final-answer line beginning with `FINAL(` (see [`check_completion`]).
     pub final_text: Option<FinalText>,
 }
 
@@ -175,6 +196,11 @@ pub enum FinalNote {
         /// The convention used.
         kind: FinalKind,
     },
+    /// A final line next to code of which a block raised: the answer is held back.
+    HeldBackByError {
+        /// The convention used.
+        kind: FinalKind,
+    },
     /// The reply stopped at the output token limit (added by the loop, not by the checker).
     CutOff,
 }
@@ -210,9 +236,24 @@ pub struct CompletionRules {
 }
 
 /// Finds the `FINAL_VAR(` and `FINAL(` lines of a reply, ignoring `repl` blocks.
+///
+/// Runs in time linear in the length of the reply, whatever it holds.
 pub fn scan_final_lines(reply: &str) -> FinalLines {
+    scan_counting(reply, &mut 0)
+}
+
+/// [`scan_final_lines`], adding to `work` the characters its parenthesis matching examined.
+///
+/// Each `FINAL(` line is matched from its `(` to the balancing `)`; a rejected line (text after
+/// its `)`) makes the scan resume after that `)`, so no character is matched twice by the same
+/// kind of scan, and a quote-aware match that ran off the end of the reply is not tried again.
+/// Hence `work` grows by at most three times the length of the reply.
+pub(crate) fn scan_counting(reply: &str, work: &mut usize) -> FinalLines {
     let prose = prose_outside_blocks(reply);
     let mut lines = FinalLines::default();
+    let mut quotes_balance = true;
+    // `FINAL(` lines that start before this offset are inside a rejected line's parentheses.
+    let mut resume = 0;
     let mut offset = 0;
     for line in prose.split_inclusive('\n') {
         let start = offset;
@@ -224,8 +265,12 @@ pub fn scan_final_lines(reply: &str) -> FinalLines {
                 let inner = rest.split_once(')').map_or(rest, |(inner, _)| inner);
                 lines.final_var = Some(clean_name(inner));
             }
-        } else if trimmed.starts_with("FINAL(") && lines.final_text.is_none() {
-            lines.final_text = Some(final_argument(&prose[at + "FINAL(".len()..]));
+        } else if trimmed.starts_with("FINAL(") && lines.final_text.is_none() && at >= resume {
+            let arg_start = at + "FINAL(".len();
+            match final_argument(&prose[arg_start..], &mut quotes_balance, work) {
+                Argument::Final(text) => lines.final_text = Some(text),
+                Argument::TextAfter { close } => resume = arg_start + close + 1,
+            }
         }
     }
     lines
@@ -237,22 +282,44 @@ fn clean_name(raw: &str) -> String {
         .to_owned()
 }
 
-/// The text up to the parenthesis that balances an already consumed `(`.
-fn final_argument(after_paren: &str) -> FinalText {
+/// What follows a line's `FINAL(`.
+enum Argument {
+    /// A final-answer line: closed (and nothing but whitespace after it on its line), or
+    /// never closed.
+    Final(FinalText),
+    /// The parentheses close at byte `close` but text follows on that line: not a final line.
+    TextAfter { close: usize },
+}
+
+/// The text up to the parenthesis that balances an already consumed `(`, if only whitespace
+/// follows it on its line.
+fn final_argument(after_paren: &str, quotes_balance: &mut bool, work: &mut usize) -> Argument {
     // Quote-aware first, so `FINAL("a (b")` works; prose with a stray `"` falls back to
-    // counting every parenthesis.
-    let end = balance(after_paren, true).or_else(|| balance(after_paren, false));
-    match end {
-        Some(end) => FinalText::Closed(after_paren[..end].trim().to_owned()),
-        None => FinalText::Unclosed,
+    // counting every parenthesis, and so does every later line once a stray quote was seen.
+    let mut end = None;
+    if *quotes_balance {
+        end = balance(after_paren, true, work);
+        *quotes_balance = end.is_some();
+    }
+    let Some(end) = end.or_else(|| balance(after_paren, false, work)) else {
+        return Argument::Final(FinalText::Unclosed);
+    };
+    let tail = &after_paren[end + 1..];
+    let rest_of_line = tail.split('\n').next().unwrap_or_default();
+    *work += rest_of_line.len();
+    if rest_of_line.trim().is_empty() {
+        Argument::Final(FinalText::Closed(after_paren[..end].trim().to_owned()))
+    } else {
+        Argument::TextAfter { close: end }
     }
 }
 
-/// Byte offset of the `)` closing depth 1, if any.
-fn balance(text: &str, respect_quotes: bool) -> Option<usize> {
+/// Byte offset of the `)` closing depth 1, if any; adds the bytes examined to `work`.
+fn balance(text: &str, respect_quotes: bool, work: &mut usize) -> Option<usize> {
     let mut depth = 1usize;
     let mut in_string = false;
     let mut escaped = false;
+    let mut end = None;
     for (i, c) in text.char_indices() {
         if in_string {
             match c {
@@ -269,21 +336,23 @@ fn balance(text: &str, respect_quotes: bool) -> Option<usize> {
             ')' => {
                 depth -= 1;
                 if depth == 0 {
-                    return Some(i);
+                    end = Some(i);
+                    break;
                 }
             }
             _ => {}
         }
     }
-    None
+    *work += end.map_or(text.len(), |i| i + 1);
+    end
 }
 
 /// Decides whether a reply ended the run.
 ///
 /// `code_finals` are the final answers the reply's blocks recorded, in block order
 /// (`(kind, value)` with kind [`FinalKind::AnswerDict`] or [`FinalKind::FinalVar`]);
-/// `had_blocks` says whether the reply contained any `repl` block; `resolve` reads a session
-/// variable as `str(value)` (`None` when unset).
+/// `code` says whether the reply had `repl` blocks and whether they all ran without raising;
+/// `resolve` reads a session variable as `str(value)` (`None` when unset).
 ///
 /// After all blocks of a reply ran, the reply is checked in this order:
 ///
@@ -297,29 +366,32 @@ fn balance(text: &str, respect_quotes: bool) -> Option<usize> {
 ///      trimmed of spaces and quotes and resolved in the session namespace (`str(value)`). A
 ///      missing name, an unknown variable or an empty value is not final; the model is told why
 ///      in the next message, and a `FINAL(...)` line of the same reply is still considered;
-///    - then the first line that begins with `FINAL(`: its argument is the answer verbatim
-///      (quotes kept, may span lines, nested parentheses kept, `FINAL(func(a, b))` gives
-///      `func(a, b)`) apart from surrounding whitespace. The argument ends at the parenthesis
-///      that balances the opening one (parentheses inside double-quoted strings do not count);
-///      anything after it on that line is ignored. An argument that never closes or is empty is
-///      not final and the model is told so.
+///    - then the first line that begins with `FINAL(` and ends with the parenthesis that
+///      balances it: its argument is the answer verbatim (quotes kept, may span lines, nested
+///      parentheses kept, `FINAL(func(a, b))` gives `func(a, b)`) apart from surrounding
+///      whitespace. Parentheses inside double-quoted strings do not count. Only whitespace may
+///      follow the balancing `)` on its line, as in the pattern `^\s*FINAL\((.*)\)\s*$`:
+///      `FINAL(42) done` is prose, and so is every `FINAL(` line inside its parentheses. An
+///      argument that never closes or is empty is not final and the model is told so.
 ///
 ///    `FINAL` anywhere but at the start of a line (`The answer is FINAL(42)`) is prose.
 ///
 /// [`Protocol`] selects the conventions that count; using an inactive one earns a note.
 ///
-/// **Code and a final line in one reply.** A model that writes code *and* a `FINAL(...)` or
-/// `FINAL_VAR(...)` line in the same reply wrote the answer before seeing what the code printed:
-/// the answer is a prediction. [`CodeAndFinal::SeeOutputFirst`] (the default) runs the code,
-/// shows the output, and asks the model to repeat the final line if it still holds; this costs
-/// one more root call when the prediction was right and prevents a confidently wrong answer when
-/// a block raised, timed out or printed something unexpected, which is what a user who relies on
-/// the answer wants. [`CodeAndFinal::Accept`] takes the line at once (the value of `FINAL_VAR` is
-/// read after the blocks ran). In-code conventions are never deferred: the code itself decided,
-/// at run time, that the answer was ready.
+/// **Code and a final line in one reply.** Models trained on the reference RLM runtime write
+/// code *and* a `FINAL(...)` or `FINAL_VAR(...)` line in one reply and expect the run to end
+/// there. [`CodeAndFinal::AcceptUnlessError`] (the default) runs the blocks first, then reads
+/// the line, so `FINAL_VAR(x)` may name a variable the same reply's code assigned; but when a
+/// block of that reply raised or timed out (or not every block ran), the answer was written
+/// before a failure it could not foresee: it is held back ([`FinalNote::HeldBackByError`]), the
+/// model sees the error and answers again, and the answer is kept as the best partial one.
+/// [`CodeAndFinal::SeeOutputFirst`] holds back every such line until the model has seen the
+/// output (one more root call); [`CodeAndFinal::Accept`] takes the line even after an error.
+/// In-code conventions are never held back: the code itself decided, at run time, that the
+/// answer was ready.
 pub fn check_completion(
     reply: &str,
-    had_blocks: bool,
+    code: ReplyCode,
     code_finals: &[(FinalKind, String)],
     rules: CompletionRules,
     resolve: &mut dyn FnMut(&str) -> Option<String>,
@@ -414,9 +486,18 @@ pub fn check_completion(
         }
     }
     if let Some(found) = found {
-        if had_blocks && rules.code_and_final == CodeAndFinal::SeeOutputFirst {
-            out.notes
-                .push(FinalNote::SeeOutputFirst { kind: found.kind });
+        let held_back = match (code, rules.code_and_final) {
+            (ReplyCode::NoBlocks, _) | (_, CodeAndFinal::Accept) => None,
+            (_, CodeAndFinal::SeeOutputFirst) => {
+                Some(FinalNote::SeeOutputFirst { kind: found.kind })
+            }
+            (ReplyCode::Failed, CodeAndFinal::AcceptUnlessError) => {
+                Some(FinalNote::HeldBackByError { kind: found.kind })
+            }
+            (ReplyCode::Succeeded, CodeAndFinal::AcceptUnlessError) => None,
+        };
+        if let Some(note) = held_back {
+            out.notes.push(note);
             out.candidate = Some(found);
         } else {
             // A line that was accepted makes earlier complaints about the same reply moot.
@@ -443,6 +524,9 @@ mod tests {
         for (text, want) in [
             ("see-output", CodeAndFinal::SeeOutputFirst),
             ("see_output_first", CodeAndFinal::SeeOutputFirst),
+            ("see-output-first", CodeAndFinal::SeeOutputFirst),
+            ("accept-unless-error", CodeAndFinal::AcceptUnlessError),
+            ("accept_unless_error", CodeAndFinal::AcceptUnlessError),
             ("accept", CodeAndFinal::Accept),
         ] {
             assert_eq!(text.parse::<CodeAndFinal>(), Ok(want), "{text}");
@@ -454,9 +538,17 @@ mod tests {
         }
         assert_eq!(
             "later".parse::<CodeAndFinal>().map_err(|e| e.to_string()),
-            Err("Unknown code-and-final policy `later`; use `see-output` or `accept`".to_owned())
+            Err(
+                "Unknown code-and-final policy `later`; use `accept-unless-error`, \
+                 `see-output-first` or `accept`"
+                    .to_owned()
+            )
         );
-        for policy in [CodeAndFinal::SeeOutputFirst, CodeAndFinal::Accept] {
+        for policy in [
+            CodeAndFinal::AcceptUnlessError,
+            CodeAndFinal::SeeOutputFirst,
+            CodeAndFinal::Accept,
+        ] {
             assert_eq!(policy.as_str().parse::<CodeAndFinal>(), Ok(policy));
         }
         for mode in [SubCallErrorMode::ReturnString, SubCallErrorMode::Raise] {
@@ -501,7 +593,18 @@ mod tests {
                 closed("line one\nline two\n  line three"),
             ),
             ("FINAL( spaced )", closed("spaced")),
-            ("FINAL(42) because the logs say so", closed("42")),
+            // Only whitespace may follow the closing parenthesis on its line.
+            ("FINAL(42) because the logs say so", None),
+            ("FINAL(42) done\nFINAL(43)", closed("43")),
+            ("FINAL(42).", None),
+            ("FINAL(42)\r\n", closed("42")),
+            ("FINAL(a) (b)", None),
+            ("FINAL(f(x)) \t ", closed("f(x)")),
+            ("FINAL(multi\nline) trailing\nFINAL(next)", closed("next")),
+            // A FINAL line inside a rejected line's parentheses is part of that text.
+            ("FINAL(outer\nFINAL(inner)\n) trailing", None),
+            ("FINAL(\"a)\" b) c", None),
+            ("FINAL(\"a)\" b)", closed("\"a)\" b")),
             ("FINAL(42)\nNote: an estimate (roughly)", closed("42")),
             ("FINAL()", closed("")),
             ("FINAL(3 (approx", Some(FinalText::Unclosed)),
@@ -555,13 +658,13 @@ mod tests {
 
     fn check(
         reply: &str,
-        had_blocks: bool,
+        reply_code: ReplyCode,
         code: &[(FinalKind, &str)],
         rules: CompletionRules,
     ) -> Completion {
         let code: Vec<(FinalKind, String)> =
             code.iter().map(|(k, v)| (*k, v.to_string())).collect();
-        check_completion(reply, had_blocks, &code, rules, &mut resolve)
+        check_completion(reply, reply_code, &code, rules, &mut resolve)
     }
 
     fn answer(value: &str, kind: FinalKind) -> Option<FoundAnswer> {
@@ -573,14 +676,19 @@ mod tests {
 
     const AUTO: CompletionRules = CompletionRules {
         protocol: Protocol::Auto,
-        code_and_final: CodeAndFinal::SeeOutputFirst,
+        code_and_final: CodeAndFinal::AcceptUnlessError,
     };
 
-    /// Name, reply, had blocks, code finals, rules, expected outcome.
+    #[test]
+    fn defaults_are_auto_and_accept_unless_error() {
+        assert_eq!(CompletionRules::default(), AUTO);
+    }
+
+    /// Name, reply, what became of its code, code finals, rules, expected outcome.
     type Case<'a> = (
         &'a str,
         &'a str,
-        bool,
+        ReplyCode,
         Vec<(FinalKind, &'a str)>,
         CompletionRules,
         Completion,
@@ -589,8 +697,13 @@ mod tests {
     #[test]
     fn decision_table() {
         use FinalKind::*;
+        use ReplyCode::*;
         let accept = CompletionRules {
             code_and_final: CodeAndFinal::Accept,
+            ..AUTO
+        };
+        let see_output = CompletionRules {
+            code_and_final: CodeAndFinal::SeeOutputFirst,
             ..AUTO
         };
         let final_only = CompletionRules {
@@ -605,7 +718,7 @@ mod tests {
             (
                 "nothing",
                 "thinking...",
-                false,
+                NoBlocks,
                 vec![],
                 AUTO,
                 Completion::default(),
@@ -613,7 +726,7 @@ mod tests {
             (
                 "final line",
                 "FINAL(42)",
-                false,
+                NoBlocks,
                 vec![],
                 AUTO,
                 Completion {
@@ -624,7 +737,7 @@ mod tests {
             (
                 "final_var line resolves",
                 "FINAL_VAR(result)",
-                false,
+                NoBlocks,
                 vec![],
                 AUTO,
                 Completion {
@@ -635,7 +748,7 @@ mod tests {
             (
                 "final_var line checked before final line",
                 "FINAL(7)\nFINAL_VAR(result)",
-                false,
+                NoBlocks,
                 vec![],
                 AUTO,
                 Completion {
@@ -646,7 +759,7 @@ mod tests {
             (
                 "missing variable is not final and says so",
                 "FINAL_VAR(nope)",
-                false,
+                NoBlocks,
                 vec![],
                 AUTO,
                 Completion {
@@ -659,7 +772,7 @@ mod tests {
             (
                 "missing variable, then a FINAL line in the same reply",
                 "FINAL_VAR(nope)\nFINAL(7)",
-                false,
+                NoBlocks,
                 vec![],
                 AUTO,
                 Completion {
@@ -670,7 +783,7 @@ mod tests {
             (
                 "empty variable is not final",
                 "FINAL_VAR(blank)",
-                false,
+                NoBlocks,
                 vec![],
                 AUTO,
                 Completion {
@@ -684,7 +797,7 @@ mod tests {
             (
                 "no name",
                 "FINAL_VAR()",
-                false,
+                NoBlocks,
                 vec![],
                 AUTO,
                 Completion {
@@ -695,7 +808,7 @@ mod tests {
             (
                 "empty FINAL",
                 "FINAL(  )",
-                false,
+                NoBlocks,
                 vec![],
                 AUTO,
                 Completion {
@@ -709,7 +822,7 @@ mod tests {
             (
                 "unclosed FINAL",
                 "FINAL(3 (approx",
-                false,
+                NoBlocks,
                 vec![],
                 AUTO,
                 Completion {
@@ -720,7 +833,7 @@ mod tests {
             (
                 "answer dict from code",
                 "```repl\nanswer['ready'] = True\n```",
-                true,
+                Succeeded,
                 vec![(AnswerDict, "done")],
                 AUTO,
                 Completion {
@@ -731,7 +844,7 @@ mod tests {
             (
                 "first code final wins over later ones and over lines",
                 "```repl\na\n```\n```repl\nb\n```\nFINAL(9)",
-                true,
+                Succeeded,
                 vec![(FinalVar, "first"), (AnswerDict, "second")],
                 accept,
                 Completion {
@@ -740,11 +853,68 @@ mod tests {
                 },
             ),
             (
-                "code and FINAL line: output first (default)",
+                "code and FINAL line: accepted after the blocks ran (default)",
                 "```repl\nprint(1)\n```\nFINAL(1)",
-                true,
+                Succeeded,
                 vec![],
                 AUTO,
+                Completion {
+                    answer: answer("1", FinalLine),
+                    ..Default::default()
+                },
+            ),
+            (
+                "code and FINAL_VAR line: the value is read after the blocks (default)",
+                "```repl\nresult = 42\n```\nFINAL_VAR(result)",
+                Succeeded,
+                vec![],
+                AUTO,
+                Completion {
+                    answer: answer("42", FinalVarLine),
+                    ..Default::default()
+                },
+            ),
+            (
+                "code that raised holds the FINAL line back (default)",
+                "```repl\n1/0\n```\nFINAL(1)",
+                Failed,
+                vec![],
+                AUTO,
+                Completion {
+                    candidate: answer("1", FinalLine),
+                    notes: vec![FinalNote::HeldBackByError { kind: FinalLine }],
+                    ..Default::default()
+                },
+            ),
+            (
+                "code that raised holds the FINAL_VAR line back (default)",
+                "```repl\nresult = 42\n1/0\n```\nFINAL_VAR(result)",
+                Failed,
+                vec![],
+                AUTO,
+                Completion {
+                    candidate: answer("42", FinalVarLine),
+                    notes: vec![FinalNote::HeldBackByError { kind: FinalVarLine }],
+                    ..Default::default()
+                },
+            ),
+            (
+                "code that raised does not hold back an in-code answer",
+                "```repl\nFINAL_VAR(result)\n```\n```repl\n1/0\n```",
+                Failed,
+                vec![(FinalVar, "42")],
+                AUTO,
+                Completion {
+                    answer: answer("42", FinalVar),
+                    ..Default::default()
+                },
+            ),
+            (
+                "code and FINAL line: see output first",
+                "```repl\nprint(1)\n```\nFINAL(1)",
+                Succeeded,
+                vec![],
+                see_output,
                 Completion {
                     candidate: answer("1", FinalLine),
                     notes: vec![FinalNote::SeeOutputFirst { kind: FinalLine }],
@@ -752,11 +922,11 @@ mod tests {
                 },
             ),
             (
-                "code and FINAL_VAR line: output first, value read after the blocks",
+                "code and FINAL_VAR line: see output first, value read after the blocks",
                 "```repl\nresult = 42\n```\nFINAL_VAR(result)",
-                true,
+                Succeeded,
                 vec![],
-                AUTO,
+                see_output,
                 Completion {
                     candidate: answer("42", FinalVarLine),
                     notes: vec![FinalNote::SeeOutputFirst { kind: FinalVarLine }],
@@ -764,9 +934,9 @@ mod tests {
                 },
             ),
             (
-                "code and FINAL line: accept",
-                "```repl\nprint(1)\n```\nFINAL(1)",
-                true,
+                "code that raised and a FINAL line: accept",
+                "```repl\n1/0\n```\nFINAL(1)",
+                Failed,
                 vec![],
                 accept,
                 Completion {
@@ -775,9 +945,17 @@ mod tests {
                 },
             ),
             (
+                "a FINAL line followed by text on its line is prose",
+                "```repl\nprint(1)\n```\nFINAL(1) and more",
+                Succeeded,
+                vec![],
+                AUTO,
+                Completion::default(),
+            ),
+            (
                 "FINAL inside the repl block is code",
                 "```repl\nFINAL(1)\n```",
-                true,
+                Succeeded,
                 vec![],
                 AUTO,
                 Completion::default(),
@@ -785,7 +963,7 @@ mod tests {
             (
                 "protocol final ignores the answer dict",
                 "```repl\nanswer['ready'] = True\n```",
-                true,
+                Succeeded,
                 vec![(AnswerDict, "done")],
                 final_only,
                 Completion {
@@ -799,7 +977,7 @@ mod tests {
             (
                 "protocol final accepts in-code FINAL_VAR",
                 "```repl\nFINAL_VAR(result)\n```",
-                true,
+                Succeeded,
                 vec![(FinalVar, "42")],
                 final_only,
                 Completion {
@@ -810,7 +988,7 @@ mod tests {
             (
                 "protocol answer ignores lines",
                 "FINAL(42)",
-                false,
+                NoBlocks,
                 vec![],
                 answer_only,
                 Completion {
@@ -824,7 +1002,7 @@ mod tests {
             (
                 "protocol answer ignores in-code FINAL_VAR",
                 "```repl\nFINAL_VAR(result)\n```",
-                true,
+                Succeeded,
                 vec![(FinalVar, "42")],
                 answer_only,
                 Completion {
@@ -838,7 +1016,7 @@ mod tests {
             (
                 "empty answer content is not final",
                 "```repl\nanswer['ready'] = True\n```",
-                true,
+                Succeeded,
                 vec![(AnswerDict, "")],
                 AUTO,
                 Completion {
@@ -852,7 +1030,7 @@ mod tests {
             (
                 "multi-line verbatim answer keeps quotes and parentheses",
                 "Here it is.\nFINAL(\"a\" (b)\n  c)",
-                false,
+                NoBlocks,
                 vec![],
                 AUTO,
                 Completion {
@@ -861,8 +1039,8 @@ mod tests {
                 },
             ),
         ];
-        for (name, reply, had_blocks, code, rules, want) in cases {
-            assert_eq!(check(reply, had_blocks, &code, rules), want, "case: {name}");
+        for (name, reply, reply_code, code, rules, want) in cases {
+            assert_eq!(check(reply, reply_code, &code, rules), want, "case: {name}");
         }
     }
 

@@ -15,6 +15,8 @@ const FINISH_AUTO: &str = include_str!("../../../../prompts/finish_auto.md");
 const FINISH_FINAL: &str = include_str!("../../../../prompts/finish_final.md");
 const FINISH_ANSWER: &str = include_str!("../../../../prompts/finish_answer.md");
 const CODE_AND_FINAL: &str = include_str!("../../../../prompts/code_and_final.md");
+const CODE_AND_FINAL_UNLESS_ERROR: &str =
+    include_str!("../../../../prompts/code_and_final_unless_error.md");
 const FIRST_MESSAGE: &str = include_str!("../../../../prompts/first_message.md");
 const FOLLOW_UP_MESSAGE: &str = include_str!("../../../../prompts/follow_up_message.md");
 const FEEDBACK_FOOTER: &str = include_str!("../../../../prompts/feedback_footer.md");
@@ -26,6 +28,7 @@ const NOTE_EMPTY_VALUE: &str = include_str!("../../../../prompts/notes/empty_val
 const NOTE_UNCLOSED: &str = include_str!("../../../../prompts/notes/unclosed.md");
 const NOTE_INACTIVE: &str = include_str!("../../../../prompts/notes/inactive.md");
 const NOTE_SEE_OUTPUT_FIRST: &str = include_str!("../../../../prompts/notes/see_output_first.md");
+const NOTE_HELD_BACK: &str = include_str!("../../../../prompts/notes/held_back.md");
 const HOW_ANSWER: &str = include_str!("../../../../prompts/notes/how_answer.md");
 const HOW_FINAL: &str = include_str!("../../../../prompts/notes/how_final.md");
 const NOTE_CUT_OFF: &str = include_str!("../../../../prompts/notes/cut_off.md");
@@ -169,6 +172,7 @@ impl Prompts {
             Protocol::Answer => FINISH_ANSWER,
         };
         let code_and_final = match self.rules.code_and_final {
+            CodeAndFinal::AcceptUnlessError => CODE_AND_FINAL_UNLESS_ERROR,
             CodeAndFinal::SeeOutputFirst => CODE_AND_FINAL,
             CodeAndFinal::Accept => "",
         };
@@ -261,6 +265,10 @@ impl Prompts {
             FinalNote::CutOff => NOTE_CUT_OFF.to_owned(),
             FinalNote::SeeOutputFirst { kind } => fill(
                 NOTE_SEE_OUTPUT_FIRST,
+                &[("convention", &format!("a `{}` line", convention(*kind)))],
+            ),
+            FinalNote::HeldBackByError { kind } => fill(
+                NOTE_HELD_BACK,
                 &[("convention", &format!("a `{}` line", convention(*kind)))],
             ),
         };
@@ -454,7 +462,7 @@ mod tests {
     fn prompts(protocol: Protocol) -> Prompts {
         Prompts::new(
             PromptConfig::default(),
-            rules(protocol, CodeAndFinal::SeeOutputFirst),
+            rules(protocol, CodeAndFinal::AcceptUnlessError),
             20_000,
             30,
         )
@@ -554,7 +562,11 @@ mod tests {
     fn finish_instructions_per_protocol_and_policy() {
         let mut all = String::new();
         for protocol in [Protocol::Auto, Protocol::Final, Protocol::Answer] {
-            for policy in [CodeAndFinal::SeeOutputFirst, CodeAndFinal::Accept] {
+            for policy in [
+                CodeAndFinal::AcceptUnlessError,
+                CodeAndFinal::SeeOutputFirst,
+                CodeAndFinal::Accept,
+            ] {
                 let p = Prompts::new(PromptConfig::default(), rules(protocol, policy), 20_000, 30);
                 all.push_str(&format!("===== protocol {protocol}, {policy:?}\n"));
                 all.push_str(&p.finish_instructions());
@@ -652,6 +664,9 @@ mod tests {
             },
             FinalNote::SeeOutputFirst {
                 kind: FinalKind::FinalVarLine,
+            },
+            FinalNote::HeldBackByError {
+                kind: FinalKind::FinalLine,
             },
             FinalNote::CutOff,
         ];

@@ -303,6 +303,11 @@ fn each_final_answer_convention() {
         c.completion.protocol = Protocol::Answer;
         c
     };
+    let see_output_first = {
+        let mut c = config();
+        c.completion.code_and_final = CodeAndFinal::SeeOutputFirst;
+        c
+    };
     let cases = [
         Case {
             name: "answer dict, content as it was when ready became true",
@@ -390,11 +395,62 @@ fn each_final_answer_convention() {
             iterations: 1,
         },
         Case {
-            name: "code and FINAL: by default the model sees the output first",
+            name: "code and FINAL: by default accepted after the code ran",
             config: config(),
+            replies: &["```repl\nx = 41\n```\nFINAL(41)", "FINAL(42)"],
+            answer: "41",
+            kind: FinalKind::FinalLine,
+            iterations: 1,
+        },
+        Case {
+            name: "code and FINAL_VAR of what the code just assigned: by default accepted",
+            config: config(),
+            replies: &["```repl\nx = 6 * 7\n```\nFINAL_VAR(x)"],
+            answer: "42",
+            kind: FinalKind::FinalVarLine,
+            iterations: 1,
+        },
+        Case {
+            name: "code that raised: by default the FINAL line is held back",
+            config: config(),
+            replies: &["```repl\nx = 41\n1 / 0\n```\nFINAL(41)", "FINAL(42)"],
+            answer: "42",
+            kind: FinalKind::FinalLine,
+            iterations: 2,
+        },
+        Case {
+            name: "code and FINAL: see the output first when configured",
+            config: see_output_first,
             replies: &["```repl\nx = 41\n```\nFINAL(41)", "FINAL(42)"],
             answer: "42",
             kind: FinalKind::FinalLine,
+            iterations: 2,
+        },
+        Case {
+            name: "a FINAL line with text after its parenthesis is prose",
+            config: config(),
+            replies: &["FINAL(41) is my first guess", "FINAL(42)"],
+            answer: "42",
+            kind: FinalKind::FinalLine,
+            iterations: 2,
+        },
+        Case {
+            name: "in-code FINAL_VAR of a missing variable is not an answer",
+            config: config(),
+            replies: &["```repl\nFINAL_VAR('nowhere')\n```", "FINAL(42)"],
+            answer: "42",
+            kind: FinalKind::FinalLine,
+            iterations: 2,
+        },
+        Case {
+            name: "a rebound answer dict is the answer",
+            config: config(),
+            replies: &[
+                "```repl\nanswer = {'content': 'later', 'ready': False}\n```",
+                "```repl\nanswer['ready'] = True\n```",
+            ],
+            answer: "later",
+            kind: FinalKind::AnswerDict,
             iterations: 2,
         },
         Case {
@@ -430,7 +486,7 @@ fn rejected_final_attempts_are_explained_in_the_next_message() {
         &[
             "FINAL_VAR(nowhere)",
             "FINAL()",
-            "```repl\nx = 1\n```\nFINAL(1)",
+            "```repl\nx = 1 / 0\n```\nFINAL(1)",
             "FINAL(2)",
         ],
     );
@@ -446,7 +502,7 @@ fn rejected_final_attempts_are_explained_in_the_next_message() {
         seen[2]
     );
     assert!(
-        seen[3].contains("written before you saw the output"),
+        seen[3].contains("a block of that reply failed (see above), so the answer was held back"),
         "{}",
         seen[3]
     );
@@ -661,7 +717,11 @@ fn cost_budget_stops_the_run() {
 #[test]
 fn a_candidate_answer_survives_a_stop() {
     let harness = Harness::new(Setup {
-        script: script(&["```repl\nx = 42\n```\nFINAL(42)", FAN_OUT, "FINAL(never)"]),
+        script: script(&[
+            "```repl\nx = 42\nraise ValueError('not yet')\n```\nFINAL(42)",
+            FAN_OUT,
+            "FINAL(never)",
+        ]),
         budget: Budget {
             max_calls: Some(3),
             ..Budget::default()
@@ -673,7 +733,7 @@ fn a_candidate_answer_survives_a_stop() {
     assert_eq!(
         result.answer.as_deref(),
         Some("42"),
-        "the deferred FINAL is the best partial answer"
+        "the held-back FINAL is the best partial answer"
     );
     assert_eq!(result.answer_kind, Some(FinalKind::FinalLine));
 }
