@@ -1,6 +1,24 @@
 //! The three final-answer conventions through the real binary, with their edge cases.
 
+use serde_json::Value;
+
 use crate::support::{Mock, file, repl, script};
+
+/// [`run_script`] with a trajectory: the run and the trajectory's `iteration` lines.
+fn run_traced(replies: &[&str], extra: &[&str]) -> (Mock, crate::support::Run, Vec<Value>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("t.jsonl");
+    let mut args = vec!["--trajectory", path.to_str().expect("utf-8")];
+    args.extend_from_slice(extra);
+    let (mock, run) = run_script(replies, &args);
+    let text = std::fs::read_to_string(&path).expect("trajectory");
+    let iterations = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("JSON line"))
+        .filter(|l| l["type"] == "iteration")
+        .collect();
+    (mock, run, iterations)
+}
 
 fn run_script(replies: &[&str], extra: &[&str]) -> (Mock, crate::support::Run) {
     let mock = Mock::start(script(replies));
@@ -73,10 +91,10 @@ fn answer_dict_gives_the_content_when_ready() {
 
 #[test]
 fn final_var_in_code_and_in_text() {
-    let code = repl("words = context.split()\nFINAL_VAR(str(len(words)) + ' words')");
+    let code = repl("words = context.split()\nFINAL_VAR(len(words))");
     let (_mock, run) = run_script(&[&code], &[]);
     run.assert_code(0);
-    assert_eq!(run.last_line(), "3 words");
+    assert_eq!(run.last_line(), "3");
 
     let (_mock, run) = run_script(
         &[&repl("result = context.upper()"), "FINAL_VAR( \"result\" )"],
@@ -113,30 +131,122 @@ fn fence_tags_other_than_repl_do_not_run() {
 }
 
 #[test]
-fn code_and_final_in_one_reply_waits_for_the_output_unless_accepted() {
+fn code_and_final_in_one_reply_finish_in_that_reply_unless_a_block_raised() {
+    // The reference runtime's way: blocks first, then the line, one root call.
+    let (mock, run) = run_script(
+        &["```repl\nn = len(context.split())\nsummary = f'{n} words'\n```\nFINAL_VAR(summary)"],
+        &[],
+    );
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "3 words");
+    assert_eq!(mock.root_requests(), 1);
+
     let replies = [
         "```repl\nn = len(context.split())\nprint(n)\n```\nFINAL(3 words)",
         "I saw the output.\nFINAL(confirmed: 3 words)",
     ];
     let (mock, run) = run_script(&replies, &[]);
     run.assert_code(0);
-    assert_eq!(run.last_line(), "confirmed: 3 words");
-    assert_eq!(
-        mock.root_requests(),
-        2,
-        "the model saw its output before finishing"
-    );
+    assert_eq!(run.last_line(), "3 words");
+    assert_eq!(mock.root_requests(), 1);
 
-    let (mock, run) = run_script(&replies, &["--code-and-final", "accept"]);
+    // A block that raised holds the answer back, and the model is told why.
+    let raised = [
+        "```repl\nn = len(context.split()) / 0\n```\nFINAL(3 words)",
+        "FINAL(after the error)",
+    ];
+    let (mock, run, iterations) = run_traced(&raised, &[]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "after the error");
+    assert_eq!(mock.root_requests(), 2);
+    assert_eq!(
+        iterations[0]["blocks"][0]["error"]["type_name"],
+        "ZeroDivisionError"
+    );
+    assert_eq!(
+        iterations[0]["notes"],
+        serde_json::json!([{"note": "held_back_by_error", "kind": "final_line"}])
+    );
+    let (mock, run) = run_script(&raised, &["--code-and-final", "accept"]);
     run.assert_code(0);
     assert_eq!(run.last_line(), "3 words");
     assert_eq!(mock.root_requests(), 1);
+
+    // The stricter mode stays as an opt-in (also under its old name).
+    for mode in ["see-output-first", "see-output"] {
+        let (mock, run) = run_script(&replies, &["--code-and-final", mode]);
+        run.assert_code(0);
+        assert_eq!(run.last_line(), "confirmed: 3 words");
+        assert_eq!(
+            mock.root_requests(),
+            2,
+            "{mode}: the model saw its output first"
+        );
+    }
+}
+
+#[test]
+fn a_rebound_answer_dict_is_the_answer_and_a_non_dict_is_reset() {
+    let (mock, run) = run_script(
+        &[
+            &repl("answer = {'content': 'later', 'ready': False}"),
+            &repl("answer['ready'] = True"),
+        ],
+        &[],
+    );
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "later");
+    assert_eq!(mock.root_requests(), 2);
+
+    let (_mock, run, iterations) = run_traced(
+        &[
+            &repl("answer = 'done'"),
+            &repl("answer['content'] = 'fresh'\nanswer['ready'] = True"),
+        ],
+        &[],
+    );
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "fresh");
+    let stderr = iterations[0]["blocks"][0]["stderr"]
+        .as_str()
+        .expect("stderr");
+    assert!(
+        stderr.contains("`answer` must stay a dict; it was str, so it was reset"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn in_code_final_var_of_a_missing_variable_is_not_an_answer() {
+    let (mock, run, iterations) = run_traced(
+        &[&repl("total = 3\nFINAL_VAR('totl')"), "FINAL_VAR(total)"],
+        &[],
+    );
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "3", "not the misspelt name");
+    assert_eq!(mock.root_requests(), 2);
+    let stderr = iterations[0]["blocks"][0]["stderr"]
+        .as_str()
+        .expect("stderr");
+    assert!(
+        stderr.contains("names no variable `totl`, so no final answer was recorded"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("Your variables: `total`"), "{stderr}");
+}
+
+#[test]
+fn a_final_line_must_end_at_its_parenthesis() {
+    let (mock, run) = run_script(&["FINAL(42) done", "FINAL(43)\n"], &[]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "43");
+    assert_eq!(mock.root_requests(), 2, "the first reply did not finish");
 }
 
 #[test]
 fn the_protocol_picks_its_convention_when_a_block_uses_both() {
     let both = repl(
-        "FINAL_VAR('from final_var')\nanswer['content'] = 'from the dict'\nanswer['ready'] = True",
+        "v = 'from final_var'\nFINAL_VAR('v')\nanswer['content'] = 'from the dict'\nanswer['ready'] = True",
     );
     let (_mock, run) = run_script(&[&both], &["--protocol", "answer"]);
     run.assert_code(0);

@@ -8,9 +8,10 @@
 //! (no wrapper frames), so variables assigned before an exception stay, and the traceback
 //! holds only the user's frames (the support module's frames are dropped).
 //!
-//! After the block: reserved names that were rebound or deleted are restored (with a note on
-//! stderr), a ready `answer` that bypassed the dict hooks is recorded, and the result
-//! collects the captured output, sub-calls (ledger records since the block started),
+//! After the block: `answer` rebound to a mapping becomes the answer slot (rebound to anything
+//! else, it is reset, with a note on stderr), other reserved names that were rebound or deleted
+//! are restored (with a note), a ready `answer` that bypassed the dict hooks is recorded, and
+//! the result collects the captured output, sub-calls (ledger records since the block started),
 //! variables and the final answer recorded during the block.
 
 use std::collections::HashSet;
@@ -48,9 +49,8 @@ impl SessionState {
         // a capture nobody reads.
         let scope = BlockScope::begin(&session, &stdout, &stderr).map_err(fail)?;
         let names_before: HashSet<String> = self.user_names(py)?.into_iter().collect();
-        let answer = self.answer.bind(py).clone();
-        let version_before = support
-            .call_method1("answer_version", (&answer,))
+        let answer_before = support
+            .call_method1("answer_state", (self.answer_slot(py),))
             .map_err(fail)?;
         let ledger_start = self.bridge.endpoints().ledger().next_call_index();
         let globals = self.globals.bind(py).clone();
@@ -60,14 +60,18 @@ impl SessionState {
         if let Some(error) = &error {
             stderr.get().push(&error.traceback);
         }
-        // A rebound `answer` is checked before the reserved names are restored.
-        let current_answer = globals.get_item("answer").map_err(fail)?;
-        support
+        // Tidy the namespace: `answer` first (a rebound mapping becomes the answer slot).
+        let (slot, note): (Bound<'_, PyAny>, Option<String>) = support
             .call_method1(
-                "check_answer_after_block",
-                (&session, &answer, current_answer, version_before),
+                "settle_answer",
+                (&session, self.answer.bind(py), &globals, answer_before),
             )
+            .and_then(|settled| settled.extract())
             .map_err(fail)?;
+        if let Some(note) = note {
+            stderr.get().push(&format!("{note}\n"));
+        }
+        self.set_answer_slot(slot.unbind());
         self.restore_reserved(&globals, stderr.get())
             .map_err(fail)?;
         let final_answers = recorded_finals(&session).map_err(fail)?;

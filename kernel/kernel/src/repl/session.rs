@@ -415,6 +415,7 @@ pub(crate) struct SessionState {
     pub(crate) globals: Py<PyDict>,
     /// The support module's `Session` object for this session.
     pub(crate) py_session: Py<PyAny>,
+    /// The session's own `answer` dict (the slot after a reset; see `answer_slot`).
     pub(crate) answer: Py<PyAny>,
     pub(crate) reserved: Vec<(String, Py<PyAny>)>,
     pub(crate) reserved_set: Py<PyFrozenSet>,
@@ -502,7 +503,7 @@ impl SessionState {
             .collect();
         let reserved_set = PyFrozenSet::new(py, &names).map_err(fail)?;
         let final_var = support
-            .call_method1("make_final_var", (&py_session, &globals))
+            .call_method1("make_final_var", (&py_session, &globals, &reserved_set))
             .map_err(fail)?;
         let show_vars = support
             .call_method1("make_show_vars", (&globals, &reserved_set))
@@ -562,12 +563,29 @@ impl SessionState {
             .map_err(|e| ReplError::internal("listing variables", e))
     }
 
-    fn reset_answer(&self, py: Python<'_>) -> Result<(), ReplError> {
+    fn reset_answer(&mut self, py: Python<'_>) -> Result<(), ReplError> {
         let answer = self.answer.bind(py);
         answer
             .call_method0("reset")
             .and_then(|_| self.globals.bind(py).set_item("answer", answer))
-            .map_err(|e| ReplError::internal("resetting the answer dict", e))
+            .map_err(|e| ReplError::internal("resetting the answer dict", e))?;
+        self.set_answer_slot(answer.clone().unbind());
+        Ok(())
+    }
+
+    /// What `answer` is now: the session's own dict, or a mapping a block rebound it to.
+    pub(crate) fn answer_slot<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+        self.reserved
+            .iter()
+            .find(|(name, _)| name == "answer")
+            .map_or_else(|| self.answer.bind(py).clone(), |(_, v)| v.bind(py).clone())
+    }
+
+    /// Makes `slot` the object that `answer` is restored to after each block.
+    pub(crate) fn set_answer_slot(&mut self, slot: Py<PyAny>) {
+        if let Some(entry) = self.reserved.iter_mut().find(|(name, _)| name == "answer") {
+            entry.1 = slot;
+        }
     }
 
     fn variable_as_string(

@@ -12,6 +12,7 @@ execution itself, the watchdog and the sub-model natives live in Rust.
 
 import ast
 import builtins
+from collections.abc import Mapping
 import gc
 import io
 import itertools
@@ -873,36 +874,91 @@ class AnswerDict(dict):
         return (dict, (dict(self),))
 
 
-def answer_version(answer):
-    return getattr(answer, "_version", None)
+def answer_state(slot):
+    """Before a block: what `settle_answer` compares against afterwards."""
+    try:
+        ready = bool(slot.get("ready"))
+    except Exception:
+        ready = False
+    return slot, getattr(slot, "_version", None), ready
 
 
-def check_answer_after_block(session, answer, current, version_before):
-    """After a block: record a ready answer that bypassed the hooks.
+_UNSET = object()
 
-    `current` is what the namespace's `answer` is now (the user may have rebound it to a
-    plain dict); `answer` is the session's own AnswerDict."""
+
+def settle_answer(session, own, globals_, before):
+    """After a block: decide what `answer` is and record a ready answer that bypassed the
+    AnswerDict hooks. Returns (slot, note): the object that is the answer slot from now on,
+    and a note for the block's stderr (or None).
+
+    `own` is the session's AnswerDict; `before` is `answer_state` of the slot before the
+    block. A block that rebinds `answer` to a mapping makes that mapping the slot (its
+    `content` and `ready` are read from it, now and after later blocks); rebinding it to
+    anything else puts back a fresh `{"content": "", "ready": False}`; deleting it puts the
+    slot back."""
+    slot, version_before, ready_before = before
+    current = globals_.get("answer", _UNSET)
+    note = None
+    rebound = current is not slot
+    if current is _UNSET:
+        globals_["answer"] = slot
+        note = "Note: `answer` is reserved by the REPL and was restored; keep your value under another name."
+        rebound = False
+    elif rebound and isinstance(current, Mapping):
+        slot = current
+    elif rebound:
+        own.reset()
+        slot = own
+        globals_["answer"] = own
+        note = (
+            f"Note: `answer` must stay a dict; it was {type(current).__name__}, so it was reset to "
+            '`{"content": "", "ready": False}`. To finish, set `answer["content"]` and then '
+            '`answer["ready"] = True`.'
+        )
+        rebound = False
     if "answer" in session.finals:
-        return
+        return slot, note
     # The user's objects decide truth and text here; their failure means "not ready".
     try:
-        if current is not answer:
-            if hasattr(current, "get") and current.get("ready"):
-                _record(session, "answer", str(current.get("content", "")))
-        elif answer._version != version_before and answer.get("ready"):
-            _record(session, "answer", str(answer.get("content", "")))
+        if slot is own:
+            ready = own._version != version_before and own.get("ready")
+        else:
+            # A plain mapping has no hooks: ready now, and not already before this block.
+            ready = slot.get("ready") and (rebound or not ready_before)
+        if ready:
+            _record(session, "answer", str(slot.get("content", "")))
     except Exception:
         pass
+    return slot, note
 
 
-def make_final_var(session, globals_):
+def make_final_var(session, globals_, reserved):
     def FINAL_VAR(value):
-        """Record the final answer: a value, or the name (a str) of a variable whose str()
-        is the answer. Returns the recorded text."""
-        if isinstance(value, str) and value.strip().isidentifier() and value.strip() in globals_:
-            text = str(globals_[value.strip()])
-        else:
+        """Record the final answer: the name (a str) of a variable whose str() is the answer,
+        a str variable itself, or a value that is not a str. Returns the recorded text, or an
+        error text when no variable has that name (then nothing is recorded)."""
+        if not isinstance(value, str):
             text = str(value)
+        else:
+            name = value.strip().strip("\"'`").strip()
+            if name in globals_:
+                text = str(globals_[name])
+            elif _is_user_value(globals_, reserved, value):
+                # `FINAL_VAR(summary)` with `summary` a str variable: the caller passed the
+                # variable itself (the very object), not its name.
+                text = value
+            else:
+                names = user_names(globals_, reserved)
+                listed = ", ".join(f"`{n}`" for n in names) if names else "none yet"
+                # A whole document passed by mistake must not flood the model's next message.
+                shown = name if len(name) <= 60 else name[:57] + "..."
+                error = (
+                    f"Error: FINAL_VAR({_repr.repr(value)}) names no variable `{shown}`, so no final answer "
+                    f"was recorded. Your variables: {listed}. Assign the answer to a variable "
+                    "first, then call FINAL_VAR with its name."
+                )
+                print(error, file=sys.stderr)
+                return error
         _record(session, "final_var", text)
         return text
 
@@ -1009,6 +1065,10 @@ def _is_user_name(name, value, reserved):
         and name not in reserved
         and type(value).__name__ != "module"
     )
+
+
+def _is_user_value(globals_, reserved, value):
+    return any(v is value and _is_user_name(n, v, reserved) for n, v in list(globals_.items()))
 
 
 def user_names(globals_, reserved):

@@ -30,14 +30,35 @@
 //!                                                    RlmResult
 //! ```
 //!
+//! # Final answers
+//!
+//! The exact rules are on [`check_completion`]; in short, a run ends when:
+//!
+//! - code sets `answer["ready"] = True`: the answer is `str(answer["content"])`. A block that
+//!   rebinds `answer` to a dict (any mapping) makes that mapping the answer slot, read after
+//!   every later block (`answer = {"content": "later", "ready": False}`, then
+//!   `answer["ready"] = True`); rebinding it to anything else puts back a fresh
+//!   `{"content": "", "ready": False}`, with a note in the block's stderr;
+//! - code calls `FINAL_VAR(x)`: a str is the name of a variable (trimmed of whitespace and
+//!   quotes; a str variable passed itself is its own value); a name that is not defined records
+//!   nothing, and the call returns (and prints to stderr) an error naming it and listing the
+//!   user variables; any other value is its own answer (`str(x)`);
+//! - a reply line outside ```` ```repl ```` blocks starts with `FINAL_VAR(name)`, or starts with
+//!   `FINAL(` and ends with the balancing `)` (`FINAL(42) done` is prose);
+//! - a reply has code and such a line: the blocks run first, then the line is read, and it
+//!   ends the run unless a block of that reply raised ([`CodeAndFinal::AcceptUnlessError`]).
+//!
+//! The parsers ([`extract_code_blocks`], [`scan_final_lines`]) run in linear time on any reply
+//! and never panic; property tests check both.
+//!
 //! # Defaults worth knowing
 //!
 //! - 30 iterations, then one "answer now" call; 5 failing iterations in a row stop the run; no
 //!   wall-clock limit unless [`RlmConfig::run_timeout`] is set (at the deadline a running block
 //!   is interrupted through the session's cancellation token).
 //! - Block output shown to the model: 20 000 characters per block, head and tail kept.
-//! - A reply with code *and* a `FINAL`/`FINAL_VAR` line is not accepted until the model has seen
-//!   the output ([`CodeAndFinal::SeeOutputFirst`]; see [`check_completion`] for why).
+//! - A reply with code *and* a `FINAL`/`FINAL_VAR` line ends the run after its blocks ran,
+//!   unless one of them raised ([`CodeAndFinal::AcceptUnlessError`]; see [`check_completion`]).
 //! - [`Rlm::run`] blocks the calling thread and may be called again; hooks stay registered.
 //!
 //! # Example
@@ -94,7 +115,7 @@ pub use executor::{CodeExecutor, ExecutedReply, ExecutionStop};
 pub use feedback::{FeedbackConfig, format_block, format_feedback, truncate_middle};
 pub use final_answer::{
     CodeAndFinal, Completion, CompletionRules, FinalKind, FinalLines, FinalNote, FinalText,
-    FoundAnswer, Protocol, UnknownCodeAndFinal, UnknownProtocol, check_completion,
+    FoundAnswer, Protocol, ReplyCode, UnknownCodeAndFinal, UnknownProtocol, check_completion,
     scan_final_lines,
 };
 pub use generator::{CodeGenerator, Conversation, Generation};

@@ -239,13 +239,18 @@ fn reserved_names_are_restored_and_user_names_untouched() {
         &s,
         "context = 'mine'\nllm_query = None\ndel FINAL_VAR\nanswer = 5\nmy_var = 1\ncontext_0 = 2",
     );
-    for name in ["context", "llm_query", "FINAL_VAR", "answer", "context_0"] {
+    for name in ["context", "llm_query", "FINAL_VAR", "context_0"] {
         assert!(
             r.stderr.contains(&format!("`{name}` is reserved")),
             "{}",
             r.stderr
         );
     }
+    assert!(
+        r.stderr.contains("`answer` must stay a dict; it was int"),
+        "{}",
+        r.stderr
+    );
     let r = ok(
         &s,
         "print(context, context_0 is context, callable(llm_query), callable(FINAL_VAR), answer['ready'], my_var)",
@@ -281,11 +286,108 @@ fn answer_dict_records_the_final_answer_when_ready() {
     let s = session();
     let r = ok(&s, "answer.update(content='via update', ready=True)");
     assert_eq!(r.final_answer().expect("recorded").value, "via update");
-    // A rebound plain dict that is ready still counts, and `answer` is restored.
+}
+
+#[test]
+fn a_rebound_answer_mapping_is_the_answer_slot() {
+    // Name, blocks in order, the answer recorded by the last block, a note the blocks print.
+    type Case<'a> = (&'a str, &'a [&'a str], Option<&'a str>, Option<&'a str>);
+    let cases: &[Case<'_>] = &[
+        (
+            "rebound, then ready in a later block",
+            &[
+                "answer = {'content': 'later', 'ready': False}",
+                "answer['ready'] = True",
+            ],
+            Some("later"),
+            None,
+        ),
+        (
+            "rebound with ready already true",
+            &["answer = {'content': 'now', 'ready': True}"],
+            Some("now"),
+            None,
+        ),
+        (
+            "rebound to a dict the code keeps another name for",
+            &[
+                "d = {'content': '', 'ready': False}\nanswer = d",
+                "d['content'] = 'via d'\nd['ready'] = True",
+            ],
+            Some("via d"),
+            None,
+        ),
+        (
+            "rebound to another kind of mapping",
+            &[
+                "import collections\nanswer = collections.OrderedDict(content='ordered')",
+                "answer['ready'] = 1",
+            ],
+            Some("ordered"),
+            None,
+        ),
+        (
+            "an adopted dict that was ready is not recorded again",
+            &["answer = {'content': 'once', 'ready': True}", "x = 1"],
+            None,
+            None,
+        ),
+        (
+            "deleting an adopted dict puts it back",
+            &[
+                "answer = {'content': 'kept', 'ready': False}",
+                "del answer",
+                "answer['ready'] = True",
+            ],
+            Some("kept"),
+            Some("`answer` is reserved by the REPL and was restored"),
+        ),
+        (
+            "rebound to a non-mapping: a fresh dict and a note",
+            &[
+                "answer['content'] = 'old'\nanswer = 'done'",
+                "answer['ready'] = True",
+            ],
+            Some(""),
+            Some("`answer` must stay a dict; it was str, so it was reset"),
+        ),
+        (
+            "after the reset the fresh dict finishes as usual",
+            &[
+                "answer = 5",
+                "answer['content'] = 'fresh'\nanswer['ready'] = True",
+            ],
+            Some("fresh"),
+            Some("`answer` must stay a dict; it was int"),
+        ),
+    ];
+    for (name, blocks, want, note) in cases {
+        let s = session();
+        let results: Vec<_> = blocks.iter().map(|code| ok(&s, code)).collect();
+        let last = results.last().expect("one block at least");
+        let got = last
+            .final_answers
+            .iter()
+            .find(|a| a.source == FinalSource::AnswerDict)
+            .map(|a| a.value.as_str());
+        assert_eq!(got, *want, "case: {name}");
+        let stderr: String = results.iter().map(|r| r.stderr.as_str()).collect();
+        match note {
+            Some(note) => assert!(stderr.contains(note), "case: {name}: {stderr}"),
+            None => assert!(stderr.is_empty(), "case: {name}: {stderr}"),
+        }
+    }
+}
+
+#[test]
+fn a_new_run_gets_the_sessions_own_answer_dict_back() {
     let s = session();
-    let r = ok(&s, "answer = {'content': 'rebound', 'ready': True}");
-    assert_eq!(r.final_answer().expect("recorded").value, "rebound");
-    assert_eq!(ok(&s, "type(answer).__name__").stdout, "'AnswerDict'\n");
+    ok(&s, "answer = {'content': 'old run', 'ready': True}");
+    s.reset_answer().expect("reset");
+    let r = ok(&s, "print(type(answer).__name__, answer)");
+    assert_eq!(r.stdout, "AnswerDict {'content': '', 'ready': False}\n");
+    let r = ok(&s, "x = 1");
+    assert_eq!(r.final_answer(), None);
 }
 
 #[test]
@@ -293,7 +395,7 @@ fn each_convention_keeps_its_own_final_answer() {
     let s = session();
     let r = ok(
         &s,
-        "FINAL_VAR('first')\nanswer['content'] = 'dict'\nanswer['ready'] = True\nFINAL_VAR('last')",
+        "FINAL_VAR(1)\nanswer['content'] = 'dict'\nanswer['ready'] = True\nFINAL_VAR(2)",
     );
     let got: Vec<(FinalSource, &str)> = r
         .final_answers
@@ -303,7 +405,7 @@ fn each_convention_keeps_its_own_final_answer() {
     assert_eq!(
         got,
         [
-            (FinalSource::FinalVar, "last"),
+            (FinalSource::FinalVar, "2"),
             (FinalSource::AnswerDict, "dict")
         ],
         "FINAL_VAR keeps its last value, in the slot it first took"
@@ -317,17 +419,83 @@ fn each_convention_keeps_its_own_final_answer() {
 
 #[test]
 fn final_var_records_a_value_or_a_named_variable() {
-    let s = session();
-    let r = ok(&s, "result = {'total': 3}\nFINAL_VAR('result')");
-    let fa = r.final_answer().expect("recorded");
-    assert_eq!(fa.value, "{'total': 3}");
-    assert_eq!(fa.source, FinalSource::FinalVar);
-    let r = ok(&s, "FINAL_VAR(6 * 7)");
-    assert_eq!(r.final_answer().expect("recorded").value, "42");
-    let r = ok(&s, "FINAL_VAR('plain words')");
-    assert_eq!(r.final_answer().expect("recorded").value, "plain words");
-    let r = ok(&s, "y = 1");
-    assert_eq!(r.final_answer(), None);
+    // Code, the answer recorded, what the call returned (printed), a text on stderr.
+    let cases: &[(&str, Option<&str>, &str, Option<&str>)] = &[
+        (
+            "FINAL_VAR('result')",
+            Some("{'total': 3}"),
+            "{'total': 3}",
+            None,
+        ),
+        (
+            "FINAL_VAR(' result ')",
+            Some("{'total': 3}"),
+            "{'total': 3}",
+            None,
+        ),
+        (
+            "FINAL_VAR('\"result\"')",
+            Some("{'total': 3}"),
+            "{'total': 3}",
+            None,
+        ),
+        (
+            "FINAL_VAR(result)",
+            Some("{'total': 3}"),
+            "{'total': 3}",
+            None,
+        ),
+        ("FINAL_VAR(6 * 7)", Some("42"), "42", None),
+        ("FINAL_VAR(None)", Some("None"), "None", None),
+        // A str variable passed itself (not its name) is its value.
+        (
+            "FINAL_VAR(words)",
+            Some("three little words"),
+            "three little words",
+            None,
+        ),
+        (
+            "FINAL_VAR('reslt')",
+            None,
+            "Error: FINAL_VAR('reslt') names no variable `reslt`, so no final answer was recorded. \
+             Your variables: `result`, `other`, `words`. Assign the answer to a variable first, then call \
+             FINAL_VAR with its name.",
+            Some("names no variable `reslt`"),
+        ),
+        (
+            "FINAL_VAR('plain words')",
+            None,
+            "Error: FINAL_VAR('plain words') names no variable `plain words`",
+            Some("Your variables: `result`, `other`, `words`."),
+        ),
+        (
+            "FINAL_VAR('')",
+            None,
+            "Error: FINAL_VAR('') names no variable ``",
+            Some("no final answer was recorded"),
+        ),
+    ];
+    for (call, recorded, returned, stderr) in cases {
+        let s = session();
+        ok(
+            &s,
+            "result = {'total': 3}\nother = 1\nwords = 'three little words'",
+        );
+        let r = ok(&s, &format!("print({call})"));
+        assert_eq!(
+            r.final_answer().map(|a| a.value.as_str()),
+            *recorded,
+            "{call}"
+        );
+        if let Some(fa) = r.final_answer() {
+            assert_eq!(fa.source, FinalSource::FinalVar);
+        }
+        assert!(r.stdout.starts_with(returned), "{call}: {}", r.stdout);
+        match stderr {
+            Some(text) => assert!(r.stderr.contains(text), "{call}: {}", r.stderr),
+            None => assert!(r.stderr.is_empty(), "{call}: {}", r.stderr),
+        }
+    }
 }
 
 #[test]
