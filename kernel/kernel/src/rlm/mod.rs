@@ -100,6 +100,8 @@ mod generator;
 mod hooks;
 mod metadata;
 mod metrics;
+#[cfg(test)]
+mod parser_properties;
 mod progress;
 mod prompts;
 mod runner;
