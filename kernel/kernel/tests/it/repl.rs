@@ -626,9 +626,9 @@ fn an_internal_failure_mid_block_still_ends_the_block() {
         .exec(
             "import sys, _rlm_kernel\n\
              sys._probe_session = _rlm_kernel._current_session()\n\
-             sys._saved_check = _rlm_kernel.check_answer_after_block\n\
+             sys._saved_check = _rlm_kernel.settle_answer\n\
              def _boom(*args):\n    raise RuntimeError('support code broke')\n\
-             _rlm_kernel.check_answer_after_block = _boom",
+             _rlm_kernel.settle_answer = _boom",
         )
         .expect_err("the support code failed");
     assert!(err.to_string().contains("support code broke"), "{err}");
@@ -645,7 +645,7 @@ fn an_internal_failure_mid_block_still_ends_the_block() {
     // The session still works once the support code is repaired.
     ok(
         &s,
-        "import sys, _rlm_kernel\n_rlm_kernel.check_answer_after_block = sys._saved_check",
+        "import sys, _rlm_kernel\n_rlm_kernel.settle_answer = sys._saved_check",
     );
     assert_eq!(ok(&s, "print('fine')").stdout, "fine\n");
 }
