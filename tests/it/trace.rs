@@ -204,3 +204,60 @@ fn run_help_is_stable() {
     help.assert_code(0);
     insta::assert_snapshot!(help.stdout);
 }
+
+#[test]
+fn the_trajectory_keeps_sub_call_texts_cut_so_it_stays_small_for_a_huge_context() {
+    let mock = Mock::start(serde_json::json!({
+        "models": {
+            "root-model": {"replies": [
+                repl("r = llm_query('Summarize:\\n' + context)\nprint(len(r))"),
+                "FINAL(done)"
+            ]},
+            "sub-model": {"replies": [{"behaviour": "echo"}]}
+        }
+    }));
+    let dir = tempfile::tempdir().expect("tempdir");
+    // 4 MB of context, all of it sent to the sub-model and echoed back.
+    let context = file(
+        dir.path(),
+        "big.txt",
+        &"0123456789abcdef".repeat(256 * 1024),
+    );
+    let trajectory = dir.path().join("t.jsonl");
+    let texts = |extra: &[&str]| {
+        let mut args = vec![
+            "--context",
+            context.to_str().expect("utf-8"),
+            "--query",
+            "q",
+            "--force",
+            "--trajectory",
+            trajectory.to_str().expect("utf-8"),
+        ];
+        args.extend_from_slice(extra);
+        mock.run(&args).assert_code(0);
+        let size = std::fs::metadata(&trajectory).expect("trajectory").len();
+        assert!(size < 64 * 1024, "the trajectory is {size} bytes");
+        let text = std::fs::read_to_string(&trajectory).expect("trajectory");
+        let iteration: serde_json::Value = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON line"))
+            .find(|l| l["type"] == "iteration")
+            .expect("an iteration line");
+        iteration["blocks"][0]["sub_call_texts"].clone()
+    };
+    let kept = texts(&[]);
+    let prompt = kept[0]["prompt"].as_str().expect("a prompt");
+    assert!(
+        prompt.starts_with("Summarize:\n0123456789abcdef"),
+        "{prompt}"
+    );
+    assert!(prompt.contains("…[4193715 characters]…"), "{prompt}");
+    assert!(prompt.ends_with("abcdef"), "{prompt}");
+    assert_eq!(kept[0]["reply"], kept[0]["prompt"], "the echo, cut alike");
+
+    let short = texts(&["--sub-call-text-chars", "10"]);
+    assert_eq!(short[0]["prompt"], "Summa…[4194305 characters]…bcdef");
+    let none = texts(&["--sub-call-text-chars", "0"]);
+    assert!(none.is_null(), "no texts kept: {none}");
+}

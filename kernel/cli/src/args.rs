@@ -192,6 +192,11 @@ pub(crate) struct RunOptions {
     ]))]
     pub(crate) sub_call_errors: Option<SubCallErrorMode>,
 
+    /// Characters of each sub-call's prompt and of its reply kept in the trajectory (head and
+    /// tail; 0 keeps none) [default: 600].
+    #[arg(long, env = "RLM_SUB_CALL_TEXT_CHARS", value_name = "CHARS", value_parser = at_least::<usize>(0))]
+    pub(crate) sub_call_text_chars: Option<usize>,
+
     /// Which final-answer conventions count.
     #[arg(long, env = "RLM_PROTOCOL", value_parser = library_enum::<Protocol>([
         PossibleValue::new("auto").help("All conventions: the `answer` dict, `FINAL_VAR(...)` and `FINAL(...)`"),

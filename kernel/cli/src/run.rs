@@ -114,6 +114,7 @@ pub(crate) fn merge(cli: RunOptions, file: RunOptions) -> RunOptions {
         sub_price: cli.sub_price.or(file.sub_price),
         batch_concurrency: cli.batch_concurrency.or(file.batch_concurrency),
         sub_call_errors: cli.sub_call_errors.or(file.sub_call_errors),
+        sub_call_text_chars: cli.sub_call_text_chars.or(file.sub_call_text_chars),
         protocol: cli.protocol.or(file.protocol),
         code_and_final: cli.code_and_final.or(file.code_and_final),
         output_limit: cli.output_limit.or(file.output_limit),
@@ -347,6 +348,9 @@ pub(crate) fn session_config(opts: &RunOptions) -> Result<SessionConfig> {
     }
     if let Some(mode) = opts.sub_call_errors {
         config.sub_call_errors = mode;
+    }
+    if let Some(chars) = opts.sub_call_text_chars {
+        config.sub_call_text_chars = chars;
     }
     config.sub_endpoint = SUB.to_owned();
     Ok(config)

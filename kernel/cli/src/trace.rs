@@ -19,6 +19,12 @@ use kernel::rlm::{
 /// Characters of prose, code or output shown per part before the middle is elided.
 const SHOWN_CHARS: usize = 1_200;
 
+/// Sub-calls shown per block (prompt → reply, one line each).
+const SHOWN_SUB_CALLS: usize = 3;
+
+/// Characters of a prompt or reply on its one line.
+const SHOWN_TEXT_CHARS: usize = 60;
+
 /// Where rendered text goes.
 pub(crate) type Sink = Box<dyn FnMut(&str) + Send>;
 
@@ -132,6 +138,21 @@ pub(crate) fn block(record: &BlockRecord, sub_calls: &[SubCallMetadata]) -> Stri
             "  ├ {}: {}",
             natives.join(", "),
             SubCallCounts::of(sub_calls)
+        );
+    }
+    for text in record.sub_call_texts.iter().take(SHOWN_SUB_CALLS) {
+        let _ = writeln!(
+            out,
+            "  │ {} → {}",
+            one_line(&text.prompt),
+            one_line(&text.reply)
+        );
+    }
+    if record.sub_call_texts.len() > SHOWN_SUB_CALLS {
+        let _ = writeln!(
+            out,
+            "  │ … {} more in the trajectory",
+            record.sub_call_texts.len() - SHOWN_SUB_CALLS
         );
     }
     for (label, text, omitted) in [
@@ -263,6 +284,16 @@ pub(crate) fn convention(kind: FinalKind) -> &'static str {
         FinalKind::AnswerNow => "the answer-now reply",
         FinalKind::Hook => "a hook",
     }
+}
+
+/// `text` on one line (newlines shown as `⏎`), its head only.
+fn one_line(text: &str) -> String {
+    let flat = text.trim().replace('\n', "⏎");
+    if flat.chars().count() <= SHOWN_TEXT_CHARS {
+        return format!("`{flat}`");
+    }
+    let head: String = flat.chars().take(SHOWN_TEXT_CHARS - 1).collect();
+    format!("`{head}…`")
 }
 
 fn indent(text: &str) -> String {

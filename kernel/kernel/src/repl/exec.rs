@@ -99,6 +99,7 @@ impl SessionState {
             timed_out: interrupt == Some(InterruptReason::Timeout),
             duration: started.elapsed(),
             sub_calls: self.bridge.endpoints().ledger().records_since(ledger_start),
+            sub_call_texts: self.bridge.take_texts(),
             llm_query_calls,
             llm_query_batched_calls,
             final_answers,

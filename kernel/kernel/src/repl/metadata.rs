@@ -170,6 +170,28 @@ pub struct ExecError {
     pub line: Option<u32>,
 }
 
+/// What one sub-call was asked and what it answered, each cut to its head and tail
+/// ([`SessionConfig::sub_call_text_chars`](super::SessionConfig::sub_call_text_chars)).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubCallText {
+    /// The prompt.
+    pub prompt: String,
+    /// The reply, or the `Error: ...` the code received.
+    pub reply: String,
+}
+
+/// `text` if it has at most `limit` characters, else its head and tail around a marker that
+/// says how much was left out.
+pub(crate) fn head_and_tail(text: &str, limit: usize) -> String {
+    let total = text.chars().count();
+    if total <= limit {
+        return text.to_owned();
+    }
+    let head: String = text.chars().take(limit - limit / 2).collect();
+    let tail: String = text.chars().skip(total - limit / 2).collect();
+    format!("{head}…[{} characters]…{tail}", total - limit)
+}
+
 /// Everything one executed block produced.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionResult {
@@ -189,6 +211,10 @@ pub struct ExecutionResult {
     pub duration: Duration,
     /// Sub-model calls recorded by the ledger while the block ran.
     pub sub_calls: Vec<SubCallMetadata>,
+    /// What the block's `llm_query`/`llm_query_batched` calls asked and received, in the order
+    /// the code got the replies (a batch in input order); empty when the session keeps none.
+    #[serde(default)]
+    pub sub_call_texts: Vec<SubCallText>,
     /// Calls of `llm_query` during the block.
     pub llm_query_calls: u32,
     /// Calls of `llm_query_batched` during the block.

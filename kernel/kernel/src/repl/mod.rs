@@ -115,7 +115,7 @@ pub use context::ContextSource;
 pub use error::ReplError;
 pub use metadata::{
     ContextKind, ContextMetadata, ExecError, ExecutionResult, FinalAnswer, FinalSource, ItemSizes,
-    VariableInfo,
+    SubCallText, VariableInfo,
 };
 pub use natives::{SubCallErrorMode, UnknownSubCallErrorMode};
 pub use session::{RESERVED_NAMES, ReplSession, SessionConfig};

@@ -20,6 +20,7 @@ use pyo3::types::{PyList, PyString};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use super::metadata::{SubCallText, head_and_tail};
 use crate::runtime;
 use bridge::{BatchPolicy, BridgeError, CallOptions, ChatRequest, Endpoints};
 
@@ -73,6 +74,9 @@ pub(crate) struct SubModelBridge {
     cell_token: Mutex<CancellationToken>,
     llm_query_calls: AtomicU32,
     llm_query_batched_calls: AtomicU32,
+    /// Characters kept of each prompt and reply in `texts` (0: none kept).
+    text_chars: usize,
+    texts: Mutex<Vec<SubCallText>>,
     error_class: Py<PyAny>,
     /// The process whose runtime serves the calls: a forked child has none.
     pid: u32,
@@ -84,6 +88,7 @@ impl SubModelBridge {
         default_endpoint: String,
         batch_concurrency: Option<usize>,
         errors: SubCallErrorMode,
+        text_chars: usize,
         session_token: CancellationToken,
         error_class: Py<PyAny>,
     ) -> Self {
@@ -97,6 +102,8 @@ impl SubModelBridge {
             cell_token: Mutex::new(cell_token),
             llm_query_calls: AtomicU32::new(0),
             llm_query_batched_calls: AtomicU32::new(0),
+            text_chars,
+            texts: Mutex::new(Vec::new()),
             error_class,
             pid: std::process::id(),
         }
@@ -119,7 +126,33 @@ impl SubModelBridge {
         }
         self.llm_query_calls.store(0, Ordering::Relaxed);
         self.llm_query_batched_calls.store(0, Ordering::Relaxed);
+        self.texts().clear();
         token
+    }
+
+    fn texts(&self) -> std::sync::MutexGuard<'_, Vec<SubCallText>> {
+        self.texts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The prompt as kept for the record (cut before the call: the call takes the prompt),
+    /// `None` when the session keeps no texts.
+    fn kept_prompt(&self, prompt: &str) -> Option<String> {
+        (self.text_chars > 0).then(|| head_and_tail(prompt, self.text_chars))
+    }
+
+    /// Keeps what a call asked (already cut) and received.
+    fn record_text(&self, prompt: Option<String>, reply: &str) {
+        if let Some(prompt) = prompt {
+            let reply = head_and_tail(reply, self.text_chars);
+            self.texts().push(SubCallText { prompt, reply });
+        }
+    }
+
+    /// The texts recorded since the block started.
+    pub(crate) fn take_texts(&self) -> Vec<SubCallText> {
+        std::mem::take(&mut *self.texts())
     }
 
     /// `(llm_query calls, llm_query_batched calls)` since the block started.
@@ -235,11 +268,18 @@ impl LlmQuery {
             cancel: bridge.cell_token(),
             stream: false,
         };
+        let kept = bridge.kept_prompt(&prompt);
         let request = ChatRequest::from_prompt(prompt);
         let outcome = py.detach(|| runtime::shared().block_on(endpoint.call(request, &options)));
         match outcome {
-            Ok(response) => Ok(response.content),
-            Err(e) => bridge.failure(py, &e),
+            Ok(response) => {
+                bridge.record_text(kept, &response.content);
+                Ok(response.content)
+            }
+            Err(e) => {
+                bridge.record_text(kept, &format!("Error: {e}"));
+                bridge.failure(py, &e)
+            }
         }
     }
 
@@ -276,8 +316,10 @@ impl LlmQueryBatched {
             ));
         }
         let mut requests = Vec::new();
+        let mut kept = Vec::new();
         for (i, item) in prompts.try_iter()?.enumerate() {
             let text = extract_prompt(&item?, || format!("llm_query_batched() `prompts[{i}]`"))?;
+            kept.push(self.bridge.kept_prompt(&text));
             requests.push(ChatRequest::from_prompt(text));
         }
         let model = extract_model(model, "llm_query_batched")?;
@@ -308,7 +350,7 @@ impl LlmQueryBatched {
         let mut first_error: Option<(usize, &'static str, String)> = None;
         let mut failed = 0usize;
         let mut texts = Vec::with_capacity(n);
-        for (i, outcome) in outcomes.into_iter().enumerate() {
+        for ((i, outcome), prompt) in outcomes.into_iter().enumerate().zip(kept) {
             match outcome {
                 Ok(response) => texts.push(response.content),
                 Err(e) => {
@@ -318,6 +360,9 @@ impl LlmQueryBatched {
                     }
                     texts.push(format!("Error: {e}"));
                 }
+            }
+            if let Some(reply) = texts.last() {
+                bridge.record_text(prompt, reply);
             }
         }
         let list = PyList::new(py, texts)?;

@@ -61,6 +61,10 @@ pub struct SessionConfig {
     pub batch_concurrency: Option<usize>,
     /// What a failed sub-call does in Python.
     pub sub_call_errors: SubCallErrorMode,
+    /// Characters kept of each sub-call's prompt and of its reply in the block's record
+    /// (head and tail; `0` keeps none), so a trajectory shows what sub-models were asked
+    /// while its size stays bounded whatever the context's.
+    pub sub_call_text_chars: usize,
 }
 
 impl Default for SessionConfig {
@@ -71,6 +75,7 @@ impl Default for SessionConfig {
             sub_endpoint: "sub".to_owned(),
             batch_concurrency: None,
             sub_call_errors: SubCallErrorMode::ReturnString,
+            sub_call_text_chars: 600,
         }
     }
 }
@@ -471,6 +476,7 @@ impl SessionState {
             init.config.sub_endpoint.clone(),
             init.config.batch_concurrency,
             init.config.sub_call_errors,
+            init.config.sub_call_text_chars,
             init.cancel,
             error_class.clone().unbind(),
         ));

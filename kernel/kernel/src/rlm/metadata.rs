@@ -10,7 +10,7 @@ use super::blocks::BlockRun;
 use super::blocks::CodeBlock;
 use super::feedback::truncate_middle;
 use super::final_answer::{FinalKind, FinalNote};
-use crate::repl::{ContextMetadata, ExecError};
+use crate::repl::{ContextMetadata, ExecError, SubCallText};
 use bridge::SubCallMetadata;
 
 /// Why a run ended.
@@ -258,6 +258,10 @@ pub struct BlockRecord {
     pub llm_query_batched_calls: u32,
     /// Sub-model calls.
     pub sub_calls: usize,
+    /// What the sub-calls asked and answered, head and tail kept (see
+    /// [`SessionConfig::sub_call_text_chars`](crate::repl::SessionConfig::sub_call_text_chars)).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sub_call_texts: Vec<SubCallText>,
     /// Variables the block created.
     pub new_variables: Vec<String>,
     /// The final answer the block recorded, if any.
@@ -283,6 +287,7 @@ impl BlockRecord {
             llm_query_calls: result.llm_query_calls,
             llm_query_batched_calls: result.llm_query_batched_calls,
             sub_calls: result.sub_calls.len(),
+            sub_call_texts: result.sub_call_texts.clone(),
             new_variables: result.new_variables.clone(),
             final_answer: result.final_answer().map(|f| match f.source {
                 crate::repl::FinalSource::AnswerDict => FinalKind::AnswerDict,

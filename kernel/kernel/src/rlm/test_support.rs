@@ -15,6 +15,7 @@ pub(crate) fn empty_result() -> ExecutionResult {
         timed_out: false,
         duration: Duration::ZERO,
         sub_calls: Vec::new(),
+        sub_call_texts: Vec::new(),
         llm_query_calls: 0,
         llm_query_batched_calls: 0,
         final_answers: Vec::new(),

@@ -11,8 +11,12 @@
 //! - `result`: the answer (head and tail of an answer over 100 000 characters, with its full
 //!   length in `answer_chars`), the termination reason and the metrics.
 //!
-//! The context itself is never written, and block outputs are capped, so the size of a
-//! trajectory does not grow with the size of the context. Each line is written with one
+//! The context itself is never written, block outputs are capped, and each sub-call's prompt
+//! and reply are kept to their head and tail (`SessionConfig::sub_call_text_chars`, 600
+//! characters each by default, `0` for none), so the size of a trajectory does not grow with
+//! the size of the context: an iteration line is at most about the reply, plus per block
+//! twice the feedback limit of output, plus per sub-call twice the text limit and its
+//! metadata. Each line is written with one
 //! `write_all` and flushed at once: a run killed at any point leaves a file whose complete lines
 //! are valid JSON. Give [`TrajectoryWriter::new`] an unbuffered writer (a `File`) for that.
 //!
