@@ -54,11 +54,19 @@ fn multi_iteration_run_with_batched_fan_out() {
         1 + 3 + 1,
         "header, 3 iterations, closing line: {lines:#?}"
     );
-    let text = serde_json::to_string(&lines).expect("json");
+    let written = serde_json::to_string(&lines).expect("json");
+    // Sub-call prompts are kept (each chunk is one), the context as a whole never.
     assert!(
-        !text.contains("x......x"),
+        !written.contains(&text),
         "the context itself is never written"
     );
+    let asked: usize = lines
+        .iter()
+        .filter(|l| l["type"] == "iteration")
+        .flat_map(|l| l["blocks"].as_array().expect("blocks"))
+        .map(|b| b["sub_call_texts"].as_array().map_or(0, Vec::len))
+        .sum();
+    assert_eq!(asked, 10, "what each sub-call was asked is recorded");
 }
 
 #[test]
