@@ -185,3 +185,44 @@ result = f'{sum(map(running, workers))} running, {len(mp.active_children())} chi
     assert_eq!(pids.len(), 2, "{pids:?}");
     assert!(!pids.into_iter().any(running));
 }
+
+#[test]
+fn ctrl_c_ends_the_processes_of_the_block_it_stops() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pids_file = dir.path().join("pids.txt");
+    let code = format!(
+        "\
+import os, subprocess, time
+sleeper = subprocess.Popen(['sleep', '300'])
+pid = os.fork()
+if pid == 0:
+    time.sleep(300)
+with open({path:?}, 'w') as f:
+    f.write(f'{{pid}} {{sleeper.pid}}')
+time.sleep(60)",
+        path = pids_file.to_str().expect("utf-8")
+    );
+    let mock = Mock::start(script(&[&repl(&code), "FINAL(never)"]));
+    let context = file(dir.path(), "ctx.txt", "some context");
+    let child = mock.spawn_run(&context, &dir.path().join("t.jsonl"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let pids: Vec<u32> = loop {
+        let text = std::fs::read_to_string(&pids_file).unwrap_or_default();
+        let pids: Vec<u32> = text
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        if pids.len() == 2 {
+            break pids;
+        }
+        assert!(std::time::Instant::now() < deadline, "the block started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: sends SIGINT to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let output = child.wait_with_output().expect("rlm exits");
+    assert_eq!(output.status.code(), Some(130));
+    let left: Vec<u32> = pids.into_iter().filter(|&p| running(p)).collect();
+    assert!(left.is_empty(), "still running after Ctrl-C: {left:?}");
+}
