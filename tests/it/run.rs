@@ -125,9 +125,14 @@ fn a_killed_run_leaves_a_valid_trajectory_prefix() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("every line is complete JSON"))
         .collect();
-    assert!(lines.len() >= 3 && lines.len() < 7, "{} lines", lines.len());
+    assert!(lines.len() >= 3, "{} lines", lines.len());
     assert_eq!(lines[0]["type"], "header");
-    assert!(lines[1..].iter().all(|l| l["type"] == "iteration"));
+    assert!(
+        lines[1..]
+            .iter()
+            .all(|l| ["reply", "block", "iteration"].contains(&l["type"].as_str().unwrap_or(""))),
+        "{lines:?}"
+    );
 }
 
 #[test]

@@ -38,10 +38,25 @@ pub(crate) struct Cli {
     pub(crate) command: Command,
 }
 
+/// Every exit code of `rlm run`, one cause each (also in the README).
+const EXIT_CODES: &str = "\
+Exit codes:
+  0    the model gave a final answer
+  1    an error: bad input, an unreachable endpoint, a failed run
+  2    a usage error: a bad option or argument
+  3    a limit stopped the run (iterations, time, budget, repeated failures); a partial
+       answer may still be printed
+  4    the process crashed in a cell (a fatal signal in C code, e.g. a segfault); one line
+       on stderr and the trajectory's last line name the block
+  101  a bug in rlm (a panic)
+  130  Ctrl-C stopped the run (its best answer printed, the trajectory closed)
+A SIGKILL (e.g. the OOM killer) leaves no code of rlm's own (shells show 137); the
+trajectory's last line still names the block that was running.";
+
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Answer a query over one or more contexts with the RLM loop.
-    #[command(allow_negative_numbers = true)]
+    #[command(allow_negative_numbers = true, after_help = EXIT_CODES)]
     Run(Box<RunArgs>),
     /// Ask one question after another about contexts loaded once; each question runs in the
     /// same Python session, so variables made for one are there for the next.

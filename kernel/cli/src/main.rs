@@ -1,10 +1,13 @@
 //! `rlm`: the command-line front end of rlm-kernel.
 //!
-//! Exit codes: 0 the model gave a final answer; 1 an error (bad input, unreachable endpoint,
-//! failed run); 2 a usage error; 3 a limit stopped the run (iterations, time, budget, repeated
-//! failures) — a partial or fallback answer may still have been printed; 130 Ctrl-C stopped
-//! the run (the first Ctrl-C stops it gracefully, keeping its best answer and trajectory; a
-//! second one quits at once).
+//! Exit codes (one cause each; the table is in `rlm run --help` and the README): 0 the model
+//! gave a final answer; 1 an error (bad input, unreachable endpoint, failed run); 2 a usage
+//! error; 3 a limit stopped the run (iterations, time, budget, repeated failures) — a partial
+//! or fallback answer may still have been printed; 4 a fatal signal (a crash in C code a cell
+//! called; one line on stderr names the block, see `kernel::fatal`); 101 a panic, i.e. a bug;
+//! 130 Ctrl-C stopped the run (the first Ctrl-C stops it gracefully, keeping its best answer
+//! and trajectory; a second one quits at once). A `SIGKILL` (the OOM killer) leaves no code of
+//! ours: shells show 137, and the trajectory's last line names the block that was running.
 
 mod args;
 mod chat;
@@ -26,6 +29,10 @@ use clap::Parser;
 use args::{Cli, Command};
 
 fn main() -> ExitCode {
+    // Before anything runs a cell: a crash in C code then says which block it was.
+    if let Err(err) = kernel::fatal::install(run::EXIT_CRASHED) {
+        eprintln!("warning: could not install the crash reporter: {err}");
+    }
     let cli = Cli::parse();
     logging::init(cli.verbose);
     if let Command::Run(args) = &cli.command

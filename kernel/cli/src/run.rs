@@ -34,6 +34,9 @@ pub(crate) const EXIT_LIMIT: u8 = 3;
 /// Exit code after Ctrl-C, as shells report a SIGINT death (128 + 2).
 pub(crate) const EXIT_INTERRUPTED: u8 = 130;
 
+/// Exit code after a fatal signal (a crash in C code a cell called), see `kernel::fatal`.
+pub(crate) const EXIT_CRASHED: u8 = 4;
+
 /// Endpoint names in the registry.
 const ROOT: &str = "root";
 const SUB: &str = "sub";

@@ -1,6 +1,7 @@
 //! The rlm kernel: the embedded Python REPL ([`repl`]), the RLM loop ([`rlm`]) and the
-//! process-wide tokio [`runtime`].
+//! process-wide tokio [`runtime`]; [`fatal`] reports a crash in C code before the process dies.
 
+pub mod fatal;
 pub mod repl;
 pub mod rlm;
 pub mod runtime;

@@ -39,7 +39,11 @@
 //! - `SHOW_VARS()` prints the user's variables (name, type, `len`, preview) and returns None;
 //!   the same list is in [`ExecutionResult::variables`].
 //! - `sys.stdin` is empty (`input()` raises `EOFError`); `sys.exit()`, `exit()` and
-//!   `KeyboardInterrupt` are reported as errors and the session goes on.
+//!   `KeyboardInterrupt` are reported as errors and the session goes on. So are the calls
+//!   that would end the whole process: `os._exit(n)`, `os.abort()`, and `os.kill` of the
+//!   session's own process (or its group) or `signal.raise_signal` with a signal whose default
+//!   action ends or stops a process; each raises `ProcessExit` (a `SystemExit`) in the block.
+//!   A forked child (a pool worker) keeps the real calls.
 //!
 //! # Processes
 //! - The namespace is the dict of a module registered in `sys.modules` as
@@ -78,7 +82,8 @@
 //! blocking C calls in the session thread (a bare `lock.acquire()`, a socket read, an asyncio
 //! event loop waiting) are interrupted only when they return; if that takes longer than the
 //! limit plus 10 s, `exec` returns [`ReplError::Unresponsive`] and the session stays busy
-//! until the call returns. `os._exit()` ends the process like in any Python.
+//! until the call returns. A crash in C code (a segfault in an extension) ends the process;
+//! see [`crate::fatal`] for what is reported then.
 //!
 //! # Example
 //! ```

@@ -319,6 +319,77 @@ def _interruptible_sleep(secs):
     return None
 
 
+# --- calls that would end the process ---------------------------------------------------
+
+
+class ProcessExit(SystemExit):
+    """A cell called `os._exit`, `os.abort` or sent itself a terminating signal: in the REPL
+    that ends the block, like `sys.exit()`, not the process that holds the session."""
+
+
+# Signals whose default action ends the process (or stops it, which hangs the run).
+_ENDING_SIGNALS = frozenset(
+    getattr(signal, name)
+    for name in (
+        "SIGABRT", "SIGALRM", "SIGBUS", "SIGFPE", "SIGHUP", "SIGILL", "SIGINT", "SIGIO",
+        "SIGKILL", "SIGPIPE", "SIGPOLL", "SIGPROF", "SIGPWR", "SIGQUIT", "SIGSEGV", "SIGSTKFLT",
+        "SIGSTOP", "SIGSYS", "SIGTERM", "SIGTRAP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGUSR1",
+        "SIGUSR2", "SIGVTALRM", "SIGXCPU", "SIGXFSZ",
+    )
+    if hasattr(signal, name)
+) | frozenset(range(getattr(signal, "SIGRTMIN", 0), getattr(signal, "SIGRTMAX", -1) + 1))
+
+# The process that holds the sessions; a forked child (a pool worker) exits for real.
+_HOST_PID = os.getpid()
+_original_exit = os._exit
+_original_abort = os.abort
+_original_kill = os.kill
+_original_raise_signal = signal.raise_signal
+
+
+def _in_host_cell():
+    return _current_session() is not None and os.getpid() == _HOST_PID
+
+
+def _refuse(call, like):
+    raise ProcessExit(
+        f"{call} would end the whole rlm process, so in the REPL it ends only this block "
+        f"(like {like}); the session keeps its variables"
+    )
+
+
+def _signal_name(sig):
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)
+
+
+def _exit(status):
+    if _in_host_cell():
+        _refuse(f"os._exit({status!r})", f"sys.exit({status!r})")
+    _original_exit(status)
+
+
+def _abort():
+    if _in_host_cell():
+        _refuse("os.abort()", "sys.exit(134)")
+    _original_abort()
+
+
+def _kill(pid, sig):
+    # pid 0 and negative pids are process groups; ours is among them.
+    if _in_host_cell() and (pid == _HOST_PID or pid <= 0) and sig in _ENDING_SIGNALS:
+        _refuse(f"os.kill({pid}, {_signal_name(sig)})", "sys.exit()")
+    return _original_kill(pid, sig)
+
+
+def _raise_signal(sig):
+    if _in_host_cell() and sig in _ENDING_SIGNALS:
+        _refuse(f"signal.raise_signal({_signal_name(sig)})", "sys.exit()")
+    return _original_raise_signal(sig)
+
+
 def install(sys_module, owns_interpreter):
     """Patch the interpreter once: routed stdio, no stdin, interruptible sleep, spawn workers
     that can import the session modules.
@@ -337,6 +408,10 @@ def install(sys_module, owns_interpreter):
     sys_module.stdin = _NoInput()
     time.sleep = _interruptible_sleep
     threading.Thread.start = _thread_start
+    os._exit = _exit
+    os.abort = _abort
+    os.kill = _kill
+    signal.raise_signal = _raise_signal
 
 
 # --- compiling a block ---------------------------------------------------------------

@@ -91,6 +91,20 @@ impl CodeExecutor {
         result
     }
 
+    /// [`execute_until`](Self::execute_until), with the block named for the crash reporter
+    /// ([`crate::fatal`]) while it runs.
+    fn execute_named(
+        &self,
+        iteration: u32,
+        block: &CodeBlock,
+        deadline: Option<Instant>,
+    ) -> Result<ExecutionResult, ReplError> {
+        crate::fatal::set_running_block(iteration, block.index, &block.code);
+        let outcome = self.execute_until(block, deadline);
+        crate::fatal::clear_running_block();
+        outcome
+    }
+
     /// Runs `blocks` in order, with [`Hook::before_block`], [`Hook::after_block`] and
     /// [`Hook::on_sub_call`] around each. Stops early when a hook says so, when a sub-call was
     /// refused by a budget, when `deadline` has passed (a block still running then is interrupted, see
@@ -111,7 +125,7 @@ impl CodeExecutor {
                 };
             }
             let result = match hooks.before_block(iteration, &mut block) {
-                HookAction::Continue => match self.execute_until(&block, deadline) {
+                HookAction::Continue => match self.execute_named(iteration, &block, deadline) {
                     Ok(result) => result,
                     Err(error) => {
                         return ExecutedReply {

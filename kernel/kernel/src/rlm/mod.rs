@@ -51,6 +51,17 @@
 //! The parsers ([`extract_code_blocks`], [`scan_final_lines`]) run in linear time on any reply
 //! and never panic; property tests check both.
 //!
+//! # Cells that would end the process
+//!
+//! `sys.exit()`, `os._exit()`, `os.abort()` and a terminating signal sent to the session's own
+//! process end only the block, with an error in its output (see [`crate::repl`]). A crash in C
+//! code cannot be survived in-process: the [`TrajectoryWriter`] writes each reply and each
+//! block's code before the block runs, so the last line on disk names the block that killed
+//! the process, and a program that called [`crate::fatal::install`] (the `rlm` binary) writes
+//! one line naming the signal and the block and exits with its own code. A `SIGKILL` (the OOM
+//! killer) cannot be caught; the trajectory still names the block. Running the session in a
+//! worker process, so that the loop survives such a crash, is planned.
+//!
 //! # Defaults worth knowing
 //!
 //! - 30 iterations, then one "answer now" call; 5 failing iterations in a row stop the run; no

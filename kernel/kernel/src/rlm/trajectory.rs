@@ -5,6 +5,10 @@
 //! - `header`: format version, start time, the query, the loop configuration, the endpoints
 //!   (name, provider, model, base URL: never keys or headers), the contexts' metadata and the
 //!   system prompt;
+//! - `reply`: the root model's reply, as soon as it arrived (`iteration`, `reply`);
+//! - `block`: a block's code just before it runs (`iteration`, `index`, `code`), so that after
+//!   a crash that no handler can report (`SIGKILL` from the OOM killer) the last line on disk
+//!   still names the block that was running;
 //! - `iteration`: one per iteration, the [`IterationRecord`] (the reply, blocks with outputs cut
 //!   to the feedback limit, sub-call records, timings, metadata);
 //! - `error`: a failed step (root model unreachable, budget spent, ...);
@@ -31,11 +35,13 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use super::blocks::CodeBlock;
 use super::feedback::truncate_middle;
 use super::final_answer::FinalKind;
-use super::hooks::{Hook, HookAction, RunError, RunInfo};
+use super::hooks::{Hook, HookAction, ModelCall, RunError, RunInfo};
 use super::metadata::RlmResult;
 use super::metadata::{IterationRecord, SessionMetrics, TerminationReason};
+use crate::repl::ExecutionResult;
 use bridge::Message;
 
 /// The format version in the header line.
@@ -134,6 +140,23 @@ struct Line<'a, T: Serialize> {
 }
 
 #[derive(Serialize)]
+struct ReplyLine<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    iteration: u32,
+    reply: &'a str,
+}
+
+#[derive(Serialize)]
+struct BlockLine<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    iteration: u32,
+    index: usize,
+    code: &'a str,
+}
+
+#[derive(Serialize)]
 struct Closing<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
@@ -157,6 +180,28 @@ impl<W: Write + Send> Hook for TrajectoryWriter<W> {
 
     fn before_iteration(&mut self, _iteration: u32, _messages: &[Message]) -> HookAction<String> {
         self.stop_if_failed()
+    }
+
+    fn after_model_call(&mut self, call: &mut ModelCall) {
+        self.write_line(&ReplyLine {
+            kind: "reply",
+            iteration: call.iteration,
+            reply: &call.reply,
+        });
+    }
+
+    fn before_block(
+        &mut self,
+        iteration: u32,
+        block: &mut CodeBlock,
+    ) -> HookAction<ExecutionResult> {
+        self.write_line(&BlockLine {
+            kind: "block",
+            iteration,
+            index: block.index,
+            code: &block.code,
+        });
+        HookAction::Continue
     }
 
     fn after_iteration(&mut self, record: &mut IterationRecord) {
@@ -290,6 +335,42 @@ mod tests {
         assert_eq!(lines[2]["answer_chars"], 1);
         assert_eq!(lines[2]["answer_kind"], "final_line");
         assert_eq!(lines[2]["termination_reason"], "final_answer");
+    }
+
+    #[test]
+    fn the_reply_and_each_blocks_code_are_on_disk_before_the_block_runs() {
+        let buffer = Shared::default();
+        let mut writer = TrajectoryWriter::new(buffer.clone());
+        let reply = "```repl\nimport ctypes\nctypes.string_at(0)\n```";
+        writer.after_model_call(&mut ModelCall {
+            iteration: 2,
+            answer_now: false,
+            reply: reply.into(),
+            response: None,
+            record: None,
+        });
+        let mut block = CodeBlock {
+            index: 0,
+            code: "import ctypes\nctypes.string_at(0)".into(),
+        };
+        assert_eq!(writer.before_block(2, &mut block), HookAction::Continue);
+        let text = String::from_utf8(buffer.0.lock().expect("buffer").clone()).expect("utf-8");
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("every line is JSON"))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                serde_json::json!({"type": "reply", "iteration": 2, "reply": reply}),
+                serde_json::json!({
+                    "type": "block",
+                    "iteration": 2,
+                    "index": 0,
+                    "code": "import ctypes\nctypes.string_at(0)",
+                }),
+            ]
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Integration tests of the kernel: one binary, a module per area.
 
 mod context;
+mod fatal;
 mod natives;
 mod repl;
 mod rlm;

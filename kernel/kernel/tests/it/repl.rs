@@ -117,6 +117,44 @@ fn sys_exit_and_keyboard_interrupt_do_not_end_the_kernel() {
     assert_eq!(r.stdout, "2\n");
 }
 
+#[test]
+fn calls_that_would_end_the_process_end_only_the_block() {
+    let s = session();
+    ok(&s, "import os, signal\nkept = 'state'");
+    let cases = [
+        ("os._exit(3)", "os._exit(3) would end the whole rlm process"),
+        ("os._exit(0)", "like sys.exit(0)"),
+        ("os.abort()", "os.abort() would end the whole rlm process"),
+        ("os.kill(os.getpid(), signal.SIGTERM)", "SIGTERM) would end"),
+        ("os.kill(os.getpid(), signal.SIGKILL)", "SIGKILL) would end"),
+        ("os.kill(os.getpid(), signal.SIGSEGV)", "SIGSEGV) would end"),
+        ("os.kill(0, signal.SIGTERM)", "os.kill(0, SIGTERM)"),
+        (
+            "signal.raise_signal(signal.SIGABRT)",
+            "signal.raise_signal(SIGABRT)",
+        ),
+        // `except Exception` does not keep the block going, as with sys.exit().
+        (
+            "try:\n    os._exit(5)\nexcept Exception:\n    print('swallowed')",
+            "os._exit(5)",
+        ),
+    ];
+    for (code, message) in cases {
+        let r = s.exec(code).expect("kernel works");
+        let err = r.error.unwrap_or_else(|| panic!("{code}: no error"));
+        assert_eq!(err.type_name, "ProcessExit", "{code}");
+        assert!(err.message.contains(message), "{code}: {}", err.message);
+        assert!(
+            err.message.contains("the session keeps its variables"),
+            "{code}"
+        );
+        assert!(r.stdout.is_empty(), "{code}: {}", r.stdout);
+    }
+    assert_eq!(ok(&s, "kept").stdout, "'state'\n");
+    // Signal 0 only checks that a process exists; other processes are not ours to guard.
+    assert_eq!(ok(&s, "os.kill(os.getpid(), 0)").stdout, "");
+}
+
 fn assert_interrupted_in_time(s: &ReplSession, code: &str, limit: Duration) {
     let started = Instant::now();
     let r = s

@@ -893,14 +893,25 @@ fn trajectory_lines_are_json_and_do_not_grow_with_the_context() {
         .collect();
     assert_eq!(
         kinds,
-        ["header", "iteration", "iteration", "iteration", "result"]
+        [
+            "header",
+            "reply",
+            "block",
+            "iteration",
+            "reply",
+            "block",
+            "iteration",
+            "reply",
+            "iteration",
+            "result"
+        ]
     );
     let header = &lines[0];
     assert_eq!(header["contexts"][0]["name"], "context_0");
     assert_eq!(header["endpoints"][0]["name"], "root");
     assert!(!header.to_string().contains("api_key\":\""), "no secrets");
-    assert_eq!(lines[2]["sub_calls"].as_array().expect("records").len(), 3);
-    assert_eq!(lines[4]["metrics"]["sub_calls"], 3);
+    assert_eq!(lines[6]["sub_calls"].as_array().expect("records").len(), 3);
+    assert_eq!(lines[9]["metrics"]["sub_calls"], 3);
     // The large context is 200 times the small one (~8 MB); the trajectory stays put.
     assert!(
         large < small + 4_000,
@@ -1126,10 +1137,10 @@ fn the_trajectory_is_flushed_after_every_iteration() {
     assert_eq!(result.answer.as_deref(), Some("2"));
     assert_eq!(
         *seen.lock().expect("seen"),
-        [2, 3, 4],
-        "header + one line per iteration"
+        [4, 7, 9],
+        "header, then per iteration its reply, its blocks and the iteration line"
     );
-    assert_eq!(read_jsonl(&path).len(), 5);
+    assert_eq!(read_jsonl(&path).len(), 10);
 }
 
 /// Answers from a cache before anything runs.
