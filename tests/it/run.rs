@@ -49,10 +49,16 @@ fn multi_iteration_run_with_batched_fan_out() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("each trajectory line is JSON"))
         .collect();
+    let count = |kind: &str| lines.iter().filter(|l| l["type"] == kind).count();
     assert_eq!(
-        lines.len(),
-        1 + 3 + 1,
-        "header, 3 iterations, closing line: {lines:#?}"
+        [
+            count("header"),
+            count("reply"),
+            count("iteration"),
+            count("result")
+        ],
+        [1, 3, 3, 1],
+        "header, 3 replies and iterations (with their blocks), closing line: {lines:#?}"
     );
     let written = serde_json::to_string(&lines).expect("json");
     // Sub-call prompts are kept (each chunk is one), the context as a whole never.
