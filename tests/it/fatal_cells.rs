@@ -2,30 +2,7 @@
 //! code ends `rlm` with exit code 4, one line naming the block, and a trajectory whose last line
 //! is that block.
 
-use serde_json::Value;
-
-use crate::support::{Mock, file, repl, script};
-
-fn traced_run(replies: &[&str]) -> (Mock, crate::support::Run, Vec<Value>) {
-    let mock = Mock::start(script(replies));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let context = file(dir.path(), "ctx.txt", "alpha beta gamma");
-    let trajectory = dir.path().join("t.jsonl");
-    let run = mock.run(&[
-        "--context",
-        context.to_str().expect("utf-8"),
-        "--query",
-        "q",
-        "--trajectory",
-        trajectory.to_str().expect("utf-8"),
-    ]);
-    let lines = std::fs::read_to_string(&trajectory)
-        .expect("trajectory")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("every line is JSON"))
-        .collect();
-    (mock, run, lines)
-}
+use crate::support::{repl, run_replies_traced};
 
 #[test]
 fn os_exit_abort_and_kill_self_end_only_the_block() {
@@ -35,7 +12,7 @@ fn os_exit_abort_and_kill_self_end_only_the_block() {
         "os.kill(os.getpid(), signal.SIGTERM)",
     ] {
         let first = repl(&format!("import os, signal\nx = 41\n{call}"));
-        let (mock, run, lines) = traced_run(&[&first, &repl("FINAL_VAR(x + 1)")]);
+        let (mock, run, lines) = run_replies_traced(&[&first, &repl("FINAL_VAR(x + 1)")], &[]);
         run.assert_code(0);
         assert_eq!(run.last_line(), "42", "{call}: the session kept `x`");
         assert_eq!(mock.root_requests(), 2, "{call}");
@@ -57,7 +34,7 @@ fn os_exit_abort_and_kill_self_end_only_the_block() {
 #[test]
 fn a_crash_in_c_code_is_reported_and_the_trajectory_names_the_block() {
     let crash = repl("import ctypes\nx = 1\nctypes.string_at(0)");
-    let (_mock, run, lines) = traced_run(&["Reading memory.", &crash, "FINAL(never)"]);
+    let (_mock, run, lines) = run_replies_traced(&["Reading memory.", &crash, "FINAL(never)"], &[]);
     run.assert_code(4);
     let reports: Vec<&str> = run
         .stderr

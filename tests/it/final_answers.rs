@@ -2,37 +2,19 @@
 
 use serde_json::Value;
 
-use crate::support::{Mock, file, repl, script};
+use crate::support::{repl, run_replies as run_script, run_replies_traced};
 
 /// [`run_script`] with a trajectory: the run and the trajectory's `iteration` lines.
-fn run_traced(replies: &[&str], extra: &[&str]) -> (Mock, crate::support::Run, Vec<Value>) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("t.jsonl");
-    let mut args = vec!["--trajectory", path.to_str().expect("utf-8")];
-    args.extend_from_slice(extra);
-    let (mock, run) = run_script(replies, &args);
-    let text = std::fs::read_to_string(&path).expect("trajectory");
-    let iterations = text
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).expect("JSON line"))
+fn run_traced(
+    replies: &[&str],
+    extra: &[&str],
+) -> (crate::support::Mock, crate::support::Run, Vec<Value>) {
+    let (mock, run, lines) = run_replies_traced(replies, extra);
+    let iterations = lines
+        .into_iter()
         .filter(|l| l["type"] == "iteration")
         .collect();
     (mock, run, iterations)
-}
-
-fn run_script(replies: &[&str], extra: &[&str]) -> (Mock, crate::support::Run) {
-    let mock = Mock::start(script(replies));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let context = file(dir.path(), "ctx.txt", "alpha beta gamma");
-    let mut args = vec![
-        "--context",
-        context.to_str().expect("utf-8"),
-        "--query",
-        "q",
-    ];
-    args.extend_from_slice(extra);
-    let run = mock.run(&args);
-    (mock, run)
 }
 
 #[test]

@@ -228,3 +228,38 @@ pub(crate) fn redacted(text: &str) -> String {
         pattern.replace_all(&text, *with).into_owned()
     })
 }
+
+/// `rlm run --query q` over a small text context, against a mock serving `replies`, plus
+/// `extra` arguments.
+pub(crate) fn run_replies(replies: &[&str], extra: &[&str]) -> (Mock, Run) {
+    let mock = Mock::start(script(replies));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "ctx.txt", "alpha beta gamma");
+    let mut args = vec![
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "q",
+    ];
+    args.extend_from_slice(extra);
+    let run = mock.run(&args);
+    (mock, run)
+}
+
+/// [`run_replies`] with `--trajectory`: also every line of the trajectory.
+pub(crate) fn run_replies_traced(
+    replies: &[&str],
+    extra: &[&str],
+) -> (Mock, Run, Vec<serde_json::Value>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("t.jsonl");
+    let mut args = vec!["--trajectory", path.to_str().expect("utf-8")];
+    args.extend_from_slice(extra);
+    let (mock, run) = run_replies(replies, &args);
+    let lines = std::fs::read_to_string(&path)
+        .expect("trajectory")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every trajectory line is JSON"))
+        .collect();
+    (mock, run, lines)
+}
