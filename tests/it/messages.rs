@@ -199,3 +199,27 @@ fn json_reports_a_run_that_fails_before_it_starts() {
     run.assert_code(2);
     assert_eq!(run.json()["error"]["usage_error"], true);
 }
+
+#[test]
+fn a_stopped_run_keeps_the_answer_content_set_without_ready() {
+    let mock = Mock::start(script(&[&repl(
+        "answer['content'] = 'partial: 7 errors so far'\nraise ValueError('boom')",
+    )]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "c.txt", "text");
+    let run = mock.run(&[
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "q",
+        "--max-consecutive-failures",
+        "1",
+    ]);
+    run.assert_code(3);
+    assert_eq!(run.stdout, "partial: 7 errors so far\n");
+    insta::assert_snapshot!(redacted(&run.stderr), @r"
+    stopped: too many failing iterations in a row after 1 iteration(s), 0 sub-call(s) sent, [n] tokens, [secs]s
+      1 iterations in a row had a failing block (last: `ValueError`); check the model and the context, or raise `--max-consecutive-failures` (`0` turns the check off).
+      The answer printed is the best partial answer the run found, not a final one.
+    ");
+}

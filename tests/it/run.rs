@@ -257,6 +257,18 @@ fn ctrl_c_stops_the_run_and_keeps_its_best_answer_and_trajectory() {
         "the best answer so far is printed"
     );
     assert!(stderr.contains("Interrupted"), "{stderr}");
+    // The replayed trace says the block was interrupted, not that it failed.
+    let show = crate::support::rlm(
+        &["show".into(), trajectory.to_str().expect("utf-8").into()],
+        None,
+    );
+    show.assert_code(0);
+    assert!(
+        show.stdout
+            .contains("  ├ interrupted by Ctrl-C (or a stop request)\n"),
+        "{}",
+        show.stdout
+    );
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&trajectory)
         .expect("trajectory")
         .lines()

@@ -170,7 +170,13 @@ pub(crate) fn block(record: &BlockRecord, sub_calls: &[SubCallMetadata]) -> Stri
         }
     }
     if record.timed_out {
-        let _ = writeln!(out, "  ├ interrupted (time limit or Ctrl-C)");
+        let _ = writeln!(out, "  ├ stopped at its time limit (`--cell-timeout`)");
+    } else if record
+        .error
+        .as_ref()
+        .is_some_and(|e| e.type_name == "CellCancelled")
+    {
+        let _ = writeln!(out, "  ├ interrupted by Ctrl-C (or a stop request)");
     }
     match record.final_answer {
         Some(kind) => {
@@ -266,7 +272,7 @@ pub(crate) fn describe(reason: TerminationReason) -> &'static str {
         TerminationReason::CallBudget => "stopped: sub-call budget spent",
         TerminationReason::TokenBudget => "stopped: token budget spent",
         TerminationReason::CostBudget => "stopped: USD budget spent",
-        TerminationReason::ConsecutiveFailures => "stopped after consecutive failing iterations",
+        TerminationReason::ConsecutiveFailures => "stopped: too many failing iterations in a row",
         TerminationReason::RootModelError => "failed: the root model did not answer",
         TerminationReason::KernelError => "failed: the Python session broke",
         TerminationReason::StoppedByHook => "failed: the trajectory could not be written",

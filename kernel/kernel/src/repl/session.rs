@@ -96,6 +96,9 @@ pub(crate) enum Job {
     ResetAnswer {
         reply: Sender<Result<(), ReplError>>,
     },
+    AnswerContent {
+        reply: Sender<Result<Option<String>, ReplError>>,
+    },
     Shutdown,
 }
 
@@ -244,6 +247,12 @@ impl ReplSession {
     /// session does not inherit the last run's finished answer. The loop calls it per run.
     pub fn reset_answer(&self) -> Result<(), ReplError> {
         self.request(QUERY_WAIT, |reply| Job::ResetAnswer { reply })?
+    }
+
+    /// `str(answer["content"])` when it is not blank, whether or not `ready` was set: what a
+    /// run stopped early keeps as its partial answer.
+    pub fn answer_content(&self) -> Result<Option<String>, ReplError> {
+        self.request(QUERY_WAIT, |reply| Job::AnswerContent { reply })?
     }
 
     /// The user's variables (reserved names, `_private` names and modules hidden).
@@ -405,6 +414,9 @@ fn session_thread(
                 }
                 Ok(Job::ResetAnswer { reply }) => {
                     let _ = reply.send(state.reset_answer(py));
+                }
+                Ok(Job::AnswerContent { reply }) => {
+                    let _ = reply.send(state.answer_content(py));
                 }
                 Ok(Job::Shutdown) | Err(_) => break,
             }
@@ -577,6 +589,22 @@ impl SessionState {
             .map_err(|e| ReplError::internal("resetting the answer dict", e))?;
         self.set_answer_slot(answer.clone().unbind());
         Ok(())
+    }
+
+    fn answer_content(&self, py: Python<'_>) -> Result<Option<String>, ReplError> {
+        let content = self
+            .answer_slot(py)
+            .get_item("content")
+            .ok()
+            .filter(|value| !value.is_none());
+        let Some(content) = content else {
+            return Ok(None);
+        };
+        let text = content
+            .str()
+            .and_then(|s| s.extract::<String>())
+            .map_err(|e| ReplError::internal("reading `answer[\"content\"]`", e))?;
+        Ok((!text.trim().is_empty()).then_some(text))
     }
 
     /// What `answer` is now: the session's own dict, or a mapping a block rebound it to.

@@ -728,7 +728,23 @@ impl Run<'_> {
         contexts: Vec<ContextMetadata>,
         hooks: &mut dyn Hook,
     ) -> RlmResult {
-        let answer = ending.answer.or(self.candidate);
+        // A run stopped early keeps what the code put in `answer["content"]` without setting
+        // `ready`, when nothing better was found.
+        let partial = || {
+            let content = self.executor.session().answer_content().ok().flatten()?;
+            Some(FoundAnswer {
+                value: content,
+                kind: FinalKind::AnswerDict,
+            })
+        };
+        let answer = ending
+            .answer
+            .or_else(|| self.candidate.clone())
+            .or_else(|| {
+                (ending.reason != TerminationReason::FinalAnswer)
+                    .then(partial)
+                    .flatten()
+            });
         let mut result = RlmResult {
             answer: answer.as_ref().map(|a| a.value.clone()),
             answer_kind: answer.as_ref().map(|a| a.kind),
