@@ -72,10 +72,11 @@ fn chat_answers_a_follow_up_that_uses_a_variable_of_the_first_question() {
     assert_eq!(queries, ["query: Make x.", "query: What is x + 1?"]);
 }
 
+/// Refused before stdin is read: no questions are piped in, so none can meet a closed pipe.
 #[test]
 fn chat_refuses_stdin_as_a_context_and_an_answer_file() {
     let mock = Mock::start(make_or_use_x());
-    let run = rlm(&chat_args(&mock, &["--context", "-"]), Some(b"q\n"));
+    let run = rlm(&chat_args(&mock, &["--context", "-"]), None);
     run.assert_code(2);
     insta::assert_snapshot!(run.stderr, @"error: `rlm chat` reads its questions from standard input, so `-` cannot be a context; pass a file");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -90,7 +91,7 @@ fn chat_refuses_stdin_as_a_context_and_an_answer_file() {
                 "a.txt",
             ],
         ),
-        Some(b"q\n"),
+        None,
     );
     run.assert_code(2);
     assert!(run.stderr.contains("`--answer-file`"), "{}", run.stderr);
