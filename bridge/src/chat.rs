@@ -7,6 +7,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::secret::Redactor;
+
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -153,6 +155,19 @@ impl ChatRequest {
         Self {
             messages: vec![Message::user(prompt)],
             ..Self::default()
+        }
+    }
+
+    /// Replaces every value `redactor` knows in the message contents and tool-call arguments.
+    pub fn redact(&mut self, redactor: &Redactor) {
+        if redactor.is_empty() {
+            return;
+        }
+        for message in &mut self.messages {
+            redactor.redact_in_place(&mut message.content);
+            for call in &mut message.tool_calls {
+                redactor.redact_in_place(&mut call.arguments);
+            }
         }
     }
 

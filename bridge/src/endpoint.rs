@@ -31,6 +31,7 @@ use crate::client::{AnthropicClient, LmClient, OpenAiClient};
 use crate::error::BridgeError;
 use crate::ledger::{CallEstimate, Ledger, Reservation, SubCallMetadata};
 pub use crate::retry::RetryPolicy;
+use crate::secret::{self, Secret};
 
 /// The wire protocol of an endpoint.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -99,8 +100,9 @@ pub struct EndpointConfig {
     pub model: String,
     /// The API key itself (prefer `api_key_env`).
     #[serde(skip_serializing)]
-    pub api_key: Option<String>,
-    /// The environment variable holding the API key, read when the client is built.
+    pub api_key: Option<Secret>,
+    /// The environment variable holding the API key, read when the client is built (through
+    /// [`env_secret`](crate::secret::env_secret), so it may be gone from the environment by then).
     pub api_key_env: Option<String>,
     /// Extra HTTP headers sent with every request.
     pub headers: Vec<(String, String)>,
@@ -129,7 +131,7 @@ impl fmt::Debug for EndpointConfig {
             .field("provider", &self.provider)
             .field("base_url", &self.base_url)
             .field("model", &self.model)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("api_key", &self.api_key)
             .field("api_key_env", &self.api_key_env)
             .field(
                 "headers",
@@ -429,6 +431,9 @@ impl Shared {
         on_delta: Option<&mut (dyn FnMut(&str) + Send)>,
         batch_size: Option<usize>,
     ) -> Result<ChatResponse, BridgeError> {
+        // No model receives a secret the process knows, whoever put it in the prompt.
+        let mut req = req;
+        req.redact(&secret::redactor());
         let mut ticket = CallTicket::begin(self, &req, batch_size);
         let result = self
             .run(&req, cancel, stream, on_delta, &mut ticket)

@@ -10,6 +10,9 @@
 //! - [`client`]: one HTTP attempt in the OpenAI or Anthropic wire format, over the process-wide
 //!   [`shared_http_client`].
 //! - [`ledger`]: [`SubCallMetadata`] per call, usage per model, cost, and the [`Budget`].
+//! - [`secret`]: API keys held as [`Secret`]s (read once, kept after their variables are
+//!   gone) and the [`Redactor`] of every secret the process knows. No model receives a known
+//!   secret: [`Endpoint::call`] redacts each request's messages before sending it.
 //! - `mock` (feature `mock`): an in-process mock LM server for tests, benchmarks and demos.
 //!
 //! Data flows `ChatRequest → Endpoint::call → (budget, permit, client attempt, backoff)* →
@@ -47,6 +50,7 @@ pub mod endpoint;
 pub mod error;
 pub mod ledger;
 pub mod retry;
+pub mod secret;
 
 #[cfg(feature = "mock")]
 pub mod mock;
@@ -61,4 +65,5 @@ pub use endpoint::{
 };
 pub use error::{BridgeError, BudgetExceeded, BudgetLimit};
 pub use ledger::{Budget, Ledger, LedgerObserver, ModelUsage, SubCallMetadata};
+pub use secret::{REDACTED, Redactor, Secret};
 pub use tokio_util::sync::CancellationToken;

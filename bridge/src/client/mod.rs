@@ -40,6 +40,7 @@ pub use openai::OpenAiClient;
 use crate::chat::{ChatRequest, ChatResponse};
 use crate::endpoint::EndpointConfig;
 use crate::error::BridgeError;
+use crate::secret::{self, Secret};
 
 /// The largest answer body read (a JSON answer, or a whole body sent instead of a stream);
 /// a larger one fails as a [`BridgeError::Decode`].
@@ -101,33 +102,37 @@ pub(crate) struct Transport {
 
 /// Where the API key came from, for the 401 hint.
 pub(crate) enum KeySource {
-    Inline(String),
-    Env { var: String, value: String },
+    Inline(Secret),
+    Env { var: String, value: Secret },
     MissingEnv(String),
     None,
 }
 
 impl KeySource {
-    /// Resolve the key of `config`: inline `api_key` first, then `api_key_env`.
+    /// Resolve the key of `config`: inline `api_key` first, then `api_key_env` (read through
+    /// [`secret::env_secret`], so a key still resolves after its variable left the
+    /// environment). Either way the key is registered for redaction.
     pub(crate) fn resolve(config: &EndpointConfig) -> Self {
         if let Some(key) = config.api_key.as_ref().filter(|k| !k.is_empty()) {
+            secret::register(key);
             return Self::Inline(key.clone());
         }
         match &config.api_key_env {
-            Some(var) => match std::env::var(var) {
-                Ok(value) if !value.is_empty() => Self::Env {
+            Some(var) => match secret::env_secret(var) {
+                Some(value) => Self::Env {
                     var: var.clone(),
                     value,
                 },
-                _ => Self::MissingEnv(var.clone()),
+                None => Self::MissingEnv(var.clone()),
             },
             None => Self::None,
         }
     }
 
+    /// The key to send, if any.
     pub(crate) fn key(&self) -> Option<&str> {
         match self {
-            Self::Inline(k) | Self::Env { value: k, .. } => Some(k),
+            Self::Inline(k) | Self::Env { value: k, .. } => Some(k.expose()),
             Self::MissingEnv(_) | Self::None => None,
         }
     }

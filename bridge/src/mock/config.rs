@@ -13,7 +13,8 @@ use super::rng::SplitMix;
 use super::script::Script;
 
 /// Everything [`super::MockServer::start`] needs. `Default`: echo every prompt, no latency,
-/// no faults, no API key, a free port on 127.0.0.1, an unbounded request log.
+/// no faults, no API key, a free port on 127.0.0.1, an unbounded request log without headers
+/// or bodies.
 #[derive(Debug, Clone, Default)]
 pub struct MockConfig {
     /// Where to listen; must be a loopback address. `None` = `127.0.0.1:0` (a free port).
@@ -30,6 +31,9 @@ pub struct MockConfig {
     pub api_key: Option<String>,
     /// Keep at most this many request records, dropping the oldest; `None` keeps all (tests).
     pub log_limit: Option<usize>,
+    /// Keep each request's headers and body in its [`RequestRecord`](super::RequestRecord)
+    /// (for tests that check what was sent; off by default, as bodies can be large).
+    pub record_requests: bool,
 }
 
 /// Per-request delay before the server answers.
@@ -409,6 +413,7 @@ impl MockOptions {
             seed: self.seed,
             api_key: self.api_key,
             log_limit: Some(self.log_limit.unwrap_or(100_000)),
+            record_requests: false,
         })
     }
 }

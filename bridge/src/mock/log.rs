@@ -34,6 +34,14 @@ pub struct RequestRecord {
     pub last_user: String,
     /// Whether the client asked for SSE.
     pub stream: bool,
+    /// The request headers, with [`MockConfig::record_requests`](super::MockConfig::record_requests)
+    /// (empty otherwise).
+    #[serde(default)]
+    pub headers: Vec<(String, String)>,
+    /// The whole request body as text, with
+    /// [`MockConfig::record_requests`](super::MockConfig::record_requests).
+    #[serde(default)]
+    pub body: Option<String>,
 }
 
 /// A cheap, cloneable handle on the server's request log.

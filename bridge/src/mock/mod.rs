@@ -12,7 +12,8 @@
 //!   body into a private view (`wire.rs`: model, system prompt, last user message, TURN) →
 //!   fault decision (`faults.rs`) → latency sleep → the [`Script`] picks and renders a reply
 //!   (`script.rs`, `template.rs`) → rendered in the provider's format → one
-//!   [`RequestRecord`] is pushed to the [`RequestLog`].
+//!   [`RequestRecord`] is pushed to the [`RequestLog`] (with the request's headers and whole
+//!   body when [`MockConfig::record_requests`] is on: tests check what a client sent).
 //! - A request whose client leaves early (timeout) is still logged, with status `499`.
 //! - All per-request randomness comes from a generator seeded by
 //!   `(MockConfig::seed, request id)`; ids count arrivals from 0, so a sequential client sees

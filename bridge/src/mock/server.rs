@@ -60,6 +60,7 @@ struct ServerState {
     faults: FaultPlan,
     seed: u64,
     api_key: Option<String>,
+    record_requests: bool,
     log: RequestLog,
     started: Instant,
     next_id: AtomicU64,
@@ -105,6 +106,7 @@ impl MockServer {
             faults,
             seed: config.seed,
             api_key: config.api_key,
+            record_requests: config.record_requests,
             log: log.clone(),
             started: Instant::now(),
             next_id: AtomicU64::new(0),
@@ -290,6 +292,8 @@ struct Draft {
     stream: bool,
     request_bytes: usize,
     fault: Option<FaultKind>,
+    headers: Vec<(String, String)>,
+    body: Option<String>,
     /// Where the record goes; taken when it is written.
     sink: Option<(RequestLog, Instant)>,
 }
@@ -311,6 +315,8 @@ impl Draft {
             response_bytes,
             last_user: std::mem::take(&mut self.last_user),
             stream: self.stream,
+            headers: std::mem::take(&mut self.headers),
+            body: self.body.take(),
         });
     }
 }
@@ -341,6 +347,20 @@ impl ServerState {
             stream: false,
             request_bytes: 0,
             fault: None,
+            headers: if self.record_requests {
+                req.headers()
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            k.as_str().to_owned(),
+                            String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                        )
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            body: None,
             sink: Some((self.log.clone(), self.started)),
         }
     }
@@ -394,6 +414,9 @@ impl ServerState {
             }
         };
         draft.request_bytes = body.len();
+        if self.record_requests {
+            draft.body = Some(String::from_utf8_lossy(&body).into_owned());
+        }
         let view = match wire::parse_request(provider, &body) {
             Ok(view) => view,
             Err(message) => {

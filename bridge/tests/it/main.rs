@@ -9,4 +9,5 @@ mod interop;
 mod mock;
 mod openai;
 mod retry;
+mod secrets;
 mod support;
