@@ -1,9 +1,13 @@
 //! Bounded capture of a block's stdout/stderr: the first half of the budget is kept from the
 //! head, the second half from the tail, everything in between is counted and dropped. A cell
 //! printing gigabytes holds at most `max_output_chars` characters (plus one chunk) in memory.
+//!
+//! Every write is redacted before it is kept (known secrets become `[redacted]`), so a
+//! secret is never cut in half by the head/tail boundary and half of it kept.
 
 use std::sync::Mutex;
 
+use bridge::Redactor;
 use pyo3::prelude::*;
 
 /// Head-and-tail character buffer.
@@ -117,12 +121,14 @@ fn byte_index_of_char(s: &str, n: usize) -> usize {
 #[derive(Debug)]
 pub(crate) struct OutputCapture {
     text: Mutex<Option<BoundedText>>,
+    redactor: Redactor,
 }
 
 impl OutputCapture {
-    pub(crate) fn new(max_chars: usize) -> Self {
+    pub(crate) fn new(max_chars: usize, redactor: Redactor) -> Self {
         Self {
             text: Mutex::new(Some(BoundedText::new(max_chars))),
+            redactor,
         }
     }
 
@@ -142,12 +148,13 @@ impl OutputCapture {
     }
 
     pub(crate) fn push(&self, s: &str) {
+        let s = self.redactor.redact(s);
         let mut guard = match self.text.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         };
         if let Some(text) = guard.as_mut() {
-            text.push(s);
+            text.push(&s);
         }
     }
 }
@@ -207,6 +214,19 @@ mod tests {
         assert_eq!(c.omitted_chars, 6);
         assert!(c.text.starts_with("éé\n"));
         assert!(c.text.ends_with("😀😀"));
+    }
+
+    #[test]
+    fn a_secret_is_redacted_before_the_head_and_tail_cut() {
+        let secret = "sk-capture-secret-0123456789";
+        let capture = OutputCapture::new(20, Redactor::new([secret]));
+        capture.push(&"x".repeat(5));
+        // The secret would straddle the end of the 10-character head.
+        capture.push(secret);
+        capture.push(&"y".repeat(30));
+        let c = capture.take();
+        assert!(!c.text.contains("sk-capt"), "{}", c.text);
+        assert!(c.text.starts_with("xxxxx[reda"), "{}", c.text);
     }
 
     #[test]

@@ -42,8 +42,9 @@ impl SessionState {
         self.blocks += 1;
         let filename = format!("{}{}>", self.block_filename_prefix(), self.blocks);
         let max = self.config.max_output_chars;
-        let stdout = Bound::new(py, OutputCapture::new(max)).map_err(fail)?;
-        let stderr = Bound::new(py, OutputCapture::new(max)).map_err(fail)?;
+        let redactor = bridge::secret::redactor();
+        let stdout = Bound::new(py, OutputCapture::new(max, redactor.clone())).map_err(fail)?;
+        let stderr = Bound::new(py, OutputCapture::new(max, redactor)).map_err(fail)?;
         let session = self.py_session.bind(py).clone();
         // From here every exit, `?` included, ends the block: output is never left routed to
         // a capture nobody reads.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use bridge::SubCallMetadata;
+use bridge::{Redactor, SubCallMetadata};
 
 /// What kind of Python object a context became.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,6 +138,13 @@ pub struct VariableInfo {
     pub preview: String,
 }
 
+impl VariableInfo {
+    /// Replaces every secret `redactor` knows in the preview.
+    pub fn redact(&mut self, redactor: &Redactor) {
+        redactor.redact_in_place(&mut self.preview);
+    }
+}
+
 /// Where a final answer recorded by a block came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -238,5 +245,30 @@ impl ExecutionResult {
     /// The first final answer the block recorded, whatever its convention.
     pub fn final_answer(&self) -> Option<&FinalAnswer> {
         self.final_answers.first()
+    }
+
+    /// Replaces every secret `redactor` knows in the result's text: output, exception,
+    /// final answers, variable previews and sub-call errors.
+    pub fn redact(&mut self, redactor: &Redactor) {
+        if redactor.is_empty() {
+            return;
+        }
+        redactor.redact_in_place(&mut self.stdout);
+        redactor.redact_in_place(&mut self.stderr);
+        if let Some(error) = &mut self.error {
+            redactor.redact_in_place(&mut error.message);
+            redactor.redact_in_place(&mut error.traceback);
+        }
+        for answer in &mut self.final_answers {
+            redactor.redact_in_place(&mut answer.value);
+        }
+        for variable in &mut self.variables {
+            variable.redact(redactor);
+        }
+        for call in &mut self.sub_calls {
+            if let Some(error) = &mut call.error {
+                redactor.redact_in_place(error);
+            }
+        }
     }
 }

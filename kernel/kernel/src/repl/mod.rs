@@ -38,6 +38,13 @@
 //!   caught after the block. A block's [`ExecutionResult::final_answer`] is the last recorded.
 //! - `SHOW_VARS()` prints the user's variables (name, type, `len`, preview) and returns None;
 //!   the same list is in [`ExecutionResult::variables`].
+//! - Secrets: every value the process knows as secret ([`bridge::secret`]) is `[redacted]` in
+//!   what the session reports — block output (redacted as it is written, so the head/tail cut
+//!   never keeps half of one), exceptions, final answers, variable previews, `SHOW_VARS()` —
+//!   so the model never reads one in a block's output, even one the code found on its own.
+//!   The session leaves the environment alone: removing API keys from it is the host's step
+//!   (the `rlm` binary does it before Python starts); in a host's own interpreter (the Python
+//!   package) `os.environ` is the user's, and only redaction applies.
 //! - `sys.stdin` is empty (`input()` raises `EOFError`); `sys.exit()`, `exit()` and
 //!   `KeyboardInterrupt` are reported as errors and the session goes on. So are the calls
 //!   that would end the whole process: `os._exit(n)`, `os.abort()`, and `os.kill` of the

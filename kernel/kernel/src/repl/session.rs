@@ -231,11 +231,13 @@ impl ReplSession {
         stop: Option<CancellationToken>,
     ) -> Result<ExecutionResult, ReplError> {
         let wait = self.config.cell_timeout + INTERRUPT_GRACE;
-        self.request(wait, |reply| Job::Exec {
+        let mut result = self.request(wait, |reply| Job::Exec {
             code: code.to_owned(),
             stop,
             reply,
-        })?
+        })??;
+        result.redact(&bridge::secret::redactor());
+        Ok(result)
     }
 
     /// Metadata of the loaded contexts, in order.
@@ -257,15 +259,24 @@ impl ReplSession {
 
     /// The user's variables (reserved names, `_private` names and modules hidden).
     pub fn variables(&self) -> Result<Vec<VariableInfo>, ReplError> {
-        self.request(QUERY_WAIT, |reply| Job::Variables { reply })?
+        let mut variables = self.request(QUERY_WAIT, |reply| Job::Variables { reply })??;
+        let redactor = bridge::secret::redactor();
+        for variable in &mut variables {
+            variable.redact(&redactor);
+        }
+        Ok(variables)
     }
 
     /// `str(value)` of a variable in the namespace, `None` if unset.
     pub fn variable_as_string(&self, name: &str) -> Result<Option<String>, ReplError> {
-        self.request(QUERY_WAIT, |reply| Job::VariableString {
+        let value = self.request(QUERY_WAIT, |reply| Job::VariableString {
             name: name.to_owned(),
             reply,
-        })?
+        })??;
+        Ok(value.map(|mut v| {
+            bridge::secret::redactor().redact_in_place(&mut v);
+            v
+        }))
     }
 
     /// The session's cancellation token: cancelling it aborts in-flight `llm_query` calls and

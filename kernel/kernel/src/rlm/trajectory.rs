@@ -20,7 +20,8 @@
 //! characters each by default, `0` for none), so the size of a trajectory does not grow with
 //! the size of the context: an iteration line is at most about the reply, plus per block
 //! twice the feedback limit of output, plus per sub-call twice the text limit and its
-//! metadata. Each line is written with one
+//! metadata. Every line is redacted as written: no secret the process knows
+//! ([`bridge::secret`]) reaches the file, wherever it came from. Each line is written with one
 //! `write_all` and flushed at once: a run killed at any point leaves a file whose complete lines
 //! are valid JSON. Give [`TrajectoryWriter::new`] an unbuffered writer (a `File`) for that.
 //!
@@ -98,11 +99,12 @@ impl<W: Write + Send> TrajectoryWriter<W> {
         if self.failure.is_some() {
             return;
         }
-        let written = serde_json::to_vec(value)
+        let written = serde_json::to_string(value)
             .map_err(io::Error::other)
-            .and_then(|mut line| {
-                line.push(b'\n');
-                self.out.write_all(&line)?;
+            .and_then(|line| {
+                let mut line = bridge::secret::redactor().redact(&line).into_owned();
+                line.push('\n');
+                self.out.write_all(line.as_bytes())?;
                 self.out.flush()
             });
         match written {
@@ -371,6 +373,30 @@ mod tests {
                 }),
             ]
         );
+    }
+
+    #[test]
+    fn no_line_carries_a_known_secret() {
+        let secret = "trajectory-secret-0123456789";
+        bridge::secret::register(&bridge::Secret::new(secret));
+        let buffer = Shared::default();
+        let mut writer = TrajectoryWriter::new(buffer.clone());
+        let config = RlmConfig::default();
+        let mut info = run_info(&config);
+        let query = format!("what is \"{secret}\"?");
+        info.query = &query;
+        writer.before_run(&info);
+        let mut record = record();
+        record.reply = format!("FINAL({secret})");
+        writer.after_iteration(&mut record);
+        let text = String::from_utf8(buffer.0.lock().expect("buffer").clone()).expect("utf-8");
+        assert!(!text.contains(secret), "{text}");
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("every line is JSON"))
+            .collect();
+        assert_eq!(lines[0]["query"], "what is \"[redacted]\"?");
+        assert_eq!(lines[1]["reply"], "FINAL([redacted])");
     }
 
     #[test]

@@ -760,3 +760,39 @@ fn end_processes_stops_what_blocks_started_and_nothing_else() {
     let _ = host.kill();
     let _ = host.wait();
 }
+
+#[test]
+fn known_secrets_are_redacted_in_everything_a_block_reports() {
+    // The code builds the value itself: redaction does not depend on where it came from.
+    let secret = "repl-secret-0123456789";
+    bridge::secret::register(&bridge::Secret::new(secret));
+    let s = session();
+    let code = "token = 'repl-secret-' + '0123456789'\nprint('out', token)\nimport sys\n\
+                print('err', token, file=sys.stderr)\nFINAL_VAR(token)\n\
+                raise ValueError('bad ' + token)";
+    let r = s.exec(code).expect("kernel works");
+    assert_eq!(r.stdout, "out [redacted]\n");
+    assert!(r.stderr.starts_with("err [redacted]\n"), "{}", r.stderr);
+    let error = r.error.as_ref().expect("raised");
+    assert_eq!(error.message, "bad [redacted]");
+    assert!(!error.traceback.contains(secret), "{}", error.traceback);
+    assert_eq!(r.final_answers[0].value, "[redacted]");
+    let token = r
+        .variables
+        .iter()
+        .find(|v| v.name == "token")
+        .expect("listed");
+    assert!(token.preview.contains("[redacted]"), "{token:?}");
+    let shown = ok(&s, "SHOW_VARS()\ntoken");
+    assert!(!shown.stdout.contains(secret), "{}", shown.stdout);
+    assert_eq!(
+        s.variable_as_string("token").expect("reads"),
+        Some("[redacted]".to_owned())
+    );
+    assert!(
+        s.variables()
+            .expect("lists")
+            .iter()
+            .all(|v| !v.preview.contains(secret))
+    );
+}
