@@ -19,4 +19,5 @@ mod mock_lm;
 mod outputs;
 mod processes;
 mod run;
+mod secrets;
 mod trace;

@@ -149,8 +149,17 @@ pub(crate) struct RunOptions {
     pub(crate) provider: Option<Provider>,
 
     /// Environment variable holding the API key (default: `OPENAI_API_KEY` or `ANTHROPIC_API_KEY`).
+    /// Like every `*_API_KEY` variable, it is removed from the environment before the model's
+    /// code runs.
     #[arg(long, env = "RLM_API_KEY_ENV", value_name = "VAR")]
     pub(crate) api_key_env: Option<String>,
+
+    /// An environment variable whose value is secret: the code may still read it, but it is
+    /// `[redacted]` in every output (what the model reads, the trajectory, `--json`, stderr).
+    /// Repeatable.
+    #[arg(long = "secret", value_name = "VAR")]
+    #[serde(default)]
+    pub(crate) secrets: Vec<String>,
 
     /// Most tokens one model reply may have (sent as `max_tokens`; default: the server's).
     #[arg(long, env = "RLM_MAX_OUTPUT_TOKENS", value_parser = at_least::<u32>(1))]

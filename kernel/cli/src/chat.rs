@@ -82,6 +82,8 @@ pub(crate) fn execute(
     verbosity: u8,
 ) -> Result<ExitCode> {
     let opts = run::merge(args.options, file);
+    // First, while the process has one thread and no Python: keys leave the environment.
+    crate::secrets::protect(&opts)?;
     if args.contexts.iter().any(|p| p.as_os_str() == "-") {
         return Err(UsageError::new(
             "`rlm chat` reads its questions from standard input, so `-` cannot be a context; pass a file",

@@ -17,6 +17,7 @@ mod mock_lm;
 mod outputs;
 mod report;
 mod run;
+mod secrets;
 mod show;
 mod trace;
 
@@ -43,9 +44,9 @@ fn main() -> ExitCode {
     match dispatch(cli) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err}");
+            eprintln!("error: {}", secrets::redact(&err.to_string()));
             for cause in err.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                eprintln!("  caused by: {}", secrets::redact(&cause.to_string()));
             }
             let code: u8 = if err.downcast_ref::<UsageError>().is_some() {
                 2
@@ -75,9 +76,8 @@ fn print_json_error(err: &anyhow::Error, code: u8) {
             "exit_code": code,
         }
     });
-    let mut out = std::io::stdout().lock();
-    let _ = serde_json::to_writer_pretty(&mut out, &document);
-    let _ = writeln!(out);
+    let text = serde_json::to_string_pretty(&document).unwrap_or_default();
+    let _ = writeln!(std::io::stdout().lock(), "{}", secrets::redact(&text));
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {

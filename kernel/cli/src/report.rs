@@ -5,7 +5,7 @@
 //! (`--max-iterations`, `--max-sub-calls`, …) with its value, read from the
 //! [`TerminationReason`] and the options, never from the library's message. They never
 //! contradict each other: a partial answer is called partial, and "ended without an answer"
-//! appears only when there is none.
+//! appears only when there is none. Known secrets are `[redacted]` in all of it.
 
 use std::io::Write as _;
 use std::path::Path;
@@ -18,17 +18,19 @@ use serde_json::{Map, Value, json};
 use crate::args::RunOptions;
 use crate::outputs;
 use crate::run::RunOutcome;
+use crate::secrets::redact;
 use crate::trace::{self, SubCallCounts};
 
 /// Prints the result: JSON, or the answer as the last stdout line(s); writes `--answer-file`.
 pub(crate) fn report(result: &RlmResult, opts: &RunOptions, query: &str) -> Result<RunOutcome> {
     let outcome = RunOutcome::of(result.termination_reason);
     let mut stdout = std::io::stdout().lock();
+    // Known secrets are redacted from everything printed or written here.
     if opts.json() {
-        serde_json::to_writer_pretty(&mut stdout, &json_result(result, opts, query))?;
-        writeln!(stdout)?;
+        let json = serde_json::to_string_pretty(&json_result(result, opts, query))?;
+        writeln!(stdout, "{}", redact(&json))?;
     } else if let Some(answer) = &result.answer {
-        writeln!(stdout, "{answer}")?;
+        writeln!(stdout, "{}", redact(answer))?;
     }
     stdout.flush()?;
     // `--quiet` silences the summary, never the reason a run failed.
@@ -43,12 +45,13 @@ pub(crate) fn report(result: &RlmResult, opts: &RunOptions, query: &str) -> Resu
             )
         );
         for line in closing_lines(result, opts) {
-            eprintln!("  {line}");
+            eprintln!("  {}", redact(&line));
         }
     }
     // After stdout: an answer file that cannot be written must not cost the answer.
     if let Some(path) = &opts.answer_file {
-        outputs::write_answer_file(path, result.answer.as_deref().unwrap_or_default())?;
+        let answer = redact(result.answer.as_deref().unwrap_or_default());
+        outputs::write_answer_file(path, &answer)?;
     }
     if result.answer.is_none() {
         eprintln!("{}", no_answer(opts.trajectory.as_deref()));

@@ -26,6 +26,7 @@ use crate::UsageError;
 use crate::args::{RunArgs, RunOptions};
 use crate::outputs::{self, Output};
 use crate::report;
+use crate::secrets::{self, redact};
 use crate::trace::TraceHook;
 
 /// Exit code of a run that stopped at a limit (iterations, time, budget) or without an answer.
@@ -104,6 +105,8 @@ pub(crate) fn merge(cli: RunOptions, file: RunOptions) -> RunOptions {
         },
         provider: cli.provider.or(file.provider),
         api_key_env: cli.api_key_env.or(file.api_key_env),
+        // Secrets add up: a value the file marks secret stays secret.
+        secrets: file.secrets.into_iter().chain(cli.secrets).collect(),
         max_output_tokens: cli.max_output_tokens.or(file.max_output_tokens),
         temperature: cli.temperature.or(file.temperature),
         max_iterations: cli.max_iterations.or(file.max_iterations),
@@ -290,7 +293,9 @@ fn check_urls_and_keys(configs: &[EndpointConfig], opts: &RunOptions) -> Result<
         let Some(var) = config.api_key_env.as_deref() else {
             continue;
         };
-        let has_key = std::env::var(var).is_ok_and(|key| !key.trim().is_empty());
+        // Through the bridge: the variable itself has left the environment by now.
+        let has_key =
+            bridge::secret::env_secret(var).is_some_and(|key| !key.expose().trim().is_empty());
         if !has_key && !is_loopback(rest) {
             return Err(usage(format!(
                 "`{url}` needs an API key and `{var}` is not set; export `{var}` with your key, or \
@@ -507,7 +512,7 @@ pub(crate) fn observe(
         let bar = bar.clone();
         // Through the bar, so the progress line is lifted while the trace prints.
         rlm.add_hook(TraceHook::new(Box::new(move |text| {
-            bar.suspend(|| eprint!("{text}"));
+            bar.suspend(|| eprint!("{}", redact(text)));
         })));
     }
     let progress = Progress::new();
@@ -644,7 +649,12 @@ pub(crate) fn option_inputs(opts: &RunOptions, config: Option<&Path>) -> Vec<Pat
 
 /// `--dry-run`: the first root-model request as it would be sent, on stdout.
 fn print_first_request(rlm: &Rlm, endpoints: &Endpoints, query: &str, json: bool) -> Result<()> {
-    let messages = rlm.first_messages(query);
+    // As the bridge would send them: with known secrets redacted.
+    let mut messages = rlm.first_messages(query);
+    let redactor = bridge::secret::redactor();
+    for message in &mut messages {
+        redactor.redact_in_place(&mut message.content);
+    }
     let root = endpoints.get(&rlm.config().root_endpoint)?;
     let endpoint = root.config();
     let mut out = std::io::stdout().lock();
@@ -686,6 +696,8 @@ pub(crate) fn execute(
     verbosity: u8,
 ) -> Result<ExitCode> {
     let opts = merge(args.options, file);
+    // First, while the process has one thread and no Python: keys leave the environment.
+    secrets::protect(&opts)?;
     crate::JSON_ERRORS.store(opts.json(), std::sync::atomic::Ordering::Relaxed);
     // Every option is checked before the context loads: a big context can take a while.
     let endpoints = build_endpoints(&opts)?;

@@ -37,6 +37,8 @@ pub(crate) fn execute(
     verbosity: u8,
 ) -> Result<ExitCode> {
     let mut opts = run::merge(args.options, file);
+    // First, while the process has one thread and no Python: keys leave the environment.
+    crate::secrets::protect(&opts)?;
     let runtime = kernel::runtime::shared();
     let server = if opts.base_url.is_none() {
         let script =

@@ -13,7 +13,9 @@
 //!   answer, a [`TerminationReason`], [`SessionMetrics`] and one [`IterationRecord`] per
 //!   iteration ([`IterationMetadata`], [`ExecutionMetadata`], capped block outputs, sub-calls).
 //! - What the model reads: [`Prompts`] (texts in `prompts/`, compiled in) and the feedback
-//!   message after each reply ([`format_feedback`]).
+//!   message after each reply ([`format_feedback`]). Secrets never get there: block output is
+//!   redacted by the session, and every request by the bridge ([`bridge::secret`]); the
+//!   [`TrajectoryWriter`] redacts each line it writes.
 //! - [`RlmChat`] asks follow-up questions in the same session (variables persist; the root
 //!   model sees a bounded summary of earlier questions and answers).
 //! - [`Hook`]s see every step and may amend or stop it; [`MetricsHook`], [`TrajectoryWriter`]
