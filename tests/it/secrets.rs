@@ -230,6 +230,7 @@ fn a_secret_printed_by_code_is_redacted_in_every_output() {
                 format!("I recall the password is {PASSWORD}.\n{}", repl(
                     "import os, sys\npw = os.environ['DB_PASSWORD']\nprint('password:', pw)\n\
                      print('to stderr', pw, file=sys.stderr)\necho = llm_query('repeat ' + pw)\n\
+                     long = llm_query('x' * 293 + pw + 'y' * 1000)\n\
                      print('echo:', echo)\nraise ValueError('bad password ' + pw)"
                 )),
                 "FINAL_VAR(pw)",
@@ -271,7 +272,8 @@ fn a_secret_printed_by_code_is_redacted_in_every_output() {
         run.stderr
     );
     for (what, text) in outputs(&run, &trajectory) {
-        assert_free_of(what, &text, &[PASSWORD, KEY]);
+        // `xhunter2`: the head of the long prompt, had it been cut before it was redacted.
+        assert_free_of(what, &text, &[PASSWORD, KEY, "xhunter2"]);
     }
     // The model never read it: not in the block output fed back, not in the sub-call.
     assert_key_only_in_header(&mock.log().entries(), KEY, "authorization", &[PASSWORD]);

@@ -248,7 +248,7 @@ impl ExecutionResult {
     }
 
     /// Replaces every secret `redactor` knows in the result's text: output, exception,
-    /// final answers, variable previews and sub-call errors.
+    /// final answers, variable previews, sub-call errors and texts.
     pub fn redact(&mut self, redactor: &Redactor) {
         if redactor.is_empty() {
             return;
@@ -269,6 +269,10 @@ impl ExecutionResult {
             if let Some(error) = &mut call.error {
                 redactor.redact_in_place(error);
             }
+        }
+        for text in &mut self.sub_call_texts {
+            redactor.redact_in_place(&mut text.prompt);
+            redactor.redact_in_place(&mut text.reply);
         }
     }
 }

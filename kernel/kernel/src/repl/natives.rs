@@ -137,15 +137,17 @@ impl SubModelBridge {
     }
 
     /// The prompt as kept for the record (cut before the call: the call takes the prompt),
-    /// `None` when the session keeps no texts.
+    /// `None` when the session keeps no texts. Known secrets are redacted before the cut, so
+    /// the cut never keeps half of one.
     fn kept_prompt(&self, prompt: &str) -> Option<String> {
-        (self.text_chars > 0).then(|| head_and_tail(prompt, self.text_chars))
+        (self.text_chars > 0)
+            .then(|| head_and_tail(&bridge::secret::redactor().redact(prompt), self.text_chars))
     }
 
     /// Keeps what a call asked (already cut) and received.
     fn record_text(&self, prompt: Option<String>, reply: &str) {
         if let Some(prompt) = prompt {
-            let reply = head_and_tail(reply, self.text_chars);
+            let reply = head_and_tail(&bridge::secret::redactor().redact(reply), self.text_chars);
             self.texts().push(SubCallText { prompt, reply });
         }
     }
