@@ -254,7 +254,11 @@ impl ReplSession {
     /// `str(answer["content"])` when it is not blank, whether or not `ready` was set: what a
     /// run stopped early keeps as its partial answer.
     pub fn answer_content(&self) -> Result<Option<String>, ReplError> {
-        self.request(QUERY_WAIT, |reply| Job::AnswerContent { reply })?
+        let content = self.request(QUERY_WAIT, |reply| Job::AnswerContent { reply })??;
+        Ok(content.map(|mut c| {
+            bridge::secret::redactor().redact_in_place(&mut c);
+            c
+        }))
     }
 
     /// The user's variables (reserved names, `_private` names and modules hidden).

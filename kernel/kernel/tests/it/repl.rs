@@ -789,6 +789,11 @@ fn known_secrets_are_redacted_in_everything_a_block_reports() {
         s.variable_as_string("token").expect("reads"),
         Some("[redacted]".to_owned())
     );
+    ok(&s, "answer['content'] = 'partial ' + token");
+    assert_eq!(
+        s.answer_content().expect("reads"),
+        Some("partial [redacted]".to_owned())
+    );
     assert!(
         s.variables()
             .expect("lists")
