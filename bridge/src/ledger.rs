@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use serde::{Deserialize, Serialize};
 
-use crate::endpoint::Price;
+use crate::config::Price;
 use crate::error::{BudgetExceeded, BudgetLimit};
 
 /// What one model call did, recorded whether it succeeded or not.

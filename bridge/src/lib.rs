@@ -3,6 +3,7 @@
 //! The pieces, in the order a call meets them:
 //!
 //! - [`chat`]: provider-neutral request and response types ([`ChatRequest`], [`ChatResponse`]).
+//! - [`config`]: how to reach a model ([`EndpointConfig`]), its [`Price`], its [`RetryPolicy`].
 //! - [`Endpoints`] / [`Endpoint`] ([`endpoint`]): named models; each endpoint owns a limiter
 //!   shared by all its callers, runs retries ([`RetryPolicy`], honouring `Retry-After`) and
 //!   records every call in the [`Ledger`].
@@ -46,6 +47,7 @@
 pub mod batch;
 pub mod chat;
 pub mod client;
+pub mod config;
 pub mod endpoint;
 pub mod error;
 pub mod ledger;
@@ -60,9 +62,8 @@ pub use chat::{
     ChatRequest, ChatResponse, Message, Role, SamplingParams, ToolCall, ToolDefinition, Usage,
 };
 pub use client::{AnthropicClient, LmClient, OpenAiClient, shared_http_client};
-pub use endpoint::{
-    CallOptions, Endpoint, EndpointConfig, Endpoints, Price, Provider, RetryPolicy,
-};
+pub use config::{EndpointConfig, Price, Provider, RetryPolicy};
+pub use endpoint::{CallOptions, Endpoint, Endpoints};
 pub use error::{BridgeError, BudgetExceeded, BudgetLimit};
 pub use ledger::{Budget, Ledger, LedgerObserver, ModelUsage, SubCallMetadata};
 pub use secret::{REDACTED, Redactor, Secret};

@@ -4,31 +4,8 @@ use std::time::{Duration, SystemTime};
 
 use rand::Rng;
 use reqwest::header::HeaderMap;
-use serde::{Deserialize, Serialize};
 
-/// How often and how patiently a call is retried.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct RetryPolicy {
-    /// Total attempts, the first included (1 = no retries).
-    pub max_attempts: u32,
-    /// Backoff before the first retry; doubles with each retry.
-    #[serde(with = "crate::endpoint::serde_secs")]
-    pub base_delay: Duration,
-    /// No wait is longer than this, `Retry-After` included.
-    #[serde(with = "crate::endpoint::serde_secs")]
-    pub max_delay: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        Self {
-            max_attempts: 4,
-            base_delay: Duration::from_millis(500),
-            max_delay: Duration::from_secs(30),
-        }
-    }
-}
+use crate::config::RetryPolicy;
 
 impl RetryPolicy {
     /// How long to wait after failed attempt number `attempt` (1-based).

@@ -38,7 +38,7 @@ pub use anthropic::{ANTHROPIC_DEFAULT_MAX_TOKENS, ANTHROPIC_VERSION, AnthropicCl
 pub use openai::OpenAiClient;
 
 use crate::chat::{ChatRequest, ChatResponse};
-use crate::endpoint::EndpointConfig;
+use crate::config::EndpointConfig;
 use crate::error::BridgeError;
 use crate::secret::{self, Secret};
 

@@ -12,7 +12,7 @@ use super::{
     null_as_default, partial_call, to_body,
 };
 use crate::chat::{ChatRequest, ChatResponse, Message, Role, SamplingParams, ToolCall, Usage};
-use crate::endpoint::EndpointConfig;
+use crate::config::EndpointConfig;
 use crate::error::BridgeError;
 
 /// A client for OpenAI-compatible chat-completions servers.

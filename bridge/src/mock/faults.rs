@@ -7,8 +7,8 @@ use regex::Regex;
 
 use super::config::{FaultKind, Faults};
 use super::error::MockError;
+use super::prompt::Prompt;
 use super::rng::SplitMix;
-use super::script::Prompt;
 
 /// [`Faults`] with regexes compiled and per-rule hit counters.
 #[derive(Debug)]

@@ -124,15 +124,18 @@
 mod config;
 mod error;
 mod faults;
+mod latency;
 mod log;
+mod prompt;
 mod rng;
 mod script;
 mod server;
 mod template;
 mod wire;
 
-pub use config::{FaultKind, FaultRule, Faults, Latency, MockConfig, MockOptions};
+pub use config::{FaultKind, FaultRule, Faults, MockConfig, MockOptions};
 pub use error::MockError;
+pub use latency::Latency;
 pub use log::{RequestLog, RequestRecord};
 pub use script::Script;
 pub use server::MockServer;

@@ -8,8 +8,9 @@ use regex::Regex;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::config::Latency;
 use super::error::MockError;
+use super::latency::Latency;
+use super::prompt::Prompt;
 use super::template::{Groups, Matched, Template};
 
 /// A compiled script; cheap to clone. `Default` echoes the last user message for every model.
@@ -77,16 +78,6 @@ pub(crate) struct ScriptedToolCall {
     pub(crate) arguments_json: String,
     /// The arguments as a value (Anthropic's `input`).
     pub(crate) arguments: Value,
-}
-
-/// What the server knows about one chat request, borrowed from the parsed body.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Prompt<'a> {
-    pub(crate) model: &'a str,
-    pub(crate) system: &'a str,
-    pub(crate) last_user: &'a str,
-    /// Number of assistant messages in the request.
-    pub(crate) turn: u64,
 }
 
 /// The scripted answer to one request.

@@ -23,9 +23,10 @@ use tokio::net::TcpSocket;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::config::{FaultKind, Latency, MockConfig};
+use super::config::{FaultKind, MockConfig};
 use super::error::MockError;
 use super::faults::FaultPlan;
+use super::latency::Latency;
 use super::log::{RequestLog, RequestRecord};
 use super::rng::SplitMix;
 use super::script::Script;

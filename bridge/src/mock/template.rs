@@ -2,7 +2,7 @@
 
 use regex::{Captures, Regex};
 
-use super::script::Prompt;
+use super::prompt::Prompt;
 
 /// A parsed template. Placeholders that name nothing known stay verbatim, so code such as
 /// Python's `f"{{x}}"` survives unless `x` is a capture group of the rule.

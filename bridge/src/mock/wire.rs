@@ -7,7 +7,8 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::script::{Prompt, ScriptedToolCall};
+use super::prompt::Prompt;
+use super::script::ScriptedToolCall;
 
 /// Which API a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,254 @@
+//! Configuration types: how to reach a model ([`EndpointConfig`], [`Provider`]), what its
+//! tokens cost ([`Price`]) and how patiently it is retried ([`RetryPolicy`]).
+//!
+//! They sit at the bottom of the crate: plain data with serde forms and validation, imported
+//! by the clients, the endpoints and the ledger, importing none of them.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::chat::SamplingParams;
+use crate::error::BridgeError;
+use crate::secret::Secret;
+
+/// The wire protocol of an endpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Provider {
+    /// OpenAI chat completions (also vLLM, SGLang, llama.cpp, Ollama, OpenRouter).
+    #[default]
+    #[serde(alias = "open_ai", alias = "openai-compatible")]
+    OpenAi,
+    /// Anthropic Messages.
+    Anthropic,
+}
+
+impl FromStr for Provider {
+    type Err = BridgeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "openai" | "open_ai" | "openai-compatible" => Ok(Self::OpenAi),
+            "anthropic" => Ok(Self::Anthropic),
+            other => Err(BridgeError::Config(format!(
+                "unknown provider `{other}`; use `openai` or `anthropic`"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Provider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::OpenAi => "openai",
+            Self::Anthropic => "anthropic",
+        })
+    }
+}
+
+/// Prices in USD per million tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Price {
+    /// USD per million input tokens.
+    pub input_per_mtok: f64,
+    /// USD per million output tokens.
+    pub output_per_mtok: f64,
+}
+
+impl Price {
+    /// The cost of `prompt_tokens` in and `completion_tokens` out.
+    pub fn cost(&self, prompt_tokens: u64, completion_tokens: u64) -> f64 {
+        (prompt_tokens as f64 * self.input_per_mtok
+            + completion_tokens as f64 * self.output_per_mtok)
+            / 1e6
+    }
+}
+
+/// Everything needed to reach one model.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EndpointConfig {
+    /// The name callers use (`root`, `sub`, …).
+    pub name: String,
+    /// Wire protocol.
+    pub provider: Provider,
+    /// OpenAI: includes `/v1` (e.g. `http://127.0.0.1:8000/v1`); Anthropic: without `/v1`.
+    pub base_url: String,
+    /// Model name sent when a request names none.
+    pub model: String,
+    /// The API key itself (prefer `api_key_env`).
+    #[serde(skip_serializing)]
+    pub api_key: Option<Secret>,
+    /// The environment variable holding the API key, read when the client is built (through
+    /// [`env_secret`](crate::secret::env_secret), so it may be gone from the environment by then).
+    pub api_key_env: Option<String>,
+    /// Extra HTTP headers sent with every request.
+    pub headers: Vec<(String, String)>,
+    /// Limit of one HTTP attempt (for streams: of the wait for headers and for each event).
+    #[serde(with = "serde_secs")]
+    pub timeout: Duration,
+    /// Requests in flight at once on this endpoint, across all callers.
+    pub max_in_flight: usize,
+    /// Retry behaviour.
+    pub retry: RetryPolicy,
+    /// Price table giving each call's cost.
+    pub price: Option<Price>,
+    /// Default sampling parameters, overridden field by field by each request.
+    pub params: SamplingParams,
+    /// Whether calls here count against [`Budget::max_calls`](crate::Budget). Sub-model
+    /// endpoints do; a root model's calls are iterations, limited elsewhere, so its endpoint
+    /// sets this to `false` and still counts against the token and USD limits.
+    pub counts_toward_call_budget: bool,
+}
+
+impl fmt::Debug for EndpointConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the key itself.
+        f.debug_struct("EndpointConfig")
+            .field("name", &self.name)
+            .field("provider", &self.provider)
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &self.api_key)
+            .field("api_key_env", &self.api_key_env)
+            .field(
+                "headers",
+                &self.headers.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            )
+            .field("timeout", &self.timeout)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("retry", &self.retry)
+            .field("price", &self.price)
+            .field("params", &self.params)
+            .field("counts_toward_call_budget", &self.counts_toward_call_budget)
+            .finish()
+    }
+}
+
+/// The default per-attempt timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The default `max_in_flight`.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 128;
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            provider: Provider::OpenAi,
+            base_url: String::new(),
+            model: String::new(),
+            api_key: None,
+            api_key_env: None,
+            headers: Vec::new(),
+            timeout: DEFAULT_TIMEOUT,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            retry: RetryPolicy::default(),
+            price: None,
+            params: SamplingParams::default(),
+            counts_toward_call_budget: true,
+        }
+    }
+}
+
+impl EndpointConfig {
+    /// An OpenAI-compatible endpoint with default settings.
+    pub fn openai(
+        name: impl Into<String>,
+        base_url: impl Into<String>,
+        model: impl Into<String>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            provider: Provider::OpenAi,
+            base_url: base_url.into(),
+            model: model.into(),
+            ..Self::default()
+        }
+    }
+
+    /// An Anthropic endpoint with default settings.
+    pub fn anthropic(
+        name: impl Into<String>,
+        base_url: impl Into<String>,
+        model: impl Into<String>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            provider: Provider::Anthropic,
+            base_url: base_url.into(),
+            model: model.into(),
+            ..Self::default()
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), BridgeError> {
+        if self.name.trim().is_empty() {
+            return Err(BridgeError::Config(
+                "an endpoint has an empty `name`; give each endpoint a name such as `sub`".into(),
+            ));
+        }
+        if self.base_url.trim().is_empty() {
+            return Err(BridgeError::Config(format!(
+                "endpoint `{}` has no `base_url`; e.g. `http://127.0.0.1:8000/v1`",
+                self.name
+            )));
+        }
+        if self.max_in_flight == 0 {
+            return Err(BridgeError::Config(format!(
+                "`max_in_flight` of endpoint `{}` must be at least 1",
+                self.name
+            )));
+        }
+        if self.retry.max_attempts == 0 {
+            return Err(BridgeError::Config(format!(
+                "`retry.max_attempts` of endpoint `{}` must be at least 1 (1 = no retries)",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// How often and how patiently a call is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RetryPolicy {
+    /// Total attempts, the first included (1 = no retries).
+    pub max_attempts: u32,
+    /// Backoff before the first retry; doubles with each retry.
+    #[serde(with = "serde_secs")]
+    pub base_delay: Duration,
+    /// No wait is longer than this, `Retry-After` included.
+    #[serde(with = "serde_secs")]
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 4,
+            base_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(30),
+        }
+    }
+}
+
+/// (De)serialize a `Duration` as (fractional) seconds, as config files write it.
+pub(crate) mod serde_secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let secs = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
+    }
+}
