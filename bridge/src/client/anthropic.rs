@@ -4,18 +4,14 @@
 //! `tool_use` / `tool_result` content blocks; consecutive messages of the same role are merged
 //! because the API wants user and assistant turns to alternate.
 
-use std::time::Instant;
-
 use async_trait::async_trait;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{
-    KeySource, LmClient, Params, PartialToolCall, StreamReply, Transport, join_url,
-    null_as_default, partial_call, to_body,
-};
-use crate::chat::{ChatRequest, ChatResponse, Message, Role, SamplingParams, ToolCall, Usage};
+use super::call::{Defaults, Draft, Fault, Flow, Protocol, StreamState, WireClient, secret_header};
+use super::{LmClient, Params, PartialToolCall, null_as_default, to_body};
+use crate::chat::{ChatRequest, ChatResponse, Message, Role, ToolCall, Usage};
 use crate::config::EndpointConfig;
 use crate::error::BridgeError;
 
@@ -27,41 +23,68 @@ pub const ANTHROPIC_DEFAULT_MAX_TOKENS: u32 = 4096;
 
 /// A client for the Anthropic Messages API.
 #[derive(Debug, Clone)]
-pub struct AnthropicClient {
-    transport: Transport,
-    model: String,
-    defaults: SamplingParams,
-}
+pub struct AnthropicClient(WireClient<Anthropic>);
 
 impl AnthropicClient {
     /// A client for `config` (`base_url` without `/v1`); the key is read once, here.
     pub fn new(config: &EndpointConfig) -> Result<Self, BridgeError> {
-        let key = KeySource::resolve(config);
+        WireClient::new(config, Anthropic).map(Self)
+    }
+}
+
+#[async_trait]
+impl LmClient for AnthropicClient {
+    async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, BridgeError> {
+        self.0.chat(req).await
+    }
+
+    async fn chat_stream(
+        &self,
+        req: &ChatRequest,
+        on_delta: &mut (dyn for<'s> FnMut(&'s str) + Send),
+    ) -> Result<ChatResponse, BridgeError> {
+        self.0.chat_stream(req, on_delta).await
+    }
+}
+
+/// The Anthropic Messages wire format.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Anthropic;
+
+impl Protocol for Anthropic {
+    type Answer = WireResponse;
+    type WireUsage = WireUsage;
+
+    const PATH: &'static str = "v1/messages";
+    const KEY_VAR: &'static str = "ANTHROPIC_API_KEY";
+    const STREAM_END: &'static str = "`message_stop`";
+
+    fn headers(
+        &self,
+        config: &EndpointConfig,
+        key: Option<&str>,
+    ) -> Result<HeaderMap, BridgeError> {
         let mut headers = HeaderMap::new();
         headers.insert(
             HeaderName::from_static("anthropic-version"),
             HeaderValue::from_static(ANTHROPIC_VERSION),
         );
-        if let Some(k) = key.key() {
-            let mut value = HeaderValue::from_str(k).map_err(|_| {
-                BridgeError::Config(format!(
-                    "the API key of endpoint `{}` contains characters not allowed in a header",
-                    config.name
-                ))
-            })?;
-            value.set_sensitive(true);
-            headers.insert(HeaderName::from_static("x-api-key"), value);
+        if let Some(k) = key {
+            headers.insert(
+                HeaderName::from_static("x-api-key"),
+                secret_header(config, k)?,
+            );
         }
-        let url = join_url(&config.base_url, "v1/messages");
-        Ok(Self {
-            transport: Transport::new(config, url, headers, &key, "ANTHROPIC_API_KEY")?,
-            model: config.model.clone(),
-            defaults: config.params.clone(),
-        })
+        Ok(headers)
     }
 
-    fn body(&self, req: &ChatRequest, stream: bool) -> Result<Vec<u8>, BridgeError> {
-        let params = Params::merge(&req.params, &self.defaults, "stop_sequences");
+    fn body(
+        &self,
+        req: &ChatRequest,
+        defaults: &Defaults,
+        stream: bool,
+    ) -> Result<Vec<u8>, BridgeError> {
+        let params = Params::merge(&req.params, &defaults.params, "stop_sequences");
         let system: Vec<&str> = req
             .messages
             .iter()
@@ -69,7 +92,7 @@ impl AnthropicClient {
             .map(|m| m.content.as_str())
             .collect();
         let body = Body {
-            model: req.model.as_deref().unwrap_or(&self.model),
+            model: req.model.as_deref().unwrap_or(&defaults.model),
             max_tokens: (!params.extra.has("max_tokens"))
                 .then(|| params.max_tokens.unwrap_or(ANTHROPIC_DEFAULT_MAX_TOKENS)),
             system: (!system.is_empty()).then(|| system.join("\n\n")),
@@ -92,19 +115,9 @@ impl AnthropicClient {
         to_body(&body)
     }
 
-    fn model_or_default(&self, req: &ChatRequest, reported: Option<String>) -> String {
-        super::response_model(reported, req, &self.model)
-    }
-
-    /// A whole (non-streamed) response as an answer, or as the error it carries.
-    fn answer(
-        &self,
-        req: &ChatRequest,
-        response: WireResponse,
-        start: Instant,
-    ) -> Result<ChatResponse, BridgeError> {
+    fn read_answer(&self, response: WireResponse) -> Result<Draft, Fault> {
         if let Some(error) = response.error {
-            return Err(self.error_in_body(&error));
+            return Err(error_in_body(error));
         }
         let mut content = String::new();
         let mut tool_calls = Vec::new();
@@ -119,177 +132,109 @@ impl AnthropicClient {
                 WireBlock::Other => {}
             }
         }
-        let mut answer = ChatResponse {
+        Ok(Draft {
             content,
             tool_calls,
-            usage: Usage::default(),
             finish_reason: response.stop_reason,
-            model: self.model_or_default(req, response.model),
-            latency: start.elapsed(),
-            attempts: 1,
-        };
-        answer.usage = match response.usage {
-            Some(u) => u.into_usage(),
-            None => Usage::estimate(req.prompt_chars(), answer.response_chars()),
-        };
-        Ok(answer)
+            model: response.model,
+            usage: response.usage.and_then(|u| self.usage(u)),
+        })
     }
 
-    /// An `error` object sent with status 200 (a stream's `error` event, or a whole
-    /// `{"type": "error"}` body), with the HTTP status its `type` stands for.
-    fn error_in_body(&self, error: &Value) -> BridgeError {
-        let status = match error.get("type").and_then(Value::as_str) {
-            Some("overloaded_error") => 529,
-            Some("rate_limit_error") => 429,
-            Some("api_error") => 500,
-            Some("authentication_error") => 401,
-            Some("permission_error") => 403,
-            Some("not_found_error") => 404,
-            _ => 400,
-        };
-        self.transport
-            .status_error(status, &error.to_string(), None)
+    fn fold_event(
+        &self,
+        data: &str,
+        stream: &mut StreamState<'_, WireUsage>,
+    ) -> Result<Flow, Fault> {
+        let event: WireEvent = serde_json::from_str(data)
+            .map_err(|e| Fault::Decode(format!("invalid stream event ({e}): {data:.200}")))?;
+        match event {
+            WireEvent::MessageStart { message } => {
+                stream.model = message.model;
+                stream.usage = message.usage;
+            }
+            WireEvent::ContentBlockStart {
+                index,
+                content_block,
+            } => match content_block {
+                WireBlock::Text { text } => stream.text(&text),
+                WireBlock::ToolUse { id, name, input } => {
+                    let entry = stream.call(index);
+                    entry.id = id;
+                    entry.name = name;
+                    // The input normally streams as `input_json_delta`; a non-empty
+                    // object here is a complete input.
+                    if input.as_object().is_some_and(|o| !o.is_empty()) {
+                        entry.arguments = input.to_string();
+                    }
+                }
+                WireBlock::Other => {}
+            },
+            WireEvent::ContentBlockDelta { index, delta } => match delta {
+                WireDelta::TextDelta { text } => stream.text(&text),
+                WireDelta::InputJsonDelta { partial_json } => {
+                    stream.call(index).arguments.push_str(&partial_json);
+                }
+                WireDelta::Other => {}
+            },
+            WireEvent::MessageDelta { delta, usage } => {
+                if delta.stop_reason.is_some() {
+                    stream.finish_reason = delta.stop_reason;
+                }
+                if let Some(d) = usage {
+                    let u = stream.usage_mut();
+                    u.output_tokens = d.output_tokens.or(u.output_tokens);
+                    if d.input_tokens.is_some() {
+                        u.input_tokens = d.input_tokens;
+                    }
+                }
+            }
+            WireEvent::MessageStop => return Ok(Flow::End),
+            WireEvent::Error { error } => return Err(error_in_body(error)),
+            WireEvent::Other => {}
+        }
+        Ok(Flow::More)
+    }
+
+    fn usage(&self, usage: WireUsage) -> Option<Usage> {
+        Some(Usage {
+            prompt_tokens: usage
+                .input_tokens
+                .unwrap_or(0)
+                .saturating_add(usage.cache_creation_input_tokens.unwrap_or(0))
+                .saturating_add(usage.cache_read_input_tokens.unwrap_or(0)),
+            completion_tokens: usage.output_tokens.unwrap_or(0),
+            estimated: false,
+        })
+    }
+
+    /// Anthropic sends a tool's input as an object: an input never streamed is `{}`.
+    fn tool_call(&self, call: PartialToolCall) -> ToolCall {
+        ToolCall {
+            id: call.id,
+            name: call.name,
+            arguments: if call.arguments.is_empty() {
+                "{}".to_owned()
+            } else {
+                call.arguments
+            },
+        }
     }
 }
 
-#[async_trait]
-impl LmClient for AnthropicClient {
-    async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, BridgeError> {
-        let body = self.body(req, false)?;
-        let start = Instant::now();
-        let response: WireResponse = self.transport.post_json(body).await?;
-        self.answer(req, response, start)
-    }
-
-    async fn chat_stream(
-        &self,
-        req: &ChatRequest,
-        on_delta: &mut (dyn for<'s> FnMut(&'s str) + Send),
-    ) -> Result<ChatResponse, BridgeError> {
-        let body = self.body(req, true)?;
-        let start = Instant::now();
-        let events = match self.transport.post_sse(body).await? {
-            StreamReply::Events(events) => events,
-            StreamReply::Whole { content_type, body } => {
-                let response = self.transport.decode_whole(&content_type, &body)?;
-                let answer = self.answer(req, response, start)?;
-                if !answer.content.is_empty() {
-                    on_delta(&answer.content);
-                }
-                return Ok(answer);
-            }
-        };
-        let mut events = std::pin::pin!(events);
-        let mut content = String::new();
-        let mut calls: Vec<PartialToolCall> = Vec::new();
-        let mut finish_reason = None;
-        let mut model = None;
-        let mut usage: Option<WireUsage> = None;
-        let mut stopped = false;
-        let mut received = 0;
-        while let Some(event) = self
-            .transport
-            .next_event(&mut events, &mut received)
-            .await?
-        {
-            if event.data.trim().is_empty() {
-                continue;
-            }
-            let parsed: WireEvent = serde_json::from_str(&event.data).map_err(|e| {
-                self.transport
-                    .decode(format!("invalid stream event ({e}): {:.200}", event.data))
-            })?;
-            match parsed {
-                WireEvent::MessageStart { message } => {
-                    model = message.model;
-                    usage = message.usage;
-                }
-                WireEvent::ContentBlockStart {
-                    index,
-                    content_block,
-                } => match content_block {
-                    WireBlock::Text { text } if !text.is_empty() => {
-                        on_delta(&text);
-                        content.push_str(&text);
-                    }
-                    WireBlock::ToolUse { id, name, input } => {
-                        let entry = partial_call(&mut calls, index);
-                        entry.id = id;
-                        entry.name = name;
-                        // The input normally streams as `input_json_delta`; a non-empty
-                        // object here is a complete input.
-                        if input.as_object().is_some_and(|o| !o.is_empty()) {
-                            entry.arguments = input.to_string();
-                        }
-                    }
-                    _ => {}
-                },
-                WireEvent::ContentBlockDelta { index, delta } => match delta {
-                    WireDelta::TextDelta { text } => {
-                        on_delta(&text);
-                        content.push_str(&text);
-                    }
-                    WireDelta::InputJsonDelta { partial_json } => {
-                        partial_call(&mut calls, index)
-                            .arguments
-                            .push_str(&partial_json);
-                    }
-                    WireDelta::Other => {}
-                },
-                WireEvent::MessageDelta {
-                    delta,
-                    usage: delta_usage,
-                } => {
-                    if delta.stop_reason.is_some() {
-                        finish_reason = delta.stop_reason;
-                    }
-                    if let Some(d) = delta_usage {
-                        let u = usage.get_or_insert_with(WireUsage::default);
-                        u.output_tokens = d.output_tokens.or(u.output_tokens);
-                        if d.input_tokens.is_some() {
-                            u.input_tokens = d.input_tokens;
-                        }
-                    }
-                }
-                WireEvent::MessageStop => {
-                    stopped = true;
-                    break;
-                }
-                WireEvent::Error { error } => return Err(self.error_in_body(&error)),
-                WireEvent::Other => {}
-            }
-        }
-        if !stopped && finish_reason.is_none() {
-            return Err(self
-                .transport
-                .network("the stream ended before `message_stop`"));
-        }
-        let mut answer = ChatResponse {
-            content,
-            tool_calls: calls
-                .into_iter()
-                .map(|c| ToolCall {
-                    id: c.id,
-                    name: c.name,
-                    arguments: if c.arguments.is_empty() {
-                        "{}".to_owned()
-                    } else {
-                        c.arguments
-                    },
-                })
-                .collect(),
-            usage: Usage::default(),
-            finish_reason,
-            model: self.model_or_default(req, model),
-            latency: start.elapsed(),
-            attempts: 1,
-        };
-        answer.usage = match usage {
-            Some(u) => u.into_usage(),
-            None => Usage::estimate(req.prompt_chars(), answer.response_chars()),
-        };
-        Ok(answer)
-    }
+/// An `error` object sent with status 200 (a stream's `error` event, or a whole
+/// `{"type": "error"}` body), with the HTTP status its `type` stands for.
+fn error_in_body(error: Value) -> Fault {
+    let status = match error.get("type").and_then(Value::as_str) {
+        Some("overloaded_error") => 529,
+        Some("rate_limit_error") => 429,
+        Some("api_error") => 500,
+        Some("authentication_error") => 401,
+        Some("permission_error") => 403,
+        Some("not_found_error") => 404,
+        _ => 400,
+    };
+    Fault::Reported { status, error }
 }
 
 /// Turn the conversation (minus system messages) into alternating user/assistant turns.
@@ -416,7 +361,7 @@ struct WireTool<'a> {
 }
 
 #[derive(Deserialize)]
-struct WireResponse {
+pub(crate) struct WireResponse {
     #[serde(default)]
     model: Option<String>,
     #[serde(default, deserialize_with = "null_as_default")]
@@ -449,7 +394,7 @@ enum WireBlock {
 }
 
 #[derive(Deserialize, Default)]
-struct WireUsage {
+pub(crate) struct WireUsage {
     #[serde(default)]
     input_tokens: Option<u64>,
     #[serde(default)]
@@ -458,20 +403,6 @@ struct WireUsage {
     cache_creation_input_tokens: Option<u64>,
     #[serde(default)]
     cache_read_input_tokens: Option<u64>,
-}
-
-impl WireUsage {
-    fn into_usage(self) -> Usage {
-        Usage {
-            prompt_tokens: self
-                .input_tokens
-                .unwrap_or(0)
-                .saturating_add(self.cache_creation_input_tokens.unwrap_or(0))
-                .saturating_add(self.cache_read_input_tokens.unwrap_or(0)),
-            completion_tokens: self.output_tokens.unwrap_or(0),
-            estimated: false,
-        }
-    }
 }
 
 #[derive(Deserialize)]
@@ -542,7 +473,6 @@ mod tests {
     #[test]
     fn body_has_system_field_blocks_and_default_max_tokens() {
         let config = EndpointConfig::anthropic("root", "http://127.0.0.1:1", "claude");
-        let client = AnthropicClient::new(&config).expect("valid config");
         let mut assistant = Message::assistant("let me run it");
         assistant.tool_calls.push(ToolCall {
             id: "t1".into(),
@@ -560,8 +490,12 @@ mod tests {
             ..ChatRequest::default()
         };
         req.params.stop = vec!["END".into()];
-        let body: Value =
-            serde_json::from_slice(&client.body(&req, false).expect("encodable")).expect("json");
+        let body: Value = serde_json::from_slice(
+            &Anthropic
+                .body(&req, &Defaults::of(&config), false)
+                .expect("encodable"),
+        )
+        .expect("json");
         assert_eq!(
             body,
             json!({

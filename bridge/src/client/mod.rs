@@ -4,10 +4,12 @@
 //!   which vLLM, SGLang, llama.cpp, Ollama and OpenRouter also serve.
 //! - [`AnthropicClient`] speaks the Anthropic Messages API (`POST {base_url}/v1/messages`).
 //!
-//! Both translate [`ChatRequest`] into their JSON body, send it through one `Transport`
-//! (URL, headers, per-attempt timeout, error mapping) over the process-wide
-//! [`shared_http_client`], and translate the JSON answer, or the SSE stream, back into a
-//! [`ChatResponse`]. A client makes exactly one attempt; retries, limits and accounting live
+//! Each protocol says only what its wire format is: headers, JSON body, how to read a whole
+//! answer and how to fold one SSE event. One call skeleton (`call.rs`) runs both: it builds
+//! the body, sends it through one `Transport` (URL, headers, per-attempt timeout, error
+//! mapping) over the process-wide [`shared_http_client`], and reads the JSON answer, or folds
+//! the SSE stream, into a [`ChatResponse`]. A client makes exactly one attempt; retries,
+//! limits and accounting live
 //! in [`crate::Endpoint`]. Whole bodies are read up to [`MAX_ANSWER_BYTES`] (error bodies up
 //! to [`MAX_ERROR_BYTES`]), so a broken or hostile server cannot exhaust memory.
 //!
@@ -22,6 +24,7 @@
 //! ```
 
 mod anthropic;
+mod call;
 mod openai;
 
 use std::sync::OnceLock;
@@ -645,22 +648,13 @@ pub(crate) fn partial_call(calls: &mut Vec<PartialToolCall>, key: usize) -> &mut
     &mut calls[pos]
 }
 
-/// The model a response names, else the one requested, else the endpoint's default.
-fn response_model(reported: Option<String>, req: &ChatRequest, default: &str) -> String {
-    reported
-        .filter(|m| !m.is_empty())
-        .or_else(|| req.model.clone())
-        .unwrap_or_else(|| default.to_owned())
-}
-
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
-
     use super::*;
 
     /// A listener whose accept queue is full: Linux drops further SYNs, so a connection to
-    /// it times out instead of being refused. `None` if this system refuses them instead.
+    /// it times out instead of being refused. `None` if the queue never filled.
+    #[cfg(target_os = "linux")]
     async fn unconnectable() -> Option<(String, tokio::net::TcpListener, Vec<tokio::net::TcpStream>)>
     {
         let socket = tokio::net::TcpSocket::new_v4().ok()?;
@@ -794,19 +788,20 @@ mod tests {
         assert!(received > 1024 && received < 1024 + 64, "{received}");
     }
 
+    // Only Linux is known to drop (rather than refuse) connections to a full accept queue.
+    #[cfg(target_os = "linux")]
     #[tokio::test]
     async fn a_connect_timeout_is_a_connect_error_naming_the_url() {
-        let Some((addr, _listener, _queued)) = unconnectable().await else {
-            eprintln!("skipped: this system refuses connections to a full accept queue");
-            return;
-        };
+        let (addr, _listener, _queued) = unconnectable()
+            .await
+            .expect("Linux drops connections to a full accept queue");
         let mut transport = transport(&addr);
         transport.http = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(Duration::from_millis(200))
             .build()
             .expect("client");
-        let started = Instant::now();
+        let started = std::time::Instant::now();
         let err = transport
             .post_json::<serde_json::Value>(b"{}".to_vec())
             .await

@@ -1,55 +1,78 @@
 //! OpenAI chat completions: `POST {base_url}/chat/completions`, JSON or SSE.
 
-use std::time::Instant;
-
 use async_trait::async_trait;
-use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+use reqwest::header::{AUTHORIZATION, HeaderMap};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{
-    KeySource, LmClient, Params, PartialToolCall, StreamReply, Transport, join_url,
-    null_as_default, partial_call, to_body,
-};
-use crate::chat::{ChatRequest, ChatResponse, Message, Role, SamplingParams, ToolCall, Usage};
+use super::call::{Defaults, Draft, Fault, Flow, Protocol, StreamState, WireClient, secret_header};
+use super::{LmClient, Params, null_as_default, to_body};
+use crate::chat::{ChatRequest, ChatResponse, Message, Role, ToolCall, Usage};
 use crate::config::EndpointConfig;
 use crate::error::BridgeError;
 
 /// A client for OpenAI-compatible chat-completions servers.
 #[derive(Debug, Clone)]
-pub struct OpenAiClient {
-    transport: Transport,
-    model: String,
-    defaults: SamplingParams,
-}
+pub struct OpenAiClient(WireClient<OpenAi>);
 
 impl OpenAiClient {
     /// A client for `config` (`base_url` includes `/v1`); the key is read once, here.
     pub fn new(config: &EndpointConfig) -> Result<Self, BridgeError> {
-        let key = KeySource::resolve(config);
-        let mut headers = HeaderMap::new();
-        if let Some(k) = key.key() {
-            let mut value = HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
-                BridgeError::Config(format!(
-                    "the API key of endpoint `{}` contains characters not allowed in a header",
-                    config.name
-                ))
-            })?;
-            value.set_sensitive(true);
-            headers.insert(AUTHORIZATION, value);
-        }
-        let url = join_url(&config.base_url, "chat/completions");
-        Ok(Self {
-            transport: Transport::new(config, url, headers, &key, "OPENAI_API_KEY")?,
-            model: config.model.clone(),
-            defaults: config.params.clone(),
-        })
+        WireClient::new(config, OpenAi).map(Self)
+    }
+}
+
+#[async_trait]
+impl LmClient for OpenAiClient {
+    async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, BridgeError> {
+        self.0.chat(req).await
     }
 
-    fn body(&self, req: &ChatRequest, stream: bool) -> Result<Vec<u8>, BridgeError> {
-        let params = Params::merge(&req.params, &self.defaults, "stop");
+    async fn chat_stream(
+        &self,
+        req: &ChatRequest,
+        on_delta: &mut (dyn for<'s> FnMut(&'s str) + Send),
+    ) -> Result<ChatResponse, BridgeError> {
+        self.0.chat_stream(req, on_delta).await
+    }
+}
+
+/// The OpenAI chat-completions wire format.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OpenAi;
+
+impl Protocol for OpenAi {
+    type Answer = WireResponse;
+    type WireUsage = WireUsage;
+
+    const PATH: &'static str = "chat/completions";
+    const KEY_VAR: &'static str = "OPENAI_API_KEY";
+    const STREAM_END: &'static str = "`[DONE]`";
+
+    fn headers(
+        &self,
+        config: &EndpointConfig,
+        key: Option<&str>,
+    ) -> Result<HeaderMap, BridgeError> {
+        let mut headers = HeaderMap::new();
+        if let Some(k) = key {
+            headers.insert(
+                AUTHORIZATION,
+                secret_header(config, &format!("Bearer {k}"))?,
+            );
+        }
+        Ok(headers)
+    }
+
+    fn body(
+        &self,
+        req: &ChatRequest,
+        defaults: &Defaults,
+        stream: bool,
+    ) -> Result<Vec<u8>, BridgeError> {
+        let params = Params::merge(&req.params, &defaults.params, "stop");
         let body = Body {
-            model: req.model.as_deref().unwrap_or(&self.model),
+            model: req.model.as_deref().unwrap_or(&defaults.model),
             messages: Messages(&req.messages),
             temperature: params.temperature,
             top_p: params.top_p,
@@ -79,27 +102,16 @@ impl OpenAiClient {
         to_body(&body)
     }
 
-    fn model_or_default(&self, req: &ChatRequest, reported: Option<String>) -> String {
-        super::response_model(reported, req, &self.model)
-    }
-
-    /// A whole (non-streamed) response as an answer, or as the error it carries.
-    fn answer(
-        &self,
-        req: &ChatRequest,
-        response: WireResponse,
-        start: Instant,
-    ) -> Result<ChatResponse, BridgeError> {
+    fn read_answer(&self, response: WireResponse) -> Result<Draft, Fault> {
         if let Some(error) = response.error {
-            return Err(self.error_in_body(&error));
+            return Err(error_in_body(error));
         }
         let choice = response
             .choices
             .into_iter()
             .next()
-            .ok_or_else(|| self.transport.decode("the answer has no `choices`"))?;
-        let content = choice.message.content.unwrap_or_default();
-        let tool_calls: Vec<ToolCall> = choice
+            .ok_or_else(|| Fault::Decode("the answer has no `choices`".into()))?;
+        let tool_calls = choice
             .message
             .tool_calls
             .unwrap_or_default()
@@ -110,161 +122,80 @@ impl OpenAiClient {
                 arguments: arguments_text(c.function.arguments),
             })
             .collect();
-        let model = self.model_or_default(req, response.model);
-        let mut answer = ChatResponse {
-            content,
+        Ok(Draft {
+            content: choice.message.content.unwrap_or_default(),
             tool_calls,
-            usage: Usage::default(),
             finish_reason: choice.finish_reason,
-            model,
-            latency: start.elapsed(),
-            attempts: 1,
-        };
-        answer.usage = usage_or_estimate(response.usage, req, &answer);
-        Ok(answer)
+            model: response.model,
+            usage: response.usage.and_then(|u| self.usage(u)),
+        })
     }
 
-    /// An `error` object sent with status 200 (in a stream chunk or a whole body, as
-    /// OpenRouter and some proxies do): its `code` if it is an HTTP error status, else 500.
-    fn error_in_body(&self, error: &Value) -> BridgeError {
-        let status = error
-            .get("code")
-            .and_then(Value::as_u64)
-            .and_then(|c| u16::try_from(c).ok())
-            .filter(|c| (400..600).contains(c))
-            .unwrap_or(500);
-        self.transport
-            .status_error(status, &error.to_string(), None)
-    }
-}
-
-#[async_trait]
-impl LmClient for OpenAiClient {
-    async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, BridgeError> {
-        let body = self.body(req, false)?;
-        let start = Instant::now();
-        let response: WireResponse = self.transport.post_json(body).await?;
-        self.answer(req, response, start)
-    }
-
-    async fn chat_stream(
+    fn fold_event(
         &self,
-        req: &ChatRequest,
-        on_delta: &mut (dyn for<'s> FnMut(&'s str) + Send),
-    ) -> Result<ChatResponse, BridgeError> {
-        let body = self.body(req, true)?;
-        let start = Instant::now();
-        let events = match self.transport.post_sse(body).await? {
-            StreamReply::Events(events) => events,
-            StreamReply::Whole { content_type, body } => {
-                let response = self.transport.decode_whole(&content_type, &body)?;
-                let answer = self.answer(req, response, start)?;
-                if !answer.content.is_empty() {
-                    on_delta(&answer.content);
+        data: &str,
+        stream: &mut StreamState<'_, WireUsage>,
+    ) -> Result<Flow, Fault> {
+        if data == "[DONE]" {
+            return Ok(Flow::End);
+        }
+        let chunk: WireChunk = serde_json::from_str(data)
+            .map_err(|e| Fault::Decode(format!("invalid stream chunk ({e}): {data:.200}")))?;
+        if let Some(error) = chunk.error {
+            return Err(error_in_body(error));
+        }
+        if chunk.model.is_some() {
+            stream.model = chunk.model;
+        }
+        if chunk.usage.is_some() {
+            stream.usage = chunk.usage;
+        }
+        for choice in chunk.choices {
+            if let Some(text) = &choice.delta.content {
+                stream.text(text);
+            }
+            let calls = choice.delta.tool_calls.unwrap_or_default();
+            for (pos, call) in calls.into_iter().enumerate() {
+                let entry = stream.call(call.index.unwrap_or(pos));
+                if let Some(id) = call.id {
+                    entry.id = id;
                 }
-                return Ok(answer);
-            }
-        };
-        let mut events = std::pin::pin!(events);
-        let mut content = String::new();
-        let mut calls: Vec<PartialToolCall> = Vec::new();
-        let mut finish_reason = None;
-        let mut usage = None;
-        let mut model = None;
-        let mut done = false;
-        let mut received = 0;
-        while let Some(event) = self
-            .transport
-            .next_event(&mut events, &mut received)
-            .await?
-        {
-            let data = event.data.trim();
-            if data == "[DONE]" {
-                done = true;
-                break;
-            }
-            if data.is_empty() {
-                continue;
-            }
-            let chunk: WireChunk = serde_json::from_str(data).map_err(|e| {
-                self.transport
-                    .decode(format!("invalid stream chunk ({e}): {data:.200}"))
-            })?;
-            if let Some(error) = chunk.error {
-                return Err(self.error_in_body(&error));
-            }
-            if chunk.model.is_some() {
-                model = chunk.model;
-            }
-            if chunk.usage.is_some() {
-                usage = chunk.usage;
-            }
-            for choice in chunk.choices {
-                if let Some(text) = choice.delta.content.filter(|t| !t.is_empty()) {
-                    on_delta(&text);
-                    content.push_str(&text);
-                }
-                for (pos, call) in choice
-                    .delta
-                    .tool_calls
-                    .unwrap_or_default()
-                    .into_iter()
-                    .enumerate()
-                {
-                    let entry = partial_call(&mut calls, call.index.unwrap_or(pos));
-                    if let Some(id) = call.id {
-                        entry.id = id;
+                if let Some(f) = call.function {
+                    if let Some(name) = f.name {
+                        entry.name.push_str(&name);
                     }
-                    if let Some(f) = call.function {
-                        if let Some(name) = f.name {
-                            entry.name.push_str(&name);
-                        }
-                        if let Some(args) = f.arguments {
-                            entry.arguments.push_str(&args);
-                        }
+                    if let Some(args) = f.arguments {
+                        entry.arguments.push_str(&args);
                     }
                 }
-                if choice.finish_reason.is_some() {
-                    finish_reason = choice.finish_reason;
-                }
+            }
+            if choice.finish_reason.is_some() {
+                stream.finish_reason = choice.finish_reason;
             }
         }
-        if !done && finish_reason.is_none() {
-            return Err(self.transport.network("the stream ended before `[DONE]`"));
-        }
-        let mut answer = ChatResponse {
-            content,
-            tool_calls: calls
-                .into_iter()
-                .map(|c| ToolCall {
-                    id: c.id,
-                    name: c.name,
-                    arguments: c.arguments,
-                })
-                .collect(),
-            usage: Usage::default(),
-            finish_reason,
-            model: self.model_or_default(req, model),
-            latency: start.elapsed(),
-            attempts: 1,
-        };
-        answer.usage = usage_or_estimate(usage, req, &answer);
-        Ok(answer)
+        Ok(Flow::More)
+    }
+
+    fn usage(&self, usage: WireUsage) -> Option<Usage> {
+        let prompt_tokens = usage.prompt_tokens?;
+        Some(Usage {
+            prompt_tokens,
+            completion_tokens: usage.completion_tokens.unwrap_or(0),
+            estimated: false,
+        })
     }
 }
 
-fn usage_or_estimate(usage: Option<WireUsage>, req: &ChatRequest, answer: &ChatResponse) -> Usage {
-    match usage {
-        Some(WireUsage {
-            prompt_tokens: Some(prompt_tokens),
-            completion_tokens,
-        }) => Usage {
-            prompt_tokens,
-            completion_tokens: completion_tokens.unwrap_or(0),
-            estimated: false,
-        },
-        _ => Usage::estimate(req.prompt_chars(), answer.response_chars()),
-    }
+/// An `error` object sent with status 200 (in a stream chunk or a whole body, as
+/// OpenRouter and some proxies do): its `code` if it is an HTTP error status, else 500.
+fn error_in_body(error: Value) -> Fault {
+    let status = error
+        .get("code")
+        .and_then(Value::as_u64)
+        .and_then(|c| u16::try_from(c).ok())
+        .filter(|c| (400..600).contains(c))
+        .unwrap_or(500);
+    Fault::Reported { status, error }
 }
 
 /// Arguments arrive as JSON text per the spec; some servers send an object instead.
@@ -373,7 +304,7 @@ struct WireFunctionDef<'a> {
 }
 
 #[derive(Deserialize)]
-struct WireResponse {
+pub(crate) struct WireResponse {
     #[serde(default)]
     model: Option<String>,
     #[serde(default, deserialize_with = "null_as_default")]
@@ -414,8 +345,8 @@ struct WireAnswerFunction {
     arguments: Value,
 }
 
-#[derive(Deserialize)]
-struct WireUsage {
+#[derive(Deserialize, Default)]
+pub(crate) struct WireUsage {
     #[serde(default)]
     prompt_tokens: Option<u64>,
     #[serde(default)]
@@ -476,8 +407,8 @@ mod tests {
     use crate::chat::ToolDefinition;
 
     fn body_json(config: &EndpointConfig, req: &ChatRequest, stream: bool) -> Value {
-        let client = OpenAiClient::new(config).expect("valid config");
-        serde_json::from_slice(&client.body(req, stream).expect("encodable")).expect("json")
+        let body = OpenAi.body(req, &Defaults::of(config), stream);
+        serde_json::from_slice(&body.expect("encodable")).expect("json")
     }
 
     #[test]
