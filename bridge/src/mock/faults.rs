@@ -3,12 +3,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use rand::Rng;
 use regex::Regex;
 
 use super::config::{FaultKind, Faults};
 use super::error::MockError;
 use super::prompt::Prompt;
-use super::rng::SplitMix;
 
 /// [`Faults`] with regexes compiled and per-rule hit counters.
 #[derive(Debug)]
@@ -61,8 +61,8 @@ impl FaultPlan {
 
     /// The fault for one chat request, if any. Always draws exactly two numbers from `rng`,
     /// so later draws (latency) do not depend on whether a fault fired.
-    pub(crate) fn decide(&self, prompt: &Prompt<'_>, rng: &mut SplitMix) -> Option<FaultKind> {
-        let (roll, pick) = (rng.next_f64(), rng.next_u64());
+    pub(crate) fn decide(&self, prompt: &Prompt<'_>, rng: &mut impl Rng) -> Option<FaultKind> {
+        let (roll, pick) = (rng.random::<f64>(), rng.random::<u64>());
         for rule in &self.rules {
             let hit = rule
                 .model

@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
+use rand::Rng;
+use rand_distr::{Distribution, Normal};
 use serde::{Deserialize, Serialize};
 
 use super::error::MockError;
-use super::rng::SplitMix;
 
 /// Per-request delay before the server answers.
 ///
@@ -73,16 +74,18 @@ impl Latency {
     }
 
     /// Draws one delay.
-    pub(crate) fn sample(&self, rng: &mut SplitMix) -> Duration {
+    pub(crate) fn sample(&self, rng: &mut impl Rng) -> Duration {
         match *self {
             Self::None => Duration::ZERO,
             Self::Fixed { delay } => delay,
             Self::Uniform { min, max } => {
                 let span = max.saturating_sub(min).as_secs_f64();
-                min + Duration::from_secs_f64(span * rng.next_f64())
+                min + Duration::from_secs_f64(span * rng.random::<f64>())
             }
             Self::Normal { mean, sd } => {
-                let secs = mean.as_secs_f64() + sd.as_secs_f64() * rng.next_standard_normal();
+                // A `Duration` is finite and non-negative, so `Normal::new` cannot refuse it.
+                let secs = Normal::new(mean.as_secs_f64(), sd.as_secs_f64())
+                    .map_or(mean.as_secs_f64(), |normal| normal.sample(rng));
                 Duration::try_from_secs_f64(secs.max(0.0)).unwrap_or(Duration::ZERO)
             }
         }

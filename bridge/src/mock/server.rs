@@ -28,7 +28,7 @@ use super::error::MockError;
 use super::faults::FaultPlan;
 use super::latency::Latency;
 use super::log::{RequestLog, RequestRecord};
-use super::rng::SplitMix;
+use super::rng;
 use super::script::Script;
 use super::wire::{self, Answer, ErrorKind, Provider};
 
@@ -433,7 +433,7 @@ impl ServerState {
         draft.stream = view.stream;
 
         let prompt = view.prompt();
-        let mut rng = SplitMix::for_request(self.seed, draft.id);
+        let mut rng = rng::for_request(self.seed, draft.id);
         let fault = self.faults.decide(&prompt, &mut rng);
         draft.fault = fault;
         let latency = self
