@@ -66,6 +66,7 @@ impl Endpoint {
                 let result = AssertUnwindSafe(call)
                     .catch_unwind()
                     .await
+                    .map(|(result, _record)| result)
                     .unwrap_or_else(|_| {
                         Err(BridgeError::Internal(format!(
                             "the task of batch item {index} panicked"

@@ -126,9 +126,17 @@ impl Endpoint {
         req: ChatRequest,
         opts: &CallOptions,
     ) -> Result<ChatResponse, BridgeError> {
-        self.shared
+        self.call_recorded(req, opts).await.result
+    }
+
+    /// Like [`call`](Self::call), also returning the call's own ledger record (other calls
+    /// may share the ledger, even this endpoint, at the same time).
+    pub async fn call_recorded(&self, req: ChatRequest, opts: &CallOptions) -> RecordedCall {
+        let (result, record) = self
+            .shared
             .call(req, &opts.cancel, opts.stream, None, None)
-            .await
+            .await;
+        RecordedCall { result, record }
     }
 
     /// Like [`call`](Self::call) but streamed, passing each piece of text to `on_delta`
@@ -139,10 +147,21 @@ impl Endpoint {
         opts: &CallOptions,
         on_delta: &mut (dyn FnMut(&str) + Send),
     ) -> Result<ChatResponse, BridgeError> {
-        self.shared
+        let (result, _) = self
+            .shared
             .call(req, &opts.cancel, true, Some(on_delta), None)
-            .await
+            .await;
+        result
     }
+}
+
+/// A finished call: its result and the record it left in the ledger.
+#[derive(Debug, Clone)]
+pub struct RecordedCall {
+    /// The answer, or why there is none (after retries).
+    pub result: Result<ChatResponse, BridgeError>,
+    /// The call's ledger record.
+    pub record: SubCallMetadata,
 }
 
 /// The HTTP attempts of a call so far.
@@ -184,16 +203,14 @@ impl<'a> CallTicket<'a> {
         }
     }
 
-    /// Record how the call ended.
-    fn finish(mut self, result: &Result<ChatResponse, BridgeError>) {
-        self.settle(result);
+    /// Record how the call ended; returns the record.
+    fn finish(mut self, result: &Result<ChatResponse, BridgeError>) -> SubCallMetadata {
+        self.settled = true;
+        self.settle(result)
     }
 
-    fn settle(&mut self, result: &Result<ChatResponse, BridgeError>) {
-        if std::mem::replace(&mut self.settled, true) {
-            return;
-        }
-        self.shared.record(
+    fn settle(&mut self, result: &Result<ChatResponse, BridgeError>) -> SubCallMetadata {
+        let record = self.shared.record(
             self.index,
             self.started_at_ms,
             self.req,
@@ -207,11 +224,15 @@ impl<'a> CallTicket<'a> {
                 .ledger
                 .release(reservation, self.attempts.count > 0);
         }
+        record
     }
 }
 
 impl Drop for CallTicket<'_> {
     fn drop(&mut self) {
+        if std::mem::replace(&mut self.settled, true) {
+            return;
+        }
         let error = if std::thread::panicking() {
             BridgeError::Internal(format!("call {} panicked", self.index))
         } else {
@@ -229,7 +250,7 @@ impl Shared {
         stream: bool,
         on_delta: Option<&mut (dyn FnMut(&str) + Send)>,
         batch_size: Option<usize>,
-    ) -> Result<ChatResponse, BridgeError> {
+    ) -> (Result<ChatResponse, BridgeError>, SubCallMetadata) {
         // No model receives a secret the process knows, whoever put it in the prompt.
         let mut req = req;
         req.redact(&secret::redactor());
@@ -244,8 +265,8 @@ impl Shared {
                 }
                 answer
             });
-        ticket.finish(&result);
-        result
+        let record = ticket.finish(&result);
+        (result, record)
     }
 
     /// Record a call that never started (e.g. its batch was cancelled first).
@@ -348,6 +369,7 @@ impl Shared {
         }
     }
 
+    /// Push the record of a call to the ledger; returns a copy.
     fn record(
         &self,
         call_index: u64,
@@ -356,15 +378,10 @@ impl Shared {
         result: &Result<ChatResponse, BridgeError>,
         attempts: &Attempts,
         batch_size: Option<usize>,
-    ) {
+    ) -> SubCallMetadata {
         let (response_chars, usage, error, error_kind) = match result {
             Ok(answer) => (answer.response_chars(), answer.usage, None, None),
-            Err(e) => (
-                0,
-                Default::default(),
-                Some(e.to_string()),
-                Some(e.kind().to_owned()),
-            ),
+            Err(e) => (0, Default::default(), Some(e.to_string()), Some(e.kind())),
         };
         let latency_ms = attempts
             .first_sent
@@ -373,7 +390,7 @@ impl Shared {
             .config
             .price
             .map(|p| p.cost(usage.prompt_tokens, usage.completion_tokens));
-        self.ledger.record(SubCallMetadata {
+        let record = SubCallMetadata {
             call_index,
             endpoint: self.config.name.clone(),
             model: req
@@ -393,7 +410,9 @@ impl Shared {
             cost_usd,
             error,
             error_kind,
-        });
+        };
+        self.ledger.record(record.clone());
+        record
     }
 }
 

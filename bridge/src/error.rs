@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
 /// Everything that can go wrong talking to a language model.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum BridgeError {
@@ -116,30 +118,30 @@ impl BridgeError {
         }
     }
 
-    /// A short stable tag for logs and metadata (`connect`, `timeout`, `http_429`, …).
-    pub fn kind(&self) -> &'static str {
+    /// What kind of failure this is, for metadata, logs and Python's `LlmQueryError.kind`.
+    pub fn kind(&self) -> FailureKind {
         match self {
-            Self::Connect { .. } => "connect",
-            Self::Network { .. } => "network",
-            Self::Timeout { .. } => "timeout",
+            Self::Connect { .. } => FailureKind::Connect,
+            Self::Network { .. } => FailureKind::Network,
+            Self::Timeout { .. } => FailureKind::Timeout,
             Self::Http { status, .. } => match status {
-                400 => "http_400",
-                404 => "http_404",
-                408 => "http_408",
-                413 => "http_413",
-                422 => "http_422",
-                429 => "http_429",
-                500..=599 => "http_5xx",
-                _ => "http",
+                400 => FailureKind::BadRequest,
+                404 => FailureKind::NotFound,
+                408 => FailureKind::RequestTimeout,
+                413 => FailureKind::PayloadTooLarge,
+                422 => FailureKind::Unprocessable,
+                429 => FailureKind::RateLimited,
+                500..=599 => FailureKind::ServerError,
+                _ => FailureKind::OtherStatus,
             },
-            Self::Unauthorized { .. } => "unauthorized",
-            Self::Decode { .. } => "decode",
-            Self::Budget(_) => "budget",
-            Self::Cancelled => "cancelled",
-            Self::UnknownEndpoint { .. } => "unknown_endpoint",
-            Self::Config(_) => "config",
-            Self::InvalidRequest(_) => "invalid_request",
-            Self::Internal(_) => "internal",
+            Self::Unauthorized { .. } => FailureKind::Unauthorized,
+            Self::Decode { .. } => FailureKind::Decode,
+            Self::Budget(exceeded) => FailureKind::Budget(exceeded.limit),
+            Self::Cancelled => FailureKind::Cancelled,
+            Self::UnknownEndpoint { .. } => FailureKind::UnknownEndpoint,
+            Self::Config(_) => FailureKind::Config,
+            Self::InvalidRequest(_) => FailureKind::InvalidRequest,
+            Self::Internal(_) => FailureKind::Internal,
         }
     }
 
@@ -177,14 +179,148 @@ fn list_names(names: &[String]) -> String {
         .join(", ")
 }
 
-/// Which budget limit refused a call.
+/// The kind of a failed call: a closed set with stable snake_case names (its serialised form),
+/// so code matches on the kind instead of reading an error message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// `connect`: no connection could be made.
+    Connect,
+    /// `network`: the connection broke mid-request.
+    Network,
+    /// `timeout`: an attempt took longer than the endpoint's `timeout`.
+    Timeout,
+    /// `http_400`.
+    BadRequest,
+    /// `http_404`.
+    NotFound,
+    /// `http_408`.
+    RequestTimeout,
+    /// `http_413`.
+    PayloadTooLarge,
+    /// `http_422`.
+    Unprocessable,
+    /// `http_429`.
+    RateLimited,
+    /// `http_5xx`: any server error status.
+    ServerError,
+    /// `http`: another error status.
+    OtherStatus,
+    /// `unauthorized`: HTTP 401 or 403.
+    Unauthorized,
+    /// `decode`: the answer was not what the protocol promises.
+    Decode,
+    /// `budget_max_calls`, `budget_max_tokens` or `budget_max_usd`: refused by that limit.
+    Budget(BudgetLimit),
+    /// `cancelled`.
+    Cancelled,
+    /// `unknown_endpoint`.
+    UnknownEndpoint,
+    /// `config`: the endpoint configuration is unusable.
+    Config,
+    /// `invalid_request`: the request cannot be expressed in the provider's format.
+    InvalidRequest,
+    /// `internal`: a bug in the bridge.
+    Internal,
+}
+
+impl FailureKind {
+    /// Every kind, in a stable order.
+    pub const ALL: [FailureKind; 21] = [
+        Self::Connect,
+        Self::Network,
+        Self::Timeout,
+        Self::BadRequest,
+        Self::NotFound,
+        Self::RequestTimeout,
+        Self::PayloadTooLarge,
+        Self::Unprocessable,
+        Self::RateLimited,
+        Self::ServerError,
+        Self::OtherStatus,
+        Self::Unauthorized,
+        Self::Decode,
+        Self::Budget(BudgetLimit::Calls),
+        Self::Budget(BudgetLimit::Tokens),
+        Self::Budget(BudgetLimit::Usd),
+        Self::Cancelled,
+        Self::UnknownEndpoint,
+        Self::Config,
+        Self::InvalidRequest,
+        Self::Internal,
+    ];
+
+    /// The stable name, as serialised (`connect`, `http_429`, `budget_max_calls`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::Network => "network",
+            Self::Timeout => "timeout",
+            Self::BadRequest => "http_400",
+            Self::NotFound => "http_404",
+            Self::RequestTimeout => "http_408",
+            Self::PayloadTooLarge => "http_413",
+            Self::Unprocessable => "http_422",
+            Self::RateLimited => "http_429",
+            Self::ServerError => "http_5xx",
+            Self::OtherStatus => "http",
+            Self::Unauthorized => "unauthorized",
+            Self::Decode => "decode",
+            Self::Budget(BudgetLimit::Calls) => "budget_max_calls",
+            Self::Budget(BudgetLimit::Tokens) => "budget_max_tokens",
+            Self::Budget(BudgetLimit::Usd) => "budget_max_usd",
+            Self::Cancelled => "cancelled",
+            Self::UnknownEndpoint => "unknown_endpoint",
+            Self::Config => "config",
+            Self::InvalidRequest => "invalid_request",
+            Self::Internal => "internal",
+        }
+    }
+
+    /// The kind called `name`, if there is one.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// The budget limit that refused the call, if that is what happened.
+    pub fn budget_limit(self) -> Option<BudgetLimit> {
+        match self {
+            Self::Budget(limit) => Some(limit),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Serialize for FailureKind {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for FailureKind {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Self::from_name(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown failure kind `{name}`")))
+    }
+}
+
+/// Which budget limit refused a call; serialised as its [`Budget`](crate::Budget) field name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum BudgetLimit {
     /// `Budget::max_calls`.
+    #[serde(rename = "max_calls")]
     Calls,
     /// `Budget::max_tokens`.
+    #[serde(rename = "max_tokens")]
     Tokens,
     /// `Budget::max_usd`.
+    #[serde(rename = "max_usd")]
     Usd,
 }
 
@@ -196,23 +332,6 @@ impl BudgetLimit {
             Self::Tokens => "max_tokens",
             Self::Usd => "max_usd",
         }
-    }
-
-    /// The command-line flag that raises it.
-    pub fn flag(self) -> &'static str {
-        match self {
-            Self::Calls => "--max-sub-calls",
-            Self::Tokens => "--max-tokens",
-            Self::Usd => "--max-usd",
-        }
-    }
-
-    /// The limit a [`BudgetExceeded`] message names (its field, in backticks): how a caller
-    /// that only kept the text of a refusal, such as a sub-call record, tells which it was.
-    pub fn named_in(message: &str) -> Option<Self> {
-        [Self::Calls, Self::Tokens, Self::Usd]
-            .into_iter()
-            .find(|limit| message.contains(&format!("`{}`", limit.field())))
     }
 }
 
@@ -260,13 +379,50 @@ impl fmt::Display for BudgetExceeded {
         }
         write!(
             f,
-            " (`{}`); the call was not sent. Raise the limit with `{}` to allow more",
+            " (`{}`); the call was not sent. Raise `{}` of the budget to allow more",
             self.limit.field(),
-            self.limit.flag()
+            self.limit.field()
         )
     }
 }
 
 fn fmt_count(x: f64) -> String {
     format!("{}", x as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_kinds_round_trip_through_their_names() {
+        for kind in FailureKind::ALL {
+            let json = serde_json::to_string(&kind).expect("serialises");
+            assert_eq!(json, format!("\"{}\"", kind.name()));
+            assert_eq!(serde_json::from_str::<FailureKind>(&json).ok(), Some(kind));
+        }
+        let names: std::collections::HashSet<_> =
+            FailureKind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(names.len(), FailureKind::ALL.len(), "names are unique");
+        assert!(serde_json::from_str::<FailureKind>("\"budget\"").is_err());
+    }
+
+    #[test]
+    fn a_budget_refusal_carries_its_limit_and_names_no_flag() {
+        let exceeded = BudgetExceeded {
+            limit: BudgetLimit::Tokens,
+            max: 10.0,
+            used: 8.0,
+            reserved: 0.0,
+            needed: 5.0,
+        };
+        let error = BridgeError::Budget(exceeded);
+        assert_eq!(error.kind(), FailureKind::Budget(BudgetLimit::Tokens));
+        assert_eq!(error.kind().budget_limit(), Some(BudgetLimit::Tokens));
+        assert_eq!(
+            error.to_string(),
+            "Budget exhausted: 8 of 10 tokens used, and this call may need 5 (`max_tokens`); \
+             the call was not sent. Raise `max_tokens` of the budget to allow more"
+        );
+    }
 }

@@ -29,12 +29,12 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::Price;
-use crate::error::{BudgetExceeded, BudgetLimit};
+use crate::error::{BudgetExceeded, BudgetLimit, FailureKind};
 
 /// What one model call did, recorded whether it succeeded or not.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -69,9 +69,9 @@ pub struct SubCallMetadata {
     pub cost_usd: Option<f64>,
     /// The error message if the call failed.
     pub error: Option<String>,
-    /// The error's short tag (`BridgeError::kind`) if the call failed.
+    /// The kind of failure ([`BridgeError::kind`](crate::BridgeError::kind)) if the call failed.
     #[serde(default)]
-    pub error_kind: Option<String>,
+    pub error_kind: Option<FailureKind>,
 }
 
 /// Limits on the calls of one ledger; `None` means unlimited.
@@ -156,9 +156,6 @@ pub(crate) struct Reservation {
     nano_usd: u64,
 }
 
-/// Called after each record is stored.
-pub type LedgerObserver = Arc<dyn Fn(&SubCallMetadata) + Send + Sync>;
-
 /// The concurrent sink of call records, with budget enforcement.
 pub struct Ledger {
     budget: Budget,
@@ -171,7 +168,6 @@ pub struct Ledger {
     /// The same for cost, in nano-USD.
     nano_usd_committed: AtomicU64,
     state: Mutex<LedgerState>,
-    observer: RwLock<Option<LedgerObserver>>,
 }
 
 #[derive(Default)]
@@ -216,7 +212,6 @@ impl Ledger {
             tokens_committed: AtomicU64::new(0),
             nano_usd_committed: AtomicU64::new(0),
             state: Mutex::new(LedgerState::default()),
-            observer: RwLock::new(None),
         }
     }
 
@@ -285,14 +280,6 @@ impl Ledger {
     /// Cost recorded so far, in USD.
     pub fn usd_used(&self) -> f64 {
         self.nano_usd_used.load(Ordering::Acquire) as f64 / NANO
-    }
-
-    /// Install `f`, called after each record is stored (replaces any previous observer).
-    pub fn set_observer(&self, f: Arc<dyn Fn(&SubCallMetadata) + Send + Sync>) {
-        *self
-            .observer
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(f);
     }
 
     /// Take the next call index.
@@ -402,27 +389,16 @@ impl Ledger {
             saturating_add(&self.nano_usd_used, nano);
             saturating_add(&self.nano_usd_committed, nano);
         }
-        let observer = self
-            .observer
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let for_observer = observer.as_ref().map(|_| meta.clone());
-        {
-            let mut state = self.state();
-            match state.by_model.get_mut(&meta.model) {
-                Some(usage) => usage.add(&meta),
-                None => {
-                    let mut usage = ModelUsage::default();
-                    usage.add(&meta);
-                    state.by_model.insert(meta.model.clone(), usage);
-                }
+        let mut state = self.state();
+        match state.by_model.get_mut(&meta.model) {
+            Some(usage) => usage.add(&meta),
+            None => {
+                let mut usage = ModelUsage::default();
+                usage.add(&meta);
+                state.by_model.insert(meta.model.clone(), usage);
             }
-            state.records.insert(meta.call_index, meta);
         }
-        if let (Some(observer), Some(meta)) = (observer, for_observer) {
-            observer(&meta);
-        }
+        state.records.insert(meta.call_index, meta);
     }
 }
 

@@ -63,8 +63,8 @@ pub use chat::{
 };
 pub use client::{AnthropicClient, LmClient, OpenAiClient, shared_http_client};
 pub use config::{EndpointConfig, Price, Provider, RetryPolicy};
-pub use endpoint::{CallOptions, Endpoint, Endpoints};
-pub use error::{BridgeError, BudgetExceeded, BudgetLimit};
-pub use ledger::{Budget, Ledger, LedgerObserver, ModelUsage, SubCallMetadata};
+pub use endpoint::{CallOptions, Endpoint, Endpoints, RecordedCall};
+pub use error::{BridgeError, BudgetExceeded, BudgetLimit, FailureKind};
+pub use ledger::{Budget, Ledger, ModelUsage, SubCallMetadata};
 pub use secret::{REDACTED, Redactor, Secret};
 pub use tokio_util::sync::CancellationToken;

@@ -48,7 +48,7 @@ async fn max_calls_is_exact_under_concurrency() {
             assert_eq!(b.limit, BudgetLimit::Calls);
             let msg = e.to_string();
             assert!(
-                msg.contains("`max_calls`") && msg.contains("--max-sub-calls"),
+                msg.contains("Raise `max_calls` of the budget") && !msg.contains("--max"),
                 "{msg}"
             );
         }
@@ -63,7 +63,7 @@ async fn max_calls_is_exact_under_concurrency() {
     assert_eq!(records.len(), 150);
     let refused = records
         .iter()
-        .filter(|r| r.error_kind.as_deref() == Some("budget"))
+        .filter(|r| r.error_kind == Some(bridge::FailureKind::Budget(bridge::BudgetLimit::Calls)))
         .count();
     assert_eq!(refused, 113);
     assert!(
@@ -107,7 +107,7 @@ async fn token_budget_refuses_calls_once_reached() {
     assert_eq!(server.log().len(), sent);
     let msg = err.to_string();
     assert!(
-        msg.contains("`max_tokens`") && msg.contains("--max-tokens"),
+        msg.contains("Raise `max_tokens` of the budget") && !msg.contains("--max"),
         "{msg}"
     );
 }
@@ -154,7 +154,11 @@ async fn prices_give_costs_and_the_usd_budget_stops_calls() {
     assert_eq!(by_model["sub-model"].calls, 4);
     assert_eq!(by_model["sub-model"].errors, 1);
     assert!(matches!(err, BridgeError::Budget(ref b) if b.limit == BudgetLimit::Usd));
-    assert!(err.to_string().contains("--max-usd"), "{err}");
+    assert!(
+        err.to_string().contains("Raise `max_usd` of the budget")
+            && !err.to_string().contains("--max"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -45,7 +45,7 @@ async fn cancelling_a_batch_stops_in_flight_calls() {
     assert!(
         records
             .iter()
-            .all(|r| r.error_kind.as_deref() == Some("cancelled"))
+            .all(|r| r.error_kind == Some(bridge::FailureKind::Cancelled))
     );
     assert_eq!(records.iter().filter(|r| r.attempts == 1).count(), 16);
     assert_eq!(sub.ledger().calls_reserved(), 16, "only sent calls count");
@@ -210,7 +210,7 @@ async fn a_dropped_call_is_recorded_and_an_unsent_one_gives_its_slot_back() {
     );
     let b_record = &ledger.records()[0];
     assert_eq!(b_record.call_index, 1);
-    assert_eq!(b_record.error_kind.as_deref(), Some("cancelled"));
+    assert_eq!(b_record.error_kind, Some(bridge::FailureKind::Cancelled));
     assert_eq!(b_record.attempts, 0);
 
     // A is dropped mid-flight: it was sent, so its slot stays spent.
@@ -235,7 +235,7 @@ async fn a_dropped_call_is_recorded_and_an_unsent_one_gives_its_slot_back() {
     assert_eq!(ledger.next_call_index(), 4);
     let kinds: Vec<(Option<&str>, u32)> = records
         .iter()
-        .map(|r| (r.error_kind.as_deref(), r.attempts))
+        .map(|r| (r.error_kind.map(bridge::FailureKind::name), r.attempts))
         .collect();
     assert_eq!(
         kinds,
@@ -243,7 +243,7 @@ async fn a_dropped_call_is_recorded_and_an_unsent_one_gives_its_slot_back() {
             (Some("cancelled"), 1),
             (Some("cancelled"), 0),
             (None, 1),
-            (Some("budget"), 0)
+            (Some("budget_max_calls"), 0)
         ]
     );
     assert_eq!(ledger.calls_reserved(), 2, "A and C were sent");
@@ -275,7 +275,7 @@ async fn a_dropped_batch_leaves_a_record_for_every_started_call() {
         "calls never started take no index"
     );
     for r in ledger.records() {
-        assert_eq!(r.error_kind.as_deref(), Some("cancelled"), "{r:?}");
+        assert_eq!(r.error_kind, Some(bridge::FailureKind::Cancelled), "{r:?}");
         assert_eq!(r.attempts, 1);
         assert!(r.batched && r.batch_size == 5);
     }

@@ -75,7 +75,7 @@ async fn retries_stop_after_max_attempts() {
     assert_eq!(server.log().len(), 3);
     let record = &sub.ledger().records()[0];
     assert_eq!(record.attempts, 3);
-    assert_eq!(record.error_kind.as_deref(), Some("http_5xx"));
+    assert_eq!(record.error_kind, Some(bridge::FailureKind::ServerError));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

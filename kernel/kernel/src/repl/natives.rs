@@ -195,7 +195,9 @@ impl SubModelBridge {
         let message = format!("Error: {err}");
         match self.errors {
             SubCallErrorMode::ReturnString => Ok(message),
-            SubCallErrorMode::Raise => Err(self.error(py, err.to_string(), err.kind(), None)),
+            SubCallErrorMode::Raise => {
+                Err(self.error(py, err.to_string(), err.kind().name(), None))
+            }
         }
     }
 
@@ -339,7 +341,9 @@ impl LlmQueryBatched {
                 let text = format!("Error: {e}");
                 return match bridge.errors {
                     SubCallErrorMode::ReturnString => PyList::new(py, vec![text; n]),
-                    SubCallErrorMode::Raise => Err(bridge.error(py, e.to_string(), e.kind(), None)),
+                    SubCallErrorMode::Raise => {
+                        Err(bridge.error(py, e.to_string(), e.kind().name(), None))
+                    }
                 };
             }
         };
@@ -358,7 +362,7 @@ impl LlmQueryBatched {
                 Err(e) => {
                     failed += 1;
                     if first_error.is_none() {
-                        first_error = Some((i, e.kind(), e.to_string()));
+                        first_error = Some((i, e.kind().name(), e.to_string()));
                     }
                     texts.push(format!("Error: {e}"));
                 }

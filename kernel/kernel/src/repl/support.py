@@ -60,7 +60,7 @@ class CellCancelled(CellInterrupt):
 class LlmQueryError(Exception):
     """A sub-model call made by `llm_query`/`llm_query_batched` failed.
 
-    `kind` is a short stable tag (e.g. `timeout`, `budget`, `http`); for a batch,
+    `kind` is a short stable tag (e.g. `timeout`, `http_429`, `budget_max_calls`); for a batch,
     `results` holds every slot (answers, or "Error: ..." strings) in input order.
     """
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bridge::CancellationToken;
+use bridge::{BudgetLimit, CancellationToken};
 
 use super::blocks::{BlockRun, CodeBlock};
 use super::hooks::{Hook, HookAction};
@@ -14,8 +14,13 @@ use crate::repl::{ExecutionResult, ReplError, ReplSession};
 pub enum ExecutionStop {
     /// A hook stopped the run.
     Hook(String),
-    /// A sub-call was refused by a budget; the blocks after this one did not run.
-    Budget,
+    /// A sub-call was refused by a budget `limit`; the blocks after this one did not run.
+    Budget {
+        /// The limit that refused it.
+        limit: BudgetLimit,
+        /// The refusal, as the sub-call's record has it.
+        message: String,
+    },
     /// The run's deadline passed.
     Deadline,
     /// The session itself failed (not the model's code).
@@ -147,16 +152,17 @@ impl CodeExecutor {
             for call in &run.result.sub_calls {
                 hooks.on_sub_call(iteration, call);
             }
-            let refused = run
-                .result
-                .sub_calls
-                .iter()
-                .any(|c| c.error_kind.as_deref() == Some("budget"));
+            let refusal = run.result.sub_calls.iter().find_map(|c| {
+                Some(ExecutionStop::Budget {
+                    limit: c.error_kind?.budget_limit()?,
+                    message: c.error.clone().unwrap_or_default(),
+                })
+            });
             runs.push(run);
-            if refused {
+            if let Some(stop) = refusal {
                 return ExecutedReply {
                     runs,
-                    stop: Some(ExecutionStop::Budget),
+                    stop: Some(stop),
                 };
             }
         }

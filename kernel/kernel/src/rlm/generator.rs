@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use bridge::{
     BridgeError, CallOptions, CancellationToken, ChatRequest, ChatResponse, Endpoint, Message,
-    SubCallMetadata,
+    RecordedCall, SubCallMetadata,
 };
 
 /// How an elided feedback message starts.
@@ -94,8 +94,8 @@ impl Conversation {
 pub struct Generation {
     /// The response, or why there is none (after the bridge's retries).
     pub result: Result<ChatResponse, BridgeError>,
-    /// The ledger's record of the call.
-    pub record: Option<SubCallMetadata>,
+    /// The ledger's record of this call.
+    pub record: SubCallMetadata,
 }
 
 /// Asks the root model for its next reply.
@@ -125,19 +125,11 @@ impl CodeGenerator {
 
     /// Sends `request` (limiter, budget, retries and accounting are the bridge's).
     pub async fn generate(&self, request: ChatRequest, cancel: &CancellationToken) -> Generation {
-        let ledger = self.endpoint.ledger();
-        let first_index = ledger.next_call_index();
         let options = CallOptions {
             cancel: cancel.clone(),
             ..CallOptions::default()
         };
-        let result = self.endpoint.call(request, &options).await;
-        // Other callers may share the ledger; the root call is the first record of this
-        // endpoint at or after the index taken before sending.
-        let record = ledger
-            .records_since(first_index)
-            .into_iter()
-            .find(|r| r.endpoint == self.endpoint.name() && !r.batched);
+        let RecordedCall { result, record } = self.endpoint.call_recorded(request, &options).await;
         Generation { result, record }
     }
 }

@@ -11,7 +11,7 @@ use super::blocks::CodeBlock;
 use super::feedback::truncate_middle;
 use super::final_answer::{FinalKind, FinalNote};
 use crate::repl::{ContextMetadata, ExecError, SubCallText};
-use bridge::SubCallMetadata;
+use bridge::{BudgetLimit, SubCallMetadata};
 
 /// Why a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -42,6 +42,15 @@ pub enum TerminationReason {
 }
 
 impl TerminationReason {
+    /// The reason a run stops when `limit` refuses a call.
+    pub fn for_budget(limit: BudgetLimit) -> Self {
+        match limit {
+            BudgetLimit::Calls => Self::CallBudget,
+            BudgetLimit::Tokens => Self::TokenBudget,
+            BudgetLimit::Usd => Self::CostBudget,
+        }
+    }
+
     /// Whether the run ended with a model-given answer rather than a limit or an error.
     pub fn is_success(self) -> bool {
         self == TerminationReason::FinalAnswer

@@ -40,9 +40,7 @@ use super::metadata::{
 use super::metrics::MetricsHook;
 use super::prompts::Prompts;
 use crate::repl::{ContextMetadata, ReplSession};
-use bridge::{
-    BridgeError, BudgetLimit, CancellationToken, ChatRequest, Endpoints, Message, SubCallMetadata,
-};
+use bridge::{BridgeError, CancellationToken, ChatRequest, Endpoints, Message, SubCallMetadata};
 
 /// Errors that prevent a run from starting. Once a run started, every failure ends it with a
 /// [`TerminationReason`] in the [`RlmResult`] instead.
@@ -468,7 +466,7 @@ impl Run<'_> {
                 self.candidate = completion.candidate;
             }
             if let Some(stop) = executed.stop {
-                return self.execution_stopped(iteration, stop, &runs, hooks);
+                return self.execution_stopped(iteration, stop, hooks);
             }
             failures_in_a_row = if failed { failures_in_a_row + 1 } else { 0 };
             if let Some(limit) = self.config.max_consecutive_failures
@@ -549,7 +547,7 @@ impl Run<'_> {
                             answer_now,
                             reply: response.content.clone(),
                             response: Some(response),
-                            record: generation.record,
+                            record: Some(generation.record),
                         },
                         model_ms,
                     ),
@@ -557,7 +555,7 @@ impl Run<'_> {
                         return Reply::Stopped(self.root_failed(
                             iteration,
                             error,
-                            generation.record,
+                            Some(generation.record),
                             hooks,
                         ));
                     }
@@ -636,7 +634,9 @@ impl Run<'_> {
         hooks: &mut dyn Hook,
     ) -> Ending {
         let (kind, reason) = match &error {
-            BridgeError::Budget(exceeded) => ("budget", budget_reason(exceeded.limit)),
+            BridgeError::Budget(exceeded) => {
+                ("budget", TerminationReason::for_budget(exceeded.limit))
+            }
             BridgeError::Cancelled if self.deadline_passed() => {
                 return self.timeout_ending();
             }
@@ -656,28 +656,19 @@ impl Run<'_> {
         &self,
         iteration: u32,
         stop: ExecutionStop,
-        runs: &[BlockRun],
         hooks: &mut dyn Hook,
     ) -> Ending {
         match stop {
             ExecutionStop::Hook(reason) => self.hook_stop(reason),
             ExecutionStop::Deadline => self.timeout_ending(),
-            ExecutionStop::Budget => {
-                let message = runs
-                    .iter()
-                    .flat_map(|r| &r.result.sub_calls)
-                    .find(|c| c.error_kind.as_deref() == Some("budget"))
-                    .and_then(|c| c.error.clone())
-                    .unwrap_or_else(|| "A budget limit was reached".to_owned());
+            ExecutionStop::Budget { limit, message } => {
                 hooks.on_error(&RunError {
                     iteration,
                     kind: "budget".to_owned(),
                     message: message.clone(),
                     record: None,
                 });
-                let reason = BudgetLimit::named_in(&message)
-                    .map_or(TerminationReason::CallBudget, budget_reason);
-                Ending::stop(reason, message)
+                Ending::stop(TerminationReason::for_budget(limit), message)
             }
             ExecutionStop::Kernel(error) => {
                 let message = format!("The REPL session failed: {error}");
@@ -805,14 +796,6 @@ pub(crate) fn answer_from_text(
     }
     let trimmed = text.trim();
     (!trimmed.is_empty()).then(|| trimmed.to_owned())
-}
-
-fn budget_reason(limit: BudgetLimit) -> TerminationReason {
-    match limit {
-        BudgetLimit::Calls => TerminationReason::CallBudget,
-        BudgetLimit::Tokens => TerminationReason::TokenBudget,
-        BudgetLimit::Usd => TerminationReason::CostBudget,
-    }
 }
 
 fn summarize(endpoints: &Endpoints) -> Vec<EndpointSummary> {

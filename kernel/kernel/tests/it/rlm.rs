@@ -708,7 +708,7 @@ fn cost_budget_stops_the_run() {
         result
             .sub_calls
             .iter()
-            .all(|c| c.error_kind.as_deref() == Some("budget")),
+            .all(|c| c.error_kind == Some(bridge::FailureKind::Budget(bridge::BudgetLimit::Usd))),
         "{:?}",
         result.sub_calls
     );
@@ -808,7 +808,7 @@ fn the_run_timeout_cancels_a_slow_root_call() {
     // Cancelled, not dropped: the bridge still records the call.
     let records = harness.endpoints.ledger().records();
     assert_eq!(records.len(), 1, "{records:?}");
-    assert_eq!(records[0].error_kind.as_deref(), Some("cancelled"));
+    assert_eq!(records[0].error_kind, Some(bridge::FailureKind::Cancelled));
 }
 
 #[test]
@@ -1407,4 +1407,52 @@ fn the_chat_summary_keeps_the_latest_exchanges_within_its_bound() {
     );
     let none = RlmChat::new(harness.rlm(config())).with_summary_limit(0);
     assert_eq!(none.summary(), "");
+}
+
+/// The root call's record is its own: calls made on the same endpoint at the same time (by
+/// another run sharing it, say) are never taken for it.
+#[test]
+fn a_generation_records_its_own_call_among_concurrent_calls_on_its_endpoint() {
+    use bridge::{CallOptions, CancellationToken, ChatRequest, Endpoint, Message};
+    use kernel::rlm::CodeGenerator;
+
+    let server = rt()
+        .block_on(MockServer::start(MockConfig::default()))
+        .expect("mock server starts");
+    let config = EndpointConfig::openai("root", server.openai_base_url(), "root");
+    let endpoint =
+        Arc::new(Endpoint::new(config, Arc::new(Ledger::default())).expect("valid endpoint"));
+    let generator = CodeGenerator::new(Arc::clone(&endpoint));
+    let stop = CancellationToken::new();
+    // Calls on the same endpoint, begun back to back from the runtime's threads.
+    let noise: Vec<_> = (0..4)
+        .map(|_| {
+            let (endpoint, stop) = (Arc::clone(&endpoint), stop.clone());
+            rt().spawn(async move {
+                while !stop.is_cancelled() {
+                    let request = ChatRequest::from_prompt("noise");
+                    let _ = endpoint.call(request, &CallOptions::default()).await;
+                }
+            })
+        })
+        .collect();
+    let mut indexes = std::collections::HashSet::new();
+    for round in 0..300 {
+        let prompt = format!("root call {round}");
+        let request = generator.request(&[Message::user(prompt.clone())]);
+        let generation = rt().block_on(generator.generate(request, &CancellationToken::new()));
+        let answer = generation.result.expect("the mock answers");
+        assert_eq!(answer.content, prompt, "the echo of this call");
+        let record = generation.record;
+        assert_eq!(
+            record.prompt_chars,
+            prompt.chars().count(),
+            "round {round}: the record of another call: {record:?}"
+        );
+        assert!(indexes.insert(record.call_index), "a record given twice");
+    }
+    stop.cancel();
+    for task in noise {
+        rt().block_on(task).expect("the noise task ends");
+    }
 }
