@@ -1410,9 +1410,12 @@ fn the_chat_summary_keeps_the_latest_exchanges_within_its_bound() {
 }
 
 /// The root call's record is its own: calls made on the same endpoint at the same time (by
-/// another run sharing it, say) are never taken for it.
+/// another run sharing it, say) are never taken for it. Here a thread starts a burst of calls
+/// (refused by the budget, so each takes a ledger index at once) just as each root call starts.
 #[test]
 fn a_generation_records_its_own_call_among_concurrent_calls_on_its_endpoint() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
     use bridge::{CallOptions, CancellationToken, ChatRequest, Endpoint, Message};
     use kernel::rlm::CodeGenerator;
 
@@ -1420,26 +1423,39 @@ fn a_generation_records_its_own_call_among_concurrent_calls_on_its_endpoint() {
         .block_on(MockServer::start(MockConfig::default()))
         .expect("mock server starts");
     let config = EndpointConfig::openai("root", server.openai_base_url(), "root");
-    let endpoint =
-        Arc::new(Endpoint::new(config, Arc::new(Ledger::default())).expect("valid endpoint"));
+    let budget = Budget {
+        max_tokens: Some(1_000_000_000),
+        ..Budget::default()
+    };
+    let ledger = Arc::new(Ledger::new(budget));
+    let endpoint = Arc::new(Endpoint::new(config, ledger).expect("valid endpoint"));
     let generator = CodeGenerator::new(Arc::clone(&endpoint));
-    let stop = CancellationToken::new();
-    // Calls on the same endpoint, begun back to back from the runtime's threads.
-    let noise: Vec<_> = (0..4)
-        .map(|_| {
-            let (endpoint, stop) = (Arc::clone(&endpoint), stop.clone());
-            rt().spawn(async move {
-                while !stop.is_cancelled() {
-                    let request = ChatRequest::from_prompt("noise");
-                    let _ = endpoint.call(request, &CallOptions::default()).await;
+    const ROUNDS: u64 = 200;
+    // The round whose burst may start; `u64::MAX` ends the thread.
+    let go = Arc::new(AtomicU64::new(0));
+    let noise = {
+        let (endpoint, go) = (Arc::clone(&endpoint), Arc::clone(&go));
+        std::thread::spawn(move || {
+            let mut request = ChatRequest::from_prompt("noise");
+            request.params.max_tokens = Some(u32::MAX);
+            let options = CallOptions::default();
+            for round in 1..=ROUNDS {
+                while go.load(Ordering::Acquire) < round {
+                    std::thread::yield_now();
                 }
-            })
+                for _ in 0..32 {
+                    let call = endpoint.call(request.clone(), &options);
+                    let refused = rt().block_on(call).expect_err("over the token budget");
+                    assert!(matches!(refused, bridge::BridgeError::Budget(_)));
+                }
+            }
         })
-        .collect();
+    };
     let mut indexes = std::collections::HashSet::new();
-    for round in 0..300 {
+    for round in 1..=ROUNDS {
         let prompt = format!("root call {round}");
         let request = generator.request(&[Message::user(prompt.clone())]);
+        go.store(round, Ordering::Release);
         let generation = rt().block_on(generator.generate(request, &CancellationToken::new()));
         let answer = generation.result.expect("the mock answers");
         assert_eq!(answer.content, prompt, "the echo of this call");
@@ -1451,8 +1467,5 @@ fn a_generation_records_its_own_call_among_concurrent_calls_on_its_endpoint() {
         );
         assert!(indexes.insert(record.call_index), "a record given twice");
     }
-    stop.cancel();
-    for task in noise {
-        rt().block_on(task).expect("the noise task ends");
-    }
+    noise.join().expect("the noise thread ends");
 }
