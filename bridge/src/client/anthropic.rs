@@ -4,14 +4,13 @@
 //! `tool_use` / `tool_result` content blocks; consecutive messages of the same role are merged
 //! because the API wants user and assistant turns to alternate.
 
-use async_trait::async_trait;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::call::{Defaults, Draft, Fault, Flow, Protocol, StreamState, WireClient, secret_header};
-use super::{LmClient, Params, PartialToolCall, null_as_default, to_body};
-use crate::chat::{ChatRequest, ChatResponse, Message, Role, ToolCall, Usage};
+use super::{Params, PartialToolCall, null_as_default, to_body};
+use crate::chat::{ChatRequest, Message, Role, ToolCall, Usage};
 use crate::config::EndpointConfig;
 use crate::error::BridgeError;
 
@@ -21,29 +20,15 @@ pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// `max_tokens` is mandatory in the Messages API; this is used when none is set.
 pub const ANTHROPIC_DEFAULT_MAX_TOKENS: u32 = 4096;
 
-/// A client for the Anthropic Messages API.
-#[derive(Debug, Clone)]
-pub struct AnthropicClient(WireClient<Anthropic>);
+wire_client! {
+    /// A client for the Anthropic Messages API.
+    AnthropicClient(Anthropic)
+}
 
 impl AnthropicClient {
     /// A client for `config` (`base_url` without `/v1`); the key is read once, here.
     pub fn new(config: &EndpointConfig) -> Result<Self, BridgeError> {
         WireClient::new(config, Anthropic).map(Self)
-    }
-}
-
-#[async_trait]
-impl LmClient for AnthropicClient {
-    async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, BridgeError> {
-        self.0.chat(req).await
-    }
-
-    async fn chat_stream(
-        &self,
-        req: &ChatRequest,
-        on_delta: &mut (dyn for<'s> FnMut(&'s str) + Send),
-    ) -> Result<ChatResponse, BridgeError> {
-        self.0.chat_stream(req, on_delta).await
     }
 }
 

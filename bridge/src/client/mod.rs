@@ -23,6 +23,34 @@
 //! # Ok(()) }
 //! ```
 
+/// A public client type over `call::WireClient` for one protocol, answering [`LmClient`]
+/// through it (each protocol module declares its own).
+macro_rules! wire_client {
+    ($(#[$meta:meta])* $name:ident($protocol:ident)) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone)]
+        pub struct $name(super::call::WireClient<$protocol>);
+
+        #[async_trait::async_trait]
+        impl super::LmClient for $name {
+            async fn chat(
+                &self,
+                req: &crate::chat::ChatRequest,
+            ) -> Result<crate::chat::ChatResponse, crate::error::BridgeError> {
+                self.0.chat(req).await
+            }
+
+            async fn chat_stream(
+                &self,
+                req: &crate::chat::ChatRequest,
+                on_delta: &mut (dyn for<'s> FnMut(&'s str) + Send),
+            ) -> Result<crate::chat::ChatResponse, crate::error::BridgeError> {
+                self.0.chat_stream(req, on_delta).await
+            }
+        }
+    };
+}
+
 mod anthropic;
 mod call;
 mod openai;

@@ -1,39 +1,24 @@
 //! OpenAI chat completions: `POST {base_url}/chat/completions`, JSON or SSE.
 
-use async_trait::async_trait;
 use reqwest::header::{AUTHORIZATION, HeaderMap};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::call::{Defaults, Draft, Fault, Flow, Protocol, StreamState, WireClient, secret_header};
-use super::{LmClient, Params, null_as_default, to_body};
-use crate::chat::{ChatRequest, ChatResponse, Message, Role, ToolCall, Usage};
+use super::{Params, null_as_default, to_body};
+use crate::chat::{ChatRequest, Message, Role, ToolCall, Usage};
 use crate::config::EndpointConfig;
 use crate::error::BridgeError;
 
-/// A client for OpenAI-compatible chat-completions servers.
-#[derive(Debug, Clone)]
-pub struct OpenAiClient(WireClient<OpenAi>);
+wire_client! {
+    /// A client for OpenAI-compatible chat-completions servers.
+    OpenAiClient(OpenAi)
+}
 
 impl OpenAiClient {
     /// A client for `config` (`base_url` includes `/v1`); the key is read once, here.
     pub fn new(config: &EndpointConfig) -> Result<Self, BridgeError> {
         WireClient::new(config, OpenAi).map(Self)
-    }
-}
-
-#[async_trait]
-impl LmClient for OpenAiClient {
-    async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, BridgeError> {
-        self.0.chat(req).await
-    }
-
-    async fn chat_stream(
-        &self,
-        req: &ChatRequest,
-        on_delta: &mut (dyn for<'s> FnMut(&'s str) + Send),
-    ) -> Result<ChatResponse, BridgeError> {
-        self.0.chat_stream(req, on_delta).await
     }
 }
 
