@@ -18,7 +18,9 @@
 //!
 //! Data flows `ChatRequest → Endpoint::call → (budget, permit, client attempt, backoff)* →
 //! ChatResponse`, with one `SubCallMetadata` pushed to the ledger at the end, success or not
-//! (a call whose future is dropped is recorded as cancelled).
+//! (a call whose future is dropped is recorded as cancelled); [`Endpoint::call_recorded`]
+//! also hands the caller that record. A failure's kind is a [`FailureKind`] (a budget
+//! refusal carries its [`BudgetLimit`]): code matches on it, never on a message.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), bridge::BridgeError> {

@@ -9,13 +9,14 @@
 //!   `POST /v1/chat/completions` (JSON, or SSE with `"stream": true`), `POST /v1/messages`
 //!   (JSON or SSE) and `GET /v1/models`; anything else gets a provider-shaped 404.
 //! - For each chat request: auth check (only when [`MockConfig::api_key`] is set) → parse the
-//!   body into a private view (`wire.rs`: model, system prompt, last user message, TURN) →
-//!   fault decision (`faults.rs`) → latency sleep → the [`Script`] picks and renders a reply
+//!   body into a private view (`wire.rs`; what scripts see of it is a `prompt.rs` `Prompt`:
+//!   model, system prompt, last user message, TURN) → fault decision (`faults.rs`) → latency
+//!   sleep (`latency.rs`) → the [`Script`] picks and renders a reply
 //!   (`script.rs`, `template.rs`) → rendered in the provider's format → one
 //!   [`RequestRecord`] is pushed to the [`RequestLog`] (with the request's headers and whole
 //!   body when [`MockConfig::record_requests`] is on: tests check what a client sent).
 //! - A request whose client leaves early (timeout) is still logged, with status `499`.
-//! - All per-request randomness comes from a generator seeded by
+//! - All per-request randomness comes from a generator (`rand`'s `StdRng`, `rng.rs`) keyed by
 //!   `(MockConfig::seed, request id)`; ids count arrivals from 0, so a sequential client sees
 //!   the same latencies and faults on every run.
 //!
