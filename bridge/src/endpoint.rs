@@ -301,6 +301,7 @@ impl Shared {
         );
         let policy = &self.config.retry;
         let attempts = &mut ticket.attempts;
+        let mut garbled_retried = false;
         loop {
             let permit = tokio::select! {
                 biased;
@@ -318,7 +319,11 @@ impl Shared {
             };
             drop(permit);
             match outcome {
-                Err(e) if e.is_retryable() && attempts.count < policy.max_attempts => {
+                Err(e)
+                    if (e.is_retryable() || (e.is_garbled() && !garbled_retried))
+                        && attempts.count < policy.max_attempts =>
+                {
+                    garbled_retried |= e.is_garbled();
                     let delay = policy.delay_after(attempts.count, e.retry_after());
                     tracing::info!(
                         endpoint = %self.config.name,

@@ -70,10 +70,11 @@ pub enum BridgeError {
         /// Where the key comes from and how to fix it.
         hint: String,
     },
-    /// The server answered 2xx but the body was not what the protocol promises.
+    /// The server answered 2xx but the body was not what the protocol promises (a garbled
+    /// reply). Retried once: a garbled reply is often a one-off of an overloaded server.
     #[error(
-        "Could not decode the answer from `{url}` ({detail}); check that endpoint `{endpoint}` \
-         speaks the configured `provider` protocol"
+        "The server at `{url}` answered badly ({detail}); a garbled reply is retried once. If it \
+         keeps happening, check that endpoint `{endpoint}` speaks the configured `provider` protocol"
     )]
     Decode {
         /// Endpoint name.
@@ -110,6 +111,12 @@ pub enum BridgeError {
 
 impl BridgeError {
     /// Whether another attempt may succeed: 408/429/5xx, timeouts and connection errors.
+    /// Whether the reply arrived but was garbled ([`BridgeError::Decode`]): retried once,
+    /// apart from [`is_retryable`](Self::is_retryable) failures.
+    pub fn is_garbled(&self) -> bool {
+        matches!(self, Self::Decode { .. })
+    }
+
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Connect { .. } | Self::Network { .. } | Self::Timeout { .. } => true,

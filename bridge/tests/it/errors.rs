@@ -162,15 +162,37 @@ async fn the_right_key_is_sent_by_both_clients() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_malformed_answer_is_a_decode_error() {
+async fn a_garbled_answer_is_retried_once() {
     let faults = bridge::mock::Faults::fail_first(1, bridge::mock::FaultKind::MalformedJson);
+    let server = start_with(bridge::mock::Latency::None, faults).await;
+    let answer = endpoint(openai_config(&server), Budget::default())
+        .call(ChatRequest::from_prompt("hi"), &CallOptions::default())
+        .await
+        .expect("the retry is answered");
+    assert_eq!(answer.content, "hi");
+    assert_eq!(server.log().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_keeps_answering_badly_is_a_decode_error_after_one_retry() {
+    let faults = bridge::mock::Faults::fail_first(5, bridge::mock::FaultKind::MalformedJson);
     let server = start_with(bridge::mock::Latency::None, faults).await;
     let err = endpoint(openai_config(&server), Budget::default())
         .call(ChatRequest::from_prompt("hi"), &CallOptions::default())
         .await
         .expect_err("malformed");
     assert!(matches!(err, BridgeError::Decode { .. }), "{err:?}");
-    assert!(err.to_string().contains("`provider`"), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("answered badly") && msg.contains("`provider`"),
+        "{msg}"
+    );
+    assert!(!msg.contains("could not be reached"), "{msg}");
+    assert_eq!(
+        server.log().len(),
+        2,
+        "one retry, not the policy's full count"
+    );
 }
 
 #[test]

@@ -226,13 +226,16 @@ async fn a_plain_json_answer_to_a_streaming_request_is_decoded() {
     let (result, _, attempts) = call_raw(page, true, 3).await;
     let err = result.expect_err("not an answer");
     assert!(matches!(err, BridgeError::Decode { .. }), "{err:?}");
-    assert!(!err.is_retryable());
+    assert!(!err.is_retryable() && err.is_garbled());
     let msg = err.to_string();
     assert!(
         msg.contains("text/html") && msg.contains("text/event-stream") && msg.contains("login"),
         "{msg}"
     );
-    assert_eq!(attempts, 1, "not retried");
+    assert_eq!(
+        attempts, 2,
+        "a garbled reply is retried once, not three times"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
