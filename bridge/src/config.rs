@@ -102,6 +102,42 @@ pub struct EndpointConfig {
     /// endpoints do; a root model's calls are iterations, limited elsewhere, so its endpoint
     /// sets this to `false` and still counts against the token and USD limits.
     pub counts_toward_call_budget: bool,
+    /// How error messages name this endpoint's settings (default: its own field names).
+    pub settings: SettingNames,
+}
+
+/// The names error messages use for an endpoint's settings, so a front end can name what its
+/// users type (`--base-url`) instead of the configuration's fields. Unset names fall back to
+/// "`base_url` of endpoint `NAME`" and the like.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SettingNames {
+    /// What sets the base URL, e.g. `` `--base-url` ``.
+    pub base_url: Option<String>,
+    /// What sets the per-attempt timeout, e.g. `` `--sub-timeout` ``.
+    pub timeout: Option<String>,
+    /// What names the API key variable, e.g. `` `--api-key-env` ``.
+    pub api_key_env: Option<String>,
+}
+
+impl SettingNames {
+    pub(crate) fn base_url(&self, endpoint: &str) -> String {
+        self.base_url
+            .clone()
+            .unwrap_or_else(|| format!("`base_url` of endpoint `{endpoint}`"))
+    }
+
+    pub(crate) fn timeout(&self, endpoint: &str) -> String {
+        self.timeout
+            .clone()
+            .unwrap_or_else(|| format!("`timeout` of endpoint `{endpoint}`"))
+    }
+
+    pub(crate) fn api_key_env(&self, endpoint: &str) -> String {
+        self.api_key_env
+            .clone()
+            .unwrap_or_else(|| format!("`api_key_env` of endpoint `{endpoint}`"))
+    }
 }
 
 impl fmt::Debug for EndpointConfig {
@@ -124,6 +160,7 @@ impl fmt::Debug for EndpointConfig {
             .field("price", &self.price)
             .field("params", &self.params)
             .field("counts_toward_call_budget", &self.counts_toward_call_budget)
+            .field("settings", &self.settings)
             .finish()
     }
 }
@@ -150,6 +187,7 @@ impl Default for EndpointConfig {
             price: None,
             params: SamplingParams::default(),
             counts_toward_call_budget: true,
+            settings: SettingNames::default(),
         }
     }
 }

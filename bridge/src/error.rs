@@ -11,11 +11,13 @@ pub enum BridgeError {
     /// No TCP/TLS connection could be made (refused, unreachable, DNS).
     #[error(
         "Could not connect to `{url}` ({detail}); check that the model server is running and that \
-         `base_url` of endpoint `{endpoint}` is right"
+         {base_url_setting} is right"
     )]
     Connect {
         /// Endpoint name.
         endpoint: String,
+        /// What sets the endpoint's base URL ([`SettingNames`](crate::SettingNames)).
+        base_url_setting: String,
         /// The URL that was requested.
         url: String,
         /// The underlying cause.
@@ -31,22 +33,26 @@ pub enum BridgeError {
     },
     /// One HTTP attempt took longer than the endpoint's `timeout`.
     #[error(
-        "Request to `{url}` timed out after {}s; raise `timeout` of endpoint `{endpoint}` or check the server",
+        "Request to `{url}` timed out after {}s; raise {timeout_setting} or check the server",
         .timeout.as_secs_f64()
     )]
     Timeout {
         /// Endpoint name.
         endpoint: String,
+        /// What sets the endpoint's timeout ([`SettingNames`](crate::SettingNames)).
+        timeout_setting: String,
         /// The URL that was requested.
         url: String,
         /// The per-attempt timeout that expired.
         timeout: Duration,
     },
     /// The server answered with an error status (other than 401/403).
-    #[error("{}", http_message(*.status, .url, .endpoint, .message))]
+    #[error("{}", http_message(*.status, .url, .base_url_setting, .message))]
     Http {
         /// Endpoint name.
         endpoint: String,
+        /// What sets the endpoint's base URL ([`SettingNames`](crate::SettingNames)).
+        base_url_setting: String,
         /// The URL that was requested.
         url: String,
         /// HTTP status code.
@@ -161,11 +167,11 @@ impl BridgeError {
     }
 }
 
-fn http_message(status: u16, url: &str, endpoint: &str, message: &str) -> String {
+fn http_message(status: u16, url: &str, base_url_setting: &str, message: &str) -> String {
     let hint = match status {
         404 => format!(
-            "; check `base_url` of endpoint `{endpoint}` (OpenAI-compatible servers usually need it \
-             to end in `/v1`, Anthropic's must not) and the model name"
+            "; check {base_url_setting} (OpenAI-compatible servers usually need it to end in \
+             `/v1`, Anthropic's must not) and the model name"
         ),
         408 | 429 | 500..=599 => {
             "; the server is overloaded or failing, retries were exhausted".into()

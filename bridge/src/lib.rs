@@ -64,7 +64,7 @@ pub use chat::{
     ChatRequest, ChatResponse, Message, Role, SamplingParams, ToolCall, ToolDefinition, Usage,
 };
 pub use client::{AnthropicClient, LmClient, OpenAiClient, shared_http_client};
-pub use config::{EndpointConfig, Price, Provider, RetryPolicy};
+pub use config::{EndpointConfig, Price, Provider, RetryPolicy, SettingNames};
 pub use endpoint::{CallOptions, Endpoint, Endpoints, RecordedCall};
 pub use error::{BridgeError, BudgetExceeded, BudgetLimit, FailureKind};
 pub use ledger::{Budget, Ledger, ModelUsage, SubCallMetadata};

@@ -59,8 +59,46 @@ fn refused_connection_names_the_url() {
     assert_clean_error(
         &run,
         1,
-        &[&format!("127.0.0.1:{port}"), "without an answer"],
+        &[
+            &format!("127.0.0.1:{port}"),
+            "Could not connect",
+            "`--base-url` is right",
+            "without an answer",
+        ],
     );
+    // The flag the user typed, not the configuration's internal names.
+    assert!(!run.stderr.contains("of endpoint"), "{}", run.stderr);
+}
+
+#[test]
+fn a_wrong_sub_model_url_names_its_flag_in_what_the_code_sees() {
+    let mock = Mock::start(script(&[
+        "```repl
+print(llm_query('hi'))
+```",
+        "FINAL(done)",
+    ]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "c.txt", "text");
+    // Forgot the `/v1`: the sub-model gets 404s.
+    let wrong = mock.url().trim_end_matches("/v1").to_owned();
+    let run = mock.run(&[
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "q",
+        "--sub-base-url",
+        &wrong,
+        "--trajectory",
+        dir.path().join("t.jsonl").to_str().expect("utf-8"),
+    ]);
+    run.assert_code(0);
+    let trajectory = std::fs::read_to_string(dir.path().join("t.jsonl")).expect("trajectory");
+    assert!(
+        trajectory.contains("HTTP 404") && trajectory.contains("check `--sub-base-url`"),
+        "{trajectory}"
+    );
+    assert!(!trajectory.contains("of endpoint"), "{trajectory}");
 }
 
 #[test]

@@ -69,7 +69,7 @@ pub use anthropic::{ANTHROPIC_DEFAULT_MAX_TOKENS, ANTHROPIC_VERSION, AnthropicCl
 pub use openai::OpenAiClient;
 
 use crate::chat::{ChatRequest, ChatResponse};
-use crate::config::EndpointConfig;
+use crate::config::{EndpointConfig, SettingNames};
 use crate::error::BridgeError;
 use crate::secret::{self, Secret};
 
@@ -118,6 +118,8 @@ pub fn shared_http_client() -> reqwest::Client {
 #[derive(Debug, Clone)]
 pub(crate) struct Transport {
     endpoint: String,
+    /// How messages name the settings of the endpoint.
+    settings: SettingNames,
     url: String,
     /// `url` parsed once; reqwest takes a `Url` without re-parsing it.
     parsed_url: reqwest::Url,
@@ -168,20 +170,20 @@ impl KeySource {
         }
     }
 
-    fn hint(&self, endpoint: &str, example_var: &str) -> String {
+    fn hint(&self, endpoint: &str, settings: &SettingNames, example_var: &str) -> String {
+        let key_setting = settings.api_key_env(endpoint);
         match self {
             Self::Inline(_) => format!("check `api_key` of endpoint `{endpoint}`"),
             Self::Env { var, .. } => format!(
-                "check the key in the environment variable `{var}` (endpoint `{endpoint}` reads it \
-                 through `api_key_env`)"
+                "check the key in the environment variable `{var}` (named by {key_setting})"
             ),
             Self::MissingEnv(var) => format!(
                 "the environment variable `{var}` is not set; export it with your API key \
-                 (endpoint `{endpoint}` reads it through `api_key_env`)"
+                 (named by {key_setting})"
             ),
             Self::None => format!(
-                "endpoint `{endpoint}` sends no API key; set `api_key_env` (e.g. `{example_var}`) \
-                 or `api_key`"
+                "no API key is sent; export one in `{example_var}`, or name its variable with \
+                 {key_setting}"
             ),
         }
     }
@@ -235,7 +237,8 @@ impl Transport {
             timeout: config.timeout,
             max_retry_after: config.retry.max_delay,
             max_answer_bytes: MAX_ANSWER_BYTES,
-            auth_hint: key.hint(&config.name, example_var),
+            auth_hint: key.hint(&config.name, &config.settings, example_var),
+            settings: config.settings.clone(),
             http: shared_http_client(),
         })
     }
@@ -399,6 +402,7 @@ impl Transport {
     fn timeout_error(&self) -> BridgeError {
         BridgeError::Timeout {
             endpoint: self.endpoint.clone(),
+            timeout_setting: self.settings.timeout(&self.endpoint),
             url: self.url.clone(),
             timeout: self.timeout,
         }
@@ -423,6 +427,7 @@ impl Transport {
         }
         BridgeError::Http {
             endpoint: self.endpoint.clone(),
+            base_url_setting: self.settings.base_url(&self.endpoint),
             url: self.url.clone(),
             status,
             message,
@@ -436,6 +441,7 @@ impl Transport {
         if e.is_connect() {
             BridgeError::Connect {
                 endpoint: self.endpoint.clone(),
+                base_url_setting: self.settings.base_url(&self.endpoint),
                 url: self.url.clone(),
                 detail: if e.is_timeout() {
                     format!("the connection attempt timed out: {detail}")

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use bridge::{Budget, EndpointConfig, Endpoints, Ledger, Price, Provider, SamplingParams};
+use bridge::{
+    Budget, EndpointConfig, Endpoints, Ledger, Price, Provider, SamplingParams, SettingNames,
+};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernel::repl::{ContextSource, ReplSession, SessionConfig};
 use kernel::rlm::{
@@ -221,6 +223,11 @@ pub(crate) fn build_endpoints(opts: &RunOptions) -> Result<Arc<Endpoints>> {
         model: model.to_owned(),
         api_key_env: Some(api_key_env.clone()),
         params: params.clone(),
+        settings: SettingNames {
+            base_url: Some("`--base-url`".to_owned()),
+            timeout: None,
+            api_key_env: Some("`--api-key-env`".to_owned()),
+        },
         ..EndpointConfig::default()
     };
     let mut root = config(ROOT, &base_url, &model);
@@ -234,6 +241,10 @@ pub(crate) fn build_endpoints(opts: &RunOptions) -> Result<Arc<Endpoints>> {
         opts.sub_model.as_deref().unwrap_or(&model),
     );
     sub.price = sub_price;
+    sub.settings.timeout = Some("`--sub-timeout`".to_owned());
+    if opts.sub_base_url.is_some() {
+        sub.settings.base_url = Some("`--sub-base-url`".to_owned());
+    }
     if let Some(t) = sub_timeout {
         sub.timeout = t;
     }
@@ -337,11 +348,19 @@ fn extra_model(spec: &str, configs: &[EndpointConfig]) -> Result<EndpointConfig>
         )));
     }
     let sub = &configs[1];
-    let (model, url) = rest.split_once('@').unwrap_or((rest, &sub.base_url));
+    let mut settings = sub.settings.clone();
+    let (model, url) = match rest.split_once('@') {
+        Some((model, url)) => {
+            settings.base_url = Some(format!("the URL of `--extra-model {spec}`"));
+            (model, url)
+        }
+        None => (rest, sub.base_url.as_str()),
+    };
     Ok(EndpointConfig {
         name: name.to_owned(),
         base_url: url.trim().to_owned(),
         model: model.trim().to_owned(),
+        settings,
         ..sub.clone()
     })
 }
