@@ -1,20 +1,35 @@
-//! Context loading: each [`ContextSource`] becomes one Python object, loaded once at session
+//! Context loading: each [`ContextInput`] becomes one Python object, loaded once at session
 //! start, described by a [`ContextMetadata`].
 //!
 //! | source | Python object | how |
 //! |---|---|---|
-//! | text file | `str` | streamed into the `str`'s own buffer, no second copy (`pystr.rs`) |
+//! | text file | `str` | streamed into the `str`'s own buffer, no second copy (`pystr.rs`); with `--encoding`, decoded by Python's codec |
 //! | `-` (stdin), [`ContextSource::Text`] | `str` | UTF-8 check in Rust, one copy into Python |
 //! | `.json` | `dict` / `list` | parsed by Python's C `json` while serde measures item sizes on another thread |
 //! | `.jsonl` | `list` | parsed line by line by Python's `json`; on failure serde names the bad line |
 //! | `.csv` `.tsv` `.parquet` `.arrow` `.ipc` `.feather` `.ndjson` | `polars.DataFrame` | Python polars reads the file itself |
-//! | directory | `dict` relative path → text | walked in sorted order |
+//! | `.xlsx` `.xlsm` `.xlsb` `.xls` `.ods` | `polars.DataFrame`, or `dict` sheet → frame | polars' `read_excel` with the `fastexcel` (calamine) engine |
+//! | directory | `dict` relative path → value | each file loaded as on its own; binaries skipped |
+//!
+//! What a file is comes from its first bytes before its name (`detect.rs`): gzip and zstd
+//! files are read through a decoder (`.csv.gz`, `.jsonl.zst`, `.txt.gz`), Parquet/Arrow/Excel
+//! are tables whatever their extension, and images, PDFs, archives and other binaries fail
+//! with advice that fits (in a directory they are skipped and listed in the metadata). A file
+//! that is empty once decompressed loads as an empty value of its kind (`""`, `None` for
+//! JSON, `[]`, an empty frame) and is flagged [`ContextMetadata::empty`].
 //!
 //! Tables are read by *Python* polars straight from the file: its native readers are
 //! multi-threaded and build the DataFrame's Arrow buffers once, in the memory Python uses,
 //! with no second copy. We deliberately do not compile Rust polars into the kernel: it would
 //! cost minutes of build time on a 2-core machine and the hand-over to Python would still
-//! need the pyarrow/FFI bridge, for no gain over letting Python polars read the file.
+//! need the pyarrow/FFI bridge, for no gain over letting Python polars read the file. With
+//! [`FrameLibrary::Pandas`] the frame is converted afterwards, column by column.
+//!
+//! CSV: the separator is sniffed from the first lines (`,` `;` tab `|`) unless given. When
+//! polars fails, Python's `csv` module scans the text for the first row with more fields than
+//! the header (or broken quoting) to name its line; with `skip_bad_rows` such rows are left
+//! out and counted. A failure with no such row is retried once with dtypes inferred from
+//! every row (a late non-numeric value in a numeric-looking column).
 //!
 //! JSON objects are built by CPython's C `json` module, with the cyclic GC paused (it would
 //! otherwise rescan the growing tree again and again: 2-4x slower). Converting a serde value
@@ -25,8 +40,9 @@
 //!
 //! Directories: files are read recursively in sorted order; entries whose name starts with
 //! `.` (e.g. `.git`) are skipped and symbolic links to directories are not followed. A file
-//! that is not UTF-8 text fails the whole load with an error naming it (silently dropping a
-//! file would change the answer without anyone noticing).
+//! that fails to load (not UTF-8, malformed JSON) fails the whole load with an error naming it
+//! (silently dropping it would change the answer without anyone noticing); only files that
+//! cannot be a context at all are skipped, and listed.
 //!
 //! Any error leaves nothing behind: the session is not created.
 
@@ -37,83 +53,19 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use serde::de::{Deserializer as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::error::ReplError;
-use super::metadata::{ContextKind, ContextMetadata, ItemSizes};
-use super::pystr::read_file_as_str;
-
-/// Where a context comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ContextSource {
-    /// A file (format by extension) or a directory.
-    Path(PathBuf),
-    /// Standard input, read to the end as text (`-` on the command line).
-    Stdin,
-    /// Text given directly.
-    Text(String),
-}
-
-impl ContextSource {
-    /// `-` means stdin, anything else a path.
-    pub fn from_arg(arg: &str) -> Self {
-        if arg == "-" {
-            Self::Stdin
-        } else {
-            Self::Path(PathBuf::from(arg))
-        }
-    }
-}
-
-/// How a file will be loaded, from its extension.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum FileFormat {
-    Text,
-    Json,
-    JsonLines,
-    Table(TableFormat),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TableFormat {
-    Csv,
-    Tsv,
-    Parquet,
-    Ipc,
-    NdJson,
-}
-
-impl TableFormat {
-    fn label(self) -> &'static str {
-        match self {
-            Self::Csv => "CSV",
-            Self::Tsv => "TSV",
-            Self::Parquet => "Parquet",
-            Self::Ipc => "Arrow IPC",
-            Self::NdJson => "newline-delimited JSON",
-        }
-    }
-}
-
-fn file_format(path: &Path) -> FileFormat {
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase)
-        .unwrap_or_default();
-    match ext.as_str() {
-        "json" => FileFormat::Json,
-        "jsonl" => FileFormat::JsonLines,
-        "csv" => FileFormat::Table(TableFormat::Csv),
-        "tsv" => FileFormat::Table(TableFormat::Tsv),
-        "parquet" | "pq" => FileFormat::Table(TableFormat::Parquet),
-        "arrow" | "ipc" | "feather" => FileFormat::Table(TableFormat::Ipc),
-        "ndjson" => FileFormat::Table(TableFormat::NdJson),
-        _ => FileFormat::Text,
-    }
-}
+use super::detect::{
+    Detected, FileFormat, TableFormat, detect, open_decoded, read_error, sniff_separator,
+};
+use super::error::{ReplError, RowProblem};
+use super::metadata::{
+    ContextKind, ContextMetadata, FrameLibrary, ItemSizes, SheetShape, SkippedFile, SkippedRows,
+};
+use super::pystr::{TextFile, read_file_as_str};
+use super::source::{ContextInput, ContextSource, LoadOptions};
 
 /// A loaded context: the Python object and its description.
 pub(crate) struct LoadedContext<'py> {
@@ -129,16 +81,10 @@ impl fmt::Debug for LoadedContext<'_> {
     }
 }
 
-/// Load one context into a Python object.
-pub(crate) fn load_context<'py>(
-    py: Python<'py>,
-    index: usize,
-    source: &ContextSource,
-) -> Result<LoadedContext<'py>, ReplError> {
-    let started = Instant::now();
-    let mut meta = ContextMetadata {
+fn blank_metadata(index: usize, name: String) -> ContextMetadata {
+    ContextMetadata {
         index,
-        name: format!("context_{index}"),
+        name,
         kind: ContextKind::Text,
         source: String::new(),
         bytes: 0,
@@ -148,8 +94,31 @@ pub(crate) fn load_context<'py>(
         items: None,
         item_sizes: None,
         load_ms: 0.0,
-    };
-    let value = match source {
+        frames: FrameLibrary::Polars,
+        compression: None,
+        empty: false,
+        skipped_rows: None,
+        skipped_files: Vec::new(),
+        file_kinds: Vec::new(),
+        sheets: Vec::new(),
+    }
+}
+
+/// Load one context into a Python object; `options.encoding` is already resolved (`None`
+/// for UTF-8).
+pub(crate) fn load_context<'py>(
+    py: Python<'py>,
+    index: usize,
+    input: &ContextInput,
+    options: &LoadOptions,
+) -> Result<LoadedContext<'py>, ReplError> {
+    let started = Instant::now();
+    let name = input
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("context_{index}"));
+    let mut meta = blank_metadata(index, name);
+    let value = match &input.source {
         ContextSource::Text(text) => {
             meta.source = "<text>".to_owned();
             text_value(py, text, &mut meta)
@@ -161,12 +130,13 @@ pub(crate) fn load_context<'py>(
                 .lock()
                 .read_to_end(&mut bytes)
                 .map_err(|source| ReplError::ContextStdin { source })?;
+            meta.bytes = bytes.len() as u64;
             let text = utf8(bytes, Path::new("-"), "")?;
             text_value(py, &text, &mut meta)
         }
         ContextSource::Path(path) => {
             meta.source = path.display().to_string();
-            load_path(py, path, &mut meta)?
+            load_path(py, path, &mut meta, options)?
         }
     };
     meta.load_ms = started.elapsed().as_secs_f64() * 1000.0;
@@ -187,23 +157,74 @@ fn load_path<'py>(
     py: Python<'py>,
     path: &Path,
     meta: &mut ContextMetadata,
+    options: &LoadOptions,
 ) -> Result<Bound<'py, PyAny>, ReplError> {
     let info = std::fs::metadata(path).map_err(read_err(path))?;
     if info.is_dir() {
         meta.kind = ContextKind::Directory;
-        return load_directory(py, path, meta);
+        return load_directory(py, path, meta, options);
     }
     meta.bytes = info.len();
-    match file_format(path) {
-        FileFormat::Text => {
-            meta.kind = ContextKind::Text;
-            let (text, chars) = read_file_as_str(py, path, "")?;
-            meta.chars = Some(chars);
-            Ok(text.into_any())
+    let detected = detect(path, options.encoding.is_some())?;
+    let file = FileLoad {
+        path,
+        detected: &detected,
+        options,
+        hint: "",
+    };
+    load_file(py, file, meta)
+}
+
+/// One recognised file being loaded.
+#[derive(Debug, Clone, Copy)]
+struct FileLoad<'a> {
+    path: &'a Path,
+    detected: &'a Detected,
+    options: &'a LoadOptions,
+    /// Added to a not-UTF-8 error (e.g. for a file inside a directory context).
+    hint: &'a str,
+}
+
+impl FileLoad<'_> {
+    fn text_file(&self) -> TextFile<'_> {
+        TextFile {
+            path: self.path,
+            compression: self.detected.compression,
         }
+    }
+
+    /// The whole decompressed content, for the rare readers that cannot stream it.
+    fn decompressed(&self) -> Result<Vec<u8>, ReplError> {
+        let compression = self.detected.compression;
+        let mut bytes = Vec::new();
+        open_decoded(self.path, compression)
+            .and_then(|mut r| r.read_to_end(&mut bytes))
+            .map_err(|e| read_error(self.path, compression, e))?;
+        Ok(bytes)
+    }
+}
+
+fn load_file<'py>(
+    py: Python<'py>,
+    file: FileLoad<'_>,
+    meta: &mut ContextMetadata,
+) -> Result<Bound<'py, PyAny>, ReplError> {
+    let FileLoad { path, detected, .. } = file;
+    meta.compression = detected.compression;
+    meta.kind = match detected.format {
+        FileFormat::Text => ContextKind::Text,
+        FileFormat::Json => ContextKind::Json,
+        FileFormat::JsonLines => ContextKind::JsonLines,
+        FileFormat::Table(_) => ContextKind::Table,
+    };
+    if detected.empty {
+        meta.empty = true;
+        return empty_value(py, path, detected.format, meta, file.options);
+    }
+    match detected.format {
+        FileFormat::Text => Ok(load_text(py, file, meta)?.into_any()),
         FileFormat::Json => {
-            meta.kind = ContextKind::Json;
-            let py_text = read_py_text(py, path, meta)?;
+            let py_text = load_text(py, file, meta)?;
             // CPython's parser builds the objects (and is the judge: it accepts `NaN`, as
             // pandas writes it); meanwhile serde measures item sizes on another thread and,
             // if Python fails, supplies the line/column error.
@@ -226,8 +247,7 @@ fn load_path<'py>(
             })
         }
         FileFormat::JsonLines => {
-            meta.kind = ContextKind::JsonLines;
-            let py_text = read_py_text(py, path, meta)?;
+            let py_text = load_text(py, file, meta)?;
             let text = py_text
                 .to_str()
                 .map_err(|e| ReplError::internal("reading a JSON-lines context", e))?;
@@ -251,11 +271,75 @@ fn load_path<'py>(
                     .unwrap_or_else(|| malformed_json_lines(path, python_error_text(&e)))),
             }
         }
-        FileFormat::Table(format) => {
-            meta.kind = ContextKind::Table;
-            load_table(py, path, format, meta)
+        FileFormat::Table(format) => load_table(py, file, format, meta),
+    }
+}
+
+/// The value of a file with nothing in it: `""`, `None`, `[]` or an empty frame.
+fn empty_value<'py>(
+    py: Python<'py>,
+    path: &Path,
+    format: FileFormat,
+    meta: &mut ContextMetadata,
+    options: &LoadOptions,
+) -> Result<Bound<'py, PyAny>, ReplError> {
+    match format {
+        FileFormat::Text => {
+            meta.chars = Some(0);
+            Ok(PyString::new(py, "").into_any())
+        }
+        FileFormat::Json => {
+            meta.chars = Some(0);
+            Ok(py.None().into_bound(py))
+        }
+        FileFormat::JsonLines => {
+            meta.chars = Some(0);
+            meta.items = Some(0);
+            Ok(PyList::empty(py).into_any())
+        }
+        FileFormat::Table(_) => {
+            let frame = import(py, "polars", path)?
+                .call_method0("DataFrame")
+                .map_err(|e| ReplError::internal("making an empty table", e))?;
+            finish_frame(py, path, frame, meta, options)
         }
     }
+}
+
+/// The text of a file as a `str`: streamed without a copy, or decoded by the named codec.
+fn load_text<'py>(
+    py: Python<'py>,
+    file: FileLoad<'_>,
+    meta: &mut ContextMetadata,
+) -> Result<Bound<'py, PyString>, ReplError> {
+    let path = file.path;
+    let Some(encoding) = &file.options.encoding else {
+        let (text, chars) = read_file_as_str(py, file.text_file(), file.hint)?;
+        meta.chars = Some(chars);
+        return Ok(text);
+    };
+    let data = match file.detected.compression {
+        None => None,
+        Some(_) => Some(PyBytes::new(py, &file.decompressed()?)),
+    };
+    let text = interpreter_support(py)?
+        .call_method1(
+            "read_text",
+            (path.to_string_lossy().as_ref(), data, encoding.as_str()),
+        )
+        .map_err(|e| ReplError::ContextMalformed {
+            path: path.to_owned(),
+            format: "text in the named encoding",
+            detail: first_line(&e.to_string()).into_owned(),
+            fix: "check `--encoding`".to_owned(),
+        })?
+        .cast_into::<PyString>()
+        .map_err(|e| ReplError::internal("decoding a text context", e))?;
+    meta.chars = Some(
+        text.len()
+            .map_err(|e| ReplError::internal("decoding a text context", e))? as u64,
+    );
+    Ok(text)
 }
 
 fn text_value<'py>(py: Python<'py>, text: &str, meta: &mut ContextMetadata) -> Bound<'py, PyAny> {
@@ -264,18 +348,8 @@ fn text_value<'py>(py: Python<'py>, text: &str, meta: &mut ContextMetadata) -> B
         meta.bytes = text.len() as u64;
     }
     meta.chars = Some(text.chars().count() as u64);
+    meta.empty = text.is_empty();
     PyString::new(py, text).into_any()
-}
-
-/// Read a UTF-8 file straight into a Python `str`, with no second copy (see [`read_file_as_str`]).
-fn read_py_text<'py>(
-    py: Python<'py>,
-    path: &Path,
-    meta: &mut ContextMetadata,
-) -> Result<Bound<'py, PyString>, ReplError> {
-    let (text, chars) = read_file_as_str(py, path, "")?;
-    meta.chars = Some(chars);
-    Ok(text)
 }
 
 fn set_item_stats(meta: &mut ContextMetadata, sizes: Option<Vec<u64>>) {
@@ -290,11 +364,6 @@ fn python_error_text(e: &ReplError) -> String {
         ReplError::Internal { message, .. } => message.clone(),
         other => other.to_string(),
     }
-}
-
-fn read_text(path: &Path, hint: &str) -> Result<String, ReplError> {
-    let bytes = std::fs::read(path).map_err(read_err(path))?;
-    utf8(bytes, path, hint)
 }
 
 fn utf8(bytes: Vec<u8>, path: &Path, hint: &str) -> Result<String, ReplError> {
@@ -398,53 +467,232 @@ fn support_call<'py>(
     args: impl pyo3::call::PyCallArgs<'py>,
     action: &'static str,
 ) -> Result<Bound<'py, PyAny>, ReplError> {
-    let support = super::interpreter::interpreter(py)?.support(py);
+    let support = interpreter_support(py)?;
     support
         .call_method1(function, args)
         .map_err(|e| ReplError::internal(action, e))
 }
 
+fn interpreter_support(py: Python<'_>) -> Result<&Bound<'_, PyModule>, ReplError> {
+    Ok(super::interpreter::interpreter(py)?.support(py))
+}
+
+fn import<'py>(
+    py: Python<'py>,
+    package: &str,
+    path: &Path,
+) -> Result<Bound<'py, PyModule>, ReplError> {
+    py.import(package).map_err(|e| ReplError::MissingPackage {
+        package: package.to_owned(),
+        path: path.to_owned(),
+        message: e.to_string(),
+    })
+}
+
 fn load_table<'py>(
     py: Python<'py>,
-    path: &Path,
+    file: FileLoad<'_>,
     format: TableFormat,
     meta: &mut ContextMetadata,
 ) -> Result<Bound<'py, PyAny>, ReplError> {
-    let polars = py.import("polars").map_err(|e| ReplError::MissingPackage {
-        package: "polars".to_owned(),
-        path: path.to_owned(),
-        message: e.to_string(),
-    })?;
+    let FileLoad { path, options, .. } = file;
+    let polars = import(py, "polars", path)?;
     let path_text = path.to_string_lossy();
+    let malformed = |e: PyErr| table_error(path, format, &e);
     let frame = match format {
-        TableFormat::Csv => polars.call_method1("read_csv", (path_text.as_ref(),)),
-        TableFormat::Tsv => {
-            let kwargs = PyDict::new(py);
-            kwargs
-                .set_item("separator", "\t")
-                .map_err(|e| ReplError::internal("reading a TSV context", e))?;
-            polars.call_method("read_csv", (path_text.as_ref(),), Some(&kwargs))
+        TableFormat::Csv | TableFormat::Tsv => load_csv(py, &polars, file, format, meta)?,
+        TableFormat::Excel => {
+            import(py, "fastexcel", path)?;
+            let sheets = interpreter_support(py)?
+                .call_method1("read_excel", (&polars, path_text.as_ref()))
+                .map_err(malformed)?
+                .cast_into::<PyDict>()
+                .map_err(|e| ReplError::internal("reading an Excel context", e))?;
+            if sheets.len() != 1 {
+                return load_workbook(py, path, &sheets, meta, options);
+            }
+            sheets
+                .values()
+                .get_item(0)
+                .map_err(|e| ReplError::internal("reading an Excel context", e))?
         }
-        TableFormat::Parquet => polars.call_method1("read_parquet", (path_text.as_ref(),)),
-        TableFormat::Ipc => polars.call_method1("read_ipc", (path_text.as_ref(),)),
-        TableFormat::NdJson => polars.call_method1("read_ndjson", (path_text.as_ref(),)),
+        TableFormat::Parquet | TableFormat::Ipc | TableFormat::NdJson => {
+            let reader = match format {
+                TableFormat::Parquet => "read_parquet",
+                TableFormat::Ipc => "read_ipc",
+                _ => "read_ndjson",
+            };
+            let source = match file.detected.compression {
+                None => PyString::new(py, &path_text).into_any(),
+                // polars decompresses only CSV itself.
+                Some(_) => {
+                    let bytes = PyBytes::new(py, &file.decompressed()?);
+                    py.import("io")
+                        .and_then(|io| io.call_method1("BytesIO", (bytes,)))
+                        .map_err(|e| ReplError::internal("reading a compressed table", e))?
+                }
+            };
+            polars.call_method1(reader, (source,)).map_err(malformed)?
+        }
+    };
+    finish_frame(py, path, frame, meta, options)
+}
+
+/// Describes a polars frame into `meta` and converts it to the asked library.
+fn finish_frame<'py>(
+    py: Python<'py>,
+    path: &Path,
+    frame: Bound<'py, PyAny>,
+    meta: &mut ContextMetadata,
+    options: &LoadOptions,
+) -> Result<Bound<'py, PyAny>, ReplError> {
+    let (rows, columns) = frame_shape(py, &frame)?;
+    meta.rows = Some(rows);
+    meta.columns = Some(columns);
+    meta.frames = options.frames;
+    convert_frame(py, path, frame, options)
+}
+
+fn frame_shape(
+    py: Python<'_>,
+    frame: &Bound<'_, PyAny>,
+) -> Result<(u64, Vec<(String, String)>), ReplError> {
+    support_call(py, "table_shape", (frame,), "describing a table context")?
+        .extract()
+        .map_err(|e| ReplError::internal("describing a table context", e))
+}
+
+fn convert_frame<'py>(
+    py: Python<'py>,
+    path: &Path,
+    frame: Bound<'py, PyAny>,
+    options: &LoadOptions,
+) -> Result<Bound<'py, PyAny>, ReplError> {
+    match options.frames {
+        FrameLibrary::Polars => Ok(frame),
+        FrameLibrary::Pandas => {
+            import(py, "pandas", path)?;
+            support_call(py, "to_pandas", (frame,), "converting a table to pandas")
+        }
     }
-    .map_err(|e| ReplError::ContextMalformed {
+}
+
+/// A workbook of several sheets: `dict` sheet name → frame.
+fn load_workbook<'py>(
+    py: Python<'py>,
+    path: &Path,
+    sheets: &Bound<'py, PyDict>,
+    meta: &mut ContextMetadata,
+    options: &LoadOptions,
+) -> Result<Bound<'py, PyAny>, ReplError> {
+    meta.kind = ContextKind::Workbook;
+    meta.frames = options.frames;
+    meta.items = Some(sheets.len() as u64);
+    let out = PyDict::new(py);
+    for (name, frame) in sheets.iter() {
+        let (rows, columns) = frame_shape(py, &frame)?;
+        meta.sheets.push(SheetShape {
+            name: name.to_string(),
+            rows,
+            columns: columns.len() as u64,
+        });
+        out.set_item(name, convert_frame(py, path, frame, options)?)
+            .map_err(|e| ReplError::internal("reading an Excel context", e))?;
+    }
+    Ok(out.into_any())
+}
+
+fn table_error(path: &Path, format: TableFormat, e: &PyErr) -> ReplError {
+    ReplError::ContextMalformed {
         path: path.to_owned(),
         format: format.label(),
         detail: first_line(&e.to_string()).into_owned(),
         fix: match format {
-            TableFormat::Csv | TableFormat::Tsv => "check the delimiter, header and quoting and that the file is UTF-8, or rename it (e.g. to `.txt`) to load it as plain text".to_owned(),
+            TableFormat::Csv | TableFormat::Tsv => "check the separator (`--csv-sep`), header and quoting, and the encoding (`--encoding`), or rename the file (e.g. to `.txt`) to load it as plain text".to_owned(),
             _ => "check that the file is complete and really in this format, or convert it".to_owned(),
         },
-    })?;
-    let shape = support_call(py, "table_shape", (&frame,), "describing a table context")?;
-    let (rows, columns): (u64, Vec<(String, String)>) = shape
+    }
+}
+
+/// A CSV or TSV file (see the module docs for the fallbacks on failure).
+fn load_csv<'py>(
+    py: Python<'py>,
+    polars: &Bound<'py, PyModule>,
+    file: FileLoad<'_>,
+    format: TableFormat,
+    meta: &mut ContextMetadata,
+) -> Result<Bound<'py, PyAny>, ReplError> {
+    let FileLoad {
+        path,
+        detected,
+        options,
+        hint,
+    } = file;
+    let separator = options.csv_separator.unwrap_or_else(|| match format {
+        TableFormat::Tsv => b'\t',
+        _ => sniff_separator(&detected.head),
+    });
+    let separator = char::from(separator).to_string();
+    let support = interpreter_support(py)?;
+    let path_text = path.to_string_lossy();
+    // With an encoding, polars reads the decoded text; without, the file itself.
+    let decoded = match options.encoding {
+        Some(_) => Some(load_text(py, file, meta)?),
+        None => None,
+    };
+    meta.chars = None;
+    let read = |text: Option<&Bound<'py, PyString>>, infer_all: bool| {
+        support.call_method1(
+            "read_csv",
+            (
+                polars,
+                path_text.as_ref(),
+                text,
+                separator.as_str(),
+                infer_all,
+            ),
+        )
+    };
+    let first_error = match read(decoded.as_ref(), false) {
+        Ok(frame) => return Ok(frame),
+        Err(e) => e,
+    };
+    let text = match decoded.clone() {
+        Some(text) => text,
+        None => read_file_as_str(py, file.text_file(), hint)?.0,
+    };
+    let scan = support
+        .call_method1(
+            "csv_bad_rows",
+            (&text, separator.as_str(), options.skip_bad_rows),
+        )
+        .map_err(|e| ReplError::internal("scanning a CSV context", e))?;
+    type Scan = (u64, Option<u64>, Option<u64>, Option<u64>, Option<String>);
+    let (count, first_line, first_fields, expected, cleaned): Scan = scan
         .extract()
-        .map_err(|e| ReplError::internal("describing a table context", e))?;
-    meta.rows = Some(rows);
-    meta.columns = Some(columns);
-    Ok(frame)
+        .map_err(|e| ReplError::internal("scanning a CSV context", e))?;
+    let Some(first_line) = first_line else {
+        // No ragged row: the dtypes guessed from the first rows may not fit a later one.
+        return read(decoded.as_ref(), true).map_err(|_| table_error(path, format, &first_error));
+    };
+    if !options.skip_bad_rows {
+        let problem = match (first_fields, expected) {
+            (Some(found), Some(expected)) => RowProblem::ExtraFields { found, expected },
+            _ => RowProblem::Quoting,
+        };
+        return Err(ReplError::ContextBadRow {
+            path: path.to_owned(),
+            line: first_line,
+            problem,
+            separator: separator.escape_default().to_string(),
+        });
+    }
+    meta.skipped_rows = Some(SkippedRows { count, first_line });
+    let cleaned = PyString::new(py, cleaned.as_deref().unwrap_or_default());
+    drop(text);
+    read(Some(&cleaned), false)
+        .or_else(|_| read(Some(&cleaned), true))
+        .map_err(|e| table_error(path, format, &e))
 }
 
 fn first_line(s: &str) -> Cow<'_, str> {
@@ -456,33 +704,58 @@ fn load_directory<'py>(
     py: Python<'py>,
     root: &Path,
     meta: &mut ContextMetadata,
+    options: &LoadOptions,
 ) -> Result<Bound<'py, PyAny>, ReplError> {
     let mut files = Vec::new();
     collect_files(root, Path::new(""), &mut files)?;
     let dict = PyDict::new(py);
     let mut sizes = Vec::with_capacity(files.len());
-    let mut bytes = 0u64;
+    let mut kinds = std::collections::BTreeMap::<ContextKind, u64>::new();
     let hint = format!(
-        "; it is part of the directory context `{}`: remove or move it, or pass the text files you need individually",
+        "; it is part of the directory context `{}`: remove or move it, or pass the files you need individually",
         root.display()
     );
     for relative in files {
         let path = root.join(&relative);
-        let text = read_text(&path, &hint)?;
-        bytes += text.len() as u64;
-        sizes.push(char_len(&text));
         let key = relative
             .components()
             .map(|c| c.as_os_str().to_string_lossy())
             .collect::<Vec<_>>()
             .join("/");
-        dict.set_item(key, PyString::new(py, &text))
+        let detected = match detect(&path, options.encoding.is_some()) {
+            Ok(detected) => detected,
+            Err(ReplError::ContextBinary { kind, .. }) => {
+                meta.skipped_files.push(SkippedFile { path: key, kind });
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let mut file_meta = blank_metadata(0, String::new());
+        file_meta.bytes = std::fs::metadata(&path).map_err(read_err(&path))?.len();
+        let file = FileLoad {
+            path: &path,
+            detected: &detected,
+            options,
+            hint: &hint,
+        };
+        let value = load_file(py, file, &mut file_meta)?;
+        meta.bytes += file_meta.bytes;
+        if let Some(chars) = file_meta.chars {
+            sizes.push(chars);
+        }
+        if file_meta.kind == ContextKind::Table || file_meta.kind == ContextKind::Workbook {
+            meta.frames = options.frames;
+        }
+        *kinds.entry(file_meta.kind).or_default() += 1;
+        dict.set_item(key, value)
             .map_err(|e| ReplError::internal("building a directory context", e))?;
     }
-    meta.bytes = bytes;
+    let loaded: u64 = kinds.values().sum();
+    meta.empty = loaded == 0;
     meta.chars = Some(sizes.iter().sum());
-    meta.items = Some(sizes.len() as u64);
+    meta.items = Some(loaded);
     meta.item_sizes = ItemSizes::from_sizes(sizes);
+    meta.file_kinds = kinds.into_iter().collect();
     Ok(dict.into_any())
 }
 
@@ -533,19 +806,5 @@ mod tests {
         assert_eq!(json_item_sizes(" 42 ").expect("valid"), None);
         assert!(json_item_sizes("[1, 2").is_err());
         assert!(json_item_sizes("[1] x").is_err());
-    }
-
-    #[test]
-    fn formats_follow_extensions() {
-        assert_eq!(file_format(Path::new("a.JSON")), FileFormat::Json);
-        assert_eq!(
-            file_format(Path::new("a.csv")),
-            FileFormat::Table(TableFormat::Csv)
-        );
-        assert_eq!(file_format(Path::new("log")), FileFormat::Text);
-        assert_eq!(
-            file_format(Path::new("x.ndjson")),
-            FileFormat::Table(TableFormat::NdJson)
-        );
     }
 }

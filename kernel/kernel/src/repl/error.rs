@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::metadata::BinaryKind;
+
 /// Failures of the REPL kernel: starting the interpreter, loading contexts, a broken session.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplError {
@@ -40,7 +42,7 @@ pub enum ReplError {
 
     /// A context file is not valid UTF-8.
     #[error(
-        "Context file `{path}` is not valid UTF-8 (first bad byte at offset {offset}, line {line}); convert it to UTF-8 (e.g. `iconv -f latin1 -t utf-8`){hint}"
+        "Context file `{path}` is not valid UTF-8 (first bad byte at offset {offset}, line {line}); if it is legacy text, name its encoding (e.g. `--encoding latin-1` or `--encoding cp1252`), or convert it to UTF-8{hint}"
     )]
     ContextNotUtf8 {
         /// The file.
@@ -64,6 +66,48 @@ pub enum ReplError {
         detail: String,
         /// What the user can do.
         fix: String,
+    },
+
+    /// A context file is a kind of file that cannot be a context (an image, an archive, …).
+    #[error("Context file `{path}` is {}, which cannot be a context; {}", kind.label(), kind.advice())]
+    ContextBinary {
+        /// The file.
+        path: PathBuf,
+        /// What it is.
+        kind: BinaryKind,
+    },
+
+    /// A CSV row that does not fit the table.
+    #[error(
+        "Context file `{path}` has a malformed CSV row at line {line} ({problem}, reading with separator `{separator}`); fix or remove that row, pass `--csv-sep` if the separator is wrong, or `--csv-skip-bad-rows` to leave such rows out"
+    )]
+    ContextBadRow {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line where the row starts.
+        line: u64,
+        /// What is wrong with it.
+        problem: RowProblem,
+        /// The separator it was read with, as written (`\t` for tab).
+        separator: String,
+    },
+
+    /// `LoadOptions::encoding` names no Python codec.
+    #[error(
+        "Unknown text encoding `{encoding}`; use a Python codec name such as `latin-1`, `cp1252`, `utf-16` or `shift_jis`"
+    )]
+    UnknownEncoding {
+        /// The name given.
+        encoding: String,
+    },
+
+    /// A context name that cannot be a variable.
+    #[error("Context name `{name}` {problem}; pick another, e.g. `-c sales=sales.csv`")]
+    ContextName {
+        /// The name given.
+        name: String,
+        /// Why it is refused.
+        problem: NameProblem,
     },
 
     /// Reading standard input for the `-` context failed.
@@ -98,6 +142,60 @@ pub enum ReplError {
         /// The Python error.
         message: String,
     },
+}
+
+/// Why a name cannot name a context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameProblem {
+    /// Not a Python identifier.
+    NotIdentifier,
+    /// A Python keyword such as `class`.
+    Keyword,
+    /// A Python builtin such as `len`, which the model's code needs.
+    Builtin,
+    /// A name the kernel defines (`context`, `context_3`, `llm_query`, …).
+    Reserved,
+    /// Given to two contexts.
+    Duplicate,
+}
+
+impl std::fmt::Display for NameProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::NotIdentifier => {
+                "is not a valid Python name (letters, digits and `_`, not starting with a digit)"
+            }
+            Self::Keyword => "is a Python keyword",
+            Self::Builtin => "would hide the Python builtin of that name",
+            Self::Reserved => "is a name the kernel defines",
+            Self::Duplicate => "is given to two contexts",
+        })
+    }
+}
+
+/// What is wrong with a malformed CSV row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowProblem {
+    /// More fields than the header.
+    ExtraFields {
+        /// Fields in the row.
+        found: u64,
+        /// Fields in the header.
+        expected: u64,
+    },
+    /// A quoted field that never closes, or a quote inside an unquoted field.
+    Quoting,
+}
+
+impl std::fmt::Display for RowProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ExtraFields { found, expected } => {
+                write!(f, "{found} fields where the header has {expected}")
+            }
+            Self::Quoting => f.write_str("a quoted field is not closed properly"),
+        }
+    }
 }
 
 impl ReplError {

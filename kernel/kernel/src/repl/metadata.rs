@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use bridge::{Redactor, SubCallMetadata};
 
 /// What kind of Python object a context became.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ContextKind {
     /// `str`: text files, `-` (stdin), in-memory text.
@@ -17,23 +17,161 @@ pub enum ContextKind {
     Json,
     /// `list` of parsed lines: `.jsonl`.
     JsonLines,
-    /// `polars.DataFrame`: `.csv`, `.tsv`, `.parquet`, `.arrow`, `.ipc`, `.feather`, `.ndjson`.
+    /// A data frame: `.csv`, `.tsv`, `.parquet`, `.arrow`, `.ipc`, `.feather`, `.ndjson`, and
+    /// Excel workbooks with one sheet.
     Table,
-    /// `dict` of relative path → text: a directory.
+    /// `dict` of sheet name → data frame: an Excel workbook with several sheets.
+    Workbook,
+    /// `dict` of relative path → each file loaded as on its own: a directory.
     Directory,
 }
 
 impl ContextKind {
     /// The Python type a model sees, e.g. `polars.DataFrame`.
-    pub fn python_type(self) -> &'static str {
-        match self {
-            Self::Text => "str",
-            Self::Json => "dict | list",
-            Self::JsonLines => "list",
-            Self::Table => "polars.DataFrame",
-            Self::Directory => "dict[str, str]",
+    pub fn python_type(self, frames: FrameLibrary) -> &'static str {
+        match (self, frames) {
+            (Self::Text, _) => "str",
+            (Self::Json, _) => "dict | list",
+            (Self::JsonLines, _) => "list",
+            (Self::Table, FrameLibrary::Polars) => "polars.DataFrame",
+            (Self::Table, FrameLibrary::Pandas) => "pandas.DataFrame",
+            (Self::Workbook, FrameLibrary::Polars) => "dict[str, polars.DataFrame]",
+            (Self::Workbook, FrameLibrary::Pandas) => "dict[str, pandas.DataFrame]",
+            (Self::Directory, _) => "dict",
         }
     }
+}
+
+/// Which library's data frames tables become.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FrameLibrary {
+    /// `polars.DataFrame` (tables are read by polars either way).
+    #[default]
+    Polars,
+    /// `pandas.DataFrame`, converted from polars column by column through NumPy.
+    Pandas,
+}
+
+/// A compression a context file was read through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Compression {
+    /// gzip (`.gz`), several members read as one stream like `zcat`.
+    Gzip,
+    /// Zstandard (`.zst`).
+    Zstd,
+}
+
+impl Compression {
+    /// `gzip`, `zstd`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Gzip => "gzip",
+            Self::Zstd => "zstd",
+        }
+    }
+}
+
+/// A kind of file that cannot be a context, recognised by its first bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BinaryKind {
+    /// A PNG image.
+    Png,
+    /// A JPEG image.
+    Jpeg,
+    /// A GIF image.
+    Gif,
+    /// A WebP image.
+    Webp,
+    /// A TIFF image.
+    Tiff,
+    /// PDF.
+    Pdf,
+    /// A zip archive that is not a spreadsheet.
+    Zip,
+    /// A tar archive.
+    Tar,
+    /// xz or bzip2 compression, which the kernel does not read.
+    OtherCompression,
+    /// A 7-Zip archive.
+    SevenZip,
+    /// An SQLite database.
+    Sqlite,
+    /// A legacy Office (OLE2) document that is not named `.xls`.
+    LegacyOffice,
+    /// An executable program or library.
+    Executable,
+    /// Audio or video.
+    Media,
+    /// UTF-16 text (byte-order mark) read without `--encoding`.
+    Utf16,
+    /// Anything else with NUL bytes.
+    Other,
+}
+
+impl BinaryKind {
+    /// What the file is, e.g. `a PNG image`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Png => "a PNG image",
+            Self::Jpeg => "a JPEG image",
+            Self::Gif => "a GIF image",
+            Self::Webp => "a WebP image",
+            Self::Tiff => "a TIFF image",
+            Self::Pdf => "a PDF document",
+            Self::Zip => "a zip archive",
+            Self::Tar => "a tar archive",
+            Self::OtherCompression => "xz- or bzip2-compressed data",
+            Self::SevenZip => "a 7-Zip archive",
+            Self::Sqlite => "an SQLite database",
+            Self::LegacyOffice => "a legacy Office (OLE2) document",
+            Self::Executable => "a program (executable or library)",
+            Self::Media => "an audio or video file",
+            Self::Utf16 => "UTF-16 text",
+            Self::Other => "a binary file",
+        }
+    }
+
+    /// What the user can do instead.
+    pub fn advice(self) -> &'static str {
+        match self {
+            Self::Png | Self::Jpeg | Self::Gif | Self::Webp | Self::Tiff => {
+                "a context is text, JSON or a table: transcribe or describe the image as text, or leave it out"
+            }
+            Self::Pdf => {
+                "extract its text first (e.g. `pdftotext FILE.pdf FILE.txt`) and pass the text file"
+            }
+            Self::Zip => "unpack it (`unzip FILE -d DIR`) and pass the folder",
+            Self::Tar => "unpack it (`tar xf FILE -C DIR`) and pass the folder",
+            Self::OtherCompression => {
+                "decompress it (`xz -d` or `bunzip2`), or recompress it with gzip or zstd, which load directly"
+            }
+            Self::SevenZip => "unpack it (`7z x FILE`) and pass the folder",
+            Self::Sqlite => {
+                "export the tables you need to CSV or Parquet (e.g. `sqlite3 -header -csv DB 'select * from t' > t.csv`)"
+            }
+            Self::LegacyOffice => {
+                "if it is an Excel workbook, name it `.xls`; otherwise save it as text, CSV or `.xlsx`"
+            }
+            Self::Executable => "it is a program, not data: pass the files it works on",
+            Self::Media => "pass a transcript as text instead",
+            Self::Utf16 => "pass `--encoding utf-16`",
+            Self::Other => {
+                "contexts are text (UTF-8, or another encoding with `--encoding`), JSON, JSON lines, CSV/TSV, Parquet, Arrow or Excel, optionally gzip- or zstd-compressed: convert it to one of those"
+            }
+        }
+    }
+}
+
+/// A file of a directory context that was left out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedFile {
+    /// Path relative to the directory.
+    pub path: String,
+    /// What it is.
+    pub kind: BinaryKind,
 }
 
 /// Size statistics of a context's items, in characters (file text for directories, JSON
@@ -75,7 +213,8 @@ impl ItemSizes {
 pub struct ContextMetadata {
     /// Position among the session's contexts.
     pub index: usize,
-    /// The variable holding it: `context_0`, `context_1`, … (`context` is `context_0`).
+    /// The variable holding it: its name (`-c sales=…`), else `context_N` (`context` is
+    /// `context_0`; every context is `context_N` too).
     pub name: String,
     /// What it became in Python.
     pub kind: ContextKind,
@@ -95,9 +234,55 @@ pub struct ContextMetadata {
     pub item_sizes: Option<ItemSizes>,
     /// Wall-clock time spent loading, in milliseconds.
     pub load_ms: f64,
+    /// The library of its data frames (tables, workbooks, tables in a directory).
+    #[serde(default)]
+    pub frames: FrameLibrary,
+    /// The compression the file was read through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<Compression>,
+    /// The source held nothing (0 bytes once decompressed, or a directory with no files).
+    #[serde(default)]
+    pub empty: bool,
+    /// Malformed CSV rows left out (`LoadOptions::skip_bad_rows`), with the first one's line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped_rows: Option<SkippedRows>,
+    /// Files of a directory left out because they cannot be a context (images, archives, …).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped_files: Vec<SkippedFile>,
+    /// Files of a directory by the kind they were loaded as, e.g. `[(Text, 10), (Table, 2)]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub file_kinds: Vec<(ContextKind, u64)>,
+    /// The sheets of a workbook, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sheets: Vec<SheetShape>,
+}
+
+/// One sheet of a workbook context.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SheetShape {
+    /// The sheet's name (its key in the `dict`).
+    pub name: String,
+    /// Rows below the header.
+    pub rows: u64,
+    /// Columns.
+    pub columns: u64,
+}
+
+/// Malformed CSV rows left out of a table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedRows {
+    /// How many.
+    pub count: u64,
+    /// The 1-based line of the first.
+    pub first_line: u64,
 }
 
 impl ContextMetadata {
+    /// The Python type of its value, e.g. `polars.DataFrame`.
+    pub fn python_type(&self) -> &'static str {
+        self.kind.python_type(self.frames)
+    }
+
     /// One line for a prompt, e.g. ``context_0 (polars.DataFrame from `a.csv`): 1200 rows, 3 columns``.
     pub fn summary(&self) -> String {
         let mut parts = Vec::new();
@@ -118,10 +303,48 @@ impl ContextMetadata {
         format!(
             "{} ({} from `{}`): {}",
             self.name,
-            self.kind.python_type(),
+            self.python_type(),
             self.source,
             parts.join(", ")
         )
+    }
+
+    /// What a user should know about how it loaded: empty, rows or files left out.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.empty {
+            out.push(format!(
+                "Context `{}` (`{}`) is empty; it loaded as an empty {}",
+                self.name,
+                self.source,
+                self.python_type()
+            ));
+        }
+        if let Some(rows) = self.skipped_rows {
+            out.push(format!(
+                "Skipped {} malformed row(s) of `{}` (the first at line {}), as `--csv-skip-bad-rows` asks",
+                rows.count, self.source, rows.first_line
+            ));
+        }
+        if !self.skipped_files.is_empty() {
+            const LISTED: usize = 10;
+            let mut listed: Vec<String> = self
+                .skipped_files
+                .iter()
+                .take(LISTED)
+                .map(|f| format!("`{}` ({})", f.path, f.kind.label()))
+                .collect();
+            if self.skipped_files.len() > LISTED {
+                listed.push(format!("and {} more", self.skipped_files.len() - LISTED));
+            }
+            out.push(format!(
+                "Skipped {} file(s) of the directory `{}` that cannot be a context: {}",
+                self.skipped_files.len(),
+                self.source,
+                listed.join(", ")
+            ));
+        }
+        out
     }
 }
 

@@ -16,8 +16,10 @@
 //!   event that wakes the patched `time.sleep`, and cancellation of in-flight sub-calls.
 //! - `natives`: `llm_query` / `llm_query_batched` in Rust on the bridge (GIL released while
 //!   waiting); `support.py` adds `FINAL_VAR`, `SHOW_VARS` and the `answer` dict.
-//! - `context`: loaders (text, JSON, JSON lines, tables via Python polars, directories,
-//!   stdin) and [`ContextMetadata`].
+//! - `source`: what to load ([`ContextInput`]: a [`ContextSource`] and an optional variable
+//!   name; [`LoadOptions`]); `detect`: what a file is from its first bytes (compression,
+//!   tables, binaries); `context`: the loaders (text, JSON, JSON lines, tables and workbooks
+//!   via Python polars, directories, stdin) and [`ContextMetadata`].
 //! - `error`: [`ReplError`] — only kernel failures; Python exceptions are data in
 //!   [`ExecutionResult::error`].
 //!
@@ -27,7 +29,7 @@
 //! collect output, sub-call records, variables, final answer → [`ExecutionResult`].
 //!
 //! # What a model's code sees
-//! - `context`, `context_0…n`, `llm_query`, `llm_query_batched`, `FINAL_VAR`, `SHOW_VARS`,
+//! - `context`, `context_0…n`, the contexts' own names (`sales=sales.csv`), `llm_query`, `llm_query_batched`, `FINAL_VAR`, `SHOW_VARS`,
 //!   `answer` and `LlmQueryError` are reserved: put back (with a note on stderr) after a block
 //!   that rebinds or deletes them. The model's own variables are never touched.
 //! - A final bare expression is shown like IPython: `repr(value)` on stdout unless `None`.
@@ -113,6 +115,7 @@
 
 mod capture;
 mod context;
+mod detect;
 mod error;
 mod exec;
 mod interpreter;
@@ -121,13 +124,17 @@ mod metadata;
 mod natives;
 mod pystr;
 mod session;
+mod source;
 
 pub use bridge::{Endpoints, Ledger, SubCallMetadata};
-pub use context::ContextSource;
-pub use error::ReplError;
+pub use error::{NameProblem, ReplError, RowProblem};
 pub use metadata::{
-    ContextKind, ContextMetadata, ExecError, ExecutionResult, FinalAnswer, FinalSource, ItemSizes,
-    SubCallText, VariableInfo,
+    BinaryKind, Compression, ContextKind, ContextMetadata, ExecError, ExecutionResult, FinalAnswer,
+    FinalSource, FrameLibrary, ItemSizes, SheetShape, SkippedFile, SkippedRows, SubCallText,
+    VariableInfo,
 };
 pub use natives::{SubCallErrorMode, UnknownSubCallErrorMode};
-pub use session::{RESERVED_NAMES, ReplSession, SessionConfig};
+pub use session::{ReplSession, SessionConfig};
+pub use source::{
+    ContextInput, ContextSource, LoadOptions, RESERVED_NAMES, check_context_name, check_encoding,
+};

@@ -5,14 +5,14 @@
 //! [`CHUNK`]-sized pieces to validate UTF-8, count characters and find the widest one; then
 //! `PyUnicode_New` allocates the final `str` in its PEP 393 layout (1, 2 or 4 bytes per
 //! character) and pass 2 streams the file again, writing each piece straight into that buffer.
-//! Peak memory is the `str` plus one chunk; the second read comes from the page cache.
+//! Peak memory is the `str` plus one chunk; the second read comes from the page cache. A
+//! compressed file is decompressed on each pass, so the same bound holds for `.txt.gz`.
 //!
 //! Safety rests on checks against what pass 1 measured: pass 2 reads exactly the bytes pass 1
 //! read (a file still being appended to loads as it was), every write is bounds- and
 //! width-checked, and the widest character must be met again, so a file rewritten between
 //! the passes yields an error, never a malformed `str`.
 
-use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
@@ -20,7 +20,9 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
+use super::detect::{open_decoded, read_error};
 use super::error::ReplError;
+use super::metadata::Compression;
 
 /// Bytes read at a time.
 const CHUNK: usize = 1 << 20;
@@ -33,13 +35,31 @@ struct Shape {
     max_char: u32,
 }
 
-/// Reads `path` into a new `str`; returns it with its length in characters.
+/// Where the text comes from: a file, read through its compression.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TextFile<'a> {
+    pub(crate) path: &'a Path,
+    pub(crate) compression: Option<Compression>,
+}
+
+impl TextFile<'_> {
+    fn open(&self) -> Result<Box<dyn Read>, ReplError> {
+        open_decoded(self.path, self.compression).map_err(|e| self.error(e))
+    }
+
+    fn error(&self, source: std::io::Error) -> ReplError {
+        read_error(self.path, self.compression, source)
+    }
+}
+
+/// Reads `file` into a new `str`; returns it with its length in characters.
 pub(crate) fn read_file_as_str<'py>(
     py: Python<'py>,
-    path: &Path,
+    file: TextFile<'_>,
     hint: &str,
 ) -> Result<(Bound<'py, PyString>, u64), ReplError> {
-    let shape = measure(path, hint)?;
+    let path = file.path;
+    let shape = measure(file, hint)?;
     let size = ffi::Py_ssize_t::try_from(shape.chars).map_err(|_| {
         ReplError::internal(
             "loading a text context",
@@ -57,23 +77,20 @@ pub(crate) fn read_file_as_str<'py>(
     }
     // SAFETY: `raw` is a new, owned, non-NULL reference to a `str`.
     let text = unsafe { Bound::from_owned_ptr(py, raw).cast_into_unchecked::<PyString>() };
-    fill(&text, path, shape, hint)?;
+    fill(&text, file, shape, hint)?;
     Ok((text, shape.chars))
 }
 
-/// Streams the first `limit` bytes of `path` (all of it for `u64::MAX`) as UTF-8, calling
+/// Streams the first `limit` bytes of `file` (all of it for `u64::MAX`) as UTF-8, calling
 /// `each` on every complete piece of text in order; returns the bytes read.
 fn stream_utf8(
-    path: &Path,
+    source: TextFile<'_>,
     hint: &str,
     limit: u64,
     mut each: impl FnMut(&str) -> Result<(), ReplError>,
 ) -> Result<u64, ReplError> {
-    let read_err = |source| ReplError::ContextRead {
-        path: path.to_owned(),
-        source,
-    };
-    let mut file = File::open(path).map_err(read_err)?.take(limit);
+    let read_err = |e| source.error(e);
+    let mut file = source.open()?.take(limit);
     let mut buf = vec![0u8; CHUNK + 4];
     let mut carry = 0usize;
     let mut consumed = 0usize;
@@ -82,7 +99,7 @@ fn stream_utf8(
         let len = carry + read;
         if read == 0 {
             if carry > 0 {
-                return Err(not_utf8(path, consumed, hint));
+                return Err(not_utf8(source, consumed, hint));
             }
             return Ok(consumed as u64);
         }
@@ -90,7 +107,7 @@ fn stream_utf8(
             Ok(_) => len,
             // A sequence cut by the chunk boundary: finish it with the next read.
             Err(e) if e.error_len().is_none() => e.valid_up_to(),
-            Err(e) => return Err(not_utf8(path, consumed + e.valid_up_to(), hint)),
+            Err(e) => return Err(not_utf8(source, consumed + e.valid_up_to(), hint)),
         };
         // SAFETY: `from_utf8` accepted exactly these bytes.
         each(unsafe { std::str::from_utf8_unchecked(&buf[..valid]) })?;
@@ -115,9 +132,9 @@ fn read_full(file: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
 }
 
 /// Pass 1: validate, count characters, find the widest.
-fn measure(path: &Path, hint: &str) -> Result<Shape, ReplError> {
+fn measure(file: TextFile<'_>, hint: &str) -> Result<Shape, ReplError> {
     let mut shape = Shape::default();
-    shape.bytes = stream_utf8(path, hint, u64::MAX, |piece| {
+    shape.bytes = stream_utf8(file, hint, u64::MAX, |piece| {
         if piece.is_ascii() {
             shape.chars += piece.len() as u64;
             if !piece.is_empty() {
@@ -137,10 +154,11 @@ fn measure(path: &Path, hint: &str) -> Result<Shape, ReplError> {
 /// Pass 2: write the text into the `str`'s buffer.
 fn fill(
     text: &Bound<'_, PyString>,
-    path: &Path,
+    file: TextFile<'_>,
     shape: Shape,
     hint: &str,
 ) -> Result<(), ReplError> {
+    let path = file.path;
     let ptr = text.as_ptr();
     // SAFETY: `ptr` is a live, freshly allocated compact `str`.
     let (kind, data) = unsafe { (ffi::PyUnicode_KIND(ptr), ffi::PyUnicode_DATA(ptr)) };
@@ -151,7 +169,7 @@ fn fill(
     let total = usize::try_from(shape.chars).map_err(|_| changed())?;
     let mut at = 0usize;
     let mut widest = 0u32;
-    let bytes = stream_utf8(path, hint, shape.bytes, |piece| {
+    let bytes = stream_utf8(file, hint, shape.bytes, |piece| {
         if kind == ffi::PyUnicode_1BYTE_KIND && piece.is_ascii() {
             if at + piece.len() > total {
                 return Err(changed());
@@ -196,18 +214,18 @@ fn fill(
     Ok(())
 }
 
-fn not_utf8(path: &Path, offset: usize, hint: &str) -> ReplError {
+fn not_utf8(file: TextFile<'_>, offset: usize, hint: &str) -> ReplError {
     ReplError::ContextNotUtf8 {
-        path: path.to_owned(),
+        path: file.path.to_owned(),
         offset,
-        line: line_of(path, offset),
+        line: line_of(file, offset),
         hint: hint.to_owned(),
     }
 }
 
 /// 1-based line of byte `offset` (read again: only on the error path).
-fn line_of(path: &Path, offset: usize) -> usize {
-    let Ok(file) = File::open(path) else {
+fn line_of(source: TextFile<'_>, offset: usize) -> usize {
+    let Ok(file) = source.open() else {
         return 0;
     };
     let mut lines = 1;
@@ -229,13 +247,20 @@ fn line_of(path: &Path, offset: usize) -> usize {
 mod tests {
     use super::*;
 
+    fn plain(path: &Path) -> TextFile<'_> {
+        TextFile {
+            path,
+            compression: None,
+        }
+    }
+
     fn load(bytes: &[u8]) -> Result<(String, u64), ReplError> {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t.txt");
         std::fs::write(&path, bytes).expect("write");
         Python::initialize();
         Python::attach(|py| {
-            let (s, chars) = read_file_as_str(py, &path, "")?;
+            let (s, chars) = read_file_as_str(py, plain(&path), "")?;
             Ok((s.to_str().expect("valid str").to_owned(), chars))
         })
     }
@@ -274,7 +299,7 @@ mod tests {
         Python::initialize();
         let fill_after = |first: &str, then: &str| {
             std::fs::write(&path, first).expect("write");
-            let shape = measure(&path, "").expect("measures");
+            let shape = measure(plain(&path), "").expect("measures");
             std::fs::write(&path, then).expect("rewrite");
             Python::attach(|py| {
                 let size = ffi::Py_ssize_t::try_from(shape.chars).expect("size");
@@ -283,7 +308,7 @@ mod tests {
                     Bound::from_owned_ptr(py, ffi::PyUnicode_New(size, shape.max_char))
                         .cast_into_unchecked::<PyString>()
                 };
-                fill(&text, &path, shape, "").map(|()| text.to_string())
+                fill(&text, plain(&path), shape, "").map(|()| text.to_string())
             })
         };
         // Same length, narrower text: the layout would not match, so it is refused.

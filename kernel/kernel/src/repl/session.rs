@@ -18,12 +18,13 @@ use pyo3::types::{PyDict, PyFrozenSet};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::context::{ContextSource, load_context};
+use super::context::load_context;
 use super::error::ReplError;
 use super::interpreter::{self, interpreter};
 use super::interrupt::Watchdog;
 use super::metadata::{ContextMetadata, ExecutionResult, VariableInfo};
 use super::natives::{LlmQuery, LlmQueryBatched, SubCallErrorMode, SubModelBridge};
+use super::source::{ContextInput, ContextSource, LoadOptions, check_names};
 use bridge::Endpoints;
 
 /// How long `exec` waits beyond the cell's time limit for the interrupted cell to return.
@@ -33,18 +34,6 @@ const QUERY_WAIT: Duration = Duration::from_secs(30);
 
 /// How long a variable's `__str__` may run when the loop reads it (well under `QUERY_WAIT`).
 const STR_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Names the kernel defines in every session (restored after a block that rebinds them);
-/// `context_0 … context_n` are reserved too.
-pub const RESERVED_NAMES: &[&str] = &[
-    "context",
-    "llm_query",
-    "llm_query_batched",
-    "FINAL_VAR",
-    "SHOW_VARS",
-    "answer",
-    "LlmQueryError",
-];
 
 /// Configuration of one session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -65,6 +54,8 @@ pub struct SessionConfig {
     /// (head and tail; `0` keeps none), so a trajectory shows what sub-models were asked
     /// while its size stays bounded whatever the context's.
     pub sub_call_text_chars: usize,
+    /// How context files are read.
+    pub load: LoadOptions,
 }
 
 impl Default for SessionConfig {
@@ -76,6 +67,7 @@ impl Default for SessionConfig {
             batch_concurrency: None,
             sub_call_errors: SubCallErrorMode::ReturnString,
             sub_call_text_chars: 600,
+            load: LoadOptions::default(),
         }
     }
 }
@@ -136,7 +128,20 @@ impl ReplSession {
         endpoints: Arc<Endpoints>,
         contexts: &[ContextSource],
     ) -> Result<Self, ReplError> {
+        let inputs: Vec<ContextInput> = contexts.iter().cloned().map(Into::into).collect();
+        Self::with_inputs(config, endpoints, &inputs)
+    }
+
+    /// Like [`ReplSession::new`], with contexts that may carry their own variable names
+    /// (checked before anything loads).
+    pub fn with_inputs(
+        config: SessionConfig,
+        endpoints: Arc<Endpoints>,
+        contexts: &[ContextInput],
+    ) -> Result<Self, ReplError> {
         interpreter::start()?;
+        check_names(contexts)?;
+        let load = config.load.resolved()?;
         let id = NEXT_SESSION_ID.fetch_add(1, Ordering::Relaxed);
         let cancel = CancellationToken::new();
         let closed = CancellationToken::new();
@@ -149,6 +154,7 @@ impl ReplSession {
             config: config.clone(),
             endpoints,
             contexts: contexts.to_vec(),
+            load,
             cancel: cancel.clone(),
             watchdog: Arc::clone(&watchdog),
         };
@@ -385,7 +391,8 @@ struct SessionInit {
     id: u64,
     config: SessionConfig,
     endpoints: Arc<Endpoints>,
-    contexts: Vec<ContextSource>,
+    contexts: Vec<ContextInput>,
+    load: LoadOptions,
     cancel: CancellationToken,
     watchdog: Arc<Watchdog>,
 }
@@ -488,10 +495,13 @@ impl SessionState {
 
         let mut reserved: Vec<(String, Bound<'_, PyAny>)> = Vec::new();
         let mut contexts = Vec::with_capacity(init.contexts.len());
-        for (index, source) in init.contexts.iter().enumerate() {
-            let loaded = load_context(py, index, source)?;
+        for (index, input) in init.contexts.iter().enumerate() {
+            let loaded = load_context(py, index, input, &init.load)?;
             if index == 0 {
                 reserved.push(("context".to_owned(), loaded.value.clone()));
+            }
+            if let Some(name) = &input.name {
+                reserved.push((name.clone(), loaded.value.clone()));
             }
             reserved.push((format!("context_{index}"), loaded.value));
             contexts.push(loaded.metadata);

@@ -1176,3 +1176,95 @@ def jsonl_loads(text):
 
 def table_shape(frame):
     return frame.height, [(name, str(dtype)) for name, dtype in frame.schema.items()]
+
+
+def encoding_name(name):
+    """The codec's canonical name (`latin-1` → `iso8859-1`); LookupError if there is none."""
+    import codecs
+
+    return codecs.lookup(name).name
+
+
+def read_text(path, data, encoding):
+    """Text of a file (or of `data`, its decompressed bytes) in a legacy encoding, line
+    endings kept as they are."""
+    if data is not None:
+        return str(data, encoding)
+    with open(path, encoding=encoding, newline="") as f:
+        return f.read()
+
+
+def read_csv(pl, path, text, separator, infer_all):
+    """polars.read_csv of a path (polars decompresses gzip/zstd itself) or of decoded text.
+
+    `infer_all` infers the dtypes from every row, not the first 100: slower, but a column
+    whose first rows look numeric and a later one does not loads as text."""
+    source = io.StringIO(text) if text is not None else path
+    return pl.read_csv(
+        source, separator=separator, infer_schema_length=None if infer_all else 100
+    )
+
+
+def csv_bad_rows(text, separator, clean):
+    """Scan CSV `text` for rows with more fields than the header, or broken quoting.
+
+    Returns (count, first_line, first_fields, header_fields, cleaned): `first_fields` is
+    None for a quoting error; `cleaned` (when `clean`) is the CSV without the bad rows."""
+    import csv
+
+    csv.field_size_limit(sys.maxsize)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=separator, strict=True)
+    out = io.StringIO() if clean else None
+    writer = csv.writer(out, delimiter=separator, lineterminator="\n") if clean else None
+    expected = None
+    count = 0
+    first = None
+    while True:
+        start = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error:
+            count += 1
+            if first is None:
+                first = (start, None)
+            if not clean:
+                break
+            continue
+        if not row:
+            continue
+        if expected is None:
+            expected = len(row)
+        elif len(row) > expected:
+            count += 1
+            if first is None:
+                first = (start, len(row))
+            if not clean:
+                break
+            continue
+        if writer is not None:
+            writer.writerow(row)
+    if first is None:
+        return 0, None, None, expected, None
+    return count, first[0], first[1], expected, out.getvalue() if clean else None
+
+
+def read_excel(pl, path):
+    """Every sheet of a workbook: {sheet name: DataFrame}, in workbook order."""
+    import warnings
+
+    # polars warns about a change of its Arrow hand-over in 2.0: nothing the user can act on.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return pl.read_excel(path, sheet_id=0, engine="calamine")
+
+
+def to_pandas(frame):
+    """A pandas DataFrame of a polars one, column by column through NumPy (no pyarrow
+    needed): strings become `object`/`str` columns, integers with nulls `float64`."""
+    import pandas
+
+    return pandas.DataFrame(
+        {name: frame.get_column(name).to_numpy() for name in frame.columns}
+    )

@@ -305,12 +305,32 @@ pub fn describe_contexts(contexts: &[ContextMetadata]) -> String {
 }
 
 fn describe_context(meta: &ContextMetadata) -> String {
-    let name = if meta.index == 0 {
-        format!("`context` (also `{}`)", meta.name)
-    } else {
-        format!("`{}`", meta.name)
+    let positional = format!("context_{}", meta.index);
+    // The first context is `context` first: the system prompt speaks of `context`.
+    let mut names = Vec::new();
+    if meta.name != positional {
+        names.push(meta.name.clone());
+    }
+    if meta.index == 0 {
+        names.push("context".to_owned());
+    }
+    names.push(positional);
+    let name = match names.split_first() {
+        Some((first, [])) => format!("`{first}`"),
+        Some((first, rest)) => format!(
+            "`{first}` (also {})",
+            rest.iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        None => String::new(),
     };
-    let size = human_bytes(meta.bytes);
+    let size = match meta.compression {
+        Some(c) => format!("{} {}-compressed", human_bytes(meta.bytes), c.label()),
+        None => human_bytes(meta.bytes),
+    };
+    let frame = meta.python_type();
     let shape = match meta.kind {
         ContextKind::Text => format!(
             "text, a Python `str` of {} characters ({size})",
@@ -330,17 +350,50 @@ fn describe_context(meta: &ContextMetadata) -> String {
         ContextKind::Table => {
             let columns = meta.columns.as_ref().map_or(0, Vec::len);
             format!(
-                "a table, a `polars.DataFrame` of {} rows and {} columns ({size} on disk)",
+                "a table, a `{frame}` of {} rows and {} columns ({size} on disk)",
                 meta.rows.map_or_else(|| "?".to_owned(), group_digits),
                 columns
             )
         }
-        ContextKind::Directory => format!(
-            "a directory, a `dict` mapping relative path to file text ({})",
-            joined(&[count_phrase(meta.items, "file"), Some(size.clone())])
+        ContextKind::Workbook => format!(
+            "an Excel workbook, a `{frame}` of {} by sheet name ({size} on disk)",
+            count_phrase(meta.items, "sheet").unwrap_or_else(|| "sheets".to_owned())
         ),
+        ContextKind::Directory => {
+            let kinds: Vec<String> = meta
+                .file_kinds
+                .iter()
+                .map(|(kind, n)| {
+                    format!("{} `{}`", group_digits(*n), kind.python_type(meta.frames))
+                })
+                .collect();
+            let files = count_phrase(meta.items, "file").map(|files| match kinds.is_empty() {
+                true => files,
+                false => format!("{files}: {}", kinds.join(", ")),
+            });
+            format!(
+                "a directory, a `dict` mapping relative path to the file loaded by its kind ({})",
+                joined(&[files, Some(size.clone())])
+            )
+        }
     };
     let mut line = format!("- {name}: {shape}, from `{}`.\n", meta.source);
+    if meta.empty {
+        line.push_str("  It is empty.\n");
+    }
+    if let Some(rows) = meta.skipped_rows {
+        line.push_str(&format!(
+            "  {} malformed row(s) were left out (the first at line {}).\n",
+            group_digits(rows.count),
+            group_digits(rows.first_line)
+        ));
+    }
+    if !meta.skipped_files.is_empty() {
+        line.push_str(&format!(
+            "  {} file(s) that cannot be loaded (images, archives, other binaries) were left out.\n",
+            group_digits(meta.skipped_files.len() as u64)
+        ));
+    }
     if let Some(sizes) = &meta.item_sizes {
         line.push_str(&format!(
             "  Item sizes: {} to {} characters, median {}.\n",
@@ -348,6 +401,22 @@ fn describe_context(meta: &ContextMetadata) -> String {
             group_digits(sizes.max),
             group_digits(sizes.median)
         ));
+    }
+    if !meta.sheets.is_empty() {
+        let sheets: Vec<String> = meta
+            .sheets
+            .iter()
+            .take(MAX_LISTED_COLUMNS)
+            .map(|s| {
+                format!(
+                    "`{}` ({} rows, {} columns)",
+                    s.name,
+                    group_digits(s.rows),
+                    s.columns
+                )
+            })
+            .collect();
+        line.push_str(&format!("  Sheets: {}.\n", sheets.join(", ")));
     }
     if let Some(columns) = meta.columns.as_ref().filter(|c| !c.is_empty()) {
         let listed: Vec<String> = columns
@@ -450,7 +519,9 @@ pub(crate) fn human_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::repl::ItemSizes;
+    use crate::repl::{
+        BinaryKind, Compression, FrameLibrary, ItemSizes, SheetShape, SkippedFile, SkippedRows,
+    };
 
     fn rules(protocol: Protocol, code_and_final: CodeAndFinal) -> CompletionRules {
         CompletionRules {
@@ -481,15 +552,27 @@ mod tests {
             items: None,
             item_sizes: None,
             load_ms: 12.5,
+            frames: FrameLibrary::Polars,
+            compression: None,
+            empty: false,
+            skipped_rows: None,
+            skipped_files: Vec::new(),
+            file_kinds: Vec::new(),
+            sheets: Vec::new(),
         };
         vec![
             base.clone(),
             ContextMetadata {
                 index: 1,
-                name: "context_1".into(),
+                name: "sales".into(),
                 kind: ContextKind::Table,
-                source: "sales.csv".into(),
+                source: "sales.csv.gz".into(),
                 bytes: 12_400_000,
+                compression: Some(Compression::Gzip),
+                skipped_rows: Some(SkippedRows {
+                    count: 3,
+                    first_line: 1_204,
+                }),
                 chars: None,
                 rows: Some(1_203_344),
                 columns: Some(vec![
@@ -530,6 +613,43 @@ mod tests {
                 bytes: 2_500_000_000,
                 items: Some(3_100),
                 item_sizes: ItemSizes::from_sizes(vec![12, 4_000, 1_048_576]),
+                file_kinds: vec![(ContextKind::Text, 3_098), (ContextKind::Table, 2)],
+                skipped_files: vec![SkippedFile {
+                    path: "logo.png".into(),
+                    kind: BinaryKind::Png,
+                }],
+                ..base.clone()
+            },
+            ContextMetadata {
+                index: 5,
+                name: "budget".into(),
+                kind: ContextKind::Workbook,
+                source: "budget.xlsx".into(),
+                bytes: 20_480,
+                chars: None,
+                items: Some(2),
+                frames: FrameLibrary::Pandas,
+                sheets: vec![
+                    SheetShape {
+                        name: "2025".into(),
+                        rows: 120,
+                        columns: 4,
+                    },
+                    SheetShape {
+                        name: "2026".into(),
+                        rows: 80,
+                        columns: 4,
+                    },
+                ],
+                ..base.clone()
+            },
+            ContextMetadata {
+                index: 6,
+                name: "context_6".into(),
+                source: "notes.txt".into(),
+                bytes: 0,
+                chars: Some(0),
+                empty: true,
                 ..base
             },
         ]

@@ -2,7 +2,10 @@
 
 use std::path::{Path, PathBuf};
 
-use kernel::repl::{ContextKind, ContextSource, ReplError, ReplSession};
+use kernel::repl::{
+    BinaryKind, Compression, ContextInput, ContextKind, ContextSource, FrameLibrary, LoadOptions,
+    NameProblem, ReplError, ReplSession, RowProblem, SessionConfig, SkippedFile, SkippedRows,
+};
 
 use crate::support::{config, no_endpoints, ok, session, session_with};
 
@@ -225,21 +228,7 @@ fn non_utf8_text_is_rejected_with_location_and_fix() {
     assert!(text.contains(&format!("`{}`", path.display())), "{text}");
     assert!(text.contains("not valid UTF-8"), "{text}");
     assert!(text.contains("line 2"), "{text}");
-    assert!(text.contains("iconv"), "{text}");
-}
-
-#[test]
-fn binary_file_in_a_directory_fails_naming_the_file() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    write(dir.path(), "good.txt", "fine");
-    let bad = write(
-        dir.path(),
-        "img/logo.png",
-        [0x89, b'P', b'N', b'G', 0xff, 0x00],
-    );
-    let text = load_err(&[ContextSource::Path(dir.path().to_owned())]).to_string();
-    assert!(text.contains(&format!("`{}`", bad.display())), "{text}");
-    assert!(text.contains("directory context"), "{text}");
+    assert!(text.contains("--encoding latin-1"), "{text}");
 }
 
 #[test]
@@ -282,9 +271,10 @@ fn malformed_tables_fail_with_the_format_and_file() {
         "{text}"
     );
     assert!(text.contains(&format!("`{}`", parquet.display())), "{text}");
-    let csv = write(dir.path(), "ragged.csv", "a,b\n1,2\n3,4,5,6\n");
+    let csv = write(dir.path(), "quoted.csv", "a,b\n1,\"x\n2,3\n");
     let text = load_err(&[ContextSource::Path(csv)]).to_string();
-    assert!(text.contains("not valid CSV"), "{text}");
+    assert!(text.contains("line 2"), "{text}");
+    assert!(text.contains("quoted field"), "{text}");
 }
 
 #[test]
@@ -335,5 +325,449 @@ fn stdin_context_is_read_as_text() {
     assert!(
         stdout.contains("CHILD-RESULT - Some(18) 'line one\\nline two\\n'"),
         "{stdout}"
+    );
+}
+
+fn session_opts(inputs: &[ContextInput], load: LoadOptions) -> Result<ReplSession, ReplError> {
+    ReplSession::with_inputs(
+        SessionConfig {
+            load,
+            ..config(std::time::Duration::from_secs(30))
+        },
+        no_endpoints(),
+        inputs,
+    )
+}
+
+fn paths(paths: &[&Path]) -> Vec<ContextInput> {
+    paths
+        .iter()
+        .map(|p| ContextSource::Path(p.to_path_buf()).into())
+        .collect()
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(bytes).expect("compress");
+    encoder.finish().expect("compress")
+}
+
+/// An `.xlsx` written by `fixtures/make_xlsx.py` (standard library only).
+fn xlsx(dir: &Path, name: &str, sheets: serde_json::Value) -> PathBuf {
+    let path = dir.join(name);
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/it/fixtures/make_xlsx.py"
+    );
+    let status = std::process::Command::new("python3")
+        .arg(script)
+        .arg(&path)
+        .arg(sheets.to_string())
+        .status()
+        .expect("python3 runs");
+    assert!(status.success(), "the workbook was written");
+    path
+}
+
+#[test]
+fn compressed_files_load_through_their_decoder() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let text = "héllo gzip\n".repeat(1000);
+    let txt = write(d, "notes.txt.gz", gzip(text.as_bytes()));
+    let csv = write(d, "t.csv.gz", gzip(b"x,y\n1,a\n2,b\n"));
+    let jsonl = write(
+        d,
+        "rows.jsonl.zst",
+        zstd::encode_all(&b"{\"id\": 1}\n{\"id\": 2}\n"[..], 3).expect("zstd"),
+    );
+    // Compressed without the suffix: the magic number decides.
+    let json = write(d, "conf.json", gzip(br#"{"a": [1, 2]}"#));
+    let s = session_with(&[
+        ContextSource::Path(txt),
+        ContextSource::Path(csv),
+        ContextSource::Path(jsonl),
+        ContextSource::Path(json),
+    ]);
+    let m = s.contexts();
+    assert_eq!(m[0].kind, ContextKind::Text);
+    assert_eq!(m[0].compression, Some(Compression::Gzip));
+    assert_eq!(m[0].chars, Some(text.chars().count() as u64));
+    assert_eq!(m[1].kind, ContextKind::Table);
+    assert_eq!(m[1].rows, Some(2));
+    assert_eq!((m[2].kind, m[2].items), (ContextKind::JsonLines, Some(2)));
+    assert_eq!(m[2].compression, Some(Compression::Zstd));
+    assert_eq!(m[3].kind, ContextKind::Json);
+    let r = ok(
+        &s,
+        "print(context.count('héllo'), context_1['y'].to_list(), context_2[1]['id'], context_3['a'])",
+    );
+    assert_eq!(r.stdout, "1000 ['a', 'b'] 2 [1, 2]\n");
+}
+
+#[test]
+fn a_corrupt_gzip_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut bytes = gzip(&b"some text ".repeat(10_000));
+    bytes.truncate(bytes.len() / 2);
+    let path = write(dir.path(), "cut.txt.gz", bytes);
+    let err = load_err(&[ContextSource::Path(path)]);
+    assert!(
+        matches!(err, ReplError::ContextMalformed { format: "gzip", .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("corrupt or cut short"), "{err}");
+}
+
+#[test]
+fn binaries_are_named_by_their_first_bytes_with_fitting_advice() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let cases: [(&str, &[u8], BinaryKind, &str); 5] = [
+        (
+            "chart.png",
+            b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR",
+            BinaryKind::Png,
+            "PNG image",
+        ),
+        (
+            "scan.csv",
+            b"%PDF-1.7\n%\xe2\xe3",
+            BinaryKind::Pdf,
+            "pdftotext",
+        ),
+        (
+            "data.zip",
+            b"PK\x03\x04\x14\0\0\0notes.txt",
+            BinaryKind::Zip,
+            "unzip",
+        ),
+        (
+            "blob.txt",
+            b"abc\0\x01\x02def",
+            BinaryKind::Other,
+            "--encoding",
+        ),
+        (
+            "wide.txt",
+            b"\xff\xfea\0b\0",
+            BinaryKind::Utf16,
+            "--encoding utf-16",
+        ),
+    ];
+    for (name, bytes, kind, advice) in cases {
+        let path = write(d, name, bytes);
+        let err = load_err(&[ContextSource::Path(path.clone())]);
+        assert!(
+            matches!(&err, ReplError::ContextBinary { kind: k, .. } if *k == kind),
+            "{name}: {err:?}"
+        );
+        let text = err.to_string();
+        assert!(text.contains(&format!("`{}`", path.display())), "{text}");
+        assert!(text.contains(advice), "{name}: {text}");
+        assert!(!text.contains("iconv"), "{text}");
+    }
+}
+
+#[test]
+fn csv_separators_are_sniffed_or_given() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let semi = write(d, "eu.csv", "name;price\napple;1,5\npear;2,25\n");
+    let pipe = write(d, "p.csv", "a|b|c\n1|2|3\n");
+    let s = session_with(&[ContextSource::Path(semi), ContextSource::Path(pipe.clone())]);
+    assert_eq!(s.contexts()[0].columns.as_ref().map(Vec::len), Some(2));
+    let r = ok(
+        &s,
+        "print(context.columns, context['price'].to_list(), context_1.width)",
+    );
+    assert_eq!(r.stdout, "['name', 'price'] ['1,5', '2,25'] 3\n");
+    // Given explicitly, the separator is used as is.
+    let s = session_opts(
+        &paths(&[&pipe]),
+        LoadOptions {
+            csv_separator: Some(b';'),
+            ..LoadOptions::default()
+        },
+    )
+    .expect("loads");
+    assert_eq!(s.contexts()[0].columns.as_ref().map(Vec::len), Some(1));
+}
+
+#[test]
+fn a_malformed_csv_row_is_named_by_line_or_skipped_and_counted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let csv = write(
+        dir.path(),
+        "ragged.csv",
+        "a,b\n1,2\n3,4\n5,6,7\n8,9\n10,11,12,13\n",
+    );
+    let err = load_err(&[ContextSource::Path(csv.clone())]);
+    assert!(
+        matches!(
+            err,
+            ReplError::ContextBadRow {
+                line: 4,
+                problem: RowProblem::ExtraFields {
+                    found: 3,
+                    expected: 2
+                },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(text.contains("line 4"), "{text}");
+    assert!(text.contains("--csv-skip-bad-rows"), "{text}");
+
+    let s = session_opts(
+        &paths(&[&csv]),
+        LoadOptions {
+            skip_bad_rows: true,
+            ..LoadOptions::default()
+        },
+    )
+    .expect("loads");
+    let meta = &s.contexts()[0];
+    assert_eq!(
+        meta.skipped_rows,
+        Some(SkippedRows {
+            count: 2,
+            first_line: 4
+        })
+    );
+    assert_eq!(meta.rows, Some(3));
+    assert!(meta.warnings()[0].contains("Skipped 2 malformed row(s)"));
+    let r = ok(&s, "print(context['a'].to_list())");
+    assert_eq!(r.stdout, "[1, 3, 8]\n");
+}
+
+#[test]
+fn a_late_non_numeric_value_loads_the_column_as_text() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut text = String::from("id,code\n");
+    for i in 0..300 {
+        text.push_str(&format!("{i},{i}\n"));
+    }
+    text.push_str("300,N/A\n");
+    let csv = write(dir.path(), "late.csv", text);
+    let s = session_with(&[ContextSource::Path(csv)]);
+    let r = ok(
+        &s,
+        "print(context.height, context['code'].dtype, context['code'][-1])",
+    );
+    assert_eq!(r.stdout, "301 String N/A\n");
+}
+
+#[test]
+fn legacy_encodings_are_decoded_when_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let txt = write(d, "old.txt", b"caf\xe9 cr\xe8me\r\n");
+    let csv = write(d, "old.csv", b"name;city\nJos\xe9;M\xe1laga\n");
+    let s = session_opts(
+        &paths(&[&txt, &csv]),
+        LoadOptions {
+            encoding: Some("cp1252".into()),
+            ..LoadOptions::default()
+        },
+    )
+    .expect("loads");
+    assert_eq!(s.contexts()[0].chars, Some(12));
+    let r = ok(&s, "print(repr(context), context_1['city'][0])");
+    assert_eq!(r.stdout, "'café crème\\r\\n' Málaga\n");
+    let err = session_opts(
+        &paths(&[&txt]),
+        LoadOptions {
+            encoding: Some("no-such-codec".into()),
+            ..LoadOptions::default()
+        },
+    )
+    .expect_err("unknown codec");
+    assert!(matches!(err, ReplError::UnknownEncoding { .. }), "{err:?}");
+    assert!(err.to_string().contains("`latin-1`"), "{err}");
+}
+
+#[test]
+fn excel_workbooks_load_as_frames_or_a_dict_of_sheets() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let one = xlsx(
+        d,
+        "one.xlsx",
+        serde_json::json!([["Sales", [["item", "amount"], ["pen", 1.5], ["ink", 2]]]]),
+    );
+    let two = xlsx(
+        d,
+        "two.xlsx",
+        serde_json::json!([
+            ["Q1", [["item", "amount"], ["pen", 1.5]]],
+            ["Q2", [["item", "amount"], ["cap", 3], ["hat", 4]]]
+        ]),
+    );
+    let s = session_with(&[ContextSource::Path(one), ContextSource::Path(two)]);
+    let (m0, m1) = (&s.contexts()[0], &s.contexts()[1]);
+    assert_eq!((m0.kind, m0.rows), (ContextKind::Table, Some(2)));
+    assert_eq!(m1.kind, ContextKind::Workbook);
+    assert_eq!(m1.items, Some(2));
+    assert_eq!(
+        m1.sheets
+            .iter()
+            .map(|s| (s.name.as_str(), s.rows))
+            .collect::<Vec<_>>(),
+        [("Q1", 1), ("Q2", 2)]
+    );
+    let r = ok(
+        &s,
+        "print(type(context).__name__, context['amount'].sum(), list(context_1), context_1['Q2']['item'].to_list())",
+    );
+    assert_eq!(r.stdout, "DataFrame 3.5 ['Q1', 'Q2'] ['cap', 'hat']\n");
+}
+
+#[test]
+fn tables_can_be_pandas_frames() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let csv = write(dir.path(), "t.csv", "name,qty\napple,3\npear,\n");
+    let s = session_opts(
+        &paths(&[&csv]),
+        LoadOptions {
+            frames: FrameLibrary::Pandas,
+            ..LoadOptions::default()
+        },
+    )
+    .expect("loads");
+    assert_eq!(s.contexts()[0].python_type(), "pandas.DataFrame");
+    let r = ok(
+        &s,
+        "print(type(context).__module__.split('.')[0], list(context.columns), context['qty'].isna().sum(), context.loc[0, 'name'])",
+    );
+    assert_eq!(r.stdout, "pandas ['name', 'qty'] 1 apple\n");
+}
+
+#[test]
+fn directories_load_each_file_by_kind_and_skip_binaries() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    write(d, "notes.md", "# notes");
+    write(d, "data/t.csv", "a;b\n1;2\n");
+    write(d, "data/conf.json", r#"{"k": 1}"#);
+    write(d, "img/logo.png", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR");
+    write(d, "img/photo.jpg", b"\xff\xd8\xff\xe0\0\x10JFIF");
+    let s = session_with(&[ContextSource::Path(d.to_owned())]);
+    let meta = &s.contexts()[0];
+    assert_eq!(meta.items, Some(3));
+    assert_eq!(
+        meta.skipped_files,
+        [
+            SkippedFile {
+                path: "img/logo.png".into(),
+                kind: BinaryKind::Png
+            },
+            SkippedFile {
+                path: "img/photo.jpg".into(),
+                kind: BinaryKind::Jpeg
+            }
+        ]
+    );
+    let warnings = meta.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("`img/logo.png` (a PNG image), `img/photo.jpg` (a JPEG image)"),
+        "{warnings:?}"
+    );
+    let r = ok(
+        &s,
+        "print(sorted(context), type(context['data/t.csv']).__name__, context['data/t.csv']['b'][0], context['data/conf.json']['k'], context['notes.md'])",
+    );
+    assert_eq!(
+        r.stdout,
+        "['data/conf.json', 'data/t.csv', 'notes.md'] DataFrame 2 1 # notes\n"
+    );
+}
+
+#[test]
+fn empty_contexts_load_as_empty_values_and_are_flagged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let txt = write(d, "e.txt", "");
+    let csv = write(d, "e.csv", "");
+    let json = write(d, "e.json", gzip(b""));
+    let empty_dir = d.join("nothing");
+    std::fs::create_dir(&empty_dir).expect("mkdir");
+    let s = session_with(&[
+        ContextSource::Path(txt),
+        ContextSource::Path(csv),
+        ContextSource::Path(json),
+        ContextSource::Path(empty_dir),
+    ]);
+    assert!(s.contexts().iter().all(|m| m.empty), "{:?}", s.contexts());
+    assert!(s.contexts()[0].warnings()[0].contains("is empty"));
+    let r = ok(
+        &s,
+        "print(repr(context), context_1.shape, context_2, context_3)",
+    );
+    assert_eq!(r.stdout, "'' (0, 0) None {}\n");
+}
+
+#[test]
+fn named_contexts_are_variables_too() {
+    let s = session_opts(
+        &[
+            ContextInput {
+                name: Some("notes".into()),
+                source: ContextSource::Text("first".into()),
+            },
+            ContextInput {
+                name: Some("sales".into()),
+                source: ContextSource::Text("second".into()),
+            },
+        ],
+        LoadOptions::default(),
+    )
+    .expect("loads");
+    assert_eq!(s.contexts()[1].name, "sales");
+    let r = ok(&s, "print(notes, context, sales, context_1)");
+    assert_eq!(r.stdout, "first first second second\n");
+    // Rebinding a context's name is undone like any kernel name.
+    let r = s.exec("sales = 1").expect("runs");
+    assert!(r.stderr.contains("sales"), "{}", r.stderr);
+    assert_eq!(ok(&s, "print(sales)").stdout, "second\n");
+}
+
+#[test]
+fn bad_context_names_are_refused_before_loading() {
+    let named = |name: &str| ContextInput {
+        name: Some(name.into()),
+        source: ContextSource::Path("/no/such/file".into()),
+    };
+    for (name, problem) in [
+        ("2x", NameProblem::NotIdentifier),
+        ("my-data", NameProblem::NotIdentifier),
+        ("class", NameProblem::Keyword),
+        ("len", NameProblem::Builtin),
+        ("context", NameProblem::Reserved),
+        ("context_1", NameProblem::Reserved),
+        ("llm_query", NameProblem::Reserved),
+    ] {
+        let err = session_opts(&[named(name)], LoadOptions::default()).expect_err(name);
+        assert!(
+            matches!(&err, ReplError::ContextName { problem: p, .. } if *p == problem),
+            "{name}: {err:?}"
+        );
+        assert!(err.to_string().contains(&format!("`{name}`")), "{err}");
+    }
+    let err =
+        session_opts(&[named("a"), named("a")], LoadOptions::default()).expect_err("duplicate");
+    assert!(
+        matches!(
+            err,
+            ReplError::ContextName {
+                problem: NameProblem::Duplicate,
+                ..
+            }
+        ),
+        "{err:?}"
     );
 }

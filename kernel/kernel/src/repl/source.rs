@@ -1,0 +1,189 @@
+//! What a session is asked to load: each [`ContextInput`] is a [`ContextSource`] and an
+//! optional variable name; [`LoadOptions`] say how tables and legacy text are read.
+//!
+//! Every context is `context_N` by position (`context` is the first); a named one is also
+//! bound to its name. Names are checked before anything loads: a Python identifier, not a
+//! keyword, not a builtin (shadowing `len` or `list` would break the model's code), not one of
+//! the kernel's names, and each used once.
+
+use std::path::PathBuf;
+
+use pyo3::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::error::{NameProblem, ReplError};
+use super::interpreter;
+use super::metadata::FrameLibrary;
+
+/// Names the kernel defines in every session (restored after a block that rebinds them);
+/// `context_0 … context_n` and the contexts' own names are reserved too.
+pub const RESERVED_NAMES: &[&str] = &[
+    "context",
+    "llm_query",
+    "llm_query_batched",
+    "FINAL_VAR",
+    "SHOW_VARS",
+    "answer",
+    "LlmQueryError",
+];
+
+/// Where a context comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ContextSource {
+    /// A file (kind from its first bytes, then its extension) or a directory.
+    Path(PathBuf),
+    /// Standard input, read to the end as text (`-` on the command line).
+    Stdin,
+    /// Text given directly.
+    Text(String),
+}
+
+impl ContextSource {
+    /// `-` means stdin, anything else a path.
+    pub fn from_arg(arg: &str) -> Self {
+        if arg == "-" {
+            Self::Stdin
+        } else {
+            Self::Path(PathBuf::from(arg))
+        }
+    }
+}
+
+/// One context to load, with the variable name it gets besides `context_N`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContextInput {
+    /// The extra variable name, e.g. `sales` (checked by [`check_context_name`]).
+    pub name: Option<String>,
+    /// Where it comes from.
+    pub source: ContextSource,
+}
+
+impl From<ContextSource> for ContextInput {
+    fn from(source: ContextSource) -> Self {
+        Self { name: None, source }
+    }
+}
+
+/// How files are read into values.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LoadOptions {
+    /// Field separator of CSV files (one ASCII byte); `None` sniffs `,` `;` tab or `|` from
+    /// the first lines (`.tsv` files: tab).
+    pub csv_separator: Option<u8>,
+    /// Leave out CSV rows with more fields than the header (counted in the metadata) instead
+    /// of failing with the first one's line.
+    pub skip_bad_rows: bool,
+    /// Encoding of text files (text, JSON, CSV), a Python codec name such as `latin-1`,
+    /// `cp1252` or `utf-16`; `None` reads UTF-8 without a copy.
+    pub encoding: Option<String>,
+    /// The library of the data frames tables become.
+    pub frames: FrameLibrary,
+}
+
+/// Checks that `name` can name a context variable: a Python identifier, not a keyword, builtin
+/// or kernel name (see [`ContextInput`]); starts the interpreter if needed.
+pub fn check_context_name(name: &str) -> Result<(), ReplError> {
+    let problem = |problem| ReplError::ContextName {
+        name: name.to_owned(),
+        problem,
+    };
+    if RESERVED_NAMES.contains(&name) || is_positional_name(name) {
+        return Err(problem(NameProblem::Reserved));
+    }
+    interpreter::start()?;
+    let found = Python::attach(|py| -> PyResult<Option<NameProblem>> {
+        let text = pyo3::types::PyString::new(py, name);
+        if !text.call_method0("isidentifier")?.is_truthy()? {
+            return Ok(Some(NameProblem::NotIdentifier));
+        }
+        if py
+            .import("keyword")?
+            .call_method1("iskeyword", (&text,))?
+            .is_truthy()?
+        {
+            return Ok(Some(NameProblem::Keyword));
+        }
+        if py.import("builtins")?.hasattr(&text)? {
+            return Ok(Some(NameProblem::Builtin));
+        }
+        Ok(None)
+    })
+    .map_err(|e| ReplError::internal("checking a context name", e))?;
+    found.map_or(Ok(()), |p| Err(problem(p)))
+}
+
+/// `context_0`, `context_12`, …
+fn is_positional_name(name: &str) -> bool {
+    name.strip_prefix("context_")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Checks that `encoding` names a Python codec; starts the interpreter if needed.
+pub fn check_encoding(encoding: &str) -> Result<(), ReplError> {
+    codec_name(encoding).map(drop)
+}
+
+/// The codec's canonical name, e.g. `iso8859-1` for `latin-1`.
+fn codec_name(encoding: &str) -> Result<String, ReplError> {
+    interpreter::start()?;
+    Python::attach(|py| {
+        match interpreter::interpreter(py)?
+            .support(py)
+            .call_method1("encoding_name", (encoding,))
+            .and_then(|n| n.extract::<String>())
+        {
+            Ok(name) => Ok(name),
+            Err(e) if e.is_instance_of::<pyo3::exceptions::PyLookupError>(py) => {
+                Err(ReplError::UnknownEncoding {
+                    encoding: encoding.to_owned(),
+                })
+            }
+            Err(e) => Err(ReplError::internal("looking up a text encoding", e)),
+        }
+    })
+}
+
+impl LoadOptions {
+    /// These options with the encoding checked and made canonical, `None` for UTF-8 (read
+    /// by the copy-free loader).
+    pub(crate) fn resolved(&self) -> Result<Self, ReplError> {
+        let encoding = match &self.encoding {
+            None => None,
+            Some(name) => Some(codec_name(name)?).filter(|n| n != "utf-8"),
+        };
+        Ok(Self {
+            encoding,
+            ..self.clone()
+        })
+    }
+}
+
+/// Checks every name of `inputs`, and that none is used twice.
+pub(crate) fn check_names(inputs: &[ContextInput]) -> Result<(), ReplError> {
+    let mut seen = std::collections::HashSet::new();
+    for name in inputs.iter().filter_map(|i| i.name.as_deref()) {
+        check_context_name(name)?;
+        if !seen.insert(name) {
+            return Err(ReplError::ContextName {
+                name: name.to_owned(),
+                problem: NameProblem::Duplicate,
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positional_names_are_recognised() {
+        assert!(is_positional_name("context_0"));
+        assert!(is_positional_name("context_12"));
+        assert!(!is_positional_name("context_"));
+        assert!(!is_positional_name("context_x"));
+        assert!(!is_positional_name("contexts"));
+    }
+}
