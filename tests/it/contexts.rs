@@ -1,9 +1,10 @@
-//! Every kind of context through `rlm run --context`, and a trajectory that does not grow
-//! with the context.
+//! Every kind of context through `rlm run --context` (compressed, Excel, sniffed CSV,
+//! directories with binaries, named, empty, legacy encodings), clear errors for files that
+//! cannot load, and a trajectory that does not grow with the context.
 
 use std::path::Path;
 
-use crate::support::{Mock, file, repl, rlm_with};
+use crate::support::{Mock, Run, file, repl, rlm_with};
 
 /// Runs a root model that describes `context` (and `context_1` when given) into `kind`.
 fn describe(contexts: &[&Path], stdin: Option<&[u8]>) -> String {
@@ -113,5 +114,266 @@ fn trajectory_size_does_not_depend_on_context_size() {
     assert!(
         large < small + 1_000,
         "a 20 MB context must not grow the trajectory: {small} vs {large} bytes"
+    );
+}
+
+/// `rlm run` with `args` (contexts and load flags) whose root model runs `code`, which sets
+/// `fact`, and then answers `FINAL_VAR(fact)`.
+fn fact(args: &[&str], code: &str) -> Run {
+    let mock = Mock::start(serde_json::json!({
+        "models": {"root-model": {"replies": [repl(code), "FINAL_VAR(fact)"]}}
+    }));
+    let mut all = vec!["--query", "q"];
+    all.extend_from_slice(args);
+    mock.run(&all)
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    encoder.write_all(bytes).expect("compress");
+    encoder.finish().expect("compress")
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+/// stderr with the temporary directory replaced by `[DIR]`, for snapshots.
+fn redacted(run: &Run, dir: &Path) -> String {
+    run.stderr.replace(s(dir), "[DIR]")
+}
+
+#[test]
+fn a_gzipped_csv_loads_as_a_dataframe() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("sales.csv.gz");
+    std::fs::write(&path, gzip(b"region,amount\nnorth,10\nsouth,32\n")).expect("write");
+    let run = fact(
+        &["--context", s(&path)],
+        "fact = f\"{type(context).__name__} {context['amount'].sum()}\"",
+    );
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "DataFrame 42");
+}
+
+#[test]
+fn an_xlsx_workbook_loads_as_a_dataframe() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("budget.xlsx");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../kernel/tests/it/fixtures/make_xlsx.py"
+    );
+    let status = std::process::Command::new("python3")
+        .arg(script)
+        .arg(&path)
+        .arg(r#"[["Budget", [["item", "usd"], ["rent", 1200], ["food", 300.5]]]]"#)
+        .status()
+        .expect("python3 runs");
+    assert!(status.success(), "the workbook was written");
+    let run = fact(
+        &["--context", s(&path)],
+        "fact = f\"{type(context).__name__} {context.columns} {context['usd'].sum()}\"",
+    );
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "DataFrame ['item', 'usd'] 1500.5");
+    // The same table as pandas, for code that expects it.
+    let run = fact(
+        &["--context", s(&path), "--as", "pandas"],
+        "fact = f\"{type(context).__module__.split('.')[0]} {context['usd'].sum()}\"",
+    );
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "pandas 1500.5");
+}
+
+#[test]
+fn a_semicolon_csv_is_sniffed_or_given() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = file(dir.path(), "eu.csv", "name;price\napple;1,5\npear;2,25\n");
+    let run = fact(
+        &["--context", s(&path)],
+        "fact = f\"{context.columns} {context.height}\"",
+    );
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "['name', 'price'] 2");
+    let piped = file(dir.path(), "p.txt.csv", "a|b\n1|2\n");
+    let run = fact(
+        &["--context", s(&piped), "--csv-sep", "|"],
+        "fact = str(context.columns)",
+    );
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "['a', 'b']");
+    let run = fact(&["--context", s(&piped), "--csv-sep", "||"], "fact = 1");
+    run.assert_code(2);
+    assert!(
+        run.stderr.contains("`--csv-sep` takes one ASCII character"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn a_directory_with_a_png_loads_its_files_by_kind_and_lists_what_it_skipped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let docs = dir.path().join("docs");
+    std::fs::create_dir_all(docs.join("img")).expect("mkdir");
+    file(&docs, "notes.md", "# notes");
+    file(&docs, "prices.csv", "item,usd\npen,2\n");
+    std::fs::write(docs.join("img/logo.png"), b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR").expect("png");
+    let run = fact(
+        &["--context", s(&docs)],
+        "fact = ' '.join(f'{k}={type(v).__name__}' for k, v in sorted(context.items()))",
+    );
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "notes.md=str prices.csv=DataFrame");
+    let warning: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("warning:"))
+        .collect();
+    insta::assert_snapshot!(warning.join("\n").replace(s(dir.path()), "[DIR]"), @"warning: Skipped 1 file(s) of the directory `[DIR]/docs` that cannot be a context: `img/logo.png` (a PNG image)");
+}
+
+#[test]
+fn a_png_context_gets_advice_that_fits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("chart.png");
+    std::fs::write(&path, b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR").expect("png");
+    let run = fact(&["--context", s(&path)], "fact = 1");
+    run.assert_code(1);
+    insta::assert_snapshot!(redacted(&run, dir.path()), @r"
+    error: Could not load the context
+      caused by: Context file `[DIR]/chart.png` is a PNG image, which cannot be a context; a context is text, JSON or a table: transcribe or describe the image as text, or leave it out
+    ");
+}
+
+#[test]
+fn a_broken_csv_row_is_reported_with_its_line_or_skipped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = file(dir.path(), "orders.csv", "id,qty\n1,5\n2,7\n3,1,9\n4,2\n");
+    let run = fact(&["--context", s(&path)], "fact = 1");
+    run.assert_code(1);
+    insta::assert_snapshot!(redacted(&run, dir.path()), @r"
+    error: Could not load the context
+      caused by: Context file `[DIR]/orders.csv` has a malformed CSV row at line 4 (3 fields where the header has 2, reading with separator `,`); fix or remove that row, pass `--csv-sep` if the separator is wrong, or `--csv-skip-bad-rows` to leave such rows out
+    ");
+    let run = fact(
+        &["--context", s(&path), "--csv-skip-bad-rows"],
+        "fact = str(context['id'].to_list())",
+    );
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "[1, 2, 4]");
+    assert!(
+        run.stderr.contains(&format!(
+            "warning: Skipped 1 malformed row(s) of `{}` (the first at line 4)",
+            path.display()
+        )),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn named_contexts_become_variables_and_are_described_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sales = file(dir.path(), "sales.csv", "amount\n3\n4\n");
+    let notes = file(dir.path(), "notes.md", "ship it");
+    let mock = Mock::start(serde_json::json!({
+        "models": {"root-model": {"replies": [
+            repl("fact = f\"{sales['amount'].sum()} {notes} {context is sales} {context_1 is notes}\""),
+            "FINAL_VAR(fact)"
+        ]}}
+    }));
+    let sales_arg = format!("sales={}", s(&sales));
+    let notes_arg = format!("notes={}", s(&notes));
+    let run = mock.run(&["--query", "q", "-c", &sales_arg, "-c", &notes_arg]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "7 ship it True True");
+    let first = &mock.log().entries()[0].last_user;
+    assert!(
+        first.contains("- `sales` (also `context`, `context_0`): a table"),
+        "{first}"
+    );
+    // A file whose name holds `=` still loads as a path.
+    let odd = file(dir.path(), "a=b.txt", "odd name");
+    let run = fact(&["--context", s(&odd)], "fact = context");
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "odd name");
+}
+
+#[test]
+fn bad_context_names_are_usage_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = file(dir.path(), "t.txt", "x");
+    for (name, why) in [
+        ("len", "would hide the Python builtin"),
+        ("2x", "is not a valid Python name"),
+        ("context", "is a name the kernel defines"),
+    ] {
+        let arg = format!("{name}={}", s(&path));
+        let run = fact(&["--context", &arg], "fact = 1");
+        run.assert_code(2);
+        assert!(run.stderr.contains(why), "{name}: {}", run.stderr);
+    }
+}
+
+#[test]
+fn an_empty_query_is_refused_and_an_empty_context_warned_about() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let empty = file(dir.path(), "empty.txt", "");
+    let run = rlm_with(
+        &[
+            "run".into(),
+            "--base-url".into(),
+            "http://127.0.0.1:9/v1".into(),
+            "--model".into(),
+            "m".into(),
+            "--context".into(),
+            s(&empty).into(),
+            "--query".into(),
+            "  ".into(),
+        ],
+        None,
+        &[],
+    );
+    run.assert_code(2);
+    assert!(run.stderr.contains("`--query` is empty"), "{}", run.stderr);
+    let run = fact(&["--context", s(&empty)], "fact = repr(context)");
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "''");
+    assert!(
+        run.stderr.contains(&format!(
+            "warning: Context `context_0` (`{}`) is empty",
+            empty.display()
+        )),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn legacy_text_loads_with_an_encoding() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("old.txt");
+    std::fs::write(&path, b"na\xefve caf\xe9").expect("write");
+    let run = fact(&["--context", s(&path)], "fact = context");
+    run.assert_code(1);
+    assert!(run.stderr.contains("--encoding latin-1"), "{}", run.stderr);
+    let run = fact(
+        &["--context", s(&path), "--encoding", "latin-1"],
+        "fact = context",
+    );
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "naïve café");
+    let run = fact(
+        &["--context", s(&path), "--encoding", "klingon"],
+        "fact = 1",
+    );
+    run.assert_code(2);
+    assert!(
+        run.stderr.contains("Unknown text encoding `klingon`"),
+        "{}",
+        run.stderr
     );
 }

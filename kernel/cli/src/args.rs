@@ -16,6 +16,8 @@ use kernel::repl::SubCallErrorMode;
 use kernel::rlm::{CodeAndFinal, Protocol};
 use serde::Deserialize;
 
+use crate::contexts::ContextArgs;
+
 /// `rlm`: a Recursive Language Model runtime.
 #[derive(Debug, Parser)]
 #[command(
@@ -82,9 +84,8 @@ pub(crate) struct ShowArgs {
 /// Arguments of `rlm run`.
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
-    /// Context file(s) or directory; `-` reads standard input. Several become `context_0 … context_n`.
-    #[arg(long = "context", short = 'c', value_name = "PATH", num_args = 1.., required = true)]
-    pub(crate) contexts: Vec<PathBuf>,
+    #[command(flatten)]
+    pub(crate) context: ContextArgs,
 
     /// The question to answer about the context.
     #[arg(long, short = 'q')]
@@ -102,9 +103,9 @@ pub(crate) struct RunArgs {
 /// Arguments of `rlm chat`.
 #[derive(Debug, Args)]
 pub(crate) struct ChatArgs {
-    /// Context file(s) or directory, loaded once. Several become `context_0 … context_n`.
-    #[arg(long = "context", short = 'c', value_name = "PATH", num_args = 1.., required = true)]
-    pub(crate) contexts: Vec<PathBuf>,
+    // Loaded once; `-` is refused (questions come from standard input).
+    #[command(flatten)]
+    pub(crate) context: ContextArgs,
 
     /// Characters of the summary of earlier questions and answers the root model sees with
     /// each new question (the most recent that fit; 0 for none) [default: 4000].

@@ -9,7 +9,7 @@
 //! `rlm run` (best answer printed, exit 130); Ctrl-C or Ctrl-D at the prompt ends the chat.
 
 use std::io::{BufRead, IsTerminal as _, Write as _};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -84,7 +84,12 @@ pub(crate) fn execute(
     let opts = run::merge(args.options, file);
     // First, while the process has one thread and no Python: keys leave the environment.
     crate::secrets::protect(&opts)?;
-    if args.contexts.iter().any(|p| p.as_os_str() == "-") {
+    let contexts = args.context.resolve()?;
+    if contexts
+        .inputs
+        .iter()
+        .any(|i| i.source == ContextSource::Stdin)
+    {
         return Err(UsageError::new(
             "`rlm chat` reads its questions from standard input, so `-` cannot be a context; pass a file",
         )
@@ -98,18 +103,15 @@ pub(crate) fn execute(
     }
     let endpoints = run::build_endpoints(&opts)?;
     let config = run::rlm_config(&opts)?;
-    let session_config = run::session_config(&opts)?;
-    let mut inputs: Vec<PathBuf> = args.contexts.clone();
+    let mut session_config = run::session_config(&opts)?;
+    session_config.load = contexts.load;
+    let mut inputs = contexts.paths;
     inputs.extend(run::option_inputs(&opts, config_path));
     run::check_outputs(&opts, &inputs)?;
-    let sources: Vec<ContextSource> = args
-        .contexts
-        .iter()
-        .cloned()
-        .map(ContextSource::Path)
-        .collect();
-    let session = ReplSession::new(session_config, Arc::clone(&endpoints), &sources)
-        .context("Could not load the context")?;
+    let session =
+        ReplSession::with_inputs(session_config, Arc::clone(&endpoints), &contexts.inputs)
+            .context("Could not load the context")?;
+    crate::contexts::print_warnings(session.contexts());
     let display = Display::choose(&opts, verbosity, Display::Progress);
     let rlm = Rlm::new(config, endpoints, Arc::new(session));
     let mut chat = RlmChat::new(rlm);

@@ -11,6 +11,7 @@
 
 mod args;
 mod chat;
+mod contexts;
 mod demo;
 mod logging;
 mod mock_lm;

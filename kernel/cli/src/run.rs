@@ -17,7 +17,7 @@ use bridge::{
     Budget, EndpointConfig, Endpoints, Ledger, Price, Provider, SamplingParams, SettingNames,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kernel::repl::{ContextSource, ReplSession, SessionConfig};
+use kernel::repl::{ReplSession, SessionConfig};
 use kernel::rlm::{
     CompletionRules, Phase, Progress, ProgressSnapshot, Rlm, RlmConfig, RlmError, RlmResult,
     StopHandle, TerminationReason, TrajectoryWriter,
@@ -26,6 +26,7 @@ use serde::Deserialize;
 
 use crate::UsageError;
 use crate::args::{RunArgs, RunOptions};
+use crate::contexts;
 use crate::outputs::{self, Output};
 use crate::report;
 use crate::secrets::{self, redact};
@@ -714,6 +715,12 @@ pub(crate) fn execute(
     config_path: Option<&Path>,
     verbosity: u8,
 ) -> Result<ExitCode> {
+    if args.query.trim().is_empty() {
+        return Err(UsageError::new(
+            "`--query` is empty; ask a question about the context, e.g. `--query \"Which service failed first?\"`",
+        )
+        .into());
+    }
     let opts = merge(args.options, file);
     // First, while the process has one thread and no Python: keys leave the environment.
     secrets::protect(&opts)?;
@@ -721,28 +728,16 @@ pub(crate) fn execute(
     // Every option is checked before the context loads: a big context can take a while.
     let endpoints = build_endpoints(&opts)?;
     let config = rlm_config(&opts)?;
-    let session_config = session_config(&opts)?;
-    let mut inputs: Vec<PathBuf> = args
-        .contexts
-        .iter()
-        .filter(|p| p.as_os_str() != "-")
-        .cloned()
-        .collect();
+    let mut session_config = session_config(&opts)?;
+    let contexts = args.context.resolve()?;
+    session_config.load = contexts.load;
+    let mut inputs = contexts.paths;
     inputs.extend(option_inputs(&opts, config_path));
     check_outputs(&opts, &inputs)?;
-    let sources: Vec<ContextSource> = args
-        .contexts
-        .iter()
-        .map(|p| {
-            if p.as_os_str() == "-" {
-                ContextSource::Stdin
-            } else {
-                ContextSource::Path(p.clone())
-            }
-        })
-        .collect();
-    let session = ReplSession::new(session_config, Arc::clone(&endpoints), &sources)
-        .context("Could not load the context")?;
+    let session =
+        ReplSession::with_inputs(session_config, Arc::clone(&endpoints), &contexts.inputs)
+            .context("Could not load the context")?;
+    contexts::print_warnings(session.contexts());
     if args.dry_run {
         let rlm = Rlm::new(config, Arc::clone(&endpoints), Arc::new(session));
         print_first_request(&rlm, &endpoints, &args.query, opts.json())?;
