@@ -10,6 +10,7 @@
 //! | `.csv` `.tsv` `.parquet` `.arrow` `.ipc` `.feather` `.ndjson` | `polars.DataFrame` | Python polars reads the file itself |
 //! | `.xlsx` `.xlsm` `.xlsb` `.xls` `.ods` | `polars.DataFrame`, or `dict` sheet → frame | polars' `read_excel` with the `fastexcel` (calamine) engine |
 //! | directory | `dict` relative path → value | each file loaded as on its own; binaries skipped |
+//! | [`ContextSource::Object`] | the caller's own object | bound by reference: no copy |
 //!
 //! What a file is comes from its first bytes before its name (`detect.rs`): gzip and zstd
 //! files are read through a decoder (`.csv.gz`, `.jsonl.zst`, `.txt.gz`), Parquet/Arrow/Excel
@@ -62,10 +63,11 @@ use super::detect::{
 };
 use super::error::{ReplError, RowProblem};
 use super::metadata::{
-    ContextKind, ContextMetadata, FrameLibrary, ItemSizes, SheetShape, SkippedFile, SkippedRows,
+    ContextKind, ContextMetadata, FrameLibrary, ItemSizes, LIVE_SOURCE_PREFIX, SheetShape,
+    SkippedFile, SkippedRows,
 };
 use super::pystr::{TextFile, read_file_as_str};
-use super::source::{ContextInput, ContextSource, LoadOptions};
+use super::source::{ContextInput, ContextSource, LiveObject, LoadOptions};
 
 /// A loaded context: the Python object and its description.
 pub(crate) struct LoadedContext<'py> {
@@ -138,12 +140,57 @@ pub(crate) fn load_context<'py>(
             meta.source = path.display().to_string();
             load_path(py, path, &mut meta, options)?
         }
+        ContextSource::Object(live) => {
+            meta.source = format!("{LIVE_SOURCE_PREFIX}{}>", live.label);
+            describe_object(py, live, &mut meta)?
+        }
     };
     meta.load_ms = started.elapsed().as_secs_f64() * 1000.0;
     Ok(LoadedContext {
         value,
         metadata: meta,
     })
+}
+
+/// Binds a live object as it is, measuring it through `support.describe_object` (shapes and
+/// counts only: nothing is read or copied).
+fn describe_object<'py>(
+    py: Python<'py>,
+    live: &LiveObject,
+    meta: &mut ContextMetadata,
+) -> Result<Bound<'py, PyAny>, ReplError> {
+    let value = live.object.bind(py).clone();
+    let action = "describing a live context";
+    let described = support_call(py, "describe_object", (&value,), action)?;
+    type Shape = (
+        String,
+        u64,
+        Option<u64>,
+        Option<u64>,
+        Option<Vec<(String, String)>>,
+        Option<u64>,
+    );
+    let (kind, bytes, chars, rows, columns, items): Shape = described
+        .extract()
+        .map_err(|e| ReplError::internal(action, e))?;
+    (meta.kind, meta.frames) = match kind.as_str() {
+        "text" => (ContextKind::Text, FrameLibrary::Polars),
+        "json" => (ContextKind::Json, FrameLibrary::Polars),
+        "table" => (ContextKind::Table, FrameLibrary::Polars),
+        "pandas_table" => (ContextKind::Table, FrameLibrary::Pandas),
+        _ => {
+            return Err(ReplError::ContextType {
+                label: live.label.clone(),
+                type_name: kind,
+            });
+        }
+    };
+    meta.bytes = bytes;
+    meta.chars = chars;
+    meta.rows = rows;
+    meta.columns = columns;
+    meta.items = items;
+    Ok(value)
 }
 
 fn read_err(path: &Path) -> impl FnOnce(std::io::Error) -> ReplError + '_ {
@@ -228,9 +275,11 @@ fn load_file<'py>(
             // CPython's parser builds the objects (and is the judge: it accepts `NaN`, as
             // pandas writes it); meanwhile serde measures item sizes on another thread and,
             // if Python fails, supplies the line/column error.
+            // Borrowed (no copy) except under the stable ABI before Python 3.10.
             let text = py_text
-                .to_str()
+                .to_cow()
                 .map_err(|e| ReplError::internal("reading a JSON context", e))?;
+            let text: &str = &text;
             std::thread::scope(|scope| {
                 let sizes = scope.spawn(|| json_item_sizes(text));
                 let parsed = support_call(py, "json_loads", (&py_text,), "parsing a JSON context");
@@ -248,9 +297,11 @@ fn load_file<'py>(
         }
         FileFormat::JsonLines => {
             let py_text = load_text(py, file, meta)?;
+            // Borrowed (no copy) except under the stable ABI before Python 3.10.
             let text = py_text
-                .to_str()
+                .to_cow()
                 .map_err(|e| ReplError::internal("reading a JSON-lines context", e))?;
+            let text: &str = &text;
             let sizes: Vec<u64> = text
                 .split('\n')
                 .filter(|line| !line.trim().is_empty())

@@ -101,6 +101,17 @@ pub enum ReplError {
         encoding: String,
     },
 
+    /// A live Python object given as a context is of a type the kernel cannot describe.
+    #[error(
+        "Context `{label}` is a `{type_name}`; pass a `str`, `dict`, `list`, `polars.DataFrame` or `pandas.DataFrame`, or a path (`pathlib.Path`) to a file"
+    )]
+    ContextType {
+        /// What the caller called it (a variable name, or `<object>`).
+        label: String,
+        /// Its Python type, e.g. `numpy.ndarray`.
+        type_name: String,
+    },
+
     /// A context name that cannot be a variable.
     #[error("Context name `{name}` {problem}; pick another, e.g. `-c sales=sales.csv`")]
     ContextName {

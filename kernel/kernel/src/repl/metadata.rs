@@ -218,7 +218,7 @@ pub struct ContextMetadata {
     pub name: String,
     /// What it became in Python.
     pub kind: ContextKind,
-    /// Where it came from: a path, `-` for stdin, or `<text>`.
+    /// Where it came from: a path, `-` for stdin, `<text>`, or the name of a live object.
     pub source: String,
     /// Size of the source in bytes (sum of files for a directory).
     pub bytes: u64,
@@ -277,7 +277,16 @@ pub struct SkippedRows {
     pub first_line: u64,
 }
 
+/// How the source of a live Python object context starts (see [`ContextMetadata::is_live`]).
+pub(crate) const LIVE_SOURCE_PREFIX: &str = "<python object: ";
+
 impl ContextMetadata {
+    /// Whether the context is a live Python object the caller passed (by reference), not a
+    /// loaded file.
+    pub fn is_live(&self) -> bool {
+        self.source.starts_with(LIVE_SOURCE_PREFIX)
+    }
+
     /// The Python type of its value, e.g. `polars.DataFrame`.
     pub fn python_type(&self) -> &'static str {
         self.kind.python_type(self.frames)

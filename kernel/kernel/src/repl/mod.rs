@@ -136,5 +136,6 @@ pub use metadata::{
 pub use natives::{SubCallErrorMode, UnknownSubCallErrorMode};
 pub use session::{ReplSession, SessionConfig};
 pub use source::{
-    ContextInput, ContextSource, LoadOptions, RESERVED_NAMES, check_context_name, check_encoding,
+    ContextInput, ContextSource, LiveObject, LoadOptions, RESERVED_NAMES, check_context_name,
+    check_encoding,
 };

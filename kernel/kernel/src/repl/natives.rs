@@ -220,7 +220,7 @@ fn extract_model(model: Option<&Bound<'_, PyAny>>, function: &str) -> PyResult<O
         None => Ok(None),
         Some(m) if m.is_none() => Ok(None),
         Some(m) => match m.cast::<PyString>() {
-            Ok(s) => Ok(Some(s.to_str()?.to_owned())),
+            Ok(s) => Ok(Some(s.to_cow()?.into_owned())),
             Err(_) => Err(PyTypeError::new_err(format!(
                 "{function}() `model` must be an endpoint name (str) or None, not {}",
                 m.get_type().name()?
@@ -231,7 +231,7 @@ fn extract_model(model: Option<&Bound<'_, PyAny>>, function: &str) -> PyResult<O
 
 fn extract_prompt(prompt: &Bound<'_, PyAny>, what: impl FnOnce() -> String) -> PyResult<String> {
     match prompt.cast::<PyString>() {
-        Ok(s) => Ok(s.to_str()?.to_owned()),
+        Ok(s) => Ok(s.to_cow()?.into_owned()),
         Err(_) => Err(PyTypeError::new_err(format!(
             "{} must be a str, not {}; build the prompt text with an f-string or str.join",
             what(),

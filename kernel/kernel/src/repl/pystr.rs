@@ -12,10 +12,14 @@
 //! read (a file still being appended to loads as it was), every write is bounds- and
 //! width-checked, and the widest character must be met again, so a file rewritten between
 //! the passes yields an error, never a malformed `str`.
+//!
+//! Under the stable ABI (`Py_LIMITED_API`, the Python package's abi3 build) a `str` cannot be
+//! written in place; there pass 2 collects the text in Rust and Python copies it once.
 
 use std::io::Read;
 use std::path::Path;
 
+#[cfg(not(Py_LIMITED_API))]
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
@@ -53,6 +57,7 @@ impl TextFile<'_> {
 }
 
 /// Reads `file` into a new `str`; returns it with its length in characters.
+#[cfg(not(Py_LIMITED_API))]
 pub(crate) fn read_file_as_str<'py>(
     py: Python<'py>,
     file: TextFile<'_>,
@@ -79,6 +84,22 @@ pub(crate) fn read_file_as_str<'py>(
     let text = unsafe { Bound::from_owned_ptr(py, raw).cast_into_unchecked::<PyString>() };
     fill(&text, file, shape, hint)?;
     Ok((text, shape.chars))
+}
+
+/// Reads `file` into a new `str` through a Rust `String` (the stable ABI has no `str` to fill).
+#[cfg(Py_LIMITED_API)]
+pub(crate) fn read_file_as_str<'py>(
+    py: Python<'py>,
+    file: TextFile<'_>,
+    hint: &str,
+) -> Result<(Bound<'py, PyString>, u64), ReplError> {
+    let shape = measure(file, hint)?;
+    let mut text = String::with_capacity(usize::try_from(shape.bytes).unwrap_or(0));
+    stream_utf8(file, hint, shape.bytes, |piece| {
+        text.push_str(piece);
+        Ok(())
+    })?;
+    Ok((PyString::new(py, &text), shape.chars))
 }
 
 /// Streams the first `limit` bytes of `file` (all of it for `u64::MAX`) as UTF-8, calling
@@ -152,6 +173,7 @@ fn measure(file: TextFile<'_>, hint: &str) -> Result<Shape, ReplError> {
 }
 
 /// Pass 2: write the text into the `str`'s buffer.
+#[cfg(not(Py_LIMITED_API))]
 fn fill(
     text: &Bound<'_, PyString>,
     file: TextFile<'_>,
@@ -243,7 +265,7 @@ fn line_of(source: TextFile<'_>, offset: usize) -> usize {
     lines
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(Py_LIMITED_API)))]
 mod tests {
     use super::*;
 

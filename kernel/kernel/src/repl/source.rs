@@ -6,7 +6,9 @@
 //! keyword, not a builtin (shadowing `len` or `list` would break the model's code), not one of
 //! the kernel's names, and each used once.
 
+use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use pyo3::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -36,7 +38,45 @@ pub enum ContextSource {
     Stdin,
     /// Text given directly.
     Text(String),
+    /// A Python object the caller already holds, bound into the session by reference.
+    Object(LiveObject),
 }
+
+/// A live Python object used as a context: the session's `context` *is* this object (no
+/// serialisation, no copy), so a frame of any size costs nothing to hand over. Supported: `str`,
+/// `dict`, `list`, `polars.DataFrame`, `pandas.DataFrame`.
+#[derive(Clone)]
+pub struct LiveObject {
+    pub(crate) object: Arc<Py<PyAny>>,
+    pub(crate) label: String,
+}
+
+impl LiveObject {
+    /// Wraps `object`; `label` names it in the prompt and errors (e.g. the variable name `df`).
+    pub fn new(object: Py<PyAny>, label: impl Into<String>) -> Self {
+        Self {
+            object: Arc::new(object),
+            label: label.into(),
+        }
+    }
+}
+
+impl fmt::Debug for LiveObject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LiveObject")
+            .field("label", &self.label)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Two live objects are equal when they are the same object under the same label.
+impl PartialEq for LiveObject {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.object, &other.object) && self.label == other.label
+    }
+}
+
+impl Eq for LiveObject {}
 
 impl ContextSource {
     /// `-` means stdin, anything else a path.

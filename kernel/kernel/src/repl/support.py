@@ -281,7 +281,12 @@ class _RoutedStream(io.TextIOBase):
 
 
 class _NoInput(io.TextIOBase):
-    """`sys.stdin`: the REPL has no terminal; reading gives end-of-file at once."""
+    """`sys.stdin`: a session has no terminal, so reading in a session's thread gives
+    end-of-file at once; other threads read the interpreter's own stdin, if it had one."""
+
+    def __init__(self, fallback):
+        super().__init__()
+        self._fallback = fallback
 
     @property
     def encoding(self):
@@ -295,9 +300,13 @@ class _NoInput(io.TextIOBase):
         return True
 
     def read(self, size=-1):
+        if _current_session() is None and self._fallback is not None:
+            return self._fallback.read(size)
         return ""
 
     def readline(self, size=-1):
+        if _current_session() is None and self._fallback is not None:
+            return self._fallback.readline(size)
         return ""
 
 
@@ -396,16 +405,20 @@ def install(sys_module, owns_interpreter):
 
     `owns_interpreter`: the kernel initialised the interpreter (the `rlm` binary), so
     `sys.executable` is only a guess from `PATH`; spawn workers must run the Python whose
-    library is embedded."""
+    library is embedded.
+
+    Threads outside any session keep the streams the interpreter had when the kernel arrived:
+    the terminal for `rlm`, the notebook's own output streams when the package is imported
+    into a user's interpreter."""
     if owns_interpreter:
         python = os.path.join(sys_module.base_exec_prefix, "bin", "python%d.%d" % sys_module.version_info[:2])
         if os.access(python, os.X_OK):
             sys_module.executable = python
             multiprocessing.spawn.set_executable(python)
     multiprocessing.spawn.get_preparation_data = _preparation_data
-    sys_module.stdout = _RoutedStream("stdout", sys_module.__stdout__)
-    sys_module.stderr = _RoutedStream("stderr", sys_module.__stderr__)
-    sys_module.stdin = _NoInput()
+    sys_module.stdout = _RoutedStream("stdout", sys_module.stdout)
+    sys_module.stderr = _RoutedStream("stderr", sys_module.stderr)
+    sys_module.stdin = _NoInput(sys_module.stdin)
     time.sleep = _interruptible_sleep
     threading.Thread.start = _thread_start
     os._exit = _exit
@@ -1268,3 +1281,23 @@ def to_pandas(frame):
     return pandas.DataFrame(
         {name: frame.get_column(name).to_numpy() for name in frame.columns}
     )
+
+
+def describe_object(value):
+    """(kind, bytes, chars, rows, columns, items) of a live context object, measured without
+    reading or copying it; kind is the qualified type name when the type is not supported."""
+    cls = type(value)
+    module = cls.__module__ or ""
+    if isinstance(value, str):
+        size = len(value) if value.isascii() else sys.getsizeof(value)
+        return "text", size, len(value), None, None, None
+    if isinstance(value, (dict, list)):
+        return "json", sys.getsizeof(value), None, None, None, len(value)
+    if cls.__name__ == "DataFrame" and module.startswith("polars"):
+        rows, columns = table_shape(value)
+        return "table", int(value.estimated_size()), None, rows, columns, None
+    if cls.__name__ == "DataFrame" and module.startswith("pandas"):
+        columns = [(str(name), str(dtype)) for name, dtype in value.dtypes.items()]
+        size = int(value.memory_usage(index=True, deep=False).sum())
+        return "pandas_table", size, None, len(value), columns, None
+    return f"{module}.{cls.__qualname__}", 0, None, None, None, None

@@ -18,6 +18,8 @@
 //!   [`TrajectoryWriter`] redacts each line it writes.
 //! - [`RlmChat`] asks follow-up questions in the same session (variables persist; the root
 //!   model sees a bounded summary of earlier questions and answers).
+//! - [`render_trajectory_html`] turns a trajectory into one self-contained HTML page (`rlm
+//!   view`, the notebook's result view).
 //! - [`Hook`]s see every step and may amend or stop it; [`MetricsHook`], [`TrajectoryWriter`]
 //!   (JSONL) and [`ProgressHook`] are hooks.
 //!
@@ -121,6 +123,7 @@ mod runner;
 #[cfg(test)]
 mod test_support;
 mod trajectory;
+mod view;
 
 pub use blocks::{BlockRun, CodeBlock, extract_code_blocks};
 pub use chat::{DEFAULT_SUMMARY_CHARS, Exchange, RlmChat};
@@ -144,3 +147,4 @@ pub use progress::{Phase, Progress, ProgressHook, ProgressSnapshot};
 pub use prompts::{PromptConfig, Prompts, describe_contexts};
 pub use runner::{Rlm, RlmError, StopHandle};
 pub use trajectory::{TRAJECTORY_VERSION, TrajectoryWriter};
+pub use view::{ViewError, render_trajectory_html};

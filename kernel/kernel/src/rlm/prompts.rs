@@ -350,9 +350,14 @@ fn describe_context(meta: &ContextMetadata) -> String {
         ContextKind::Table => {
             let columns = meta.columns.as_ref().map_or(0, Vec::len);
             format!(
-                "a table, a `{frame}` of {} rows and {} columns ({size} on disk)",
+                "a table, a `{frame}` of {} rows and {} columns ({size} {})",
                 meta.rows.map_or_else(|| "?".to_owned(), group_digits),
-                columns
+                columns,
+                if meta.is_live() {
+                    "in memory"
+                } else {
+                    "on disk"
+                }
             )
         }
         ContextKind::Workbook => format!(

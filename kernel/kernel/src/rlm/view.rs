@@ -1,0 +1,469 @@
+//! The trajectory view: one self-contained HTML page (inline CSS and script, no network, no
+//! external assets) rendered from a trajectory's JSONL, shared by `rlm view` and the notebook's
+//! `text/html` result.
+//!
+//! The page shows the query, the models and contexts, the answer with its termination reason
+//! and metrics, then every iteration as a collapsed `<details>`: the model's reply, each block's
+//! code, output and error, and its sub-call counts and timings. A search box filters iterations
+//! by their text (and opens the ones that match) and buttons expand or collapse them all, so a
+//! run of hundreds of iterations stays readable. Without script the page still works: the
+//! sections are plain `<details>`.
+//!
+//! The renderer reads the JSONL loosely (as [`serde_json::Value`]) so that it can show a
+//! trajectory cut short (a run killed mid-write: the incomplete last line is reported, not
+//! fatal) and fields that later format versions add.
+//!
+//! ```
+//! let jsonl = r#"{"type":"header","version":1,"query":"How many?"}
+//! {"type":"result","answer":"42","termination_reason":"final_answer","metrics":{"iterations":0}}"#;
+//! let html = kernel::rlm::render_trajectory_html(jsonl, false)?;
+//! assert!(html.contains("How many?") && html.contains("42"));
+//! # Ok::<(), kernel::rlm::ViewError>(())
+//! ```
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::Value;
+
+/// Why a trajectory could not be rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum ViewError {
+    /// No line of the input is a trajectory event.
+    #[error(
+        "The input holds no trajectory lines (JSON objects with a `type` of `header`, `iteration`, `error` or `result`); pass the file written by `rlm run --trajectory FILE`"
+    )]
+    NotATrajectory,
+}
+
+const STYLE: &str = include_str!("view.css");
+const SCRIPT: &str = include_str!("view.js");
+
+/// Renders a trajectory (JSONL text) as one self-contained HTML document. `collapsed` folds
+/// the whole view into one `<details>` (the notebook's result) instead of a full page.
+pub fn render_trajectory_html(jsonl: &str, collapsed: bool) -> Result<String, ViewError> {
+    let mut header = None;
+    let mut result = None;
+    let mut iterations = Vec::new();
+    let mut errors = Vec::new();
+    let mut unreadable = Vec::new();
+    for (number, line) in jsonl.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let Ok(value) = serde_json::from_str::<Value>(line) else {
+            unreadable.push(number + 1);
+            continue;
+        };
+        match value.get("type").and_then(Value::as_str) {
+            Some("header") => header = Some(value),
+            Some("iteration") => iterations.push(value),
+            Some("error") => errors.push(value),
+            Some("result") => result = Some(value),
+            _ => unreadable.push(number + 1),
+        }
+    }
+    if header.is_none() && result.is_none() && iterations.is_empty() && errors.is_empty() {
+        return Err(ViewError::NotATrajectory);
+    }
+    static NEXT_VIEW: AtomicU64 = AtomicU64::new(1);
+    let id = format!(
+        "rlm-view-{}-{}",
+        std::process::id(),
+        NEXT_VIEW.fetch_add(1, Ordering::Relaxed)
+    );
+    let mut out = String::with_capacity(jsonl.len() / 2 + STYLE.len() + SCRIPT.len() + 4096);
+    let title = header
+        .as_ref()
+        .and_then(|h| text(h, "query"))
+        .map_or_else(|| "RLM trajectory".to_owned(), |q| shorten(q, 80));
+    if !collapsed {
+        let _ = write!(
+            out,
+            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+             <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+             <title>{}</title></head><body>\n",
+            escape(&title)
+        );
+    }
+    let _ = write!(
+        out,
+        "<div class=\"rlm-view\" id=\"{id}\"><style>{STYLE}</style>"
+    );
+    if collapsed {
+        let _ = write!(
+            out,
+            "<details class=\"rlm-all\"><summary>Trajectory: {} iteration(s)</summary>",
+            iterations.len()
+        );
+    }
+    out.push_str("<h1>RLM trajectory</h1>");
+    if let Some(h) = &header {
+        render_header(&mut out, h);
+    }
+    render_result(&mut out, result.as_ref());
+    out.push_str(
+        "<div class=\"rlm-tools\"><input type=\"search\" class=\"rlm-search\" \
+         placeholder=\"Search iterations (code, output, replies)\" aria-label=\"Search iterations\">\
+         <button type=\"button\" class=\"rlm-expand\">Expand all</button>\
+         <button type=\"button\" class=\"rlm-collapse\">Collapse all</button>\
+         <span class=\"rlm-count\"></span></div>",
+    );
+    let _ = write!(
+        out,
+        "<section class=\"rlm-iterations\"><h2>Iterations ({})</h2>",
+        iterations.len()
+    );
+    for iteration in &iterations {
+        render_iteration(&mut out, iteration);
+    }
+    out.push_str("</section>");
+    if !errors.is_empty() {
+        out.push_str("<section class=\"rlm-errors\"><h2>Errors</h2><ul>");
+        for e in &errors {
+            let _ = write!(
+                out,
+                "<li>iteration {}: <b>{}</b> {}</li>",
+                e.get("iteration").and_then(Value::as_u64).unwrap_or(0),
+                escape(text(e, "kind").unwrap_or("error")),
+                escape(text(e, "message").unwrap_or(""))
+            );
+        }
+        out.push_str("</ul></section>");
+    }
+    if !unreadable.is_empty() {
+        let lines: Vec<String> = unreadable.iter().map(ToString::to_string).collect();
+        let _ = write!(
+            out,
+            "<p class=\"rlm-note\">Skipped line(s) {} of the file: not complete trajectory events \
+             (a run stopped while writing leaves an incomplete last line).</p>",
+            lines.join(", ")
+        );
+    }
+    if collapsed {
+        out.push_str("</details>");
+    }
+    let _ = write!(
+        out,
+        "<script>(function(){{var root=document.getElementById(\"{id}\");{SCRIPT}}})();</script></div>"
+    );
+    if !collapsed {
+        out.push_str("\n</body></html>\n");
+    }
+    Ok(out)
+}
+
+fn render_header(out: &mut String, header: &Value) {
+    if let Some(query) = text(header, "query") {
+        let _ = write!(
+            out,
+            "<section class=\"rlm-query\"><h2>Query</h2><pre>{}</pre></section>",
+            escape(query)
+        );
+    }
+    let mut facts = Vec::new();
+    for endpoint in header
+        .get("endpoints")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        facts.push(format!(
+            "<li><b>{}</b>: {} <span class=\"rlm-dim\">({}, {})</span></li>",
+            escape(text(endpoint, "name").unwrap_or("?")),
+            escape(text(endpoint, "model").unwrap_or("?")),
+            escape(text(endpoint, "provider").unwrap_or("?")),
+            escape(text(endpoint, "base_url").unwrap_or("?")),
+        ));
+    }
+    for context in header
+        .get("contexts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let mut shape = Vec::new();
+        if let Some(rows) = context.get("rows").and_then(Value::as_u64) {
+            shape.push(format!("{rows} rows"));
+        }
+        if let Some(items) = context.get("items").and_then(Value::as_u64) {
+            shape.push(format!("{items} items"));
+        }
+        if let Some(chars) = context.get("chars").and_then(Value::as_u64) {
+            shape.push(format!("{chars} characters"));
+        }
+        facts.push(format!(
+            "<li><b>{}</b>: {} from <code>{}</code> <span class=\"rlm-dim\">{}</span></li>",
+            escape(text(context, "name").unwrap_or("context")),
+            escape(text(context, "kind").unwrap_or("?")),
+            escape(text(context, "source").unwrap_or("?")),
+            escape(&shape.join(", ")),
+        ));
+    }
+    if !facts.is_empty() {
+        let _ = write!(
+            out,
+            "<section class=\"rlm-setup\"><h2>Models and contexts</h2><ul>{}</ul></section>",
+            facts.concat()
+        );
+    }
+}
+
+fn render_result(out: &mut String, result: Option<&Value>) {
+    out.push_str("<section class=\"rlm-result\"><h2>Answer</h2>");
+    let Some(result) = result else {
+        out.push_str("<p class=\"rlm-note\">The trajectory has no result line: the run did not finish (or is still going).</p></section>");
+        return;
+    };
+    let reason = text(result, "termination_reason").unwrap_or("unknown");
+    let class = if reason == "final_answer" {
+        "ok"
+    } else {
+        "stop"
+    };
+    let _ = write!(
+        out,
+        "<p><span class=\"rlm-badge rlm-{class}\">{}</span></p>",
+        escape(reason)
+    );
+    match text(result, "answer") {
+        Some(answer) => {
+            let _ = write!(out, "<pre class=\"rlm-answer\">{}</pre>", escape(answer));
+        }
+        None => out.push_str("<p class=\"rlm-note\">No answer.</p>"),
+    }
+    if let Some(error) = text(result, "error") {
+        let _ = write!(out, "<p class=\"rlm-error\">{}</p>", escape(error));
+    }
+    if let Some(m) = result.get("metrics") {
+        let number = |key: &str| m.get(key).and_then(Value::as_f64).unwrap_or(0.0);
+        let rows = [
+            ("iterations", format!("{}", number("iterations"))),
+            ("root calls", format!("{}", number("root_calls"))),
+            ("code blocks", format!("{}", number("code_blocks"))),
+            (
+                "sub-calls",
+                format!(
+                    "{} ({} failed)",
+                    number("sub_calls"),
+                    number("sub_call_errors")
+                ),
+            ),
+            (
+                "tokens",
+                format!(
+                    "{} prompt + {} completion",
+                    number("prompt_tokens"),
+                    number("completion_tokens")
+                ),
+            ),
+            ("cost", format!("${:.4}", number("cost_usd"))),
+            ("time", format!("{:.2} s", number("total_ms") / 1e3)),
+        ];
+        out.push_str("<table class=\"rlm-metrics\">");
+        for (name, value) in rows {
+            let _ = write!(out, "<tr><th>{name}</th><td>{}</td></tr>", escape(&value));
+        }
+        out.push_str("</table>");
+    }
+    out.push_str("</section>");
+}
+
+fn render_iteration(out: &mut String, it: &Value) {
+    let n = it.get("iteration").and_then(Value::as_u64).unwrap_or(0);
+    let blocks = it
+        .get("blocks")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    let sub_calls = it
+        .get("sub_calls")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    let status = it
+        .get("execution")
+        .and_then(|e| text(e, "status"))
+        .unwrap_or(if blocks.is_empty() { "no code" } else { "?" });
+    let final_found = it
+        .get("final_answer_found")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let ms = |key: &str| it.get(key).and_then(Value::as_f64).unwrap_or(0.0);
+    let _ = write!(
+        out,
+        "<details class=\"rlm-it\"><summary><b>Iteration {n}</b> · {} block(s) · {} sub-call(s) · \
+         model {:.0} ms · code {:.0} ms · <span class=\"rlm-status-{}\">{}</span>{}</summary>",
+        blocks.len(),
+        sub_calls.len(),
+        ms("model_ms"),
+        ms("execution_ms"),
+        escape(status),
+        escape(status),
+        if final_found {
+            " · <span class=\"rlm-badge rlm-ok\">final answer</span>"
+        } else {
+            ""
+        }
+    );
+    if let Some(reply) = text(it, "reply") {
+        let _ = write!(
+            out,
+            "<h4>Model reply</h4><pre class=\"rlm-reply\">{}</pre>",
+            escape(reply)
+        );
+    }
+    for block in blocks {
+        render_block(out, block);
+    }
+    if !sub_calls.is_empty() {
+        let latency: f64 = sub_calls
+            .iter()
+            .filter_map(|c| c.get("latency_ms").and_then(Value::as_f64))
+            .sum();
+        let failed = sub_calls
+            .iter()
+            .filter(|c| c.get("error").is_some_and(|e| !e.is_null()))
+            .count();
+        let _ = write!(
+            out,
+            "<p class=\"rlm-dim\">Sub-calls: {} ({} failed), {:.0} ms of model time in total.</p>",
+            sub_calls.len(),
+            failed,
+            latency
+        );
+    }
+    for note in it
+        .get("notes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let note = note
+            .as_str()
+            .map_or_else(|| note.to_string(), ToOwned::to_owned);
+        let _ = write!(out, "<p class=\"rlm-note\">{}</p>", escape(&note));
+    }
+    out.push_str("</details>");
+}
+
+fn render_block(out: &mut String, block: &Value) {
+    let index = block.get("index").and_then(Value::as_u64).unwrap_or(0);
+    let duration = block
+        .get("duration_ms")
+        .and_then(Value::as_f64)
+        .unwrap_or(0.0);
+    let calls = |key: &str| block.get(key).and_then(Value::as_u64).unwrap_or(0);
+    let _ = write!(
+        out,
+        "<div class=\"rlm-block\"><h4>Block {} <span class=\"rlm-dim\">{:.0} ms · {} sub-call(s) \
+         ({} llm_query, {} llm_query_batched){}</span></h4>",
+        index + 1,
+        duration,
+        calls("sub_calls"),
+        calls("llm_query_calls"),
+        calls("llm_query_batched_calls"),
+        if block.get("timed_out").and_then(Value::as_bool) == Some(true) {
+            " · timed out"
+        } else {
+            ""
+        }
+    );
+    if let Some(code) = text(block, "code") {
+        let _ = write!(out, "<pre class=\"rlm-code\">{}</pre>", escape(code));
+    }
+    for (stream, label) in [("stdout", "output"), ("stderr", "stderr")] {
+        let Some(body) = text(block, stream).filter(|s| !s.is_empty()) else {
+            continue;
+        };
+        let omitted = block
+            .get(&format!("{stream}_omitted_chars"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        let _ = write!(
+            out,
+            "<div class=\"rlm-label\">{label}{}</div><pre class=\"rlm-{stream}\">{}</pre>",
+            if omitted > 0 {
+                format!(" ({omitted} characters omitted)")
+            } else {
+                String::new()
+            },
+            escape(body)
+        );
+    }
+    if let Some(error) = block.get("error").filter(|e| !e.is_null()) {
+        let shown = text(error, "traceback")
+            .or_else(|| text(error, "message"))
+            .map_or_else(|| error.to_string(), ToOwned::to_owned);
+        let _ = write!(out, "<pre class=\"rlm-error\">{}</pre>", escape(&shown));
+    }
+    out.push_str("</div>");
+}
+
+fn text<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
+    value.get(key).and_then(Value::as_str)
+}
+
+fn shorten(s: &str, max: usize) -> String {
+    let line = s.lines().next().unwrap_or("");
+    if line.chars().count() <= max {
+        line.to_owned()
+    } else {
+        let cut: String = line.chars().take(max).collect();
+        format!("{cut}…")
+    }
+}
+
+/// HTML-escapes text for element content and attribute values.
+fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RUN: &str = r#"{"type":"header","version":1,"query":"Count <b>errors</b>","endpoints":[{"name":"root","provider":"openai","model":"m","base_url":"http://127.0.0.1:1/v1"}],"contexts":[{"index":0,"name":"context_0","kind":"table","source":"<python object: df>","rows":3}]}
+{"type":"iteration","iteration":1,"reply":"Let me look.\n```repl\nprint(len(context))\n```","blocks":[{"index":0,"code":"print(len(context))","stdout":"3\n","stderr":"","error":null,"duration_ms":1.5,"sub_calls":0}],"sub_calls":[],"execution":{"status":"success"},"model_ms":10.0,"execution_ms":1.5}
+{"type":"iteration","iteration":2,"reply":"FINAL(3)","blocks":[],"sub_calls":[],"final_answer_found":true}
+{"type":"result","answer":"3 </pre><script>alert(1)</script>","termination_reason":"final_answer","metrics":{"iterations":2,"sub_calls":0}}
+{"type":"iter"#;
+
+    #[test]
+    fn renders_every_part_and_escapes_model_text() {
+        let html = render_trajectory_html(RUN, false).expect("renders");
+        assert!(html.starts_with("<!DOCTYPE html>"));
+        assert_eq!(html.matches("<details class=\"rlm-it\">").count(), 2);
+        assert!(html.contains("Count &lt;b&gt;errors&lt;/b&gt;"));
+        assert!(html.contains("print(len(context))"));
+        assert!(html.contains("3 &lt;/pre&gt;&lt;script&gt;alert(1)&lt;/script&gt;"));
+        assert!(!html.contains("<script>alert(1)"));
+        assert!(html.contains("final_answer"));
+        assert!(html.contains("Skipped line(s) 5"));
+        // Self-contained: nothing is fetched.
+        assert!(!html.contains("src=") && !html.contains("href=\"http"));
+    }
+
+    #[test]
+    fn collapsed_view_is_a_fragment_in_one_details() {
+        let html = render_trajectory_html(RUN, true).expect("renders");
+        assert!(html.starts_with("<div class=\"rlm-view\""));
+        assert!(html.contains("<details class=\"rlm-all\"><summary>Trajectory: 2 iteration(s)"));
+        assert!(!html.contains("<html"));
+    }
+
+    #[test]
+    fn refuses_input_that_is_not_a_trajectory() {
+        let err = render_trajectory_html("hello\n{\"a\": 1}\n", false).expect_err("not a run");
+        assert!(matches!(err, ViewError::NotATrajectory));
+    }
+}

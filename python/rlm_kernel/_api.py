@@ -1,0 +1,188 @@
+"""The plain Python API: `RLM(...).completion(query, context=obj)`, `llm_query`,
+`llm_query_batched` and the result object."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+from . import _config, _native
+
+_MISSING = object()
+
+
+class RLMResult:
+    """The outcome of one RLM run.
+
+    `answer` (the final or best partial answer, or None), `termination_reason`
+    (`final_answer`, `max_iterations`, `timeout`, `interrupted`, ...), `metrics` (iterations,
+    sub-calls, tokens, cost, timings), `trajectory` (one dict per iteration: the model's reply,
+    each block's code and output, its sub-calls), `error`, and the trajectory as JSONL in
+    `trajectory_jsonl`. In a notebook it renders as the answer (`text/plain`), the trajectory
+    view (`text/html`) and the metrics (`application/json`).
+    """
+
+    def __init__(self, data: Dict[str, Any], trajectory_jsonl: str):
+        self._data = data
+        self.answer: Optional[str] = data.get("answer")
+        self.answer_kind: Optional[str] = data.get("answer_kind")
+        self.termination_reason: str = data.get("termination_reason", "unknown")
+        self.error: Optional[str] = data.get("error")
+        self.metrics: Dict[str, Any] = data.get("metrics", {})
+        self.trajectory: List[Dict[str, Any]] = data.get("iterations", [])
+        self.sub_calls: List[Dict[str, Any]] = data.get("sub_calls", [])
+        self.contexts: List[Dict[str, Any]] = data.get("contexts", [])
+        self.trajectory_jsonl = trajectory_jsonl
+
+    @property
+    def succeeded(self) -> bool:
+        """Whether the model gave a final answer."""
+        return self.termination_reason == "final_answer"
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The whole result, as `rlm run --json` prints it."""
+        return self._data
+
+    def to_html(self, collapsed: bool = False) -> str:
+        """The trajectory view (`rlm view`): a full page, or a collapsed fragment."""
+        return _native.render_trajectory(self.trajectory_jsonl, collapsed)
+
+    def save_html(self, path: "os.PathLike[str] | str") -> None:
+        """Writes the trajectory view as one self-contained HTML file."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.to_html())
+
+    def __str__(self) -> str:
+        return self.answer or ""
+
+    def __repr__(self) -> str:
+        return (
+            f"RLMResult(termination_reason={self.termination_reason!r}, "
+            f"iterations={self.metrics.get('iterations')}, answer={self.answer!r})"
+        )
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        text = self.answer if self.answer is not None else f"(no answer: {self.termination_reason})"
+        return {
+            "text/plain": text,
+            "text/html": self.to_html(collapsed=True),
+            "application/json": self.metrics,
+        }
+
+
+def _contexts(context: Any, contexts: Optional[Sequence[Any]], labels: Optional[Sequence[str]]):
+    values: List[Any] = []
+    if context is not _MISSING:
+        values.append(context)
+    if contexts is not None:
+        if isinstance(contexts, (str, bytes)) or not isinstance(contexts, (list, tuple)):
+            raise TypeError("`contexts` takes a list of contexts; pass one object as `context=`")
+        values.extend(contexts)
+    if labels is not None and len(labels) != len(values):
+        raise ValueError(f"{len(labels)} label(s) for {len(values)} context(s)")
+    args = []
+    for i, value in enumerate(values):
+        if isinstance(value, os.PathLike):
+            args.append((os.fspath(value),))
+        else:
+            label = labels[i] if labels is not None else f"context_{i}"
+            args.append((value, label))
+    return args
+
+
+def _interrupted(exc: BaseException, result: RLMResult) -> BaseException:
+    exc.result = result  # type: ignore[attr-defined]
+    exc.partial_answer = result.answer  # type: ignore[attr-defined]
+    if isinstance(exc, KeyboardInterrupt) and not exc.args:
+        exc.args = (
+            f"RLM run interrupted after {result.metrics.get('iterations', 0)} iteration(s); "
+            f"best partial answer: {result.answer!r} (also in `.result`)",
+        )
+    return exc
+
+
+class RLM:
+    """A Recursive Language Model: a root model that works on contexts through a Python REPL
+    and sub-models.
+
+    Keyword options are the `rlm run` flags with `_` for `-` (`max_iterations=10`,
+    `cell_timeout=60`, `max_usd=2, price="2:8"`, ...); unset ones come from `%rlm_config`,
+    `RLM_*` environment variables and `rlm.toml`, as in the CLI.
+    """
+
+    def __init__(
+        self,
+        model: Optional[str] = None,
+        sub_model: Optional[str] = None,
+        base_url: Optional[str] = None,
+        **options: Any,
+    ):
+        explicit = dict(options, model=model, sub_model=sub_model, base_url=base_url)
+        _config.check_names(explicit, "RLM()")
+        self._explicit = {k: v for k, v in explicit.items() if v is not None}
+
+    @property
+    def options(self) -> Dict[str, Any]:
+        """The effective options (after defaults, environment and rlm.toml)."""
+        return _config.resolve(self._explicit, "RLM()")
+
+    def _options_json(self) -> str:
+        return json.dumps(self.options)
+
+    def completion(
+        self,
+        query: str,
+        context: Any = _MISSING,
+        *,
+        contexts: Optional[Sequence[Any]] = None,
+        labels: Optional[Sequence[str]] = None,
+        on_progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+    ) -> RLMResult:
+        """Answers `query` over the context(s) and returns an `RLMResult`.
+
+        `context` is a live object (`str`, `dict`, `list`, `polars.DataFrame`,
+        `pandas.DataFrame`), bound into the REPL session by reference (never copied), or a
+        `pathlib.Path` loaded as by the CLI. Several go in `contexts=[...]` (`context_0 …`).
+        `on_progress(event)` is called on this thread as the run advances. Interrupting
+        (Ctrl-C, Jupyter's stop button) stops the run within a moment and raises
+        `KeyboardInterrupt` with the partial result in `.result`.
+        """
+        if not isinstance(query, str):
+            raise TypeError(f"`query` must be a str, not {type(query).__name__}")
+        args = _contexts(context, contexts, labels)
+        callback = None
+        if on_progress is not None:
+            callback = lambda event: on_progress(json.loads(event))  # noqa: E731
+        data, trajectory, interrupt = _native.run_completion(
+            query, args, self._options_json(), callback
+        )
+        result = RLMResult(json.loads(data), trajectory)
+        if interrupt is not None:
+            raise _interrupted(interrupt, result)
+        return result
+
+    def llm_query(self, prompt: str, model: Optional[str] = None) -> str:
+        """One sub-model call (`model` names an endpoint: `sub` by default, or an
+        `extra_models` name)."""
+        return _native.llm_query(prompt, self._options_json(), model)
+
+    def llm_query_batched(self, prompts: Iterable[str], model: Optional[str] = None) -> List[str]:
+        """Many sub-model calls in parallel; answers in input order, `"Error: ..."` for a
+        failed one."""
+        return _native.llm_query_batched(list(prompts), self._options_json(), model)
+
+    def __repr__(self) -> str:
+        return f"RLM({', '.join(f'{k}={v!r}' for k, v in sorted(self._explicit.items()))})"
+
+
+def llm_query(prompt: str, **options: Any) -> str:
+    """Asks a model one question directly: `llm_query("...", model="gpt-4.1-mini",
+    base_url=...)`. Options as for `RLM` (the sub-model is called: `sub_model`, else `model`)."""
+    return RLM(**options).llm_query(prompt)
+
+
+def llm_query_batched(prompts: Iterable[str], **options: Any) -> List[str]:
+    """Asks a model many questions in parallel (`batch_concurrency` at once); answers in
+    input order."""
+    return RLM(**options).llm_query_batched(prompts)

@@ -1,0 +1,245 @@
+//! One RLM run from Python: the loop runs on a thread of its own while the calling (main)
+//! thread waits in short slices with the GIL released, checking for signals between slices.
+//!
+//! That is what makes Jupyter's interrupt button work: SIGINT only sets a flag that
+//! `Python::check_signals` reads on the main thread; when it raises, the run is stopped through
+//! its [`StopHandle`] (root call cancelled, running block interrupted with its sub-calls) and
+//! the partial result comes back with the exception. No tokio signal handler and no asyncio
+//! loop are involved. Progress is read between slices too, so the callback runs on the
+//! calling thread, where the notebook's display machinery expects it.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use kernel::repl::{ContextSource, LiveObject, ReplSession};
+use kernel::rlm::{
+    BlockRun, Hook, Progress, ProgressSnapshot, Rlm, RlmResult, StopHandle, TrajectoryWriter,
+};
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+
+use crate::options::Options;
+
+/// How long the calling thread waits between two signal checks.
+pub(crate) const SLICE: Duration = Duration::from_millis(50);
+
+/// How long an interrupted run may take to wind down before its partial result is given up.
+const WIND_DOWN: Duration = Duration::from_millis(1_500);
+
+/// A context as the Python layer hands it over: a live object, or a path to load.
+#[derive(Debug, FromPyObject)]
+pub(crate) enum ContextArg {
+    /// `(object, label)`.
+    Object(Py<PyAny>, String),
+    /// `(path,)`.
+    Path((PathBuf,)),
+}
+
+/// `run_completion(query, contexts, options_json, on_progress)`: runs the loop and returns
+/// `(result_json, trajectory_jsonl, exception_or_None)`; the exception is the interrupt (or
+/// the error of a signal handler) that stopped the run, to be raised by the caller with the
+/// partial result attached.
+#[pyfunction]
+#[pyo3(signature = (query, contexts, options_json, on_progress=None))]
+pub(crate) fn run_completion(
+    py: Python<'_>,
+    query: String,
+    contexts: Vec<ContextArg>,
+    options_json: &str,
+    on_progress: Option<Py<PyAny>>,
+) -> PyResult<(String, String, Option<Py<PyAny>>)> {
+    let options = Options::from_json(options_json)?;
+    let endpoints = options.endpoints()?;
+    let config = options.rlm_config()?;
+    let session_config = options.session_config()?;
+    let sources: Vec<ContextSource> = contexts
+        .into_iter()
+        .map(|c| match c {
+            ContextArg::Object(object, label) => {
+                ContextSource::Object(LiveObject::new(object, label))
+            }
+            ContextArg::Path((path,)) => ContextSource::Path(path),
+        })
+        .collect();
+    let session = {
+        let endpoints = Arc::clone(&endpoints);
+        py.detach(move || ReplSession::new(session_config, endpoints, &sources))
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
+    };
+    let mut rlm = Rlm::new(config, endpoints, Arc::new(session));
+    let trajectory = SharedBuffer::default();
+    rlm.add_hook(TrajectoryWriter::new(trajectory.clone()));
+    if let Some(path) = &options.trajectory {
+        let writer = TrajectoryWriter::create(path).map_err(|e| {
+            PyRuntimeError::new_err(format!(
+                "Could not create the trajectory file `{}`: {e}",
+                path.display()
+            ))
+        })?;
+        rlm.add_hook(writer);
+    }
+    let progress = Progress::new();
+    rlm.add_hook(progress.hook());
+    let last_code = LastCode::default();
+    rlm.add_hook(last_code.clone());
+    let stop = rlm.stop_handle();
+
+    let (done, finished) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("rlm-run".to_owned())
+        .spawn(move || {
+            let _ = done.send(rlm.run(&query));
+        })
+        .map_err(|e| PyRuntimeError::new_err(format!("Could not start the run thread: {e}")))?;
+
+    let mut reporter = Reporter {
+        progress,
+        last_code,
+        callback: on_progress,
+        last_sent: None,
+    };
+    let (outcome, interrupt) = wait_for_run(py, &Mutex::new(finished), &stop, &mut reporter)?;
+    reporter.report(py)?;
+    let result = outcome.map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    let json = result_json(&result)?;
+    Ok((json, trajectory.text(), interrupt))
+}
+
+type RunOutcome = Result<RlmResult, kernel::rlm::RlmError>;
+
+/// Waits up to `timeout` for a message with the GIL released (the lock only makes the
+/// receiver shareable with the detached closure; nobody else takes it).
+pub(crate) fn recv_detached<T: Send>(
+    py: Python<'_>,
+    rx: &Mutex<Receiver<T>>,
+    timeout: Duration,
+) -> Result<T, RecvTimeoutError> {
+    py.detach(|| {
+        rx.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .recv_timeout(timeout)
+    })
+}
+
+/// Waits for the run; on a signal stops it and waits (bounded) for its partial result.
+fn wait_for_run(
+    py: Python<'_>,
+    finished: &Mutex<Receiver<RunOutcome>>,
+    stop: &StopHandle,
+    reporter: &mut Reporter,
+) -> PyResult<(RunOutcome, Option<Py<PyAny>>)> {
+    loop {
+        match recv_detached(py, finished, SLICE) {
+            Ok(outcome) => return Ok((outcome, None)),
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(PyRuntimeError::new_err(
+                    "The run thread ended without a result; please report this as a bug",
+                ));
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        if let Err(signal) = py.check_signals().and_then(|()| reporter.report(py)) {
+            stop.stop();
+            let outcome = recv_detached(py, finished, WIND_DOWN);
+            return match outcome {
+                Ok(outcome) => Ok((outcome, Some(signal.into_value(py).into_any()))),
+                // A block stuck in native code: give up the partial result, not the interrupt.
+                Err(_) => Err(signal),
+            };
+        }
+    }
+}
+
+/// Sends progress snapshots (as JSON) to the Python callback when they change.
+struct Reporter {
+    progress: Progress,
+    last_code: LastCode,
+    callback: Option<Py<PyAny>>,
+    last_sent: Option<(ProgressSnapshot, Option<String>)>,
+}
+
+impl Reporter {
+    fn report(&mut self, py: Python<'_>) -> PyResult<()> {
+        let Some(callback) = &self.callback else {
+            return Ok(());
+        };
+        let snapshot = self.progress.snapshot();
+        let code = self.last_code.get();
+        let unchanged = self.last_sent.as_ref().is_some_and(|(s, c)| {
+            s.iteration == snapshot.iteration
+                && s.phase == snapshot.phase
+                && s.sub_calls_done == snapshot.sub_calls_done
+                && s.calls_in_flight == snapshot.calls_in_flight
+                && s.tokens == snapshot.tokens
+                && *c == code
+        });
+        if unchanged {
+            return Ok(());
+        }
+        let event = serde_json::json!({
+            "iteration": snapshot.iteration,
+            "max_iterations": snapshot.max_iterations,
+            "phase": snapshot.phase,
+            "sub_calls_done": snapshot.sub_calls_done,
+            "calls_in_flight": snapshot.calls_in_flight,
+            "tokens": snapshot.tokens,
+            "cost_usd": snapshot.cost_usd,
+            "elapsed_s": snapshot.elapsed.as_secs_f64(),
+            "last_code": code,
+        });
+        callback.call1(py, (event.to_string(),))?;
+        self.last_sent = Some((snapshot, code));
+        Ok(())
+    }
+}
+
+/// A hook that keeps the code of the last block run, for the progress display.
+#[derive(Debug, Clone, Default)]
+struct LastCode(Arc<Mutex<Option<String>>>);
+
+impl LastCode {
+    fn get(&self) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Hook for LastCode {
+    fn after_block(&mut self, _iteration: u32, run: &mut BlockRun) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(run.block.code.clone());
+    }
+}
+
+/// The in-memory trajectory (JSONL) of a run, for the result's HTML view.
+#[derive(Debug, Clone, Default)]
+struct SharedBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl SharedBuffer {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(PoisonError::into_inner)).into_owned()
+    }
+}
+
+impl Write for SharedBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn result_json(result: &RlmResult) -> PyResult<String> {
+    serde_json::to_string(result)
+        .map_err(|e| PyRuntimeError::new_err(format!("Could not encode the result: {e}")))
+}

@@ -1,0 +1,35 @@
+//! `rlm_kernel._native`: the kernel library as a Python extension module (built by maturin
+//! for the stable ABI), under the pure-Python package `rlm_kernel` (the API, the `%%rlm`
+//! magic, rich display).
+//!
+//! Inside a user's interpreter the kernel attaches to the running interpreter (it never
+//! initialises one), installs no signal handler and starts no event loop: waits happen on the
+//! calling thread in short slices with the GIL released, checking for signals in between
+//! ([`completion`]). The REPL session of a run is a fresh namespace of the same interpreter, and
+//! live contexts are bound into it by reference.
+
+mod completion;
+mod mock;
+mod options;
+mod query;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+/// `render_trajectory(jsonl, collapsed=False) -> str`: the HTML trajectory view of `rlm view`.
+#[pyfunction]
+#[pyo3(signature = (jsonl, collapsed=false))]
+fn render_trajectory(jsonl: &str, collapsed: bool) -> PyResult<String> {
+    kernel::rlm::render_trajectory_html(jsonl, collapsed)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(completion::run_completion, m)?)?;
+    m.add_function(wrap_pyfunction!(query::llm_query, m)?)?;
+    m.add_function(wrap_pyfunction!(query::llm_query_batched, m)?)?;
+    m.add_function(wrap_pyfunction!(render_trajectory, m)?)?;
+    m.add_class::<mock::MockServer>()?;
+    Ok(())
+}
