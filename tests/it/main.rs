@@ -21,3 +21,4 @@ mod processes;
 mod run;
 mod secrets;
 mod trace;
+mod view;

@@ -71,6 +71,8 @@ pub(crate) enum Command {
     MockLm(MockLmArgs),
     /// Print a saved trajectory (`--trajectory FILE`) as the readable trace `--trace` shows.
     Show(ShowArgs),
+    /// Render a trajectory (`--trajectory` JSONL) as one self-contained HTML page.
+    View(ViewArgs),
 }
 
 /// Arguments of `rlm show`.
@@ -79,6 +81,18 @@ pub(crate) struct ShowArgs {
     /// The trajectory file (JSONL) written by `rlm run --trajectory`.
     #[arg(value_name = "FILE")]
     pub(crate) trajectory: PathBuf,
+}
+
+/// Arguments of `rlm view`.
+#[derive(Debug, Args)]
+pub(crate) struct ViewArgs {
+    /// The trajectory file written by `rlm run --trajectory`.
+    #[arg(value_name = "TRAJECTORY")]
+    pub(crate) trajectory: PathBuf,
+
+    /// Where to write the page (default: the trajectory's path with `.html`).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub(crate) output: Option<PathBuf>,
 }
 
 /// Arguments of `rlm run`.

@@ -21,6 +21,7 @@ mod run;
 mod secrets;
 mod show;
 mod trace;
+mod view;
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -103,6 +104,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             kernel::runtime::shared().block_on(mock_lm::serve(args))?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::View(args) => view::execute(args),
     }
 }
 

@@ -12,3 +12,5 @@ box.addEventListener("input",function(){
   });
   count.textContent=q?shown+" of "+its.length+" iterations match":"";
 });
+var m=/^#search=(.*)$/.exec(location.hash||"");
+if(m){box.value=decodeURIComponent(m[1]);box.dispatchEvent(new Event("input"));}

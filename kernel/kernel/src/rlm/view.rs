@@ -7,7 +7,7 @@
 //! code, output and error, and its sub-call counts and timings. A search box filters iterations
 //! by their text (and opens the ones that match) and buttons expand or collapse them all, so a
 //! run of hundreds of iterations stays readable. Without script the page still works: the
-//! sections are plain `<details>`.
+//! sections are plain `<details>`. A link ending in `#search=TEXT` opens the page filtered.
 //!
 //! The renderer reads the JSONL loosely (as [`serde_json::Value`]) so that it can show a
 //! trajectory cut short (a run killed mid-write: the incomplete last line is reported, not

@@ -1,0 +1,42 @@
+//! `rlm view`: a trajectory (JSONL) as one self-contained HTML page, rendered by the kernel
+//! library's [`kernel::rlm::render_trajectory_html`] (the notebook shows the same view).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+
+use crate::UsageError;
+use crate::args::ViewArgs;
+
+/// Writes the page; the default output is the trajectory's path with `.html`.
+pub(crate) fn execute(args: ViewArgs) -> Result<ExitCode> {
+    let output = args
+        .output
+        .clone()
+        .unwrap_or_else(|| args.trajectory.with_extension("html"));
+    if same_file(&output, &args.trajectory) {
+        return Err(UsageError::new(format!(
+            "`-o {}` is the trajectory itself; pick another output path",
+            output.display()
+        ))
+        .into());
+    }
+    let jsonl = std::fs::read_to_string(&args.trajectory).with_context(|| {
+        format!(
+            "Could not read the trajectory `{}`; pass the file written by `rlm run --trajectory FILE`",
+            args.trajectory.display()
+        )
+    })?;
+    let html = kernel::rlm::render_trajectory_html(&jsonl, false)
+        .with_context(|| format!("Cannot show `{}`", args.trajectory.display()))?;
+    std::fs::write(&output, html)
+        .with_context(|| format!("Could not write `{}`", output.display()))?;
+    eprintln!("wrote {}", output.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    let canonical = |p: &Path| -> Option<PathBuf> { p.canonicalize().ok() };
+    a == b || matches!((canonical(a), canonical(b)), (Some(x), Some(y)) if x == y)
+}
