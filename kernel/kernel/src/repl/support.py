@@ -123,6 +123,7 @@ class Session:
         _SESSIONS.add(self)
 
     def begin_block(self, stdout, stderr):
+        _ensure_routed(sys)
         self.stdout = stdout
         self.stderr = stderr
         self.stop = threading.Event()
@@ -279,6 +280,13 @@ class _RoutedStream(io.TextIOBase):
         if session is None and self._fallback is not None:
             self._fallback.flush()
 
+    def __getattr__(self, name):
+        # Anything else is the wrapped stream's (e.g. ipykernel's `set_parent`, which routes
+        # a notebook cell's output to that cell).
+        if name == "_fallback":
+            raise AttributeError(name)
+        return getattr(self._fallback, name)
+
 
 class _NoInput(io.TextIOBase):
     """`sys.stdin`: a session has no terminal, so reading in a session's thread gives
@@ -399,6 +407,16 @@ def _raise_signal(sig):
     return _original_raise_signal(sig)
 
 
+def _ensure_routed(sys_module):
+    """Route again if someone replaced `sys.stdout`/`sys.stderr` since (a test runner's
+    capture, `contextlib.redirect_stdout`, a notebook's output stream): their stream becomes
+    the fallback of threads outside any session."""
+    if not isinstance(sys_module.stdout, _RoutedStream):
+        sys_module.stdout = _RoutedStream("stdout", sys_module.stdout)
+    if not isinstance(sys_module.stderr, _RoutedStream):
+        sys_module.stderr = _RoutedStream("stderr", sys_module.stderr)
+
+
 def install(sys_module, owns_interpreter):
     """Patch the interpreter once: routed stdio, no stdin, interruptible sleep, spawn workers
     that can import the session modules.
@@ -416,8 +434,7 @@ def install(sys_module, owns_interpreter):
             sys_module.executable = python
             multiprocessing.spawn.set_executable(python)
     multiprocessing.spawn.get_preparation_data = _preparation_data
-    sys_module.stdout = _RoutedStream("stdout", sys_module.stdout)
-    sys_module.stderr = _RoutedStream("stderr", sys_module.stderr)
+    _ensure_routed(sys_module)
     sys_module.stdin = _NoInput(sys_module.stdin)
     time.sleep = _interruptible_sleep
     threading.Thread.start = _thread_start

@@ -1,0 +1,143 @@
+"""The plain Python API against the mock LM server on 127.0.0.1."""
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import rlm_kernel
+from rlm_kernel import RLM
+
+from conftest import repl, script
+
+
+def test_completion_binds_a_live_frame_by_reference_and_answers(mock_server):
+    df = pl.DataFrame({"region": ["n", "s", "n"], "sales": [3, 4, 5]})
+    code = (
+        f"print('same object:', id(context) == {id(df)})\n"
+        "total = int(context['sales'].sum())\n"
+        "print(type(context).__module__, context.height)"
+    )
+    mock = mock_server(script([repl(code), repl("FINAL_VAR(total)")]))
+    result = RLM(model="root", sub_model="sub", base_url=mock.base_url).completion(
+        "Total sales?", context=df
+    )
+    assert result.answer == "12"
+    assert result.termination_reason == "final_answer"
+    assert result.metrics["iterations"] == 2
+    stdout = result.trajectory[0]["blocks"][0]["stdout"]
+    assert "same object: True" in stdout
+    assert "polars.dataframe.frame 3" in stdout
+    assert result.contexts[0]["kind"] == "table"
+    assert result.contexts[0]["rows"] == 3
+    # The root model was told what the frame is, by its shape, never its rows.
+    first_prompt = mock.request_log()[0][1]
+    assert "polars.DataFrame" in first_prompt and "3 rows" in first_prompt
+    assert result.trajectory_jsonl.count('"type":"iteration"') == 2
+
+
+def test_dicts_lists_and_text_are_live_too_and_paths_load(mock_server, tmp_path):
+    data = {"a": [1, 2]}
+    items = ["x", "y"]
+    csv = tmp_path / "t.csv"
+    csv.write_text("v\n1\n2\n")
+    code = (
+        f"print(id(context_0) == {id(data)}, id(context_1) == {id(items)})\n"
+        "context_0['seen'] = True\n"
+        "print(context_2, type(context_3).__name__)"
+    )
+    mock = mock_server(script([repl(code), "FINAL(ok)"]))
+    result = RLM(model="root", base_url=mock.base_url).completion(
+        "q", contexts=[data, items, "plain text", csv]
+    )
+    assert result.answer == "ok"
+    assert result.trajectory[0]["blocks"][0]["stdout"] == "True True\nplain text DataFrame\n"
+    # By reference: what the model's code does to the object, the caller sees.
+    assert data["seen"] is True
+    assert [c["kind"] for c in result.contexts] == ["json", "json", "text", "table"]
+
+
+def test_the_model_namespace_is_not_the_callers(mock_server):
+    code = "leaked = 1\nRLM = None\nglobals()['also_leaked'] = 2\nprint(__name__)"
+    mock = mock_server(script([repl(code), "FINAL(done)"]))
+    RLM(model="root", base_url=mock.base_url).completion("q", context="text")
+    assert "leaked" not in globals() and "also_leaked" not in globals()
+    assert RLM is rlm_kernel.RLM
+    import __main__
+
+    assert not hasattr(__main__, "leaked")
+
+
+def test_a_prompt_reaches_the_model_verbatim(mock_server):
+    mock = mock_server(script(["FINAL(fine)"]))
+    RLM(model="root", base_url=mock.base_url).completion("Is {'a': 1} a dict?", context="x")
+    assert "Is {'a': 1} a dict?" in mock.request_log()[0][1]
+    assert rlm_kernel.llm_query("{'a': 1}", model="sub", base_url=mock.base_url) == "{'a': 1}"
+
+
+def test_eight_batched_sub_calls_of_500_ms_run_in_parallel(mock_server):
+    mock = mock_server({"models": {"*": {"replies": [{"behaviour": "echo"}]}}}, latency_ms=500)
+    prompts = [f"question {i}" for i in range(8)]
+    started = time.monotonic()
+    answers = rlm_kernel.llm_query_batched(prompts, model="sub", base_url=mock.base_url)
+    elapsed = time.monotonic() - started
+    assert answers == prompts
+    assert elapsed < 2.0, f"8 calls of 500 ms took {elapsed:.2f}s: not in parallel"
+
+
+def test_sigint_stops_a_run_in_a_slow_sub_call_with_its_partial_result(mock_server):
+    code = "answer['content'] = 'partial'\nprint('calling')\nslow = llm_query('take your time')"
+    mock = mock_server(script([repl(code), "FINAL(late)"], sub_latency_ms=30_000))
+    rlm = RLM(model="root", sub_model="sub", base_url=mock.base_url)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt) as caught:
+        rlm.completion("q", context="x")
+    stopped_after = time.monotonic() - started
+    timer.join()
+    assert stopped_after < 1.0 + 2.0, f"stopped {stopped_after - 1.0:.2f}s after SIGINT"
+    result = caught.value.result
+    assert result.termination_reason == "interrupted"
+    assert "interrupted" in str(caught.value)
+    # The next run on the same process goes normally.
+    fast = mock_server(script(["FINAL(next)"]))
+    assert RLM(model="root", base_url=fast.base_url).completion("q", context="x").answer == "next"
+
+
+def test_bad_options_and_contexts_are_clear_errors(mock_server):
+    with pytest.raises(TypeError, match="unknown option.*`max_iteration`.*max_iterations"):
+        RLM(model="m", max_iteration=3)
+    with pytest.raises(ValueError, match="`max_iterations` must be at least 1"):
+        RLM(model="m", base_url="http://127.0.0.1:9/v1", max_iterations=0).completion("q", context="x")
+    with pytest.raises(ValueError, match="No root model given"):
+        RLM().completion("q", context="x")
+    mock = mock_server(script(["FINAL(x)"]))
+    with pytest.raises(RuntimeError, match="Context `context_0` is a `builtins.set`"):
+        RLM(model="root", base_url=mock.base_url).completion("q", context={1, 2})
+
+
+def test_environment_and_rlm_toml_fill_unset_options(mock_server, monkeypatch, tmp_path):
+    mock = mock_server(script(["FINAL(from config)"]))
+    Path("rlm.toml").write_text(f'[run]\nmodel = "root"\nbase-url = "{mock.base_url}"\nmax-iterations = 7\n')
+    monkeypatch.setenv("RLM_MAX_ITERATIONS", "4")
+    rlm = RLM()
+    assert rlm.options["max_iterations"] == 4
+    assert rlm.options["base_url"] == mock.base_url
+    assert RLM(max_iterations=2).options["max_iterations"] == 2
+    assert rlm.completion("q", context="x").answer == "from config"
+
+
+def test_result_renders_answer_view_and_metrics(mock_server):
+    mock = mock_server(script([repl("x = 40 + 2\nprint(x)"), "FINAL(42)"]))
+    result = RLM(model="root", base_url=mock.base_url).completion("q", context="x")
+    bundle = result._repr_mimebundle_()
+    assert bundle["text/plain"] == "42"
+    assert bundle["application/json"]["iterations"] == 2
+    html = bundle["text/html"]
+    assert html.startswith('<div class="rlm-view"') and "<details class=\"rlm-all\">" in html
+    assert html.count('<details class="rlm-it">') == 2 and "x = 40 + 2" in html

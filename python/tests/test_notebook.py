@@ -1,0 +1,102 @@
+"""`%load_ext rlm_kernel` and `%%rlm` in a real Jupyter kernel (ipykernel), driven headlessly."""
+
+import time
+
+import nbformat
+from jupyter_client.manager import start_new_kernel
+from nbclient import NotebookClient
+
+from conftest import repl, script
+
+
+class RecordingClient(NotebookClient):
+    """Keeps the type of every IOPub message, per cell (nbclient folds display updates into
+    the earlier output, so the outputs alone cannot show them)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.messages = {}
+
+    def process_message(self, msg, cell, cell_index):
+        self.messages.setdefault(cell_index, []).append(msg["msg_type"])
+        return super().process_message(msg, cell, cell_index)
+
+
+def test_rlm_magic_over_a_polars_frame(mock_server):
+    code = "total = int(context['sales'].sum())\nprint(total)"
+    # Root replies take a while, so the live progress display is updated as the run goes.
+    mock = mock_server(script([repl(code), repl("FINAL_VAR(total)")], root_latency_ms=300))
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            "%load_ext rlm_kernel\nimport polars as pl\n"
+            "df = pl.DataFrame({'region': ['n', 's', 'n'], 'sales': [3, 4, 5]})"
+        ),
+        nbformat.v4.new_code_cell(f"%rlm_config --model root --sub-model sub --base-url {mock.base_url}"),
+        nbformat.v4.new_code_cell("%%rlm -c df -o ans --max-iterations 5\nTotal sales? Reply like {'a': 1}."),
+        nbformat.v4.new_code_cell(
+            "import json\n"
+            "print(type(ans).__name__, ans.answer, ans.termination_reason)\n"
+            "print(json.loads(ans.trajectory_jsonl.splitlines()[0])['query'])\n"
+            "df.height"
+        ),
+    ]
+    client = RecordingClient(nb, timeout=120, kernel_name="python3")
+    client.execute()
+
+    magic = nb.cells[2]
+    kinds = [o["output_type"] for o in magic.outputs]
+    assert "display_data" in kinds, magic.outputs
+    assert "update_display_data" in client.messages[2], client.messages[2]
+    result = next(o for o in magic.outputs if o["output_type"] == "execute_result")
+    assert result["data"]["text/plain"] == "12"
+    assert '<details class="rlm-all">' in result["data"]["text/html"]
+    assert result["data"]["application/json"]["iterations"] == 2
+    progress = next(o for o in magic.outputs if o["output_type"] == "display_data")
+    assert "iteration" in progress["data"]["text/plain"]
+
+    check = nb.cells[3]
+    # The cell body is the query, verbatim (no `{}` expansion); `test_api` checks that a
+    # query reaches the model as given.
+    assert check.outputs[0]["text"] == (
+        "RLMResult 12 final_answer\nTotal sales? Reply like {'a': 1}.\n"
+    )
+    # The notebook's own variable is untouched.
+    assert check.outputs[1]["data"]["text/plain"] == "3"
+
+
+def _execute(client, code, timeout=60):
+    msg_id = client.execute(code)
+    reply = client.get_shell_msg(timeout=timeout)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = client.get_shell_msg(timeout=timeout)
+    return reply["content"]
+
+
+def test_interrupting_the_kernel_stops_a_slow_sub_call_and_the_next_cell_runs(mock_server):
+    code = "print('asking')\nslow = llm_query('take your time')"
+    mock = mock_server(script([repl(code), "FINAL(late)"], sub_latency_ms=60_000))
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        setup = _execute(kc, f"%load_ext rlm_kernel\n%rlm_config --model root --sub-model sub --base-url {mock.base_url}")
+        assert setup["status"] == "ok", setup
+        msg_id = kc.execute("%%rlm\nTake your time.")
+        deadline = time.monotonic() + 30
+        # Wait until the slow sub-call is in flight: the root model has been asked once.
+        while mock.requests < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        interrupted_at = time.monotonic()
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=30)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=30)
+        took = time.monotonic() - interrupted_at
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        assert took < 2.0, f"the interrupt took {took:.2f}s"
+        after = _execute(kc, "21 * 2")
+        assert after["status"] == "ok", after
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
