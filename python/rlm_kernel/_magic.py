@@ -160,7 +160,6 @@ class RlmMagics(Magics):
             namespace[args.out] = result
         return result
 
-    @no_var_expand
     @line_magic
     def rlm_config(self, line: str):
         """Set session defaults for `%%rlm` and `RLM(...)`, or show the effective options.

@@ -260,11 +260,11 @@ fn render_result(out: &mut String, result: Option<&Value>) {
             ("cost", format!("${:.4}", number("cost_usd"))),
             ("time", format!("{:.2} s", number("total_ms") / 1e3)),
         ];
-        out.push_str("<table class=\"rlm-metrics\">");
+        out.push_str("<div class=\"rlm-metrics\">");
         for (name, value) in rows {
-            let _ = write!(out, "<tr><th>{name}</th><td>{}</td></tr>", escape(&value));
+            let _ = write!(out, "<span><i>{name}</i> {}</span>", escape(&value));
         }
-        out.push_str("</table>");
+        out.push_str("</div>");
     }
     out.push_str("</section>");
 }
