@@ -40,16 +40,39 @@ fn view_writes_where_asked_and_refuses_to_overwrite_its_input() {
     let trajectory = file(dir.path(), "t.jsonl", jsonl);
     let out = dir.path().join("page.html");
     let path = |p: &std::path::Path| p.display().to_string();
-    rlm(&["view".into(), path(&trajectory), "-o".into(), path(&out)], None).assert_code(0);
+    rlm(
+        &["view".into(), path(&trajectory), "-o".into(), path(&out)],
+        None,
+    )
+    .assert_code(0);
     assert!(std::fs::read_to_string(&out).expect("page").contains("42"));
 
-    let same = rlm(&["view".into(), path(&trajectory), "-o".into(), path(&trajectory)], None);
+    let same = rlm(
+        &[
+            "view".into(),
+            path(&trajectory),
+            "-o".into(),
+            path(&trajectory),
+        ],
+        None,
+    );
     same.assert_code(2);
-    assert!(same.stderr.contains("is the trajectory itself"), "{}", same.stderr);
-    assert_eq!(std::fs::read_to_string(&trajectory).expect("input kept"), jsonl);
+    assert!(
+        same.stderr.contains("is the trajectory itself"),
+        "{}",
+        same.stderr
+    );
+    assert_eq!(
+        std::fs::read_to_string(&trajectory).expect("input kept"),
+        jsonl
+    );
 
     let junk = file(dir.path(), "junk.txt", "not a trajectory\n");
     let refused = rlm(&["view".into(), path(&junk)], None);
     refused.assert_code(1);
-    assert!(refused.stderr.contains("holds no trajectory lines"), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("holds no trajectory lines"),
+        "{}",
+        refused.stderr
+    );
 }

@@ -375,9 +375,22 @@ impl Drop for ReplSession {
     }
 }
 
-/// Run `wait` with the GIL released even if the calling thread holds it (e.g. a Python
-/// extension calling into the kernel): the session thread needs the GIL to answer. Attaching
-/// is re-entrant, so this works from attached and plain threads alike, with the stable ABI too.
+/// Run `wait` with the GIL released if the calling thread holds it (e.g. a Python extension
+/// calling into the kernel): the session thread needs the GIL to answer.
+#[cfg(not(Py_LIMITED_API))]
+fn without_gil<T: Send>(wait: impl FnOnce() -> T + Send) -> T {
+    // SAFETY: only called once a session exists, i.e. after the interpreter is initialised.
+    let attached = unsafe { pyo3::ffi::PyGILState_Check() } == 1;
+    if attached {
+        Python::attach(|py| py.detach(wait))
+    } else {
+        wait()
+    }
+}
+
+/// Under the stable ABI (the Python package) there is no `PyGILState_Check`: attach (a no-op
+/// on a thread that holds the GIL) and release.
+#[cfg(Py_LIMITED_API)]
 fn without_gil<T: Send>(wait: impl FnOnce() -> T + Send) -> T {
     Python::attach(|py| py.detach(wait))
 }

@@ -375,7 +375,7 @@ fn render_block(out: &mut String, block: &Value) {
             continue;
         };
         let omitted = block
-            .get(&format!("{stream}_omitted_chars"))
+            .get(format!("{stream}_omitted_chars"))
             .and_then(Value::as_u64)
             .unwrap_or(0);
         let _ = write!(
