@@ -5,8 +5,8 @@
 //! Inside a user's interpreter the kernel attaches to the running interpreter (it never
 //! initialises one), installs no signal handler and starts no event loop: waits happen on the
 //! calling thread in short slices with the GIL released, checking for signals in between
-//! ([`completion`]). The REPL session of a run is a fresh namespace of the same interpreter, and
-//! live contexts are bound into it by reference.
+//! (module `completion`). The REPL session of a run is a fresh namespace of the same
+//! interpreter, and live contexts are bound into it by reference.
 
 mod completion;
 mod mock;
