@@ -1,6 +1,8 @@
 //! The keyword options of `RLM(...)`, `llm_query(...)` and `%%rlm`: the `rlm run` flags with
-//! `_` for `-` (`max_iterations` is `--max-iterations`), resolved to the kernel's endpoints,
-//! session and loop settings as the CLI resolves its flags.
+//! `_` for `-` (`max_iterations` is `--max-iterations`) and their command-line values (the
+//! library's enums read them), resolved to the kernel's endpoints, session and loop settings as
+//! `rlm run` resolves its flags (a copy of `kernel/cli/src/run.rs`; moving one mapping into the
+//! kernel library for both is open work).
 //!
 //! The Python layer merges `%rlm_config` defaults, `RLM_*` variables and `rlm.toml` first and
 //! sends the result as JSON; unknown names are refused here with the list of known ones.
@@ -33,7 +35,7 @@ pub(crate) struct Options {
     sub_base_url: Option<String>,
     #[serde(default)]
     extra_models: Vec<String>,
-    provider: Option<String>,
+    provider: Option<Provider>,
     api_key_env: Option<String>,
     max_output_tokens: Option<u32>,
     temperature: Option<f32>,
@@ -47,9 +49,9 @@ pub(crate) struct Options {
     price: Option<String>,
     sub_price: Option<String>,
     batch_concurrency: Option<usize>,
-    sub_call_errors: Option<String>,
-    protocol: Option<String>,
-    code_and_final: Option<String>,
+    sub_call_errors: Option<SubCallErrorMode>,
+    protocol: Option<Protocol>,
+    code_and_final: Option<CodeAndFinal>,
     output_limit: Option<usize>,
     max_history_chars: Option<usize>,
     max_consecutive_failures: Option<u32>,
@@ -70,15 +72,7 @@ impl Options {
 
     /// `root`, `sub` and the `extra_models`, sharing one ledger with the budget.
     pub(crate) fn endpoints(&self) -> PyResult<Arc<Endpoints>> {
-        let provider = match self.provider.as_deref().unwrap_or("openai") {
-            "openai" => Provider::OpenAi,
-            "anthropic" => Provider::Anthropic,
-            other => {
-                return Err(invalid(format!(
-                    "`provider` must be `openai` or `anthropic`, got `{other}`"
-                )));
-            }
-        };
+        let provider = self.provider.unwrap_or_default();
         let Some(model) = self.model.clone() else {
             return Err(invalid(
                 "No root model given; pass `model=\"NAME\"` (or `%rlm_config --model NAME`, `RLM_MODEL`, or `model` in rlm.toml)".to_owned(),
@@ -168,15 +162,9 @@ impl Options {
             config.cell_timeout = seconds("cell_timeout", s)?;
         }
         config.batch_concurrency = self.batch_concurrency;
-        config.sub_call_errors = match self.sub_call_errors.as_deref() {
-            None | Some("string") => SubCallErrorMode::ReturnString,
-            Some("raise") => SubCallErrorMode::Raise,
-            Some(other) => {
-                return Err(invalid(format!(
-                    "`sub_call_errors` must be `string` or `raise`, got `{other}`"
-                )));
-            }
-        };
+        if let Some(mode) = self.sub_call_errors {
+            config.sub_call_errors = mode;
+        }
         config.sub_endpoint = SUB.to_owned();
         Ok(config)
     }
@@ -194,26 +182,10 @@ impl Options {
             config.max_iterations = n;
         }
         config.run_timeout = self.timeout.map(|s| seconds("timeout", s)).transpose()?;
-        config.completion.protocol = match self.protocol.as_deref() {
-            None | Some("auto") => Protocol::Auto,
-            Some("final") => Protocol::Final,
-            Some("answer") => Protocol::Answer,
-            Some(other) => {
-                return Err(invalid(format!(
-                    "`protocol` must be `auto`, `final` or `answer`, got `{other}`"
-                )));
-            }
-        };
-        config.completion.code_and_final = match self.code_and_final.as_deref() {
-            None => config.completion.code_and_final,
-            Some("see-output") => CodeAndFinal::SeeOutputFirst,
-            Some("accept") => CodeAndFinal::Accept,
-            Some(other) => {
-                return Err(invalid(format!(
-                    "`code_and_final` must be `see-output` or `accept`, got `{other}`"
-                )));
-            }
-        };
+        config.completion.protocol = self.protocol.unwrap_or_default();
+        if let Some(policy) = self.code_and_final {
+            config.completion.code_and_final = policy;
+        }
         if let Some(limit) = self.output_limit {
             config.feedback.block_limit = limit;
         }

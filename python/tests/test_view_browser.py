@@ -35,7 +35,7 @@ def _run_with_trajectory(mock_server, tmp_path):
     replies = [
         repl("rows = context.splitlines()\nprint(len(rows), 'rows <b>not bold</b>')"),
         repl("needle = [r for r in rows if 'needle' in r]\n1 / 0"),
-        repl("FINAL_VAR(needle[0])"),
+        repl("answer['content'] = needle[0]\nanswer['ready'] = True"),
     ]
     mock = mock_server(script(replies))
     trajectory = tmp_path / "run.jsonl"
