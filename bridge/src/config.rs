@@ -26,6 +26,24 @@ pub enum Provider {
     Anthropic,
 }
 
+impl Provider {
+    /// The provider's own API, for an endpoint with no base URL of its own.
+    pub fn default_base_url(self) -> &'static str {
+        match self {
+            Self::OpenAi => "https://api.openai.com/v1",
+            Self::Anthropic => "https://api.anthropic.com",
+        }
+    }
+
+    /// The environment variable that conventionally holds the provider's API key.
+    pub fn default_api_key_env(self) -> &'static str {
+        match self {
+            Self::OpenAi => "OPENAI_API_KEY",
+            Self::Anthropic => "ANTHROPIC_API_KEY",
+        }
+    }
+}
+
 impl FromStr for Provider {
     type Err = BridgeError;
 

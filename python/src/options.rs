@@ -78,17 +78,14 @@ impl Options {
                 "No root model given; pass `model=\"NAME\"` (or `%rlm_config --model NAME`, `RLM_MODEL`, or `model` in rlm.toml)".to_owned(),
             ));
         };
-        let base_url = self.base_url.clone().unwrap_or_else(|| match provider {
-            Provider::OpenAi => "https://api.openai.com/v1".to_owned(),
-            Provider::Anthropic => "https://api.anthropic.com".to_owned(),
-        });
-        let api_key_env = self.api_key_env.clone().unwrap_or_else(|| {
-            match provider {
-                Provider::OpenAi => "OPENAI_API_KEY",
-                Provider::Anthropic => "ANTHROPIC_API_KEY",
-            }
-            .to_owned()
-        });
+        let base_url = self
+            .base_url
+            .clone()
+            .unwrap_or_else(|| provider.default_base_url().to_owned());
+        let api_key_env = self
+            .api_key_env
+            .clone()
+            .unwrap_or_else(|| provider.default_api_key_env().to_owned());
         let price = self
             .price
             .as_deref()

@@ -13,9 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use bridge::{
-    Budget, EndpointConfig, Endpoints, Ledger, Price, Provider, SamplingParams, SettingNames,
-};
+use bridge::{Budget, EndpointConfig, Endpoints, Ledger, Price, SamplingParams, SettingNames};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernel::repl::{ReplSession, SessionConfig};
 use kernel::rlm::{
@@ -185,17 +183,14 @@ pub(crate) fn build_endpoints(opts: &RunOptions) -> Result<Arc<Endpoints>> {
             "No root model given; pass `--model NAME` (or set `RLM_MODEL`, or `model` in rlm.toml)",
         ));
     };
-    let base_url = opts.base_url.clone().unwrap_or_else(|| match provider {
-        Provider::OpenAi => "https://api.openai.com/v1".to_owned(),
-        Provider::Anthropic => "https://api.anthropic.com".to_owned(),
-    });
-    let api_key_env = opts.api_key_env.clone().unwrap_or_else(|| {
-        match provider {
-            Provider::OpenAi => "OPENAI_API_KEY",
-            Provider::Anthropic => "ANTHROPIC_API_KEY",
-        }
-        .to_owned()
-    });
+    let base_url = opts
+        .base_url
+        .clone()
+        .unwrap_or_else(|| provider.default_base_url().to_owned());
+    let api_key_env = opts
+        .api_key_env
+        .clone()
+        .unwrap_or_else(|| provider.default_api_key_env().to_owned());
     let price = opts
         .price
         .as_deref()
