@@ -2,7 +2,7 @@
 """Fails when modules of one folder import each other in a circle.
 
 Checks the folders named on the command line (default: every module folder of the
-workspace's library crates). A module's imports are its `use super::X` / `use crate::a::X`
+workspace's library crates, found on disk). A module's imports are its `use super::X` / `use crate::a::X`
 lines outside `#[cfg(test)]` blocks, mapped to sibling files of the same folder. Prints each
 cycle (a strongly connected component of more than one module) and exits 1 if there is one.
 """
@@ -10,10 +10,16 @@ import re
 import sys
 from pathlib import Path
 
-DEFAULT = [
-    "bridge/src", "bridge/src/client", "bridge/src/mock",
-    "kernel/kernel/src/rlm", "kernel/kernel/src/repl",
-]
+def default_folders(root: Path) -> list:
+    """Every folder of Rust modules in the library crates (`bridge` and `kernel/*`)."""
+    crates = [root / "bridge", *sorted(p for p in (root / "kernel").iterdir() if p.is_dir())]
+    folders = []
+    for crate in crates:
+        src = crate / "src"
+        if (src / "lib.rs").exists():
+            folders += [d for d in [src, *sorted(src.rglob("*"))]
+                        if d.is_dir() and any(d.glob("*.rs"))]
+    return [str(d.relative_to(root)) for d in folders]
 
 
 def production_text(path: Path) -> str:
@@ -99,7 +105,7 @@ def sccs(graph: dict) -> list:
 
 def main() -> int:
     root = Path(__file__).resolve().parent.parent
-    folders = sys.argv[1:] or DEFAULT
+    folders = sys.argv[1:] or default_folders(root)
     bad = False
     for f in folders:
         for cycle in check(root / f):

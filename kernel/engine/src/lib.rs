@@ -1,0 +1,32 @@
+//! The rlm-kernel workflow engine: everything about agents that needs no Python.
+//!
+//! Dependencies point one way: `bridge` (models over HTTP) ← `engine` ← the kernel library
+//! (which adds Python-backed tools and agents) ← the `rlm` binary. This crate never links
+//! CPython, so workflows, the agent loop and bundles build and test without it.
+//!
+//! The pieces, bottom up:
+//!
+//! - [`state`]: the session [`State`] (JSON values under scoped keys) and the
+//!   [`StateDelta`] a step writes. A delta is applied as it is written, so the next tool,
+//!   callback, sibling or iteration sees it.
+//! - [`tool`]: the [`Tool`] trait (name, description, JSON-Schema parameters, `async call`)
+//!   and the [`ToolContext`] a call gets: its id, a cancellation token, the shared state and
+//!   the [`Actions`] (`exit_loop`, `end_turn`, `escalate`) it may raise.
+//!
+//! ```
+//! use engine::{SharedState, State, ToolContext};
+//! use serde_json::json;
+//!
+//! let state = SharedState::new(State::default());
+//! let ctx = ToolContext::new("call_1", state.clone());
+//! ctx.set_state("temp:query", json!("Which regions grew?"));
+//! ctx.exit_loop();
+//! assert_eq!(state.get("temp:query"), Some(json!("Which regions grew?")));
+//! assert!(ctx.take_actions().exit_loop);
+//! ```
+
+pub mod state;
+pub mod tool;
+
+pub use state::{Scope, SharedState, State, StateDelta};
+pub use tool::{Actions, Tool, ToolContext, ToolError};
