@@ -12,6 +12,8 @@
 //! - [`tool`]: the [`Tool`] trait (name, description, JSON-Schema parameters, `async call`)
 //!   and the [`ToolContext`] a call gets: its id, a cancellation token, the shared state and
 //!   the [`Actions`] (`exit_loop`, `end_turn`, `escalate`) it may raise.
+//! - [`flow`]: workflows — the [`Agent`](flow::Agent) trait, events, the invocation
+//!   context, and the graph executor under the Sequential, Loop and Parallel agents.
 //!
 //! ```
 //! use engine::{SharedState, State, ToolContext};
@@ -25,6 +27,7 @@
 //! assert!(ctx.take_actions().exit_loop);
 //! ```
 
+pub mod flow;
 pub mod state;
 pub mod tool;
 

@@ -1,0 +1,210 @@
+//! The [`Agent`] trait and [`run_agent`], the one way an agent is run.
+//!
+//! An agent does its work in [`Agent::run`], reporting each step as an event through its
+//! context, and says how control goes on with a [`Control`]. [`run_agent`] wraps every run
+//! the same way — a child context, the `Start` event, the before-agent callbacks (which may
+//! answer in the agent's place), the run, the after-agent callbacks and the `End` event — so
+//! composite agents (graphs, loops, sequences, parallel groups) call it for each child and
+//! never repeat that protocol.
+//!
+//! The three actions and where they stop:
+//!
+//! - `end_turn` ends the current agent's turn; the agent consumes it and its parent moves
+//!   on to the next sub-agent ([`Control::Continue`]).
+//! - `exit_loop` ends the **nearest** enclosing loop only ([`Control::ExitLoop`] travels up
+//!   through sequences and graphs until a loop consumes it); enclosing loops go on.
+//! - `escalate` stops the whole invocation ([`Control::Escalate`] travels to the root).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::callbacks::Callbacks;
+use super::context::InvocationContext;
+use super::error::FlowError;
+use super::event::{EndStatus, Event, EventKind};
+use crate::state::StateDelta;
+use crate::tool::Actions;
+
+/// How control goes on after an agent ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Control {
+    /// The parent goes on with its next step.
+    Continue,
+    /// The nearest enclosing loop ends.
+    ExitLoop,
+    /// The whole invocation stops.
+    Escalate,
+}
+
+impl Control {
+    /// The control `actions` ask for (`escalate` over `exit_loop`; `end_turn` is the
+    /// agent's own business and continues).
+    pub fn from_actions(actions: Actions) -> Self {
+        if actions.escalate {
+            Self::Escalate
+        } else if actions.exit_loop {
+            Self::ExitLoop
+        } else {
+            Self::Continue
+        }
+    }
+
+    /// The stronger of two (escalate over exit_loop over continue).
+    pub fn max(self, other: Control) -> Control {
+        Ord::max(self, other)
+    }
+}
+
+/// The agent classes a workflow knows, as files and graphs name them.
+pub mod class {
+    /// An LLM agent on the function-calling loop.
+    pub const LLM: &str = "LlmAgent";
+    /// Sub-agents in order, repeated up to `max_iterations`.
+    pub const LOOP: &str = "LoopAgent";
+    /// Sub-agents in order, once.
+    pub const SEQUENTIAL: &str = "SequentialAgent";
+    /// Sub-agents concurrently.
+    pub const PARALLEL: &str = "ParallelAgent";
+    /// Nodes with plain and conditional edges.
+    pub const GRAPH: &str = "GraphAgent";
+    /// The RLM loop as an agent (the kernel provides it).
+    pub const RLM: &str = "RlmAgent";
+    /// A Python function `(state) -> dict of updates` (the kernel provides it).
+    pub const PYTHON: &str = "PythonAgent";
+}
+
+/// An agent: a named step of a workflow.
+#[async_trait]
+pub trait Agent: Send + Sync {
+    /// Its name, unique among its siblings (authors its events, keys its branch).
+    fn name(&self) -> &str;
+
+    /// What it does (shown in graphs, and to a model when it is used as a tool).
+    fn description(&self) -> &str {
+        ""
+    }
+
+    /// Its class ([`class`]), for graphs and logs.
+    fn class(&self) -> &str;
+
+    /// Its sub-agents, in order (for rendering the tree).
+    fn sub_agents(&self) -> Vec<Arc<dyn Agent>> {
+        Vec::new()
+    }
+
+    /// Its own callbacks (run after the invocation's).
+    fn callbacks(&self) -> &Callbacks {
+        static NONE: std::sync::OnceLock<Callbacks> = std::sync::OnceLock::new();
+        NONE.get_or_init(Callbacks::new)
+    }
+
+    /// Runs the agent in `ctx` (its own child context), emitting its steps as events.
+    async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError>;
+}
+
+impl std::fmt::Debug for dyn Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}({})", self.class(), self.name())
+    }
+}
+
+/// What one agent run did: its control and every state write it made.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentRun {
+    /// How control goes on.
+    pub control: Control,
+    /// Every write of the run (sub-agents included), in order.
+    pub delta: StateDelta,
+    /// The actions its events raised.
+    pub actions: Actions,
+}
+
+/// Runs `agent` as a child of `parent`: `Start` event, before-agent callbacks, the run,
+/// after-agent callbacks, `End` event. Returns how control goes on.
+pub async fn run_agent(
+    agent: &dyn Agent,
+    parent: &InvocationContext,
+) -> Result<Control, FlowError> {
+    run_in(agent, &parent.child(agent.name(), agent.callbacks()))
+        .await
+        .map(|run| run.control)
+}
+
+/// [`run_agent`] in an already made child context `ctx`, reporting the whole [`AgentRun`].
+pub async fn run_in(agent: &dyn Agent, ctx: &InvocationContext) -> Result<AgentRun, FlowError> {
+    ctx.emit(Event::new(EventKind::Start))?;
+    let callbacks = ctx.callbacks();
+    let run = async {
+        if callbacks.is_empty() {
+            agent.run(ctx).await
+        } else {
+            run_with_callbacks(agent, ctx, &callbacks).await
+        }
+    };
+    // A cancelled run ends here even if the agent never looks at its token; the agent is
+    // polled first so that nested agents report their own ends, innermost first.
+    let result = tokio::select! {
+        biased;
+        result = run => result,
+        () = ctx.cancel_token().cancelled() => {
+            Err(ctx.stop_reason().unwrap_or(FlowError::Cancelled))
+        }
+    };
+    let (status, control) = match &result {
+        Ok(control) => (
+            ctx.end_status().unwrap_or(match control {
+                Control::Escalate => EndStatus::Escalated,
+                _ => EndStatus::Completed,
+            }),
+            *control,
+        ),
+        Err(e) if e.is_stop() => (EndStatus::Cancelled, Control::Continue),
+        Err(_) => (EndStatus::Failed, Control::Continue),
+    };
+    let mut end = Event::new(EventKind::End { status });
+    if let Err(e) = &result {
+        end.content = Some(e.to_string());
+    }
+    ctx.emit(end)?;
+    let control = result.map(|_| control)?;
+    Ok(AgentRun {
+        control,
+        delta: ctx.delta(),
+        actions: ctx.actions(),
+    })
+}
+
+async fn run_with_callbacks(
+    agent: &dyn Agent,
+    ctx: &InvocationContext,
+    callbacks: &Callbacks,
+) -> Result<Control, FlowError> {
+    let cb = ctx.callback_context();
+    let answer = callbacks.first(|c| c.before_agent(&cb));
+    let actions = ctx.absorb_callback(&cb);
+    let control = match answer {
+        Some(text) => {
+            ctx.emit(Event::message(text).with_actions(actions))?;
+            ctx.set_end_status(EndStatus::Skipped);
+            return Ok(Control::from_actions(actions));
+        }
+        None if actions.any() => {
+            ctx.emit(Event::new(EventKind::StateUpdate).with_actions(actions))?;
+            Control::from_actions(actions)
+        }
+        None => agent.run(ctx).await?,
+    };
+    if control == Control::Escalate {
+        return Ok(control);
+    }
+    let answer = callbacks.first(|c| c.after_agent(&cb));
+    let actions = ctx.absorb_callback(&cb);
+    if let Some(text) = answer {
+        ctx.emit(Event::message(text).with_actions(actions))?;
+    } else if actions.any() {
+        ctx.emit(Event::new(EventKind::StateUpdate).with_actions(actions))?;
+    }
+    // Writes without an event of their own ride on the `End` event.
+    Ok(control.max(Control::from_actions(actions)))
+}

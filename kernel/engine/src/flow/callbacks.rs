@@ -1,0 +1,217 @@
+//! Callbacks: code that watches, changes or short-circuits each step of a workflow.
+//!
+//! In the hook style of the RLM loop: a [`Callback`] has a do-nothing default for every
+//! point, before-points return a [`CallbackAction`] — [`Continue`](CallbackAction::Continue)
+//! or [`Replace`](CallbackAction::Replace) the step's output with the callback's own (a cached
+//! answer, a blocked tool's refusal) so the step does not run — and after-points get the
+//! step's output by `&mut` to amend it. Error points may recover with a replacement.
+//!
+//! Callbacks run in order: the invocation's own (plugins for every agent) first, then the
+//! agent's. For a before-point the first that does not continue decides and the rest are
+//! not asked; after-points all run. A callback sees the state and may write it or raise an
+//! action through its [`CallbackContext`]; those effects are applied at once and reported in
+//! an event of the agent. Callbacks are plain synchronous functions, so the kernel can
+//! implement [`Callback`] for Python callables named in a workflow file.
+
+use std::sync::Arc;
+
+use bridge::{BridgeError, ChatRequest, ChatResponse};
+use serde_json::Value;
+
+use crate::state::{SharedState, StateDelta};
+use crate::tool::{Actions, ToolContext, ToolError};
+
+/// What a before- or error-callback wants.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallbackAction<T> {
+    /// Go on as planned.
+    Continue,
+    /// Skip the step (or recover from its error) with this as its output.
+    Replace(T),
+}
+
+/// A tool call as callbacks see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolInvocation {
+    /// The call id.
+    pub call_id: String,
+    /// The tool's name.
+    pub name: String,
+    /// The parsed arguments (a before-callback may change them).
+    pub args: Value,
+}
+
+/// What a callback may see and change: the agent it runs for, the state, the actions.
+#[derive(Debug)]
+pub struct CallbackContext {
+    agent: String,
+    branch: String,
+    effects: ToolContext,
+}
+
+impl CallbackContext {
+    /// A context for a callback of `agent` (at `branch`) over `state`.
+    pub fn new(agent: impl Into<String>, branch: impl Into<String>, state: SharedState) -> Self {
+        let agent = agent.into();
+        Self {
+            effects: ToolContext::new(format!("callback:{agent}"), state),
+            agent,
+            branch: branch.into(),
+        }
+    }
+
+    /// The agent the callback runs for.
+    pub fn agent(&self) -> &str {
+        &self.agent
+    }
+
+    /// The path of agent names from the root to that agent.
+    pub fn branch(&self) -> &str {
+        &self.branch
+    }
+
+    /// A copy of the value of state key `key`.
+    pub fn get_state(&self, key: &str) -> Option<Value> {
+        self.effects.get_state(key)
+    }
+
+    /// Writes state key `key` (visible at once; reported in an event of the agent).
+    pub fn set_state(&self, key: impl Into<String>, value: Value) {
+        self.effects.set_state(key, value);
+    }
+
+    /// Asks to end the nearest enclosing loop.
+    pub fn exit_loop(&self) {
+        self.effects.exit_loop();
+    }
+
+    /// Asks to end the agent's turn.
+    pub fn end_turn(&self) {
+        self.effects.end_turn();
+    }
+
+    /// Asks to stop the whole invocation.
+    pub fn escalate(&self) {
+        self.effects.escalate();
+    }
+
+    /// The state written and the actions raised, leaving both empty.
+    pub fn take_effects(&self) -> (StateDelta, Actions) {
+        self.effects.take_effects()
+    }
+}
+
+/// Watches, changes or short-circuits steps. Every method has a do-nothing default.
+pub trait Callback: Send + Sync {
+    /// Before an agent runs. `Replace(text)` skips the agent; `text` is its answer.
+    fn before_agent(&self, _ctx: &CallbackContext) -> CallbackAction<String> {
+        CallbackAction::Continue
+    }
+
+    /// After an agent ran. `Replace(text)` adds `text` as the agent's last message.
+    fn after_agent(&self, _ctx: &CallbackContext) -> CallbackAction<String> {
+        CallbackAction::Continue
+    }
+
+    /// Before a model call; may change the request. `Replace(response)` skips the call.
+    fn before_model(
+        &self,
+        _ctx: &CallbackContext,
+        _request: &mut ChatRequest,
+    ) -> CallbackAction<ChatResponse> {
+        CallbackAction::Continue
+    }
+
+    /// After a model call; may change the response.
+    fn after_model(&self, _ctx: &CallbackContext, _response: &mut ChatResponse) {}
+
+    /// When a model call failed. `Replace(response)` recovers with that response.
+    fn on_model_error(
+        &self,
+        _ctx: &CallbackContext,
+        _error: &BridgeError,
+    ) -> CallbackAction<ChatResponse> {
+        CallbackAction::Continue
+    }
+
+    /// Before a tool call; may change the arguments. `Replace(result)` skips the call.
+    fn before_tool(
+        &self,
+        _ctx: &CallbackContext,
+        _call: &mut ToolInvocation,
+    ) -> CallbackAction<Value> {
+        CallbackAction::Continue
+    }
+
+    /// After a tool call succeeded; may change its result.
+    fn after_tool(&self, _ctx: &CallbackContext, _call: &ToolInvocation, _result: &mut Value) {}
+
+    /// When a tool call failed. `Replace(result)` recovers with that result.
+    fn on_tool_error(
+        &self,
+        _ctx: &CallbackContext,
+        _call: &ToolInvocation,
+        _error: &ToolError,
+    ) -> CallbackAction<Value> {
+        CallbackAction::Continue
+    }
+}
+
+/// An ordered list of callbacks.
+#[derive(Clone, Default)]
+pub struct Callbacks {
+    list: Vec<Arc<dyn Callback>>,
+}
+
+impl std::fmt::Debug for Callbacks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Callbacks({})", self.list.len())
+    }
+}
+
+impl Callbacks {
+    /// No callbacks.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `callback` after the others.
+    pub fn push(&mut self, callback: Arc<dyn Callback>) {
+        self.list.push(callback);
+    }
+
+    /// These callbacks, then `later`.
+    pub fn chain(&self, later: &Callbacks) -> Callbacks {
+        let mut list = self.list.clone();
+        list.extend(later.list.iter().cloned());
+        Callbacks { list }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// The first before-point answer that does not continue.
+    pub fn first<T>(&self, mut ask: impl FnMut(&dyn Callback) -> CallbackAction<T>) -> Option<T> {
+        self.list.iter().find_map(|c| match ask(c.as_ref()) {
+            CallbackAction::Continue => None,
+            CallbackAction::Replace(value) => Some(value),
+        })
+    }
+
+    /// Runs an after-point on every callback, in order.
+    pub fn each(&self, mut run: impl FnMut(&dyn Callback)) {
+        for callback in &self.list {
+            run(callback.as_ref());
+        }
+    }
+}
+
+impl FromIterator<Arc<dyn Callback>> for Callbacks {
+    fn from_iter<I: IntoIterator<Item = Arc<dyn Callback>>>(iter: I) -> Self {
+        Self {
+            list: iter.into_iter().collect(),
+        }
+    }
+}

@@ -1,0 +1,480 @@
+//! The invocation context: what every agent of one run shares, and where it stands.
+//!
+//! An [`InvocationContext`] is two things. The run's shared parts — the session
+//! [`SharedState`], the cancellation token, the [`Ledger`] whose budgets every model call
+//! draws on, the event sinks, the invocation-wide callbacks and node observers, the deadline
+//! — live once behind an `Arc`. The agent's own frame — its name, its branch (the path of
+//! names from the root), the writes it made so far, its conversation history — is made
+//! fresh for each agent run by [`InvocationContext::child`], so the executor can tell
+//! exactly which writes each node made (checkpoints store those deltas).
+//!
+//! State written through the context is applied at once (the next step sees it) and
+//! recorded; the next [`emit`](InvocationContext::emit)ted event carries the recorded writes
+//! as its delta, and every enclosing frame adds them to its own record.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bridge::{BudgetExceeded, BudgetLimit, CancellationToken, Ledger};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::callbacks::{CallbackContext, Callbacks};
+use super::error::FlowError;
+use super::event::{EndStatus, Event, EventKind};
+use super::sink::EventSink;
+use crate::state::{SharedState, StateDelta};
+use crate::tool::Actions;
+
+/// One turn of the conversation a run has so far (what LLM agents may see as history).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Turn {
+    /// Who said it: `user` for the run's input, otherwise an agent's name.
+    pub author: String,
+    /// What was said.
+    pub content: String,
+}
+
+/// A node finished inside a graph: what a checkpointer or progress display observes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeRecord {
+    /// The branch of the graph (path of agent names from the root).
+    pub graph: String,
+    /// The node's name.
+    pub node: String,
+    /// Node steps the graph has run, this one included (1-based).
+    pub step: u64,
+    /// The graph's loop iteration (1-based; 1 for graphs that are not loops).
+    pub iteration: u32,
+    /// Every state write the node made, in order (branches of a parallel node merged in
+    /// declaration order).
+    pub delta: StateDelta,
+    /// The actions the node's run ended with.
+    pub actions: Actions,
+}
+
+/// Observes every node a graph runs (checkpointers, progress, health metrics).
+pub trait NodeObserver: Send + Sync {
+    /// A node is about to run.
+    fn node_started(&self, _graph: &str, _node: &str, _step: u64) {}
+
+    /// A node finished; an error stops the run (its state is kept).
+    fn node_finished(
+        &self,
+        _ctx: &InvocationContext,
+        _record: &NodeRecord,
+    ) -> Result<(), FlowError> {
+        Ok(())
+    }
+}
+
+/// The settings of one invocation.
+#[derive(Clone)]
+pub struct Invocation {
+    /// The session state the run works on.
+    pub state: SharedState,
+    /// Cancel it to stop the run (Ctrl-C).
+    pub cancel: CancellationToken,
+    /// The ledger every model call is recorded in (its budget stops the run).
+    pub ledger: Arc<Ledger>,
+    /// Where events go, in order.
+    pub sinks: Vec<Arc<dyn EventSink>>,
+    /// Callbacks for every agent (run before each agent's own).
+    pub callbacks: Callbacks,
+    /// Observers of every graph node.
+    pub observers: Vec<Arc<dyn NodeObserver>>,
+    /// The whole run's time limit.
+    pub timeout: Option<Duration>,
+}
+
+impl std::fmt::Debug for Invocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Invocation")
+            .field("sinks", &self.sinks.len())
+            .field("observers", &self.observers.len())
+            .field("callbacks", &self.callbacks)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Invocation {
+    /// An invocation over `state` with no limits beyond the ledger's (an unlimited one).
+    pub fn new(state: SharedState) -> Self {
+        Self {
+            state,
+            cancel: CancellationToken::new(),
+            ledger: Arc::new(Ledger::default()),
+            sinks: Vec::new(),
+            callbacks: Callbacks::new(),
+            observers: Vec::new(),
+            timeout: None,
+        }
+    }
+
+    /// Adds an event sink.
+    pub fn with_sink(mut self, sink: Arc<dyn EventSink>) -> Self {
+        self.sinks.push(sink);
+        self
+    }
+
+    /// Uses `ledger` (its budgets bound the run).
+    pub fn with_ledger(mut self, ledger: Arc<Ledger>) -> Self {
+        self.ledger = ledger;
+        self
+    }
+
+    /// Bounds the whole run by `timeout`.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Adds a node observer.
+    pub fn with_observer(mut self, observer: Arc<dyn NodeObserver>) -> Self {
+        self.observers.push(observer);
+        self
+    }
+}
+
+struct Shared {
+    settings: Invocation,
+    deadline: Option<Instant>,
+    next_seq: AtomicU64,
+    /// Held while an event is numbered and handed to the sinks, so sinks see `seq` order.
+    emitting: Mutex<()>,
+    /// Why the run stops, set once by whoever stops it first.
+    stop: Mutex<Option<FlowError>>,
+}
+
+struct Frame {
+    agent: String,
+    branch: String,
+    cancel: CancellationToken,
+    /// Writes made through this frame not yet carried by an event.
+    pending: Mutex<StateDelta>,
+    /// Every write made in this frame and its children, in order.
+    recorded: Mutex<StateDelta>,
+    /// Actions raised by this frame's events.
+    actions: Mutex<Actions>,
+    end_status: Mutex<Option<EndStatus>>,
+    history: Arc<Mutex<Vec<Turn>>>,
+    callbacks: Callbacks,
+    parent: Option<Arc<Frame>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section is one assignment or push, so a poisoned lock is consistent.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What an agent run can see and do; cheap to clone.
+#[derive(Clone)]
+pub struct InvocationContext {
+    shared: Arc<Shared>,
+    frame: Arc<Frame>,
+}
+
+impl std::fmt::Debug for InvocationContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InvocationContext")
+            .field("branch", &self.frame.branch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl InvocationContext {
+    /// The root context of a run with `settings`; its deadline starts now.
+    pub fn new(settings: Invocation) -> Self {
+        let deadline = settings.timeout.map(|t| Instant::now() + t);
+        let cancel = settings.cancel.clone();
+        Self {
+            shared: Arc::new(Shared {
+                settings,
+                deadline,
+                next_seq: AtomicU64::new(0),
+                emitting: Mutex::new(()),
+                stop: Mutex::new(None),
+            }),
+            frame: Arc::new(Frame {
+                agent: String::new(),
+                branch: String::new(),
+                cancel,
+                pending: Mutex::default(),
+                recorded: Mutex::default(),
+                actions: Mutex::default(),
+                end_status: Mutex::default(),
+                history: Arc::default(),
+                callbacks: Callbacks::new(),
+                parent: None,
+            }),
+        }
+    }
+
+    fn frame_for(
+        &self,
+        agent: &str,
+        callbacks: Callbacks,
+        history: Arc<Mutex<Vec<Turn>>>,
+        cancel: CancellationToken,
+    ) -> Self {
+        let branch = if self.frame.branch.is_empty() {
+            agent.to_owned()
+        } else {
+            format!("{}/{agent}", self.frame.branch)
+        };
+        Self {
+            shared: self.shared.clone(),
+            frame: Arc::new(Frame {
+                agent: agent.to_owned(),
+                branch,
+                cancel,
+                pending: Mutex::default(),
+                recorded: Mutex::default(),
+                actions: Mutex::default(),
+                end_status: Mutex::default(),
+                history,
+                callbacks,
+                parent: Some(self.frame.clone()),
+            }),
+        }
+    }
+
+    /// The context of sub-agent `agent` with its own `callbacks`, sharing this history.
+    pub fn child(&self, agent: &str, callbacks: &Callbacks) -> Self {
+        self.frame_for(
+            agent,
+            callbacks.clone(),
+            self.frame.history.clone(),
+            self.frame.cancel.clone(),
+        )
+    }
+
+    /// The context of parallel branch `agent`: its own copy of the history so far and a
+    /// cancellation token that `cancel` stops (and that stops with this context's).
+    pub fn branch(&self, agent: &str, callbacks: &Callbacks, cancel: CancellationToken) -> Self {
+        let history = Arc::new(Mutex::new(self.history()));
+        self.frame_for(agent, callbacks.clone(), history, cancel)
+    }
+
+    /// The agent this context runs (empty at the root).
+    pub fn agent(&self) -> &str {
+        &self.frame.agent
+    }
+
+    /// The path of agent names from the root, joined by `/`.
+    pub fn branch_path(&self) -> &str {
+        &self.frame.branch
+    }
+
+    /// The session state.
+    pub fn state(&self) -> &SharedState {
+        &self.shared.settings.state
+    }
+
+    /// A copy of the value of state key `key`.
+    pub fn get_state(&self, key: &str) -> Option<Value> {
+        self.state().get(key)
+    }
+
+    /// Writes state key `key`: visible at once, carried by this agent's next event.
+    pub fn set_state(&self, key: impl Into<String>, value: Value) {
+        let key = key.into();
+        self.state().set(key.clone(), value.clone());
+        lock(&self.frame.pending).set(key, value);
+    }
+
+    /// Applies every write of `delta` (visible at once, carried by the next event).
+    pub fn apply(&self, delta: &StateDelta) {
+        self.state().apply(delta);
+        lock(&self.frame.pending).merge(delta.clone());
+    }
+
+    /// Records writes already applied to the state (by a tool context, a callback), so the
+    /// next event carries them.
+    pub fn record(&self, delta: StateDelta) {
+        if !delta.is_empty() {
+            lock(&self.frame.pending).merge(delta);
+        }
+    }
+
+    /// Every write this agent (and its sub-agents) made so far.
+    pub fn delta(&self) -> StateDelta {
+        lock(&self.frame.recorded).clone()
+    }
+
+    /// The actions raised by this agent's events so far.
+    pub fn actions(&self) -> Actions {
+        *lock(&self.frame.actions)
+    }
+
+    /// The cancellation token of this agent (cancelled when the run or its branch stops).
+    pub fn cancel_token(&self) -> &CancellationToken {
+        &self.frame.cancel
+    }
+
+    /// The ledger of the run.
+    pub fn ledger(&self) -> &Arc<Ledger> {
+        &self.shared.settings.ledger
+    }
+
+    /// The invocation-wide callbacks followed by this agent's own.
+    pub fn callbacks(&self) -> Callbacks {
+        self.shared.settings.callbacks.chain(&self.frame.callbacks)
+    }
+
+    /// The node observers of the run.
+    pub fn observers(&self) -> &[Arc<dyn NodeObserver>] {
+        &self.shared.settings.observers
+    }
+
+    /// A copy of the conversation so far.
+    pub fn history(&self) -> Vec<Turn> {
+        lock(&self.frame.history).clone()
+    }
+
+    /// Adds a turn to the conversation (the run's input; an agent's reply is added by
+    /// [`emit`](Self::emit)).
+    pub fn add_turn(&self, author: impl Into<String>, content: impl Into<String>) {
+        lock(&self.frame.history).push(Turn {
+            author: author.into(),
+            content: content.into(),
+        });
+    }
+
+    /// Appends `turns` to this context's conversation (a parallel join).
+    pub(crate) fn extend_history(&self, turns: impl IntoIterator<Item = Turn>) {
+        lock(&self.frame.history).extend(turns);
+    }
+
+    /// Sets how this agent's end is reported (a loop's exit, a skipped agent).
+    pub fn set_end_status(&self, status: EndStatus) {
+        *lock(&self.frame.end_status) = Some(status);
+    }
+
+    pub(crate) fn end_status(&self) -> Option<EndStatus> {
+        *lock(&self.frame.end_status)
+    }
+
+    /// A callback context for this agent; its effects go back through
+    /// [`absorb_callback`](Self::absorb_callback).
+    pub fn callback_context(&self) -> CallbackContext {
+        CallbackContext::new(self.agent(), self.branch_path(), self.state().clone())
+    }
+
+    /// Takes the writes and actions of a callback: writes are recorded for the next event,
+    /// actions returned for the caller to act on.
+    pub fn absorb_callback(&self, cb: &CallbackContext) -> Actions {
+        let (delta, actions) = cb.take_effects();
+        self.record(delta);
+        actions
+    }
+
+    /// Emits `event` as this agent's: stamps it, attaches the writes not yet reported, adds
+    /// those writes to every enclosing frame's record, adds a message to the conversation,
+    /// and hands it to the sinks.
+    pub fn emit(&self, mut event: Event) -> Result<(), FlowError> {
+        let pending = std::mem::take(&mut *lock(&self.frame.pending));
+        if !pending.is_empty() {
+            let later = std::mem::replace(&mut event.delta, pending);
+            event.delta.merge(later);
+        }
+        event.author = self.frame.agent.clone();
+        event.branch = self.frame.branch.clone();
+        if event.actions.any() {
+            let mut actions = lock(&self.frame.actions);
+            *actions = actions.union(event.actions);
+        }
+        if !event.delta.is_empty() {
+            let mut frame = Some(&self.frame);
+            while let Some(f) = frame {
+                lock(&f.recorded).merge(event.delta.clone());
+                frame = f.parent.as_ref();
+            }
+        }
+        if let (EventKind::Message, Some(content)) = (&event.kind, &event.content) {
+            self.add_turn(&self.frame.agent, content);
+        }
+        let _order = lock(&self.shared.emitting);
+        event.seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
+        event.at_ms = now_ms();
+        for sink in &self.shared.settings.sinks {
+            sink.emit(&event)?;
+        }
+        Ok(())
+    }
+
+    /// Stops the whole run for `reason` (the first reason given wins) and cancels it.
+    pub fn stop(&self, reason: FlowError) {
+        lock(&self.shared.stop).get_or_insert(reason);
+        self.shared.settings.cancel.cancel();
+    }
+
+    /// Why the run was stopped, if it was.
+    pub fn stop_reason(&self) -> Option<FlowError> {
+        lock(&self.shared.stop).clone()
+    }
+
+    /// The time limit of the whole run.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.shared.settings.timeout
+    }
+
+    /// The deadline of the whole run.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.shared.deadline
+    }
+
+    /// Whether the run may take another step: not cancelled, not past its deadline, no
+    /// budget spent. Called by the executor before every node.
+    pub fn check(&self) -> Result<(), FlowError> {
+        if let Some(deadline) = self.shared.deadline
+            && Instant::now() >= deadline
+        {
+            let timeout = self.shared.settings.timeout.unwrap_or_default();
+            self.stop(FlowError::TimedOut(timeout));
+        }
+        if let Some(exceeded) = spent_budget(self.ledger()) {
+            self.stop(FlowError::Budget(exceeded));
+        }
+        if self.frame.cancel.is_cancelled() {
+            return Err(self.stop_reason().unwrap_or(FlowError::Cancelled));
+        }
+        Ok(())
+    }
+}
+
+/// The first budget of `ledger` already spent, so that no further call can be admitted.
+fn spent_budget(ledger: &Ledger) -> Option<BudgetExceeded> {
+    let budget = ledger.budget();
+    let spent = |limit, max: f64, used: f64| {
+        (used >= max).then_some(BudgetExceeded {
+            limit,
+            max,
+            used,
+            reserved: 0.0,
+            needed: 0.0,
+        })
+    };
+    let calls = budget.max_calls.and_then(|max| {
+        spent(
+            BudgetLimit::Calls,
+            max as f64,
+            ledger.calls_reserved() as f64,
+        )
+    });
+    let tokens = budget
+        .max_tokens
+        .and_then(|max| spent(BudgetLimit::Tokens, max as f64, ledger.tokens_used() as f64));
+    let usd = budget
+        .max_usd
+        .and_then(|max| spent(BudgetLimit::Usd, max, ledger.usd_used()));
+    calls.or(tokens).or(usd)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,84 @@
+//! What can stop a workflow run, as one error type with a kind per cause.
+
+use std::time::Duration;
+
+use bridge::{BridgeError, BudgetExceeded};
+
+/// Why a workflow run (or one agent of it) failed or stopped early.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FlowError {
+    /// The run was cancelled (Ctrl-C, or a caller's token).
+    #[error("The run was cancelled; the state and the event log written so far are kept")]
+    Cancelled,
+    /// The whole run took longer than its timeout.
+    #[error(
+        "The run did not finish within {}s; raise the run timeout or lower `max_iterations`",
+        .0.as_secs_f64()
+    )]
+    TimedOut(Duration),
+    /// A token, USD or call budget of the ledger is spent.
+    #[error("{0}")]
+    Budget(BudgetExceeded),
+    /// A model call failed.
+    #[error("Agent `{agent}`: {source}")]
+    Model {
+        /// The agent that called the model.
+        agent: String,
+        /// What the bridge reported.
+        #[source]
+        source: Box<BridgeError>,
+    },
+    /// An agent failed in its own way (a Python step raised, a tool loop ran out, ...).
+    #[error("Agent `{agent}` failed: {message}")]
+    Agent {
+        /// The agent.
+        agent: String,
+        /// What went wrong and, where it can, what to do.
+        message: String,
+    },
+    /// A graph edge chose a node the graph does not have.
+    #[error("Graph `{graph}`: the edge after `{from}` chose `{to}`, which is not a node of it")]
+    UnknownNode {
+        /// The graph.
+        graph: String,
+        /// The node whose edge chose.
+        from: String,
+        /// The name it chose.
+        to: String,
+    },
+    /// A graph ran more node steps than it allows.
+    #[error(
+        "Graph `{graph}` ran {max_steps} node steps without reaching its end; raise its \
+         `max_steps` or check its edges for a cycle"
+    )]
+    StepLimit {
+        /// The graph.
+        graph: String,
+        /// Its limit.
+        max_steps: u64,
+    },
+    /// An event sink (the event log) could not record an event.
+    #[error("Could not record an event: {0}")]
+    Sink(String),
+}
+
+impl FlowError {
+    /// The error for a failed model call by `agent`: a budget refusal stays a budget stop and
+    /// a cancelled call stays a cancellation, so the run reports why it really stopped.
+    pub fn from_model(agent: &str, source: BridgeError) -> Self {
+        match source {
+            BridgeError::Budget(exceeded) => Self::Budget(exceeded),
+            BridgeError::Cancelled => Self::Cancelled,
+            source => Self::Model {
+                agent: agent.to_owned(),
+                source: Box::new(source),
+            },
+        }
+    }
+
+    /// Whether this is a stop of the whole run (cancel, timeout, budget) rather than a
+    /// failure of one agent: branch failure policies never swallow it.
+    pub fn is_stop(&self) -> bool {
+        matches!(self, Self::Cancelled | Self::TimedOut(_) | Self::Budget(_))
+    }
+}

@@ -1,0 +1,82 @@
+//! Workflows: agents that run agents, over one shared state.
+//!
+//! The pieces, bottom up (each module imports only those above it):
+//!
+//! - [`event`]: the [`Event`] every step reports (author, branch, content, tool calls and
+//!   results, state delta, actions).
+//! - [`error`]: [`FlowError`], why a run stopped.
+//! - [`sink`]: where events go — the JSONL [`EventLog`] (flushed per event), [`MemorySink`].
+//! - [`callbacks`]: the [`Callback`] points (before/after agent, model and tool; model and
+//!   tool errors) that observe, change or short-circuit a step.
+//! - [`context`]: the [`InvocationContext`] — the run's shared state, cancellation, ledger,
+//!   sinks, callbacks and node observers, plus the current agent's frame.
+//! - [`agent`]: the [`Agent`] trait, [`Control`] and [`run_agent`], the one protocol every
+//!   agent run follows (start event, callbacks, run, end event).
+//! - [`graph`]: the executor — a [`Graph`] of nodes with plain, conditional and fan-out
+//!   edges. Sequential, Loop and Parallel agents are graphs of a fixed shape.
+//! - [`step`]: [`FnAgent`], a deterministic step written as a Rust function.
+//! - [`runner`]: [`run_workflow`], one bounded invocation of a root agent.
+//!
+//! Data flows down the tree: a parent runs each child through [`run_agent`] in a child
+//! context; the child writes state through its context (applied at once, so the next step
+//! sees it) and emits events carrying those writes; the graph hands each node's writes to
+//! the observers (checkpoints) and follows the node's edge; [`Control`] travels back up.
+//!
+//! Three actions, three scopes: `end_turn` ends the current agent's turn (its parent moves
+//! on), `exit_loop` ends the **nearest** enclosing loop only (unlike ADK, where it ends every
+//! enclosing loop), `escalate` stops the whole invocation.
+//!
+//! ```
+//! # let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+//! # rt.block_on(async {
+//! use std::num::NonZeroU32;
+//! use std::sync::Arc;
+//! use async_trait::async_trait;
+//! use engine::flow::{Agent, Control, Graph, Invocation, InvocationContext, FlowError, run_workflow};
+//! use engine::{SharedState, State};
+//! use serde_json::json;
+//!
+//! /// Counts up; asks to leave the loop at 3.
+//! struct Counter;
+//!
+//! #[async_trait]
+//! impl Agent for Counter {
+//!     fn name(&self) -> &str { "counter" }
+//!     fn class(&self) -> &str { "Counter" }
+//!     async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
+//!         let n = ctx.get_state("n").and_then(|v| v.as_u64()).unwrap_or(0) + 1;
+//!         ctx.set_state("n", json!(n));
+//!         Ok(if n == 3 { Control::ExitLoop } else { Control::Continue })
+//!     }
+//! }
+//!
+//! let max = NonZeroU32::new(10).expect("10 is not zero");
+//! let flow = Graph::looping("count", vec![Arc::new(Counter)], max).expect("one node");
+//! let report = run_workflow(&flow, Invocation::new(SharedState::new(State::default())), None).await;
+//! assert_eq!(report.result, Ok(Control::Continue));
+//! assert_eq!(report.state.get("n"), Some(&json!(3)));
+//! # });
+//! ```
+
+pub mod agent;
+pub mod callbacks;
+pub mod context;
+pub mod error;
+pub mod event;
+pub mod graph;
+pub mod runner;
+pub mod sink;
+pub mod step;
+
+pub use agent::{Agent, AgentRun, Control, class, run_agent, run_in};
+pub use callbacks::{Callback, CallbackAction, CallbackContext, Callbacks, ToolInvocation};
+pub use context::{Invocation, InvocationContext, NodeObserver, NodeRecord, Turn};
+pub use error::FlowError;
+pub use event::{EndStatus, Event, EventKind, ToolResult};
+pub use graph::{
+    BranchPolicy, DEFAULT_MAX_STEPS, Edge, Graph, GraphBuilder, GraphError, GraphKind, ResumeAt,
+    Router, StateRouter, Target,
+};
+pub use runner::{RunReport, RunStatus, run_workflow};
+pub use sink::{EventLog, EventSink, MemorySink};
+pub use step::FnAgent;

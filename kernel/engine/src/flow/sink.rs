@@ -1,0 +1,124 @@
+//! Where events go: the JSONL event log, a test's memory, a live display.
+//!
+//! A sink gets every event of an invocation in emission order, one call at a time. The
+//! [`EventLog`] writes one JSON object per line and flushes after each, so a run killed at
+//! any point leaves a log of everything up to its last step. Events carry no context
+//! payloads (contexts live in the kernel's REPL, never in events), so the log stays small.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::error::FlowError;
+use super::event::Event;
+
+/// Receives the events of an invocation, in order.
+pub trait EventSink: Send + Sync {
+    /// Records `event`; an error stops the run (its state is kept).
+    fn emit(&self, event: &Event) -> Result<(), FlowError>;
+}
+
+/// Keeps every event in memory (tests, the CLI's summary).
+#[derive(Debug, Clone, Default)]
+pub struct MemorySink {
+    events: Arc<Mutex<Vec<Event>>>,
+}
+
+impl MemorySink {
+    /// An empty sink.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A copy of the events so far.
+    pub fn events(&self) -> Vec<Event> {
+        self.events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl EventSink for MemorySink {
+    fn emit(&self, event: &Event) -> Result<(), FlowError> {
+        self.events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(event.clone());
+        Ok(())
+    }
+}
+
+/// The JSONL event log: one event per line, flushed per event.
+#[derive(Debug)]
+pub struct EventLog {
+    path: PathBuf,
+    out: Mutex<BufWriter<File>>,
+}
+
+impl EventLog {
+    /// Creates (or truncates) the log at `path`.
+    pub fn create(path: impl AsRef<Path>) -> Result<Self, FlowError> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::create(&path).map_err(|e| {
+            FlowError::Sink(format!(
+                "Cannot create the event log `{}`: {e}",
+                path.display()
+            ))
+        })?;
+        Ok(Self {
+            path,
+            out: Mutex::new(BufWriter::new(file)),
+        })
+    }
+
+    /// Where it writes.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads the events of the log at `path` (a torn last line, from a killed run, is
+    /// skipped).
+    pub fn read(path: impl AsRef<Path>) -> Result<Vec<Event>, FlowError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            FlowError::Sink(format!(
+                "Cannot read the event log `{}`: {e}",
+                path.display()
+            ))
+        })?;
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        let mut events = Vec::with_capacity(lines.len());
+        for (i, line) in lines.iter().enumerate() {
+            match serde_json::from_str(line) {
+                Ok(event) => events.push(event),
+                Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => break,
+                Err(e) => {
+                    return Err(FlowError::Sink(format!(
+                        "Line {} of the event log `{}` is not an event: {e}",
+                        i + 1,
+                        path.display()
+                    )));
+                }
+            }
+        }
+        Ok(events)
+    }
+}
+
+impl EventSink for EventLog {
+    fn emit(&self, event: &Event) -> Result<(), FlowError> {
+        let mut out = self.out.lock().unwrap_or_else(PoisonError::into_inner);
+        let written = serde_json::to_writer(&mut *out, event)
+            .map_err(std::io::Error::from)
+            .and_then(|()| out.write_all(b"\n"))
+            .and_then(|()| out.flush());
+        written.map_err(|e| {
+            FlowError::Sink(format!(
+                "Cannot write the event log `{}`: {e}",
+                self.path.display()
+            ))
+        })
+    }
+}

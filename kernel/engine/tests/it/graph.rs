@@ -1,0 +1,286 @@
+//! The graph executor: conditional edges, node observers, resuming at a node, and parallel
+//! groups (deterministic merge, branch failure policy).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use engine::flow::{
+    Agent, BranchPolicy, Control, EndStatus, FlowError, Graph, GraphError, Invocation,
+    InvocationContext, NodeObserver, NodeRecord, ResumeAt, RunStatus, StateRouter, Target,
+};
+use engine::{SharedState, State};
+use serde_json::json;
+
+use crate::support::{counted, ends, failing, run, run_with, step, trace, traced};
+
+/// Records every finished node.
+#[derive(Default)]
+struct Recorder(Mutex<Vec<NodeRecord>>);
+
+impl NodeObserver for Recorder {
+    fn node_finished(&self, _: &InvocationContext, record: &NodeRecord) -> Result<(), FlowError> {
+        self.0.lock().expect("not poisoned").push(record.clone());
+        Ok(())
+    }
+}
+
+fn review_graph() -> Graph {
+    // draft → review → (approved? publish : draft)
+    Graph::builder("review")
+        .node(counted("draft", |_| Control::Continue))
+        .node(Arc::new(engine::flow::FnAgent::new("review", |ctx| {
+            trace(ctx, "review");
+            let drafts = ctx.get_state("draft").and_then(|v| v.as_u64()).unwrap_or(0);
+            ctx.set_state("approved", json!(drafts >= 2));
+            Ok(Control::Continue)
+        })))
+        .node(step("publish"))
+        .start("draft")
+        .edge("draft", Target::node("review"))
+        .route(
+            "review",
+            Arc::new(StateRouter(|state: &State| {
+                if state.get("approved") == Some(&json!(true)) {
+                    Target::node("publish")
+                } else {
+                    Target::node("draft")
+                }
+            })),
+        )
+        .edge("publish", Target::End)
+        .build()
+        .expect("valid graph")
+}
+
+#[tokio::test]
+async fn conditional_edges_route_on_the_state_the_last_node_wrote() {
+    let recorder = Arc::new(Recorder::default());
+    let invocation =
+        Invocation::new(SharedState::new(State::default())).with_observer(recorder.clone());
+    let (report, _) = run_with(&review_graph(), invocation).await;
+    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(
+        traced(&report.state),
+        ["draft", "review", "draft", "review", "publish"]
+    );
+    let records = recorder.0.lock().expect("not poisoned").clone();
+    let nodes: Vec<(&str, u64)> = records.iter().map(|r| (r.node.as_str(), r.step)).collect();
+    assert_eq!(
+        nodes,
+        [
+            ("draft", 1),
+            ("review", 2),
+            ("draft", 3),
+            ("review", 4),
+            ("publish", 5)
+        ]
+    );
+    // Each record holds exactly the writes of its node.
+    assert_eq!(
+        records[1].delta.values().get("approved"),
+        Some(&json!(false))
+    );
+    assert_eq!(records[1].delta.values().get("draft"), None);
+    assert_eq!(
+        records[3].delta.values().get("approved"),
+        Some(&json!(true))
+    );
+    assert_eq!(records[2].delta.values().get("draft"), Some(&json!(2)));
+    assert!(records.iter().all(|r| r.graph == "review"));
+}
+
+#[tokio::test]
+async fn a_run_can_start_at_a_node_with_a_given_state() {
+    let graph = review_graph();
+    let mut state = State::default();
+    state.set("draft", json!(1));
+    let shared = SharedState::new(state);
+    let ctx = InvocationContext::new(Invocation::new(shared.clone()));
+    let at = ResumeAt {
+        node: "draft".into(),
+        steps_done: 2,
+        iteration: 1,
+    };
+    let control = graph.run_from(&ctx, &at).await;
+    assert_eq!(control, Ok(Control::Continue));
+    let end = shared.snapshot();
+    assert_eq!(end.get("draft"), Some(&json!(2)));
+    assert_eq!(traced(&end), ["draft", "review", "publish"]);
+    let unknown = ResumeAt {
+        node: "nope".into(),
+        ..at
+    };
+    assert!(matches!(
+        graph.run_from(&ctx, &unknown).await,
+        Err(FlowError::UnknownNode { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_cyclic_graph_stops_at_its_step_limit() {
+    let graph = Graph::builder("spin")
+        .node(step("a"))
+        .node(step("b"))
+        .start("a")
+        .edge("a", Target::node("b"))
+        .edge("b", Target::node("a"))
+        .max_steps(5)
+        .build()
+        .expect("valid graph");
+    let (report, _) = run(&graph, State::default()).await;
+    assert_eq!(
+        report.result,
+        Err(FlowError::StepLimit {
+            graph: "spin".into(),
+            max_steps: 5
+        })
+    );
+    assert_eq!(report.status(), RunStatus::Failed);
+    assert_eq!(traced(&report.state).len(), 5, "the state so far is kept");
+}
+
+#[tokio::test]
+async fn graphs_refuse_unknown_and_duplicate_nodes() {
+    let unknown = Graph::builder("g")
+        .node(step("a"))
+        .start("a")
+        .edge("a", Target::node("b"))
+        .build();
+    let Err(GraphError::UnknownNode { name, known, .. }) = unknown else {
+        panic!("expected an unknown-node error, got {unknown:?}");
+    };
+    assert_eq!((name.as_str(), known.as_str()), ("b", "`a`"));
+    let duplicate = Graph::sequential("s", vec![step("a"), step("a")]);
+    assert!(matches!(duplicate, Err(GraphError::DuplicateNode { .. })));
+    let no_start = Graph::builder("g").node(step("a")).build();
+    assert!(matches!(no_start, Err(GraphError::NoStart { .. })));
+}
+
+/// Writes `key = value` after `delay`, and records it saw `peek` if another branch wrote it.
+struct Slow {
+    name: String,
+    delay: Duration,
+    key: &'static str,
+    peek: Option<&'static str>,
+}
+
+#[async_trait]
+impl Agent for Slow {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn class(&self) -> &str {
+        "Slow"
+    }
+    async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
+        tokio::time::sleep(self.delay).await;
+        ctx.set_state(self.key, json!(self.name));
+        ctx.set_state(format!("{}_done", self.name), json!(true));
+        if let Some(peek) = self.peek {
+            ctx.set_state(format!("{}_saw", self.name), json!(ctx.get_state(peek)));
+        }
+        ctx.emit(engine::flow::Event::message(format!("{} done", self.name)))?;
+        Ok(Control::Continue)
+    }
+}
+
+fn slow(name: &str, ms: u64, peek: Option<&'static str>) -> Arc<dyn Agent> {
+    Arc::new(Slow {
+        name: name.into(),
+        delay: Duration::from_millis(ms),
+        key: "winner",
+        peek,
+    })
+}
+
+#[tokio::test]
+async fn parallel_branches_merge_in_declaration_order_whatever_the_timing() {
+    // `first` finishes last and `last` first; the declared-last branch still wins.
+    for (first_ms, last_ms) in [(40, 0), (0, 40)] {
+        let group = Graph::parallel(
+            "fan",
+            vec![
+                slow("first", first_ms, Some("last_done")),
+                slow("last", last_ms, None),
+            ],
+            BranchPolicy::FailFast,
+        )
+        .expect("valid graph");
+        let root = Graph::sequential(
+            "root",
+            vec![Arc::new(group), counted("after", |_| Control::Continue)],
+        )
+        .expect("valid graph");
+        let (report, events) = run(&root, State::default()).await;
+        assert_eq!(report.status(), RunStatus::Completed);
+        assert_eq!(report.state.get("winner"), Some(&json!("last")));
+        // Shared state: a branch sees a sibling's write at once.
+        let saw = report.state.get("first_saw");
+        let expected = if first_ms > last_ms {
+            json!(true)
+        } else {
+            json!(null)
+        };
+        assert_eq!(saw, Some(&expected));
+        // The merge is reported as one event of the group, in declaration order.
+        let merge = events
+            .iter()
+            .rfind(|e| e.author == "fan" && !e.delta.is_empty())
+            .expect("a merge event");
+        let keys: Vec<&String> = merge.delta.values().keys().collect();
+        assert!(keys.contains(&&"winner".to_string()));
+        assert_eq!(merge.delta.values().get("winner"), Some(&json!("last")));
+        assert_eq!(traced(&report.state), ["after"]);
+    }
+}
+
+#[tokio::test]
+async fn parallel_branches_keep_their_own_history_and_join_it_in_order() {
+    let group = Graph::parallel(
+        "fan",
+        vec![slow("a", 30, None), slow("b", 0, None)],
+        BranchPolicy::FailFast,
+    )
+    .expect("valid graph");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen_in = seen.clone();
+    let after = engine::flow::FnAgent::new("after", move |ctx| {
+        *seen_in.lock().expect("not poisoned") = ctx.history();
+        Ok(Control::Continue)
+    });
+    let root =
+        Graph::sequential("root", vec![Arc::new(group), Arc::new(after)]).expect("valid graph");
+    let (report, _) = run(&root, State::default()).await;
+    assert_eq!(report.status(), RunStatus::Completed);
+    let turns: Vec<String> = seen
+        .lock()
+        .expect("not poisoned")
+        .iter()
+        .map(|t| format!("{}: {}", t.author, t.content))
+        .collect();
+    assert_eq!(turns, ["a: a done", "b: b done"]);
+}
+
+#[tokio::test]
+async fn a_failing_branch_fails_the_group_or_is_left_out_by_policy() {
+    let branches = || vec![slow("slow", 200, None), failing("broken", "no data")];
+    let group = Graph::parallel("fan", branches(), BranchPolicy::FailFast).expect("valid graph");
+    let (report, events) = run(&group, State::default()).await;
+    assert_eq!(
+        report.result,
+        Err(FlowError::Agent {
+            agent: "broken".into(),
+            message: "no data".into()
+        })
+    );
+    // The sibling was cancelled, not left to finish.
+    assert_eq!(ends(&events, "slow"), [EndStatus::Cancelled]);
+    assert_eq!(report.state.get("winner"), None);
+
+    let group = Graph::parallel("fan", branches(), BranchPolicy::Continue).expect("valid graph");
+    let (report, events) = run(&group, State::default()).await;
+    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(ends(&events, "broken"), [EndStatus::Failed]);
+    assert_eq!(report.state.get("winner"), Some(&json!("slow")));
+}
