@@ -111,7 +111,7 @@ impl std::fmt::Debug for dyn Agent {
 
 /// What one agent run did: its control and every state write it made.
 #[derive(Debug, Clone, PartialEq)]
-pub struct AgentRun {
+pub struct AgentOutcome {
     /// How control goes on.
     pub control: Control,
     /// Every write of the run (sub-agents included), in order.
@@ -131,8 +131,8 @@ pub async fn run_agent(
         .map(|run| run.control)
 }
 
-/// [`run_agent`] in an already made child context `ctx`, reporting the whole [`AgentRun`].
-pub async fn run_in(agent: &dyn Agent, ctx: &InvocationContext) -> Result<AgentRun, FlowError> {
+/// [`run_agent`] in an already made child context `ctx`, reporting the whole [`AgentOutcome`].
+pub async fn run_in(agent: &dyn Agent, ctx: &InvocationContext) -> Result<AgentOutcome, FlowError> {
     ctx.emit(Event::new(EventKind::Start))?;
     let callbacks = ctx.callbacks();
     let run = async {
@@ -168,7 +168,7 @@ pub async fn run_in(agent: &dyn Agent, ctx: &InvocationContext) -> Result<AgentR
     }
     ctx.emit(end)?;
     let control = result.map(|_| control)?;
-    Ok(AgentRun {
+    Ok(AgentOutcome {
         control,
         delta: ctx.delta(),
         actions: ctx.actions(),

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::future::join_all;
 
-use super::agent::{Agent, AgentRun, Control, class, run_in};
+use super::agent::{Agent, AgentOutcome, Control, class, run_in};
 use super::callbacks::Callbacks;
 use super::context::{InvocationContext, NodeRecord};
 use super::error::FlowError;
@@ -467,7 +467,11 @@ impl Graph {
     }
 
     /// Runs the nodes `ids` as concurrent branches and merges them (see the module docs).
-    async fn run_fan(&self, ctx: &InvocationContext, ids: &[usize]) -> Result<AgentRun, FlowError> {
+    async fn run_fan(
+        &self,
+        ctx: &InvocationContext,
+        ids: &[usize],
+    ) -> Result<AgentOutcome, FlowError> {
         let policy = match self.kind {
             GraphKind::Parallel { policy } => policy,
             _ => BranchPolicy::FailFast,
@@ -522,7 +526,7 @@ impl Graph {
             ctx.apply(&merged);
             ctx.emit(Event::new(EventKind::StateUpdate))?;
         }
-        Ok(AgentRun {
+        Ok(AgentOutcome {
             control,
             delta: merged,
             actions,

@@ -5,6 +5,8 @@
 //! - [`event`]: the [`Event`] every step reports (author, branch, content, tool calls and
 //!   results, state delta, actions).
 //! - [`error`]: [`FlowError`], why a run stopped.
+//! - [`session`]: the [`SessionStore`] where `user:`, `app:` and session keys outlive an
+//!   invocation ([`FileSessionStore`], JSON files, is the embedded default).
 //! - [`sink`]: where events go — the JSONL [`EventLog`] (flushed per event), [`MemorySink`].
 //! - [`callbacks`]: the [`Callback`] points (before/after agent, model and tool; model and
 //!   tool errors) that observe, change or short-circuit a step.
@@ -65,10 +67,11 @@ pub mod error;
 pub mod event;
 pub mod graph;
 pub mod runner;
+pub mod session;
 pub mod sink;
 pub mod step;
 
-pub use agent::{Agent, AgentRun, Control, class, run_agent, run_in};
+pub use agent::{Agent, AgentOutcome, Control, class, run_agent, run_in};
 pub use callbacks::{Callback, CallbackAction, CallbackContext, Callbacks, ToolInvocation};
 pub use context::{Invocation, InvocationContext, NodeObserver, NodeRecord, Turn};
 pub use error::FlowError;
@@ -77,6 +80,7 @@ pub use graph::{
     BranchPolicy, DEFAULT_MAX_STEPS, Edge, Graph, GraphBuilder, GraphError, GraphKind, ResumeAt,
     Router, StateRouter, Target,
 };
-pub use runner::{RunReport, RunStatus, run_workflow};
+pub use runner::{RunReport, RunStatus, run_session, run_workflow};
+pub use session::{FileSessionStore, SessionKey, SessionStore, StoreError};
 pub use sink::{EventLog, EventSink, MemorySink};
 pub use step::FnAgent;
