@@ -16,7 +16,10 @@
 //!   agent run follows (start event, callbacks, run, end event).
 //! - [`graph`]: the executor — a [`Graph`] of nodes with plain, conditional and fan-out
 //!   edges. Sequential, Loop and Parallel agents are graphs of a fixed shape.
+//! - [`template`]: `{key}` / `{key?}` instruction templates over the state.
 //! - [`step`]: [`FnAgent`], a deterministic step written as a Rust function.
+//! - [`file`]: workflow files (ADK Agent Config YAML) read into agent specs, and their
+//!   Mermaid rendering.
 //! - [`runner`]: [`run_workflow`], one bounded invocation of a root agent.
 //!
 //! Data flows down the tree: a parent runs each child through [`run_agent`] in a child
@@ -65,11 +68,13 @@ pub mod callbacks;
 pub mod context;
 pub mod error;
 pub mod event;
+pub mod file;
 pub mod graph;
 pub mod runner;
 pub mod session;
 pub mod sink;
 pub mod step;
+pub mod template;
 
 pub use agent::{Agent, AgentOutcome, Control, class, run_agent, run_in};
 pub use callbacks::{Callback, CallbackAction, CallbackContext, Callbacks, ToolInvocation};
@@ -84,3 +89,4 @@ pub use runner::{RunReport, RunStatus, run_session, run_workflow};
 pub use session::{FileSessionStore, SessionKey, SessionStore, StoreError};
 pub use sink::{EventLog, EventSink, MemorySink};
 pub use step::FnAgent;
+pub use template::{MissingKey, render_template};

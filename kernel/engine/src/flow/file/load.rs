@@ -1,0 +1,400 @@
+//! Reading workflow files: YAML to [`AgentSpec`] trees, with errors that point at the text.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Component, Path, PathBuf};
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use super::spec::{AgentClass, AgentConfig, END};
+
+/// Where workflow files are read from: the file system, or files embedded in a binary.
+pub trait FileSource: Send + Sync {
+    /// The text of the file at `path`.
+    fn read(&self, path: &Path) -> std::io::Result<String>;
+}
+
+/// The file system.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Filesystem;
+
+impl FileSource for Filesystem {
+    fn read(&self, path: &Path) -> std::io::Result<String> {
+        std::fs::read_to_string(path)
+    }
+}
+
+/// Files held in memory by path (the built-in workflows).
+#[derive(Debug, Clone, Default)]
+pub struct EmbeddedFiles {
+    files: BTreeMap<PathBuf, String>,
+}
+
+impl EmbeddedFiles {
+    /// No files.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// These files plus `text` at `path`.
+    pub fn with(mut self, path: impl Into<PathBuf>, text: impl Into<String>) -> Self {
+        self.files.insert(normalize(&path.into()), text.into());
+        self
+    }
+}
+
+impl FileSource for EmbeddedFiles {
+    fn read(&self, path: &Path) -> std::io::Result<String> {
+        self.files.get(&normalize(path)).cloned().ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotFound, "no such embedded file")
+        })
+    }
+}
+
+/// `path` with `.` dropped and `..` applied, without touching the file system.
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir if out.file_name().is_some() => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// What is wrong with a workflow file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigErrorKind {
+    /// A file could not be read.
+    Read,
+    /// The text is not YAML, or not the shape a workflow file has (unknown or missing keys,
+    /// wrong types).
+    Schema,
+    /// Two sibling agents share a name.
+    DuplicateName,
+    /// A file names itself through its sub-agents.
+    Cycle,
+    /// A graph names a node it does not have, or a setting does not fit its class.
+    Invalid,
+    /// A model, tool, callback or class that nothing provides.
+    Unknown,
+}
+
+/// A workflow file error: the file, the line and column, and what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}:{line}:{column}: {message}", .file.display())]
+pub struct ConfigError {
+    /// The file.
+    pub file: PathBuf,
+    /// The line (1-based).
+    pub line: usize,
+    /// The column (1-based).
+    pub column: usize,
+    /// What kind of problem.
+    pub kind: ConfigErrorKind,
+    /// What is wrong and what is expected.
+    pub message: String,
+}
+
+/// An agent read from a file, with its sub-agents.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentSpec {
+    /// The file it was read from.
+    pub file: PathBuf,
+    /// Its text (for pointing errors found later, e.g. an unknown model, at a line).
+    pub text: String,
+    /// Its settings.
+    pub config: AgentConfig,
+    /// Its sub-agents, in order.
+    pub sub_agents: Vec<AgentSpec>,
+}
+
+impl AgentSpec {
+    /// An error about this agent's file at the first line setting `key` (to `value`, if
+    /// given).
+    pub fn error_at(
+        &self,
+        key: &str,
+        value: Option<&str>,
+        kind: ConfigErrorKind,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        let (line, column) = locate(&self.text, key, value);
+        ConfigError {
+            file: self.file.clone(),
+            line,
+            column,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// This agent and every agent below it, depth first.
+    pub fn walk(&self) -> Vec<&AgentSpec> {
+        let mut out = vec![self];
+        for sub in &self.sub_agents {
+            out.extend(sub.walk());
+        }
+        out
+    }
+}
+
+/// Reads the workflow file at `path` and every file its sub-agents name.
+pub fn load_workflow(path: impl AsRef<Path>) -> Result<AgentSpec, ConfigError> {
+    load_workflow_from(&Filesystem, path)
+}
+
+/// [`load_workflow`] from `source`.
+pub fn load_workflow_from(
+    source: &dyn FileSource,
+    path: impl AsRef<Path>,
+) -> Result<AgentSpec, ConfigError> {
+    let path = normalize(path.as_ref());
+    let text = source.read(&path).map_err(|e| ConfigError {
+        file: path.clone(),
+        line: 1,
+        column: 1,
+        kind: ConfigErrorKind::Read,
+        message: format!("Cannot read the workflow file: {e}"),
+    })?;
+    let mut open = HashSet::new();
+    load_file(source, path, text, &mut open)
+}
+
+fn load_file(
+    source: &dyn FileSource,
+    file: PathBuf,
+    text: String,
+    open: &mut HashSet<PathBuf>,
+) -> Result<AgentSpec, ConfigError> {
+    open.insert(file.clone());
+    let config = parse_config(&file, &text)?;
+    let mut spec = AgentSpec {
+        file: file.clone(),
+        text,
+        config,
+        sub_agents: Vec::new(),
+    };
+    let dir = file.parent().map(Path::to_path_buf).unwrap_or_default();
+    let refs = spec.config.sub_agent_refs().to_vec();
+    if matches!(
+        spec.config,
+        AgentConfig::Loop(_)
+            | AgentConfig::Sequential(_)
+            | AgentConfig::Parallel(_)
+            | AgentConfig::Graph(_)
+    ) && refs.is_empty()
+    {
+        return Err(spec.error_at(
+            "sub_agents",
+            None,
+            ConfigErrorKind::Invalid,
+            format!(
+                "A {} needs at least one sub-agent under `sub_agents`",
+                spec.config.class().as_str()
+            ),
+        ));
+    }
+    for sub in refs {
+        let shown = sub.config_path.display().to_string();
+        let sub_path = normalize(&dir.join(&sub.config_path));
+        if open.contains(&sub_path) {
+            return Err(spec.error_at(
+                "config_path",
+                Some(&shown),
+                ConfigErrorKind::Cycle,
+                format!(
+                    "`{shown}` is already being read higher up this tree (a file cannot contain \
+                     itself); point `config_path` at another file"
+                ),
+            ));
+        }
+        let sub_text = source.read(&sub_path).map_err(|e| {
+            spec.error_at(
+                "config_path",
+                Some(&shown),
+                ConfigErrorKind::Read,
+                format!(
+                    "Cannot read sub-agent file `{shown}` (`{}`): {e}; `config_path` is \
+                     relative to this file",
+                    sub_path.display()
+                ),
+            )
+        })?;
+        let child = load_file(source, sub_path, sub_text, open)?;
+        if let Some(twin) = spec
+            .sub_agents
+            .iter()
+            .find(|s| s.config.name() == child.config.name())
+        {
+            return Err(child.error_at(
+                "name",
+                Some(child.config.name()),
+                ConfigErrorKind::DuplicateName,
+                format!(
+                    "`{}` is also the name of the sub-agent in `{}`; sibling agents need unique \
+                     names",
+                    child.config.name(),
+                    twin.file.display()
+                ),
+            ));
+        }
+        spec.sub_agents.push(child);
+    }
+    open.remove(&file);
+    check_graph(&spec)?;
+    Ok(spec)
+}
+
+/// The edges and start of a graph name its nodes.
+fn check_graph(spec: &AgentSpec) -> Result<(), ConfigError> {
+    let AgentConfig::Graph(graph) = &spec.config else {
+        return Ok(());
+    };
+    let names: Vec<&str> = spec.sub_agents.iter().map(|s| s.config.name()).collect();
+    let known = names
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let unknown = |key: &str, name: &str, end_ok: bool| {
+        let or_end = if end_ok {
+            format!(" or `{END}`")
+        } else {
+            String::new()
+        };
+        spec.error_at(
+            key,
+            Some(name),
+            ConfigErrorKind::Invalid,
+            format!("`{name}` is not a node of this graph; expected one of {known}{or_end}"),
+        )
+    };
+    if !names.contains(&graph.start.as_str()) {
+        return Err(unknown("start", &graph.start, false));
+    }
+    for edge in &graph.edges {
+        if !names.contains(&edge.from.as_str()) {
+            return Err(unknown("from", &edge.from, false));
+        }
+        if edge.to != END && !names.contains(&edge.to.as_str()) {
+            return Err(unknown("to", &edge.to, true));
+        }
+        if let Some(test) = &edge.when
+            && test.equals.is_some() == test.exists.is_some()
+        {
+            return Err(spec.error_at(
+                "key",
+                Some(&test.key),
+                ConfigErrorKind::Invalid,
+                "A `when` test needs exactly one of `equals` and `exists`",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Just the class, read before the whole agent so the right struct checks the keys.
+struct ClassProbe {
+    agent_class: AgentClass,
+}
+
+impl<'de> Deserialize<'de> for ClassProbe {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Probe;
+        impl<'de> serde::de::Visitor<'de> for Probe {
+            type Value = ClassProbe;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a mapping of agent settings (`name: ...`, `agent_class: ...`)")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ClassProbe, A::Error> {
+                let mut agent_class = AgentClass::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "agent_class" {
+                        agent_class = map.next_value()?;
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(ClassProbe { agent_class })
+            }
+        }
+        deserializer.deserialize_map(Probe)
+    }
+}
+
+fn parse_config(file: &Path, text: &str) -> Result<AgentConfig, ConfigError> {
+    let probe: ClassProbe = parse(file, text)?;
+    Ok(match probe.agent_class {
+        AgentClass::LlmAgent => AgentConfig::Llm(parse(file, text)?),
+        AgentClass::LoopAgent => AgentConfig::Loop(parse(file, text)?),
+        AgentClass::SequentialAgent => AgentConfig::Sequential(parse(file, text)?),
+        AgentClass::ParallelAgent => AgentConfig::Parallel(parse(file, text)?),
+        AgentClass::GraphAgent => AgentConfig::Graph(parse(file, text)?),
+        AgentClass::RlmAgent => AgentConfig::Rlm(parse(file, text)?),
+        AgentClass::PythonAgent => AgentConfig::Python(parse(file, text)?),
+    })
+}
+
+fn parse<T: DeserializeOwned>(file: &Path, text: &str) -> Result<T, ConfigError> {
+    yaml_serde::from_str(text).map_err(|e| {
+        let (line, column) = e.location().map_or((1, 1), |at| (at.line(), at.column()));
+        let message = e.to_string();
+        // The position is given once, in front; the parser also appends it.
+        let suffix = format!(" at line {line} column {column}");
+        let message = message.strip_suffix(&suffix).unwrap_or(&message);
+        ConfigError {
+            file: file.to_owned(),
+            line,
+            column,
+            kind: ConfigErrorKind::Schema,
+            message: with_key_path(message),
+        }
+    })
+}
+
+/// The parser's message with its key path (`tools[0]: ...`) in backticks and the message
+/// itself capitalized.
+fn with_key_path(message: &str) -> String {
+    let is_path = |p: &str| {
+        !p.is_empty()
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '[' | ']'))
+    };
+    match message.split_once(": ") {
+        Some((path, rest)) if is_path(path) => format!("`{path}`: {}", capitalized(rest)),
+        _ => capitalized(message),
+    }
+}
+
+fn capitalized(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
+/// The line and column of the first `key:` (set to `value`, if given) in `text`, as a list
+/// item or not; `(1, 1)` when there is none.
+fn locate(text: &str, key: &str, value: Option<&str>) -> (usize, usize) {
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        let item = trimmed.strip_prefix("- ").map_or(trimmed, str::trim_start);
+        let Some(rest) = item.strip_prefix(key).and_then(|r| r.strip_prefix(':')) else {
+            continue;
+        };
+        let found = rest.trim().trim_matches(|c| c == '"' || c == '\'');
+        if value.is_none_or(|v| v == found) {
+            return (i + 1, line.len() - item.len() + 1);
+        }
+    }
+    (1, 1)
+}

@@ -1,0 +1,549 @@
+//! What a workflow file says: one struct per agent class, each refusing keys it does not know.
+//!
+//! The keys are those of ADK's Agent Config (1.x) — `agent_class`, `name`, `description`,
+//! `model`, `instruction`, `tools`, `sub_agents`, `output_key`, `include_contents`,
+//! `max_iterations`, `generate_content_config` and the `*_callbacks` lists — plus our own
+//! classes (`GraphAgent`, `RlmAgent`, `PythonAgent`) and a few keys of ours, each documented
+//! on its field.
+
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+
+use bridge::SamplingParams;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
+
+use crate::flow::graph::BranchPolicy;
+
+/// The class of an agent (`agent_class`; `LlmAgent` when absent).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AgentClass {
+    /// A model with tools, on the function-calling loop.
+    #[default]
+    LlmAgent,
+    /// Sub-agents in order, repeated up to `max_iterations`.
+    LoopAgent,
+    /// Sub-agents in order, once.
+    SequentialAgent,
+    /// Sub-agents concurrently.
+    ParallelAgent,
+    /// Sub-agents as nodes joined by `edges`.
+    GraphAgent,
+    /// The RLM loop over the session's contexts (built by the kernel).
+    RlmAgent,
+    /// A Python function `(state) -> dict of updates` (built by the kernel).
+    PythonAgent,
+}
+
+impl AgentClass {
+    /// The name files use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::LlmAgent => "LlmAgent",
+            Self::LoopAgent => "LoopAgent",
+            Self::SequentialAgent => "SequentialAgent",
+            Self::ParallelAgent => "ParallelAgent",
+            Self::GraphAgent => "GraphAgent",
+            Self::RlmAgent => "RlmAgent",
+            Self::PythonAgent => "PythonAgent",
+        }
+    }
+}
+
+/// An agent name: an identifier (letters, digits, `_`, not starting with a digit), so it can
+/// key branches, edges and tools.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct AgentName(String);
+
+impl AgentName {
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for AgentName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // A visitor, so that the parser points a bad name's error at the name itself.
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = AgentName;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an agent name")
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<AgentName, E> {
+                let mut chars = name.chars();
+                let fine = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+                    && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if fine {
+                    Ok(AgentName(name.to_owned()))
+                } else {
+                    Err(E::custom(format!(
+                        "`{name}` is not a valid agent name; use letters, digits and `_`, \
+                         starting with a letter"
+                    )))
+                }
+            }
+        }
+        deserializer.deserialize_str(Name)
+    }
+}
+
+/// A sub-agent defined in another file (`config_path`, relative to this file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubAgentRef {
+    /// The file, relative to the file that names it.
+    pub config_path: PathBuf,
+}
+
+/// A tool (`{name, args}`): a built-in, a registered tool, or another agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolRef {
+    /// The tool's name.
+    pub name: String,
+    /// Its settings.
+    #[serde(default)]
+    pub args: Map<String, Value>,
+}
+
+/// A callback (`{name, args}`): a registered Rust callback or a Python callable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CodeRef {
+    /// Its name (`module.function` for Python).
+    pub name: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub args: Option<Value>,
+}
+
+/// Which conversation an LLM agent sees.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IncludeContents {
+    /// The run's conversation so far (input and other agents' messages).
+    #[default]
+    Default,
+    /// Only its instruction and the current input.
+    None,
+}
+
+/// Generation settings (`generate_content_config`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerationConfig {
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling mass.
+    pub top_p: Option<f32>,
+    /// Maximum completion tokens.
+    pub max_output_tokens: Option<u32>,
+    /// Stop sequences.
+    #[serde(default)]
+    pub stop_sequences: Vec<String>,
+    /// Sampling seed.
+    pub seed: Option<u64>,
+}
+
+impl GenerationConfig {
+    /// As the bridge's sampling parameters.
+    pub fn sampling(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            max_tokens: self.max_output_tokens,
+            stop: self.stop_sequences.clone(),
+            seed: self.seed,
+            extra: Map::new(),
+        }
+    }
+}
+
+/// The callbacks an agent names, by point.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CallbackRefs {
+    /// `before_agent_callbacks`.
+    pub before_agent: Vec<CodeRef>,
+    /// `after_agent_callbacks`.
+    pub after_agent: Vec<CodeRef>,
+    /// `before_model_callbacks`.
+    pub before_model: Vec<CodeRef>,
+    /// `after_model_callbacks`.
+    pub after_model: Vec<CodeRef>,
+    /// `on_model_error_callbacks`.
+    pub on_model_error: Vec<CodeRef>,
+    /// `before_tool_callbacks`.
+    pub before_tool: Vec<CodeRef>,
+    /// `after_tool_callbacks`.
+    pub after_tool: Vec<CodeRef>,
+    /// `on_tool_error_callbacks`.
+    pub on_tool_error: Vec<CodeRef>,
+}
+
+impl CallbackRefs {
+    /// Every callback named, with the point it is named for.
+    pub fn all(&self) -> impl Iterator<Item = (&'static str, &CodeRef)> {
+        [
+            ("before_agent_callbacks", &self.before_agent),
+            ("after_agent_callbacks", &self.after_agent),
+            ("before_model_callbacks", &self.before_model),
+            ("after_model_callbacks", &self.after_model),
+            ("on_model_error_callbacks", &self.on_model_error),
+            ("before_tool_callbacks", &self.before_tool),
+            ("after_tool_callbacks", &self.after_tool),
+            ("on_tool_error_callbacks", &self.on_tool_error),
+        ]
+        .into_iter()
+        .flat_map(|(point, list)| list.iter().map(move |c| (point, c)))
+    }
+}
+
+/// `LlmAgent`: a model with tools.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmAgentConfig {
+    /// `LlmAgent` (or absent).
+    #[serde(default)]
+    pub agent_class: Option<AgentClass>,
+    /// Its name.
+    pub name: AgentName,
+    /// What it does.
+    #[serde(default)]
+    pub description: String,
+    /// The model: the name of a configured endpoint (absent: the default model).
+    pub model: Option<String>,
+    /// The system instruction, a template over the state (`{key}`, `{key?}`).
+    #[serde(default)]
+    pub instruction: String,
+    /// Its tools.
+    #[serde(default)]
+    pub tools: Vec<ToolRef>,
+    /// The state key its final answer is written to.
+    pub output_key: Option<String>,
+    /// Which conversation it sees.
+    #[serde(default)]
+    pub include_contents: IncludeContents,
+    /// Generation settings.
+    #[serde(default)]
+    pub generate_content_config: GenerationConfig,
+    /// Model calls one turn may make (ours; default 50).
+    pub max_iterations: Option<NonZeroU32>,
+    /// `before_agent_callbacks`.
+    #[serde(default)]
+    pub before_agent_callbacks: Vec<CodeRef>,
+    /// `after_agent_callbacks`.
+    #[serde(default)]
+    pub after_agent_callbacks: Vec<CodeRef>,
+    /// `before_model_callbacks`.
+    #[serde(default)]
+    pub before_model_callbacks: Vec<CodeRef>,
+    /// `after_model_callbacks`.
+    #[serde(default)]
+    pub after_model_callbacks: Vec<CodeRef>,
+    /// `on_model_error_callbacks`.
+    #[serde(default)]
+    pub on_model_error_callbacks: Vec<CodeRef>,
+    /// `before_tool_callbacks`.
+    #[serde(default)]
+    pub before_tool_callbacks: Vec<CodeRef>,
+    /// `after_tool_callbacks`.
+    #[serde(default)]
+    pub after_tool_callbacks: Vec<CodeRef>,
+    /// `on_tool_error_callbacks`.
+    #[serde(default)]
+    pub on_tool_error_callbacks: Vec<CodeRef>,
+}
+
+/// `LoopAgent`: sub-agents in order, repeated.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoopAgentConfig {
+    /// `LoopAgent`.
+    pub agent_class: AgentClass,
+    /// Its name.
+    pub name: AgentName,
+    /// What it does.
+    #[serde(default)]
+    pub description: String,
+    /// Iterations at most (required: a loop never runs "forever").
+    pub max_iterations: NonZeroU32,
+    /// Its sub-agents, in order.
+    pub sub_agents: Vec<SubAgentRef>,
+    /// `before_agent_callbacks`.
+    #[serde(default)]
+    pub before_agent_callbacks: Vec<CodeRef>,
+    /// `after_agent_callbacks`.
+    #[serde(default)]
+    pub after_agent_callbacks: Vec<CodeRef>,
+}
+
+/// `SequentialAgent`: sub-agents in order, once.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SequentialAgentConfig {
+    /// `SequentialAgent`.
+    pub agent_class: AgentClass,
+    /// Its name.
+    pub name: AgentName,
+    /// What it does.
+    #[serde(default)]
+    pub description: String,
+    /// Its sub-agents, in order.
+    pub sub_agents: Vec<SubAgentRef>,
+    /// `before_agent_callbacks`.
+    #[serde(default)]
+    pub before_agent_callbacks: Vec<CodeRef>,
+    /// `after_agent_callbacks`.
+    #[serde(default)]
+    pub after_agent_callbacks: Vec<CodeRef>,
+}
+
+/// `ParallelAgent`: sub-agents concurrently.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParallelAgentConfig {
+    /// `ParallelAgent`.
+    pub agent_class: AgentClass,
+    /// Its name.
+    pub name: AgentName,
+    /// What it does.
+    #[serde(default)]
+    pub description: String,
+    /// Its branches; their writes merge in this order.
+    pub sub_agents: Vec<SubAgentRef>,
+    /// What a failing branch does (ours): `fail_fast` (default) or `continue`.
+    #[serde(default)]
+    pub on_branch_failure: BranchPolicy,
+    /// `before_agent_callbacks`.
+    #[serde(default)]
+    pub before_agent_callbacks: Vec<CodeRef>,
+    /// `after_agent_callbacks`.
+    #[serde(default)]
+    pub after_agent_callbacks: Vec<CodeRef>,
+}
+
+/// A state test of a conditional edge: exactly one of `equals` and `exists`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateTest {
+    /// The state key.
+    pub key: String,
+    /// True when the key holds this value.
+    #[serde(default)]
+    pub equals: Option<Value>,
+    /// True when the key is set (`true`) or not (`false`).
+    #[serde(default)]
+    pub exists: Option<bool>,
+}
+
+/// An edge of a `GraphAgent`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeConfig {
+    /// The node it leaves.
+    pub from: String,
+    /// The node it leads to, or `END`.
+    pub to: String,
+    /// Taken only when this holds; a node's edges are tried in order, and one without
+    /// `when` is taken when none before it held.
+    #[serde(default)]
+    pub when: Option<StateTest>,
+}
+
+/// The target name that ends a graph.
+pub const END: &str = "END";
+
+/// `GraphAgent`: sub-agents as nodes joined by edges (ours).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GraphAgentConfig {
+    /// `GraphAgent`.
+    pub agent_class: AgentClass,
+    /// Its name.
+    pub name: AgentName,
+    /// What it does.
+    #[serde(default)]
+    pub description: String,
+    /// Its nodes.
+    pub sub_agents: Vec<SubAgentRef>,
+    /// The node that runs first.
+    pub start: String,
+    /// The edges; a node without one ends the graph.
+    #[serde(default)]
+    pub edges: Vec<EdgeConfig>,
+    /// Node steps at most (default 1000).
+    pub max_steps: Option<u64>,
+    /// `before_agent_callbacks`.
+    #[serde(default)]
+    pub before_agent_callbacks: Vec<CodeRef>,
+    /// `after_agent_callbacks`.
+    #[serde(default)]
+    pub after_agent_callbacks: Vec<CodeRef>,
+}
+
+/// `RlmAgent`: the RLM loop as an agent (ours; built by the kernel).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RlmAgentConfig {
+    /// `RlmAgent`.
+    pub agent_class: AgentClass,
+    /// Its name.
+    pub name: AgentName,
+    /// What it does.
+    #[serde(default)]
+    pub description: String,
+    /// The root model's endpoint (absent: the default model).
+    pub model: Option<String>,
+    /// The sub-model's endpoint for `llm_query` (absent: the default sub-model).
+    pub sub_model: Option<String>,
+    /// The query, a template over the state.
+    pub instruction: String,
+    /// The state key its final answer is written to.
+    pub output_key: Option<String>,
+    /// RLM iterations at most (absent: the RLM loop's default).
+    pub max_iterations: Option<NonZeroU32>,
+    /// Settings for the kernel's RLM agent.
+    #[serde(default)]
+    pub args: Map<String, Value>,
+    /// `before_agent_callbacks`.
+    #[serde(default)]
+    pub before_agent_callbacks: Vec<CodeRef>,
+    /// `after_agent_callbacks`.
+    #[serde(default)]
+    pub after_agent_callbacks: Vec<CodeRef>,
+    /// `before_model_callbacks`.
+    #[serde(default)]
+    pub before_model_callbacks: Vec<CodeRef>,
+    /// `after_model_callbacks`.
+    #[serde(default)]
+    pub after_model_callbacks: Vec<CodeRef>,
+}
+
+/// `PythonAgent`: a Python function `(state) -> dict of updates` (ours; built by the kernel).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PythonAgentConfig {
+    /// `PythonAgent`.
+    pub agent_class: AgentClass,
+    /// Its name.
+    pub name: AgentName,
+    /// What it does.
+    #[serde(default)]
+    pub description: String,
+    /// The function: `module.function`, or `file.py:function` relative to this file.
+    pub function: String,
+    /// Keyword arguments passed after the state.
+    #[serde(default)]
+    pub args: Map<String, Value>,
+    /// `before_agent_callbacks`.
+    #[serde(default)]
+    pub before_agent_callbacks: Vec<CodeRef>,
+    /// `after_agent_callbacks`.
+    #[serde(default)]
+    pub after_agent_callbacks: Vec<CodeRef>,
+}
+
+/// One agent's settings, by class.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentConfig {
+    /// `LlmAgent`.
+    Llm(LlmAgentConfig),
+    /// `LoopAgent`.
+    Loop(LoopAgentConfig),
+    /// `SequentialAgent`.
+    Sequential(SequentialAgentConfig),
+    /// `ParallelAgent`.
+    Parallel(ParallelAgentConfig),
+    /// `GraphAgent`.
+    Graph(GraphAgentConfig),
+    /// `RlmAgent`.
+    Rlm(RlmAgentConfig),
+    /// `PythonAgent`.
+    Python(PythonAgentConfig),
+}
+
+impl AgentConfig {
+    /// The agent's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Llm(c) => c.name.as_str(),
+            Self::Loop(c) => c.name.as_str(),
+            Self::Sequential(c) => c.name.as_str(),
+            Self::Parallel(c) => c.name.as_str(),
+            Self::Graph(c) => c.name.as_str(),
+            Self::Rlm(c) => c.name.as_str(),
+            Self::Python(c) => c.name.as_str(),
+        }
+    }
+
+    /// What the agent does.
+    pub fn description(&self) -> &str {
+        match self {
+            Self::Llm(c) => &c.description,
+            Self::Loop(c) => &c.description,
+            Self::Sequential(c) => &c.description,
+            Self::Parallel(c) => &c.description,
+            Self::Graph(c) => &c.description,
+            Self::Rlm(c) => &c.description,
+            Self::Python(c) => &c.description,
+        }
+    }
+
+    /// Its class.
+    pub fn class(&self) -> AgentClass {
+        match self {
+            Self::Llm(_) => AgentClass::LlmAgent,
+            Self::Loop(_) => AgentClass::LoopAgent,
+            Self::Sequential(_) => AgentClass::SequentialAgent,
+            Self::Parallel(_) => AgentClass::ParallelAgent,
+            Self::Graph(_) => AgentClass::GraphAgent,
+            Self::Rlm(_) => AgentClass::RlmAgent,
+            Self::Python(_) => AgentClass::PythonAgent,
+        }
+    }
+
+    /// The files of its sub-agents.
+    pub fn sub_agent_refs(&self) -> &[SubAgentRef] {
+        match self {
+            Self::Loop(c) => &c.sub_agents,
+            Self::Sequential(c) => &c.sub_agents,
+            Self::Parallel(c) => &c.sub_agents,
+            Self::Graph(c) => &c.sub_agents,
+            Self::Llm(_) | Self::Rlm(_) | Self::Python(_) => &[],
+        }
+    }
+
+    /// The callbacks it names.
+    pub fn callbacks(&self) -> CallbackRefs {
+        let agent = |before: &Vec<CodeRef>, after: &Vec<CodeRef>| CallbackRefs {
+            before_agent: before.clone(),
+            after_agent: after.clone(),
+            ..CallbackRefs::default()
+        };
+        match self {
+            Self::Llm(c) => CallbackRefs {
+                before_agent: c.before_agent_callbacks.clone(),
+                after_agent: c.after_agent_callbacks.clone(),
+                before_model: c.before_model_callbacks.clone(),
+                after_model: c.after_model_callbacks.clone(),
+                on_model_error: c.on_model_error_callbacks.clone(),
+                before_tool: c.before_tool_callbacks.clone(),
+                after_tool: c.after_tool_callbacks.clone(),
+                on_tool_error: c.on_tool_error_callbacks.clone(),
+            },
+            Self::Rlm(c) => CallbackRefs {
+                before_model: c.before_model_callbacks.clone(),
+                after_model: c.after_model_callbacks.clone(),
+                ..agent(&c.before_agent_callbacks, &c.after_agent_callbacks)
+            },
+            Self::Loop(c) => agent(&c.before_agent_callbacks, &c.after_agent_callbacks),
+            Self::Sequential(c) => agent(&c.before_agent_callbacks, &c.after_agent_callbacks),
+            Self::Parallel(c) => agent(&c.before_agent_callbacks, &c.after_agent_callbacks),
+            Self::Graph(c) => agent(&c.before_agent_callbacks, &c.after_agent_callbacks),
+            Self::Python(c) => agent(&c.before_agent_callbacks, &c.after_agent_callbacks),
+        }
+    }
+}
