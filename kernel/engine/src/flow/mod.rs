@@ -18,7 +18,7 @@
 //!   edges. Sequential, Loop and Parallel agents are graphs of a fixed shape.
 //! - [`template`]: `{key}` / `{key?}` instruction templates over the state.
 //! - [`step`]: [`FnAgent`], a deterministic step written as a Rust function.
-//! - [`file`]: workflow files (ADK Agent Config YAML) read into agent specs, and their
+//! - [`file`](mod@file): workflow files (ADK Agent Config YAML) read into agent specs, and their
 //!   Mermaid rendering.
 //! - [`runner`]: [`run_workflow`], one bounded invocation of a root agent.
 //!
