@@ -108,6 +108,20 @@ pub struct ToolDefinition {
     pub parameters: Value,
 }
 
+/// Whether and which tools the model must call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// The model decides (the providers' default when tools are given).
+    Auto,
+    /// The model must not call tools.
+    None,
+    /// The model must call at least one tool (Anthropic `any`).
+    Required,
+    /// The model must call the tool of this name.
+    Tool(String),
+}
+
 /// Sampling parameters; unset fields fall back to the endpoint's defaults, then the server's.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -147,6 +161,13 @@ pub struct ChatRequest {
     /// Functions the model may call.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<ToolDefinition>,
+    /// Whether and which tools the model must call; `None` leaves it to the server. Sent
+    /// only with `tools`, as both APIs reject it alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    /// `Some(false)` asks for at most one tool call per reply; sent only with `tools`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
 }
 
 impl ChatRequest {

@@ -61,7 +61,8 @@ pub mod mock;
 
 pub use batch::BatchPolicy;
 pub use chat::{
-    ChatRequest, ChatResponse, Message, Role, SamplingParams, ToolCall, ToolDefinition, Usage,
+    ChatRequest, ChatResponse, Message, Role, SamplingParams, ToolCall, ToolChoice, ToolDefinition,
+    Usage,
 };
 pub use client::{AnthropicClient, LmClient, OpenAiClient, shared_http_client};
 pub use config::{EndpointConfig, Price, Provider, RetryPolicy, SettingNames};

@@ -2,7 +2,10 @@
 //!
 //! System messages become the top-level `system` field; tool calls and tool results become
 //! `tool_use` / `tool_result` content blocks; consecutive messages of the same role are merged
-//! because the API wants user and assistant turns to alternate.
+//! because the API wants user and assistant turns to alternate (so the results of parallel
+//! calls go back as one user message). A call's arguments go out as the `input` object the
+//! API requires, whatever the model wrote (see `tool_input`); `tool_choice` and
+//! `parallel_tool_calls: false` become one `tool_choice` object.
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
@@ -10,7 +13,7 @@ use serde_json::Value;
 
 use super::call::{Defaults, Draft, Fault, Flow, Protocol, StreamState, WireClient, secret_header};
 use super::{Params, PartialToolCall, null_as_default, to_body};
-use crate::chat::{ChatRequest, Message, Role, ToolCall, Usage};
+use crate::chat::{ChatRequest, Message, Role, ToolCall, ToolChoice, Usage};
 use crate::config::EndpointConfig;
 use crate::error::BridgeError;
 
@@ -94,6 +97,9 @@ impl Protocol for Anthropic {
                     input_schema: &t.parameters,
                 })
                 .collect(),
+            tool_choice: (!req.tools.is_empty() && !params.extra.has("tool_choice"))
+                .then(|| wire_tool_choice(req.tool_choice.as_ref(), req.parallel_tool_calls))
+                .flatten(),
             stream,
             extra: params.extra,
         };
@@ -222,6 +228,22 @@ fn error_in_body(error: Value) -> Fault {
     Fault::Reported { status, error }
 }
 
+/// The `input` object of a `tool_use` block. The API takes only an object, but a model on
+/// another provider may have written anything: an empty text is `{}`, and text that is not
+/// a JSON object is kept verbatim under `_raw_arguments` so the model still sees it.
+fn tool_input(arguments: &str) -> Value {
+    if arguments.trim().is_empty() {
+        return Value::Object(serde_json::Map::new());
+    }
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(object @ Value::Object(_)) => object,
+        _ => serde_json::json!({ RAW_ARGUMENTS_KEY: arguments }),
+    }
+}
+
+/// The key under which [`tool_input`] keeps arguments that are not a JSON object.
+const RAW_ARGUMENTS_KEY: &str = "_raw_arguments";
+
 /// Turn the conversation (minus system messages) into alternating user/assistant turns.
 fn wire_messages(messages: &[Message]) -> Result<Vec<WireMessage<'_>>, BridgeError> {
     let mut out: Vec<WireMessage<'_>> = Vec::with_capacity(messages.len());
@@ -249,17 +271,7 @@ fn wire_messages(messages: &[Message]) -> Result<Vec<WireMessage<'_>>, BridgeErr
                     blocks.push(OutBlock::Text { text: &m.content });
                 }
                 for call in &m.tool_calls {
-                    let input: Value = if call.arguments.trim().is_empty() {
-                        Value::Object(serde_json::Map::new())
-                    } else {
-                        serde_json::from_str(&call.arguments).map_err(|e| {
-                            BridgeError::InvalidRequest(format!(
-                                "the arguments of tool call `{}` are not valid JSON ({e}); \
-                                 the Anthropic API needs an object",
-                                call.id
-                            ))
-                        })?
-                    };
+                    let input = tool_input(&call.arguments);
                     blocks.push(OutBlock::ToolUse {
                         id: &call.id,
                         name: &call.name,
@@ -296,6 +308,8 @@ struct Body<'a> {
     stop_sequences: &'a [String],
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<WireTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<WireToolChoice<'a>>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     stream: bool,
     #[serde(flatten)]
@@ -336,6 +350,44 @@ enum OutBlock<'a> {
         tool_use_id: &'a str,
         content: &'a str,
     },
+}
+
+/// `{"type": "auto" | "any" | "tool" | "none", "name"?, "disable_parallel_tool_use"?}`.
+#[derive(Debug, Serialize)]
+struct WireToolChoice<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    disable_parallel_tool_use: bool,
+}
+
+/// The tool choice to send, if any: parallel calls are switched off through the choice
+/// object (an `auto` one when no choice is given); `none` takes no such flag.
+fn wire_tool_choice(
+    choice: Option<&ToolChoice>,
+    parallel: Option<bool>,
+) -> Option<WireToolChoice<'_>> {
+    let disable_parallel_tool_use = parallel == Some(false);
+    let (kind, name) = match choice {
+        None if !disable_parallel_tool_use => return None,
+        None | Some(ToolChoice::Auto) => ("auto", None),
+        Some(ToolChoice::Required) => ("any", None),
+        Some(ToolChoice::Tool(name)) => ("tool", Some(name.as_str())),
+        Some(ToolChoice::None) => {
+            return Some(WireToolChoice {
+                kind: "none",
+                name: None,
+                disable_parallel_tool_use: false,
+            });
+        }
+    };
+    Some(WireToolChoice {
+        kind,
+        name,
+        disable_parallel_tool_use,
+    })
 }
 
 #[derive(Serialize)]
@@ -504,14 +556,43 @@ mod tests {
     }
 
     #[test]
-    fn invalid_tool_arguments_are_a_clear_error() {
-        let mut assistant = Message::assistant("");
-        assistant.tool_calls.push(ToolCall {
-            id: "t1".into(),
-            name: "python".into(),
-            arguments: "not json".into(),
-        });
-        let err = wire_messages(&[assistant]).err().expect("rejected");
-        assert!(err.to_string().contains("`t1`"), "{err}");
+    fn tool_input_is_always_an_object() {
+        assert_eq!(tool_input(r#"{"a": 1}"#), json!({"a": 1}));
+        assert_eq!(tool_input("  "), json!({}));
+        assert_eq!(
+            tool_input("not json"),
+            json!({"_raw_arguments": "not json"})
+        );
+        assert_eq!(tool_input("[1, 2]"), json!({"_raw_arguments": "[1, 2]"}));
+    }
+
+    fn tool_choice_json(choice: Option<ToolChoice>, parallel: Option<bool>) -> Value {
+        serde_json::to_value(wire_tool_choice(choice.as_ref(), parallel)).expect("json")
+    }
+
+    #[test]
+    fn tool_choice_maps_to_anthropic_objects() {
+        assert_eq!(tool_choice_json(None, None), Value::Null);
+        assert_eq!(tool_choice_json(None, Some(true)), Value::Null);
+        assert_eq!(
+            tool_choice_json(None, Some(false)),
+            json!({"type": "auto", "disable_parallel_tool_use": true})
+        );
+        assert_eq!(
+            tool_choice_json(Some(ToolChoice::Auto), None),
+            json!({"type": "auto"})
+        );
+        assert_eq!(
+            tool_choice_json(Some(ToolChoice::Required), Some(false)),
+            json!({"type": "any", "disable_parallel_tool_use": true})
+        );
+        assert_eq!(
+            tool_choice_json(Some(ToolChoice::Tool("python".into())), None),
+            json!({"type": "tool", "name": "python"})
+        );
+        assert_eq!(
+            tool_choice_json(Some(ToolChoice::None), Some(false)),
+            json!({"type": "none"})
+        );
     }
 }

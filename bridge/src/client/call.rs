@@ -250,6 +250,8 @@ impl<P: Protocol> WireClient<P> {
                 .transport
                 .network(format!("the stream ended before {}", P::STREAM_END)));
         }
+        // Calls complete in the order the stream numbered them, however it interleaved them.
+        state.calls.sort_by_key(|c| c.key);
         let draft = Draft {
             content: state.content,
             tool_calls: state

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::call::{Defaults, Draft, Fault, Flow, Protocol, StreamState, WireClient, secret_header};
 use super::{Params, null_as_default, to_body};
-use crate::chat::{ChatRequest, Message, Role, ToolCall, Usage};
+use crate::chat::{ChatRequest, Message, Role, ToolCall, ToolChoice, Usage};
 use crate::config::EndpointConfig;
 use crate::error::BridgeError;
 
@@ -76,6 +76,14 @@ impl Protocol for OpenAi {
                     },
                 })
                 .collect(),
+            tool_choice: req
+                .tool_choice
+                .as_ref()
+                .filter(|_| !req.tools.is_empty() && !params.extra.has("tool_choice"))
+                .map(WireToolChoice),
+            parallel_tool_calls: req
+                .parallel_tool_calls
+                .filter(|_| !req.tools.is_empty() && !params.extra.has("parallel_tool_calls")),
             stream,
             stream_options: (stream && !params.extra.has("stream_options")).then_some(
                 StreamOptions {
@@ -208,12 +216,44 @@ struct Body<'a> {
     seed: Option<u64>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<WireTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<WireToolChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     stream: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     stream_options: Option<StreamOptions>,
     #[serde(flatten)]
     extra: super::Extra<'a>,
+}
+
+/// `"auto"`, `"none"`, `"required"` or `{"type": "function", "function": {"name": …}}`.
+struct WireToolChoice<'a>(&'a ToolChoice);
+
+impl Serialize for WireToolChoice<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Named<'a> {
+            #[serde(rename = "type")]
+            kind: &'static str,
+            function: NamedFunction<'a>,
+        }
+        #[derive(Serialize)]
+        struct NamedFunction<'a> {
+            name: &'a str,
+        }
+        match self.0 {
+            ToolChoice::Auto => s.serialize_str("auto"),
+            ToolChoice::None => s.serialize_str("none"),
+            ToolChoice::Required => s.serialize_str("required"),
+            ToolChoice::Tool(name) => Named {
+                kind: "function",
+                function: NamedFunction { name },
+            }
+            .serialize(s),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -443,9 +483,16 @@ mod tests {
                 description: "run".into(),
                 parameters: json!({"type": "object"}),
             }],
+            tool_choice: Some(ToolChoice::Tool("python".into())),
+            parallel_tool_calls: Some(false),
             ..ChatRequest::default()
         };
         let body = body_json(&config, &req, true);
+        assert_eq!(
+            body["tool_choice"],
+            json!({"type": "function", "function": {"name": "python"}})
+        );
+        assert_eq!(body["parallel_tool_calls"], false);
         assert_eq!(body["model"], "other");
         assert_eq!(body["stream"], true);
         assert_eq!(body["stream_options"], json!({"include_usage": true}));
@@ -459,5 +506,32 @@ mod tests {
             json!({"role": "tool", "content": "1", "tool_call_id": "c1"})
         );
         assert_eq!(body["tools"][0]["function"]["name"], "python");
+    }
+
+    #[test]
+    fn tool_choice_goes_out_only_with_tools() {
+        let config = EndpointConfig::openai("sub", "http://127.0.0.1:1/v1", "m");
+        let mut req = ChatRequest {
+            tool_choice: Some(ToolChoice::Required),
+            parallel_tool_calls: Some(true),
+            ..ChatRequest::from_prompt("hi")
+        };
+        let body = body_json(&config, &req, false);
+        assert!(body.get("tool_choice").is_none() && body.get("parallel_tool_calls").is_none());
+        req.tools.push(ToolDefinition {
+            name: "f".into(),
+            description: String::new(),
+            parameters: json!({"type": "object"}),
+        });
+        for (choice, wire) in [
+            (ToolChoice::Auto, "auto"),
+            (ToolChoice::None, "none"),
+            (ToolChoice::Required, "required"),
+        ] {
+            req.tool_choice = Some(choice);
+            let body = body_json(&config, &req, false);
+            assert_eq!(body["tool_choice"], wire);
+            assert_eq!(body["parallel_tool_calls"], true);
+        }
     }
 }

@@ -9,10 +9,11 @@
 //!   `POST /v1/chat/completions` (JSON, or SSE with `"stream": true`), `POST /v1/messages`
 //!   (JSON or SSE) and `GET /v1/models`; anything else gets a provider-shaped 404.
 //! - For each chat request: auth check (only when [`MockConfig::api_key`] is set) → parse the
-//!   body into a private view (`wire.rs`; what scripts see of it is a `prompt.rs` `Prompt`:
-//!   model, system prompt, last user message, TURN) → fault decision (`faults.rs`) → latency
-//!   sleep (`latency.rs`) → the [`Script`] picks and renders a reply
-//!   (`script.rs`, `template.rs`) → rendered in the provider's format → one
+//!   body into a private view (`request.rs`; what scripts see of it is a `prompt.rs` `Prompt`:
+//!   model, system prompt, last user message, last tool result and its tool's name, TURN) →
+//!   tool-traffic checks (`validate.rs`, see *Validation*) → fault decision (`faults.rs`) →
+//!   latency sleep (`latency.rs`) → the [`Script`] picks and renders a reply
+//!   (`script.rs`, `template.rs`) → rendered in the provider's format (`wire.rs`) → one
 //!   [`RequestRecord`] is pushed to the [`RequestLog`] (with the request's headers and whole
 //!   body when [`MockConfig::record_requests`] is on: tests check what a client sent).
 //! - A request whose client leaves early (timeout) is still logged, with status `499`.
@@ -72,11 +73,19 @@
 //!
 //! **Reply selection** inside an entry, first that applies:
 //! 1. `rules`, in order, first match wins. A rule matches when every condition it has holds:
-//!    `last_user` (regex over the last user message), `system` (regex over the system prompt),
-//!    `model` (regex over the requested model name), `turn` (exact TURN). Regexes use the
-//!    `regex` crate syntax: `.` does not cross newlines unless you write `(?s)`.
+//!    `last_user` (regex over the last user message), `last_tool` (regex over the content of
+//!    the most recent tool result in the request: an OpenAI `role: tool` message or an
+//!    Anthropic `tool_result` block), `tool_name` (regex over the name of the tool that result
+//!    answers, looked up by call id), `system` (regex over the system prompt), `model` (regex
+//!    over the requested model name), `turn` (exact TURN). A rule with `last_tool` or
+//!    `tool_name` never matches a request without tool results. Regexes use the `regex` crate
+//!    syntax: `.` does not cross newlines unless you write `(?s)`.
 //! 2. `replies[TURN]`, where TURN = the number of assistant messages in the request. Stateless,
-//!    so it is deterministic under any concurrency and for retries.
+//!    so it is deterministic under any concurrency and for retries. An assistant message that
+//!    only calls tools counts like any other, so a tool round is one TURN: `replies[0]` calls
+//!    tools, `replies[1]` answers their results, and so on. The last user message is the last
+//!    user message with text: an Anthropic user message holding only `tool_result` blocks is
+//!    a tool result, not a user turn.
 //! 3. past the end of `replies`: `fallback` if given, else the last reply.
 //! 4. nothing at all: echo.
 //!
@@ -90,19 +99,23 @@
 //!   "network"]], "default": "other"}`: the label of the first table entry (in table order) whose
 //!   keyword occurs in the last user message (or `input`), else `default` (default
 //!   `"unknown"`). `"case_insensitive": true` lower-cases both sides.
-//! - `{"tool_call": {"name": "python", "arguments": {"code": "1+1"}}}` (or `"tool_calls": [..]`),
-//!   optionally with `text`: rendered as OpenAI `tool_calls` (ids `call_{TURN}_{i}`,
-//!   `finish_reason: "tool_calls"`) or Anthropic `tool_use` blocks (ids `toolu_{TURN}_{i}`,
-//!   `stop_reason: "tool_use"`).
+//! - `{"tool_call": {"name": "python", "arguments": {"code": "1+1"}}}` (or `"tool_calls": [..]`
+//!   for parallel calls), optionally with `text`: rendered as OpenAI `tool_calls` (ids
+//!   `call_{TURN}_{i}`, `finish_reason: "tool_calls"`) or Anthropic `tool_use` blocks (ids
+//!   `toolu_{TURN}_{i}`, `stop_reason: "tool_use"`). String values anywhere in `arguments`
+//!   are templates. Under `tool_choice: none` the calls are dropped; with parallel calls
+//!   switched off (`parallel_tool_calls: false`, `disable_parallel_tool_use: true`) only the
+//!   first is kept, as a real model would. `required` and a named tool are checked, not
+//!   enforced: the script decides what the model says.
 //! - `"finish_reason"` overrides the finish/stop reason; OpenAI and Anthropic names are mapped
 //!   (`stop`↔`end_turn`, `length`↔`max_tokens`, `tool_calls`↔`tool_use`).
 //! - `word`, `input` and `default` are templates too; `behaviour` may be spelled `behavior`.
 //!
-//! **Templates** replace `{{last_user}}`, `{{system}}`, `{{model}}`, `{{turn}}`, and, in a rule's
-//! reply, `{{N}}` (numbered group of the `last_user` regex, or of `system` when the rule has
-//! no `last_user`) and `{{name}}` (named group of either). A group that did not participate
-//! renders empty. A placeholder naming nothing known stays verbatim, so code such as
-//! `f"{{x}}"` survives.
+//! **Templates** replace `{{last_user}}`, `{{last_tool}}`, `{{tool_name}}`, `{{system}}`,
+//! `{{model}}`, `{{turn}}`, and, in a rule's reply, `{{N}}` (numbered group of the rule's
+//! first regex among `last_user`, `last_tool`, `system`) and `{{name}}` (named group of any
+//! of them). A group that did not participate renders empty. A placeholder naming nothing
+//! known stays verbatim, so code such as `f"{{x}}"` survives.
 //!
 //! **Latency** per model: `"latency"` takes the same JSON as [`Latency`] and overrides the
 //! server-wide setting for that model.
@@ -115,6 +128,21 @@
 //! id, also sent as the `x-mock-request-id` header. `max_tokens` and sampling parameters are
 //! accepted and ignored (Anthropic requests must still carry `max_tokens`, as with the real
 //! API). Streams split the reply into at most ~256 deltas whose concatenation is the reply.
+//! Tool calls stream the way real servers send them, and harder: each call's arguments come
+//! in up to four pieces, and the pieces of parallel calls are interleaved (OpenAI: deltas
+//! keyed by `index`; Anthropic: every `tool_use` block opens first, then `input_json_delta`s
+//! alternate between block indices), so a client must assemble them by index.
+//!
+//! # Validation
+//!
+//! Besides the required fields (`model`, `messages`, Anthropic's `max_tokens`), tool traffic
+//! is checked as the real APIs check it, with a 400 `invalid_request_error` in the
+//! provider's shape: a tool result whose call id matches no unanswered call of the assistant
+//! message before it; a tool call not answered before the next user or assistant turn or the
+//! end of the conversation (Anthropic: in the very next user message); a tool name not
+//! matching `[a-zA-Z0-9_-]{1,64}` or defined twice; parameters that are not an object schema;
+//! an unknown `tool_choice` or one naming no tool; OpenAI `tool_choice` or
+//! `parallel_tool_calls` without `tools`.
 //!
 //! # Faults
 //!
@@ -128,10 +156,12 @@ mod faults;
 mod latency;
 mod log;
 mod prompt;
+mod request;
 mod rng;
 mod script;
 mod server;
 mod template;
+mod validate;
 mod wire;
 
 pub use config::{FaultKind, FaultRule, Faults, MockConfig, MockOptions};

@@ -31,6 +31,8 @@ mod tests {
             model: "m",
             system: "",
             last_user: "hi",
+            last_tool: None,
+            tool_name: "",
             turn: 0,
         };
         (0..n)

@@ -37,7 +37,9 @@ struct ModelScript {
 #[derive(Debug)]
 struct Rule {
     last_user: Option<Regex>,
+    last_tool: Option<Regex>,
     system: Option<Regex>,
+    tool_name: Option<Regex>,
     model: Option<Regex>,
     turn: Option<u64>,
     needs_captures: bool,
@@ -47,8 +49,90 @@ struct Rule {
 #[derive(Debug)]
 struct Reply {
     content: Option<Behaviour>,
-    tool_calls: Vec<ScriptedToolCall>,
+    tool_calls: Vec<ToolCallTemplate>,
     finish_reason: Option<String>,
+}
+
+/// A scripted tool call whose string arguments are templates.
+#[derive(Debug)]
+struct ToolCallTemplate {
+    name: String,
+    arguments: JsonTemplate,
+}
+
+/// A JSON value whose strings may hold `{{...}}` placeholders.
+#[derive(Debug)]
+enum JsonTemplate {
+    /// No placeholder anywhere below.
+    Literal(Value),
+    Text(Template),
+    Array(Vec<JsonTemplate>),
+    Object(Vec<(String, JsonTemplate)>),
+}
+
+impl JsonTemplate {
+    fn parse(value: Value, groups: Groups<'_>) -> Self {
+        let tree = match value {
+            Value::String(text) => {
+                let template = Template::parse(&text, groups);
+                if template.is_literal() {
+                    return Self::Literal(Value::String(text));
+                }
+                Self::Text(template)
+            }
+            Value::Array(items) => {
+                Self::Array(items.into_iter().map(|v| Self::parse(v, groups)).collect())
+            }
+            Value::Object(fields) => Self::Object(
+                fields
+                    .into_iter()
+                    .map(|(k, v)| (k, Self::parse(v, groups)))
+                    .collect(),
+            ),
+            other => return Self::Literal(other),
+        };
+        match tree.literal() {
+            Some(value) => Self::Literal(value),
+            None => tree,
+        }
+    }
+
+    /// The value, if nothing below is a template.
+    fn literal(&self) -> Option<Value> {
+        match self {
+            Self::Literal(v) => Some(v.clone()),
+            Self::Text(_) => None,
+            Self::Array(items) => items.iter().map(Self::literal).collect::<Option<_>>(),
+            Self::Object(fields) => fields
+                .iter()
+                .map(|(k, v)| v.literal().map(|v| (k.clone(), v)))
+                .collect::<Option<serde_json::Map<_, _>>>()
+                .map(Value::Object),
+        }
+    }
+
+    fn render(&self, prompt: &Prompt<'_>, matched: &Matched<'_>) -> Value {
+        match self {
+            Self::Literal(v) => v.clone(),
+            Self::Text(t) => Value::String(t.render(prompt, matched)),
+            Self::Array(items) => items.iter().map(|v| v.render(prompt, matched)).collect(),
+            Self::Object(fields) => Value::Object(
+                fields
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.render(prompt, matched)))
+                    .collect(),
+            ),
+        }
+    }
+
+    fn uses_captures(&self) -> bool {
+        match self {
+            Self::Literal(_) => false,
+            Self::Text(t) => t.uses_captures(),
+            Self::Array(items) => items.iter().any(Self::uses_captures),
+            Self::Object(fields) => fields.iter().any(|(_, v)| v.uses_captures()),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -84,7 +168,7 @@ pub(crate) struct ScriptedToolCall {
 #[derive(Debug)]
 pub(crate) struct ScriptedReply<'s> {
     pub(crate) text: String,
-    pub(crate) tool_calls: &'s [ScriptedToolCall],
+    pub(crate) tool_calls: Vec<ScriptedToolCall>,
     pub(crate) finish_reason: Option<&'s str>,
 }
 
@@ -155,7 +239,7 @@ impl Script {
         let Some(model) = self.model_script(prompt.model) else {
             return ScriptedReply {
                 text: prompt.last_user.to_owned(),
-                tool_calls: &[],
+                tool_calls: Vec::new(),
                 finish_reason: None,
             };
         };
@@ -174,7 +258,7 @@ impl Script {
             Some(reply) => reply.render(prompt, &Matched::default()),
             None => ScriptedReply {
                 text: prompt.last_user.to_owned(),
-                tool_calls: &[],
+                tool_calls: Vec::new(),
                 finish_reason: None,
             },
         }
@@ -193,18 +277,25 @@ impl Rule {
         {
             return None;
         }
-        let mut matched = Matched::default();
-        if let Some(re) = &self.system {
-            if self.needs_captures {
-                matched.secondary = Some(re.captures(prompt.system)?);
-            } else if !re.is_match(prompt.system) {
-                return None;
-            }
+        if let Some(re) = &self.tool_name
+            && (prompt.last_tool.is_none() || !re.is_match(prompt.tool_name))
+        {
+            return None;
         }
-        if let Some(re) = &self.last_user {
+        if self.last_tool.is_some() && prompt.last_tool.is_none() {
+            return None;
+        }
+        let mut matched = Matched::default();
+        let conditions = [
+            (&self.last_user, prompt.last_user),
+            (&self.last_tool, prompt.last_tool.unwrap_or_default()),
+            (&self.system, prompt.system),
+        ];
+        for (slot, (re, haystack)) in matched.captures.iter_mut().zip(conditions) {
+            let Some(re) = re else { continue };
             if self.needs_captures {
-                matched.primary = Some(re.captures(prompt.last_user)?);
-            } else if !re.is_match(prompt.last_user) {
+                *slot = Some(re.captures(haystack)?);
+            } else if !re.is_match(haystack) {
                 return None;
             }
         }
@@ -245,14 +336,29 @@ impl Reply {
                 }
             }
         };
+        let tool_calls = self
+            .tool_calls
+            .iter()
+            .map(|call| {
+                let arguments = call.arguments.render(prompt, matched);
+                ScriptedToolCall {
+                    name: call.name.clone(),
+                    arguments_json: arguments.to_string(),
+                    arguments,
+                }
+            })
+            .collect();
         ScriptedReply {
             text,
-            tool_calls: &self.tool_calls,
+            tool_calls,
             finish_reason: self.finish_reason.as_deref(),
         }
     }
 
     fn uses_captures(&self) -> bool {
+        if self.tool_calls.iter().any(|c| c.arguments.uses_captures()) {
+            return true;
+        }
         match &self.content {
             None => false,
             Some(Behaviour::Text(t)) | Some(Behaviour::Echo { input: t }) => t.uses_captures(),
@@ -327,6 +433,10 @@ struct RuleSpec {
     description: Option<String>,
     #[serde(default)]
     last_user: Option<String>,
+    #[serde(default)]
+    last_tool: Option<String>,
+    #[serde(default)]
+    tool_name: Option<String>,
     #[serde(default)]
     system: Option<String>,
     #[serde(default)]
@@ -420,24 +530,20 @@ fn compile_rule(spec: RuleSpec, path: &str) -> Result<Rule, String> {
             .transpose()
     };
     let last_user = regex("last_user", spec.last_user)?;
+    let last_tool = regex("last_tool", spec.last_tool)?;
     let system = regex("system", spec.system)?;
+    let tool_name = regex("tool_name", spec.tool_name)?;
     let model = regex("model", spec.model)?;
-    // Numbered groups refer to `last_user` when present, else to `system`.
-    let groups = match &last_user {
-        Some(lu) => Groups {
-            primary: Some(lu),
-            secondary: system.as_ref(),
-        },
-        None => Groups {
-            primary: system.as_ref(),
-            secondary: None,
-        },
+    let groups = Groups {
+        regexes: [last_user.as_ref(), last_tool.as_ref(), system.as_ref()],
     };
     let reply = compile_reply(spec.reply, &format!("{path}.reply"), groups)?;
     let needs_captures = reply.uses_captures();
     Ok(Rule {
         last_user,
+        last_tool,
         system,
+        tool_name,
         model,
         turn: spec.turn,
         needs_captures,
@@ -521,15 +627,13 @@ fn compile_reply(value: Value, path: &str, groups: Groups<'_>) -> Result<Reply, 
     }
     let tool_calls = calls
         .into_iter()
-        .map(|c| {
-            let arguments = c
-                .arguments
-                .unwrap_or_else(|| Value::Object(Default::default()));
-            ScriptedToolCall {
-                name: c.name,
-                arguments_json: arguments.to_string(),
-                arguments,
-            }
+        .map(|c| ToolCallTemplate {
+            name: c.name,
+            arguments: JsonTemplate::parse(
+                c.arguments
+                    .unwrap_or_else(|| Value::Object(Default::default())),
+                groups,
+            ),
         })
         .collect::<Vec<_>>();
     if content.is_none() && tool_calls.is_empty() {

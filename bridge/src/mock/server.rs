@@ -28,8 +28,10 @@ use super::error::MockError;
 use super::faults::FaultPlan;
 use super::latency::Latency;
 use super::log::{RequestLog, RequestRecord};
+use super::request;
 use super::rng;
 use super::script::Script;
+use super::validate;
 use super::wire::{self, Answer, ErrorKind, Provider};
 
 /// Largest accepted request body (sub-model prompts can be large).
@@ -418,8 +420,10 @@ impl ServerState {
         if self.record_requests {
             draft.body = Some(String::from_utf8_lossy(&body).into_owned());
         }
-        let view = match wire::parse_request(provider, &body) {
-            Ok(view) => view,
+        let checked = request::parse_request(provider, &body)
+            .and_then(|view| Ok((validate::check(provider, &view.traffic)?, view)));
+        let (limits, view) = match checked {
+            Ok(checked) => checked,
             Err(message) => {
                 return self.finish(
                     draft,
@@ -480,17 +484,23 @@ impl ServerState {
             Some(FaultKind::MalformedJson | FaultKind::TruncatedBody) | None => {}
         }
 
-        let scripted = self.script.reply(&prompt);
+        let mut scripted = self.script.reply(&prompt);
+        // What a real model cannot do under the request's tool choice, the mock does not.
+        if limits.no_tool_calls {
+            scripted.tool_calls.clear();
+        } else if limits.single_tool_call {
+            scripted.tool_calls.truncate(1);
+        }
         let answer = Answer {
             id: draft.id,
             created: unix_secs(),
             model: &view.model,
             turn: view.turn,
             text: &scripted.text,
-            tool_calls: scripted.tool_calls,
+            tool_calls: &scripted.tool_calls,
             finish_reason: scripted.finish_reason,
             prompt_tokens: view.prompt_tokens,
-            completion_tokens: wire::completion_tokens(&scripted.text, scripted.tool_calls),
+            completion_tokens: wire::completion_tokens(&scripted.text, &scripted.tool_calls),
         };
         let body = match (provider, view.stream) {
             (Provider::OpenAi, false) => wire::openai_json(&answer),

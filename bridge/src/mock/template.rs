@@ -14,28 +14,29 @@ pub(crate) struct Template {
 #[derive(Debug, Clone)]
 enum Part {
     Literal(String),
-    /// Numbered group of the rule's primary regex (`last_user`, else `system`).
+    /// Numbered group of the rule's first regex (`last_user`, else `last_tool`, else `system`).
     Group(usize),
-    /// Named group of the rule's `last_user` or `system` regex.
+    /// Named group of any of the rule's regexes.
     Named(String),
     LastUser,
+    LastTool,
+    ToolName,
     System,
     Model,
     Turn,
 }
 
-/// The regexes whose capture groups a template may refer to.
+/// The regexes whose capture groups a template may refer to, in precedence order:
+/// `last_user`, `last_tool`, `system` (numbered groups refer to the first one present).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Groups<'r> {
-    pub(crate) primary: Option<&'r Regex>,
-    pub(crate) secondary: Option<&'r Regex>,
+    pub(crate) regexes: [Option<&'r Regex>; 3],
 }
 
-/// Captures of a matched rule, borrowed from the request.
+/// Captures of a matched rule, borrowed from the request, in the order of [`Groups`].
 #[derive(Debug, Default)]
 pub(crate) struct Matched<'h> {
-    pub(crate) primary: Option<Captures<'h>>,
-    pub(crate) secondary: Option<Captures<'h>>,
+    pub(crate) captures: [Option<Captures<'h>>; 3],
 }
 
 impl Template {
@@ -67,6 +68,11 @@ impl Template {
         Self { parts }
     }
 
+    /// Whether the template is plain text, without placeholders.
+    pub(crate) fn is_literal(&self) -> bool {
+        matches!(self.parts.as_slice(), [Part::Literal(_)])
+    }
+
     /// Whether rendering needs the rule's capture groups.
     pub(crate) fn uses_captures(&self) -> bool {
         self.parts
@@ -84,21 +90,20 @@ impl Template {
             match part {
                 Part::Literal(s) => out.push_str(s),
                 Part::Group(i) => {
-                    let caps = matched.primary.as_ref().or(matched.secondary.as_ref());
+                    let caps = matched.captures.iter().flatten().next();
                     if let Some(m) = caps.and_then(|c| c.get(*i)) {
                         out.push_str(m.as_str());
                     }
                 }
                 Part::Named(name) => {
-                    let found = [&matched.primary, &matched.secondary]
-                        .into_iter()
-                        .flatten()
-                        .find_map(|c| c.name(name));
+                    let found = matched.captures.iter().flatten().find_map(|c| c.name(name));
                     if let Some(m) = found {
                         out.push_str(m.as_str());
                     }
                 }
                 Part::LastUser => out.push_str(prompt.last_user),
+                Part::LastTool => out.push_str(prompt.last_tool.unwrap_or_default()),
+                Part::ToolName => out.push_str(prompt.tool_name),
                 Part::System => out.push_str(prompt.system),
                 Part::Model => out.push_str(prompt.model),
                 Part::Turn => out.push_str(&prompt.turn.to_string()),
@@ -111,17 +116,20 @@ impl Template {
 fn resolve(name: &str, groups: Groups<'_>) -> Option<Part> {
     match name {
         "last_user" => return Some(Part::LastUser),
+        "last_tool" => return Some(Part::LastTool),
+        "tool_name" => return Some(Part::ToolName),
         "system" => return Some(Part::System),
         "model" => return Some(Part::Model),
         "turn" => return Some(Part::Turn),
         _ => {}
     }
     if let Ok(i) = name.parse::<usize>() {
-        let primary = groups.primary.or(groups.secondary)?;
+        let primary = groups.regexes.iter().flatten().next()?;
         return (i < primary.captures_len()).then_some(Part::Group(i));
     }
-    let known = [groups.primary, groups.secondary]
-        .into_iter()
+    let known = groups
+        .regexes
+        .iter()
         .flatten()
         .any(|re| re.capture_names().flatten().any(|n| n == name));
     known.then(|| Part::Named(name.to_owned()))

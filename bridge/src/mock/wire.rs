@@ -1,13 +1,9 @@
-//! Wire formats: parsing OpenAI / Anthropic chat requests into a [`ChatView`] and rendering
-//! replies, SSE streams and error bodies in each provider's shape. Private serde structs only.
+//! Wire formats: rendering replies, SSE streams and error bodies in each provider's shape
+//! (requests are read in `request.rs`). Private serde structs only.
 
-use std::fmt;
-
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 
-use super::prompt::Prompt;
 use super::script::ScriptedToolCall;
 
 /// Which API a request came in on.
@@ -17,186 +13,9 @@ pub(crate) enum Provider {
     Anthropic,
 }
 
-/// The parts of a chat request the mock needs.
-#[derive(Debug)]
-pub(crate) struct ChatView {
-    pub(crate) model: String,
-    pub(crate) system: String,
-    pub(crate) last_user: String,
-    pub(crate) turn: u64,
-    pub(crate) stream: bool,
-    pub(crate) include_usage: bool,
-    pub(crate) prompt_tokens: u64,
-}
-
-impl ChatView {
-    pub(crate) fn prompt(&self) -> Prompt<'_> {
-        Prompt {
-            model: &self.model,
-            system: &self.system,
-            last_user: &self.last_user,
-            turn: self.turn,
-        }
-    }
-}
-
 /// The documented token estimate: UTF-8 bytes / 4, rounded up.
 pub(crate) fn estimate_tokens(bytes: usize) -> u64 {
     u64::try_from(bytes.div_ceil(4)).unwrap_or(u64::MAX)
-}
-
-// ---- requests -------------------------------------------------------------------------------
-
-/// Message content: a string, `null`, or a list of parts whose texts are joined with `\n`
-/// (`text` parts, and the content of Anthropic `tool_result` parts).
-#[derive(Debug, Default)]
-struct Text(String);
-
-impl<'de> Deserialize<'de> for Text {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct TextVisitor;
-        impl<'de> Visitor<'de> for TextVisitor {
-            type Value = Text;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string, null or a list of content parts")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Text, E> {
-                Ok(Text(v.to_owned()))
-            }
-            fn visit_string<E: de::Error>(self, v: String) -> Result<Text, E> {
-                Ok(Text(v))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Text, E> {
-                Ok(Text::default())
-            }
-            fn visit_none<E: de::Error>(self) -> Result<Text, E> {
-                Ok(Text::default())
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Text, A::Error> {
-                let mut out = String::new();
-                while let Some(part) = seq.next_element::<Part>()? {
-                    let text = part.text.or(part.content.map(|t| t.0));
-                    if let Some(text) = text {
-                        if !out.is_empty() {
-                            out.push('\n');
-                        }
-                        out.push_str(&text);
-                    }
-                }
-                Ok(Text(out))
-            }
-        }
-        d.deserialize_any(TextVisitor)
-    }
-}
-
-#[derive(Debug, Deserialize)]
-struct Part {
-    #[serde(default)]
-    text: Option<String>,
-    #[serde(default)]
-    content: Option<Text>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Message {
-    role: String,
-    #[serde(default)]
-    content: Text,
-}
-
-#[derive(Debug, Deserialize)]
-struct OpenAiRequest {
-    model: Option<String>,
-    messages: Option<Vec<Message>>,
-    #[serde(default)]
-    stream: Option<bool>,
-    #[serde(default)]
-    stream_options: Option<StreamOptions>,
-}
-
-#[derive(Debug, Deserialize)]
-struct StreamOptions {
-    #[serde(default)]
-    include_usage: bool,
-}
-
-#[derive(Debug, Deserialize)]
-struct AnthropicRequest {
-    model: Option<String>,
-    messages: Option<Vec<Message>>,
-    #[serde(default)]
-    system: Text,
-    max_tokens: Option<u64>,
-    #[serde(default)]
-    stream: Option<bool>,
-}
-
-/// Parses a request body; `Err` is a message for a 400 response.
-pub(crate) fn parse_request(provider: Provider, body: &[u8]) -> Result<ChatView, String> {
-    let bad_json = |e: serde_json::Error| format!("Request body is not a valid chat request: {e}");
-    let (model, messages, mut system, stream, include_usage) = match provider {
-        Provider::OpenAi => {
-            let r: OpenAiRequest = serde_json::from_slice(body).map_err(bad_json)?;
-            let include_usage = r.stream_options.is_some_and(|o| o.include_usage);
-            (
-                r.model,
-                r.messages,
-                String::new(),
-                r.stream.unwrap_or(false),
-                include_usage,
-            )
-        }
-        Provider::Anthropic => {
-            let r: AnthropicRequest = serde_json::from_slice(body).map_err(bad_json)?;
-            if r.max_tokens.is_none() {
-                return Err("`max_tokens`: field required".into());
-            }
-            (
-                r.model,
-                r.messages,
-                r.system.0,
-                r.stream.unwrap_or(false),
-                false,
-            )
-        }
-    };
-    let model = model.ok_or("`model`: field required")?;
-    let messages = messages.ok_or("`messages`: field required")?;
-    if messages.is_empty() {
-        return Err("`messages`: at least one message is required".into());
-    }
-    let mut prompt_bytes = system.len();
-    let mut turn = 0;
-    let mut last_user_idx = None;
-    for (i, m) in messages.iter().enumerate() {
-        prompt_bytes += m.content.0.len();
-        match m.role.as_str() {
-            "assistant" => turn += 1,
-            "user" => last_user_idx = Some(i),
-            "system" | "developer" if provider == Provider::OpenAi => {
-                if !system.is_empty() {
-                    system.push('\n');
-                }
-                system.push_str(&m.content.0);
-            }
-            _ => {}
-        }
-    }
-    let mut messages = messages;
-    let last_user = match last_user_idx {
-        Some(i) => std::mem::take(&mut messages[i].content.0),
-        None => String::new(),
-    };
-    Ok(ChatView {
-        model,
-        system,
-        last_user,
-        turn,
-        stream,
-        include_usage,
-        prompt_tokens: estimate_tokens(prompt_bytes),
-    })
 }
 
 // ---- replies --------------------------------------------------------------------------------
@@ -239,13 +58,21 @@ impl Answer<'_> {
         }
     }
 
+    /// The id of call `i` of this reply: `call_{TURN}_{i}` / `toolu_{TURN}_{i}`.
+    fn call_id(&self, provider: Provider, i: usize) -> String {
+        match provider {
+            Provider::OpenAi => format!("call_{}_{}", self.turn, i),
+            Provider::Anthropic => format!("toolu_{}_{}", self.turn, i),
+        }
+    }
+
     fn openai_tool_calls(&self) -> Vec<OpenAiToolCall<'_>> {
         self.tool_calls
             .iter()
             .enumerate()
             .map(|(i, c)| OpenAiToolCall {
                 index: i,
-                id: format!("call_{}_{}", self.turn, i),
+                id: self.call_id(Provider::OpenAi, i),
                 kind: "function",
                 function: OpenAiFunction {
                     name: &c.name,
@@ -338,7 +165,25 @@ struct OpenAiDelta<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    tool_calls: Option<Vec<OpenAiToolCall<'a>>>,
+    tool_calls: Option<[OpenAiDeltaCall<'a>; 1]>,
+}
+
+/// A tool call's piece of a stream: the first names it, the rest add to its arguments.
+#[derive(Serialize)]
+struct OpenAiDeltaCall<'a> {
+    index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+    function: OpenAiDeltaFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct OpenAiDeltaFunction<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    arguments: &'a str,
 }
 
 fn openai_usage(a: &Answer<'_>) -> OpenAiUsage {
@@ -407,9 +252,32 @@ pub(crate) fn openai_sse(a: &Answer<'_>, include_usage: bool) -> Vec<u8> {
         };
         push_data(&mut out, &chunk(choice(delta, None), None));
     }
-    if !a.tool_calls.is_empty() {
+    for (index, call) in a.tool_calls.iter().enumerate() {
         let delta = OpenAiDelta {
-            tool_calls: Some(a.openai_tool_calls()),
+            tool_calls: Some([OpenAiDeltaCall {
+                index,
+                id: Some(a.call_id(Provider::OpenAi, index)),
+                kind: Some("function"),
+                function: OpenAiDeltaFunction {
+                    name: Some(&call.name),
+                    arguments: "",
+                },
+            }]),
+            ..OpenAiDelta::default()
+        };
+        push_data(&mut out, &chunk(choice(delta, None), None));
+    }
+    for (index, piece) in interleaved_arguments(a.tool_calls) {
+        let delta = OpenAiDelta {
+            tool_calls: Some([OpenAiDeltaCall {
+                index,
+                id: None,
+                kind: None,
+                function: OpenAiDeltaFunction {
+                    name: None,
+                    arguments: piece,
+                },
+            }]),
             ..OpenAiDelta::default()
         };
         push_data(&mut out, &chunk(choice(delta, None), None));
@@ -467,7 +335,7 @@ fn anthropic_blocks<'a>(a: &Answer<'a>) -> Vec<AnthropicBlock<'a>> {
     }
     for (i, c) in a.tool_calls.iter().enumerate() {
         blocks.push(AnthropicBlock::ToolUse {
-            id: format!("toolu_{}_{}", a.turn, i),
+            id: a.call_id(Provider::Anthropic, i),
             name: &c.name,
             input: &c.arguments,
         });
@@ -588,38 +456,45 @@ pub(crate) fn anthropic_sse(a: &Answer<'_>) -> Vec<u8> {
         },
     });
     emit(AnthropicEvent::Ping);
-    let mut index = 0;
-    if !a.text.is_empty() || a.tool_calls.is_empty() {
+    let text_block = !a.text.is_empty() || a.tool_calls.is_empty();
+    if text_block {
         emit(AnthropicEvent::ContentBlockStart {
-            index,
+            index: 0,
             content_block: AnthropicBlockStart::Text { text: "" },
         });
         for piece in split_text(a.text) {
             emit(AnthropicEvent::ContentBlockDelta {
-                index,
+                index: 0,
                 delta: AnthropicDelta::TextDelta { text: piece },
             });
         }
-        emit(AnthropicEvent::ContentBlockStop { index });
-        index += 1;
+        emit(AnthropicEvent::ContentBlockStop { index: 0 });
     }
+    // Every tool block opens before any input streams, and the inputs arrive interleaved,
+    // so a client must key the pieces by block index.
+    let first_tool = usize::from(text_block);
     for (i, c) in a.tool_calls.iter().enumerate() {
         emit(AnthropicEvent::ContentBlockStart {
-            index,
+            index: first_tool + i,
             content_block: AnthropicBlockStart::ToolUse {
-                id: format!("toolu_{}_{}", a.turn, i),
+                id: a.call_id(Provider::Anthropic, i),
                 name: &c.name,
                 input: Value::Object(Default::default()),
             },
         });
+    }
+    for (i, piece) in interleaved_arguments(a.tool_calls) {
         emit(AnthropicEvent::ContentBlockDelta {
-            index,
+            index: first_tool + i,
             delta: AnthropicDelta::InputJsonDelta {
-                partial_json: &c.arguments_json,
+                partial_json: piece,
             },
         });
-        emit(AnthropicEvent::ContentBlockStop { index });
-        index += 1;
+    }
+    for i in 0..a.tool_calls.len() {
+        emit(AnthropicEvent::ContentBlockStop {
+            index: first_tool + i,
+        });
     }
     emit(AnthropicEvent::MessageDelta {
         delta: AnthropicStop {
@@ -637,7 +512,32 @@ pub(crate) fn anthropic_sse(a: &Answer<'_>) -> Vec<u8> {
 /// Splits a reply into stream deltas (their concatenation is the reply): pieces of at least
 /// 16 bytes, at most ~256 pieces, cut at character boundaries.
 fn split_text(text: &str) -> impl Iterator<Item = &str> {
-    let size = text.len().div_ceil(256).max(16);
+    split_pieces(text, text.len().div_ceil(256).max(16))
+}
+
+/// The argument JSON of every call cut in up to four pieces, dealt round-robin: call 0's
+/// first piece, call 1's first piece, …, call 0's second piece, … (as `(call, piece)`).
+fn interleaved_arguments(calls: &[ScriptedToolCall]) -> Vec<(usize, &str)> {
+    let mut pieces: Vec<_> = calls
+        .iter()
+        .map(|c| split_pieces(&c.arguments_json, c.arguments_json.len().div_ceil(4).max(1)))
+        .collect();
+    let mut out = Vec::new();
+    loop {
+        let before = out.len();
+        for (i, split) in pieces.iter_mut().enumerate() {
+            if let Some(piece) = split.next() {
+                out.push((i, piece));
+            }
+        }
+        if out.len() == before {
+            return out;
+        }
+    }
+}
+
+/// `text` in pieces of about `size` bytes, cut at character boundaries.
+fn split_pieces(text: &str, size: usize) -> impl Iterator<Item = &str> {
     let mut rest = text;
     std::iter::from_fn(move || {
         if rest.is_empty() {
@@ -787,24 +687,19 @@ mod tests {
     }
 
     #[test]
-    fn parses_content_parts_and_counts_turns() {
-        let body = br#"{"model":"m","messages":[
-            {"role":"system","content":"sys"},
-            {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
-            {"role":"assistant","content":null,"tool_calls":[]},
-            {"role":"tool","content":"r","tool_call_id":"x"},
-            {"role":"user","content":"last"}]}"#;
-        let v = parse_request(Provider::OpenAi, body).expect("valid request");
-        assert_eq!(
-            (v.system.as_str(), v.last_user.as_str(), v.turn),
-            ("sys", "last", 1)
-        );
-        let v = parse_request(
-            Provider::Anthropic,
-            br#"{"model":"m","max_tokens":5,"system":[{"type":"text","text":"s"}],
-                 "messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"out"}]}]}"#,
-        )
-        .expect("valid request");
-        assert_eq!((v.system.as_str(), v.last_user.as_str()), ("s", "out"));
+    fn arguments_are_dealt_round_robin_in_pieces() {
+        let call = |json: &str| ScriptedToolCall {
+            name: "f".into(),
+            arguments_json: json.into(),
+            arguments: Value::Null,
+        };
+        let calls = [call(r#"{"a":"xxxxxxxx"}"#), call("{}")];
+        let pieces = interleaved_arguments(&calls);
+        assert_eq!(pieces[0].0, 0);
+        assert_eq!(pieces[1].0, 1);
+        assert_eq!(pieces[2].0, 0);
+        let first: String = pieces.iter().filter(|p| p.0 == 0).map(|p| p.1).collect();
+        assert_eq!(first, calls[0].arguments_json);
+        assert_eq!(pieces.iter().filter(|p| p.0 == 0).count(), 4);
     }
 }

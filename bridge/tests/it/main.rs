@@ -11,3 +11,4 @@ mod openai;
 mod retry;
 mod secrets;
 mod support;
+mod tools;

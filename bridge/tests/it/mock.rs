@@ -405,7 +405,7 @@ async fn tool_calls_render_in_both_formats() {
         json!([{ "type": "tool_use", "id": "toolu_0_0", "name": "python", "input": { "code": "print(1 + 1)" } }])
     );
 
-    // Streaming: OpenAI sends the call in a delta, Anthropic as an input_json_delta.
+    // Streaming: OpenAI sends the call in deltas, Anthropic as input_json_deltas.
     let body = json!({ "model": "agent", "stream": true, "messages": user("go") });
     let events = sse_data(
         &post(&server, "/v1/chat/completions", &body)
@@ -432,14 +432,14 @@ async fn tool_calls_render_in_both_formats() {
         .find(|e| e["type"] == "content_block_start")
         .expect("block start");
     assert_eq!(start["content_block"]["type"], "tool_use");
-    let delta = events
+    // The input arrives in pieces whose concatenation is the whole input.
+    let pieces: String = events
         .iter()
-        .find(|e| e["type"] == "content_block_delta")
-        .expect("delta");
-    assert_eq!(delta["delta"]["type"], "input_json_delta");
-    let partial: Value =
-        serde_json::from_str(delta["delta"]["partial_json"].as_str().expect("json"))
-            .expect("partial_json is the whole input");
+        .filter(|e| e["type"] == "content_block_delta")
+        .inspect(|e| assert_eq!(e["delta"]["type"], "input_json_delta"))
+        .filter_map(|e| e["delta"]["partial_json"].as_str())
+        .collect();
+    let partial: Value = serde_json::from_str(&pieces).expect("the pieces make the input");
     assert_eq!(partial, json!({ "code": "print(1 + 1)" }));
 
     // Turn 1: text with an explicit finish reason, mapped for Anthropic.

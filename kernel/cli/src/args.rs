@@ -383,7 +383,9 @@ pub(crate) struct MockLmArgs {
     #[arg(long, default_value_t = 8000)]
     pub(crate) port: u16,
 
-    /// Script file (JSON) describing the models' behaviour (default: echo every prompt).
+    /// Script file (JSON) describing the models' behaviour (default: echo every prompt):
+    /// replies by turn, regex rules (also on the last tool result), tool calls; the format is
+    /// in the `bridge::mock` docs.
     #[arg(long, value_name = "FILE")]
     pub(crate) script: Option<PathBuf>,
 
