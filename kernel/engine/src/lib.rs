@@ -14,6 +14,8 @@
 //!   the [`Actions`] (`exit_loop`, `end_turn`, `escalate`) it may raise.
 //! - [`flow`]: workflows — the [`Agent`](flow::Agent) trait, events, the invocation
 //!   context, and the graph executor under the Sequential, Loop and Parallel agents.
+//! - [`bundle`]: agent bundles — persona agents in files, their path variables, the path
+//!   sandbox, and the file tools (`read_file`, `execute_workflow`, `save_output`).
 //!
 //! ```
 //! use engine::{SharedState, State, ToolContext};
@@ -27,6 +29,7 @@
 //! assert!(ctx.take_actions().exit_loop);
 //! ```
 
+pub mod bundle;
 pub mod flow;
 pub mod state;
 pub mod tool;

@@ -1,5 +1,12 @@
 //! Integration tests of the workflow engine: one binary, a module per area.
+//!
+//! The bundle tests run against copies of the real agent-bundle fixtures in
+//! `shared/fixtures/bmad/` (found by walking up from the workspace), in temporary folders so
+//! that documents can be written.
 
+mod bundle_fixtures;
+mod bundle_sandbox;
+mod bundle_support;
 mod callbacks;
 mod file;
 mod graph;

@@ -1,0 +1,262 @@
+//! What can go wrong loading an agent bundle and using its files.
+//!
+//! [`PathError`] is what the sandbox refuses (the tools hand it to the model as a tool
+//! error); [`VariableError`] is a `{name}` that names nothing; [`BundleError`] covers the rest
+//! and wraps both.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// Whether a path is read or written; the sandbox has different roots for each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Access {
+    /// Reading a file of the bundle or the project.
+    Read,
+    /// Writing an output document.
+    Write,
+}
+
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Read => "read",
+            Self::Write => "write to",
+        })
+    }
+}
+
+/// What a path points at when it is not a regular file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    /// A directory.
+    Directory,
+    /// A character or block device.
+    Device,
+    /// A named pipe.
+    Fifo,
+    /// A Unix socket.
+    Socket,
+    /// A symbolic link that points nowhere.
+    DanglingLink,
+    /// Anything else.
+    Other,
+}
+
+impl fmt::Display for FileKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Directory => "a directory",
+            Self::Device => "a device",
+            Self::Fifo => "a named pipe",
+            Self::Socket => "a socket",
+            Self::DanglingLink => "a symbolic link to nothing",
+            Self::Other => "not a regular file",
+        })
+    }
+}
+
+/// Why the sandbox refused a path, or could not use it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    /// The path is empty.
+    #[error("The path is empty; pass the path of a file")]
+    Empty,
+    /// The path holds a NUL byte, which no file name can.
+    #[error("The path contains a NUL byte; pass a plain file path")]
+    Nul,
+    /// The path leads (after `..` and symbolic links) outside the allowed folders.
+    #[error(
+        "`{path}` is outside the folders this agent may {access}: {}",
+        list_paths(roots)
+    )]
+    Outside {
+        /// The path as resolved (canonical where it exists).
+        path: PathBuf,
+        /// Reading or writing.
+        access: Access,
+        /// The allowed folders.
+        roots: Vec<PathBuf>,
+    },
+    /// Nothing is at the path.
+    #[error("`{path}` does not exist")]
+    NotFound {
+        /// The path asked for.
+        path: PathBuf,
+    },
+    /// The path is a directory, device, pipe, socket or dangling link.
+    #[error("`{path}` is {kind}; only regular files can be read or written")]
+    NotAFile {
+        /// The path asked for.
+        path: PathBuf,
+        /// What is there instead.
+        kind: FileKind,
+    },
+    /// The file, or the text to write, is over the size limit.
+    #[error("`{path}` is {size} bytes, over the limit of {limit} bytes")]
+    TooLarge {
+        /// The path asked for.
+        path: PathBuf,
+        /// Its size (at least; a growing file is not read to the end).
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The file is not UTF-8 text.
+    #[error("`{path}` is not UTF-8 text; only text files can be read")]
+    NotText {
+        /// The path asked for.
+        path: PathBuf,
+    },
+    /// The operating system refused.
+    #[error("Could not use `{path}`: {message}")]
+    Io {
+        /// The path asked for.
+        path: PathBuf,
+        /// The kind of I/O error.
+        kind: std::io::ErrorKind,
+        /// The system's message.
+        message: String,
+    },
+}
+
+impl PathError {
+    pub(crate) fn io(path: &Path, err: &std::io::Error) -> Self {
+        if err.kind() == std::io::ErrorKind::NotFound {
+            return Self::NotFound {
+                path: path.to_owned(),
+            };
+        }
+        Self::Io {
+            path: path.to_owned(),
+            kind: err.kind(),
+            message: err.to_string(),
+        }
+    }
+}
+
+/// A `{name}` that cannot be resolved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VariableError {
+    /// The variable is not defined.
+    #[error(
+        "Unknown variable `{{{name}}}` in `{text}`; the variables available are: {}",
+        list_variables(available)
+    )]
+    Unknown {
+        /// The variable's name.
+        name: String,
+        /// The text it appears in.
+        text: String,
+        /// Every defined name, sorted.
+        available: Vec<String>,
+    },
+    /// The variable's value refers back to itself.
+    #[error("Variable `{{{name}}}` refers to itself (through {chain})")]
+    Cycle {
+        /// The variable's name.
+        name: String,
+        /// The chain of names, e.g. `` `{a}` → `{b}` → `{a}` ``.
+        chain: String,
+    },
+    /// A path still holds a template value the model was meant to fill in.
+    #[error(
+        "`{text}` still holds the template value `{{{{{name}}}}}`; put its value in the path first"
+    )]
+    TemplateValue {
+        /// The template value's name.
+        name: String,
+        /// The path.
+        text: String,
+    },
+    /// A `{config_source}:key` reference names a key the config does not have.
+    #[error(
+        "`{reference}`: the config `{config}` has no key `{key}`; its keys are: {}",
+        list_names(available)
+    )]
+    MissingConfigKey {
+        /// The reference as written.
+        reference: String,
+        /// The config file.
+        config: PathBuf,
+        /// The key asked for.
+        key: String,
+        /// The keys the config has.
+        available: Vec<String>,
+    },
+}
+
+/// Loading an agent, its start-up files or a workflow failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BundleError {
+    /// A file of the bundle is not in the shape its kind needs.
+    #[error("`{path}` line {line}: {problem}")]
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// The line (from 1) where the problem is.
+        line: usize,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A variable could not be resolved.
+    #[error(transparent)]
+    Variable(#[from] VariableError),
+    /// The sandbox refused a path, or the file could not be read.
+    #[error(transparent)]
+    Path(#[from] PathError),
+    /// A file a start-up step loads could not be loaded, so the agent does not start.
+    #[error("Start-up step {step} of `{agent}` loads `{file}`, which failed: {source}")]
+    StartupFile {
+        /// The agent file.
+        agent: PathBuf,
+        /// The step's label (its number).
+        step: String,
+        /// The file as the step names it.
+        file: String,
+        /// Why it failed.
+        source: Box<BundleError>,
+    },
+    /// A value of a workflow has the wrong type.
+    #[error("`{path}`: `{key}` {problem}")]
+    WorkflowValue {
+        /// The workflow file.
+        path: PathBuf,
+        /// The key.
+        key: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+/// `` `a`, `b` `` (or "none").
+fn list_names(names: &[String]) -> String {
+    if names.is_empty() {
+        return "none".to_owned();
+    }
+    names
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `` `{a}`, `{b}` `` (or "none").
+fn list_variables(names: &[String]) -> String {
+    if names.is_empty() {
+        return "none".to_owned();
+    }
+    names
+        .iter()
+        .map(|n| format!("`{{{n}}}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn list_paths(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| format!("`{}`", p.display()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

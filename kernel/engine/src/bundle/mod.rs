@@ -1,0 +1,68 @@
+//! Agent bundles: persona agents defined in files, loaded lazily, working through tools.
+//!
+//! A bundle is a folder of agent files (`agents/*.md`: a persona, start-up steps and a menu
+//! of commands in an `<agent>` XML block), a `config.yaml` of values, and workflows
+//! (`workflow.yaml` naming instructions, a template and data files). Pasting all of that
+//! into a prompt makes a model *describe* loading files instead of loading them; here the
+//! model gets tools and loads each file only when a command needs it.
+//!
+//! The pieces, bottom up:
+//!
+//! - [`error`]: [`PathError`] (what the sandbox refuses), [`VariableError`] and
+//!   [`BundleError`].
+//! - `xml` / [`agent`]: the `<agent>` block parsed into an [`AgentDefinition`] — both the
+//!   hand-written form (`<critical-actions>`, `<cmds>`) and the compiled form (numbered
+//!   `<activation>` steps, `<menu>`); a malformed file is an error naming file and line.
+//! - [`vars`]: [`Variables`], `{name}` references resolved when used (nested values,
+//!   `{date}` and `{{date}}`, unknown names listed in the error).
+//! - [`sandbox`]: [`Sandbox`] checks every path on its canonical form against the read
+//!   roots (bundle, core, project) or the write root (the output folder), refuses devices,
+//!   pipes, NUL bytes and files over the size limit, and records each access in a
+//!   [`FileLog`].
+//! - [`yaml`], [`session`]: YAML mappings in file order; the [`BundleSession`] the tools
+//!   share (roots, variables, sandbox, configs read once).
+//! - [`workflow`]: `workflow.yaml` resolved and loaded with what it names, for
+//!   `execute_workflow`.
+//! - [`prompt`]: the system prompt, start-up message, command message and menu, worded in
+//!   `prompts/agent/`.
+//! - [`tools`]: `read_file`, `execute_workflow` and `save_output`.
+//! - [`startup`]: [`StartedAgent::start`] reads the agent, finds its roots, loads only the
+//!   files its start-up steps name (a YAML file's values become variables; a failure halts
+//!   start-up), and writes its opening messages.
+//!
+//! ```no_run
+//! use engine::bundle::{StartOptions, StartedAgent};
+//!
+//! let agent = StartedAgent::start(
+//!     "project/bundle/module/agents/coach.md".as_ref(),
+//!     &StartOptions::default(),
+//! )?;
+//! println!("{}", agent.menu());
+//! let messages = agent.messages(); // system prompt + start-up message
+//! let tools = agent.tools(); // read_file, execute_workflow, save_output
+//! # let _ = (messages, tools);
+//! // Only the agent file and its config were read so far.
+//! assert_eq!(agent.session.file_log().len(), 2);
+//! # Ok::<(), engine::bundle::BundleError>(())
+//! ```
+
+pub mod agent;
+pub mod error;
+pub mod prompt;
+pub mod sandbox;
+pub mod session;
+pub mod startup;
+pub mod tools;
+pub mod vars;
+pub mod workflow;
+mod xml;
+pub mod yaml;
+
+pub use agent::{AgentCommand, AgentDefinition, HandlerKind, Persona, Step};
+pub use error::{Access, BundleError, FileKind, PathError, VariableError};
+pub use prompt::LoadedFile;
+pub use sandbox::{DEFAULT_MAX_FILE_BYTES, FileAccess, FileLog, FileOp, Sandbox};
+pub use session::{BundleSession, Roots};
+pub use startup::{StartOptions, StartedAgent};
+pub use tools::{ExecuteWorkflow, ReadFile, SaveOutput, file_tools};
+pub use vars::Variables;

@@ -1,0 +1,247 @@
+//! Starting an agent: read and parse its file, find its roots, load only the files its
+//! start-up steps name (a YAML file's values become variables), and write its system
+//! messages.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bridge::Message;
+
+use super::agent::{AgentDefinition, Step};
+use super::error::{BundleError, PathError};
+use super::prompt::{self, LoadedFile};
+use super::sandbox::{DEFAULT_MAX_FILE_BYTES, FileLog, Sandbox};
+use super::session::{BundleSession, Roots};
+use super::tools::file_tools;
+use super::vars::{Variables, today, variable_names};
+use super::yaml;
+use crate::tool::Tool;
+
+/// The variables a path found in a start-up step may start with.
+const ROOT_VARIABLES: [&str; 4] = ["project-root", "project_root", "bundle-root", "core-root"];
+
+/// How to start an agent.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// `{project-root}`; by default the nearest folder above the agent in which the first
+    /// `{project-root}/…` file of its start-up steps exists, else the current directory.
+    pub project_root: Option<PathBuf>,
+    /// The size limit of a file read or written (default [`DEFAULT_MAX_FILE_BYTES`]).
+    pub max_file_bytes: Option<u64>,
+    /// `{date}` (default: today, UTC).
+    pub date: Option<String>,
+    /// The log to record file accesses in (default: a new one); agents that call each other
+    /// share one.
+    pub file_log: Option<FileLog>,
+}
+
+/// An agent after start-up, ready for its first message.
+#[derive(Debug, Clone)]
+pub struct StartedAgent {
+    /// Its parsed file.
+    pub definition: AgentDefinition,
+    /// What its tools share.
+    pub session: Arc<BundleSession>,
+    /// The files its start-up loaded.
+    pub loaded: Vec<LoadedFile>,
+    /// The system prompt: persona, tool rules, commands, how to run workflows.
+    pub system_prompt: String,
+    /// The start-up message: what was loaded and the start-up steps, values filled in.
+    pub startup_message: String,
+}
+
+impl StartedAgent {
+    /// Starts the agent in the file at `agent`.
+    pub fn start(agent: &Path, options: &StartOptions) -> Result<Self, BundleError> {
+        let max_bytes = options.max_file_bytes.unwrap_or(DEFAULT_MAX_FILE_BYTES);
+        let log = options.file_log.clone().unwrap_or_default();
+        let agent_path = std::fs::canonicalize(agent).map_err(|e| PathError::io(agent, &e))?;
+        let folder = agent_path.parent().unwrap_or(&agent_path).to_owned();
+        let reader = Sandbox::new(std::slice::from_ref(&folder), &folder, &folder)?
+            .with_max_bytes(max_bytes)
+            .with_log(log.clone());
+        let (_, text) = reader.read_text(&agent_path.display().to_string(), "agent")?;
+        let definition = AgentDefinition::parse(&agent_path, &text)?;
+
+        let project = match &options.project_root {
+            Some(root) => std::fs::canonicalize(root).map_err(|e| PathError::io(root, &e))?,
+            None => infer_project_root(&definition, &folder)?,
+        };
+        let roots = Roots::of_agent(&agent_path, &project);
+        let mut vars = roots.variables(&options.date.clone().unwrap_or_else(today));
+        let read_roots = [
+            roots.bundle.clone(),
+            roots.core.clone(),
+            roots.project.clone(),
+        ];
+        let sandbox = Sandbox::new(&read_roots, &project, &project)?
+            .with_max_bytes(max_bytes)
+            .with_log(log);
+
+        let mut loaded = Vec::new();
+        let mut configs = Vec::new();
+        for step in definition.startup_steps() {
+            for reference in startup_files(step) {
+                let optional = is_optional(&step.text);
+                let fail = |source: BundleError| BundleError::StartupFile {
+                    agent: agent_path.clone(),
+                    step: step.label.clone(),
+                    file: reference.clone(),
+                    source: Box::new(source),
+                };
+                let result = vars
+                    .resolve(&reference)
+                    .map_err(BundleError::from)
+                    .and_then(|path| Ok(sandbox.read_text(&path, "start-up")?));
+                let (path, text) = match result {
+                    Ok(read) => read,
+                    Err(_) if optional => continue,
+                    Err(e) => return Err(fail(e)),
+                };
+                let mut file = LoadedFile {
+                    path: path.clone(),
+                    variables: Vec::new(),
+                    content: None,
+                };
+                if is_yaml(&path) {
+                    let entries = yaml::parse_mapping(&path, &text).map_err(fail)?;
+                    for (key, value) in &entries {
+                        if let Some(value) = yaml::scalar_text(value)
+                            && !roots_variable(key)
+                        {
+                            vars.set(key.clone(), value);
+                            file.variables.push(key.clone());
+                        }
+                    }
+                    configs.push((path, Arc::new(entries)));
+                } else {
+                    file.content = Some(text);
+                }
+                loaded.push(file);
+            }
+        }
+
+        let output_folder = output_folder(&mut vars, &project)?;
+        let sandbox = sandbox.with_write_root(Path::new(&output_folder))?;
+        let system_prompt = prompt::system_prompt(&definition, &vars, &output_folder);
+        let startup_message = prompt::startup_message(&definition, &vars, &loaded);
+        let session = Arc::new(BundleSession::new(roots, vars, sandbox));
+        for (path, entries) in configs {
+            session.remember_config(path, entries);
+        }
+        Ok(Self {
+            definition,
+            session,
+            loaded,
+            system_prompt,
+            startup_message,
+        })
+    }
+
+    /// The conversation's opening messages: the system prompt and the start-up message.
+    pub fn messages(&self) -> Vec<Message> {
+        vec![
+            Message::system(self.system_prompt.clone()),
+            Message::system(self.startup_message.clone()),
+        ]
+    }
+
+    /// The file tools (`read_file`, `execute_workflow`, `save_output`).
+    pub fn tools(&self) -> Vec<Arc<dyn Tool>> {
+        file_tools(&self.session)
+    }
+
+    /// The menu shown as the agent starts.
+    pub fn menu(&self) -> String {
+        prompt::menu(&self.definition)
+    }
+
+    /// The user message for `input` when it picks a command (`*name` or a menu number).
+    pub fn command_message(&self, input: &str) -> Option<String> {
+        let input = input.trim();
+        let (index, _) = if input.starts_with('*') {
+            self.definition.find_command(input)?
+        } else {
+            self.definition
+                .find_command(input)
+                .filter(|_| input.parse::<usize>().is_ok())?
+        };
+        prompt::command_message(&self.definition, index, self.session.variables())
+    }
+}
+
+/// `{output_folder}` made absolute (a bare relative folder is under the project root) and
+/// stored back; the project root when the config has none.
+fn output_folder(vars: &mut Variables, project: &Path) -> Result<String, BundleError> {
+    let Some(folder) = vars.value("output_folder") else {
+        return Ok(project.display().to_string());
+    };
+    let folder = folder?;
+    let folder = if Path::new(&folder).is_absolute() {
+        folder
+    } else {
+        project.join(folder).display().to_string()
+    };
+    vars.set("output_folder", folder.clone());
+    Ok(folder)
+}
+
+/// The files a start-up step loads: paths starting with a root variable, in a step that
+/// says to load or read.
+fn startup_files(step: &Step) -> Vec<String> {
+    let lower = step.text.to_lowercase();
+    if !(lower.contains("load") || lower.contains("read")) {
+        return Vec::new();
+    }
+    step.text
+        .split(|c: char| c.is_whitespace() || "\"'`(),;<>".contains(c))
+        .map(|token| token.trim_end_matches(['.', ':', '!']))
+        .filter(|token| {
+            let starts_at_root = ROOT_VARIABLES
+                .iter()
+                .any(|root| token.starts_with(&format!("{{{root}}}/")));
+            let has_extension = Path::new(token).extension().is_some_and(|e| !e.is_empty());
+            starts_at_root && has_extension
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+fn is_optional(text: &str) -> bool {
+    let lower = text.to_lowercase();
+    ["if exists", "if it exists", "if present"]
+        .iter()
+        .any(|p| lower.contains(p))
+}
+
+fn is_yaml(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"))
+}
+
+fn roots_variable(name: &str) -> bool {
+    ROOT_VARIABLES.contains(&name) || name == "date"
+}
+
+/// The nearest folder at or above `folder` in which the first `{project-root}/…` start-up
+/// file exists; the current directory when there is none.
+fn infer_project_root(agent: &AgentDefinition, folder: &Path) -> Result<PathBuf, BundleError> {
+    let first = agent
+        .startup_steps()
+        .iter()
+        .flat_map(startup_files)
+        .find_map(|file| {
+            let rest = file
+                .strip_prefix("{project-root}/")
+                .or_else(|| file.strip_prefix("{project_root}/"))?
+                .to_owned();
+            variable_names(&rest).is_empty().then_some(rest)
+        });
+    if let Some(rest) = first
+        && let Some(root) = folder.ancestors().find(|a| a.join(&rest).is_file())
+    {
+        return Ok(root.to_owned());
+    }
+    let here = std::env::current_dir().map_err(|e| PathError::io(Path::new("."), &e))?;
+    Ok(std::fs::canonicalize(&here).map_err(|e| PathError::io(&here, &e))?)
+}

@@ -1,0 +1,198 @@
+//! The file tools of a bundle agent: `read_file`, `execute_workflow` and `save_output`.
+//!
+//! Each resolves the variables in the paths it gets (an unknown one is an error listing those
+//! available), goes through the session's sandbox, and turns every failure into a
+//! [`ToolError`] the model reads and can act on.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use super::error::{BundleError, VariableError};
+use super::session::BundleSession;
+use super::vars::template_values;
+use super::workflow::load_workflow;
+use crate::tool::{Tool, ToolContext, ToolError};
+
+/// `read_file`: the text of one file of the bundle or the project.
+#[derive(Debug, Clone)]
+pub struct ReadFile {
+    session: Arc<BundleSession>,
+}
+
+/// `execute_workflow`: a `workflow.yaml` with its variables, instructions, template and data.
+#[derive(Debug, Clone)]
+pub struct ExecuteWorkflow {
+    session: Arc<BundleSession>,
+}
+
+/// `save_output`: writes a document under the output folder.
+#[derive(Debug, Clone)]
+pub struct SaveOutput {
+    session: Arc<BundleSession>,
+}
+
+impl ReadFile {
+    /// The tool over `session`.
+    pub fn new(session: Arc<BundleSession>) -> Self {
+        Self { session }
+    }
+}
+
+impl ExecuteWorkflow {
+    /// The tool over `session`.
+    pub fn new(session: Arc<BundleSession>) -> Self {
+        Self { session }
+    }
+}
+
+impl SaveOutput {
+    /// The tool over `session`.
+    pub fn new(session: Arc<BundleSession>) -> Self {
+        Self { session }
+    }
+}
+
+/// The three file tools over `session`.
+pub fn file_tools(session: &Arc<BundleSession>) -> Vec<Arc<dyn Tool>> {
+    vec![
+        Arc::new(ReadFile::new(Arc::clone(session))),
+        Arc::new(ExecuteWorkflow::new(Arc::clone(session))),
+        Arc::new(SaveOutput::new(Arc::clone(session))),
+    ]
+}
+
+fn string_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, ToolError> {
+    args.get(name)
+        .and_then(Value::as_str)
+        .ok_or_else(|| ToolError::InvalidArguments(format!("`{name}` must be a string")))
+}
+
+fn failed(err: impl Into<BundleError>) -> ToolError {
+    ToolError::Failed(err.into().to_string())
+}
+
+#[async_trait]
+impl Tool for ReadFile {
+    fn name(&self) -> &str {
+        "read_file"
+    }
+
+    fn description(&self) -> &str {
+        "Load one text file of the agent bundle or the project and return its content. Paths \
+         may use variables such as `{project-root}`; relative paths start at the project root."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "The file to read, e.g. `{project-root}/docs/brief.md`."}
+            },
+            "required": ["path"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn call(&self, args: Value, _ctx: &ToolContext) -> Result<Value, ToolError> {
+        let path = self
+            .session
+            .variables()
+            .resolve(string_arg(&args, "path")?)
+            .map_err(failed)?;
+        let (path, content) = self
+            .session
+            .sandbox()
+            .read_text(&path, self.name())
+            .map_err(failed)?;
+        Ok(json!({"path": path, "content": content}))
+    }
+}
+
+#[async_trait]
+impl Tool for ExecuteWorkflow {
+    fn name(&self) -> &str {
+        "execute_workflow"
+    }
+
+    fn description(&self) -> &str {
+        "Load a workflow (`workflow.yaml`) with everything it needs: its resolved variables \
+         (among them `default_output_file`), its instructions, its template and its data files. \
+         Then run the instructions step by step."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "The `workflow.yaml`, as the command names it."},
+                "data": {"type": "string", "description": "A data file the command passes along (its `data` handler), if any."}
+            },
+            "required": ["path"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn call(&self, args: Value, _ctx: &ToolContext) -> Result<Value, ToolError> {
+        let path = string_arg(&args, "path")?;
+        let data = match args.get("data") {
+            None | Some(Value::Null) => None,
+            Some(_) => Some(string_arg(&args, "data")?),
+        };
+        load_workflow(&self.session, path, data, self.name()).map_err(failed)
+    }
+}
+
+#[async_trait]
+impl Tool for SaveOutput {
+    fn name(&self) -> &str {
+        "save_output"
+    }
+
+    fn description(&self) -> &str {
+        "Write a document (usually the workflow's `default_output_file`) under the output \
+         folder, creating the folders it needs. `append: true` adds to the end instead of \
+         replacing the file."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "Where to write; variables such as `{output_folder}` are filled in."},
+                "content": {"type": "string", "description": "The whole text to write (or to add, with `append`)."},
+                "append": {"type": "boolean", "description": "Add to the end of the file instead of replacing it.", "default": false}
+            },
+            "required": ["path", "content"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn call(&self, args: Value, _ctx: &ToolContext) -> Result<Value, ToolError> {
+        let written = string_arg(&args, "path")?;
+        let content = string_arg(&args, "content")?;
+        let append = match args.get("append") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ToolError::InvalidArguments(
+                    "`append` must be `true` or `false`".to_owned(),
+                ));
+            }
+        };
+        let path = self.session.variables().resolve(written).map_err(failed)?;
+        if let Some(name) = template_values(&path).into_iter().next() {
+            return Err(failed(VariableError::TemplateValue {
+                name,
+                text: written.to_owned(),
+            }));
+        }
+        let path = self
+            .session
+            .sandbox()
+            .write_text(&path, content, append, self.name())
+            .map_err(failed)?;
+        Ok(json!({"path": path, "bytes": content.len(), "appended": append}))
+    }
+}
