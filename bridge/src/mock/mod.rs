@@ -98,7 +98,13 @@
 //! - `{"behaviour": "label", "table": [{"keyword": "disk", "label": "storage"}, ["timeout",
 //!   "network"]], "default": "other"}`: the label of the first table entry (in table order) whose
 //!   keyword occurs in the last user message (or `input`), else `default` (default
-//!   `"unknown"`). `"case_insensitive": true` lower-cases both sides.
+//!   `"unknown"`). `"case_insensitive": true` lower-cases both sides. `"per_line": true` labels
+//!   each non-empty line instead, one label a line (a classifier over a chunk of entries).
+//! - `{"behaviour": "extract", "pattern": "code for {{key}} is: (\\d+)", "default": "NONE"}`:
+//!   the first match of the regex `pattern` in the last user message (or `input`): its group 1,
+//!   else the whole match; `default` (default empty) when nothing matches. `pattern` is a
+//!   template whose substituted values are regex-escaped, so a rule can look up what its
+//!   question names.
 //! - `{"tool_call": {"name": "python", "arguments": {"code": "1+1"}}}` (or `"tool_calls": [..]`
 //!   for parallel calls), optionally with `text`: rendered as OpenAI `tool_calls` (ids
 //!   `call_{TURN}_{i}`, `finish_reason: "tool_calls"`) or Anthropic `tool_use` blocks (ids
@@ -109,7 +115,7 @@
 //!   enforced: the script decides what the model says.
 //! - `"finish_reason"` overrides the finish/stop reason; OpenAI and Anthropic names are mapped
 //!   (`stop`↔`end_turn`, `length`↔`max_tokens`, `tool_calls`↔`tool_use`).
-//! - `word`, `input` and `default` are templates too; `behaviour` may be spelled `behavior`.
+//! - `word`, `input`, `pattern` and `default` are templates too; `behaviour` may be spelled `behavior`.
 //!
 //! **Templates** replace `{{last_user}}`, `{{last_tool}}`, `{{tool_name}}`, `{{system}}`,
 //! `{{model}}`, `{{turn}}`, and, in a rule's reply, `{{N}}` (numbered group of the rule's

@@ -151,6 +151,12 @@ enum Behaviour {
         default: Template,
         input: Template,
         case_insensitive: bool,
+        per_line: bool,
+    },
+    Extract {
+        pattern: Template,
+        default: Template,
+        input: Template,
     },
 }
 
@@ -323,17 +329,44 @@ impl Reply {
                 default,
                 input,
                 case_insensitive,
+                per_line,
             }) => {
                 let input = input.render(prompt, matched);
-                let haystack = if *case_insensitive {
-                    input.to_lowercase()
-                } else {
-                    input
+                let default = default.render(prompt, matched);
+                let label_of = |text: &str| {
+                    let found = if *case_insensitive {
+                        let lower = text.to_lowercase();
+                        table.iter().find(|(kw, _)| lower.contains(kw.as_str()))
+                    } else {
+                        table.iter().find(|(kw, _)| text.contains(kw.as_str()))
+                    };
+                    found.map_or(default.as_str(), |(_, label)| label.as_str())
                 };
-                match table.iter().find(|(kw, _)| haystack.contains(kw.as_str())) {
-                    Some((_, label)) => label.clone(),
-                    None => default.render(prompt, matched),
+                if *per_line {
+                    let labels: Vec<&str> = input
+                        .lines()
+                        .filter(|line| !line.trim().is_empty())
+                        .map(label_of)
+                        .collect();
+                    labels.join("\n")
+                } else {
+                    label_of(&input).to_owned()
                 }
+            }
+            Some(Behaviour::Extract {
+                pattern,
+                default,
+                input,
+            }) => {
+                let input = input.render(prompt, matched);
+                // Captured text is escaped, so the pattern is as valid as it was at load.
+                let pattern = pattern.render_with(prompt, matched, |s| regex::escape(s).into());
+                let found = Regex::new(&pattern).ok().and_then(|re| {
+                    let caps = re.captures(&input)?;
+                    let m = caps.get(1).or_else(|| caps.get(0))?;
+                    Some(m.as_str().to_owned())
+                });
+                found.unwrap_or_else(|| default.render(prompt, matched))
             }
         };
         let tool_calls = self
@@ -368,6 +401,11 @@ impl Reply {
             Some(Behaviour::Label { default, input, .. }) => {
                 default.uses_captures() || input.uses_captures()
             }
+            Some(Behaviour::Extract {
+                pattern,
+                default,
+                input,
+            }) => pattern.uses_captures() || default.uses_captures() || input.uses_captures(),
         }
     }
 }
@@ -466,6 +504,10 @@ struct ReplySpec {
     #[serde(default)]
     case_insensitive: bool,
     #[serde(default)]
+    per_line: bool,
+    #[serde(default)]
+    pattern: Option<String>,
+    #[serde(default)]
     tool_call: Option<ToolCallSpec>,
     #[serde(default)]
     tool_calls: Vec<ToolCallSpec>,
@@ -480,6 +522,7 @@ enum BehaviourName {
     Fixed,
     CountWord,
     Label,
+    Extract,
 }
 
 #[derive(Debug, Deserialize)]
@@ -618,6 +661,31 @@ fn compile_reply(value: Value, path: &str, groups: Groups<'_>) -> Result<Reply, 
                 default: tmpl(spec.default.as_deref().unwrap_or("unknown")),
                 input,
                 case_insensitive: spec.case_insensitive,
+                per_line: spec.per_line,
+            })
+        }
+        (Some(BehaviourName::Extract), None) => {
+            let source = spec
+                .pattern
+                .ok_or_else(|| format!("{path}: behaviour `extract` needs `pattern`"))?;
+            let pattern = tmpl(&source);
+            // Placeholders render as escaped text, so checking the literal parts (with the
+            // placeholders empty) checks every rendering.
+            let empty = Prompt {
+                model: "",
+                system: "",
+                last_user: "",
+                last_tool: None,
+                tool_name: "",
+                turn: 0,
+            };
+            let probe = pattern.render_with(&empty, &Matched::default(), |_| "".into());
+            Regex::new(&probe)
+                .map_err(|e| format!("{path}.pattern: invalid regex `{source}`: {e}"))?;
+            Some(Behaviour::Extract {
+                pattern,
+                default: tmpl(spec.default.as_deref().unwrap_or("")),
+                input,
             })
         }
     };

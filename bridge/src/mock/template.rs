@@ -1,5 +1,7 @@
 //! Reply templates: text with `{{...}}` placeholders, parsed once at script load.
 
+use std::borrow::Cow;
+
 use regex::{Captures, Regex};
 
 use super::prompt::Prompt;
@@ -85,28 +87,46 @@ impl Template {
         if let [Part::Literal(s)] = self.parts.as_slice() {
             return s.clone();
         }
+        self.render_with(prompt, matched, Cow::Borrowed)
+    }
+
+    /// Renders the template, passing every substituted value (not the literal text) through
+    /// `map`, e.g. `regex::escape` for a template that is a pattern.
+    pub(crate) fn render_with<'v>(
+        &self,
+        prompt: &Prompt<'v>,
+        matched: &Matched<'v>,
+        map: impl Fn(&'v str) -> Cow<'v, str>,
+    ) -> String {
         let mut out = String::new();
         for part in &self.parts {
-            match part {
-                Part::Literal(s) => out.push_str(s),
+            let value = match part {
+                Part::Literal(s) => {
+                    out.push_str(s);
+                    continue;
+                }
                 Part::Group(i) => {
                     let caps = matched.captures.iter().flatten().next();
-                    if let Some(m) = caps.and_then(|c| c.get(*i)) {
-                        out.push_str(m.as_str());
-                    }
+                    caps.and_then(|c| c.get(*i)).map(|m| m.as_str())
                 }
-                Part::Named(name) => {
-                    let found = matched.captures.iter().flatten().find_map(|c| c.name(name));
-                    if let Some(m) = found {
-                        out.push_str(m.as_str());
-                    }
+                Part::Named(name) => matched
+                    .captures
+                    .iter()
+                    .flatten()
+                    .find_map(|c| c.name(name))
+                    .map(|m| m.as_str()),
+                Part::LastUser => Some(prompt.last_user),
+                Part::LastTool => Some(prompt.last_tool.unwrap_or_default()),
+                Part::ToolName => Some(prompt.tool_name),
+                Part::System => Some(prompt.system),
+                Part::Model => Some(prompt.model),
+                Part::Turn => {
+                    out.push_str(&prompt.turn.to_string());
+                    continue;
                 }
-                Part::LastUser => out.push_str(prompt.last_user),
-                Part::LastTool => out.push_str(prompt.last_tool.unwrap_or_default()),
-                Part::ToolName => out.push_str(prompt.tool_name),
-                Part::System => out.push_str(prompt.system),
-                Part::Model => out.push_str(prompt.model),
-                Part::Turn => out.push_str(&prompt.turn.to_string()),
+            };
+            if let Some(value) = value {
+                out.push_str(&map(value));
             }
         }
         out

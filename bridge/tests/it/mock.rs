@@ -345,6 +345,45 @@ async fn count_word_is_case_sensitive_substring_count() {
 }
 
 #[tokio::test]
+async fn label_per_line_labels_each_non_empty_line() {
+    let script = r#"{"models": {"*": {"rules": [{
+        "last_user": "(?s)^Label:\\n(?P<body>.*)$",
+        "reply": {"behaviour": "label", "per_line": true, "case_insensitive": true,
+                  "input": "{{body}}", "default": "other",
+                  "table": [["refund", "billing"], ["PACKAGE", "delivery"]]}
+    }]}}}"#;
+    let server = start_script(script).await;
+    let text = "Label:\nI want a Refund\n\nwhere is my package\nhello\n";
+    assert_eq!(
+        openai_text(&server, "m", user(text)).await,
+        "billing\ndelivery\nother"
+    );
+    assert_eq!(openai_text(&server, "m", user("Label:\n")).await, "");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn extract_finds_a_pattern_built_from_the_question() {
+    // The key comes from the question and is escaped: `a.b` must not match `axb`.
+    let script = r#"{"models": {"*": {"rules": [{
+        "last_user": "(?s)^Find (?P<key>\\S+)\\n(?P<body>.*)$",
+        "reply": {"behaviour": "extract", "pattern": "code for {{key}} is: (\\d+)",
+                  "input": "{{body}}", "default": "NONE"}
+    }]}}}"#;
+    let server = start_script(script).await;
+    let body = "code for axb is: 1\ncode for a.b is: 22\ncode for a.b is: 333";
+    assert_eq!(
+        openai_text(&server, "m", user(&format!("Find a.b\n{body}"))).await,
+        "22"
+    );
+    assert_eq!(
+        openai_text(&server, "m", user(&format!("Find zz\n{body}"))).await,
+        "NONE"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn rules_match_model_turn_and_keep_unknown_placeholders() {
     let script = r#"{"models": {"*": {
         "rules": [
@@ -1005,6 +1044,14 @@ fn script_errors_name_the_file_and_the_problem() {
         (
             r#"{"models": {"m": {"replies": [{"behaviour": "dance"}]}}}"#,
             "dance",
+        ),
+        (
+            r#"{"models": {"m": {"replies": [{"behaviour": "extract"}]}}}"#,
+            "needs `pattern`",
+        ),
+        (
+            r#"{"models": {"m": {"replies": [{"behaviour": "extract", "pattern": "(x{{model}}"}]}}}"#,
+            "invalid regex `(x{{model}}`",
         ),
         (r#"{"models": {"m": {"replies": [{"txt": "x"}]}}}"#, "txt"),
         (
