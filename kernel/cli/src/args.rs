@@ -67,6 +67,10 @@ pub(crate) enum Command {
     /// Run a complete RLM analysis on generated logs against scripted mock models (no API key needed).
     #[command(allow_negative_numbers = true)]
     Demo(Box<DemoArgs>),
+    /// Score RLM runs on generated long-context tasks (needle, aggregate, pairs) at chosen
+    /// context sizes, optionally against the model with the context in its prompt.
+    #[command(allow_negative_numbers = true)]
+    Eval(Box<crate::eval::EvalArgs>),
     /// Serve the mock LM server (OpenAI and Anthropic wire formats) on 127.0.0.1.
     MockLm(MockLmArgs),
     /// Print a saved trajectory (`--trajectory FILE`) as the readable trace `--trace` shows.

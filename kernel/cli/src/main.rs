@@ -13,6 +13,7 @@ mod args;
 mod chat;
 mod contexts;
 mod demo;
+mod eval;
 mod logging;
 mod mock_lm;
 mod outputs;
@@ -98,6 +99,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let file = run::load_config_file(cli.config.as_deref())?;
             let path = run::config_file_path(cli.config.as_deref());
             demo::execute(*args, file, path.as_deref(), cli.verbose)
+        }
+        Command::Eval(args) => {
+            let file = run::load_config_file(cli.config.as_deref())?;
+            let path = run::config_file_path(cli.config.as_deref());
+            eval::execute(*args, file, path.as_deref())
         }
         Command::Show(args) => show::execute(&args),
         Command::MockLm(args) => {

@@ -1,0 +1,360 @@
+//! `rlm eval`: scores RLM runs on generated long-context tasks ([`kernel::eval`]) and reports
+//! per task and size the score, tokens, cost, latency, iterations, sub-calls and failures.
+//!
+//! Every instance runs through the real loop in its own REPL session (`runner`), a few at a
+//! time (`--parallel`), optionally followed by the baseline: the same root model with the
+//! context pasted into its prompt, cut to `--baseline-window` tokens. `summary` turns the
+//! run records into rows (table, `--json`), `plot` draws them (`--plot`). `--out DIR` keeps
+//! each run's trajectory and the results; no file there is replaced without `--force`.
+//! `--scripted` starts the mock LM server in-process with models whose strategies are right
+//! (`scripted`), so the whole pipeline must score 100 % — a check for CI and the README.
+
+mod plot;
+mod runner;
+mod scripted;
+mod summary;
+
+use std::io::{IsTerminal as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context as _, Result};
+use bridge::mock::{MockConfig, MockServer, Script};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kernel::eval::{TaskKind, parse_size};
+use serde_json::json;
+
+use crate::UsageError;
+use crate::args::RunOptions;
+use crate::run;
+use crate::secrets::redact;
+use runner::{Job, Method, Plan, RunRecord, Stopper};
+
+/// Arguments of `rlm eval`.
+#[derive(Debug, Args)]
+pub(crate) struct EvalArgs {
+    /// Task families, comma-separated: `needle` (find one key's value), `aggregate` (count
+    /// messages per inferred category), `pairs` (every pair of users meeting a condition).
+    #[arg(long, value_delimiter = ',', default_value = "needle,aggregate,pairs", value_parser = parse_task)]
+    pub(crate) tasks: Vec<TaskKind>,
+
+    /// Context sizes in tokens (one token per 4 bytes), comma-separated, e.g. `8k,64k,1m`.
+    #[arg(long, value_delimiter = ',', default_value = "8k,64k", value_parser = parse_tokens)]
+    pub(crate) sizes: Vec<u64>,
+
+    /// Instances per task and size.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) n: u32,
+
+    /// Seed of the generated tasks (the same seed gives the same tasks).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+
+    /// Facts in each needle context: one asked for, the others decoys with other keys.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(crate) needles: u32,
+
+    /// Runs at once, each in its own REPL session.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub(crate) parallel: u32,
+
+    /// Also run the baseline: the root model answering with the context pasted into its
+    /// prompt, cut to this many tokens (e.g. `32k`).
+    #[arg(long, value_name = "TOKENS", value_parser = parse_tokens)]
+    pub(crate) baseline_window: Option<u64>,
+
+    /// Run against scripted mock models (in-process, no API key) whose strategies are right
+    /// for each task: every score must be 1.
+    #[arg(long, conflicts_with_all = ["base_url", "model"])]
+    pub(crate) scripted: bool,
+
+    /// Folder for each run's trajectory (`TASK-SIZE-NNN.jsonl`) and the results
+    /// (`results.json`); created if missing.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) out: Option<PathBuf>,
+
+    /// Draw the mean score against context size (RLM solid, baseline dashed) to an SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub(crate) plot: Option<PathBuf>,
+
+    /// Model options (`--model`, `--base-url`, `--price`; budgets and `--batch-concurrency`
+    /// hold for each run).
+    #[command(flatten)]
+    pub(crate) options: RunOptions,
+}
+
+fn parse_task(text: &str) -> Result<TaskKind, String> {
+    text.parse()
+        .map_err(|e: kernel::eval::EvalError| e.to_string())
+}
+
+fn parse_tokens(text: &str) -> Result<u64, String> {
+    parse_size(text).map_err(|e| e.to_string())
+}
+
+/// `rlm eval`; `config_path` is the configuration file in use.
+pub(crate) fn execute(
+    args: EvalArgs,
+    file: RunOptions,
+    config_path: Option<&Path>,
+) -> Result<ExitCode> {
+    let mut opts = run::merge(args.options.clone(), file);
+    for (flag, given) in [
+        ("trajectory", opts.trajectory.is_some()),
+        ("answer-file", opts.answer_file.is_some()),
+    ] {
+        if given {
+            return Err(UsageError::new(format!(
+                "`rlm eval` runs many tasks and takes no `--{flag}`; pass `--out DIR` to keep every run's trajectory and the results"
+            ))
+            .into());
+        }
+    }
+    if !args.scripted && opts.model.is_none() {
+        return Err(UsageError::new(
+            "No model given; pass `--model NAME` (and `--base-url URL` for a server other than the provider's), or `--scripted` to run against scripted mock models",
+        )
+        .into());
+    }
+    // First, while the process has one thread and no Python: keys leave the environment.
+    crate::secrets::protect(&opts)?;
+    let runtime = kernel::runtime::shared();
+    let server = if args.scripted {
+        let script = Script::from_json_value(scripted::script())
+            .context("The scripted models' script is invalid")?;
+        let server = runtime
+            .block_on(MockServer::start(MockConfig {
+                script,
+                ..MockConfig::default()
+            }))
+            .context("Could not start the mock LM server on 127.0.0.1")?;
+        opts.base_url = Some(server.openai_base_url());
+        opts.sub_base_url = None;
+        opts.provider = Some(bridge::Provider::OpenAi);
+        opts.model = Some(scripted::ROOT_MODEL.to_owned());
+        opts.sub_model = Some(scripted::SUB_MODEL.to_owned());
+        if !opts.quiet() {
+            eprintln!(
+                "rlm eval: the models are SCRIPTED. A mock LM server on {} plays a root model whose \
+                 strategy is right for each task and a sub-model that answers chunk questions by \
+                 rules; no real language model is involved, so every score must be 1.",
+                server.openai_base_url()
+            );
+        }
+        Some(server)
+    } else {
+        None
+    };
+
+    let jobs: Vec<Job> = args
+        .tasks
+        .iter()
+        .flat_map(|kind| {
+            args.sizes.iter().flat_map(move |size| {
+                (0..args.n as usize).map(move |index| Job {
+                    kind: *kind,
+                    size: *size,
+                    index,
+                })
+            })
+        })
+        .collect();
+    check_outputs(&args, &jobs, &opts, config_path)?;
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("Could not create the folder `{}`", dir.display()))?;
+    }
+
+    // Each run builds its own registry (see `runner`); building one now checks the options.
+    run::build_endpoints(&opts)?;
+    let endpoints = || run::build_endpoints(&opts);
+    let priced = opts.price.is_some() || opts.sub_price.is_some();
+    let bar = progress_bar(&opts, jobs.len());
+    let on_done = |record: &RunRecord| {
+        if record.method == Method::Rlm {
+            bar.inc(1);
+        }
+    };
+    let stopper = Stopper::default();
+    stop_on_ctrl_c(stopper.clone());
+    let plan = Plan {
+        jobs: &jobs,
+        seed: args.seed,
+        needles: args.needles as usize,
+        parallel: args.parallel as usize,
+        baseline_window: args.baseline_window,
+        out: args.out.as_deref(),
+        priced,
+        rlm_config: run::rlm_config(&opts)?,
+        session_config: run::session_config(&opts)?,
+        endpoints: &endpoints,
+        on_done: &on_done,
+    };
+    let started = std::time::Instant::now();
+    let records = runner::run_all(&plan, &stopper);
+    bar.finish_and_clear();
+    if let Some(server) = server {
+        runtime.block_on(server.shutdown());
+    }
+    let records = records?;
+    let wall_s = started.elapsed().as_secs_f64();
+
+    let rows = summary::summarise(&records, &args.tasks, &args.sizes);
+    let document = json!({
+        "rlm_version": env!("CARGO_PKG_VERSION"),
+        "scripted": args.scripted,
+        "models": {"root": opts.model, "sub": opts.sub_model.as_ref().or(opts.model.as_ref())},
+        "seed": args.seed,
+        "n": args.n,
+        "needles": args.needles,
+        "baseline_window_tokens": args.baseline_window,
+        "tokens_per_byte": 0.25,
+        "wall_s": wall_s,
+        "summary": rows,
+        "runs": records,
+    });
+    let text = redact(&serde_json::to_string_pretty(&document)?).into_owned();
+    if let Some(dir) = &args.out {
+        let path = dir.join("results.json");
+        std::fs::write(&path, format!("{text}\n"))
+            .with_context(|| format!("Could not write `{}`", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        plot::write_plot(path, &rows, args.scripted)?;
+    }
+    let mut stdout = std::io::stdout().lock();
+    if opts.json() {
+        writeln!(stdout, "{text}")?;
+    } else {
+        if args.scripted {
+            writeln!(
+                stdout,
+                "models: SCRIPTED (mock LM server, no real language model)"
+            )?;
+        } else {
+            writeln!(
+                stdout,
+                "models: root `{}`, sub `{}`",
+                opts.model.as_deref().unwrap_or_default(),
+                opts.sub_model
+                    .as_deref()
+                    .or(opts.model.as_deref())
+                    .unwrap_or_default()
+            )?;
+        }
+        write!(stdout, "{}", summary::table(&rows))?;
+    }
+    stdout.flush()?;
+    let done = records.iter().filter(|r| r.method == Method::Rlm).count();
+    if !opts.quiet() {
+        eprintln!(
+            "{done} of {} runs in {wall_s:.1} s{}{}",
+            jobs.len(),
+            args.out
+                .as_ref()
+                .map(|d| format!("; trajectories and results.json in `{}`", d.display()))
+                .unwrap_or_default(),
+            args.plot
+                .as_ref()
+                .map(|p| format!("; plot in `{}`", p.display()))
+                .unwrap_or_default(),
+        );
+    }
+    if done < jobs.len() {
+        eprintln!("Interrupted: {} runs did not start.", jobs.len() - done);
+        return Ok(ExitCode::from(run::EXIT_INTERRUPTED));
+    }
+    if args.scripted {
+        let inexact = records
+            .iter()
+            .filter(|r| r.method == Method::Rlm && !r.exact)
+            .count();
+        if inexact > 0 {
+            eprintln!(
+                "check: {inexact} scripted runs scored below 1; the pipeline lost or changed something (see their trajectories with `--out DIR`)"
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+        eprintln!("check: every scripted run scored 1 ✓");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses before any run: an output that would replace an existing file without `--force`,
+/// or that is an input (the configuration or a prompt file).
+fn check_outputs(
+    args: &EvalArgs,
+    jobs: &[Job],
+    opts: &RunOptions,
+    config_path: Option<&Path>,
+) -> Result<()> {
+    let mut outputs: Vec<PathBuf> = args.plot.iter().cloned().collect();
+    if let Some(dir) = &args.out {
+        if dir.exists() && !dir.is_dir() {
+            return Err(UsageError::new(format!(
+                "`--out` `{}` is a file; pass a folder",
+                dir.display()
+            ))
+            .into());
+        }
+        outputs.push(dir.join("results.json"));
+        outputs.extend(jobs.iter().map(|j| dir.join(format!("{}.jsonl", j.stem()))));
+    }
+    let inputs = run::option_inputs(opts, config_path);
+    let as_outputs: Vec<crate::outputs::Output<'_>> = outputs
+        .iter()
+        .map(|path| crate::outputs::Output {
+            flag: if Some(path) == args.plot.as_ref() {
+                "plot"
+            } else {
+                "out"
+            },
+            path,
+        })
+        .collect();
+    crate::outputs::check_outputs(&inputs, &as_outputs, true)?;
+    if opts.force() {
+        return Ok(());
+    }
+    let existing: Vec<&PathBuf> = outputs.iter().filter(|p| p.exists()).collect();
+    if let Some(first) = existing.first() {
+        return Err(UsageError::new(format!(
+            "`{}` already exists{}; pass `--force` to overwrite, or choose another path",
+            first.display(),
+            match existing.len() {
+                1 => String::new(),
+                n => format!(" (and {} more outputs of this evaluation)", n - 1),
+            }
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+fn progress_bar(opts: &RunOptions, runs: usize) -> ProgressBar {
+    if opts.quiet() || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(runs as u64), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} runs · {elapsed} · eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}
+
+/// The first Ctrl-C stops the runs in progress (each keeps its best answer and trajectory)
+/// and starts no more; a second one quits at once.
+fn stop_on_ctrl_c(stopper: Stopper) {
+    kernel::runtime::shared().spawn(async move {
+        if tokio::signal::ctrl_c().await.is_err() {
+            return;
+        }
+        eprintln!("\nInterrupted: stopping the runs in progress (Ctrl-C again to quit at once)");
+        stopper.stop();
+        if tokio::signal::ctrl_c().await.is_ok() {
+            std::process::exit(i32::from(run::EXIT_INTERRUPTED));
+        }
+    });
+}

@@ -1,0 +1,87 @@
+//! `--plot FILE.svg`: score against context size, one line per task and method (RLM solid,
+//! baseline dashed), as a self-contained SVG.
+
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+use kernel::eval::{TaskKind, format_size};
+use plotters::prelude::*;
+
+use super::runner::Method;
+use super::summary::Row;
+
+const COLOURS: [RGBColor; 3] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x2c, 0xa0, 0x2c),
+];
+
+/// Writes the plot of `rows` to `path`.
+pub(super) fn write_plot(path: &Path, rows: &[Row], scripted: bool) -> Result<()> {
+    draw(path, rows, scripted)
+        .with_context(|| format!("Could not write the plot `{}`", path.display()))
+}
+
+fn draw(path: &Path, rows: &[Row], scripted: bool) -> Result<()> {
+    let sizes = rows.iter().map(|r| r.size_tokens as f64);
+    let lo = sizes.clone().fold(f64::INFINITY, f64::min).min(1e12);
+    let hi = sizes.fold(1.0, f64::max);
+    let root = SVGBackend::new(path, (820, 500)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let title = if scripted {
+        "rlm eval — score vs context size (SCRIPTED mock models)"
+    } else {
+        "rlm eval — score vs context size"
+    };
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(56)
+        .build_cartesian_2d((lo / 1.6..hi * 1.6).log_scale(), -0.02f64..1.05f64)?;
+    chart
+        .configure_mesh()
+        .x_desc("context size (tokens, 4 bytes each)")
+        .y_desc("mean score")
+        .x_label_formatter(&|x| format_size(x.round() as u64))
+        .y_label_formatter(&|y| format!("{y:.1}"))
+        .draw()?;
+    for (t, task) in TaskKind::ALL.iter().enumerate() {
+        let colour = COLOURS[t % COLOURS.len()];
+        for method in [Method::Rlm, Method::Base] {
+            let points: Vec<(f64, f64)> = rows
+                .iter()
+                .filter(|r| r.task == *task && r.method == method)
+                .map(|r| (r.size_tokens as f64, r.score))
+                .collect();
+            if points.is_empty() {
+                continue;
+            }
+            let label = format!("{task} · {}", method.as_str());
+            let style = colour.stroke_width(2);
+            match method {
+                Method::Rlm => chart
+                    .draw_series(LineSeries::new(points.clone(), style))?
+                    .label(label)
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style)),
+                Method::Base => chart
+                    .draw_series(DashedLineSeries::new(points.clone(), 6, 4, style))?
+                    .label(label)
+                    .legend(move |(x, y)| {
+                        EmptyElement::at((x, y))
+                            + PathElement::new(vec![(0, 0), (9, 0)], style)
+                            + PathElement::new(vec![(15, 0), (24, 0)], style)
+                    }),
+            };
+            chart.draw_series(points.iter().map(|p| Circle::new(*p, 4, colour.filled())))?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}

@@ -1,0 +1,349 @@
+//! Runs the instances: each through the RLM loop in its own REPL session, a few at a time,
+//! and optionally through the baseline (the root model with the context in its prompt).
+//!
+//! Sessions share the process's interpreter and take turns on the GIL, so the Python parts
+//! of parallel runs interleave rather than overlap; what overlaps is the waiting on models
+//! (the GIL is released during every model call), which is most of a run's time against a
+//! real endpoint. Each run has its own endpoint registry, built from the same options: a
+//! block's sub-call records are the ledger's records since the block started, so runs sharing
+//! a ledger would count each other's calls. Budgets and `--batch-concurrency` therefore hold
+//! per run.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{Context as _, Result};
+use bridge::{CallOptions, CancellationToken, ChatRequest, Endpoints, Message};
+use kernel::eval::{TaskInstance, TaskKind, format_size, instance_seed};
+use kernel::repl::{ContextSource, ReplSession, SessionConfig};
+use kernel::rlm::{Rlm, RlmConfig, StopHandle, TrajectoryWriter};
+use serde::Serialize;
+
+use super::scripted::BASELINE_SYSTEM;
+
+/// One instance to run: a family, a size and its index.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Job {
+    pub(super) kind: TaskKind,
+    pub(super) size: u64,
+    pub(super) index: usize,
+}
+
+impl Job {
+    /// The file stem of this job's outputs: `needle-8k-003`.
+    pub(super) fn stem(&self) -> String {
+        format!("{}-{}-{:03}", self.kind, format_size(self.size), self.index)
+    }
+}
+
+/// How the answers were obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum Method {
+    /// The RLM loop.
+    Rlm,
+    /// The root model with the context (cut to the window) in its prompt.
+    Base,
+}
+
+impl Method {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Self::Rlm => "rlm",
+            Self::Base => "base",
+        }
+    }
+}
+
+/// The record of one run.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct RunRecord {
+    pub(super) task: TaskKind,
+    pub(super) size_tokens: u64,
+    pub(super) index: usize,
+    pub(super) seed: u64,
+    pub(super) method: Method,
+    /// Tokens of the context (4 bytes a token).
+    pub(super) context_tokens: u64,
+    pub(super) score: f64,
+    pub(super) exact: bool,
+    /// How the run ended: a termination reason of the loop (`final_answer`, `max_iterations`,
+    /// …), or for the baseline `answered` or the call's failure kind (`timeout`, `http_429`, …).
+    pub(super) outcome: String,
+    pub(super) iterations: u32,
+    pub(super) sub_calls: u64,
+    pub(super) prompt_tokens: u64,
+    pub(super) completion_tokens: u64,
+    pub(super) cost_usd: Option<f64>,
+    pub(super) latency_ms: f64,
+    /// The answer, cut to its first and last 1 000 characters.
+    pub(super) answer: Option<String>,
+    pub(super) trajectory: Option<PathBuf>,
+}
+
+/// What every run shares.
+pub(super) struct Plan<'a> {
+    pub(super) jobs: &'a [Job],
+    pub(super) seed: u64,
+    pub(super) needles: usize,
+    pub(super) parallel: usize,
+    pub(super) baseline_window: Option<u64>,
+    pub(super) out: Option<&'a Path>,
+    pub(super) priced: bool,
+    pub(super) rlm_config: RlmConfig,
+    pub(super) session_config: SessionConfig,
+    /// Builds a run's endpoint registry.
+    pub(super) endpoints: &'a (dyn Fn() -> Result<Arc<Endpoints>> + Sync),
+    /// Called after each run, e.g. to move a progress bar.
+    pub(super) on_done: &'a (dyn Fn(&RunRecord) + Sync),
+}
+
+/// Stops every run in progress (Ctrl-C) and keeps new ones from starting.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Stopper {
+    stopped: Arc<AtomicBool>,
+    running: Arc<Mutex<Vec<(String, StopHandle)>>>,
+    cancel: CancellationToken,
+}
+
+impl Stopper {
+    pub(super) fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.cancel.cancel();
+        let running = self.running.lock().map(|r| r.clone()).unwrap_or_default();
+        for (_, handle) in running {
+            handle.stop();
+        }
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+}
+
+/// Runs every job of `plan`, `plan.parallel` at a time; the records come back in job order
+/// (RLM run, then its baseline). Jobs not started when `stopper` fires are left out.
+pub(super) fn run_all(plan: &Plan<'_>, stopper: &Stopper) -> Result<Vec<RunRecord>> {
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<(usize, Vec<RunRecord>)>> = Mutex::new(Vec::new());
+    let failure: Mutex<Option<anyhow::Error>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..plan.parallel.max(1) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(job) = plan.jobs.get(i) else { break };
+                    if stopper.is_stopped() || failure.lock().map_or(true, |f| f.is_some()) {
+                        break;
+                    }
+                    match run_job(plan, *job, stopper) {
+                        Ok(records) => {
+                            for record in &records {
+                                (plan.on_done)(record);
+                            }
+                            if let Ok(mut r) = results.lock() {
+                                r.push((i, records));
+                            }
+                        }
+                        Err(err) => {
+                            if let Ok(mut f) = failure.lock() {
+                                f.get_or_insert(err);
+                            }
+                            stopper.stop();
+                        }
+                    }
+                }
+            });
+        }
+    });
+    if let Some(err) = failure.into_inner().ok().flatten() {
+        return Err(err);
+    }
+    let mut results = results.into_inner().unwrap_or_default();
+    results.sort_by_key(|(i, _)| *i);
+    Ok(results.into_iter().flat_map(|(_, r)| r).collect())
+}
+
+fn run_job(plan: &Plan<'_>, job: Job, stopper: &Stopper) -> Result<Vec<RunRecord>> {
+    let seed = instance_seed(plan.seed, job.index);
+    let task = TaskInstance::generate_with_needles(job.kind, job.size, seed, plan.needles);
+    let mut records = vec![run_rlm(plan, (plan.endpoints)()?, job, &task, stopper)?];
+    if let Some(window) = plan.baseline_window
+        && !stopper.is_stopped()
+    {
+        let endpoints = (plan.endpoints)()?;
+        records.push(run_baseline(plan, &endpoints, job, &task, window, stopper)?);
+    }
+    Ok(records)
+}
+
+fn record(job: Job, task: &TaskInstance, method: Method, answer: Option<&str>) -> RunRecord {
+    let score = task.score(answer);
+    RunRecord {
+        task: job.kind,
+        size_tokens: job.size,
+        index: job.index,
+        seed: task.seed,
+        method,
+        context_tokens: kernel::eval::estimate_tokens(&task.context),
+        score: score.value,
+        exact: score.exact,
+        outcome: String::new(),
+        iterations: 0,
+        sub_calls: 0,
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        cost_usd: None,
+        latency_ms: 0.0,
+        answer: answer.map(|a| kernel::rlm::truncate_middle(a, 2_000).into_owned()),
+        trajectory: None,
+    }
+}
+
+fn run_rlm(
+    plan: &Plan<'_>,
+    endpoints: Arc<Endpoints>,
+    job: Job,
+    task: &TaskInstance,
+    stopper: &Stopper,
+) -> Result<RunRecord> {
+    let session = ReplSession::new(
+        plan.session_config.clone(),
+        Arc::clone(&endpoints),
+        &[ContextSource::Text(task.context.clone())],
+    )
+    .with_context(|| format!("Could not load the context of `{}`", job.stem()))?;
+    let mut rlm = Rlm::new(plan.rlm_config.clone(), endpoints, Arc::new(session));
+    let trajectory = plan
+        .out
+        .map(|dir| dir.join(format!("{}.jsonl", job.stem())));
+    if let Some(path) = &trajectory {
+        let writer = TrajectoryWriter::create(path).with_context(|| {
+            format!("Could not create the trajectory file `{}`", path.display())
+        })?;
+        rlm.add_hook(writer);
+    }
+    let handle = rlm.stop_handle();
+    if let Ok(mut running) = stopper.running.lock() {
+        running.push((job.stem(), handle.clone()));
+    }
+    if stopper.is_stopped() {
+        handle.stop();
+    }
+    let result = rlm.run(&task.query);
+    if let Ok(mut running) = stopper.running.lock() {
+        running.retain(|(stem, _)| *stem != job.stem());
+    }
+    let result = result.with_context(|| format!("Could not run `{}`", job.stem()))?;
+    let m = &result.metrics;
+    let outcome = serde_json::to_value(result.termination_reason)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    Ok(RunRecord {
+        outcome,
+        iterations: m.iterations,
+        sub_calls: m.sub_calls,
+        prompt_tokens: m.prompt_tokens,
+        completion_tokens: m.completion_tokens,
+        cost_usd: plan.priced.then_some(m.cost_usd),
+        latency_ms: m.total_ms,
+        trajectory,
+        ..record(job, task, Method::Rlm, result.answer.as_deref())
+    })
+}
+
+/// The document of a baseline request: the context's first `window` tokens, cut at a line end.
+fn baseline_prompt(task: &TaskInstance, window: u64) -> String {
+    let limit = usize::try_from(window.saturating_mul(4)).unwrap_or(usize::MAX);
+    let text = &task.context;
+    let shown = if text.len() <= limit {
+        text.as_str()
+    } else {
+        let mut end = limit;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        let cut = &text[..end];
+        cut.rfind('\n').map_or(cut, |at| &cut[..=at])
+    };
+    let note = if shown.len() < text.len() {
+        format!(
+            " (the first {} of its {} tokens; the rest did not fit)",
+            kernel::eval::estimate_tokens(shown),
+            kernel::eval::estimate_tokens(text)
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "The document{note}:\n<document>\n{shown}</document>\n\n{}",
+        task.query
+    )
+}
+
+fn run_baseline(
+    plan: &Plan<'_>,
+    endpoints: &Endpoints,
+    job: Job,
+    task: &TaskInstance,
+    window: u64,
+    stopper: &Stopper,
+) -> Result<RunRecord> {
+    let root = endpoints.get(&plan.rlm_config.root_endpoint)?;
+    let request = ChatRequest {
+        messages: vec![
+            Message::system(BASELINE_SYSTEM),
+            Message::user(baseline_prompt(task, window)),
+        ],
+        ..ChatRequest::default()
+    };
+    let options = CallOptions {
+        cancel: stopper.cancel.child_token(),
+        ..CallOptions::default()
+    };
+    let started = Instant::now();
+    let call = kernel::runtime::shared().block_on(root.call_recorded(request, &options));
+    let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let (answer, outcome) = match &call.result {
+        Ok(response) => (Some(response.content.as_str()), "answered".to_owned()),
+        Err(err) => (None, err.kind().to_string()),
+    };
+    Ok(RunRecord {
+        outcome,
+        iterations: 1,
+        prompt_tokens: call.record.prompt_tokens,
+        completion_tokens: call.record.completion_tokens,
+        cost_usd: plan.priced.then(|| call.record.cost_usd.unwrap_or(0.0)),
+        latency_ms,
+        ..record(job, task, Method::Base, answer)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_baseline_document_is_cut_at_a_line_end_within_the_window() {
+        let task = TaskInstance::generate(TaskKind::Aggregate, 2_000, 1);
+        let prompt = baseline_prompt(&task, 500);
+        let document = prompt
+            .split("<document>\n")
+            .nth(1)
+            .and_then(|rest| rest.split("</document>").next())
+            .expect("a document");
+        assert!(
+            document.len() <= 2_000 && document.len() > 1_800,
+            "{}",
+            document.len()
+        );
+        assert!(task.context.starts_with(document) && document.ends_with('\n'));
+        assert!(prompt.contains("tokens; the rest did not fit)"), "{prompt}");
+        assert!(prompt.ends_with(&task.query));
+        let whole = baseline_prompt(&task, 1_000_000);
+        assert!(whole.contains(&task.context) && !whole.contains("did not fit"));
+    }
+}
