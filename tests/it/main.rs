@@ -11,6 +11,7 @@ mod cli_errors;
 mod contexts;
 mod demo;
 mod dry_run;
+mod eval;
 mod fatal_cells;
 mod final_answers;
 mod limits;

@@ -132,9 +132,9 @@ pub fn format_size(tokens: u64) -> String {
         let text = format!("{n:.1}");
         format!("{}{unit}", text.trim_end_matches(".0"))
     };
-    if tokens >= 1_000_000 && tokens % 100_000 == 0 {
+    if tokens >= 1_000_000 && tokens.is_multiple_of(100_000) {
         short(tokens as f64 / 1e6, "m")
-    } else if tokens >= 1_000 && tokens % 100 == 0 {
+    } else if tokens >= 1_000 && tokens.is_multiple_of(100) {
         short(tokens as f64 / 1e3, "k")
     } else {
         tokens.to_string()
