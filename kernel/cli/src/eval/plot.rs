@@ -45,6 +45,7 @@ fn draw(path: &Path, rows: &[Row], scripted: bool) -> Result<()> {
         .y_desc("mean score")
         .x_label_formatter(&|x| format_size(x.round() as u64))
         .y_label_formatter(&|y| format!("{y:.1}"))
+        .light_line_style(WHITE)
         .draw()?;
     for (t, task) in TaskKind::ALL.iter().enumerate() {
         let colour = COLOURS[t % COLOURS.len()];
@@ -78,7 +79,7 @@ fn draw(path: &Path, rows: &[Row], scripted: bool) -> Result<()> {
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerLeft)
+        .position(SeriesLabelPosition::MiddleLeft)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()?;
