@@ -3,9 +3,31 @@
 use std::io::Write as _;
 
 use anyhow::{Context, Result};
-use bridge::mock::{FaultKind, MockOptions, MockServer};
+use bridge::mock::{FaultKind, MockConfig, MockOptions, MockServer, Script};
 
-use crate::args::MockLmArgs;
+use crate::args::{MockLmArgs, RunOptions};
+
+/// Starts the mock LM server in-process with `script` and points `opts` at it (OpenAI wire
+/// format, root model `root`, sub-model `sub`): the scripted models of `rlm demo` and `rlm eval`.
+pub(crate) fn start_scripted(
+    script: Script,
+    opts: &mut RunOptions,
+    root: &str,
+    sub: &str,
+) -> Result<MockServer> {
+    let server = kernel::runtime::shared()
+        .block_on(MockServer::start(MockConfig {
+            script,
+            ..MockConfig::default()
+        }))
+        .context("Could not start the mock LM server on 127.0.0.1")?;
+    opts.base_url = Some(server.openai_base_url());
+    opts.sub_base_url = None;
+    opts.provider = Some(bridge::Provider::OpenAi);
+    opts.model = Some(root.to_owned());
+    opts.sub_model = Some(sub.to_owned());
+    Ok(server)
+}
 
 pub(crate) async fn serve(args: MockLmArgs) -> Result<()> {
     let faults = if args.fault_rate > 0.0 {

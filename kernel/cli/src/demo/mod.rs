@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use bridge::mock::{MockConfig, MockServer, Script};
+use bridge::mock::Script;
 use kernel::repl::{ContextSource, ReplSession};
 
 use crate::UsageError;
@@ -43,16 +43,7 @@ pub(crate) fn execute(
     let server = if opts.base_url.is_none() {
         let script =
             Script::from_json_str(STRATEGY).context("The bundled demo script is invalid")?;
-        let server = runtime
-            .block_on(MockServer::start(MockConfig {
-                script,
-                ..MockConfig::default()
-            }))
-            .context("Could not start the mock LM server on 127.0.0.1")?;
-        opts.base_url = Some(server.openai_base_url());
-        opts.provider = Some(bridge::Provider::OpenAi);
-        opts.model = Some("demo-root".to_owned());
-        opts.sub_model = Some("demo-sub".to_owned());
+        let server = crate::mock_lm::start_scripted(script, &mut opts, "demo-root", "demo-sub")?;
         if !opts.quiet() {
             eprintln!(
                 "rlm demo: the models are SCRIPTED. A mock LM server on {} replays a fixed \

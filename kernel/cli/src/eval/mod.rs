@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context as _, Result};
-use bridge::mock::{MockConfig, MockServer, Script};
+use bridge::mock::Script;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernel::eval::{TaskKind, parse_size};
@@ -123,17 +123,12 @@ pub(crate) fn execute(
     let server = if args.scripted {
         let script = Script::from_json_value(scripted::script())
             .context("The scripted models' script is invalid")?;
-        let server = runtime
-            .block_on(MockServer::start(MockConfig {
-                script,
-                ..MockConfig::default()
-            }))
-            .context("Could not start the mock LM server on 127.0.0.1")?;
-        opts.base_url = Some(server.openai_base_url());
-        opts.sub_base_url = None;
-        opts.provider = Some(bridge::Provider::OpenAi);
-        opts.model = Some(scripted::ROOT_MODEL.to_owned());
-        opts.sub_model = Some(scripted::SUB_MODEL.to_owned());
+        let server = crate::mock_lm::start_scripted(
+            script,
+            &mut opts,
+            scripted::ROOT_MODEL,
+            scripted::SUB_MODEL,
+        )?;
         if !opts.quiet() {
             eprintln!(
                 "rlm eval: the models are SCRIPTED. A mock LM server on {} plays a root model whose \
