@@ -104,6 +104,9 @@ fn the_table_names_the_scripted_models_and_every_task_and_size() {
             "2",
             "--tasks",
             "pairs,needle",
+            // The sub-model must find the asked key's fact among two decoys.
+            "--needles",
+            "3",
         ]),
         None,
     );
