@@ -293,18 +293,44 @@ impl Default for RetryPolicy {
     }
 }
 
-/// (De)serialize a `Duration` as (fractional) seconds, as config files write it.
-pub(crate) mod serde_secs {
+/// (De)serialize a `Duration` as (fractional) seconds, as config files write it
+/// (`#[serde(with = "bridge::config::serde_secs")]`; `serde_secs::option` for an
+/// `Option<Duration>`).
+pub mod serde_secs {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub(crate) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    /// Writes `d` as seconds.
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_f64(d.as_secs_f64())
     }
 
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    /// Reads seconds (a negative or non-finite number is an error).
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let secs = f64::deserialize(d)?;
         Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
+    }
+
+    /// `Option<Duration>` as seconds or `null`.
+    pub mod option {
+        use std::time::Duration;
+
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        /// Writes `value` as seconds, or `null`.
+        pub fn serialize<S: Serializer>(value: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+            match value {
+                Some(d) => s.serialize_some(&d.as_secs_f64()),
+                None => s.serialize_none(),
+            }
+        }
+
+        /// Reads seconds or `null`.
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+            let secs = Option::<f64>::deserialize(d)?;
+            secs.map(|s| Duration::try_from_secs_f64(s).map_err(serde::de::Error::custom))
+                .transpose()
+        }
     }
 }

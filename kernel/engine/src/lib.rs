@@ -12,6 +12,8 @@
 //! - [`tool`]: the [`Tool`] trait (name, description, JSON-Schema parameters, `async call`)
 //!   and the [`ToolContext`] a call gets: its id, a cancellation token, the shared state and
 //!   the [`Actions`] (`exit_loop`, `end_turn`, `escalate`) it may raise.
+//! - [`agent`]: the function-calling loop ([`AgentLoop`]): model with tools → tool calls
+//!   run concurrently → results → … → answer, with limits, hooks and metrics.
 //! - [`flow`]: workflows — the [`Agent`](flow::Agent) trait, events, the invocation
 //!   context, and the graph executor under the Sequential, Loop and Parallel agents.
 //! - [`bundle`]: agent bundles — persona agents in files, their path variables, the path
@@ -29,10 +31,13 @@
 //! assert!(ctx.take_actions().exit_loop);
 //! ```
 
+pub mod agent;
 pub mod bundle;
 pub mod flow;
 pub mod state;
 pub mod tool;
+
+pub use agent::{AgentLoop, LoopConfig, LoopError, LoopOutcome, Toolbox};
 
 pub use state::{Scope, SharedState, State, StateDelta};
 pub use tool::{Actions, Tool, ToolContext, ToolError};

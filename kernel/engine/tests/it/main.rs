@@ -4,6 +4,8 @@
 //! `shared/fixtures/bmad/` (found by walking up from the workspace), in temporary folders so
 //! that documents can be written.
 
+mod agent_loop;
+mod agent_support;
 mod bundle_fixtures;
 mod bundle_sandbox;
 mod bundle_support;

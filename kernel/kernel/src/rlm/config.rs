@@ -17,7 +17,7 @@ pub struct RlmConfig {
     /// Iterations (root-model replies) before the "answer now" request.
     pub max_iterations: u32,
     /// Wall-clock limit of the whole run.
-    #[serde(with = "optional_seconds")]
+    #[serde(with = "bridge::config::serde_secs::option")]
     pub run_timeout: Option<Duration>,
     /// Stop after this many iterations in a row in which a block raised or timed out.
     pub max_consecutive_failures: Option<u32>,
@@ -44,31 +44,6 @@ impl Default for RlmConfig {
             feedback: FeedbackConfig::default(),
             prompts: PromptConfig::default(),
         }
-    }
-}
-
-/// `Option<Duration>` as fractional seconds.
-mod optional_seconds {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(
-        value: &Option<Duration>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        match value {
-            Some(d) => s.serialize_some(&d.as_secs_f64()),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<Duration>, D::Error> {
-        let secs = Option::<f64>::deserialize(d)?;
-        secs.map(|s| Duration::try_from_secs_f64(s).map_err(serde::de::Error::custom))
-            .transpose()
     }
 }
 
