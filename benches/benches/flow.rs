@@ -41,8 +41,8 @@ fn median(mut samples: Vec<f64>) -> f64 {
 }
 
 fn main() -> anyhow::Result<()> {
-    let quick = std::env::args().any(|a| a == "--quick")
-        || std::env::var_os("RLM_BENCH_QUICK").is_some();
+    let quick =
+        std::env::args().any(|a| a == "--quick") || std::env::var_os("RLM_BENCH_QUICK").is_some();
     let runs = if quick { 3 } else { 7 };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -67,9 +67,14 @@ fn main() -> anyhow::Result<()> {
         let started = Instant::now();
         let report = rt.block_on(run_workflow(&flow, invocation, None));
         plain.push(started.elapsed().as_secs_f64());
-        anyhow::ensure!(report.state.get("n") == Some(&json!(STEPS)), "the loop ran short");
+        anyhow::ensure!(
+            report.state.get("n") == Some(&json!(STEPS)),
+            "the loop ran short"
+        );
 
-        let log = Arc::new(EventLog::create(dir.path().join(format!("events-{run}.jsonl")))?);
+        let log = Arc::new(EventLog::create(
+            dir.path().join(format!("events-{run}.jsonl")),
+        )?);
         let invocation = Invocation::new(SharedState::new(State::default())).with_sink(log);
         let started = Instant::now();
         let report = rt.block_on(run_workflow(&flow, invocation, None));
@@ -77,11 +82,20 @@ fn main() -> anyhow::Result<()> {
         anyhow::ensure!(report.result.is_ok(), "the logged loop failed");
     }
     let baseline = median(baseline);
-    let per_step = |total: f64| Duration::from_secs_f64((total - baseline).max(0.0) / f64::from(STEPS));
+    let per_step =
+        |total: f64| Duration::from_secs_f64((total - baseline).max(0.0) / f64::from(STEPS));
     println!("engine cost per agent step, {STEPS}-step LoopAgent, median of {runs} runs");
     println!("{:<34} {:>12} {:>16}", "", "whole loop", "engine per step");
-    println!("{:<34} {:>9.3} ms {:>16}", "baseline (step function alone)", baseline * 1e3, "-");
-    for (label, total) in [("loop, no sinks", median(plain)), ("loop + JSONL event log", median(logged))] {
+    println!(
+        "{:<34} {:>9.3} ms {:>16}",
+        "baseline (step function alone)",
+        baseline * 1e3,
+        "-"
+    );
+    for (label, total) in [
+        ("loop, no sinks", median(plain)),
+        ("loop + JSONL event log", median(logged)),
+    ] {
         println!(
             "{label:<34} {:>9.3} ms {:>13.4} ms",
             total * 1e3,

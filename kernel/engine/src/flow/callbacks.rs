@@ -18,8 +18,9 @@ use std::sync::Arc;
 use bridge::{BridgeError, ChatRequest, ChatResponse};
 use serde_json::Value;
 
+use crate::agent::ToolCallError;
 use crate::state::{SharedState, StateDelta};
-use crate::tool::{Actions, ToolContext, ToolError};
+use crate::tool::{Actions, ToolContext};
 
 /// What a before- or error-callback wants.
 #[derive(Debug, Clone, PartialEq)]
@@ -151,7 +152,7 @@ pub trait Callback: Send + Sync {
         &self,
         _ctx: &CallbackContext,
         _call: &ToolInvocation,
-        _error: &ToolError,
+        _error: &ToolCallError,
     ) -> CallbackAction<Value> {
         CallbackAction::Continue
     }

@@ -258,6 +258,22 @@ impl InvocationContext {
         self.frame_for(agent, callbacks.clone(), history, cancel)
     }
 
+    /// The context of agent `agent` called as a tool: a conversation of its own that starts
+    /// with `input`, and `cancel` as its token.
+    pub fn sub_run(
+        &self,
+        agent: &str,
+        callbacks: &Callbacks,
+        input: &str,
+        cancel: CancellationToken,
+    ) -> Self {
+        let history = Arc::new(Mutex::new(vec![Turn {
+            author: "user".to_owned(),
+            content: input.to_owned(),
+        }]));
+        self.frame_for(agent, callbacks.clone(), history, cancel)
+    }
+
     /// The agent this context runs (empty at the root).
     pub fn agent(&self) -> &str {
         &self.frame.agent

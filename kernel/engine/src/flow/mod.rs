@@ -20,6 +20,8 @@
 //! - [`step`]: [`FnAgent`], a deterministic step written as a Rust function.
 //! - [`file`](mod@file): workflow files (ADK Agent Config YAML) read into agent specs, and their
 //!   Mermaid rendering.
+//! - [`llm`]: [`LlmAgent`], the function-calling loop ([`crate::agent`]) as an agent, and the
+//!   built-in tools `exit_loop`, `end_turn`, `escalate`.
 //! - [`runner`]: [`run_workflow`], one bounded invocation of a root agent.
 //!
 //! Data flows down the tree: a parent runs each child through [`run_agent`] in a child
@@ -70,6 +72,7 @@ pub mod error;
 pub mod event;
 pub mod file;
 pub mod graph;
+pub mod llm;
 pub mod runner;
 pub mod session;
 pub mod sink;
@@ -85,6 +88,7 @@ pub use graph::{
     BranchPolicy, DEFAULT_MAX_STEPS, Edge, Graph, GraphBuilder, GraphError, GraphKind, ResumeAt,
     Router, StateRouter, Target,
 };
+pub use llm::{EndTurn, Escalate, ExitLoop, LlmAgent, LlmAgentBuilder, builtin_tool};
 pub use runner::{RunReport, RunStatus, run_session, run_workflow};
 pub use session::{FileSessionStore, SessionKey, SessionStore, StoreError};
 pub use sink::{EventLog, EventSink, MemorySink};

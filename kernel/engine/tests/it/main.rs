@@ -13,6 +13,7 @@ mod callbacks;
 mod file;
 mod graph;
 mod limits;
+mod llm;
 mod scoping;
 mod session;
 mod state;
