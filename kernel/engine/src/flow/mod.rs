@@ -22,6 +22,8 @@
 //!   Mermaid rendering.
 //! - [`llm`]: [`LlmAgent`], the function-calling loop ([`crate::agent`]) as an agent, and the
 //!   built-in tools `exit_loop`, `end_turn`, `escalate`.
+//! - [`build`]: the [`Registry`] that turns workflow files into agents (models, tools,
+//!   callbacks, and the kernel's factories for the Python-backed classes).
 //! - [`runner`]: [`run_workflow`], one bounded invocation of a root agent.
 //!
 //! Data flows down the tree: a parent runs each child through [`run_agent`] in a child
@@ -66,6 +68,7 @@
 //! ```
 
 pub mod agent;
+pub mod build;
 pub mod callbacks;
 pub mod context;
 pub mod error;
@@ -80,6 +83,7 @@ pub mod step;
 pub mod template;
 
 pub use agent::{Agent, AgentOutcome, Control, class, run_agent, run_in};
+pub use build::{AgentFactory, CallbackFactory, Registry, ToolFactory};
 pub use callbacks::{Callback, CallbackAction, CallbackContext, Callbacks, ToolInvocation};
 pub use context::{Invocation, InvocationContext, NodeObserver, NodeRecord, Turn};
 pub use error::FlowError;

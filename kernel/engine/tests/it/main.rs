@@ -18,3 +18,4 @@ mod scoping;
 mod session;
 mod state;
 mod support;
+mod workflow;

@@ -111,6 +111,8 @@ pub struct AgentSpec {
     pub config: AgentConfig,
     /// Its sub-agents, in order.
     pub sub_agents: Vec<AgentSpec>,
+    /// The agents its `AgentTool` tools name (`args: {agent: {config_path: ...}}`), in order.
+    pub tool_agents: Vec<AgentSpec>,
 }
 
 impl AgentSpec {
@@ -178,6 +180,7 @@ fn load_file(
         text,
         config,
         sub_agents: Vec::new(),
+        tool_agents: Vec::new(),
     };
     let dir = file.parent().map(Path::to_path_buf).unwrap_or_default();
     let refs = spec.config.sub_agent_refs().to_vec();
@@ -199,33 +202,12 @@ fn load_file(
             ),
         ));
     }
+    for path in agent_tool_paths(&spec)? {
+        let child = load_ref(source, &spec, &dir, &path, open)?;
+        spec.tool_agents.push(child);
+    }
     for sub in refs {
-        let shown = sub.config_path.display().to_string();
-        let sub_path = normalize(&dir.join(&sub.config_path));
-        if open.contains(&sub_path) {
-            return Err(spec.error_at(
-                "config_path",
-                Some(&shown),
-                ConfigErrorKind::Cycle,
-                format!(
-                    "`{shown}` is already being read higher up this tree (a file cannot contain \
-                     itself); point `config_path` at another file"
-                ),
-            ));
-        }
-        let sub_text = source.read(&sub_path).map_err(|e| {
-            spec.error_at(
-                "config_path",
-                Some(&shown),
-                ConfigErrorKind::Read,
-                format!(
-                    "Cannot read sub-agent file `{shown}` (`{}`): {e}; `config_path` is \
-                     relative to this file",
-                    sub_path.display()
-                ),
-            )
-        })?;
-        let child = load_file(source, sub_path, sub_text, open)?;
+        let child = load_ref(source, &spec, &dir, &sub.config_path, open)?;
         if let Some(twin) = spec
             .sub_agents
             .iter()
@@ -248,6 +230,74 @@ fn load_file(
     open.remove(&file);
     check_graph(&spec)?;
     Ok(spec)
+}
+
+/// The tool name under which `tools` names another agent (as in ADK).
+pub const AGENT_TOOL: &str = "AgentTool";
+
+/// The `config_path`s of an LLM agent's `AgentTool` tools.
+fn agent_tool_paths(spec: &AgentSpec) -> Result<Vec<PathBuf>, ConfigError> {
+    let AgentConfig::Llm(llm) = &spec.config else {
+        return Ok(Vec::new());
+    };
+    llm.tools
+        .iter()
+        .filter(|t| t.name == AGENT_TOOL)
+        .map(|tool| {
+            tool.args
+                .get("agent")
+                .and_then(|a| a.get("config_path"))
+                .and_then(|p| p.as_str())
+                .map(PathBuf::from)
+                .ok_or_else(|| {
+                    spec.error_at(
+                        "name",
+                        Some(AGENT_TOOL),
+                        ConfigErrorKind::Invalid,
+                        format!(
+                            "An `{AGENT_TOOL}` tool needs `args: {{agent: {{config_path: FILE}}}}` \
+                             naming the agent's file"
+                        ),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Reads the agent file `path` named (relative to `dir`) by `parent`.
+fn load_ref(
+    source: &dyn FileSource,
+    parent: &AgentSpec,
+    dir: &Path,
+    path: &Path,
+    open: &mut HashSet<PathBuf>,
+) -> Result<AgentSpec, ConfigError> {
+    let shown = path.display().to_string();
+    let full = normalize(&dir.join(path));
+    if open.contains(&full) {
+        return Err(parent.error_at(
+            "config_path",
+            Some(&shown),
+            ConfigErrorKind::Cycle,
+            format!(
+                "`{shown}` is already being read higher up this tree (a file cannot contain \
+                 itself); point `config_path` at another file"
+            ),
+        ));
+    }
+    let text = source.read(&full).map_err(|e| {
+        parent.error_at(
+            "config_path",
+            Some(&shown),
+            ConfigErrorKind::Read,
+            format!(
+                "Cannot read agent file `{shown}` (`{}`): {e}; `config_path` is relative to \
+                 this file",
+                full.display()
+            ),
+        )
+    })?;
+    load_file(source, full, text, open)
 }
 
 /// The edges and start of a graph name its nodes.

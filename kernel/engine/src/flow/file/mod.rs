@@ -31,8 +31,8 @@ pub mod mermaid;
 pub mod spec;
 
 pub use load::{
-    AgentSpec, ConfigError, ConfigErrorKind, EmbeddedFiles, FileSource, Filesystem, load_workflow,
-    load_workflow_from,
+    AGENT_TOOL, AgentSpec, ConfigError, ConfigErrorKind, EmbeddedFiles, FileSource, Filesystem,
+    load_workflow, load_workflow_from,
 };
 pub use mermaid::render_mermaid;
 pub use spec::{

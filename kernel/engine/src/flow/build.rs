@@ -1,0 +1,466 @@
+//! From workflow files to agents: the [`Registry`] of what names mean.
+//!
+//! A file names models, tools, callbacks and classes; the registry says what each name is.
+//! Models are the endpoints of a [`bridge::Endpoints`] (absent `model`: the default one).
+//! Tools are the built-ins (`exit_loop`, `end_turn`, `escalate`), `AgentTool` (another agent
+//! read from its file) and tool factories registered by name. Callbacks are factories
+//! registered by name, then a fallback (the kernel's, for Python callables by dotted name);
+//! a callback named under one point (`before_tool_callbacks`) acts only there. The engine
+//! builds `LlmAgent`, `LoopAgent`, `SequentialAgent`, `ParallelAgent` and `GraphAgent` itself;
+//! `RlmAgent` and `PythonAgent` come from factories the kernel registers. Every unknown name
+//! is a [`ConfigError`] pointing at its line, listing what is known.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bridge::{BridgeError, ChatRequest, ChatResponse, Endpoint, Endpoints};
+use serde_json::Value;
+
+use super::agent::Agent;
+use super::callbacks::{Callback, CallbackAction, CallbackContext, Callbacks, ToolInvocation};
+use super::context::InvocationContext;
+use super::error::FlowError;
+use super::file::{
+    AGENT_TOOL, AgentClass, AgentConfig, AgentSpec, CodeRef, ConfigError, ConfigErrorKind, END,
+    EdgeConfig, LlmAgentConfig, StateTest,
+};
+use super::graph::{DEFAULT_MAX_STEPS, Graph, GraphError, Router, Target};
+use super::llm::{LlmAgent, builtin_tool};
+use crate::agent::{LoopConfig, ToolCallError};
+use crate::state::State;
+use crate::tool::Tool;
+
+/// Makes a tool from its `{name, args}` entry; the error says what is wrong with the args.
+pub type ToolFactory = Arc<dyn Fn(&Value) -> Result<Arc<dyn Tool>, String> + Send + Sync>;
+
+/// Makes a callback from its `{name, args}` entry.
+pub type CallbackFactory = Arc<dyn Fn(&CodeRef) -> Result<Arc<dyn Callback>, String> + Send + Sync>;
+
+/// Builds an agent of a class the engine does not build itself (`RlmAgent`, `PythonAgent`).
+pub type AgentFactory =
+    Arc<dyn Fn(&AgentSpec, &Registry) -> Result<Arc<dyn Agent>, ConfigError> + Send + Sync>;
+
+/// What the names in workflow files mean; see the module docs.
+#[derive(Clone)]
+pub struct Registry {
+    endpoints: Arc<Endpoints>,
+    default_model: String,
+    loop_config: LoopConfig,
+    tools: BTreeMap<String, ToolFactory>,
+    callbacks: BTreeMap<String, CallbackFactory>,
+    callback_fallback: Option<CallbackFactory>,
+    classes: HashMap<AgentClass, AgentFactory>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("models", &self.endpoints.names())
+            .field("default_model", &self.default_model)
+            .field("tools", &self.tools.keys().collect::<Vec<_>>())
+            .field("callbacks", &self.callbacks.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Registry {
+    /// Models from `endpoints`; `default_model` for agents that name none.
+    pub fn new(endpoints: Arc<Endpoints>, default_model: impl Into<String>) -> Self {
+        Self {
+            endpoints,
+            default_model: default_model.into(),
+            loop_config: LoopConfig::default(),
+            tools: BTreeMap::new(),
+            callbacks: BTreeMap::new(),
+            callback_fallback: None,
+            classes: HashMap::new(),
+        }
+    }
+
+    /// The loop settings LLM agents start from (their file's settings win).
+    pub fn with_loop_config(mut self, config: LoopConfig) -> Self {
+        self.loop_config = config;
+        self
+    }
+
+    /// Tool `name`, made from its `args` by `factory`.
+    pub fn with_tool_factory(
+        mut self,
+        name: impl Into<String>,
+        factory: impl Fn(&Value) -> Result<Arc<dyn Tool>, String> + Send + Sync + 'static,
+    ) -> Self {
+        self.tools.insert(name.into(), Arc::new(factory));
+        self
+    }
+
+    /// `tool`, under its own name (its entry takes no `args`).
+    pub fn with_tool(self, tool: Arc<dyn Tool>) -> Self {
+        let name = tool.name().to_owned();
+        self.with_tool_factory(name, move |_| Ok(tool.clone()))
+    }
+
+    /// Callback `name`, made by `factory`.
+    pub fn with_callback_factory(
+        mut self,
+        name: impl Into<String>,
+        factory: impl Fn(&CodeRef) -> Result<Arc<dyn Callback>, String> + Send + Sync + 'static,
+    ) -> Self {
+        self.callbacks.insert(name.into(), Arc::new(factory));
+        self
+    }
+
+    /// `callback` under `name`.
+    pub fn with_callback(self, name: impl Into<String>, callback: Arc<dyn Callback>) -> Self {
+        self.with_callback_factory(name, move |_| Ok(callback.clone()))
+    }
+
+    /// Makes every callback no registered name matches (the kernel: Python callables).
+    pub fn with_callback_fallback(
+        mut self,
+        factory: impl Fn(&CodeRef) -> Result<Arc<dyn Callback>, String> + Send + Sync + 'static,
+    ) -> Self {
+        self.callback_fallback = Some(Arc::new(factory));
+        self
+    }
+
+    /// Builds agents of `class` with `factory`.
+    pub fn with_class(
+        mut self,
+        class: AgentClass,
+        factory: impl Fn(&AgentSpec, &Registry) -> Result<Arc<dyn Agent>, ConfigError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.classes.insert(class, Arc::new(factory));
+        self
+    }
+
+    /// The endpoint `model` names (absent: the default), or an error at `spec`'s `model` line.
+    pub fn endpoint(
+        &self,
+        spec: &AgentSpec,
+        model: Option<&str>,
+    ) -> Result<Arc<Endpoint>, ConfigError> {
+        let name = model.unwrap_or(&self.default_model);
+        self.endpoints.get(name).map_err(|_| {
+            let known = self
+                .endpoints
+                .names()
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let what = if model.is_some() {
+                format!("There is no model `{name}`")
+            } else {
+                format!("No `model` is set and the default model `{name}` is not configured")
+            };
+            spec.error_at(
+                "model",
+                model,
+                ConfigErrorKind::Unknown,
+                format!("{what}; configured models: {known}"),
+            )
+        })
+    }
+
+    /// The callbacks `spec` names, each acting only at the point it is named for.
+    pub fn callbacks_for(&self, spec: &AgentSpec) -> Result<Callbacks, ConfigError> {
+        spec.config
+            .callbacks()
+            .all()
+            .map(|(point, code)| {
+                let factory = self
+                    .callbacks
+                    .get(&code.name)
+                    .or(self.callback_fallback.as_ref())
+                    .ok_or_else(|| {
+                        spec.error_at(
+                            "name",
+                            Some(&code.name),
+                            ConfigErrorKind::Unknown,
+                            format!(
+                                "There is no callback `{}`; registered callbacks: {}",
+                                code.name,
+                                listed(self.callbacks.keys())
+                            ),
+                        )
+                    })?;
+                let inner = factory(code).map_err(|message| {
+                    spec.error_at("name", Some(&code.name), ConfigErrorKind::Invalid, message)
+                })?;
+                Ok(Arc::new(AtPoint { point, inner }) as Arc<dyn Callback>)
+            })
+            .collect()
+    }
+
+    /// The agent tree `spec` describes.
+    pub fn build(&self, spec: &AgentSpec) -> Result<Arc<dyn Agent>, ConfigError> {
+        let class = spec.config.class();
+        if let Some(factory) = self.classes.get(&class) {
+            return factory(spec, self);
+        }
+        let callbacks = self.callbacks_for(spec)?;
+        let subs = || -> Result<Vec<Arc<dyn Agent>>, ConfigError> {
+            spec.sub_agents.iter().map(|s| self.build(s)).collect()
+        };
+        let graph_error = |e: GraphError| {
+            spec.error_at(
+                "name",
+                Some(spec.config.name()),
+                ConfigErrorKind::Invalid,
+                e.to_string(),
+            )
+        };
+        let graph = match &spec.config {
+            AgentConfig::Llm(c) => return self.build_llm(spec, c, callbacks),
+            AgentConfig::Sequential(c) => Graph::sequential(c.name.as_str(), subs()?),
+            AgentConfig::Loop(c) => Graph::looping(c.name.as_str(), subs()?, c.max_iterations),
+            AgentConfig::Parallel(c) => {
+                Graph::parallel(c.name.as_str(), subs()?, c.on_branch_failure)
+            }
+            AgentConfig::Graph(c) => {
+                let mut builder = Graph::builder(c.name.as_str())
+                    .start(c.start.clone())
+                    .max_steps(c.max_steps.unwrap_or(DEFAULT_MAX_STEPS));
+                for node in subs()? {
+                    builder = builder.node(node);
+                }
+                for (from, edges) in group_edges(&c.edges) {
+                    builder = match edges.as_slice() {
+                        [only] if only.when.is_none() => builder.edge(from, target(&only.to)),
+                        _ => builder.route(from, Arc::new(DeclaredRouter::new(&edges))),
+                    };
+                }
+                builder.build()
+            }
+            AgentConfig::Rlm(_) | AgentConfig::Python(_) => {
+                return Err(spec.error_at(
+                    "agent_class",
+                    Some(class.as_str()),
+                    ConfigErrorKind::Unknown,
+                    format!(
+                        "A `{}` runs in the kernel's embedded Python; run this workflow with \
+                         `rlm flow run`, which provides it",
+                        class.as_str()
+                    ),
+                ));
+            }
+        };
+        let graph = graph.map_err(graph_error)?;
+        Ok(Arc::new(
+            graph
+                .with_description(spec.config.description())
+                .with_callbacks(callbacks),
+        ))
+    }
+
+    fn build_llm(
+        &self,
+        spec: &AgentSpec,
+        c: &LlmAgentConfig,
+        callbacks: Callbacks,
+    ) -> Result<Arc<dyn Agent>, ConfigError> {
+        let endpoint = self.endpoint(spec, c.model.as_deref())?;
+        let mut config = self.loop_config.clone();
+        config.params = c.generate_content_config.sampling();
+        if let Some(max) = c.max_iterations {
+            config.max_iterations = max.get();
+        }
+        let mut builder = LlmAgent::builder(c.name.as_str(), endpoint)
+            .description(c.description.clone())
+            .instruction(c.instruction.clone())
+            .include_contents(c.include_contents)
+            .callbacks(callbacks)
+            .loop_config(config);
+        if let Some(key) = &c.output_key {
+            builder = builder.output_key(key.clone());
+        }
+        let mut tool_agents = spec.tool_agents.iter();
+        for tool in &c.tools {
+            if tool.name == AGENT_TOOL {
+                if let Some(agent) = tool_agents.next() {
+                    builder = builder.agent_tool(self.build(agent)?);
+                }
+                continue;
+            }
+            let made = match (builtin_tool(&tool.name), self.tools.get(&tool.name)) {
+                (Some(builtin), _) => Ok(builtin),
+                (None, Some(factory)) => factory(&Value::Object(tool.args.clone())),
+                (None, None) => {
+                    return Err(spec.error_at(
+                        "name",
+                        Some(&tool.name),
+                        ConfigErrorKind::Unknown,
+                        format!(
+                            "There is no tool `{}`; known tools: `exit_loop`, `end_turn`, \
+                             `escalate`, `{AGENT_TOOL}`{}",
+                            tool.name,
+                            if self.tools.is_empty() {
+                                String::new()
+                            } else {
+                                format!(", {}", listed(self.tools.keys()))
+                            }
+                        ),
+                    ));
+                }
+            };
+            let made = made.map_err(|message| {
+                spec.error_at("name", Some(&tool.name), ConfigErrorKind::Invalid, message)
+            })?;
+            builder = builder.tool(made);
+        }
+        builder
+            .build()
+            .map(|a| Arc::new(a) as Arc<dyn Agent>)
+            .map_err(|e| spec.error_at("tools", None, ConfigErrorKind::Invalid, e.to_string()))
+    }
+}
+
+fn listed<'a>(names: impl Iterator<Item = &'a String>) -> String {
+    let list: Vec<String> = names.map(|n| format!("`{n}`")).collect();
+    if list.is_empty() {
+        "none".to_owned()
+    } else {
+        list.join(", ")
+    }
+}
+
+fn target(to: &str) -> Target {
+    if to == END {
+        Target::End
+    } else {
+        Target::node(to)
+    }
+}
+
+/// The edges of each node, nodes in order of their first edge.
+fn group_edges(edges: &[EdgeConfig]) -> Vec<(String, Vec<EdgeConfig>)> {
+    let mut groups: Vec<(String, Vec<EdgeConfig>)> = Vec::new();
+    for edge in edges {
+        match groups.iter_mut().find(|(from, _)| *from == edge.from) {
+            Some((_, list)) => list.push(edge.clone()),
+            None => groups.push((edge.from.clone(), vec![edge.clone()])),
+        }
+    }
+    groups
+}
+
+/// A node's declared edges: the first whose test holds (or that has none) is taken; when
+/// none is, the graph ends.
+struct DeclaredRouter {
+    edges: Vec<(Option<StateTest>, Target)>,
+}
+
+impl DeclaredRouter {
+    fn new(edges: &[EdgeConfig]) -> Self {
+        Self {
+            edges: edges
+                .iter()
+                .map(|e| (e.when.clone(), target(&e.to)))
+                .collect(),
+        }
+    }
+}
+
+fn holds(test: &StateTest, state: &State) -> bool {
+    let value = state.get(&test.key);
+    match (&test.equals, test.exists) {
+        (Some(expected), _) => value == Some(expected),
+        (None, Some(exists)) => value.is_some() == exists,
+        (None, None) => false,
+    }
+}
+
+#[async_trait]
+impl Router for DeclaredRouter {
+    async fn route(&self, ctx: &InvocationContext, _from: &str) -> Result<Target, FlowError> {
+        Ok(ctx.state().with(|state| {
+            self.edges
+                .iter()
+                .find(|(test, _)| test.as_ref().is_none_or(|t| holds(t, state)))
+                .map_or(Target::End, |(_, to)| to.clone())
+        }))
+    }
+}
+
+/// A callback named under one point of a file: it acts only there.
+struct AtPoint {
+    point: &'static str,
+    inner: Arc<dyn Callback>,
+}
+
+impl Callback for AtPoint {
+    fn before_agent(&self, ctx: &CallbackContext) -> CallbackAction<String> {
+        if self.point == "before_agent_callbacks" {
+            return self.inner.before_agent(ctx);
+        }
+        CallbackAction::Continue
+    }
+
+    fn after_agent(&self, ctx: &CallbackContext) -> CallbackAction<String> {
+        if self.point == "after_agent_callbacks" {
+            return self.inner.after_agent(ctx);
+        }
+        CallbackAction::Continue
+    }
+
+    fn before_model(
+        &self,
+        ctx: &CallbackContext,
+        request: &mut ChatRequest,
+    ) -> CallbackAction<ChatResponse> {
+        if self.point == "before_model_callbacks" {
+            return self.inner.before_model(ctx, request);
+        }
+        CallbackAction::Continue
+    }
+
+    fn after_model(&self, ctx: &CallbackContext, response: &mut ChatResponse) {
+        if self.point == "after_model_callbacks" {
+            self.inner.after_model(ctx, response);
+        }
+    }
+
+    fn on_model_error(
+        &self,
+        ctx: &CallbackContext,
+        error: &BridgeError,
+    ) -> CallbackAction<ChatResponse> {
+        if self.point == "on_model_error_callbacks" {
+            return self.inner.on_model_error(ctx, error);
+        }
+        CallbackAction::Continue
+    }
+
+    fn before_tool(
+        &self,
+        ctx: &CallbackContext,
+        call: &mut ToolInvocation,
+    ) -> CallbackAction<Value> {
+        if self.point == "before_tool_callbacks" {
+            return self.inner.before_tool(ctx, call);
+        }
+        CallbackAction::Continue
+    }
+
+    fn after_tool(&self, ctx: &CallbackContext, call: &ToolInvocation, result: &mut Value) {
+        if self.point == "after_tool_callbacks" {
+            self.inner.after_tool(ctx, call, result);
+        }
+    }
+
+    fn on_tool_error(
+        &self,
+        ctx: &CallbackContext,
+        call: &ToolInvocation,
+        error: &ToolCallError,
+    ) -> CallbackAction<Value> {
+        if self.point == "on_tool_error_callbacks" {
+            return self.inner.on_tool_error(ctx, call, error);
+        }
+        CallbackAction::Continue
+    }
+}
