@@ -18,6 +18,10 @@
 //!   context, and the graph executor under the Sequential, Loop and Parallel agents.
 //! - [`bundle`]: agent bundles — persona agents in files, their path variables, the path
 //!   sandbox, and the file tools (`read_file`, `execute_workflow`, `save_output`).
+//! - [`reducer`]: per-key reducers (`messages` and `decisions` append, the rest replace) and
+//!   the [`ChannelWrite`](reducer::ChannelWrite)s a step's updates become.
+//! - [`durable`]: the SQLite checkpoint store — per run a chain of checkpoints holding each
+//!   step's channel writes, snapshots only as needed, run status, retention.
 //!
 //! ```
 //! use engine::{SharedState, State, ToolContext};
@@ -33,7 +37,9 @@
 
 pub mod agent;
 pub mod bundle;
+pub mod durable;
 pub mod flow;
+pub mod reducer;
 pub mod state;
 pub mod tool;
 

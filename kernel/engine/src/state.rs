@@ -63,6 +63,11 @@ impl State {
         self.values.insert(key.into(), value);
     }
 
+    /// Removes `key`, returning its value.
+    pub fn remove(&mut self, key: &str) -> Option<Value> {
+        self.values.remove(key)
+    }
+
     /// Applies every write of `delta`, in order.
     pub fn apply(&mut self, delta: &StateDelta) {
         for (key, value) in &delta.values {

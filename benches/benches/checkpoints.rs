@@ -1,0 +1,148 @@
+//! Checkpoint store: database growth and time per checkpoint for a large state that changes
+//! a little per step.
+//!
+//! ```text
+//! cargo bench -p rlm-benches --bench checkpoints             # 1 000 steps over a 10 MB state
+//! cargo bench -p rlm-benches --bench checkpoints -- --quick  # 200 steps (or RLM_BENCH_QUICK=1)
+//! ```
+//!
+//! The state holds 10 000 channels of 1 KB each (about 10 MB of JSON); every step replaces one
+//! of them with a fresh 1 KB value and writes a checkpoint to a SQLite file. Reported: the
+//! size of the first checkpoint (the snapshot), the growth of the database over the steps
+//! (target: at most 3 MB for 1 000 steps), p50 / p99 time per checkpoint, and the time to read
+//! the last checkpoint's state back. The baseline, measured in the same run, is a full snapshot
+//! per step (what LangGraph's SQLite saver stores): its size and time per checkpoint are those
+//! of the first checkpoint, and the ratios compare the two.
+
+use std::path::Path;
+use std::time::Instant;
+
+use engine::State;
+use engine::durable::{CheckpointStore, NewCheckpoint, NewRun};
+use engine::reducer::{ChannelWrite, apply_writes};
+use rlm_benches::percentile;
+use serde_json::json;
+
+const CHANNELS: usize = 10_000;
+const VALUE_BYTES: usize = 1_000;
+const TARGET_GROWTH_BYTES: u64 = 3_000_000;
+
+fn main() -> anyhow::Result<()> {
+    let quick = std::env::args().any(|a| a == "--quick")
+        || std::env::var("RLM_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+    let steps = if quick { 200 } else { 1_000 };
+    println!(
+        "# checkpoint benchmark{}: {steps} steps over {CHANNELS} channels x {VALUE_BYTES} B, \
+         one channel replaced per step",
+        if quick { " (--quick)" } else { "" }
+    );
+
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("bench.db");
+    let mut state = State::default();
+    for i in 0..CHANNELS {
+        state.set(format!("doc_{i:05}"), json!(value(i, 0)));
+    }
+    let state_bytes = serde_json::to_string(&state)?.len() as u64;
+
+    let store = CheckpointStore::open(&path)?;
+    store.create_run(&NewRun::new("bench", "synthetic"))?;
+    let started = Instant::now();
+    let first = store.put("bench", NewCheckpoint::new("start", &[], &state))?;
+    let snapshot_ms = started.elapsed().as_secs_f64() * 1000.0;
+    drop(store); // closing folds the WAL into the file, so its size is all there is
+    let size_after_snapshot = db_bytes(&path);
+
+    let store = CheckpointStore::open(&path)?;
+    let mut parent = first;
+    let mut times_ms = Vec::with_capacity(steps);
+    for step in 1..=steps {
+        let channel = (step * 7_919) % CHANNELS;
+        let writes = [ChannelWrite::Replace {
+            key: format!("doc_{channel:05}"),
+            value: json!(value(channel, step)),
+        }];
+        apply_writes(&mut state, &writes);
+        let started = Instant::now();
+        parent = store.put(
+            "bench",
+            NewCheckpoint::new("worker", &writes, &state).parent(Some(parent)),
+        )?;
+        times_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    let started = Instant::now();
+    let read_back = store.state_at(parent)?;
+    let read_ms = started.elapsed().as_secs_f64() * 1000.0;
+    anyhow::ensure!(
+        read_back.state == state,
+        "the last checkpoint read back differently"
+    );
+    let snapshots = store
+        .history("bench")?
+        .iter()
+        .filter(|c| c.snapshot)
+        .count();
+    drop(store);
+    let growth = db_bytes(&path).saturating_sub(size_after_snapshot);
+
+    times_ms.sort_by(f64::total_cmp);
+    let p50 = percentile(&times_ms, 0.5);
+    let p99 = percentile(&times_ms, 0.99);
+    let mean = times_ms.iter().sum::<f64>() / times_ms.len() as f64;
+    let full_per_step = state_bytes * steps as u64;
+    println!(
+        "state (JSON)                     {:>10.2} MB",
+        mb(state_bytes)
+    );
+    println!(
+        "database after first snapshot    {:>10.2} MB",
+        mb(size_after_snapshot)
+    );
+    println!(
+        "growth over {steps:>5} steps          {:>10.2} MB  ({:.0} B/step; target <= {:.1} MB for \
+         1 000 steps: {})",
+        mb(growth),
+        growth as f64 / steps as f64,
+        mb(TARGET_GROWTH_BYTES),
+        if growth * 1_000 <= TARGET_GROWTH_BYTES * steps as u64 {
+            "met"
+        } else {
+            "MISSED"
+        }
+    );
+    println!("snapshots taken                  {snapshots:>10}");
+    println!("time per checkpoint p50 / p99    {p50:>10.3} / {p99:.3} ms (mean {mean:.3} ms)");
+    println!("read back the last checkpoint    {read_ms:>10.1} ms");
+    println!(
+        "baseline: full snapshot per step {:>10.2} MB growth, {snapshot_ms:.1} ms per checkpoint",
+        mb(full_per_step)
+    );
+    println!(
+        "ratios (baseline / deltas)       {:>10.0}x smaller, {:.0}x faster per checkpoint",
+        full_per_step as f64 / growth.max(1) as f64,
+        snapshot_ms / mean
+    );
+    Ok(())
+}
+
+/// A 1 KB value that differs by channel and step.
+fn value(channel: usize, step: usize) -> String {
+    let head = format!("channel {channel} step {step} ");
+    let mut text = head.repeat(VALUE_BYTES / head.len() + 1);
+    text.truncate(VALUE_BYTES);
+    text
+}
+
+/// The database file plus its WAL, in bytes.
+fn db_bytes(path: &Path) -> u64 {
+    let wal = path.with_extension("db-wal");
+    [path, wal.as_path()]
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / 1e6
+}

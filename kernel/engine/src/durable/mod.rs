@@ -1,0 +1,108 @@
+//! Durable runs: checkpoints of a run's state in an embedded SQLite database.
+//!
+//! A run (a thread) is a chain of checkpoints, one after every node, each naming its parent;
+//! time travel (re-running from an earlier checkpoint) adds a branch under the same run.
+//! A checkpoint stores the **writes** of its step ([`ChannelWrite`]s: versioned deltas of the
+//! state's channels), not the whole state: the first checkpoint of a chain stores a full
+//! snapshot, and a new snapshot is taken only when the writes since the last one outweigh it
+//! ([`SnapshotPolicy`]), so the database grows with what changed, not with the size of the
+//! state, and reading any checkpoint back replays at most one snapshot's worth of writes.
+//! Each channel's version is the step that last wrote it.
+//!
+//! Every put is one SQLite transaction in WAL mode, so a process killed between two writes
+//! (`kill -9`) leaves the database at the last whole checkpoint. Values are JSON text, never a
+//! binary object format. The schema carries a version (`PRAGMA user_version`); a database
+//! written by a newer schema is refused rather than misread. [`CheckpointStore::prune`] keeps
+//! the last N checkpoints of a run, snapshotting the oldest kept one first where needed so
+//! each stays readable.
+//!
+//! ```
+//! use engine::durable::{CheckpointStore, NewCheckpoint, NewRun, RunStatus};
+//! use engine::reducer::{apply_writes, ChannelWrite};
+//! use engine::State;
+//! use serde_json::json;
+//!
+//! let store = CheckpointStore::open_in_memory()?;
+//! store.create_run(&NewRun::new("run-1", "team.yaml"))?;
+//! let mut state = State::default();
+//! let mut parent = None;
+//! for step in 0..3 {
+//!     let writes = vec![ChannelWrite::Append { key: "log".into(), items: vec![json!(step)] }];
+//!     apply_writes(&mut state, &writes);
+//!     let checkpoint = NewCheckpoint::new("worker", &writes, &state).parent(parent);
+//!     parent = Some(store.put("run-1", checkpoint)?);
+//! }
+//! store.set_status("run-1", &RunStatus::Completed)?;
+//! let head = store.run("run-1")?.and_then(|run| run.head).expect("three checkpoints");
+//! assert_eq!(store.state_at(head)?.state.get("log"), Some(&json!([0, 1, 2])));
+//! # Ok::<(), engine::durable::StoreError>(())
+//! ```
+
+mod schema;
+mod store;
+#[cfg(test)]
+mod tests;
+
+pub use store::{
+    CheckpointId, CheckpointRecord, CheckpointState, CheckpointStore, NewCheckpoint, NewRun,
+    PruneReport, RunRecord, RunStatus, SnapshotPolicy,
+};
+
+#[cfg(doc)]
+use crate::reducer::ChannelWrite;
+
+use std::path::PathBuf;
+
+/// Why the checkpoint store failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite refused an operation.
+    #[error("Checkpoint database `{path}`: {source}")]
+    Sqlite {
+        /// The database file (`:memory:` for an in-memory store).
+        path: PathBuf,
+        /// SQLite's error.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// The database was written by a newer version of rlm.
+    #[error(
+        "Checkpoint database `{path}` has schema version {found}, newer than the {supported} this \
+         rlm reads; upgrade rlm or use another `--db`"
+    )]
+    NewerSchema {
+        /// The database file.
+        path: PathBuf,
+        /// Its schema version.
+        found: i64,
+        /// The newest this build reads.
+        supported: i64,
+    },
+    /// No run has this id.
+    #[error("No run `{0}` in the checkpoint database; `rlm flow runs` lists the runs")]
+    UnknownRun(String),
+    /// A run with this id exists already.
+    #[error("A run `{0}` exists already; pick another run id")]
+    DuplicateRun(String),
+    /// No checkpoint has this id.
+    #[error("No checkpoint {0} in the checkpoint database; `rlm flow history RUN` lists them")]
+    UnknownCheckpoint(i64),
+    /// A checkpoint belongs to another run than the one named.
+    #[error("Checkpoint {checkpoint} belongs to run `{actual}`, not `{expected}`")]
+    WrongRun {
+        /// The checkpoint.
+        checkpoint: i64,
+        /// The run named.
+        expected: String,
+        /// The run it belongs to.
+        actual: String,
+    },
+    /// A stored value is not what this schema writes (a damaged or hand-edited database).
+    #[error("Checkpoint database `{path}` is damaged: {what}")]
+    Damaged {
+        /// The database file.
+        path: PathBuf,
+        /// What was found.
+        what: String,
+    },
+}

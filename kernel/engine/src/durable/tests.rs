@@ -1,0 +1,407 @@
+use serde_json::{Value, json};
+
+use super::*;
+use crate::reducer::{ChannelWrite, apply_writes};
+use crate::state::State;
+
+fn replace(key: &str, value: Value) -> ChannelWrite {
+    ChannelWrite::Replace {
+        key: key.into(),
+        value,
+    }
+}
+
+fn append(key: &str, item: Value) -> ChannelWrite {
+    ChannelWrite::Append {
+        key: key.into(),
+        items: vec![item],
+    }
+}
+
+/// Writes `steps` checkpoints in a chain from `parent`, each step writing `writes(i)`.
+fn write_chain(
+    store: &CheckpointStore,
+    run: &str,
+    state: &mut State,
+    mut parent: Option<CheckpointId>,
+    steps: std::ops::Range<usize>,
+    writes: impl Fn(usize) -> Vec<ChannelWrite>,
+) -> Vec<CheckpointId> {
+    let mut ids = Vec::new();
+    for i in steps {
+        let w = writes(i);
+        apply_writes(state, &w);
+        let id = store
+            .put(
+                run,
+                NewCheckpoint::new(format!("n{i}"), &w, state).parent(parent),
+            )
+            .unwrap();
+        ids.push(id);
+        parent = Some(id);
+    }
+    ids
+}
+
+#[test]
+fn every_checkpoint_reads_back_its_state_and_channel_versions() {
+    let store = CheckpointStore::open_in_memory()
+        .unwrap()
+        .with_policy(SnapshotPolicy {
+            max_delta_ratio: f64::INFINITY,
+            max_chain_len: 4,
+        });
+    store.create_run(&NewRun::new("r", "team.yaml")).unwrap();
+    let mut state = State::default();
+    let mut expected = Vec::new();
+    let ids = write_chain(&store, "r", &mut state, None, 0..11, |i| {
+        let mut w = vec![append("messages", json!({"n": i}))];
+        if i % 3 == 0 {
+            w.push(replace("doc", json!(format!("v{i}"))));
+        }
+        if i == 5 {
+            w.push(ChannelWrite::Delete { key: "doc".into() });
+        }
+        w
+    });
+    // Replay by hand to get each expected state.
+    let mut replay = State::default();
+    for i in 0..11 {
+        let mut w = vec![append("messages", json!({"n": i}))];
+        if i % 3 == 0 {
+            w.push(replace("doc", json!(format!("v{i}"))));
+        }
+        if i == 5 {
+            w.push(ChannelWrite::Delete { key: "doc".into() });
+        }
+        apply_writes(&mut replay, &w);
+        expected.push(replay.clone());
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let at = store.state_at(*id).unwrap();
+        assert_eq!(at.state, expected[i], "state at step {i}");
+        assert_eq!(at.versions.get("messages"), Some(&(i as i64)));
+    }
+    let last = store.state_at(ids[10]).unwrap();
+    assert_eq!(last.versions.get("doc"), Some(&9));
+    // The chain cap snapshots every fifth step; the others store only their writes.
+    let history = store.history("r").unwrap();
+    let snapshots: Vec<i64> = history
+        .iter()
+        .filter(|c| c.snapshot)
+        .map(|c| c.step)
+        .collect();
+    assert_eq!(snapshots, vec![0, 5, 10]);
+    assert_eq!(history[3].written, vec!["messages", "doc"]);
+    assert_eq!(history[4].parent, Some(history[3].id));
+    assert_eq!(
+        store.writes(ids[5]).unwrap(),
+        vec![
+            append("messages", json!({"n": 5})),
+            ChannelWrite::Delete { key: "doc".into() }
+        ]
+    );
+}
+
+#[test]
+fn storage_grows_with_the_writes_not_with_the_state() {
+    let store = CheckpointStore::open_in_memory().unwrap();
+    store.create_run(&NewRun::new("r", "w")).unwrap();
+    let mut state = State::default();
+    for i in 0..100 {
+        state.set(format!("doc{i}"), json!("x".repeat(1000)));
+    }
+    let ids = write_chain(&store, "r", &mut state, None, 0..50, |i| {
+        vec![replace(
+            &format!("doc{}", i % 100),
+            json!(format!("{i:0>100}")),
+        )]
+    });
+    let history = store.history("r").unwrap();
+    assert!(history[0].snapshot);
+    assert!(
+        history[1..]
+            .iter()
+            .all(|c| !c.snapshot && c.write_bytes < 200)
+    );
+    assert_eq!(store.state_at(ids[49]).unwrap().state, state);
+}
+
+#[test]
+fn a_snapshot_is_taken_when_the_writes_outweigh_the_last_one() {
+    let store = CheckpointStore::open_in_memory().unwrap();
+    store.create_run(&NewRun::new("r", "w")).unwrap();
+    let mut state = State::default();
+    // Each step replaces a 100-byte value; the first snapshot is about as big, so the
+    // second step's writes already outweigh it.
+    write_chain(&store, "r", &mut state, None, 0..4, |i| {
+        vec![replace("doc", json!(format!("{i:0>100}")))]
+    });
+    let snapshots: Vec<bool> = store
+        .history("r")
+        .unwrap()
+        .iter()
+        .map(|c| c.snapshot)
+        .collect();
+    assert_eq!(snapshots, vec![true, false, true, false]);
+}
+
+#[test]
+fn time_travel_branches_under_the_same_run() {
+    let store = CheckpointStore::open_in_memory().unwrap();
+    store.create_run(&NewRun::new("r", "w")).unwrap();
+    let mut state = State::default();
+    let ids = write_chain(&store, "r", &mut state, None, 0..3, |i| {
+        vec![append("log", json!(i))]
+    });
+    let mut branch = store.state_at(ids[0]).unwrap().state;
+    let forked = write_chain(&store, "r", &mut branch, Some(ids[0]), 10..12, |i| {
+        vec![append("log", json!(i))]
+    });
+    assert_eq!(
+        store.state_at(forked[1]).unwrap().state.get("log"),
+        Some(&json!([0, 10, 11]))
+    );
+    assert_eq!(
+        store.state_at(ids[2]).unwrap().state.get("log"),
+        Some(&json!([0, 1, 2]))
+    );
+    assert_eq!(store.checkpoint(forked[0]).unwrap().step, 1);
+    assert_eq!(store.run("r").unwrap().unwrap().head, Some(forked[1]));
+}
+
+#[test]
+fn retention_keeps_the_last_checkpoints_readable() {
+    let store = CheckpointStore::open_in_memory().unwrap();
+    store.create_run(&NewRun::new("r", "w")).unwrap();
+    store.create_run(&NewRun::new("other", "w")).unwrap();
+    let mut state = State::default();
+    state.set("big", json!("y".repeat(10_000)));
+    let ids = write_chain(&store, "r", &mut state, None, 0..10, |i| {
+        vec![append("log", json!(i))]
+    });
+    let mut other = State::default();
+    let other_ids = write_chain(&store, "other", &mut other, None, 0..2, |i| {
+        vec![append("log", json!(i))]
+    });
+    let expected: Vec<State> = ids[7..]
+        .iter()
+        .map(|id| store.state_at(*id).unwrap().state)
+        .collect();
+    let report = store.prune("r", 3).unwrap();
+    assert_eq!(report.removed, 7);
+    assert_eq!(report.snapshotted, vec![ids[7]]);
+    let history = store.history("r").unwrap();
+    assert_eq!(
+        history.iter().map(|c| c.id).collect::<Vec<_>>(),
+        ids[7..].to_vec()
+    );
+    assert_eq!(history[0].parent, None);
+    for (id, state) in ids[7..].iter().zip(&expected) {
+        assert_eq!(&store.state_at(*id).unwrap().state, state);
+    }
+    assert!(matches!(
+        store.state_at(ids[0]),
+        Err(StoreError::UnknownCheckpoint(_))
+    ));
+    assert_eq!(store.history("other").unwrap().len(), other_ids.len());
+    assert_eq!(store.prune("r", 5).unwrap(), PruneReport::default());
+    assert_eq!(store.run("r").unwrap().unwrap().checkpoints, 3);
+}
+
+#[test]
+fn runs_keep_their_status_and_inputs() {
+    let store = CheckpointStore::open_in_memory().unwrap();
+    store
+        .create_run(&NewRun::new("a", "team").input(json!({"goal": "ship"})))
+        .unwrap();
+    store.create_run(&NewRun::new("b", "refine")).unwrap();
+    assert!(matches!(
+        store.create_run(&NewRun::new("a", "team")),
+        Err(StoreError::DuplicateRun(id)) if id == "a"
+    ));
+    let waiting = RunStatus::AwaitingHuman {
+        question: "Which test framework?".into(),
+    };
+    store.set_status("a", &waiting).unwrap();
+    store
+        .set_status(
+            "b",
+            &RunStatus::Failed {
+                error: "boom".into(),
+            },
+        )
+        .unwrap();
+    let runs = store.runs().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0].status, waiting);
+    assert_eq!(runs[0].input, json!({"goal": "ship"}));
+    assert_eq!(runs[0].head, None);
+    assert_eq!(runs[1].status.name(), "failed");
+    assert!(matches!(
+        store.set_status("nope", &RunStatus::Completed),
+        Err(StoreError::UnknownRun(_))
+    ));
+    assert!(store.run("nope").unwrap().is_none());
+}
+
+#[test]
+fn puts_are_checked_against_their_run_and_parent() {
+    let store = CheckpointStore::open_in_memory().unwrap();
+    let state = State::default();
+    let none: Vec<ChannelWrite> = Vec::new();
+    assert!(matches!(
+        store.put("r", NewCheckpoint::new("n", &none, &state)),
+        Err(StoreError::UnknownRun(_))
+    ));
+    store.create_run(&NewRun::new("r", "w")).unwrap();
+    store.create_run(&NewRun::new("s", "w")).unwrap();
+    let first = store
+        .put("r", NewCheckpoint::new("n", &none, &state))
+        .unwrap();
+    assert!(matches!(
+        store.put(
+            "r",
+            NewCheckpoint::new("n", &none, &state).parent(Some(first + 100))
+        ),
+        Err(StoreError::UnknownCheckpoint(_))
+    ));
+    assert!(matches!(
+        store.put(
+            "s",
+            NewCheckpoint::new("n", &none, &state).parent(Some(first))
+        ),
+        Err(StoreError::WrongRun { .. })
+    ));
+    let record = store
+        .put(
+            "r",
+            NewCheckpoint::new("dev", &none, &state)
+                .parent(Some(first))
+                .next(vec!["tea".into()])
+                .metadata(json!({"attempts": 2})),
+        )
+        .map(|id| store.checkpoint(id).unwrap())
+        .unwrap();
+    assert_eq!(record.next, vec!["tea"]);
+    assert_eq!(record.metadata, json!({"attempts": 2}));
+}
+
+#[test]
+fn a_file_database_reopens_and_a_newer_schema_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    {
+        let store = CheckpointStore::open(&path).unwrap();
+        store.create_run(&NewRun::new("r", "w")).unwrap();
+        let mut state = State::default();
+        write_chain(&store, "r", &mut state, None, 0..3, |i| {
+            vec![append("log", json!(i))]
+        });
+    }
+    let store = CheckpointStore::open(&path).unwrap();
+    let head = store.run("r").unwrap().unwrap().head.unwrap();
+    assert_eq!(
+        store.state_at(head).unwrap().state.get("log"),
+        Some(&json!([0, 1, 2]))
+    );
+    drop(store);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.pragma_update(None, "user_version", 99).unwrap();
+    drop(conn);
+    let err = CheckpointStore::open(&path).unwrap_err();
+    assert!(
+        matches!(err, StoreError::NewerSchema { found: 99, .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().starts_with("Checkpoint database `"),
+        "{err}"
+    );
+}
+
+/// The database a `writer_until_killed` child writes to.
+const CRASH_DB: &str = "RLM_TEST_CRASH_WRITER_DB";
+
+fn crash_step(i: usize) -> Vec<ChannelWrite> {
+    vec![
+        append("log", json!(i)),
+        replace("doc", json!(format!("{i}").repeat(2_000))),
+    ]
+}
+
+/// Not a test on its own: the child process of `a_killed_writer_leaves_a_valid_database`
+/// (it does nothing unless that test sets `RLM_TEST_CRASH_WRITER_DB`).
+#[test]
+fn writer_until_killed() {
+    let Some(path) = std::env::var_os(CRASH_DB) else {
+        return;
+    };
+    // Frequent snapshots make the kill likely to land inside a large transaction.
+    let store = CheckpointStore::open(path)
+        .unwrap()
+        .with_policy(SnapshotPolicy {
+            max_delta_ratio: 0.5,
+            max_chain_len: 10_000,
+        });
+    store.create_run(&NewRun::new("r", "w")).unwrap();
+    let mut state = State::default();
+    state.set("base", json!("z".repeat(100_000)));
+    write_chain(&store, "r", &mut state, None, 0..1_000_000, crash_step);
+}
+
+#[test]
+fn a_killed_writer_leaves_a_valid_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("crash.db");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "durable::tests::writer_until_killed",
+            "--nocapture",
+        ])
+        .env(CRASH_DB, &path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait (bounded) until the child has written a few dozen checkpoints, then SIGKILL it.
+    let mut written = 0;
+    for _ in 0..600 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        written = CheckpointStore::open(&path)
+            .ok()
+            .and_then(|store| store.run("r").ok().flatten())
+            .map_or(0, |run| run.checkpoints);
+        if written >= 40 {
+            break;
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(written >= 40, "the writer wrote only {written} checkpoints");
+
+    let store = CheckpointStore::open(&path).unwrap();
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+    let history = store.history("r").unwrap();
+    let run = store.run("r").unwrap().unwrap();
+    assert_eq!(
+        run.head,
+        history.last().map(|c| c.id),
+        "the head is the last whole checkpoint"
+    );
+    let mut expected = State::default();
+    expected.set("base", json!("z".repeat(100_000)));
+    for (i, checkpoint) in history.iter().enumerate() {
+        apply_writes(&mut expected, &crash_step(i));
+        assert_eq!(
+            store.state_at(checkpoint.id).unwrap().state,
+            expected,
+            "step {i}"
+        );
+    }
+}
