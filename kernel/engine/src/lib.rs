@@ -22,6 +22,8 @@
 //!   the [`ChannelWrite`](reducer::ChannelWrite)s a step's updates become.
 //! - [`durable`]: the SQLite checkpoint store — per run a chain of checkpoints holding each
 //!   step's channel writes, snapshots only as needed, run status, retention.
+//! - [`route`]: the routing control plane — the router's pure decision, decision records,
+//!   quality gates, retry backoff and health metrics.
 //!
 //! ```
 //! use engine::{SharedState, State, ToolContext};
@@ -40,6 +42,7 @@ pub mod bundle;
 pub mod durable;
 pub mod flow;
 pub mod reducer;
+pub mod route;
 pub mod state;
 pub mod tool;
 

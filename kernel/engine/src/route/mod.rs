@@ -1,0 +1,57 @@
+//! The routing control plane: a Scrum-Master router that decides where a graph goes next.
+//!
+//! The pieces, bottom up (each module imports only those above it):
+//!
+//! - [`condition`]: declarative state tests ([`Condition`]) for conditional successors and
+//!   gates.
+//! - [`config`]: the [`RouterConfig`] — nodes, natural successors (plain or conditional),
+//!   recovery nodes per gate, the topic field, the exchange limit, passive or active mode.
+//! - [`exchange`]: the trailing exchange between two agents on one topic, from `messages`.
+//! - [`record`]: [`DecisionRecord`]s and the JSONL [`DecisionLog`].
+//! - [`decide`]: [`decide`](decide::decide), the pure decision (state + config → route +
+//!   updates), by priority: escalation / agent failure, circular logic (more than
+//!   `max_exchanges`), a blocked gate's recovery node, the natural successor or the end.
+//! - [`gate`]: quality gates (a state test or a pluggable [`QualityCheck`]), blocking or
+//!   advisory.
+//! - [`retry`]: capped exponential [`Backoff`] for transiently failing nodes, and the failure
+//!   flag of a node that failed for good.
+//! - [`health`]: exchange counts per pair, time per node, idle nodes, cycle time.
+//!
+//! The router only ever returns updates; the executor merges them with the per-key reducers
+//! of [`crate::reducer`] (`decisions` and `messages` append).
+//!
+//! ```
+//! use engine::route::{decide, RouterConfig, Route};
+//! use engine::State;
+//! use serde_json::json;
+//! use std::time::SystemTime;
+//!
+//! let config = RouterConfig::new(["dev", "tea"], [("dev", "tea")]);
+//! let mut state = State::default();
+//! let routing = decide(&state, &config, "dev", SystemTime::now());
+//! assert_eq!(routing.route, Route::Node("tea".into()));
+//! state.set("escalate_to_human", json!("Which database?"));
+//! let routing = decide(&state, &config, "dev", SystemTime::now());
+//! assert_eq!(routing.route, Route::Escalate);
+//! assert_eq!(routing.updates.values().get("escalation_triggered"), Some(&json!(true)));
+//! ```
+
+pub mod condition;
+pub mod config;
+pub mod decide;
+pub mod exchange;
+pub mod gate;
+pub mod health;
+pub mod record;
+pub mod retry;
+#[cfg(test)]
+mod tests;
+
+pub use condition::{Condition, ConditionError};
+pub use config::{Branch, END, ESCALATE, RouterConfig, RouterMode, Successor};
+pub use decide::{NameRole, Reason, Route, Routing, consults, decide};
+pub use exchange::{Exchange, trailing_exchange};
+pub use gate::{Gate, GateCheck, GateFailure, GateOutcome, QualityCheck, check_gates};
+pub use health::{HealthReport, HealthTracker, PairCount};
+pub use record::{DecisionLog, DecisionLogError, DecisionRecord, rfc3339};
+pub use retry::{Backoff, Exhausted, failure_flag, retry};
