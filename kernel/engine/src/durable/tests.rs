@@ -1,3 +1,5 @@
+#![allow(clippy::unwrap_used)] // In tests an unwrap is an assertion.
+
 use serde_json::{Value, json};
 
 use super::*;

@@ -208,6 +208,7 @@ fn contains(value: &Value, item: &Value) -> bool {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // In tests an unwrap is an assertion.
 mod tests {
     use super::*;
     use serde_json::json;

@@ -68,6 +68,7 @@ pub fn trailing_exchange(messages: &[Value], topic_field: &str) -> Option<Exchan
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // In tests an unwrap is an assertion.
 mod tests {
     use super::*;
     use serde_json::json;

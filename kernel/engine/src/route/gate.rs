@@ -29,7 +29,7 @@ pub trait QualityCheck: Send + Sync + std::fmt::Debug {
 #[derive(Debug, Clone)]
 pub enum GateCheck {
     /// The state passes this test.
-    State(Condition),
+    State(Box<Condition>),
     /// This check passes.
     Custom(Arc<dyn QualityCheck>),
 }

@@ -8,12 +8,12 @@
 //!   recovery nodes per gate, the topic field, the exchange limit, passive or active mode.
 //! - [`exchange`]: the trailing exchange between two agents on one topic, from `messages`.
 //! - [`record`]: [`DecisionRecord`]s and the JSONL [`DecisionLog`].
-//! - [`decide`]: [`decide`](decide::decide), the pure decision (state + config → route +
+//! - [`decide`](mod@decide): [`decide()`], the pure decision (state + config → route +
 //!   updates), by priority: escalation / agent failure, circular logic (more than
 //!   `max_exchanges`), a blocked gate's recovery node, the natural successor or the end.
 //! - [`gate`]: quality gates (a state test or a pluggable [`QualityCheck`]), blocking or
 //!   advisory.
-//! - [`retry`]: capped exponential [`Backoff`] for transiently failing nodes, and the failure
+//! - [`retry`](mod@retry): capped exponential [`Backoff`] for transiently failing nodes, and the failure
 //!   flag of a node that failed for good.
 //! - [`health`]: exchange counts per pair, time per node, idle nodes, cycle time.
 //!

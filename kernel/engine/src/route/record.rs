@@ -149,6 +149,7 @@ pub fn rfc3339(time: SystemTime) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // In tests an unwrap is an assertion.
 mod tests {
     use super::*;
     use std::time::Duration;

@@ -117,6 +117,7 @@ mod seconds {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // In tests an unwrap is an assertion.
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,3 +1,5 @@
+#![allow(clippy::unwrap_used)] // In tests an unwrap is an assertion.
+
 //! The router's decisions, priority by priority.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -315,7 +317,7 @@ fn gates_block_or_warn_and_a_passing_rerun_clears_the_block() {
     let gates = vec![
         Gate {
             name: "tests_pass".into(),
-            check: GateCheck::State(Condition::equals("failing_tests", json!(0))),
+            check: GateCheck::State(Box::new(Condition::equals("failing_tests", json!(0)))),
             blocking: true,
         },
         Gate {
