@@ -4,6 +4,9 @@
 //! its parent, the node that ran, what runs next and the bookkeeping of the snapshot policy;
 //! `writes` the channel writes of each checkpoint; `snapshots` the full state (and channel
 //! versions) of the checkpoints that carry one.
+//!
+//! `writes` is a rowid table on purpose: a `WITHOUT ROWID` table moves any row over about a
+//! quarter page into overflow pages, so every 1 KB write would cost a whole 4 KB page.
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
@@ -43,7 +46,7 @@ CREATE TABLE writes (
     op            TEXT NOT NULL,
     value         TEXT,
     PRIMARY KEY (checkpoint_id, seq)
-) WITHOUT ROWID;
+);
 CREATE TABLE snapshots (
     checkpoint_id INTEGER PRIMARY KEY,
     state         TEXT NOT NULL,
