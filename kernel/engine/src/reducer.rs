@@ -70,6 +70,28 @@ impl Reducers {
         self.by_key.get(key).copied().unwrap_or(Reducer::Replace)
     }
 
+    /// The values `updates` leave in `state` once merged (an appended list in full), as a
+    /// delta to apply: how a step that writes through a shared state honours the reducers.
+    pub fn resolve(&self, state: &State, updates: &StateDelta) -> StateDelta {
+        let mut resolved = StateDelta::default();
+        for write in self.reduce(updates) {
+            match write {
+                ChannelWrite::Replace { key, value } => resolved.set(key, value),
+                ChannelWrite::Append { key, items } => {
+                    let earlier = resolved.values().get(&key).or_else(|| state.get(&key));
+                    let mut list = match earlier {
+                        Some(Value::Array(list)) => list.clone(),
+                        _ => Vec::with_capacity(items.len()),
+                    };
+                    list.extend(items);
+                    resolved.set(key, Value::Array(list));
+                }
+                ChannelWrite::Delete { key } => resolved.set(key, Value::Null),
+            }
+        }
+        resolved
+    }
+
     /// The writes that merge `updates` into a state.
     pub fn reduce(&self, updates: &StateDelta) -> Vec<ChannelWrite> {
         updates
@@ -128,35 +150,39 @@ impl ChannelWrite {
     /// The writes that turn `before` into `after`, in key order: a list that only grew at its
     /// end is an append of the new items, any other change a replace, a vanished key a delete.
     pub fn diff(before: &State, after: &State) -> Vec<ChannelWrite> {
-        let mut writes = Vec::new();
-        for (key, new) in after.values() {
-            let write = match before.get(key) {
-                Some(old) if old == new => continue,
-                Some(Value::Array(old)) => match new {
-                    Value::Array(new) if new.len() > old.len() && new[..old.len()] == old[..] => {
-                        ChannelWrite::Append {
-                            key: key.clone(),
-                            items: new[old.len()..].to_vec(),
-                        }
-                    }
-                    _ => ChannelWrite::Replace {
-                        key: key.clone(),
-                        value: new.clone(),
-                    },
-                },
-                _ => ChannelWrite::Replace {
-                    key: key.clone(),
-                    value: new.clone(),
-                },
-            };
-            writes.push(write);
-        }
-        for key in before.values().keys() {
-            if after.get(key).is_none() {
-                writes.push(ChannelWrite::Delete { key: key.clone() });
+        let changed = after
+            .values()
+            .iter()
+            .filter_map(|(key, new)| Self::change(key, before.get(key), Some(new)));
+        let deleted = before
+            .values()
+            .keys()
+            .filter(|key| after.get(key).is_none())
+            .map(|key| ChannelWrite::Delete { key: key.clone() });
+        changed.chain(deleted).collect()
+    }
+
+    /// The write that turns `old` into `new` under `key` (none when they are equal); see
+    /// [`diff`](Self::diff).
+    pub fn change(key: &str, old: Option<&Value>, new: Option<&Value>) -> Option<ChannelWrite> {
+        let key = key.to_owned();
+        Some(match (old, new) {
+            (Some(old), Some(new)) if old == new => return None,
+            (None, None) => return None,
+            (_, None) => ChannelWrite::Delete { key },
+            (Some(Value::Array(old)), Some(Value::Array(new)))
+                if new.len() > old.len() && new[..old.len()] == old[..] =>
+            {
+                ChannelWrite::Append {
+                    key,
+                    items: new[old.len()..].to_vec(),
+                }
             }
-        }
-        writes
+            (_, Some(new)) => ChannelWrite::Replace {
+                key,
+                value: new.clone(),
+            },
+        })
     }
 }
 

@@ -38,11 +38,16 @@
 //! # Ok::<(), engine::durable::StoreError>(())
 //! ```
 
+mod run;
 mod schema;
 mod store;
 #[cfg(test)]
 mod tests;
 
+pub use run::{
+    Checkpointer, DurableError, DurableReport, HUMAN_INPUT, HUMAN_NODE, START_NODE, Start,
+    run_durable,
+};
 pub use store::{
     CheckpointId, CheckpointRecord, CheckpointState, CheckpointStore, NewCheckpoint, NewRun,
     PruneReport, RunRecord, RunStatus, SnapshotPolicy,

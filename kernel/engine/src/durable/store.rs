@@ -495,6 +495,19 @@ impl CheckpointStore {
         self.finish(result)
     }
 
+    /// SQLite's integrity check: `ok`, or what it found wrong.
+    pub fn integrity_check(&self) -> Result<String, StoreError> {
+        let conn = self.lock();
+        let result = (|| -> Res<String> {
+            let found = conn
+                .prepare("PRAGMA integrity_check")?
+                .query_map([], |row| row.get::<_, String>(0))?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(found.join("\n"))
+        })();
+        self.finish(result)
+    }
+
     /// Run `run_id`, if it exists.
     pub fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
         let conn = self.lock();

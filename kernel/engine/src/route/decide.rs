@@ -263,6 +263,12 @@ fn choose(
             ),
         };
     }
+    successor(state, config, current)
+}
+
+/// Priority 4 alone: the natural successor of `current` (a conditional one tested on
+/// `state`), the end, or escalation when a name is not a node. Passive mode routes by it.
+pub fn successor(state: &State, config: &RouterConfig, current: &str) -> (Route, Reason) {
     if !config.knows(current) {
         let name = current.to_owned();
         let role = NameRole::Current;

@@ -13,9 +13,11 @@
 //!   `max_exchanges`), a blocked gate's recovery node, the natural successor or the end.
 //! - [`gate`]: quality gates (a state test or a pluggable [`QualityCheck`]), blocking or
 //!   advisory.
-//! - [`retry`](mod@retry): capped exponential [`Backoff`] for transiently failing nodes, and the failure
-//!   flag of a node that failed for good.
+//! - [`retry`](mod@retry): capped exponential [`Backoff`] for transiently failing nodes
+//!   ([`Retrying`] wraps a node), and the failure flag of a node that failed for good.
 //! - [`health`]: exchange counts per pair, time per node, idle nodes, cycle time.
+//! - [`plane`]: the [`ControlPlane`] in a graph — the router on every edge, gates checked
+//!   after each node, decisions logged and handed to observers (the checkpointer).
 //!
 //! The router only ever returns updates; the executor merges them with the per-key reducers
 //! of [`crate::reducer`] (`decisions` and `messages` append).
@@ -42,6 +44,7 @@ pub mod decide;
 pub mod exchange;
 pub mod gate;
 pub mod health;
+pub mod plane;
 pub mod record;
 pub mod retry;
 #[cfg(test)]
@@ -49,9 +52,10 @@ mod tests;
 
 pub use condition::{Condition, ConditionError};
 pub use config::{Branch, END, ESCALATE, RouterConfig, RouterMode, Successor};
-pub use decide::{NameRole, Reason, Route, Routing, consults, decide};
+pub use decide::{NameRole, Reason, Route, Routing, consults, decide, successor};
 pub use exchange::{Exchange, trailing_exchange};
 pub use gate::{Gate, GateCheck, GateFailure, GateOutcome, QualityCheck, check_gates};
 pub use health::{HealthReport, HealthTracker, PairCount};
+pub use plane::{ControlPlane, Observing, RoutedEdge, RoutingObserver};
 pub use record::{DecisionLog, DecisionLogError, DecisionRecord, rfc3339};
-pub use retry::{Backoff, Exhausted, failure_flag, retry};
+pub use retry::{Backoff, Exhausted, Retrying, failure_flag, is_transient, retry};

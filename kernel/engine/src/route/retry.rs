@@ -7,12 +7,15 @@
 //! fails for good sets [`failure_flag`], which the router escalates.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::decide::FAILURE_FLAG;
+use crate::flow::{Agent, Callbacks, Control, Event, EventKind, FlowError, InvocationContext};
 use crate::state::StateDelta;
 
 /// How a failing node is retried (the `retry:` of a node).
@@ -97,6 +100,75 @@ pub fn failure_flag(node: &str, error: &str, attempts: u32) -> StateDelta {
         json!({"node": node, "error": error, "attempts": attempts}),
     );
     delta
+}
+
+/// A node retried on transient failure; a node that fails for good sets the failure flag and
+/// lets the router decide (escalation) instead of failing the run.
+pub struct Retrying {
+    inner: Arc<dyn Agent>,
+    backoff: Backoff,
+}
+
+impl std::fmt::Debug for Retrying {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Retrying({:?}, {:?})", self.inner, self.backoff)
+    }
+}
+
+impl Retrying {
+    /// `inner`, retried by `backoff`.
+    pub fn new(inner: Arc<dyn Agent>, backoff: Backoff) -> Self {
+        Self { inner, backoff }
+    }
+}
+
+/// Whether a node error may go away on its own: a model call the bridge calls retryable, or
+/// an agent's own failure. Stops (cancel, timeout, budget) and graph errors never do.
+pub fn is_transient(error: &FlowError) -> bool {
+    match error {
+        FlowError::Model { source, .. } => source.is_retryable(),
+        FlowError::Agent { .. } => true,
+        _ => false,
+    }
+}
+
+#[async_trait]
+impl Agent for Retrying {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn description(&self) -> &str {
+        self.inner.description()
+    }
+
+    fn class(&self) -> &str {
+        self.inner.class()
+    }
+
+    fn sub_agents(&self) -> Vec<Arc<dyn Agent>> {
+        self.inner.sub_agents()
+    }
+
+    fn callbacks(&self) -> &Callbacks {
+        self.inner.callbacks()
+    }
+
+    async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
+        let result = retry(&self.backoff, |_| self.inner.run(ctx), is_transient).await;
+        match result {
+            Ok(control) => Ok(control),
+            Err(Exhausted { error, .. }) if !is_transient(&error) => Err(error),
+            Err(Exhausted { error, attempts }) => {
+                let flag = failure_flag(self.inner.name(), &error.to_string(), attempts);
+                ctx.apply(&flag);
+                ctx.emit(Event::new(EventKind::StateUpdate).with_content(format!(
+                    "failed for good after {attempts} attempts: {error}"
+                )))?;
+                Ok(Control::Continue)
+            }
+        }
+    }
 }
 
 /// Durations in a workflow file are seconds (`1.5`).

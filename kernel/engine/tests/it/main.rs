@@ -10,6 +10,7 @@ mod bundle_fixtures;
 mod bundle_sandbox;
 mod bundle_support;
 mod callbacks;
+mod control;
 mod file;
 mod graph;
 mod limits;

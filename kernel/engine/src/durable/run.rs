@@ -1,0 +1,509 @@
+//! Durable runs of a graph: a checkpoint after every node, resume, time travel, and the
+//! human interrupt.
+//!
+//! [`run_durable`] runs a graph with a [`Checkpointer`] watching it: a checkpoint of the
+//! initial state (`__start__`), one after every top-level node (the node's writes), one after
+//! every routing decision (the router's writes, naming the node that runs next), and one for
+//! a human's answer. Where a run continues ([`Start`]):
+//!
+//! - a new run starts at the graph's start node;
+//! - a resumed run continues from its head checkpoint — after a router checkpoint, the node
+//!   it chose runs (so after a crash the node that was running **re-executes**: side effects
+//!   belong in idempotent tools); after a node checkpoint, that node's edge is followed again;
+//! - time travel resumes from an earlier checkpoint, and the new checkpoints branch from it;
+//! - a run that stopped for a human (`awaiting_human`) resumes with the answer: it is recorded
+//!   (`human_input`, a `human` message; the escalation flags cleared) and the router decides
+//!   again after the node it escalated from.
+//!
+//! The run's status follows: `running` while it runs, then `completed`, `failed`, or
+//! `awaiting_human` when the router escalated (the question is its rationale).
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use super::StoreError;
+use super::store::{CheckpointId, CheckpointStore, NewCheckpoint, NewRun, RunStatus};
+use crate::flow::{
+    Agent, Callbacks, Control, Edge, FlowError, Graph, Invocation, InvocationContext, NodeObserver,
+    NodeRecord, ResumeAt, RunReport, Target, run_workflow,
+};
+use crate::reducer::{ChannelWrite, apply_writes};
+use crate::route::decide::{ESCALATE_FLAG, FAILURE_FLAG, MESSAGES, keys};
+use crate::route::{ControlPlane, Route, Routing, RoutingObserver};
+use crate::state::{State, StateDelta};
+
+/// The node name of a run's first checkpoint (its initial state).
+pub const START_NODE: &str = "__start__";
+/// The node name of the checkpoint that records a human's answer.
+pub const HUMAN_NODE: &str = "human";
+/// The state key a human's answer is recorded under.
+pub const HUMAN_INPUT: &str = "human_input";
+
+/// Writes a checkpoint after every top-level node and routing decision of one run.
+pub struct Checkpointer {
+    store: Arc<CheckpointStore>,
+    run_id: String,
+    graph: String,
+    cursor: Mutex<Cursor>,
+}
+
+impl std::fmt::Debug for Checkpointer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpointer")
+            .field("run_id", &self.run_id)
+            .field("graph", &self.graph)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where the chain stands: the last checkpoint and the state it holds.
+struct Cursor {
+    parent: Option<CheckpointId>,
+    state: State,
+    graph_step: u64,
+    iteration: u32,
+}
+
+impl Checkpointer {
+    /// Checkpoints of run `run_id` for the top-level nodes of graph `graph`, continuing from
+    /// `parent` whose state is `state`.
+    pub fn new(
+        store: Arc<CheckpointStore>,
+        run_id: impl Into<String>,
+        graph: impl Into<String>,
+        parent: Option<CheckpointId>,
+        state: State,
+    ) -> Self {
+        Self {
+            store,
+            run_id: run_id.into(),
+            graph: graph.into(),
+            cursor: Mutex::new(Cursor {
+                parent,
+                state,
+                graph_step: 0,
+                iteration: 1,
+            }),
+        }
+    }
+
+    fn cursor(&self) -> MutexGuard<'_, Cursor> {
+        self.cursor.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The last checkpoint written.
+    pub fn head(&self) -> Option<CheckpointId> {
+        self.cursor().parent
+    }
+
+    /// Writes a checkpoint after `node` from the current values of `keys` in `state`.
+    fn write<'k>(
+        &self,
+        state: &crate::state::SharedState,
+        node: &str,
+        keys: impl Iterator<Item = &'k String>,
+        next: Vec<String>,
+        metadata: Value,
+    ) -> Result<CheckpointId, StoreError> {
+        let mut cursor = self.cursor();
+        let cursor = &mut *cursor;
+        let writes: Vec<ChannelWrite> = state.with(|now| {
+            keys.filter_map(|key| ChannelWrite::change(key, cursor.state.get(key), now.get(key)))
+                .collect()
+        });
+        apply_writes(&mut cursor.state, &writes);
+        let checkpoint = NewCheckpoint::new(node, &writes, &cursor.state)
+            .parent(cursor.parent)
+            .next(next)
+            .metadata(metadata);
+        let id = self.store.put(&self.run_id, checkpoint)?;
+        cursor.parent = Some(id);
+        Ok(id)
+    }
+
+    fn steps(&self) -> (u64, u32) {
+        let cursor = self.cursor();
+        (cursor.graph_step, cursor.iteration)
+    }
+}
+
+fn sink_error(e: StoreError) -> FlowError {
+    FlowError::Sink(e.to_string())
+}
+
+impl NodeObserver for Checkpointer {
+    fn node_finished(&self, ctx: &InvocationContext, record: &NodeRecord) -> Result<(), FlowError> {
+        if record.graph != self.graph {
+            return Ok(());
+        }
+        {
+            let mut cursor = self.cursor();
+            cursor.graph_step = record.step;
+            cursor.iteration = record.iteration;
+        }
+        let metadata = json!({"graph_step": record.step, "iteration": record.iteration});
+        self.write(
+            ctx.state(),
+            &record.node,
+            record.delta.values().keys(),
+            Vec::new(),
+            metadata,
+        )
+        .map(drop)
+        .map_err(sink_error)
+    }
+}
+
+impl RoutingObserver for Checkpointer {
+    fn routed(
+        &self,
+        ctx: &InvocationContext,
+        from: &str,
+        routing: &Routing,
+        merged: &StateDelta,
+    ) -> Result<(), FlowError> {
+        let next = match &routing.route {
+            Route::Node(node) => vec![node.clone()],
+            Route::End | Route::Escalate => Vec::new(),
+        };
+        let (graph_step, iteration) = self.steps();
+        let metadata = json!({
+            "from": from,
+            "decision": routing.decision(),
+            "graph_step": graph_step,
+            "iteration": iteration,
+        });
+        self.write(
+            ctx.state(),
+            ctx.agent(),
+            merged.values().keys(),
+            next,
+            metadata,
+        )
+        .map(drop)
+        .map_err(sink_error)
+    }
+}
+
+/// Where a durable run begins.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Start {
+    /// A new run of `workflow` (its state is the invocation's), recording `input`.
+    New {
+        /// The workflow's name or path, for `rlm flow runs`.
+        workflow: String,
+        /// The run's inputs, for the record.
+        input: Value,
+    },
+    /// Continue an existing run.
+    Resume {
+        /// From this checkpoint instead of the run's head (time travel).
+        from: Option<CheckpointId>,
+        /// A human's answer to the question the run stopped on.
+        answer: Option<String>,
+    },
+}
+
+/// Why a durable run could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DurableError {
+    /// The checkpoint store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The run finished; nothing to resume.
+    #[error(
+        "Run `{0}` is completed; pass `--from-checkpoint ID` to run again from an earlier checkpoint"
+    )]
+    Completed(String),
+    /// The run waits for a human and no answer was given.
+    #[error("Run `{run}` is waiting for a human: {question}\nResume it with `--input \"...\"`")]
+    NeedsInput {
+        /// The run.
+        run: String,
+        /// The question.
+        question: String,
+    },
+    /// An answer was given to a run that asked nothing.
+    #[error("Run `{0}` is not waiting for a human; resume it without `--input`")]
+    UnexpectedInput(String),
+    /// The run has no checkpoint to continue from.
+    #[error("Run `{0}` has no checkpoint to resume from")]
+    NoCheckpoint(String),
+}
+
+/// What a durable run did.
+#[derive(Debug)]
+pub struct DurableReport {
+    /// The workflow run's own report (its result and final state).
+    pub run: RunReport,
+    /// The status recorded for the run.
+    pub status: RunStatus,
+    /// The last checkpoint written.
+    pub head: Option<CheckpointId>,
+}
+
+/// Runs `graph` (whose routing goes through `plane`, if it has one) as run `run_id`, with a
+/// checkpoint after every node; see the module docs. `invocation.state` is the new run's
+/// initial state, or is replaced by the checkpoint's state when resuming.
+pub async fn run_durable(
+    graph: &Graph,
+    plane: Option<&Arc<ControlPlane>>,
+    store: &Arc<CheckpointStore>,
+    run_id: &str,
+    start: Start,
+    invocation: Invocation,
+) -> Result<DurableReport, DurableError> {
+    let state = invocation.state.clone();
+    let (checkpointer, plan) = match start {
+        Start::New { workflow, input } => {
+            store.create_run(&NewRun::new(run_id, workflow).input(input))?;
+            let initial = State::default();
+            let checkpointer =
+                Checkpointer::new(store.clone(), run_id, graph.name(), None, initial);
+            let keys: Vec<String> = state.with(|s| s.values().keys().cloned().collect());
+            let next: Vec<String> = graph.start_node().map(str::to_owned).into_iter().collect();
+            checkpointer.write(&state, START_NODE, keys.iter(), next.clone(), json!({}))?;
+            let plan = match next.into_iter().next() {
+                Some(node) => Plan::At(ResumeAt {
+                    node,
+                    steps_done: 0,
+                    iteration: 1,
+                }),
+                None => Plan::Done,
+            };
+            (checkpointer, plan)
+        }
+        Start::Resume { from, answer } => {
+            let run = store
+                .run(run_id)?
+                .ok_or_else(|| StoreError::UnknownRun(run_id.to_owned()))?;
+            let head = match from {
+                Some(id) => {
+                    let record = store.checkpoint(id)?;
+                    if record.run_id != run_id {
+                        return Err(StoreError::WrongRun {
+                            checkpoint: id,
+                            expected: run_id.to_owned(),
+                            actual: record.run_id,
+                        }
+                        .into());
+                    }
+                    id
+                }
+                None => {
+                    match (&run.status, &answer) {
+                        (RunStatus::Completed, _) => {
+                            return Err(DurableError::Completed(run_id.to_owned()));
+                        }
+                        (RunStatus::AwaitingHuman { question }, None) => {
+                            return Err(DurableError::NeedsInput {
+                                run: run_id.to_owned(),
+                                question: question.clone(),
+                            });
+                        }
+                        (RunStatus::Running | RunStatus::Failed { .. }, Some(_)) => {
+                            return Err(DurableError::UnexpectedInput(run_id.to_owned()));
+                        }
+                        _ => {}
+                    }
+                    run.head
+                        .ok_or_else(|| DurableError::NoCheckpoint(run_id.to_owned()))?
+                }
+            };
+            let record = store.checkpoint(head)?;
+            let loaded = store.state_at(head)?.state;
+            state.with(|s| *s = loaded.clone());
+            let checkpointer =
+                Checkpointer::new(store.clone(), run_id, graph.name(), Some(head), loaded);
+            let meta_u64 = |key: &str| record.metadata.get(key).and_then(Value::as_u64);
+            let steps_done = meta_u64("graph_step").unwrap_or(0);
+            let iteration = meta_u64("iteration")
+                .and_then(|i| u32::try_from(i).ok())
+                .unwrap_or(1);
+            {
+                let mut cursor = checkpointer.cursor();
+                cursor.graph_step = steps_done;
+                cursor.iteration = iteration;
+            }
+            let plan = match answer {
+                Some(answer) => {
+                    let from = record
+                        .metadata
+                        .get("from")
+                        .and_then(Value::as_str)
+                        .unwrap_or(&record.node)
+                        .to_owned();
+                    let keys = record_answer(&state, plane, &answer);
+                    checkpointer.write(
+                        &state,
+                        HUMAN_NODE,
+                        keys.iter(),
+                        Vec::new(),
+                        json!({"from": from}),
+                    )?;
+                    Plan::After {
+                        from,
+                        steps_done,
+                        iteration,
+                    }
+                }
+                None if record.node == START_NODE || !record.next.is_empty() => {
+                    match record.next.first() {
+                        Some(node) => Plan::At(ResumeAt {
+                            node: node.clone(),
+                            steps_done,
+                            iteration,
+                        }),
+                        None => Plan::Done,
+                    }
+                }
+                None if plane.is_some_and(|p| p.config().name == record.node) => {
+                    // A router checkpoint that chose no node: the run ended or escalated.
+                    Plan::Done
+                }
+                // A node's checkpoint (or a human's answer): its edge is followed again.
+                None => Plan::After {
+                    from: record
+                        .metadata
+                        .get("from")
+                        .and_then(Value::as_str)
+                        .unwrap_or(&record.node)
+                        .to_owned(),
+                    steps_done,
+                    iteration,
+                },
+            };
+            (checkpointer, plan)
+        }
+    };
+    store.set_status(run_id, &RunStatus::Running)?;
+    let checkpointer = Arc::new(checkpointer);
+    let _observing = plane.map(|plane| plane.observe(checkpointer.clone()));
+    let invocation = invocation.with_observer(checkpointer.clone());
+    let root = Continue { graph, plan };
+    let report = run_workflow(&root, invocation, None).await;
+    let status = status_of(&report);
+    store.set_status(run_id, &status)?;
+    Ok(DurableReport {
+        run: report,
+        status,
+        head: checkpointer.head(),
+    })
+}
+
+/// Records a human's answer in `state`; returns the keys written.
+fn record_answer(
+    state: &crate::state::SharedState,
+    plane: Option<&Arc<ControlPlane>>,
+    answer: &str,
+) -> Vec<String> {
+    let mut updates = StateDelta::default();
+    updates.set(HUMAN_INPUT, json!(answer));
+    updates.set(MESSAGES, json!([{"author": HUMAN_NODE, "content": answer}]));
+    updates.set(keys::ESCALATION_TRIGGERED, json!(false));
+    updates.set(ESCALATE_FLAG, json!(false));
+    updates.set(FAILURE_FLAG, Value::Null);
+    let reducers = plane.map(|p| p.reducers().clone()).unwrap_or_default();
+    let resolved = state.with(|s| reducers.resolve(s, &updates));
+    state.apply(&resolved);
+    resolved.values().keys().cloned().collect()
+}
+
+fn status_of(report: &RunReport) -> RunStatus {
+    let escalated = report
+        .state
+        .get(keys::ESCALATION_TRIGGERED)
+        .is_some_and(|v| v == &Value::Bool(true));
+    match &report.result {
+        Ok(_) if escalated => RunStatus::AwaitingHuman {
+            question: report
+                .state
+                .get(keys::ROUTING_RATIONALE)
+                .and_then(Value::as_str)
+                .unwrap_or("The router escalated to a human")
+                .to_owned(),
+        },
+        Ok(Control::Escalate) => RunStatus::AwaitingHuman {
+            question: "An agent escalated to a human".to_owned(),
+        },
+        Ok(_) => RunStatus::Completed,
+        Err(e) => RunStatus::Failed {
+            error: e.to_string(),
+        },
+    }
+}
+
+/// Where the graph picks up.
+#[derive(Debug, Clone)]
+enum Plan {
+    /// Run this node first.
+    At(ResumeAt),
+    /// Follow the edge out of `from` (which finished), then go on.
+    After {
+        from: String,
+        steps_done: u64,
+        iteration: u32,
+    },
+    /// Nothing is left to run.
+    Done,
+}
+
+/// The graph as the root of a resumed run: named like it, so its nodes' checkpoints match.
+struct Continue<'g> {
+    graph: &'g Graph,
+    plan: Plan,
+}
+
+#[async_trait]
+impl Agent for Continue<'_> {
+    fn name(&self) -> &str {
+        self.graph.name()
+    }
+
+    fn description(&self) -> &str {
+        self.graph.description()
+    }
+
+    fn class(&self) -> &str {
+        self.graph.class()
+    }
+
+    fn callbacks(&self) -> &Callbacks {
+        self.graph.callbacks()
+    }
+
+    async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
+        let at = match &self.plan {
+            Plan::Done => return Ok(Control::Continue),
+            Plan::At(at) => at.clone(),
+            Plan::After {
+                from,
+                steps_done,
+                iteration,
+            } => {
+                let edge = self
+                    .graph
+                    .edges()
+                    .into_iter()
+                    .find(|(node, _)| node == from)
+                    .and_then(|(_, edge)| edge.cloned());
+                let target = match edge {
+                    None => Target::End,
+                    Some(Edge::To(target)) => target,
+                    Some(Edge::When(router)) => router.route(ctx, from).await?,
+                };
+                match target {
+                    Target::End => return Ok(Control::Continue),
+                    Target::Node(node) => ResumeAt {
+                        node,
+                        steps_done: *steps_done,
+                        iteration: *iteration,
+                    },
+                }
+            }
+        };
+        self.graph.run_from(ctx, &at).await
+    }
+}

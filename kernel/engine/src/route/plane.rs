@@ -1,0 +1,234 @@
+//! The control plane in a graph: the router on every edge.
+//!
+//! A [`ControlPlane`] holds the router's configuration, the quality gates of each node, the
+//! reducers and the decision log. [`ControlPlane::graph`] builds a graph whose every node
+//! leaves through the plane ([`RoutedEdge`]): after a node finishes, the edge checks the
+//! node's gates, then — in active mode always, in passive mode only when [`consults`] says
+//! something is wrong — runs [`decide`] and merges its updates through the reducers as the
+//! router's own step (an event authored by the router, a line in the decision log, a call to
+//! each [`RoutingObserver`] such as the checkpointer). In passive mode an untroubled
+//! transition follows the natural successor without a decision record.
+//!
+//! An escalation ends the graph with `escalation_triggered` set; the durable runner turns
+//! that into the `awaiting_human` interrupt.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+
+use super::config::RouterConfig;
+use super::decide::{Route, Routing, consults, decide, successor};
+use super::gate::{Gate, check_gates};
+use super::record::DecisionLog;
+use crate::flow::{
+    Agent, Callbacks, Event, EventKind, FlowError, Graph, GraphError, InvocationContext, Router,
+    Target,
+};
+use crate::reducer::Reducers;
+use crate::state::StateDelta;
+
+/// Sees every routing decision (the checkpointer stores one after each).
+pub trait RoutingObserver: Send + Sync {
+    /// The router decided `routing` after node `from` and merged `merged` (the resolved
+    /// values it wrote) into the state; an error stops the run.
+    fn routed(
+        &self,
+        ctx: &InvocationContext,
+        from: &str,
+        routing: &Routing,
+        merged: &StateDelta,
+    ) -> Result<(), FlowError>;
+}
+
+/// The router, gates, reducers and decision log of one graph; see the module docs.
+pub struct ControlPlane {
+    config: RouterConfig,
+    gates: BTreeMap<String, Vec<Gate>>,
+    reducers: Reducers,
+    log: Option<DecisionLog>,
+    observers: Mutex<Vec<Arc<dyn RoutingObserver>>>,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("config", &self.config)
+            .field("gates", &self.gates)
+            .field("log", &self.log)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControlPlane {
+    /// A plane routing by `config`, with the default reducers and no gates or log.
+    pub fn new(config: RouterConfig) -> Self {
+        Self {
+            config,
+            gates: BTreeMap::new(),
+            reducers: Reducers::default(),
+            log: None,
+            observers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// With `gates` checked after node `node`.
+    pub fn with_gates(mut self, node: impl Into<String>, gates: Vec<Gate>) -> Self {
+        self.gates.insert(node.into(), gates);
+        self
+    }
+
+    /// With these reducers.
+    pub fn with_reducers(mut self, reducers: Reducers) -> Self {
+        self.reducers = reducers;
+        self
+    }
+
+    /// Writing each decision to `log`.
+    pub fn with_log(mut self, log: DecisionLog) -> Self {
+        self.log = Some(log);
+        self
+    }
+
+    /// The router's configuration.
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    /// The reducers updates are merged with.
+    pub fn reducers(&self) -> &Reducers {
+        &self.reducers
+    }
+
+    /// Adds `observer` of every decision until the returned guard is dropped (a plane
+    /// outlives the runs that observe it).
+    pub fn observe(&self, observer: Arc<dyn RoutingObserver>) -> Observing<'_> {
+        self.observers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(observer.clone());
+        Observing {
+            plane: self,
+            observer,
+        }
+    }
+
+    /// A graph `name` of `nodes` starting at `start`, every node leaving through this plane.
+    pub fn graph(
+        self: &Arc<Self>,
+        name: impl Into<String>,
+        nodes: Vec<Arc<dyn Agent>>,
+        start: &str,
+    ) -> Result<Graph, GraphError> {
+        let mut builder = Graph::builder(name).start(start);
+        for node in nodes {
+            let from = node.name().to_owned();
+            builder = builder.node(node).route(
+                from,
+                Arc::new(RoutedEdge {
+                    plane: self.clone(),
+                }),
+            );
+        }
+        builder.build()
+    }
+
+    /// Merges `updates` into the run's state through the reducers, as writes of `ctx`.
+    pub fn merge(&self, ctx: &InvocationContext, updates: &StateDelta) -> StateDelta {
+        let resolved = ctx
+            .state()
+            .with(|state| self.reducers.resolve(state, updates));
+        ctx.apply(&resolved);
+        resolved
+    }
+
+    /// Where the run goes after node `from` finished; see the module docs.
+    pub async fn route_after(
+        &self,
+        ctx: &InvocationContext,
+        from: &str,
+    ) -> Result<Target, FlowError> {
+        let router = ctx.child(&self.config.name, &Callbacks::new());
+        if let Some(gates) = self.gates.get(from) {
+            let outcome = ctx.state().with(|s| check_gates(from, gates, s));
+            if !outcome.updates.is_empty() {
+                self.merge(&router, &outcome.updates);
+                let failed: Vec<&str> = outcome.failures.iter().map(|f| f.gate.as_str()).collect();
+                let note = format!("gates of `{from}` failed: {}", failed.join(", "));
+                router.emit(Event::new(EventKind::StateUpdate).with_content(note))?;
+            }
+        }
+        let (consult, natural) = ctx.state().with(|s| {
+            (
+                consults(&self.config, s),
+                successor(s, &self.config, from).0,
+            )
+        });
+        if !consult && natural != Route::Escalate {
+            return Ok(target(&natural));
+        }
+        let routing = ctx
+            .state()
+            .with(|s| decide(s, &self.config, from, SystemTime::now()));
+        let merged = self.merge(&router, &routing.updates);
+        router.emit(
+            Event::new(EventKind::StateUpdate).with_content(routing.record.summary.clone()),
+        )?;
+        if let Some(log) = &self.log {
+            log.append(&routing.record)
+                .map_err(|e| FlowError::Sink(e.to_string()))?;
+        }
+        let observers = self
+            .observers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for observer in observers {
+            observer.routed(&router, from, &routing, &merged)?;
+        }
+        Ok(target(&routing.route))
+    }
+}
+
+/// Keeps an observer registered with a [`ControlPlane`]; dropping it unregisters it.
+pub struct Observing<'p> {
+    plane: &'p ControlPlane,
+    observer: Arc<dyn RoutingObserver>,
+}
+
+impl std::fmt::Debug for Observing<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observing")
+    }
+}
+
+impl Drop for Observing<'_> {
+    fn drop(&mut self) {
+        self.plane
+            .observers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|o| !Arc::ptr_eq(o, &self.observer));
+    }
+}
+
+fn target(route: &Route) -> Target {
+    match route {
+        Route::Node(node) => Target::Node(node.clone()),
+        Route::End | Route::Escalate => Target::End,
+    }
+}
+
+/// The edge out of every node of a plane's graph.
+#[derive(Debug)]
+pub struct RoutedEdge {
+    plane: Arc<ControlPlane>,
+}
+
+#[async_trait]
+impl Router for RoutedEdge {
+    async fn route(&self, ctx: &InvocationContext, from: &str) -> Result<Target, FlowError> {
+        self.plane.route_after(ctx, from).await
+    }
+}

@@ -1,0 +1,509 @@
+#![allow(clippy::unwrap_used)] // In tests an unwrap is an assertion.
+
+//! The routing control plane in a running graph, with durable checkpoints: active and
+//! passive routing, circular logic escalating to a human and an answer resuming the run,
+//! gate recovery, retries, time travel, and a run killed with SIGKILL that resumes to the
+//! same final state.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use engine::durable::{CheckpointStore, DurableReport, RunStatus, Start, run_durable};
+use engine::flow::{Agent, Control, FlowError, FnAgent, Invocation, InvocationContext};
+use engine::route::{
+    Backoff, Branch, Condition, ControlPlane, DecisionLog, END, Gate, GateCheck, Retrying,
+    RouterConfig, RouterMode,
+};
+use engine::{SharedState, State};
+use serde_json::{Value, json};
+
+/// Appends a message by `author` on `topic` to `messages`.
+fn say(ctx: &InvocationContext, author: &str, topic: &str, content: &str) {
+    let mut messages = match ctx.get_state("messages") {
+        Some(Value::Array(list)) => list,
+        _ => Vec::new(),
+    };
+    messages.push(json!({"author": author, "topic": topic, "content": content}));
+    ctx.set_state("messages", Value::Array(messages));
+}
+
+fn agent(
+    name: &str,
+    step: impl Fn(&InvocationContext) -> Result<Control, FlowError> + Send + Sync + 'static,
+) -> Arc<dyn Agent> {
+    Arc::new(FnAgent::new(name, step))
+}
+
+/// The software team: analyst → pm → dev → tea; tea rejects the work until a human has
+/// answered, and dev reworks it each time.
+fn team_nodes() -> Vec<Arc<dyn Agent>> {
+    vec![
+        agent("analyst", |ctx| {
+            say(ctx, "analyst", "brief", "Users want CSV export.");
+            ctx.set_state("brief", json!("CSV export"));
+            Ok(Control::Continue)
+        }),
+        agent("pm", |ctx| {
+            say(ctx, "pm", "story-1", "Story 1: export the table as CSV.");
+            Ok(Control::Continue)
+        }),
+        agent("dev", |ctx| {
+            let answered = ctx.get_state("human_input").is_some();
+            let note = if answered {
+                "Quoted every field, as decided."
+            } else {
+                "Done."
+            };
+            say(ctx, "dev", "story-1", note);
+            let builds = ctx
+                .get_state("builds")
+                .and_then(|v| v.as_u64())
+                .unwrap_or(0);
+            ctx.set_state("builds", json!(builds + 1));
+            Ok(Control::Continue)
+        }),
+        agent("tea", |ctx| {
+            let verdict = if ctx.get_state("human_input").is_some() {
+                "approved"
+            } else {
+                "rejected"
+            };
+            say(ctx, "tea", "story-1", &format!("Verdict: {verdict}."));
+            ctx.set_state("verdict", json!(verdict));
+            Ok(Control::Continue)
+        }),
+    ]
+}
+
+fn team_config() -> RouterConfig {
+    RouterConfig::new(
+        ["analyst", "pm", "dev", "tea"],
+        [("analyst", "pm"), ("pm", "dev"), ("dev", "tea")],
+    )
+    .with_branches(
+        "tea",
+        vec![
+            Branch::when(Condition::equals("verdict", json!("rejected")), "dev"),
+            Branch::otherwise(END),
+        ],
+    )
+}
+
+async fn run(
+    plane: &Arc<ControlPlane>,
+    nodes: Vec<Arc<dyn Agent>>,
+    store: &Arc<CheckpointStore>,
+    run_id: &str,
+    start: Start,
+) -> DurableReport {
+    let graph = plane.graph("team", nodes, "analyst").unwrap();
+    let invocation = Invocation::new(SharedState::new(State::default()));
+    run_durable(&graph, Some(plane), store, run_id, start, invocation)
+        .await
+        .unwrap()
+}
+
+fn new_run() -> Start {
+    Start::New {
+        workflow: "team".into(),
+        input: json!({}),
+    }
+}
+
+/// The state without the decision records' timestamps (the only part that differs between
+/// two runs of the same scripted graph).
+fn timeless(state: &State) -> State {
+    let mut state = state.clone();
+    if let Some(Value::Array(decisions)) = state.get("decisions").cloned() {
+        let stripped: Vec<Value> = decisions
+            .into_iter()
+            .map(|mut d| {
+                if let Some(map) = d.as_object_mut() {
+                    map.remove("timestamp");
+                }
+                d
+            })
+            .collect();
+        state.set("decisions", Value::Array(stripped));
+    }
+    state
+}
+
+fn summaries(state: &State) -> Vec<String> {
+    state
+        .get("decisions")
+        .and_then(Value::as_array)
+        .map(|d| {
+            d.iter()
+                .filter_map(|r| r["summary"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn circular_logic_escalates_to_a_human_and_the_answer_completes_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("decisions.jsonl");
+    let store = Arc::new(CheckpointStore::open(dir.path().join("runs.db")).unwrap());
+    let plane =
+        Arc::new(ControlPlane::new(team_config()).with_log(DecisionLog::open(&log_path).unwrap()));
+
+    let report = run(&plane, team_nodes(), &store, "t1", new_run()).await;
+    let question = match &report.status {
+        RunStatus::AwaitingHuman { question } => question.clone(),
+        other => panic!("expected awaiting_human, got {other:?}"),
+    };
+    assert!(question.starts_with("Circular logic: `dev` and `tea` exchanged work 4 times"));
+    let state = &report.run.state;
+    assert_eq!(state.get("exchange_count"), Some(&json!(4)));
+    assert_eq!(state.get("circular_logic_detected"), Some(&json!(true)));
+    assert_eq!(state.get("routing_decision"), Some(&json!("ESCALATE")));
+    assert_eq!(
+        summaries(state),
+        [
+            "analyst → pm",
+            "pm → dev",
+            "dev → tea",
+            "tea → dev",
+            "dev → tea",
+            "tea → dev",
+            "dev → escalate to a human",
+        ]
+    );
+    assert_eq!(store.run("t1").unwrap().unwrap().status, report.status);
+
+    // Resuming without an answer is refused; with one, the router decides again after `dev`.
+    let graph = plane.graph("team", team_nodes(), "analyst").unwrap();
+    let refused = run_durable(
+        &graph,
+        Some(&plane),
+        &store,
+        "t1",
+        Start::Resume {
+            from: None,
+            answer: None,
+        },
+        Invocation::new(SharedState::new(State::default())),
+    )
+    .await
+    .unwrap_err();
+    assert!(refused.to_string().contains("--input"), "{refused}");
+
+    let answer = Start::Resume {
+        from: None,
+        answer: Some("Quote every field; tea accepts that.".into()),
+    };
+    let report = run(&plane, team_nodes(), &store, "t1", answer).await;
+    assert_eq!(report.status, RunStatus::Completed);
+    let state = &report.run.state;
+    assert_eq!(state.get("verdict"), Some(&json!("approved")));
+    assert_eq!(
+        state.get("human_input"),
+        Some(&json!("Quote every field; tea accepts that."))
+    );
+    assert_eq!(state.get("escalation_triggered"), Some(&json!(false)));
+    assert_eq!(summaries(state)[7..], ["dev → tea", "tea → end"]);
+    let authors: Vec<&str> = state
+        .get("messages")
+        .and_then(Value::as_array)
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["author"].as_str())
+        .collect();
+    assert_eq!(authors[authors.len() - 3..], ["dev", "human", "tea"]);
+
+    // Every decision is on record in the JSONL log too, and the history has a checkpoint
+    // after every node and every decision.
+    let logged = DecisionLog::read(&log_path).unwrap();
+    assert_eq!(logged.len(), 9);
+    assert_eq!(logged[6].summary, "dev → escalate to a human");
+    let nodes: Vec<String> = store
+        .history("t1")
+        .unwrap()
+        .into_iter()
+        .map(|c| c.node)
+        .collect();
+    assert_eq!(
+        nodes[..7],
+        [
+            "__start__",
+            "analyst",
+            "router",
+            "pm",
+            "router",
+            "dev",
+            "router"
+        ]
+    );
+    assert_eq!(
+        nodes[nodes.len() - 4..],
+        ["human", "router", "tea", "router"]
+    );
+}
+
+#[tokio::test]
+async fn passive_mode_routes_silently_until_a_gate_blocks() {
+    let config = RouterConfig::new(["dev", "fixer", "tea"], [("dev", "tea"), ("fixer", "dev")])
+        .with_recovery("tests_pass", "fixer")
+        .with_mode(RouterMode::Passive);
+    let gate = Gate {
+        name: "tests_pass".into(),
+        check: GateCheck::State(Box::new(Condition::equals("failing", json!(0)))),
+        blocking: true,
+    };
+    let plane = Arc::new(ControlPlane::new(config).with_gates("dev", vec![gate]));
+    let nodes = vec![
+        agent("dev", |ctx| {
+            let runs = ctx
+                .get_state("dev_runs")
+                .and_then(|v| v.as_u64())
+                .unwrap_or(0)
+                + 1;
+            ctx.set_state("dev_runs", json!(runs));
+            // The first build has two failing tests; the fixer's work makes the next pass.
+            let failing = if ctx.get_state("fixed").is_some() {
+                0
+            } else {
+                2
+            };
+            ctx.set_state("failing", json!(failing));
+            Ok(Control::Continue)
+        }),
+        agent("fixer", |ctx| {
+            ctx.set_state("fixed", json!(true));
+            Ok(Control::Continue)
+        }),
+        agent("tea", |ctx| {
+            ctx.set_state("verdict", json!("approved"));
+            Ok(Control::Continue)
+        }),
+    ];
+    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let graph = plane.graph("team", nodes, "dev").unwrap();
+    let invocation = Invocation::new(SharedState::new(State::default()));
+    let report = run_durable(&graph, Some(&plane), &store, "p", new_run(), invocation)
+        .await
+        .unwrap();
+    assert_eq!(report.status, RunStatus::Completed);
+    let state = &report.run.state;
+    assert_eq!(state.get("dev_runs"), Some(&json!(2)));
+    assert_eq!(state.get("verdict"), Some(&json!("approved")));
+    assert_eq!(state.get("gate_blocked"), Some(&Value::Null));
+    // Only the blocked gate reached the router; the normal transitions left no record.
+    assert_eq!(summaries(state), ["dev → fixer"]);
+    let nodes: Vec<String> = store
+        .history("p")
+        .unwrap()
+        .into_iter()
+        .map(|c| c.node)
+        .collect();
+    assert_eq!(nodes, ["__start__", "dev", "router", "fixer", "dev", "tea"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn transient_failures_are_retried_and_a_lasting_one_escalates() {
+    let flaky_calls = Arc::new(AtomicU32::new(0));
+    let calls = flaky_calls.clone();
+    let flaky = agent("dev", move |ctx| {
+        if calls.fetch_add(1, Ordering::SeqCst) < 2 {
+            return Err(FlowError::Agent {
+                agent: "dev".into(),
+                message: "the build server is busy".into(),
+            });
+        }
+        ctx.set_state("built", json!(true));
+        Ok(Control::Continue)
+    });
+    let broken = agent("tea", |_| {
+        Err(FlowError::Agent {
+            agent: "tea".into(),
+            message: "the test runner is gone".into(),
+        })
+    });
+    let nodes: Vec<Arc<dyn Agent>> = vec![
+        Arc::new(Retrying::new(flaky, Backoff::default())),
+        Arc::new(Retrying::new(broken, Backoff::default())),
+    ];
+    let plane = Arc::new(ControlPlane::new(RouterConfig::new(
+        ["dev", "tea"],
+        [("dev", "tea")],
+    )));
+    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let graph = plane.graph("team", nodes, "dev").unwrap();
+    let started = tokio::time::Instant::now();
+    let invocation = Invocation::new(SharedState::new(State::default()));
+    let report = run_durable(&graph, Some(&plane), &store, "r", new_run(), invocation)
+        .await
+        .unwrap();
+    // dev: two failures, waits of 1 s and 2 s; tea: three failures, the same waits.
+    assert_eq!(started.elapsed(), std::time::Duration::from_secs(6));
+    assert_eq!(flaky_calls.load(Ordering::SeqCst), 3);
+    let state = &report.run.state;
+    assert_eq!(state.get("built"), Some(&json!(true)));
+    assert_eq!(
+        state.get("agent_failure"),
+        Some(
+            &json!({"node": "tea", "error": "Agent `tea` failed: the test runner is gone", "attempts": 3})
+        )
+    );
+    match &report.status {
+        RunStatus::AwaitingHuman { question } => {
+            assert_eq!(
+                question,
+                "`tea` failed for good: Agent `tea` failed: the test runner is gone"
+            );
+        }
+        other => panic!("expected awaiting_human, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn time_travel_reruns_from_an_earlier_checkpoint_on_a_branch() {
+    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let plane = Arc::new(ControlPlane::new(team_config()));
+    let first = run(&plane, team_nodes(), &store, "tt", new_run()).await;
+    let history = store.history("tt").unwrap();
+    let after_pm = history.iter().find(|c| c.node == "pm").unwrap().id;
+    let again = Start::Resume {
+        from: Some(after_pm),
+        answer: None,
+    };
+    let second = run(&plane, team_nodes(), &store, "tt", again).await;
+    assert_eq!(timeless(&second.run.state), timeless(&first.run.state));
+    let history = store.history("tt").unwrap();
+    let branch = history.iter().find(|c| c.id > first.head.unwrap()).unwrap();
+    assert_eq!(
+        branch.parent,
+        Some(after_pm),
+        "the re-run branches from the chosen checkpoint"
+    );
+    assert_eq!(branch.node, "router");
+}
+
+/// The database the child of `a_run_killed_during_a_node_resumes_to_the_same_final_state`
+/// writes to.
+const CRASH_DB: &str = "RLM_TEST_CRASH_RUN_DB";
+
+/// The team graph, with a `dev` that hangs on its third run when `hang` is set (the child
+/// process waits there to be killed) after writing a marker file.
+fn crashable_nodes(hang: Option<std::path::PathBuf>) -> Vec<Arc<dyn Agent>> {
+    let mut nodes = team_nodes();
+    let dev = nodes.remove(2);
+    let hanging: Arc<dyn Agent> = Arc::new(HangOnThirdRun { inner: dev, hang });
+    nodes.insert(2, hanging);
+    nodes
+}
+
+struct HangOnThirdRun {
+    inner: Arc<dyn Agent>,
+    hang: Option<std::path::PathBuf>,
+}
+
+#[async_trait::async_trait]
+impl Agent for HangOnThirdRun {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn class(&self) -> &str {
+        self.inner.class()
+    }
+    async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
+        let control = self.inner.run(ctx).await?;
+        let builds = ctx
+            .get_state("builds")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0);
+        if let (Some(marker), 3) = (&self.hang, builds) {
+            // Half-way through the node: its writes are applied but not checkpointed.
+            std::fs::write(marker, b"in dev").unwrap();
+            tokio::time::sleep(std::time::Duration::from_secs(600)).await;
+        }
+        Ok(control)
+    }
+}
+
+/// Not a test on its own: the child process of the crash test (does nothing unless that
+/// test sets `RLM_TEST_CRASH_RUN_DB`).
+#[tokio::test]
+async fn crash_child_runs_until_killed() {
+    let Some(db) = std::env::var_os(CRASH_DB) else {
+        return;
+    };
+    let db = std::path::PathBuf::from(db);
+    let store = Arc::new(CheckpointStore::open(&db).unwrap());
+    let plane = Arc::new(ControlPlane::new(team_config()));
+    run(
+        &plane,
+        crashable_nodes(Some(db.with_extension("marker"))),
+        &store,
+        "crash",
+        new_run(),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_run_killed_during_a_node_resumes_to_the_same_final_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("crash.db");
+    let marker = db.with_extension("marker");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "control::crash_child_runs_until_killed",
+            "--nocapture",
+        ])
+        .env(CRASH_DB, &db)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..1200 {
+        if marker.exists() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        marker.exists(),
+        "the child never reached the third `dev` run"
+    );
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+
+    let store = Arc::new(CheckpointStore::open(&db).unwrap());
+    assert_eq!(integrity(&db), "ok");
+    let killed = store.run("crash").unwrap().unwrap();
+    assert_eq!(
+        killed.status,
+        RunStatus::Running,
+        "a killed run stays `running`"
+    );
+    let head = store.checkpoint(killed.head.unwrap()).unwrap();
+    assert_eq!(
+        (head.node.as_str(), head.next.as_slice()),
+        ("router", &["dev".to_owned()][..])
+    );
+
+    let plane = Arc::new(ControlPlane::new(team_config()));
+    let resume = Start::Resume {
+        from: None,
+        answer: None,
+    };
+    let resumed = run(&plane, crashable_nodes(None), &store, "crash", resume).await;
+
+    let reference_store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let reference = run(&plane, team_nodes(), &reference_store, "ref", new_run()).await;
+    assert_eq!(resumed.status, reference.status);
+    assert_eq!(timeless(&resumed.run.state), timeless(&reference.run.state));
+    // `dev` re-executed from the last checkpoint: three builds, as in the uninterrupted run.
+    assert_eq!(resumed.run.state.get("builds"), Some(&json!(3)));
+    assert_eq!(integrity(&db), "ok");
+}
+
+/// SQLite's own integrity check of the database at `path`.
+fn integrity(path: &std::path::Path) -> String {
+    let store = CheckpointStore::open(path).unwrap();
+    store.integrity_check().unwrap()
+}
