@@ -303,6 +303,13 @@ impl ReplSession {
         self.watchdog.interrupt_running()
     }
 
+    /// Makes the watchdog look at the running block's stop token now: after cancelling the
+    /// token given to [`exec_until_stopped`](Self::exec_until_stopped), this stops that block
+    /// (and no other, unlike [`interrupt`](Self::interrupt), which stops whatever runs).
+    pub fn check_stop(&self) {
+        self.watchdog.notify();
+    }
+
     /// Terminates the processes the session's blocks started that still run — pool workers,
     /// forked children, subprocesses and their descendants (see the [module docs](super)).
     /// The loop calls it when a run ends; dropping the session does too. It does not wait

@@ -6,3 +6,4 @@ mod natives;
 mod repl;
 mod rlm;
 mod support;
+mod tools;

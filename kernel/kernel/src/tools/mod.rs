@@ -1,0 +1,177 @@
+//! Python-backed agent tools: the [`engine::Tool`]s that need the embedded REPL, which the
+//! engine crate (no Python) cannot provide itself.
+//!
+//! - [`PythonTool`] (`python`): runs code in the agent's [`ReplSession`], where the loaded
+//!   contexts, `llm_query` and the variables of earlier calls are; returns its stdout and
+//!   stderr as JSON. An exception is a tool error (the model reads the traceback), the cell
+//!   time limit is the call's limit, and the session goes on either way.
+//! - [`PythonFunctionTool`]: a function of a Python file (run in the session like `%run`)
+//!   or of the session itself, called with the model's arguments as keyword arguments. Its
+//!   schema is derived from the signature and its description from the docstring
+//!   (`support.py` documents the mapping); its return value goes back as JSON.
+//!
+//! # Execution path
+//! A call never runs Python on a tokio worker thread, and holds the GIL only to convert:
+//! each call is a block of the session, sent from a blocking-pool thread
+//! (`tokio::task::spawn_blocking`) to the session's own Python thread, exactly as the RLM
+//! loop's blocks are, so time limits, interrupts, output capture and redaction apply. A
+//! function's result travels as JSON text in the support module (`_rlm_agent_tools`),
+//! popped with the GIL held for that one conversion; nothing is written into the session's
+//! namespace. Cancelling the call's token, or dropping its future (the agent loop's own
+//! timeout), stops the block and only that block.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use bridge::{Budget, Endpoints, Ledger};
+//! use kernel::repl::{ReplSession, SessionConfig};
+//! use kernel::tools::{PythonFunctionTool, PythonTool};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let endpoints = Arc::new(Endpoints::new(Vec::new(), Arc::new(Ledger::new(Budget::default())))?);
+//! let session = Arc::new(ReplSession::new(SessionConfig::default(), endpoints, &[])?);
+//! let mut tools: Vec<Arc<dyn engine::Tool>> = vec![Arc::new(PythonTool::new(Arc::clone(&session)))];
+//! tools.extend(PythonFunctionTool::from_file(&session, "tools.py".as_ref()).await?);
+//! # Ok(()) }
+//! ```
+
+mod error;
+mod function;
+mod python;
+
+use std::sync::Arc;
+
+use bridge::CancellationToken;
+use engine::ToolError;
+
+use crate::repl::{ExecutionResult, ReplSession};
+
+pub use error::PythonToolError;
+pub use function::PythonFunctionTool;
+pub use python::PythonTool;
+
+/// How much longer than the cell time limit a call may take: the limit is enforced by the
+/// session, which reports it; this only covers the report's way back.
+const CALL_SLACK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs `work` with `session` on a blocking-pool thread, passing it the stop token of the
+/// block it runs: cancelling `cancel`, or dropping the returned future, stops that block.
+async fn on_session<T: Send + 'static>(
+    session: &Arc<ReplSession>,
+    cancel: &CancellationToken,
+    work: impl FnOnce(&ReplSession, &CancellationToken) -> T + Send + 'static,
+) -> Result<T, ToolError> {
+    let stop = cancel.child_token();
+    let guard = StopOnDrop {
+        stop: stop.clone(),
+        session: Arc::clone(session),
+        armed: true,
+    };
+    let mut task = {
+        let session = Arc::clone(session);
+        tokio::task::spawn_blocking(move || work(&session, &stop))
+    };
+    let finished = tokio::select! {
+        joined = &mut task => Some(joined),
+        () = cancel.cancelled() => None,
+    };
+    let joined = match finished {
+        Some(joined) => joined,
+        None => {
+            // The stop token is a child of `cancel`: the watchdog only needs waking.
+            session.check_stop();
+            task.await
+        }
+    };
+    guard.disarm();
+    joined.map_err(|e| ToolError::Failed(format!("The Python call failed unexpectedly: {e}")))
+}
+
+/// Stops the block of a call whose future is dropped before the block returned.
+struct StopOnDrop {
+    stop: CancellationToken,
+    session: Arc<ReplSession>,
+    armed: bool,
+}
+
+impl StopOnDrop {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            self.stop.cancel();
+            self.session.check_stop();
+        }
+    }
+}
+
+/// The tool error for a block that did not succeed: cancelled, timed out, or an exception
+/// (its type, message and traceback, then whatever the block printed).
+fn block_failure(
+    result: &ExecutionResult,
+    cancel: &CancellationToken,
+    session: &ReplSession,
+) -> ToolError {
+    if cancel.is_cancelled() {
+        return ToolError::Cancelled;
+    }
+    if result.timed_out {
+        return ToolError::TimedOut(session.config().cell_timeout);
+    }
+    match &result.error {
+        Some(e) => ToolError::Failed(failure_text(
+            &e.type_name,
+            &e.message,
+            &e.traceback,
+            &result.stdout,
+            &result.stderr,
+        )),
+        None => ToolError::Failed(failure_text(
+            "Error",
+            "the Python code failed",
+            "",
+            &result.stdout,
+            &result.stderr,
+        )),
+    }
+}
+
+/// What the model reads of an exception: the traceback (or `Type: message` without one),
+/// then what the code printed besides it.
+fn failure_text(
+    type_name: &str,
+    message: &str,
+    traceback: &str,
+    stdout: &str,
+    stderr: &str,
+) -> String {
+    let traceback = traceback.trim_end();
+    let mut text = if traceback.trim().is_empty() {
+        format!("{type_name}: {message}")
+    } else {
+        traceback.to_owned()
+    };
+    // The session also writes the traceback to stderr; show only what else is there.
+    let stderr = if traceback.is_empty() {
+        stderr.to_owned()
+    } else {
+        stderr.replace(traceback, "")
+    };
+    for (name, output) in [("stdout", stdout), ("stderr", stderr.as_str())] {
+        if !output.trim().is_empty() {
+            text.push_str(&format!("\n\n{name}:\n{}", output.trim_end()));
+        }
+    }
+    text
+}
+
+/// Whether `name` is a tool name both providers accept: `[a-zA-Z0-9_-]{1,64}`.
+fn valid_tool_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
