@@ -394,3 +394,87 @@ fn functions_that_cannot_be_tools_are_clear_errors() {
         "{text}"
     );
 }
+
+// ---- in the agent loop ------------------------------------------------------------------------
+
+/// The agent loop over the mock: the model calls `python` and a session function in one
+/// reply, and answers from the last tool result.
+#[test]
+fn the_agent_loop_runs_python_tools_over_both_wire_formats() {
+    use bridge::mock::{MockServer, Script};
+    use bridge::{Budget, Endpoint, EndpointConfig, Ledger, Message, Role};
+    use engine::agent::{AgentLoop, LoopConfig, Toolbox};
+
+    let script = Script::from_json_value(json!({"models": {"*": {
+        "rules": [{"tool_name": "^greet$", "last_tool": "hello, (\\w+)",
+                   "reply": "Greeted {{1}}."}],
+        "replies": [{"tool_calls": [
+            {"name": "python", "arguments": {"code": "total = 6 * 7\nprint(total)"}},
+            {"name": "greet", "arguments": {"name": "Ada"}},
+        ]}],
+    }}}))
+    .expect("valid script");
+    let session = Arc::new(session());
+    ok(
+        &session,
+        "def greet(name: str) -> str:\n    \"\"\"Greet someone.\"\"\"\n    return f'hello, {name}'",
+    );
+    let mut tools = run(PythonFunctionTool::from_session(&session, &["greet"])).expect("tools");
+    tools.insert(0, Arc::new(PythonTool::new(Arc::clone(&session))));
+    let toolbox = || {
+        tools
+            .iter()
+            .try_fold(Toolbox::new(), |t, tool| t.with(Arc::clone(tool)))
+            .expect("toolbox")
+    };
+    run(async {
+        let server = MockServer::start(bridge::mock::MockConfig {
+            script,
+            ..bridge::mock::MockConfig::default()
+        })
+        .await
+        .expect("mock starts");
+        for (anthropic, stream) in [(false, true), (true, false)] {
+            let config = if anthropic {
+                EndpointConfig::anthropic("root", server.anthropic_base_url(), "m")
+            } else {
+                EndpointConfig::openai("root", server.openai_base_url(), "m")
+            };
+            let endpoint =
+                Endpoint::new(config, Arc::new(Ledger::new(Budget::default()))).expect("endpoint");
+            let agent = AgentLoop::new(
+                Arc::new(endpoint),
+                toolbox(),
+                LoopConfig {
+                    stream,
+                    ..LoopConfig::default()
+                },
+            );
+            let outcome = agent
+                .run(
+                    vec![Message::user("Compute and greet")],
+                    SharedState::default(),
+                    CancellationToken::new(),
+                )
+                .await
+                .expect("answer");
+            assert_eq!(outcome.answer, "Greeted Ada.");
+            let results: Vec<&str> = outcome
+                .run
+                .transcript
+                .iter()
+                .filter(|m| m.role == Role::Tool)
+                .map(|m| m.content.as_str())
+                .collect();
+            assert_eq!(results.len(), 2, "{results:?}");
+            let python: Value = serde_json::from_str(results[0]).expect("JSON result");
+            assert_eq!(python["stdout"], "42\n");
+            assert_eq!(results[1], "hello, Ada");
+        }
+    });
+    let out = ok(&session, "print(total)");
+    assert_eq!(
+        out.stdout, "42\n",
+        "the model's code ran in the agent's session"
+    );
+}
