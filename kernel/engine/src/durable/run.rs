@@ -31,7 +31,7 @@ use crate::flow::{
 };
 use crate::reducer::{ChannelWrite, apply_writes};
 use crate::route::decide::{ESCALATE_FLAG, FAILURE_FLAG, MESSAGES, keys};
-use crate::route::{ControlPlane, Route, Routing, RoutingObserver};
+use crate::route::{ControlPlane, HealthObserver, HealthReport, Route, Routing, RoutingObserver};
 use crate::state::{State, StateDelta};
 
 /// The node name of a run's first checkpoint (its initial state).
@@ -242,6 +242,8 @@ pub struct DurableReport {
     pub status: RunStatus,
     /// The last checkpoint written.
     pub head: Option<CheckpointId>,
+    /// Exchanges per pair, time per node, idle nodes and cycle time of this invocation.
+    pub health: HealthReport,
 }
 
 /// Runs `graph` (whose routing goes through `plane`, if it has one) as run `run_id`, with a
@@ -381,7 +383,11 @@ pub async fn run_durable(
     store.set_status(run_id, &RunStatus::Running)?;
     let checkpointer = Arc::new(checkpointer);
     let _observing = plane.map(|plane| plane.observe(checkpointer.clone()));
-    let invocation = invocation.with_observer(checkpointer.clone());
+    let node_names: Vec<String> = graph.nodes().iter().map(|n| n.name().to_owned()).collect();
+    let health = Arc::new(HealthObserver::new(graph.name(), node_names));
+    let invocation = invocation
+        .with_observer(checkpointer.clone())
+        .with_observer(health.clone());
     let root = Continue { graph, plan };
     let report = run_workflow(&root, invocation, None).await;
     let status = status_of(&report);
@@ -390,6 +396,7 @@ pub async fn run_durable(
         run: report,
         status,
         head: checkpointer.head(),
+        health: health.report(),
     })
 }
 

@@ -4,12 +4,16 @@
 //! executor's node observer does this); [`HealthTracker::report`] gives exchange counts per
 //! pair of consecutive nodes, time and visits per node, the declared nodes that never ran
 //! (idle), and the cycle time (the run's wall time, given by the caller). The report is
-//! plain data for the run metrics and the event log.
+//! plain data for the run metrics (a durable run reports it). [`HealthObserver`] is the
+//! node observer that feeds a tracker.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
+
+use crate::flow::{FlowError, InvocationContext, NodeObserver, NodeRecord};
 
 /// Hand-overs between one pair of nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -98,6 +102,57 @@ impl HealthTracker {
                 .collect(),
             cycle_time_ms: ms(&cycle_time),
         }
+    }
+}
+
+/// A [`NodeObserver`] feeding a [`HealthTracker`] with the top-level nodes of graph `graph`
+/// and their durations.
+#[derive(Debug)]
+pub struct HealthObserver {
+    graph: String,
+    started: Instant,
+    inner: Mutex<(HealthTracker, Option<Instant>)>,
+}
+
+impl HealthObserver {
+    /// Observes the top-level nodes of `graph` (declared nodes `nodes`), starting the cycle
+    /// clock now.
+    pub fn new<S: Into<String>>(
+        graph: impl Into<String>,
+        nodes: impl IntoIterator<Item = S>,
+    ) -> Self {
+        Self {
+            graph: graph.into(),
+            started: Instant::now(),
+            inner: Mutex::new((HealthTracker::new(nodes), None)),
+        }
+    }
+
+    /// The report so far, the cycle time running from creation.
+    pub fn report(&self) -> HealthReport {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.0.report(self.started.elapsed())
+    }
+}
+
+impl NodeObserver for HealthObserver {
+    fn node_started(&self, graph: &str, _node: &str, _step: u64) {
+        if graph == self.graph {
+            self.inner.lock().unwrap_or_else(PoisonError::into_inner).1 = Some(Instant::now());
+        }
+    }
+
+    fn node_finished(
+        &self,
+        _ctx: &InvocationContext,
+        record: &NodeRecord,
+    ) -> Result<(), FlowError> {
+        if record.graph == self.graph {
+            let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+            let took = inner.1.take().map_or(Duration::ZERO, |t| t.elapsed());
+            inner.0.record(&record.node, took);
+        }
+        Ok(())
     }
 }
 

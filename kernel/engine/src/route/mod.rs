@@ -55,7 +55,7 @@ pub use config::{Branch, END, ESCALATE, RouterConfig, RouterMode, Successor};
 pub use decide::{NameRole, Reason, Route, Routing, consults, decide, successor};
 pub use exchange::{Exchange, trailing_exchange};
 pub use gate::{Gate, GateCheck, GateFailure, GateOutcome, QualityCheck, check_gates};
-pub use health::{HealthReport, HealthTracker, PairCount};
+pub use health::{HealthObserver, HealthReport, HealthTracker, PairCount};
 pub use plane::{ControlPlane, Observing, RoutedEdge, RoutingObserver};
 pub use record::{DecisionLog, DecisionLogError, DecisionRecord, rfc3339};
 pub use retry::{Backoff, Exhausted, Retrying, failure_flag, is_transient, retry};

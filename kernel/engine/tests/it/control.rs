@@ -172,6 +172,14 @@ async fn circular_logic_escalates_to_a_human_and_the_answer_completes_the_run() 
         ]
     );
     assert_eq!(store.run("t1").unwrap().unwrap().status, report.status);
+    let health = &report.health;
+    assert_eq!(
+        health.exchanges[0].pair,
+        ("dev".to_owned(), "tea".to_owned())
+    );
+    assert_eq!(health.exchanges[0].exchanges, 4);
+    assert_eq!(health.visits.get("dev"), Some(&3));
+    assert!(health.idle_nodes.is_empty());
 
     // Resuming without an answer is refused; with one, the router decides again after `dev`.
     let graph = plane.graph("team", team_nodes(), "analyst").unwrap();
@@ -292,6 +300,7 @@ async fn passive_mode_routes_silently_until_a_gate_blocks() {
     assert_eq!(state.get("gate_blocked"), Some(&Value::Null));
     // Only the blocked gate reached the router; the normal transitions left no record.
     assert_eq!(summaries(state), ["dev → fixer"]);
+    assert_eq!(report.health.visits.get("dev"), Some(&2));
     let nodes: Vec<String> = store
         .history("p")
         .unwrap()
