@@ -353,6 +353,12 @@ impl Graph {
         .await
     }
 
+    /// This graph as an agent that starts at `at` (for [`run_workflow`](super::run_workflow)
+    /// when resuming: events, branches and node records are those of an uninterrupted run).
+    pub fn resumed(&self, at: ResumeAt) -> Resumed<'_> {
+        Resumed { graph: self, at }
+    }
+
     fn node_id(&self, from: &str, name: &str) -> Result<usize, FlowError> {
         self.index
             .get(name)
@@ -531,6 +537,40 @@ impl Graph {
             delta: merged,
             actions,
         })
+    }
+}
+
+/// A [`Graph`] that starts at a given node ([`Graph::resumed`]).
+#[derive(Debug)]
+pub struct Resumed<'a> {
+    graph: &'a Graph,
+    at: ResumeAt,
+}
+
+#[async_trait]
+impl Agent for Resumed<'_> {
+    fn name(&self) -> &str {
+        &self.graph.name
+    }
+
+    fn description(&self) -> &str {
+        &self.graph.description
+    }
+
+    fn class(&self) -> &str {
+        self.graph.class()
+    }
+
+    fn sub_agents(&self) -> Vec<Arc<dyn Agent>> {
+        self.graph.nodes.clone()
+    }
+
+    fn callbacks(&self) -> &Callbacks {
+        &self.graph.callbacks
+    }
+
+    async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
+        self.graph.run_from(ctx, &self.at).await
     }
 }
 

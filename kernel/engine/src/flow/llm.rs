@@ -11,8 +11,8 @@
 //!
 //! Actions end the turn after the tool results of their reply: `end_turn` gives control
 //! back to the parent, `exit_loop` ends the nearest loop, `escalate` the invocation. The
-//! built-in tools [`ExitLoop`], [`EndTurn`] and [`Escalate`] raise them; an agent tool ([`LlmAgentBuilder::agent_tool`]) lets
-//! the model call another agent.
+//! built-in tools [`ExitLoop`], [`EndTurn`] and [`Escalate`] raise them; an agent tool
+//! ([`LlmAgentBuilder::agent_tool`]) lets the model call another agent.
 //!
 //! Callbacks hook in around each model call and tool call. An `on_model_error` callback
 //! that answers ends the turn with that answer (the failed call is not retried); an

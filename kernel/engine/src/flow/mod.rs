@@ -90,7 +90,7 @@ pub use error::FlowError;
 pub use event::{EndStatus, Event, EventKind, ToolResult};
 pub use graph::{
     BranchPolicy, DEFAULT_MAX_STEPS, Edge, Graph, GraphBuilder, GraphError, GraphKind, ResumeAt,
-    Router, StateRouter, Target,
+    Resumed, Router, StateRouter, Target,
 };
 pub use llm::{EndTurn, Escalate, ExitLoop, LlmAgent, LlmAgentBuilder, builtin_tool};
 pub use runner::{RunReport, RunStatus, run_session, run_workflow};

@@ -284,3 +284,31 @@ async fn a_failing_branch_fails_the_group_or_is_left_out_by_policy() {
     assert_eq!(ends(&events, "broken"), [EndStatus::Failed]);
     assert_eq!(report.state.get("winner"), Some(&json!("slow")));
 }
+
+/// A run resumed at a node after a "crash" (the records up to it kept) ends with the same
+/// state and the same node records as an uninterrupted run.
+#[tokio::test]
+async fn a_resumed_run_matches_an_uninterrupted_one() {
+    let graph = review_graph();
+    let whole = Arc::new(Recorder::default());
+    let invocation =
+        Invocation::new(SharedState::new(State::default())).with_observer(whole.clone());
+    let (uninterrupted, _) = run_with(&graph, invocation).await;
+    let records = whole.0.lock().expect("not poisoned").clone();
+
+    // Replay the checkpoints of the first two nodes, then resume at the third.
+    let mut state = State::default();
+    for record in &records[..2] {
+        state.apply(&record.delta);
+    }
+    let resumed = Arc::new(Recorder::default());
+    let invocation = Invocation::new(SharedState::new(state)).with_observer(resumed.clone());
+    let at = ResumeAt {
+        node: records[2].node.clone(),
+        steps_done: 2,
+        iteration: 1,
+    };
+    let (report, _) = run_with(&graph.resumed(at), invocation).await;
+    assert_eq!(report.state, uninterrupted.state);
+    assert_eq!(*resumed.0.lock().expect("not poisoned"), records[2..]);
+}
