@@ -6,6 +6,7 @@
 
 mod support;
 
+mod agent;
 mod chat;
 mod cli_errors;
 mod contexts;

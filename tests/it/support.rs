@@ -43,6 +43,11 @@ impl Mock {
         self.server.openai_base_url()
     }
 
+    /// The base URL of the Anthropic wire format.
+    pub(crate) fn anthropic_url(&self) -> String {
+        self.server.anthropic_base_url()
+    }
+
     pub(crate) fn log(&self) -> RequestLog {
         self.server.log()
     }

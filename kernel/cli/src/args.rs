@@ -64,6 +64,10 @@ pub(crate) enum Command {
     /// same Python session, so variables made for one are there for the next.
     #[command(allow_negative_numbers = true)]
     Chat(Box<ChatArgs>),
+    /// Talk with a persona agent of an agent bundle (`agents/NAME.md`): it loads its files
+    /// through tools, only when a command needs them.
+    #[command(allow_negative_numbers = true)]
+    Agent(Box<crate::agent::AgentArgs>),
     /// Run a complete RLM analysis on generated logs against scripted mock models (no API key needed).
     #[command(allow_negative_numbers = true)]
     Demo(Box<DemoArgs>),

@@ -23,31 +23,32 @@ use crate::args::{ChatArgs, RunOptions};
 use crate::report;
 use crate::run::{self, Display, RunOutcome};
 
-/// Where the questions come from.
-enum Questions {
-    /// A terminal: line editing and history.
-    Editor(Box<rustyline::DefaultEditor>),
+/// Where the questions (or, for `rlm agent`, the turns) come from.
+pub(crate) enum Questions {
+    /// A terminal: line editing and history, with its prompt.
+    Editor(Box<rustyline::DefaultEditor>, &'static str),
     /// A pipe or file: one question per line.
     Lines(std::io::StdinLock<'static>),
 }
 
 impl Questions {
-    fn open() -> Result<Self> {
+    /// A terminal with `prompt` when stdin is one, else stdin's lines.
+    pub(crate) fn open(prompt: &'static str) -> Result<Self> {
         let stdin = std::io::stdin();
         if stdin.is_terminal() {
             let editor = rustyline::DefaultEditor::new()
                 .context("Could not set up line editing on the terminal")?;
-            Ok(Self::Editor(Box::new(editor)))
+            Ok(Self::Editor(Box::new(editor), prompt))
         } else {
             Ok(Self::Lines(stdin.lock()))
         }
     }
 
     /// The next non-blank question; `None` at the end of input.
-    fn next(&mut self) -> Result<Option<String>> {
+    pub(crate) fn next(&mut self) -> Result<Option<String>> {
         loop {
             let line = match self {
-                Self::Editor(editor) => match editor.readline("? ") {
+                Self::Editor(editor, prompt) => match editor.readline(*prompt) {
                     Ok(line) => {
                         let _ = editor.add_history_entry(line.as_str());
                         line
@@ -119,7 +120,7 @@ pub(crate) fn execute(
         chat = chat.with_summary_limit(chars);
     }
     let observed = run::observe(chat.rlm(), opts.trajectory.as_deref(), display)?;
-    let mut questions = Questions::open()?;
+    let mut questions = Questions::open("? ")?;
     let mut last = RunOutcome::Answered;
     while let Some(question) = questions.next()? {
         let result = observed.run(|| chat.ask(&question))?;

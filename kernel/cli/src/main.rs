@@ -9,6 +9,7 @@
 //! and trajectory; a second one quits at once). A `SIGKILL` (the OOM killer) leaves no code of
 //! ours: shells show 137, and the trajectory's last line names the block that was running.
 
+mod agent;
 mod args;
 mod chat;
 mod contexts;
@@ -104,6 +105,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let file = run::load_config_file(cli.config.as_deref())?;
             let path = run::config_file_path(cli.config.as_deref());
             eval::execute(*args, file, path.as_deref())
+        }
+        Command::Agent(args) => {
+            let file = run::load_config_file(cli.config.as_deref())?;
+            agent::execute(*args, file, cli.verbose)
         }
         Command::Show(args) => show::execute(&args),
         Command::MockLm(args) => {

@@ -40,7 +40,7 @@ pub(crate) const EXIT_INTERRUPTED: u8 = 130;
 pub(crate) const EXIT_CRASHED: u8 = 4;
 
 /// Endpoint names in the registry.
-const ROOT: &str = "root";
+pub(crate) const ROOT: &str = "root";
 const SUB: &str = "sub";
 
 /// The `rlm.toml` file.
@@ -148,7 +148,7 @@ fn usage(message: impl Into<String>) -> anyhow::Error {
     UsageError::new(message).into()
 }
 
-fn seconds(flag: &str, value: f64) -> Result<Duration> {
+pub(crate) fn seconds(flag: &str, value: f64) -> Result<Duration> {
     Duration::try_from_secs_f64(value)
         .ok()
         .filter(|d| !d.is_zero() && value <= MAX_SECONDS)

@@ -206,7 +206,7 @@ pub enum BundleError {
     #[error(transparent)]
     Path(#[from] PathError),
     /// A file a start-up step loads could not be loaded, so the agent does not start.
-    #[error("Start-up step {step} of `{agent}` loads `{file}`, which failed: {source}")]
+    #[error("Start-up step {step} of `{agent}` loads `{file}`, which failed: {error}")]
     StartupFile {
         /// The agent file.
         agent: PathBuf,
@@ -214,8 +214,9 @@ pub enum BundleError {
         step: String,
         /// The file as the step names it.
         file: String,
-        /// Why it failed.
-        source: Box<BundleError>,
+        /// Why it failed (in the message, not as a separate cause: the model reads only the
+        /// message).
+        error: Box<BundleError>,
     },
     /// A value of a workflow has the wrong type.
     #[error("`{path}`: `{key}` {problem}")]

@@ -29,6 +29,8 @@
 //! - [`startup`]: [`StartedAgent::start`] reads the agent, finds its roots, loads only the
 //!   files its start-up steps name (a YAML file's values become variables; a failure halts
 //!   start-up), and writes its opening messages.
+//! - [`invoke`]: `invoke_agent`, one agent asking another of the bundle (its own start-up
+//!   and loop, on the same model and file log, at most two levels deep).
 //!
 //! ```no_run
 //! use engine::bundle::{StartOptions, StartedAgent};
@@ -48,6 +50,7 @@
 
 pub mod agent;
 pub mod error;
+pub mod invoke;
 pub mod prompt;
 pub mod sandbox;
 pub mod session;
@@ -60,6 +63,7 @@ pub mod yaml;
 
 pub use agent::{AgentCommand, AgentDefinition, HandlerKind, Persona, Step};
 pub use error::{Access, BundleError, FileKind, PathError, VariableError};
+pub use invoke::{InvokeAgent, agent_tools};
 pub use prompt::LoadedFile;
 pub use sandbox::{DEFAULT_MAX_FILE_BYTES, FileAccess, FileLog, FileOp, Sandbox};
 pub use session::{BundleSession, Roots};

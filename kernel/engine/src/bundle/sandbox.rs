@@ -140,6 +140,11 @@ impl Sandbox {
         Ok(self)
     }
 
+    /// The size limit of a file read or written, in bytes.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
     /// The log of files read and written.
     pub fn log(&self) -> &FileLog {
         &self.log

@@ -83,11 +83,11 @@ impl StartedAgent {
         for step in definition.startup_steps() {
             for reference in startup_files(step) {
                 let optional = is_optional(&step.text);
-                let fail = |source: BundleError| BundleError::StartupFile {
+                let fail = |error: BundleError| BundleError::StartupFile {
                     agent: agent_path.clone(),
                     step: step.label.clone(),
                     file: reference.clone(),
-                    source: Box::new(source),
+                    error: Box::new(error),
                 };
                 let result = vars
                     .resolve(&reference)
@@ -224,7 +224,7 @@ fn roots_variable(name: &str) -> bool {
 }
 
 /// The nearest folder at or above `folder` in which the first `{project-root}/…` start-up
-/// file exists; the current directory when there is none.
+/// file exists (or, failing that, its folder); the current directory when there is none.
 fn infer_project_root(agent: &AgentDefinition, folder: &Path) -> Result<PathBuf, BundleError> {
     let first = agent
         .startup_steps()
@@ -237,10 +237,20 @@ fn infer_project_root(agent: &AgentDefinition, folder: &Path) -> Result<PathBuf,
                 .to_owned();
             variable_names(&rest).is_empty().then_some(rest)
         });
-    if let Some(rest) = first
-        && let Some(root) = folder.ancestors().find(|a| a.join(&rest).is_file())
-    {
-        return Ok(root.to_owned());
+    if let Some(rest) = first {
+        // The file itself, else its folder (so that a missing file is reported where it
+        // belongs rather than in the current directory).
+        let found = folder
+            .ancestors()
+            .find(|a| a.join(&rest).is_file())
+            .or_else(|| {
+                let parent = Path::new(&rest).parent()?.to_owned();
+                let parent = Some(parent).filter(|p| !p.as_os_str().is_empty())?;
+                folder.ancestors().find(|a| a.join(&parent).is_dir())
+            });
+        if let Some(root) = found {
+            return Ok(root.to_owned());
+        }
     }
     let here = std::env::current_dir().map_err(|e| PathError::io(Path::new("."), &e))?;
     Ok(std::fs::canonicalize(&here).map_err(|e| PathError::io(&here, &e))?)

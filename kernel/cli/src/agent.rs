@@ -1,0 +1,375 @@
+//! `rlm agent`: talk with a persona agent of an agent bundle.
+//!
+//! The agent starts ([`StartedAgent::start`]: only the files its start-up steps name are
+//! read), then each user turn runs the function-calling loop ([`AgentLoop`]) over the whole
+//! conversation so far, with the bundle's tools (`read_file`, `execute_workflow`,
+//! `save_output`, `invoke_agent`). A turn that is `*name` or a menu number runs that
+//! command. Turns come from `--message` (one per flag, then exit) or, without it, from the
+//! terminal (line editing and history; the menu is shown first) or one per line of standard
+//! input. Model flags and `rlm.toml` are those of `rlm run`.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use bridge::{CancellationToken, ChatResponse, Endpoint, Message};
+use clap::Args;
+use engine::agent::{
+    AgentHook, AgentLoop, LoopConfig, LoopErrorKind, LoopMetrics, ToolCallRecord, Toolbox,
+};
+use engine::bundle::{StartOptions, StartedAgent, agent_tools};
+use engine::{SharedState, State};
+use serde_json::json;
+
+use crate::UsageError;
+use crate::args::RunOptions;
+use crate::chat::Questions;
+use crate::run::{self, RunOutcome};
+use crate::secrets;
+
+/// Arguments of `rlm agent`.
+#[derive(Debug, Args)]
+pub(crate) struct AgentArgs {
+    /// The agent file: the `agents/NAME.md` of a bundle.
+    #[arg(value_name = "AGENT")]
+    pub(crate) agent: PathBuf,
+
+    /// The project the bundle is installed in (`{project-root}`; default: the folder above the
+    /// agent where its start-up files are found, else the current directory).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) project_root: Option<PathBuf>,
+
+    /// Send TEXT as one turn, print the answer and exit (no menu). `*name` or a menu number
+    /// runs that command. Repeat for several turns in order.
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) message: Vec<String>,
+
+    /// Stream each answer as it arrives (default: on without `--message`).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub(crate) stream: Option<bool>,
+
+    /// Write every file the agent read or wrote to FILE, one JSON object a line.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) file_log: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub(crate) options: RunOptions,
+}
+
+/// `rlm agent`.
+pub(crate) fn execute(args: AgentArgs, file: RunOptions, verbosity: u8) -> Result<ExitCode> {
+    let opts = run::merge(args.options, file);
+    check_options(&opts)?;
+    secrets::protect(&opts)?;
+    let endpoints = run::build_endpoints(&opts)?;
+    let endpoint = endpoints.get(run::ROOT)?;
+    let started = StartedAgent::start(
+        &args.agent,
+        &StartOptions {
+            project_root: args.project_root.clone(),
+            ..StartOptions::default()
+        },
+    )
+    .with_context(|| format!("Could not start the agent `{}`", args.agent.display()))?;
+    let interactive = args.message.is_empty();
+    let json = opts.json();
+    let config = LoopConfig {
+        max_iterations: opts
+            .max_iterations
+            .unwrap_or(LoopConfig::default().max_iterations),
+        run_timeout: opts
+            .timeout
+            .map(|s| run::seconds("timeout", s))
+            .transpose()?,
+        stream: args.stream.unwrap_or(interactive),
+        ..LoopConfig::default()
+    };
+    let mut toolbox = Toolbox::new();
+    for tool in agent_tools(&started, Arc::clone(&endpoint), config.clone()) {
+        toolbox.add(tool)?;
+    }
+    let mut agent = AgentLoop::new(Arc::clone(&endpoint), toolbox, config.clone());
+    if verbosity > 0 || opts.trace() {
+        agent = agent.with_hook(Arc::new(VerboseLog));
+    }
+    if !json {
+        agent = agent.with_hook(Arc::new(ReplyText {
+            streamed: config.stream,
+        }));
+    }
+    if config.stream && !json {
+        agent = agent.with_text_sink(|text| {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(text.as_bytes());
+            let _ = out.flush();
+        });
+    }
+
+    let mut session = Session {
+        started: &started,
+        agent,
+        endpoint,
+        transcript: started.messages(),
+        state: SharedState::new(State::default()),
+        turns: Vec::new(),
+        streamed: config.stream && !json,
+        json,
+        quiet: opts.quiet(),
+        verbose: verbosity > 0 || opts.trace(),
+        logged_files: 0,
+    };
+    let cancel = CancellationToken::new();
+    cancel_on_ctrl_c(cancel.clone());
+    let outcome = if interactive {
+        if !json {
+            println!("{}\n", started.menu());
+        }
+        let mut questions = Questions::open("> ")?;
+        let mut last = RunOutcome::Answered;
+        while let Some(input) = questions.next()? {
+            last = session.turn(&input, &cancel)?;
+            if last != RunOutcome::Answered {
+                break;
+            }
+        }
+        last
+    } else {
+        let mut last = RunOutcome::Answered;
+        for input in &args.message {
+            last = session.turn(input, &cancel)?;
+            if last != RunOutcome::Answered {
+                break;
+            }
+        }
+        last
+    };
+    if let Some(path) = &args.file_log {
+        write_file_log(path, &started)?;
+    }
+    if json {
+        session.print_json()?;
+    }
+    Ok(outcome.exit_code())
+}
+
+/// The conversation with one agent.
+struct Session<'a> {
+    started: &'a StartedAgent,
+    agent: AgentLoop,
+    endpoint: Arc<Endpoint>,
+    transcript: Vec<Message>,
+    state: SharedState,
+    turns: Vec<serde_json::Value>,
+    streamed: bool,
+    json: bool,
+    quiet: bool,
+    verbose: bool,
+    /// File accesses already shown with `-v`.
+    logged_files: usize,
+}
+
+impl Session<'_> {
+    /// Runs one user turn; prints the answer (unless streamed or `--json`).
+    fn turn(&mut self, input: &str, cancel: &CancellationToken) -> Result<RunOutcome> {
+        let message = self
+            .started
+            .command_message(input)
+            .unwrap_or_else(|| input.to_owned());
+        self.transcript.push(Message::user(message.clone()));
+        let runtime = kernel::runtime::shared();
+        let result = runtime.block_on(self.agent.run(
+            self.transcript.clone(),
+            self.state.clone(),
+            cancel.child_token(),
+        ));
+        let (outcome, answer, termination, run) = match result {
+            Ok(outcome) => (
+                RunOutcome::Answered,
+                Some(outcome.answer),
+                json!(outcome.termination),
+                outcome.run,
+            ),
+            Err(err) => {
+                let outcome = match err.kind() {
+                    LoopErrorKind::Cancelled => RunOutcome::Interrupted,
+                    LoopErrorKind::MaxIterations { .. }
+                    | LoopErrorKind::RunTimeout { .. }
+                    | LoopErrorKind::Budget(_) => RunOutcome::Limited,
+                    LoopErrorKind::Model(_) | LoopErrorKind::StoppedByHook(_) => RunOutcome::Failed,
+                };
+                eprintln!("error: {}", secrets::redact(&err.to_string()));
+                let termination = json!({"error": err.to_string()});
+                (outcome, None, termination, err.into_parts().1)
+            }
+        };
+        self.transcript = run.transcript;
+        self.log_files();
+        if let Some(answer) = answer.as_deref().filter(|_| !self.json) {
+            if self.streamed {
+                // The text is out already; end its line.
+                println!();
+            } else {
+                println!("{}", secrets::redact(answer));
+            }
+        }
+        if !self.quiet && !self.json {
+            eprintln!("{}", summary(&run.metrics));
+        }
+        self.turns.push(json!({
+            "input": input,
+            "message": message,
+            "answer": answer,
+            "termination": termination,
+            "metrics": run.metrics,
+        }));
+        let _ = std::io::stdout().flush();
+        Ok(outcome)
+    }
+
+    /// With `-v`: the files read and written since the last call.
+    fn log_files(&mut self) {
+        let entries = self.started.session.file_log().entries();
+        if self.verbose {
+            for access in entries.iter().skip(self.logged_files) {
+                eprintln!(
+                    "agent: file {} {} ({} bytes, by {})",
+                    json!(access.op).as_str().unwrap_or_default(),
+                    access.path.display(),
+                    access.bytes,
+                    access.by
+                );
+            }
+        }
+        self.logged_files = entries.len();
+    }
+
+    fn print_json(&self) -> Result<()> {
+        let agent = &self.started.definition;
+        let document = json!({
+            "rlm_version": env!("CARGO_PKG_VERSION"),
+            "agent": {
+                "name": agent.name,
+                "title": agent.title,
+                "path": agent.path,
+                "project_root": self.started.session.roots().project,
+                "output_folder": self.started.session.sandbox().write_root(),
+                "model": self.endpoint.config().model,
+            },
+            "startup": {"loaded": self.started.loaded},
+            "turns": self.turns,
+            "transcript": self.transcript,
+            "files": self.started.session.file_log().entries(),
+        });
+        let text = serde_json::to_string_pretty(&document)?;
+        println!("{}", secrets::redact(&text));
+        Ok(())
+    }
+}
+
+/// One line per turn on stderr: iterations, tool calls, tokens, time.
+fn summary(metrics: &LoopMetrics) -> String {
+    format!(
+        "answered after {} iteration(s), {} tool call(s), {} tokens, {:.1}s",
+        metrics.iterations,
+        metrics.tool_calls.len(),
+        metrics.total_tokens(),
+        metrics.wall_ms / 1000.0
+    )
+}
+
+fn write_file_log(path: &std::path::Path, started: &StartedAgent) -> Result<()> {
+    let mut text = String::new();
+    for access in started.session.file_log().entries() {
+        text.push_str(&serde_json::to_string(&access)?);
+        text.push('\n');
+    }
+    std::fs::write(path, text)
+        .with_context(|| format!("Could not write the file log `{}`", path.display()))
+}
+
+/// Prints the text of replies that also call tools (the last reply, the answer, is printed
+/// by the turn), so the user sees "Step 1: …" before the tools run; when streamed, the text
+/// is out already and only its line is ended.
+struct ReplyText {
+    streamed: bool,
+}
+
+impl AgentHook for ReplyText {
+    fn after_model_call(&self, _iteration: u32, response: &mut ChatResponse) {
+        if response.tool_calls.is_empty() || response.content.is_empty() {
+            return;
+        }
+        if self.streamed {
+            println!();
+        } else {
+            println!("{}", secrets::redact(&response.content));
+        }
+    }
+}
+
+/// `-v`: each iteration and each tool call (name, arguments, success, duration) on stderr.
+struct VerboseLog;
+
+/// Characters of a tool call's arguments shown with `-v`.
+const SHOWN_ARGUMENT_CHARS: usize = 200;
+
+impl AgentHook for VerboseLog {
+    fn after_model_call(&self, iteration: u32, response: &mut ChatResponse) {
+        eprintln!(
+            "agent: iteration {iteration}: {} tool call(s), {} tokens, {} ms",
+            response.tool_calls.len(),
+            response.usage.total(),
+            response.latency.as_millis()
+        );
+    }
+
+    fn after_tool_call(&self, record: &mut ToolCallRecord) {
+        let mut arguments: String = record
+            .call
+            .arguments
+            .chars()
+            .take(SHOWN_ARGUMENT_CHARS)
+            .collect();
+        if record.call.arguments.chars().count() > SHOWN_ARGUMENT_CHARS {
+            arguments.push('…');
+        }
+        let result = match &record.output {
+            Ok(_) => "ok".to_owned(),
+            Err(e) => format!("failed: {e}"),
+        };
+        eprintln!(
+            "agent: tool {} {} → {result} ({} ms)",
+            record.call.name,
+            secrets::redact(&arguments),
+            record.duration.as_millis()
+        );
+    }
+}
+
+/// Ctrl-C cancels the turn in progress (the transcript is kept); a second one quits.
+fn cancel_on_ctrl_c(cancel: CancellationToken) {
+    kernel::runtime::shared().spawn(async move {
+        if tokio::signal::ctrl_c().await.is_err() {
+            return;
+        }
+        eprintln!("\nInterrupted: stopping the agent (Ctrl-C again to quit at once)");
+        cancel.cancel();
+        if tokio::signal::ctrl_c().await.is_ok() {
+            std::process::exit(130);
+        }
+    });
+}
+
+/// `--answer-file` and `--trajectory` belong to `rlm run`.
+fn check_options(opts: &RunOptions) -> Result<()> {
+    if opts.answer_file.is_some() || opts.trajectory.is_some() {
+        return Err(UsageError::new(
+            "`--answer-file` and `--trajectory` are for `rlm run`; `rlm agent` prints each answer \
+             and takes `--json` and `--file-log FILE`",
+        )
+        .into());
+    }
+    Ok(())
+}
