@@ -116,6 +116,27 @@ fn agent(mock: &Mock, wire: Wire, agent: &str, extra: &[&str]) -> Run {
     rlm(&args, None)
 }
 
+/// `rlm agent` on the agent at `rel` of `project` with one `--message` and a `--file-log`
+/// in the project folder, plus `extra`; returns the run and the log's path.
+fn agent_logged(
+    mock: &Mock,
+    wire: Wire,
+    project: &Project,
+    rel: &str,
+    message: &str,
+    extra: &[&str],
+) -> (Run, PathBuf) {
+    let log = project.root().join("files.jsonl");
+    let mut args = vec![
+        "--message",
+        message,
+        "--file-log",
+        log.to_str().expect("utf-8"),
+    ];
+    args.extend_from_slice(extra);
+    (agent(mock, wire, &project.path(rel), &args), log)
+}
+
 /// A model that runs a workflow command: it loads the workflow; once the workflow's
 /// instructions and template are in the tool result (`proof`, a regex), it reads a file and
 /// saves the document in one reply (parallel calls); once saved, it answers.
@@ -180,19 +201,7 @@ fn drive_workflow(tree: &str, rel: &str, command: &str, script: fn() -> Value, e
     for wire in WIRES {
         let project = Project::copy(tree);
         let mock = start_mock(script());
-        let log = project.root().join("files.jsonl");
-        let run = agent(
-            &mock,
-            wire,
-            &project.path(rel),
-            &[
-                "--message",
-                command,
-                "--json",
-                "--file-log",
-                log.to_str().expect("utf-8"),
-            ],
-        );
+        let (run, log) = agent_logged(&mock, wire, &project, rel, command, &["--json"]);
         run.assert_code(0);
         let doc = run.json();
         let turn = &doc["turns"][0];
@@ -361,18 +370,7 @@ fn start_up_loads_only_the_config_of_either_bundle() {
     ] {
         let project = Project::copy(tree);
         let mock = start_mock(design_script());
-        let log = project.root().join("files.jsonl");
-        let run = agent(
-            &mock,
-            WIRES[0],
-            &project.path(rel),
-            &[
-                "--message",
-                "hello",
-                "--file-log",
-                log.to_str().expect("utf-8"),
-            ],
-        );
+        let (run, log) = agent_logged(&mock, WIRES[0], &project, rel, "hello", &[]);
         run.assert_code(0);
         assert_eq!(run.stdout, "Hello! Pick a command.\n");
         assert_eq!(
@@ -521,18 +519,7 @@ fn one_agent_asks_another_of_its_bundle() {
             {"turn": 0, "reply": {"tool_call": {"name": "invoke_agent", "arguments": {"agent": "analyst", "message": "How many epics?"}}}}
         ]
     }}}));
-    let log = project.root().join("files.jsonl");
-    let run = agent(
-        &mock,
-        WIRES[1],
-        &project.path(COMPILED),
-        &[
-            "--message",
-            "ask the analyst",
-            "--file-log",
-            log.to_str().expect("utf-8"),
-        ],
-    );
+    let (run, log) = agent_logged(&mock, WIRES[1], &project, COMPILED, "ask the analyst", &[]);
     run.assert_code(0);
     assert_eq!(run.stdout, "Ada says there are 3 epics.\n");
     let reads: Vec<String> = file_log(&log, &project)

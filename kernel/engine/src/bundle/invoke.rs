@@ -139,7 +139,11 @@ impl Tool for InvokeAgent {
             return Err(ToolError::Failed(format!(
                 "No agent `{name}` in `{}`; the agents are: {}",
                 self.agents.display(),
-                self.names.join(", ")
+                self.names
+                    .iter()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         }
         if self.depth >= MAX_DEPTH {

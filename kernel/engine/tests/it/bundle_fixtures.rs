@@ -467,3 +467,39 @@ fn a_malformed_config_halts_start_up_naming_its_line() {
     );
     assert!(text.contains("This is not valid YAML"), "{text}");
 }
+
+#[tokio::test]
+async fn invoke_agent_names_the_agents_of_the_bundle() {
+    use bridge::{Budget, Endpoint, EndpointConfig, Ledger};
+    use engine::agent::LoopConfig;
+    use engine::bundle::agent_tools;
+
+    let project = Project::copy("v6-installed");
+    let agent = project.start(COMPILED);
+    // Never called: the unknown name is refused before any model call.
+    let config = EndpointConfig::openai("root", "http://127.0.0.1:9/v1", "m");
+    let endpoint = Endpoint::new(config, std::sync::Arc::new(Ledger::new(Budget::default())))
+        .expect("endpoint");
+    let tools = agent_tools(&agent, std::sync::Arc::new(endpoint), LoopConfig::default());
+    let invoke = tools
+        .iter()
+        .find(|t| t.name() == "invoke_agent")
+        .expect("invoke_agent");
+    assert!(
+        invoke.description().ends_with("Agents: `sm`."),
+        "{}",
+        invoke.description()
+    );
+    assert_eq!(
+        invoke.parameters()["properties"]["agent"]["enum"],
+        json!(["sm"])
+    );
+    let err = invoke
+        .call(json!({"agent": "../../secret", "message": "hi"}), &ctx())
+        .await
+        .expect_err("refused");
+    assert_eq!(
+        project.redact(&err.to_string()),
+        "No agent `../../secret` in `[project]/_bmad/bmm/agents`; the agents are: `sm`"
+    );
+}
