@@ -43,6 +43,21 @@ pub enum LoopErrorKind {
     StoppedByHook(String),
 }
 
+impl LoopErrorKind {
+    /// A stable snake_case tag: `max_iterations`, `run_timeout`, `budget`, `cancelled`,
+    /// `model`, `stopped_by_hook`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::MaxIterations { .. } => "max_iterations",
+            Self::RunTimeout { .. } => "run_timeout",
+            Self::Budget(_) => "budget",
+            Self::Cancelled => "cancelled",
+            Self::Model(_) => "model",
+            Self::StoppedByHook(_) => "stopped_by_hook",
+        }
+    }
+}
+
 impl From<BridgeError> for LoopErrorKind {
     fn from(error: BridgeError) -> Self {
         match error {

@@ -29,6 +29,8 @@
 //! - [`LoopError`] (`error.rs`): a run that ended without an answer ([`LoopErrorKind`]:
 //!   iteration cap, run timeout, budget, Ctrl-C, model failure, a hook) keeps its
 //!   [`AgentRun`]; calls cut short get a "cancelled" result, so the transcript stays valid.
+//! - [`TranscriptWriter`] (`transcript.rs`): a hook writing the run as JSONL, one flushed,
+//!   redacted line per message, then the result or the error.
 //! - [`AgentLoop`] (`run.rs`): the loop itself.
 //!
 //! A tool that raises an action (`exit_loop`, `end_turn`, `escalate`) ends the turn once the
@@ -92,6 +94,7 @@ mod metrics;
 mod outcome;
 mod run;
 mod toolbox;
+mod transcript;
 
 pub use config::LoopConfig;
 pub use error::{LoopError, LoopErrorKind};
@@ -101,3 +104,4 @@ pub use metrics::{LoopMetrics, ModelCallMetrics, ToolCallMetrics, ToolStats};
 pub use outcome::{AgentRun, LoopOutcome, Termination};
 pub use run::AgentLoop;
 pub use toolbox::{Toolbox, ToolboxError};
+pub use transcript::TranscriptWriter;

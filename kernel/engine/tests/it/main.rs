@@ -6,6 +6,7 @@
 
 mod agent_loop;
 mod agent_support;
+mod agent_transcript;
 mod bundle_fixtures;
 mod bundle_sandbox;
 mod bundle_support;
