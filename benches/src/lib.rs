@@ -1,6 +1,6 @@
-//! Benchmarks live in `benches/benches/` (`bridge`, `repl`, `rlm`); the helpers they share
-//! live here: reading this process's memory counters, percentiles and a synthetic log-like text
-//! context.
+//! Benchmarks live in `benches/benches/` (`bridge`, `repl`, `rlm`, `checkpoints`, `flow`,
+//! `agent`); the helpers they share live here: reading this process's memory counters,
+//! percentiles and a synthetic log-like text context.
 
 use std::io::{BufWriter, Write};
 use std::path::Path;
