@@ -631,3 +631,32 @@ fn start_up_errors_name_the_file_and_line() {
     ");
     assert!(mock.log().entries().is_empty(), "no model call");
 }
+
+#[test]
+fn with_python_the_agent_can_compute() {
+    let project = Project::copy("v6-alpha0");
+    let mock = start_mock(json!({"models": {"root-model": {
+        "rules": [
+            {"tool_name": "^python$", "last_tool": "42", "reply": "The answer is 42."},
+            {"turn": 0, "reply": {"tool_call": {"name": "python", "arguments": {"code": "print(6 * 7)"}}}}
+        ],
+        "fallback": "Python did not answer."
+    }}}));
+    let run = agent(
+        &mock,
+        WIRES[0],
+        &project.path(HAND_WRITTEN),
+        &["--message", "what is 6 times 7?", "--python"],
+    );
+    run.assert_code(0);
+    assert_eq!(run.stdout, "The answer is 42.\n");
+    let body: Value =
+        serde_json::from_str(mock.log().entries()[0].body.as_deref().expect("body")).expect("json");
+    let tools: Vec<&str> = body["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .map(|t| t["function"]["name"].as_str().expect("name"))
+        .collect();
+    assert!(tools.contains(&"python"), "{tools:?}");
+}

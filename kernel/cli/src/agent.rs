@@ -6,7 +6,8 @@
 //! `save_output`, `invoke_agent`). A turn that is `*name` or a menu number runs that
 //! command. Turns come from `--message` (one per flag, then exit) or, without it, from the
 //! terminal (line editing and history; the menu is shown first) or one per line of standard
-//! input. Model flags and `rlm.toml` are those of `rlm run`.
+//! input. Model flags and `rlm.toml` are those of `rlm run`. `--python` adds the kernel's
+//! `python` tool over an embedded REPL session.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -21,6 +22,8 @@ use engine::agent::{
 };
 use engine::bundle::{StartOptions, StartedAgent, agent_tools};
 use engine::{SharedState, State};
+use kernel::repl::ReplSession;
+use kernel::tools::PythonTool;
 use serde_json::json;
 
 use crate::UsageError;
@@ -49,6 +52,11 @@ pub(crate) struct AgentArgs {
     /// Stream each answer as it arrives (default: on without `--message`).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub(crate) stream: Option<bool>,
+
+    /// Give the agent a `python` tool: code runs in an embedded Python session where
+    /// `llm_query` asks the sub-model. Python code is not confined by the path sandbox.
+    #[arg(long)]
+    pub(crate) python: bool,
 
     /// Write every file the agent read or wrote to FILE, one JSON object a line.
     #[arg(long, value_name = "FILE")]
@@ -89,6 +97,11 @@ pub(crate) fn execute(args: AgentArgs, file: RunOptions, verbosity: u8) -> Resul
     let mut toolbox = Toolbox::new();
     for tool in agent_tools(&started, Arc::clone(&endpoint), config.clone()) {
         toolbox.add(tool)?;
+    }
+    if args.python {
+        let session = ReplSession::new(run::session_config(&opts)?, Arc::clone(&endpoints), &[])
+            .context("Could not start the Python session for the `python` tool")?;
+        toolbox.add(Arc::new(PythonTool::new(Arc::new(session))))?;
     }
     let mut agent = AgentLoop::new(Arc::clone(&endpoint), toolbox, config.clone());
     if verbosity > 0 || opts.trace() {
