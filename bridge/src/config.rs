@@ -1,5 +1,6 @@
 //! Configuration types: how to reach a model ([`EndpointConfig`], [`Provider`]), what its
-//! tokens cost ([`Price`]) and how patiently it is retried ([`RetryPolicy`]).
+//! tokens cost ([`Price`]), how patiently it is retried ([`RetryPolicy`]) and how many
+//! requests it takes at once ([`Concurrency`], [`AdaptivePolicy`]).
 //!
 //! They sit at the bottom of the crate: plain data with serde forms and validation, imported
 //! by the clients, the endpoints and the ledger, importing none of them.
@@ -108,8 +109,12 @@ pub struct EndpointConfig {
     /// Limit of one HTTP attempt (for streams: of the wait for headers and for each event).
     #[serde(with = "serde_secs")]
     pub timeout: Duration,
-    /// Requests in flight at once on this endpoint, across all callers.
+    /// Requests in flight at once on this endpoint, across all callers; with `adaptive`, the
+    /// ceiling of the adaptive limit.
     pub max_in_flight: usize,
+    /// Adapt the limit to the server below `max_in_flight` (see [`crate::limiter`]);
+    /// `None` keeps it fixed at `max_in_flight`.
+    pub adaptive: Option<AdaptivePolicy>,
     /// Retry behaviour.
     pub retry: RetryPolicy,
     /// Price table giving each call's cost.
@@ -174,6 +179,7 @@ impl fmt::Debug for EndpointConfig {
             )
             .field("timeout", &self.timeout)
             .field("max_in_flight", &self.max_in_flight)
+            .field("adaptive", &self.adaptive)
             .field("retry", &self.retry)
             .field("price", &self.price)
             .field("params", &self.params)
@@ -201,6 +207,7 @@ impl Default for EndpointConfig {
             headers: Vec::new(),
             timeout: DEFAULT_TIMEOUT,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            adaptive: None,
             retry: RetryPolicy::default(),
             price: None,
             params: SamplingParams::default(),
@@ -266,6 +273,121 @@ impl EndpointConfig {
             )));
         }
         Ok(())
+    }
+}
+
+/// Settings of an adaptive concurrency limit (see [`crate::limiter`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AdaptivePolicy {
+    /// The limit before any sample.
+    pub initial: usize,
+    /// An overload cuts the limit to this share of the requests then in flight.
+    pub backoff: f64,
+    /// A window of answers whose mean round trip exceeds this multiple of the baseline is an
+    /// overload.
+    pub latency_tolerance: f64,
+}
+
+impl Default for AdaptivePolicy {
+    fn default() -> Self {
+        Self {
+            initial: 16,
+            backoff: 0.9,
+            latency_tolerance: 2.0,
+        }
+    }
+}
+
+/// The ceiling of an adaptive limit ([`Concurrency::Auto`]).
+pub const AUTO_CEILING: usize = 256;
+
+/// How many sub-model requests run at once: a fixed width, or `auto`, an adaptive limit
+/// (AIMD, see [`crate::limiter`]) below [`AUTO_CEILING`]. Written as a number or `auto` on
+/// command lines and in configuration files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Concurrency {
+    /// At most this many at once (at least 1).
+    Fixed(usize),
+    /// As many as the server takes: the limit grows while latency stays flat and backs off on
+    /// 429s, timeouts and rising latency.
+    Auto,
+}
+
+impl Concurrency {
+    /// Set `config` up for this width: a fixed width raises its `max_in_flight` to at least
+    /// the width; `auto` makes its limit adaptive with a ceiling of at least [`AUTO_CEILING`].
+    pub fn apply(self, config: &mut EndpointConfig) {
+        match self {
+            Self::Fixed(width) => config.max_in_flight = config.max_in_flight.max(width),
+            Self::Auto => {
+                config.max_in_flight = config.max_in_flight.max(AUTO_CEILING);
+                config.adaptive = Some(AdaptivePolicy::default());
+            }
+        }
+    }
+
+    /// The width of one batch: fixed, or `None` for `auto` (every call of the batch queues
+    /// at the endpoint's adaptive limiter).
+    pub fn batch_width(self) -> Option<usize> {
+        match self {
+            Self::Fixed(width) => Some(width),
+            Self::Auto => None,
+        }
+    }
+}
+
+/// A concurrency that is neither a whole number ≥ 1 nor `auto`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("must be a whole number ≥ 1 or `auto`, got `{0}`")]
+pub struct InvalidConcurrency(pub String);
+
+impl FromStr for Concurrency {
+    type Err = InvalidConcurrency;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(Self::Auto);
+        }
+        match s.parse::<usize>() {
+            Ok(width) if width >= 1 => Ok(Self::Fixed(width)),
+            _ => Err(InvalidConcurrency(s.to_owned())),
+        }
+    }
+}
+
+impl fmt::Display for Concurrency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Fixed(width) => write!(f, "{width}"),
+            Self::Auto => f.write_str("auto"),
+        }
+    }
+}
+
+impl Serialize for Concurrency {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Fixed(width) => s.serialize_u64(*width as u64),
+            Self::Auto => s.serialize_str("auto"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Concurrency {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Number(i64),
+            Text(String),
+        }
+        let text = match Written::deserialize(d)? {
+            Written::Number(n) => n.to_string(),
+            Written::Text(text) => text,
+        };
+        text.parse().map_err(serde::de::Error::custom)
     }
 }
 

@@ -21,14 +21,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::chat::{ChatRequest, ChatResponse};
 use crate::client::{AnthropicClient, LmClient, OpenAiClient};
 use crate::config::{EndpointConfig, Provider};
-use crate::error::BridgeError;
+use crate::error::{BridgeError, FailureKind};
 use crate::ledger::{CallEstimate, Ledger, Reservation, SubCallMetadata};
+use crate::limiter::{Limiter, LimiterStats, Outcome};
 use crate::secret;
 
 /// Per-call options.
@@ -48,7 +48,7 @@ pub struct Endpoint {
 pub(crate) struct Shared {
     config: EndpointConfig,
     client: Arc<dyn LmClient>,
-    limiter: Semaphore,
+    limiter: Limiter,
     ledger: Arc<Ledger>,
 }
 
@@ -82,10 +82,9 @@ impl Endpoint {
         ledger: Arc<Ledger>,
     ) -> Result<Self, BridgeError> {
         config.validate()?;
-        let permits = config.max_in_flight.min(Semaphore::MAX_PERMITS);
         Ok(Self {
             shared: Arc::new(Shared {
-                limiter: Semaphore::new(permits),
+                limiter: Limiter::new(config.max_in_flight, config.adaptive),
                 config,
                 client,
                 ledger,
@@ -115,8 +114,12 @@ impl Endpoint {
 
     /// Requests in flight right now.
     pub fn in_flight(&self) -> usize {
-        let permits = self.shared.config.max_in_flight.min(Semaphore::MAX_PERMITS);
-        permits.saturating_sub(self.shared.limiter.available_permits())
+        self.shared.limiter.in_flight()
+    }
+
+    /// What its limiter has seen: the limit now and at its highest, attempts, 429s.
+    pub fn limiter_stats(&self) -> LimiterStats {
+        self.shared.limiter.stats()
     }
 
     /// One call: limiter, budget reservation, retries and accounting; one
@@ -311,13 +314,15 @@ impl Shared {
                 })?,
             };
             attempts.count += 1;
-            attempts.first_sent.get_or_insert_with(Instant::now);
+            let sent = Instant::now();
+            attempts.first_sent.get_or_insert(sent);
             let outcome = tokio::select! {
                 biased;
                 () = cancel.cancelled() => Err(BridgeError::Cancelled),
                 r = self.attempt(req, stream, reborrow(&mut on_delta)) => r,
             };
-            drop(permit);
+            let rate_limited = matches!(&outcome, Err(e) if e.kind() == FailureKind::RateLimited);
+            permit.release(Outcome::of(&outcome, sent.elapsed()), rate_limited);
             match outcome {
                 Err(e)
                     if (e.is_retryable() || (e.is_garbled() && !garbled_retried))

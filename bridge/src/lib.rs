@@ -5,7 +5,8 @@
 //! - [`chat`]: provider-neutral request and response types ([`ChatRequest`], [`ChatResponse`]).
 //! - [`config`]: how to reach a model ([`EndpointConfig`]), its [`Price`], its [`RetryPolicy`].
 //! - [`Endpoints`] / [`Endpoint`] ([`endpoint`]): named models; each endpoint owns a limiter
-//!   shared by all its callers, runs retries ([`RetryPolicy`], honouring `Retry-After`) and
+//!   shared by all its callers ([`limiter`]: a fixed width, or an adaptive one with
+//!   [`Concurrency::Auto`]), runs retries ([`RetryPolicy`], honouring `Retry-After`) and
 //!   records every call in the [`Ledger`].
 //! - [`Endpoint::batch`] ([`batch`]): ordered, bounded fan-out with a result per slot.
 //! - [`client`]: one HTTP attempt in the OpenAI or Anthropic wire format, over the process-wide
@@ -53,6 +54,7 @@ pub mod config;
 pub mod endpoint;
 pub mod error;
 pub mod ledger;
+pub mod limiter;
 pub mod retry;
 pub mod secret;
 
@@ -65,9 +67,13 @@ pub use chat::{
     Usage,
 };
 pub use client::{AnthropicClient, LmClient, OpenAiClient, shared_http_client};
-pub use config::{EndpointConfig, Price, Provider, RetryPolicy, SettingNames};
+pub use config::{
+    AUTO_CEILING, AdaptivePolicy, Concurrency, EndpointConfig, InvalidConcurrency, Price, Provider,
+    RetryPolicy, SettingNames,
+};
 pub use endpoint::{CallOptions, Endpoint, Endpoints, RecordedCall};
 pub use error::{BridgeError, BudgetExceeded, BudgetLimit, FailureKind};
 pub use ledger::{Budget, Ledger, ModelUsage, SubCallMetadata};
+pub use limiter::{AdaptiveLimit, LimiterStats};
 pub use secret::{REDACTED, Redactor, Secret};
 pub use tokio_util::sync::CancellationToken;

@@ -34,6 +34,10 @@ pub struct MockConfig {
     /// Keep each request's headers and body in its [`RequestRecord`](super::RequestRecord)
     /// (for tests that check what was sent; off by default, as bodies can be large).
     pub record_requests: bool,
+    /// Serve at most this many chat requests at once, as a rate-limited API does: one more
+    /// is answered `429 Too Many Requests` at once, with `Retry-After` from
+    /// [`Faults::retry_after`]. `None`: no limit.
+    pub capacity: Option<usize>,
 }
 
 /// One kind of injected failure.
@@ -282,6 +286,8 @@ pub struct MockOptions {
     pub api_key: Option<String>,
     /// Request-log size limit (default 100 000 records: a long-running server stays bounded).
     pub log_limit: Option<usize>,
+    /// Chat requests served at once; more get 429 (see [`MockConfig::capacity`]).
+    pub capacity: Option<usize>,
 }
 
 impl MockOptions {
@@ -322,6 +328,11 @@ impl MockOptions {
             faults.hang = ms("hang_secs", s * 1e3)?;
         }
         faults.validate()?;
+        if self.capacity == Some(0) {
+            return Err(MockError::InvalidConfig(
+                "`capacity` must be at least 1 (or unset for no limit)".into(),
+            ));
+        }
         let addr = SocketAddr::from(([127, 0, 0, 1], self.port.unwrap_or(0)));
         Ok(MockConfig {
             addr: Some(addr),
@@ -332,6 +343,7 @@ impl MockOptions {
             api_key: self.api_key,
             log_limit: Some(self.log_limit.unwrap_or(100_000)),
             record_requests: false,
+            capacity: self.capacity,
         })
     }
 }

@@ -20,6 +20,8 @@
 //! - All per-request randomness comes from a generator (`rand`'s `StdRng`, `rng.rs`) keyed by
 //!   `(MockConfig::seed, request id)`; ids count arrivals from 0, so a sequential client sees
 //!   the same latencies and faults on every run.
+//! - With a [`MockConfig::capacity`], a chat request beyond it is answered 429 right after
+//!   parsing (see Capacity below).
 //!
 //! # Example
 //!
@@ -149,6 +151,15 @@
 //! matching `[a-zA-Z0-9_-]{1,64}` or defined twice; parameters that are not an object schema;
 //! an unknown `tool_choice` or one naming no tool; OpenAI `tool_choice` or
 //! `parallel_tool_calls` without `tools`.
+//!
+//! # Capacity
+//!
+//! [`MockConfig::capacity`] (`rlm mock-lm --capacity N`) makes the server behave like a
+//! rate-limited API: it serves at most N chat requests at once, and answers one more at once
+//! with `429 Too Many Requests` and `Retry-After` ([`Faults::retry_after`], 1 s by default),
+//! before any latency or fault. (It does not queue: a server that queues shows its limit as
+//! rising latency, which [`Latency`] alone cannot model.) Benchmarks of adaptive fan-out run
+//! against it.
 //!
 //! # Faults
 //!

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -68,6 +68,19 @@ struct ServerState {
     started: Instant,
     next_id: AtomicU64,
     shutdown: CancellationToken,
+    /// Chat requests served at most at once; more are answered 429 at once.
+    capacity: Option<usize>,
+    /// Chat requests being served now (admitted by `capacity`).
+    serving: AtomicUsize,
+}
+
+/// A chat request's place within the capacity; frees it when dropped.
+struct Slot<'a>(&'a AtomicUsize);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl MockServer {
@@ -88,6 +101,11 @@ impl MockServer {
         }
         let invalid = |e: MockError| io::Error::new(io::ErrorKind::InvalidInput, e);
         config.latency.validate().map_err(invalid)?;
+        if config.capacity == Some(0) {
+            return Err(invalid(MockError::InvalidConfig(
+                "`capacity` must be at least 1 (or `None` for no limit)".into(),
+            )));
+        }
         let faults = FaultPlan::new(&config.faults).map_err(invalid)?;
         // A deep accept backlog: benchmarks open thousands of connections at once, and
         // tokio's default of 1024 would turn that burst into connect timeouts.
@@ -114,6 +132,8 @@ impl MockServer {
             started: Instant::now(),
             next_id: AtomicU64::new(0),
             shutdown: shutdown.clone(),
+            capacity: config.capacity,
+            serving: AtomicUsize::new(0),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(openai_chat))
@@ -389,6 +409,32 @@ impl ServerState {
         response
     }
 
+    /// A place among the requests being served, or `None` when `capacity` are already.
+    fn admit(&self) -> Option<Slot<'_>> {
+        let serving = self.serving.fetch_add(1, Ordering::AcqRel);
+        let slot = Slot(&self.serving);
+        match self.capacity {
+            Some(capacity) if serving >= capacity => None,
+            _ => Some(slot),
+        }
+    }
+
+    /// A 429 with `Retry-After` (whole seconds, rounded up) and `retry-after-ms`.
+    fn rate_limited(&self, provider: Provider, message: &str) -> Outcome {
+        let mut outcome = Outcome::error(provider, ErrorKind::RateLimited, message);
+        let retry_after = self.faults.retry_after;
+        let headers = outcome.response.headers_mut();
+        headers.insert(
+            RETRY_AFTER,
+            HeaderValue::from(retry_after.as_secs_f64().ceil() as u64),
+        );
+        headers.insert(
+            RETRY_AFTER_MS,
+            HeaderValue::from(retry_after.as_millis() as u64),
+        );
+        outcome
+    }
+
     /// Sleeps unless the server shuts down first; `false` = shutting down.
     async fn sleep(&self, duration: Duration) -> bool {
         if duration.is_zero() {
@@ -436,6 +482,14 @@ impl ServerState {
         draft.last_user = truncate_chars(&view.last_user, LOGGED_PROMPT_CHARS).to_owned();
         draft.stream = view.stream;
 
+        let Some(_slot) = self.admit() else {
+            let message = format!(
+                "Too many requests at once: the mock server serves {} at a time (`capacity`); \
+                 retry after the `Retry-After` delay",
+                self.capacity.unwrap_or_default()
+            );
+            return self.finish(draft, self.rate_limited(provider, &message));
+        };
         let prompt = view.prompt();
         let mut rng = rng::for_request(self.seed, draft.id);
         let fault = self.faults.decide(&prompt, &mut rng);
@@ -449,21 +503,10 @@ impl ServerState {
         }
         match fault {
             Some(FaultKind::RateLimit) => {
-                let mut outcome = Outcome::error(
+                let outcome = self.rate_limited(
                     provider,
-                    ErrorKind::RateLimited,
                     "Rate limit reached (injected by the mock server); retry after the \
                      `Retry-After` delay",
-                );
-                let retry_after = self.faults.retry_after;
-                let headers = outcome.response.headers_mut();
-                headers.insert(
-                    RETRY_AFTER,
-                    HeaderValue::from(retry_after.as_secs_f64().ceil() as u64),
-                );
-                headers.insert(
-                    RETRY_AFTER_MS,
-                    HeaderValue::from(retry_after.as_millis() as u64),
                 );
                 return self.finish(draft, outcome);
             }

@@ -200,3 +200,54 @@ async fn an_empty_batch_is_empty() {
     assert!(results.is_empty());
     assert!(sub.ledger().records().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adaptive_limit_finds_the_width_a_capacity_limited_server_takes() {
+    let capacity = 16;
+    let server = crate::support::start(bridge::mock::MockConfig {
+        latency: Latency::fixed(Duration::from_millis(20)),
+        capacity: Some(capacity),
+        faults: Faults {
+            retry_after: Duration::from_millis(20),
+            ..Faults::default()
+        },
+        ..bridge::mock::MockConfig::default()
+    })
+    .await;
+    let mut config = EndpointConfig {
+        retry: fast_retry(10),
+        max_in_flight: 128,
+        ..openai_config(&server)
+    };
+    bridge::Concurrency::Auto.apply(&mut config);
+    assert_eq!(config.max_in_flight, bridge::AUTO_CEILING);
+    let sub = endpoint(config, Budget::default());
+    let n = 600;
+    let results = sub
+        .batch(
+            prompts(n),
+            BatchPolicy::unbounded(),
+            &CancellationToken::new(),
+        )
+        .await;
+    assert!(
+        results.iter().all(Result::is_ok),
+        "every call ends answered"
+    );
+    let stats = sub.limiter_stats();
+    assert!(stats.adaptive);
+    assert!(
+        stats.peak_limit > capacity,
+        "it probed past the capacity: {stats:?}"
+    );
+    assert!(
+        stats.limit <= capacity + capacity / 4,
+        "and came back to about it: {stats:?}"
+    );
+    assert!(stats.rate_limited >= 1, "{stats:?}");
+    assert!(
+        stats.rate_limited < n as u64 / 4,
+        "far fewer 429s than calls: {stats:?}"
+    );
+    assert_eq!(stats.in_flight, 0);
+}

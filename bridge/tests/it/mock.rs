@@ -1142,3 +1142,69 @@ async fn log_limit_keeps_the_newest_records() {
     assert_eq!(kept, [(2, "2".into()), (3, "3".into()), (4, "4".into())]);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn capacity_answers_429_with_retry_after_beyond_n_in_flight() {
+    // 2 s: all 10 requests arrive while the first 4 are still being served.
+    let config = MockConfig {
+        latency: Latency::fixed(Duration::from_secs(2)),
+        capacity: Some(4),
+        faults: Faults {
+            retry_after: Duration::from_millis(250),
+            ..Faults::default()
+        },
+        ..MockConfig::default()
+    };
+    let server = start(config).await;
+    let body = openai_body("m", user("hi"));
+    let calls = (0..10).map(|_| post(&server, "/v1/chat/completions", &body));
+    let responses = futures::future::join_all(calls).await;
+    let mut ok = 0;
+    for response in &responses {
+        match response.status().as_u16() {
+            200 => ok += 1,
+            429 => {
+                let headers = response.headers();
+                assert_eq!(headers["retry-after"], "1", "whole seconds, rounded up");
+                assert_eq!(headers["retry-after-ms"], "250");
+            }
+            other => panic!("status {other}"),
+        }
+    }
+    assert_eq!(ok, 4, "the capacity is served, the rest refused");
+    let log = server.log();
+    let refused: Vec<_> = log
+        .entries()
+        .into_iter()
+        .filter(|r| r.status == 429)
+        .collect();
+    assert_eq!(refused.len(), 6);
+    assert!(
+        refused
+            .iter()
+            .all(|r| r.finished - r.arrived < Duration::from_secs(2)),
+        "refused at once, before the latency"
+    );
+    // The places come back: a later request is served.
+    assert_eq!(openai_text(&server, "m", user("again")).await, "again");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_capacity_of_zero_is_refused() {
+    let err = MockServer::start(MockConfig {
+        capacity: Some(0),
+        ..MockConfig::default()
+    })
+    .await
+    .expect_err("invalid");
+    assert!(
+        err.to_string().contains("`capacity` must be at least 1"),
+        "{err}"
+    );
+    let options = MockOptions {
+        capacity: Some(0),
+        ..MockOptions::default()
+    };
+    assert!(options.into_config().is_err());
+}
