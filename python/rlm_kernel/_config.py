@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional
 
 PathLike = "path"
+# A whole number or the word `auto` (`batch_concurrency`).
+Width = "width"
 
 # name -> type; names are the `rlm run` flags with `_` for `-`.
 OPTIONS: Dict[str, Any] = {
@@ -33,7 +35,7 @@ OPTIONS: Dict[str, Any] = {
     "max_usd": float,
     "price": str,
     "sub_price": str,
-    "batch_concurrency": int,
+    "batch_concurrency": Width,
     "sub_call_errors": str,
     "protocol": str,
     "code_and_final": str,
@@ -73,6 +75,10 @@ def convert(name: str, value: Any, source: str) -> Any:
             return [value] if isinstance(value, str) else [str(v) for v in value]
         if kind == PathLike:
             return os.fspath(value)
+        if kind == Width and not isinstance(value, bool):
+            if isinstance(value, str) and value.strip().lower() == "auto":
+                return "auto"
+            return int(value)
         if kind is int and not isinstance(value, bool):
             return int(value)
         if kind is float and not isinstance(value, bool):
@@ -81,7 +87,12 @@ def convert(name: str, value: Any, source: str) -> Any:
             return str(value)
     except (TypeError, ValueError):
         pass
-    type_name = {int: "an integer", float: "a number", str: "a string"}.get(kind, "a path")
+    type_name = {
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        Width: "an integer or `auto`",
+    }.get(kind, "a path")
     raise ValueError(f"Option `{name}` from {source} must be {type_name}, got {value!r}")
 
 

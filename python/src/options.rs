@@ -11,7 +11,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bridge::{Budget, EndpointConfig, Endpoints, Ledger, Price, Provider, SamplingParams};
+use bridge::{
+    Budget, Concurrency, EndpointConfig, Endpoints, Ledger, Price, Provider, SamplingParams,
+};
 use kernel::repl::{SessionConfig, SubCallErrorMode};
 use kernel::rlm::{CodeAndFinal, Protocol, RlmConfig};
 use pyo3::exceptions::PyValueError;
@@ -48,7 +50,7 @@ pub(crate) struct Options {
     max_usd: Option<f64>,
     price: Option<String>,
     sub_price: Option<String>,
-    batch_concurrency: Option<usize>,
+    batch_concurrency: Option<Concurrency>,
     sub_call_errors: Option<SubCallErrorMode>,
     protocol: Option<Protocol>,
     code_and_final: Option<CodeAndFinal>,
@@ -122,10 +124,7 @@ impl Options {
             sub.timeout = seconds("sub_timeout", s)?;
         }
         if let Some(width) = self.batch_concurrency {
-            if width == 0 {
-                return Err(invalid("`batch_concurrency` must be at least 1".to_owned()));
-            }
-            sub.max_in_flight = sub.max_in_flight.max(width);
+            width.apply(&mut sub);
         }
         let mut configs = vec![root, sub];
         for spec in &self.extra_models {
@@ -147,9 +146,10 @@ impl Options {
         Ok(Arc::new(endpoints))
     }
 
-    /// The fan-out width of a batch (`None`: all at once, capped by the endpoint).
+    /// The fan-out width of a batch (`None`: all at once, capped by the endpoint's limiter,
+    /// adaptive with `batch_concurrency="auto"`).
     pub(crate) fn batch_concurrency(&self) -> Option<usize> {
-        self.batch_concurrency
+        self.batch_concurrency.and_then(Concurrency::batch_width)
     }
 
     /// The REPL session's settings.
@@ -158,7 +158,7 @@ impl Options {
         if let Some(s) = self.cell_timeout {
             config.cell_timeout = seconds("cell_timeout", s)?;
         }
-        config.batch_concurrency = self.batch_concurrency;
+        config.batch_concurrency = self.batch_concurrency();
         if let Some(mode) = self.sub_call_errors {
             config.sub_call_errors = mode;
         }

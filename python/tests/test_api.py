@@ -141,3 +141,19 @@ def test_result_renders_answer_view_and_metrics(mock_server):
     html = bundle["text/html"]
     assert html.startswith('<div class="rlm-view"') and "<details class=\"rlm-all\">" in html
     assert html.count('<details class="rlm-it">') == 2 and "x = 40 + 2" in html
+
+
+def test_batch_concurrency_takes_a_width_or_auto(mock_server, monkeypatch):
+    mock = mock_server(script(["FINAL(x)"]))
+    prompts = [f"item {i}" for i in range(40)]
+    for width in (4, "auto", " Auto "):
+        answers = rlm_kernel.llm_query_batched(
+            prompts, model="sub", base_url=mock.base_url, batch_concurrency=width
+        )
+        assert answers == prompts
+    monkeypatch.setenv("RLM_BATCH_CONCURRENCY", "auto")
+    assert RLM().options["batch_concurrency"] == "auto"
+    with pytest.raises(ValueError, match="must be an integer or `auto`"):
+        RLM(batch_concurrency="wide").options
+    with pytest.raises(ValueError, match="must be a whole number ≥ 1 or `auto`"):
+        rlm_kernel.llm_query_batched(prompts, model="sub", base_url=mock.base_url, batch_concurrency=0)

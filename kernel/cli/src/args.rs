@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use std::str::FromStr;
 
-use bridge::Provider;
+use bridge::{Concurrency, Provider};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Args, Parser, Subcommand};
 use kernel::repl::SubCallErrorMode;
@@ -71,6 +71,9 @@ pub(crate) enum Command {
     /// Run a complete RLM analysis on generated logs against scripted mock models (no API key needed).
     #[command(allow_negative_numbers = true)]
     Demo(Box<DemoArgs>),
+    /// Measure sub-call throughput of an endpoint (or the built-in mock) over a sweep of widths.
+    #[command(allow_negative_numbers = true)]
+    Bench(Box<crate::bench::BenchArgs>),
     /// Score RLM runs on generated long-context tasks (needle, aggregate, pairs) at chosen
     /// context sizes, optionally against the model with the context in its prompt.
     #[command(allow_negative_numbers = true)]
@@ -228,9 +231,11 @@ pub(crate) struct RunOptions {
     #[arg(long, env = "RLM_SUB_PRICE", value_name = "IN:OUT")]
     pub(crate) sub_price: Option<String>,
 
-    /// Sub-model requests in flight at once (for `llm_query_batched` and across threads) [default: 128].
-    #[arg(long, env = "RLM_BATCH_CONCURRENCY", value_parser = at_least::<usize>(1))]
-    pub(crate) batch_concurrency: Option<usize>,
+    /// Sub-model requests in flight at once (for `llm_query_batched` and across threads), or
+    /// `auto`: a limit that grows while latency stays flat and backs off on 429s, timeouts and
+    /// rising latency, up to 256 [default: 128].
+    #[arg(long, env = "RLM_BATCH_CONCURRENCY", value_name = "N|auto", value_parser = concurrency)]
+    pub(crate) batch_concurrency: Option<Concurrency>,
 
     /// What a failed sub-call gives the code: an `"Error: ..."` string, or a raised `LlmQueryError`.
     #[arg(long, env = "RLM_SUB_CALL_ERRORS", value_parser = library_enum::<SubCallErrorMode>([
@@ -351,6 +356,11 @@ where
     }
 }
 
+/// `--batch-concurrency`: a whole number ≥ 1 or `auto`.
+fn concurrency(text: &str) -> Result<Concurrency, bridge::InvalidConcurrency> {
+    text.parse()
+}
+
 /// A parser for one of the library's own enums: clap checks the spelling against `values` (and
 /// lists them in `--help`), the type's `FromStr` makes the value. `rlm.toml` reads the same
 /// spellings through the type's serde aliases.
@@ -438,4 +448,9 @@ pub(crate) struct MockLmArgs {
     /// Seed of the fault and latency draws.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
+
+    /// Serve at most N chat requests at once, like a rate-limited API: one more is answered
+    /// 429 at once, with `Retry-After` (`--retry-after`, default 1 s).
+    #[arg(long, value_name = "N", value_parser = at_least::<usize>(1))]
+    pub(crate) capacity: Option<usize>,
 }

@@ -11,6 +11,7 @@
 
 mod agent;
 mod args;
+mod bench;
 mod chat;
 mod contexts;
 mod demo;
@@ -100,6 +101,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let file = run::load_config_file(cli.config.as_deref())?;
             let path = run::config_file_path(cli.config.as_deref());
             demo::execute(*args, file, path.as_deref(), cli.verbose)
+        }
+        Command::Bench(args) => {
+            let file = run::load_config_file(cli.config.as_deref())?;
+            bench::execute(*args, file)
         }
         Command::Eval(args) => {
             let file = run::load_config_file(cli.config.as_deref())?;

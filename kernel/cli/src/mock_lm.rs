@@ -47,6 +47,7 @@ pub(crate) async fn serve(args: MockLmArgs) -> Result<()> {
         hang_secs: args.hang,
         seed: args.seed,
         api_key: args.api_key,
+        capacity: args.capacity,
         ..MockOptions::default()
     };
     let config = options.into_config()?;

@@ -245,10 +245,7 @@ pub(crate) fn build_endpoints(opts: &RunOptions) -> Result<Arc<Endpoints>> {
         sub.timeout = t;
     }
     if let Some(width) = opts.batch_concurrency {
-        if width == 0 {
-            return Err(usage("`--batch-concurrency` must be ≥ 1, got 0"));
-        }
-        sub.max_in_flight = sub.max_in_flight.max(width);
+        width.apply(&mut sub);
     }
     let mut configs = vec![root, sub];
     for spec in &opts.extra_models {
@@ -367,7 +364,7 @@ pub(crate) fn session_config(opts: &RunOptions) -> Result<SessionConfig> {
         config.cell_timeout = seconds("cell-timeout", s)?;
     }
     if let Some(width) = opts.batch_concurrency {
-        config.batch_concurrency = Some(width);
+        config.batch_concurrency = width.batch_width();
     }
     if let Some(mode) = opts.sub_call_errors {
         config.sub_call_errors = mode;
