@@ -7,6 +7,7 @@
 mod support;
 
 mod agent;
+mod bench;
 mod chat;
 mod cli_errors;
 mod contexts;

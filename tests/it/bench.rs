@@ -1,0 +1,294 @@
+//! `rlm bench`: a sweep against the mock whose numbers agree with the mock's configured
+//! latency, `auto` against a capacity-limited mock, and the errors that stop a sweep.
+
+use bridge::mock::MockConfig;
+use serde_json::Value;
+
+use crate::support::{Mock, Run, rlm};
+
+fn bench(args: &[&str]) -> Run {
+    let mut full = vec!["bench".to_owned()];
+    full.extend(args.iter().map(|s| s.to_string()));
+    rlm(&full, None)
+}
+
+fn number(row: &Value, key: &str) -> f64 {
+    row[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("`{key}` is a number in {row}"))
+}
+
+#[test]
+fn a_sweep_against_the_built_in_mock_agrees_with_its_latency() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plot = dir.path().join("bench.svg");
+    let run = bench(&[
+        "--width",
+        "1,4,16",
+        "--calls",
+        "24",
+        "--latency-ms",
+        "50",
+        "--json",
+        "--plot",
+        plot.to_str().expect("utf-8"),
+    ]);
+    run.assert_code(0);
+    assert!(
+        run.stderr.contains("built-in mock LM server") && run.stderr.contains("50 ms per call"),
+        "{}",
+        run.stderr
+    );
+    let doc = run.json();
+    assert_eq!(doc["mock"]["latency_ms"], 50.0);
+    let rows = doc["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 3);
+    for (row, width) in rows.iter().zip([1.0, 4.0, 16.0]) {
+        let context = row.to_string();
+        assert_eq!(row["errors"], serde_json::json!({}), "{context}");
+        assert_eq!(row["calls"], 24, "{context}");
+        assert_eq!(number(row, "effective_width"), width);
+        let latency = &row["latency_ms"];
+        let (p50, p95, p99) = (
+            number(latency, "p50"),
+            number(latency, "p95"),
+            number(latency, "p99"),
+        );
+        assert!(
+            p50 >= 50.0,
+            "no answer is faster than the mock's 50 ms: {context}"
+        );
+        assert!(p50 <= p95 && p95 <= p99, "{context}");
+        let (wall, ideal, ratio) = (
+            number(row, "wall_s"),
+            number(row, "ideal_s"),
+            number(row, "ratio"),
+        );
+        // ideal = ceil(calls / width) × p50; ratio = wall / ideal.
+        let rounds = (24.0 / width as f64).ceil();
+        assert!((ideal - rounds * p50 / 1e3).abs() < 1e-9, "{context}");
+        assert!((ratio - wall / ideal).abs() < 1e-9, "{context}");
+        // Some slot makes `rounds` calls one after another, each at least 50 ms: the wall
+        // time cannot beat rounds × 50 ms, so the ratio is at least 50 / p50.
+        assert!(ratio >= 50.0 / p50 * 0.999, "{context}");
+        // And it is not far above what the slowest calls explain.
+        assert!(ratio <= 2.0 * p99 / p50 + 0.5, "{context}");
+        assert!(
+            (number(row, "calls_per_s") * wall - 24.0).abs() < 1e-6,
+            "{context}"
+        );
+        // The mock reports ceil(bytes / 4) tokens: about the 100 asked for per prompt.
+        let prompt_tokens = number(row, "prompt_tokens_per_s") * wall / 24.0;
+        assert!((100.0..=110.0).contains(&prompt_tokens), "{context}");
+        assert!(number(row, "client_cpu_ms_per_call") >= 0.0);
+        assert_eq!(
+            (row["retries"].as_u64(), row["http_429"].as_u64()),
+            (Some(0), Some(0))
+        );
+    }
+    let svg = std::fs::read_to_string(&plot).expect("the plot is written");
+    assert!(
+        svg.starts_with("<svg") && svg.contains("calls/s"),
+        "{svg:.200}"
+    );
+}
+
+#[test]
+fn the_table_and_the_repl_path_come_side_by_side() {
+    let run = bench(&[
+        "--width",
+        "4",
+        "--calls",
+        "12",
+        "--latency-ms",
+        "10",
+        "--through-repl",
+    ]);
+    run.assert_code(0);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{}", run.stdout);
+    for column in [
+        "path",
+        "width",
+        "calls/s",
+        "p50 ms",
+        "p99 ms",
+        "wall/ideal",
+        "429s",
+        "errors",
+    ] {
+        assert!(lines[0].contains(column), "{}", lines[0]);
+    }
+    assert!(lines[1].starts_with("bridge  4 "), "{}", lines[1]);
+    assert!(lines[2].starts_with("repl    4 "), "{}", lines[2]);
+    assert!(
+        lines[1..].iter().all(|l| l.ends_with(" 0")),
+        "no errors: {}",
+        run.stdout
+    );
+}
+
+#[test]
+fn auto_meets_a_capacity_with_fewer_429s_than_the_widest_width() {
+    let run = bench(&[
+        "--width",
+        "64,auto",
+        "--calls",
+        "160",
+        "--latency-ms",
+        "20",
+        "--capacity",
+        "8",
+        "--json",
+    ]);
+    run.assert_code(0);
+    let doc = run.json();
+    assert_eq!(doc["mock"]["capacity"], 8);
+    let rows = doc["rows"].as_array().expect("rows");
+    let (wide, auto) = (&rows[0], &rows[1]);
+    assert_eq!(
+        (wide["width"].as_str(), auto["width"].as_str()),
+        (Some("64"), Some("auto"))
+    );
+    let auto_429 = auto["http_429"].as_u64().expect("count");
+    let wide_429 = wide["http_429"].as_u64().expect("count");
+    assert!(auto_429 < wide_429, "auto {auto_429} vs 64: {wide_429}");
+    assert_eq!(auto["errors"], serde_json::json!({}), "{auto}");
+    assert!(
+        auto["effective_width"].as_u64().is_some_and(|w| w <= 8),
+        "{auto}"
+    );
+    let verdict = doc["auto_verdict"][0].as_str().expect("a verdict line");
+    assert!(verdict.starts_with("bridge: auto reached "), "{verdict}");
+}
+
+#[test]
+fn an_unreachable_endpoint_stops_before_the_sweep() {
+    let run = bench(&[
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+        "--calls",
+        "5",
+    ]);
+    run.assert_code(1);
+    assert!(
+        run.stderr
+            .contains("The first test call to model `m` at `http://127.0.0.1:9/v1` failed"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("Could not connect"), "{}", run.stderr);
+    assert!(run.stdout.is_empty(), "{}", run.stdout);
+}
+
+#[test]
+fn a_sweep_the_call_budget_cannot_cover_is_refused_before_any_call() {
+    let mock = Mock::start_with(MockConfig::default());
+    let run = bench(&[
+        "--base-url",
+        &mock.url(),
+        "--model",
+        "m",
+        "--width",
+        "1,4",
+        "--calls",
+        "100",
+        "--max-calls",
+        "150",
+    ]);
+    run.assert_code(3);
+    assert!(
+        run.stderr.contains("The sweep needs 201 calls")
+            && run.stderr.contains("`--max-calls`")
+            && run.stderr.contains("No call was sent"),
+        "{}",
+        run.stderr
+    );
+    assert!(mock.log().is_empty());
+}
+
+#[test]
+fn a_usd_budget_stops_the_sweep_with_the_rows_so_far() {
+    let run = bench(&[
+        "--width",
+        "1,2",
+        "--calls",
+        "20",
+        "--latency-ms",
+        "1",
+        "--price",
+        "1000:1000",
+        "--max-usd",
+        "0.5",
+        "--json",
+    ]);
+    run.assert_code(3);
+    let doc = run.json();
+    assert_eq!(doc["stopped_by"], "max_usd");
+    let rows = doc["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 1, "the sweep stopped in its first width");
+    let refused = rows[0]["errors"]["budget_max_usd"]
+        .as_u64()
+        .expect("refusals");
+    assert!(refused >= 1 && refused < 20, "{}", rows[0]);
+    assert!(
+        run.stderr
+            .contains("The budget stopped the sweep: `--max-usd` refused calls"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn mock_options_with_a_real_endpoint_and_bad_widths_are_usage_errors() {
+    let run = bench(&[
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+        "--latency-ms",
+        "5",
+    ]);
+    run.assert_code(2);
+    assert!(
+        run.stderr
+            .contains("`--latency-ms` and `--capacity` set up the built-in mock")
+    );
+    let run = bench(&["--width", "4,0"]);
+    run.assert_code(2);
+    assert!(
+        run.stderr
+            .contains("must be a whole number ≥ 1 or `auto`, got `0`"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn rlm_run_takes_batch_concurrency_auto_from_the_flag_and_rlm_toml() {
+    let code = crate::support::repl(
+        "r = llm_query_batched([f'item {i}' for i in range(50)])\nprint('answered', sum(x.startswith('item') for x in r))",
+    );
+    let replies = [code.as_str(), "FINAL(done)"];
+    let (_, run) = crate::support::run_replies(&replies, &["--batch-concurrency", "auto"]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "done");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = crate::support::file(
+        dir.path(),
+        "rlm.toml",
+        "[run]\nbatch-concurrency = \"auto\"\n",
+    );
+    let (_, run) = crate::support::run_replies(
+        &replies,
+        &["--config", config.to_str().expect("utf-8"), "--trace"],
+    );
+    run.assert_code(0);
+    assert!(
+        run.stderr.contains("50"),
+        "every call answered: {}",
+        run.stderr
+    );
+}
