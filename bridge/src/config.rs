@@ -327,12 +327,12 @@ impl Concurrency {
         }
     }
 
-    /// The width of one batch: fixed, or `None` for `auto` (every call of the batch queues
-    /// at the endpoint's adaptive limiter).
+    /// The width of one batch: fixed, or for `auto` the ceiling (the adaptive limiter decides
+    /// below it; more tasks than the ceiling would only wait).
     pub fn batch_width(self) -> Option<usize> {
         match self {
             Self::Fixed(width) => Some(width),
-            Self::Auto => None,
+            Self::Auto => Some(AUTO_CEILING),
         }
     }
 }

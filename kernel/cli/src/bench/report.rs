@@ -65,7 +65,7 @@ pub(crate) struct Row {
     pub(crate) completion_tokens_per_s: f64,
     /// `None` when no call was answered.
     pub(crate) latency_ms: Option<Percentiles>,
-    /// `ceil(calls / effective_width) × p50`.
+    /// `ceil(calls / width) × p50` (fixed widths only).
     pub(crate) ideal_s: Option<f64>,
     /// `wall / ideal`.
     pub(crate) ratio: Option<f64>,
@@ -110,7 +110,9 @@ impl Row {
             Concurrency::Auto => m.limiter.limit,
         }
         .max(1);
+        // `auto` has no one width over the run (it starts low, probes, settles), so no ideal.
         let ideal_s = latency_ms
+            .filter(|_| m.width != Concurrency::Auto)
             .map(|l| calls.div_ceil(effective_width) as f64 * l.p50 / 1e3)
             .filter(|ideal| *ideal > 0.0);
         let mut errors = BTreeMap::new();
@@ -355,7 +357,7 @@ mod tests {
         let row = Row::of(&measured(Concurrency::Auto, records));
         assert_eq!((row.width.as_str(), row.effective_width), ("auto", 3));
         assert_eq!(row.peak_width, Some(8));
-        assert_eq!(row.ideal_s, Some(0.2), "ceil(6 / 3) × 100 ms");
+        assert_eq!((row.ideal_s, row.ratio), (None, None), "no one width, no ideal");
         assert_eq!(row.width_label(), "auto→3 (≤8)");
     }
 
