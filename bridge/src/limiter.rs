@@ -1,8 +1,8 @@
 //! The per-endpoint concurrency limiter: a fixed number of requests in flight, or an adaptive
 //! limit that finds how wide a server can take it.
 //!
-//! Every HTTP attempt takes a permit ([`Limiter::acquire`]) and gives it back with what
-//! happened ([`Limiter::release`]): its round-trip time, or that the server pushed back. A
+//! Every HTTP attempt takes a permit from its endpoint's limiter and gives it back with what
+//! happened: its round-trip time, or that the server pushed back. A
 //! fixed limiter only counts. An adaptive one feeds the outcome to [`AdaptiveLimit`], AIMD
 //! with slow start in the style of TCP congestion control and Netflix's concurrency-limits:
 //!

@@ -257,6 +257,15 @@ pub(crate) fn execute(args: BenchArgs, file: RunOptions) -> Result<ExitCode> {
     let mock_info = mock
         .as_ref()
         .map(|m| serde_json::json!({"latency_ms": m.latency_ms, "capacity": m.capacity}));
+    let title = match &mock {
+        Some(m) => format!(
+            "rlm bench: the built-in mock, {} ms per call{}",
+            m.latency_ms,
+            m.capacity
+                .map_or(String::new(), |n| format!(", capacity {n} (429 beyond)"))
+        ),
+        None => format!("rlm bench: {} at {}", template.model, template.base_url),
+    };
     if let Some(mock) = mock {
         mock.runtime.block_on(mock.server.shutdown());
     }
@@ -291,7 +300,6 @@ pub(crate) fn execute(args: BenchArgs, file: RunOptions) -> Result<ExitCode> {
     out.flush()?;
     drop(out);
     if let Some(plot) = &args.plot {
-        let title = format!("rlm bench: {} at {}", template.model, template.base_url);
         plot::write(plot, &rows, &title)?;
         if !opts.quiet() {
             eprintln!("plot: {}", plot.display());
@@ -428,15 +436,7 @@ impl Step<'_> {
         };
         let (clock, started) = self.start_clock();
         kernel::runtime::shared().block_on(endpoint.batch(requests, policy, self.stop));
-        let wall = started.elapsed();
-        Ok(Measured {
-            path: self.path,
-            width: self.width,
-            wall,
-            client_cpu: self.client_cpu(clock),
-            records: self.ledger.records_since(first),
-            limiter: endpoint.limiter_stats(),
-        })
+        Ok(self.measured(first, started.elapsed(), clock, &endpoint))
     }
 
     fn run_repl(&self, first: u64) -> Result<Measured> {
@@ -483,14 +483,25 @@ impl Step<'_> {
             );
         }
         let endpoint = endpoints.get(&self.template.name)?;
-        Ok(Measured {
+        Ok(self.measured(first, wall, clock, &endpoint))
+    }
+
+    /// What the step measured: the calls recorded since `first`, and the endpoint's limiter.
+    fn measured(
+        &self,
+        first: u64,
+        wall: Duration,
+        clock: (Duration, Duration),
+        endpoint: &Endpoint,
+    ) -> Measured {
+        Measured {
             path: self.path,
             width: self.width,
             wall,
             client_cpu: self.client_cpu(clock),
             records: self.ledger.records_since(first),
             limiter: endpoint.limiter_stats(),
-        })
+        }
     }
 
     /// CPU times now (process, mock threads) and the wall clock.

@@ -25,12 +25,13 @@ fn render(rows: &[Row], title: &str) -> Result<String, Box<dyn std::error::Error
         root.fill(&WHITE)?;
         let root = root.titled(title, ("sans-serif", 20))?;
         let (upper, lower) = root.split_vertically(300);
-        let max_width = rows
+        // The x axis is log2 of the width on a linear scale, labelled with widths: plotters'
+        // own log scale labels only powers of ten.
+        let widths = rows
             .iter()
-            .map(|r| r.effective_width)
-            .max()
-            .unwrap_or(1)
-            .max(2) as f64;
+            .map(|r| (r.effective_width.max(1) as f64).log2());
+        let low = widths.clone().fold(f64::INFINITY, f64::min).min(10.0) - 0.5;
+        let high = widths.fold(1.0, f64::max) + 0.5;
         let panels: [(_, _, Metric); 2] = [
             (&upper, "calls/s", |r| Some(r.calls_per_s)),
             (&lower, "p99 latency (ms)", |r| r.latency_ms.map(|l| l.p99)),
@@ -46,18 +47,22 @@ fn render(rows: &[Row], title: &str) -> Result<String, Box<dyn std::error::Error
                 .margin(12)
                 .x_label_area_size(36)
                 .y_label_area_size(64)
-                .build_cartesian_2d((1f64..max_width * 1.5).log_scale(), 0f64..top)?;
+                .build_cartesian_2d(low..high, 0f64..top)?;
             chart
                 .configure_mesh()
                 .x_desc("width (requests in flight; auto at the width it settled on)")
                 .y_desc(label)
+                .x_labels(((high - low).ceil() as usize).clamp(2, 12))
+                .x_label_formatter(&|x| format!("{:.0}", x.exp2()))
+                .y_label_formatter(&|y| format!("{y:.0}"))
                 .draw()?;
             for (path, color) in [(CallPath::Bridge, BLUE), (CallPath::Repl, RED)] {
                 let mut points: Vec<(f64, f64, bool)> = rows
                     .iter()
                     .filter(|r| r.path == path)
                     .filter_map(|r| {
-                        Some((r.effective_width as f64, value(r)?, r.peak_width.is_some()))
+                        let x = (r.effective_width.max(1) as f64).log2();
+                        Some((x, value(r)?, r.peak_width.is_some()))
                     })
                     .collect();
                 if points.is_empty() {
@@ -90,6 +95,7 @@ fn render(rows: &[Row], title: &str) -> Result<String, Box<dyn std::error::Error
             }
             chart
                 .configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
                 .background_style(WHITE.mix(0.8))
                 .border_style(BLACK)
                 .draw()?;

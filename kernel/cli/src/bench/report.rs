@@ -60,6 +60,7 @@ pub(crate) struct Row {
     pub(crate) peak_width: Option<usize>,
     pub(crate) calls: usize,
     pub(crate) wall_s: f64,
+    /// Answered calls per second (failed ones do not count as throughput).
     pub(crate) calls_per_s: f64,
     pub(crate) prompt_tokens_per_s: f64,
     pub(crate) completion_tokens_per_s: f64,
@@ -127,7 +128,7 @@ impl Row {
             peak_width: (m.width == Concurrency::Auto).then_some(m.limiter.peak_limit),
             calls,
             wall_s,
-            calls_per_s: per_s(calls as f64),
+            calls_per_s: per_s(latencies.len() as f64),
             prompt_tokens_per_s: per_s(sum(|r| r.prompt_tokens) as f64),
             completion_tokens_per_s: per_s(sum(|r| r.completion_tokens) as f64),
             latency_ms,
@@ -337,7 +338,7 @@ mod tests {
             (row.calls, row.effective_width, row.peak_width),
             (10, 4, None)
         );
-        assert_eq!(row.calls_per_s, 5.0);
+        assert_eq!(row.calls_per_s, 4.5, "9 answered in 2 s");
         assert_eq!(row.prompt_tokens_per_s, 450.0, "9 × 100 tokens in 2 s");
         assert_eq!(row.completion_tokens_per_s, 45.0);
         let latency = row.latency_ms.expect("answered calls");
@@ -357,7 +358,11 @@ mod tests {
         let row = Row::of(&measured(Concurrency::Auto, records));
         assert_eq!((row.width.as_str(), row.effective_width), ("auto", 3));
         assert_eq!(row.peak_width, Some(8));
-        assert_eq!((row.ideal_s, row.ratio), (None, None), "no one width, no ideal");
+        assert_eq!(
+            (row.ideal_s, row.ratio),
+            (None, None),
+            "no one width, no ideal"
+        );
         assert_eq!(row.width_label(), "auto→3 (≤8)");
     }
 
