@@ -65,7 +65,7 @@ fn a_sweep_against_the_built_in_mock_agrees_with_its_latency() {
             number(row, "ratio"),
         );
         // ideal = ceil(calls / width) × p50; ratio = wall / ideal.
-        let rounds = (24.0 / width as f64).ceil();
+        let rounds = (24.0 / width).ceil();
         assert!((ideal - rounds * p50 / 1e3).abs() < 1e-9, "{context}");
         assert!((ratio - wall / ideal).abs() < 1e-9, "{context}");
         // Some slot makes `rounds` calls one after another, each at least 50 ms: the wall
@@ -232,7 +232,7 @@ fn a_usd_budget_stops_the_sweep_with_the_rows_so_far() {
     let refused = rows[0]["errors"]["budget_max_usd"]
         .as_u64()
         .expect("refusals");
-    assert!(refused >= 1 && refused < 20, "{}", rows[0]);
+    assert!((1..20).contains(&refused), "{}", rows[0]);
     assert!(
         run.stderr
             .contains("The budget stopped the sweep: `--max-usd` refused calls"),
