@@ -58,8 +58,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 1000, value_parser = at_least_one)]
     pub(crate) calls: usize,
 
-    /// Size of each prompt in tokens (estimated as 4 characters each); each call's reply is
-    /// capped by `--max-output-tokens` [default: 16].
+    /// Size of each prompt in tokens (estimated as 4 characters each). Each call's reply is
+    /// capped by `--max-output-tokens`, 16 unless given.
     #[arg(long, default_value_t = 100, value_parser = at_least_one)]
     pub(crate) prompt_tokens: usize,
 
