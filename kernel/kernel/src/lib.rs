@@ -1,10 +1,11 @@
 //! The rlm kernel: the embedded Python REPL ([`repl`]), the RLM loop ([`rlm`]), the
-//! Python-backed agent [`tools`] and the process-wide tokio [`runtime`]; [`fatal`] reports a
-//! crash in C code before the process dies; [`eval`] generates long-context tasks with exact
-//! scorers (no Python).
+//! Python-backed agent [`tools`], the workflow agents that need Python ([`flow`]) and the
+//! process-wide tokio [`runtime`]; [`fatal`] reports a crash in C code before the process
+//! dies; [`eval`] generates long-context tasks with exact scorers (no Python).
 
 pub mod eval;
 pub mod fatal;
+pub mod flow;
 pub mod repl;
 pub mod rlm;
 pub mod runtime;

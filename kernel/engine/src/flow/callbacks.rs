@@ -76,6 +76,12 @@ impl CallbackContext {
         self.effects.get_state(key)
     }
 
+    /// The session state (read it here; write through [`set_state`](Self::set_state) so the
+    /// write is reported).
+    pub fn state(&self) -> &SharedState {
+        self.effects.state()
+    }
+
     /// Writes state key `key` (visible at once; reported in an event of the agent).
     pub fn set_state(&self, key: impl Into<String>, value: Value) {
         self.effects.set_state(key, value);

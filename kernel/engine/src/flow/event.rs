@@ -48,6 +48,12 @@ pub enum EventKind {
     ToolResults,
     /// The agent wrote state without saying anything else.
     StateUpdate,
+    /// What the agent records about its own work (an RLM iteration, a sub-call), in
+    /// [`Event::metadata`]; `topic` says which record it is.
+    Metadata {
+        /// Which record (`rlm_iteration`, `rlm_sub_call`, `rlm_result`, ...).
+        topic: String,
+    },
     /// A loop began iteration `iteration` (1-based).
     Iteration {
         /// The iteration number.
@@ -99,6 +105,9 @@ pub struct Event {
     /// The state this step wrote (already applied when the event is emitted).
     #[serde(default, skip_serializing_if = "StateDelta::is_empty")]
     pub delta: StateDelta,
+    /// A [`EventKind::Metadata`] record (never context data).
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub metadata: Value,
     /// The control-flow actions this step raised.
     #[serde(default, skip_serializing_if = "is_no_action")]
     pub actions: Actions,
@@ -123,9 +132,19 @@ impl Event {
             tool_calls: Vec::new(),
             tool_results: Vec::new(),
             delta: StateDelta::default(),
+            metadata: Value::Null,
             actions: Actions::default(),
             at_ms: 0,
         }
+    }
+
+    /// A [`EventKind::Metadata`] event of `topic` recording `metadata`.
+    pub fn metadata(topic: impl Into<String>, metadata: Value) -> Self {
+        let mut event = Self::new(EventKind::Metadata {
+            topic: topic.into(),
+        });
+        event.metadata = metadata;
+        event
     }
 
     /// A [`EventKind::Message`] with `content`.

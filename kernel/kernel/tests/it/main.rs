@@ -2,6 +2,7 @@
 
 mod context;
 mod fatal;
+mod flow;
 mod natives;
 mod repl;
 mod rlm;

@@ -1,0 +1,291 @@
+//! [`PythonCallback`]: a Python callable named in a workflow file as a callback.
+//!
+//! A callback is named for one point (the `*_callbacks` list of the file it is in) and
+//! runs only there. The callable gets one dict, `ctx`: `point` (`before_agent`, `after_model`, ...),
+//! `agent`, `branch`, `args` (the file's `args`), `state` (a copy it may change: changed and
+//! new keys are written back, in the order of the dict), `actions` (a dict of `exit_loop`,
+//! `end_turn`, `escalate` it may set to `True`) and what the point is about: `request` (the
+//! messages, before a model call), `response` (its text, after one), `error`, or `tool`
+//! (`{"name", "args"}`, `args` changeable before the call) and `result`. What it returns:
+//!
+//! | point | `None` | a value |
+//! |---|---|---|
+//! | `before_agent` | run the agent | a str: the agent's answer; it does not run |
+//! | `after_agent` | nothing | a str: added as the agent's last message |
+//! | `before_model` | call the model | a str: the model's reply; no call |
+//! | `after_model` | keep the reply | a str: the reply instead |
+//! | `on_model_error` | the error stands | a str: the reply instead of the error |
+//! | `before_tool` | call the tool | any JSON value: the tool's result; no call |
+//! | `after_tool` | keep the result | the result instead |
+//! | `on_tool_error` | the error stands | the result instead of the error |
+//!
+//! Callbacks are synchronous: the call waits for the session (the thread it runs on
+//! blocks). A callable that raises is logged as a warning and treated as `None`; a run
+//! never stops because a callback failed.
+
+use std::sync::Arc;
+
+use bridge::{BridgeError, CancellationToken, ChatRequest, ChatResponse, Usage};
+use engine::ToolError;
+use engine::flow::{Callback, CallbackAction, CallbackContext, ToolInvocation};
+use serde_json::{Map, Value, json};
+
+use super::python::PyFunction;
+use super::services::FlowKernel;
+
+/// The point a callback is named for (the workflow file's `*_callbacks` list it is in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CallbackPoint {
+    /// `before_agent_callbacks`.
+    BeforeAgent,
+    /// `after_agent_callbacks`.
+    AfterAgent,
+    /// `before_model_callbacks`.
+    BeforeModel,
+    /// `after_model_callbacks`.
+    AfterModel,
+    /// `on_model_error_callbacks`.
+    OnModelError,
+    /// `before_tool_callbacks`.
+    BeforeTool,
+    /// `after_tool_callbacks`.
+    AfterTool,
+    /// `on_tool_error_callbacks`.
+    OnToolError,
+}
+
+impl CallbackPoint {
+    /// Its name in `ctx["point"]`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BeforeAgent => "before_agent",
+            Self::AfterAgent => "after_agent",
+            Self::BeforeModel => "before_model",
+            Self::AfterModel => "after_model",
+            Self::OnModelError => "on_model_error",
+            Self::BeforeTool => "before_tool",
+            Self::AfterTool => "after_tool",
+            Self::OnToolError => "on_tool_error",
+        }
+    }
+
+    /// The point a workflow file's list (`before_agent_callbacks`, ...) is for.
+    pub fn from_list(list: &str) -> Option<Self> {
+        let point = list.strip_suffix("_callbacks")?;
+        [
+            Self::BeforeAgent,
+            Self::AfterAgent,
+            Self::BeforeModel,
+            Self::AfterModel,
+            Self::OnModelError,
+            Self::BeforeTool,
+            Self::AfterTool,
+            Self::OnToolError,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == point)
+    }
+}
+
+/// A Python callable as a [`Callback`] at one point; see the module docs.
+pub struct PythonCallback {
+    point: CallbackPoint,
+    function: PyFunction,
+    args: Value,
+    kernel: Arc<FlowKernel>,
+}
+
+impl std::fmt::Debug for PythonCallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PythonCallback({}: {})",
+            self.point.as_str(),
+            self.function.display()
+        )
+    }
+}
+
+impl PythonCallback {
+    /// `function` at `point`, called with `args` under `ctx["args"]`, in `kernel`'s session.
+    pub fn new(
+        point: CallbackPoint,
+        function: PyFunction,
+        args: Option<Value>,
+        kernel: Arc<FlowKernel>,
+    ) -> Self {
+        Self {
+            point,
+            function,
+            args: args.unwrap_or(Value::Null),
+            kernel,
+        }
+    }
+
+    /// Calls the function if it is named for `point`, with `extra` keys; writes its state
+    /// changes and actions back to `cb`; returns what it returned and the `ctx` dict as it
+    /// left it (`null` both when it is not for `point`).
+    fn call(&self, cb: &CallbackContext, point: &str, extra: Map<String, Value>) -> (Value, Value) {
+        if self.point.as_str() != point {
+            return (Value::Null, Value::Null);
+        }
+        let state = Value::Object(cb.state().with(|s| s.values().clone()));
+        let mut ctx = json!({
+            "point": point,
+            "agent": cb.agent(),
+            "branch": cb.branch(),
+            "args": self.args,
+            "state": state,
+            "actions": {"exit_loop": false, "end_turn": false, "escalate": false},
+        });
+        if let Value::Object(map) = &mut ctx {
+            map.extend(extra);
+        }
+        let called = self
+            .kernel
+            .session()
+            .map_err(|e| e.to_string())
+            .and_then(|session| {
+                self.function
+                    .call(&session, &ctx, &Map::new(), &CancellationToken::new())
+                    .map_err(|e| e.to_string())
+            });
+        let (out, after) = match called {
+            Ok(both) => both,
+            Err(e) => {
+                tracing::warn!(
+                    "callback `{}` at {point} of `{}` failed (treated as None): {e}",
+                    self.function.display(),
+                    cb.agent()
+                );
+                return (Value::Null, Value::Null);
+            }
+        };
+        if let (Some(Value::Object(new)), Value::Object(old)) = (after.get("state"), &state) {
+            for (key, value) in new {
+                if old.get(key) != Some(value) {
+                    cb.set_state(key.clone(), value.clone());
+                }
+            }
+        }
+        if let Some(actions) = after.get("actions") {
+            let set = |name: &str| actions.get(name).and_then(Value::as_bool) == Some(true);
+            if set("exit_loop") {
+                cb.exit_loop();
+            }
+            if set("end_turn") {
+                cb.end_turn();
+            }
+            if set("escalate") {
+                cb.escalate();
+            }
+        }
+        (out, after)
+    }
+
+    fn text(&self, cb: &CallbackContext, point: &str, extra: Map<String, Value>) -> Option<String> {
+        match self.call(cb, point, extra).0 {
+            Value::String(text) => Some(text),
+            _ => None,
+        }
+    }
+}
+
+fn extra(pairs: impl IntoIterator<Item = (&'static str, Value)>) -> Map<String, Value> {
+    pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+fn reply(content: String) -> ChatResponse {
+    ChatResponse {
+        content,
+        tool_calls: Vec::new(),
+        usage: Usage::default(),
+        finish_reason: Some("stop".to_owned()),
+        model: "callback".to_owned(),
+        latency: std::time::Duration::ZERO,
+        attempts: 0,
+    }
+}
+
+fn replace<T>(value: Option<T>) -> CallbackAction<T> {
+    value.map_or(CallbackAction::Continue, CallbackAction::Replace)
+}
+
+fn tool_json(call: &ToolInvocation) -> Value {
+    json!({"name": call.name, "call_id": call.call_id, "args": call.args})
+}
+
+impl Callback for PythonCallback {
+    fn before_agent(&self, cb: &CallbackContext) -> CallbackAction<String> {
+        replace(self.text(cb, "before_agent", Map::new()))
+    }
+
+    fn after_agent(&self, cb: &CallbackContext) -> CallbackAction<String> {
+        replace(self.text(cb, "after_agent", Map::new()))
+    }
+
+    fn before_model(
+        &self,
+        cb: &CallbackContext,
+        request: &mut ChatRequest,
+    ) -> CallbackAction<ChatResponse> {
+        let messages = serde_json::to_value(&request.messages).unwrap_or(Value::Null);
+        replace(
+            self.text(cb, "before_model", extra([("request", messages)]))
+                .map(reply),
+        )
+    }
+
+    fn after_model(&self, cb: &CallbackContext, response: &mut ChatResponse) {
+        let text = Value::String(response.content.clone());
+        if let Some(new) = self.text(cb, "after_model", extra([("response", text)])) {
+            response.content = new;
+        }
+    }
+
+    fn on_model_error(
+        &self,
+        cb: &CallbackContext,
+        error: &BridgeError,
+    ) -> CallbackAction<ChatResponse> {
+        let error = Value::String(error.to_string());
+        replace(
+            self.text(cb, "on_model_error", extra([("error", error)]))
+                .map(reply),
+        )
+    }
+
+    fn before_tool(
+        &self,
+        cb: &CallbackContext,
+        call: &mut ToolInvocation,
+    ) -> CallbackAction<Value> {
+        let (out, after) = self.call(cb, "before_tool", extra([("tool", tool_json(call))]));
+        if let Some(args) = after.pointer("/tool/args") {
+            call.args = args.clone();
+        }
+        replace((!out.is_null()).then_some(out))
+    }
+
+    fn after_tool(&self, cb: &CallbackContext, call: &ToolInvocation, result: &mut Value) {
+        let pairs = extra([("tool", tool_json(call)), ("result", result.clone())]);
+        let out = self.call(cb, "after_tool", pairs).0;
+        if !out.is_null() {
+            *result = out;
+        }
+    }
+
+    fn on_tool_error(
+        &self,
+        cb: &CallbackContext,
+        call: &ToolInvocation,
+        error: &ToolError,
+    ) -> CallbackAction<Value> {
+        let pairs = extra([
+            ("tool", tool_json(call)),
+            ("error", Value::String(error.to_string())),
+        ]);
+        let out = self.call(cb, "on_tool_error", pairs).0;
+        replace((!out.is_null()).then_some(out))
+    }
+}

@@ -1,0 +1,372 @@
+//! The kernel's workflow agents end to end: a real REPL session, the mock LM server, the
+//! engine's executor and event log.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bridge::mock::{MockConfig, MockServer, Script};
+use bridge::{Budget, EndpointConfig, Endpoints, Ledger, RetryPolicy};
+use engine::flow::{
+    Agent, Callbacks, EndStatus, Event, EventKind, EventLog, FlowError, Graph, Invocation,
+    MemorySink, RunReport, run_workflow,
+};
+use engine::{SharedState, State};
+use kernel::flow::{
+    CallbackPoint, ContextLoader, FlowKernel, PyFunction, PythonAgent, PythonCallback, RlmAgent,
+};
+use kernel::repl::{ContextSource, SessionConfig};
+use kernel::rlm::RlmConfig;
+use serde_json::{Map, Value, json};
+
+struct Setup {
+    server: MockServer,
+    kernel: Arc<FlowKernel>,
+    dir: tempfile::TempDir,
+}
+
+fn setup(script: Value, contexts: Vec<ContextSource>) -> Setup {
+    let script = Script::from_json_value(script).expect("valid script");
+    let server = kernel::runtime::shared()
+        .block_on(MockServer::start(MockConfig {
+            script,
+            ..MockConfig::default()
+        }))
+        .expect("mock server starts");
+    let endpoint = |name: &str| EndpointConfig {
+        retry: RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::default()
+        },
+        timeout: Duration::from_secs(20),
+        ..EndpointConfig::openai(name, server.openai_base_url(), name)
+    };
+    let endpoints = Arc::new(
+        Endpoints::new(
+            vec![endpoint("root"), endpoint("sub")],
+            Arc::new(Ledger::new(Budget::default())),
+        )
+        .expect("endpoints"),
+    );
+    let kernel = Arc::new(FlowKernel::new(
+        endpoints,
+        SessionConfig {
+            cell_timeout: Duration::from_secs(20),
+            ..SessionConfig::default()
+        },
+        contexts.into_iter().map(Into::into).collect(),
+    ));
+    Setup {
+        server,
+        kernel,
+        dir: tempfile::tempdir().expect("temp dir"),
+    }
+}
+
+impl Setup {
+    /// Runs `root` over `state` with an event log in the temp dir; returns the report and
+    /// the events read back from the log.
+    fn run(&self, root: &dyn Agent, state: State) -> (RunReport, Vec<Event>) {
+        let log_path = self.dir.path().join("events.jsonl");
+        let log = Arc::new(EventLog::create(&log_path).expect("log"));
+        let invocation = Invocation::new(SharedState::new(state))
+            .with_ledger(Arc::clone(self.kernel.endpoints().ledger()))
+            .with_sink(log);
+        let report = kernel::runtime::shared().block_on(run_workflow(root, invocation, None));
+        (report, EventLog::read(&log_path).expect("log reads back"))
+    }
+
+    fn write(&self, name: &str, text: &str) -> std::path::PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).expect("write");
+        path
+    }
+
+    fn python(&self, name: &str, reference: &str) -> PythonAgent {
+        let function = PyFunction::parse(reference, self.dir.path()).expect("reference");
+        PythonAgent::new(name, function, Map::new(), Arc::clone(&self.kernel))
+    }
+}
+
+fn state(pairs: &[(&str, Value)]) -> State {
+    let mut state = State::default();
+    for (k, v) in pairs {
+        state.set(*k, v.clone());
+    }
+    state
+}
+
+/// `(author, kind)` of every start/end event, in order.
+fn starts(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e.kind == EventKind::Start)
+        .map(|e| e.author.clone())
+        .collect()
+}
+
+fn metadata<'a>(events: &'a [Event], topic: &str) -> Vec<&'a Event> {
+    events
+        .iter()
+        .filter(|e| matches!(&e.kind, EventKind::Metadata { topic: t } if t == topic))
+        .collect()
+}
+
+const SECRET_ROW: &str = "north,9917,quarterly-figure-zz";
+
+#[test]
+fn a_context_loader_then_an_rlm_agent_answers_a_templated_query_into_its_output_key() {
+    let script = json!({"models": {
+        "root": {"rules": [{
+            "last_user": "(?s)Which region sold (?P<n>\\d+)",
+            "reply": {"text": "```repl\nrows = [l.split(',') for l in context.splitlines()]\nregion = [r[0] for r in rows if r[1] == '{{n}}'][0]\nprint(llm_query('say ok'))\n```"}
+        }, {
+            "last_user": "(?s)ok",
+            "reply": {"text": "FINAL_VAR(region)"}
+        }]},
+        "sub": {"fallback": {"text": "ok"}}
+    }});
+    let s = setup(script, Vec::new());
+    let csv = s.write(
+        "sales.txt",
+        &format!("region,units,note\n{SECRET_ROW}\nsouth,12,x\n"),
+    );
+    let loader = ContextLoader::new("load", Arc::clone(&s.kernel)).with_paths_key("paths");
+    let rlm = RlmAgent::new(
+        "analyst",
+        "Which region sold {units}? {hint?}",
+        RlmConfig {
+            max_iterations: 4,
+            ..RlmConfig::default()
+        },
+        Arc::clone(&s.kernel),
+    )
+    .with_output_key("region");
+    let flow =
+        Graph::sequential("pipeline", vec![Arc::new(loader), Arc::new(rlm)]).expect("two nodes");
+    let (report, events) = s.run(
+        &flow,
+        state(&[("units", json!(9917)), ("paths", json!([csv]))]),
+    );
+    assert_eq!(report.result, Ok(engine::flow::Control::Continue));
+    assert_eq!(report.state.get("region"), Some(&json!("north")));
+    let contexts = report.state.get("contexts").expect("metadata written");
+    assert_eq!(contexts[0]["kind"], json!("text"), "{contexts}");
+    assert_eq!(starts(&events), ["pipeline", "load", "analyst"]);
+    let iterations = metadata(&events, "rlm_iteration");
+    assert_eq!(iterations.len(), 2);
+    assert_eq!(
+        iterations[0].metadata["iteration"]["llm_query_calls"],
+        json!(1)
+    );
+    assert_eq!(metadata(&events, "rlm_sub_call").len(), 1);
+    let result = metadata(&events, "rlm_result");
+    assert_eq!(
+        result[0].metadata["termination_reason"],
+        json!("final_answer")
+    );
+    let answer = events
+        .iter()
+        .find(|e| e.author == "analyst" && e.kind == EventKind::Message)
+        .expect("the answer is a message");
+    assert_eq!(answer.content.as_deref(), Some("north"));
+    let log = std::fs::read_to_string(s.dir.path().join("events.jsonl")).expect("log");
+    assert!(
+        !log.contains("quarterly-figure-zz"),
+        "no context data in the log"
+    );
+}
+
+#[test]
+fn an_rlm_agent_names_a_missing_state_key_and_an_unknown_model() {
+    let s = setup(json!({"models": {}}), vec![ContextSource::Text("x".into())]);
+    let rlm = RlmAgent::new(
+        "a",
+        "About {topic}",
+        RlmConfig::default(),
+        Arc::clone(&s.kernel),
+    );
+    let (report, _) = s.run(&rlm, State::default());
+    let Err(FlowError::Agent { agent, message }) = report.result else {
+        panic!("{:?}", report.result)
+    };
+    assert_eq!(agent, "a");
+    assert!(message.contains("`topic`"), "{message}");
+
+    // A root endpoint that is not configured: the loop cannot start.
+    let config = RlmConfig {
+        root_endpoint: "nowhere".into(),
+        ..RlmConfig::default()
+    };
+    let rlm = RlmAgent::new("a", "About {topic}", config, Arc::clone(&s.kernel));
+    let (report, events) = s.run(&rlm, state(&[("topic", json!("t"))]));
+    let Err(FlowError::Agent { message, .. }) = report.result else {
+        panic!("{:?}", report.result)
+    };
+    assert!(message.contains("`nowhere`"), "{message}");
+    assert_eq!(
+        events.last().and_then(Event::end_status),
+        Some(EndStatus::Failed)
+    );
+}
+
+#[test]
+fn python_steps_update_the_state_that_the_next_step_and_iteration_see_and_exit_a_loop() {
+    let s = setup(
+        json!({"models": {}}),
+        vec![ContextSource::Text("abc".into())],
+    );
+    s.write(
+        "steps.py",
+        "def count(state, step=1):\n    n = state.get('n', 0) + step\n    out = {'n': n, 'seen': len(context)}\n    if n >= 6:\n        out['__actions__'] = ['exit_loop']\n    return out\n\n\
+         def double(state):\n    return {'doubled': state['n'] * 2}\n",
+    );
+    let function = PyFunction::parse("steps.py:count", s.dir.path()).expect("file reference");
+    let mut kwargs = Map::new();
+    kwargs.insert("step".into(), json!(2));
+    let count = PythonAgent::new("count", function, kwargs, Arc::clone(&s.kernel));
+    let double = s.python("double", "steps:double");
+    let max = NonZeroU32::new(10).expect("not zero");
+    let flow =
+        Graph::looping("loop", vec![Arc::new(count), Arc::new(double)], max).expect("two nodes");
+    let (report, events) = s.run(&flow, State::default());
+    assert_eq!(report.result, Ok(engine::flow::Control::Continue));
+    assert_eq!(report.state.get("n"), Some(&json!(6)));
+    assert_eq!(
+        report.state.get("seen"),
+        Some(&json!(3)),
+        "the step sees the context"
+    );
+    // `double` ran after each of the first two counts only (the third exited the loop).
+    assert_eq!(report.state.get("doubled"), Some(&json!(8)));
+    assert_eq!(
+        starts(&events),
+        ["loop", "count", "double", "count", "double", "count"]
+    );
+    let loop_end = events.last().expect("events");
+    assert_eq!(loop_end.end_status(), Some(EndStatus::ExitedLoop));
+    // Nothing of the call is left in the session's namespace.
+    let session = s.kernel.session().expect("session");
+    let vars = session.variables().expect("variables");
+    assert!(
+        vars.iter().all(|v| !v.name.starts_with("__rlm_flow")),
+        "{vars:?}"
+    );
+}
+
+#[test]
+fn a_python_step_that_raises_or_returns_no_dict_fails_with_what_it_did() {
+    let s = setup(json!({"models": {}}), Vec::new());
+    s.write(
+        "bad.py",
+        "def boom(state):\n    raise ValueError('no plan yet')\n\ndef wrong(state):\n    return [1]\n\ndef odd(state):\n    return {'x': object()}\n",
+    );
+    for (function, expected) in [
+        ("bad.py:boom", "ValueError: no plan yet"),
+        (
+            "bad.py:wrong",
+            "returned a list, not a dict of state updates",
+        ),
+        ("bad.py:odd", "not JSON serializable"),
+        ("bad.py:missing", "AttributeError"),
+        ("no_such_module:f", "ModuleNotFoundError"),
+    ] {
+        let (report, _) = s.run(&s.python("step", function), State::default());
+        let Err(FlowError::Agent { message, .. }) = &report.result else {
+            panic!("{function}: {:?}", report.result)
+        };
+        assert!(message.contains(expected), "{function}: {message}");
+    }
+}
+
+#[test]
+fn python_callbacks_short_circuit_an_agent_and_a_root_model_call_and_write_state() {
+    let s = setup(json!({"models": {}}), vec![ContextSource::Text("x".into())]);
+    s.write(
+        "hooks.py",
+        "def cached(ctx):\n    ctx['state']['cache_hits'] = ctx['state'].get('cache_hits', 0) + 1\n    if ctx['args'] and ctx['args'].get('skip'):\n        return 'from cache'\n\n\
+         def canned(ctx):\n    assert ctx['point'] == 'before_model'\n    assert ctx['request'][0]['role'] == 'system'\n    return 'FINAL(canned answer)'\n\n\
+         def shout(ctx):\n    return ctx['response'].upper()\n",
+    );
+    let callback = |point: CallbackPoint, reference: &str, args: Option<Value>| {
+        let function = PyFunction::parse(reference, s.dir.path()).expect("reference");
+        let callback = PythonCallback::new(point, function, args, Arc::clone(&s.kernel));
+        Arc::new(callback) as Arc<dyn engine::flow::Callback>
+    };
+    let skipped = s
+        .python("never", "hooks:never_called")
+        .with_callbacks(Callbacks::from_iter([callback(
+            CallbackPoint::BeforeAgent,
+            "hooks.py:cached",
+            Some(json!({"skip": true})),
+        )]));
+    let after: Callbacks = [
+        callback(CallbackPoint::BeforeAgent, "hooks:cached", None),
+        callback(CallbackPoint::BeforeModel, "hooks:cached", None),
+        callback(CallbackPoint::BeforeModel, "hooks:canned", None),
+        callback(CallbackPoint::AfterModel, "hooks:shout", None),
+    ]
+    .into_iter()
+    .collect();
+    let rlm = RlmAgent::new("rlm", "q", RlmConfig::default(), Arc::clone(&s.kernel))
+        .with_output_key("answer")
+        .with_callbacks(after);
+    let flow = Graph::sequential("both", vec![Arc::new(skipped), Arc::new(rlm)]).expect("nodes");
+    let (report, events) = s.run(&flow, State::default());
+    assert_eq!(
+        report.result,
+        Ok(engine::flow::Control::Continue),
+        "{events:#?}"
+    );
+    let skipped_end = events
+        .iter()
+        .find(|e| e.author == "never" && e.end_status().is_some())
+        .expect("end");
+    assert_eq!(skipped_end.end_status(), Some(EndStatus::Skipped));
+    // The before_model callback answered, the after_model one changed the reply, and no
+    // request reached the server.
+    assert_eq!(report.state.get("answer"), Some(&json!("CANNED ANSWER")));
+    assert!(s.server.log().is_empty());
+    // before_agent of `never`, before_agent of `rlm`, before_model of `rlm`.
+    assert_eq!(report.state.get("cache_hits"), Some(&json!(3)));
+}
+
+#[test]
+fn cancelling_a_run_stops_the_rlm_loop_and_keeps_the_event_log() {
+    let script = json!({"models": {"root": {
+        "fallback": {"text": "```repl\nprint(1)\n```"},
+        "latency": {"kind": "fixed", "ms": 10_000}
+    }}});
+    let s = setup(script, vec![ContextSource::Text("x".into())]);
+    let rlm = RlmAgent::new("slow", "q", RlmConfig::default(), Arc::clone(&s.kernel));
+    let memory = Arc::new(MemorySink::new());
+    let invocation = Invocation::new(SharedState::new(State::default())).with_sink(memory.clone());
+    let cancel = invocation.cancel.clone();
+    let report = kernel::runtime::shared().block_on(async {
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            cancel.cancel();
+        });
+        run_workflow(&rlm, invocation, None).await
+    });
+    assert_eq!(report.result, Err(FlowError::Cancelled));
+    let events = memory.events();
+    assert_eq!(
+        events.first().map(|e| e.kind.clone()),
+        Some(EventKind::Start)
+    );
+    assert_eq!(
+        events.last().and_then(Event::end_status),
+        Some(EndStatus::Cancelled)
+    );
+    // The loop, left running in its thread, was stopped: it reports `interrupted` instead
+    // of the root model's reply, which would take 10 s.
+    let stopped = (0..100).find_map(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        let events = memory.events();
+        metadata(&events, "rlm_result")
+            .first()
+            .map(|e| e.metadata["termination_reason"].clone())
+    });
+    assert_eq!(stopped, Some(json!("interrupted")));
+}
