@@ -5,7 +5,8 @@
 //! `agent`, `branch`, `args` (the file's `args`), `state` (a copy it may change: changed and
 //! new keys are written back, in the order of the dict), `actions` (a dict of `exit_loop`,
 //! `end_turn`, `escalate` it may set to `True`) and what the point is about: `request` (the
-//! messages, before a model call), `response` (its text, after one), `error`, or `tool`
+//! messages `{"role", "content"}` before a model call; changes are sent), `response` (its
+//! text, after one), `error`, or `tool`
 //! (`{"name", "args"}`, `args` changeable before the call) and `result`. What it returns:
 //!
 //! | point | `None` | a value |
@@ -230,10 +231,18 @@ impl Callback for PythonCallback {
         request: &mut ChatRequest,
     ) -> CallbackAction<ChatResponse> {
         let messages = serde_json::to_value(&request.messages).unwrap_or(Value::Null);
-        replace(
-            self.text(cb, "before_model", extra([("request", messages)]))
-                .map(reply),
-        )
+        let (out, after) = self.call(cb, "before_model", extra([("request", messages.clone())]));
+        if let Some(changed) = after.get("request").filter(|m| **m != messages) {
+            match serde_json::from_value(changed.clone()) {
+                Ok(changed) => request.messages = changed,
+                Err(e) => tracing::warn!(
+                    "callback `{}` left `request` in a shape that is not a list of messages \
+                     (kept the original): {e}",
+                    self.function.display()
+                ),
+            }
+        }
+        replace(out.as_str().map(|text| reply(text.to_owned())))
     }
 
     fn after_model(&self, cb: &CallbackContext, response: &mut ChatResponse) {

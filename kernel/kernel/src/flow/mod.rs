@@ -11,10 +11,14 @@
 //!   the state.
 //! - [`PythonCallback`]: a Python callable named in a workflow file as a callback.
 //!
+//! [`build_kernel_agent`] makes these agents from workflow-file specs and
+//! [`python_callbacks`] the callbacks any agent's file names.
+//!
 //! Python functions are named `module:function`, `module.function` or
 //! `file.py:function` ([`PyFunction`]). The REPL blocks, so each step waits for it on a
 //! thread of its own, never on a runtime thread.
 
+mod build;
 mod callbacks;
 mod contexts;
 mod python;
@@ -22,9 +26,10 @@ mod python_agent;
 mod rlm_agent;
 mod services;
 
+pub use build::{LOAD_CONTEXTS, build_kernel_agent, python_callbacks};
 pub use callbacks::{CallbackPoint, PythonCallback};
 pub use contexts::{CONTEXTS_KEY, ContextLoader};
 pub use python::{PyCallError, PyFunction};
-pub use python_agent::{ACTIONS_KEY, PythonAgent};
+pub use python_agent::{ACTIONS_KEY, MESSAGE_KEY, PythonAgent};
 pub use rlm_agent::RlmAgent;
 pub use services::FlowKernel;

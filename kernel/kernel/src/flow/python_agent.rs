@@ -11,8 +11,9 @@ use super::python::PyFunction;
 use super::services::{FlowKernel, kernel_error, off_runtime};
 
 /// A step that calls a Python function with a copy of the state (a dict) and applies the
-/// dict it returns as state updates (`None`: no updates). A key `"__actions__"` in the
-/// returned dict may list `exit_loop`, `end_turn` or `escalate`.
+/// dict it returns as state updates (`None`: no updates). Two keys of the returned dict are
+/// not state: `"__actions__"` lists actions (`exit_loop`, `end_turn`, `escalate`) and
+/// `"__message__"` is a str the step says (its message, as an LLM agent's answer).
 pub struct PythonAgent {
     name: String,
     description: String,
@@ -30,6 +31,9 @@ impl std::fmt::Debug for PythonAgent {
 
 /// The key of a step's returned dict that lists actions instead of naming a state key.
 pub const ACTIONS_KEY: &str = "__actions__";
+
+/// The key of a step's returned dict that holds its message instead of naming a state key.
+pub const MESSAGE_KEY: &str = "__message__";
 
 impl PythonAgent {
     /// The step `name` calling `function` with keyword arguments `kwargs`, in `kernel`'s
@@ -123,14 +127,29 @@ impl Agent for PythonAgent {
             }
         };
         let mut actions = engine::Actions::default();
+        let mut message = None;
         for (key, value) in updates {
             if key == ACTIONS_KEY {
                 actions = parse_actions(&value).map_err(|m| self.fail(m))?;
+            } else if key == MESSAGE_KEY {
+                match value {
+                    Value::String(text) => message = Some(text),
+                    other => {
+                        return Err(self.fail(format!(
+                            "`{MESSAGE_KEY}` must be a str, not {}",
+                            kind_of(&other)
+                        )));
+                    }
+                }
             } else {
                 ctx.set_state(key, value);
             }
         }
-        ctx.emit(Event::new(EventKind::StateUpdate).with_actions(actions))?;
+        let event = match message {
+            Some(text) => Event::message(text),
+            None => Event::new(EventKind::StateUpdate),
+        };
+        ctx.emit(event.with_actions(actions))?;
         Ok(Control::from_actions(actions))
     }
 }

@@ -219,7 +219,7 @@ fn python_steps_update_the_state_that_the_next_step_and_iteration_see_and_exit_a
     s.write(
         "steps.py",
         "def count(state, step=1):\n    n = state.get('n', 0) + step\n    out = {'n': n, 'seen': len(context)}\n    if n >= 6:\n        out['__actions__'] = ['exit_loop']\n    return out\n\n\
-         def double(state):\n    return {'doubled': state['n'] * 2}\n",
+         def double(state):\n    return {'doubled': state['n'] * 2, '__message__': 'doubled'}\n",
     );
     let function = PyFunction::parse("steps.py:count", s.dir.path()).expect("file reference");
     let mut kwargs = Map::new();
@@ -242,6 +242,15 @@ fn python_steps_update_the_state_that_the_next_step_and_iteration_see_and_exit_a
     assert_eq!(
         starts(&events),
         ["loop", "count", "double", "count", "double", "count"]
+    );
+    let said: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == EventKind::Message)
+        .collect();
+    assert_eq!(said.len(), 2);
+    assert_eq!(
+        (said[0].author.as_str(), said[0].content.as_deref()),
+        ("double", Some("doubled"))
     );
     let loop_end = events.last().expect("events");
     assert_eq!(loop_end.end_status(), Some(EndStatus::ExitedLoop));
@@ -285,7 +294,8 @@ fn python_callbacks_short_circuit_an_agent_and_a_root_model_call_and_write_state
     s.write(
         "hooks.py",
         "def cached(ctx):\n    ctx['state']['cache_hits'] = ctx['state'].get('cache_hits', 0) + 1\n    if ctx['args'] and ctx['args'].get('skip'):\n        return 'from cache'\n\n\
-         def canned(ctx):\n    assert ctx['point'] == 'before_model'\n    assert ctx['request'][0]['role'] == 'system'\n    return 'FINAL(canned answer)'\n\n\
+         def canned(ctx):\n    assert ctx['point'] == 'before_model'\n    assert ctx['request'][0]['role'] == 'system'\n    assert ctx['request'][-1]['content'].endswith(' REMINDER')\n    return 'FINAL(canned answer)'\n\n\
+         def remind(ctx):\n    ctx['request'][-1]['content'] += ' REMINDER'\n\n\
          def shout(ctx):\n    return ctx['response'].upper()\n",
     );
     let callback = |point: CallbackPoint, reference: &str, args: Option<Value>| {
@@ -303,6 +313,7 @@ fn python_callbacks_short_circuit_an_agent_and_a_root_model_call_and_write_state
     let after: Callbacks = [
         callback(CallbackPoint::BeforeAgent, "hooks:cached", None),
         callback(CallbackPoint::BeforeModel, "hooks:cached", None),
+        callback(CallbackPoint::BeforeModel, "hooks:remind", None),
         callback(CallbackPoint::BeforeModel, "hooks:canned", None),
         callback(CallbackPoint::AfterModel, "hooks:shout", None),
     ]
@@ -331,6 +342,20 @@ fn python_callbacks_short_circuit_an_agent_and_a_root_model_call_and_write_state
     assert_eq!(report.state.get("cache_hits"), Some(&json!(3)));
 }
 
+/// Cancels the run at the first model call.
+struct CancelBeforeModel(bridge::CancellationToken);
+
+impl engine::flow::Callback for CancelBeforeModel {
+    fn before_model(
+        &self,
+        _ctx: &engine::flow::CallbackContext,
+        _request: &mut bridge::ChatRequest,
+    ) -> engine::flow::CallbackAction<bridge::ChatResponse> {
+        self.0.cancel();
+        engine::flow::CallbackAction::Continue
+    }
+}
+
 #[test]
 fn cancelling_a_run_stops_the_rlm_loop_and_keeps_the_event_log() {
     let script = json!({"models": {"root": {
@@ -340,15 +365,13 @@ fn cancelling_a_run_stops_the_rlm_loop_and_keeps_the_event_log() {
     let s = setup(script, vec![ContextSource::Text("x".into())]);
     let rlm = RlmAgent::new("slow", "q", RlmConfig::default(), Arc::clone(&s.kernel));
     let memory = Arc::new(MemorySink::new());
-    let invocation = Invocation::new(SharedState::new(State::default())).with_sink(memory.clone());
-    let cancel = invocation.cancel.clone();
-    let report = kernel::runtime::shared().block_on(async {
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            cancel.cancel();
-        });
-        run_workflow(&rlm, invocation, None).await
-    });
+    let mut invocation =
+        Invocation::new(SharedState::new(State::default())).with_sink(memory.clone());
+    // Cancel the run (as Ctrl-C does) once the root call is about to be sent.
+    invocation
+        .callbacks
+        .push(Arc::new(CancelBeforeModel(invocation.cancel.clone())));
+    let report = kernel::runtime::shared().block_on(run_workflow(&rlm, invocation, None));
     assert_eq!(report.result, Err(FlowError::Cancelled));
     let events = memory.events();
     assert_eq!(
@@ -369,4 +392,68 @@ fn cancelling_a_run_stops_the_rlm_loop_and_keeps_the_event_log() {
             .map(|e| e.metadata["termination_reason"].clone())
     });
     assert_eq!(stopped, Some(json!("interrupted")));
+}
+
+#[test]
+fn workflow_files_build_kernel_agents_and_python_callbacks_and_point_at_bad_lines() {
+    use engine::flow::file::load_workflow;
+    use kernel::flow::build_kernel_agent;
+
+    let script = json!({"models": {"root": {"fallback": {"text": "FINAL(2)"}}}});
+    let s = setup(script, Vec::new());
+    let notes = s.write("notes.txt", "alpha\nbeta\n");
+    s.write(
+        "hooks.py",
+        "def mark(ctx, **_):\n    ctx['state']['marked'] = ctx['args']['tag']\n",
+    );
+    let load = s.write(
+        "load.yaml",
+        "agent_class: PythonAgent\nname: load\nfunction: rlm:load_contexts\n\
+         args: {paths_key: files, output_key: loaded}\n",
+    );
+    let ask = s.write(
+        "ask.yaml",
+        "agent_class: RlmAgent\nname: ask\nmodel: root\ninstruction: Count {what}\n\
+         output_key: count\nmax_iterations: 2\nargs: {run_timeout: 30}\n\
+         before_agent_callbacks:\n  - name: hooks.py:mark\n    args: {tag: seen}\n",
+    );
+    let build = |path: &std::path::Path| {
+        let spec = load_workflow(path).expect("loads");
+        build_kernel_agent(&spec, &s.kernel)
+    };
+    let load = build(&load).expect("builds").expect("a kernel agent");
+    let ask = build(&ask).expect("builds").expect("a kernel agent");
+    let flow = Graph::sequential("both", vec![load, ask]).expect("nodes");
+    let (report, _) = s.run(
+        &flow,
+        state(&[("files", json!([notes])), ("what", json!("lines"))]),
+    );
+    assert_eq!(report.result, Ok(engine::flow::Control::Continue));
+    assert_eq!(report.state.get("marked"), Some(&json!("seen")));
+    assert!(report.state.get("loaded").is_some_and(Value::is_array));
+    assert!(report.state.get("count").is_some());
+
+    for (text, expected) in [
+        (
+            "agent_class: RlmAgent\nname: a\ninstruction: q\nmodel: nope\n",
+            ":4:1: No model endpoint is named `nope`",
+        ),
+        (
+            "agent_class: RlmAgent\nname: a\ninstruction: q\nargs: {cell: 3}\n",
+            ":4:1: unknown field `cell`",
+        ),
+        (
+            "agent_class: PythonAgent\nname: a\nfunction: not a function\n",
+            ":3:1: `not a function` does not name a Python function",
+        ),
+        (
+            "agent_class: PythonAgent\nname: a\nfunction: m:f\n\
+             after_agent_callbacks:\n  - name: nofunction\n",
+            ":5:5: `nofunction` does not name a Python function",
+        ),
+    ] {
+        let path = s.write("bad.yaml", text);
+        let err = build(&path).expect_err("refused").to_string();
+        assert!(err.contains(expected), "{err}");
+    }
 }
