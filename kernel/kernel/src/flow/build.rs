@@ -1,38 +1,39 @@
-//! Kernel agents from workflow files: `RlmAgent` and `PythonAgent` specs, and Python
-//! callables named in any agent's `*_callbacks` lists.
-//!
-//! The engine reads the files ([`engine::flow::file`]) and builds the agents it knows; the
-//! classes that need Python come here. Every error points at the file, line and column of
-//! the key that is wrong.
+//! The kernel's part of building workflow files: [`register`] adds to the engine's
+//! [`Registry`] the classes that need Python (`RlmAgent`, `PythonAgent`) and Python
+//! callables as callbacks. Every error points at the file, line and column of the key that
+//! is wrong.
 //!
 //! - `PythonAgent`: `function` is `module:function`, `module.function` or
-//!   `file.py:function` (relative to the workflow file); `args` are keyword arguments. The
+//!   `file.py:function` (relative to the agent's file); `args` are keyword arguments. The
 //!   built-in `rlm:load_contexts` is the [`ContextLoader`] (`args`: `paths_key`,
 //!   `output_key`).
-//! - `RlmAgent`: `model` names the root endpoint (default `root`), `max_iterations` the
-//!   loop's limit; `args` may set `run_timeout` (seconds), `max_consecutive_failures` and
-//!   `max_history_chars`. The sub-model is the run's (`llm_query(model=...)` picks others).
-//! - Callbacks: `{name, args}` with `name` a Python function reference as above.
+//! - `RlmAgent`: `model` names the root endpoint (absent: the registry's default model),
+//!   `max_iterations` the loop's limit; `args` may set `run_timeout` (seconds),
+//!   `max_consecutive_failures` and `max_history_chars`. The sub-model is the run's
+//!   (`llm_query(model=...)` picks others).
+//! - Callbacks: a `name` no registered callback has is a Python function reference as
+//!   above; a file path is relative to the workflow's root folder (the registry hands the
+//!   callback factory only the `{name, args}` entry).
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::flow::Callbacks;
 use engine::flow::file::{
-    AgentConfig, AgentSpec, ConfigError, ConfigErrorKind, PythonAgentConfig, RlmAgentConfig,
+    AgentClass, AgentConfig, AgentSpec, ConfigError, ConfigErrorKind, PythonAgentConfig,
+    RlmAgentConfig,
 };
+use engine::flow::{Agent, Callbacks, Registry};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::callbacks::{CallbackPoint, PythonCallback};
+use super::callbacks::PythonCallback;
 use super::contexts::ContextLoader;
 use super::python::PyFunction;
 use super::python_agent::PythonAgent;
 use super::rlm_agent::RlmAgent;
 use super::services::FlowKernel;
 use crate::rlm::RlmConfig;
-use engine::flow::Agent;
 
 /// The `function` of a `PythonAgent` that is the built-in context loader.
 pub const LOAD_CONTEXTS: &str = "rlm:load_contexts";
@@ -53,44 +54,45 @@ fn function_of(spec: &AgentSpec, key: &str, reference: &str) -> Result<PyFunctio
     })
 }
 
-/// The Python callables `spec` names in its `*_callbacks` lists, each at its point.
-pub fn python_callbacks(
-    spec: &AgentSpec,
-    kernel: &Arc<FlowKernel>,
-) -> Result<Callbacks, ConfigError> {
-    let mut callbacks = Callbacks::new();
-    for (list, code) in spec.config.callbacks().all() {
-        let point = CallbackPoint::from_list(list).ok_or_else(|| {
-            spec.error_at(
-                list,
-                None,
-                ConfigErrorKind::Unknown,
-                format!("`{list}` is not a callback point"),
-            )
-        })?;
-        let function = function_of(spec, "name", &code.name)?;
-        callbacks.push(Arc::new(PythonCallback::new(
-            point,
-            function,
-            code.args.clone(),
-            Arc::clone(kernel),
-        )));
-    }
-    Ok(callbacks)
+/// `registry` with the kernel's classes and Python callbacks, all working in `kernel`'s
+/// session; Python callback files are relative to `root_dir` (the root workflow file's
+/// folder).
+pub fn register(registry: Registry, kernel: &Arc<FlowKernel>, root_dir: &Path) -> Registry {
+    let (python, rlm, callbacks) = (Arc::clone(kernel), Arc::clone(kernel), Arc::clone(kernel));
+    let root_dir = root_dir.to_owned();
+    registry
+        .with_class(AgentClass::PythonAgent, move |spec, registry| {
+            let AgentConfig::Python(config) = &spec.config else {
+                return Err(not_class(spec, AgentClass::PythonAgent));
+            };
+            python_agent(spec, config, &python, registry.callbacks_for(spec)?)
+        })
+        .with_class(AgentClass::RlmAgent, move |spec, registry| {
+            let AgentConfig::Rlm(config) = &spec.config else {
+                return Err(not_class(spec, AgentClass::RlmAgent));
+            };
+            let callbacks = registry.callbacks_for(spec)?;
+            let endpoint = registry.endpoint(spec, config.model.as_deref())?;
+            let agent = rlm_agent(spec, config, endpoint.name(), &rlm, callbacks)?;
+            Ok(Arc::new(agent) as Arc<dyn Agent>)
+        })
+        .with_callback_fallback(move |code| {
+            let function = PyFunction::parse(&code.name, &root_dir).map_err(|e| e.to_string())?;
+            Ok(Arc::new(PythonCallback::new(
+                function,
+                code.args.clone(),
+                Arc::clone(&callbacks),
+            )))
+        })
 }
 
-/// The agent for a `PythonAgent` or `RlmAgent` spec; `None` for the classes the engine
-/// builds.
-pub fn build_kernel_agent(
-    spec: &AgentSpec,
-    kernel: &Arc<FlowKernel>,
-) -> Result<Option<Arc<dyn Agent>>, ConfigError> {
-    let callbacks = python_callbacks(spec, kernel)?;
-    Ok(match &spec.config {
-        AgentConfig::Python(config) => Some(python_agent(spec, config, kernel, callbacks)?),
-        AgentConfig::Rlm(config) => Some(Arc::new(rlm_agent(spec, config, kernel, callbacks)?)),
-        _ => None,
-    })
+fn not_class(spec: &AgentSpec, class: AgentClass) -> ConfigError {
+    spec.error_at(
+        "agent_class",
+        None,
+        ConfigErrorKind::Invalid,
+        format!("Expected a `{}` here", class.as_str()),
+    )
 }
 
 /// What `args` of `rlm:load_contexts` may set.
@@ -154,6 +156,7 @@ fn python_agent(
 fn rlm_agent(
     spec: &AgentSpec,
     config: &RlmAgentConfig,
+    root: &str,
     kernel: &Arc<FlowKernel>,
     callbacks: Callbacks,
 ) -> Result<RlmAgent, ConfigError> {
@@ -162,27 +165,10 @@ fn rlm_agent(
         &config.args,
         "`run_timeout`, `max_consecutive_failures` and `max_history_chars`",
     )?;
-    let mut rlm = RlmConfig::default();
-    if let Some(model) = &config.model {
-        if kernel.endpoints().get(model).is_err() {
-            return Err(spec.error_at(
-                "model",
-                Some(model),
-                ConfigErrorKind::Unknown,
-                format!(
-                    "No model endpoint is named `{model}`; the run has {}",
-                    kernel
-                        .endpoints()
-                        .names()
-                        .iter()
-                        .map(|n| format!("`{n}`"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ));
-        }
-        rlm.root_endpoint = model.clone();
-    }
+    let mut rlm = RlmConfig {
+        root_endpoint: root.to_owned(),
+        ..RlmConfig::default()
+    };
     if let Some(sub) = &config.sub_model
         && kernel.endpoints().get(sub).is_err()
     {
@@ -190,7 +176,16 @@ fn rlm_agent(
             "sub_model",
             Some(sub),
             ConfigErrorKind::Unknown,
-            format!("No model endpoint is named `{sub}`"),
+            format!(
+                "There is no model `{sub}`; configured models: {}",
+                kernel
+                    .endpoints()
+                    .names()
+                    .iter()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         ));
     }
     if let Some(max) = config.max_iterations {

@@ -1,7 +1,7 @@
 //! [`PythonCallback`]: a Python callable named in a workflow file as a callback.
 //!
-//! A callback is named for one point (the `*_callbacks` list of the file it is in) and
-//! runs only there. The callable gets one dict, `ctx`: `point` (`before_agent`, `after_model`, ...),
+//! A callback is named for one point (the `*_callbacks` list of the file it is in) and the
+//! engine's registry runs it only there. The callable gets one dict, `ctx`: `point` (`before_agent`, `after_model`, ...),
 //! `agent`, `branch`, `args` (the file's `args`), `state` (a copy it may change: changed and
 //! new keys are written back, in the order of the dict), `actions` (a dict of `exit_loop`,
 //! `end_turn`, `escalate` it may set to `True`) and what the point is about: `request` (the
@@ -27,70 +27,15 @@
 use std::sync::Arc;
 
 use bridge::{BridgeError, CancellationToken, ChatRequest, ChatResponse, Usage};
-use engine::ToolError;
+use engine::agent::ToolCallError;
 use engine::flow::{Callback, CallbackAction, CallbackContext, ToolInvocation};
 use serde_json::{Map, Value, json};
 
 use super::python::PyFunction;
 use super::services::FlowKernel;
 
-/// The point a callback is named for (the workflow file's `*_callbacks` list it is in).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CallbackPoint {
-    /// `before_agent_callbacks`.
-    BeforeAgent,
-    /// `after_agent_callbacks`.
-    AfterAgent,
-    /// `before_model_callbacks`.
-    BeforeModel,
-    /// `after_model_callbacks`.
-    AfterModel,
-    /// `on_model_error_callbacks`.
-    OnModelError,
-    /// `before_tool_callbacks`.
-    BeforeTool,
-    /// `after_tool_callbacks`.
-    AfterTool,
-    /// `on_tool_error_callbacks`.
-    OnToolError,
-}
-
-impl CallbackPoint {
-    /// Its name in `ctx["point"]`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::BeforeAgent => "before_agent",
-            Self::AfterAgent => "after_agent",
-            Self::BeforeModel => "before_model",
-            Self::AfterModel => "after_model",
-            Self::OnModelError => "on_model_error",
-            Self::BeforeTool => "before_tool",
-            Self::AfterTool => "after_tool",
-            Self::OnToolError => "on_tool_error",
-        }
-    }
-
-    /// The point a workflow file's list (`before_agent_callbacks`, ...) is for.
-    pub fn from_list(list: &str) -> Option<Self> {
-        let point = list.strip_suffix("_callbacks")?;
-        [
-            Self::BeforeAgent,
-            Self::AfterAgent,
-            Self::BeforeModel,
-            Self::AfterModel,
-            Self::OnModelError,
-            Self::BeforeTool,
-            Self::AfterTool,
-            Self::OnToolError,
-        ]
-        .into_iter()
-        .find(|p| p.as_str() == point)
-    }
-}
-
-/// A Python callable as a [`Callback`] at one point; see the module docs.
+/// A Python callable as a [`Callback`]; see the module docs.
 pub struct PythonCallback {
-    point: CallbackPoint,
     function: PyFunction,
     args: Value,
     kernel: Arc<FlowKernel>,
@@ -98,38 +43,23 @@ pub struct PythonCallback {
 
 impl std::fmt::Debug for PythonCallback {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "PythonCallback({}: {})",
-            self.point.as_str(),
-            self.function.display()
-        )
+        write!(f, "PythonCallback({})", self.function.display())
     }
 }
 
 impl PythonCallback {
-    /// `function` at `point`, called with `args` under `ctx["args"]`, in `kernel`'s session.
-    pub fn new(
-        point: CallbackPoint,
-        function: PyFunction,
-        args: Option<Value>,
-        kernel: Arc<FlowKernel>,
-    ) -> Self {
+    /// `function`, called with `args` under `ctx["args"]`, in `kernel`'s session.
+    pub fn new(function: PyFunction, args: Option<Value>, kernel: Arc<FlowKernel>) -> Self {
         Self {
-            point,
             function,
             args: args.unwrap_or(Value::Null),
             kernel,
         }
     }
 
-    /// Calls the function if it is named for `point`, with `extra` keys; writes its state
-    /// changes and actions back to `cb`; returns what it returned and the `ctx` dict as it
-    /// left it (`null` both when it is not for `point`).
+    /// Calls the function at `point` with `extra` keys; writes its state changes and
+    /// actions back to `cb`; returns what it returned and the `ctx` dict as it left it.
     fn call(&self, cb: &CallbackContext, point: &str, extra: Map<String, Value>) -> (Value, Value) {
-        if self.point.as_str() != point {
-            return (Value::Null, Value::Null);
-        }
         let state = Value::Object(cb.state().with(|s| s.values().clone()));
         let mut ctx = json!({
             "point": point,
@@ -288,7 +218,7 @@ impl Callback for PythonCallback {
         &self,
         cb: &CallbackContext,
         call: &ToolInvocation,
-        error: &ToolError,
+        error: &ToolCallError,
     ) -> CallbackAction<Value> {
         let pairs = extra([
             ("tool", tool_json(call)),

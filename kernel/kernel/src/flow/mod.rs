@@ -11,8 +11,7 @@
 //!   the state.
 //! - [`PythonCallback`]: a Python callable named in a workflow file as a callback.
 //!
-//! [`build_kernel_agent`] makes these agents from workflow-file specs and
-//! [`python_callbacks`] the callbacks any agent's file names.
+//! [`register`] teaches the engine's `Registry` to build these from workflow files.
 //!
 //! Python functions are named `module:function`, `module.function` or
 //! `file.py:function` ([`PyFunction`]). The REPL blocks, so each step waits for it on a
@@ -26,8 +25,8 @@ mod python_agent;
 mod rlm_agent;
 mod services;
 
-pub use build::{LOAD_CONTEXTS, build_kernel_agent, python_callbacks};
-pub use callbacks::{CallbackPoint, PythonCallback};
+pub use build::{LOAD_CONTEXTS, register};
+pub use callbacks::PythonCallback;
 pub use contexts::{CONTEXTS_KEY, ContextLoader};
 pub use python::{PyCallError, PyFunction};
 pub use python_agent::{ACTIONS_KEY, MESSAGE_KEY, PythonAgent};

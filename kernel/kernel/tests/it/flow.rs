@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use bridge::mock::{MockConfig, MockServer, Script};
 use bridge::{Budget, EndpointConfig, Endpoints, Ledger, RetryPolicy};
+use engine::flow::Registry;
+use engine::flow::file::{ConfigError, load_workflow};
 use engine::flow::{
-    Agent, Callbacks, EndStatus, Event, EventKind, EventLog, FlowError, Graph, Invocation,
-    MemorySink, RunReport, run_workflow,
+    Agent, EndStatus, Event, EventKind, EventLog, FlowError, Graph, Invocation, MemorySink,
+    RunReport, run_workflow,
 };
 use engine::{SharedState, State};
-use kernel::flow::{
-    CallbackPoint, ContextLoader, FlowKernel, PyFunction, PythonAgent, PythonCallback, RlmAgent,
-};
+use kernel::flow::{ContextLoader, FlowKernel, PyFunction, PythonAgent, RlmAgent, register};
 use kernel::repl::{ContextSource, SessionConfig};
 use kernel::rlm::RlmConfig;
 use serde_json::{Map, Value, json};
@@ -80,6 +80,13 @@ impl Setup {
         let path = self.dir.path().join(name);
         std::fs::write(&path, text).expect("write");
         path
+    }
+
+    /// The agent tree of the workflow file at `path`, with the kernel's classes registered.
+    fn build(&self, path: &std::path::Path) -> Result<Arc<dyn Agent>, ConfigError> {
+        let spec = load_workflow(path)?;
+        let registry = Registry::new(Arc::clone(self.kernel.endpoints()), "root");
+        register(registry, &self.kernel, self.dir.path()).build(&spec)
     }
 
     fn python(&self, name: &str, reference: &str) -> PythonAgent {
@@ -289,7 +296,7 @@ fn a_python_step_that_raises_or_returns_no_dict_fails_with_what_it_did() {
 }
 
 #[test]
-fn python_callbacks_short_circuit_an_agent_and_a_root_model_call_and_write_state() {
+fn python_callbacks_named_in_files_short_circuit_an_agent_and_a_root_model_call() {
     let s = setup(json!({"models": {}}), vec![ContextSource::Text("x".into())]);
     s.write(
         "hooks.py",
@@ -298,32 +305,25 @@ fn python_callbacks_short_circuit_an_agent_and_a_root_model_call_and_write_state
          def remind(ctx):\n    ctx['request'][-1]['content'] += ' REMINDER'\n\n\
          def shout(ctx):\n    return ctx['response'].upper()\n",
     );
-    let callback = |point: CallbackPoint, reference: &str, args: Option<Value>| {
-        let function = PyFunction::parse(reference, s.dir.path()).expect("reference");
-        let callback = PythonCallback::new(point, function, args, Arc::clone(&s.kernel));
-        Arc::new(callback) as Arc<dyn engine::flow::Callback>
-    };
-    let skipped = s
-        .python("never", "hooks:never_called")
-        .with_callbacks(Callbacks::from_iter([callback(
-            CallbackPoint::BeforeAgent,
-            "hooks.py:cached",
-            Some(json!({"skip": true})),
-        )]));
-    let after: Callbacks = [
-        callback(CallbackPoint::BeforeAgent, "hooks:cached", None),
-        callback(CallbackPoint::BeforeModel, "hooks:cached", None),
-        callback(CallbackPoint::BeforeModel, "hooks:remind", None),
-        callback(CallbackPoint::BeforeModel, "hooks:canned", None),
-        callback(CallbackPoint::AfterModel, "hooks:shout", None),
-    ]
-    .into_iter()
-    .collect();
-    let rlm = RlmAgent::new("rlm", "q", RlmConfig::default(), Arc::clone(&s.kernel))
-        .with_output_key("answer")
-        .with_callbacks(after);
-    let flow = Graph::sequential("both", vec![Arc::new(skipped), Arc::new(rlm)]).expect("nodes");
-    let (report, events) = s.run(&flow, State::default());
+    s.write(
+        "never.yaml",
+        "agent_class: PythonAgent\nname: never\nfunction: hooks:never_called\n\
+         before_agent_callbacks:\n  - name: hooks.py:cached\n    args: {skip: true}\n",
+    );
+    s.write(
+        "rlm.yaml",
+        "agent_class: RlmAgent\nname: rlm\ninstruction: q\noutput_key: answer\n\
+         before_agent_callbacks: [{name: hooks:cached}]\n\
+         before_model_callbacks: [{name: hooks:cached}, {name: hooks:remind}, {name: hooks:canned}]\n\
+         after_model_callbacks: [{name: hooks:shout}]\n",
+    );
+    let root = s.write(
+        "both.yaml",
+        "agent_class: SequentialAgent\nname: both\n\
+         sub_agents: [{config_path: never.yaml}, {config_path: rlm.yaml}]\n",
+    );
+    let flow = s.build(&root).expect("builds");
+    let (report, events) = s.run(flow.as_ref(), State::default());
     assert_eq!(
         report.result,
         Ok(engine::flow::Control::Continue),
@@ -334,8 +334,8 @@ fn python_callbacks_short_circuit_an_agent_and_a_root_model_call_and_write_state
         .find(|e| e.author == "never" && e.end_status().is_some())
         .expect("end");
     assert_eq!(skipped_end.end_status(), Some(EndStatus::Skipped));
-    // The before_model callback answered, the after_model one changed the reply, and no
-    // request reached the server.
+    // The before_model callbacks changed the request and answered; the after_model one
+    // changed the reply; no request reached the server.
     assert_eq!(report.state.get("answer"), Some(&json!("CANNED ANSWER")));
     assert!(s.server.log().is_empty());
     // before_agent of `never`, before_agent of `rlm`, before_model of `rlm`.
@@ -395,10 +395,7 @@ fn cancelling_a_run_stops_the_rlm_loop_and_keeps_the_event_log() {
 }
 
 #[test]
-fn workflow_files_build_kernel_agents_and_python_callbacks_and_point_at_bad_lines() {
-    use engine::flow::file::load_workflow;
-    use kernel::flow::build_kernel_agent;
-
+fn workflow_files_build_kernel_agents_and_point_at_bad_lines() {
     let script = json!({"models": {"root": {"fallback": {"text": "FINAL(2)"}}}});
     let s = setup(script, Vec::new());
     let notes = s.write("notes.txt", "alpha\nbeta\n");
@@ -406,37 +403,40 @@ fn workflow_files_build_kernel_agents_and_python_callbacks_and_point_at_bad_line
         "hooks.py",
         "def mark(ctx, **_):\n    ctx['state']['marked'] = ctx['args']['tag']\n",
     );
-    let load = s.write(
+    s.write(
         "load.yaml",
         "agent_class: PythonAgent\nname: load\nfunction: rlm:load_contexts\n\
          args: {paths_key: files, output_key: loaded}\n",
     );
-    let ask = s.write(
+    s.write(
         "ask.yaml",
         "agent_class: RlmAgent\nname: ask\nmodel: root\ninstruction: Count {what}\n\
          output_key: count\nmax_iterations: 2\nargs: {run_timeout: 30}\n\
          before_agent_callbacks:\n  - name: hooks.py:mark\n    args: {tag: seen}\n",
     );
-    let build = |path: &std::path::Path| {
-        let spec = load_workflow(path).expect("loads");
-        build_kernel_agent(&spec, &s.kernel)
-    };
-    let load = build(&load).expect("builds").expect("a kernel agent");
-    let ask = build(&ask).expect("builds").expect("a kernel agent");
-    let flow = Graph::sequential("both", vec![load, ask]).expect("nodes");
+    let root = s.write(
+        "flow.yaml",
+        "agent_class: SequentialAgent\nname: flow\n\
+         sub_agents: [{config_path: load.yaml}, {config_path: ask.yaml}]\n",
+    );
+    let flow = s.build(&root).expect("builds");
     let (report, _) = s.run(
-        &flow,
+        flow.as_ref(),
         state(&[("files", json!([notes])), ("what", json!("lines"))]),
     );
     assert_eq!(report.result, Ok(engine::flow::Control::Continue));
     assert_eq!(report.state.get("marked"), Some(&json!("seen")));
     assert!(report.state.get("loaded").is_some_and(Value::is_array));
-    assert!(report.state.get("count").is_some());
+    assert_eq!(report.state.get("count"), Some(&json!("2")));
 
     for (text, expected) in [
         (
             "agent_class: RlmAgent\nname: a\ninstruction: q\nmodel: nope\n",
-            ":4:1: No model endpoint is named `nope`",
+            ":4:1: There is no model `nope`",
+        ),
+        (
+            "agent_class: RlmAgent\nname: a\ninstruction: q\nsub_model: nope\n",
+            ":4:1: There is no model `nope`",
         ),
         (
             "agent_class: RlmAgent\nname: a\ninstruction: q\nargs: {cell: 3}\n",
@@ -453,7 +453,7 @@ fn workflow_files_build_kernel_agents_and_python_callbacks_and_point_at_bad_line
         ),
     ] {
         let path = s.write("bad.yaml", text);
-        let err = build(&path).expect_err("refused").to_string();
+        let err = s.build(&path).expect_err("refused").to_string();
         assert!(err.contains(expected), "{err}");
     }
 }
