@@ -16,6 +16,7 @@ mod dry_run;
 mod eval;
 mod fatal_cells;
 mod final_answers;
+mod flow;
 mod limits;
 mod messages;
 mod mock_lm;

@@ -82,8 +82,12 @@ pub(crate) enum Command {
     MockLm(MockLmArgs),
     /// Print a saved trajectory (`--trajectory FILE`) as the readable trace `--trace` shows.
     Show(ShowArgs),
-    /// Render a trajectory (`--trajectory` JSONL) as one self-contained HTML page.
+    /// Render a trajectory (`--trajectory` JSONL) or a workflow's event log as one
+    /// self-contained HTML page.
     View(ViewArgs),
+    /// Workflows of agents from YAML files: run, list the built-ins, draw as Mermaid.
+    #[command(after_help = EXIT_CODES)]
+    Flow(crate::flow::FlowArgs),
 }
 
 /// Arguments of `rlm show`.

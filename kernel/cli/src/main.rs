@@ -16,6 +16,7 @@ mod chat;
 mod contexts;
 mod demo;
 mod eval;
+mod flow;
 mod logging;
 mod mock_lm;
 mod outputs;
@@ -121,6 +122,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::View(args) => view::execute(args),
+        Command::Flow(args) => {
+            let file = run::load_config_file(cli.config.as_deref())?;
+            flow::execute(args, file)
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! `rlm view`: a trajectory (JSONL) as one self-contained HTML page, rendered by the kernel
-//! library's [`kernel::rlm::render_trajectory_html`] (the notebook shows the same view).
+//! library's [`kernel::rlm::render_trajectory_html`] (the notebook shows the same view), or a
+//! workflow's event log (`rlm flow run --events`) by [`kernel::flow::render_event_log_html`].
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -28,8 +29,13 @@ pub(crate) fn execute(args: ViewArgs) -> Result<ExitCode> {
             args.trajectory.display()
         )
     })?;
-    let html = kernel::rlm::render_trajectory_html(&jsonl, false)
-        .with_context(|| format!("Cannot show `{}`", args.trajectory.display()))?;
+    let html = if kernel::flow::is_event_log(&jsonl) {
+        kernel::flow::render_event_log_html(&jsonl)
+            .with_context(|| format!("Cannot show `{}`", args.trajectory.display()))?
+    } else {
+        kernel::rlm::render_trajectory_html(&jsonl, false)
+            .with_context(|| format!("Cannot show `{}`", args.trajectory.display()))?
+    };
     std::fs::write(&output, html)
         .with_context(|| format!("Could not write `{}`", output.display()))?;
     eprintln!("wrote {}", output.display());

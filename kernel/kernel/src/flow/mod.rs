@@ -10,6 +10,7 @@
 //! - [`ContextLoader`]: loads the contexts into the session and writes their metadata to
 //!   the state.
 //! - [`PythonCallback`]: a Python callable named in a workflow file as a callback.
+//! - [`render_event_log_html`]: a run's JSONL event log as one HTML page (`rlm view`).
 //!
 //! [`register`] teaches the engine's `Registry` to build these from workflow files.
 //!
@@ -24,6 +25,7 @@ mod python;
 mod python_agent;
 mod rlm_agent;
 mod services;
+mod view;
 
 pub use build::{LOAD_CONTEXTS, register};
 pub use callbacks::PythonCallback;
@@ -32,3 +34,4 @@ pub use python::{PyCallError, PyFunction};
 pub use python_agent::{ACTIONS_KEY, MESSAGE_KEY, PythonAgent};
 pub use rlm_agent::RlmAgent;
 pub use services::FlowKernel;
+pub use view::{EventLogViewError, is_event_log, render_event_log_html};

@@ -147,4 +147,5 @@ pub use progress::{Phase, Progress, ProgressHook, ProgressSnapshot};
 pub use prompts::{PromptConfig, Prompts, describe_contexts};
 pub use runner::{Rlm, RlmError, StopHandle};
 pub use trajectory::{TRAJECTORY_VERSION, TrajectoryWriter};
+pub(crate) use view::escape as escape_html;
 pub use view::{ViewError, render_trajectory_html};

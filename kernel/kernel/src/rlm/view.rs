@@ -413,7 +413,7 @@ fn shorten(s: &str, max: usize) -> String {
 }
 
 /// HTML-escapes text for element content and attribute values.
-fn escape(s: &str) -> String {
+pub(crate) fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {

@@ -1,0 +1,116 @@
+//! `rlm flow demo NAME`: a built-in workflow against scripted mock models started
+//! in-process (no API key, no real model), with sample inputs.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use super::run::FlowRunArgs;
+use crate::UsageError;
+use crate::args::RunOptions;
+
+/// Arguments of `rlm flow demo`.
+#[derive(Debug, Args)]
+pub(crate) struct FlowDemoArgs {
+    /// The built-in workflow (`refine` or `rlm-completion`).
+    #[arg(value_name = "NAME")]
+    name: String,
+
+    /// Speak the Anthropic wire format to the mock instead of OpenAI's.
+    #[arg(long)]
+    anthropic: bool,
+
+    /// Write the JSONL event log here.
+    #[arg(long, value_name = "FILE")]
+    events: Option<std::path::PathBuf>,
+}
+
+/// A demo: its script and sample inputs.
+struct Demo {
+    name: &'static str,
+    script: &'static str,
+    inputs: &'static [(&'static str, &'static str)],
+    /// A sample context file, by name and text.
+    context: Option<(&'static str, &'static str)>,
+}
+
+const DEMOS: &[Demo] = &[
+    Demo {
+        name: "refine",
+        script: include_str!("demo/refine.json"),
+        inputs: &[
+            ("template", "# Quarterly note\n{region} grew by {growth}.\n"),
+            (
+                "reviewed_summary",
+                "Sales grew 4% in the north region; the south was flat.",
+            ),
+        ],
+        context: None,
+    },
+    Demo {
+        name: "rlm-completion",
+        script: include_str!("demo/rlm-completion.json"),
+        inputs: &[
+            ("query", "How many lines do the notes have?"),
+            ("format", "one sentence"),
+        ],
+        context: Some(("notes.txt", "alpha\nbeta\ngamma\n")),
+    },
+];
+
+/// `rlm flow demo`.
+pub(crate) fn execute(args: FlowDemoArgs, file: RunOptions) -> Result<ExitCode> {
+    let demo = DEMOS.iter().find(|d| d.name == args.name).ok_or_else(|| {
+        UsageError::new(format!(
+            "There is no demo `{}`; demos: {}",
+            args.name,
+            DEMOS
+                .iter()
+                .map(|d| format!("`{}`", d.name))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    })?;
+    let script = bridge::mock::Script::from_json_str(demo.script)
+        .context("The bundled demo script is invalid")?;
+    // First, while the process has one thread and no Python: keys leave the environment.
+    crate::secrets::protect(&file)?;
+    let mut options = RunOptions::default();
+    let server = crate::mock_lm::start_scripted(script, &mut options, "demo-model", "demo-model")?;
+    if args.anthropic {
+        options.base_url = Some(server.anthropic_base_url());
+        options.provider = Some(bridge::Provider::Anthropic);
+    }
+    eprintln!(
+        "rlm flow demo: the models are SCRIPTED. A mock LM server on 127.0.0.1 replays fixed \
+         replies (kernel/cli/src/flow/demo/{}.json); no real language model is involved.",
+        demo.name
+    );
+    let dir = tempfile::tempdir().context("Could not create a temporary directory")?;
+    let mut contexts = Vec::new();
+    if let Some((name, text)) = demo.context {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text)
+            .with_context(|| format!("Could not write `{}`", path.display()))?;
+        contexts.push(path.into_os_string());
+    }
+    let run = FlowRunArgs {
+        workflow: demo.name.to_owned(),
+        inputs: demo
+            .inputs
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect(),
+        contexts,
+        state: None,
+        events: args.events,
+        options,
+    };
+    let workflow = super::Workflow::find(demo.name)?;
+    let code = super::run::execute(run, file, &workflow);
+    let requests = server.log().len();
+    kernel::runtime::shared().block_on(server.shutdown());
+    eprintln!("mock LM server answered {requests} requests");
+    code
+}

@@ -1,0 +1,264 @@
+//! `rlm flow run`: one invocation of a workflow, with the model flags of `rlm run`.
+//!
+//! The state starts from `--state FILE` (a JSON object; the final state, without `temp:`
+//! keys, is written back to it) and the `--input KEY=VALUE` pairs (`KEY=@FILE` reads a
+//! file). `--context` loads into the run's one REPL session (`RlmAgent`s and Python steps
+//! share it). Progress goes to stderr — each agent's start and end, indented by depth —
+//! unless `--json` streams every event as one JSON line on stdout; `--events FILE` writes
+//! the JSONL event log (flushed per event; `rlm view FILE` renders it). At the end the last
+//! message of the run is printed. Exit codes as `rlm run`: 0 done, 1 an agent failed, 2 a
+//! usage error, 3 a limit (timeout, budget), 130 Ctrl-C (state and event log kept).
+
+use std::ffi::OsString;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use engine::flow::{Event, file::load_workflow};
+use engine::flow::{
+    EventKind, EventLog, EventSink, FlowError, Invocation, Registry, RunStatus, run_workflow,
+};
+use engine::{SharedState, State};
+use kernel::flow::{FlowKernel, register};
+use serde_json::{Map, Value};
+
+use crate::UsageError;
+use crate::args::RunOptions;
+use crate::contexts::{ContextArgs, FramesArg};
+use crate::run::{self, EXIT_INTERRUPTED, EXIT_LIMIT};
+
+/// Arguments of `rlm flow run`.
+#[derive(Debug, Args)]
+pub(crate) struct FlowRunArgs {
+    /// The workflow: a YAML file, or the name of a built-in (`rlm flow list`).
+    #[arg(value_name = "FILE|NAME")]
+    pub(crate) workflow: String,
+
+    /// A state value, `KEY=VALUE`; `KEY=@FILE` reads the value from a file. Repeatable.
+    #[arg(long = "input", short = 'i', value_name = "KEY=VALUE")]
+    pub(crate) inputs: Vec<String>,
+
+    /// Context file(s) or directory for the run's Python session (`NAME=PATH` names it).
+    #[arg(long = "context", short = 'c', value_name = "[NAME=]PATH")]
+    pub(crate) contexts: Vec<OsString>,
+
+    /// The session state as a JSON object: read at the start, written back at the end
+    /// (without `temp:` keys), also after Ctrl-C.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) state: Option<PathBuf>,
+
+    /// Write the JSONL event log here (one event per line, flushed per event).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) events: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub(crate) options: RunOptions,
+}
+
+/// `rlm flow run`.
+pub(crate) fn execute(
+    args: FlowRunArgs,
+    file: RunOptions,
+    workflow: &super::Workflow,
+) -> Result<ExitCode> {
+    // The caller has taken the API keys out of the environment (before any thread).
+    let opts = run::merge(args.options, file);
+    let contexts = ContextArgs {
+        contexts: args.contexts,
+        csv_sep: None,
+        csv_skip_bad_rows: false,
+        encoding: None,
+        frames: FramesArg::Polars,
+    }
+    .resolve()?;
+    let mut state = match &args.state {
+        Some(path) if path.exists() => read_state(path)?,
+        _ => State::default(),
+    };
+    for input in &args.inputs {
+        let (key, value) = parse_input(input)?;
+        state.set(key, value);
+    }
+    let endpoints = run::build_endpoints(&opts)?;
+    let mut session = run::session_config(&opts)?;
+    session.load = contexts.load;
+    let kernel = Arc::new(FlowKernel::new(
+        Arc::clone(&endpoints),
+        session,
+        contexts.inputs,
+    ));
+    let registry = register(
+        Registry::new(Arc::clone(&endpoints), run::ROOT),
+        &kernel,
+        workflow.dir(),
+    );
+    let spec = load_workflow(workflow.root())?;
+    let root = registry.build(&spec)?;
+
+    let mut invocation =
+        Invocation::new(SharedState::new(state)).with_ledger(Arc::clone(endpoints.ledger()));
+    if let Some(timeout) = opts.timeout {
+        invocation = invocation.with_timeout(
+            Duration::try_from_secs_f64(timeout)
+                .map_err(|e| UsageError::new(format!("`--timeout {timeout}`: {e}")))?,
+        );
+    }
+    if let Some(path) = &args.events {
+        invocation = invocation.with_sink(Arc::new(EventLog::create(path)?));
+    }
+    let last = Arc::new(LastMessage::default());
+    invocation = invocation.with_sink(last.clone());
+    let json = opts.json();
+    invocation = invocation.with_sink(Arc::new(Live {
+        json,
+        quiet: opts.quiet(),
+    }));
+    let cancel = invocation.cancel.clone();
+    kernel::runtime::shared().spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            let _ = writeln!(
+                std::io::stderr(),
+                "\nInterrupted: stopping the workflow; the state and event log so far are kept \
+                 (Ctrl-C again to quit at once)"
+            );
+            cancel.cancel();
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(i32::from(EXIT_INTERRUPTED));
+            }
+        }
+    });
+    let report = kernel::runtime::shared().block_on(run_workflow(root.as_ref(), invocation, None));
+    if let Some(path) = &args.state {
+        write_state(path, &report.state)?;
+    }
+    let status = report.status();
+    if !json && let Some(text) = last.take() {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{text}")?;
+    }
+    if let Err(e) = &report.result {
+        eprintln!("error: {}", crate::secrets::redact(&e.to_string()));
+    }
+    Ok(match status {
+        RunStatus::Completed | RunStatus::Escalated => ExitCode::SUCCESS,
+        RunStatus::Cancelled => ExitCode::from(EXIT_INTERRUPTED),
+        RunStatus::TimedOut | RunStatus::BudgetExceeded => ExitCode::from(EXIT_LIMIT),
+        RunStatus::Failed => ExitCode::FAILURE,
+    })
+}
+
+/// The options of `args` over those of the configuration file.
+pub(crate) fn merged(args: &FlowRunArgs, file: &RunOptions) -> RunOptions {
+    run::merge(args.options.clone(), file.clone())
+}
+
+/// `KEY=VALUE` or `KEY=@FILE`.
+fn parse_input(input: &str) -> Result<(String, Value)> {
+    let Some((key, value)) = input.split_once('=').filter(|(k, _)| !k.trim().is_empty()) else {
+        return Err(UsageError::new(format!(
+            "`--input {input}` is not `KEY=VALUE`; e.g. `--input topic=sales` or \
+             `--input template=@draft.md`"
+        ))
+        .into());
+    };
+    let value = match value.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path).map_err(|e| {
+            UsageError::new(format!(
+                "`--input {key}=@{path}`: cannot read `{path}`: {e}"
+            ))
+        })?,
+        None => value.to_owned(),
+    };
+    Ok((key.trim().to_owned(), Value::String(value)))
+}
+
+fn read_state(path: &Path) -> Result<State> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("Could not read the state file `{}`", path.display()))?;
+    let values: Map<String, Value> = serde_json::from_str(&text).map_err(|e| {
+        UsageError::new(format!(
+            "`--state {}` is not a JSON object of state keys: {e}",
+            path.display()
+        ))
+    })?;
+    Ok(State::from_map(values))
+}
+
+fn write_state(path: &Path, state: &State) -> Result<()> {
+    let text = serde_json::to_string_pretty(state.values())?;
+    std::fs::write(path, text + "\n")
+        .with_context(|| format!("Could not write the state file `{}`", path.display()))
+}
+
+/// Keeps the run's last message (what `rlm flow run` prints at the end).
+#[derive(Default)]
+struct LastMessage(Mutex<Option<String>>);
+
+impl LastMessage {
+    fn take(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+impl EventSink for LastMessage {
+    fn emit(&self, event: &Event) -> Result<(), FlowError> {
+        if let (EventKind::Message, Some(text)) = (&event.kind, &event.content) {
+            *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(text.clone());
+        }
+        Ok(())
+    }
+}
+
+/// Progress on stderr (each agent's start and end, indented by depth), or every event as a
+/// JSON line on stdout with `--json`.
+struct Live {
+    json: bool,
+    quiet: bool,
+}
+
+impl EventSink for Live {
+    fn emit(&self, event: &Event) -> Result<(), FlowError> {
+        if self.json {
+            let line = serde_json::to_string(event).unwrap_or_default();
+            let mut stdout = std::io::stdout().lock();
+            let _ = writeln!(stdout, "{}", crate::secrets::redact(&line));
+            let _ = stdout.flush();
+            return Ok(());
+        }
+        if self.quiet {
+            return Ok(());
+        }
+        let depth = event.branch.matches('/').count();
+        let indent = "  ".repeat(depth);
+        let line = match &event.kind {
+            EventKind::Start => format!("{indent}▶ {}", event.author),
+            EventKind::End { status } => {
+                let status = serde_json::to_value(status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                format!("{indent}■ {} {status}", event.author)
+            }
+            EventKind::Iteration { iteration } => {
+                format!("{indent}↻ {} iteration {iteration}", event.author)
+            }
+            EventKind::ToolCalls => format!(
+                "{indent}  {} calls {}",
+                event.author,
+                event
+                    .tool_calls
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            _ => return Ok(()),
+        };
+        let _ = writeln!(std::io::stderr(), "{line}");
+        Ok(())
+    }
+}
