@@ -216,8 +216,10 @@ fn timeout_cancels_in_flight_sub_calls() {
         let r = s.exec(code).expect("kernel works");
         let elapsed = started.elapsed();
         assert!(r.timed_out, "{code}: {r:?}");
+        // The sub-calls take 30 s, so finishing well before that proves they were cancelled;
+        // the slack is loose because a loaded machine delays the watchdog.
         assert!(
-            elapsed < limit + Duration::from_millis(100),
+            elapsed < limit + Duration::from_secs(5),
             "{code}: {elapsed:?}"
         );
     }
