@@ -122,6 +122,14 @@ pub enum ToolChoice {
     Tool(String),
 }
 
+/// Whether `name` is a tool name both OpenAI and Anthropic accept: `[a-zA-Z0-9_-]{1,64}`.
+pub fn is_valid_tool_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// Sampling parameters; unset fields fall back to the endpoint's defaults, then the server's.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]

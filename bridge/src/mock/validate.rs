@@ -57,7 +57,7 @@ fn check_tools(provider: Provider, tools: &[ToolSpec]) -> Result<HashSet<&str>, 
             (Provider::Anthropic, Some(_)) => continue,
         }
         let name = tool.name.as_deref().unwrap_or_default();
-        if !valid_tool_name(name) {
+        if !crate::chat::is_valid_tool_name(name) {
             return Err(format!(
                 "Invalid `{at}` name `{name}`: a tool name must match `^[a-zA-Z0-9_-]{{1,64}}$`"
             ));
@@ -84,14 +84,6 @@ fn check_tools(provider: Provider, tools: &[ToolSpec]) -> Result<HashSet<&str>, 
         }
     }
     Ok(names)
-}
-
-/// `[a-zA-Z0-9_-]{1,64}`, the rule both providers apply to tool names.
-fn valid_tool_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 fn check_choice(

@@ -68,7 +68,7 @@ impl Toolbox {
     pub fn add(&mut self, tool: Arc<dyn Tool>) -> Result<(), ToolboxError> {
         let definition = tool.definition();
         let name = definition.name.clone();
-        if !valid_name(&name) {
+        if !bridge::chat::is_valid_tool_name(&name) {
             return Err(ToolboxError::InvalidName(name));
         }
         if self.by_name.contains_key(&name) {
@@ -183,12 +183,4 @@ fn json_type(value: &Value) -> &'static str {
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
     }
-}
-
-/// `[a-zA-Z0-9_-]{1,64}`, what OpenAI and Anthropic accept.
-fn valid_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }

@@ -15,9 +15,7 @@ use pyo3::types::PyModule;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{
-    CALL_SLACK, PythonToolError, block_failure, failure_text, on_session, valid_tool_name,
-};
+use super::{CALL_SLACK, PythonToolError, block_failure, failure_text, on_session};
 use crate::repl::{ExecutionResult, ReplError, ReplSession};
 
 /// The support module's name in `sys.modules`.
@@ -129,7 +127,7 @@ impl PythonFunctionTool {
         described
             .into_iter()
             .map(|d| {
-                if !valid_tool_name(&d.name) {
+                if !bridge::chat::is_valid_tool_name(&d.name) {
                     return Err(PythonToolError::InvalidName(d.name));
                 }
                 Ok(Arc::new(Self {

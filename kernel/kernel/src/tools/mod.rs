@@ -167,11 +167,3 @@ fn failure_text(
     }
     text
 }
-
-/// Whether `name` is a tool name both providers accept: `[a-zA-Z0-9_-]{1,64}`.
-fn valid_tool_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
