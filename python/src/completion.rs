@@ -73,12 +73,9 @@ pub(crate) fn run_completion(
     let trajectory = SharedBuffer::default();
     rlm.add_hook(TrajectoryWriter::new(trajectory.clone()));
     if let Some(path) = &options.trajectory {
-        let writer = TrajectoryWriter::create(path).map_err(|e| {
-            PyRuntimeError::new_err(format!(
-                "Could not create the trajectory file `{}`: {e}",
-                path.display()
-            ))
-        })?;
+        // The error names the file.
+        let writer =
+            TrajectoryWriter::create(path).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
         rlm.add_hook(writer);
     }
     let progress = Progress::new();

@@ -509,10 +509,8 @@ pub(crate) fn observe(
     display: Display,
 ) -> Result<Observer> {
     if let Some(path) = trajectory {
-        let writer = TrajectoryWriter::create(path).with_context(|| {
-            format!("Could not create the trajectory file `{}`", path.display())
-        })?;
-        rlm.add_hook(writer);
+        // The error names the file.
+        rlm.add_hook(TrajectoryWriter::create(path)?);
     }
     let show_bar = display != Display::Quiet && std::io::stderr().is_terminal();
     let bar = if show_bar {

@@ -6,6 +6,8 @@
 //!
 //! The pieces, bottom up:
 //!
+//! - [`jsonl`]: the redacted, flushed-per-line [`JsonlWriter`](jsonl::JsonlWriter) under
+//!   every log the engine and the kernel write (transcript, trajectory, events, decisions).
 //! - [`state`]: the session [`State`] (JSON values under scoped keys) and the
 //!   [`StateDelta`] a step writes. A delta is applied as it is written, so the next tool,
 //!   callback, sibling or iteration sees it.
@@ -41,6 +43,7 @@ pub mod agent;
 pub mod bundle;
 pub mod durable;
 pub mod flow;
+pub mod jsonl;
 pub mod reducer;
 pub mod route;
 pub mod state;

@@ -220,10 +220,8 @@ fn run_rlm(
         .out
         .map(|dir| dir.join(format!("{}.jsonl", job.stem())));
     if let Some(path) = &trajectory {
-        let writer = TrajectoryWriter::create(path).with_context(|| {
-            format!("Could not create the trajectory file `{}`", path.display())
-        })?;
-        rlm.add_hook(writer);
+        // The error names the file.
+        rlm.add_hook(TrajectoryWriter::create(path)?);
     }
     let handle = rlm.stop_handle();
     if let Ok(mut running) = stopper.running.lock() {

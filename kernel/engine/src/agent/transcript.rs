@@ -9,16 +9,16 @@
 //! - `error`: the error `kind` ([`LoopErrorKind::name`]), its `message`, the `actions` and
 //!   the `metrics`.
 //!
-//! Each line is redacted ([`bridge::secret`]: no secret the process knows reaches the file),
-//! written with one `write_all` and flushed, so a run killed at any point leaves complete
-//! lines. A transcript that cannot be written stops the run before its next model call
+//! Lines go through the shared [`JsonlWriter`]: each is redacted ([`bridge::secret`]: no
+//! secret the process knows reaches the file), written with one `write_all` and flushed, so a
+//! run killed at any point leaves complete lines. A transcript that cannot be written stops the run before its next model call
 //! ([`LoopErrorKind::StoppedByHook`] with the I/O error): a user who asked for a record gets
 //! one or a clear failure.
 
 use std::fmt;
 use std::fs::File;
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use bridge::{ChatRequest, ChatResponse, Message};
@@ -28,54 +28,54 @@ use serde_json::json;
 use super::error::LoopError;
 use super::hooks::{AgentHook, HookAction};
 use super::outcome::LoopOutcome;
+use crate::jsonl::{JsonlError, JsonlWriter};
+
+/// What the transcript is called in its errors.
+const LOG: &str = "transcript";
 
 /// Writes a run's transcript as JSONL, one flushed line per message.
-pub struct TranscriptWriter {
-    path: Option<PathBuf>,
-    inner: Mutex<Inner>,
+pub struct TranscriptWriter<W: Write + Send = File> {
+    inner: Mutex<Inner<W>>,
 }
 
-struct Inner {
-    out: Box<dyn Write + Send>,
-    lines: u64,
+struct Inner<W: Write> {
+    out: JsonlWriter<W>,
     failure: Option<String>,
 }
 
-impl fmt::Debug for TranscriptWriter {
+impl<W: Write + Send> fmt::Debug for TranscriptWriter<W> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let inner = self.lock();
         f.debug_struct("TranscriptWriter")
-            .field("path", &self.path)
-            .field("lines", &inner.lines)
+            .field("out", &inner.out)
             .field("failure", &inner.failure)
-            .finish_non_exhaustive()
+            .finish()
     }
 }
 
-impl TranscriptWriter {
+impl TranscriptWriter<File> {
     /// Creates (or truncates) the file at `path`.
-    pub fn create(path: &Path) -> io::Result<Self> {
-        let mut writer = Self::new(File::create(path)?);
-        writer.path = Some(path.to_owned());
-        Ok(writer)
+    pub fn create(path: &Path) -> Result<Self, JsonlError> {
+        Ok(Self::from_writer(JsonlWriter::create(LOG, path)?))
     }
+}
 
+impl<W: Write + Send> TranscriptWriter<W> {
     /// Writes to `out`; give it an unbuffered writer (a `File`) so each line reaches the OS
     /// in one write.
-    pub fn new(out: impl Write + Send + 'static) -> Self {
+    pub fn new(out: W) -> Self {
+        Self::from_writer(JsonlWriter::new(LOG, out))
+    }
+
+    fn from_writer(out: JsonlWriter<W>) -> Self {
         Self {
-            path: None,
-            inner: Mutex::new(Inner {
-                out: Box::new(out),
-                lines: 0,
-                failure: None,
-            }),
+            inner: Mutex::new(Inner { out, failure: None }),
         }
     }
 
     /// Lines written so far.
     pub fn lines(&self) -> u64 {
-        self.lock().lines
+        self.lock().out.lines()
     }
 
     /// The first write error, if any.
@@ -83,7 +83,7 @@ impl TranscriptWriter {
         self.lock().failure.clone()
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, Inner<W>> {
         // Every write either completes a line or records the failure, so a poisoned lock
         // still holds a consistent writer.
         self.inner
@@ -96,30 +96,13 @@ impl TranscriptWriter {
         if inner.failure.is_some() {
             return;
         }
-        let written = serde_json::to_string(value)
-            .map_err(io::Error::other)
-            .and_then(|line| {
-                let mut line = bridge::secret::redactor().redact(&line).into_owned();
-                line.push('\n');
-                inner.out.write_all(line.as_bytes())?;
-                inner.out.flush()
-            });
-        match written {
-            Ok(()) => inner.lines += 1,
-            Err(e) => {
-                let file = match &self.path {
-                    Some(path) => format!(" `{}`", path.display()),
-                    None => String::new(),
-                };
-                inner.failure = Some(format!(
-                    "Could not write the transcript{file} ({e}); check the disk and the path"
-                ));
-            }
+        if let Err(e) = inner.out.write(value) {
+            inner.failure = Some(e.to_string());
         }
     }
 }
 
-impl AgentHook for TranscriptWriter {
+impl<W: Write + Send> AgentHook for TranscriptWriter<W> {
     fn before_model_call(
         &self,
         _iteration: u32,

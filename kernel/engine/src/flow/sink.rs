@@ -1,17 +1,17 @@
 //! Where events go: the JSONL event log, a test's memory, a live display.
 //!
 //! A sink gets every event of an invocation in emission order, one call at a time. The
-//! [`EventLog`] writes one JSON object per line and flushes after each, so a run killed at
-//! any point leaves a log of everything up to its last step. Events carry no context
+//! [`EventLog`] writes one redacted JSON object per line through the shared [`JsonlWriter`]
+//! and flushes after each, so a run killed at any point leaves a log of everything up to its
+//! last step. Events carry no context
 //! payloads (contexts live in the kernel's REPL, never in events), so the log stays small.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::error::FlowError;
 use super::event::Event;
+use crate::jsonl::JsonlWriter;
 
 /// Receives the events of an invocation, in order.
 pub trait EventSink: Send + Sync {
@@ -54,22 +54,18 @@ impl EventSink for MemorySink {
 #[derive(Debug)]
 pub struct EventLog {
     path: PathBuf,
-    out: Mutex<BufWriter<File>>,
+    out: Mutex<JsonlWriter>,
 }
 
 impl EventLog {
     /// Creates (or truncates) the log at `path`.
     pub fn create(path: impl AsRef<Path>) -> Result<Self, FlowError> {
         let path = path.as_ref().to_path_buf();
-        let file = File::create(&path).map_err(|e| {
-            FlowError::Sink(format!(
-                "Cannot create the event log `{}`: {e}",
-                path.display()
-            ))
-        })?;
+        let out =
+            JsonlWriter::create("event log", &path).map_err(|e| FlowError::Sink(e.to_string()))?;
         Ok(Self {
             path,
-            out: Mutex::new(BufWriter::new(file)),
+            out: Mutex::new(out),
         })
     }
 
@@ -109,16 +105,10 @@ impl EventLog {
 
 impl EventSink for EventLog {
     fn emit(&self, event: &Event) -> Result<(), FlowError> {
-        let mut out = self.out.lock().unwrap_or_else(PoisonError::into_inner);
-        let written = serde_json::to_writer(&mut *out, event)
-            .map_err(std::io::Error::from)
-            .and_then(|()| out.write_all(b"\n"))
-            .and_then(|()| out.flush());
-        written.map_err(|e| {
-            FlowError::Sink(format!(
-                "Cannot write the event log `{}`: {e}",
-                self.path.display()
-            ))
-        })
+        self.out
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .write(event)
+            .map_err(|e| FlowError::Sink(e.to_string()))
     }
 }

@@ -2,16 +2,19 @@
 //!
 //! Every routing decision is one [`DecisionRecord`]: who decided, a one-line summary, the
 //! rationale, when, and the artifacts it concerns. The router appends it to the `decisions`
-//! channel of the state (so checkpoints keep it) and a [`DecisionLog`] writes it as one JSON
-//! line to a file, flushed per record, so a crash loses no decision already made.
+//! channel of the state (so checkpoints keep it) and a [`DecisionLog`] writes it as one
+//! redacted JSON line to a file through the shared [`JsonlWriter`], flushed per record, so a
+//! crash loses no decision already made.
 
-use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
+use std::fs::File;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+
+use crate::jsonl::{JsonlError, JsonlWriter};
 
 /// One routing decision, on record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,7 +34,7 @@ pub struct DecisionRecord {
 /// Why the decision log failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DecisionLogError {
-    /// The file could not be opened, written or read.
+    /// The file could not be opened or read.
     #[error("Decision log `{path}`: {source}")]
     Io {
         /// The file.
@@ -40,9 +43,9 @@ pub enum DecisionLogError {
         #[source]
         source: std::io::Error,
     },
-    /// A record could not be written as JSON.
-    #[error("A decision record could not be written as JSON: {0}")]
-    Encode(#[source] serde_json::Error),
+    /// A record could not be written (the error names the file).
+    #[error(transparent)]
+    Write(#[from] JsonlError),
     /// A line is not a decision record.
     #[error("Decision log `{path}` line {line} is not a decision record: {source}")]
     Malformed {
@@ -59,43 +62,24 @@ pub enum DecisionLogError {
 /// An append-only JSONL file of decision records.
 #[derive(Debug)]
 pub struct DecisionLog {
-    path: PathBuf,
-    file: Mutex<File>,
+    out: Mutex<JsonlWriter>,
 }
 
 impl DecisionLog {
     /// Opens `path` for appending (created if missing; a resumed run adds to its log).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, DecisionLogError> {
-        let path = path.as_ref().to_path_buf();
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(|source| DecisionLogError::Io {
-                path: path.clone(),
-                source,
-            })?;
         Ok(Self {
-            path,
-            file: Mutex::new(file),
+            out: Mutex::new(JsonlWriter::append("decision log", path)?),
         })
     }
 
     /// Appends `record` as one line and flushes it.
     pub fn append(&self, record: &DecisionRecord) -> Result<(), DecisionLogError> {
-        let mut line = serde_json::to_string(record).map_err(DecisionLogError::Encode)?;
-        line.push('\n');
-        // One write per line, so concurrent appenders never interleave inside a record.
-        let mut file = self
-            .file
+        Ok(self
+            .out
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        file.write_all(line.as_bytes())
-            .and_then(|()| file.flush())
-            .map_err(|source| DecisionLogError::Io {
-                path: self.path.clone(),
-                source,
-            })
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .write(record)?)
     }
 
     /// Every record of the log at `path`, in order.

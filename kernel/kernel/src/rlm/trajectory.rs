@@ -20,10 +20,11 @@
 //! characters each by default, `0` for none), so the size of a trajectory does not grow with
 //! the size of the context: an iteration line is at most about the reply, plus per block
 //! twice the feedback limit of output, plus per sub-call twice the text limit and its
-//! metadata. Every line is redacted as written: no secret the process knows
-//! ([`bridge::secret`]) reaches the file, wherever it came from. Each line is written with one
-//! `write_all` and flushed at once: a run killed at any point leaves a file whose complete lines
-//! are valid JSON. Give [`TrajectoryWriter::new`] an unbuffered writer (a `File`) for that.
+//! metadata. Lines go through the shared [`JsonlWriter`]: each is redacted as written (no
+//! secret the process knows, [`bridge::secret`], reaches the file, wherever it came from),
+//! written with one `write_all` and flushed at once, so a run killed at any point leaves a
+//! file whose complete lines are valid JSON. Give [`TrajectoryWriter::new`] an unbuffered
+//! writer (a `File`) for that.
 //!
 //! A trajectory that cannot be written stops the run at the next iteration (`stopped_by_hook`
 //! with the I/O error): a user who asked for a record gets one or a clear failure.
@@ -31,9 +32,10 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::fs::File;
-use std::io::{self, Write};
+use std::io::Write;
 use std::path::Path;
 
+use engine::jsonl::{JsonlError, JsonlWriter};
 use serde::Serialize;
 
 use super::blocks::CodeBlock;
@@ -52,42 +54,44 @@ pub const TRAJECTORY_VERSION: u32 = 1;
 /// result itself always carries the whole answer).
 const ANSWER_LIMIT: usize = 100_000;
 
+/// What the trajectory is called in its errors.
+const LOG: &str = "trajectory";
+
 /// Writes a run's trajectory as JSONL, one flushed line per event.
 pub struct TrajectoryWriter<W: Write + Send> {
-    out: W,
-    lines: u64,
+    out: JsonlWriter<W>,
     failure: Option<String>,
 }
 
 impl<W: Write + Send> fmt::Debug for TrajectoryWriter<W> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TrajectoryWriter")
-            .field("lines", &self.lines)
+            .field("out", &self.out)
             .field("failure", &self.failure)
-            .finish_non_exhaustive()
+            .finish()
     }
 }
 
 impl TrajectoryWriter<File> {
     /// Creates (or truncates) the file at `path`.
-    pub fn create(path: &Path) -> io::Result<Self> {
-        Ok(Self::new(File::create(path)?))
+    pub fn create(path: &Path) -> Result<Self, JsonlError> {
+        Ok(Self::from_writer(JsonlWriter::create(LOG, path)?))
     }
 }
 
 impl<W: Write + Send> TrajectoryWriter<W> {
     /// Writes to `out`; use an unbuffered writer so each line reaches the OS in one write.
     pub fn new(out: W) -> Self {
-        Self {
-            out,
-            lines: 0,
-            failure: None,
-        }
+        Self::from_writer(JsonlWriter::new(LOG, out))
+    }
+
+    fn from_writer(out: JsonlWriter<W>) -> Self {
+        Self { out, failure: None }
     }
 
     /// Lines written so far.
     pub fn lines(&self) -> u64 {
-        self.lines
+        self.out.lines()
     }
 
     /// The first write error, if any.
@@ -99,20 +103,10 @@ impl<W: Write + Send> TrajectoryWriter<W> {
         if self.failure.is_some() {
             return;
         }
-        let written = serde_json::to_string(value)
-            .map_err(io::Error::other)
-            .and_then(|line| {
-                let mut line = bridge::secret::redactor().redact(&line).into_owned();
-                line.push('\n');
-                self.out.write_all(line.as_bytes())?;
-                self.out.flush()
-            });
-        match written {
-            Ok(()) => self.lines += 1,
-            Err(e) => {
-                tracing::warn!("Could not write the trajectory: {e}");
-                self.failure = Some(format!("Could not write the trajectory: {e}"));
-            }
+        if let Err(e) = self.out.write(value) {
+            let message = failure_message(&e);
+            tracing::warn!("{message}");
+            self.failure = Some(message);
         }
     }
 
@@ -121,6 +115,22 @@ impl<W: Write + Send> TrajectoryWriter<W> {
             Some(message) => HookAction::Stop(message.clone()),
             None => HookAction::Continue,
         }
+    }
+}
+
+/// The trajectory's own wording for a failed write (`Could not write the trajectory: <why>`,
+/// the file named when there is one), which runs and scripts already report; other failures
+/// keep the shared writer's message.
+fn failure_message(error: &JsonlError) -> String {
+    match error {
+        JsonlError::Write { path, source, .. } => match path {
+            Some(path) => format!(
+                "Could not write the trajectory `{}`: {source}",
+                path.display()
+            ),
+            None => format!("Could not write the trajectory: {source}"),
+        },
+        other => other.to_string(),
     }
 }
 
@@ -238,6 +248,7 @@ impl<W: Write + Send> Hook for TrajectoryWriter<W> {
 
 #[cfg(test)]
 mod tests {
+    use std::io;
     use std::sync::{Arc, Mutex};
 
     use super::*;

@@ -1,0 +1,325 @@
+//! Redacted JSONL logs: the one writer under the agent transcript, the RLM trajectory, the
+//! workflow event log and the decision log.
+//!
+//! A [`JsonlWriter`] serialises each value to one line, replaces every secret the process
+//! knows ([`bridge::secret`]) with `[redacted]`, and hands the line to the OS in one
+//! `write_all` followed by a flush. Nothing is buffered in between, so a process killed at
+//! any point leaves a file whose complete lines are all valid JSON, and writers appending to
+//! one file ([`JsonlWriter::append`]) never interleave inside a line. Every error names the
+//! log and its file.
+//!
+//! ```
+//! use engine::jsonl::JsonlWriter;
+//! use serde_json::json;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let path = dir.path().join("events.jsonl");
+//! let mut log = JsonlWriter::create("event log", &path)?;
+//! log.write(&json!({"type": "start"}))?;
+//! assert_eq!(std::fs::read_to_string(&path)?, "{\"type\":\"start\"}\n");
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+/// Why a JSONL log could not be opened or written.
+#[derive(Debug, thiserror::Error)]
+pub enum JsonlError {
+    /// The file could not be created or opened.
+    #[error(
+        "Could not open the {log} `{}`: {source}; check that its folder exists and is writable",
+        path.display()
+    )]
+    Open {
+        /// What the log is (`trajectory`, `event log`, ...).
+        log: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// A line could not be written or flushed.
+    #[error(
+        "Could not write the {log}{} ({source}); check the disk and the path",
+        InFile(path)
+    )]
+    Write {
+        /// What the log is.
+        log: &'static str,
+        /// The file, when the writer was opened from one.
+        path: Option<PathBuf>,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// A value could not be serialised as JSON (nothing was written).
+    #[error(
+        "Could not write a line of the {log}{} as JSON: {source}",
+        InFile(path)
+    )]
+    Encode {
+        /// What the log is.
+        log: &'static str,
+        /// The file, when the writer was opened from one.
+        path: Option<PathBuf>,
+        /// The error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// ` `path`` when there is a path, nothing otherwise.
+struct InFile<'a>(&'a Option<PathBuf>);
+
+impl fmt::Display for InFile<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(path) => write!(f, " `{}`", path.display()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Writes one redacted JSON value per line, each flushed as it is written.
+pub struct JsonlWriter<W: Write = File> {
+    log: &'static str,
+    path: Option<PathBuf>,
+    out: W,
+    lines: u64,
+}
+
+impl<W: Write> fmt::Debug for JsonlWriter<W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JsonlWriter")
+            .field("log", &self.log)
+            .field("path", &self.path)
+            .field("lines", &self.lines)
+            .finish_non_exhaustive()
+    }
+}
+
+impl JsonlWriter<File> {
+    /// Creates (or truncates) the file at `path`; `log` names it in errors (`trajectory`).
+    pub fn create(log: &'static str, path: impl AsRef<Path>) -> Result<Self, JsonlError> {
+        Self::open(
+            log,
+            path.as_ref(),
+            OpenOptions::new().write(true).create(true).truncate(true),
+        )
+    }
+
+    /// Opens the file at `path` for appending, creating it if missing (a resumed run adds
+    /// to its log).
+    pub fn append(log: &'static str, path: impl AsRef<Path>) -> Result<Self, JsonlError> {
+        Self::open(
+            log,
+            path.as_ref(),
+            OpenOptions::new().create(true).append(true),
+        )
+    }
+
+    fn open(log: &'static str, path: &Path, options: &OpenOptions) -> Result<Self, JsonlError> {
+        let file = options.open(path).map_err(|source| JsonlError::Open {
+            log,
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut writer = Self::new(log, file);
+        writer.path = Some(path.to_owned());
+        Ok(writer)
+    }
+}
+
+impl<W: Write> JsonlWriter<W> {
+    /// Writes to `out`; give it an unbuffered writer (a `File`) so each line reaches the OS
+    /// in one write.
+    pub fn new(log: &'static str, out: W) -> Self {
+        Self {
+            log,
+            path: None,
+            out,
+            lines: 0,
+        }
+    }
+
+    /// The file, when the writer was opened from one.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Lines written so far.
+    pub fn lines(&self) -> u64 {
+        self.lines
+    }
+
+    /// Writes `value` as one redacted line and flushes it.
+    pub fn write(&mut self, value: &impl Serialize) -> Result<(), JsonlError> {
+        let line = serde_json::to_string(value).map_err(|source| JsonlError::Encode {
+            log: self.log,
+            path: self.path.clone(),
+            source,
+        })?;
+        let mut line = bridge::secret::redactor().redact(&line).into_owned();
+        line.push('\n');
+        self.out
+            .write_all(line.as_bytes())
+            .and_then(|()| self.out.flush())
+            .map_err(|source| JsonlError::Write {
+                log: self.log,
+                path: self.path.clone(),
+                source,
+            })?;
+        self.lines += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // In tests an unwrap is an assertion.
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// Records each call it gets, so a test sees how lines reach the OS.
+    #[derive(Clone, Default)]
+    struct Calls(Arc<Mutex<Vec<String>>>);
+
+    impl Write for Calls {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let text = String::from_utf8_lossy(buf).into_owned();
+            self.0.lock().unwrap().push(format!("write {text:?}"));
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            self.0.lock().unwrap().push("flush".into());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn each_line_is_one_write_then_a_flush() {
+        let calls = Calls::default();
+        let mut writer = JsonlWriter::new("test log", calls.clone());
+        writer.write(&json!({"a": 1})).unwrap();
+        writer.write(&json!("two")).unwrap();
+        assert_eq!(writer.lines(), 2);
+        assert_eq!(
+            *calls.0.lock().unwrap(),
+            [
+                r#"write "{\"a\":1}\n""#,
+                "flush",
+                r#"write "\"two\"\n""#,
+                "flush"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_crash_keeps_every_line_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        let mut writer = JsonlWriter::create("test log", &path).unwrap();
+        for i in 0..3 {
+            writer.write(&json!({"step": i})).unwrap();
+        }
+        // No drop, no final flush: what is on disk is what a killed process leaves.
+        std::mem::forget(writer);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let steps: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["step"].clone())
+            .collect();
+        assert_eq!(steps, [json!(0), json!(1), json!(2)]);
+    }
+
+    #[test]
+    fn no_line_carries_a_known_secret() {
+        let secret = "jsonl-secret-\"quoted\"-4c1e9a";
+        bridge::secret::register(&bridge::Secret::new(secret));
+        let calls = Calls::default();
+        let mut writer = JsonlWriter::new("test log", calls.clone());
+        writer
+            .write(&json!({"prompt": format!("my key is {secret}")}))
+            .unwrap();
+        let written = calls.0.lock().unwrap().join("");
+        assert!(!written.contains("4c1e9a"), "{written}");
+        assert!(written.contains(r#"my key is [redacted]"#), "{written}");
+    }
+
+    #[test]
+    fn create_and_append_name_the_file_they_cannot_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("missing").join("log.jsonl");
+        let expected = format!(
+            "Could not open the event log `{}`: No such file or directory (os error 2); check \
+             that its folder exists and is writable",
+            path.display()
+        );
+        let err = JsonlWriter::create("event log", &path).unwrap_err();
+        assert_eq!(err.to_string(), expected);
+        let err = JsonlWriter::append("event log", &path).unwrap_err();
+        assert_eq!(err.to_string(), expected);
+    }
+
+    #[test]
+    fn a_failed_write_names_the_file() {
+        // Every write to `/dev/full` fails with "no space left on device".
+        let mut writer = JsonlWriter::append("decision log", "/dev/full").unwrap();
+        let err = writer.write(&json!({"a": 1})).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Could not write the decision log `/dev/full` (No space left on device (os error \
+             28)); check the disk and the path"
+        );
+        assert_eq!(writer.lines(), 0);
+    }
+
+    #[test]
+    fn append_keeps_what_the_file_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        JsonlWriter::create("test log", &path)
+            .unwrap()
+            .write(&1)
+            .unwrap();
+        JsonlWriter::append("test log", &path)
+            .unwrap()
+            .write(&2)
+            .unwrap();
+        JsonlWriter::append("test log", &path)
+            .unwrap()
+            .write(&3)
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "1\n2\n3\n");
+        JsonlWriter::create("test log", &path)
+            .unwrap()
+            .write(&4)
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "4\n");
+    }
+
+    #[test]
+    fn a_value_that_is_not_json_writes_nothing() {
+        let calls = Calls::default();
+        let mut writer = JsonlWriter::new("test log", calls.clone());
+        let map: std::collections::HashMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        let err = writer.write(&map).unwrap_err();
+        assert!(matches!(err, JsonlError::Encode { .. }));
+        assert!(
+            err.to_string()
+                .starts_with("Could not write a line of the test log as JSON: "),
+            "{err}"
+        );
+        assert!(calls.0.lock().unwrap().is_empty());
+    }
+}
