@@ -294,3 +294,78 @@ fn rlm_run_takes_batch_concurrency_auto_from_the_flag_and_rlm_toml() {
         run.stderr
     );
 }
+
+#[test]
+fn json_reports_a_sweep_that_fails_or_is_refused_before_it_starts() {
+    // Refused by the call budget: exit 3, as for a budget stop, and no call sent.
+    let mock = Mock::start_with(MockConfig::default());
+    let refused = bench(&[
+        "--base-url",
+        &mock.url(),
+        "--model",
+        "m",
+        "--width",
+        "1,4",
+        "--calls",
+        "100",
+        "--max-calls",
+        "150",
+        "--json",
+    ]);
+    refused.assert_code(3);
+    let error = &refused.json()["error"];
+    insta::assert_snapshot!(error["message"].as_str().expect("a message"), @"The sweep needs 201 calls (2 widths × 1 paths × 100 calls, plus one test call), more than the budget of 150 (`--max-calls`); lower `--calls` or `--width`, or raise `--max-calls`. No call was sent.");
+    assert_eq!(error["exit_code"], 3);
+    assert_eq!(error["usage_error"], false);
+    assert!(refused.stderr.contains("error: The sweep needs 201 calls"));
+    assert!(mock.log().is_empty(), "no call was sent");
+
+    // The first test call fails: exit 1, the cause in `causes`.
+    let unreachable = bench(&[
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+        "--width",
+        "1",
+        "--calls",
+        "1",
+        "--json",
+    ]);
+    unreachable.assert_code(1);
+    let error = &unreachable.json()["error"];
+    assert_eq!(
+        error["message"],
+        "The first test call to model `m` at `http://127.0.0.1:9/v1` failed, so the sweep did not start"
+    );
+    assert!(
+        error["causes"][0]
+            .as_str()
+            .is_some_and(|c| c.starts_with("Could not connect")),
+        "{error}"
+    );
+    assert_eq!(error["exit_code"], 1);
+
+    // A usage error, with `json = true` from rlm.toml rather than the flag.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = crate::support::file(dir.path(), "rlm.toml", "[run]\njson = true\n");
+    let usage = rlm(
+        &[
+            "--config",
+            config.to_str().expect("utf-8"),
+            "bench",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--model",
+            "m",
+            "--latency-ms",
+            "5",
+        ]
+        .map(str::to_owned),
+        None,
+    );
+    usage.assert_code(2);
+    let error = &usage.json()["error"];
+    assert_eq!(error["usage_error"], true);
+    assert_eq!(error["exit_code"], 2);
+}

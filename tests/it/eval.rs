@@ -277,3 +277,44 @@ fn bad_options_are_usage_errors() {
         assert!(run.stderr.contains(message), "{list:?}: {}", run.stderr);
     }
 }
+
+#[test]
+fn json_reports_an_eval_that_fails_before_it_starts() {
+    let usage = rlm(&args(&["eval", "--json"]), None);
+    usage.assert_code(2);
+    let error = &usage.json()["error"];
+    assert!(
+        error["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("No model given; pass `--model NAME`")),
+        "{error}"
+    );
+    assert_eq!(error["usage_error"], true);
+    assert_eq!(error["exit_code"], 2);
+
+    let failed = rlm(
+        &args(&[
+            "eval",
+            "--json",
+            "--scripted",
+            "--tasks",
+            "needle",
+            "--sizes",
+            "8k",
+            "--n",
+            "1",
+            "--out",
+            "/dev/null/runs",
+        ]),
+        None,
+    );
+    failed.assert_code(1);
+    let error = &failed.json()["error"];
+    assert_eq!(
+        error["message"],
+        "Could not create the folder `/dev/null/runs`"
+    );
+    assert_eq!(error["causes"], json!(["Not a directory (os error 20)"]));
+    assert_eq!(error["usage_error"], false);
+    assert_eq!(error["exit_code"], 1);
+}

@@ -3,7 +3,7 @@
 //! Exit codes (one cause each; the table is in `rlm run --help` and the README): 0 the model
 //! gave a final answer; 1 an error (bad input, unreachable endpoint, failed run); 2 a usage
 //! error; 3 a limit stopped the run (iterations, time, budget, repeated failures) — a partial
-//! or fallback answer may still have been printed; 4 a fatal signal (a crash in C code a cell
+//! or fallback answer may still have been printed — or refused it before it started; 4 a fatal signal (a crash in C code a cell
 //! called; one line on stderr names the block, see `kernel::fatal`); 101 a panic, i.e. a bug;
 //! 130 Ctrl-C stopped the run (the first Ctrl-C stops it gracefully, keeping its best answer
 //! and trajectory; a second one quits at once). A `SIGKILL` (the OOM killer) leaves no code of
@@ -42,11 +42,15 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     logging::init(cli.verbose);
-    if let Command::Run(args) = &cli.command
-        && args.options.json()
-    {
-        JSON_ERRORS.store(true, Ordering::Relaxed);
-    }
+    // The commands that print one JSON document with `--json` print one for an early failure
+    // too; each rechecks once `rlm.toml` is merged (`json_errors`).
+    let json = match &cli.command {
+        Command::Run(args) => args.options.json(),
+        Command::Bench(args) => args.options.json(),
+        Command::Eval(args) => args.options.json(),
+        _ => false,
+    };
+    json_errors(json);
     match dispatch(cli) {
         Ok(code) => code,
         Err(err) => {
@@ -56,6 +60,8 @@ fn main() -> ExitCode {
             }
             let code: u8 = if err.downcast_ref::<UsageError>().is_some() {
                 2
+            } else if err.downcast_ref::<LimitError>().is_some() {
+                run::EXIT_LIMIT
             } else {
                 1
             };
@@ -69,7 +75,13 @@ fn main() -> ExitCode {
 
 /// Set once `--json` is known to be on (flag or `rlm.toml`): a run that fails before it
 /// starts still gives a JSON reader a document.
-pub(crate) static JSON_ERRORS: AtomicBool = AtomicBool::new(false);
+static JSON_ERRORS: AtomicBool = AtomicBool::new(false);
+
+/// Whether a failure prints a JSON error document on stdout: `--json` of `rlm run`, `rlm
+/// bench` and `rlm eval`, given as a flag or in `rlm.toml`.
+pub(crate) fn json_errors(on: bool) {
+    JSON_ERRORS.store(on, Ordering::Relaxed);
+}
 
 /// `{"error": {...}}` on stdout, for a run that failed before it started.
 fn print_json_error(err: &anyhow::Error, code: u8) {
@@ -146,3 +158,21 @@ impl std::fmt::Display for UsageError {
 }
 
 impl std::error::Error for UsageError {}
+
+/// A limit refused the work before it started (exit code 3, as for a run a limit stopped).
+#[derive(Debug)]
+pub(crate) struct LimitError(String);
+
+impl LimitError {
+    pub(crate) fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
+    }
+}
+
+impl std::fmt::Display for LimitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LimitError {}

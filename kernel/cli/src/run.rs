@@ -714,7 +714,7 @@ pub(crate) fn execute(
     let opts = merge(args.options, file);
     // First, while the process has one thread and no Python: keys leave the environment.
     secrets::protect(&opts)?;
-    crate::JSON_ERRORS.store(opts.json(), std::sync::atomic::Ordering::Relaxed);
+    crate::json_errors(opts.json());
     // Every option is checked before the context loads: a big context can take a while.
     let endpoints = build_endpoints(&opts)?;
     let config = rlm_config(&opts)?;

@@ -37,9 +37,9 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernel::repl::{ContextInput, ContextSource, ReplSession, SessionConfig};
 
-use crate::UsageError;
 use crate::args::RunOptions;
 use crate::run;
+use crate::{LimitError, UsageError};
 use report::{Measured, Path, Row};
 
 /// `max_tokens` of each call unless `--max-output-tokens` says otherwise.
@@ -150,6 +150,7 @@ impl InProcessMock {
 /// `rlm bench`.
 pub(crate) fn execute(args: BenchArgs, file: RunOptions) -> Result<ExitCode> {
     let mut opts = run::merge(args.options.clone(), file);
+    crate::json_errors(opts.json());
     crate::secrets::protect(&opts)?;
     if opts.base_url.is_some() && (args.latency_ms.is_some() || args.capacity.is_some()) {
         return Err(UsageError::new(
@@ -175,15 +176,15 @@ pub(crate) fn execute(args: BenchArgs, file: RunOptions) -> Result<ExitCode> {
     if let Some(max) = opts.max_sub_calls
         && planned > max
     {
-        eprintln!(
-            "error: The sweep needs {planned} calls ({} widths × {} paths × {} calls, plus one \
-             test call), more than the budget of {max} (`--max-calls`); lower `--calls` or \
+        return Err(LimitError::new(format!(
+            "The sweep needs {planned} calls ({} widths × {} paths × {} calls, plus one test \
+             call), more than the budget of {max} (`--max-calls`); lower `--calls` or \
              `--width`, or raise `--max-calls`. No call was sent.",
             args.width.len(),
             paths.len(),
             args.calls
-        );
-        return Ok(ExitCode::from(run::EXIT_LIMIT));
+        ))
+        .into());
     }
 
     let mock = match opts.base_url {

@@ -100,6 +100,7 @@ pub(crate) fn execute(
     config_path: Option<&Path>,
 ) -> Result<ExitCode> {
     let mut opts = run::merge(args.options.clone(), file);
+    crate::json_errors(opts.json());
     for (flag, given) in [
         ("trajectory", opts.trajectory.is_some()),
         ("answer-file", opts.answer_file.is_some()),
