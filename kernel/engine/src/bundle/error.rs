@@ -218,6 +218,20 @@ pub enum BundleError {
         /// message).
         error: Box<BundleError>,
     },
+    /// A persona names no agent of the bundle.
+    #[error(
+        "The agent bundle `{bundle}` has no agent `{name}` (`agents/{name}.md`); its agents are: \
+         {}. Name one of them, or use one agent file as the bundle",
+        list_names(available)
+    )]
+    NoPersona {
+        /// The persona's name.
+        name: String,
+        /// The bundle folder.
+        bundle: PathBuf,
+        /// The agents it has.
+        available: Vec<String>,
+    },
     /// A value of a workflow has the wrong type.
     #[error("`{path}`: `{key}` {problem}")]
     WorkflowValue {

@@ -25,10 +25,12 @@
 //!   `execute_workflow`.
 //! - [`prompt`]: the system prompt, start-up message, command message and menu, worded in
 //!   `prompts/agent/`.
-//! - [`tools`]: `read_file`, `execute_workflow` and `save_output`.
+//! - [`tools`]: `read_file`, `execute_workflow`, `save_output` and `load_workflow_file`.
 //! - [`startup`]: [`StartedAgent::start`] reads the agent, finds its roots, loads only the
 //!   files its start-up steps name (a YAML file's values become variables; a failure halts
 //!   start-up), and writes its opening messages.
+//! - [`persona`]: [`PersonaBundle`], a bundle agent played by a workflow's LLM agent (its
+//!   persona before the instruction, `load_workflow_file` reading only the bundle).
 //! - [`invoke`]: `invoke_agent`, one agent asking another of the bundle (its own start-up
 //!   and loop, on the same model and file log, at most two levels deep).
 //!
@@ -51,6 +53,7 @@
 pub mod agent;
 pub mod error;
 pub mod invoke;
+pub mod persona;
 pub mod prompt;
 pub mod sandbox;
 pub mod session;
@@ -64,9 +67,10 @@ pub mod yaml;
 pub use agent::{AgentCommand, AgentDefinition, HandlerKind, Persona, Step};
 pub use error::{Access, BundleError, FileKind, PathError, VariableError};
 pub use invoke::{InvokeAgent, agent_tools};
+pub use persona::{PERSONA_TOOLS, PersonaAgent, PersonaBundle};
 pub use prompt::LoadedFile;
 pub use sandbox::{DEFAULT_MAX_FILE_BYTES, FileAccess, FileLog, FileOp, Sandbox};
 pub use session::{BundleSession, Roots};
 pub use startup::{StartOptions, StartedAgent};
-pub use tools::{ExecuteWorkflow, ReadFile, SaveOutput, file_tools};
+pub use tools::{ExecuteWorkflow, LoadWorkflowFile, ReadFile, SaveOutput, file_tools};
 pub use vars::Variables;

@@ -4,15 +4,16 @@
 //! compiled in; `{{name}}` placeholders are filled in one pass (unknown ones stay, so the
 //! prompts can mention template placeholders such as `{{story_key}}`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use super::agent::AgentDefinition;
+use super::agent::{AgentDefinition, HandlerKind};
 use super::vars::Variables;
 
 const SYSTEM: &str = include_str!("../../../../prompts/agent/system.md");
 const STARTUP: &str = include_str!("../../../../prompts/agent/startup.md");
 const COMMAND: &str = include_str!("../../../../prompts/agent/command.md");
 const MENU: &str = include_str!("../../../../prompts/agent/menu.md");
+const PERSONA: &str = include_str!("../../../../prompts/agent/persona.md");
 
 /// A file loaded at start-up and the variables it set.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -68,6 +69,65 @@ pub fn system_prompt(agent: &AgentDefinition, vars: &Variables, output_folder: &
     )
 }
 
+/// The persona of `agent` as a workflow agent plays it: who it is, its bundle's workflows
+/// (paths relative to `bundle_root`) and the session's values. Placed before the workflow
+/// agent's own instruction.
+pub fn persona_prompt(agent: &AgentDefinition, vars: &Variables, bundle_root: &Path) -> String {
+    let title = if agent.title.is_empty() {
+        String::new()
+    } else {
+        format!(", {}", agent.title)
+    };
+    let root = bundle_root.display().to_string();
+    let workflows: Vec<String> = agent
+        .commands
+        .iter()
+        .flat_map(|command| {
+            command
+                .handlers
+                .iter()
+                .filter(|(kind, _)| *kind == HandlerKind::Workflow)
+                .map(move |(_, path)| (command, path))
+        })
+        .map(|(command, path)| {
+            let path = vars.resolve_lenient(path);
+            let shown = path
+                .strip_prefix(&root)
+                .map_or(path.as_str(), |rest| rest.trim_start_matches('/'));
+            format!(
+                "- `{shown}`: {} (`*{}`)",
+                one_line(&command.description),
+                command.trigger
+            )
+        })
+        .collect();
+    let workflows = if workflows.is_empty() {
+        "(This bundle names no workflows.)".to_owned()
+    } else {
+        workflows.join("\n")
+    };
+    let persona = &agent.persona;
+    fill(
+        PERSONA,
+        &[
+            ("name", &agent.name),
+            ("title", &title),
+            ("role", &one_line(&persona.role)),
+            ("identity", &one_line(&persona.identity)),
+            (
+                "communication_style",
+                &one_line(&persona.communication_style),
+            ),
+            ("principles", &one_line(&persona.principles)),
+            ("bundle_root", &root),
+            ("workflows", &workflows),
+            ("variables", &session_values(vars)),
+        ],
+    )
+    .trim_end()
+    .to_owned()
+}
+
 /// The start-up message: what was loaded, the session's values, and the agent's start-up
 /// steps with their values filled in.
 pub fn startup_message(agent: &AgentDefinition, vars: &Variables, loaded: &[LoadedFile]) -> String {
@@ -102,14 +162,7 @@ pub fn startup_message(agent: &AgentDefinition, vars: &Variables, loaded: &[Load
             .collect::<Vec<_>>()
             .join("\n")
     };
-    let variables = vars
-        .names()
-        .into_iter()
-        // The alias spells the same value again.
-        .filter(|name| name != "project_root")
-        .filter_map(|name| Some(format!("- `{{{name}}}`: {}", vars.value(&name)?.ok()?)))
-        .collect::<Vec<_>>()
-        .join("\n");
+    let variables = session_values(vars);
     let steps = agent
         .startup_steps()
         .iter()
@@ -198,6 +251,17 @@ fn command_list(agent: &AgentDefinition) -> String {
         .iter()
         .enumerate()
         .map(|(i, c)| format!("{}. *{}: {}", i + 1, c.trigger, one_line(&c.description)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// One `- `{name}`: value` line per variable.
+fn session_values(vars: &Variables) -> String {
+    vars.names()
+        .into_iter()
+        // The alias spells the same value again.
+        .filter(|name| name != "project_root")
+        .filter_map(|name| Some(format!("- `{{{name}}}`: {}", vars.value(&name)?.ok()?)))
         .collect::<Vec<_>>()
         .join("\n")
 }

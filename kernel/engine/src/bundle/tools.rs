@@ -1,4 +1,6 @@
-//! The file tools of a bundle agent: `read_file`, `execute_workflow` and `save_output`.
+//! The file tools of a bundle agent: `read_file`, `execute_workflow` and `save_output`, and
+//! `load_workflow_file` for a workflow agent playing a persona (it reads only the bundle's
+//! own folder).
 //!
 //! Each resolves the variables in the paths it gets (an unknown one is an error listing those
 //! available), goes through the session's sandbox, and turns every failure into a
@@ -9,7 +11,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
-use super::error::{BundleError, VariableError};
+use super::error::{BundleError, PathError, VariableError};
+use super::sandbox::Sandbox;
 use super::session::BundleSession;
 use super::vars::template_values;
 use super::workflow::load_workflow;
@@ -31,6 +34,64 @@ pub struct ExecuteWorkflow {
 #[derive(Debug, Clone)]
 pub struct SaveOutput {
     session: Arc<BundleSession>,
+}
+
+/// `load_workflow_file`: one file of the bundle's own folder (a workflow, its instructions,
+/// its template), relative to that folder.
+#[derive(Debug, Clone)]
+pub struct LoadWorkflowFile {
+    session: Arc<BundleSession>,
+    bundle: Sandbox,
+}
+
+impl LoadWorkflowFile {
+    /// The tool over `session`, reading only under its bundle root.
+    pub fn new(session: Arc<BundleSession>) -> Result<Self, PathError> {
+        let root = session.roots().bundle.clone();
+        let bundle = Sandbox::new(std::slice::from_ref(&root), &root, &root)?
+            .with_max_bytes(session.sandbox().max_bytes())
+            .with_log(session.file_log().clone());
+        Ok(Self { session, bundle })
+    }
+}
+
+#[async_trait]
+impl Tool for LoadWorkflowFile {
+    fn name(&self) -> &str {
+        "load_workflow_file"
+    }
+
+    fn description(&self) -> &str {
+        "Load one file of your agent bundle (a `workflow.yaml`, its instructions or its \
+         template) and return its text. Paths are relative to the bundle folder or start with \
+         `{bundle-root}`; files outside the bundle are refused."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "The file, e.g. `workflows/plan/workflow.yaml`."}
+            },
+            "required": ["path"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn call(&self, args: Value, _ctx: &ToolContext) -> Result<Value, ToolError> {
+        let path = self
+            .session
+            .variables()
+            .resolve(string_arg(&args, "path")?)
+            .map_err(failed)?;
+        let (path, content) = self.bundle.read_text(&path, self.name()).map_err(failed)?;
+        let shown = path
+            .strip_prefix(&self.session.roots().bundle)
+            .unwrap_or(&path)
+            .display()
+            .to_string();
+        Ok(json!({"path": shown, "content": content}))
+    }
 }
 
 impl ReadFile {

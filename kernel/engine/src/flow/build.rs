@@ -7,8 +7,10 @@
 //! registered by name, then a fallback (the kernel's, for Python callables by dotted name);
 //! a callback named under one point (`before_tool_callbacks`) acts only there. The engine
 //! builds `LlmAgent`, `LoopAgent`, `SequentialAgent`, `ParallelAgent` and `GraphAgent` itself;
-//! `RlmAgent` and `PythonAgent` come from factories the kernel registers. Every unknown name
-//! is a [`ConfigError`] pointing at its line, listing what is known.
+//! `RlmAgent` and `PythonAgent` come from factories the kernel registers. An `LlmAgent` with
+//! `persona: NAME` plays that agent of the registry's [`PersonaBundle`]: the persona goes
+//! before its instruction and it may name the bundle's tools (`load_workflow_file`, ...).
+//! Every unknown name is a [`ConfigError`] pointing at its line, listing what is known.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -28,6 +30,7 @@ use super::file::{
 use super::graph::{DEFAULT_MAX_STEPS, Graph, GraphError, Router, Target};
 use super::llm::{LlmAgent, builtin_tool};
 use crate::agent::{LoopConfig, ToolCallError};
+use crate::bundle::{BundleError, PERSONA_TOOLS, PersonaAgent, PersonaBundle};
 use crate::state::State;
 use crate::tool::Tool;
 
@@ -51,6 +54,7 @@ pub struct Registry {
     callbacks: BTreeMap<String, CallbackFactory>,
     callback_fallback: Option<CallbackFactory>,
     classes: HashMap<AgentClass, AgentFactory>,
+    bundle: Option<Arc<PersonaBundle>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -75,7 +79,14 @@ impl Registry {
             callbacks: BTreeMap::new(),
             callback_fallback: None,
             classes: HashMap::new(),
+            bundle: None,
         }
+    }
+
+    /// Where the personas that `persona:` names come from.
+    pub fn with_bundle(mut self, bundle: PersonaBundle) -> Self {
+        self.bundle = Some(Arc::new(bundle));
+        self
     }
 
     /// The loop settings LLM agents start from (their file's settings win).
@@ -269,7 +280,14 @@ impl Registry {
         if let Some(max) = c.max_iterations {
             config.max_iterations = max.get();
         }
+        let persona = self.persona(spec, c)?;
         let mut builder = LlmAgent::builder(c.name.as_str(), endpoint)
+            .preamble(
+                persona
+                    .as_ref()
+                    .map(PersonaAgent::preamble)
+                    .unwrap_or_default(),
+            )
             .description(c.description.clone())
             .instruction(c.instruction.clone())
             .include_contents(c.include_contents)
@@ -286,10 +304,27 @@ impl Registry {
                 }
                 continue;
             }
-            let made = match (builtin_tool(&tool.name), self.tools.get(&tool.name)) {
-                (Some(builtin), _) => Ok(builtin),
-                (None, Some(factory)) => factory(&Value::Object(tool.args.clone())),
-                (None, None) => {
+            let bundle_tool = persona.as_ref().and_then(|p| p.tool(&tool.name));
+            let made = match (
+                builtin_tool(&tool.name),
+                bundle_tool,
+                self.tools.get(&tool.name),
+            ) {
+                (Some(builtin), _, _) => Ok(builtin),
+                (None, Some(made), _) => made.map_err(|e| e.to_string()),
+                (None, None, _) if PERSONA_TOOLS.contains(&tool.name.as_str()) => {
+                    return Err(spec.error_at(
+                        "name",
+                        Some(&tool.name),
+                        ConfigErrorKind::Invalid,
+                        format!(
+                            "`{}` is a tool of a bundle persona; give this agent `persona: NAME`",
+                            tool.name
+                        ),
+                    ));
+                }
+                (None, None, Some(factory)) => factory(&Value::Object(tool.args.clone())),
+                (None, None, None) => {
                     return Err(spec.error_at(
                         "name",
                         Some(&tool.name),
@@ -316,6 +351,42 @@ impl Registry {
             .build()
             .map(|a| Arc::new(a) as Arc<dyn Agent>)
             .map_err(|e| spec.error_at("tools", None, ConfigErrorKind::Invalid, e.to_string()))
+    }
+}
+
+impl Registry {
+    /// The persona `c` plays, started, or an error at its `persona` line.
+    fn persona(
+        &self,
+        spec: &AgentSpec,
+        c: &LlmAgentConfig,
+    ) -> Result<Option<PersonaAgent>, ConfigError> {
+        let Some(name) = &c.persona else {
+            return Ok(None);
+        };
+        let at = |kind, message: String| spec.error_at("persona", Some(name), kind, message);
+        let Some(bundle) = &self.bundle else {
+            return Err(at(
+                ConfigErrorKind::Unknown,
+                format!(
+                    "`persona: {name}` needs an agent bundle and this run has none; name one \
+                     with `--bundle PATH`"
+                ),
+            ));
+        };
+        bundle.start(name).map(Some).map_err(|e| {
+            let kind = match e {
+                BundleError::NoPersona { .. } => ConfigErrorKind::Unknown,
+                _ => ConfigErrorKind::Invalid,
+            };
+            at(
+                kind,
+                format!(
+                    "Persona `{name}` of the bundle `{}`: {e}",
+                    bundle.path().display()
+                ),
+            )
+        })
     }
 }
 

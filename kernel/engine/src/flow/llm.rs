@@ -1,8 +1,8 @@
 //! [`LlmAgent`]: the function-calling loop of [`crate::agent`] as a workflow agent.
 //!
 //! A turn: the instruction is filled from the state (`{key}`, `{key?}`) and sent as the
-//! system message, followed by the conversation the agent may see
-//! ([`IncludeContents::Default`]: the run's input and every agent's messages so far, other
+//! system message (after a fixed preamble, e.g. a bundle persona, if it has one), followed
+//! by the conversation the agent may see ([`IncludeContents::Default`]: the run's input and every agent's messages so far, other
 //! agents' as `[name] said: ...`; [`IncludeContents::None`]: only the latest input). The
 //! loop then calls the model and its tools until the model answers or a tool raises an
 //! action. Tool writes go straight into the shared state (the next tool sees them), the
@@ -45,6 +45,7 @@ const CONTINUE: &str = "Continue.";
 pub struct LlmAgent {
     name: String,
     description: String,
+    preamble: String,
     instruction: String,
     output_key: Option<String>,
     include_contents: IncludeContents,
@@ -71,6 +72,7 @@ pub struct LlmAgentBuilder {
     name: String,
     description: String,
     endpoint: Arc<Endpoint>,
+    preamble: String,
     instruction: String,
     output_key: Option<String>,
     include_contents: IncludeContents,
@@ -92,6 +94,13 @@ impl LlmAgentBuilder {
     /// What the agent does.
     pub fn description(mut self, description: impl Into<String>) -> Self {
         self.description = description.into();
+        self
+    }
+
+    /// Fixed text before the instruction, not a template (a bundle persona, whose text
+    /// may hold braces of its own).
+    pub fn preamble(mut self, preamble: impl Into<String>) -> Self {
+        self.preamble = preamble.into();
         self
     }
 
@@ -147,6 +156,7 @@ impl LlmAgentBuilder {
             prebuilt: AgentLoop::new(self.endpoint, toolbox, self.config),
             name: self.name,
             description: self.description,
+            preamble: self.preamble,
             instruction: self.instruction,
             output_key: self.output_key,
             include_contents: self.include_contents,
@@ -164,6 +174,7 @@ impl LlmAgent {
             name: name.into(),
             description: String::new(),
             endpoint,
+            preamble: String::new(),
             instruction: String::new(),
             output_key: None,
             include_contents: IncludeContents::Default,
@@ -183,9 +194,14 @@ impl LlmAgent {
                 agent: self.name.clone(),
                 message: e.to_string(),
             })?;
+        let system = match (self.preamble.is_empty(), instruction.is_empty()) {
+            (true, _) => instruction,
+            (false, true) => self.preamble.clone(),
+            (false, false) => format!("{}\n\n{instruction}", self.preamble),
+        };
         let mut messages = Vec::new();
-        if !instruction.is_empty() {
-            messages.push(Message::system(instruction));
+        if !system.is_empty() {
+            messages.push(Message::system(system));
         }
         let history = ctx.history();
         match self.include_contents {

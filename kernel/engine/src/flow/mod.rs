@@ -24,6 +24,9 @@
 //!   built-in tools `exit_loop`, `end_turn`, `escalate`.
 //! - [`build`]: the [`Registry`] that turns workflow files into agents (models, tools,
 //!   callbacks, and the kernel's factories for the Python-backed classes).
+//! - [`discovery`]: the plan-and-discover tools (`request_discovery`,
+//!   `write_discovery_results_and_exit`, `write_planning_artifact`) over namespaced
+//!   `temp:discovery:*` keys.
 //! - [`runner`]: [`run_workflow`], one bounded invocation of a root agent.
 //!
 //! Data flows down the tree: a parent runs each child through [`run_agent`] in a child
@@ -71,6 +74,7 @@ pub mod agent;
 pub mod build;
 pub mod callbacks;
 pub mod context;
+pub mod discovery;
 pub mod error;
 pub mod event;
 pub mod file;
@@ -86,6 +90,7 @@ pub use agent::{Agent, AgentOutcome, Control, class, run_agent, run_in};
 pub use build::{AgentFactory, CallbackFactory, Registry, ToolFactory};
 pub use callbacks::{Callback, CallbackAction, CallbackContext, Callbacks, ToolInvocation};
 pub use context::{Invocation, InvocationContext, NodeObserver, NodeRecord, Turn};
+pub use discovery::with_discovery;
 pub use error::FlowError;
 pub use event::{EndStatus, Event, EventKind, ToolResult};
 pub use graph::{

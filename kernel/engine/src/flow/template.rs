@@ -3,8 +3,9 @@
 //! `{key}` is replaced by the value of state key `key` (a string as it is, anything else as
 //! JSON); a missing key is an error that names it. `{key?}` is replaced by the empty string
 //! when the key is missing. A key is an identifier (letters, digits, `_`), optionally with a
-//! scope prefix (`temp:`, `user:`, `app:`). Braces around anything else (a JSON example, a
-//! code snippet) are left as they are.
+//! scope prefix (`temp:`, `user:`, `app:`); a scoped key may be namespaced further
+//! (`temp:discovery:query`). Braces around anything else (a JSON example, a code snippet)
+//! are left as they are.
 
 use serde_json::Value;
 
@@ -60,10 +61,17 @@ pub fn render_template(template: &str, state: &State) -> Result<String, MissingK
 }
 
 fn is_key(text: &str) -> bool {
-    let name = ["temp:", "user:", "app:"]
+    match ["temp:", "user:", "app:"]
         .iter()
         .find_map(|p| text.strip_prefix(p))
-        .unwrap_or(text);
+    {
+        // Only a scoped key may have namespaces, so `{a:b}` in prose stays text.
+        Some(name) => name.split(':').all(is_identifier),
+        None => is_identifier(text),
+    }
+}
+
+fn is_identifier(name: &str) -> bool {
     let mut chars = name.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
@@ -78,6 +86,7 @@ mod tests {
         let mut state = State::default();
         state.set("topic", json!("sales"));
         state.set("temp:round", json!(2));
+        state.set("temp:discovery:query", json!("Which region?"));
         state.set("user:prefs", json!({"tone": "brief"}));
         state
     }
@@ -91,6 +100,18 @@ mod tests {
         assert_eq!(
             out.as_deref(),
             Ok(r#"On sales, round 2; prefs {"tone":"brief"}; feedback: ."#)
+        );
+    }
+
+    #[test]
+    fn scoped_keys_may_be_namespaced_and_unscoped_ones_not() {
+        let out = render_template(
+            "Asked: {temp:discovery:query}; found: {temp:discovery:results?}; {a:b} {temp:x:}",
+            &state(),
+        );
+        assert_eq!(
+            out.as_deref(),
+            Ok("Asked: Which region?; found: ; {a:b} {temp:x:}")
         );
     }
 

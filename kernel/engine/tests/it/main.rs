@@ -16,6 +16,7 @@ mod file;
 mod graph;
 mod limits;
 mod llm;
+mod persona;
 mod scoping;
 mod session;
 mod state;

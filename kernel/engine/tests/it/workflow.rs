@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use crate::support::ends;
 
-async fn mock(models: Value) -> MockServer {
+pub(crate) async fn mock(models: Value) -> MockServer {
     let script = Script::from_json_value(json!({ "models": models })).expect("valid script");
     MockServer::start(MockConfig {
         script,
@@ -27,7 +27,7 @@ async fn mock(models: Value) -> MockServer {
 }
 
 /// Endpoints `names` on `server` (each asking for the model of its own name).
-fn endpoints(server: &MockServer, provider: Provider, names: &[&str]) -> Arc<Endpoints> {
+pub(crate) fn endpoints(server: &MockServer, provider: Provider, names: &[&str]) -> Arc<Endpoints> {
     let configs = names
         .iter()
         .map(|name| {
@@ -49,7 +49,7 @@ fn endpoints(server: &MockServer, provider: Provider, names: &[&str]) -> Arc<End
     Arc::new(Endpoints::new(configs, Arc::new(Ledger::default())).expect("valid endpoints"))
 }
 
-async fn run(
+pub(crate) async fn run(
     root: &dyn Agent,
     registry_ledger: &Arc<Endpoints>,
     input: &str,
@@ -63,7 +63,7 @@ async fn run(
 }
 
 /// Agent names in the order they started.
-fn started(events: &[Event]) -> Vec<&str> {
+pub(crate) fn started(events: &[Event]) -> Vec<&str> {
     events
         .iter()
         .filter(|e| e.kind == EventKind::Start)

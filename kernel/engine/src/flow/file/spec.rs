@@ -215,6 +215,10 @@ pub struct LlmAgentConfig {
     pub description: String,
     /// The model: the name of a configured endpoint (absent: the default model).
     pub model: Option<String>,
+    /// The agent of the workflow's agent bundle whose persona it plays (ours): `NAME` is
+    /// the bundle's `agents/NAME.md`; its persona goes before `instruction` and its bundle
+    /// tools (`load_workflow_file`) may be named under `tools`.
+    pub persona: Option<String>,
     /// The system instruction, a template over the state (`{key}`, `{key?}`).
     #[serde(default)]
     pub instruction: String,

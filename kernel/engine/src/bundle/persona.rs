@@ -1,0 +1,135 @@
+//! Personas for workflow agents: a workflow's LLM agent plays an agent of a bundle.
+//!
+//! A [`PersonaBundle`] is where personas come from: a bundle folder (persona `NAME` is its
+//! `agents/NAME.md`) or one agent file, which then plays every persona a workflow names (so
+//! any installed bundle's agent can stand in). [`PersonaBundle::start`] starts the agent the
+//! usual way ([`StartedAgent::start`]: only its start-up files are read) and gives a
+//! [`PersonaAgent`]: the persona text that goes before the workflow agent's instruction, and
+//! the bundle tools it may name (`load_workflow_file`, `read_file`, `execute_workflow`,
+//! `save_output`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::error::{BundleError, PathError};
+use super::prompt::persona_prompt;
+use super::startup::{StartOptions, StartedAgent};
+use super::tools::{LoadWorkflowFile, file_tools};
+use crate::tool::Tool;
+
+/// The tools a persona agent may name under `tools`.
+pub const PERSONA_TOOLS: [&str; 4] = [
+    "load_workflow_file",
+    "read_file",
+    "execute_workflow",
+    "save_output",
+];
+
+/// Where a workflow's personas come from; see the module docs.
+#[derive(Debug, Clone)]
+pub struct PersonaBundle {
+    path: PathBuf,
+    options: StartOptions,
+}
+
+impl PersonaBundle {
+    /// Personas from `path` (a bundle folder or one agent file), started with `options`.
+    pub fn new(path: impl Into<PathBuf>, options: StartOptions) -> Self {
+        Self {
+            path: path.into(),
+            options,
+        }
+    }
+
+    /// The folder or agent file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The agent file that plays persona `name`.
+    pub fn agent_file(&self, name: &str) -> Result<PathBuf, BundleError> {
+        if self.path.is_file() {
+            return Ok(self.path.clone());
+        }
+        let plain = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && !name.starts_with('.');
+        let file = self.path.join("agents").join(format!("{name}.md"));
+        if plain && file.is_file() {
+            return Ok(file);
+        }
+        if !self.path.is_dir() {
+            return Err(PathError::NotFound {
+                path: self.path.clone(),
+            }
+            .into());
+        }
+        Err(BundleError::NoPersona {
+            name: name.to_owned(),
+            bundle: self.path.clone(),
+            available: self.agents(),
+        })
+    }
+
+    /// Starts the agent that plays persona `name`.
+    pub fn start(&self, name: &str) -> Result<PersonaAgent, BundleError> {
+        let started = StartedAgent::start(&self.agent_file(name)?, &self.options)?;
+        Ok(PersonaAgent { started })
+    }
+
+    /// The names of the agents in the bundle folder, sorted.
+    fn agents(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.path.join("agents"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                name.strip_suffix(".md").map(str::to_owned)
+            })
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+/// A started bundle agent, as a workflow agent plays it.
+#[derive(Debug, Clone)]
+pub struct PersonaAgent {
+    /// The agent after start-up.
+    pub started: StartedAgent,
+}
+
+impl PersonaAgent {
+    /// The text that goes before the workflow agent's instruction: the persona, its
+    /// bundle's workflows, the session's values and the start-up message.
+    pub fn preamble(&self) -> String {
+        let session = &self.started.session;
+        format!(
+            "{}\n\n{}",
+            persona_prompt(
+                &self.started.definition,
+                session.variables(),
+                &session.roots().bundle
+            ),
+            self.started.startup_message
+        )
+    }
+
+    /// The bundle tool called `name` ([`PERSONA_TOOLS`]), if it is one.
+    pub fn tool(&self, name: &str) -> Option<Result<Arc<dyn Tool>, BundleError>> {
+        if name == "load_workflow_file" {
+            return Some(
+                LoadWorkflowFile::new(Arc::clone(&self.started.session))
+                    .map(|tool| Arc::new(tool) as Arc<dyn Tool>)
+                    .map_err(BundleError::from),
+            );
+        }
+        file_tools(&self.started.session)
+            .into_iter()
+            .find(|tool| tool.name() == name)
+            .map(Ok)
+    }
+}

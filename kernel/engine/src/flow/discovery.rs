@@ -1,0 +1,381 @@
+//! Plan and discover: a planner agent asks, a discovery loop answers, through namespaced
+//! `temp:discovery:*` keys (the `plan-discover` workflow; any workflow may use them).
+//!
+//! - `request_discovery(query, context)` ([`RequestDiscovery`]) writes the query and what the
+//!   planner knows, counts the round, sets the phase to `requested` and **ends the planner's
+//!   turn**, so the enclosing loop moves on to the discovery agent.
+//! - The discovery agent is skipped unless a discovery is requested
+//!   ([`SKIP_UNLESS_REQUESTED`], a before-agent callback for it).
+//! - `write_discovery_results_and_exit(results, summary)` ([`WriteDiscoveryResults`]) writes
+//!   the results, sets the ready flag and the phase `done`, and ends the **nearest** loop —
+//!   the discovery loop — so the outer loop goes on to the planner, which reads the results
+//!   from its instruction (`{temp:discovery:results?}`).
+//! - `write_planning_artifact(name, content)` ([`WritePlanningArtifact`]) writes a document
+//!   into the output folder the state names (`output_dir` by default, else
+//!   `planning-artifacts`); a name that leads outside that folder is refused.
+//!
+//! [`with_discovery`] registers all four with a [`Registry`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::build::Registry;
+use super::callbacks::{Callback, CallbackAction, CallbackContext};
+use crate::bundle::Sandbox;
+use crate::tool::{Tool, ToolContext, ToolError};
+
+/// The query the planner asked (`temp:discovery:query`).
+pub const QUERY: &str = "temp:discovery:query";
+/// What the planner already knows, for the discovery (`temp:discovery:context`).
+pub const CONTEXT: &str = "temp:discovery:context";
+/// The discovery's results (`temp:discovery:results`).
+pub const RESULTS: &str = "temp:discovery:results";
+/// A one-line summary of the results (`temp:discovery:summary`).
+pub const SUMMARY: &str = "temp:discovery:summary";
+/// Whether results for the latest query are there (`temp:discovery:ready`).
+pub const READY: &str = "temp:discovery:ready";
+/// `requested` while a query waits, `done` once answered (`temp:discovery:phase`).
+pub const PHASE: &str = "temp:discovery:phase";
+/// How many discoveries were requested so far (`temp:discovery:round`).
+pub const ROUND: &str = "temp:discovery:round";
+/// The phase while a query waits for discovery.
+pub const REQUESTED: &str = "requested";
+/// The phase once the discovery wrote its results.
+pub const DONE: &str = "done";
+/// The session key listing the artifacts written (`planning_artifacts`).
+pub const ARTIFACTS: &str = "planning_artifacts";
+/// The callback that skips the discovery agent unless a discovery is requested.
+pub const SKIP_UNLESS_REQUESTED: &str = "skip_unless_discovery_requested";
+/// The state key naming the artifacts' folder, unless the tool's `args` say otherwise.
+pub const DEFAULT_FOLDER_KEY: &str = "output_dir";
+/// The artifacts' folder when the state names none (relative to the working directory).
+pub const DEFAULT_FOLDER: &str = "planning-artifacts";
+
+/// `registry` with `request_discovery`, `write_discovery_results_and_exit`,
+/// `write_planning_artifact` and the callback [`SKIP_UNLESS_REQUESTED`].
+pub fn with_discovery(registry: Registry) -> Registry {
+    registry
+        .with_tool(Arc::new(RequestDiscovery))
+        .with_tool(Arc::new(WriteDiscoveryResults))
+        .with_tool_factory("write_planning_artifact", |args| {
+            let args: ArtifactArgs = serde_json::from_value(args.clone())
+                .map_err(|e| format!("{e}; `args` may set `folder_key` and `default_folder`"))?;
+            Ok(Arc::new(WritePlanningArtifact {
+                folder_key: args
+                    .folder_key
+                    .unwrap_or_else(|| DEFAULT_FOLDER_KEY.to_owned()),
+                default_folder: args
+                    .default_folder
+                    .unwrap_or_else(|| PathBuf::from(DEFAULT_FOLDER)),
+            }))
+        })
+        .with_callback(SKIP_UNLESS_REQUESTED, Arc::new(SkipUnlessRequested))
+}
+
+fn string_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, ToolError> {
+    args.get(name)
+        .and_then(Value::as_str)
+        .ok_or_else(|| ToolError::InvalidArguments(format!("`{name}` must be a string")))
+}
+
+/// `request_discovery`; see the module docs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequestDiscovery;
+
+#[async_trait]
+impl Tool for RequestDiscovery {
+    fn name(&self) -> &str {
+        "request_discovery"
+    }
+
+    fn description(&self) -> &str {
+        "Ask the discovery agent to find facts in the user's data. Your turn ends with this \
+         call; the results are in your instructions at your next turn."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "The question to answer from the data."},
+                "context": {"type": "string", "description": "What you know already and why you ask."}
+            },
+            "required": ["query"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn call(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
+        let query = string_arg(&args, "query")?;
+        if query.trim().is_empty() {
+            return Err(ToolError::InvalidArguments(
+                "`query` is empty; say what to find out".to_owned(),
+            ));
+        }
+        let context = match args.get("context") {
+            None | Some(Value::Null) => "",
+            Some(_) => string_arg(&args, "context")?,
+        };
+        let round = ctx.get_state(ROUND).and_then(|v| v.as_u64()).unwrap_or(0) + 1;
+        ctx.set_state(QUERY, json!(query));
+        ctx.set_state(CONTEXT, json!(context));
+        ctx.set_state(READY, json!(false));
+        ctx.set_state(PHASE, json!(REQUESTED));
+        ctx.set_state(ROUND, json!(round));
+        ctx.end_turn();
+        Ok(json!({"success": true, "round": round,
+                  "status": "Discovery requested; the results come at your next turn."}))
+    }
+}
+
+/// `write_discovery_results_and_exit`; see the module docs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WriteDiscoveryResults;
+
+#[async_trait]
+impl Tool for WriteDiscoveryResults {
+    fn name(&self) -> &str {
+        "write_discovery_results_and_exit"
+    }
+
+    fn description(&self) -> &str {
+        "Hand the discovery's results to the planner and end the discovery."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "results": {"type": "string", "description": "The facts found, with their numbers."},
+                "summary": {"type": "string", "description": "One line: what was found."}
+            },
+            "required": ["results", "summary"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn call(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
+        let results = string_arg(&args, "results")?;
+        let summary = string_arg(&args, "summary")?;
+        ctx.set_state(RESULTS, json!(results));
+        ctx.set_state(SUMMARY, json!(summary));
+        ctx.set_state(READY, json!(true));
+        ctx.set_state(PHASE, json!(DONE));
+        ctx.exit_loop();
+        Ok(json!({"success": true}))
+    }
+}
+
+/// What `args` of `write_planning_artifact` may set.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ArtifactArgs {
+    folder_key: Option<String>,
+    default_folder: Option<PathBuf>,
+}
+
+/// `write_planning_artifact`; see the module docs.
+#[derive(Debug, Clone)]
+pub struct WritePlanningArtifact {
+    folder_key: String,
+    default_folder: PathBuf,
+}
+
+impl WritePlanningArtifact {
+    /// Writes into the folder state key `folder_key` names, else `default_folder`.
+    pub fn new(folder_key: impl Into<String>, default_folder: impl Into<PathBuf>) -> Self {
+        Self {
+            folder_key: folder_key.into(),
+            default_folder: default_folder.into(),
+        }
+    }
+
+    fn folder(&self, ctx: &ToolContext) -> Result<PathBuf, ToolError> {
+        match ctx.get_state(&self.folder_key) {
+            None | Some(Value::Null) => Ok(self.default_folder.clone()),
+            Some(Value::String(folder)) if !folder.trim().is_empty() => Ok(PathBuf::from(folder)),
+            Some(other) => Err(ToolError::Failed(format!(
+                "State key `{}` must name the output folder as a string, not `{other}`",
+                self.folder_key
+            ))),
+        }
+    }
+}
+
+#[async_trait]
+impl Tool for WritePlanningArtifact {
+    fn name(&self) -> &str {
+        "write_planning_artifact"
+    }
+
+    fn description(&self) -> &str {
+        "Write a planning document (e.g. `plan.md`) into the output folder, replacing a document \
+         of that name. `name` is relative to the output folder."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "description": "The document's file name, e.g. `plan.md`."},
+                "content": {"type": "string", "description": "Its whole text."}
+            },
+            "required": ["name", "content"],
+            "additionalProperties": false
+        })
+    }
+
+    async fn call(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
+        let name = string_arg(&args, "name")?;
+        let content = string_arg(&args, "content")?;
+        let folder = self.folder(ctx)?;
+        std::fs::create_dir_all(&folder).map_err(|e| {
+            ToolError::Failed(format!(
+                "Could not create the output folder `{}`: {e}",
+                folder.display()
+            ))
+        })?;
+        let failed = |e: crate::bundle::PathError| ToolError::Failed(e.to_string());
+        let sandbox =
+            Sandbox::new(std::slice::from_ref(&folder), &folder, &folder).map_err(failed)?;
+        let path = sandbox
+            .write_text(name, content, false, self.name())
+            .map_err(failed)?;
+        let shown = path.display().to_string();
+        let mut written: Vec<Value> = ctx
+            .get_state(ARTIFACTS)
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default();
+        if !written.contains(&json!(shown)) {
+            written.push(json!(shown));
+        }
+        ctx.set_state(ARTIFACTS, Value::Array(written));
+        Ok(json!({"success": true, "path": shown, "bytes": content.len()}))
+    }
+}
+
+/// Skips the agent it is named for unless the phase is `requested`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SkipUnlessRequested;
+
+impl Callback for SkipUnlessRequested {
+    fn before_agent(&self, ctx: &CallbackContext) -> CallbackAction<String> {
+        if ctx.get_state(PHASE) == Some(json!(REQUESTED)) {
+            CallbackAction::Continue
+        } else {
+            CallbackAction::Replace("No discovery was requested; skipped.".to_owned())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{SharedState, State};
+
+    fn ctx() -> (ToolContext, SharedState) {
+        let state = SharedState::new(State::default());
+        (ToolContext::new("call_0", state.clone()), state)
+    }
+
+    #[tokio::test]
+    async fn a_request_writes_the_namespaced_keys_and_ends_the_turn() {
+        let (ctx, state) = ctx();
+        let out = RequestDiscovery
+            .call(json!({"query": "Which region?", "context": "Q3"}), &ctx)
+            .await
+            .expect("requested");
+        assert_eq!(out["round"], json!(1));
+        assert_eq!(state.get(QUERY), Some(json!("Which region?")));
+        assert_eq!(state.get(CONTEXT), Some(json!("Q3")));
+        assert_eq!(state.get(PHASE), Some(json!(REQUESTED)));
+        assert_eq!(state.get(READY), Some(json!(false)));
+        let (_, actions) = ctx.take_effects();
+        assert!(actions.end_turn && !actions.exit_loop && !actions.escalate);
+        let again = RequestDiscovery
+            .call(json!({"query": "And the south?"}), &ctx)
+            .await
+            .expect("requested");
+        assert_eq!(again["round"], json!(2));
+        let empty = RequestDiscovery.call(json!({"query": " "}), &ctx).await;
+        assert!(matches!(empty, Err(ToolError::InvalidArguments(_))));
+    }
+
+    #[tokio::test]
+    async fn results_set_the_ready_flag_and_exit_only_the_loop() {
+        let (ctx, state) = ctx();
+        WriteDiscoveryResults
+            .call(
+                json!({"results": "North +4%", "summary": "North grew"}),
+                &ctx,
+            )
+            .await
+            .expect("written");
+        assert_eq!(state.get(RESULTS), Some(json!("North +4%")));
+        assert_eq!(state.get(SUMMARY), Some(json!("North grew")));
+        assert_eq!(state.get(READY), Some(json!(true)));
+        assert_eq!(state.get(PHASE), Some(json!(DONE)));
+        let (_, actions) = ctx.take_effects();
+        assert!(actions.exit_loop && !actions.end_turn && !actions.escalate);
+    }
+
+    #[tokio::test]
+    async fn artifacts_go_into_the_named_folder_and_hostile_names_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("out");
+        let (ctx, state) = ctx();
+        state.set("output_dir", json!(out.display().to_string()));
+        let tool = WritePlanningArtifact::new(DEFAULT_FOLDER_KEY, DEFAULT_FOLDER);
+        let written = tool
+            .call(json!({"name": "plan.md", "content": "# Plan"}), &ctx)
+            .await
+            .expect("written");
+        assert_eq!(
+            std::fs::read_to_string(out.join("plan.md")).expect("the artifact"),
+            "# Plan"
+        );
+        assert_eq!(
+            state.get(ARTIFACTS),
+            Some(json!([written["path"].as_str().expect("a path")]))
+        );
+        for hostile in ["../escape.md", "/etc/passwd", "sub/../../escape.md", "a\0b"] {
+            let refused = tool
+                .call(json!({"name": hostile, "content": "x"}), &ctx)
+                .await;
+            assert!(matches!(refused, Err(ToolError::Failed(_))), "{hostile}");
+        }
+        assert!(!dir.path().join("escape.md").exists());
+        state.set("output_dir", json!(7));
+        let bad = tool
+            .call(json!({"name": "plan.md", "content": "x"}), &ctx)
+            .await;
+        assert!(
+            matches!(&bad, Err(ToolError::Failed(m)) if m.contains("`output_dir`")),
+            "{bad:?}"
+        );
+    }
+
+    #[test]
+    fn the_discovery_is_skipped_unless_requested() {
+        let state = SharedState::new(State::default());
+        let cb = CallbackContext::new("discovery", "plan/discovery", state.clone());
+        assert!(matches!(
+            SkipUnlessRequested.before_agent(&cb),
+            CallbackAction::Replace(_)
+        ));
+        state.set(PHASE, json!(REQUESTED));
+        assert!(matches!(
+            SkipUnlessRequested.before_agent(&cb),
+            CallbackAction::Continue
+        ));
+        state.set(PHASE, json!(DONE));
+        assert!(matches!(
+            SkipUnlessRequested.before_agent(&cb),
+            CallbackAction::Replace(_)
+        ));
+    }
+}
