@@ -35,22 +35,22 @@ fn copy_tree(from: &Path, to: &Path) {
 }
 
 /// A fixture tree copied into a temporary project folder.
-struct Project {
+pub(crate) struct Project {
     dir: tempfile::TempDir,
 }
 
 impl Project {
-    fn copy(tree: &str) -> Self {
+    pub(crate) fn copy(tree: &str) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         copy_tree(&fixtures().join(tree), dir.path());
         Self { dir }
     }
 
-    fn root(&self) -> PathBuf {
+    pub(crate) fn root(&self) -> PathBuf {
         std::fs::canonicalize(self.dir.path()).expect("canonical")
     }
 
-    fn path(&self, rel: &str) -> String {
+    pub(crate) fn path(&self, rel: &str) -> String {
         self.root().join(rel).display().to_string()
     }
 

@@ -6,7 +6,7 @@ use serde_json::json;
 
 use crate::support::{Mock, Run, file, rlm};
 
-fn args(list: &[&str]) -> Vec<String> {
+pub(crate) fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
 }
 
@@ -81,7 +81,7 @@ fn nested(rounds: usize) -> String {
     (0..rounds).fold(String::new(), |inner, _| format!("E[F[P[{inner}]]]"))
 }
 
-fn started(events: &[serde_json::Value]) -> Vec<String> {
+pub(crate) fn started(events: &[serde_json::Value]) -> Vec<String> {
     events
         .iter()
         .filter(|e| e["kind"] == "start")
@@ -89,7 +89,7 @@ fn started(events: &[serde_json::Value]) -> Vec<String> {
         .collect()
 }
 
-fn ended<'a>(events: &'a [serde_json::Value], author: &str) -> Vec<&'a str> {
+pub(crate) fn ended<'a>(events: &'a [serde_json::Value], author: &str) -> Vec<&'a str> {
     events
         .iter()
         .filter(|e| e["kind"] == "end" && e["author"] == author)
@@ -97,7 +97,7 @@ fn ended<'a>(events: &'a [serde_json::Value], author: &str) -> Vec<&'a str> {
         .collect()
 }
 
-fn read_events(path: &std::path::Path) -> Vec<serde_json::Value> {
+pub(crate) fn read_events(path: &std::path::Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
         .expect("event log")
         .lines()
@@ -107,7 +107,12 @@ fn read_events(path: &std::path::Path) -> Vec<serde_json::Value> {
 
 /// `rlm flow run` against `mock` over `provider`'s wire format, with the events and state
 /// in `dir`.
-fn run_flow(mock: &Mock, provider: &str, dir: &std::path::Path, extra: &[String]) -> Run {
+pub(crate) fn run_flow(
+    mock: &Mock,
+    provider: &str,
+    dir: &std::path::Path,
+    extra: &[String],
+) -> Run {
     let url = if provider == "anthropic" {
         mock.anthropic_url()
     } else {

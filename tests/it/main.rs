@@ -21,6 +21,7 @@ mod limits;
 mod messages;
 mod mock_lm;
 mod outputs;
+mod plan_discover;
 mod processes;
 mod run;
 mod secrets;

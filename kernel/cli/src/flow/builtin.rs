@@ -47,6 +47,22 @@ pub(crate) const BUILTINS: &[Builtin] = &[
             "refine/refine.py",
         ],
     },
+    Builtin {
+        name: "plan-discover",
+        root: "plan-discover/plan-discover.yaml",
+        files: files![
+            "plan-discover/plan-discover.yaml",
+            "plan-discover/planner.yaml",
+            "plan-discover/discovery.yaml",
+            "plan-discover/discoverer.yaml",
+            "plan-discover/results_processor.yaml",
+            "plan-discover/bundle/config.yaml",
+            "plan-discover/bundle/agents/planner.md",
+            "plan-discover/bundle/workflows/discovery-plan/workflow.yaml",
+            "plan-discover/bundle/workflows/discovery-plan/instructions.md",
+            "plan-discover/bundle/workflows/discovery-plan/template.md",
+        ],
+    },
 ];
 
 impl Builtin {
@@ -72,16 +88,20 @@ mod tests {
     /// Every file under `flows/` is compiled in, and every file compiled in is there.
     #[test]
     fn the_built_ins_hold_every_file_of_their_folders() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("flows");
-        let mut on_disk = Vec::new();
-        for dir in std::fs::read_dir(&root).expect("flows/") {
-            let dir = dir.expect("entry").path();
-            for file in std::fs::read_dir(&dir).expect("a workflow folder") {
-                let file = file.expect("entry").path();
-                let rel = file.strip_prefix(&root).expect("under flows/");
-                on_disk.push(rel.to_string_lossy().replace('\\', "/"));
+        fn walk(dir: &std::path::Path, root: &std::path::Path, out: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).expect("a folder of flows/") {
+                let path = entry.expect("entry").path();
+                if path.is_dir() {
+                    walk(&path, root, out);
+                } else {
+                    let rel = path.strip_prefix(root).expect("under flows/");
+                    out.push(rel.to_string_lossy().replace('\\', "/"));
+                }
             }
         }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("flows");
+        let mut on_disk = Vec::new();
+        walk(&root, &root, &mut on_disk);
         on_disk.sort();
         let mut compiled: Vec<String> = BUILTINS
             .iter()

@@ -13,7 +13,7 @@ use crate::args::RunOptions;
 /// Arguments of `rlm flow demo`.
 #[derive(Debug, Args)]
 pub(crate) struct FlowDemoArgs {
-    /// The built-in workflow (`refine` or `rlm-completion`).
+    /// The built-in workflow (`refine`, `rlm-completion` or `plan-discover`).
     #[arg(value_name = "NAME")]
     name: String,
 
@@ -33,6 +33,8 @@ struct Demo {
     inputs: &'static [(&'static str, &'static str)],
     /// A sample context file, by name and text.
     context: Option<(&'static str, &'static str)>,
+    /// Whether it writes documents (into a temporary `output_dir`, shown at the end).
+    writes_artifacts: bool,
 }
 
 const DEMOS: &[Demo] = &[
@@ -47,6 +49,7 @@ const DEMOS: &[Demo] = &[
             ),
         ],
         context: None,
+        writes_artifacts: false,
     },
     Demo {
         name: "rlm-completion",
@@ -56,6 +59,17 @@ const DEMOS: &[Demo] = &[
             ("format", "one sentence"),
         ],
         context: Some(("notes.txt", "alpha\nbeta\ngamma\n")),
+        writes_artifacts: false,
+    },
+    Demo {
+        name: "plan-discover",
+        script: include_str!("demo/plan-discover.json"),
+        inputs: &[("goal", "Plan next quarter's sales push")],
+        context: Some((
+            "sales.txt",
+            "north: 120 -> 131\nsouth: 98 -> 97\neast: 77 -> 90\n",
+        )),
+        writes_artifacts: true,
     },
 ];
 
@@ -95,22 +109,52 @@ pub(crate) fn execute(args: FlowDemoArgs, file: RunOptions) -> Result<ExitCode> 
             .with_context(|| format!("Could not write `{}`", path.display()))?;
         contexts.push(path.into_os_string());
     }
+    let mut inputs: Vec<String> = demo
+        .inputs
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let artifacts = dir.path().join("plans");
+    if demo.writes_artifacts {
+        inputs.push(format!("output_dir={}", artifacts.display()));
+    }
     let run = FlowRunArgs {
         workflow: demo.name.to_owned(),
-        inputs: demo
-            .inputs
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect(),
+        inputs,
         contexts,
         state: None,
         events: args.events,
+        bundle: None,
         options,
     };
     let workflow = super::Workflow::find(demo.name)?;
     let code = super::run::execute(run, file, &workflow);
+    if demo.writes_artifacts {
+        show_artifacts(&artifacts)?;
+    }
     let requests = server.log().len();
     kernel::runtime::shared().block_on(server.shutdown());
     eprintln!("mock LM server answered {requests} requests");
     code
+}
+
+/// Prints each document the demo wrote (they go away with its temporary folder).
+fn show_artifacts(folder: &std::path::Path) -> Result<()> {
+    let mut paths: Vec<_> = std::fs::read_dir(folder)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .collect();
+    paths.sort();
+    for path in paths {
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("Could not read `{}`", path.display()))?;
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        println!(
+            "\n--- {name} (written by the planner) ---\n{}",
+            text.trim_end()
+        );
+    }
+    Ok(())
 }

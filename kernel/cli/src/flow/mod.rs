@@ -4,10 +4,12 @@
 //! ([`demo`]), `list` the built-in workflows, `graph` a
 //! workflow as Mermaid text. A workflow is named by a path to its root YAML file or by the
 //! name of a built-in ([`builtin`]); files are read and checked by `engine::flow::file`, so
-//! every error names the file, line and column. Later subcommands (resume, runs, history)
+//! every error names the file, line and column; `persona:` agents come from the run's agent
+//! bundle ([`bundle`]). Later subcommands (resume, runs, history)
 //! are modules of their own here.
 
 mod builtin;
+mod bundle;
 mod demo;
 mod run;
 

@@ -55,6 +55,12 @@ pub(crate) struct FlowRunArgs {
     #[arg(long, value_name = "FILE")]
     pub(crate) events: Option<PathBuf>,
 
+    /// The agent bundle that `persona:` agents come from: a bundle folder (holding `agents/`)
+    /// or one agent file, which then plays every persona (default: the workflow's own
+    /// `bundle/` folder).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) bundle: Option<PathBuf>,
+
     #[command(flatten)]
     pub(crate) options: RunOptions,
 }
@@ -91,11 +97,15 @@ pub(crate) fn execute(
         session,
         contexts.inputs,
     ));
-    let registry = register(
-        Registry::new(Arc::clone(&endpoints), run::ROOT),
-        &kernel,
-        workflow.dir(),
-    );
+    let registry = super::bundle::extend(
+        register(
+            Registry::new(Arc::clone(&endpoints), run::ROOT),
+            &kernel,
+            workflow.dir(),
+        ),
+        args.bundle.as_deref(),
+        workflow,
+    )?;
     let spec = load_workflow(workflow.root())?;
     let root = registry.build(&spec)?;
 

@@ -2,8 +2,9 @@
 //! `temp:discovery:*` keys (the `plan-discover` workflow; any workflow may use them).
 //!
 //! - `request_discovery(query, context)` ([`RequestDiscovery`]) writes the query and what the
-//!   planner knows, counts the round, sets the phase to `requested` and **ends the planner's
-//!   turn**, so the enclosing loop moves on to the discovery agent.
+//!   planner knows, clears the last round's findings and note, counts the round, sets the
+//!   phase to `requested` and **ends the planner's turn**, so the enclosing loop moves on to
+//!   the discovery agent.
 //! - The discovery agent is skipped unless a discovery is requested
 //!   ([`SKIP_UNLESS_REQUESTED`], a before-agent callback for it).
 //! - `write_discovery_results_and_exit(results, summary)` ([`WriteDiscoveryResults`]) writes
@@ -38,6 +39,10 @@ pub const RESULTS: &str = "temp:discovery:results";
 pub const SUMMARY: &str = "temp:discovery:summary";
 /// Whether results for the latest query are there (`temp:discovery:ready`).
 pub const READY: &str = "temp:discovery:ready";
+/// What the discovery found for the current query (`temp:discovery:findings`).
+pub const FINDINGS: &str = "temp:discovery:findings";
+/// What a check of the findings said is missing (`temp:discovery:note`).
+pub const NOTE: &str = "temp:discovery:note";
 /// `requested` while a query waits, `done` once answered (`temp:discovery:phase`).
 pub const PHASE: &str = "temp:discovery:phase";
 /// How many discoveries were requested so far (`temp:discovery:round`).
@@ -123,6 +128,9 @@ impl Tool for RequestDiscovery {
         let round = ctx.get_state(ROUND).and_then(|v| v.as_u64()).unwrap_or(0) + 1;
         ctx.set_state(QUERY, json!(query));
         ctx.set_state(CONTEXT, json!(context));
+        // The last round's work must not pass for an answer to this query.
+        ctx.set_state(FINDINGS, json!(""));
+        ctx.set_state(NOTE, json!(""));
         ctx.set_state(READY, json!(false));
         ctx.set_state(PHASE, json!(REQUESTED));
         ctx.set_state(ROUND, json!(round));
@@ -285,6 +293,7 @@ mod tests {
     #[tokio::test]
     async fn a_request_writes_the_namespaced_keys_and_ends_the_turn() {
         let (ctx, state) = ctx();
+        state.set(FINDINGS, json!("last round's answer"));
         let out = RequestDiscovery
             .call(json!({"query": "Which region?", "context": "Q3"}), &ctx)
             .await
@@ -294,6 +303,11 @@ mod tests {
         assert_eq!(state.get(CONTEXT), Some(json!("Q3")));
         assert_eq!(state.get(PHASE), Some(json!(REQUESTED)));
         assert_eq!(state.get(READY), Some(json!(false)));
+        assert_eq!(
+            state.get(FINDINGS),
+            Some(json!("")),
+            "cleared for the new query"
+        );
         let (_, actions) = ctx.take_effects();
         assert!(actions.end_turn && !actions.exit_loop && !actions.escalate);
         let again = RequestDiscovery

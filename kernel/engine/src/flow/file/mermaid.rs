@@ -28,11 +28,11 @@ fn label(spec: &AgentSpec) -> String {
     let class = spec.config.class().as_str();
     let extra = match &spec.config {
         AgentConfig::Loop(c) => format!(", max {}", c.max_iterations),
-        AgentConfig::Llm(c) => c
-            .output_key
-            .as_ref()
-            .map(|k| format!(" → {k}"))
-            .unwrap_or_default(),
+        AgentConfig::Llm(c) => {
+            let persona = c.persona.as_ref().map(|p| format!(" as persona {p}"));
+            let output = c.output_key.as_ref().map(|k| format!(" → {k}"));
+            persona.unwrap_or_default() + &output.unwrap_or_default()
+        }
         AgentConfig::Rlm(c) => c
             .output_key
             .as_ref()

@@ -1,0 +1,40 @@
+//! What a workflow's agents play and write with: the persona bundle (`--bundle PATH`, else
+//! the `bundle/` folder beside the root workflow file, as the built-in `plan-discover` ships
+//! its own) and the plan-and-discover tools (`engine::flow::discovery`).
+
+use std::path::Path;
+
+use anyhow::Result;
+use engine::bundle::{PersonaBundle, StartOptions};
+use engine::flow::{Registry, with_discovery};
+
+use super::Workflow;
+use crate::UsageError;
+
+/// The folder beside a workflow file that holds its own persona bundle.
+const BESIDE: &str = "bundle";
+
+/// `registry` with the plan-and-discover tools and the run's persona bundle, if it has one.
+pub(crate) fn extend(
+    registry: Registry,
+    bundle: Option<&Path>,
+    workflow: &Workflow,
+) -> Result<Registry> {
+    let registry = with_discovery(registry);
+    let path = match bundle {
+        Some(path) if path.exists() => path.to_owned(),
+        Some(path) => {
+            return Err(UsageError::new(format!(
+                "`--bundle {}` does not exist; pass an installed agent bundle's folder (the one \
+                 holding `agents/`) or one of its agent files (`agents/NAME.md`)",
+                path.display()
+            ))
+            .into());
+        }
+        None => match workflow.dir().join(BESIDE) {
+            beside if beside.is_dir() => beside,
+            _ => return Ok(registry),
+        },
+    };
+    Ok(registry.with_bundle(PersonaBundle::new(path, StartOptions::default())))
+}

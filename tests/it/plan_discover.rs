@@ -1,0 +1,381 @@
+//! `rlm flow run plan-discover`: the planner persona asks for two discoveries (an RLM over
+//! the contexts each), loads its workflow file and writes its plan, over both wire formats;
+//! a discovery request ends the planner's turn; the inner exit leaves the outer loop
+//! running; a round without a request skips the discovery; `--bundle` with either fixture
+//! tree; hostile artifact names are refused.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::agent::Project;
+use crate::flow::{args, ended, read_events, run_flow, started};
+use crate::support::{Mock, Run, file, rlm};
+
+const SALES: &str = "north: 120 -> 131\nsouth: 98 -> 97\neast: 77 -> 90\n";
+
+/// The demo's script (`kernel/cli/src/flow/demo/plan-discover.json`) for model
+/// `flow-model`, with `first` rules tried before its own.
+fn script(first: &[Value]) -> Value {
+    let demo: Value = serde_json::from_str(include_str!(
+        "../../kernel/cli/src/flow/demo/plan-discover.json"
+    ))
+    .expect("the demo script is JSON");
+    let mut rules: Vec<Value> = first.to_vec();
+    rules.extend(
+        demo["models"]["demo-model"]["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .cloned(),
+    );
+    json!({"models": {"flow-model": {"rules": rules}}})
+}
+
+fn call(name: &str, arguments: Value) -> Value {
+    json!({"tool_call": {"name": name, "arguments": arguments}})
+}
+
+/// `rlm flow run plan-discover` over the sales notes, writing into `dir/out`.
+fn plan(mock: &Mock, provider: &str, dir: &Path, extra: &[&str]) -> Run {
+    let sales = file(dir, "sales.txt", SALES);
+    let mut all = args(&["plan-discover", "--input", "goal=Grow sales next quarter"]);
+    all.extend([
+        "--context".into(),
+        sales.display().to_string(),
+        "--input".into(),
+        format!("output_dir={}", dir.join("out").display()),
+    ]);
+    all.extend(args(extra));
+    run_flow(mock, provider, dir, &all)
+}
+
+fn state(dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("state.json")).expect("state"))
+        .expect("JSON")
+}
+
+/// The tool calls of each turn of `author`, turn by turn.
+fn turns(events: &[Value], author: &str) -> Vec<Vec<String>> {
+    let mut out: Vec<Vec<String>> = Vec::new();
+    for event in events.iter().filter(|e| e["author"] == author) {
+        match event["kind"].as_str() {
+            Some("start") => out.push(Vec::new()),
+            Some("tool_calls") => {
+                let names = event["tool_calls"].as_array().into_iter().flatten();
+                if let Some(turn) = out.last_mut() {
+                    turn.extend(names.filter_map(|c| c["name"].as_str().map(str::to_owned)));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn plan_discover_runs_two_discovery_rounds_and_writes_its_plan_over_both_wire_formats() {
+    for provider in ["openai", "anthropic"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mock = Mock::start(script(&[]));
+        let run = plan(&mock, provider, dir.path(), &[]);
+        run.assert_code(0);
+        assert!(
+            run.stdout.starts_with("The plan is written to plan.md"),
+            "{}",
+            run.stdout
+        );
+        let events = read_events(&dir.path().join("events.jsonl"));
+        let round = ["planner", "discovery", "discoverer", "results_processor"];
+        let mut expected = vec!["plan_discover"];
+        expected.extend(round);
+        expected.extend(round);
+        expected.push("planner");
+        assert_eq!(started(&events), expected, "{provider}");
+        assert_eq!(ended(&events, "discovery"), ["exited_loop", "exited_loop"]);
+        assert_eq!(ended(&events, "plan_discover"), ["exited_loop"]);
+        let rlm_iterations = events
+            .iter()
+            .filter(|e| e["kind"] == "metadata" && e["topic"] == "rlm_iteration")
+            .count();
+        assert_eq!(rlm_iterations, 4, "two RLM iterations per discovery");
+        let plan = std::fs::read_to_string(dir.path().join("out/plan.md")).expect("the plan");
+        assert!(
+            plan.starts_with("# Plan: Grow sales next quarter"),
+            "{plan}"
+        );
+        assert!(
+            plan.contains("- south fell from 98 to 97 (discovery 2)"),
+            "{plan}"
+        );
+        let state = state(dir.path());
+        let written = std::fs::canonicalize(dir.path().join("out/plan.md")).expect("canonical");
+        assert_eq!(
+            state["planning_artifacts"],
+            json!([written.display().to_string()])
+        );
+        assert!(
+            state
+                .as_object()
+                .is_some_and(|s| s.keys().all(|k| !k.starts_with("temp:"))),
+            "{state}"
+        );
+        let log = std::fs::read_to_string(dir.path().join("events.jsonl")).expect("log");
+        assert!(
+            log.contains(
+                "\"temp:discovery:results\":\"north 120 to 131; south 98 to 97; east 77 to 90\""
+            ),
+            "the first round's results travel in a namespaced temp key"
+        );
+    }
+}
+
+#[test]
+fn a_discovery_request_ends_the_planners_turn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Were the planner asked again after `request_discovery`, it would write this too early.
+    let too_early = json!({"tool_name": "request_discovery",
+        "reply": call("write_planning_artifact", json!({"name": "too-early.md", "content": "x"}))});
+    let mock = Mock::start(script(&[too_early]));
+    let run = plan(&mock, "openai", dir.path(), &[]);
+    run.assert_code(0);
+    let events = read_events(&dir.path().join("events.jsonl"));
+    let planner = turns(&events, "planner");
+    assert_eq!(
+        planner,
+        [
+            vec!["request_discovery"],
+            vec!["request_discovery"],
+            vec!["load_workflow_file", "write_planning_artifact", "exit_loop"]
+        ]
+    );
+    assert!(!dir.path().join("out/too-early.md").exists());
+    // Each request is followed by the planner's end, then the discovery's start.
+    let after_request: Vec<(&str, &str)> = events
+        .iter()
+        .skip_while(|e| e["kind"] != "tool_results")
+        .skip(1)
+        .take(3)
+        .map(|e| {
+            (
+                e["author"].as_str().unwrap_or_default(),
+                e["kind"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        after_request,
+        [
+            ("planner", "state_update"),
+            ("planner", "end"),
+            ("discovery", "start")
+        ]
+    );
+}
+
+#[test]
+fn the_inner_exit_returns_to_the_planner_without_ending_the_outer_loop() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mock = Mock::start(script(&[]));
+    let run = plan(&mock, "anthropic", dir.path(), &[]);
+    run.assert_code(0);
+    let events = read_events(&dir.path().join("events.jsonl"));
+    let outline: Vec<String> = events
+        .iter()
+        .filter(|e| {
+            (e["author"] == "discovery" && e["kind"] == "end")
+                || (e["author"] == "plan_discover" && e["kind"] != "state_update")
+                || (e["author"] == "planner" && e["kind"] == "start")
+        })
+        .map(|e| {
+            let detail = e["status"]
+                .as_str()
+                .map(str::to_owned)
+                .or_else(|| e["iteration"].as_u64().map(|i| i.to_string()))
+                .unwrap_or_default();
+            format!(
+                "{} {} {detail}",
+                e["author"].as_str().unwrap_or_default(),
+                e["kind"].as_str().unwrap_or_default()
+            )
+            .trim_end()
+            .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        outline,
+        [
+            "plan_discover start",
+            "plan_discover iteration 1",
+            "planner start",
+            "discovery end exited_loop",
+            "plan_discover iteration 2",
+            "planner start",
+            "discovery end exited_loop",
+            "plan_discover iteration 3",
+            "planner start",
+            "plan_discover end exited_loop",
+        ]
+    );
+}
+
+#[test]
+fn a_round_without_a_request_skips_the_discovery_and_hostile_artifact_names_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = [
+        json!({"system": "You are the planner", "tool_name": "write_planning_artifact",
+               "reply": call("exit_loop", json!({}))}),
+        json!({"system": "You are the planner", "turn": 1,
+               "reply": call("write_planning_artifact", json!({"name": "../escape.md", "content": "x"}))}),
+        json!({"system": "You are the planner", "turn": 0, "reply": "Let me think first."}),
+    ];
+    let mock = Mock::start(script(&first));
+    let run = plan(&mock, "openai", dir.path(), &[]);
+    run.assert_code(0);
+    let events = read_events(&dir.path().join("events.jsonl"));
+    assert_eq!(
+        started(&events),
+        ["plan_discover", "planner", "discovery", "planner"]
+    );
+    assert_eq!(ended(&events, "discovery"), ["skipped"]);
+    let refused = events
+        .iter()
+        .flat_map(|e| e["tool_results"].as_array().into_iter().flatten())
+        .find(|r| r["name"] == "write_planning_artifact")
+        .expect("the write was answered");
+    assert_eq!(refused["is_error"], json!(true), "{refused}");
+    assert!(
+        refused["result"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("outside the folders")),
+        "{refused}"
+    );
+    assert!(!dir.path().join("escape.md").exists());
+}
+
+#[test]
+fn bundle_names_an_agent_of_either_fixture_tree_to_play_the_planner() {
+    let cases = [
+        (
+            "v6-installed",
+            "_bmad/bmm/agents/sm.md",
+            "workflows/4-implementation/sprint-planning/workflow.yaml",
+            "Technical Scrum Master",
+        ),
+        (
+            "v6-alpha0",
+            "bmad/cis/agents/design-thinking-coach.md",
+            "{bundle-root}/workflows/design-thinking/workflow.yaml",
+            "Human-Centered Design Expert",
+        ),
+    ];
+    for (tree, agent, workflow, role) in cases {
+        let project = Project::copy(tree);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = [
+            json!({"tool_name": "write_planning_artifact", "reply": call("exit_loop", json!({}))}),
+            json!({"tool_name": "load_workflow_file",
+                   "system": "(?s)- Role: (?P<role>[^\\n]*)",
+                   "reply": call("write_planning_artifact",
+                                 json!({"name": "plan.md", "content": "Planned by {{role}}"}))}),
+            json!({"system": "Discovery rounds so far: 2\\n",
+                   "reply": call("load_workflow_file", json!({"path": workflow}))}),
+        ];
+        let mock = Mock::start(script(&first));
+        let run = plan(
+            &mock,
+            "openai",
+            dir.path(),
+            &["--bundle", &project.path(agent)],
+        );
+        run.assert_code(0);
+        let plan = std::fs::read_to_string(dir.path().join("out/plan.md")).expect("the plan");
+        assert!(
+            plan.starts_with(&format!("Planned by {role}")),
+            "{tree}: {plan}"
+        );
+        let events = read_events(&dir.path().join("events.jsonl"));
+        let loaded = events
+            .iter()
+            .flat_map(|e| e["tool_results"].as_array().into_iter().flatten())
+            .find(|r| r["name"] == "load_workflow_file")
+            .expect("a workflow file was loaded");
+        assert_ne!(loaded["is_error"], json!(true), "{tree}: {loaded}");
+        assert!(
+            loaded["result"]["content"]
+                .as_str()
+                .is_some_and(|c| c.contains("installed_path")),
+            "{tree}: {loaded}"
+        );
+        assert_eq!(ended(&events, "discovery"), ["exited_loop", "exited_loop"]);
+    }
+}
+
+#[test]
+fn a_bundle_without_the_persona_or_no_bundle_at_all_is_refused_before_any_model_call() {
+    let project = Project::copy("v6-installed");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mock = Mock::start(script(&[]));
+    let run = plan(
+        &mock,
+        "openai",
+        dir.path(),
+        &["--bundle", &project.path("_bmad/bmm")],
+    );
+    run.assert_code(1);
+    assert!(
+        run.stderr.contains("planner.yaml:3:1: Persona `planner`")
+            && run.stderr.contains("has no agent `planner`")
+            && run.stderr.contains("`sm`"),
+        "{}",
+        run.stderr
+    );
+    let missing = plan(
+        &mock,
+        "openai",
+        dir.path(),
+        &["--bundle", &project.path("no-such-bundle")],
+    );
+    missing.assert_code(2);
+    assert!(
+        missing.stderr.contains("no-such-bundle` does not exist"),
+        "{}",
+        missing.stderr
+    );
+    assert!(mock.log().is_empty(), "no model was called");
+}
+
+#[test]
+fn flow_demo_plan_discover_says_it_is_scripted_and_shows_the_plan() {
+    for wire in [None, Some("--anthropic")] {
+        let mut all = args(&["flow", "demo", "plan-discover"]);
+        all.extend(wire.map(String::from));
+        let run = rlm(&all, None);
+        run.assert_code(0);
+        assert!(
+            run.stderr.contains("the models are SCRIPTED"),
+            "{}",
+            run.stderr
+        );
+        assert!(
+            run.stdout.contains(
+                "--- plan.md (written by the planner) ---\n# Plan: Plan next quarter's sales push"
+            ),
+            "{}",
+            run.stdout
+        );
+        assert_eq!(
+            run.stderr.matches("▶ discoverer").count(),
+            2,
+            "{}",
+            run.stderr
+        );
+    }
+}
+
+#[test]
+fn flow_graph_draws_plan_discover_with_its_persona() {
+    let run = rlm(&args(&["flow", "graph", "plan-discover"]), None);
+    run.assert_code(0);
+    insta::assert_snapshot!(run.stdout);
+}
