@@ -4,9 +4,9 @@
 //! `agents/NAME.md`) or one agent file, which then plays every persona a workflow names (so
 //! any installed bundle's agent can stand in). [`PersonaBundle::start`] starts the agent the
 //! usual way ([`StartedAgent::start`]: only its start-up files are read) and gives a
-//! [`PersonaAgent`]: the persona text that goes before the workflow agent's instruction, and
-//! the bundle tools it may name (`load_workflow_file`, `read_file`, `execute_workflow`,
-//! `save_output`).
+//! [`PersonaAgent`]: the persona text that goes before the workflow agent's instruction (who
+//! it is, its bundle's workflows, the values its start-up files set), and the bundle tools
+//! it may name (`load_workflow_file`, `read_file`, `execute_workflow`, `save_output`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -104,17 +104,15 @@ pub struct PersonaAgent {
 
 impl PersonaAgent {
     /// The text that goes before the workflow agent's instruction: the persona, its
-    /// bundle's workflows, the session's values and the start-up message.
+    /// bundle's workflows and the session's values (those of the start-up files too). The
+    /// start-up steps and menu rules are left out: they are about chatting with a user
+    /// (greet, show the menu, wait), which a workflow agent does not do.
     pub fn preamble(&self) -> String {
         let session = &self.started.session;
-        format!(
-            "{}\n\n{}",
-            persona_prompt(
-                &self.started.definition,
-                session.variables(),
-                &session.roots().bundle
-            ),
-            self.started.startup_message
+        persona_prompt(
+            &self.started.definition,
+            session.variables(),
+            &session.roots().bundle,
         )
     }
 

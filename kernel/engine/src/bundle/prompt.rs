@@ -29,11 +29,6 @@ pub struct LoadedFile {
 
 /// The system prompt of `agent`, whose documents go to `output_folder`.
 pub fn system_prompt(agent: &AgentDefinition, vars: &Variables, output_folder: &str) -> String {
-    let title = if agent.title.is_empty() {
-        String::new()
-    } else {
-        format!(", {}", agent.title)
-    };
     let mut prompts = String::new();
     if !agent.prompts.is_empty() {
         prompts.push_str("\n# Prompts\n");
@@ -48,36 +43,52 @@ pub fn system_prompt(agent: &AgentDefinition, vars: &Variables, output_folder: &
             rules.push_str(&format!("- {}\n", vars.resolve_lenient(rule)));
         }
     }
-    let persona = &agent.persona;
-    fill(
+    let commands = command_list(agent);
+    fill_persona(
         SYSTEM,
+        agent,
         &[
-            ("name", &agent.name),
-            ("title", &title),
-            ("role", &one_line(&persona.role)),
-            ("identity", &one_line(&persona.identity)),
-            (
-                "communication_style",
-                &one_line(&persona.communication_style),
-            ),
-            ("principles", &one_line(&persona.principles)),
             ("output_folder", output_folder),
-            ("commands", &command_list(agent)),
+            ("commands", &commands),
             ("prompts", &prompts),
             ("rules", &rules),
         ],
     )
 }
 
+/// `, Title` (nothing when the agent has no title).
+fn title_suffix(agent: &AgentDefinition) -> String {
+    if agent.title.is_empty() {
+        String::new()
+    } else {
+        format!(", {}", agent.title)
+    }
+}
+
+/// `template` filled with `agent`'s name, title and persona, then `more`.
+fn fill_persona(template: &str, agent: &AgentDefinition, more: &[(&str, &str)]) -> String {
+    let title = title_suffix(agent);
+    let persona = &agent.persona;
+    let own = [
+        ("name", agent.name.clone()),
+        ("title", title),
+        ("role", one_line(&persona.role)),
+        ("identity", one_line(&persona.identity)),
+        (
+            "communication_style",
+            one_line(&persona.communication_style),
+        ),
+        ("principles", one_line(&persona.principles)),
+    ];
+    let mut values: Vec<(&str, &str)> = own.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    values.extend_from_slice(more);
+    fill(template, &values)
+}
+
 /// The persona of `agent` as a workflow agent plays it: who it is, its bundle's workflows
 /// (paths relative to `bundle_root`) and the session's values. Placed before the workflow
 /// agent's own instruction.
 pub fn persona_prompt(agent: &AgentDefinition, vars: &Variables, bundle_root: &Path) -> String {
-    let title = if agent.title.is_empty() {
-        String::new()
-    } else {
-        format!(", {}", agent.title)
-    };
     let root = bundle_root.display().to_string();
     let workflows: Vec<String> = agent
         .commands
@@ -106,19 +117,10 @@ pub fn persona_prompt(agent: &AgentDefinition, vars: &Variables, bundle_root: &P
     } else {
         workflows.join("\n")
     };
-    let persona = &agent.persona;
-    fill(
+    fill_persona(
         PERSONA,
+        agent,
         &[
-            ("name", &agent.name),
-            ("title", &title),
-            ("role", &one_line(&persona.role)),
-            ("identity", &one_line(&persona.identity)),
-            (
-                "communication_style",
-                &one_line(&persona.communication_style),
-            ),
-            ("principles", &one_line(&persona.principles)),
             ("bundle_root", &root),
             ("workflows", &workflows),
             ("variables", &session_values(vars)),
@@ -224,11 +226,7 @@ pub fn menu(agent: &AgentDefinition) -> String {
         .as_ref()
         .map(|i| format!("{i} "))
         .unwrap_or_default();
-    let title = if agent.title.is_empty() {
-        String::new()
-    } else {
-        format!(", {}", agent.title)
-    };
+    let title = title_suffix(agent);
     fill(
         MENU,
         &[

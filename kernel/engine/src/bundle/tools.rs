@@ -79,12 +79,7 @@ impl Tool for LoadWorkflowFile {
     }
 
     async fn call(&self, args: Value, _ctx: &ToolContext) -> Result<Value, ToolError> {
-        let path = self
-            .session
-            .variables()
-            .resolve(string_arg(&args, "path")?)
-            .map_err(failed)?;
-        let (path, content) = self.bundle.read_text(&path, self.name()).map_err(failed)?;
+        let (path, content) = read_named(&self.session, &self.bundle, &args, self.name())?;
         let shown = path
             .strip_prefix(&self.session.roots().bundle)
             .unwrap_or(&path)
@@ -134,6 +129,20 @@ fn failed(err: impl Into<BundleError>) -> ToolError {
     ToolError::Failed(err.into().to_string())
 }
 
+/// The file `args.path` names (its variables resolved), read through `sandbox`.
+fn read_named(
+    session: &BundleSession,
+    sandbox: &Sandbox,
+    args: &Value,
+    by: &str,
+) -> Result<(std::path::PathBuf, String), ToolError> {
+    let path = session
+        .variables()
+        .resolve(string_arg(args, "path")?)
+        .map_err(failed)?;
+    sandbox.read_text(&path, by).map_err(failed)
+}
+
 #[async_trait]
 impl Tool for ReadFile {
     fn name(&self) -> &str {
@@ -157,16 +166,8 @@ impl Tool for ReadFile {
     }
 
     async fn call(&self, args: Value, _ctx: &ToolContext) -> Result<Value, ToolError> {
-        let path = self
-            .session
-            .variables()
-            .resolve(string_arg(&args, "path")?)
-            .map_err(failed)?;
-        let (path, content) = self
-            .session
-            .sandbox()
-            .read_text(&path, self.name())
-            .map_err(failed)?;
+        let (path, content) =
+            read_named(&self.session, self.session.sandbox(), &args, self.name())?;
         Ok(json!({"path": path, "content": content}))
     }
 }

@@ -271,3 +271,13 @@ async fn load_workflow_file_reads_only_the_bundle_folder() {
         );
     }
 }
+
+/// What the model of a persona agent reads before its workflow instruction.
+#[test]
+fn the_persona_preamble_names_the_persona_the_workflows_and_the_values() {
+    let project = Project::copy("v6-installed");
+    let persona = PersonaBundle::new(project.path("_bmad/bmm"), project.options())
+        .start("sm")
+        .expect("starts");
+    insta::assert_snapshot!(project.redact(&persona.preamble()));
+}
