@@ -72,7 +72,7 @@ pub(crate) fn run_completion(
     let mut rlm = Rlm::new(config, endpoints, Arc::new(session));
     let trajectory = SharedBuffer::default();
     rlm.add_hook(TrajectoryWriter::new(trajectory.clone()));
-    if let Some(path) = &options.trajectory {
+    if let Some(path) = options.trajectory() {
         // The error names the file.
         let writer =
             TrajectoryWriter::create(path).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;

@@ -7,15 +7,13 @@
 use std::sync::mpsc;
 
 use bridge::{BatchPolicy, CallOptions, ChatRequest, ChatResponse};
+use kernel::options::SUB;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use tokio_util::sync::CancellationToken;
 
 use crate::completion::{SLICE, recv_detached};
 use crate::options::Options;
-
-/// Endpoint of the sub-model, as `RLM` names it.
-const SUB: &str = "sub";
 
 /// `llm_query(prompt, options_json, model=None) -> str`: ask the sub-model (or the endpoint
 /// `model` names) one question; a failure raises `RuntimeError`.

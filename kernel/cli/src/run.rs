@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use bridge::{Budget, EndpointConfig, Endpoints, Ledger, Price, SamplingParams, SettingNames};
+use bridge::{EndpointConfig, Endpoints};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernel::repl::{ReplSession, SessionConfig};
 use kernel::rlm::{
-    CompletionRules, Phase, Progress, ProgressSnapshot, Rlm, RlmConfig, RlmError, RlmResult,
-    StopHandle, TerminationReason, TrajectoryWriter,
+    Phase, Progress, ProgressSnapshot, Rlm, RlmConfig, RlmError, RlmResult, StopHandle,
+    TerminationReason, TrajectoryWriter,
 };
 use serde::Deserialize;
 
@@ -39,9 +39,8 @@ pub(crate) const EXIT_INTERRUPTED: u8 = 130;
 /// Exit code after a fatal signal (a crash in C code a cell called), see `kernel::fatal`.
 pub(crate) const EXIT_CRASHED: u8 = 4;
 
-/// Endpoint names in the registry.
-pub(crate) const ROOT: &str = "root";
-const SUB: &str = "sub";
+pub(crate) use kernel::options::ROOT;
+use kernel::options::{self, OptionError, SUB, Spelling};
 
 /// The `rlm.toml` file.
 #[derive(Debug, Default, Deserialize)]
@@ -140,138 +139,68 @@ pub(crate) fn merge(cli: RunOptions, file: RunOptions) -> RunOptions {
     }
 }
 
-/// The longest limit accepted: ten years, beyond which a limit is no limit.
-const MAX_SECONDS: f64 = 10.0 * 365.0 * 86_400.0;
-
 /// A mistake in the options: exit code 2.
 fn usage(message: impl Into<String>) -> anyhow::Error {
     UsageError::new(message).into()
 }
 
-pub(crate) fn seconds(flag: &str, value: f64) -> Result<Duration> {
-    Duration::try_from_secs_f64(value)
-        .ok()
-        .filter(|d| !d.is_zero() && value <= MAX_SECONDS)
-        .ok_or_else(|| {
-            usage(format!(
-                "`--{flag}` must be a positive number of seconds up to {MAX_SECONDS:.0}, got {value}"
-            ))
-        })
+/// An option error as the binary reports it: wrong options are a usage error (exit 2).
+fn option_error(error: OptionError) -> anyhow::Error {
+    if error.is_usage() {
+        UsageError::new(error.to_string()).into()
+    } else {
+        error.into()
+    }
 }
 
-fn parse_price(flag: &str, text: &str) -> Result<Price> {
-    let parsed = text.split_once(':').and_then(|(i, o)| {
-        Some(Price {
-            input_per_mtok: i.trim().parse().ok()?,
-            output_per_mtok: o.trim().parse().ok()?,
-        })
-    });
-    parsed
-        .filter(|p| p.input_per_mtok >= 0.0 && p.output_per_mtok >= 0.0)
-        .ok_or_else(|| {
-            usage(format!(
-                "`--{flag}` takes USD per million tokens as `INPUT:OUTPUT`, e.g. `2.5:10`; got `{text}`"
-            ))
-        })
+/// The model and loop options, as the kernel resolves them (the same mapping as the Python
+/// package's).
+fn kernel_options(opts: &RunOptions) -> options::RunOptions {
+    options::RunOptions {
+        model: opts.model.clone(),
+        sub_model: opts.sub_model.clone(),
+        base_url: opts.base_url.clone(),
+        sub_base_url: opts.sub_base_url.clone(),
+        extra_models: opts.extra_models.clone(),
+        provider: opts.provider,
+        api_key_env: opts.api_key_env.clone(),
+        max_output_tokens: opts.max_output_tokens,
+        temperature: opts.temperature,
+        max_iterations: opts.max_iterations,
+        timeout: opts.timeout,
+        cell_timeout: opts.cell_timeout,
+        sub_timeout: opts.sub_timeout,
+        max_sub_calls: opts.max_sub_calls,
+        max_tokens: opts.max_tokens,
+        max_usd: opts.max_usd,
+        price: opts.price.clone(),
+        sub_price: opts.sub_price.clone(),
+        batch_concurrency: opts.batch_concurrency,
+        sub_call_errors: opts.sub_call_errors,
+        sub_call_text_chars: opts.sub_call_text_chars,
+        protocol: opts.protocol,
+        code_and_final: opts.code_and_final,
+        output_limit: opts.output_limit,
+        max_history_chars: opts.max_history_chars,
+        max_consecutive_failures: opts.max_consecutive_failures,
+        prompt_extension: opts.prompt_extension.clone(),
+        system_prompt: opts.system_prompt.clone(),
+        trajectory: opts.trajectory.clone(),
+    }
+}
+
+/// `value` seconds of `--{flag}`: positive, at most ten years.
+pub(crate) fn seconds(flag: &str, value: f64) -> Result<Duration> {
+    options::seconds(Spelling::Flag, flag, value).map_err(option_error)
 }
 
 /// Builds the `root`, `sub` and `--extra-model` endpoints, sharing one ledger with the run's budget.
 pub(crate) fn build_endpoints(opts: &RunOptions) -> Result<Arc<Endpoints>> {
-    let provider = opts.provider.unwrap_or_default();
-    let Some(model) = opts.model.clone() else {
-        return Err(usage(
-            "No root model given; pass `--model NAME` (or set `RLM_MODEL`, or `model` in rlm.toml)",
-        ));
-    };
-    let base_url = opts
-        .base_url
-        .clone()
-        .unwrap_or_else(|| provider.default_base_url().to_owned());
-    let api_key_env = opts
-        .api_key_env
-        .clone()
-        .unwrap_or_else(|| provider.default_api_key_env().to_owned());
-    let price = opts
-        .price
-        .as_deref()
-        .map(|p| parse_price("price", p))
-        .transpose()?;
-    let sub_price = match &opts.sub_price {
-        Some(p) => Some(parse_price("sub-price", p)?),
-        None => price,
-    };
-    let sub_timeout = opts
-        .sub_timeout
-        .map(|s| seconds("sub-timeout", s))
-        .transpose()?;
-
-    // Unset fields stay off the wire, so each server applies its own defaults (the
-    // Anthropic client fills in the `max_tokens` its API requires).
-    let params = SamplingParams {
-        max_tokens: opts.max_output_tokens,
-        temperature: opts.temperature,
-        ..SamplingParams::default()
-    };
-    let config = |name: &str, url: &str, model: &str| EndpointConfig {
-        name: name.to_owned(),
-        provider,
-        base_url: url.to_owned(),
-        model: model.to_owned(),
-        api_key_env: Some(api_key_env.clone()),
-        params: params.clone(),
-        settings: SettingNames {
-            base_url: Some("`--base-url`".to_owned()),
-            timeout: None,
-            api_key_env: Some("`--api-key-env`".to_owned()),
-        },
-        ..EndpointConfig::default()
-    };
-    let mut root = config(ROOT, &base_url, &model);
-    root.price = price;
-    // Root calls are iterations, bounded by `--max-iterations`; `--max-sub-calls` counts
-    // only what the code asks of sub-models. Tokens and USD count every call.
-    root.counts_toward_call_budget = false;
-    let mut sub = config(
-        SUB,
-        opts.sub_base_url.as_deref().unwrap_or(&base_url),
-        opts.sub_model.as_deref().unwrap_or(&model),
-    );
-    sub.price = sub_price;
-    sub.settings.timeout = Some("`--sub-timeout`".to_owned());
-    if opts.sub_base_url.is_some() {
-        sub.settings.base_url = Some("`--sub-base-url`".to_owned());
-    }
-    if let Some(t) = sub_timeout {
-        sub.timeout = t;
-    }
-    if let Some(width) = opts.batch_concurrency {
-        width.apply(&mut sub);
-    }
-    let mut configs = vec![root, sub];
-    for spec in &opts.extra_models {
-        configs.push(extra_model(spec, &configs)?);
-    }
-    let budget = Budget {
-        max_calls: opts.max_sub_calls,
-        max_tokens: opts.max_tokens,
-        max_usd: opts.max_usd,
-    };
-    if let Some(usd) = budget.max_usd
-        && !(usd > 0.0 && usd.is_finite())
-    {
-        return Err(usage(format!(
-            "`--max-usd` must be a positive amount of USD, got {usd}"
-        )));
-    }
-    if budget.max_usd.is_some() && configs.iter().all(|c| c.price.is_none()) {
-        return Err(usage(
-            "`--max-usd` needs prices to count cost; pass `--price INPUT:OUTPUT` (USD per million tokens)",
-        ));
-    }
+    let (configs, budget) = kernel_options(opts)
+        .endpoint_configs(Spelling::Flag)
+        .map_err(option_error)?;
     check_urls_and_keys(&configs, opts)?;
-    let endpoints = Endpoints::new(configs, Arc::new(Ledger::new(budget)))
-        .context("Could not set up the model endpoints")?;
-    Ok(Arc::new(endpoints))
+    options::build_endpoints(configs, budget).map_err(option_error)
 }
 
 /// Before any call: every base URL is an `http(s)://` URL, and a server off this machine has
@@ -324,95 +253,16 @@ fn is_loopback(rest: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-/// `NAME=MODEL[@BASE_URL]`: an endpoint like `sub` (`configs[1]`) under another name.
-fn extra_model(spec: &str, configs: &[EndpointConfig]) -> Result<EndpointConfig> {
-    let parsed = spec
-        .split_once('=')
-        .filter(|(name, model)| !name.trim().is_empty() && !model.trim().is_empty());
-    let Some((name, rest)) = parsed else {
-        return Err(usage(format!(
-            "`--extra-model` takes `NAME=MODEL` or `NAME=MODEL@BASE_URL`; got `{spec}`"
-        )));
-    };
-    let name = name.trim();
-    if configs.iter().any(|c| c.name == name) {
-        return Err(usage(format!(
-            "`--extra-model {spec}`: the name `{name}` is taken; pick another"
-        )));
-    }
-    let sub = &configs[1];
-    let mut settings = sub.settings.clone();
-    let (model, url) = match rest.split_once('@') {
-        Some((model, url)) => {
-            settings.base_url = Some(format!("the URL of `--extra-model {spec}`"));
-            (model, url)
-        }
-        None => (rest, sub.base_url.as_str()),
-    };
-    Ok(EndpointConfig {
-        name: name.to_owned(),
-        base_url: url.trim().to_owned(),
-        model: model.trim().to_owned(),
-        settings,
-        ..sub.clone()
-    })
-}
-
 pub(crate) fn session_config(opts: &RunOptions) -> Result<SessionConfig> {
-    let mut config = SessionConfig::default();
-    if let Some(s) = opts.cell_timeout {
-        config.cell_timeout = seconds("cell-timeout", s)?;
-    }
-    if let Some(width) = opts.batch_concurrency {
-        config.batch_concurrency = width.batch_width();
-    }
-    if let Some(mode) = opts.sub_call_errors {
-        config.sub_call_errors = mode;
-    }
-    if let Some(chars) = opts.sub_call_text_chars {
-        config.sub_call_text_chars = chars;
-    }
-    config.sub_endpoint = SUB.to_owned();
-    Ok(config)
-}
-
-fn read_prompt_file(flag: &str, path: &Path) -> Result<String> {
-    std::fs::read_to_string(path)
-        .with_context(|| format!("Could not read `--{flag}` file `{}`", path.display()))
+    kernel_options(opts)
+        .session_config(Spelling::Flag)
+        .map_err(option_error)
 }
 
 pub(crate) fn rlm_config(opts: &RunOptions) -> Result<RlmConfig> {
-    let mut config = RlmConfig {
-        root_endpoint: ROOT.to_owned(),
-        ..RlmConfig::default()
-    };
-    if let Some(n) = opts.max_iterations {
-        if n == 0 {
-            return Err(usage("`--max-iterations` must be ≥ 1, got 0"));
-        }
-        config.max_iterations = n;
-    }
-    config.run_timeout = opts.timeout.map(|s| seconds("timeout", s)).transpose()?;
-    config.completion = CompletionRules {
-        protocol: opts.protocol.unwrap_or_default(),
-        code_and_final: opts
-            .code_and_final
-            .unwrap_or(config.completion.code_and_final),
-    };
-    if let Some(limit) = opts.output_limit {
-        config.feedback.block_limit = limit;
-    }
-    config.max_history_chars = opts.max_history_chars;
-    if let Some(n) = opts.max_consecutive_failures {
-        config.max_consecutive_failures = (n > 0).then_some(n);
-    }
-    if let Some(path) = &opts.prompt_extension {
-        config.prompts.extension = Some(read_prompt_file("prompt-extension", path)?);
-    }
-    if let Some(path) = &opts.system_prompt {
-        config.prompts.system_override = Some(read_prompt_file("system-prompt", path)?);
-    }
-    Ok(config)
+    kernel_options(opts)
+        .rlm_config(Spelling::Flag)
+        .map_err(option_error)
 }
 
 /// How a run ended, as the process sees it.
