@@ -363,6 +363,12 @@ mod tests {
             assert!(matches!(refused, Err(ToolError::Failed(_))), "{hostile}");
         }
         assert!(!dir.path().join("escape.md").exists());
+        let fallback = WritePlanningArtifact::new("plan_dir", dir.path().join("default"));
+        fallback
+            .call(json!({"name": "notes/risks.md", "content": "- none"}), &ctx)
+            .await
+            .expect("written where the state names no folder");
+        assert!(dir.path().join("default/notes/risks.md").is_file());
         state.set("output_dir", json!(7));
         let bad = tool
             .call(json!({"name": "plan.md", "content": "x"}), &ctx)

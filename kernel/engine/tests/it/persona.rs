@@ -240,6 +240,18 @@ async fn persona_mistakes_are_errors_at_their_line() {
         err.message.contains("give this agent `persona: NAME`"),
         "{err}"
     );
+
+    let typo = EmbeddedFiles::new().with(
+        "w.yaml",
+        "name: w\ntools:\n  - name: write_planning_artifact\n    args: {folder: plans}\n",
+    );
+    let spec = load_workflow_from(&typo, "w.yaml").expect("valid file");
+    let err = folder.build(&spec).expect_err("an unknown setting");
+    assert_eq!((err.line, err.kind), (3, ConfigErrorKind::Invalid));
+    assert!(
+        err.message.contains("`folder`") && err.message.contains("`folder_key`"),
+        "{err}"
+    );
     server.shutdown().await;
 }
 
