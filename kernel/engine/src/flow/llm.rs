@@ -6,8 +6,9 @@
 //! agents' as `[name] said: ...`; [`IncludeContents::None`]: only the latest input). The
 //! loop then calls the model and its tools until the model answers or a tool raises an
 //! action. Tool writes go straight into the shared state (the next tool sees them), the
-//! answer goes to `output_key`, and every model reply with tool calls, every tool result and
-//! the answer are events of the agent.
+//! answer goes to `output_key`, and every model call (a `model_call` metadata event: model,
+//! usage, whether a callback answered in its place), every model reply with tool calls,
+//! every tool result and the answer are events of the agent.
 //!
 //! Actions end the turn after the tool results of their reply: `end_turn` gives control
 //! back to the parent, `exit_loop` ends the nearest loop, `escalate` the invocation. The
@@ -19,6 +20,7 @@
 //! `on_tool_error` callback's answer becomes the failed call's result.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
@@ -288,6 +290,7 @@ impl Agent for LlmAgent {
             names: Mutex::default(),
             actions: Mutex::default(),
             failure: Mutex::default(),
+            replaced: AtomicBool::new(false),
         });
         let turn = self.turn_loop(ctx)?.with_hook(hook.clone());
         let result = turn
@@ -372,6 +375,8 @@ struct TurnHook {
     actions: Mutex<Actions>,
     /// The first event that could not be recorded.
     failure: Mutex<Option<FlowError>>,
+    /// Whether a `before_model` callback answered the current call in the model's place.
+    replaced: AtomicBool,
 }
 
 impl TurnHook {
@@ -418,12 +423,25 @@ impl AgentHook for TurnHook {
             self.with_callbacks(|cb| self.callbacks.first(|c| c.before_model(cb, request)));
         match answer {
             _ if self.escalated() => HookAction::Stop("a callback escalated".into()),
-            Some(response) => HookAction::Replace(response),
+            Some(response) => {
+                self.replaced.store(true, Ordering::Relaxed);
+                HookAction::Replace(response)
+            }
             None => HookAction::Continue,
         }
     }
 
-    fn after_model_call(&self, _iteration: u32, response: &mut ChatResponse) {
+    fn after_model_call(&self, iteration: u32, response: &mut ChatResponse) {
+        self.emit(Event::metadata(
+            "model_call",
+            json!({
+                "iteration": iteration,
+                "model": response.model,
+                "usage": response.usage,
+                "tool_calls": response.tool_calls.len(),
+                "replaced": self.replaced.swap(false, Ordering::Relaxed),
+            }),
+        ));
         if !self.callbacks.is_empty() {
             self.with_callbacks(|cb| self.callbacks.each(|c| c.after_model(cb, response)));
         }

@@ -161,14 +161,20 @@ async fn tool_writes_reach_the_next_tool_and_the_answer_reaches_output_key() {
             .filter(|e| e.author == "writer")
             .map(|e| &e.kind)
             .collect();
+        let call = EventKind::Metadata {
+            topic: "model_call".into(),
+        };
         assert_eq!(
             kinds,
             [
                 &EventKind::Start,
+                &call,
                 &EventKind::ToolCalls,
                 &EventKind::ToolResults,
+                &call,
                 &EventKind::ToolCalls,
                 &EventKind::ToolResults,
+                &call,
                 &EventKind::Message,
                 &EventKind::End {
                     status: EndStatus::Completed
@@ -539,9 +545,16 @@ async fn a_cached_answer_skips_the_model_and_a_model_error_can_be_recovered() {
     .expect("no tools");
     let mut state = State::default();
     state.set("cached", json!("from the cache"));
-    let (report, _) = run_with(&agent, invocation(state, &ledger)).await;
+    let (report, events) = run_with(&agent, invocation(state, &ledger)).await;
     assert_eq!(report.state.get("out"), Some(&json!("FROM THE CACHE")));
     assert!(server.log().is_empty(), "no request reached the model");
+    // The event log tells the callback's answer from a model call.
+    let calls: Vec<_> = events
+        .iter()
+        .filter(|e| matches!(&e.kind, EventKind::Metadata { topic } if topic == "model_call"))
+        .map(|e| e.metadata["replaced"].clone())
+        .collect();
+    assert_eq!(calls, [json!(true)]);
 
     // Nothing listens on port 1: the call fails to connect and the callback answers.
     let dead = EndpointConfig {
