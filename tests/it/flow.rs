@@ -325,3 +325,161 @@ fn flow_demo_runs_a_built_in_against_models_it_says_are_scripted() {
     run.assert_code(0);
     assert_eq!(run.stdout.trim(), "The notes have 3 lines.");
 }
+
+/// What `rlm` wrote to a terminal, its stdout and its exit code.
+struct TerminalRun {
+    code: Option<i32>,
+    stdout: String,
+    terminal: String,
+}
+
+/// Runs `rlm` with stderr on a pseudo-terminal of 120 × 40 (stdout piped, `CI` unset);
+/// `during` gets its pid while it runs.
+fn rlm_on_terminal(
+    all: &[String],
+    envs: &[(&str, &str)],
+    during: impl FnOnce(libc::pid_t),
+) -> TerminalRun {
+    use std::io::Read as _;
+    use std::os::fd::{FromRawFd as _, OwnedFd};
+
+    let (mut master, mut slave) = (0, 0);
+    let size = libc::winsize {
+        ws_row: 40,
+        ws_col: 120,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: openpty writes two new descriptors through the pointers; the rest are
+    // optional inputs (null) or point to a live winsize.
+    let opened = unsafe {
+        libc::openpty(
+            &raw mut master,
+            &raw mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &raw const size,
+        )
+    };
+    assert_eq!(opened, 0, "a pseudo-terminal");
+    // SAFETY: both descriptors were just opened and belong to nobody else.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let mut cmd = crate::support::rlm_command(all);
+    cmd.env_remove("CI")
+        .env("TERM", "xterm-256color")
+        .envs(envs.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(slave);
+    let child = cmd.spawn().expect("rlm starts");
+    // Only the child holds the terminal now: reading ends when it exits.
+    drop(cmd);
+    let reader = std::thread::spawn(move || {
+        let mut terminal = std::fs::File::from(master);
+        let mut bytes = Vec::new();
+        let mut chunk = [0u8; 4096];
+        // Linux answers EIO once the last writer is gone.
+        while let Ok(n @ 1..) = terminal.read(&mut chunk) {
+            bytes.extend_from_slice(&chunk[..n]);
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    });
+    during(libc::pid_t::try_from(child.id()).expect("pid"));
+    let output = child.wait_with_output().expect("rlm exits");
+    TerminalRun {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        terminal: reader.join().expect("reader"),
+    }
+}
+
+const HIDE_CURSOR: &str = "\x1b[?25l";
+const SHOW_CURSOR: &str = "\x1b[?25h";
+
+#[test]
+fn on_a_terminal_the_agent_tree_is_redrawn_in_place_and_left_on_screen() {
+    let run = rlm_on_terminal(&args(&["flow", "demo", "refine"]), &[], |_| {});
+    assert_eq!(run.code, Some(0), "{}", run.terminal);
+    assert_eq!(run.stdout.trim(), nested(2));
+    let screen = &run.terminal;
+    // The cursor hides while the tree is drawn and comes back after its last frame.
+    let (hidden, shown) = (screen.find(HIDE_CURSOR), screen.rfind(SHOW_CURSOR));
+    assert!(hidden.is_some() && shown > hidden, "{screen:?}");
+    let last_frame = &screen[..shown.unwrap_or_default()];
+    let last_frame = &last_frame[last_frame.rfind("✓ refine ").unwrap_or_default()..];
+    for line in [
+        "├─ ✓ refinement_loop  done",
+        "iteration 2/5 · exit_loop",
+        "│  └─ ✓ evaluator     done",
+        "2 runs · 2 model calls · 1 tool call",
+        "└─ ✓ save_document    done",
+    ] {
+        assert!(last_frame.contains(line), "{line:?} in {last_frame:?}");
+    }
+    // Redrawn in place: the cursor goes back up over the tree; no plain progress lines.
+    assert!(screen.contains("\x1b[7A"), "{screen:?}");
+    assert!(
+        !screen.contains("■ refinement_loop exited_loop"),
+        "{screen:?}"
+    );
+
+    // Under CI (or `TERM=dumb`) the same terminal gets the plain lines.
+    for env in [("CI", "true"), ("TERM", "dumb")] {
+        let run = rlm_on_terminal(&args(&["flow", "demo", "refine"]), &[env], |_| {});
+        assert_eq!(run.code, Some(0));
+        assert!(
+            run.terminal.contains("  ■ refinement_loop exited_loop"),
+            "{env:?}: {}",
+            run.terminal
+        );
+        assert!(!run.terminal.contains(HIDE_CURSOR), "{env:?}");
+    }
+}
+
+#[test]
+fn ctrl_c_under_the_tree_keeps_state_and_log_and_gives_the_cursor_back() {
+    let mut script = refine_script(false);
+    // The pruner's model call hangs until Ctrl-C.
+    script["models"]["flow-model"]["latency"] = json!({"kind": "fixed", "ms": 60_000});
+    let mock = Mock::start(script);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (events, state) = (
+        dir.path().join("events.jsonl"),
+        dir.path().join("state.json"),
+    );
+    let mut all = args(&["flow", "run", "refine", "--base-url", &mock.url()]);
+    all.extend(args(&["--model", "flow-model", "--input", "template=T"]));
+    all.extend(args(&["--input", "reviewed_summary=S"]));
+    all.extend(args(&["--events", &events.display().to_string()]));
+    all.extend(args(&["--state", &state.display().to_string()]));
+    let run = rlm_on_terminal(&all, &[], |pid| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !std::fs::read_to_string(&events).is_ok_and(|log| log.contains("\"pruner\"")) {
+            assert!(std::time::Instant::now() < deadline, "the pruner started");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // SAFETY: sends SIGINT to our own child process.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    });
+    let screen = &run.terminal;
+    assert_eq!(run.code, Some(130), "{screen}");
+    assert!(
+        screen.contains("Interrupted: stopping the workflow"),
+        "{screen}"
+    );
+    assert!(screen.contains("■ pruner"), "{screen}");
+    // The last frame stays, the cursor comes back after it, then the error is said.
+    let last_frame = screen.rfind("└─ · save_document    not run");
+    assert!(last_frame.is_some(), "{screen:?}");
+    assert!(screen.rfind(SHOW_CURSOR) > last_frame, "{screen:?}");
+    assert!(
+        screen
+            .trim_end()
+            .ends_with("the event log written so far are kept")
+    );
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).expect("state kept")).expect("JSON");
+    assert_eq!(state["template"], json!("T"));
+    let log = read_events(&events);
+    assert_eq!(ended(&log, "pruner"), ["cancelled"]);
+}

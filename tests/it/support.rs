@@ -156,23 +156,14 @@ pub(crate) fn rlm(args: &[String], stdin: Option<&[u8]>) -> Run {
 
 /// Like [`rlm`], with extra environment variables.
 pub(crate) fn rlm_with(args: &[String], stdin: Option<&[u8]>, envs: &[(&str, &str)]) -> Run {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rlm"));
-    cmd.args(args)
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("ANTHROPIC_API_KEY")
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
+    let mut cmd = rlm_command(args);
+    cmd.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {
             Stdio::null()
         });
-    for (key, _) in std::env::vars() {
-        if key.starts_with("RLM_") {
-            cmd.env_remove(key);
-        }
-    }
     cmd.envs(envs.iter().copied());
     let mut child = cmd.spawn().expect("rlm starts");
     if let Some(input) = stdin {
@@ -190,6 +181,21 @@ pub(crate) fn rlm_with(args: &[String], stdin: Option<&[u8]>, envs: &[(&str, &st
         stdout: String::from_utf8_lossy(&stdout).into_owned(),
         stderr: String::from_utf8_lossy(&stderr).into_owned(),
     }
+}
+
+/// `rlm` with `args`, with a clean environment for the variables `rlm` reads.
+pub(crate) fn rlm_command(args: &[String]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rlm"));
+    cmd.args(args)
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("ANTHROPIC_API_KEY")
+        .env("NO_COLOR", "1");
+    for (key, _) in std::env::vars() {
+        if key.starts_with("RLM_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
 }
 
 /// A temporary directory holding `name` with `contents`.

@@ -11,6 +11,8 @@
 mod builtin;
 mod bundle;
 mod demo;
+mod live;
+mod progress;
 mod run;
 
 use std::io::Write as _;

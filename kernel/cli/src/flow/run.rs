@@ -3,8 +3,9 @@
 //! The state starts from `--state FILE` (a JSON object; the final state, without `temp:`
 //! keys, is written back to it) and the `--input KEY=VALUE` pairs (`KEY=@FILE` reads a
 //! file). `--context` loads into the run's one REPL session (`RlmAgent`s and Python steps
-//! share it). Progress goes to stderr — each agent's start and end, indented by depth —
-//! unless `--json` streams every event as one JSON line on stdout; `--events FILE` writes
+//! share it). Progress goes to stderr ([`Live`]: the agent tree redrawn in place on a
+//! terminal, else each agent's start and end as a line) unless `--json` streams every event
+//! as one JSON line on stdout; `--events FILE` writes
 //! the JSONL event log (flushed per event; `rlm view FILE` renders it). At the end the last
 //! message of the run is printed. Exit codes as `rlm run`: 0 done, 1 an agent failed, 2 a
 //! usage error, 3 a limit (timeout, budget), 130 Ctrl-C (state and event log kept).
@@ -26,6 +27,7 @@ use engine::{SharedState, State};
 use kernel::flow::{FlowKernel, register};
 use serde_json::{Map, Value};
 
+use super::live::Live;
 use crate::UsageError;
 use crate::args::RunOptions;
 use crate::contexts::{ContextArgs, FramesArg};
@@ -123,25 +125,25 @@ pub(crate) fn execute(
     let last = Arc::new(LastMessage::default());
     invocation = invocation.with_sink(last.clone());
     let json = opts.json();
-    invocation = invocation.with_sink(Arc::new(Live {
-        json,
-        quiet: opts.quiet(),
-    }));
+    let live = Arc::new(Live::new(&spec, json, opts.quiet()));
+    invocation = invocation.with_sink(live.clone());
     let cancel = invocation.cancel.clone();
+    let on_interrupt = live.clone();
     kernel::runtime::shared().spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
-            let _ = writeln!(
-                std::io::stderr(),
+            on_interrupt.note(
                 "\nInterrupted: stopping the workflow; the state and event log so far are kept \
-                 (Ctrl-C again to quit at once)"
+                 (Ctrl-C again to quit at once)",
             );
             cancel.cancel();
             if tokio::signal::ctrl_c().await.is_ok() {
+                on_interrupt.finish();
                 std::process::exit(i32::from(EXIT_INTERRUPTED));
             }
         }
     });
     let report = kernel::runtime::shared().block_on(run_workflow(root.as_ref(), invocation, None));
+    live.finish();
     if let Some(path) = &args.state {
         write_state(path, &report.state)?;
     }
@@ -219,56 +221,6 @@ impl EventSink for LastMessage {
         if let (EventKind::Message, Some(text)) = (&event.kind, &event.content) {
             *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(text.clone());
         }
-        Ok(())
-    }
-}
-
-/// Progress on stderr (each agent's start and end, indented by depth), or every event as a
-/// JSON line on stdout with `--json`.
-struct Live {
-    json: bool,
-    quiet: bool,
-}
-
-impl EventSink for Live {
-    fn emit(&self, event: &Event) -> Result<(), FlowError> {
-        if self.json {
-            let line = serde_json::to_string(event).unwrap_or_default();
-            let mut stdout = std::io::stdout().lock();
-            let _ = writeln!(stdout, "{}", crate::secrets::redact(&line));
-            let _ = stdout.flush();
-            return Ok(());
-        }
-        if self.quiet {
-            return Ok(());
-        }
-        let depth = event.branch.matches('/').count();
-        let indent = "  ".repeat(depth);
-        let line = match &event.kind {
-            EventKind::Start => format!("{indent}▶ {}", event.author),
-            EventKind::End { status } => {
-                let status = serde_json::to_value(status)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default();
-                format!("{indent}■ {} {status}", event.author)
-            }
-            EventKind::Iteration { iteration } => {
-                format!("{indent}↻ {} iteration {iteration}", event.author)
-            }
-            EventKind::ToolCalls => format!(
-                "{indent}  {} calls {}",
-                event.author,
-                event
-                    .tool_calls
-                    .iter()
-                    .map(|c| c.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            _ => return Ok(()),
-        };
-        let _ = writeln!(std::io::stderr(), "{line}");
         Ok(())
     }
 }
