@@ -483,3 +483,55 @@ fn ctrl_c_under_the_tree_keeps_state_and_log_and_gives_the_cursor_back() {
     let log = read_events(&events);
     assert_eq!(ended(&log, "pruner"), ["cancelled"]);
 }
+
+#[test]
+fn typed_inputs_reach_the_state_as_json_and_bad_json_runs_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mock = Mock::start(refine_script(false));
+    let list = file(dir.path(), "list.json", "[\"north\", \"south\"]\n");
+    let run = run_flow(
+        &mock,
+        "openai",
+        dir.path(),
+        &[
+            "refine".into(),
+            "--input".into(),
+            "template=# Report".into(),
+            "--input".into(),
+            "reviewed_summary=3".into(),
+            "--input".into(),
+            "rounds:=3".into(),
+            "--input".into(),
+            "show_state:=false".into(),
+            "--input".into(),
+            "limits:={\"usd\": 0.5, \"tags\": [\"q3\"]}".into(),
+            "--input".into(),
+            format!("regions:=@{}", list.display()),
+        ],
+    );
+    run.assert_code(0);
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("state.json")).expect("state written"),
+    )
+    .expect("JSON");
+    assert_eq!(state["reviewed_summary"], json!("3"));
+    assert_eq!(state["rounds"], json!(3));
+    assert_eq!(state["show_state"], json!(false));
+    assert_eq!(state["limits"], json!({"usd": 0.5, "tags": ["q3"]}));
+    assert_eq!(state["regions"], json!(["north", "south"]));
+
+    let bad = run_flow(
+        &mock,
+        "openai",
+        dir.path(),
+        &args(&["refine", "--input", "rounds:=three"]),
+    );
+    bad.assert_code(2);
+    assert!(
+        bad.stderr
+            .contains("The value of `rounds` in `--input rounds:=three` is not JSON"),
+        "{}",
+        bad.stderr
+    );
+    assert_eq!(mock.log().len(), 8, "the bad run called no model");
+}

@@ -11,6 +11,7 @@
 mod builtin;
 mod bundle;
 mod demo;
+mod input;
 mod live;
 mod progress;
 mod run;

@@ -1,8 +1,8 @@
 //! `rlm flow run`: one invocation of a workflow, with the model flags of `rlm run`.
 //!
 //! The state starts from `--state FILE` (a JSON object; the final state, without `temp:`
-//! keys, is written back to it) and the `--input KEY=VALUE` pairs (`KEY=@FILE` reads a
-//! file). `--context` loads into the run's one REPL session (`RlmAgent`s and Python steps
+//! keys, is written back to it) and the `--input` values ([`parse_input`]: `KEY=VALUE`
+//! text, `KEY=@FILE` a file's text, `KEY:=JSON` typed). `--context` loads into the run's one REPL session (`RlmAgent`s and Python steps
 //! share it). Progress goes to stderr ([`Live`]: the agent tree redrawn in place on a
 //! terminal, else each agent's start and end as a line) unless `--json` streams every event
 //! as one JSON line on stdout; `--events FILE` writes
@@ -27,6 +27,7 @@ use engine::{SharedState, State};
 use kernel::flow::{FlowKernel, register};
 use serde_json::{Map, Value};
 
+use super::input::parse_input;
 use super::live::Live;
 use crate::UsageError;
 use crate::args::RunOptions;
@@ -40,7 +41,8 @@ pub(crate) struct FlowRunArgs {
     #[arg(value_name = "FILE|NAME")]
     pub(crate) workflow: String,
 
-    /// A state value, `KEY=VALUE`; `KEY=@FILE` reads the value from a file. Repeatable.
+    /// A state value: `KEY=VALUE` (text), `KEY=@FILE` (a file's text), `KEY:=JSON` (a
+    /// number, boolean, list or object) or `KEY:=@FILE` (a JSON file). Repeatable.
     #[arg(long = "input", short = 'i', value_name = "KEY=VALUE")]
     pub(crate) inputs: Vec<String>,
 
@@ -166,26 +168,6 @@ pub(crate) fn execute(
 /// The options of `args` over those of the configuration file.
 pub(crate) fn merged(args: &FlowRunArgs, file: &RunOptions) -> RunOptions {
     run::merge(args.options.clone(), file.clone())
-}
-
-/// `KEY=VALUE` or `KEY=@FILE`.
-fn parse_input(input: &str) -> Result<(String, Value)> {
-    let Some((key, value)) = input.split_once('=').filter(|(k, _)| !k.trim().is_empty()) else {
-        return Err(UsageError::new(format!(
-            "`--input {input}` is not `KEY=VALUE`; e.g. `--input topic=sales` or \
-             `--input template=@draft.md`"
-        ))
-        .into());
-    };
-    let value = match value.strip_prefix('@') {
-        Some(path) => std::fs::read_to_string(path).map_err(|e| {
-            UsageError::new(format!(
-                "`--input {key}=@{path}`: cannot read `{path}`: {e}"
-            ))
-        })?,
-        None => value.to_owned(),
-    };
-    Ok((key.trim().to_owned(), Value::String(value)))
 }
 
 fn read_state(path: &Path) -> Result<State> {
