@@ -11,6 +11,8 @@
 //! - [`state`]: the session [`State`] (JSON values under scoped keys) and the
 //!   [`StateDelta`] a step writes. A delta is applied as it is written, so the next tool,
 //!   callback, sibling or iteration sees it.
+//! - [`condition`]: [`Condition`](condition::Condition), the state tests (or named Python
+//!   functions) of graph edges, router successors and quality gates.
 //! - [`tool`]: the [`Tool`] trait (name, description, JSON-Schema parameters, `async call`)
 //!   and the [`ToolContext`] a call gets: its id, a cancellation token, the shared state and
 //!   the [`Actions`] (`exit_loop`, `end_turn`, `escalate`) it may raise.
@@ -25,7 +27,7 @@
 //! - [`durable`]: the SQLite checkpoint store — per run a chain of checkpoints holding each
 //!   step's channel writes, snapshots only as needed, run status, retention.
 //! - [`route`]: the routing control plane — the router's pure decision, decision records,
-//!   quality gates, retry backoff and health metrics.
+//!   quality gates, retry backoff, health metrics, and `RouterAgent` workflow files.
 //!
 //! ```
 //! use engine::{SharedState, State, ToolContext};
@@ -41,6 +43,7 @@
 
 pub mod agent;
 pub mod bundle;
+pub mod condition;
 pub mod durable;
 pub mod flow;
 pub mod jsonl;

@@ -30,6 +30,11 @@ use serde_json::Value;
 
 use crate::state::{State, StateDelta};
 
+/// The conversation channel (append): `{author, content, ...}` per message.
+pub const MESSAGES: &str = "messages";
+/// The decision records channel (append).
+pub const DECISIONS: &str = "decisions";
+
 /// How an update of a key merges into its current value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -51,8 +56,8 @@ impl Default for Reducers {
     /// `messages` and `decisions` append; everything else replaces.
     fn default() -> Self {
         let by_key = [
-            ("messages".to_owned(), Reducer::Append),
-            ("decisions".to_owned(), Reducer::Append),
+            (MESSAGES.to_owned(), Reducer::Append),
+            (DECISIONS.to_owned(), Reducer::Append),
         ]
         .into();
         Self { by_key }

@@ -68,6 +68,8 @@ pub mod class {
     pub const PARALLEL: &str = "ParallelAgent";
     /// Nodes with plain and conditional edges.
     pub const GRAPH: &str = "GraphAgent";
+    /// Nodes routed by the control plane (the Scrum-Master router).
+    pub const ROUTER: &str = "RouterAgent";
     /// The RLM loop as an agent (the kernel provides it).
     pub const RLM: &str = "RlmAgent";
     /// A Python function `(state) -> dict of updates` (the kernel provides it).

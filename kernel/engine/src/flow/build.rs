@@ -7,10 +7,18 @@
 //! registered by name, then a fallback (the kernel's, for Python callables by dotted name);
 //! a callback named under one point (`before_tool_callbacks`) acts only there. The engine
 //! builds `LlmAgent`, `LoopAgent`, `SequentialAgent`, `ParallelAgent` and `GraphAgent` itself;
-//! `RlmAgent` and `PythonAgent` come from factories the kernel registers. An `LlmAgent` with
-//! `persona: NAME` plays that agent of the registry's [`PersonaBundle`]: the persona goes
-//! before its instruction and it may name the bundle's tools (`load_workflow_file`, ...).
-//! Every unknown name is a [`ConfigError`] pointing at its line, listing what is known.
+//! `RouterAgent` comes from the factory of the routing control plane
+//! (`engine::route::file::register`, which sits above this module), `RlmAgent` and
+//! `PythonAgent` from factories the kernel registers. An `LlmAgent` with `persona: NAME`
+//! plays that agent of the registry's [`PersonaBundle`]: the persona goes before its
+//! instruction and it may name the bundle's tools (`load_workflow_file`, ...). A `python`
+//! test in a condition or gate is bound through the Python-function factory the kernel
+//! registers ([`Registry::with_python_functions`]). Every unknown name is a [`ConfigError`]
+//! pointing at its line, listing what is known.
+//!
+//! **An LLM router** needs no class of its own: an `LlmAgent` node with an `output_key`
+//! (say `route`, instructed to answer with one word) followed by conditional edges on that
+//! key (`when: {key: route, equals: billing}`) routes by what the model says.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -25,13 +33,13 @@ use super::context::InvocationContext;
 use super::error::FlowError;
 use super::file::{
     AGENT_TOOL, AgentClass, AgentConfig, AgentSpec, CodeRef, ConfigError, ConfigErrorKind, END,
-    EdgeConfig, LlmAgentConfig, StateTest,
+    EdgeConfig, LlmAgentConfig,
 };
 use super::graph::{DEFAULT_MAX_STEPS, Graph, GraphError, Router, Target};
-use super::llm::{LlmAgent, builtin_tool};
+use super::llm::{LlmAgent, MessageRecord, builtin_tool};
 use crate::agent::{LoopConfig, ToolCallError};
 use crate::bundle::{BundleError, PERSONA_TOOLS, PersonaAgent, PersonaBundle};
-use crate::state::State;
+use crate::condition::{Condition, StateFunction};
 use crate::tool::Tool;
 
 /// Makes a tool from its `{name, args}` entry; the error says what is wrong with the args.
@@ -44,6 +52,11 @@ pub type CallbackFactory = Arc<dyn Fn(&CodeRef) -> Result<Arc<dyn Callback>, Str
 pub type AgentFactory =
     Arc<dyn Fn(&AgentSpec, &Registry) -> Result<Arc<dyn Agent>, ConfigError> + Send + Sync>;
 
+/// Makes the function a `python` test names (`module.function` or `file.py:function`,
+/// relative to `spec`'s file); the error says what is wrong with the name.
+pub type PythonFunctionFactory =
+    Arc<dyn Fn(&AgentSpec, &str) -> Result<Arc<dyn StateFunction>, String> + Send + Sync>;
+
 /// What the names in workflow files mean; see the module docs.
 #[derive(Clone)]
 pub struct Registry {
@@ -55,6 +68,8 @@ pub struct Registry {
     callback_fallback: Option<CallbackFactory>,
     classes: HashMap<AgentClass, AgentFactory>,
     bundle: Option<Arc<PersonaBundle>>,
+    python_functions: Option<PythonFunctionFactory>,
+    messages: Option<MessageRecord>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -80,6 +95,8 @@ impl Registry {
             callback_fallback: None,
             classes: HashMap::new(),
             bundle: None,
+            python_functions: None,
+            messages: None,
         }
     }
 
@@ -87,6 +104,59 @@ impl Registry {
     pub fn with_bundle(mut self, bundle: PersonaBundle) -> Self {
         self.bundle = Some(Arc::new(bundle));
         self
+    }
+
+    /// Makes the functions `python` tests name (the kernel: Python in the embedded REPL).
+    pub fn with_python_functions(
+        mut self,
+        factory: impl Fn(&AgentSpec, &str) -> Result<Arc<dyn StateFunction>, String>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.python_functions = Some(Arc::new(factory));
+        self
+    }
+
+    /// LLM agents built from here on put each final reply on record in `messages` (what a
+    /// router does for the agents below it, so it can see their exchanges).
+    pub fn recording_messages(mut self, record: MessageRecord) -> Self {
+        self.messages = Some(record);
+        self
+    }
+
+    /// The function the `python` test `name` of `spec`'s file names, or an error at that
+    /// line.
+    pub fn python_function(
+        &self,
+        spec: &AgentSpec,
+        name: &str,
+    ) -> Result<Arc<dyn StateFunction>, ConfigError> {
+        let factory = self.python_functions.as_ref().ok_or_else(|| {
+            spec.error_at(
+                "python",
+                Some(name),
+                ConfigErrorKind::Unknown,
+                format!(
+                    "`python: {name}` runs in the kernel's embedded Python; run this workflow \
+                     with `rlm flow run`, which provides it"
+                ),
+            )
+        })?;
+        factory(spec, name).map_err(|message| {
+            spec.error_at("python", Some(name), ConfigErrorKind::Invalid, message)
+        })
+    }
+
+    /// `condition` of `spec`'s file with its `python` tests bound.
+    pub fn bind_condition(
+        &self,
+        spec: &AgentSpec,
+        condition: &Condition,
+    ) -> Result<Condition, ConfigError> {
+        let mut bound = condition.clone();
+        bound.bind(&mut |name| self.python_function(spec, name))?;
+        Ok(bound)
     }
 
     /// The loop settings LLM agents start from (their file's settings win).
@@ -242,10 +312,20 @@ impl Registry {
                 for (from, edges) in group_edges(&c.edges) {
                     builder = match edges.as_slice() {
                         [only] if only.when.is_none() => builder.edge(from, target(&only.to)),
-                        _ => builder.route(from, Arc::new(DeclaredRouter::new(&edges))),
+                        _ => builder.route(from, Arc::new(self.declared_router(spec, &edges)?)),
                     };
                 }
                 builder.build()
+            }
+            AgentConfig::Router(_) => {
+                return Err(spec.error_at(
+                    "agent_class",
+                    Some(class.as_str()),
+                    ConfigErrorKind::Unknown,
+                    "A `RouterAgent` is built by the routing control plane; build this workflow \
+                     with a registry passed through `engine::route::file::register` (as \
+                     `rlm flow run` does)",
+                ));
             }
             AgentConfig::Rlm(_) | AgentConfig::Python(_) => {
                 return Err(spec.error_at(
@@ -295,6 +375,9 @@ impl Registry {
             .loop_config(config);
         if let Some(key) = &c.output_key {
             builder = builder.output_key(key.clone());
+        }
+        if let Some(record) = &self.messages {
+            builder = builder.record_messages(record.clone());
         }
         let mut tool_agents = spec.tool_agents.iter();
         for tool in &c.tools {
@@ -422,26 +505,28 @@ fn group_edges(edges: &[EdgeConfig]) -> Vec<(String, Vec<EdgeConfig>)> {
 /// A node's declared edges: the first whose test holds (or that has none) is taken; when
 /// none is, the graph ends.
 struct DeclaredRouter {
-    edges: Vec<(Option<StateTest>, Target)>,
+    edges: Vec<(Option<Condition>, Target)>,
 }
 
-impl DeclaredRouter {
-    fn new(edges: &[EdgeConfig]) -> Self {
-        Self {
-            edges: edges
-                .iter()
-                .map(|e| (e.when.clone(), target(&e.to)))
-                .collect(),
-        }
-    }
-}
-
-fn holds(test: &StateTest, state: &State) -> bool {
-    let value = state.get(&test.key);
-    match (&test.equals, test.exists) {
-        (Some(expected), _) => value == Some(expected),
-        (None, Some(exists)) => value.is_some() == exists,
-        (None, None) => false,
+impl Registry {
+    /// The router of `edges` of `spec`'s graph, their `python` tests bound.
+    fn declared_router(
+        &self,
+        spec: &AgentSpec,
+        edges: &[EdgeConfig],
+    ) -> Result<DeclaredRouter, ConfigError> {
+        let edges = edges
+            .iter()
+            .map(|e| {
+                let when = e
+                    .when
+                    .as_ref()
+                    .map(|c| self.bind_condition(spec, c))
+                    .transpose()?;
+                Ok((when, target(&e.to)))
+            })
+            .collect::<Result<_, ConfigError>>()?;
+        Ok(DeclaredRouter { edges })
     }
 }
 
@@ -451,7 +536,7 @@ impl Router for DeclaredRouter {
         Ok(ctx.state().with(|state| {
             self.edges
                 .iter()
-                .find(|(test, _)| test.as_ref().is_none_or(|t| holds(t, state)))
+                .find(|(test, _)| test.as_ref().is_none_or(|t| t.holds(state)))
                 .map_or(Target::End, |(_, to)| to.clone())
         }))
     }

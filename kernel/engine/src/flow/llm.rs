@@ -15,6 +15,11 @@
 //! built-in tools [`ExitLoop`], [`EndTurn`] and [`Escalate`] raise them; an agent tool
 //! ([`LlmAgentBuilder::agent_tool`]) lets the model call another agent.
 //!
+//! Under a router ([`LlmAgentBuilder::record_messages`]) each final reply also goes on record
+//! in the `messages` channel — `{author, content, topic}`, merged by the append reducer — so
+//! the router's circular-logic detection sees the exchanges of LLM agents. Other workflows'
+//! state is left as it was.
+//!
 //! Callbacks hook in around each model call and tool call. An `on_model_error` callback
 //! that answers ends the turn with that answer (the failed call is not retried); an
 //! `on_tool_error` callback's answer becomes the failed call's result.
@@ -32,16 +37,40 @@ use super::callbacks::{CallbackContext, Callbacks, ToolInvocation};
 use super::context::InvocationContext;
 use super::error::FlowError;
 use super::event::{Event, EventKind, ToolResult};
-use super::file::IncludeContents;
+use super::file::{IncludeContents, TopicSource};
 use super::template::render_template;
 use crate::agent::{
     AgentHook, AgentLoop, HookAction, LoopConfig, LoopErrorKind, ToolCallRecord, Toolbox,
     ToolboxError,
 };
+use crate::reducer::{MESSAGES, Reducers};
+use crate::state::StateDelta;
 use crate::tool::{Actions, Tool, ToolContext, ToolError};
 
 /// The user message sent when the agent sees no input (providers need one).
 const CONTINUE: &str = "Continue.";
+
+/// How an agent's final reply goes on record in `messages`: `{author, content, topic}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MessageRecord {
+    /// Where the `topic` comes from (none: the message names no topic).
+    pub topic: Option<TopicSource>,
+}
+
+impl MessageRecord {
+    /// The message `author` wrote when answering `content` with the state as in `ctx`.
+    fn message(&self, author: &str, content: &str, ctx: &InvocationContext) -> Value {
+        let topic = match self.topic.as_ref().map(|t| (&t.state_key, &t.reply_field)) {
+            Some((Some(key), _)) => ctx.get_state(key),
+            Some((None, Some(field))) => serde_json::from_str::<Value>(content)
+                .ok()
+                .and_then(|reply| reply.get(field).cloned()),
+            _ => None,
+        };
+        let topic = topic.unwrap_or(Value::Null);
+        json!({"author": author, "content": content, "topic": topic})
+    }
+}
 
 /// An LLM agent: a model endpoint, an instruction template, tools and an output key.
 pub struct LlmAgent {
@@ -54,6 +83,7 @@ pub struct LlmAgent {
     tools: Vec<Arc<dyn Tool>>,
     agent_tools: Vec<Arc<dyn Agent>>,
     callbacks: Callbacks,
+    record: Option<MessageRecord>,
     /// The loop with the plain tools, built once (tool schemas compile once).
     prebuilt: AgentLoop,
 }
@@ -82,6 +112,7 @@ pub struct LlmAgentBuilder {
     agent_tools: Vec<Arc<dyn Agent>>,
     callbacks: Callbacks,
     config: LoopConfig,
+    record: Option<MessageRecord>,
 }
 
 impl std::fmt::Debug for LlmAgentBuilder {
@@ -142,6 +173,12 @@ impl LlmAgentBuilder {
         self
     }
 
+    /// Puts each final reply on record in `messages` as `record` says.
+    pub fn record_messages(mut self, record: MessageRecord) -> Self {
+        self.record = Some(record);
+        self
+    }
+
     /// The loop's settings (iteration cap, timeouts, sampling parameters).
     pub fn loop_config(mut self, config: LoopConfig) -> Self {
         self.config = config;
@@ -165,6 +202,7 @@ impl LlmAgentBuilder {
             tools: self.tools,
             agent_tools: self.agent_tools,
             callbacks: self.callbacks,
+            record: self.record,
         })
     }
 }
@@ -184,6 +222,7 @@ impl LlmAgent {
             agent_tools: Vec::new(),
             callbacks: Callbacks::new(),
             config: LoopConfig::default(),
+            record: None,
         }
     }
 
@@ -337,6 +376,16 @@ impl Agent for LlmAgent {
             && !(answer.is_empty() && actions.any())
         {
             ctx.set_state(key.clone(), Value::String(answer.clone()));
+        }
+        if let Some(record) = &self.record
+            && !answer.is_empty()
+        {
+            let mut updates = StateDelta::default();
+            updates.set(MESSAGES, json!([record.message(&self.name, &answer, ctx)]));
+            let merged = ctx
+                .state()
+                .with(|state| Reducers::default().resolve(state, &updates));
+            ctx.apply(&merged);
         }
         let event = if answer.is_empty() {
             Event::new(EventKind::StateUpdate)

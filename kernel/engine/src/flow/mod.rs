@@ -87,7 +87,7 @@ pub mod step;
 pub mod template;
 
 pub use agent::{Agent, AgentOutcome, Control, class, run_agent, run_in};
-pub use build::{AgentFactory, CallbackFactory, Registry, ToolFactory};
+pub use build::{AgentFactory, CallbackFactory, PythonFunctionFactory, Registry, ToolFactory};
 pub use callbacks::{Callback, CallbackAction, CallbackContext, Callbacks, ToolInvocation};
 pub use context::{Invocation, InvocationContext, NodeObserver, NodeRecord, Turn};
 pub use discovery::with_discovery;
@@ -97,7 +97,9 @@ pub use graph::{
     BranchPolicy, DEFAULT_MAX_STEPS, Edge, Graph, GraphBuilder, GraphError, GraphKind, ResumeAt,
     Resumed, Router, StateRouter, Target,
 };
-pub use llm::{EndTurn, Escalate, ExitLoop, LlmAgent, LlmAgentBuilder, builtin_tool};
+pub use llm::{
+    EndTurn, Escalate, ExitLoop, LlmAgent, LlmAgentBuilder, MessageRecord, builtin_tool,
+};
 pub use runner::{RunReport, RunStatus, run_session, run_workflow};
 pub use session::{FileSessionStore, SessionKey, SessionStore, StoreError};
 pub use sink::{EventLog, EventSink, MemorySink};

@@ -20,10 +20,10 @@ use std::time::SystemTime;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::condition::{Condition, is_truthy};
 use super::config::{END, ESCALATE, RouterConfig, RouterMode, Successor};
 use super::exchange::{Exchange, trailing_exchange};
 use super::record::{DecisionRecord, rfc3339};
+use crate::condition::{Condition, is_truthy};
 use crate::state::{State, StateDelta};
 
 /// The flag an agent sets to ask for a human.
@@ -32,10 +32,7 @@ pub const ESCALATE_FLAG: &str = "escalate_to_human";
 pub const FAILURE_FLAG: &str = "agent_failure";
 /// Set by a failed blocking gate: `{gate, node, reason}`.
 pub const GATE_BLOCKED: &str = "gate_blocked";
-/// The conversation channel (append reducer).
-pub const MESSAGES: &str = "messages";
-/// The decision records channel (append reducer).
-pub const DECISIONS: &str = "decisions";
+pub use crate::reducer::{DECISIONS, MESSAGES};
 
 /// The router's output keys.
 pub mod keys {

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::condition::Condition;
 use super::decide::GATE_BLOCKED;
+use crate::condition::Condition;
 use crate::state::{State, StateDelta};
 
 /// Advisory gate failures of the last node checked: `[{gate, node, reason}]`.

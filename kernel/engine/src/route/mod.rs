@@ -2,8 +2,8 @@
 //!
 //! The pieces, bottom up (each module imports only those above it):
 //!
-//! - [`condition`]: declarative state tests ([`Condition`]) for conditional successors and
-//!   gates.
+//! - [`Condition`] (the crate's [`condition`](crate::condition) module): the state tests of
+//!   conditional successors and gates, shared with graph edges.
 //! - [`config`]: the [`RouterConfig`] — nodes, natural successors (plain or conditional),
 //!   recovery nodes per gate, the topic field, the exchange limit, passive or active mode.
 //! - [`exchange`]: the trailing exchange between two agents on one topic, from `messages`.
@@ -18,6 +18,8 @@
 //! - [`health`]: exchange counts per pair, time per node, idle nodes, cycle time.
 //! - [`plane`]: the [`ControlPlane`] in a graph — the router on every edge, gates checked
 //!   after each node, decisions logged and handed to observers (the checkpointer).
+//! - [`file`](mod@file): `agent_class: RouterAgent` in workflow files, mapped onto the
+//!   pieces above ([`RouterAgent`], [`build_router`]).
 //!
 //! The router only ever returns updates; the executor merges them with the per-key reducers
 //! of [`crate::reducer`] (`decisions` and `messages` append).
@@ -38,10 +40,10 @@
 //! assert_eq!(routing.updates.values().get("escalation_triggered"), Some(&json!(true)));
 //! ```
 
-pub mod condition;
 pub mod config;
 pub mod decide;
 pub mod exchange;
+pub mod file;
 pub mod gate;
 pub mod health;
 pub mod plane;
@@ -50,10 +52,11 @@ pub mod retry;
 #[cfg(test)]
 mod tests;
 
-pub use condition::{Condition, ConditionError};
+pub use crate::condition::{Condition, ConditionError};
 pub use config::{Branch, END, ESCALATE, RouterConfig, RouterMode, Successor};
 pub use decide::{NameRole, Reason, Route, Routing, consults, decide, successor};
 pub use exchange::{Exchange, trailing_exchange};
+pub use file::{RouterAgent, build_router};
 pub use gate::{Gate, GateCheck, GateFailure, GateOutcome, QualityCheck, check_gates};
 pub use health::{HealthObserver, HealthReport, HealthTracker, PairCount};
 pub use plane::{ControlPlane, Observing, RoutedEdge, RoutingObserver};

@@ -23,8 +23,8 @@ use super::decide::{Route, Routing, consults, decide, successor};
 use super::gate::{Gate, check_gates};
 use super::record::DecisionLog;
 use crate::flow::{
-    Agent, Callbacks, Event, EventKind, FlowError, Graph, GraphError, InvocationContext, Router,
-    Target,
+    Agent, Callbacks, Event, EventKind, FlowError, Graph, GraphBuilder, GraphError,
+    InvocationContext, Router, Target,
 };
 use crate::reducer::Reducers;
 use crate::state::StateDelta;
@@ -121,6 +121,16 @@ impl ControlPlane {
         nodes: Vec<Arc<dyn Agent>>,
         start: &str,
     ) -> Result<Graph, GraphError> {
+        self.builder(name, nodes, start).build()
+    }
+
+    /// [`ControlPlane::graph`] still to be finished (its step limit, say).
+    pub fn builder(
+        self: &Arc<Self>,
+        name: impl Into<String>,
+        nodes: Vec<Arc<dyn Agent>>,
+        start: &str,
+    ) -> GraphBuilder {
         let mut builder = Graph::builder(name).start(start);
         for node in nodes {
             let from = node.name().to_owned();
@@ -131,7 +141,7 @@ impl ControlPlane {
                 }),
             );
         }
-        builder.build()
+        builder
     }
 
     /// Merges `updates` into the run's state through the reducers, as writes of `ctx`.

@@ -258,11 +258,11 @@ fn errors_name_file_line_column_and_what_is_expected() {
             ],
         ),
         (
-            "graph test with two checks",
+            "graph test that tests nothing",
             vec![
                 (
                     "a.yaml",
-                    "agent_class: GraphAgent\nname: a\nstart: ok\nedges:\n  - from: ok\n    to: END\n    when:\n      key: done\n      equals: true\n      exists: true\nsub_agents:\n  - config_path: ok.yaml\n",
+                    "agent_class: GraphAgent\nname: a\nstart: ok\nedges:\n  - from: ok\n    to: END\n    when:\n      key: done\nsub_agents:\n  - config_path: ok.yaml\n",
                 ),
                 ("ok.yaml", ok),
             ],

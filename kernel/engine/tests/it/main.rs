@@ -17,6 +17,7 @@ mod graph;
 mod limits;
 mod llm;
 mod persona;
+mod router;
 mod scoping;
 mod session;
 mod state;

@@ -6,7 +6,8 @@ use std::path::{Component, Path, PathBuf};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use super::spec::{AgentClass, AgentConfig, END};
+use super::spec::{AgentClass, AgentConfig, END, SuccessorConfig};
+use crate::condition::Condition;
 
 /// Where workflow files are read from: the file system, or files embedded in a binary.
 pub trait FileSource: Send + Sync {
@@ -183,13 +184,14 @@ fn load_file(
         tool_agents: Vec::new(),
     };
     let dir = file.parent().map(Path::to_path_buf).unwrap_or_default();
-    let refs = spec.config.sub_agent_refs().to_vec();
+    let refs = spec.config.sub_agent_refs();
     if matches!(
         spec.config,
         AgentConfig::Loop(_)
             | AgentConfig::Sequential(_)
             | AgentConfig::Parallel(_)
             | AgentConfig::Graph(_)
+            | AgentConfig::Router(_)
     ) && refs.is_empty()
     {
         return Err(spec.error_at(
@@ -229,6 +231,7 @@ fn load_file(
     }
     open.remove(&file);
     check_graph(&spec)?;
+    check_router(&spec)?;
     Ok(spec)
 }
 
@@ -300,18 +303,19 @@ fn load_ref(
     load_file(source, full, text, open)
 }
 
-/// The edges and start of a graph name its nodes.
-fn check_graph(spec: &AgentSpec) -> Result<(), ConfigError> {
-    let AgentConfig::Graph(graph) = &spec.config else {
-        return Ok(());
-    };
+/// The names of `spec`'s sub-agents, and an error maker for a name that is not one of them.
+fn node_names(spec: &AgentSpec) -> (Vec<&str>, impl Fn(&str, &str, bool) -> ConfigError + '_) {
     let names: Vec<&str> = spec.sub_agents.iter().map(|s| s.config.name()).collect();
     let known = names
         .iter()
         .map(|n| format!("`{n}`"))
         .collect::<Vec<_>>()
         .join(", ");
-    let unknown = |key: &str, name: &str, end_ok: bool| {
+    let kind = match spec.config {
+        AgentConfig::Router(_) => "router",
+        _ => "graph",
+    };
+    let unknown = move |key: &str, name: &str, end_ok: bool| {
         let or_end = if end_ok {
             format!(" or `{END}`")
         } else {
@@ -321,9 +325,30 @@ fn check_graph(spec: &AgentSpec) -> Result<(), ConfigError> {
             key,
             Some(name),
             ConfigErrorKind::Invalid,
-            format!("`{name}` is not a node of this graph; expected one of {known}{or_end}"),
+            format!("`{name}` is not a node of this {kind}; expected one of {known}{or_end}"),
         )
     };
+    (names, unknown)
+}
+
+/// `condition` tests something, or an error at `key: value`.
+fn check_condition(
+    spec: &AgentSpec,
+    condition: &Condition,
+    key: &str,
+    value: &str,
+) -> Result<(), ConfigError> {
+    condition
+        .validate()
+        .map_err(|e| spec.error_at(key, Some(value), ConfigErrorKind::Invalid, e.to_string()))
+}
+
+/// The edges and start of a graph name its nodes.
+fn check_graph(spec: &AgentSpec) -> Result<(), ConfigError> {
+    let AgentConfig::Graph(graph) = &spec.config else {
+        return Ok(());
+    };
+    let (names, unknown) = node_names(spec);
     if !names.contains(&graph.start.as_str()) {
         return Err(unknown("start", &graph.start, false));
     }
@@ -334,18 +359,147 @@ fn check_graph(spec: &AgentSpec) -> Result<(), ConfigError> {
         if edge.to != END && !names.contains(&edge.to.as_str()) {
             return Err(unknown("to", &edge.to, true));
         }
-        if let Some(test) = &edge.when
-            && test.equals.is_some() == test.exists.is_some()
-        {
-            return Err(spec.error_at(
-                "key",
-                Some(&test.key),
-                ConfigErrorKind::Invalid,
-                "A `when` test needs exactly one of `equals` and `exists`",
-            ));
+        if let Some(when) = &edge.when {
+            check_condition(spec, when, "from", &edge.from)?;
         }
     }
     Ok(())
+}
+
+/// A router's start, successors and recovery nodes name its nodes; its branches end with a
+/// plain one; its gates test something and its retries are sane.
+fn check_router(spec: &AgentSpec) -> Result<(), ConfigError> {
+    let AgentConfig::Router(router) = &spec.config else {
+        return Ok(());
+    };
+    let (names, unknown) = node_names(spec);
+    let known = |name: &str| names.contains(&name);
+    if let Some(topic) = &router.topic
+        && topic.state_key.is_some() == topic.reply_field.is_some()
+    {
+        return Err(spec.error_at(
+            "topic",
+            None,
+            ConfigErrorKind::Invalid,
+            "`topic` needs exactly one of `state_key` (a state key holding the topic) and \
+             `reply_field` (a field of the agent's JSON answer)",
+        ));
+    }
+    if !known(&router.start) {
+        return Err(unknown("start", &router.start, false));
+    }
+    for (from, next) in &router.successors {
+        if !known(from) {
+            return Err(spec.error_at(
+                from,
+                None,
+                ConfigErrorKind::Invalid,
+                format!(
+                    "`successors` names `{from}`, which is not a node of this router; expected \
+                     one of {}",
+                    listed(&names)
+                ),
+            ));
+        }
+        match next {
+            SuccessorConfig::Node(to) if to != END && !known(to) => {
+                return Err(unknown(from, to, true));
+            }
+            SuccessorConfig::Node(_) => {}
+            SuccessorConfig::Branches(branches) => {
+                for branch in branches {
+                    if branch.to != END && !known(&branch.to) {
+                        return Err(unknown("to", &branch.to, true));
+                    }
+                    if let Some(when) = &branch.when {
+                        check_condition(spec, when, "to", &branch.to)?;
+                    }
+                }
+                if branches.last().is_none_or(|b| b.when.is_some()) {
+                    return Err(spec.error_at(
+                        from,
+                        None,
+                        ConfigErrorKind::Invalid,
+                        format!(
+                            "The branches after `{from}` need a last plain one (`- to: NODE` \
+                             without `when`), so that one is always taken"
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    for (gate, node) in &router.recovery {
+        if !known(node) {
+            return Err(unknown(gate, node, false));
+        }
+    }
+    let mut gates = Vec::new();
+    for node in &router.sub_agents {
+        for gate in &node.gates {
+            let at = |message: String| {
+                spec.error_at("name", Some(&gate.name), ConfigErrorKind::Invalid, message)
+            };
+            if gates.contains(&gate.name.as_str()) {
+                return Err(at(format!(
+                    "There are two gates named `{}`; gate names must be unique (`recovery` is \
+                     declared per gate name)",
+                    gate.name
+                )));
+            }
+            gates.push(gate.name.as_str());
+            match (&gate.when, &gate.python) {
+                (Some(when), None) => check_condition(spec, when, "name", &gate.name)?,
+                (None, Some(_)) => {}
+                _ => {
+                    return Err(at(format!(
+                        "Gate `{}` needs exactly one of `when` (a state test) and `python` (a \
+                         check function)",
+                        gate.name
+                    )));
+                }
+            }
+        }
+        let retry = &node.retry;
+        let bad = [("initial", retry.initial), ("max", retry.max)]
+            .into_iter()
+            .find(|(_, secs)| secs.is_some_and(|s| !s.is_finite() || s < 0.0));
+        if let Some((key, _)) = bad {
+            return Err(spec.error_at(
+                key,
+                None,
+                ConfigErrorKind::Invalid,
+                format!("`retry.{key}` must be a number of seconds, 0 or more"),
+            ));
+        }
+    }
+    if let Some(gate) = router
+        .recovery
+        .keys()
+        .find(|g| !gates.contains(&g.as_str()))
+    {
+        return Err(spec.error_at(
+            gate,
+            None,
+            ConfigErrorKind::Invalid,
+            format!(
+                "`recovery` names gate `{gate}`, which no node declares; gates: {}",
+                listed(&gates)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn listed(names: &[&str]) -> String {
+    if names.is_empty() {
+        return "none".to_owned();
+    }
+    names
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Just the class, read before the whole agent so the right struct checks the keys.
@@ -388,6 +542,7 @@ fn parse_config(file: &Path, text: &str) -> Result<AgentConfig, ConfigError> {
         AgentClass::SequentialAgent => AgentConfig::Sequential(parse(file, text)?),
         AgentClass::ParallelAgent => AgentConfig::Parallel(parse(file, text)?),
         AgentClass::GraphAgent => AgentConfig::Graph(parse(file, text)?),
+        AgentClass::RouterAgent => AgentConfig::Router(parse(file, text)?),
         AgentClass::RlmAgent => AgentConfig::Rlm(parse(file, text)?),
         AgentClass::PythonAgent => AgentConfig::Python(parse(file, text)?),
     })
@@ -433,7 +588,8 @@ fn capitalized(text: &str) -> String {
 }
 
 /// The line and column of the first `key:` (set to `value`, if given) in `text`, as a list
-/// item or not; `(1, 1)` when there is none.
+/// item or not; else of the first `key: value` inside a flow mapping (`{from: a, to: b}`);
+/// `(1, 1)` when there is none.
 fn locate(text: &str, key: &str, value: Option<&str>) -> (usize, usize) {
     for (i, line) in text.lines().enumerate() {
         let trimmed = line.trim_start();
@@ -444,6 +600,24 @@ fn locate(text: &str, key: &str, value: Option<&str>) -> (usize, usize) {
         let found = rest.trim().trim_matches(|c| c == '"' || c == '\'');
         if value.is_none_or(|v| v == found) {
             return (i + 1, line.len() - item.len() + 1);
+        }
+    }
+    for (i, line) in text.lines().enumerate() {
+        for (at, _) in line.match_indices(&format!("{key}:")) {
+            let before = line[..at].trim_end().chars().last();
+            if !matches!(before, Some('{' | ',')) {
+                continue;
+            }
+            let rest = &line[at + key.len() + 1..];
+            let found = rest
+                .split([',', '}'])
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .trim_matches(|c| c == '"' || c == '\'');
+            if value.is_none_or(|v| v == found) {
+                return (i + 1, line[..at].chars().count() + 1);
+            }
         }
     }
     (1, 1)

@@ -2,12 +2,15 @@
 //!
 //! Composite agents are subgraphs: a sequence chains its sub-agents, a loop adds a dotted
 //! "next iteration" edge from its last sub-agent to its first, a parallel group fans out
-//! from its name, and a graph draws its declared edges (labelled with their tests).
+//! from its name, a graph draws its declared edges (labelled with their tests), and a router
+//! its natural successors plus a dotted edge from each gate's node to the gate's recovery
+//! node.
 
 use std::fmt::Write;
 
 use super::load::AgentSpec;
-use super::spec::{AgentConfig, END, StateTest};
+use super::spec::{AgentConfig, END, RoutingMode, SuccessorConfig};
+use crate::condition::Condition;
 
 /// The Mermaid `flowchart` text of the workflow rooted at `root`.
 pub fn render_mermaid(root: &AgentSpec) -> String {
@@ -28,6 +31,10 @@ fn label(spec: &AgentSpec) -> String {
     let class = spec.config.class().as_str();
     let extra = match &spec.config {
         AgentConfig::Loop(c) => format!(", max {}", c.max_iterations),
+        AgentConfig::Router(c) => match c.mode {
+            RoutingMode::Active => ", active".to_owned(),
+            RoutingMode::Passive => ", passive".to_owned(),
+        },
         AgentConfig::Llm(c) => {
             let persona = c.persona.as_ref().map(|p| format!(" as persona {p}"));
             let output = c.output_key.as_ref().map(|k| format!(" → {k}"));
@@ -44,13 +51,60 @@ fn label(spec: &AgentSpec) -> String {
     format!("{}<br/>{class}{extra}", spec.config.name()).replace('"', "#quot;")
 }
 
-fn test_label(test: &StateTest) -> String {
-    let text = match (&test.equals, test.exists) {
-        (Some(value), _) => format!("{} == {value}", test.key),
-        (None, Some(true)) => format!("{} set", test.key),
-        (None, _) => format!("{} unset", test.key),
+fn test_label(test: &Condition) -> String {
+    let json = |v: &serde_json::Value| v.to_string();
+    let mut parts: Vec<String> = Vec::new();
+    let key = test.key.as_deref().unwrap_or("?");
+    let mut part = |what: String| parts.push(format!("{key} {what}"));
+    if let Some(v) = &test.equals {
+        part(format!("== {}", json(v)));
+    }
+    if let Some(v) = &test.not_equals {
+        part(format!("!= {}", json(v)));
+    }
+    if let Some(e) = test.exists {
+        part(if e { "set" } else { "unset" }.to_owned());
+    }
+    if let Some(t) = test.truthy {
+        part(if t { "truthy" } else { "falsy" }.to_owned());
+    }
+    if let Some(v) = &test.one_of {
+        part(format!("in {}", json(&serde_json::Value::Array(v.clone()))));
+    }
+    if let Some(v) = &test.contains {
+        part(format!("contains {}", json(v)));
+    }
+    for (op, bound) in [
+        (">", test.gt),
+        (">=", test.gte),
+        ("<", test.lt),
+        ("<=", test.lte),
+    ] {
+        if let Some(b) = bound {
+            part(format!("{op} {b}"));
+        }
+    }
+    if let Some(function) = &test.python {
+        parts.push(format!("python {function}"));
+    }
+    if test.all.is_some() || test.any.is_some() || test.not.is_some() {
+        let nested = Condition {
+            all: test.all.clone(),
+            any: test.any.clone(),
+            not: test.not.clone(),
+            ..Condition::default()
+        };
+        parts.push(serde_json::to_string(&nested).unwrap_or_default());
+    }
+    parts.join(" and ").replace('"', "#quot;")
+}
+
+/// One edge line, labelled with `when` if there is one.
+fn edge(out: &mut String, pad: &str, from: &str, to: &str, when: Option<&Condition>) {
+    let _ = match when {
+        Some(test) => writeln!(out, "{pad}  {from} -- \"{}\" --> {to}", test_label(test)),
+        None => writeln!(out, "{pad}  {from} --> {to}"),
     };
-    text.replace('"', "#quot;")
 }
 
 fn render(spec: &AgentSpec, prefix: &str, depth: usize, out: &mut String) {
@@ -98,24 +152,55 @@ fn render(spec: &AgentSpec, prefix: &str, depth: usize, out: &mut String) {
                 child(&graph.start)
             );
             let mut ends = false;
-            for edge in &graph.edges {
-                let to = if edge.to == END {
+            for e in &graph.edges {
+                let to = if e.to == END {
                     ends = true;
                     end.clone()
                 } else {
-                    child(&edge.to)
+                    child(&e.to)
                 };
-                match &edge.when {
-                    Some(test) => {
+                edge(out, &pad, &child(&e.from), &to, e.when.as_ref());
+            }
+            if ends {
+                let _ = writeln!(out, "{pad}  {end}((end))");
+            }
+        }
+        AgentConfig::Router(router) => {
+            let end = format!("{me}__end");
+            let _ = writeln!(
+                out,
+                "{pad}  {me}__start((start)) --> {}",
+                child(&router.start)
+            );
+            let mut ends = false;
+            let mut to = |name: &str| {
+                if name == END {
+                    ends = true;
+                    end.clone()
+                } else {
+                    child(name)
+                }
+            };
+            for (from, next) in &router.successors {
+                match next {
+                    SuccessorConfig::Node(name) => edge(out, &pad, &child(from), &to(name), None),
+                    SuccessorConfig::Branches(branches) => {
+                        for b in branches {
+                            edge(out, &pad, &child(from), &to(&b.to), b.when.as_ref());
+                        }
+                    }
+                }
+            }
+            for (node, sub) in router.sub_agents.iter().zip(&spec.sub_agents) {
+                for gate in &node.gates {
+                    if let Some(recovery) = router.recovery.get(&gate.name) {
                         let _ = writeln!(
                             out,
-                            "{pad}  {} -- \"{}\" --> {to}",
-                            child(&edge.from),
-                            test_label(test)
+                            "{pad}  {} -. \"gate {} blocked\" .-> {}",
+                            child(sub.config.name()),
+                            gate.name.replace('"', "#quot;"),
+                            child(recovery)
                         );
-                    }
-                    None => {
-                        let _ = writeln!(out, "{pad}  {} --> {to}", child(&edge.from));
                     }
                 }
             }

@@ -36,7 +36,9 @@ pub use load::{
 };
 pub use mermaid::render_mermaid;
 pub use spec::{
-    AgentClass, AgentConfig, AgentName, CallbackRefs, CodeRef, END, EdgeConfig, GenerationConfig,
-    GraphAgentConfig, IncludeContents, LlmAgentConfig, LoopAgentConfig, ParallelAgentConfig,
-    PythonAgentConfig, RlmAgentConfig, SequentialAgentConfig, StateTest, SubAgentRef, ToolRef,
+    AgentClass, AgentConfig, AgentName, BranchConfig, CallbackRefs, CodeRef, END, EdgeConfig,
+    GateConfig, GenerationConfig, GraphAgentConfig, IncludeContents, LlmAgentConfig,
+    LoopAgentConfig, ParallelAgentConfig, PythonAgentConfig, RetryConfig, RlmAgentConfig,
+    RouterAgentConfig, RouterNodeRef, RoutingMode, SequentialAgentConfig, SubAgentRef,
+    SuccessorConfig, ToolRef, TopicSource,
 };

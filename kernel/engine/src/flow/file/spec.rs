@@ -3,9 +3,10 @@
 //! The keys are those of ADK's Agent Config (1.x) — `agent_class`, `name`, `description`,
 //! `model`, `instruction`, `tools`, `sub_agents`, `output_key`, `include_contents`,
 //! `max_iterations`, `generate_content_config` and the `*_callbacks` lists — plus our own
-//! classes (`GraphAgent`, `RlmAgent`, `PythonAgent`) and a few keys of ours, each documented
-//! on its field.
+//! classes (`GraphAgent`, `RouterAgent`, `RlmAgent`, `PythonAgent`) and a few keys of ours,
+//! each documented on its field. Edge, successor and gate tests are [`Condition`]s.
 
+use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
 
@@ -13,6 +14,7 @@ use bridge::SamplingParams;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
+use crate::condition::Condition;
 use crate::flow::graph::BranchPolicy;
 
 /// The class of an agent (`agent_class`; `LlmAgent` when absent).
@@ -29,6 +31,8 @@ pub enum AgentClass {
     ParallelAgent,
     /// Sub-agents as nodes joined by `edges`.
     GraphAgent,
+    /// Sub-agents as nodes routed by the control plane (the Scrum-Master router).
+    RouterAgent,
     /// The RLM loop over the session's contexts (built by the kernel).
     RlmAgent,
     /// A Python function `(state) -> dict of updates` (built by the kernel).
@@ -44,6 +48,7 @@ impl AgentClass {
             Self::SequentialAgent => "SequentialAgent",
             Self::ParallelAgent => "ParallelAgent",
             Self::GraphAgent => "GraphAgent",
+            Self::RouterAgent => "RouterAgent",
             Self::RlmAgent => "RlmAgent",
             Self::PythonAgent => "PythonAgent",
         }
@@ -329,20 +334,6 @@ pub struct ParallelAgentConfig {
     pub after_agent_callbacks: Vec<CodeRef>,
 }
 
-/// A state test of a conditional edge: exactly one of `equals` and `exists`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StateTest {
-    /// The state key.
-    pub key: String,
-    /// True when the key holds this value.
-    #[serde(default)]
-    pub equals: Option<Value>,
-    /// True when the key is set (`true`) or not (`false`).
-    #[serde(default)]
-    pub exists: Option<bool>,
-}
-
 /// An edge of a `GraphAgent`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -354,7 +345,7 @@ pub struct EdgeConfig {
     /// Taken only when this holds; a node's edges are tried in order, and one without
     /// `when` is taken when none before it held.
     #[serde(default)]
-    pub when: Option<StateTest>,
+    pub when: Option<Condition>,
 }
 
 /// The target name that ends a graph.
@@ -378,6 +369,206 @@ pub struct GraphAgentConfig {
     /// The edges; a node without one ends the graph.
     #[serde(default)]
     pub edges: Vec<EdgeConfig>,
+    /// Node steps at most (default 1000).
+    pub max_steps: Option<u64>,
+    /// `before_agent_callbacks`.
+    #[serde(default)]
+    pub before_agent_callbacks: Vec<CodeRef>,
+    /// `after_agent_callbacks`.
+    #[serde(default)]
+    pub after_agent_callbacks: Vec<CodeRef>,
+}
+
+/// When a router is consulted (`mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoutingMode {
+    /// Every transition goes through the router.
+    #[default]
+    Active,
+    /// The natural successors route; the router decides only on escalation, agent failure,
+    /// a blocked gate or circular logic.
+    Passive,
+}
+
+/// Where the topic of an LLM agent's message comes from (`topic`): exactly one of the two.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "`{state_key: KEY}` or `{reply_field: FIELD}`"
+)]
+pub struct TopicSource {
+    /// The value of this state key when the agent answers.
+    pub state_key: Option<String>,
+    /// This field of the agent's answer, when the answer is a JSON object.
+    pub reply_field: Option<String>,
+}
+
+/// The natural successor of a router's node: a node name (or `END`), or branches tried in
+/// order, the last one plain.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum SuccessorConfig {
+    /// Always this node (or `END`).
+    Node(String),
+    /// The first branch whose `when` holds.
+    Branches(Vec<BranchConfig>),
+}
+
+impl<'de> Deserialize<'de> for SuccessorConfig {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        // A visitor rather than `untagged`, so that a bad branch's error says what is wrong.
+        struct Next;
+        impl<'de> serde::de::Visitor<'de> for Next {
+            type Value = SuccessorConfig;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a node name, or a list of `{when: CONDITION, to: NODE}` branches")
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<SuccessorConfig, E> {
+                Ok(SuccessorConfig::Node(name.to_owned()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> Result<SuccessorConfig, A::Error> {
+                let branches =
+                    Deserialize::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))?;
+                Ok(SuccessorConfig::Branches(branches))
+            }
+        }
+        deserializer.deserialize_any(Next)
+    }
+}
+
+/// A mapping as its entries in file order (a key given twice is refused).
+fn ordered_map<'de, D, V>(deserializer: D) -> Result<Vec<(String, V)>, D::Error>
+where
+    D: Deserializer<'de>,
+    V: Deserialize<'de>,
+{
+    struct Entries<V>(std::marker::PhantomData<V>);
+    impl<'de, V: Deserialize<'de>> serde::de::Visitor<'de> for Entries<V> {
+        type Value = Vec<(String, V)>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a mapping of node names")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut entries: Vec<(String, V)> = Vec::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if entries.iter().any(|(k, _)| *k == key) {
+                    return Err(serde::de::Error::custom(format!("`{key}` is named twice")));
+                }
+                entries.push((key, map.next_value()?));
+            }
+            Ok(entries)
+        }
+    }
+    deserializer.deserialize_map(Entries(std::marker::PhantomData))
+}
+
+/// One conditional branch of a [`SuccessorConfig`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a branch `{when: CONDITION, to: NODE}`"
+)]
+pub struct BranchConfig {
+    /// Taken when this holds (absent: always).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<Condition>,
+    /// The node, or `END`.
+    pub to: String,
+}
+
+/// A quality gate of a router's node: a state test (`when`) or a Python check (`python`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a gate `{name: NAME, when: CONDITION}` or `{name: NAME, python: FUNCTION}`"
+)]
+pub struct GateConfig {
+    /// Its name (`recovery` names a node per gate name).
+    pub name: String,
+    /// Whether a failure blocks the run (default) or is only recorded.
+    #[serde(default = "blocking_by_default")]
+    pub blocking: bool,
+    /// The state must pass this test.
+    pub when: Option<Condition>,
+    /// A Python function `(state) -> bool | {passed, reason}` (`module.function` or
+    /// `file.py:function`) must pass.
+    pub python: Option<String>,
+}
+
+fn blocking_by_default() -> bool {
+    true
+}
+
+/// How a router's node is retried when it fails transiently (`retry`; default 3 attempts,
+/// waiting 1 s, doubling, at most 10 s).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "`{attempts: N, initial: SECONDS, max: SECONDS}`"
+)]
+pub struct RetryConfig {
+    /// Attempts in all (1: no retry).
+    pub attempts: Option<NonZeroU32>,
+    /// Seconds before the first retry.
+    pub initial: Option<f64>,
+    /// The longest wait, in seconds.
+    pub max: Option<f64>,
+}
+
+/// A node of a router: its file, gates and retries.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a node `{config_path: FILE, gates: [...], retry: {...}}`"
+)]
+pub struct RouterNodeRef {
+    /// The node's file, relative to the router's file.
+    pub config_path: PathBuf,
+    /// Gates checked after the node runs, in order.
+    #[serde(default)]
+    pub gates: Vec<GateConfig>,
+    /// How it is retried.
+    #[serde(default)]
+    pub retry: RetryConfig,
+}
+
+/// `RouterAgent`: nodes routed by the control plane — escalation, circular logic, blocked
+/// gates' recovery nodes, then natural successors (ours).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouterAgentConfig {
+    /// `RouterAgent`.
+    pub agent_class: AgentClass,
+    /// Its name (the `agent` of its decision records).
+    pub name: AgentName,
+    /// What it does.
+    #[serde(default)]
+    pub description: String,
+    /// Its nodes, with their gates and retries.
+    pub sub_agents: Vec<RouterNodeRef>,
+    /// The node that runs first.
+    pub start: String,
+    /// `active` (default: every transition goes through the router) or `passive`.
+    #[serde(default)]
+    pub mode: RoutingMode,
+    /// The natural successor of each node, in file order; a node without one ends the run.
+    #[serde(default, deserialize_with = "ordered_map")]
+    pub successors: Vec<(String, SuccessorConfig)>,
+    /// The recovery node of each gate, by gate name.
+    #[serde(default)]
+    pub recovery: BTreeMap<String, String>,
+    /// Where the topic of each LLM agent's message comes from (absent: no topic).
+    pub topic: Option<TopicSource>,
+    /// Exchanges between two agents on one topic before it is circular (default 3; more
+    /// escalates).
+    pub max_exchanges: Option<u32>,
     /// Node steps at most (default 1000).
     pub max_steps: Option<u64>,
     /// `before_agent_callbacks`.
@@ -463,6 +654,8 @@ pub enum AgentConfig {
     Parallel(ParallelAgentConfig),
     /// `GraphAgent`.
     Graph(GraphAgentConfig),
+    /// `RouterAgent`.
+    Router(RouterAgentConfig),
     /// `RlmAgent`.
     Rlm(RlmAgentConfig),
     /// `PythonAgent`.
@@ -478,6 +671,7 @@ impl AgentConfig {
             Self::Sequential(c) => c.name.as_str(),
             Self::Parallel(c) => c.name.as_str(),
             Self::Graph(c) => c.name.as_str(),
+            Self::Router(c) => c.name.as_str(),
             Self::Rlm(c) => c.name.as_str(),
             Self::Python(c) => c.name.as_str(),
         }
@@ -491,6 +685,7 @@ impl AgentConfig {
             Self::Sequential(c) => &c.description,
             Self::Parallel(c) => &c.description,
             Self::Graph(c) => &c.description,
+            Self::Router(c) => &c.description,
             Self::Rlm(c) => &c.description,
             Self::Python(c) => &c.description,
         }
@@ -504,19 +699,27 @@ impl AgentConfig {
             Self::Sequential(_) => AgentClass::SequentialAgent,
             Self::Parallel(_) => AgentClass::ParallelAgent,
             Self::Graph(_) => AgentClass::GraphAgent,
+            Self::Router(_) => AgentClass::RouterAgent,
             Self::Rlm(_) => AgentClass::RlmAgent,
             Self::Python(_) => AgentClass::PythonAgent,
         }
     }
 
     /// The files of its sub-agents.
-    pub fn sub_agent_refs(&self) -> &[SubAgentRef] {
+    pub fn sub_agent_refs(&self) -> Vec<SubAgentRef> {
         match self {
-            Self::Loop(c) => &c.sub_agents,
-            Self::Sequential(c) => &c.sub_agents,
-            Self::Parallel(c) => &c.sub_agents,
-            Self::Graph(c) => &c.sub_agents,
-            Self::Llm(_) | Self::Rlm(_) | Self::Python(_) => &[],
+            Self::Loop(c) => c.sub_agents.clone(),
+            Self::Sequential(c) => c.sub_agents.clone(),
+            Self::Parallel(c) => c.sub_agents.clone(),
+            Self::Graph(c) => c.sub_agents.clone(),
+            Self::Router(c) => c
+                .sub_agents
+                .iter()
+                .map(|node| SubAgentRef {
+                    config_path: node.config_path.clone(),
+                })
+                .collect(),
+            Self::Llm(_) | Self::Rlm(_) | Self::Python(_) => Vec::new(),
         }
     }
 
@@ -547,6 +750,7 @@ impl AgentConfig {
             Self::Sequential(c) => agent(&c.before_agent_callbacks, &c.after_agent_callbacks),
             Self::Parallel(c) => agent(&c.before_agent_callbacks, &c.after_agent_callbacks),
             Self::Graph(c) => agent(&c.before_agent_callbacks, &c.after_agent_callbacks),
+            Self::Router(c) => agent(&c.before_agent_callbacks, &c.after_agent_callbacks),
             Self::Python(c) => agent(&c.before_agent_callbacks, &c.after_agent_callbacks),
         }
     }

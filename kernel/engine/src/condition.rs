@@ -1,15 +1,24 @@
-//! Declarative state tests: the conditions of conditional edges and quality gates.
+//! Conditions: the one test language of graph edges, router successors and quality gates.
 //!
 //! A [`Condition`] names a state key and the tests its value must pass, or combines other
-//! conditions; every test given must hold. In a workflow file:
+//! conditions, or names a Python function; every test given must hold. In a workflow file:
 //!
 //! ```yaml
 //! when: {key: review.verdict, equals: approved}
 //! when: {all: [{key: tests_failed, equals: 0}, {not: {key: blocked, truthy: true}}]}
+//! when: {python: checks.py:ready}
 //! ```
 //!
 //! A key is looked up as written first, then as a dotted path into objects
 //! (`review.verdict` is `state["review"]["verdict"]`), so scoped keys like `temp:x` work too.
+//!
+//! A `python` test names a function `(state) -> bool` (`module.function` or
+//! `file.py:function`). The engine has no Python: the registry that builds a workflow binds
+//! each such name to a [`StateFunction`] the kernel provides ([`Condition::bind`]), and the
+//! test holds when the function returns a truthy value. An unbound function, or one that
+//! fails, does not hold (and is logged): a routing test never crashes a run.
+
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -62,6 +71,28 @@ pub struct Condition {
     /// This does not hold.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub not: Option<Box<Condition>>,
+    /// A Python function `(state) -> bool` returns a truthy value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
+    /// The function `python` names, once bound.
+    #[serde(skip)]
+    pub bound: Option<BoundFunction>,
+}
+
+/// A function of the state written outside the engine (a Python function in the kernel).
+pub trait StateFunction: Send + Sync + std::fmt::Debug {
+    /// Calls it with `state`; `Err` says why it failed.
+    fn call(&self, state: &State) -> Result<Value, String>;
+}
+
+/// A [`StateFunction`] bound to a condition (equal only to itself).
+#[derive(Debug, Clone)]
+pub struct BoundFunction(pub Arc<dyn StateFunction>);
+
+impl PartialEq for BoundFunction {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// Why a condition cannot be evaluated as written.
@@ -76,7 +107,8 @@ pub enum ConditionError {
     /// A `key` without a test, or nothing at all.
     #[error(
         "The condition tests nothing; give a `key` with a test (`equals`, `exists`, `truthy`, \
-         `in`, `contains`, `gt`, `gte`, `lt`, `lte`, `not_equals`) or `all` / `any` / `not`"
+         `in`, `contains`, `gt`, `gte`, `lt`, `lte`, `not_equals`), `all` / `any` / `not`, or \
+         `python`"
     )]
     Empty,
 }
@@ -123,7 +155,8 @@ impl Condition {
         if let (Some(test), None) = (value_test, &self.key) {
             return Err(ConditionError::MissingKey { test });
         }
-        let combined = self.all.is_some() || self.any.is_some() || self.not.is_some();
+        let combined =
+            self.all.is_some() || self.any.is_some() || self.not.is_some() || self.python.is_some();
         if value_test.is_none() && !combined {
             return Err(ConditionError::Empty);
         }
@@ -131,6 +164,44 @@ impl Condition {
         nested
             .chain(self.not.as_deref())
             .try_for_each(Condition::validate)
+    }
+
+    /// The condition the Python function `function` decides.
+    pub fn python(function: impl Into<String>) -> Self {
+        Self {
+            python: Some(function.into()),
+            ..Self::default()
+        }
+    }
+
+    /// Every `python` function named here or in a nested condition, in order.
+    pub fn python_functions(&self) -> Vec<&str> {
+        let nested = self.all.iter().chain(&self.any).flatten();
+        self.python
+            .as_deref()
+            .into_iter()
+            .chain(
+                nested
+                    .chain(self.not.as_deref())
+                    .flat_map(Condition::python_functions),
+            )
+            .collect()
+    }
+
+    /// Binds every `python` function (nested ones too) with `resolve`; stops at its first
+    /// error.
+    pub fn bind<E>(
+        &mut self,
+        resolve: &mut impl FnMut(&str) -> Result<Arc<dyn StateFunction>, E>,
+    ) -> Result<(), E> {
+        if let Some(name) = &self.python {
+            self.bound = Some(BoundFunction(resolve(name)?));
+        }
+        let nested = self.all.iter_mut().chain(&mut self.any).flatten();
+        for condition in nested.chain(self.not.as_deref_mut()) {
+            condition.bind(resolve)?;
+        }
+        Ok(())
     }
 
     /// Whether `state` passes every test.
@@ -167,6 +238,24 @@ impl Condition {
                 .as_ref()
                 .is_none_or(|any| any.iter().any(|c| c.holds(state)))
             && self.not.as_ref().is_none_or(|c| !c.holds(state))
+            && self
+                .python
+                .as_ref()
+                .is_none_or(|name| self.python_holds(name, state))
+    }
+
+    fn python_holds(&self, name: &str, state: &State) -> bool {
+        let Some(BoundFunction(function)) = &self.bound else {
+            tracing::warn!(function = %name, "a Python condition was never bound; it does not hold");
+            return false;
+        };
+        match function.call(state) {
+            Ok(value) => is_truthy(&value),
+            Err(error) => {
+                tracing::warn!(function = %name, %error, "a Python condition failed; it does not hold");
+                false
+            }
+        }
     }
 }
 
@@ -258,6 +347,53 @@ mod tests {
             {"key": "zero", "equals": 0},
             {"any": [{"key": "x", "exists": true}, {"not": {"key": "note", "equals": "red"}}]}
         ]})));
+    }
+
+    /// Holds when `ready` is set; fails when `broken` is.
+    #[derive(Debug)]
+    struct Ready;
+
+    impl StateFunction for Ready {
+        fn call(&self, state: &State) -> Result<Value, String> {
+            if state.get("broken").is_some() {
+                return Err("RuntimeError: boom".into());
+            }
+            Ok(json!(state.get("ready").is_some()))
+        }
+    }
+
+    #[test]
+    fn python_tests_hold_through_their_bound_function_and_fail_closed() {
+        let mut c = parse(
+            json!({"all": [{"key": "n", "gt": 1}, {"not": {"python": "m.blocked"}}],
+                                 "python": "m.ready"}),
+        );
+        assert_eq!(c.python_functions(), ["m.ready", "m.blocked"]);
+        let s = state(json!({"n": 2, "ready": true}));
+        assert!(!c.holds(&s), "unbound: does not hold");
+        let mut names = Vec::new();
+        c.bind(&mut |name: &str| {
+            names.push(name.to_owned());
+            Ok::<_, String>(Arc::new(Ready) as Arc<dyn StateFunction>)
+        })
+        .unwrap();
+        assert_eq!(names, ["m.ready", "m.blocked"]);
+        // `m.blocked` is bound to the same function: `ready` makes it hold, so `not` fails.
+        assert!(!c.holds(&s));
+        let only = {
+            let mut c = Condition::python("m.ready");
+            c.bind(&mut |_: &str| Ok::<_, String>(Arc::new(Ready) as Arc<dyn StateFunction>))
+                .unwrap();
+            c
+        };
+        assert!(only.holds(&s));
+        assert!(!only.holds(&state(json!({"n": 2}))));
+        assert!(
+            !only.holds(&state(json!({"ready": 1, "broken": 1}))),
+            "an error does not hold"
+        );
+        let refused = c.bind(&mut |name: &str| Err::<Arc<dyn StateFunction>, _>(name.to_owned()));
+        assert_eq!(refused, Err("m.ready".to_owned()));
     }
 
     #[test]
