@@ -14,6 +14,10 @@
 //! - Callbacks: a `name` no registered callback has is a Python function reference as
 //!   above; a file path is relative to the workflow's root folder (the registry hands the
 //!   callback factory only the `{name, args}` entry).
+//! - `python` tests of conditions and gates: a function reference as above, relative to the
+//!   file that names it ([`PythonStateFunction`]).
+//! - `RouterAgent`: the engine's ([`engine::route::file`]), registered here too so every
+//!   workflow `rlm flow run` builds can use it.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -33,6 +37,7 @@ use super::python::PyFunction;
 use super::python_agent::PythonAgent;
 use super::rlm_agent::RlmAgent;
 use super::services::FlowKernel;
+use super::state_fn::PythonStateFunction;
 use crate::rlm::RlmConfig;
 
 /// The `function` of a `PythonAgent` that is the built-in context loader.
@@ -59,8 +64,16 @@ fn function_of(spec: &AgentSpec, key: &str, reference: &str) -> Result<PyFunctio
 /// folder).
 pub fn register(registry: Registry, kernel: &Arc<FlowKernel>, root_dir: &Path) -> Registry {
     let (python, rlm, callbacks) = (Arc::clone(kernel), Arc::clone(kernel), Arc::clone(kernel));
+    let tests = Arc::clone(kernel);
     let root_dir = root_dir.to_owned();
-    registry
+    engine::route::file::register(registry)
+        .with_python_functions(move |spec, name| {
+            let function = PyFunction::parse(name, base_of(spec)).map_err(|e| e.to_string())?;
+            Ok(Arc::new(PythonStateFunction::new(
+                function,
+                Arc::clone(&tests),
+            )))
+        })
         .with_class(AgentClass::PythonAgent, move |spec, registry| {
             let AgentConfig::Python(config) = &spec.config else {
                 return Err(not_class(spec, AgentClass::PythonAgent));

@@ -10,9 +10,12 @@
 //! - [`ContextLoader`]: loads the contexts into the session and writes their metadata to
 //!   the state.
 //! - [`PythonCallback`]: a Python callable named in a workflow file as a callback.
+//! - [`PythonStateFunction`]: a Python function named by a `python` test of a condition or
+//!   quality gate.
 //! - [`render_event_log_html`]: a run's JSONL event log as one HTML page (`rlm view`).
 //!
-//! [`register`] teaches the engine's `Registry` to build these from workflow files.
+//! [`register`] teaches the engine's `Registry` to build these from workflow files, and the
+//! engine's `RouterAgent` class.
 //!
 //! Python functions are named `module:function`, `module.function` or
 //! `file.py:function` ([`PyFunction`]). The REPL blocks, so each step waits for it on a
@@ -25,6 +28,7 @@ mod python;
 mod python_agent;
 mod rlm_agent;
 mod services;
+mod state_fn;
 mod view;
 
 pub use build::{LOAD_CONTEXTS, register};
@@ -34,4 +38,5 @@ pub use python::{PyCallError, PyFunction};
 pub use python_agent::{ACTIONS_KEY, MESSAGE_KEY, PythonAgent};
 pub use rlm_agent::RlmAgent;
 pub use services::FlowKernel;
+pub use state_fn::PythonStateFunction;
 pub use view::{EventLogViewError, is_event_log, render_event_log_html};

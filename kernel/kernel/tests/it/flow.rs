@@ -457,3 +457,90 @@ fn workflow_files_build_kernel_agents_and_point_at_bad_lines() {
         assert!(err.contains(expected), "{err}");
     }
 }
+
+/// A router whose gate and successor tests are Python functions in the run's REPL: the gate
+/// blocks (with its reason) until the fixer ran, a test that raises does not hold (no
+/// crash), and the review loop ends when `approved` says so.
+#[test]
+fn python_gates_and_conditions_route_a_router_built_from_files() {
+    let s = setup(json!({"models": {}}), Vec::new());
+    s.write(
+        "checks.py",
+        "def draft(state):\n    tests = ' and tests' if state.get('advice') else ''\n    return {'drafts': state.get('drafts', 0) + 1, 'code': 'code' + tests}\n\n\
+         def fix(state):\n    return {'advice': 'add tests'}\n\n\
+         def review(state):\n    return {'reviews': state.get('reviews', 0) + 1}\n\n\
+         def has_tests(state):\n    if 'tests' in state.get('code', ''):\n        return True\n    return {'passed': False, 'reason': 'the code has no tests'}\n\n\
+         def approved(state):\n    return state.get('reviews', 0) >= 2\n\n\
+         def boom(state):\n    raise RuntimeError('no verdict')\n",
+    );
+    for name in ["draft", "fix", "review"] {
+        s.write(
+            &format!("{name}.yaml"),
+            &format!("agent_class: PythonAgent\nname: {name}\nfunction: checks.py:{name}\n"),
+        );
+    }
+    let root = s.write(
+        "team.yaml",
+        "agent_class: RouterAgent
+name: team
+start: draft
+sub_agents:
+  - config_path: draft.yaml
+    gates:
+      - {name: has_tests, python: checks.py:has_tests}
+  - config_path: fix.yaml
+  - config_path: review.yaml
+successors:
+  draft: review
+  fix: draft
+  review:
+    - {when: {python: checks.py:boom}, to: fix}
+    - {when: {python: checks.py:approved}, to: END}
+    - to: draft
+recovery:
+  has_tests: fix
+",
+    );
+    let agent = s.build(&root).expect("builds");
+    let (report, events) = s.run(agent.as_ref(), State::default());
+    assert!(report.result.is_ok(), "{:?}", report.result);
+    assert_eq!(
+        starts(&events),
+        ["team", "draft", "fix", "draft", "review", "draft", "review"]
+    );
+    let decisions = report.state.get("decisions").expect("decisions");
+    let summaries: Vec<&str> = decisions
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|d| d["summary"].as_str())
+        .collect();
+    assert_eq!(
+        summaries,
+        [
+            "draft → fix",
+            "fix → draft",
+            "draft → review",
+            "review → draft",
+            "draft → review",
+            "review → end"
+        ]
+    );
+    assert_eq!(
+        decisions[0]["rationale"],
+        json!("Gate `has_tests` is blocked (the code has no tests); its recovery node takes over")
+    );
+    assert_eq!(report.state.get("reviews"), Some(&json!(2)));
+
+    // A `python` name that is no function reference is refused at its line.
+    let bad = s.write(
+        "bad.yaml",
+        "agent_class: RouterAgent\nname: bad\nstart: draft\nsub_agents:\n  - config_path: draft.yaml\n    gates:\n      - {name: g, python: not a function}\n",
+    );
+    let err = s.build(&bad).map(|_| ()).expect_err("a bad reference");
+    assert!(
+        err.to_string()
+            .contains("bad.yaml:7:19: `not a function` does not name a Python function"),
+        "{err}"
+    );
+}
