@@ -30,6 +30,13 @@ fn flow_graph_draws_a_built_in_and_its_readable_file_alike() {
 }
 
 #[test]
+fn flow_graph_draws_the_team_router_with_its_successors_and_recovery_edges() {
+    let run = rlm(&args(&["flow", "graph", "team"]), None);
+    run.assert_code(0);
+    insta::assert_snapshot!(run.stdout);
+}
+
+#[test]
 fn flow_graph_names_the_file_line_and_column_of_a_mistake() {
     let dir = tempfile::tempdir().expect("tempdir");
     let bad = file(dir.path(), "bad.yaml", "name: a\nmodle: root\n");
