@@ -31,6 +31,7 @@ use super::agent::Agent;
 use super::callbacks::{Callback, CallbackAction, CallbackContext, Callbacks, ToolInvocation};
 use super::context::InvocationContext;
 use super::error::FlowError;
+use super::file::load::listed;
 use super::file::{
     AGENT_TOOL, AgentClass, AgentConfig, AgentSpec, CodeRef, ConfigError, ConfigErrorKind, END,
     EdgeConfig, LlmAgentConfig,
@@ -470,15 +471,6 @@ impl Registry {
                 ),
             )
         })
-    }
-}
-
-fn listed<'a>(names: impl Iterator<Item = &'a String>) -> String {
-    let list: Vec<String> = names.map(|n| format!("`{n}`")).collect();
-    if list.is_empty() {
-        "none".to_owned()
-    } else {
-        list.join(", ")
     }
 }
 

@@ -129,7 +129,7 @@ fn timeless(state: &State) -> State {
     state
 }
 
-fn summaries(state: &State) -> Vec<String> {
+pub(crate) fn summaries(state: &State) -> Vec<String> {
     state
         .get("decisions")
         .and_then(Value::as_array)

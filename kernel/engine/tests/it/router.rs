@@ -15,6 +15,7 @@ use engine::flow::{Registry, RunStatus};
 use engine::route::file::register;
 use serde_json::{Value, json};
 
+use crate::control::summaries;
 use crate::workflow::{endpoints, mock, run, started};
 
 /// An LLM agent file: `name` asks the model of its own name, answers to `output_key`.
@@ -33,18 +34,6 @@ fn router_files(settings: &str, nodes: &[(&str, &str)]) -> EmbeddedFiles {
         files = files.with(format!("{name}.yaml"), *text);
     }
     files.with("team.yaml", root)
-}
-
-fn summaries(state: &engine::State) -> Vec<String> {
-    state
-        .get("decisions")
-        .and_then(Value::as_array)
-        .map(|d| {
-            d.iter()
-                .filter_map(|r| r["summary"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 #[test]

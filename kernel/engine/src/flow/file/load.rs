@@ -306,11 +306,7 @@ fn load_ref(
 /// The names of `spec`'s sub-agents, and an error maker for a name that is not one of them.
 fn node_names(spec: &AgentSpec) -> (Vec<&str>, impl Fn(&str, &str, bool) -> ConfigError + '_) {
     let names: Vec<&str> = spec.sub_agents.iter().map(|s| s.config.name()).collect();
-    let known = names
-        .iter()
-        .map(|n| format!("`{n}`"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let known = listed(&names);
     let kind = match spec.config {
         AgentConfig::Router(_) => "router",
         _ => "graph",
@@ -491,15 +487,17 @@ fn check_router(spec: &AgentSpec) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn listed(names: &[&str]) -> String {
-    if names.is_empty() {
-        return "none".to_owned();
+/// `` `a`, `b` `` (or "none").
+pub(crate) fn listed<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> String {
+    let list: Vec<String> = names
+        .into_iter()
+        .map(|n| format!("`{}`", n.as_ref()))
+        .collect();
+    if list.is_empty() {
+        "none".to_owned()
+    } else {
+        list.join(", ")
     }
-    names
-        .iter()
-        .map(|n| format!("`{n}`"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// Just the class, read before the whole agent so the right struct checks the keys.
