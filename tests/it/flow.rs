@@ -430,8 +430,8 @@ fn on_a_terminal_the_agent_tree_is_redrawn_in_place_and_left_on_screen() {
         "{screen:?}"
     );
 
-    // Under CI (or `TERM=dumb`) the same terminal gets the plain lines.
-    for env in [("CI", "true"), ("TERM", "dumb")] {
+    // Under CI, with `TERM=dumb` or with logs on, the same terminal gets the plain lines.
+    for env in [("CI", "true"), ("TERM", "dumb"), ("RUST_LOG", "info")] {
         let run = rlm_on_terminal(&args(&["flow", "demo", "refine"]), &[env], |_| {});
         assert_eq!(run.code, Some(0));
         assert!(

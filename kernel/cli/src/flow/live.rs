@@ -1,12 +1,13 @@
 //! What `rlm flow run` shows while it runs.
 //!
-//! On a terminal (stderr is one, `TERM` is not `dumb`, `CI` is unset) the agent tree of
-//! [`progress`](super::progress) is redrawn in place as events arrive and a few times a
-//! second (running agents' clocks move): the frame is the message of an indicatif bar, which
-//! does the cursor work; console hides the cursor meanwhile. [`Live::finish`] leaves the last frame on screen and gives the
-//! cursor back — at the end, on an error, or before a second Ctrl-C quits. Elsewhere each
-//! agent's start and end is a plain line on stderr, indented by depth; with `--json` every
-//! event is one JSON line on stdout; with `--quiet` nothing.
+//! On a terminal (stderr is one, `TERM` is not `dumb`, `CI` is unset, no logs are on) the
+//! agent tree of [`progress`](super::progress) is redrawn in place as events arrive and a
+//! few times a second (running agents' clocks move): the frame is the message of an
+//! indicatif bar, which does the cursor work; console hides the cursor meanwhile.
+//! [`Live::finish`] leaves the last frame on screen and gives the cursor back — at the end,
+//! on an error, or before a second Ctrl-C quits. Elsewhere each agent's start and end is a
+//! plain line on stderr, indented by depth; with `--json` every event is one JSON line on
+//! stdout; with `--quiet` nothing.
 
 use std::io::{IsTerminal as _, Write as _};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use engine::flow::file::AgentSpec;
 use engine::flow::{Event, EventKind, EventSink, FlowError};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tracing_subscriber::filter::LevelFilter;
 
 use super::progress::AgentTree;
 
@@ -98,11 +100,13 @@ impl Live {
     }
 }
 
-/// Whether stderr is a terminal that can redraw in place.
+/// Whether stderr is a terminal that can redraw in place, and nothing else writes there:
+/// a log line (`-v`, `RUST_LOG`) would tear the frame.
 fn draws_in_place() -> bool {
     std::io::stderr().is_terminal()
         && std::env::var_os("CI").is_none()
         && std::env::var_os("TERM").is_none_or(|term| term != "dumb")
+        && LevelFilter::current() == LevelFilter::OFF
 }
 
 /// Draws the frame of `tree` now (indicatif limits how often it reaches the terminal).
