@@ -439,3 +439,66 @@ sub_agents:
     }
     server.shutdown().await;
 }
+
+/// A node's `retry` from its file: a model that keeps failing is tried `attempts` times (no
+/// wait with `initial: 0`), then the failure flag makes the router escalate.
+#[tokio::test]
+async fn a_node_that_keeps_failing_is_retried_as_its_file_says_then_escalates() {
+    use bridge::mock::{FaultKind, FaultRule, Faults, MockConfig, MockServer, Script};
+    let script =
+        Script::from_json_value(json!({"models": {"tea": {"replies": ["never"]}}})).unwrap();
+    let server = MockServer::start(MockConfig {
+        script,
+        faults: Faults {
+            rules: vec![FaultRule {
+                last_user: None,
+                model: Some("^dev$".into()),
+                fault: FaultKind::ServerError,
+                times: None,
+            }],
+            ..Faults::none()
+        },
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let files = EmbeddedFiles::new()
+        .with(
+            "team.yaml",
+            "agent_class: RouterAgent
+name: team
+start: dev
+sub_agents:
+  - config_path: dev.yaml
+    retry: {attempts: 2, initial: 0, max: 0}
+  - config_path: tea.yaml
+successors:
+  dev: tea
+",
+        )
+        .with("dev.yaml", llm("dev", "code"))
+        .with("tea.yaml", llm("tea", "review"));
+    let endpoints = endpoints(&server, Provider::OpenAi, &["dev", "tea"]);
+    let spec = load_workflow_from(&files, "team.yaml").unwrap();
+    let root = register(Registry::new(endpoints.clone(), "dev"))
+        .build(&spec)
+        .unwrap();
+    let (report, events) = run(root.as_ref(), &endpoints, "Build it.").await;
+    assert_eq!(started(&events), ["team", "dev"]);
+    let state = &report.state;
+    assert_eq!(state.get("agent_failure").unwrap()["attempts"], json!(2));
+    assert_eq!(state.get("escalation_triggered"), Some(&json!(true)));
+    let rationale = state.get("routing_rationale").unwrap().as_str().unwrap();
+    assert!(
+        rationale.starts_with("`dev` failed for good"),
+        "{rationale}"
+    );
+    let calls: Vec<String> = server
+        .log()
+        .entries()
+        .into_iter()
+        .map(|r| r.model)
+        .collect();
+    assert_eq!(calls, ["dev", "dev"]);
+    server.shutdown().await;
+}
