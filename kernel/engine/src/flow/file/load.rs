@@ -126,7 +126,21 @@ impl AgentSpec {
         kind: ConfigErrorKind,
         message: impl Into<String>,
     ) -> ConfigError {
-        let (line, column) = locate(&self.text, key, value);
+        self.error_at_nth(key, value, 0, kind, message)
+    }
+
+    /// [`AgentSpec::error_at`] the `n`th (0-based) such line: the second of two
+    /// duplicates, say (the first line when there are fewer).
+    pub fn error_at_nth(
+        &self,
+        key: &str,
+        value: Option<&str>,
+        n: usize,
+        kind: ConfigErrorKind,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        let found = locate(&self.text, key, value);
+        let (line, column) = found.get(n).or(found.first()).copied().unwrap_or((1, 1));
         ConfigError {
             file: self.file.clone(),
             line,
@@ -433,10 +447,12 @@ fn check_router(spec: &AgentSpec) -> Result<(), ConfigError> {
     let mut gates = Vec::new();
     for node in &router.sub_agents {
         for gate in &node.gates {
+            let seen = gates.iter().filter(|g| **g == gate.name.as_str()).count();
             let at = |message: String| {
-                spec.error_at("name", Some(&gate.name), ConfigErrorKind::Invalid, message)
+                let (name, kind) = (Some(gate.name.as_str()), ConfigErrorKind::Invalid);
+                spec.error_at_nth("name", name, seen, kind, message)
             };
-            if gates.contains(&gate.name.as_str()) {
+            if seen > 0 {
                 return Err(at(format!(
                     "There are two gates named `{}`; gate names must be unique (`recovery` is \
                      declared per gate name)",
@@ -585,20 +601,24 @@ fn capitalized(text: &str) -> String {
     }
 }
 
-/// The line and column of the first `key:` (set to `value`, if given) in `text`, as a list
-/// item or not; else of the first `key: value` inside a flow mapping (`{from: a, to: b}`);
-/// `(1, 1)` when there is none.
-fn locate(text: &str, key: &str, value: Option<&str>) -> (usize, usize) {
+/// The lines and columns of every `key:` (set to `value`, if given) in `text`, as a list item
+/// or not, in order; when there is none, of every `key: value` inside a flow mapping
+/// (`{from: a, to: b}`).
+fn locate(text: &str, key: &str, value: Option<&str>) -> Vec<(usize, usize)> {
+    let unquoted = |s: &str| s.trim().trim_matches(|c| c == '"' || c == '\'').to_owned();
+    let mut found = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let trimmed = line.trim_start();
         let item = trimmed.strip_prefix("- ").map_or(trimmed, str::trim_start);
         let Some(rest) = item.strip_prefix(key).and_then(|r| r.strip_prefix(':')) else {
             continue;
         };
-        let found = rest.trim().trim_matches(|c| c == '"' || c == '\'');
-        if value.is_none_or(|v| v == found) {
-            return (i + 1, line.len() - item.len() + 1);
+        if value.is_none_or(|v| v == unquoted(rest)) {
+            found.push((i + 1, line.len() - item.len() + 1));
         }
+    }
+    if !found.is_empty() {
+        return found;
     }
     for (i, line) in text.lines().enumerate() {
         for (at, _) in line.match_indices(&format!("{key}:")) {
@@ -607,16 +627,11 @@ fn locate(text: &str, key: &str, value: Option<&str>) -> (usize, usize) {
                 continue;
             }
             let rest = &line[at + key.len() + 1..];
-            let found = rest
-                .split([',', '}'])
-                .next()
-                .unwrap_or_default()
-                .trim()
-                .trim_matches(|c| c == '"' || c == '\'');
-            if value.is_none_or(|v| v == found) {
-                return (i + 1, line[..at].chars().count() + 1);
+            let item = rest.split([',', '}']).next().unwrap_or_default();
+            if value.is_none_or(|v| v == unquoted(item)) {
+                found.push((i + 1, line[..at].chars().count() + 1));
             }
         }
     }
-    (1, 1)
+    found
 }
