@@ -203,7 +203,12 @@ impl AgentTree {
 
     /// Folds in one event of the run.
     pub(crate) fn apply(&mut self, event: &Event) {
-        let index = self.node(&event.branch);
+        let index = match self.branches.get(&event.branch) {
+            Some(index) => *index,
+            None if event.kind == EventKind::Start => self.node(&event.branch),
+            // A step recorded on no agent's branch (a router's decision) is no agent.
+            None => return,
+        };
         let node = &mut self.nodes[index];
         match &event.kind {
             EventKind::Start => {
@@ -467,6 +472,12 @@ mod tests {
             frame.contains("│  └─ · evaluator") && frame.contains("│     └─ ▶ helper"),
             "{frame}"
         );
+        // Other steps on a branch no agent started (a router's decisions) add no agent.
+        let mut decision = Event::new(EventKind::StateUpdate);
+        decision.author = "refine".into();
+        decision.branch = "refine/refine".into();
+        tree.apply(&decision);
+        assert_eq!(tree.render(0), frame);
     }
 
     #[test]
