@@ -6,6 +6,7 @@
 //!
 //! The pieces, bottom up:
 //!
+//! - [`date`]: UTC dates as text (`YYYY-MM-DD`, RFC 3339) for bundles and decision records.
 //! - [`jsonl`]: the redacted, flushed-per-line [`JsonlWriter`](jsonl::JsonlWriter) under
 //!   every log the engine and the kernel write (transcript, trajectory, events, decisions).
 //! - [`state`]: the session [`State`] (JSON values under scoped keys) and the
@@ -44,6 +45,7 @@
 pub mod agent;
 pub mod bundle;
 pub mod condition;
+pub mod date;
 pub mod durable;
 pub mod flow;
 pub mod jsonl;

@@ -12,9 +12,9 @@
 //! prose such as instructions.
 
 use std::collections::BTreeMap;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::error::VariableError;
+pub use crate::date::today;
 
 /// How deep values may refer to other values before it counts as a cycle.
 const MAX_DEPTH: usize = 32;
@@ -210,29 +210,6 @@ fn is_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
-/// Today's date in UTC, `YYYY-MM-DD`.
-pub fn today() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    date_of_day(i64::try_from(secs / 86_400).unwrap_or(0))
-}
-
-/// The civil date of `days` since 1970-01-01 (Howard Hinnant's algorithm).
-fn date_of_day(days: i64) -> String {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -307,13 +284,5 @@ mod tests {
             "Variable `{a}` refers to itself (through `{a}` → `{b}` → `{a}`)"
         );
         assert_eq!(v.resolve_lenient("{a}"), "{a}/y/x");
-    }
-
-    #[test]
-    fn civil_dates() {
-        assert_eq!(date_of_day(0), "1970-01-01");
-        assert_eq!(date_of_day(19_782), "2024-02-29");
-        assert_eq!(date_of_day(20_418), "2025-11-26");
-        assert_eq!(today().len(), 10);
     }
 }

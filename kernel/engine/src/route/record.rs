@@ -10,10 +10,10 @@ use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::date::rfc3339;
 use crate::jsonl::{JsonlError, JsonlWriter};
 
 /// One routing decision, on record.
@@ -108,44 +108,11 @@ impl DecisionLog {
     }
 }
 
-/// `time` as RFC 3339 in UTC with milliseconds (`2026-11-26T13:05:00.250Z`).
-pub fn rfc3339(time: SystemTime) -> String {
-    let ms = time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
-    let secs = (ms / 1000) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3_600,
-        rem % 3_600 / 60,
-        rem % 60,
-        ms % 1000
-    )
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // In tests an unwrap is an assertion.
 mod tests {
     use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn timestamps_are_rfc3339_utc() {
-        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
-        let t = UNIX_EPOCH + Duration::from_millis(1_795_698_300_250);
-        assert_eq!(rfc3339(t), "2026-11-26T13:05:00.250Z");
-        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400);
-        assert_eq!(rfc3339(leap), "2000-02-29T00:00:00.000Z");
-    }
+    use std::time::UNIX_EPOCH;
 
     #[test]
     fn the_log_appends_one_line_per_record_and_reads_them_back() {
