@@ -6,7 +6,8 @@
 //! `write_all` followed by a flush. Nothing is buffered in between, so a process killed at
 //! any point leaves a file whose complete lines are all valid JSON, and writers appending to
 //! one file ([`JsonlWriter::append`]) never interleave inside a line. Every error names the
-//! log and its file.
+//! log and its file. [`read`] reads such a log back, passing over a torn last line (a
+//! writer killed mid-line) and naming the number of any other line that does not parse.
 //!
 //! ```
 //! use engine::jsonl::JsonlWriter;
@@ -27,6 +28,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 /// Why a JSONL log could not be opened or written.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +75,71 @@ pub enum JsonlError {
         #[source]
         source: serde_json::Error,
     },
+}
+
+/// Why a JSONL log could not be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum JsonlReadError {
+    /// The file could not be read.
+    #[error("Could not read the {log} `{}`: {source}", path.display())]
+    Io {
+        /// What the log is.
+        log: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// A line (not the torn last one) is not what the log holds.
+    #[error("Line {line} of the {log} `{}` does not parse: {source}", path.display())]
+    Malformed {
+        /// What the log is.
+        log: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The 1-based line.
+        line: usize,
+        /// The error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Every line of the log at `path` as a `T`, in order; `log` names it in errors. Blank lines
+/// are passed over, and so is a last line without its newline that does not parse (torn by
+/// a killed writer).
+pub fn read<T: DeserializeOwned>(
+    log: &'static str,
+    path: impl AsRef<Path>,
+) -> Result<Vec<T>, JsonlReadError> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).map_err(|source| JsonlReadError::Io {
+        log,
+        path: path.to_owned(),
+        source,
+    })?;
+    let complete = text.ends_with('\n');
+    let count = text.lines().count();
+    let mut values = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str(line) {
+            Ok(value) => values.push(value),
+            Err(_) if i + 1 == count && !complete => break,
+            Err(source) => {
+                return Err(JsonlReadError::Malformed {
+                    log,
+                    path: path.to_owned(),
+                    line: i + 1,
+                    source,
+                });
+            }
+        }
+    }
+    Ok(values)
 }
 
 /// ` `path`` when there is a path, nothing otherwise.
@@ -321,5 +388,57 @@ mod tests {
             "{err}"
         );
         assert!(calls.0.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn read_gives_back_what_was_written_and_passes_over_a_torn_last_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        let mut writer = JsonlWriter::create("test log", &path).unwrap();
+        writer.write(&json!({"n": 1})).unwrap();
+        writer.write(&json!({"n": 2})).unwrap();
+        let whole: Vec<Value> = read("test log", &path).unwrap();
+        assert_eq!(whole, [json!({"n": 1}), json!({"n": 2})]);
+        // A blank line, then a line cut short by a killed writer.
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str("\n{\"n\": 3, \"te");
+        std::fs::write(&path, &text).unwrap();
+        let torn: Vec<Value> = read("test log", &path).unwrap();
+        assert_eq!(torn, whole);
+    }
+
+    #[test]
+    fn read_names_the_file_and_the_line_that_does_not_parse() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        std::fs::write(&path, "{\"n\": 1}\n\nnot json\n{\"n\": 2}\n").unwrap();
+        let err = read::<Value>("test log", &path).unwrap_err();
+        assert!(
+            matches!(err, JsonlReadError::Malformed { line: 3, .. }),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().starts_with(&format!(
+                "Line 3 of the test log `{}` does not parse: ",
+                path.display()
+            )),
+            "{err}"
+        );
+        // A last line with its newline is complete, so it must parse.
+        std::fs::write(&path, "{\"n\": 1}\nnot json\n").unwrap();
+        let err = read::<Value>("test log", &path).unwrap_err();
+        assert!(
+            matches!(err, JsonlReadError::Malformed { line: 2, .. }),
+            "{err:?}"
+        );
+        let missing = dir.path().join("missing.jsonl");
+        let err = read::<Value>("test log", &missing).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "Could not read the test log `{}`: No such file or directory (os error 2)",
+                missing.display()
+            )
+        );
     }
 }

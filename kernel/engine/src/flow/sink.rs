@@ -11,7 +11,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::error::FlowError;
 use super::event::Event;
-use crate::jsonl::JsonlWriter;
+use crate::jsonl::{self, JsonlReadError, JsonlWriter};
+
+/// What the event log is called in its errors.
+const LOG: &str = "event log";
 
 /// Receives the events of an invocation, in order.
 pub trait EventSink: Send + Sync {
@@ -61,8 +64,7 @@ impl EventLog {
     /// Creates (or truncates) the log at `path`.
     pub fn create(path: impl AsRef<Path>) -> Result<Self, FlowError> {
         let path = path.as_ref().to_path_buf();
-        let out =
-            JsonlWriter::create("event log", &path).map_err(|e| FlowError::Sink(e.to_string()))?;
+        let out = JsonlWriter::create(LOG, &path).map_err(|e| FlowError::Sink(e.to_string()))?;
         Ok(Self {
             path,
             out: Mutex::new(out),
@@ -77,29 +79,17 @@ impl EventLog {
     /// Reads the events of the log at `path` (a torn last line, from a killed run, is
     /// skipped).
     pub fn read(path: impl AsRef<Path>) -> Result<Vec<Event>, FlowError> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            FlowError::Sink(format!(
-                "Cannot read the event log `{}`: {e}",
-                path.display()
-            ))
-        })?;
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        let mut events = Vec::with_capacity(lines.len());
-        for (i, line) in lines.iter().enumerate() {
-            match serde_json::from_str(line) {
-                Ok(event) => events.push(event),
-                Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => break,
-                Err(e) => {
-                    return Err(FlowError::Sink(format!(
-                        "Line {} of the event log `{}` is not an event: {e}",
-                        i + 1,
-                        path.display()
-                    )));
-                }
-            }
-        }
-        Ok(events)
+        jsonl::read(LOG, path).map_err(|e| {
+            FlowError::Sink(match e {
+                JsonlReadError::Malformed {
+                    path, line, source, ..
+                } => format!(
+                    "Line {line} of the event log `{}` is not an event: {source}",
+                    path.display()
+                ),
+                io => io.to_string(),
+            })
+        })
     }
 }
 

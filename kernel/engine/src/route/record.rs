@@ -6,15 +6,16 @@
 //! redacted JSON line to a file through the shared [`JsonlWriter`], flushed per record, so a
 //! crash loses no decision already made.
 
-use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
 pub use crate::date::rfc3339;
-use crate::jsonl::{JsonlError, JsonlWriter};
+use crate::jsonl::{self, JsonlError, JsonlReadError, JsonlWriter};
+
+/// What the decision log is called in its errors.
+const LOG: &str = "decision log";
 
 /// One routing decision, on record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,7 +70,7 @@ impl DecisionLog {
     /// Opens `path` for appending (created if missing; a resumed run adds to its log).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, DecisionLogError> {
         Ok(Self {
-            out: Mutex::new(JsonlWriter::append("decision log", path)?),
+            out: Mutex::new(JsonlWriter::append(LOG, path)?),
         })
     }
 
@@ -82,29 +83,15 @@ impl DecisionLog {
             .write(record)?)
     }
 
-    /// Every record of the log at `path`, in order.
+    /// Every record of the log at `path`, in order (a torn last line, from a killed run, is
+    /// skipped).
     pub fn read(path: impl AsRef<Path>) -> Result<Vec<DecisionRecord>, DecisionLogError> {
-        let path = path.as_ref();
-        let io = |source| DecisionLogError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let reader = BufReader::new(File::open(path).map_err(io)?);
-        let mut records = Vec::new();
-        for (i, line) in reader.lines().enumerate() {
-            let line = line.map_err(io)?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            let record =
-                serde_json::from_str(&line).map_err(|source| DecisionLogError::Malformed {
-                    path: path.to_path_buf(),
-                    line: i + 1,
-                    source,
-                })?;
-            records.push(record);
-        }
-        Ok(records)
+        jsonl::read(LOG, path).map_err(|e| match e {
+            JsonlReadError::Io { path, source, .. } => DecisionLogError::Io { path, source },
+            JsonlReadError::Malformed {
+                path, line, source, ..
+            } => DecisionLogError::Malformed { path, line, source },
+        })
     }
 }
 
