@@ -1,11 +1,13 @@
 //! What a workflow's agents play and write with: the persona bundle (`--bundle PATH`, else
 //! the `bundle/` folder beside the root workflow file, as the built-in `plan-discover` ships
-//! its own) and the plan-and-discover tools (`engine::flow::discovery`).
+//! its own) and the plan-and-discover tools (`engine::flow::discovery`). A `--bundle` that
+//! no agent of the workflow could play from is a usage error, not silently ignored.
 
 use std::path::Path;
 
 use anyhow::Result;
 use engine::bundle::{PersonaBundle, StartOptions};
+use engine::flow::file::{AgentConfig, AgentSpec, load_workflow};
 use engine::flow::{Registry, with_discovery};
 
 use super::Workflow;
@@ -22,7 +24,20 @@ pub(crate) fn extend(
 ) -> Result<Registry> {
     let registry = with_discovery(registry);
     let path = match bundle {
-        Some(path) if path.exists() => path.to_owned(),
+        Some(path) if path.exists() => {
+            let spec = load_workflow(workflow.root())?;
+            if !plays_a_persona(&spec) {
+                return Err(UsageError::new(format!(
+                    "`--bundle {}` would be ignored: workflow `{}` has no agent with a \
+                     `persona:` to play from a bundle; drop `--bundle`, or give an `LlmAgent` \
+                     of the workflow a `persona: NAME` (as the built-in `plan-discover` does)",
+                    path.display(),
+                    spec.config.name()
+                ))
+                .into());
+            }
+            path.to_owned()
+        }
         Some(path) => {
             return Err(UsageError::new(format!(
                 "`--bundle {}` does not exist; pass an installed agent bundle's folder (the one \
@@ -37,4 +52,15 @@ pub(crate) fn extend(
         },
     };
     Ok(registry.with_bundle(PersonaBundle::new(path, StartOptions::default())))
+}
+
+/// Whether `spec` or an agent under it (a sub-agent or an agent used as a tool) is an
+/// `LlmAgent` naming a `persona:`.
+fn plays_a_persona(spec: &AgentSpec) -> bool {
+    matches!(&spec.config, AgentConfig::Llm(c) if c.persona.is_some())
+        || spec
+            .sub_agents
+            .iter()
+            .chain(&spec.tool_agents)
+            .any(plays_a_persona)
 }

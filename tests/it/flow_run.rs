@@ -1,0 +1,76 @@
+//! `rlm flow run` limits and usage errors: a token budget and the whole-run timeout stop the
+//! run with exit code 3 keeping the state and the event log written so far; `--bundle` on a
+//! workflow that plays no persona is refused before any model call.
+
+use serde_json::{Value, json};
+
+use crate::flow::{args, ended, read_events, run_flow};
+use crate::support::Mock;
+
+/// Every agent of `refine` answers `reply`; the evaluator never calls `exit_loop`.
+fn answering(reply: &str) -> Value {
+    json!({"models": {"flow-model": {"rules": [{"system": ".", "reply": reply}]}}})
+}
+
+fn refine(extra: &[&str]) -> Vec<String> {
+    let mut all = args(&[
+        "refine",
+        "--input",
+        "template=# Report",
+        "--input",
+        "reviewed_summary=Sales grew 4%.",
+    ]);
+    all.extend(args(extra));
+    all
+}
+
+fn state(dir: &std::path::Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("state.json")).expect("state kept"))
+        .expect("JSON")
+}
+
+#[test]
+fn a_token_budget_stops_the_run_with_exit_3_and_keeps_state_and_log() {
+    for provider in ["openai", "anthropic"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mock = Mock::start(answering("A reworked document."));
+        let run = run_flow(&mock, provider, dir.path(), &refine(&["--max-tokens", "600"]));
+        run.assert_code(3);
+        assert!(run.stderr.contains("budget"), "{provider}: {}", run.stderr);
+        // Some calls ran, not the twenty of five full rounds.
+        let calls = mock.log().len();
+        assert!((1..20).contains(&calls), "{provider}: {calls} model calls");
+        assert_eq!(state(dir.path())["template"], json!("# Report"));
+        let events = read_events(&dir.path().join("events.jsonl"));
+        assert_eq!(ended(&events, "refine"), ["cancelled"], "{provider}");
+        assert!(ended(&events, "save_document").is_empty(), "{provider}");
+    }
+}
+
+#[test]
+fn the_whole_run_timeout_stops_the_run_with_exit_3_and_keeps_state_and_log() {
+    let mut script = answering("A reworked document.");
+    // The pruner's model call hangs far longer than the run may take.
+    script["models"]["flow-model"]["latency"] = json!({"kind": "fixed", "ms": 60_000});
+    let mock = Mock::start(script);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = run_flow(&mock, "openai", dir.path(), &refine(&["--timeout", "1"]));
+    run.assert_code(3);
+    assert!(run.stderr.contains("time"), "{}", run.stderr);
+    assert_eq!(state(dir.path())["template"], json!("# Report"));
+    let events = read_events(&dir.path().join("events.jsonl"));
+    assert_eq!(ended(&events, "refine"), ["cancelled"]);
+    assert!(ended(&events, "pruner").len() == 1, "{events:?}");
+}
+
+#[test]
+fn a_bundle_for_a_workflow_without_a_persona_agent_is_a_usage_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mock = Mock::start(answering("never"));
+    let bundle = concat!(env!("CARGO_MANIFEST_DIR"), "/flows/plan-discover/bundle");
+    let run = run_flow(&mock, "openai", dir.path(), &refine(&["--bundle", bundle]));
+    run.assert_code(2);
+    insta::assert_snapshot!(run.stderr.replace(bundle, "[BUNDLE]"));
+    assert!(mock.log().is_empty(), "no model was called");
+    assert!(!dir.path().join("events.jsonl").exists(), "nothing ran");
+}
