@@ -34,7 +34,12 @@ fn a_token_budget_stops_the_run_with_exit_3_and_keeps_state_and_log() {
     for provider in ["openai", "anthropic"] {
         let dir = tempfile::tempdir().expect("tempdir");
         let mock = Mock::start(answering("A reworked document."));
-        let run = run_flow(&mock, provider, dir.path(), &refine(&["--max-tokens", "600"]));
+        let run = run_flow(
+            &mock,
+            provider,
+            dir.path(),
+            &refine(&["--max-tokens", "600"]),
+        );
         run.assert_code(3);
         assert!(run.stderr.contains("budget"), "{provider}: {}", run.stderr);
         // Some calls ran, not the twenty of five full rounds.

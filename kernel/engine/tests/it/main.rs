@@ -13,6 +13,7 @@ mod bundle_support;
 mod callbacks;
 mod control;
 mod file;
+mod file_wire;
 mod graph;
 mod limits;
 mod llm;
