@@ -3,7 +3,8 @@
 //! A file names models, tools, callbacks and classes; the registry says what each name is.
 //! Models are the endpoints of a [`bridge::Endpoints`] (absent `model`: the default one).
 //! Tools are the built-ins (`exit_loop`, `end_turn`, `escalate`), `AgentTool` (another agent
-//! read from its file) and tool factories registered by name. Callbacks are factories
+//! read from its file), tool factories registered by name, then a fallback (the kernel's, for
+//! Python functions by reference). Callbacks are factories
 //! registered by name, then a fallback (the kernel's, for Python callables by dotted name);
 //! a callback named under one point (`before_tool_callbacks`) acts only there. The engine
 //! builds `LlmAgent`, `LoopAgent`, `SequentialAgent`, `ParallelAgent` and `GraphAgent` itself;
@@ -34,7 +35,7 @@ use super::error::FlowError;
 use super::file::load::listed;
 use super::file::{
     AGENT_TOOL, AgentClass, AgentConfig, AgentSpec, CodeRef, ConfigError, ConfigErrorKind, END,
-    EdgeConfig, LlmAgentConfig,
+    EdgeConfig, LlmAgentConfig, ToolRef,
 };
 use super::graph::{DEFAULT_MAX_STEPS, Graph, GraphError, Router, Target};
 use super::llm::{LlmAgent, MessageRecord, builtin_tool};
@@ -45,6 +46,11 @@ use crate::tool::Tool;
 
 /// Makes a tool from its `{name, args}` entry; the error says what is wrong with the args.
 pub type ToolFactory = Arc<dyn Fn(&Value) -> Result<Arc<dyn Tool>, String> + Send + Sync>;
+
+/// Makes a tool from an entry no registered name matches: `None` when the name is not one it
+/// knows (the name is then an unknown tool), else the tool or what is wrong with the entry.
+pub type ToolFallback =
+    Arc<dyn Fn(&ToolRef) -> Option<Result<Arc<dyn Tool>, String>> + Send + Sync>;
 
 /// Makes a callback from its `{name, args}` entry.
 pub type CallbackFactory = Arc<dyn Fn(&CodeRef) -> Result<Arc<dyn Callback>, String> + Send + Sync>;
@@ -65,6 +71,7 @@ pub struct Registry {
     default_model: String,
     loop_config: LoopConfig,
     tools: BTreeMap<String, ToolFactory>,
+    tool_fallback: Option<ToolFallback>,
     callbacks: BTreeMap<String, CallbackFactory>,
     callback_fallback: Option<CallbackFactory>,
     classes: HashMap<AgentClass, AgentFactory>,
@@ -92,6 +99,7 @@ impl Registry {
             default_model: default_model.into(),
             loop_config: LoopConfig::default(),
             tools: BTreeMap::new(),
+            tool_fallback: None,
             callbacks: BTreeMap::new(),
             callback_fallback: None,
             classes: HashMap::new(),
@@ -180,6 +188,16 @@ impl Registry {
     pub fn with_tool(self, tool: Arc<dyn Tool>) -> Self {
         let name = tool.name().to_owned();
         self.with_tool_factory(name, move |_| Ok(tool.clone()))
+    }
+
+    /// Makes the tools no registered name matches (the kernel: Python functions); see
+    /// [`ToolFallback`].
+    pub fn with_tool_fallback(
+        mut self,
+        factory: impl Fn(&ToolRef) -> Option<Result<Arc<dyn Tool>, String>> + Send + Sync + 'static,
+    ) -> Self {
+        self.tool_fallback = Some(Arc::new(factory));
+        self
     }
 
     /// Callback `name`, made by `factory`.
@@ -408,23 +426,32 @@ impl Registry {
                     ));
                 }
                 (None, None, Some(factory)) => factory(&Value::Object(tool.args.clone())),
-                (None, None, None) => {
-                    return Err(spec.error_at(
-                        "name",
-                        Some(&tool.name),
-                        ConfigErrorKind::Unknown,
-                        format!(
-                            "There is no tool `{}`; known tools: `exit_loop`, `end_turn`, \
-                             `escalate`, `{AGENT_TOOL}`{}",
-                            tool.name,
-                            if self.tools.is_empty() {
-                                String::new()
-                            } else {
-                                format!(", {}", listed(self.tools.keys()))
-                            }
-                        ),
-                    ));
-                }
+                (None, None, None) => match self.tool_fallback.as_ref().and_then(|f| f(tool)) {
+                    Some(made) => made,
+                    None => {
+                        return Err(spec.error_at(
+                            "name",
+                            Some(&tool.name),
+                            ConfigErrorKind::Unknown,
+                            format!(
+                                "There is no tool `{}`; known tools: `exit_loop`, `end_turn`, \
+                                 `escalate`, `{AGENT_TOOL}`{}{}",
+                                tool.name,
+                                if self.tools.is_empty() {
+                                    String::new()
+                                } else {
+                                    format!(", {}", listed(self.tools.keys()))
+                                },
+                                if self.tool_fallback.is_some() {
+                                    ", or a Python function (`module:function`, \
+                                     `file.py:function`)"
+                                } else {
+                                    ""
+                                }
+                            ),
+                        ));
+                    }
+                },
             };
             let made = made.map_err(|message| {
                 spec.error_at("name", Some(&tool.name), ConfigErrorKind::Invalid, message)

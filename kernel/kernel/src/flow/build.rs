@@ -11,6 +11,8 @@
 //!   `max_iterations` the loop's limit; `args` may set `run_timeout` (seconds),
 //!   `max_consecutive_failures` and `max_history_chars`. The sub-model is the run's
 //!   (`llm_query(model=...)` picks others).
+//! - Tools: a `name` no registered tool has that is a Python function reference as above
+//!   (relative to the workflow's root folder) is a [`PythonFlowTool`](super::PythonFlowTool).
 //! - Callbacks: a `name` no registered callback has is a Python function reference as
 //!   above; a file path is relative to the workflow's root folder (the registry hands the
 //!   callback factory only the `{name, args}` entry).
@@ -33,6 +35,7 @@ use serde_json::{Map, Value};
 
 use super::callbacks::PythonCallback;
 use super::contexts::ContextLoader;
+use super::flow_tool::PythonFlowTool;
 use super::python::PyFunction;
 use super::python_agent::PythonAgent;
 use super::rlm_agent::RlmAgent;
@@ -65,7 +68,9 @@ fn function_of(spec: &AgentSpec, key: &str, reference: &str) -> Result<PyFunctio
 pub fn register(registry: Registry, kernel: &Arc<FlowKernel>, root_dir: &Path) -> Registry {
     let (python, rlm, callbacks) = (Arc::clone(kernel), Arc::clone(kernel), Arc::clone(kernel));
     let tests = Arc::clone(kernel);
+    let tools = Arc::clone(kernel);
     let root_dir = root_dir.to_owned();
+    let tools_dir = root_dir.clone();
     engine::route::file::register(registry)
         .with_python_functions(move |spec, name| {
             let function = PyFunction::parse(name, base_of(spec)).map_err(|e| e.to_string())?;
@@ -88,6 +93,14 @@ pub fn register(registry: Registry, kernel: &Arc<FlowKernel>, root_dir: &Path) -
             let endpoint = registry.endpoint(spec, config.model.as_deref())?;
             let agent = rlm_agent(spec, config, endpoint.name(), &rlm, callbacks)?;
             Ok(Arc::new(agent) as Arc<dyn Agent>)
+        })
+        .with_tool_fallback(move |tool| {
+            // A plain name that is no Python reference stays an unknown tool.
+            let function = PyFunction::parse(&tool.name, &tools_dir).ok()?;
+            Some(
+                PythonFlowTool::new(function, &tool.args, Arc::clone(&tools))
+                    .map(|t| Arc::new(t) as Arc<dyn engine::Tool>),
+            )
         })
         .with_callback_fallback(move |code| {
             let function = PyFunction::parse(&code.name, &root_dir).map_err(|e| e.to_string())?;

@@ -27,6 +27,7 @@
 use std::sync::Arc;
 
 use bridge::{BridgeError, CancellationToken, ChatRequest, ChatResponse, Usage};
+use engine::Actions;
 use engine::agent::ToolCallError;
 use engine::flow::{Callback, CallbackAction, CallbackContext, ToolInvocation};
 use serde_json::{Map, Value, json};
@@ -92,24 +93,15 @@ impl PythonCallback {
                 return (Value::Null, Value::Null);
             }
         };
-        if let (Some(Value::Object(new)), Value::Object(old)) = (after.get("state"), &state) {
-            for (key, value) in new {
-                if old.get(key) != Some(value) {
-                    cb.set_state(key.clone(), value.clone());
-                }
-            }
+        let actions = write_back(&after, &state, |key, value| cb.set_state(key, value));
+        if actions.exit_loop {
+            cb.exit_loop();
         }
-        if let Some(actions) = after.get("actions") {
-            let set = |name: &str| actions.get(name).and_then(Value::as_bool) == Some(true);
-            if set("exit_loop") {
-                cb.exit_loop();
-            }
-            if set("end_turn") {
-                cb.end_turn();
-            }
-            if set("escalate") {
-                cb.escalate();
-            }
+        if actions.end_turn {
+            cb.end_turn();
+        }
+        if actions.escalate {
+            cb.escalate();
         }
         (out, after)
     }
@@ -119,6 +111,24 @@ impl PythonCallback {
             Value::String(text) => Some(text),
             _ => None,
         }
+    }
+}
+
+/// Writes the keys of `after["state"]` that differ from `old` (the state the function got)
+/// through `set_state`, in the dict's order; returns the actions `after["actions"]` sets.
+pub(super) fn write_back(after: &Value, old: &Value, set_state: impl Fn(String, Value)) -> Actions {
+    if let (Some(Value::Object(new)), Value::Object(old)) = (after.get("state"), old) {
+        for (key, value) in new {
+            if old.get(key) != Some(value) {
+                set_state(key.clone(), value.clone());
+            }
+        }
+    }
+    let set = |name: &str| after.pointer(&format!("/actions/{name}")) == Some(&Value::Bool(true));
+    Actions {
+        exit_loop: set("exit_loop"),
+        end_turn: set("end_turn"),
+        escalate: set("escalate"),
     }
 }
 

@@ -5,7 +5,9 @@
 //! workflow file). [`PyFunction::call`] sends one block to the session: load the function,
 //! decode the JSON argument, call it, encode `{"out": result, "arg": argument}` — the
 //! argument comes back because callbacks change it in place. The helper names are local to
-//! one function of the block, so nothing is left in the model's namespace.
+//! one function of the block, so nothing is left in the model's namespace; the two global
+//! names a call needs (its function, its result) are numbered per call, so calls from
+//! concurrent steps (parallel branches, a reply's tool calls) never read each other's result.
 //!
 //! A file is loaded afresh for each call, as a module that starts with the session's
 //! variables (the contexts, `llm_query`, what earlier blocks made), so a step reads the
@@ -13,6 +15,7 @@
 //! once, as Python does, and sees only its own names.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bridge::CancellationToken;
 use serde_json::{Map, Value};
@@ -97,6 +100,11 @@ impl PyFunction {
         })
     }
 
+    /// The function's own name (without its module or file).
+    pub fn name(&self) -> &str {
+        &self.function
+    }
+
     /// How the file names it.
     pub fn display(&self) -> String {
         match &self.origin {
@@ -134,11 +142,13 @@ impl PyFunction {
                 function = py_str(&self.function),
             ),
         };
+        let n = CALLS.fetch_add(1, Ordering::Relaxed);
+        let out_var = format!("{OUT}_{n}");
         let code = format!(
-            "def __rlm_flow_call():\n    import importlib, importlib.util, json, sys\n{load}    \
+            "def __rlm_flow_call_{n}():\n    import importlib, importlib.util, json, sys\n{load}    \
              _arg = json.loads({arg})\n    _out = _fn(_arg, **json.loads({kwargs}))\n    \
              return json.dumps({{'out': _out, 'arg': _arg}})\n\
-             __rlm_flow_out = __rlm_flow_call()\ndel __rlm_flow_call\n",
+             {out_var} = __rlm_flow_call_{n}()\ndel __rlm_flow_call_{n}\n",
             arg = py_str(&arg.to_string()),
             kwargs = py_str(&Value::Object(kwargs.clone()).to_string()),
         );
@@ -148,9 +158,9 @@ impl PyFunction {
             session.interrupt();
         }
         let ran = ran.map_err(session_error)?;
-        let read = session.variable_as_string(OUT).map_err(session_error);
+        let read = session.variable_as_string(&out_var).map_err(session_error);
         // Leave nothing behind, whatever happened.
-        let _ = session.exec(&format!("globals().pop({}, None)", py_str(OUT)));
+        let _ = session.exec(&format!("globals().pop({}, None)", py_str(&out_var)));
         if let Some(error) = ran.error {
             return Err(PyCallError::Raised {
                 type_name: error.type_name,
@@ -167,8 +177,11 @@ impl PyFunction {
     }
 }
 
-/// The variable the call's JSON result is left in, for one read.
+/// The variable the call's JSON result is left in, for one read (numbered per call).
 const OUT: &str = "__rlm_flow_out";
+
+/// Calls so far in this process: the number of the next call's global names.
+static CALLS: AtomicU64 = AtomicU64::new(0);
 
 /// `text` as a Python string literal (a JSON string is one, as serde writes it).
 fn py_str(text: &str) -> String {

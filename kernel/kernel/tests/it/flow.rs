@@ -544,3 +544,174 @@ recovery:
         "{err}"
     );
 }
+
+/// The result of every tool call, by tool name, in order.
+fn tool_results(events: &[Event]) -> Vec<(String, Value)> {
+    events
+        .iter()
+        .flat_map(|e| e.tool_results.iter())
+        .map(|r| (r.name.clone(), r.result.clone()))
+        .collect()
+}
+
+#[test]
+fn python_functions_are_tools_and_python_callbacks_act_at_every_tool_point() {
+    let script = json!({"models": {"root": {"replies": [
+        {"tool_calls": [
+            {"name": "lookup", "arguments": {"region": "north"}},
+            {"name": "broken", "arguments": {}},
+            {"name": "forbidden", "arguments": {}},
+        ]},
+        {"tool_calls": [{"name": "lookup", "arguments": {"region": "south"}}]},
+        "Two regions looked up.",
+    ]}}});
+    let s = setup(script, Vec::new());
+    s.write(
+        "tools.py",
+        "def lookup(ctx):\n    seen = ctx['state'].get('seen', [])\n    \
+         ctx['state']['seen'] = seen + [ctx['args']['region']]\n    \
+         return {'region': ctx['args']['region'], 'sales': len(seen) + 1}\n\n\
+         def broken(ctx):\n    raise ValueError('no data today')\n\n\
+         def forbidden(ctx):\n    ctx['state']['forbidden_ran'] = True\n    return 'ran'\n",
+    );
+    s.write(
+        "hooks.py",
+        "def block(ctx):\n    assert ctx['point'] == 'before_tool'\n    \
+         if ctx['tool']['name'] == 'forbidden':\n        \
+         ctx['state']['blocked'] = ctx['tool']['name']\n        \
+         return {'blocked': True}\n\n\
+         def stamp(ctx):\n    if ctx['tool']['name'] == 'lookup':\n        \
+         return dict(ctx['result'], checked=ctx['state']['seen'][-1])\n\n\
+         def recover(ctx):\n    return {'recovered': ctx['error'].splitlines()[0]}\n\n\
+         def sign(ctx):\n    return 'Signed by ' + ctx['agent']\n",
+    );
+    let root = s.write(
+        "analyst.yaml",
+        "name: analyst\nmodel: root\ninstruction: Look the regions up.\noutput_key: answer\n\
+         tools:\n\
+         \x20 - name: tools.py:lookup\n\
+         \x20   args:\n\
+         \x20     description: Sales of a region.\n\
+         \x20     parameters: {type: object, properties: {region: {type: string}}, required: [region]}\n\
+         \x20 - name: tools.py:broken\n\
+         \x20 - name: tools.py:forbidden\n\
+         before_tool_callbacks: [{name: hooks.py:block}]\n\
+         after_tool_callbacks: [{name: hooks.py:stamp}]\n\
+         on_tool_error_callbacks: [{name: hooks.py:recover}]\n\
+         after_agent_callbacks: [{name: hooks.py:sign}]\n",
+    );
+    let flow = s.build(&root).expect("builds");
+    let (report, events) = s.run(flow.as_ref(), State::default());
+    assert_eq!(
+        report.result,
+        Ok(engine::flow::Control::Continue),
+        "{events:#?}"
+    );
+    // The tool's writes reached the next call of it and the state.
+    assert_eq!(report.state.get("seen"), Some(&json!(["north", "south"])));
+    // before_tool blocked `forbidden` (it never ran), after_tool amended each result,
+    // on_tool_error recovered from the exception with its own result.
+    assert_eq!(report.state.get("forbidden_ran"), None);
+    assert_eq!(report.state.get("blocked"), Some(&json!("forbidden")));
+    assert_eq!(
+        tool_results(&events),
+        [
+            (
+                "lookup".to_owned(),
+                json!({"region": "north", "sales": 1, "checked": "north"})
+            ),
+            (
+                "broken".to_owned(),
+                json!({"recovered": "Python tool `"
+                    .to_owned()
+                    + &s.dir.path().join("tools.py").display().to_string()
+                    + ":broken` failed: ValueError: no data today"})
+            ),
+            ("forbidden".to_owned(), json!({"blocked": true})),
+            (
+                "lookup".to_owned(),
+                json!({"region": "south", "sales": 2, "checked": "south"})
+            ),
+        ]
+    );
+    assert_eq!(
+        report.state.get("answer"),
+        Some(&json!("Two regions looked up."))
+    );
+    // after_agent added the agent's last message.
+    let last = events
+        .iter()
+        .rfind(|e| e.author == "analyst" && e.kind == EventKind::Message)
+        .and_then(|e| e.content.clone());
+    assert_eq!(last.as_deref(), Some("Signed by analyst"));
+
+    for (text, expected) in [
+        (
+            "name: a\nmodel: root\ntools:\n  - name: lookup\n",
+            ":4:5: There is no tool `lookup`; known tools: `exit_loop`, `end_turn`, `escalate`, \
+             `AgentTool`, or a Python function (`module:function`, `file.py:function`)",
+        ),
+        (
+            "name: a\nmodel: root\ntools:\n  - name: tools.py:lookup\n    args: {desc: x}\n",
+            ":4:5: unknown field `desc`",
+        ),
+        (
+            "name: a\nmodel: root\ntools:\n  - name: tools.py:lookup\n    \
+             args: {parameters: {type: string}}\n",
+            "must be a JSON Schema of `type: object`",
+        ),
+    ] {
+        let path = s.write("bad.yaml", text);
+        let err = s.build(&path).expect_err("refused").to_string();
+        assert!(err.contains(expected), "{err}");
+    }
+}
+
+#[test]
+fn concurrent_python_steps_each_get_their_own_result() {
+    let s = setup(json!({"models": {}}), Vec::new());
+    s.write(
+        "steps.py",
+        "import time\n\ndef step(state, key):\n    time.sleep(0.001)\n    return {key: key.upper()}\n",
+    );
+    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        s.write(
+            &format!("s{i}.yaml"),
+            &format!("agent_class: PythonAgent\nname: s{i}\nfunction: steps.py:step\nargs: {{key: {key}}}\n"),
+        );
+    }
+    let subs: String = (0..8)
+        .map(|i| format!("  - config_path: s{i}.yaml\n"))
+        .collect();
+    s.write(
+        "fan.yaml",
+        &format!("agent_class: ParallelAgent\nname: fan\nsub_agents:\n{subs}"),
+    );
+    let root = s.write(
+        "root.yaml",
+        "agent_class: LoopAgent\nname: root\nmax_iterations: 10\nsub_agents: [{config_path: fan.yaml}]\n",
+    );
+    let flow = s.build(&root).expect("builds");
+    let (report, events) = s.run(flow.as_ref(), State::default());
+    assert_eq!(report.result, Ok(engine::flow::Control::Continue));
+    // Every run of step `sN` wrote its own key `kN` only.
+    let mut writes = 0;
+    let steps = events
+        .iter()
+        .filter(|e| e.kind == EventKind::StateUpdate && e.author != "fan");
+    for event in steps {
+        let own = format!("k{}", &event.author[1..]);
+        let written: Vec<&String> = event.delta.values().keys().collect();
+        assert_eq!(written, [&own], "{}", event.author);
+        writes += 1;
+    }
+    assert_eq!(writes, 80);
+    for key in &keys {
+        assert_eq!(
+            report.state.get(key),
+            Some(&json!(key.to_uppercase())),
+            "{key}"
+        );
+    }
+}
