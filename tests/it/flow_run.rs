@@ -79,3 +79,20 @@ fn a_bundle_for_a_workflow_without_a_persona_agent_is_a_usage_error() {
     assert!(mock.log().is_empty(), "no model was called");
     assert!(!dir.path().join("events.jsonl").exists(), "nothing ran");
 }
+
+#[test]
+fn json_streams_every_event_of_the_log_on_stdout_and_nothing_else() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mock = Mock::start(answering("A reworked document."));
+    let run = run_flow(&mock, "openai", dir.path(), &refine(&["--json"]));
+    run.assert_code(0);
+    let streamed: Vec<Value> = run
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON event per line"))
+        .collect();
+    // The stream is the event log, event for event, and no final text follows it.
+    assert_eq!(streamed, read_events(&dir.path().join("events.jsonl")));
+    assert_eq!(ended(&streamed, "refinement_loop"), ["iteration_limit"]);
+    assert!(run.stderr.is_empty(), "{}", run.stderr);
+}

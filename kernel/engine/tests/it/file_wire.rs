@@ -3,23 +3,13 @@
 //! none` from a file sends only the instruction and the current input.
 
 use bridge::Provider;
-use bridge::mock::{MockConfig, MockServer, Script};
+use bridge::mock::MockServer;
 use engine::flow::file::{EmbeddedFiles, load_workflow_from};
 use engine::flow::{Registry, RunStatus};
 use serde_json::{Value, json};
 
+use crate::llm::mock;
 use crate::workflow::{endpoints, run};
-
-async fn recording(models: Value) -> MockServer {
-    let script = Script::from_json_value(json!({ "models": models })).expect("valid script");
-    MockServer::start(MockConfig {
-        script,
-        record_requests: true,
-        ..MockConfig::default()
-    })
-    .await
-    .expect("mock server starts")
-}
 
 /// The JSON body of every recorded request, in order.
 fn bodies(server: &MockServer) -> Vec<Value> {
@@ -64,7 +54,7 @@ output_key: verdict
 #[tokio::test]
 async fn generation_settings_and_include_contents_from_a_file_reach_the_wire() {
     for provider in [Provider::OpenAi, Provider::Anthropic] {
-        let server = recording(json!({
+        let server = mock(json!({
             "tuned": {"replies": ["a draft"]},
             "fresh": {"replies": ["fine"]},
         }))

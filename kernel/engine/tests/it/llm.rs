@@ -22,8 +22,8 @@ use crate::support::{ends, iters, run_with, trace, traced};
 
 const PROVIDERS: [Provider; 2] = [Provider::OpenAi, Provider::Anthropic];
 
-/// A mock server; `models` maps model names to script entries.
-async fn mock(models: Value) -> MockServer {
+/// A mock server recording requests; `models` maps model names to script entries.
+pub(crate) async fn mock(models: Value) -> MockServer {
     let script = Script::from_json_value(json!({ "models": models })).expect("valid script");
     MockServer::start(MockConfig {
         script,
