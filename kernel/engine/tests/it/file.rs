@@ -293,3 +293,27 @@ fn a_missing_root_file_is_a_read_error() {
     assert_eq!(err.kind, ConfigErrorKind::Read);
     assert_eq!((err.line, err.column), (1, 1));
 }
+
+/// An unknown key in a file of each class is refused at its line with that class's keys.
+#[test]
+fn every_class_refuses_an_unknown_key_at_its_line_with_its_own_keys() {
+    let mut report = String::new();
+    for class in [
+        "LlmAgent",
+        "LoopAgent",
+        "SequentialAgent",
+        "ParallelAgent",
+        "GraphAgent",
+        "RlmAgent",
+        "PythonAgent",
+        "RouterAgent",
+    ] {
+        let text = format!("agent_class: {class}\nname: a\n# a typo\ndescripton: x\n");
+        let source = EmbeddedFiles::new().with("a.yaml", text.as_str());
+        let err = load_workflow_from(&source, "a.yaml").expect_err(class);
+        assert_eq!(err.kind, ConfigErrorKind::Schema, "{class}");
+        assert_eq!((err.line, err.column), (4, 1), "{class}");
+        report.push_str(&format!("{class}:\n  {err}\n"));
+    }
+    insta::assert_snapshot!(report);
+}
