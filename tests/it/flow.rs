@@ -139,6 +139,8 @@ pub(crate) fn run_flow(
     all.push(dir.join("events.jsonl").display().to_string());
     all.push("--state".into());
     all.push(dir.join("state.json").display().to_string());
+    all.push("--db".into());
+    all.push(dir.join("runs.db").display().to_string());
     rlm(&all, None)
 }
 
@@ -315,8 +317,10 @@ fn rlm_completion_loads_the_contexts_answers_and_formats_over_both_wire_formats(
 
 #[test]
 fn flow_demo_runs_a_built_in_against_models_it_says_are_scripted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("runs.db").display().to_string();
     for wire in [None, Some("--anthropic")] {
-        let mut all = args(&["flow", "demo", "refine"]);
+        let mut all = args(&["flow", "demo", "refine", "--db", &db]);
         all.extend(wire.map(String::from));
         let run = rlm(&all, None);
         run.assert_code(0);
@@ -328,7 +332,10 @@ fn flow_demo_runs_a_built_in_against_models_it_says_are_scripted() {
         assert_eq!(run.stdout.trim(), nested(2));
         assert!(run.stderr.contains("▶ refinement_loop"), "{}", run.stderr);
     }
-    let run = rlm(&args(&["flow", "demo", "rlm-completion"]), None);
+    let run = rlm(
+        &args(&["flow", "demo", "rlm-completion", "--db", &db]),
+        None,
+    );
     run.assert_code(0);
     assert_eq!(run.stdout.trim(), "The notes have 3 lines.");
 }

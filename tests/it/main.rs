@@ -17,6 +17,7 @@ mod eval;
 mod fatal_cells;
 mod final_answers;
 mod flow;
+mod flow_durable;
 mod flow_run;
 mod limits;
 mod messages;

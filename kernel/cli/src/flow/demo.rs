@@ -24,6 +24,9 @@ pub(crate) struct FlowDemoArgs {
     /// Write the JSONL event log here.
     #[arg(long, value_name = "FILE")]
     events: Option<std::path::PathBuf>,
+
+    #[command(flatten)]
+    durable: super::durable::DurableArgs,
 }
 
 /// A demo: its script and sample inputs.
@@ -125,10 +128,11 @@ pub(crate) fn execute(args: FlowDemoArgs, file: RunOptions) -> Result<ExitCode> 
         state: None,
         events: args.events,
         bundle: None,
+        durable: args.durable,
         options,
     };
     let workflow = super::Workflow::find(demo.name)?;
-    let code = super::run::execute(run, file, &workflow);
+    let code = super::run::execute(run, file, &workflow, None);
     if demo.writes_artifacts {
         show_artifacts(&artifacts)?;
     }

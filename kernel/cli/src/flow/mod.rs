@@ -1,19 +1,22 @@
 //! `rlm flow`: workflows of agents from YAML files (ADK Agent Config format).
 //!
-//! Subcommands: `run` a workflow ([`run`]), `demo` a built-in against scripted models
-//! ([`demo`]), `list` the built-in workflows, `graph` a
+//! Subcommands: `run` a workflow ([`run`], checkpointed by [`durable`]), `resume` a run
+//! ([`resume`]), `runs` / `history` / `decisions` from the run database ([`records`]), `demo`
+//! a built-in against scripted models ([`demo`]), `list` the built-in workflows, `graph` a
 //! workflow as Mermaid text. A workflow is named by a path to its root YAML file or by the
 //! name of a built-in ([`builtin`]); files are read and checked by `engine::flow::file`, so
 //! every error names the file, line and column; `persona:` agents come from the run's agent
-//! bundle ([`bundle`]). Later subcommands (resume, runs, history)
-//! are modules of their own here.
+//! bundle ([`bundle`]).
 
 mod builtin;
 mod bundle;
 mod demo;
+mod durable;
 mod input;
 mod live;
 mod progress;
+mod records;
+mod resume;
 mod run;
 
 use std::io::Write as _;
@@ -35,8 +38,19 @@ pub(crate) struct FlowArgs {
 
 #[derive(Debug, Subcommand)]
 enum FlowCommand {
-    /// Run a workflow with the model flags of `rlm run`.
+    /// Run a workflow with the model flags of `rlm run`, checkpointed into the run database.
+    #[command(after_help = EXIT_CODES)]
     Run(Box<run::FlowRunArgs>),
+    /// Continue a run: after a crash or Ctrl-C, with a human's answer, or from an earlier
+    /// checkpoint.
+    #[command(after_help = EXIT_CODES)]
+    Resume(Box<resume::FlowResumeArgs>),
+    /// List the runs in the run database: status, workflow, times, head checkpoint.
+    Runs(records::RunsArgs),
+    /// List a run's checkpoints: node, the state keys it wrote, parent, time.
+    History(records::RunArgs),
+    /// List a run's routing decisions: who, what, why, when, and what they concern.
+    Decisions(records::RunArgs),
     /// Run a built-in workflow against scripted mock models (no API key, no real model).
     Demo(demo::FlowDemoArgs),
     /// List the built-in workflows.
@@ -44,6 +58,17 @@ enum FlowCommand {
     /// Print a workflow's agent tree and edges as Mermaid flowchart text.
     Graph(GraphArgs),
 }
+
+/// The exit codes of `rlm flow run` and `resume`.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0    the workflow completed
+  1    an error: an agent failed, a damaged or locked run database
+  2    a usage error: a bad option, an unknown run or checkpoint, a completed run
+  3    a limit stopped the run (timeout, budget)
+  5    the run waits for a human (`awaiting_human`): answer with
+       `rlm flow resume RUN --input \"...\"`
+  130  Ctrl-C stopped the run (its state, event log and checkpoints kept; resume it)";
 
 /// Arguments of `rlm flow graph`.
 #[derive(Debug, Args)]
@@ -60,8 +85,15 @@ pub(crate) fn execute(args: FlowArgs, file: crate::args::RunOptions) -> Result<E
             // First, while the process has one thread and no Python: keys leave the environment.
             crate::secrets::protect(&run::merged(&args, &file))?;
             let workflow = Workflow::find(&args.workflow)?;
-            run::execute(*args, file, &workflow)
+            run::execute(*args, file, &workflow, None)
         }
+        FlowCommand::Resume(args) => {
+            crate::secrets::protect(&crate::run::merge(args.options.clone(), file.clone()))?;
+            resume::execute(*args, file)
+        }
+        FlowCommand::Runs(args) => records::runs(args),
+        FlowCommand::History(args) => records::history(args),
+        FlowCommand::Decisions(args) => records::decisions(args),
         FlowCommand::Demo(args) => demo::execute(args, file),
         FlowCommand::List => list(),
         FlowCommand::Graph(args) => {

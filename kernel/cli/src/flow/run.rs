@@ -7,8 +7,9 @@
 //! terminal, else each agent's start and end as a line) unless `--json` streams every event
 //! as one JSON line on stdout; `--events FILE` writes
 //! the JSONL event log (flushed per event; `rlm view FILE` renders it). At the end the last
-//! message of the run is printed. Exit codes as `rlm run`: 0 done, 1 an agent failed, 2 a
-//! usage error, 3 a limit (timeout, budget), 130 Ctrl-C (state and event log kept).
+//! message of the run is printed. Every run is checkpointed ([`super::durable`]). Exit codes
+//! as `rlm run`: 0 done, 1 an agent failed, 2 a usage error, 3 a limit (timeout, budget), 130
+//! Ctrl-C (state, event log and checkpoints kept); and 5 when the run waits for a human.
 
 use std::ffi::OsString;
 use std::io::Write as _;
@@ -20,13 +21,12 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use engine::flow::{Event, file::load_workflow};
-use engine::flow::{
-    EventKind, EventLog, EventSink, FlowError, Invocation, Registry, RunStatus, run_workflow,
-};
+use engine::flow::{EventKind, EventLog, EventSink, FlowError, Invocation, Registry, RunStatus};
 use engine::{SharedState, State};
 use kernel::flow::{FlowKernel, register};
 use serde_json::{Map, Value};
 
+use super::durable::{Durable, DurableArgs};
 use super::input::parse_input;
 use super::live::Live;
 use crate::UsageError;
@@ -66,19 +66,23 @@ pub(crate) struct FlowRunArgs {
     pub(crate) bundle: Option<PathBuf>,
 
     #[command(flatten)]
+    pub(crate) durable: DurableArgs,
+
+    #[command(flatten)]
     pub(crate) options: RunOptions,
 }
 
-/// `rlm flow run`.
+/// `rlm flow run`: a new run, or `durable` when resuming one.
 pub(crate) fn execute(
     args: FlowRunArgs,
     file: RunOptions,
     workflow: &super::Workflow,
+    durable: Option<Durable>,
 ) -> Result<ExitCode> {
     // The caller has taken the API keys out of the environment (before any thread).
     let opts = run::merge(args.options, file);
     let contexts = ContextArgs {
-        contexts: args.contexts,
+        contexts: args.contexts.clone(),
         csv_sep: None,
         csv_skip_bad_rows: false,
         encoding: None,
@@ -93,6 +97,16 @@ pub(crate) fn execute(
         let (key, value) = parse_input(input)?;
         state.set(key, value);
     }
+    let durable = match durable {
+        Some(durable) => durable,
+        None => Durable::new_run(
+            &args.durable,
+            &args.workflow,
+            &state,
+            &args.contexts,
+            args.bundle.as_deref(),
+        )?,
+    };
     let endpoints = run::build_endpoints(&opts)?;
     let mut session = run::session_config(&opts)?;
     session.load = contexts.load;
@@ -144,8 +158,13 @@ pub(crate) fn execute(
             }
         }
     });
-    let report = kernel::runtime::shared().block_on(run_workflow(root.as_ref(), invocation, None));
+    if !opts.quiet() {
+        durable.announce();
+    }
+    let outcome = kernel::runtime::shared().block_on(durable.run(root, invocation));
     live.finish();
+    let outcome = outcome?;
+    let report = &outcome.run;
     if let Some(path) = &args.state {
         write_state(path, &report.state)?;
     }
@@ -156,6 +175,9 @@ pub(crate) fn execute(
     }
     if let Err(e) = &report.result {
         eprintln!("error: {}", crate::secrets::redact(&e.to_string()));
+    }
+    if let Some(code) = durable.conclude(&outcome, json) {
+        return Ok(code);
     }
     Ok(match status {
         RunStatus::Completed | RunStatus::Escalated => ExitCode::SUCCESS,

@@ -45,8 +45,8 @@ mod store;
 mod tests;
 
 pub use run::{
-    Checkpointer, DurableError, DurableReport, HUMAN_INPUT, HUMAN_NODE, START_NODE, Start,
-    run_durable,
+    Checkpointer, DurableError, DurableReport, DurableRoot, HUMAN_INPUT, HUMAN_NODE, START_NODE,
+    Start, resume_point, run_durable,
 };
 pub use store::{
     CheckpointId, CheckpointRecord, CheckpointState, CheckpointStore, NewCheckpoint, NewRun,
@@ -55,6 +55,20 @@ pub use store::{
 
 #[cfg(doc)]
 use crate::reducer::ChannelWrite;
+
+impl StoreError {
+    /// SQLite's `source` on `path`, as the kind of failure it is.
+    fn sqlite(path: PathBuf, source: rusqlite::Error) -> Self {
+        use rusqlite::ErrorCode;
+        match source.sqlite_error_code() {
+            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Self::Locked { path },
+            Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => {
+                Self::NotADatabase { path, source }
+            }
+            _ => Self::Sqlite { path, source },
+        }
+    }
+}
 
 use std::path::PathBuf;
 
@@ -65,6 +79,27 @@ pub enum StoreError {
     #[error("Checkpoint database `{path}`: {source}")]
     Sqlite {
         /// The database file (`:memory:` for an in-memory store).
+        path: PathBuf,
+        /// SQLite's error.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// Another process holds the database's write lock for longer than the busy timeout.
+    #[error(
+        "Checkpoint database `{path}` is locked by another process (a run still going?); wait \
+         for it to finish, or use another `--db`"
+    )]
+    Locked {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// The file is not an SQLite database, or its pages are damaged.
+    #[error(
+        "`{path}` is not a readable checkpoint database (not SQLite, or damaged); \
+         move it aside or pass another `--db`"
+    )]
+    NotADatabase {
+        /// The file.
         path: PathBuf,
         /// SQLite's error.
         #[source]

@@ -26,8 +26,9 @@ use serde_json::{Value, json};
 use super::StoreError;
 use super::store::{CheckpointId, CheckpointStore, NewCheckpoint, NewRun, RunStatus};
 use crate::flow::{
-    Agent, Callbacks, Control, Edge, FlowError, Graph, Invocation, InvocationContext, NodeObserver,
-    NodeRecord, ResumeAt, RunReport, Target, run_workflow,
+    Agent, Callbacks, Control, Edge, EndStatus, Event, EventKind, FlowError, Graph, GraphError,
+    GraphKind, Invocation, InvocationContext, NodeObserver, NodeRecord, ResumeAt, RunReport,
+    Target, run_workflow,
 };
 use crate::reducer::{ChannelWrite, apply_writes};
 use crate::route::decide::{ESCALATE_FLAG, FAILURE_FLAG, MESSAGES, keys};
@@ -40,6 +41,67 @@ pub const START_NODE: &str = "__start__";
 pub const HUMAN_NODE: &str = "human";
 /// The state key a human's answer is recorded under.
 pub const HUMAN_INPUT: &str = "human_input";
+
+/// A workflow's root as the graph a durable run drives, with the graph's control plane.
+///
+/// A graph with a start node (a graph, a sequence, a loop) is driven as it is, so a
+/// checkpoint follows each of its top-level nodes. Any other root (an LLM agent, a Python
+/// step, a parallel group) runs as the one node of a sequence named like it: the run then
+/// has a checkpoint before and after it, and a crash re-runs it whole.
+pub struct DurableRoot {
+    root: Arc<dyn Agent>,
+    wrapper: Option<Graph>,
+    plane: Option<Arc<ControlPlane>>,
+}
+
+impl std::fmt::Debug for DurableRoot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableRoot")
+            .field("root", &self.root)
+            .field("wrapped", &self.wrapper.is_some())
+            .field("routed", &self.plane.is_some())
+            .finish()
+    }
+}
+
+impl DurableRoot {
+    /// The graph that drives `root`; see the type docs.
+    pub fn new(root: Arc<dyn Agent>) -> Result<Self, GraphError> {
+        let graph = root
+            .as_any()
+            .and_then(|any| any.downcast_ref::<Graph>())
+            .filter(|graph| graph.start_node().is_some());
+        let (wrapper, plane) = match graph {
+            Some(graph) => (None, ControlPlane::of(graph)),
+            None => (
+                Some(Graph::sequential(root.name(), vec![root.clone()])?),
+                None,
+            ),
+        };
+        Ok(Self {
+            root,
+            wrapper,
+            plane,
+        })
+    }
+
+    /// The graph to hand [`run_durable`].
+    pub fn graph(&self) -> &Graph {
+        match &self.wrapper {
+            Some(wrapper) => wrapper,
+            None => self
+                .root
+                .as_any()
+                .and_then(|any| any.downcast_ref::<Graph>())
+                .unwrap_or_else(|| unreachable!("`new` wraps every root that is not a graph")),
+        }
+    }
+
+    /// Its control plane, when a router decides its edges.
+    pub fn plane(&self) -> Option<&Arc<ControlPlane>> {
+        self.plane.as_ref()
+    }
+}
 
 /// Writes a checkpoint after every top-level node and routing decision of one run.
 pub struct Checkpointer {
@@ -278,42 +340,7 @@ pub async fn run_durable(
             (checkpointer, plan)
         }
         Start::Resume { from, answer } => {
-            let run = store
-                .run(run_id)?
-                .ok_or_else(|| StoreError::UnknownRun(run_id.to_owned()))?;
-            let head = match from {
-                Some(id) => {
-                    let record = store.checkpoint(id)?;
-                    if record.run_id != run_id {
-                        return Err(StoreError::WrongRun {
-                            checkpoint: id,
-                            expected: run_id.to_owned(),
-                            actual: record.run_id,
-                        }
-                        .into());
-                    }
-                    id
-                }
-                None => {
-                    match (&run.status, &answer) {
-                        (RunStatus::Completed, _) => {
-                            return Err(DurableError::Completed(run_id.to_owned()));
-                        }
-                        (RunStatus::AwaitingHuman { question }, None) => {
-                            return Err(DurableError::NeedsInput {
-                                run: run_id.to_owned(),
-                                question: question.clone(),
-                            });
-                        }
-                        (RunStatus::Running | RunStatus::Failed { .. }, Some(_)) => {
-                            return Err(DurableError::UnexpectedInput(run_id.to_owned()));
-                        }
-                        _ => {}
-                    }
-                    run.head
-                        .ok_or_else(|| DurableError::NoCheckpoint(run_id.to_owned()))?
-                }
-            };
+            let head = resume_point(store, run_id, from, answer.is_some())?;
             let record = store.checkpoint(head)?;
             let loaded = store.state_at(head)?.state;
             state.with(|s| *s = loaded.clone());
@@ -400,6 +427,48 @@ pub async fn run_durable(
     })
 }
 
+/// The checkpoint a resumed run `run_id` continues from: `from` (time travel) or its head.
+/// Refuses what cannot go on: an unknown run or checkpoint, one of another run, a completed
+/// run without `from`, a run waiting for a human without an answer (`answered`), an answer
+/// to a run that asked nothing. Reads only; [`run_durable`] checks the same before it writes.
+pub fn resume_point(
+    store: &CheckpointStore,
+    run_id: &str,
+    from: Option<CheckpointId>,
+    answered: bool,
+) -> Result<CheckpointId, DurableError> {
+    let run = store
+        .run(run_id)?
+        .ok_or_else(|| StoreError::UnknownRun(run_id.to_owned()))?;
+    if let Some(id) = from {
+        let record = store.checkpoint(id)?;
+        if record.run_id != run_id {
+            return Err(StoreError::WrongRun {
+                checkpoint: id,
+                expected: run_id.to_owned(),
+                actual: record.run_id,
+            }
+            .into());
+        }
+        return Ok(id);
+    }
+    match (&run.status, answered) {
+        (RunStatus::Completed, _) => return Err(DurableError::Completed(run_id.to_owned())),
+        (RunStatus::AwaitingHuman { question }, false) => {
+            return Err(DurableError::NeedsInput {
+                run: run_id.to_owned(),
+                question: question.clone(),
+            });
+        }
+        (RunStatus::Running | RunStatus::Failed { .. }, true) => {
+            return Err(DurableError::UnexpectedInput(run_id.to_owned()));
+        }
+        _ => {}
+    }
+    run.head
+        .ok_or_else(|| DurableError::NoCheckpoint(run_id.to_owned()))
+}
+
 /// Records a human's answer in `state`; returns the keys written.
 fn record_answer(
     state: &crate::state::SharedState,
@@ -432,8 +501,14 @@ fn status_of(report: &RunReport) -> RunStatus {
                 .unwrap_or("The router escalated to a human")
                 .to_owned(),
         },
+        // An agent's own `escalate`: its question is the escalation flag when it set one.
         Ok(Control::Escalate) => RunStatus::AwaitingHuman {
-            question: "An agent escalated to a human".to_owned(),
+            question: report
+                .state
+                .get(ESCALATE_FLAG)
+                .and_then(Value::as_str)
+                .unwrap_or("An agent escalated to a human")
+                .to_owned(),
         },
         Ok(_) => RunStatus::Completed,
         Err(e) => RunStatus::Failed {
@@ -501,13 +576,26 @@ impl Agent for Continue<'_> {
                     Some(Edge::To(target)) => target,
                     Some(Edge::When(router)) => router.route(ctx, from).await?,
                 };
-                match target {
+                let node = match target {
                     Target::End => return Ok(Control::Continue),
-                    Target::Node(node) => ResumeAt {
-                        node,
-                        steps_done: *steps_done,
-                        iteration: *iteration,
-                    },
+                    Target::Node(node) => node,
+                };
+                let mut iteration = *iteration;
+                if let GraphKind::Loop { max_iterations } = self.graph.kind()
+                    && self.graph.start_node() == Some(node.as_str())
+                {
+                    // Back at a loop's first node: a new iteration, as in an unbroken run.
+                    if iteration >= max_iterations.get() {
+                        ctx.set_end_status(EndStatus::IterationLimit);
+                        return Ok(Control::Continue);
+                    }
+                    iteration += 1;
+                    ctx.emit(Event::new(EventKind::Iteration { iteration }))?;
+                }
+                ResumeAt {
+                    node,
+                    steps_done: *steps_done,
+                    iteration,
                 }
             }
         };

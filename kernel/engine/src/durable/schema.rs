@@ -59,9 +59,10 @@ CREATE TABLE snapshots (
 pub(super) fn prepare(conn: &Connection) -> rusqlite::Result<Result<(), i64>> {
     // WAL: a reader never blocks the writer, and a crash mid-write leaves the last commit.
     // NORMAL sync is safe against a killed process (only power loss may lose the last commit).
+    // The busy timeout first: switching to WAL itself waits for another process's lock.
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
     let found: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0))?;
     if found > VERSION {
         return Ok(Err(found));

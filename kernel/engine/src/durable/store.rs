@@ -276,10 +276,8 @@ impl CheckpointStore {
     /// Opens (or creates) the database at `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
-        let conn = Connection::open(&path).map_err(|source| StoreError::Sqlite {
-            path: path.clone(),
-            source,
-        })?;
+        let conn =
+            Connection::open(&path).map_err(|source| StoreError::sqlite(path.clone(), source))?;
         Self::with_connection(conn, path)
     }
 
@@ -305,7 +303,7 @@ impl CheckpointStore {
                 found,
                 supported: schema::VERSION,
             }),
-            Err(source) => Err(StoreError::Sqlite { path, source }),
+            Err(source) => Err(StoreError::sqlite(path, source)),
         }
     }
 
@@ -330,10 +328,7 @@ impl CheckpointStore {
 
     fn finish<T>(&self, result: Res<T>) -> Result<T, StoreError> {
         result.map_err(|failure| match failure {
-            Failure::Sql(source) => StoreError::Sqlite {
-                path: self.path.clone(),
-                source,
-            },
+            Failure::Sql(source) => StoreError::sqlite(self.path.clone(), source),
             Failure::Json(e) => StoreError::Damaged {
                 path: self.path.clone(),
                 what: format!("a stored value is not valid JSON ({e})"),

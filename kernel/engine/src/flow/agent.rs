@@ -103,6 +103,12 @@ pub trait Agent: Send + Sync {
 
     /// Runs the agent in `ctx` (its own child context), emitting its steps as events.
     async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError>;
+
+    /// The agent as [`Any`](std::any::Any), for callers that need its concrete type (the
+    /// durable runner takes a graph root as it is); `None` unless the type opts in.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
 }
 
 impl std::fmt::Debug for dyn Agent {

@@ -62,6 +62,12 @@ impl Target {
 pub trait Router: Send + Sync {
     /// The target after node `from` finished (the state already holds its writes).
     async fn route(&self, ctx: &InvocationContext, from: &str) -> Result<Target, FlowError>;
+
+    /// The router as [`Any`](std::any::Any), for callers that need its concrete type (the
+    /// durable runner finds a graph's control plane this way); `None` unless it opts in.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
 }
 
 /// A [`Router`] from a function of the state.
@@ -606,6 +612,10 @@ impl Agent for Graph {
 
     async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
         self.execute(ctx, self.start.clone(), 0, 0, false).await
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 }
 

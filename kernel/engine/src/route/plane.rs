@@ -23,7 +23,7 @@ use super::decide::{Route, Routing, consults, decide, successor};
 use super::gate::{Gate, check_gates};
 use super::record::DecisionLog;
 use crate::flow::{
-    Agent, Callbacks, Event, EventKind, FlowError, Graph, GraphBuilder, GraphError,
+    Agent, Callbacks, Edge, Event, EventKind, FlowError, Graph, GraphBuilder, GraphError,
     InvocationContext, Router, Target,
 };
 use crate::reducer::Reducers;
@@ -144,6 +144,17 @@ impl ControlPlane {
         builder
     }
 
+    /// The plane whose edges leave `graph`'s nodes (a graph built by [`ControlPlane::graph`]).
+    pub fn of(graph: &Graph) -> Option<Arc<ControlPlane>> {
+        graph.edges().into_iter().find_map(|(_, edge)| match edge {
+            Some(Edge::When(router)) => router
+                .as_any()
+                .and_then(|any| any.downcast_ref::<RoutedEdge>())
+                .map(|routed| routed.plane.clone()),
+            _ => None,
+        })
+    }
+
     /// Merges `updates` into the run's state through the reducers, as writes of `ctx`.
     pub fn merge(&self, ctx: &InvocationContext, updates: &StateDelta) -> StateDelta {
         let resolved = ctx
@@ -240,5 +251,9 @@ pub struct RoutedEdge {
 impl Router for RoutedEdge {
     async fn route(&self, ctx: &InvocationContext, from: &str) -> Result<Target, FlowError> {
         self.plane.route_after(ctx, from).await
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 }

@@ -1,0 +1,422 @@
+//! Durable runs of `rlm flow run` / `resume`: every run is checkpointed into an SQLite file.
+//!
+//! The database is `.rlm/runs.db` under the working directory unless `--db PATH` names
+//! another; each run has an id (`--run-id`, or a fresh one from the workflow's name and the
+//! time) said on stderr at the start. The engine's `run_durable` writes a checkpoint after
+//! every top-level node (and every routing decision); `--keep-last N` prunes the run's older
+//! checkpoints afterwards. The run record keeps the workflow (a built-in's name or the file's
+//! absolute path), the inputs, the context paths and the `--bundle`, so `rlm flow resume RUN` needs only the
+//! run id and the model flags.
+//!
+//! A run that a router escalates to a human stops with status `awaiting_human`: the question,
+//! the decisions so far and the exact resume command are printed, and the exit code is
+//! [`EXIT_AWAITING_HUMAN`]. A run id that is taken, an unknown run or checkpoint, a completed
+//! run: usage errors (exit 2); a newer schema, a locked or damaged database: errors (exit 1).
+//! None of them changes the database.
+
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use engine::durable::{
+    CheckpointId, CheckpointStore, DurableError, DurableReport, DurableRoot, RunStatus, Start,
+    StoreError, resume_point, run_durable,
+};
+use engine::flow::{Agent, Invocation};
+use engine::route::{DecisionRecord, decide::DECISIONS, rfc3339};
+use engine::state::State;
+use serde_json::{Value, json};
+
+use crate::UsageError;
+
+/// The exit code of a run that stopped to ask a human (`awaiting_human`).
+pub(crate) const EXIT_AWAITING_HUMAN: u8 = 5;
+
+/// Where the runs are kept unless `--db` says otherwise (under the working directory).
+pub(crate) const DEFAULT_DB: &str = ".rlm/runs.db";
+
+/// `--db PATH`: the checkpoint database.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct DbArg {
+    /// The SQLite database of checkpointed runs [default: .rlm/runs.db].
+    #[arg(long, value_name = "PATH")]
+    pub(crate) db: Option<PathBuf>,
+}
+
+impl DbArg {
+    /// The database file.
+    pub(crate) fn path(&self) -> PathBuf {
+        self.db.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DB))
+    }
+
+    /// Opens the database, creating it (and its folder) when `create` is set.
+    pub(crate) fn open(&self, create: bool) -> Result<Arc<CheckpointStore>> {
+        let path = self.path();
+        if !create && !path.exists() {
+            return Err(UsageError::new(format!(
+                "There is no run database `{}`; `rlm flow run` creates it, or pass `--db PATH`",
+                path.display()
+            ))
+            .into());
+        }
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).with_context(|| {
+                format!(
+                    "Could not create `{}` for the run database; pass `--db PATH`",
+                    dir.display()
+                )
+            })?;
+        }
+        Ok(Arc::new(CheckpointStore::open(&path).map_err(store_error)?))
+    }
+
+    /// ` --db PATH` for a command line, empty for the default.
+    fn flag(&self) -> String {
+        match &self.db {
+            Some(path) if path != Path::new(DEFAULT_DB) => {
+                format!(" --db {}", shell_word(&path.display().to_string()))
+            }
+            _ => String::new(),
+        }
+    }
+}
+
+/// The durable options of `rlm flow run`.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct DurableArgs {
+    #[command(flatten)]
+    pub(crate) db: DbArg,
+
+    /// The run's id [default: the workflow's name, the time and a random suffix].
+    #[arg(long, value_name = "ID")]
+    pub(crate) run_id: Option<String>,
+
+    /// After the run, keep only its last N checkpoints (older ones are removed).
+    #[arg(long, value_name = "N")]
+    pub(crate) keep_last: Option<NonZeroUsize>,
+}
+
+/// A run about to start or resume, with its database.
+pub(crate) struct Durable {
+    store: Arc<CheckpointStore>,
+    db: DbArg,
+    run_id: String,
+    start: Start,
+    keep_last: Option<NonZeroUsize>,
+}
+
+impl Durable {
+    /// A new run of `workflow` (as named on the command line) from `state`, loading
+    /// `contexts`, its personas from `bundle`.
+    pub(crate) fn new_run(
+        args: &DurableArgs,
+        workflow: &str,
+        state: &State,
+        contexts: &[std::ffi::OsString],
+        bundle: Option<&Path>,
+    ) -> Result<Self> {
+        let run_id = match &args.run_id {
+            Some(id) => checked_id(id)?,
+            None => fresh_id(workflow),
+        };
+        let input = json!({
+            "inputs": state.values(),
+            "contexts": contexts.iter().map(|c| absolute_context(c)).collect::<Vec<_>>(),
+            "bundle": bundle.map(|b| std::path::absolute(b).unwrap_or_else(|_| b.to_path_buf())),
+        });
+        let store = args.db.open(true)?;
+        if store.run(&run_id).map_err(store_error)?.is_some() {
+            return Err(usage(StoreError::DuplicateRun(run_id)));
+        }
+        Ok(Self {
+            store,
+            db: args.db.clone(),
+            run_id,
+            start: Start::New {
+                workflow: workflow_label(workflow),
+                input,
+            },
+            keep_last: args.keep_last,
+        })
+    }
+
+    /// Resuming run `args.run_id` in `store`, optionally from checkpoint `from` with a human's
+    /// `answer`.
+    pub(crate) fn resume(
+        store: Arc<CheckpointStore>,
+        args: &DurableArgs,
+        from: Option<CheckpointId>,
+        answer: Option<String>,
+    ) -> Result<Self> {
+        let run_id = args
+            .run_id
+            .clone()
+            .ok_or_else(|| UsageError::new("`rlm flow resume` needs the run's id"))?;
+        // Refused before any model or Python starts; `run_durable` checks again.
+        resume_point(&store, &run_id, from, answer.is_some()).map_err(durable_error)?;
+        Ok(Self {
+            store,
+            db: args.db.clone(),
+            run_id,
+            start: Start::Resume { from, answer },
+            keep_last: args.keep_last,
+        })
+    }
+
+    /// Says on stderr which run this is and where it is kept.
+    pub(crate) fn announce(&self) {
+        let verb = match self.start {
+            Start::New { .. } => "run",
+            Start::Resume { .. } => "resuming run",
+        };
+        eprintln!(
+            "{verb} `{}` (checkpoints in `{}`)",
+            self.run_id,
+            self.db.path().display()
+        );
+    }
+
+    /// Runs `root` durably in `invocation`, then prunes as `--keep-last` says.
+    pub(crate) async fn run(
+        &self,
+        root: Arc<dyn Agent>,
+        invocation: Invocation,
+    ) -> Result<DurableReport> {
+        let root = DurableRoot::new(root)?;
+        let report = run_durable(
+            root.graph(),
+            root.plane(),
+            &self.store,
+            &self.run_id,
+            self.start.clone(),
+            invocation,
+        )
+        .await
+        .map_err(durable_error)?;
+        if let Some(keep) = self.keep_last {
+            let pruned = self
+                .store
+                .prune(&self.run_id, keep.get())
+                .map_err(store_error)?;
+            if pruned.removed > 0 {
+                eprintln!(
+                    "kept the last {keep} checkpoints of `{}` ({} older removed)",
+                    self.run_id, pruned.removed
+                );
+            }
+        }
+        Ok(report)
+    }
+
+    /// For a run that stopped to ask a human: prints the question, the decisions so far and
+    /// the resume command (on stderr with `--json`, else stdout) and gives the exit code.
+    pub(crate) fn conclude(&self, report: &DurableReport, json: bool) -> Option<ExitCode> {
+        let RunStatus::AwaitingHuman { question } = &report.status else {
+            return None;
+        };
+        let decisions = decisions_of(&report.run.state);
+        let text = awaiting_text(&self.run_id, question, &decisions, &self.db);
+        if json {
+            eprint!("{text}");
+        } else {
+            print!("{text}");
+        }
+        Some(ExitCode::from(EXIT_AWAITING_HUMAN))
+    }
+}
+
+/// What a run waiting for a human shows.
+pub(crate) fn awaiting_text(
+    run_id: &str,
+    question: &str,
+    decisions: &[DecisionRecord],
+    db: &DbArg,
+) -> String {
+    let mut text = format!("\nRun `{run_id}` is waiting for a human.\nQuestion: {question}\n");
+    if !decisions.is_empty() {
+        text.push_str("\nDecisions so far:\n");
+        text.push_str(&decision_lines(decisions));
+    }
+    text.push_str(&format!(
+        "\nAnswer and continue (with the model flags of this run):\n  rlm flow resume {}{} \
+         --input \"<your answer>\"\n",
+        shell_word(run_id),
+        db.flag()
+    ));
+    text
+}
+
+/// The decision records in `state`'s `decisions` channel (entries that are not records are
+/// skipped: the channel is the router's own).
+pub(crate) fn decisions_of(state: &State) -> Vec<DecisionRecord> {
+    state
+        .get(DECISIONS)
+        .and_then(Value::as_array)
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|item| serde_json::from_value(item.clone()).ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Decisions as numbered lines: summary, then the rationale and artifacts indented.
+pub(crate) fn decision_lines(decisions: &[DecisionRecord]) -> String {
+    let mut text = String::new();
+    for (i, d) in decisions.iter().enumerate() {
+        text.push_str(&format!(
+            "{:>3}. {}  {}: {}\n       why: {}\n",
+            i + 1,
+            d.timestamp,
+            d.agent,
+            d.summary,
+            d.rationale
+        ));
+        if !d.related_artifacts.is_empty() {
+            text.push_str(&format!(
+                "       artifacts: {}\n",
+                d.related_artifacts.join(", ")
+            ));
+        }
+    }
+    text
+}
+
+/// Unix milliseconds as RFC 3339 (UTC).
+pub(crate) fn time_of(ms: i64) -> String {
+    let ms = u64::try_from(ms).unwrap_or(0);
+    rfc3339(UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+/// A store error for the user: their mistakes are usage errors (exit 2), the rest exit 1.
+pub(crate) fn store_error(e: StoreError) -> anyhow::Error {
+    match e {
+        StoreError::UnknownRun(_)
+        | StoreError::DuplicateRun(_)
+        | StoreError::UnknownCheckpoint(_)
+        | StoreError::WrongRun { .. } => usage(e),
+        other => other.into(),
+    }
+}
+
+fn durable_error(e: DurableError) -> anyhow::Error {
+    match e {
+        DurableError::Store(e) => store_error(e),
+        other => usage(other),
+    }
+}
+
+fn usage(e: impl std::fmt::Display) -> anyhow::Error {
+    UsageError::new(e.to_string()).into()
+}
+
+/// `id` when it is usable as a run id (it goes into shell commands and file listings).
+fn checked_id(id: &str) -> Result<String> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(id.to_owned())
+    } else {
+        Err(UsageError::new(format!(
+            "`--run-id {id}` is not a run id: use letters, digits, `-`, `_` and `.` (at most 128)"
+        ))
+        .into())
+    }
+}
+
+/// `NAME-YYYYMMDD-HHMMSS-XXXX` from the workflow's name, the time (UTC) and 16 random bits.
+fn fresh_id(workflow: &str) -> String {
+    let stem = Path::new(workflow)
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let stem: String = stem
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let stem = if stem.trim_matches('-').is_empty() {
+        "run".to_owned()
+    } else {
+        stem
+    };
+    let digits: String = rfc3339(SystemTime::now())
+        .chars()
+        .filter(char::is_ascii_digit)
+        .take(14)
+        .collect();
+    let (date, time) = digits.split_at(digits.len().min(8));
+    format!("{stem}-{date}-{time}-{:04x}", rand::random::<u16>())
+}
+
+/// A workflow file as its absolute path, a built-in's name as it is.
+fn workflow_label(workflow: &str) -> String {
+    let path = Path::new(workflow);
+    if path.exists() {
+        std::path::absolute(path)
+            .unwrap_or_else(|_| path.to_path_buf())
+            .display()
+            .to_string()
+    } else {
+        workflow.to_owned()
+    }
+}
+
+/// A `--context [NAME=]PATH` with its path made absolute, so a resume finds it from anywhere.
+fn absolute_context(arg: &std::ffi::OsStr) -> String {
+    let text = arg.to_string_lossy();
+    let absolute = |p: &str| {
+        std::path::absolute(p)
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| p.to_owned())
+    };
+    if Path::new(text.as_ref()).exists() {
+        return absolute(&text);
+    }
+    match text.split_once('=') {
+        Some((name, path)) if Path::new(path).exists() => format!("{name}={}", absolute(path)),
+        _ => text.into_owned(),
+    }
+}
+
+/// `word` quoted for a POSIX shell when it needs it.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:@%+,".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fresh_ids_are_readable_and_accepted_as_run_ids() {
+        let id = fresh_id("/some/where/team.yaml");
+        assert!(id.starts_with("team-"), "{id}");
+        assert_eq!(id.len(), "team-20261126-153512-abcd".len(), "{id}");
+        assert_eq!(checked_id(&id).ok(), Some(id));
+        assert!(checked_id("two words").is_err());
+        assert!(checked_id("").is_err());
+    }
+
+    #[test]
+    fn shell_words_are_quoted_only_when_needed() {
+        assert_eq!(shell_word("runs/a.db"), "runs/a.db");
+        assert_eq!(shell_word("my runs.db"), "'my runs.db'");
+        assert_eq!(shell_word("it's"), r"'it'\''s'");
+    }
+}

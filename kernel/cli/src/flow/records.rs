@@ -1,0 +1,193 @@
+//! `rlm flow runs`, `history RUN` and `decisions RUN`: what the run database holds.
+//!
+//! Each prints a table (or numbered records) on stdout, or with `--json` one JSON array.
+//! Times are RFC 3339 in UTC. The database is only read.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Args;
+use engine::durable::{CheckpointRecord, CheckpointStore, RunRecord};
+use serde_json::{Value, json};
+
+use super::durable::{DbArg, decision_lines, decisions_of, store_error, time_of};
+use crate::UsageError;
+
+/// Arguments of `rlm flow runs`.
+#[derive(Debug, Args)]
+pub(crate) struct RunsArgs {
+    #[command(flatten)]
+    db: DbArg,
+
+    /// Print the runs as one JSON array.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Arguments of `rlm flow history` and `rlm flow decisions`.
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// The run's id (`rlm flow runs` lists them).
+    #[arg(value_name = "RUN")]
+    run: String,
+
+    #[command(flatten)]
+    db: DbArg,
+
+    /// Print them as one JSON array.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `rlm flow runs`: every run, oldest first.
+pub(crate) fn runs(args: RunsArgs) -> Result<ExitCode> {
+    let runs = if args.db.path().exists() {
+        args.db.open(false)?.runs().map_err(store_error)?
+    } else {
+        Vec::new()
+    };
+    if args.json {
+        let rows: Vec<Value> = runs.iter().map(run_json).collect();
+        return super::print(&format!("{}\n", serde_json::to_string_pretty(&rows)?));
+    }
+    if runs.is_empty() {
+        return super::print("No runs yet; `rlm flow run FILE|NAME` starts one.\n");
+    }
+    let rows: Vec<[String; 6]> = runs
+        .iter()
+        .map(|run| {
+            [
+                run.run_id.clone(),
+                run.status.name().to_owned(),
+                run.workflow.clone(),
+                time_of(run.created_ms),
+                time_of(run.updated_ms),
+                run.head.map_or_else(|| "-".to_owned(), |h| h.to_string()),
+            ]
+        })
+        .collect();
+    let header = ["RUN", "STATUS", "WORKFLOW", "STARTED", "UPDATED", "HEAD"];
+    super::print(&table(header, &rows))
+}
+
+/// `rlm flow history RUN`: the run's checkpoints, oldest first.
+pub(crate) fn history(args: RunArgs) -> Result<ExitCode> {
+    let store = args.db.open(false)?;
+    let checkpoints = store.history(&args.run).map_err(store_error)?;
+    if args.json {
+        let rows: Vec<Value> = checkpoints.iter().map(checkpoint_json).collect();
+        return super::print(&format!("{}\n", serde_json::to_string_pretty(&rows)?));
+    }
+    let rows: Vec<[String; 6]> = checkpoints
+        .iter()
+        .map(|c| {
+            [
+                c.id.to_string(),
+                c.parent.map_or_else(|| "-".to_owned(), |p| p.to_string()),
+                c.node.clone(),
+                if c.written.is_empty() {
+                    "-".to_owned()
+                } else {
+                    c.written.join(", ")
+                },
+                if c.next.is_empty() {
+                    "-".to_owned()
+                } else {
+                    c.next.join(", ")
+                },
+                time_of(c.created_ms),
+            ]
+        })
+        .collect();
+    let header = ["ID", "PARENT", "NODE", "WRITES", "NEXT", "TIME"];
+    super::print(&table(header, &rows))
+}
+
+/// `rlm flow decisions RUN`: the routing decisions on record at the run's head.
+pub(crate) fn decisions(args: RunArgs) -> Result<ExitCode> {
+    let store = args.db.open(false)?;
+    let run = find(&store, &args.run)?;
+    let decisions = match run.head {
+        Some(head) => decisions_of(&store.state_at(head).map_err(store_error)?.state),
+        None => Vec::new(),
+    };
+    if args.json {
+        return super::print(&format!("{}\n", serde_json::to_string_pretty(&decisions)?));
+    }
+    if decisions.is_empty() {
+        return super::print(&format!(
+            "Run `{}` has no routing decisions on record (only a router node makes them).\n",
+            args.run
+        ));
+    }
+    super::print(&decision_lines(&decisions))
+}
+
+fn find(store: &CheckpointStore, run: &str) -> Result<RunRecord> {
+    store.run(run).map_err(store_error)?.ok_or_else(|| {
+        UsageError::new(format!(
+            "No run `{run}` in `{}`; `rlm flow runs` lists the runs",
+            store.path().display()
+        ))
+        .into()
+    })
+}
+
+fn run_json(run: &RunRecord) -> Value {
+    let detail = match &run.status {
+        engine::durable::RunStatus::Failed { error } => json!({"error": error}),
+        engine::durable::RunStatus::AwaitingHuman { question } => json!({"question": question}),
+        _ => json!({}),
+    };
+    json!({
+        "run_id": run.run_id,
+        "status": run.status.name(),
+        "detail": detail,
+        "workflow": run.workflow,
+        "started": time_of(run.created_ms),
+        "updated": time_of(run.updated_ms),
+        "head": run.head,
+        "checkpoints": run.checkpoints,
+        "input": run.input,
+    })
+}
+
+fn checkpoint_json(c: &CheckpointRecord) -> Value {
+    json!({
+        "id": c.id,
+        "parent": c.parent,
+        "step": c.step,
+        "node": c.node,
+        "writes": c.written,
+        "next": c.next,
+        "time": time_of(c.created_ms),
+        "write_bytes": c.write_bytes,
+        "snapshot": c.snapshot,
+        "metadata": c.metadata,
+    })
+}
+
+/// Left-aligned columns two spaces apart.
+fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
+    let mut widths = header.map(|h| h.chars().count());
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let text: Vec<String> = cells
+            .iter()
+            .zip(widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        out.push_str(text.join("  ").trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    out
+}

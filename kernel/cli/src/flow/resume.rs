@@ -1,0 +1,99 @@
+//! `rlm flow resume RUN`: continue a checkpointed run.
+//!
+//! The run record names the workflow, the contexts and the bundle; the state comes from the checkpoint.
+//! Without options the run continues from its head: after a crash (`kill -9`) or Ctrl-C the
+//! node that was running **re-executes** from the state before it, so side effects belong in
+//! idempotent tools. `--input TEXT` answers a run waiting for a human (recorded as
+//! `human_input` and a `human` message; the router decides again). `--from-checkpoint ID`
+//! re-runs from an earlier checkpoint of the run (time travel); the new checkpoints branch
+//! from it and the old ones stay in `history`.
+
+use std::ffi::OsString;
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Args;
+use engine::durable::{CheckpointId, StoreError};
+use serde_json::Value;
+
+use super::durable::{DbArg, Durable, DurableArgs, store_error};
+use super::run::FlowRunArgs;
+use crate::UsageError;
+use crate::args::RunOptions;
+
+/// Arguments of `rlm flow resume`.
+#[derive(Debug, Args)]
+pub(crate) struct FlowResumeArgs {
+    /// The run's id (`rlm flow runs` lists them).
+    #[arg(value_name = "RUN")]
+    run: String,
+
+    /// The human's answer to the question a run waiting for one (`awaiting_human`) asked.
+    #[arg(long, value_name = "TEXT")]
+    input: Option<String>,
+
+    /// Run again from this checkpoint of the run (`rlm flow history RUN`) instead of its head.
+    #[arg(long, value_name = "ID")]
+    from_checkpoint: Option<CheckpointId>,
+
+    #[command(flatten)]
+    db: DbArg,
+
+    /// After the run, keep only its last N checkpoints (older ones are removed).
+    #[arg(long, value_name = "N")]
+    keep_last: Option<NonZeroUsize>,
+
+    /// Write the JSONL event log here.
+    #[arg(long, value_name = "FILE")]
+    events: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub(crate) options: RunOptions,
+}
+
+/// `rlm flow resume`.
+pub(crate) fn execute(args: FlowResumeArgs, file: RunOptions) -> Result<ExitCode> {
+    let store = args.db.open(false)?;
+    let run = store
+        .run(&args.run)
+        .map_err(store_error)?
+        .ok_or_else(|| store_error(StoreError::UnknownRun(args.run.clone())))?;
+    let workflow = super::Workflow::find(&run.workflow).map_err(|_| {
+        UsageError::new(format!(
+            "Run `{}` ran the workflow `{}`, which is no longer there; put it back to resume",
+            run.run_id, run.workflow
+        ))
+    })?;
+    let contexts: Vec<OsString> = run
+        .input
+        .get("contexts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(OsString::from)
+        .collect();
+    let durable_args = DurableArgs {
+        db: args.db,
+        run_id: Some(args.run),
+        keep_last: args.keep_last,
+    };
+    let durable = Durable::resume(store, &durable_args, args.from_checkpoint, args.input)?;
+    let run_args = FlowRunArgs {
+        workflow: run.workflow,
+        inputs: Vec::new(),
+        contexts,
+        state: None,
+        events: args.events,
+        bundle: run
+            .input
+            .get("bundle")
+            .and_then(Value::as_str)
+            .map(PathBuf::from),
+        durable: durable_args,
+        options: args.options,
+    };
+    super::run::execute(run_args, file, &workflow, Some(durable))
+}

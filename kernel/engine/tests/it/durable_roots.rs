@@ -1,0 +1,134 @@
+#![allow(clippy::unwrap_used)] // In tests an unwrap is an assertion.
+
+//! Durable runs of roots that are not a router's graph: a loop resumed between two
+//! iterations counts them as an unbroken run would, and roots that are not graphs (one
+//! agent, a parallel group) run as the one node of a sequence.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use engine::durable::{CheckpointStore, DurableRoot, RunStatus, Start, run_durable};
+use engine::flow::{
+    Agent, BranchPolicy, Control, FlowError, FnAgent, Graph, Invocation, InvocationContext,
+};
+use engine::route::{ControlPlane, RouterConfig};
+use engine::{SharedState, State};
+use serde_json::json;
+
+fn counter(name: &str, key: &'static str) -> Arc<dyn Agent> {
+    Arc::new(FnAgent::new(name, move |ctx: &InvocationContext| {
+        let n = ctx.get_state(key).and_then(|v| v.as_u64()).unwrap_or(0);
+        ctx.set_state(key, json!(n + 1));
+        Ok(Control::Continue)
+    }))
+}
+
+fn new_run() -> Start {
+    Start::New {
+        workflow: "w".into(),
+        input: json!({}),
+    }
+}
+
+fn resume() -> Start {
+    Start::Resume {
+        from: None,
+        answer: None,
+    }
+}
+
+async fn run(root: &DurableRoot, store: &Arc<CheckpointStore>, id: &str, start: Start) -> State {
+    let invocation = Invocation::new(SharedState::new(State::default()));
+    let report = run_durable(root.graph(), root.plane(), store, id, start, invocation)
+        .await
+        .unwrap();
+    report.run.state
+}
+
+#[tokio::test]
+async fn a_loop_resumed_between_iterations_runs_as_many_as_an_unbroken_one() {
+    // `a` fails once, at the start of the second iteration: the head is then `b`'s
+    // checkpoint of the first, and resuming follows `b`'s edge back into the loop.
+    let failed = Arc::new(AtomicBool::new(false));
+    let flag = failed.clone();
+    let a: Arc<dyn Agent> = Arc::new(FnAgent::new("a", move |ctx: &InvocationContext| {
+        let n = ctx.get_state("a").and_then(|v| v.as_u64()).unwrap_or(0);
+        if n == 1 && !flag.swap(true, Ordering::SeqCst) {
+            return Err(FlowError::Sink("the process died here".into()));
+        }
+        ctx.set_state("a", json!(n + 1));
+        Ok(Control::Continue)
+    }));
+    let three = NonZeroU32::new(3).unwrap();
+    let graph = Graph::looping("loop", vec![a, counter("b", "b")], three).unwrap();
+    let root = DurableRoot::new(Arc::new(graph)).unwrap();
+    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let state = run(&root, &store, "l", new_run()).await;
+    assert_eq!(state.get("b"), Some(&json!(1)));
+    assert!(matches!(
+        store.run("l").unwrap().unwrap().status,
+        RunStatus::Failed { .. }
+    ));
+    let state = run(&root, &store, "l", resume()).await;
+    assert_eq!(
+        store.run("l").unwrap().unwrap().status,
+        RunStatus::Completed,
+        "the loop ends at its limit, not at the graph's step limit"
+    );
+    assert_eq!(state.get("a"), Some(&json!(3)), "three iterations in all");
+    assert_eq!(state.get("b"), Some(&json!(3)));
+    let nodes: Vec<String> = store
+        .history("l")
+        .unwrap()
+        .into_iter()
+        .map(|c| c.node)
+        .collect();
+    assert_eq!(nodes, ["__start__", "a", "b", "a", "b", "a", "b"]);
+}
+
+#[tokio::test]
+async fn roots_that_are_not_graphs_run_as_the_one_node_of_a_sequence() {
+    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let single = DurableRoot::new(counter("solo", "n")).unwrap();
+    assert_eq!(single.graph().name(), "solo");
+    let state = run(&single, &store, "s", new_run()).await;
+    assert_eq!(state.get("n"), Some(&json!(1)));
+    let parallel = Graph::parallel(
+        "both",
+        vec![counter("x", "x"), counter("y", "y")],
+        BranchPolicy::FailFast,
+    )
+    .unwrap();
+    let parallel = DurableRoot::new(Arc::new(parallel)).unwrap();
+    let state = run(&parallel, &store, "p", new_run()).await;
+    assert_eq!(
+        (state.get("x"), state.get("y")),
+        (Some(&json!(1)), Some(&json!(1)))
+    );
+    for (id, node) in [("s", "solo"), ("p", "both")] {
+        let nodes: Vec<String> = store
+            .history(id)
+            .unwrap()
+            .into_iter()
+            .map(|c| c.node)
+            .collect();
+        assert_eq!(nodes, ["__start__", node]);
+        assert_eq!(store.run(id).unwrap().unwrap().status, RunStatus::Completed);
+    }
+}
+
+#[test]
+fn a_routed_graph_brings_its_control_plane_and_a_plain_one_none() {
+    let plane = Arc::new(ControlPlane::new(RouterConfig::new(
+        ["a", "b"],
+        [("a", "b")],
+    )));
+    let routed = plane
+        .graph("team", vec![counter("a", "a"), counter("b", "b")], "a")
+        .unwrap();
+    let found = DurableRoot::new(Arc::new(routed)).unwrap();
+    assert!(found.plane().is_some_and(|p| Arc::ptr_eq(p, &plane)));
+    let plain = Graph::sequential("seq", vec![counter("a", "a")]).unwrap();
+    assert!(DurableRoot::new(Arc::new(plain)).unwrap().plane().is_none());
+}

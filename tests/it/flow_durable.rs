@@ -1,0 +1,481 @@
+//! Durable `rlm flow` runs end to end: a `kill -9` mid-node and `resume` to the same final
+//! state as an unbroken run, `runs` / `history` / `decisions` output, `--keep-last`,
+//! `--from-checkpoint`, the `awaiting_human` interrupt and its answer, and the errors.
+//!
+//! The workflows here are Python steps (no model): `wait` blocks until a file exists, so a
+//! test can kill the process while that node runs.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use engine::durable::CheckpointStore;
+use serde_json::{Value, json};
+
+use crate::support::{Run, file, rlm};
+
+const STEPS: &str = r#"
+import os
+import time
+
+
+def first(state):
+    return {"a": 1, "log": "first"}
+
+
+def wait(state):
+    open(state["started_file"], "a").write("started\n")
+    while not os.path.exists(state["go_file"]):
+        time.sleep(0.02)
+    return {"b": state["a"] + 1, "log": state["log"] + ",wait"}
+
+
+def last(state):
+    return {"c": state["b"] * 10, "log": state["log"] + ",last", "__message__": "c=%d" % (state["b"] * 10)}
+
+
+def ask(state):
+    if state.get("human_input"):
+        return {"asked": True}
+    return {"escalate_to_human": "Ship on Friday or on Monday?", "__actions__": ["escalate"]}
+
+
+def ship(state):
+    return {"shipped": state["human_input"], "__message__": "shipping " + state["human_input"]}
+"#;
+
+/// A folder of workflows: `pipeline` (first → wait → last), `single` (one Python step as
+/// the root) and `ask` (ask → ship, `ask` escalates until a human answered).
+struct Flows {
+    dir: tempfile::TempDir,
+}
+
+impl Flows {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        file(d, "steps.py", STEPS);
+        for step in ["first", "wait", "last", "ask", "ship"] {
+            file(
+                d,
+                &format!("{step}.yaml"),
+                &format!("agent_class: PythonAgent\nname: {step}\nfunction: steps.py:{step}\n"),
+            );
+        }
+        let seq = |name: &str, steps: &[&str]| {
+            let subs: String = steps
+                .iter()
+                .map(|s| format!("  - config_path: {s}.yaml\n"))
+                .collect();
+            format!("agent_class: SequentialAgent\nname: {name}\nsub_agents:\n{subs}")
+        };
+        file(
+            d,
+            "pipeline.yaml",
+            &seq("pipeline", &["first", "wait", "last"]),
+        );
+        file(d, "asking.yaml", &seq("asking", &["first", "ask", "ship"]));
+        Self { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn db(&self) -> String {
+        self.path("runs.db").display().to_string()
+    }
+
+    /// `rlm flow ARGS... --db DB` plus the model flags (no model is called).
+    fn args(&self, args: &[&str]) -> Vec<String> {
+        let mut all: Vec<String> = ["flow"].iter().chain(args).map(|s| s.to_string()).collect();
+        all.extend(["--db".into(), self.db()]);
+        all
+    }
+
+    fn model_args(&self, args: &[&str]) -> Vec<String> {
+        let mut all = self.args(args);
+        all.extend(["--model", "none", "--base-url", "http://127.0.0.1:9/v1"].map(String::from));
+        all
+    }
+
+    /// `rlm flow run pipeline.yaml --run-id ID` with the go/started files.
+    fn run_pipeline(&self, id: &str, extra: &[&str]) -> Vec<String> {
+        let pipeline = self.path("pipeline.yaml").display().to_string();
+        let go = format!("go_file={}", self.path("go").display());
+        let started = format!("started_file={}", self.path("started").display());
+        let mut args = vec![
+            "run", &pipeline, "--run-id", id, "--input", &go, "--input", &started,
+        ];
+        args.extend(extra);
+        self.model_args(&args)
+    }
+
+    fn store(&self) -> CheckpointStore {
+        CheckpointStore::open(self.path("runs.db")).expect("the run database opens")
+    }
+
+    /// The state at run `id`'s head.
+    fn final_state(&self, id: &str) -> Value {
+        let store = self.store();
+        let head = store
+            .run(id)
+            .expect("readable")
+            .and_then(|r| r.head)
+            .expect("a head checkpoint");
+        Value::Object(store.state_at(head).expect("state").state.values().clone())
+    }
+
+    fn status(&self, id: &str) -> String {
+        let run = rlm(&self.args(&["runs", "--json"]), None);
+        run.assert_code(0);
+        run.json()
+            .as_array()
+            .and_then(|runs| runs.iter().find(|r| r["run_id"] == id).cloned())
+            .map(|r| r["status"].as_str().unwrap_or_default().to_owned())
+            .unwrap_or_default()
+    }
+
+    fn history(&self, id: &str) -> Vec<Value> {
+        let run = rlm(&self.args(&["history", id, "--json"]), None);
+        run.assert_code(0);
+        run.json().as_array().cloned().unwrap_or_default()
+    }
+}
+
+fn nodes(history: &[Value]) -> Vec<String> {
+    history
+        .iter()
+        .map(|c| c["node"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// The state without the keys that name this test's temporary files.
+fn portable(mut state: Value) -> Value {
+    if let Some(map) = state.as_object_mut() {
+        map.remove("go_file");
+        map.remove("started_file");
+    }
+    state
+}
+
+/// Volatile fields of the CLI's output replaced by placeholders.
+fn redact(text: &str, dir: &Path) -> String {
+    let text = text.replace(&dir.display().to_string(), "[dir]");
+    let time = regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z").expect("regex");
+    time.replace_all(&text, "[time]").into_owned()
+}
+
+fn wait_for(path: &Path, child: &mut std::process::Child) {
+    let start = Instant::now();
+    while !path.exists() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("rlm ended before the node started: {status}");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the node never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_run_killed_mid_node_resumes_to_the_state_of_an_unbroken_run() {
+    let flows = Flows::new();
+    // The unbroken run: `go` is there, so `wait` returns at once.
+    file(flows.dir.path(), "go", "");
+    let run = rlm(&flows.run_pipeline("whole", &[]), None);
+    run.assert_code(0);
+    assert_eq!(run.stdout.trim(), "c=20");
+    assert!(
+        run.stderr.contains("run `whole` (checkpoints in"),
+        "{}",
+        run.stderr
+    );
+    std::fs::remove_file(flows.path("go")).expect("remove go");
+    std::fs::remove_file(flows.path("started")).expect("remove started");
+
+    // The crashed run: killed while `wait` runs.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rlm"))
+        .args(flows.run_pipeline("crash", &[]))
+        .env_remove("OPENAI_API_KEY")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("rlm starts");
+    wait_for(&flows.path("started"), &mut child);
+    child.kill().expect("kill -9");
+    child.wait().expect("reaped");
+    assert_eq!(flows.status("crash"), "running");
+    assert_eq!(nodes(&flows.history("crash")), ["__start__", "first"]);
+
+    file(flows.dir.path(), "go", "");
+    let resumed = rlm(&flows.model_args(&["resume", "crash"]), None);
+    resumed.assert_code(0);
+    assert_eq!(resumed.stdout.trim(), "c=20");
+    assert!(
+        resumed.stderr.contains("resuming run `crash`"),
+        "{}",
+        resumed.stderr
+    );
+    // `wait` ran twice (killed once, then again), and nothing else did.
+    let started = std::fs::read_to_string(flows.path("started")).expect("started file");
+    assert_eq!(started.lines().count(), 2);
+    assert_eq!(
+        nodes(&flows.history("crash")),
+        ["__start__", "first", "wait", "last"]
+    );
+    assert_eq!(flows.status("crash"), "completed");
+    assert_eq!(
+        portable(flows.final_state("crash")),
+        portable(flows.final_state("whole"))
+    );
+    assert_eq!(
+        portable(flows.final_state("crash")),
+        json!({"a": 1, "b": 2, "c": 20, "log": "first,wait,last"})
+    );
+    assert_eq!(flows.store().integrity_check().expect("check"), "ok");
+}
+
+#[test]
+fn runs_and_history_list_what_the_database_holds() {
+    let flows = Flows::new();
+    file(flows.dir.path(), "go", "");
+    rlm(&flows.run_pipeline("first-run", &[]), None).assert_code(0);
+    let single = flows.path("first.yaml").display().to_string();
+    let run = rlm(
+        &flows.model_args(&["run", &single, "--run-id", "single"]),
+        None,
+    );
+    run.assert_code(0);
+
+    let runs = rlm(&flows.args(&["runs"]), None);
+    runs.assert_code(0);
+    insta::assert_snapshot!(redact(&runs.stdout, flows.dir.path()));
+    let history = rlm(&flows.args(&["history", "first-run"]), None);
+    history.assert_code(0);
+    insta::assert_snapshot!(redact(&history.stdout, flows.dir.path()));
+    // A root that is not a graph runs as the one node of a sequence: checkpointed after it.
+    assert_eq!(nodes(&flows.history("single")), ["__start__", "first"]);
+    assert_eq!(flows.final_state("single")["log"], json!("first"));
+    let json = rlm(&flows.args(&["history", "first-run", "--json"]), None);
+    json.assert_code(0);
+    let first = &json.json()[1];
+    assert_eq!(first["node"], json!("first"));
+    assert_eq!(first["writes"], json!(["a", "log"]));
+    assert_eq!(first["parent"], json.json()[0]["id"]);
+}
+
+#[test]
+fn keep_last_prunes_a_run_to_its_newest_checkpoints_which_stay_readable() {
+    let flows = Flows::new();
+    file(flows.dir.path(), "go", "");
+    let run = rlm(&flows.run_pipeline("kept", &["--keep-last", "2"]), None);
+    run.assert_code(0);
+    assert!(
+        run.stderr
+            .contains("kept the last 2 checkpoints of `kept` (2 older removed)"),
+        "{}",
+        run.stderr
+    );
+    let history = flows.history("kept");
+    assert_eq!(nodes(&history), ["wait", "last"]);
+    assert_eq!(history[0]["parent"], Value::Null);
+    assert_eq!(flows.final_state("kept")["c"], json!(20));
+    // Time travel from the oldest kept checkpoint still works.
+    let id = history[0]["id"].to_string();
+    rlm(
+        &flows.model_args(&["resume", "kept", "--from-checkpoint", &id]),
+        None,
+    )
+    .assert_code(0);
+}
+
+#[test]
+fn from_checkpoint_reruns_from_an_earlier_checkpoint_on_a_branch() {
+    let flows = Flows::new();
+    file(flows.dir.path(), "go", "");
+    rlm(&flows.run_pipeline("tt", &[]), None).assert_code(0);
+    let before = flows.history("tt");
+    let after_first = before[1]["id"].as_i64().expect("id");
+    let run = rlm(
+        &flows.model_args(&[
+            "resume",
+            "tt",
+            "--from-checkpoint",
+            &after_first.to_string(),
+        ]),
+        None,
+    );
+    run.assert_code(0);
+    let history = flows.history("tt");
+    // The old line stays; `wait` and `last` ran again on a branch from `first`.
+    assert_eq!(
+        nodes(&history),
+        ["__start__", "first", "wait", "last", "wait", "last"]
+    );
+    assert_eq!(history[4]["parent"], json!(after_first));
+    assert_eq!(flows.final_state("tt")["log"], json!("first,wait,last"));
+    let started = std::fs::read_to_string(flows.path("started")).expect("started file");
+    assert_eq!(started.lines().count(), 2);
+
+    // A checkpoint of another run, or none at all: refused, nothing written.
+    rlm(&flows.run_pipeline("other", &[]), None).assert_code(0);
+    let theirs = flows.history("other")[0]["id"].to_string();
+    let wrong = rlm(
+        &flows.model_args(&["resume", "tt", "--from-checkpoint", &theirs]),
+        None,
+    );
+    wrong.assert_code(2);
+    assert!(
+        wrong.stderr.contains(&format!(
+            "Checkpoint {theirs} belongs to run `other`, not `tt`"
+        )),
+        "{}",
+        wrong.stderr
+    );
+    let missing = rlm(
+        &flows.model_args(&["resume", "tt", "--from-checkpoint", "999"]),
+        None,
+    );
+    missing.assert_code(2);
+    assert_eq!(flows.history("tt").len(), 6);
+}
+
+#[test]
+fn a_run_that_escalates_waits_for_a_human_and_the_answer_completes_it() {
+    let flows = Flows::new();
+    let asking = flows.path("asking.yaml").display().to_string();
+    let run = rlm(
+        &flows.model_args(&["run", &asking, "--run-id", "ask-1"]),
+        None,
+    );
+    run.assert_code(5);
+    insta::assert_snapshot!(redact(&run.stdout, flows.dir.path()));
+    assert_eq!(flows.status("ask-1"), "awaiting_human");
+
+    // Resuming without the answer, or answering a question nobody asked: refused.
+    let bare = rlm(&flows.model_args(&["resume", "ask-1"]), None);
+    bare.assert_code(2);
+    assert!(
+        bare.stderr.contains(
+            "Run `ask-1` is waiting for a human: Ship on Friday or on Monday?\nResume it with \
+             `--input \"...\"`"
+        ),
+        "{}",
+        bare.stderr
+    );
+    assert_eq!(flows.status("ask-1"), "awaiting_human");
+
+    let answered = rlm(
+        &flows.model_args(&["resume", "ask-1", "--input", "Monday"]),
+        None,
+    );
+    answered.assert_code(0);
+    assert_eq!(answered.stdout.trim(), "shipping Monday");
+    assert_eq!(
+        nodes(&flows.history("ask-1")),
+        ["__start__", "first", "ask", "human", "ship"]
+    );
+    let state = flows.final_state("ask-1");
+    assert_eq!(state["human_input"], json!("Monday"));
+    assert_eq!(state["shipped"], json!("Monday"));
+    assert_eq!(flows.status("ask-1"), "completed");
+
+    let again = rlm(
+        &flows.model_args(&["resume", "ask-1", "--input", "Friday"]),
+        None,
+    );
+    again.assert_code(2);
+    assert!(
+        again.stderr.contains("Run `ask-1` is completed"),
+        "{}",
+        again.stderr
+    );
+}
+
+#[test]
+fn database_errors_name_the_cause_and_change_nothing() {
+    let flows = Flows::new();
+    file(flows.dir.path(), "go", "");
+    rlm(&flows.run_pipeline("taken", &[]), None).assert_code(0);
+    let twice = rlm(&flows.run_pipeline("taken", &[]), None);
+    twice.assert_code(2);
+    assert!(
+        twice
+            .stderr
+            .contains("A run `taken` exists already; pick another run id"),
+        "{}",
+        twice.stderr
+    );
+    let unknown = rlm(&flows.args(&["history", "nope"]), None);
+    unknown.assert_code(2);
+    assert!(
+        unknown.stderr.contains("No run `nope`"),
+        "{}",
+        unknown.stderr
+    );
+    let decisions = rlm(&flows.args(&["decisions", "taken"]), None);
+    decisions.assert_code(0);
+    assert!(
+        decisions.stdout.contains("no routing decisions"),
+        "{}",
+        decisions.stdout
+    );
+
+    // A newer schema is refused, not misread.
+    let newer = flows.path("newer.db");
+    std::fs::copy(flows.path("runs.db"), &newer).expect("copy");
+    let set = Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); \
+             c.execute('PRAGMA user_version = 99'); c.commit()",
+        ])
+        .arg(&newer)
+        .status()
+        .expect("python3 runs");
+    assert!(set.success());
+    let run = rlm(
+        &[
+            "flow".into(),
+            "runs".into(),
+            "--db".into(),
+            newer.display().to_string(),
+        ],
+        None,
+    );
+    run.assert_code(1);
+    assert!(
+        run.stderr
+            .contains("has schema version 99, newer than the 1 this rlm reads"),
+        "{}",
+        run.stderr
+    );
+
+    // A file that is not a database.
+    let junk = file(flows.dir.path(), "junk.db", &"not a database\n".repeat(100));
+    let args = |cmd: &str| -> Vec<String> {
+        vec![
+            "flow".into(),
+            cmd.into(),
+            "--db".into(),
+            junk.display().to_string(),
+        ]
+    };
+    let damaged: Run = rlm(&args("runs"), None);
+    damaged.assert_code(1);
+    assert!(
+        damaged
+            .stderr
+            .contains("is not a readable checkpoint database (not SQLite, or damaged)"),
+        "{}",
+        damaged.stderr
+    );
+    assert_eq!(
+        std::fs::read_to_string(&junk).expect("still there"),
+        "not a database\n".repeat(100)
+    );
+    assert_eq!(flows.store().integrity_check().expect("check"), "ok");
+}
