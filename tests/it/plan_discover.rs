@@ -347,8 +347,10 @@ fn a_bundle_without_the_persona_or_no_bundle_at_all_is_refused_before_any_model_
 
 #[test]
 fn flow_demo_plan_discover_says_it_is_scripted_and_shows_the_plan() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("runs.db").display().to_string();
     for wire in [None, Some("--anthropic")] {
-        let mut all = args(&["flow", "demo", "plan-discover"]);
+        let mut all = args(&["flow", "demo", "plan-discover", "--db", &db]);
         all.extend(wire.map(String::from));
         let run = rlm(&all, None);
         run.assert_code(0);

@@ -329,13 +329,10 @@ pub async fn run_durable(
             let keys: Vec<String> = state.with(|s| s.values().keys().cloned().collect());
             let next: Vec<String> = graph.start_node().map(str::to_owned).into_iter().collect();
             checkpointer.write(&state, START_NODE, keys.iter(), next.clone(), json!({}))?;
-            let plan = match next.into_iter().next() {
-                Some(node) => Plan::At(ResumeAt {
-                    node,
-                    steps_done: 0,
-                    iteration: 1,
-                }),
-                None => Plan::Done,
+            let plan = if next.is_empty() {
+                Plan::Done
+            } else {
+                Plan::Fresh
             };
             (checkpointer, plan)
         }
@@ -378,6 +375,8 @@ pub async fn run_durable(
                         iteration,
                     }
                 }
+                // Nothing ran yet: the graph starts as a new run does.
+                None if record.node == START_NODE && !record.next.is_empty() => Plan::Fresh,
                 None if record.node == START_NODE || !record.next.is_empty() => {
                     match record.next.first() {
                         Some(node) => Plan::At(ResumeAt {
@@ -520,6 +519,8 @@ fn status_of(report: &RunReport) -> RunStatus {
 /// Where the graph picks up.
 #[derive(Debug, Clone)]
 enum Plan {
+    /// Run the graph from its start, as an unbroken run (a loop's first iteration event).
+    Fresh,
     /// Run this node first.
     At(ResumeAt),
     /// Follow the edge out of `from` (which finished), then go on.
@@ -559,6 +560,7 @@ impl Agent for Continue<'_> {
     async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
         let at = match &self.plan {
             Plan::Done => return Ok(Control::Continue),
+            Plan::Fresh => return self.graph.run(ctx).await,
             Plan::At(at) => at.clone(),
             Plan::After {
                 from,
