@@ -347,8 +347,9 @@ struct TerminalRun {
     terminal: String,
 }
 
-/// Runs `rlm` with stderr on a pseudo-terminal of 120 × 40 (stdout piped, `CI` unset);
-/// `during` gets its pid while it runs.
+/// Runs `rlm` with stderr on a pseudo-terminal of 120 × 40 (stdout piped, `CI` unset) in a
+/// temporary working directory (its run database goes there); `during` gets its pid while it
+/// runs.
 fn rlm_on_terminal(
     all: &[String],
     envs: &[(&str, &str)],
@@ -378,8 +379,10 @@ fn rlm_on_terminal(
     assert_eq!(opened, 0, "a pseudo-terminal");
     // SAFETY: both descriptors were just opened and belong to nobody else.
     let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let cwd = tempfile::tempdir().expect("tempdir");
     let mut cmd = crate::support::rlm_command(all);
-    cmd.env_remove("CI")
+    cmd.current_dir(cwd.path())
+        .env_remove("CI")
         .env("TERM", "xterm-256color")
         .envs(envs.iter().copied())
         .stdin(std::process::Stdio::null())
