@@ -479,3 +479,122 @@ fn database_errors_name_the_cause_and_change_nothing() {
     );
     assert_eq!(flows.store().integrity_check().expect("check"), "ok");
 }
+
+/// `rlm flow demo team` in `db` as run `id`, over `wire`'s format.
+fn team_demo(db: &str, id: &str, wire: Option<&str>) -> Run {
+    let mut all: Vec<String> = ["flow", "demo", "team", "--db", db, "--run-id", id]
+        .map(String::from)
+        .to_vec();
+    all.extend(wire.map(String::from));
+    rlm(&all, None)
+}
+
+#[test]
+fn flow_demo_team_escalates_on_circular_logic_and_completes_with_the_scripted_answer() {
+    for wire in [None, Some("--anthropic")] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = dir.path().join("runs.db");
+        let db_text = db.display().to_string();
+        let run = team_demo(&db_text, "team-demo", wire);
+        run.assert_code(0);
+        assert!(
+            run.stderr.contains("the models are SCRIPTED")
+                && run.stderr.contains("the human's answer is SCRIPTED too"),
+            "{}",
+            run.stderr
+        );
+        assert!(
+            run.stdout.contains(
+                "Run `team-demo` is waiting for a human.\nQuestion: Circular logic: `dev` and \
+                 `tea` exchanged work 4 times on `Story 1: export the report table as CSV` (more \
+                 than 3); a human must decide\n"
+            ),
+            "{}",
+            run.stdout
+        );
+        assert!(
+            run.stdout.contains("rlm flow resume team-demo --db")
+                && run.stdout.trim_end().ends_with(
+                    "APPROVED: every field is quoted, as decided; the export opens in every \
+                     spreadsheet we test."
+                ),
+            "{}",
+            run.stdout
+        );
+        let history = rlm(
+            &["flow", "history", "team-demo", "--db", &db_text, "--json"].map(String::from),
+            None,
+        );
+        history.assert_code(0);
+        // The router (`team`) decides after every node; the human's answer is a checkpoint.
+        let agents: Vec<String> = nodes(history.json().as_array().expect("a list"))
+            .into_iter()
+            .filter(|n| n != "team")
+            .collect();
+        assert_eq!(
+            agents,
+            [
+                "__start__",
+                "analyst",
+                "pm",
+                "architect",
+                "dev",
+                "tea",
+                "dev",
+                "tea",
+                "dev",
+                "human",
+                "tea"
+            ],
+            "{wire:?}"
+        );
+        let store = CheckpointStore::open(&db).expect("opens");
+        let head = store.run("team-demo").expect("readable").expect("the run");
+        assert_eq!(head.status, engine::durable::RunStatus::Completed);
+        let state = store
+            .state_at(head.head.expect("a head"))
+            .expect("state")
+            .state;
+        assert_eq!(
+            state.get("human_input"),
+            Some(&json!("Quote every field: our importers need it."))
+        );
+        assert_eq!(state.get("routing_decision"), Some(&json!("END")));
+        assert_eq!(state.get("escalation_triggered"), Some(&json!(false)));
+        assert!(
+            state
+                .get("review")
+                .and_then(Value::as_str)
+                .is_some_and(|r| r.starts_with("APPROVED")),
+            "{state:?}"
+        );
+        if wire.is_none() {
+            let decisions = rlm(
+                &["flow", "decisions", "team-demo", "--db", &db_text].map(String::from),
+                None,
+            );
+            decisions.assert_code(0);
+            insta::assert_snapshot!(redact(&decisions.stdout, dir.path()));
+            let json = rlm(
+                &["flow", "decisions", "team-demo", "--db", &db_text, "--json"].map(String::from),
+                None,
+            );
+            let records = json.json();
+            assert_eq!(records.as_array().map(Vec::len), Some(10));
+            assert_eq!(
+                records[7]["summary"],
+                json!("dev → escalate to a human"),
+                "{records}"
+            );
+            for key in [
+                "agent",
+                "summary",
+                "rationale",
+                "timestamp",
+                "related_artifacts",
+            ] {
+                assert!(records[0].get(key).is_some(), "{key} in {}", records[0]);
+            }
+        }
+    }
+}

@@ -1,11 +1,18 @@
 //! `rlm flow demo NAME`: a built-in workflow against scripted mock models started
 //! in-process (no API key, no real model), with sample inputs.
+//!
+//! A demo with a scripted human answer (`team`) runs until the router escalates
+//! (`awaiting_human`: the question and the decisions are shown), then resumes the run with
+//! that answer as `rlm flow resume RUN --input "..."` would, and completes it.
 
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
 
+use engine::durable::RunStatus;
+
+use super::durable::{Durable, fresh_id};
 use super::run::FlowRunArgs;
 use crate::UsageError;
 use crate::args::RunOptions;
@@ -13,7 +20,7 @@ use crate::args::RunOptions;
 /// Arguments of `rlm flow demo`.
 #[derive(Debug, Args)]
 pub(crate) struct FlowDemoArgs {
-    /// The built-in workflow (`refine`, `rlm-completion` or `plan-discover`).
+    /// The built-in workflow (`refine`, `rlm-completion`, `plan-discover` or `team`).
     #[arg(value_name = "NAME")]
     name: String,
 
@@ -38,6 +45,8 @@ struct Demo {
     context: Option<(&'static str, &'static str)>,
     /// Whether it writes documents (into a temporary `output_dir`, shown at the end).
     writes_artifacts: bool,
+    /// The scripted human's answer when the run stops to ask one.
+    answer: Option<&'static str>,
 }
 
 const DEMOS: &[Demo] = &[
@@ -53,6 +62,7 @@ const DEMOS: &[Demo] = &[
         ],
         context: None,
         writes_artifacts: false,
+        answer: None,
     },
     Demo {
         name: "rlm-completion",
@@ -63,6 +73,7 @@ const DEMOS: &[Demo] = &[
         ],
         context: Some(("notes.txt", "alpha\nbeta\ngamma\n")),
         writes_artifacts: false,
+        answer: None,
     },
     Demo {
         name: "plan-discover",
@@ -73,6 +84,15 @@ const DEMOS: &[Demo] = &[
             "north: 120 -> 131\nsouth: 98 -> 97\neast: 77 -> 90\n",
         )),
         writes_artifacts: true,
+        answer: None,
+    },
+    Demo {
+        name: "team",
+        script: include_str!("demo/team.json"),
+        inputs: &[("request", "Export the weekly report table as CSV.")],
+        context: None,
+        writes_artifacts: false,
+        answer: Some("Quote every field: our importers need it."),
     },
 ];
 
@@ -121,6 +141,10 @@ pub(crate) fn execute(args: FlowDemoArgs, file: RunOptions) -> Result<ExitCode> 
     if demo.writes_artifacts {
         inputs.push(format!("output_dir={}", artifacts.display()));
     }
+    let mut durable = args.durable;
+    if demo.answer.is_some() && durable.run_id.is_none() {
+        durable.run_id = Some(fresh_id(demo.name));
+    }
     let run = FlowRunArgs {
         workflow: demo.name.to_owned(),
         inputs,
@@ -128,11 +152,33 @@ pub(crate) fn execute(args: FlowDemoArgs, file: RunOptions) -> Result<ExitCode> 
         state: None,
         events: args.events,
         bundle: None,
-        durable: args.durable,
-        options,
+        durable: durable.clone(),
+        options: options.clone(),
     };
     let workflow = super::Workflow::find(demo.name)?;
-    let code = super::run::execute(run, file, &workflow, None);
+    let mut code = super::run::execute(run, file.clone(), &workflow, None);
+    if let (Some(answer), Ok(_), Some(run_id)) = (demo.answer, &code, &durable.run_id) {
+        let store = durable.db.open(false)?;
+        let status = store.run(run_id).ok().flatten().map(|r| r.status);
+        if matches!(status, Some(RunStatus::AwaitingHuman { .. })) {
+            eprintln!(
+                "\nrlm flow demo: the human's answer is SCRIPTED too: \"{answer}\" (as \
+                 `rlm flow resume {run_id} --input \"...\"` would give it)\n"
+            );
+            let resume = Durable::resume(store, &durable, None, Some(answer.to_owned()))?;
+            let run = FlowRunArgs {
+                workflow: demo.name.to_owned(),
+                inputs: Vec::new(),
+                contexts: Vec::new(),
+                state: None,
+                events: None,
+                bundle: None,
+                durable,
+                options,
+            };
+            code = super::run::execute(run, file, &workflow, Some(resume));
+        }
+    }
     if demo.writes_artifacts {
         show_artifacts(&artifacts)?;
     }

@@ -333,7 +333,7 @@ fn checked_id(id: &str) -> Result<String> {
 }
 
 /// `NAME-YYYYMMDD-HHMMSS-XXXX` from the workflow's name, the time (UTC) and 16 random bits.
-fn fresh_id(workflow: &str) -> String {
+pub(crate) fn fresh_id(workflow: &str) -> String {
     let stem = Path::new(workflow)
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())

@@ -32,6 +32,7 @@ use crate::flow::{
 };
 use crate::reducer::{ChannelWrite, apply_writes};
 use crate::route::decide::{ESCALATE_FLAG, FAILURE_FLAG, MESSAGES, keys};
+use crate::route::file::RouterAgent;
 use crate::route::{ControlPlane, HealthObserver, HealthReport, Route, Routing, RoutingObserver};
 use crate::state::{State, StateDelta};
 
@@ -44,21 +45,29 @@ pub const HUMAN_INPUT: &str = "human_input";
 
 /// A workflow's root as the graph a durable run drives, with the graph's control plane.
 ///
-/// A graph with a start node (a graph, a sequence, a loop) is driven as it is, so a
-/// checkpoint follows each of its top-level nodes. Any other root (an LLM agent, a Python
-/// step, a parallel group) runs as the one node of a sequence named like it: the run then
-/// has a checkpoint before and after it, and a crash re-runs it whole.
+/// A router (`RouterAgent`) is driven through its graph and plane; a graph with a start node
+/// (a graph, a sequence, a loop) as it is, so a checkpoint follows each of its top-level
+/// nodes. Any other root (an LLM agent, a Python step, a parallel group) runs as the one node
+/// of a sequence named like it: the run then has a checkpoint before and after it, and a
+/// crash re-runs it whole.
 pub struct DurableRoot {
     root: Arc<dyn Agent>,
-    wrapper: Option<Graph>,
+    driven: Driven,
     plane: Option<Arc<ControlPlane>>,
+}
+
+/// How a [`DurableRoot`] reaches its graph.
+enum Driven {
+    Router,
+    Graph,
+    Wrapped(Graph),
 }
 
 impl std::fmt::Debug for DurableRoot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DurableRoot")
             .field("root", &self.root)
-            .field("wrapped", &self.wrapper.is_some())
+            .field("wrapped", &matches!(self.driven, Driven::Wrapped(_)))
             .field("routed", &self.plane.is_some())
             .finish()
     }
@@ -67,34 +76,37 @@ impl std::fmt::Debug for DurableRoot {
 impl DurableRoot {
     /// The graph that drives `root`; see the type docs.
     pub fn new(root: Arc<dyn Agent>) -> Result<Self, GraphError> {
-        let graph = root
-            .as_any()
-            .and_then(|any| any.downcast_ref::<Graph>())
-            .filter(|graph| graph.start_node().is_some());
-        let (wrapper, plane) = match graph {
-            Some(graph) => (None, ControlPlane::of(graph)),
-            None => (
-                Some(Graph::sequential(root.name(), vec![root.clone()])?),
-                None,
-            ),
-        };
+        let any = root.as_any();
+        let (driven, plane) =
+            if let Some(router) = any.and_then(|a| a.downcast_ref::<RouterAgent>()) {
+                (Driven::Router, Some(router.plane().clone()))
+            } else if let Some(graph) = any
+                .and_then(|a| a.downcast_ref::<Graph>())
+                .filter(|graph| graph.start_node().is_some())
+            {
+                (Driven::Graph, ControlPlane::of(graph))
+            } else {
+                let wrapper = Graph::sequential(root.name(), vec![root.clone()])?;
+                (Driven::Wrapped(wrapper), None)
+            };
         Ok(Self {
             root,
-            wrapper,
+            driven,
             plane,
         })
     }
 
     /// The graph to hand [`run_durable`].
     pub fn graph(&self) -> &Graph {
-        match &self.wrapper {
-            Some(wrapper) => wrapper,
-            None => self
-                .root
-                .as_any()
-                .and_then(|any| any.downcast_ref::<Graph>())
-                .unwrap_or_else(|| unreachable!("`new` wraps every root that is not a graph")),
-        }
+        let any = self.root.as_any();
+        let found = match &self.driven {
+            Driven::Wrapped(wrapper) => Some(wrapper),
+            Driven::Router => any
+                .and_then(|a| a.downcast_ref::<RouterAgent>())
+                .map(RouterAgent::graph),
+            Driven::Graph => any.and_then(|a| a.downcast_ref::<Graph>()),
+        };
+        found.unwrap_or_else(|| unreachable!("`new` saw the root's type"))
     }
 
     /// Its control plane, when a router decides its edges.

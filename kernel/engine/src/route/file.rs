@@ -120,6 +120,10 @@ impl Agent for RouterAgent {
     async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
         self.graph.run(ctx).await
     }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
 }
 
 /// The router `spec` describes, its decisions also written to `log`; see the module docs.
