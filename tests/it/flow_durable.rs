@@ -598,3 +598,48 @@ fn flow_demo_team_escalates_on_circular_logic_and_completes_with_the_scripted_an
         }
     }
 }
+
+#[test]
+fn a_database_another_process_keeps_locked_is_refused_and_left_as_it_was() {
+    use std::io::BufRead as _;
+
+    let flows = Flows::new();
+    file(flows.dir.path(), "go", "");
+    rlm(&flows.run_pipeline("before", &[]), None).assert_code(0);
+    let mut holder = Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3, sys, time\n\
+             c = sqlite3.connect(sys.argv[1], isolation_level=None)\n\
+             c.execute('BEGIN IMMEDIATE')\n\
+             print('locked', flush=True)\n\
+             time.sleep(60)",
+        ])
+        .arg(flows.path("runs.db"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("python3 says it holds the lock");
+    assert_eq!(line.trim(), "locked");
+    let run = rlm(&flows.run_pipeline("blocked", &[]), None);
+    holder.kill().expect("stop the holder");
+    holder.wait().expect("reaped");
+    run.assert_code(1);
+    assert!(
+        run.stderr
+            .contains("is locked by another process (a run still going?); wait for it"),
+        "{}",
+        run.stderr
+    );
+    let runs = rlm(&flows.args(&["runs", "--json"]), None);
+    let ids: Vec<Value> = runs
+        .json()
+        .as_array()
+        .map(|r| r.iter().map(|run| run["run_id"].clone()).collect())
+        .unwrap_or_default();
+    assert_eq!(ids, [json!("before")]);
+    assert_eq!(flows.store().integrity_check().expect("check"), "ok");
+}

@@ -60,7 +60,7 @@ pub struct DurableRoot {
 enum Driven {
     Router,
     Graph,
-    Wrapped(Graph),
+    Wrapped(Box<Graph>),
 }
 
 impl std::fmt::Debug for DurableRoot {
@@ -87,7 +87,7 @@ impl DurableRoot {
                 (Driven::Graph, ControlPlane::of(graph))
             } else {
                 let wrapper = Graph::sequential(root.name(), vec![root.clone()])?;
-                (Driven::Wrapped(wrapper), None)
+                (Driven::Wrapped(Box::new(wrapper)), None)
             };
         Ok(Self {
             root,
@@ -100,7 +100,7 @@ impl DurableRoot {
     pub fn graph(&self) -> &Graph {
         let any = self.root.as_any();
         let found = match &self.driven {
-            Driven::Wrapped(wrapper) => Some(wrapper),
+            Driven::Wrapped(wrapper) => Some(wrapper.as_ref()),
             Driven::Router => any
                 .and_then(|a| a.downcast_ref::<RouterAgent>())
                 .map(RouterAgent::graph),
