@@ -158,7 +158,8 @@ pub(crate) fn execute(
             }
         }
     });
-    if !opts.quiet() {
+    // `--json` keeps stderr for errors only; `rlm flow runs --json` names the run.
+    if !opts.quiet() && !json {
         durable.announce();
     }
     let outcome = kernel::runtime::shared().block_on(durable.run(root, invocation));
