@@ -69,6 +69,15 @@ class MockServer:
         """Requests served so far."""
         return self._server.requests
 
+    @property
+    def arrived(self) -> int:
+        """Requests arrived so far, answered or not: with `requests`, shows a call in flight."""
+        return self._server.arrived
+
+    def max_concurrency(self) -> int:
+        """The most requests that were in flight at once, among those served so far."""
+        return self._server.max_concurrency()
+
     def request_log(self):
         """`[(model, last_user_message), ...]` of the requests served so far."""
         return self._server.request_log()

@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,21 @@ def script(root_replies, sub=None, root_latency_ms=None, sub_latency_ms=None):
     if sub_latency_ms:
         sub_entry["latency"] = {"kind": "fixed", "ms": sub_latency_ms}
     return {"models": {"root": root, "sub": sub_entry}}
+
+
+def wait_until(condition, what: str, timeout: float = 60.0) -> None:
+    """Polls `condition` until it holds; fails naming `what` after `timeout` seconds (a bound
+    for a hung run, not a timing assertion: on a loaded machine readiness takes what it takes)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting until {what}")
+        time.sleep(0.02)
+
+
+def sub_call_in_flight(mock) -> bool:
+    """The root model has answered once and a second request (the sub-call) has arrived."""
+    return mock.requests >= 1 and mock.arrived >= 2
 
 
 @pytest.fixture

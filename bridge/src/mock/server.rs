@@ -52,6 +52,8 @@ const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
 pub struct MockServer {
     addr: SocketAddr,
     log: RequestLog,
+    /// Shared with the server state: the next request's id, i.e. requests arrived so far.
+    next_id: Arc<AtomicU64>,
     shutdown: CancellationToken,
     task: Option<JoinHandle<()>>,
 }
@@ -66,7 +68,7 @@ struct ServerState {
     record_requests: bool,
     log: RequestLog,
     started: Instant,
-    next_id: AtomicU64,
+    next_id: Arc<AtomicU64>,
     shutdown: CancellationToken,
     /// Chat requests served at most at once; more are answered 429 at once.
     capacity: Option<usize>,
@@ -121,6 +123,7 @@ impl MockServer {
         let addr = listener.local_addr()?;
         let log = RequestLog::with_limit(config.log_limit);
         let shutdown = CancellationToken::new();
+        let next_id = Arc::new(AtomicU64::new(0));
         let state = Arc::new(ServerState {
             script: config.script,
             latency: config.latency,
@@ -130,7 +133,7 @@ impl MockServer {
             record_requests: config.record_requests,
             log: log.clone(),
             started: Instant::now(),
-            next_id: AtomicU64::new(0),
+            next_id: Arc::clone(&next_id),
             shutdown: shutdown.clone(),
             capacity: config.capacity,
             serving: AtomicUsize::new(0),
@@ -158,6 +161,7 @@ impl MockServer {
         Ok(MockServer {
             addr,
             log,
+            next_id,
             shutdown,
             task: Some(task),
         })
@@ -181,6 +185,13 @@ impl MockServer {
     /// A handle on the request log.
     pub fn log(&self) -> RequestLog {
         self.log.clone()
+    }
+
+    /// Requests that have arrived so far, answered or not (a request counts as soon as its
+    /// headers are read, before its latency): tests wait on it to know a call is in flight,
+    /// where the log only holds finished requests.
+    pub fn arrived(&self) -> u64 {
+        self.next_id.load(Ordering::Relaxed)
     }
 
     /// Stops accepting, ends sleeping and hanging requests (they answer 503), lets in-flight
