@@ -141,7 +141,8 @@ async fn timeouts_say_which_setting_to_raise() {
         .call(ChatRequest::from_prompt("hang"), &CallOptions::default())
         .await
         .expect_err("times out");
-    assert!(started.elapsed() < Duration::from_millis(200 + 2000));
+    // Well under the 30 s hang: the 200 ms timeout ended it (not a speed check).
+    assert!(started.elapsed() < Duration::from_secs(15));
     assert!(matches!(err, BridgeError::Timeout { .. }), "{err:?}");
     let msg = err.to_string();
     assert!(
@@ -182,7 +183,7 @@ async fn a_huge_retry_after_waits_at_most_max_delay() {
         );
         assert!(err.to_string().contains("slow down"), "{err}");
         assert!(
-            elapsed >= max_delay && elapsed < Duration::from_secs(3),
+            elapsed >= max_delay && elapsed < Duration::from_secs(30),
             "{header}: {value}: waited {elapsed:?}"
         );
         assert_eq!(sub.ledger().records()[0].attempts, 2);
