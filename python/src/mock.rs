@@ -70,12 +70,16 @@ impl MockServer {
     /// Requests arrived so far, answered or not (`requests` counts finished ones only).
     #[getter]
     fn arrived(&self) -> u64 {
-        self.lock().as_ref().map_or(0, bridge::mock::MockServer::arrived)
+        self.lock()
+            .as_ref()
+            .map_or(0, bridge::mock::MockServer::arrived)
     }
 
     /// The most requests that were in flight at once, from the log.
     fn max_concurrency(&self) -> usize {
-        self.lock().as_ref().map_or(0, |s| s.log().max_concurrency())
+        self.lock()
+            .as_ref()
+            .map_or(0, |s| s.log().max_concurrency())
     }
 
     /// The model names of the requests served so far, in arrival order, with the last user

@@ -881,7 +881,10 @@ async fn hang_fault_outlasts_the_client_timeout_and_ends_on_shutdown() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let log2 = server2.log();
-    assert!(log2.is_empty(), "arrived counts a request the log holds only once it ends");
+    assert!(
+        log2.is_empty(),
+        "arrived counts a request the log holds only once it ends"
+    );
     let started = std::time::Instant::now();
     server2.shutdown().await;
     // Far from the hour-long hang (the 503 below shows it was ended, not dropped).
