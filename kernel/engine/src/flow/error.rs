@@ -36,6 +36,15 @@ pub enum FlowError {
         /// What went wrong and, where it can, what to do.
         message: String,
     },
+    /// An agent is set up wrong (its instruction names a state key that is not set, a tool's
+    /// schema is bad, a file it reads is missing): running it again cannot help.
+    #[error("Agent `{agent}` is set up wrong: {message}")]
+    Setup {
+        /// The agent.
+        agent: String,
+        /// What is wrong and what to change.
+        message: String,
+    },
     /// A graph edge chose a node the graph does not have.
     #[error("Graph `{graph}`: the edge after `{from}` chose `{to}`, which is not a node of it")]
     UnknownNode {

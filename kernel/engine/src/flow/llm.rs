@@ -231,7 +231,7 @@ impl LlmAgent {
         let instruction = ctx
             .state()
             .with(|state| render_template(&self.instruction, state))
-            .map_err(|e| FlowError::Agent {
+            .map_err(|e| FlowError::Setup {
                 agent: self.name.clone(),
                 message: e.to_string(),
             })?;
@@ -286,7 +286,7 @@ impl LlmAgent {
                 }) as Arc<dyn Tool>
             }));
         for tool in tools {
-            toolbox.add(tool).map_err(|e| FlowError::Agent {
+            toolbox.add(tool).map_err(|e| FlowError::Setup {
                 agent: self.name.clone(),
                 message: e.to_string(),
             })?;

@@ -102,8 +102,9 @@ pub fn failure_flag(node: &str, error: &str, attempts: u32) -> StateDelta {
     delta
 }
 
-/// A node retried on transient failure; a node that fails for good sets the failure flag and
-/// lets the router decide (escalation) instead of failing the run.
+/// A node retried on transient failure; a node that fails for good (attempts used up, or a
+/// permanent error at once) sets the failure flag and lets the router decide (escalation)
+/// instead of failing the run.
 pub struct Retrying {
     inner: Arc<dyn Agent>,
     backoff: Backoff,
@@ -122,13 +123,22 @@ impl Retrying {
     }
 }
 
-/// Whether a node error may go away on its own: a model call the bridge calls retryable, or
-/// an agent's own failure. Stops (cancel, timeout, budget) and graph errors never do.
+/// Whether a node error may go away on its own: a model call the bridge calls retryable (a
+/// timeout, a lost connection, a 408, 429 or 5xx), or an agent's own failure (a Python step
+/// raised, a tool loop ran out). A node set up wrong (a template naming a missing key, a bad
+/// tool schema, a bad context file), a model call refused for good (401, 400, a reply that
+/// does not decode), stops (cancel, timeout, budget) and graph errors never do.
 pub fn is_transient(error: &FlowError) -> bool {
     match error {
         FlowError::Model { source, .. } => source.is_retryable(),
         FlowError::Agent { .. } => true,
-        _ => false,
+        FlowError::Setup { .. }
+        | FlowError::Cancelled
+        | FlowError::TimedOut(_)
+        | FlowError::Budget(_)
+        | FlowError::UnknownNode { .. }
+        | FlowError::StepLimit { .. }
+        | FlowError::Sink(_) => false,
     }
 }
 
@@ -158,7 +168,13 @@ impl Agent for Retrying {
         let result = retry(&self.backoff, |_| self.inner.run(ctx), is_transient).await;
         match result {
             Ok(control) => Ok(control),
-            Err(Exhausted { error, .. }) if !is_transient(&error) => Err(error),
+            // A stop is the whole run's, and a broken event log loses the record: neither
+            // is this node's failure for the router to route around.
+            Err(Exhausted { error, .. })
+                if error.is_stop() || matches!(error, FlowError::Sink(_)) =>
+            {
+                Err(error)
+            }
             Err(Exhausted { error, attempts }) => {
                 let flag = failure_flag(self.inner.name(), &error.to_string(), attempts);
                 ctx.apply(&flag);
@@ -266,5 +282,61 @@ mod tests {
             flag.values().get(FAILURE_FLAG),
             Some(&json!({"node": "dev", "error": "down", "attempts": 6}))
         );
+    }
+
+    #[test]
+    fn only_errors_that_may_pass_are_transient() {
+        use bridge::BridgeError;
+        let http = |status| FlowError::Model {
+            agent: "dev".into(),
+            source: Box::new(BridgeError::Http {
+                endpoint: "dev".into(),
+                base_url_setting: "RLM_BASE_URL".into(),
+                url: "http://127.0.0.1/v1".into(),
+                status,
+                message: "no".into(),
+                retry_after: None,
+            }),
+        };
+        let timeout = FlowError::Model {
+            agent: "dev".into(),
+            source: Box::new(BridgeError::Timeout {
+                endpoint: "dev".into(),
+                timeout_setting: "RLM_TIMEOUT".into(),
+                url: "http://127.0.0.1/v1".into(),
+                timeout: Duration::from_secs(1),
+            }),
+        };
+        let setup = FlowError::Setup {
+            agent: "dev".into(),
+            message: "The template names `{plan}`, which is not in the state".into(),
+        };
+        let own = FlowError::Agent {
+            agent: "dev".into(),
+            message: "the Python step raised".into(),
+        };
+        for (error, transient) in [
+            (http(500), true),
+            (http(503), true),
+            (http(429), true),
+            (http(408), true),
+            (timeout, true),
+            (own, true),
+            (http(400), false),
+            (http(404), false),
+            (setup, false),
+            (FlowError::Cancelled, false),
+            (FlowError::TimedOut(Duration::from_secs(1)), false),
+            (FlowError::Sink("disk full".into()), false),
+            (
+                FlowError::StepLimit {
+                    graph: "team".into(),
+                    max_steps: 3,
+                },
+                false,
+            ),
+        ] {
+            assert_eq!(is_transient(&error), transient, "{error}");
+        }
     }
 }

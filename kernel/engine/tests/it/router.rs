@@ -502,3 +502,46 @@ successors:
     assert_eq!(calls, ["dev", "dev"]);
     server.shutdown().await;
 }
+
+/// A node set up wrong (its instruction names a state key nobody set) fails for good at once:
+/// no retry, no wait, no model call; the failure flag makes the router escalate.
+#[tokio::test]
+async fn a_template_error_is_not_retried_and_escalates_at_once() {
+    use bridge::mock::{MockConfig, MockServer};
+    let server = MockServer::start(MockConfig::default()).await.unwrap();
+    let files = EmbeddedFiles::new()
+        .with(
+            "team.yaml",
+            "agent_class: RouterAgent
+name: team
+start: dev
+sub_agents:
+  - config_path: dev.yaml
+  - config_path: tea.yaml
+successors:
+  dev: tea
+",
+        )
+        .with(
+            "dev.yaml",
+            "name: dev\nmodel: dev\ninstruction: Build {plan}\noutput_key: code\n",
+        )
+        .with("tea.yaml", llm("tea", "review"));
+    let endpoints = endpoints(&server, Provider::OpenAi, &["dev", "tea"]);
+    let spec = load_workflow_from(&files, "team.yaml").unwrap();
+    let root = register(Registry::new(endpoints.clone(), "dev"))
+        .build(&spec)
+        .unwrap();
+    let (report, events) = run(root.as_ref(), &endpoints, "Build it.").await;
+    assert_eq!(started(&events), ["team", "dev"]);
+    let state = &report.state;
+    let failure = state.get("agent_failure").unwrap();
+    assert_eq!(failure["attempts"], json!(1));
+    assert!(
+        failure["error"].as_str().unwrap().contains("`plan`"),
+        "{failure}"
+    );
+    assert_eq!(state.get("escalation_triggered"), Some(&json!(true)));
+    assert!(server.log().entries().is_empty());
+    server.shutdown().await;
+}

@@ -9,7 +9,7 @@ use engine::flow::{Agent, Callbacks, Control, Event, EventKind, FlowError, Invoc
 use serde_json::Value;
 
 use super::services::{FlowKernel, off_runtime};
-use crate::repl::{ContextInput, ContextSource};
+use crate::repl::{ContextInput, ContextSource, ReplError};
 
 /// Loads the run's contexts (its `--context` paths, then the paths listed in state key
 /// `paths_key`: a list of paths, or a dict of name to path) into the session and writes
@@ -68,6 +68,32 @@ impl ContextLoader {
         }
     }
 
+    /// A failure loading again cannot mend (a bad path or file in the state).
+    fn misset(&self, message: impl Into<String>) -> FlowError {
+        FlowError::Setup {
+            agent: self.name.clone(),
+            message: message.into(),
+        }
+    }
+
+    /// The load failure `error` as a flow error: a context file or name that is wrong is
+    /// permanent, a broken session is the agent's own (maybe passing) failure.
+    fn load_error(&self, error: &ReplError) -> FlowError {
+        let message = format!("Cannot load the contexts: {error}");
+        match error {
+            ReplError::MissingPackage { .. }
+            | ReplError::ContextRead { .. }
+            | ReplError::ContextNotUtf8 { .. }
+            | ReplError::ContextMalformed { .. }
+            | ReplError::ContextBinary { .. }
+            | ReplError::ContextBadRow { .. }
+            | ReplError::UnknownEncoding { .. }
+            | ReplError::ContextType { .. }
+            | ReplError::ContextName { .. } => self.misset(message),
+            _ => self.fail(message),
+        }
+    }
+
     /// The contexts named in the state.
     fn named(&self, ctx: &InvocationContext) -> Result<Vec<ContextInput>, FlowError> {
         let Some(key) = &self.paths_key else {
@@ -78,7 +104,7 @@ impl ContextLoader {
                 .as_str()
                 .map(|p| ContextSource::Path(PathBuf::from(p)))
                 .ok_or_else(|| {
-                    self.fail(format!(
+                    self.misset(format!(
                         "State key `{key}` must hold paths (strings), not `{value}`"
                     ))
                 })
@@ -99,7 +125,7 @@ impl ContextLoader {
                     })
                 })
                 .collect(),
-            Some(other) => Err(self.fail(format!(
+            Some(other) => Err(self.misset(format!(
                 "State key `{key}` must hold a path, a list of paths or a dict of name to path, \
                  not `{other}`"
             ))),
@@ -140,7 +166,7 @@ impl Agent for ContextLoader {
             || {},
         )
         .await?
-        .map_err(|e| self.fail(format!("Cannot load the contexts: {e}")))?;
+        .map_err(|e| self.load_error(&e))?;
         let metadata = serde_json::to_value(session.contexts())
             .map_err(|e| self.fail(format!("Cannot record the contexts' metadata: {e}")))?;
         ctx.set_state(self.output_key.clone(), metadata);
