@@ -387,7 +387,23 @@ impl Graph {
         }
     }
 
+    /// Runs the steps from `step`, then tells the observers the graph ended (unless it failed).
     async fn execute(
+        &self,
+        ctx: &InvocationContext,
+        step: Step,
+        steps: u64,
+        iteration: u32,
+        resumed: bool,
+    ) -> Result<Control, FlowError> {
+        let control = self.steps(ctx, step, steps, iteration, resumed).await?;
+        for observer in ctx.observers() {
+            observer.graph_finished(ctx, ctx.branch_path())?;
+        }
+        Ok(control)
+    }
+
+    async fn steps(
         &self,
         ctx: &InvocationContext,
         mut step: Step,

@@ -5,7 +5,8 @@
 //! pair of consecutive nodes, time and visits per node, the declared nodes that never ran
 //! (idle), and the cycle time (the run's wall time, given by the caller). The report is
 //! plain data for the run metrics (a durable run reports it). [`HealthObserver`] is the
-//! node observer that feeds a tracker.
+//! node observer that feeds a tracker; when its graph ends it emits the report as a
+//! `health` metadata event, so the event log (and `rlm view`) has it too.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, PoisonError};
@@ -13,7 +14,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::flow::{FlowError, InvocationContext, NodeObserver, NodeRecord};
+use crate::flow::{Event, FlowError, InvocationContext, NodeObserver, NodeRecord};
+
+/// The topic of the metadata event carrying a graph's [`HealthReport`].
+pub const HEALTH_TOPIC: &str = "health";
 
 /// Hand-overs between one pair of nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -153,6 +157,15 @@ impl NodeObserver for HealthObserver {
             inner.0.record(&record.node, took);
         }
         Ok(())
+    }
+
+    fn graph_finished(&self, ctx: &InvocationContext, graph: &str) -> Result<(), FlowError> {
+        if graph != self.graph {
+            return Ok(());
+        }
+        let report = serde_json::to_value(self.report())
+            .map_err(|e| FlowError::Sink(format!("Cannot record the run's health: {e}")))?;
+        ctx.emit(Event::metadata(HEALTH_TOPIC, report))
     }
 }
 

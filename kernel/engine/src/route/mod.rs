@@ -58,7 +58,7 @@ pub use decide::{NameRole, Reason, Route, Routing, consults, decide, successor};
 pub use exchange::{Exchange, trailing_exchange};
 pub use file::{RouterAgent, build_router};
 pub use gate::{Gate, GateCheck, GateFailure, GateOutcome, QualityCheck, check_gates};
-pub use health::{HealthObserver, HealthReport, HealthTracker, PairCount};
+pub use health::{HEALTH_TOPIC, HealthObserver, HealthReport, HealthTracker, PairCount};
 pub use plane::{ControlPlane, Observing, RoutedEdge, RoutingObserver};
 pub use record::{DecisionLog, DecisionLogError, DecisionRecord, rfc3339};
 pub use retry::{Backoff, Exhausted, Retrying, failure_flag, is_transient, retry};

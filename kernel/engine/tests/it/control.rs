@@ -516,3 +516,36 @@ fn integrity(path: &std::path::Path) -> String {
     let store = CheckpointStore::open(path).unwrap();
     store.integrity_check().unwrap()
 }
+
+/// The run's health (exchanges per pair, time and visits per node, idle nodes, cycle time)
+/// reaches the JSONL event log as one `health` event of the graph at its end, not only the
+/// durable report.
+#[tokio::test]
+async fn the_health_report_is_an_event_in_the_log() {
+    use engine::flow::{EventKind, EventLog};
+    use engine::route::HEALTH_TOPIC;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("events.jsonl");
+    let log = Arc::new(EventLog::create(&path).unwrap());
+    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let plane = Arc::new(ControlPlane::new(team_config()));
+    let graph = plane.graph("team", team_nodes(), "analyst").unwrap();
+    let invocation = Invocation::new(SharedState::new(State::default())).with_sink(log);
+    let report = run_durable(&graph, Some(&plane), &store, "h", new_run(), invocation)
+        .await
+        .unwrap();
+    let events = EventLog::read(&path).unwrap();
+    let health: Vec<&engine::flow::Event> = events
+        .iter()
+        .filter(|e| matches!(&e.kind, EventKind::Metadata { topic } if topic == HEALTH_TOPIC))
+        .collect();
+    assert_eq!(health.len(), 1, "one health event per run");
+    assert_eq!(health[0].author, "team");
+    let expected = serde_json::to_value(&report.health).unwrap();
+    for field in ["exchanges", "visits", "idle_nodes"] {
+        assert_eq!(health[0].metadata[field], expected[field], "{field}");
+    }
+    assert!(health[0].metadata["time_in_node_ms"].is_object());
+    assert!(health[0].metadata["cycle_time_ms"].is_u64());
+    assert!(report.health.visits.get("dev").is_some_and(|&n| n >= 2));
+}
