@@ -10,7 +10,9 @@
 //! transition follows the natural successor without a decision record.
 //!
 //! An escalation ends the graph with `escalation_triggered` set; the durable runner turns
-//! that into the `awaiting_human` interrupt.
+//! that into the `awaiting_human` interrupt. A node's own `escalate` action would end the
+//! graph past the router, off the record: each node is wrapped to turn it into the escalation flag,
+//! which the router escalates like any other.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,11 +21,11 @@ use std::time::SystemTime;
 use async_trait::async_trait;
 
 use super::config::RouterConfig;
-use super::decide::{Route, Routing, consults, decide, successor};
+use super::decide::{ESCALATE_FLAG, Route, Routing, consults, decide, successor};
 use super::gate::{Gate, check_gates};
 use super::record::DecisionLog;
 use crate::flow::{
-    Agent, Callbacks, Edge, Event, EventKind, FlowError, Graph, GraphBuilder, GraphError,
+    Agent, Callbacks, Control, Edge, Event, EventKind, FlowError, Graph, GraphBuilder, GraphError,
     InvocationContext, Router, Target,
 };
 use crate::reducer::Reducers;
@@ -134,7 +136,7 @@ impl ControlPlane {
         let mut builder = Graph::builder(name).start(start);
         for node in nodes {
             let from = node.name().to_owned();
-            builder = builder.node(node).route(
+            builder = builder.node(Arc::new(RoutedNode(node))).route(
                 from,
                 Arc::new(RoutedEdge {
                     plane: self.clone(),
@@ -255,5 +257,46 @@ impl Router for RoutedEdge {
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {
         Some(self)
+    }
+}
+
+/// A node of a plane's graph: its `escalate` action becomes the escalation flag, so the
+/// router decides the escalation (a decision record, `escalation_triggered`) instead of the
+/// action ending the graph past it.
+#[derive(Debug)]
+struct RoutedNode(Arc<dyn Agent>);
+
+#[async_trait]
+impl Agent for RoutedNode {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn description(&self) -> &str {
+        self.0.description()
+    }
+
+    fn class(&self) -> &str {
+        self.0.class()
+    }
+
+    fn sub_agents(&self) -> Vec<Arc<dyn Agent>> {
+        self.0.sub_agents()
+    }
+
+    fn callbacks(&self) -> &Callbacks {
+        self.0.callbacks()
+    }
+
+    async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
+        match self.0.run(ctx).await? {
+            Control::Escalate => {
+                let mut flag = StateDelta::default();
+                flag.set(ESCALATE_FLAG, serde_json::Value::Bool(true));
+                ctx.apply(&flag);
+                Ok(Control::Continue)
+            }
+            control => Ok(control),
+        }
     }
 }

@@ -549,3 +549,49 @@ async fn the_health_report_is_an_event_in_the_log() {
     assert!(health[0].metadata["cycle_time_ms"].is_u64());
     assert!(report.health.visits.get("dev").is_some_and(|&n| n >= 2));
 }
+
+/// A node's own `escalate` action (the built-in tool) goes through the router like the
+/// escalation flag: on record as a decision, `escalation_triggered` set, the run awaiting a
+/// human with the router's rationale — even in passive mode — and the answer resumes it.
+#[tokio::test]
+async fn an_agents_escalate_action_is_a_routing_decision_on_record() {
+    let dev = agent("dev", |ctx| {
+        if ctx.get_state("human_input").is_some() {
+            ctx.set_state("built", json!(true));
+            return Ok(Control::Continue);
+        }
+        Ok(Control::Escalate)
+    });
+    let tea = agent("tea", |ctx| {
+        ctx.set_state("verdict", json!("approved"));
+        Ok(Control::Continue)
+    });
+    let plane = Arc::new(ControlPlane::new(
+        RouterConfig::new(["dev", "tea"], [("dev", "tea")]).with_mode(RouterMode::Passive),
+    ));
+    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let graph = plane.graph("team", vec![dev, tea], "dev").unwrap();
+    let invocation = Invocation::new(SharedState::new(State::default()));
+    let report = run_durable(&graph, Some(&plane), &store, "e", new_run(), invocation)
+        .await
+        .unwrap();
+    assert_eq!(
+        report.status,
+        RunStatus::AwaitingHuman {
+            question: "`dev` asked for a human".into()
+        }
+    );
+    let state = &report.run.state;
+    assert_eq!(state.get("escalation_triggered"), Some(&json!(true)));
+    assert_eq!(summaries(state), ["dev → escalate to a human"]);
+    let again = Start::Resume {
+        from: None,
+        answer: Some("Go on.".into()),
+    };
+    let invocation = Invocation::new(SharedState::new(State::default()));
+    let done = run_durable(&graph, Some(&plane), &store, "e", again, invocation)
+        .await
+        .unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    assert_eq!(done.run.state.get("verdict"), Some(&json!("approved")));
+}

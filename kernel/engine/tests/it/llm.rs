@@ -595,8 +595,8 @@ async fn a_missing_template_key_fails_the_agent_with_its_name() {
     .build()
     .expect("no tools");
     let (report, _) = run_with(&agent, invocation(State::default(), &ledger)).await;
-    let Err(FlowError::Agent { agent, message }) = report.result else {
-        panic!("expected an agent error, got {:?}", report.result);
+    let Err(FlowError::Setup { agent, message }) = report.result else {
+        panic!("expected a setup error, got {:?}", report.result);
     };
     assert_eq!(agent, "agent");
     assert!(message.contains("`draft`"), "{message}");
