@@ -422,7 +422,13 @@ pub async fn run_durable(
     let checkpointer = Arc::new(checkpointer);
     let _observing = plane.map(|plane| plane.observe(checkpointer.clone()));
     let node_names: Vec<String> = graph.nodes().iter().map(|n| n.name().to_owned()).collect();
-    let health = Arc::new(HealthObserver::new(graph.name(), node_names));
+    let health = HealthObserver::new(graph.name(), node_names);
+    // A routed run's health also goes in its event log; a plain graph's only in the report.
+    let health = Arc::new(if plane.is_some() {
+        health.with_event()
+    } else {
+        health
+    });
     let invocation = invocation
         .with_observer(checkpointer.clone())
         .with_observer(health.clone());

@@ -5,8 +5,9 @@
 //! pair of consecutive nodes, time and visits per node, the declared nodes that never ran
 //! (idle), and the cycle time (the run's wall time, given by the caller). The report is
 //! plain data for the run metrics (a durable run reports it). [`HealthObserver`] is the
-//! node observer that feeds a tracker; when its graph ends it emits the report as a
-//! `health` metadata event, so the event log (and `rlm view`) has it too.
+//! node observer that feeds a tracker; for a routed run ([`HealthObserver::with_event`]) it
+//! emits the report as a `health` metadata event when its graph ends, so the event log (and
+//! `rlm view`) has it too.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, PoisonError};
@@ -116,6 +117,7 @@ pub struct HealthObserver {
     graph: String,
     started: Instant,
     inner: Mutex<(HealthTracker, Option<Instant>)>,
+    event: bool,
 }
 
 impl HealthObserver {
@@ -129,7 +131,14 @@ impl HealthObserver {
             graph: graph.into(),
             started: Instant::now(),
             inner: Mutex::new((HealthTracker::new(nodes), None)),
+            event: false,
         }
+    }
+
+    /// Also emitting the report as a [`HEALTH_TOPIC`] event when the graph ends.
+    pub fn with_event(mut self) -> Self {
+        self.event = true;
+        self
     }
 
     /// The report so far, the cycle time running from creation.
@@ -160,7 +169,7 @@ impl NodeObserver for HealthObserver {
     }
 
     fn graph_finished(&self, ctx: &InvocationContext, graph: &str) -> Result<(), FlowError> {
-        if graph != self.graph {
+        if !self.event || graph != self.graph {
             return Ok(());
         }
         let report = serde_json::to_value(self.report())
