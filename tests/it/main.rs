@@ -19,6 +19,7 @@ mod final_answers;
 mod flow;
 mod flow_durable;
 mod flow_run;
+mod flow_tools;
 mod limits;
 mod messages;
 mod mock_lm;

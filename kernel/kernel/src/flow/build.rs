@@ -12,7 +12,8 @@
 //!   `max_consecutive_failures` and `max_history_chars`. The sub-model is the run's
 //!   (`llm_query(model=...)` picks others).
 //! - Tools: a `name` no registered tool has that is a Python function reference as above
-//!   (relative to the workflow's root folder) is a [`PythonFlowTool`](super::PythonFlowTool).
+//!   (relative to the workflow's root folder) is a [`PythonFunctionTool`](crate::tools::PythonFunctionTool),
+//!   described when the file is built (see `flow_tool.rs`).
 //! - Callbacks: a `name` no registered callback has is a Python function reference as
 //!   above; a file path is relative to the workflow's root folder (the registry hands the
 //!   callback factory only the `{name, args}` entry).
@@ -35,7 +36,7 @@ use serde_json::{Map, Value};
 
 use super::callbacks::PythonCallback;
 use super::contexts::ContextLoader;
-use super::flow_tool::PythonFlowTool;
+use super::flow_tool::python_flow_tool;
 use super::python::PyFunction;
 use super::python_agent::PythonAgent;
 use super::rlm_agent::RlmAgent;
@@ -98,8 +99,9 @@ pub fn register(registry: Registry, kernel: &Arc<FlowKernel>, root_dir: &Path) -
             // A plain name that is no Python reference stays an unknown tool.
             let function = PyFunction::parse(&tool.name, &tools_dir).ok()?;
             Some(
-                PythonFlowTool::new(function, &tool.args, Arc::clone(&tools))
-                    .map(|t| Arc::new(t) as Arc<dyn engine::Tool>),
+                python_flow_tool(function, &tool.args, Arc::clone(&tools))
+                    .map(|t| Arc::new(t) as Arc<dyn engine::Tool>)
+                    .map_err(|e| e.to_string()),
             )
         })
         .with_callback_fallback(move |code| {

@@ -1,137 +1,124 @@
-//! [`PythonFlowTool`]: a Python function named in a workflow file as an `LlmAgent`'s tool.
+//! Python functions named in a workflow file as an `LlmAgent`'s tools.
 //!
-//! `tools: [{name: "tools.py:lookup", args: {description: ..., parameters: {...}}}]`: the
-//! model calls it by the function's name (`lookup`); `args` may set its `description` and
-//! the JSON Schema of its `parameters` (absent: no parameters). The function gets one dict,
-//! `ctx`, as a callback does: `args` (the model's arguments), `state` (a copy it may change:
-//! changed and new keys are written back) and `actions` (`exit_loop`, `end_turn`,
-//! `escalate`, to set to `True`). What it returns (JSON) is the tool's result; an exception
-//! is the call's error (the model sees it, `on_tool_error` callbacks may recover).
+//! `tools: [{name: "tools.py:lookup"}]` offers the function `lookup` to the model as a
+//! [`PythonFunctionTool`], the agents' Python function tool, in Google ADK's convention:
+//! the model's arguments arrive as keyword arguments, the schema and description come from
+//! the signature and docstring, and a `tool_context` parameter gets the workflow's `state`
+//! (writes are the call's state delta, applied before the next tool) and `actions`
+//! (`exit_loop`, `end_turn`, `escalate`). `args` may set `description` and `parameters` (a
+//! JSON Schema that must fit the signature) instead of the derived ones.
 //!
-//! Unlike `kernel::tools::PythonFunctionTool` (the agents issue's tools: keyword arguments,
-//! schema from the signature, no state), a workflow tool works on the workflow's state, in
-//! the calling convention of the workflow's Python callbacks and steps.
+//! The function is described once, when the file is built (so a function that cannot be a
+//! tool fails then, with the file's line), and loaded afresh for each call in the run's
+//! current session ([`FlowFunction`]), as every Python function of a workflow is.
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use engine::{Tool, ToolContext, ToolError};
 use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
-use super::callbacks::write_back;
 use super::python::PyFunction;
-use super::services::{FlowKernel, off_runtime};
+use super::services::FlowKernel;
+use crate::repl::{ReplError, ReplSession};
+use crate::tools::{FunctionHome, PythonFunctionTool, PythonToolError};
 
 /// What `args` of a Python tool may set.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ToolArgs {
-    #[serde(default)]
-    description: String,
+    description: Option<String>,
     parameters: Option<Value>,
 }
 
-/// A Python function as a [`Tool`]; see the module docs.
-pub struct PythonFlowTool {
+/// Why a workflow file's Python tool cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum FlowToolError {
+    /// `args` sets something other than `description` and `parameters`.
+    #[error("{0}; `args` of a Python tool may set `description` and `parameters`")]
+    Args(String),
+    /// The function takes one `ctx` dict, the convention workflow tools had before.
+    #[error(
+        "`{function}` takes one `ctx` dict, the old way of writing a workflow tool; write it as \
+         Google ADK does: the model's arguments as typed parameters (the type hints and the \
+         docstring make the schema) and a `tool_context` parameter for the state and actions, \
+         e.g. `def {name}(region: str, tool_context) -> dict:` with `tool_context.state[\"key\"]` \
+         and `tool_context.actions.exit_loop = True`"
+    )]
+    OldConvention {
+        /// The function as the file names it.
+        function: String,
+        /// Its name.
+        name: String,
+    },
+    /// The function cannot be a tool.
+    #[error("Python tool `{function}`: {source}")]
+    Tool {
+        /// The function as the file names it.
+        function: String,
+        /// Why.
+        source: PythonToolError,
+    },
+}
+
+/// A function a workflow file names, bound in the run's current session at each use.
+#[derive(Debug)]
+pub(super) struct FlowFunction {
     function: PyFunction,
-    description: String,
-    parameters: Value,
     kernel: Arc<FlowKernel>,
 }
 
-impl std::fmt::Debug for PythonFlowTool {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PythonFlowTool({})", self.function.display())
+impl FunctionHome for FlowFunction {
+    fn session(&self) -> Result<Arc<ReplSession>, ReplError> {
+        self.kernel.session()
+    }
+
+    fn binding(&self) -> String {
+        self.function.binding()
+    }
+
+    fn place(&self) -> String {
+        self.function.place()
     }
 }
 
-impl PythonFlowTool {
-    /// `function` as a tool, described by the entry's `args`, in `kernel`'s session; the
-    /// error says what is wrong with `args`.
-    pub fn new(
-        function: PyFunction,
-        args: &Map<String, Value>,
-        kernel: Arc<FlowKernel>,
-    ) -> Result<Self, String> {
-        let args: ToolArgs = serde_json::from_value(Value::Object(args.clone())).map_err(|e| {
-            format!("{e}; `args` of a Python tool may set `description` and `parameters`")
-        })?;
-        let parameters = args
-            .parameters
-            .unwrap_or_else(|| json!({"type": "object", "properties": {}}));
-        if parameters.get("type") != Some(&json!("object")) {
-            return Err(format!(
-                "`parameters` of Python tool `{}` must be a JSON Schema of `type: object`",
-                function.name()
-            ));
-        }
-        Ok(Self {
-            function,
-            description: args.description,
-            parameters,
-            kernel,
-        })
-    }
-}
-
-#[async_trait]
-impl Tool for PythonFlowTool {
-    fn name(&self) -> &str {
-        self.function.name()
-    }
-
-    fn description(&self) -> &str {
-        &self.description
-    }
-
-    fn parameters(&self) -> Value {
-        self.parameters.clone()
-    }
-
-    async fn call(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
-        let state = Value::Object(ctx.state().with(|s| s.values().clone()));
-        let call_ctx = json!({
-            "args": args,
-            "state": state,
-            "actions": {"exit_loop": false, "end_turn": false, "escalate": false},
+/// `function` as a tool of `kernel`'s session, described by its signature and docstring
+/// unless the entry's `args` say otherwise. Blocks: the function is described in the
+/// session.
+pub(super) fn python_flow_tool(
+    function: PyFunction,
+    args: &Map<String, Value>,
+    kernel: Arc<FlowKernel>,
+) -> Result<PythonFunctionTool, FlowToolError> {
+    let args: ToolArgs = serde_json::from_value(Value::Object(args.clone()))
+        .map_err(|e| FlowToolError::Args(e.to_string()))?;
+    let (display, name) = (function.display(), function.name().to_owned());
+    let tool_error = |source| FlowToolError::Tool {
+        function: display.clone(),
+        source,
+    };
+    let home = Arc::new(FlowFunction { function, kernel });
+    let mut tool = PythonFunctionTool::from_home(home, &name).map_err(tool_error)?;
+    let derived = engine::Tool::parameters(&tool);
+    let only_ctx = derived
+        .get("properties")
+        .and_then(Value::as_object)
+        .is_some_and(|p| p.len() == 1 && p.contains_key("ctx"));
+    let names_ctx = args
+        .parameters
+        .as_ref()
+        .and_then(|p| p.pointer("/properties/ctx"))
+        .is_some();
+    if only_ctx && !names_ctx {
+        return Err(FlowToolError::OldConvention {
+            function: display,
+            name,
         });
-        let (kernel, function, stop) = (
-            Arc::clone(&self.kernel),
-            self.function.clone(),
-            ctx.cancel().clone(),
-        );
-        let called = off_runtime(
-            self.name(),
-            move || {
-                let session = kernel.session().map_err(|e| e.to_string())?;
-                function
-                    .call(&session, &call_ctx, &Map::new(), &stop)
-                    .map_err(|e| e.to_string())
-            },
-            || self.kernel.interrupt(),
-        )
-        .await
-        .map_err(|e| ToolError::Failed(e.to_string()))?;
-        if ctx.cancel().is_cancelled() {
-            return Err(ToolError::Cancelled);
-        }
-        let (out, after) = called.map_err(|e| {
-            ToolError::Failed(format!(
-                "Python tool `{}` failed: {e}",
-                self.function.display()
-            ))
-        })?;
-        let actions = write_back(&after, &state, |key, value| ctx.set_state(key, value));
-        if actions.exit_loop {
-            ctx.exit_loop();
-        }
-        if actions.end_turn {
-            ctx.end_turn();
-        }
-        if actions.escalate {
-            ctx.escalate();
-        }
-        Ok(out)
     }
+    if let Some(parameters) = args.parameters {
+        tool = tool.with_parameters(parameters).map_err(tool_error)?;
+    }
+    if let Some(description) = args.description {
+        tool = tool.with_description(description);
+    }
+    Ok(tool)
 }

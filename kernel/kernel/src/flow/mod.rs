@@ -12,7 +12,9 @@
 //! - [`PythonCallback`]: a Python callable named in a workflow file as a callback.
 //! - [`PythonStateFunction`]: a Python function named by a `python` test of a condition or
 //!   quality gate.
-//! - [`PythonFlowTool`]: a Python function named in a workflow file as an `LlmAgent`'s tool.
+//! - Python functions named in a workflow file as an `LlmAgent`'s tools: the
+//!   agents' [`PythonFunctionTool`](crate::tools::PythonFunctionTool)s, bound through the
+//!   run's session (keyword arguments, a `tool_context` for the state and actions).
 //! - [`render_event_log_html`]: a run's JSONL event log as one HTML page (`rlm view`).
 //!
 //! [`register`] teaches the engine's `Registry` to build these from workflow files, and the
@@ -36,7 +38,6 @@ mod view;
 pub use build::{LOAD_CONTEXTS, register};
 pub use callbacks::PythonCallback;
 pub use contexts::{CONTEXTS_KEY, ContextLoader};
-pub use flow_tool::PythonFlowTool;
 pub use python::{PyCallError, PyFunction};
 pub use python_agent::{ACTIONS_KEY, MESSAGE_KEY, PythonAgent};
 pub use rlm_agent::RlmAgent;

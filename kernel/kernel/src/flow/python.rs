@@ -8,6 +8,8 @@
 //! one function of the block, so nothing is left in the model's namespace; the two global
 //! names a call needs (its function, its result) are numbered per call, so calls from
 //! concurrent steps (parallel branches, a reply's tool calls) never read each other's result.
+//! [`PyFunction::binding`] is the loading part alone: a workflow tool is bound by it and
+//! then described and called as every Python function tool is (`kernel::tools`).
 //!
 //! A file is loaded afresh for each call, as a module that starts with the session's
 //! variables (the contexts, `llm_query`, what earlier blocks made), so a step reads the
@@ -113,25 +115,20 @@ impl PyFunction {
         }
     }
 
-    /// Calls the function with `arg` and keyword arguments `kwargs` in `session` (blocks;
-    /// `stop` interrupts it). Returns what it returned and the argument as it left it.
-    pub fn call(
-        &self,
-        session: &ReplSession,
-        arg: &Value,
-        kwargs: &Map<String, Value>,
-        stop: &CancellationToken,
-    ) -> Result<(Value, Value), PyCallError> {
-        let load = match &self.origin {
+    /// Python statements, indented by four spaces, that bind the function to `_fn` inside a
+    /// function of a block (`importlib` and `sys` imported there).
+    pub fn binding(&self) -> String {
+        let imports = "    import importlib, importlib.util, sys\n";
+        match &self.origin {
             Origin::Module(module) => format!(
-                "    _base = {base}\n    if _base not in sys.path:\n        sys.path.insert(0, _base)\n    \
+                "{imports}    _base = {base}\n    if _base not in sys.path:\n        sys.path.insert(0, _base)\n    \
                  _fn = getattr(importlib.import_module({module}), {function})\n",
                 base = py_str(&self.base.display().to_string()),
                 module = py_str(module),
                 function = py_str(&self.function),
             ),
             Origin::File(path) => format!(
-                "    _spec = importlib.util.spec_from_file_location('rlm_flow_step', {path})\n    \
+                "{imports}    _spec = importlib.util.spec_from_file_location('rlm_flow_step', {path})\n    \
                  if _spec is None or _spec.loader is None:\n        \
                  raise ImportError('cannot load ' + {path})\n    \
                  _mod = importlib.util.module_from_spec(_spec)\n    \
@@ -141,11 +138,31 @@ impl PyFunction {
                 path = py_str(&path.display().to_string()),
                 function = py_str(&self.function),
             ),
-        };
+        }
+    }
+
+    /// Where the function is, for messages: `` `path/to/file.py` `` or `` module `steps` ``.
+    pub fn place(&self) -> String {
+        match &self.origin {
+            Origin::Module(m) => format!("module `{m}`"),
+            Origin::File(f) => format!("`{}`", f.display()),
+        }
+    }
+
+    /// Calls the function with `arg` and keyword arguments `kwargs` in `session` (blocks;
+    /// `stop` interrupts it). Returns what it returned and the argument as it left it.
+    pub fn call(
+        &self,
+        session: &ReplSession,
+        arg: &Value,
+        kwargs: &Map<String, Value>,
+        stop: &CancellationToken,
+    ) -> Result<(Value, Value), PyCallError> {
+        let load = self.binding();
         let n = CALLS.fetch_add(1, Ordering::Relaxed);
         let out_var = format!("{OUT}_{n}");
         let code = format!(
-            "def __rlm_flow_call_{n}():\n    import importlib, importlib.util, json, sys\n{load}    \
+            "def __rlm_flow_call_{n}():\n    import json\n{load}    \
              _arg = json.loads({arg})\n    _out = _fn(_arg, **json.loads({kwargs}))\n    \
              return json.dumps({{'out': _out, 'arg': _arg}})\n\
              {out_var} = __rlm_flow_call_{n}()\ndel __rlm_flow_call_{n}\n",

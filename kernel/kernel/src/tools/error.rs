@@ -18,6 +18,24 @@ pub enum PythonToolError {
         /// The Python error.
         message: String,
     },
+    /// The function a workflow file names could not be loaded (a missing file or module, a
+    /// syntax error, no such function in it).
+    #[error("Cannot load a tool from {place}: {message}")]
+    Load {
+        /// Where the function was looked for.
+        place: String,
+        /// The Python error.
+        message: String,
+    },
+    /// Parameters given for a function (a workflow file's `args.parameters`) do not fit its
+    /// signature.
+    #[error("The `parameters` given for tool `{tool}` do not fit its function: {detail}")]
+    Parameters {
+        /// The tool.
+        tool: String,
+        /// What does not fit.
+        detail: String,
+    },
     /// A function cannot be a tool (not defined, not a function, positional-only parameters).
     #[error("{0}")]
     Definition(String),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bridge::CancellationToken;
-use engine::{Tool, ToolContext, ToolError};
+use engine::{Actions, Tool, ToolContext, ToolError};
 use pyo3::prelude::*;
 use pyo3::types::PyModule;
 use serde::Deserialize;
@@ -25,13 +25,54 @@ const HELPER_SOURCE: &str = include_str!("support.py");
 /// Tokens naming each entry point's result in the support module, unique in the process.
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(0);
 
+/// Where a [`PythonFunctionTool`]'s function lives: the session that runs it and the Python
+/// statements that bind it there (a function of the session, or one a workflow file names).
+pub trait FunctionHome: Send + Sync + std::fmt::Debug {
+    /// The session the function runs in; may block while the session starts.
+    fn session(&self) -> Result<Arc<ReplSession>, ReplError>;
+
+    /// Python statements, each indented by four spaces, that bind the function to `_fn`;
+    /// they run inside a function of the block, so their names stay local to it.
+    fn binding(&self) -> String;
+
+    /// Where the function is, for messages: `` `tools.py` ``, `the session`.
+    fn place(&self) -> String;
+}
+
+/// A function of a session's namespace, by name.
+#[derive(Debug)]
+struct SessionFunction {
+    session: Arc<ReplSession>,
+    name: String,
+}
+
+impl FunctionHome for SessionFunction {
+    fn session(&self) -> Result<Arc<ReplSession>, ReplError> {
+        Ok(Arc::clone(&self.session))
+    }
+
+    fn binding(&self) -> String {
+        format!("    _fn = globals().get({})\n", python_str(&self.name))
+    }
+
+    fn place(&self) -> String {
+        "the session".to_owned()
+    }
+}
+
 /// A Python function the model may call (see the [module docs](super)).
 #[derive(Debug)]
 pub struct PythonFunctionTool {
-    session: Arc<ReplSession>,
+    home: Arc<dyn FunctionHome>,
     name: String,
     description: String,
     parameters: Value,
+    /// The function takes a `tool_context` parameter.
+    takes_context: bool,
+    /// The function takes `**kwargs`: any argument fits.
+    takes_any: bool,
+    /// How long a call may take.
+    timeout: Duration,
 }
 
 /// A function as the support module describes it.
@@ -40,14 +81,25 @@ struct Described {
     name: String,
     description: String,
     parameters: Value,
+    takes_context: bool,
+    takes_any: bool,
 }
 
 /// What a call left in the support module.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum CallOutcome {
-    /// The return value, as JSON.
-    Value(Value),
+    /// The function returned.
+    Returned {
+        /// The return value, as JSON.
+        value: Value,
+        /// The state keys its `tool_context` wrote, in order.
+        #[serde(default)]
+        state: Vec<(String, Value)>,
+        /// The actions its `tool_context` took.
+        #[serde(default)]
+        actions: Actions,
+    },
     /// The arguments did not fit the signature.
     Invalid(String),
     /// The function raised.
@@ -108,6 +160,96 @@ impl PythonFunctionTool {
         Self::tools(session, described)
     }
 
+    /// The function `home` binds, offered as tool `name` with the schema and description
+    /// its signature and docstring give. Blocks: the binding runs in the session.
+    pub fn from_home(home: Arc<dyn FunctionHome>, name: &str) -> Result<Self, PythonToolError> {
+        let session = home.session()?;
+        let (binding, name_literal) = (home.binding(), python_str(name));
+        let place = python_str(&format!(" in {}", home.place()));
+        let (result, out) = run_entry(&session, &CancellationToken::new(), |token| {
+            function_block(
+                token,
+                &binding,
+                &format!("describe_function(_fn, {name_literal}, {place}, {token})"),
+            )
+        })?;
+        let load_error = |message| PythonToolError::Load {
+            place: home.place(),
+            message,
+        };
+        let mut described: Described = described(&result, out, load_error)?;
+        described.name = name.to_owned();
+        Self::tool(home, described, session.config().cell_timeout)
+    }
+
+    /// This tool described by `description` instead of the docstring.
+    pub fn with_description(mut self, description: impl Into<String>) -> Self {
+        self.description = description.into();
+        self
+    }
+
+    /// This tool with `parameters` (a JSON Schema) instead of the schema derived from the
+    /// signature; refused unless it is an `object` schema the signature can take: every
+    /// property a parameter of the function, every parameter without a default required.
+    pub fn with_parameters(mut self, parameters: Value) -> Result<Self, PythonToolError> {
+        let mismatch = |detail: String| PythonToolError::Parameters {
+            tool: self.name.clone(),
+            detail,
+        };
+        if parameters.get("type") != Some(&Value::from("object")) {
+            return Err(mismatch(
+                "they must be a JSON Schema of `type: object`".into(),
+            ));
+        }
+        let names = |schema: &Value, key: &str| -> Vec<String> {
+            match schema.get(key) {
+                Some(Value::Object(map)) => map.keys().cloned().collect(),
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect(),
+                _ => Vec::new(),
+            }
+        };
+        let takes = names(&self.parameters, "properties");
+        let listed = |names: &[String]| {
+            names
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let foreign: Vec<String> = names(&parameters, "properties")
+            .into_iter()
+            .filter(|p| !takes.contains(p))
+            .collect();
+        if !self.takes_any && !foreign.is_empty() {
+            return Err(mismatch(format!(
+                "the function takes no {} (it takes {})",
+                listed(&foreign),
+                if takes.is_empty() {
+                    "no arguments".to_owned()
+                } else {
+                    listed(&takes)
+                }
+            )));
+        }
+        let required = names(&parameters, "required");
+        let unasked: Vec<String> = names(&self.parameters, "required")
+            .into_iter()
+            .filter(|p| !required.contains(p))
+            .collect();
+        if !unasked.is_empty() {
+            return Err(mismatch(format!(
+                "the function needs {} but `required` does not list it; list it there or give \
+                 the parameter a default",
+                listed(&unasked)
+            )));
+        }
+        self.parameters = parameters;
+        Ok(self)
+    }
+
     async fn load(
         session: &Arc<ReplSession>,
         code: impl FnOnce(u64) -> String + Send + 'static,
@@ -124,20 +266,36 @@ impl PythonFunctionTool {
         session: &Arc<ReplSession>,
         described: Vec<Described>,
     ) -> Result<Vec<Arc<dyn Tool>>, PythonToolError> {
+        let timeout = session.config().cell_timeout;
         described
             .into_iter()
             .map(|d| {
-                if !bridge::chat::is_valid_tool_name(&d.name) {
-                    return Err(PythonToolError::InvalidName(d.name));
-                }
-                Ok(Arc::new(Self {
+                let home = Arc::new(SessionFunction {
                     session: Arc::clone(session),
-                    name: d.name,
-                    description: d.description,
-                    parameters: d.parameters,
-                }) as Arc<dyn Tool>)
+                    name: d.name.clone(),
+                });
+                Self::tool(home, d, timeout).map(|t| Arc::new(t) as Arc<dyn Tool>)
             })
             .collect()
+    }
+
+    fn tool(
+        home: Arc<dyn FunctionHome>,
+        d: Described,
+        cell_timeout: Duration,
+    ) -> Result<Self, PythonToolError> {
+        if !bridge::chat::is_valid_tool_name(&d.name) {
+            return Err(PythonToolError::InvalidName(d.name));
+        }
+        Ok(Self {
+            home,
+            name: d.name,
+            description: d.description,
+            parameters: d.parameters,
+            takes_context: d.takes_context,
+            takes_any: d.takes_any,
+            timeout: cell_timeout + CALL_SLACK,
+        })
     }
 }
 
@@ -161,20 +319,35 @@ impl Tool for PythonFunctionTool {
                 "the arguments must be a JSON object".to_owned(),
             ));
         }
-        let name = python_str(&self.name);
+        // The state travels only to a function that asks for it.
+        let context = if self.takes_context {
+            let state = Value::Object(ctx.state().with(|s| s.values().clone()));
+            python_str(
+                &serde_json::json!({"state": state, "function_call_id": ctx.call_id()}).to_string(),
+            )
+        } else {
+            "None".to_owned()
+        };
+        let home = Arc::clone(&self.home);
+        let session = tokio::task::spawn_blocking(move || home.session())
+            .await
+            .map_err(|e| ToolError::Failed(format!("The Python call failed unexpectedly: {e}")))?
+            .map_err(|e| ToolError::Failed(format!("The Python session failed: {e}")))?;
+        let (binding, name) = (self.home.binding(), python_str(&self.name));
         let arguments = python_str(&args.to_string());
-        let (result, out) = on_session(&self.session, ctx.cancel(), move |session, stop| {
+        let (result, out) = on_session(&session, ctx.cancel(), move |session, stop| {
             run_entry(session, stop, |token| {
-                format!(
-                    "__import__({helper}).call(globals(), {name}, {token}, {arguments})",
-                    helper = python_str(HELPER)
+                function_block(
+                    token,
+                    &binding,
+                    &format!("call_function(_fn, {name}, {token}, {arguments}, {context})"),
                 )
             })
         })
         .await?
         .map_err(|e| ToolError::Failed(format!("The Python session failed: {e}")))?;
         if !result.is_success() {
-            return Err(block_failure(&result, ctx.cancel(), &self.session));
+            return Err(block_failure(&result, ctx.cancel(), &session));
         }
         let Some(mut out) = out else {
             return Err(ToolError::Failed(format!(
@@ -184,7 +357,25 @@ impl Tool for PythonFunctionTool {
         };
         bridge::secret::redactor().redact_in_place(&mut out);
         match serde_json::from_str(&out) {
-            Ok(CallOutcome::Value(value)) => Ok(value),
+            Ok(CallOutcome::Returned {
+                value,
+                state,
+                actions,
+            }) => {
+                for (key, value) in state {
+                    ctx.set_state(key, value);
+                }
+                if actions.exit_loop {
+                    ctx.exit_loop();
+                }
+                if actions.end_turn {
+                    ctx.end_turn();
+                }
+                if actions.escalate {
+                    ctx.escalate();
+                }
+                Ok(value)
+            }
             Ok(CallOutcome::Invalid(message)) => Err(ToolError::InvalidArguments(message)),
             Ok(CallOutcome::Raised {
                 type_name,
@@ -205,17 +396,27 @@ impl Tool for PythonFunctionTool {
     }
 
     fn timeout(&self) -> Option<Duration> {
-        Some(self.session.config().cell_timeout + CALL_SLACK)
+        Some(self.timeout)
     }
 }
 
-/// The descriptions an entry point left, or the error its block ended with (`on_error`
+/// A block that binds the function (`binding`) inside a function of its own, numbered by
+/// `token`, and calls the support module's `entry` there; the function is gone afterwards.
+fn function_block(token: u64, binding: &str, entry: &str) -> String {
+    format!(
+        "def __rlm_tool_{token}():\n{binding}    __import__({helper}).{entry}\n\
+         try:\n    __rlm_tool_{token}()\nfinally:\n    del __rlm_tool_{token}\n",
+        helper = python_str(HELPER)
+    )
+}
+
+/// The description(s) an entry point left, or the error its block ended with (`on_error`
 /// wraps the Python error's text).
-fn described(
+fn described<T: serde::de::DeserializeOwned>(
     result: &ExecutionResult,
     out: Option<String>,
     on_error: impl FnOnce(String) -> PythonToolError,
-) -> Result<Vec<Described>, PythonToolError> {
+) -> Result<T, PythonToolError> {
     if result.timed_out {
         return Err(PythonToolError::TimedOut);
     }
@@ -231,7 +432,7 @@ fn described(
             "",
         )));
     }
-    let out = out.ok_or_else(|| PythonToolError::Internal("no descriptions came back".into()))?;
+    let out = out.ok_or_else(|| PythonToolError::Internal("no description came back".into()))?;
     serde_json::from_str(&out).map_err(|e| PythonToolError::Internal(e.to_string()))
 }
 

@@ -5,10 +5,14 @@
 //!   contexts, `llm_query` and the variables of earlier calls are; returns its stdout and
 //!   stderr as JSON. An exception is a tool error (the model reads the traceback), the cell
 //!   time limit is the call's limit, and the session goes on either way.
-//! - [`PythonFunctionTool`]: a function of a Python file (run in the session like `%run`)
-//!   or of the session itself, called with the model's arguments as keyword arguments. Its
+//! - [`PythonFunctionTool`]: a function of a Python file (run in the session like `%run`),
+//!   of the session itself, or wherever a [`FunctionHome`] binds it (a workflow file's
+//!   `tools.py:lookup`), called with the model's arguments as keyword arguments. Its
 //!   schema is derived from the signature and its description from the docstring
-//!   (`support.py` documents the mapping); its return value goes back as JSON.
+//!   (`support.py` documents the mapping); its return value goes back as JSON. A parameter
+//!   named `tool_context` (Google ADK's convention) is left out of the schema and gets the
+//!   call's `state` (reads see the state, writes become the call's state delta) and
+//!   `actions` (`exit_loop`, `end_turn`, `escalate`).
 //!
 //! # Execution path
 //! A call never runs Python on a tokio worker thread, and holds the GIL only to convert:
@@ -46,7 +50,7 @@ use engine::ToolError;
 use crate::repl::{ExecutionResult, ReplSession};
 
 pub use error::PythonToolError;
-pub use function::PythonFunctionTool;
+pub use function::{FunctionHome, PythonFunctionTool};
 pub use python::PythonTool;
 
 /// How much longer than the cell time limit a call may take: the limit is enforced by the

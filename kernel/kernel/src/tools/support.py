@@ -10,19 +10,29 @@ session's namespace, which it leaves as it found it.
 - `load_file(ns, path, token)`: runs a Python file in the namespace (like `%run`) and
   describes its public functions (`__all__`, else top-level `def`s not starting with `_`).
 - `describe(ns, names, token)`: describes functions of the namespace by name.
-- `call(ns, name, token, arguments_json)`: calls a function with keyword arguments; the
-  return value becomes JSON (falling back to `repr`). Arguments that do not fit the
-  signature are reported, not raised; so is an exception of the function, with a traceback
-  that starts at the function. Interrupts (time limit, cancellation) end the block.
+- `describe_function(fn, name, where, token)`: describes one function object, which the
+  kernel's block bound first (a session's function, a workflow file's `tools.py:lookup`).
+- `call_function(fn, name, token, arguments_json, context_json)`: calls a function with
+  keyword arguments; the return value becomes JSON (falling back to `repr`). Arguments that
+  do not fit the signature are reported, not raised; so is an exception of the function,
+  with a traceback that starts at the function. Interrupts (time limit, cancellation) end
+  the block.
 
-A description is `{"name", "description", "parameters"}`, with a JSON Schema derived from
-the signature (type hints: str, int, float, bool, list/tuple/set, dict, Optional/Union,
-Literal, Enum, Annotated; a parameter with a default is not required) and the docstring
-(the prose before the first section is the description; Google `Args:`, NumPy
-`Parameters`, and Sphinx `:param x:` entries describe the parameters).
+A description is `{"name", "description", "parameters", "takes_context", "takes_any"}`,
+with a JSON Schema derived from the signature (type hints: str, int, float, bool,
+list/tuple/set, dict, Optional/Union, Literal, Enum, Annotated; a parameter with a default
+is not required) and the docstring (the prose before the first section is the description;
+Google `Args:`, NumPy `Parameters`, and Sphinx `:param x:` entries describe the parameters).
+
+A parameter named `tool_context` (Google ADK's name) is not part of the schema: the call
+passes a `ToolContext` there, whose `state` reads the workflow's state as the call starts
+and records writes (the call's state delta), and whose `actions` the function may set
+(`exit_loop`, `end_turn` or its ADK name `skip_summarization`, `escalate`). The delta and
+actions go back with the return value; an exception discards them.
 """
 
 import ast
+import collections.abc
 import dataclasses
 import enum
 import inspect
@@ -47,6 +57,8 @@ _PARAM_SECTIONS = {
     "Args", "Arguments", "Parameters", "Params", "Keyword Args", "Keyword Arguments",
     "Other Parameters",
 }
+# The parameter that receives the `ToolContext`, as in Google ADK.
+CONTEXT_PARAMETER = "tool_context"
 
 
 class ToolDefinitionError(Exception):
@@ -82,11 +94,18 @@ def describe(ns, names, token):
     _store(token, [_describe(ns, name, None) for name in names])
 
 
+def describe_function(fn, name, where, token):
+    _store(token, _describe_function(fn, name, where))
+
+
 def _describe(ns, name, path):
     where = f" in `{path}`" if path else " in the session"
     if name not in ns:
         raise ToolDefinitionError(f"No function `{name}` is defined{where}")
-    fn = ns[name]
+    return _describe_function(ns[name], name, where)
+
+
+def _describe_function(fn, name, where):
     if not inspect.isfunction(fn) and not inspect.isbuiltin(fn):
         raise ToolDefinitionError(
             f"`{name}`{where} is a `{type(fn).__name__}`, not a function"
@@ -104,14 +123,22 @@ def _describe(ns, name, path):
     summary, documented = _parse_docstring(inspect.getdoc(fn) or "")
     properties = {}
     required = []
+    takes_context = False
+    takes_any = False
     for param in signature.parameters.values():
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+        if param.kind is param.VAR_KEYWORD:
+            takes_any = True
+            continue
+        if param.kind is param.VAR_POSITIONAL:
             continue
         if param.kind is param.POSITIONAL_ONLY:
             raise ToolDefinitionError(
                 f"Parameter `{param.name}` of `{name}`{where} is positional-only; tools are "
                 "called with keyword arguments"
             )
+        if param.name == CONTEXT_PARAMETER:
+            takes_context = True
+            continue
         schema = _schema(hints.get(param.name, param.annotation))
         if param.name in documented and "description" not in schema:
             schema["description"] = documented[param.name]
@@ -129,6 +156,8 @@ def _describe(ns, name, path):
         "name": name,
         "description": summary or f"Calls the Python function `{name}`.",
         "parameters": parameters,
+        "takes_context": takes_context,
+        "takes_any": takes_any,
     }
 
 
@@ -317,8 +346,7 @@ def _numpy_params(body):
 # --- calling -------------------------------------------------------------------------
 
 
-def call(ns, name, token, arguments_json):
-    fn = ns.get(name)
+def call_function(fn, name, token, arguments_json, context_json):
     if not callable(fn):
         _store(token, {"invalid": f"The function `{name}` is no longer defined in the session"})
         return
@@ -326,6 +354,13 @@ def call(ns, name, token, arguments_json):
     if not isinstance(kwargs, dict):
         _store(token, {"invalid": "The arguments must be a JSON object"})
         return
+    context = None
+    if context_json is not None:
+        if CONTEXT_PARAMETER in kwargs:
+            _store(token, {"invalid": f"`{CONTEXT_PARAMETER}` is given by the kernel, not as an argument"})
+            return
+        context = ToolContext(json.loads(context_json))
+        kwargs = dict(kwargs, **{CONTEXT_PARAMETER: context})
     try:
         inspect.signature(fn).bind(**kwargs)
     except TypeError as e:
@@ -340,7 +375,119 @@ def call(ns, name, token, arguments_json):
         # the function, not at this call; interrupts (BaseException) still end the block.
         _store(token, {"raised": _describe_exception(e.with_traceback(e.__traceback__.tb_next))})
         return
-    _store(token, {"value": to_json(value)})
+    returned = {"value": to_json(value)}
+    if context is not None:
+        returned["state"] = context.state._delta()
+        returned["actions"] = context.actions._taken()
+    _store(token, {"returned": returned})
+
+
+class ToolState(collections.abc.MutableMapping):
+    """The workflow's state as a tool sees it: a mapping of JSON values.
+
+    Reads see the state as the call started; writes are visible at once to the function and
+    become the call's state delta, applied before the next tool runs. A value changed in
+    place (`state["seen"].append(x)`) counts as written.
+    """
+
+    __slots__ = ("_values", "_before", "_written")
+
+    def __init__(self, values, before):
+        self._values = values
+        self._before = before
+        self._written = set()
+
+    def __getitem__(self, key):
+        return self._values[key]
+
+    def __setitem__(self, key, value):
+        if not isinstance(key, str):
+            raise TypeError(f"State keys are strings, not `{type(key).__name__}`")
+        self._values[key] = value
+        self._written.add(key)
+
+    def __delitem__(self, key):
+        raise TypeError(f"State key `{key}` cannot be deleted; set it to `None` instead")
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self):
+        return len(self._values)
+
+    def __repr__(self):
+        return f"ToolState({self._values!r})"
+
+    def to_dict(self):
+        """A copy of the state as a plain dict."""
+        return dict(self._values)
+
+    def _delta(self):
+        missing = object()
+        return [
+            [key, to_json(value)]
+            for key, value in self._values.items()
+            if key in self._written or self._before.get(key, missing) != value
+        ]
+
+
+class ToolActions:
+    """The actions a tool may take, by setting them to `True`.
+
+    `exit_loop` ends the nearest enclosing loop, `end_turn` ends the calling agent's turn (no
+    further model call; ADK calls it `skip_summarization`), `escalate` stops the whole run.
+    ADK code that ends a loop with `escalate` sets `exit_loop` here.
+    """
+
+    __slots__ = ("exit_loop", "end_turn", "escalate")
+
+    def __init__(self):
+        for name in self.__slots__:
+            object.__setattr__(self, name, False)
+
+    @property
+    def skip_summarization(self):
+        return self.end_turn
+
+    @skip_summarization.setter
+    def skip_summarization(self, value):
+        self.end_turn = value
+
+    def __setattr__(self, name, value):
+        if name not in self.__slots__ and name != "skip_summarization":
+            raise AttributeError(
+                f"`tool_context.actions.{name}` is not an action here; a tool may set "
+                "`exit_loop` (ends the nearest loop), `end_turn` (ADK's `skip_summarization`) "
+                "and `escalate` (stops the whole run); there is no agent transfer "
+                "(a `RouterAgent` picks the next agent)"
+            )
+        object.__setattr__(self, name, value)
+
+    def __repr__(self):
+        taken = ", ".join(f"{n}=True" for n in self.__slots__ if getattr(self, n))
+        return f"ToolActions({taken})"
+
+    def _taken(self):
+        return {name: bool(getattr(self, name)) for name in self.__slots__}
+
+
+class ToolContext:
+    """What a tool's `tool_context` parameter receives: `state`, `actions` and
+    `function_call_id`, as in Google ADK."""
+
+    __slots__ = ("state", "actions", "function_call_id")
+
+    def __init__(self, context):
+        state = context.get("state") or {}
+        self.state = ToolState(state, json.loads(json.dumps(state)))
+        self.actions = ToolActions()
+        self.function_call_id = context.get("function_call_id")
+
+    def __getattr__(self, name):
+        raise AttributeError(
+            f"`tool_context.{name}` is not available here; a tool context has `state`, "
+            "`actions` and `function_call_id`"
+        )
 
 
 def _describe_exception(e):

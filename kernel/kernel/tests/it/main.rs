@@ -3,6 +3,7 @@
 mod context;
 mod fatal;
 mod flow;
+mod flow_tools;
 mod natives;
 mod repl;
 mod rlm;

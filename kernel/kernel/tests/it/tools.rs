@@ -306,6 +306,56 @@ fn function_errors_are_tool_errors_and_leave_the_session_alone() {
 }
 
 #[test]
+fn a_tool_context_parameter_gets_the_state_and_the_actions() {
+    let session = Arc::new(session());
+    ok(
+        &session,
+        "def note(text: str, tool_context) -> int:\n    \"\"\"Note it.\"\"\"\n    \
+         tool_context.state['notes'] = tool_context.state.get('notes', []) + [text]\n    \
+         tool_context.actions.skip_summarization = True\n    \
+         return len(tool_context.state['notes'])\n\n\
+         def forget(tool_context):\n    del tool_context.state['notes']\n",
+    );
+    let tools = run(PythonFunctionTool::from_session(
+        &session,
+        &["note", "forget"],
+    ))
+    .expect("tools");
+    assert_eq!(
+        tools[0].parameters(),
+        json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}),
+        "`tool_context` is not in the schema"
+    );
+    let mut state = State::default();
+    state.set("notes", json!(["a"]));
+    let context = ToolContext::new("call_7", SharedState::new(state));
+    assert_eq!(
+        run(tools[0].call(json!({"text": "b"}), &context)),
+        Ok(json!(2))
+    );
+    let (delta, actions) = context.take_effects();
+    assert_eq!(delta.values().get("notes"), Some(&json!(["a", "b"])));
+    assert!(
+        actions.end_turn && !actions.exit_loop && !actions.escalate,
+        "ADK's `skip_summarization` is `end_turn`: {actions:?}"
+    );
+    let err = call(&*tools[0], json!({"text": "c", "tool_context": {}}));
+    assert!(
+        matches!(&err, Err(ToolError::InvalidArguments(m)) if m.contains("`tool_context` is given by the kernel")),
+        "{err:?}"
+    );
+    let text = failure(run(tools[1].call(json!({}), &context)));
+    assert!(
+        text.contains("State key `notes` cannot be deleted"),
+        "{text}"
+    );
+    assert!(
+        context.take_effects().0.is_empty(),
+        "a failed call writes nothing"
+    );
+}
+
+#[test]
 fn function_calls_honour_the_cell_timeout() {
     let session = short_session(Duration::from_millis(500));
     ok(
