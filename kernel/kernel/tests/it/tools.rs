@@ -310,15 +310,18 @@ fn a_tool_context_parameter_gets_the_state_and_the_actions() {
     let session = Arc::new(session());
     ok(
         &session,
-        "def note(text: str, tool_context) -> int:\n    \"\"\"Note it.\"\"\"\n    \
+        // Annotated as in ADK code, with a name this session does not define.
+        "def note(text: str, tool_context: 'ToolContext') -> list:\n    \"\"\"Note it.\"\"\"\n    \
          tool_context.state['notes'] = tool_context.state.get('notes', []) + [text]\n    \
          tool_context.actions.skip_summarization = True\n    \
-         return len(tool_context.state['notes'])\n\n\
-         def forget(tool_context):\n    del tool_context.state['notes']\n",
+         return [len(tool_context.state['notes']), tool_context.function_call_id]\n\n\
+         def forget(tool_context):\n    del tool_context.state['notes']\n\n\
+         def halt(tool_context):\n    tool_context.actions.exit_loop = True\n    \
+         tool_context.actions.escalate = True\n",
     );
     let tools = run(PythonFunctionTool::from_session(
         &session,
-        &["note", "forget"],
+        &["note", "forget", "halt"],
     ))
     .expect("tools");
     assert_eq!(
@@ -331,7 +334,7 @@ fn a_tool_context_parameter_gets_the_state_and_the_actions() {
     let context = ToolContext::new("call_7", SharedState::new(state));
     assert_eq!(
         run(tools[0].call(json!({"text": "b"}), &context)),
-        Ok(json!(2))
+        Ok(json!([2, "call_7"]))
     );
     let (delta, actions) = context.take_effects();
     assert_eq!(delta.values().get("notes"), Some(&json!(["a", "b"])));
@@ -352,6 +355,12 @@ fn a_tool_context_parameter_gets_the_state_and_the_actions() {
     assert!(
         context.take_effects().0.is_empty(),
         "a failed call writes nothing"
+    );
+    assert_eq!(run(tools[2].call(json!({}), &context)), Ok(json!(null)));
+    let actions = context.take_actions();
+    assert!(
+        actions.exit_loop && actions.escalate && !actions.end_turn,
+        "{actions:?}"
     );
 }
 
