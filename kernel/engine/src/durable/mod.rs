@@ -46,7 +46,7 @@ mod tests;
 
 pub use run::{
     Checkpointer, DurableError, DurableReport, DurableRoot, HUMAN_INPUT, HUMAN_NODE, START_NODE,
-    Start, resume_point, run_durable,
+    Start, checkpoint_path, resume_point, run_durable,
 };
 pub use store::{
     CheckpointId, CheckpointRecord, CheckpointState, CheckpointStore, NewCheckpoint, NewRun,

@@ -2,14 +2,26 @@
 //! human interrupt.
 //!
 //! [`run_durable`] runs a graph with a [`Checkpointer`] watching it: a checkpoint of the
-//! initial state (`__start__`), one after every top-level node (the node's writes), one after
-//! every routing decision (the router's writes, naming the node that runs next), and one for
-//! a human's answer. Where a run continues ([`Start`]):
+//! initial state (`__start__`), one after every node **at every depth** of nested sequences,
+//! loops and graphs (the node's writes, and its path: per level from the root down the
+//! graph, the node, the graph's steps so far and its loop iteration, in the checkpoint's
+//! metadata as `path`, with the node's `control` when it was not `continue`), one after
+//! every routing decision of the root's router (the router's writes, naming the node that
+//! runs next), and one for a human's answer. Inside a parallel group there is no checkpoint:
+//! its branches run concurrently, so the group is checkpointed as one node of its enclosing
+//! graph, and a crash inside it runs the whole group again. An escalation travelling up
+//! through the enclosing containers is checkpointed once, at the node that escalated.
+//!
+//! Where a run continues ([`Start`]):
 //!
 //! - a new run starts at the graph's start node;
-//! - a resumed run continues from its head checkpoint — after a router checkpoint, the node
-//!   it chose runs (so after a crash the node that was running **re-executes**: side effects
-//!   belong in idempotent tools); after a node checkpoint, that node's edge is followed again;
+//! - a resumed run continues from its head checkpoint: its path becomes the run's
+//!   [`ResumePoint`], so each enclosing container is re-entered at its own step and
+//!   iteration (counts and limits as in an unbroken run) and, at the deepest level, the
+//!   finished node's edge is followed — only the node that was running when the process
+//!   died **re-executes** (side effects belong in idempotent tools); after a router
+//!   checkpoint, the node it chose runs. Re-entered containers run their before-agent
+//!   callbacks again (over the checkpoint's state);
 //! - time travel resumes from an earlier checkpoint, and the new checkpoints branch from it;
 //! - a run that stopped for a human (`awaiting_human`) resumes with the answer: it is recorded
 //!   (`human_input`, a `human` message; the escalation flags cleared) and the router decides
@@ -20,15 +32,15 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::StoreError;
-use super::store::{CheckpointId, CheckpointStore, NewCheckpoint, NewRun, RunStatus};
+use super::store::{
+    CheckpointId, CheckpointRecord, CheckpointStore, NewCheckpoint, NewRun, RunStatus,
+};
 use crate::flow::{
-    Agent, Callbacks, Control, Edge, EndStatus, Event, EventKind, FlowError, Graph, GraphError,
-    GraphKind, Invocation, InvocationContext, NodeObserver, NodeRecord, ResumeAt, RunReport,
-    Target, run_workflow,
+    Agent, Control, FlowError, Graph, GraphError, Invocation, InvocationContext, NodeObserver,
+    NodeRecord, Position, ResumeAction, ResumePoint, RunReport, run_workflow,
 };
 use crate::reducer::{ChannelWrite, apply_writes};
 use crate::route::decide::{ESCALATE_FLAG, FAILURE_FLAG, MESSAGES, keys};
@@ -115,7 +127,7 @@ impl DurableRoot {
     }
 }
 
-/// Writes a checkpoint after every top-level node and routing decision of one run.
+/// Writes a checkpoint after every node (at every depth) and routing decision of one run.
 pub struct Checkpointer {
     store: Arc<CheckpointStore>,
     run_id: String,
@@ -138,10 +150,12 @@ struct Cursor {
     state: State,
     graph_step: u64,
     iteration: u32,
+    /// The last checkpoint was of a node that escalated.
+    escalated: bool,
 }
 
 impl Checkpointer {
-    /// Checkpoints of run `run_id` for the top-level nodes of graph `graph`, continuing from
+    /// Checkpoints of run `run_id` for the nodes of graph `graph` and below, continuing from
     /// `parent` whose state is `state`.
     pub fn new(
         store: Arc<CheckpointStore>,
@@ -159,6 +173,7 @@ impl Checkpointer {
                 state,
                 graph_step: 0,
                 iteration: 1,
+                escalated: false,
             }),
         }
     }
@@ -209,15 +224,33 @@ fn sink_error(e: StoreError) -> FlowError {
 
 impl NodeObserver for Checkpointer {
     fn node_finished(&self, ctx: &InvocationContext, record: &NodeRecord) -> Result<(), FlowError> {
-        if record.graph != self.graph {
+        let Some(path) = record.path.as_ref() else {
             return Ok(());
-        }
+        };
+        let Some(top) = path.first().filter(|top| top.graph == self.graph) else {
+            return Ok(());
+        };
         {
             let mut cursor = self.cursor();
-            cursor.graph_step = record.step;
-            cursor.iteration = record.iteration;
+            let escalated = record.control == Control::Escalate;
+            if escalated && cursor.escalated {
+                // The escalation of a node below, travelling up: resume after that node.
+                return Ok(());
+            }
+            cursor.escalated = escalated;
+            if path.len() == 1 {
+                cursor.graph_step = record.step;
+                cursor.iteration = record.iteration;
+            }
         }
-        let metadata = json!({"graph_step": record.step, "iteration": record.iteration});
+        let mut metadata = json!({
+            "graph_step": top.step,
+            "iteration": top.iteration.unwrap_or(1),
+            "path": path,
+        });
+        if record.control != Control::Continue {
+            metadata["control"] = json!(record.control);
+        }
         self.write(
             ctx.state(),
             &record.node,
@@ -332,7 +365,7 @@ pub async fn run_durable(
     invocation: Invocation,
 ) -> Result<DurableReport, DurableError> {
     let state = invocation.state.clone();
-    let (checkpointer, plan) = match start {
+    let (checkpointer, resume) = match start {
         Start::New { workflow, input } => {
             store.create_run(&NewRun::new(run_id, workflow).input(input))?;
             let initial = State::default();
@@ -340,13 +373,8 @@ pub async fn run_durable(
                 Checkpointer::new(store.clone(), run_id, graph.name(), None, initial);
             let keys: Vec<String> = state.with(|s| s.values().keys().cloned().collect());
             let next: Vec<String> = graph.start_node().map(str::to_owned).into_iter().collect();
-            checkpointer.write(&state, START_NODE, keys.iter(), next.clone(), json!({}))?;
-            let plan = if next.is_empty() {
-                Plan::Done
-            } else {
-                Plan::Fresh
-            };
-            (checkpointer, plan)
+            checkpointer.write(&state, START_NODE, keys.iter(), next, json!({}))?;
+            (checkpointer, None)
         }
         Start::Resume { from, answer } => {
             let head = resume_point(store, run_id, from, answer.is_some())?;
@@ -355,67 +383,31 @@ pub async fn run_durable(
             state.with(|s| *s = loaded.clone());
             let checkpointer =
                 Checkpointer::new(store.clone(), run_id, graph.name(), Some(head), loaded);
-            let meta_u64 = |key: &str| record.metadata.get(key).and_then(Value::as_u64);
-            let steps_done = meta_u64("graph_step").unwrap_or(0);
-            let iteration = meta_u64("iteration")
-                .and_then(|i| u32::try_from(i).ok())
-                .unwrap_or(1);
+            let at = Resumed::read(store, graph, &record)?;
             {
                 let mut cursor = checkpointer.cursor();
-                cursor.graph_step = steps_done;
-                cursor.iteration = iteration;
+                cursor.graph_step = at.steps_done;
+                cursor.iteration = at.iteration;
             }
-            let plan = match answer {
+            let resume = match answer {
                 Some(answer) => {
-                    let from = record
-                        .metadata
-                        .get("from")
-                        .and_then(Value::as_str)
-                        .unwrap_or(&record.node)
-                        .to_owned();
                     let keys = record_answer(&state, plane, &answer);
-                    checkpointer.write(
-                        &state,
-                        HUMAN_NODE,
-                        keys.iter(),
-                        Vec::new(),
-                        json!({"from": from}),
-                    )?;
-                    Plan::After {
-                        from,
-                        steps_done,
-                        iteration,
-                    }
+                    let path = at.answered_path(graph.name());
+                    let metadata = json!({
+                        "from": at.from,
+                        "graph_step": at.steps_done,
+                        "iteration": at.iteration,
+                        "path": path,
+                    });
+                    checkpointer.write(&state, HUMAN_NODE, keys.iter(), Vec::new(), metadata)?;
+                    Some(ResumePoint {
+                        path,
+                        action: ResumeAction::After(Control::Continue),
+                    })
                 }
-                // Nothing ran yet: the graph starts as a new run does.
-                None if record.node == START_NODE && !record.next.is_empty() => Plan::Fresh,
-                None if record.node == START_NODE || !record.next.is_empty() => {
-                    match record.next.first() {
-                        Some(node) => Plan::At(ResumeAt {
-                            node: node.clone(),
-                            steps_done,
-                            iteration,
-                        }),
-                        None => Plan::Done,
-                    }
-                }
-                None if plane.is_some_and(|p| p.config().name == record.node) => {
-                    // A router checkpoint that chose no node: the run ended or escalated.
-                    Plan::Done
-                }
-                // A node's checkpoint (or a human's answer): its edge is followed again.
-                None => Plan::After {
-                    from: record
-                        .metadata
-                        .get("from")
-                        .and_then(Value::as_str)
-                        .unwrap_or(&record.node)
-                        .to_owned(),
-                    steps_done,
-                    iteration,
-                },
+                None => at.point(graph, plane),
             };
-            (checkpointer, plan)
+            (checkpointer, resume)
         }
     };
     store.set_status(run_id, &RunStatus::Running)?;
@@ -429,11 +421,11 @@ pub async fn run_durable(
     } else {
         health
     });
-    let invocation = invocation
+    let mut invocation = invocation
         .with_observer(checkpointer.clone())
         .with_observer(health.clone());
-    let root = Continue { graph, plan };
-    let report = run_workflow(&root, invocation, None).await;
+    invocation.resume = resume;
+    let report = run_workflow(graph, invocation, None).await;
     let status = status_of(&report);
     store.set_status(run_id, &status)?;
     Ok(DurableReport {
@@ -534,91 +526,123 @@ fn status_of(report: &RunReport) -> RunStatus {
     }
 }
 
-/// Where the graph picks up.
-#[derive(Debug, Clone)]
-enum Plan {
-    /// Run the graph from its start, as an unbroken run (a loop's first iteration event).
-    Fresh,
-    /// Run this node first.
-    At(ResumeAt),
-    /// Follow the edge out of `from` (which finished), then go on.
-    After {
-        from: String,
-        steps_done: u64,
-        iteration: u32,
-    },
-    /// Nothing is left to run.
-    Done,
+/// A checkpoint read back as where its run stands.
+#[derive(Debug)]
+struct Resumed {
+    node: String,
+    next: Vec<String>,
+    /// The node the checkpoint follows (a router's `from`, else its own node).
+    from: String,
+    steps_done: u64,
+    iteration: u32,
+    /// The nested position of a node checkpoint.
+    path: Option<Vec<Position>>,
+    control: Control,
 }
 
-/// The graph as the root of a resumed run: named like it, so its nodes' checkpoints match.
-struct Continue<'g> {
-    graph: &'g Graph,
-    plan: Plan,
-}
-
-#[async_trait]
-impl Agent for Continue<'_> {
-    fn name(&self) -> &str {
-        self.graph.name()
-    }
-
-    fn description(&self) -> &str {
-        self.graph.description()
-    }
-
-    fn class(&self) -> &str {
-        self.graph.class()
-    }
-
-    fn callbacks(&self) -> &Callbacks {
-        self.graph.callbacks()
-    }
-
-    async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
-        let at = match &self.plan {
-            Plan::Done => return Ok(Control::Continue),
-            Plan::Fresh => return self.graph.run(ctx).await,
-            Plan::At(at) => at.clone(),
-            Plan::After {
-                from,
-                steps_done,
-                iteration,
-            } => {
-                let edge = self
-                    .graph
-                    .edges()
-                    .into_iter()
-                    .find(|(node, _)| node == from)
-                    .and_then(|(_, edge)| edge.cloned());
-                let target = match edge {
-                    None => Target::End,
-                    Some(Edge::To(target)) => target,
-                    Some(Edge::When(router)) => router.route(ctx, from).await?,
-                };
-                let node = match target {
-                    Target::End => return Ok(Control::Continue),
-                    Target::Node(node) => node,
-                };
-                let mut iteration = *iteration;
-                if let GraphKind::Loop { max_iterations } = self.graph.kind()
-                    && self.graph.start_node() == Some(node.as_str())
-                {
-                    // Back at a loop's first node: a new iteration, as in an unbroken run.
-                    if iteration >= max_iterations.get() {
-                        ctx.set_end_status(EndStatus::IterationLimit);
-                        return Ok(Control::Continue);
-                    }
-                    iteration += 1;
-                    ctx.emit(Event::new(EventKind::Iteration { iteration }))?;
-                }
-                ResumeAt {
-                    node,
-                    steps_done: *steps_done,
-                    iteration,
-                }
-            }
+impl Resumed {
+    fn read(
+        store: &CheckpointStore,
+        graph: &Graph,
+        record: &CheckpointRecord,
+    ) -> Result<Self, StoreError> {
+        let meta = &record.metadata;
+        let meta_u64 = |key: &str| meta.get(key).and_then(Value::as_u64);
+        let damaged = |what: String| StoreError::Damaged {
+            path: store.path().to_path_buf(),
+            what: format!("checkpoint {}: {what}", record.id),
         };
-        self.graph.run_from(ctx, &at).await
+        let path: Option<Vec<Position>> = meta
+            .get("path")
+            .map(|path| serde_json::from_value(path.clone()))
+            .transpose()
+            .map_err(|e| damaged(format!("its `path` is not a list of positions ({e})")))?;
+        if let Some(top) = path.as_ref().and_then(|p| p.first())
+            && top.graph != graph.name()
+        {
+            return Err(damaged(format!(
+                "its `path` starts in graph `{}`, not in the run's `{}`",
+                top.graph,
+                graph.name()
+            )));
+        }
+        let control = meta
+            .get("control")
+            .map(|control| serde_json::from_value(control.clone()))
+            .transpose()
+            .map_err(|e| damaged(format!("its `control` is unknown ({e})")))?
+            .unwrap_or(Control::Continue);
+        Ok(Self {
+            node: record.node.clone(),
+            next: record.next.clone(),
+            from: meta
+                .get("from")
+                .and_then(Value::as_str)
+                .unwrap_or(&record.node)
+                .to_owned(),
+            steps_done: meta_u64("graph_step").unwrap_or(0),
+            iteration: meta_u64("iteration")
+                .and_then(|i| u32::try_from(i).ok())
+                .unwrap_or(1),
+            path: path.filter(|p| !p.is_empty()),
+            control,
+        })
     }
+
+    /// The top-level position of node `node` of `graph` (a checkpoint without a path: a
+    /// router's, a human's answer to one, or one written before paths were recorded).
+    fn top(&self, graph: &str, node: &str, step: u64) -> Vec<Position> {
+        vec![Position {
+            graph: graph.to_owned(),
+            node: node.to_owned(),
+            step,
+            iteration: Some(self.iteration),
+        }]
+    }
+
+    /// The path a human's answer to this checkpoint continues after.
+    fn answered_path(&self, graph: &str) -> Vec<Position> {
+        self.path
+            .clone()
+            .unwrap_or_else(|| self.top(graph, &self.from, self.steps_done))
+    }
+
+    /// Where a resumed run picks up after this checkpoint (`None`: the graph starts afresh).
+    fn point(self, graph: &Graph, plane: Option<&Arc<ControlPlane>>) -> Option<ResumePoint> {
+        let name = graph.name();
+        let (path, action) = if self.node == START_NODE {
+            // Nothing ran yet: the graph starts as a new run does (or has nothing to run).
+            if !self.next.is_empty() {
+                return None;
+            }
+            (self.top(name, &self.node, 0), ResumeAction::End)
+        } else if let Some(next) = self.next.first() {
+            // A router chose the next node: it runs.
+            let at = self.top(name, next, self.steps_done + 1);
+            (at, ResumeAction::Run)
+        } else if plane.is_some_and(|p| p.config().name == self.node) {
+            // A router checkpoint that chose no node: the run ended or escalated.
+            (
+                self.top(name, &self.from, self.steps_done),
+                ResumeAction::End,
+            )
+        } else {
+            // A node's checkpoint (or a human's answer): its edge is followed again.
+            let path = match self.path {
+                Some(path) => path,
+                None => self.top(name, &self.from, self.steps_done),
+            };
+            (path, ResumeAction::After(self.control))
+        };
+        Some(ResumePoint { path, action })
+    }
+}
+
+/// The nested position stored with checkpoint `record`, if it has one.
+pub fn checkpoint_path(record: &CheckpointRecord) -> Option<Vec<Position>> {
+    record
+        .metadata
+        .get("path")
+        .and_then(|path| serde_json::from_value(path.clone()).ok())
+        .filter(|path: &Vec<Position>| !path.is_empty())
 }

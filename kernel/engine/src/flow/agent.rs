@@ -21,40 +21,11 @@ use async_trait::async_trait;
 
 use super::callbacks::Callbacks;
 use super::context::InvocationContext;
+pub use super::control::Control;
 use super::error::FlowError;
 use super::event::{EndStatus, Event, EventKind};
 use crate::state::StateDelta;
 use crate::tool::Actions;
-
-/// How control goes on after an agent ran.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Control {
-    /// The parent goes on with its next step.
-    Continue,
-    /// The nearest enclosing loop ends.
-    ExitLoop,
-    /// The whole invocation stops.
-    Escalate,
-}
-
-impl Control {
-    /// The control `actions` ask for (`escalate` over `exit_loop`; `end_turn` is the
-    /// agent's own business and continues).
-    pub fn from_actions(actions: Actions) -> Self {
-        if actions.escalate {
-            Self::Escalate
-        } else if actions.exit_loop {
-            Self::ExitLoop
-        } else {
-            Self::Continue
-        }
-    }
-
-    /// The stronger of two (escalate over exit_loop over continue).
-    pub fn max(self, other: Control) -> Control {
-        Ord::max(self, other)
-    }
-}
 
 /// The agent classes a workflow knows, as files and graphs name them.
 pub mod class {

@@ -8,6 +8,11 @@
 //! fresh for each agent run by [`InvocationContext::child`], so the executor can tell
 //! exactly which writes each node made (checkpoints store those deltas).
 //!
+//! A frame the graph executor makes for a node carries the node's [`Position`]; the chain
+//! of positions up to the root graph is the node's path ([`InvocationContext::positions`]),
+//! and a run started with a [`ResumePoint`] hands each graph on that path its level as the
+//! graph starts ([`InvocationContext::take_resume`]).
+//!
 //! State written through the context is applied at once (the next step sees it) and
 //! recorded; the next [`emit`](InvocationContext::emit)ted event carries the recorded writes
 //! as its delta, and every enclosing frame adds them to its own record.
@@ -21,8 +26,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::callbacks::{CallbackContext, Callbacks};
+use super::control::Control;
 use super::error::FlowError;
 use super::event::{EndStatus, Event, EventKind};
+use super::position::{Position, ResumeAction, ResumePoint};
 use super::sink::EventSink;
 use crate::state::{SharedState, StateDelta};
 use crate::tool::Actions;
@@ -52,6 +59,11 @@ pub struct NodeRecord {
     pub delta: StateDelta,
     /// The actions the node's run ended with.
     pub actions: Actions,
+    /// How control went on after it.
+    pub control: Control,
+    /// Its path: the positions from the root graph down, this node's last; `None` when a
+    /// level on the way cannot be resumed into (a parallel group, an agent called as a tool).
+    pub path: Option<Vec<Position>>,
 }
 
 /// Observes every node a graph runs (checkpointers, progress, health metrics).
@@ -92,6 +104,8 @@ pub struct Invocation {
     pub observers: Vec<Arc<dyn NodeObserver>>,
     /// The whole run's time limit.
     pub timeout: Option<Duration>,
+    /// Where the run picks up, when it resumes an earlier one.
+    pub resume: Option<ResumePoint>,
 }
 
 impl std::fmt::Debug for Invocation {
@@ -101,6 +115,7 @@ impl std::fmt::Debug for Invocation {
             .field("observers", &self.observers.len())
             .field("callbacks", &self.callbacks)
             .field("timeout", &self.timeout)
+            .field("resume", &self.resume)
             .finish_non_exhaustive()
     }
 }
@@ -116,6 +131,7 @@ impl Invocation {
             callbacks: Callbacks::new(),
             observers: Vec::new(),
             timeout: None,
+            resume: None,
         }
     }
 
@@ -142,6 +158,18 @@ impl Invocation {
         self.observers.push(observer);
         self
     }
+
+    /// Picks the run up at `point` instead of the root's start.
+    pub fn with_resume(mut self, point: ResumePoint) -> Self {
+        self.resume = Some(point);
+        self
+    }
+}
+
+/// A resume point still being descended: its levels before `depth` were taken.
+struct PendingResume {
+    point: ResumePoint,
+    depth: usize,
 }
 
 struct Shared {
@@ -152,11 +180,15 @@ struct Shared {
     emitting: Mutex<()>,
     /// Why the run stops, set once by whoever stops it first.
     stop: Mutex<Option<FlowError>>,
+    /// The resume point until every level of it was taken, or a node finished.
+    resume: Mutex<Option<PendingResume>>,
 }
 
 struct Frame {
     agent: String,
     branch: String,
+    /// Where the executor runs this node (`None` for the root, a parallel branch, a tool).
+    position: Option<Position>,
     cancel: CancellationToken,
     /// Writes made through this frame not yet carried by an event.
     pending: Mutex<StateDelta>,
@@ -195,6 +227,11 @@ impl InvocationContext {
     pub fn new(settings: Invocation) -> Self {
         let deadline = settings.timeout.map(|t| Instant::now() + t);
         let cancel = settings.cancel.clone();
+        let resume = settings
+            .resume
+            .clone()
+            .filter(|point| !point.path.is_empty())
+            .map(|point| PendingResume { point, depth: 0 });
         Self {
             shared: Arc::new(Shared {
                 settings,
@@ -202,10 +239,12 @@ impl InvocationContext {
                 next_seq: AtomicU64::new(0),
                 emitting: Mutex::new(()),
                 stop: Mutex::new(None),
+                resume: Mutex::new(resume),
             }),
             frame: Arc::new(Frame {
                 agent: String::new(),
                 branch: String::new(),
+                position: None,
                 cancel,
                 pending: Mutex::default(),
                 recorded: Mutex::default(),
@@ -224,6 +263,7 @@ impl InvocationContext {
         callbacks: Callbacks,
         history: Arc<Mutex<Vec<Turn>>>,
         cancel: CancellationToken,
+        position: Option<Position>,
     ) -> Self {
         let branch = if self.frame.branch.is_empty() {
             agent.to_owned()
@@ -235,6 +275,7 @@ impl InvocationContext {
             frame: Arc::new(Frame {
                 agent: agent.to_owned(),
                 branch,
+                position,
                 cancel,
                 pending: Mutex::default(),
                 recorded: Mutex::default(),
@@ -254,6 +295,18 @@ impl InvocationContext {
             callbacks.clone(),
             self.frame.history.clone(),
             self.frame.cancel.clone(),
+            None,
+        )
+    }
+
+    /// The context of graph node `agent` at `position` (see [`positions`](Self::positions)).
+    pub(crate) fn child_at(&self, agent: &str, callbacks: &Callbacks, position: Position) -> Self {
+        self.frame_for(
+            agent,
+            callbacks.clone(),
+            self.frame.history.clone(),
+            self.frame.cancel.clone(),
+            Some(position),
         )
     }
 
@@ -261,7 +314,7 @@ impl InvocationContext {
     /// cancellation token that `cancel` stops (and that stops with this context's).
     pub fn branch(&self, agent: &str, callbacks: &Callbacks, cancel: CancellationToken) -> Self {
         let history = Arc::new(Mutex::new(self.history()));
-        self.frame_for(agent, callbacks.clone(), history, cancel)
+        self.frame_for(agent, callbacks.clone(), history, cancel, None)
     }
 
     /// The context of agent `agent` called as a tool: a conversation of its own that starts
@@ -277,7 +330,7 @@ impl InvocationContext {
             author: "user".to_owned(),
             content: input.to_owned(),
         }]));
-        self.frame_for(agent, callbacks.clone(), history, cancel)
+        self.frame_for(agent, callbacks.clone(), history, cancel, None)
     }
 
     /// The agent this context runs (empty at the root).
@@ -288,6 +341,54 @@ impl InvocationContext {
     /// The path of agent names from the root, joined by `/`.
     pub fn branch_path(&self) -> &str {
         &self.frame.branch
+    }
+
+    /// The positions from the root graph down to this context's agent (empty for the root
+    /// agent), or `None` when a frame on the way has none (a parallel branch, a tool's run).
+    pub fn positions(&self) -> Option<Vec<Position>> {
+        let mut path = Vec::new();
+        let mut frame = &self.frame;
+        // The invocation's own frame and the root agent's carry no position.
+        while let Some(parent) = frame.parent.as_ref().filter(|p| p.parent.is_some()) {
+            path.push(frame.position.clone()?);
+            frame = parent;
+        }
+        path.reverse();
+        Some(path)
+    }
+
+    /// The level of the run's resume point that graph `graph`, starting in this context,
+    /// continues at: its position and, at the deepest level, what it does (`None` above it:
+    /// re-enter the node). `None` when the run resumes nothing here.
+    pub(crate) fn take_resume(&self, graph: &str) -> Option<(Position, Option<ResumeAction>)> {
+        let mut pending = lock(&self.shared.resume);
+        let resume = pending.as_mut()?;
+        let here = self.positions()?;
+        let path = &resume.point.path;
+        let matches = here.len() == resume.depth
+            && path
+                .get(here.len())
+                .is_some_and(|level| level.graph == graph)
+            && here
+                .iter()
+                .zip(path)
+                .all(|(at, level)| at.graph == level.graph && at.node == level.node);
+        if !matches {
+            return None;
+        }
+        let level = path[resume.depth].clone();
+        resume.depth += 1;
+        let action = (resume.depth == path.len()).then_some(resume.point.action);
+        if action.is_some() {
+            *pending = None;
+        }
+        Some((level, action))
+    }
+
+    /// Forgets the run's resume point: a node finished, so the descent is over (a callback
+    /// skipped a container on the way, say) and no later graph may take it.
+    pub(crate) fn drop_resume(&self) {
+        lock(&self.shared.resume).take();
     }
 
     /// The session state.

@@ -22,9 +22,17 @@
 //!   that wrote it, whatever the timing; their histories are appended in the same order.
 //!   [`BranchPolicy`] says what a failing branch does.
 //!
-//! `escalate` from any node ends the graph and travels to the root. A run can start at a
-//! given node ([`Graph::run_from`]), which is how a resumed run continues after the last
-//! checkpointed node.
+//! `escalate` from any node ends the graph and travels to the root.
+//!
+//! Each node of a sequence, loop or graph runs at a [`Position`] (graph, node, step, loop
+//! iteration), so the observers see every node's path from the root down, at every depth.
+//! A run started with a [`ResumePoint`](super::ResumePoint) continues at that path: a graph
+//! that starts takes its level of the point (if it is the graph on the path there) and
+//! begins at its recorded step and iteration — re-entering a container without counting a
+//! new iteration, or, at the deepest level, acting on the finished node's control and
+//! following its edge as an unbroken run would have. The first node to finish ends the
+//! descent. A parallel group's branches have no position: nodes inside a group are not
+//! resumed into; the group is a node of its enclosing graph like any other.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
@@ -38,6 +46,7 @@ use super::callbacks::Callbacks;
 use super::context::{InvocationContext, NodeRecord};
 use super::error::FlowError;
 use super::event::{EndStatus, Event, EventKind};
+use super::position::{Position, ResumeAction};
 use crate::state::{State, StateDelta};
 use crate::tool::Actions;
 
@@ -180,15 +189,21 @@ pub enum GraphError {
     },
 }
 
-/// Where [`Graph::run_from`] picks up.
+/// How the executor enters a graph's steps.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResumeAt {
-    /// The node to run first.
-    pub node: String,
-    /// Node steps already run before it.
-    pub steps_done: u64,
-    /// The loop iteration it belongs to (1-based; ignored by graphs that are not loops).
-    pub iteration: u32,
+enum Entry {
+    /// At this step, as a fresh run: entering a loop's first node counts an iteration.
+    Fresh(Step),
+    /// At this step of a resumed run: its iteration was counted already.
+    Resumed(Step),
+    /// After node `from` finished with `control`, as if it had just run.
+    After { from: usize, control: Control },
+}
+
+/// What follows a finished step: another step, or the graph's end with this control.
+enum Next {
+    Step(Step),
+    Return(Control),
 }
 
 /// Agents joined by edges; see the module docs.
@@ -342,29 +357,6 @@ impl Graph {
         }
     }
 
-    /// Runs the graph in `ctx` starting at `at` instead of its start (a resumed run).
-    pub async fn run_from(
-        &self,
-        ctx: &InvocationContext,
-        at: &ResumeAt,
-    ) -> Result<Control, FlowError> {
-        let id = self.node_id(&at.node, &at.node)?;
-        self.execute(
-            ctx,
-            Step::Node(id),
-            at.steps_done,
-            at.iteration.max(1),
-            true,
-        )
-        .await
-    }
-
-    /// This graph as an agent that starts at `at` (for [`run_workflow`](super::run_workflow)
-    /// when resuming: events, branches and node records are those of an uninterrupted run).
-    pub fn resumed(&self, at: ResumeAt) -> Resumed<'_> {
-        Resumed { graph: self, at }
-    }
-
     fn node_id(&self, from: &str, name: &str) -> Result<usize, FlowError> {
         self.index
             .get(name)
@@ -387,16 +379,41 @@ impl Graph {
         }
     }
 
-    /// Runs the steps from `step`, then tells the observers the graph ended (unless it failed).
+    /// Runs the graph from its start, or from its level of the run's resume point.
+    async fn start(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
+        let Some((at, action)) = ctx.take_resume(&self.name) else {
+            return self
+                .execute(ctx, Entry::Fresh(self.start.clone()), 0, 0)
+                .await;
+        };
+        let iteration = at.iteration.unwrap_or(1).max(1);
+        let entry = match action {
+            Some(ResumeAction::End) => Entry::Resumed(Step::End),
+            Some(ResumeAction::After(control)) => Entry::After {
+                from: self.node_id(&at.node, &at.node)?,
+                control,
+            },
+            // A container on the way down, or a node that had not run: it runs as this step.
+            None | Some(ResumeAction::Run) => {
+                let id = self.node_id(&at.node, &at.node)?;
+                let steps = at.step.saturating_sub(1);
+                return self
+                    .execute(ctx, Entry::Resumed(Step::Node(id)), steps, iteration)
+                    .await;
+            }
+        };
+        self.execute(ctx, entry, at.step, iteration).await
+    }
+
+    /// Runs the steps from `entry`, then tells the observers the graph ended (unless it failed).
     async fn execute(
         &self,
         ctx: &InvocationContext,
-        step: Step,
+        entry: Entry,
         steps: u64,
         iteration: u32,
-        resumed: bool,
     ) -> Result<Control, FlowError> {
-        let control = self.steps(ctx, step, steps, iteration, resumed).await?;
+        let control = self.steps(ctx, entry, steps, iteration).await?;
         for observer in ctx.observers() {
             observer.graph_finished(ctx, ctx.branch_path())?;
         }
@@ -406,13 +423,22 @@ impl Graph {
     async fn steps(
         &self,
         ctx: &InvocationContext,
-        mut step: Step,
+        entry: Entry,
         mut steps: u64,
         mut iteration: u32,
-        resumed: bool,
     ) -> Result<Control, FlowError> {
         let max_steps = self.max_steps();
-        let mut enter_counts = !resumed;
+        // A resumed loop at its first node is in the iteration it was in; anywhere else, the
+        // next entry of its first node starts a new one.
+        let mut enter_counts = !matches!(entry, Entry::Resumed(Step::Node(0)));
+        let mut step = match entry {
+            Entry::Fresh(step) | Entry::Resumed(step) => step,
+            Entry::After { from, control } => match self.after(ctx, from, control, None).await? {
+                Next::Step(step) => step,
+                Next::Return(control) => return Ok(control),
+            },
+        };
+        let looping = matches!(self.kind, GraphKind::Loop { .. });
         loop {
             let (ids, then) = match step {
                 Step::End => return Ok(Control::Continue),
@@ -442,38 +468,71 @@ impl Graph {
             for observer in ctx.observers() {
                 observer.node_started(ctx.branch_path(), &node_name, steps);
             }
+            let position = Position {
+                graph: self.name.clone(),
+                node: node_name,
+                step: steps,
+                iteration: looping.then_some(iteration.max(1)),
+            };
             let run = match ids.as_slice() {
                 [id] => {
                     let node = self.nodes[*id].as_ref();
-                    run_in(node, &ctx.child(node.name(), node.callbacks())).await?
+                    let child = ctx.child_at(node.name(), node.callbacks(), position.clone());
+                    run_in(node, &child).await?
                 }
                 _ => self.run_fan(ctx, &ids).await?,
             };
+            // A parallel group's own step is its enclosing graph's node: resumed only there.
+            let path = match self.kind {
+                GraphKind::Parallel { .. } => None,
+                _ => ctx.positions().map(|mut path| {
+                    path.push(position.clone());
+                    path
+                }),
+            };
             let record = NodeRecord {
                 graph: ctx.branch_path().to_owned(),
-                node: node_name,
+                node: position.node,
                 step: steps,
                 iteration: iteration.max(1),
                 delta: run.delta,
                 actions: run.actions,
+                control: run.control,
+                path,
             };
+            ctx.drop_resume();
             for observer in ctx.observers() {
                 observer.node_finished(ctx, &record)?;
             }
-            match run.control {
-                Control::Escalate => return Ok(Control::Escalate),
-                Control::ExitLoop if matches!(self.kind, GraphKind::Loop { .. }) => {
-                    ctx.set_end_status(EndStatus::ExitedLoop);
-                    return Ok(Control::Continue);
-                }
-                Control::ExitLoop => return Ok(Control::ExitLoop),
-                Control::Continue => {}
-            }
-            step = match then {
-                Some(then) => then,
-                None => self.follow(ctx, ids[0]).await?,
+            step = match self.after(ctx, ids[0], run.control, then).await? {
+                Next::Step(step) => step,
+                Next::Return(control) => return Ok(control),
             };
         }
+    }
+
+    /// What follows node `from` (or a fan-out step, whose next step is `then`) that finished
+    /// with `control`.
+    async fn after(
+        &self,
+        ctx: &InvocationContext,
+        from: usize,
+        control: Control,
+        then: Option<Step>,
+    ) -> Result<Next, FlowError> {
+        match control {
+            Control::Escalate => return Ok(Next::Return(Control::Escalate)),
+            Control::ExitLoop if matches!(self.kind, GraphKind::Loop { .. }) => {
+                ctx.set_end_status(EndStatus::ExitedLoop);
+                return Ok(Next::Return(Control::Continue));
+            }
+            Control::ExitLoop => return Ok(Next::Return(Control::ExitLoop)),
+            Control::Continue => {}
+        }
+        Ok(Next::Step(match then {
+            Some(then) => then,
+            None => self.follow(ctx, from).await?,
+        }))
     }
 
     fn step_name(&self, ids: &[usize]) -> String {
@@ -562,40 +621,6 @@ impl Graph {
     }
 }
 
-/// A [`Graph`] that starts at a given node ([`Graph::resumed`]).
-#[derive(Debug)]
-pub struct Resumed<'a> {
-    graph: &'a Graph,
-    at: ResumeAt,
-}
-
-#[async_trait]
-impl Agent for Resumed<'_> {
-    fn name(&self) -> &str {
-        &self.graph.name
-    }
-
-    fn description(&self) -> &str {
-        &self.graph.description
-    }
-
-    fn class(&self) -> &str {
-        self.graph.class()
-    }
-
-    fn sub_agents(&self) -> Vec<Arc<dyn Agent>> {
-        self.graph.nodes.clone()
-    }
-
-    fn callbacks(&self) -> &Callbacks {
-        &self.graph.callbacks
-    }
-
-    async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
-        self.graph.run_from(ctx, &self.at).await
-    }
-}
-
 /// Node steps a graph of nodes and edges may run unless told otherwise.
 pub const DEFAULT_MAX_STEPS: u64 = 1_000;
 
@@ -627,7 +652,7 @@ impl Agent for Graph {
     }
 
     async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
-        self.execute(ctx, self.start.clone(), 0, 0, false).await
+        self.start(ctx).await
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {

@@ -5,6 +5,9 @@
 //! - [`event`]: the [`Event`] every step reports (author, branch, content, tool calls and
 //!   results, state delta, actions).
 //! - [`error`]: [`FlowError`], why a run stopped.
+//! - [`control`]: [`Control`], how control goes on after an agent ran.
+//! - [`position`]: a node's [`Position`] in nested graphs, its path, and the
+//!   [`ResumePoint`] a resumed run descends.
 //! - [`session`]: the [`SessionStore`] where `user:`, `app:` and session keys outlive an
 //!   invocation ([`FileSessionStore`], JSON files, is the embedded default).
 //! - [`sink`]: where events go — the JSONL [`EventLog`] (flushed per event), [`MemorySink`].
@@ -12,10 +15,11 @@
 //!   tool errors) that observe, change or short-circuit a step.
 //! - [`context`]: the [`InvocationContext`] — the run's shared state, cancellation, ledger,
 //!   sinks, callbacks and node observers, plus the current agent's frame.
-//! - [`agent`]: the [`Agent`] trait, [`Control`] and [`run_agent`], the one protocol every
+//! - [`agent`]: the [`Agent`] trait and [`run_agent`], the one protocol every
 //!   agent run follows (start event, callbacks, run, end event).
 //! - [`graph`]: the executor — a [`Graph`] of nodes with plain, conditional and fan-out
-//!   edges. Sequential, Loop and Parallel agents are graphs of a fixed shape.
+//!   edges. Sequential, Loop and Parallel agents are graphs of a fixed shape. A run can
+//!   resume at any depth of nested graphs.
 //! - [`template`]: `{key}` / `{key?}` instruction templates over the state.
 //! - [`step`]: [`FnAgent`], a deterministic step written as a Rust function.
 //! - [`file`](mod@file): workflow files (ADK Agent Config YAML) read into agent specs, and their
@@ -74,12 +78,14 @@ pub mod agent;
 pub mod build;
 pub mod callbacks;
 pub mod context;
+pub mod control;
 pub mod discovery;
 pub mod error;
 pub mod event;
 pub mod file;
 pub mod graph;
 pub mod llm;
+pub mod position;
 pub mod runner;
 pub mod session;
 pub mod sink;
@@ -94,12 +100,13 @@ pub use discovery::with_discovery;
 pub use error::FlowError;
 pub use event::{EndStatus, Event, EventKind, ToolResult};
 pub use graph::{
-    BranchPolicy, DEFAULT_MAX_STEPS, Edge, Graph, GraphBuilder, GraphError, GraphKind, ResumeAt,
-    Resumed, Router, StateRouter, Target,
+    BranchPolicy, DEFAULT_MAX_STEPS, Edge, Graph, GraphBuilder, GraphError, GraphKind, Router,
+    StateRouter, Target,
 };
 pub use llm::{
     EndTurn, Escalate, ExitLoop, LlmAgent, LlmAgentBuilder, MessageRecord, builtin_tool,
 };
+pub use position::{Position, ResumeAction, ResumePoint, path_text};
 pub use runner::{RunReport, RunStatus, run_session, run_workflow};
 pub use session::{FileSessionStore, SessionKey, SessionStore, StoreError};
 pub use sink::{EventLog, EventSink, MemorySink};

@@ -7,7 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use engine::flow::{
     Agent, BranchPolicy, Control, EndStatus, FlowError, Graph, GraphError, Invocation,
-    InvocationContext, NodeObserver, NodeRecord, ResumeAt, RunStatus, StateRouter, Target,
+    InvocationContext, NodeObserver, NodeRecord, Position, ResumeAction, ResumePoint, RunStatus,
+    StateRouter, Target,
 };
 use engine::{SharedState, State};
 use serde_json::json;
@@ -95,26 +96,23 @@ async fn a_run_can_start_at_a_node_with_a_given_state() {
     let graph = review_graph();
     let mut state = State::default();
     state.set("draft", json!(1));
-    let shared = SharedState::new(state);
-    let ctx = InvocationContext::new(Invocation::new(shared.clone()));
-    let at = ResumeAt {
-        node: "draft".into(),
-        steps_done: 2,
-        iteration: 1,
+    let at = |node: &str| ResumePoint {
+        path: vec![Position {
+            graph: "review".into(),
+            node: node.into(),
+            step: 3,
+            iteration: None,
+        }],
+        action: ResumeAction::Run,
     };
-    let control = graph.run_from(&ctx, &at).await;
-    assert_eq!(control, Ok(Control::Continue));
-    let end = shared.snapshot();
-    assert_eq!(end.get("draft"), Some(&json!(2)));
-    assert_eq!(traced(&end), ["draft", "review", "publish"]);
-    let unknown = ResumeAt {
-        node: "nope".into(),
-        ..at
-    };
-    assert!(matches!(
-        graph.run_from(&ctx, &unknown).await,
-        Err(FlowError::UnknownNode { .. })
-    ));
+    let invocation = Invocation::new(SharedState::new(state.clone())).with_resume(at("draft"));
+    let (report, _) = run_with(&graph, invocation).await;
+    assert_eq!(report.result, Ok(Control::Continue));
+    assert_eq!(report.state.get("draft"), Some(&json!(2)));
+    assert_eq!(traced(&report.state), ["draft", "review", "publish"]);
+    let invocation = Invocation::new(SharedState::new(state)).with_resume(at("nope"));
+    let (report, _) = run_with(&graph, invocation).await;
+    assert!(matches!(report.result, Err(FlowError::UnknownNode { .. })));
 }
 
 #[tokio::test]
@@ -303,12 +301,11 @@ async fn a_resumed_run_matches_an_uninterrupted_one() {
     }
     let resumed = Arc::new(Recorder::default());
     let invocation = Invocation::new(SharedState::new(state)).with_observer(resumed.clone());
-    let at = ResumeAt {
-        node: records[2].node.clone(),
-        steps_done: 2,
-        iteration: 1,
+    let at = ResumePoint {
+        path: records[1].path.clone().expect("a path"),
+        action: ResumeAction::After(Control::Continue),
     };
-    let (report, _) = run_with(&graph.resumed(at), invocation).await;
+    let (report, _) = run_with(&graph, invocation.with_resume(at)).await;
     assert_eq!(report.state, uninterrupted.state);
     assert_eq!(*resumed.0.lock().expect("not poisoned"), records[2..]);
 }

@@ -12,6 +12,7 @@ mod bundle_sandbox;
 mod bundle_support;
 mod callbacks;
 mod control;
+mod durable_nested;
 mod durable_roots;
 mod file;
 mod file_wire;
