@@ -25,6 +25,7 @@ mod messages;
 mod mock_lm;
 mod outputs;
 mod plan_discover;
+mod plan_discover_resume;
 mod processes;
 mod run;
 mod secrets;

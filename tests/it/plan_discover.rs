@@ -12,11 +12,11 @@ use crate::agent::Project;
 use crate::flow::{args, ended, read_events, run_flow, started};
 use crate::support::{Mock, Run, file, rlm};
 
-const SALES: &str = "north: 120 -> 131\nsouth: 98 -> 97\neast: 77 -> 90\n";
+pub(crate) const SALES: &str = "north: 120 -> 131\nsouth: 98 -> 97\neast: 77 -> 90\n";
 
 /// The demo's script (`kernel/cli/src/flow/demo/plan-discover.json`) for model
 /// `flow-model`, with `first` rules tried before its own.
-fn script(first: &[Value]) -> Value {
+pub(crate) fn script(first: &[Value]) -> Value {
     let demo: Value = serde_json::from_str(include_str!(
         "../../kernel/cli/src/flow/demo/plan-discover.json"
     ))
@@ -32,7 +32,7 @@ fn script(first: &[Value]) -> Value {
     json!({"models": {"flow-model": {"rules": rules}}})
 }
 
-fn call(name: &str, arguments: Value) -> Value {
+pub(crate) fn call(name: &str, arguments: Value) -> Value {
     json!({"tool_call": {"name": name, "arguments": arguments}})
 }
 

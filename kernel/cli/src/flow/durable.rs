@@ -3,10 +3,11 @@
 //! The database is `.rlm/runs.db` under the working directory unless `--db PATH` names
 //! another; each run has an id (`--run-id`, or a fresh one from the workflow's name and the
 //! time) said on stderr at the start. The engine's `run_durable` writes a checkpoint after
-//! every top-level node (and every routing decision); `--keep-last N` prunes the run's older
-//! checkpoints afterwards. The run record keeps the workflow (a built-in's name or the file's
-//! absolute path), the inputs, the context paths and the `--bundle`, so `rlm flow resume RUN` needs only the
-//! run id and the model flags.
+//! every node at every depth of nested sequences, loops and graphs (and every routing
+//! decision); `--keep-last N` prunes the run's older checkpoints afterwards. The run record
+//! keeps the workflow (a built-in's name or the file's absolute path), the inputs, the
+//! context paths and the `--bundle`, so `rlm flow resume RUN` needs only the run id and the
+//! model flags.
 //!
 //! A run that a router escalates to a human stops with status `awaiting_human`: the question,
 //! the decisions so far and the exact resume command are printed, and the exit code is

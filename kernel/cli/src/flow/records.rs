@@ -1,13 +1,16 @@
 //! `rlm flow runs`, `history RUN` and `decisions RUN`: what the run database holds.
 //!
 //! Each prints a table (or numbered records) on stdout, or with `--json` one JSON array.
-//! Times are RFC 3339 in UTC. The database is only read.
+//! Times are RFC 3339 in UTC. The database is only read. A node's checkpoint shows the node's
+//! path from the root graph down, each loop with its iteration
+//! (`plan_discover[2]/discovery[3]/discoverer`).
 
 use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use engine::durable::{CheckpointRecord, CheckpointStore, RunRecord};
+use engine::durable::{CheckpointRecord, CheckpointStore, RunRecord, checkpoint_path};
+use engine::flow::path_text;
 use serde_json::{Value, json};
 
 use super::durable::{DbArg, decision_lines, decisions_of, store_error, time_of};
@@ -84,7 +87,7 @@ pub(crate) fn history(args: RunArgs) -> Result<ExitCode> {
             [
                 c.id.to_string(),
                 c.parent.map_or_else(|| "-".to_owned(), |p| p.to_string()),
-                c.node.clone(),
+                node_text(c),
                 if c.written.is_empty() {
                     "-".to_owned()
                 } else {
@@ -158,6 +161,7 @@ fn checkpoint_json(c: &CheckpointRecord) -> Value {
         "parent": c.parent,
         "step": c.step,
         "node": c.node,
+        "path": checkpoint_path(c).map(|path| path_text(&path)),
         "writes": c.written,
         "next": c.next,
         "time": time_of(c.created_ms),
@@ -165,6 +169,11 @@ fn checkpoint_json(c: &CheckpointRecord) -> Value {
         "snapshot": c.snapshot,
         "metadata": c.metadata,
     })
+}
+
+/// The checkpoint's node, as its path when it has one.
+fn node_text(c: &CheckpointRecord) -> String {
+    checkpoint_path(c).map_or_else(|| c.node.clone(), |path| path_text(&path))
 }
 
 /// Left-aligned columns two spaces apart.

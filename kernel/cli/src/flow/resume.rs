@@ -2,8 +2,9 @@
 //!
 //! The run record names the workflow, the contexts and the bundle; the state comes from the checkpoint.
 //! Without options the run continues from its head: after a crash (`kill -9`) or Ctrl-C the
-//! node that was running **re-executes** from the state before it, so side effects belong in
-//! idempotent tools. `--input TEXT` answers a run waiting for a human (recorded as
+//! node that was running **re-executes** from the state before it — at whatever depth of
+//! nested loops and sequences it ran, each enclosing loop going on at its own iteration — so
+//! side effects belong in idempotent tools. `--input TEXT` answers a run waiting for a human (recorded as
 //! `human_input` and a `human` message; the router decides again). `--from-checkpoint ID`
 //! re-runs from an earlier checkpoint of the run (time travel); the new checkpoints branch
 //! from it and the old ones stay in `history`.

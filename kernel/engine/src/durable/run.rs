@@ -638,11 +638,13 @@ impl Resumed {
     }
 }
 
-/// The nested position stored with checkpoint `record`, if it has one.
+/// The path of the node that checkpoint `record` follows, from the root graph down (`None`
+/// for the initial state, a router's decision, a human's answer, or a checkpoint written
+/// before paths were recorded).
 pub fn checkpoint_path(record: &CheckpointRecord) -> Option<Vec<Position>> {
     record
         .metadata
         .get("path")
         .and_then(|path| serde_json::from_value(path.clone()).ok())
-        .filter(|path: &Vec<Position>| !path.is_empty())
+        .filter(|path: &Vec<Position>| path.last().is_some_and(|last| last.node == record.node))
 }

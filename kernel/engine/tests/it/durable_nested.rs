@@ -394,3 +394,90 @@ async fn time_travel_to_a_nested_checkpoint_runs_only_what_follows_it() {
         Some("outer[2]/steps/inner[1]/check")
     );
 }
+
+#[tokio::test]
+async fn time_travel_to_a_nested_exit_acts_on_it() {
+    // `wrap` of round 3 exits the outer loop from inside `steps`: resumed after it, the exit
+    // travels up again and nothing runs.
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let whole = unbroken(&store).await;
+    let history = store.history("whole").unwrap();
+    let exit = history
+        .iter()
+        .find(|c| checkpoint_path(c).is_some_and(|p| path_text(&p) == "outer[3]/steps/wrap"))
+        .unwrap();
+    assert_eq!(exit.metadata["control"], json!("exit_loop"));
+    let probe = Arc::new(Probe::default());
+    let (report, iterations) = run(&workflow(&probe), &store, "whole", resume(Some(exit.id))).await;
+    assert_eq!(report.state, whole.state);
+    assert!(probe.counts().is_empty() && iterations.is_empty());
+}
+
+#[tokio::test]
+async fn a_nested_escalation_waits_for_a_human_and_goes_on_inside_its_container() {
+    // `outer` (a loop of 2) runs `steps`: `ask` escalates in round 1 until a human answered,
+    // then `after` runs. The answer resumes right after `ask`, inside `steps`.
+    let probe = Arc::new(Probe::default());
+    let ask: Arc<dyn Agent> = Arc::new(Leaf {
+        name: "ask",
+        probe: probe.clone(),
+        work: |ctx| {
+            trace(ctx, "ask".into());
+            if ctx.get_state("human_input").is_some() {
+                return Ok(Control::Continue);
+            }
+            ctx.set_state("escalate_to_human", json!("Which region first?"));
+            Ok(Control::Escalate)
+        },
+    });
+    let after: Arc<dyn Agent> = Arc::new(Leaf {
+        name: "after",
+        probe: probe.clone(),
+        work: |ctx| {
+            let answer = ctx.get_state("human_input").unwrap_or_default();
+            trace(
+                ctx,
+                format!("after {}", answer.as_str().unwrap_or_default()),
+            );
+            Ok(Control::Continue)
+        },
+    });
+    let steps = Graph::sequential("steps", vec![ask, after]).unwrap();
+    let two = NonZeroU32::new(2).unwrap();
+    let outer = Graph::looping("outer", vec![Arc::new(steps)], two).unwrap();
+    let root = DurableRoot::new(Arc::new(outer)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    run(&root, &store, "ask", new_run()).await;
+    assert_eq!(
+        store.run("ask").unwrap().unwrap().status,
+        RunStatus::AwaitingHuman {
+            question: "Which region first?".into()
+        }
+    );
+    // One checkpoint for the escalation, at the node that escalated.
+    assert_eq!(chain(&store, "ask"), ["__start__", "outer[1]/steps/ask"]);
+    let answer = Start::Resume {
+        from: None,
+        answer: Some("north".into()),
+    };
+    let (report, _) = run(&root, &store, "ask", answer).await;
+    assert_eq!(
+        report.state.get("trace"),
+        Some(&json!(["ask", "after north", "ask", "after north"]))
+    );
+    assert_eq!(
+        chain(&store, "ask")[2..],
+        [
+            "human",
+            "outer[1]/steps/after",
+            "outer[1]/steps",
+            "outer[2]/steps/ask",
+            "outer[2]/steps/after",
+            "outer[2]/steps"
+        ]
+    );
+    let answered = &store.history("ask").unwrap()[2];
+    assert_eq!(answered.metadata["path"][1]["node"], json!("ask"));
+}
