@@ -11,7 +11,7 @@
 //! A frame the graph executor makes for a node carries the node's [`Position`]; the chain
 //! of positions up to the root graph is the node's path ([`InvocationContext::positions`]),
 //! and a run started with a [`ResumePoint`] hands each graph on that path its level as the
-//! graph starts ([`InvocationContext::take_resume`]).
+//! graph starts.
 //!
 //! State written through the context is applied at once (the next step sees it) and
 //! recorded; the next [`emit`](InvocationContext::emit)ted event carries the recorded writes
