@@ -3,7 +3,9 @@
 //! Checkpoints at every depth: a loop inside a sequence inside a loop, stopped at every leaf
 //! node in turn (an injected error, or the run's future dropped mid-node as `kill -9` would),
 //! resumes so that only the node that was running runs again, to the state, the checkpoint
-//! chain and the loop events of an unbroken run; time travel to a nested checkpoint.
+//! chain and the loop events of an unbroken run; time travel to a nested checkpoint; a
+//! nested escalation answered; a parallel group checkpointed at its boundary; a routed graph
+//! resumed inside its nested loop.
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
@@ -19,9 +21,12 @@ use engine::flow::{
     Agent, Control, Event, EventKind, FlowError, Graph, Invocation, InvocationContext, MemorySink,
     RunReport, path_text,
 };
+use engine::route::{ControlPlane, RouterConfig};
 use engine::{SharedState, State};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
+
+use crate::control::summaries;
 
 /// How a run is stopped at its `at`-th leaf execution.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -480,4 +485,88 @@ async fn a_nested_escalation_waits_for_a_human_and_goes_on_inside_its_container(
     );
     let answered = &store.history("ask").unwrap()[2];
     assert_eq!(answered.metadata["path"][1]["node"], json!("ask"));
+}
+
+/// A leaf that appends its name to `trace`.
+fn tracer(name: &'static str, probe: &Arc<Probe>) -> Arc<dyn Agent> {
+    Arc::new(Leaf {
+        name,
+        probe: probe.clone(),
+        work: |ctx| {
+            let n = ctx
+                .get_state("trace")
+                .map_or(0, |t| t.as_array().map_or(0, Vec::len));
+            trace(ctx, format!("step{n}"));
+            Ok(Control::Continue)
+        },
+    })
+}
+
+#[tokio::test]
+async fn a_parallel_group_is_checkpointed_at_its_boundary_only() {
+    let probe = Arc::new(Probe::default());
+    let group = Graph::parallel(
+        "both",
+        vec![tracer("x", &probe), tracer("y", &probe)],
+        engine::flow::BranchPolicy::FailFast,
+    )
+    .unwrap();
+    let seq = Graph::sequential(
+        "seq",
+        vec![tracer("a", &probe), Arc::new(group), tracer("b", &probe)],
+    )
+    .unwrap();
+    let root = DurableRoot::new(Arc::new(seq)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    run(&root, &store, "p", new_run()).await;
+    assert_eq!(
+        chain(&store, "p"),
+        ["__start__", "seq/a", "seq/both", "seq/b"]
+    );
+}
+
+#[tokio::test]
+async fn a_routed_graph_resumes_inside_its_nested_loop_and_its_router_goes_on() {
+    // The router's graph runs `a`, then `b`: a loop of `w1`, `w2` (2 iterations).
+    let build = |probe: &Arc<Probe>| {
+        let plane = Arc::new(ControlPlane::new(RouterConfig::new(
+            ["a", "b"],
+            [("a", "b")],
+        )));
+        let two = NonZeroU32::new(2).unwrap();
+        let b = Graph::looping("b", vec![tracer("w1", probe), tracer("w2", probe)], two).unwrap();
+        let graph = plane
+            .graph("team", vec![tracer("a", probe), Arc::new(b)], "a")
+            .unwrap();
+        DurableRoot::new(Arc::new(graph)).unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let probe = Arc::new(Probe::default());
+    let (whole, _) = run(&build(&probe), &store, "whole", new_run()).await;
+    let whole_counts = probe.counts();
+    let whole_chain = chain(&store, "whole");
+    assert!(
+        whole_chain.contains(&"team/b[2]/w1".to_owned()),
+        "{whole_chain:?}"
+    );
+
+    // Stopped at `w2` of the loop's second iteration (the 5th leaf).
+    let probe = Arc::new(Probe::default());
+    *probe.stop_at.lock().unwrap() = Some((5, Stop::Error));
+    let root = build(&probe);
+    run(&root, &store, "r", new_run()).await;
+    let (resumed, _) = run(&root, &store, "r", resume(None)).await;
+    assert_eq!(resumed.state.get("trace"), whole.state.get("trace"));
+    // The router decided as often as in the unbroken run: nothing before the stop again.
+    assert_eq!(summaries(&resumed.state), summaries(&whole.state));
+    let mut expected = whole_counts;
+    *expected.get_mut("w2").unwrap() += 1;
+    assert_eq!(probe.counts(), expected);
+    assert_eq!(chain(&store, "r"), whole_chain);
+    assert_eq!(
+        store.run("r").unwrap().unwrap().status,
+        RunStatus::Completed
+    );
 }
