@@ -570,3 +570,37 @@ async fn a_routed_graph_resumes_inside_its_nested_loop_and_its_router_goes_on() 
         RunStatus::Completed
     );
 }
+
+#[tokio::test]
+async fn a_run_checkpointed_before_paths_were_recorded_resumes_at_its_top_level() {
+    // Such a run has top-level checkpoints whose metadata holds only the step and iteration.
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let whole = unbroken(&store).await;
+    store
+        .create_run(&engine::durable::NewRun::new("old", "nested"))
+        .unwrap();
+    let mut state = State::default();
+    let start =
+        engine::durable::NewCheckpoint::new("__start__", &[], &state).next(vec!["plan".into()]);
+    let start = store.put("old", start).unwrap();
+    let writes = [
+        ("round", json!(1)),
+        ("temp:round", json!(1)),
+        ("trace", json!(["plan1"])),
+    ]
+    .map(|(key, value)| engine::reducer::ChannelWrite::Replace {
+        key: key.into(),
+        value,
+    });
+    engine::reducer::apply_writes(&mut state, &writes);
+    let plan = engine::durable::NewCheckpoint::new("plan", &writes, &state)
+        .parent(Some(start))
+        .metadata(json!({"graph_step": 1, "iteration": 1}));
+    store.put("old", plan).unwrap();
+    let probe = Arc::new(Probe::default());
+    let (report, _) = run(&workflow(&probe), &store, "old", resume(None)).await;
+    assert_eq!(report.state, whole.state);
+    assert_eq!(probe.counts()["plan"], 2, "rounds 2 and 3");
+    assert_eq!(chain(&store, "old")[2..], whole.chain[2..]);
+}
