@@ -169,8 +169,8 @@ pub struct ChatRequest {
     /// Functions the model may call.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<ToolDefinition>,
-    /// Whether and which tools the model must call; `None` leaves it to the server. Sent
-    /// only with `tools`, as both APIs reject it alone.
+    /// Whether and which tools the model must call; `None` is the providers' default, `auto`
+    /// (sent as `auto` on the OpenAI wire). Sent only with `tools`, as both APIs reject it alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<ToolChoice>,
     /// `Some(false)` asks for at most one tool call per reply; sent only with `tools`.

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::call::{Defaults, Draft, Fault, Flow, Protocol, StreamState, WireClient, secret_header};
 use super::{Params, null_as_default, to_body};
-use crate::chat::{ChatRequest, Message, Role, ToolCall, ToolChoice, Usage};
+use crate::chat::{ChatRequest, Message, ToolCall, ToolChoice, Usage};
 use crate::config::EndpointConfig;
 use crate::error::BridgeError;
 
@@ -76,11 +76,10 @@ impl Protocol for OpenAi {
                     },
                 })
                 .collect(),
-            tool_choice: req
-                .tool_choice
-                .as_ref()
-                .filter(|_| !req.tools.is_empty() && !params.extra.has("tool_choice"))
-                .map(WireToolChoice),
+            // With tools, an unset choice goes out as `auto`, OpenAI's default: llama.cpp's
+            // Python server (`chatml-function-calling`) offers the model no tools without it.
+            tool_choice: (!req.tools.is_empty() && !params.extra.has("tool_choice"))
+                .then(|| WireToolChoice(req.tool_choice.as_ref().unwrap_or(&ToolChoice::Auto))),
             parallel_tool_calls: req
                 .parallel_tool_calls
                 .filter(|_| !req.tools.is_empty() && !params.extra.has("parallel_tool_calls")),
@@ -154,7 +153,11 @@ impl Protocol for OpenAi {
                     entry.id = id;
                 }
                 if let Some(f) = call.function {
-                    if let Some(name) = f.name {
+                    // OpenAI sends the name whole, once; llama.cpp's Python server repeats
+                    // it (and the id) in every piece, which must not double it.
+                    if let Some(name) = f.name
+                        && name != entry.name
+                    {
                         entry.name.push_str(&name);
                     }
                     if let Some(args) = f.arguments {
@@ -268,10 +271,9 @@ impl Serialize for Messages<'_> {
         s.collect_seq(self.0.iter().map(|m| {
             WireMessage {
                 role: m.role.as_str(),
-                content: (m.role != Role::Assistant
-                    || m.tool_calls.is_empty()
-                    || !m.content.is_empty())
-                .then_some(m.content.as_str()),
+                // A string even when a message only calls tools (`""`): OpenAI also takes
+                // `null` there, llama.cpp's Python server refuses it.
+                content: &m.content,
                 tool_calls: m
                     .tool_calls
                     .iter()
@@ -293,7 +295,7 @@ impl Serialize for Messages<'_> {
 #[derive(Serialize)]
 struct WireMessage<'a> {
     role: &'static str,
-    content: Option<&'a str>,
+    content: &'a str,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tool_calls: Vec<WireToolCall<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -496,7 +498,7 @@ mod tests {
         assert_eq!(body["model"], "other");
         assert_eq!(body["stream"], true);
         assert_eq!(body["stream_options"], json!({"include_usage": true}));
-        assert_eq!(body["messages"][2]["content"], Value::Null);
+        assert_eq!(body["messages"][2]["content"], "");
         assert_eq!(
             body["messages"][2]["tool_calls"][0],
             json!({"id": "c1", "type": "function", "function": {"name": "python", "arguments": "{\"code\":\"1\"}"}})

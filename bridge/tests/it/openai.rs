@@ -276,3 +276,46 @@ async fn null_choices_count_as_none() {
     let err = result.expect_err("no choices");
     assert!(err.to_string().contains("has no `choices`"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_name_repeated_in_every_piece_is_not_doubled() {
+    // llama-cpp-python's server (`chatml-function-calling`) repeats the id and the name in
+    // every piece of a streamed call; OpenAI sends them once.
+    let piece = |args: &str| {
+        let call = json!({"index": 0, "id": "call__0_get_weather_cmpl-1", "type": "function",
+                          "function": {"name": "get_weather", "arguments": args}});
+        let delta = json!({"role": null, "content": null, "tool_calls": [call],
+                           "function_call": {"name": "get_weather", "arguments": args}});
+        format!(
+            "data: {}\n\n",
+            json!({"object": "chat.completion.chunk", "model": "m",
+                   "choices": [{"index": 0, "finish_reason": null, "delta": delta}]})
+        )
+    };
+    let sse = [
+        r#"data: {"choices":[{"index":0,"finish_reason":null,"delta":{"role":"assistant","content":null,"function_call":null,"tool_calls":null}}]}"#.to_owned() + "\n\n",
+        piece(r#"{"city""#),
+        piece(r#": "Paris"}"#),
+        r#"data: {"choices":[{"index":0,"finish_reason":"tool_calls","delta":{"role":null,"content":null,"function_call":null,"tool_calls":null}}]}"#.to_owned() + "\n\n",
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let (result, deltas, _) = call_raw(http_reply("200 OK", &SSE, &sse), true, 1).await;
+    let answer = result.expect("the stream is read");
+    assert!(deltas.is_empty() && answer.content.is_empty());
+    assert_eq!(answer.tool_calls.len(), 1);
+    let call = &answer.tool_calls[0];
+    assert_eq!(
+        (
+            call.id.as_str(),
+            call.name.as_str(),
+            call.arguments.as_str()
+        ),
+        (
+            "call__0_get_weather_cmpl-1",
+            "get_weather",
+            r#"{"city": "Paris"}"#
+        )
+    );
+    assert_eq!(answer.finish_reason.as_deref(), Some("tool_calls"));
+}

@@ -372,6 +372,8 @@ async fn validates_tool_traffic(anthropic: bool) {
             body["messages"][1]["tool_calls"][0]["function"]["arguments"],
             "print(1"
         );
+        // A call without text still has string content: llama-cpp-python refuses `null`.
+        assert_eq!(body["messages"][1]["content"], "");
     }
 }
 
@@ -457,10 +459,11 @@ async fn tool_choice_shapes_the_request_and_the_reply(anthropic: bool) {
             ]
         );
     } else {
+        // An unset choice goes out as `auto` (llama-cpp-python offers no tools without it).
         assert_eq!(
             sent_choices,
             [
-                (Value::Null, json!(false)),
+                (json!("auto"), json!(false)),
                 (json!("none"), Value::Null),
                 (
                     json!({"type": "function", "function": {"name": "python"}}),
