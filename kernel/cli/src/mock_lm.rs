@@ -57,9 +57,10 @@ pub(crate) async fn serve(args: MockLmArgs) -> Result<()> {
             args.port
         )
     })?;
-    // The URLs alone on stdout, one a line (OpenAI-compatible, then Anthropic), for scripts:
-    // `rlm mock-lm --port 0 | head -1`. Written, not `println!`ed: a server whose output was
-    // closed keeps serving.
+    // The URLs alone on stdout, one a line (OpenAI-compatible, then Anthropic), for scripts
+    // that start it in the background with stdout in a file (it serves until Ctrl-C, so
+    // `$(rlm mock-lm | head -1)` would wait for ever). Written, not `println!`ed: a server
+    // whose output was closed keeps serving.
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(
         stdout,
