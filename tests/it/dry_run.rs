@@ -1,6 +1,6 @@
 //! `rlm run --dry-run`: the exact first request, no model call.
 
-use crate::support::{Mock, file, redacted, script};
+use crate::support::{Mock, file, redacted, rlm, script};
 
 #[test]
 fn dry_run_prints_the_first_request_and_calls_no_model() {
@@ -50,4 +50,44 @@ fn dry_run_prints_the_first_request_and_calls_no_model() {
         redacted(user.trim_end())
     );
     assert_eq!(mock.log().len(), 0, "no model was called");
+}
+
+#[test]
+fn a_dry_run_needs_no_api_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "c.txt", "four");
+    let args = [
+        "run",
+        "--base-url",
+        "https://api.example.invalid/v1",
+        "--model",
+        "big-model",
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "How long?",
+    ];
+    let dry: Vec<String> = args
+        .iter()
+        .chain(&["--dry-run"])
+        .map(|a| a.to_string())
+        .collect();
+    let run = rlm(&dry, None);
+    run.assert_code(0);
+    assert!(
+        run.stdout.starts_with(
+            "First request to `big-model` at https://api.example.invalid/v1 (openai):"
+        ),
+        "{}",
+        run.stdout
+    );
+    // A real run is still refused before any call, naming the variable.
+    let real: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let run = rlm(&real, None);
+    run.assert_code(2);
+    assert!(
+        run.stderr.contains("`OPENAI_API_KEY` is not set"),
+        "{}",
+        run.stderr
+    );
 }

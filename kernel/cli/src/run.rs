@@ -196,17 +196,30 @@ pub(crate) fn seconds(flag: &str, value: f64) -> Result<Duration> {
 
 /// Builds the `root`, `sub` and `--extra-model` endpoints, sharing one ledger with the run's budget.
 pub(crate) fn build_endpoints(opts: &RunOptions) -> Result<Arc<Endpoints>> {
+    endpoints(opts, Keys::Required)
+}
+
+/// Whether a server off this machine must have an API key to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    /// It must: the run calls models.
+    Required,
+    /// It need not: nothing is sent (`--dry-run`).
+    Optional,
+}
+
+fn endpoints(opts: &RunOptions, keys: Keys) -> Result<Arc<Endpoints>> {
     let (configs, budget) = kernel_options(opts)
         .endpoint_configs(Spelling::Flag)
         .map_err(option_error)?;
-    check_urls_and_keys(&configs, opts)?;
+    check_urls_and_keys(&configs, opts, keys)?;
     options::build_endpoints(configs, budget).map_err(option_error)
 }
 
 /// Before any call: every base URL is an `http(s)://` URL, and a server off this machine has
 /// an API key to send (a local server often needs none). Each message names the flag or the
 /// variable to set.
-fn check_urls_and_keys(configs: &[EndpointConfig], opts: &RunOptions) -> Result<()> {
+fn check_urls_and_keys(configs: &[EndpointConfig], opts: &RunOptions, keys: Keys) -> Result<()> {
     for config in configs {
         let flag = match config.name.as_str() {
             ROOT => "--base-url",
@@ -223,7 +236,11 @@ fn check_urls_and_keys(configs: &[EndpointConfig], opts: &RunOptions) -> Result<
                 "`{flag}` must start with `http://` or `https://`, got `{url}`"
             )));
         };
-        let Some(var) = config.api_key_env.as_deref() else {
+        let Some(var) = config
+            .api_key_env
+            .as_deref()
+            .filter(|_| keys == Keys::Required)
+        else {
             continue;
         };
         // Through the bridge: the variable itself has left the environment by now.
@@ -565,8 +582,14 @@ pub(crate) fn execute(
     // First, while the process has one thread and no Python: keys leave the environment.
     secrets::protect(&opts)?;
     crate::json_errors(opts.json());
-    // Every option is checked before the context loads: a big context can take a while.
-    let endpoints = build_endpoints(&opts)?;
+    // Every option is checked before the context loads: a big context can take a while. A
+    // dry run sends nothing, so it needs no API key: the request can be checked first.
+    let keys = if args.dry_run {
+        Keys::Optional
+    } else {
+        Keys::Required
+    };
+    let endpoints = endpoints(&opts, keys)?;
     let config = rlm_config(&opts)?;
     let mut session_config = session_config(&opts)?;
     let contexts = args.context.resolve()?;
