@@ -21,10 +21,10 @@
 //! (the assistant's calls and a `tool` message, then `auto` with `parallel_tool_calls`, then
 //! `none` streamed), and tools with no `tool_choice` reaching the prompt. The model's answers
 //! are not judged, only the wire. What that server does not do (not our bugs, found here):
-//! `tool_choice: "required"` is a 500; `auto` cannot stream (the stream ends with no event),
-//! and its text replies come back empty (their generation is held to the tool-name grammar),
-//! so an agent there calls tools but never answers in words; it lists the tools only in a
-//! system message; its grammar can let a raw newline into a JSON string (invalid arguments,
+//! `tool_choice: "required"` is a 500; under `auto` a streamed tool call ends the stream with
+//! no event, and text replies come back empty (their generation is held to the tool-name
+//! grammar), so an agent there calls tools but never answers in words; it lists the tools only
+//! in a system message; its grammar can let a raw newline into a JSON string (invalid arguments,
 //! which the agent loop returns to the model as a tool error); a tool-call stream carries no
 //! usage (the bridge estimates it).
 
