@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use engine::State;
-use engine::durable::{CheckpointStore, NewCheckpoint, NewRun};
+use engine::durable::{CheckpointStore, NewCheckpoint, NewRun, Owner};
 use engine::reducer::{ChannelWrite, apply_writes};
 use rlm_benches::percentile;
 use serde_json::json;
@@ -46,9 +46,9 @@ fn main() -> anyhow::Result<()> {
     let state_bytes = serde_json::to_string(&state)?.len() as u64;
 
     let store = CheckpointStore::open(&path)?;
-    store.create_run(&NewRun::new("bench", "synthetic"))?;
+    let lease = store.create_run(&NewRun::new("bench", "synthetic"), &Owner::current())?;
     let started = Instant::now();
-    let first = store.put("bench", NewCheckpoint::new("start", &[], &state))?;
+    let first = store.put(&lease, NewCheckpoint::new("start", &[], &state))?;
     let snapshot_ms = started.elapsed().as_secs_f64() * 1000.0;
     drop(store); // closing folds the WAL into the file, so its size is all there is
     let size_after_snapshot = db_bytes(&path);
@@ -65,7 +65,7 @@ fn main() -> anyhow::Result<()> {
         apply_writes(&mut state, &writes);
         let started = Instant::now();
         parent = store.put(
-            "bench",
+            &lease,
             NewCheckpoint::new("worker", &writes, &state).parent(Some(parent)),
         )?;
         times_ms.push(started.elapsed().as_secs_f64() * 1000.0);

@@ -1,6 +1,7 @@
 //! Durable `rlm flow` runs end to end: a `kill -9` mid-node and `resume` to the same final
 //! state as an unbroken run, `runs` / `history` / `decisions` output, `--keep-last`,
-//! `--from-checkpoint`, the `awaiting_human` interrupt and its answer, and the errors.
+//! `--from-checkpoint`, the `awaiting_human` interrupt and its answer, the errors, and one
+//! writer per run (a second driver refused, a dead one taken over, a taken-over one fenced).
 //!
 //! The workflows here are Python steps (no model): `wait` blocks until a file exists, so a
 //! test can kill the process while that node runs.
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use engine::durable::CheckpointStore;
 use serde_json::{Value, json};
 
-use crate::support::{Run, file, rlm};
+use crate::support::{Run, file, rlm, rlm_command};
 
 const STEPS: &str = r#"
 import os
@@ -126,14 +127,21 @@ impl Flows {
         Value::Object(store.state_at(head).expect("state").state.values().clone())
     }
 
-    fn status(&self, id: &str) -> String {
+    /// How `runs --json` shows run `id`.
+    fn listed(&self, id: &str) -> Value {
         let run = rlm(&self.args(&["runs", "--json"]), None);
         run.assert_code(0);
         run.json()
             .as_array()
             .and_then(|runs| runs.iter().find(|r| r["run_id"] == id).cloned())
-            .map(|r| r["status"].as_str().unwrap_or_default().to_owned())
             .unwrap_or_default()
+    }
+
+    fn status(&self, id: &str) -> String {
+        self.listed(id)["status"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
     }
 
     fn history(&self, id: &str) -> Vec<Value> {
@@ -207,7 +215,8 @@ fn a_run_killed_mid_node_resumes_to_the_state_of_an_unbroken_run() {
     wait_for(&flows.path("started"), &mut child);
     child.kill().expect("kill -9");
     child.wait().expect("reaped");
-    assert_eq!(flows.status("crash"), "running");
+    // Still `running` in the database, but its process is gone: shown as interrupted.
+    assert_eq!(flows.status("crash"), "interrupted");
     assert_eq!(nodes(&flows.history("crash")), ["__start__", "first"]);
 
     file(flows.dir.path(), "go", "");
@@ -449,7 +458,7 @@ fn database_errors_name_the_cause_and_change_nothing() {
     run.assert_code(1);
     assert!(
         run.stderr
-            .contains("has schema version 99, newer than the 1 this rlm reads"),
+            .contains("has schema version 99, newer than the 2 this rlm reads"),
         "{}",
         run.stderr
     );
@@ -642,4 +651,224 @@ fn a_database_another_process_keeps_locked_is_refused_and_left_as_it_was() {
         .unwrap_or_default();
     assert_eq!(ids, [json!("before")]);
     assert_eq!(flows.store().integrity_check().expect("check"), "ok");
+}
+
+/// An `rlm` in the background (stdout and stderr piped), killed if the test fails first.
+struct Background(Option<std::process::Child>);
+
+impl Background {
+    fn spawn(args: &[String]) -> Self {
+        let child = rlm_command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("rlm starts");
+        Self(Some(child))
+    }
+
+    fn child(&mut self) -> &mut std::process::Child {
+        self.0.as_mut().expect("not waited for yet")
+    }
+
+    /// Its exit code and stderr, once it ends.
+    fn finish(mut self) -> (Option<i32>, String) {
+        let out = self
+            .0
+            .take()
+            .expect("not waited for yet")
+            .wait_with_output()
+            .expect("it ends");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Waits (bounded) until `path` has `lines` lines.
+fn wait_lines(path: &Path, lines: usize) {
+    let start = Instant::now();
+    while std::fs::read_to_string(path).map_or(0, |t| t.lines().count()) < lines {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "`{}` never had {lines} lines",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_run_another_process_drives_is_refused_until_that_process_dies() {
+    let flows = Flows::new();
+    let mut first = Background::spawn(&flows.run_pipeline("busy", &[]));
+    wait_for(&flows.path("started"), first.child());
+    let pid = first.child().id();
+    let listed_busy = flows.listed("busy");
+    assert_eq!(listed_busy["status"], json!("running"), "{listed_busy}");
+    assert_eq!(listed_busy["owner"]["pid"], json!(pid), "{listed_busy}");
+    assert_eq!(
+        listed_busy["owner"]["checked"],
+        json!(true),
+        "{listed_busy}"
+    );
+    let host = listed_busy["owner"]["host"]
+        .as_str()
+        .expect("a host")
+        .to_owned();
+    let table = rlm(&flows.args(&["runs"]), None);
+    assert!(
+        table.stdout.contains(&format!("  pid {pid}\n")),
+        "{}",
+        table.stdout
+    );
+
+    // A second driver: refused before anything runs, the run untouched.
+    let second = rlm(&flows.model_args(&["resume", "busy"]), None);
+    second.assert_code(6);
+    let shown = redact(&second.stderr, flows.dir.path())
+        .replace(&format!("pid {pid} "), "pid [pid] ")
+        .replace(&format!("`{host}`"), "`[host]`");
+    insta::assert_snapshot!(shown);
+    assert_eq!(nodes(&flows.history("busy")), ["__start__", "first"]);
+    let started = std::fs::read_to_string(flows.path("started")).expect("started file");
+    assert_eq!(started.lines().count(), 1, "the second driver ran no node");
+    // Nor can a new run take its id.
+    rlm(&flows.run_pipeline("busy", &[]), None).assert_code(2);
+
+    // Once the driver is killed, the run is interrupted, and resume takes it over.
+    first.child().kill().expect("kill -9");
+    first.child().wait().expect("reaped");
+    let interrupted = flows.listed("busy");
+    assert_eq!(interrupted["status"], json!("interrupted"), "{interrupted}");
+    assert_eq!(interrupted["owner"], Value::Null);
+    file(flows.dir.path(), "go", "");
+    let resumed = rlm(&flows.model_args(&["resume", "busy"]), None);
+    resumed.assert_code(0);
+    assert_eq!(resumed.stdout.trim(), "c=20");
+    let takeover: Vec<&str> = resumed
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("taking the run over"))
+        .collect();
+    assert_eq!(takeover.len(), 1, "{}", resumed.stderr);
+    assert!(
+        takeover[0].starts_with(&format!(
+            "taking the run over from pid {pid} on host `{host}` since "
+        )) && takeover[0].ends_with(" (that process is gone)"),
+        "{}",
+        resumed.stderr
+    );
+    let done = flows.listed("busy");
+    assert_eq!(
+        (&done["status"], &done["owner"]),
+        (&json!("completed"), &Value::Null)
+    );
+    assert_eq!(
+        nodes(&flows.history("busy")),
+        ["__start__", "first", "wait", "last"]
+    );
+    // The same final state as an unbroken run.
+    rlm(&flows.run_pipeline("whole", &[]), None).assert_code(0);
+    assert_eq!(
+        portable(flows.final_state("busy")),
+        portable(flows.final_state("whole"))
+    );
+    assert_eq!(flows.store().integrity_check().expect("check"), "ok");
+}
+
+#[test]
+fn a_run_held_from_another_host_is_taken_over_only_with_take_over_and_the_old_driver_is_fenced() {
+    let flows = Flows::new();
+    let mut first = Background::spawn(&flows.run_pipeline("shared", &[]));
+    wait_for(&flows.path("started"), first.child());
+    let pid = first.child().id();
+    // As if the driver ran on another machine sharing the disk: it cannot be checked.
+    let moved = Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); \
+             c.execute(\"UPDATE leases SET host = 'far-away' WHERE run_id = 'shared'\"); c.commit()",
+        ])
+        .arg(flows.path("runs.db"))
+        .status()
+        .expect("python3 runs");
+    assert!(moved.success());
+    let listed_shared = flows.listed("shared");
+    assert_eq!(listed_shared["status"], json!("running"));
+    assert_eq!(listed_shared["owner"]["host"], json!("far-away"));
+    assert_eq!(listed_shared["owner"]["checked"], json!(false));
+    let refused = rlm(&flows.model_args(&["resume", "shared"]), None);
+    refused.assert_code(6);
+    assert!(
+        refused.stderr.contains(&format!(
+            "Run `shared` is being driven by pid {pid} on host `far-away` since "
+        )) && refused.stderr.contains(
+            ", which cannot be checked from here; if that process is gone, resume with \
+             `--take-over`"
+        ),
+        "{}",
+        refused.stderr
+    );
+
+    // `--take-over`: the new driver owns the run; the old one, still running, is fenced off
+    // at its next checkpoint and stops with exit 6, writing nothing.
+    let second = Background::spawn(&flows.model_args(&["resume", "shared", "--take-over"]));
+    wait_lines(&flows.path("started"), 2);
+    file(flows.dir.path(), "go", "");
+    let (old_code, old_err) = first.finish();
+    let (new_code, new_err) = second.finish();
+    assert_eq!(old_code, Some(6), "{old_err}");
+    assert!(
+        old_err.contains("This process no longer drives run `shared` (taken over by pid "),
+        "{old_err}"
+    );
+    assert_eq!(new_code, Some(0), "{new_err}");
+    assert!(
+        new_err.contains(" on host `far-away` since ")
+            && new_err.contains(" (as `--take-over` asks)\n"),
+        "{new_err}"
+    );
+    assert_eq!(
+        nodes(&flows.history("shared")),
+        ["__start__", "first", "wait", "last"]
+    );
+    assert_eq!(
+        portable(flows.final_state("shared")),
+        json!({"a": 1, "b": 2, "c": 20, "log": "first,wait,last"})
+    );
+    assert_eq!(flows.status("shared"), "completed");
+}
+
+#[test]
+fn a_run_stopped_by_ctrl_c_is_released_and_resumed_without_a_takeover() {
+    let flows = Flows::new();
+    let mut first = Background::spawn(&flows.run_pipeline("stopped", &[]));
+    wait_for(&flows.path("started"), first.child());
+    let pid = i32::try_from(first.child().id()).expect("a pid");
+    // SAFETY: sends SIGINT to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let (code, stderr) = first.finish();
+    assert_eq!(code, Some(130), "{stderr}");
+    let stopped = flows.listed("stopped");
+    assert_eq!(stopped["owner"], Value::Null, "{stopped}");
+    assert_ne!(stopped["status"], json!("running"), "{stopped}");
+    file(flows.dir.path(), "go", "");
+    let resumed = rlm(&flows.model_args(&["resume", "stopped"]), None);
+    resumed.assert_code(0);
+    assert!(
+        !resumed.stderr.contains("taking the run over"),
+        "{}",
+        resumed.stderr
+    );
+    assert_eq!(flows.status("stopped"), "completed");
 }

@@ -63,7 +63,7 @@ fn main() -> ExitCode {
             } else if err.downcast_ref::<LimitError>().is_some() {
                 run::EXIT_LIMIT
             } else {
-                1
+                flow::exit_code(&err).unwrap_or(1)
             };
             if JSON_ERRORS.load(Ordering::Relaxed) {
                 print_json_error(&err, code);

@@ -165,7 +165,7 @@ pub(crate) fn execute(args: FlowDemoArgs, file: RunOptions) -> Result<ExitCode> 
                 "\nrlm flow demo: the human's answer is SCRIPTED too: \"{answer}\" (as \
                  `rlm flow resume {run_id} --input \"...\"` would give it)\n"
             );
-            let resume = Durable::resume(store, &durable, None, Some(answer.to_owned()))?;
+            let resume = Durable::resume(store, &durable, None, Some(answer.to_owned()), false)?;
             let run = FlowRunArgs {
                 workflow: demo.name.to_owned(),
                 inputs: Vec::new(),

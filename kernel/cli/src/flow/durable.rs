@@ -14,6 +14,12 @@
 //! [`EXIT_AWAITING_HUMAN`]. A run id that is taken, an unknown run or checkpoint, a completed
 //! run: usage errors (exit 2); a newer schema, a locked or damaged database: errors (exit 1).
 //! None of them changes the database.
+//!
+//! One run, one writer: the engine leases the run to this process while it runs. A resume of a
+//! run that another live process drives is refused before any model or Python starts, and a
+//! process whose run was taken over stops at its next write — both exit
+//! [`EXIT_RUN_DRIVEN`]. A dead owner's run (killed, crashed, rebooted) is taken over, said in
+//! one line; an owner on another host cannot be checked, so `--take-over` must say so.
 
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
@@ -24,8 +30,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use clap::Args;
 use engine::durable::{
-    CheckpointId, CheckpointStore, DurableError, DurableReport, DurableRoot, RunStatus, Start,
-    StoreError, resume_point, run_durable,
+    CheckpointId, CheckpointStore, DurableError, DurableReport, DurableRoot, LeaseHolder, Liveness,
+    RunStatus, Start, StoreError, resume_point, run_durable,
 };
 use engine::flow::{Agent, Invocation};
 use engine::route::{DecisionRecord, decide::DECISIONS, rfc3339};
@@ -36,6 +42,9 @@ use crate::UsageError;
 
 /// The exit code of a run that stopped to ask a human (`awaiting_human`).
 pub(crate) const EXIT_AWAITING_HUMAN: u8 = 5;
+
+/// The exit code of a run that another process drives (a refused claim, a lost lease).
+pub(crate) const EXIT_RUN_DRIVEN: u8 = 6;
 
 /// Where the runs are kept unless `--db` says otherwise (under the working directory).
 pub(crate) const DEFAULT_DB: &str = ".rlm/runs.db";
@@ -108,6 +117,8 @@ pub(crate) struct Durable {
     run_id: String,
     start: Start,
     keep_last: Option<NonZeroUsize>,
+    /// The holder a resume takes the run over from, said at the start.
+    replaces: Option<LeaseHolder>,
 }
 
 impl Durable {
@@ -142,29 +153,38 @@ impl Durable {
                 input,
             },
             keep_last: args.keep_last,
+            replaces: None,
         })
     }
 
     /// Resuming run `args.run_id` in `store`, optionally from checkpoint `from` with a human's
-    /// `answer`.
+    /// `answer`; `take_over` takes it from an owner that cannot be checked.
     pub(crate) fn resume(
         store: Arc<CheckpointStore>,
         args: &DurableArgs,
         from: Option<CheckpointId>,
         answer: Option<String>,
+        take_over: bool,
     ) -> Result<Self> {
         let run_id = args
             .run_id
             .clone()
             .ok_or_else(|| UsageError::new("`rlm flow resume` needs the run's id"))?;
-        // Refused before any model or Python starts; `run_durable` checks again.
+        // Refused before any model or Python starts; `run_durable` checks again. The lease
+        // first: a run another process drives is not judged by the status it has for now.
+        let replaces = store.check_claim(&run_id, take_over).map_err(store_error)?;
         resume_point(&store, &run_id, from, answer.is_some()).map_err(durable_error)?;
         Ok(Self {
             store,
             db: args.db.clone(),
             run_id,
-            start: Start::Resume { from, answer },
+            start: Start::Resume {
+                from,
+                answer,
+                take_over,
+            },
             keep_last: args.keep_last,
+            replaces,
         })
     }
 
@@ -179,6 +199,13 @@ impl Durable {
             self.run_id,
             self.db.path().display()
         );
+        if let Some(holder) = &self.replaces {
+            let why = match holder.owner.liveness() {
+                Liveness::Unchecked => "as `--take-over` asks",
+                Liveness::Alive | Liveness::Dead => "that process is gone",
+            };
+            eprintln!("taking the run over from {holder} ({why})");
+        }
     }
 
     /// Runs `root` durably in `invocation`, then prunes as `--keep-last` says.
@@ -294,7 +321,8 @@ pub(crate) fn time_of(ms: i64) -> String {
     rfc3339(UNIX_EPOCH + Duration::from_millis(ms))
 }
 
-/// A store error for the user: their mistakes are usage errors (exit 2), the rest exit 1.
+/// A store error for the user: their mistakes are usage errors (exit 2), the rest exit 1
+/// except a run another process drives ([`exit_code`]).
 pub(crate) fn store_error(e: StoreError) -> anyhow::Error {
     match e {
         StoreError::UnknownRun(_)
@@ -302,6 +330,16 @@ pub(crate) fn store_error(e: StoreError) -> anyhow::Error {
         | StoreError::UnknownCheckpoint(_)
         | StoreError::WrongRun { .. } => usage(e),
         other => other.into(),
+    }
+}
+
+/// The exit code of `err` when it is a run another process drives: [`EXIT_RUN_DRIVEN`].
+pub(crate) fn exit_code(err: &anyhow::Error) -> Option<u8> {
+    match err.downcast_ref::<StoreError>()? {
+        StoreError::Driven { .. }
+        | StoreError::DrivenElsewhere { .. }
+        | StoreError::LeaseLost { .. } => Some(EXIT_RUN_DRIVEN),
+        _ => None,
     }
 }
 

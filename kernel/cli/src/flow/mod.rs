@@ -28,6 +28,7 @@ use clap::{Args, Subcommand};
 use engine::flow::file::{AgentSpec, load_workflow, load_workflow_from, render_mermaid};
 
 use builtin::{BUILTINS, Builtin};
+pub(crate) use durable::exit_code;
 
 /// Arguments of `rlm flow`.
 #[derive(Debug, Args)]
@@ -68,6 +69,7 @@ Exit codes:
   3    a limit stopped the run (timeout, budget)
   5    the run waits for a human (`awaiting_human`): answer with
        `rlm flow resume RUN --input \"...\"`
+  6    another process drives the run (it was refused, or taken over meanwhile)
   130  Ctrl-C stopped the run (its state, event log and checkpoints kept; resume it)";
 
 /// Arguments of `rlm flow graph`.

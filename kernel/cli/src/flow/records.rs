@@ -4,12 +4,17 @@
 //! Times are RFC 3339 in UTC. The database is only read. A node's checkpoint shows the node's
 //! path from the root graph down, each loop with its iteration
 //! (`plan_discover[2]/discovery[3]/discoverer`).
+//! `runs` shows a run as its owner stands, not only as stored: a `running` run whose process
+//! is gone (killed, crashed) is `interrupted` (resume continues it); a run a process drives is
+//! `running`, with its pid.
 
 use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use engine::durable::{CheckpointRecord, CheckpointStore, RunRecord, checkpoint_path};
+use engine::durable::{
+    CheckpointRecord, CheckpointStore, LeaseHolder, Liveness, RunRecord, checkpoint_path,
+};
 use engine::flow::path_text;
 use serde_json::{Value, json};
 
@@ -56,20 +61,31 @@ pub(crate) fn runs(args: RunsArgs) -> Result<ExitCode> {
     if runs.is_empty() {
         return super::print("No runs yet; `rlm flow run FILE|NAME` starts one.\n");
     }
-    let rows: Vec<[String; 6]> = runs
+    let rows: Vec<[String; 7]> = runs
         .iter()
         .map(|run| {
+            let (status, driver) = shown(run);
+            let owner = match driver {
+                Some((holder, Liveness::Unchecked)) => {
+                    format!("pid {} on {}", holder.owner.pid, holder.owner.host)
+                }
+                Some((holder, _)) => format!("pid {}", holder.owner.pid),
+                None => "-".to_owned(),
+            };
             [
                 run.run_id.clone(),
-                run.status.name().to_owned(),
+                status.to_owned(),
                 run.workflow.clone(),
                 time_of(run.created_ms),
                 time_of(run.updated_ms),
                 run.head.map_or_else(|| "-".to_owned(), |h| h.to_string()),
+                owner,
             ]
         })
         .collect();
-    let header = ["RUN", "STATUS", "WORKFLOW", "STARTED", "UPDATED", "HEAD"];
+    let header = [
+        "RUN", "STATUS", "WORKFLOW", "STARTED", "UPDATED", "HEAD", "OWNER",
+    ];
     super::print(&table(header, &rows))
 }
 
@@ -136,15 +152,40 @@ fn find(store: &CheckpointStore, run: &str) -> Result<RunRecord> {
     })
 }
 
+/// How run `run` stands: a process that drives it makes it `running` (with that process and
+/// whether it could be checked); a `running` run nobody drives any more is `interrupted`.
+fn shown(run: &RunRecord) -> (&'static str, Option<(&LeaseHolder, Liveness)>) {
+    let driver = run
+        .lease
+        .as_ref()
+        .map(|holder| (holder, holder.owner.liveness()))
+        .filter(|(_, liveness)| *liveness != Liveness::Dead);
+    match (&run.status, driver) {
+        (_, Some(driver)) => ("running", Some(driver)),
+        (engine::durable::RunStatus::Running, None) => ("interrupted", None),
+        (status, None) => (status.name(), None),
+    }
+}
+
 fn run_json(run: &RunRecord) -> Value {
     let detail = match &run.status {
         engine::durable::RunStatus::Failed { error } => json!({"error": error}),
         engine::durable::RunStatus::AwaitingHuman { question } => json!({"question": question}),
         _ => json!({}),
     };
+    let (status, driver) = shown(run);
+    let owner = driver.map(|(holder, liveness)| {
+        json!({
+            "pid": holder.owner.pid,
+            "host": holder.owner.host,
+            "since": time_of(holder.since_ms),
+            "checked": liveness == Liveness::Alive,
+        })
+    });
     json!({
         "run_id": run.run_id,
-        "status": run.status.name(),
+        "status": status,
+        "owner": owner,
         "detail": detail,
         "workflow": run.workflow,
         "started": time_of(run.created_ms),

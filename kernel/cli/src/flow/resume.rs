@@ -7,7 +7,9 @@
 //! side effects belong in idempotent tools. `--input TEXT` answers a run waiting for a human (recorded as
 //! `human_input` and a `human` message; the router decides again). `--from-checkpoint ID`
 //! re-runs from an earlier checkpoint of the run (time travel); the new checkpoints branch
-//! from it and the old ones stay in `history`.
+//! from it and the old ones stay in `history`. A run another live process drives is refused
+//! (exit 6); one whose owner died is taken over; `--take-over` takes over one whose owner
+//! runs on another host (a shared disk) and so cannot be checked.
 
 use std::ffi::OsString;
 use std::num::NonZeroUsize;
@@ -38,6 +40,11 @@ pub(crate) struct FlowResumeArgs {
     /// Run again from this checkpoint of the run (`rlm flow history RUN`) instead of its head.
     #[arg(long, value_name = "ID")]
     from_checkpoint: Option<CheckpointId>,
+
+    /// Take the run over from a process on another host that holds it (it cannot be checked
+    /// from here: make sure it is gone). A dead process on this host is taken over anyway.
+    #[arg(long)]
+    take_over: bool,
 
     #[command(flatten)]
     db: DbArg,
@@ -81,7 +88,13 @@ pub(crate) fn execute(args: FlowResumeArgs, file: RunOptions) -> Result<ExitCode
         run_id: Some(args.run),
         keep_last: args.keep_last,
     };
-    let durable = Durable::resume(store, &durable_args, args.from_checkpoint, args.input)?;
+    let durable = Durable::resume(
+        store,
+        &durable_args,
+        args.from_checkpoint,
+        args.input,
+        args.take_over,
+    )?;
     let run_args = FlowRunArgs {
         workflow: run.workflow,
         inputs: Vec::new(),

@@ -16,34 +16,40 @@
 //! the last N checkpoints of a run, snapshotting the oldest kept one first where needed so
 //! each stays readable.
 //!
+//! One process writes a run at a time: it holds the run's [`Lease`], and every
+//! put and status change checks it in the same transaction, so a process that lost the run
+//! (taken over after it was thought dead) cannot write into its chain.
+//!
 //! ```
-//! use engine::durable::{CheckpointStore, NewCheckpoint, NewRun, RunStatus};
+//! use engine::durable::{CheckpointStore, NewCheckpoint, NewRun, Owner, RunStatus};
 //! use engine::reducer::{apply_writes, ChannelWrite};
 //! use engine::State;
 //! use serde_json::json;
 //!
 //! let store = CheckpointStore::open_in_memory()?;
-//! store.create_run(&NewRun::new("run-1", "team.yaml"))?;
+//! let lease = store.create_run(&NewRun::new("run-1", "team.yaml"), &Owner::current())?;
 //! let mut state = State::default();
 //! let mut parent = None;
 //! for step in 0..3 {
 //!     let writes = vec![ChannelWrite::Append { key: "log".into(), items: vec![json!(step)] }];
 //!     apply_writes(&mut state, &writes);
 //!     let checkpoint = NewCheckpoint::new("worker", &writes, &state).parent(parent);
-//!     parent = Some(store.put("run-1", checkpoint)?);
+//!     parent = Some(store.put(&lease, checkpoint)?);
 //! }
-//! store.set_status("run-1", &RunStatus::Completed)?;
+//! store.finish_run(&lease, &RunStatus::Completed)?;
 //! let head = store.run("run-1")?.and_then(|run| run.head).expect("three checkpoints");
 //! assert_eq!(store.state_at(head)?.state.get("log"), Some(&json!([0, 1, 2])));
 //! # Ok::<(), engine::durable::StoreError>(())
 //! ```
 
+mod lease;
 mod run;
 mod schema;
 mod store;
 #[cfg(test)]
 mod tests;
 
+pub use lease::{Claim, Lease, LeaseHolder, Liveness, Owner};
 pub use run::{
     Checkpointer, DurableError, DurableReport, DurableRoot, HUMAN_INPUT, HUMAN_NODE, START_NODE,
     Start, checkpoint_path, resume_point, run_durable,
@@ -136,6 +142,42 @@ pub enum StoreError {
         expected: String,
         /// The run it belongs to.
         actual: String,
+    },
+    /// A live process on this host drives the run.
+    #[error(
+        "Run `{run_id}` is being driven by {holder}; wait for it to finish, or stop that process \
+         and resume again (a dead process's run is taken over)"
+    )]
+    Driven {
+        /// The run.
+        run_id: String,
+        /// Its lease holder.
+        holder: LeaseHolder,
+    },
+    /// A process that cannot be checked from here (another host) drives the run.
+    #[error(
+        "Run `{run_id}` is being driven by {holder}, which cannot be checked from here; if that \
+         process is gone, resume with `--take-over`"
+    )]
+    DrivenElsewhere {
+        /// The run.
+        run_id: String,
+        /// Its lease holder.
+        holder: LeaseHolder,
+    },
+    /// This process's lease on the run was taken over: it may not write to it any more.
+    #[error(
+        "This process no longer drives run `{run_id}` ({}); nothing more of it was written",
+        match holder {
+            Some(holder) => format!("taken over by {holder}"),
+            None => "its lease was released".to_owned(),
+        }
+    )]
+    LeaseLost {
+        /// The run.
+        run_id: String,
+        /// Who holds it now, if anyone.
+        holder: Option<LeaseHolder>,
     },
     /// A stored value is not what this schema writes (a damaged or hand-edited database).
     #[error("Checkpoint database `{path}` is damaged: {what}")]

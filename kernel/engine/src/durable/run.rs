@@ -28,13 +28,15 @@
 //!   again after the node it escalated from.
 //!
 //! The run's status follows: `running` while it runs, then `completed`, `failed`, or
-//! `awaiting_human` when the router escalated (the question is its rationale).
+//! `awaiting_human` when the router escalated (the question is its rationale). The run is
+//! leased to this process from before its first write until it stops, however it stops.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::{Value, json};
 
 use super::StoreError;
+use super::lease::{Lease, Owner};
 use super::store::{
     CheckpointId, CheckpointRecord, CheckpointStore, NewCheckpoint, NewRun, RunStatus,
 };
@@ -130,7 +132,7 @@ impl DurableRoot {
 /// Writes a checkpoint after every node (at every depth) and routing decision of one run.
 pub struct Checkpointer {
     store: Arc<CheckpointStore>,
-    run_id: String,
+    lease: Lease,
     graph: String,
     cursor: Mutex<Cursor>,
 }
@@ -138,7 +140,7 @@ pub struct Checkpointer {
 impl std::fmt::Debug for Checkpointer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Checkpointer")
-            .field("run_id", &self.run_id)
+            .field("run_id", &self.lease.run_id())
             .field("graph", &self.graph)
             .finish_non_exhaustive()
     }
@@ -155,18 +157,18 @@ struct Cursor {
 }
 
 impl Checkpointer {
-    /// Checkpoints of run `run_id` for the nodes of graph `graph` and below, continuing from
-    /// `parent` whose state is `state`.
+    /// Checkpoints of the run of `lease` for the nodes of graph `graph` and below, continuing
+    /// from `parent` whose state is `state`.
     pub fn new(
         store: Arc<CheckpointStore>,
-        run_id: impl Into<String>,
+        lease: Lease,
         graph: impl Into<String>,
         parent: Option<CheckpointId>,
         state: State,
     ) -> Self {
         Self {
             store,
-            run_id: run_id.into(),
+            lease,
             graph: graph.into(),
             cursor: Mutex::new(Cursor {
                 parent,
@@ -207,7 +209,7 @@ impl Checkpointer {
             .parent(cursor.parent)
             .next(next)
             .metadata(metadata);
-        let id = self.store.put(&self.run_id, checkpoint)?;
+        let id = self.store.put(&self.lease, checkpoint)?;
         cursor.parent = Some(id);
         Ok(id)
     }
@@ -310,6 +312,8 @@ pub enum Start {
         from: Option<CheckpointId>,
         /// A human's answer to the question the run stopped on.
         answer: Option<String>,
+        /// Take the run over from a holder that cannot be checked (another host).
+        take_over: bool,
     },
 }
 
@@ -365,24 +369,40 @@ pub async fn run_durable(
     invocation: Invocation,
 ) -> Result<DurableReport, DurableError> {
     let state = invocation.state.clone();
-    let (checkpointer, resume) = match start {
+    let owner = Owner::current();
+    let lease = match &start {
         Start::New { workflow, input } => {
-            store.create_run(&NewRun::new(run_id, workflow).input(input))?;
+            let run = NewRun::new(run_id, workflow.clone()).input(input.clone());
+            store.create_run(&run, &owner)?
+        }
+        Start::Resume { take_over, .. } => store.claim(run_id, &owner, *take_over)?.lease,
+    };
+    let _held = Held {
+        store,
+        lease: lease.clone(),
+    };
+    let (checkpointer, resume) = match start {
+        Start::New { .. } => {
             let initial = State::default();
             let checkpointer =
-                Checkpointer::new(store.clone(), run_id, graph.name(), None, initial);
+                Checkpointer::new(store.clone(), lease.clone(), graph.name(), None, initial);
             let keys: Vec<String> = state.with(|s| s.values().keys().cloned().collect());
             let next: Vec<String> = graph.start_node().map(str::to_owned).into_iter().collect();
             checkpointer.write(&state, START_NODE, keys.iter(), next, json!({}))?;
             (checkpointer, None)
         }
-        Start::Resume { from, answer } => {
+        Start::Resume { from, answer, .. } => {
             let head = resume_point(store, run_id, from, answer.is_some())?;
             let record = store.checkpoint(head)?;
             let loaded = store.state_at(head)?.state;
             state.with(|s| *s = loaded.clone());
-            let checkpointer =
-                Checkpointer::new(store.clone(), run_id, graph.name(), Some(head), loaded);
+            let checkpointer = Checkpointer::new(
+                store.clone(),
+                lease.clone(),
+                graph.name(),
+                Some(head),
+                loaded,
+            );
             let at = Resumed::read(store, graph, &record)?;
             {
                 let mut cursor = checkpointer.cursor();
@@ -410,7 +430,7 @@ pub async fn run_durable(
             (checkpointer, resume)
         }
     };
-    store.set_status(run_id, &RunStatus::Running)?;
+    store.set_status(&lease, &RunStatus::Running)?;
     let checkpointer = Arc::new(checkpointer);
     let _observing = plane.map(|plane| plane.observe(checkpointer.clone()));
     let node_names: Vec<String> = graph.nodes().iter().map(|n| n.name().to_owned()).collect();
@@ -427,13 +447,33 @@ pub async fn run_durable(
     invocation.resume = resume;
     let report = run_workflow(graph, invocation, None).await;
     let status = status_of(&report);
-    store.set_status(run_id, &status)?;
+    store.finish_run(&lease, &status)?;
     Ok(DurableReport {
         run: report,
         status,
         head: checkpointer.head(),
         health: health.report(),
     })
+}
+
+/// Releases a run's lease however [`run_durable`] returns: a store error or a refused resume
+/// leaves the run to the next claimer at once, not only once this process is dead.
+struct Held<'s> {
+    store: &'s CheckpointStore,
+    lease: Lease,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        // Nothing to do on failure: the lease names this process, so once it exits the next
+        // claimer finds its owner dead and takes the run over.
+        if let Err(e) = self.store.release(&self.lease) {
+            tracing::warn!(
+                "could not release the lease on `{}`: {e}",
+                self.lease.run_id()
+            );
+        }
+    }
 }
 
 /// The checkpoint a resumed run `run_id` continues from: `from` (time travel) or its head.

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::StoreError;
+use super::lease::{Claim, Lease, LeaseHolder, Liveness, Owner};
 use super::schema;
 use crate::reducer::{ChannelWrite, apply_writes};
 use crate::state::State;
@@ -160,6 +161,9 @@ pub struct RunRecord {
     pub created_ms: i64,
     /// When it last changed (Unix milliseconds).
     pub updated_ms: i64,
+    /// The process driving it, if one holds its lease (check [`Owner::liveness`]: a killed
+    /// process leaves its lease behind).
+    pub lease: Option<LeaseHolder>,
 }
 
 /// A stored checkpoint, without its state.
@@ -341,10 +345,11 @@ impl CheckpointStore {
         })
     }
 
-    /// Creates run `run.run_id` with status `running`.
-    pub fn create_run(&self, run: &NewRun) -> Result<(), StoreError> {
+    /// Creates run `run.run_id` with status `running`, leased to `owner` in the same
+    /// transaction.
+    pub fn create_run(&self, run: &NewRun, owner: &Owner) -> Result<Lease, StoreError> {
         let mut conn = self.lock();
-        let result = (|| -> Res<()> {
+        let result = (|| -> Res<Lease> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             if run_exists(&tx, &run.run_id)? {
                 return Err(StoreError::DuplicateRun(run.run_id.clone()).into());
@@ -355,41 +360,115 @@ impl CheckpointStore {
                  updated_ms) VALUES (?1, ?2, 'running', NULL, ?3, NULL, ?4, ?4)",
                 params![run.run_id, run.workflow, run.input.to_string(), now],
             )?;
+            let lease = insert_lease(&tx, &run.run_id, owner)?;
+            tx.commit()?;
+            Ok(lease)
+        })();
+        self.finish(result)
+    }
+
+    /// Claims run `run_id` for `owner`, in one transaction: granted when nobody holds it or
+    /// its holder is dead (or cannot be checked and `take_over` is set, e.g. another host);
+    /// refused ([`StoreError::Driven`], [`StoreError::DrivenElsewhere`]) otherwise. A live
+    /// holder is never taken over: stop it first.
+    pub fn claim(&self, run_id: &str, owner: &Owner, take_over: bool) -> Result<Claim, StoreError> {
+        let mut conn = self.lock();
+        let result = (|| -> Res<Claim> {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            if !run_exists(&tx, run_id)? {
+                return Err(StoreError::UnknownRun(run_id.to_owned()).into());
+            }
+            let replaced = match lease_of(&tx, run_id)? {
+                Some((id, holder)) => {
+                    let holder = replaceable(run_id, holder, take_over)?;
+                    tx.execute("DELETE FROM leases WHERE id = ?1", [id])?;
+                    Some(holder)
+                }
+                None => None,
+            };
+            let lease = insert_lease(&tx, run_id, owner)?;
+            tx.commit()?;
+            Ok(Claim { lease, replaced })
+        })();
+        self.finish(result)
+    }
+
+    /// What [`claim`](Self::claim) would do, without writing: the holder it would replace, or
+    /// its refusal (for a check before starting anything costly; the claim checks again).
+    pub fn check_claim(
+        &self,
+        run_id: &str,
+        take_over: bool,
+    ) -> Result<Option<LeaseHolder>, StoreError> {
+        let conn = self.lock();
+        let result = (|| -> Res<Option<LeaseHolder>> {
+            if !run_exists(&conn, run_id)? {
+                return Err(StoreError::UnknownRun(run_id.to_owned()).into());
+            }
+            lease_of(&conn, run_id)?
+                .map(|(_, holder)| replaceable(run_id, holder, take_over))
+                .transpose()
+        })();
+        self.finish(result)
+    }
+
+    /// Gives `lease` up (nothing happens when it was lost already).
+    pub fn release(&self, lease: &Lease) -> Result<(), StoreError> {
+        let conn = self.lock();
+        let result = (|| -> Res<()> {
+            conn.execute("DELETE FROM leases WHERE id = ?1", [lease.id])?;
+            Ok(())
+        })();
+        self.finish(result)
+    }
+
+    /// Sets the status of the run of `lease`, if the lease still holds.
+    pub fn set_status(&self, lease: &Lease, status: &RunStatus) -> Result<(), StoreError> {
+        self.write_status(lease, status, false)
+    }
+
+    /// Sets the final status of the run of `lease` and releases it, in one transaction: the
+    /// run stopped (completed, failed, waiting for a human, stopped by a limit or Ctrl-C).
+    pub fn finish_run(&self, lease: &Lease, status: &RunStatus) -> Result<(), StoreError> {
+        self.write_status(lease, status, true)
+    }
+
+    fn write_status(
+        &self,
+        lease: &Lease,
+        status: &RunStatus,
+        release: bool,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.lock();
+        let result = (|| -> Res<()> {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            fence(&tx, lease)?;
+            tx.execute(
+                "UPDATE runs SET status = ?2, detail = ?3, updated_ms = ?4 WHERE run_id = ?1",
+                params![lease.run_id, status.name(), status.detail(), now_ms()],
+            )?;
+            if release {
+                tx.execute("DELETE FROM leases WHERE id = ?1", [lease.id])?;
+            }
             tx.commit()?;
             Ok(())
         })();
         self.finish(result)
     }
 
-    /// Sets the status of run `run_id`.
-    pub fn set_status(&self, run_id: &str, status: &RunStatus) -> Result<(), StoreError> {
-        let conn = self.lock();
-        let result = (|| -> Res<()> {
-            let changed = conn.execute(
-                "UPDATE runs SET status = ?2, detail = ?3, updated_ms = ?4 WHERE run_id = ?1",
-                params![run_id, status.name(), status.detail(), now_ms()],
-            )?;
-            if changed == 0 {
-                return Err(StoreError::UnknownRun(run_id.to_owned()).into());
-            }
-            Ok(())
-        })();
-        self.finish(result)
-    }
-
-    /// Writes a checkpoint of run `run_id` in one transaction and makes it the run's head.
+    /// Writes a checkpoint of the run of `lease` in one transaction, if the lease still holds,
+    /// and makes it the run's head.
     pub fn put(
         &self,
-        run_id: &str,
+        lease: &Lease,
         checkpoint: NewCheckpoint<'_>,
     ) -> Result<CheckpointId, StoreError> {
         let mut conn = self.lock();
         let policy = self.policy;
+        let run_id = lease.run_id.as_str();
         let result = (|| -> Res<CheckpointId> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            if !run_exists(&tx, run_id)? {
-                return Err(StoreError::UnknownRun(run_id.to_owned()).into());
-            }
+            fence(&tx, lease)?;
             let parent = match checkpoint.parent {
                 Some(id) => {
                     let row = parent_row(&tx, id)?;
@@ -572,12 +651,16 @@ impl CheckpointStore {
 
     /// Keeps the last `keep_last` (at least 1) checkpoints of run `run_id` and removes the
     /// older ones; a kept checkpoint whose chain would lose its snapshot takes one first.
+    /// Refused while a live process drives the run (its chain is not ours to cut).
     pub fn prune(&self, run_id: &str, keep_last: usize) -> Result<PruneReport, StoreError> {
         let mut conn = self.lock();
         let result = (|| -> Res<PruneReport> {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             if !run_exists(&tx, run_id)? {
                 return Err(StoreError::UnknownRun(run_id.to_owned()).into());
+            }
+            if let Some((_, holder)) = lease_of(&tx, run_id)? {
+                replaceable(run_id, holder, false)?;
             }
             let keep = i64::try_from(keep_last.max(1)).unwrap_or(i64::MAX);
             let oldest_kept: Option<i64> = tx
@@ -647,8 +730,9 @@ impl CheckpointStore {
 }
 
 const RUN_SELECT: &str = "SELECT r.run_id, r.workflow, r.status, r.detail, r.input, r.head, \
-     (SELECT COUNT(*) FROM checkpoints c WHERE c.run_id = r.run_id), r.created_ms, r.updated_ms \
-     FROM runs r";
+     (SELECT COUNT(*) FROM checkpoints c WHERE c.run_id = r.run_id), r.created_ms, r.updated_ms, \
+     l.pid, l.host, l.started, l.claimed_ms \
+     FROM runs r LEFT JOIN leases l ON l.run_id = r.run_id";
 
 /// A `runs` row before its JSON and status are checked.
 struct RunColumns {
@@ -661,6 +745,7 @@ struct RunColumns {
     checkpoints: i64,
     created_ms: i64,
     updated_ms: i64,
+    lease: Option<LeaseHolder>,
 }
 
 fn run_columns(row: &rusqlite::Row<'_>) -> rusqlite::Result<RunColumns> {
@@ -674,7 +759,75 @@ fn run_columns(row: &rusqlite::Row<'_>) -> rusqlite::Result<RunColumns> {
         checkpoints: row.get(6)?,
         created_ms: row.get(7)?,
         updated_ms: row.get(8)?,
+        lease: holder_columns(row, 9)?,
     })
+}
+
+/// The lease holder in the columns from `first` on (pid, host, started, claimed_ms), if any.
+fn holder_columns(row: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<Option<LeaseHolder>> {
+    let Some(pid) = row.get::<_, Option<i64>>(first)? else {
+        return Ok(None);
+    };
+    Ok(Some(LeaseHolder {
+        owner: Owner {
+            pid: u32::try_from(pid).unwrap_or(0),
+            host: row.get(first + 1)?,
+            started: row.get(first + 2)?,
+        },
+        since_ms: row.get(first + 3)?,
+    }))
+}
+
+/// The lease on run `run_id`, if one is held: its id and holder.
+fn lease_of(conn: &Connection, run_id: &str) -> Res<Option<(i64, LeaseHolder)>> {
+    let row = conn
+        .prepare_cached("SELECT id, pid, host, started, claimed_ms FROM leases WHERE run_id = ?1")?
+        .query_row([run_id], |row| {
+            let holder = holder_columns(row, 1)?;
+            Ok((row.get::<_, i64>(0)?, holder))
+        })
+        .optional()?;
+    Ok(row.and_then(|(id, holder)| holder.map(|holder| (id, holder))))
+}
+
+/// `holder` when a claim on `run_id` may replace it (see [`CheckpointStore::claim`]).
+fn replaceable(run_id: &str, holder: LeaseHolder, take_over: bool) -> Res<LeaseHolder> {
+    let run_id = run_id.to_owned();
+    match holder.owner.liveness() {
+        Liveness::Dead => Ok(holder),
+        Liveness::Unchecked if take_over => Ok(holder),
+        Liveness::Unchecked => Err(StoreError::DrivenElsewhere { run_id, holder }.into()),
+        Liveness::Alive => Err(StoreError::Driven { run_id, holder }.into()),
+    }
+}
+
+fn insert_lease(conn: &Connection, run_id: &str, owner: &Owner) -> Res<Lease> {
+    conn.execute(
+        "INSERT INTO leases (run_id, pid, host, started, claimed_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![run_id, owner.pid, owner.host, owner.started, now_ms()],
+    )?;
+    Ok(Lease {
+        run_id: run_id.to_owned(),
+        id: conn.last_insert_rowid(),
+    })
+}
+
+/// Fencing: fails unless `lease` is still the lease of its run.
+fn fence(conn: &Connection, lease: &Lease) -> Res<()> {
+    let held = conn
+        .prepare_cached("SELECT 1 FROM leases WHERE id = ?1 AND run_id = ?2")?
+        .exists(params![lease.id, lease.run_id])?;
+    if held {
+        return Ok(());
+    }
+    if !run_exists(conn, &lease.run_id)? {
+        return Err(StoreError::UnknownRun(lease.run_id.clone()).into());
+    }
+    Err(StoreError::LeaseLost {
+        run_id: lease.run_id.clone(),
+        holder: lease_of(conn, &lease.run_id)?.map(|(_, holder)| holder),
+    }
+    .into())
 }
 
 impl RunColumns {
@@ -694,6 +847,7 @@ impl RunColumns {
             checkpoints: u64::try_from(self.checkpoints).unwrap_or(0),
             created_ms: self.created_ms,
             updated_ms: self.updated_ms,
+            lease: self.lease,
         })
     }
 }

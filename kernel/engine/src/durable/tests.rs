@@ -23,7 +23,7 @@ fn append(key: &str, item: Value) -> ChannelWrite {
 /// Writes `steps` checkpoints in a chain from `parent`, each step writing `writes(i)`.
 fn write_chain(
     store: &CheckpointStore,
-    run: &str,
+    run: &Lease,
     state: &mut State,
     mut parent: Option<CheckpointId>,
     steps: std::ops::Range<usize>,
@@ -53,10 +53,12 @@ fn every_checkpoint_reads_back_its_state_and_channel_versions() {
             max_delta_ratio: f64::INFINITY,
             max_chain_len: 4,
         });
-    store.create_run(&NewRun::new("r", "team.yaml")).unwrap();
+    let r = store
+        .create_run(&NewRun::new("r", "team.yaml"), &Owner::current())
+        .unwrap();
     let mut state = State::default();
     let mut expected = Vec::new();
-    let ids = write_chain(&store, "r", &mut state, None, 0..11, |i| {
+    let ids = write_chain(&store, &r, &mut state, None, 0..11, |i| {
         let mut w = vec![append("messages", json!({"n": i}))];
         if i % 3 == 0 {
             w.push(replace("doc", json!(format!("v{i}"))));
@@ -108,12 +110,14 @@ fn every_checkpoint_reads_back_its_state_and_channel_versions() {
 #[test]
 fn storage_grows_with_the_writes_not_with_the_state() {
     let store = CheckpointStore::open_in_memory().unwrap();
-    store.create_run(&NewRun::new("r", "w")).unwrap();
+    let r = store
+        .create_run(&NewRun::new("r", "w"), &Owner::current())
+        .unwrap();
     let mut state = State::default();
     for i in 0..100 {
         state.set(format!("doc{i}"), json!("x".repeat(1000)));
     }
-    let ids = write_chain(&store, "r", &mut state, None, 0..50, |i| {
+    let ids = write_chain(&store, &r, &mut state, None, 0..50, |i| {
         vec![replace(
             &format!("doc{}", i % 100),
             json!(format!("{i:0>100}")),
@@ -132,11 +136,13 @@ fn storage_grows_with_the_writes_not_with_the_state() {
 #[test]
 fn a_snapshot_is_taken_when_the_writes_outweigh_the_last_one() {
     let store = CheckpointStore::open_in_memory().unwrap();
-    store.create_run(&NewRun::new("r", "w")).unwrap();
+    let r = store
+        .create_run(&NewRun::new("r", "w"), &Owner::current())
+        .unwrap();
     let mut state = State::default();
     // Each step replaces a 100-byte value; the first snapshot is about as big, so the
     // second step's writes already outweigh it.
-    write_chain(&store, "r", &mut state, None, 0..4, |i| {
+    write_chain(&store, &r, &mut state, None, 0..4, |i| {
         vec![replace("doc", json!(format!("{i:0>100}")))]
     });
     let snapshots: Vec<bool> = store
@@ -151,13 +157,15 @@ fn a_snapshot_is_taken_when_the_writes_outweigh_the_last_one() {
 #[test]
 fn time_travel_branches_under_the_same_run() {
     let store = CheckpointStore::open_in_memory().unwrap();
-    store.create_run(&NewRun::new("r", "w")).unwrap();
+    let r = store
+        .create_run(&NewRun::new("r", "w"), &Owner::current())
+        .unwrap();
     let mut state = State::default();
-    let ids = write_chain(&store, "r", &mut state, None, 0..3, |i| {
+    let ids = write_chain(&store, &r, &mut state, None, 0..3, |i| {
         vec![append("log", json!(i))]
     });
     let mut branch = store.state_at(ids[0]).unwrap().state;
-    let forked = write_chain(&store, "r", &mut branch, Some(ids[0]), 10..12, |i| {
+    let forked = write_chain(&store, &r, &mut branch, Some(ids[0]), 10..12, |i| {
         vec![append("log", json!(i))]
     });
     assert_eq!(
@@ -175,21 +183,31 @@ fn time_travel_branches_under_the_same_run() {
 #[test]
 fn retention_keeps_the_last_checkpoints_readable() {
     let store = CheckpointStore::open_in_memory().unwrap();
-    store.create_run(&NewRun::new("r", "w")).unwrap();
-    store.create_run(&NewRun::new("other", "w")).unwrap();
+    let r = store
+        .create_run(&NewRun::new("r", "w"), &Owner::current())
+        .unwrap();
+    let other_run = store
+        .create_run(&NewRun::new("other", "w"), &Owner::current())
+        .unwrap();
     let mut state = State::default();
     state.set("big", json!("y".repeat(10_000)));
-    let ids = write_chain(&store, "r", &mut state, None, 0..10, |i| {
+    let ids = write_chain(&store, &r, &mut state, None, 0..10, |i| {
         vec![append("log", json!(i))]
     });
     let mut other = State::default();
-    let other_ids = write_chain(&store, "other", &mut other, None, 0..2, |i| {
+    let other_ids = write_chain(&store, &other_run, &mut other, None, 0..2, |i| {
         vec![append("log", json!(i))]
     });
     let expected: Vec<State> = ids[7..]
         .iter()
         .map(|id| store.state_at(*id).unwrap().state)
         .collect();
+    // Not while this process drives the run: its chain is not for another to cut.
+    assert!(matches!(
+        store.prune("r", 3),
+        Err(StoreError::Driven { .. })
+    ));
+    store.finish_run(&r, &RunStatus::Completed).unwrap();
     let report = store.prune("r", 3).unwrap();
     assert_eq!(report.removed, 7);
     assert_eq!(report.snapshotted, vec![ids[7]]);
@@ -214,21 +232,25 @@ fn retention_keeps_the_last_checkpoints_readable() {
 #[test]
 fn runs_keep_their_status_and_inputs() {
     let store = CheckpointStore::open_in_memory().unwrap();
-    store
-        .create_run(&NewRun::new("a", "team").input(json!({"goal": "ship"})))
+    let me = Owner::current();
+    let a = store
+        .create_run(
+            &NewRun::new("a", "team").input(json!({"goal": "ship"})),
+            &me,
+        )
         .unwrap();
-    store.create_run(&NewRun::new("b", "refine")).unwrap();
+    let b = store.create_run(&NewRun::new("b", "refine"), &me).unwrap();
     assert!(matches!(
-        store.create_run(&NewRun::new("a", "team")),
+        store.create_run(&NewRun::new("a", "team"), &me),
         Err(StoreError::DuplicateRun(id)) if id == "a"
     ));
     let waiting = RunStatus::AwaitingHuman {
         question: "Which test framework?".into(),
     };
-    store.set_status("a", &waiting).unwrap();
+    store.finish_run(&a, &waiting).unwrap();
     store
         .set_status(
-            "b",
+            &b,
             &RunStatus::Failed {
                 error: "boom".into(),
             },
@@ -240,8 +262,11 @@ fn runs_keep_their_status_and_inputs() {
     assert_eq!(runs[0].input, json!({"goal": "ship"}));
     assert_eq!(runs[0].head, None);
     assert_eq!(runs[1].status.name(), "failed");
+    // Released at the end; held while running, with this process as the owner.
+    assert_eq!(runs[0].lease, None);
+    assert_eq!(runs[1].lease.as_ref().map(|h| &h.owner), Some(&me));
     assert!(matches!(
-        store.set_status("nope", &RunStatus::Completed),
+        store.claim("nope", &me, false),
         Err(StoreError::UnknownRun(_))
     ));
     assert!(store.run("nope").unwrap().is_none());
@@ -252,32 +277,40 @@ fn puts_are_checked_against_their_run_and_parent() {
     let store = CheckpointStore::open_in_memory().unwrap();
     let state = State::default();
     let none: Vec<ChannelWrite> = Vec::new();
+    let forged = Lease {
+        run_id: "r".into(),
+        id: 1,
+    };
     assert!(matches!(
-        store.put("r", NewCheckpoint::new("n", &none, &state)),
+        store.put(&forged, NewCheckpoint::new("n", &none, &state)),
         Err(StoreError::UnknownRun(_))
     ));
-    store.create_run(&NewRun::new("r", "w")).unwrap();
-    store.create_run(&NewRun::new("s", "w")).unwrap();
+    let r = store
+        .create_run(&NewRun::new("r", "w"), &Owner::current())
+        .unwrap();
+    let s = store
+        .create_run(&NewRun::new("s", "w"), &Owner::current())
+        .unwrap();
     let first = store
-        .put("r", NewCheckpoint::new("n", &none, &state))
+        .put(&r, NewCheckpoint::new("n", &none, &state))
         .unwrap();
     assert!(matches!(
         store.put(
-            "r",
+            &r,
             NewCheckpoint::new("n", &none, &state).parent(Some(first + 100))
         ),
         Err(StoreError::UnknownCheckpoint(_))
     ));
     assert!(matches!(
         store.put(
-            "s",
+            &s,
             NewCheckpoint::new("n", &none, &state).parent(Some(first))
         ),
         Err(StoreError::WrongRun { .. })
     ));
     let record = store
         .put(
-            "r",
+            &r,
             NewCheckpoint::new("dev", &none, &state)
                 .parent(Some(first))
                 .next(vec!["tea".into()])
@@ -295,9 +328,11 @@ fn a_file_database_reopens_and_a_newer_schema_is_refused() {
     let path = dir.path().join("runs.db");
     {
         let store = CheckpointStore::open(&path).unwrap();
-        store.create_run(&NewRun::new("r", "w")).unwrap();
+        let r = store
+            .create_run(&NewRun::new("r", "w"), &Owner::current())
+            .unwrap();
         let mut state = State::default();
-        write_chain(&store, "r", &mut state, None, 0..3, |i| {
+        write_chain(&store, &r, &mut state, None, 0..3, |i| {
             vec![append("log", json!(i))]
         });
     }
@@ -346,10 +381,12 @@ fn writer_until_killed() {
             max_delta_ratio: 0.5,
             max_chain_len: 10_000,
         });
-    store.create_run(&NewRun::new("r", "w")).unwrap();
+    let r = store
+        .create_run(&NewRun::new("r", "w"), &Owner::current())
+        .unwrap();
     let mut state = State::default();
     state.set("base", json!("z".repeat(100_000)));
-    write_chain(&store, "r", &mut state, None, 0..1_000_000, crash_step);
+    write_chain(&store, &r, &mut state, None, 0..1_000_000, crash_step);
 }
 
 #[test]
@@ -406,4 +443,253 @@ fn a_killed_writer_leaves_a_valid_database() {
             "step {i}"
         );
     }
+}
+
+/// An owner on this host whose process is gone (a reaped child's pid).
+fn dead_owner() -> Owner {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    Owner {
+        pid,
+        ..Owner::current()
+    }
+}
+
+#[test]
+fn this_process_is_alive_and_a_gone_or_reused_pid_is_dead() {
+    let me = Owner::current();
+    assert_eq!(me.pid, std::process::id());
+    assert!(!me.host.is_empty());
+    if !cfg!(target_os = "linux") {
+        assert_eq!(me.liveness(), Liveness::Unchecked);
+        return;
+    }
+    assert_eq!(me.liveness(), Liveness::Alive);
+    assert_eq!(dead_owner().liveness(), Liveness::Dead);
+    // This pid with another start: the pid now names another process.
+    let reused = Owner {
+        started: format!("{}0", me.started),
+        ..me.clone()
+    };
+    assert_eq!(reused.liveness(), Liveness::Dead);
+    let elsewhere = Owner {
+        host: format!("{}-elsewhere", me.host),
+        ..me
+    };
+    assert_eq!(elsewhere.liveness(), Liveness::Unchecked);
+}
+
+#[test]
+fn a_second_claim_on_a_driven_run_is_refused_and_changes_nothing() {
+    let store = CheckpointStore::open_in_memory().unwrap();
+    let me = Owner::current();
+    let lease = store.create_run(&NewRun::new("r", "w"), &me).unwrap();
+    let state = State::default();
+    let head = store
+        .put(&lease, NewCheckpoint::new("a", &[], &state))
+        .unwrap();
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let err = store.claim("r", &me, false).unwrap_err();
+    let StoreError::Driven { run_id, holder } = &err else {
+        panic!("{err}");
+    };
+    assert_eq!((run_id.as_str(), &holder.owner), ("r", &me));
+    let text = err.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "Run `r` is being driven by pid {} on host `{}` since ",
+            me.pid, me.host
+        )) && text.ends_with(
+            "; wait for it to finish, or stop that process and resume again (a dead process's \
+             run is taken over)"
+        ),
+        "{text}"
+    );
+    // `--take-over` does not take a run from a live process on this host.
+    assert!(matches!(
+        store.claim("r", &me, true),
+        Err(StoreError::Driven { .. })
+    ));
+    assert!(matches!(
+        store.check_claim("r", false),
+        Err(StoreError::Driven { .. })
+    ));
+    // The first owner still writes.
+    let next = store
+        .put(
+            &lease,
+            NewCheckpoint::new("b", &[], &state).parent(Some(head)),
+        )
+        .unwrap();
+    assert_eq!(store.run("r").unwrap().unwrap().head, Some(next));
+}
+
+#[test]
+fn a_dead_owner_is_taken_over_and_its_writes_are_fenced_off() {
+    let store = CheckpointStore::open_in_memory().unwrap();
+    let mut state = State::default();
+    // The first process, as it looks once it died (on Linux the pid is free).
+    let ghost = dead_owner();
+    let old = store.create_run(&NewRun::new("r", "w"), &ghost).unwrap();
+    let ids = write_chain(&store, &old, &mut state, None, 0..2, |i| {
+        vec![append("log", json!(i))]
+    });
+    let take_over = !cfg!(target_os = "linux"); // elsewhere nobody can tell it is dead
+    assert_eq!(
+        store.check_claim("r", take_over).unwrap().unwrap().owner,
+        ghost
+    );
+    let claim = store.claim("r", &Owner::current(), take_over).unwrap();
+    assert_eq!(claim.replaced.map(|h| h.owner), Some(ghost));
+    assert_eq!(claim.lease.run_id(), "r");
+
+    // The old process wakes up: none of its writes reach the run.
+    let late = [append("log", json!("late"))];
+    let err = store
+        .put(
+            &old,
+            NewCheckpoint::new("late", &late, &state).parent(Some(ids[1])),
+        )
+        .unwrap_err();
+    let StoreError::LeaseLost { run_id, holder } = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(run_id, "r");
+    assert_eq!(holder.as_ref().map(|h| &h.owner), Some(&Owner::current()));
+    assert!(
+        err.to_string().starts_with(&format!(
+            "This process no longer drives run `r` (taken over by pid {} on host `",
+            std::process::id()
+        )),
+        "{err}"
+    );
+    assert!(matches!(
+        store.set_status(&old, &RunStatus::Completed),
+        Err(StoreError::LeaseLost { .. })
+    ));
+    assert!(matches!(
+        store.finish_run(&old, &RunStatus::Completed),
+        Err(StoreError::LeaseLost { .. })
+    ));
+    // Releasing a lost lease leaves the new owner's alone.
+    store.release(&old).unwrap();
+    let run = store.run("r").unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Running);
+    assert_eq!(run.head, Some(ids[1]));
+    assert_eq!(run.lease.map(|h| h.owner), Some(Owner::current()));
+
+    // The new owner continues the chain; the history holds one line of writes.
+    let mut resumed = store.state_at(ids[1]).unwrap().state;
+    let more = write_chain(
+        &store,
+        &claim.lease,
+        &mut resumed,
+        Some(ids[1]),
+        2..3,
+        |i| vec![append("log", json!(i))],
+    );
+    store
+        .finish_run(&claim.lease, &RunStatus::Completed)
+        .unwrap();
+    assert_eq!(
+        store.state_at(more[0]).unwrap().state.get("log"),
+        Some(&json!([0, 1, 2]))
+    );
+    assert_eq!(store.history("r").unwrap().len(), 3);
+    // A finished run is free again, and an old lease id is never handed out twice.
+    let run = store.run("r").unwrap().unwrap();
+    assert_eq!((run.status, run.lease), (RunStatus::Completed, None));
+    let again = store.claim("r", &Owner::current(), false).unwrap();
+    assert_eq!(again.replaced, None);
+    assert!(again.lease.id > claim.lease.id);
+    assert!(matches!(
+        store.set_status(&claim.lease, &RunStatus::Running),
+        Err(StoreError::LeaseLost { .. })
+    ));
+}
+
+#[test]
+fn an_owner_on_another_host_is_taken_over_only_when_asked() {
+    let store = CheckpointStore::open_in_memory().unwrap();
+    let remote = Owner {
+        host: format!("{}-elsewhere", Owner::current().host),
+        ..Owner::current()
+    };
+    store.create_run(&NewRun::new("r", "w"), &remote).unwrap();
+    let err = store.claim("r", &Owner::current(), false).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::DrivenElsewhere { holder, .. } if holder.owner == remote),
+        "{err}"
+    );
+    assert!(
+        err.to_string().ends_with(
+            ", which cannot be checked from here; if that process is gone, resume with \
+             `--take-over`"
+        ),
+        "{err}"
+    );
+    assert!(matches!(
+        store.prune("r", 1),
+        Err(StoreError::DrivenElsewhere { .. })
+    ));
+    let claim = store.claim("r", &Owner::current(), true).unwrap();
+    assert_eq!(claim.replaced.map(|h| h.owner), Some(remote));
+}
+
+#[test]
+fn a_version_1_database_is_migrated_in_place_and_keeps_its_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    {
+        // The file as the previous rlm wrote it: the version 1 schema and its rows.
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(super::schema::MIGRATIONS[0]).unwrap();
+        conn.pragma_update(None, "user_version", 1).unwrap();
+        conn.execute_batch(
+            "INSERT INTO runs VALUES ('old', 'team.yaml', 'running', NULL, '{\"goal\":1}', 2, 10, 20);
+             INSERT INTO runs VALUES ('done', 'w', 'completed', NULL, '{}', NULL, 11, 21);
+             INSERT INTO checkpoints VALUES (1, 'old', NULL, 0, '__start__', '[\"a\"]', '{}', 10, 0, 0, 0, 9);
+             INSERT INTO checkpoints VALUES (2, 'old', 1, 1, 'a', '[]', '{}', 20, 9, 9, 1, 9);
+             INSERT INTO snapshots VALUES (1, '{\"x\":1}', '{\"x\":0}');
+             INSERT INTO writes VALUES (2, 0, 'y', 'replace', '2');",
+        )
+        .unwrap();
+    }
+    let store = CheckpointStore::open(&path).unwrap();
+    let runs = store.runs().unwrap();
+    assert_eq!(
+        runs.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(),
+        ["old", "done"]
+    );
+    assert_eq!(runs[0].input, json!({"goal": 1}));
+    assert_eq!(runs[0].lease, None);
+    let at = store.state_at(2).unwrap();
+    assert_eq!(at.state.get("y"), Some(&json!(2)));
+    assert_eq!(at.versions.get("y"), Some(&1));
+    // The killed run of the old version is claimed and continued as any other.
+    let claim = store.claim("old", &Owner::current(), false).unwrap();
+    assert_eq!(claim.replaced, None);
+    let state = at.state;
+    store
+        .put(
+            &claim.lease,
+            NewCheckpoint::new("b", &[], &state).parent(Some(2)),
+        )
+        .unwrap();
+    drop(store);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .unwrap();
+    assert_eq!(version, super::schema::VERSION);
+    assert_eq!(version, 2);
+    // Opening again migrates nothing twice.
+    drop(conn);
+    assert_eq!(
+        CheckpointStore::open(&path).unwrap().runs().unwrap().len(),
+        2
+    );
 }

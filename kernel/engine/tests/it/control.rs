@@ -98,9 +98,12 @@ async fn run(
 ) -> DurableReport {
     let graph = plane.graph("team", nodes, "analyst").unwrap();
     let invocation = Invocation::new(SharedState::new(State::default()));
-    run_durable(&graph, Some(plane), store, run_id, start, invocation)
+    let report = run_durable(&graph, Some(plane), store, run_id, start, invocation)
         .await
-        .unwrap()
+        .unwrap();
+    // However the run stopped (completed, failed, waiting for a human), nobody holds it.
+    assert_eq!(store.run(run_id).unwrap().unwrap().lease, None);
+    report
 }
 
 fn new_run() -> Start {
@@ -191,16 +194,19 @@ async fn circular_logic_escalates_to_a_human_and_the_answer_completes_the_run() 
         Start::Resume {
             from: None,
             answer: None,
+            take_over: false,
         },
         Invocation::new(SharedState::new(State::default())),
     )
     .await
     .unwrap_err();
     assert!(refused.to_string().contains("--input"), "{refused}");
+    assert_eq!(store.run("t1").unwrap().unwrap().lease, None);
 
     let answer = Start::Resume {
         from: None,
         answer: Some("Quote every field; tea accepts that.".into()),
+        take_over: false,
     };
     let report = run(&plane, team_nodes(), &store, "t1", answer).await;
     assert_eq!(report.status, RunStatus::Completed);
@@ -377,6 +383,7 @@ async fn time_travel_reruns_from_an_earlier_checkpoint_on_a_branch() {
     let again = Start::Resume {
         from: Some(after_pm),
         answer: None,
+        take_over: false,
     };
     let second = run(&plane, team_nodes(), &store, "tt", again).await;
     assert_eq!(timeless(&second.run.state), timeless(&first.run.state));
@@ -499,6 +506,7 @@ async fn a_run_killed_during_a_node_resumes_to_the_same_final_state() {
     let resume = Start::Resume {
         from: None,
         answer: None,
+        take_over: false,
     };
     let resumed = run(&plane, crashable_nodes(None), &store, "crash", resume).await;
 
@@ -587,6 +595,7 @@ async fn an_agents_escalate_action_is_a_routing_decision_on_record() {
     let again = Start::Resume {
         from: None,
         answer: Some("Go on.".into()),
+        take_over: false,
     };
     let invocation = Invocation::new(SharedState::new(State::default()));
     let done = run_durable(&graph, Some(&plane), &store, "e", again, invocation)

@@ -181,7 +181,11 @@ fn new_run() -> Start {
 }
 
 fn resume(from: Option<CheckpointId>) -> Start {
-    Start::Resume { from, answer: None }
+    Start::Resume {
+        from,
+        answer: None,
+        take_over: false,
+    }
 }
 
 /// Runs `root` as run `id`; the report and the loop iterations its events counted.
@@ -466,6 +470,7 @@ async fn a_nested_escalation_waits_for_a_human_and_goes_on_inside_its_container(
     let answer = Start::Resume {
         from: None,
         answer: Some("north".into()),
+        take_over: false,
     };
     let (report, _) = run(&root, &store, "ask", answer).await;
     assert_eq!(

@@ -35,6 +35,7 @@ fn resume() -> Start {
     Start::Resume {
         from: None,
         answer: None,
+        take_over: false,
     }
 }
 
@@ -43,6 +44,7 @@ async fn run(root: &DurableRoot, store: &Arc<CheckpointStore>, id: &str, start: 
     let report = run_durable(root.graph(), root.plane(), store, id, start, invocation)
         .await
         .unwrap();
+    assert_eq!(store.run(id).unwrap().unwrap().lease, None, "released");
     report.run.state
 }
 
@@ -131,4 +133,64 @@ fn a_routed_graph_brings_its_control_plane_and_a_plain_one_none() {
     assert!(found.plane().is_some_and(|p| Arc::ptr_eq(p, &plane)));
     let plain = Graph::sequential("seq", vec![counter("a", "a")]).unwrap();
     assert!(DurableRoot::new(Arc::new(plain)).unwrap().plane().is_none());
+}
+
+/// Sleeps an hour (a node a timeout cuts short).
+struct Sleepy;
+
+#[async_trait::async_trait]
+impl Agent for Sleepy {
+    fn name(&self) -> &str {
+        "sleepy"
+    }
+    fn description(&self) -> &str {
+        "sleeps an hour"
+    }
+    fn class(&self) -> &str {
+        "Sleepy"
+    }
+    async fn run(&self, _ctx: &InvocationContext) -> Result<Control, FlowError> {
+        tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+        Ok(Control::Continue)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_run_stopped_by_ctrl_c_or_a_timeout_is_released_and_resumable() {
+    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    // Ctrl-C: the first node cancels the run, which stops before the next one.
+    let interrupt: Arc<dyn Agent> = Arc::new(FnAgent::new("stop", |ctx: &InvocationContext| {
+        ctx.cancel_token().cancel();
+        Ok(Control::Continue)
+    }));
+    let graph = Graph::sequential("g", vec![interrupt, counter("after", "n")]).unwrap();
+    let root = DurableRoot::new(Arc::new(graph)).unwrap();
+    let state = run(&root, &store, "c", new_run()).await;
+    assert_eq!(state.get("n"), None);
+    // A timeout.
+    let graph = Graph::sequential("t", vec![counter("first", "n"), Arc::new(Sleepy)]).unwrap();
+    let root = DurableRoot::new(Arc::new(graph)).unwrap();
+    let invocation = Invocation::new(SharedState::new(State::default()))
+        .with_timeout(std::time::Duration::from_millis(100));
+    let report = run_durable(
+        root.graph(),
+        root.plane(),
+        &store,
+        "t",
+        new_run(),
+        invocation,
+    )
+    .await
+    .unwrap();
+    assert!(report.run.result.is_err());
+    for id in ["c", "t"] {
+        let record = store.run(id).unwrap().unwrap();
+        assert_eq!(record.lease, None, "{id}");
+        // Free for the next process, which finds no owner to take it from.
+        let claim = store
+            .claim(id, &engine::durable::Owner::current(), false)
+            .unwrap();
+        assert_eq!(claim.replaced, None);
+        store.release(&claim.lease).unwrap();
+    }
 }
