@@ -582,13 +582,14 @@ async fn a_run_checkpointed_before_paths_were_recorded_resumes_at_its_top_level(
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let whole = unbroken(&store).await;
-    store
-        .create_run(&engine::durable::NewRun::new("old", "nested"))
+    let owner = engine::durable::Owner::current();
+    let lease = store
+        .create_run(&engine::durable::NewRun::new("old", "nested"), &owner)
         .unwrap();
     let mut state = State::default();
     let start =
         engine::durable::NewCheckpoint::new("__start__", &[], &state).next(vec!["plan".into()]);
-    let start = store.put("old", start).unwrap();
+    let start = store.put(&lease, start).unwrap();
     let writes = [
         ("round", json!(1)),
         ("temp:round", json!(1)),
@@ -602,7 +603,9 @@ async fn a_run_checkpointed_before_paths_were_recorded_resumes_at_its_top_level(
     let plan = engine::durable::NewCheckpoint::new("plan", &writes, &state)
         .parent(Some(start))
         .metadata(json!({"graph_step": 1, "iteration": 1}));
-    store.put("old", plan).unwrap();
+    store.put(&lease, plan).unwrap();
+    // The process that wrote them stopped.
+    store.release(&lease).unwrap();
     let probe = Arc::new(Probe::default());
     let (report, _) = run(&workflow(&probe), &store, "old", resume(None)).await;
     assert_eq!(report.state, whole.state);
