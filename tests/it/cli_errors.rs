@@ -24,6 +24,13 @@ fn missing_context_file_names_the_file() {
     let mock = Mock::start(script(&["FINAL(x)"]));
     let run = mock.run(&["--context", "/nonexistent/logs.txt", "--query", "q"]);
     assert_clean_error(&run, 1, &["/nonexistent/logs.txt"]);
+    // The reason is said once, not again as a cause of its own.
+    assert_eq!(
+        run.stderr.matches("No such file or directory").count(),
+        1,
+        "{}",
+        run.stderr
+    );
     assert_eq!(
         mock.log().len(),
         0,

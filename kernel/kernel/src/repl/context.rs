@@ -194,9 +194,9 @@ fn describe_object<'py>(
 }
 
 fn read_err(path: &Path) -> impl FnOnce(std::io::Error) -> ReplError + '_ {
-    move |source| ReplError::ContextRead {
+    move |error| ReplError::ContextRead {
         path: path.to_owned(),
-        source,
+        error,
     }
 }
 

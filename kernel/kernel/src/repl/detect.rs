@@ -105,7 +105,7 @@ pub(crate) fn read_error(
         }
         _ => ReplError::ContextRead {
             path: path.to_owned(),
-            source,
+            error: source,
         },
     }
 }

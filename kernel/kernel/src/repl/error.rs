@@ -32,12 +32,12 @@ pub enum ReplError {
     },
 
     /// A context file or directory could not be read.
-    #[error("Cannot read context `{path}`: {source}; check that the path exists and is readable")]
+    #[error("Cannot read context `{path}`: {error}; check that the path exists and is readable")]
     ContextRead {
         /// The file or directory.
         path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
+        /// The I/O error, in the message (not a `source`, or error chains would say it twice).
+        error: std::io::Error,
     },
 
     /// A context file is not valid UTF-8.

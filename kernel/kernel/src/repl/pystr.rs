@@ -186,7 +186,7 @@ fn fill(
     let (kind, data) = unsafe { (ffi::PyUnicode_KIND(ptr), ffi::PyUnicode_DATA(ptr)) };
     let changed = || ReplError::ContextRead {
         path: path.to_owned(),
-        source: std::io::Error::other("the file changed while it was being loaded; load it again"),
+        error: std::io::Error::other("the file changed while it was being loaded; load it again"),
     };
     let total = usize::try_from(shape.chars).map_err(|_| changed())?;
     let mut at = 0usize;
