@@ -98,7 +98,30 @@ fn mock_lm_rejects_a_bad_script_clearly() {
         None,
     );
     run.assert_code(1);
-    assert!(run.stderr.contains("bad.json"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("bad.json") && run.stderr.contains("scripts/sample.json"),
+        "names the file and where the format is: {}",
+        run.stderr
+    );
+
+    // A script that is not there: the reason said once, not again as its own cause.
+    let missing = dir.path().join("missing.json");
+    let run = rlm(
+        &[
+            "mock-lm".to_owned(),
+            "--script".to_owned(),
+            missing.to_str().expect("utf-8").to_owned(),
+        ],
+        None,
+    );
+    run.assert_code(1);
+    assert!(run.stderr.contains("missing.json"), "{}", run.stderr);
+    assert_eq!(
+        run.stderr.matches("No such file or directory").count(),
+        1,
+        "{}",
+        run.stderr
+    );
 }
 
 /// `GET url` (plain HTTP/1.0 on 127.0.0.1), the body as JSON.

@@ -6,16 +6,16 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum MockError {
     /// The script file could not be read.
-    #[error("Cannot read mock script `{path}`: {source}; check the path and its permissions")]
+    #[error("Cannot read mock script `{path}`: {error}; check the path and its permissions")]
     ReadScript {
         /// The file that was read.
         path: PathBuf,
-        /// The underlying I/O error.
-        source: std::io::Error,
+        /// The I/O error, in the message (not a `source`, or error chains would say it twice).
+        error: std::io::Error,
     },
     /// The script is not valid JSON or does not have the documented shape.
     #[error(
-        "Mock script `{origin}` is invalid: {message}; see the format in the `bridge::mock` docs"
+        "Mock script `{origin}` is invalid: {message}; see the format in the `bridge::mock` docs (`bridge/src/mock/mod.rs`; a sample: `bridge/src/mock/scripts/sample.json`)"
     )]
     InvalidScript {
         /// The file name, or `<string>` for scripts given as text.

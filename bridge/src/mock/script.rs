@@ -186,9 +186,9 @@ impl Script {
 
     /// Reads, parses and compiles a JSON script file.
     pub fn from_path(path: &Path) -> Result<Self, MockError> {
-        let text = std::fs::read_to_string(path).map_err(|source| MockError::ReadScript {
+        let text = std::fs::read_to_string(path).map_err(|error| MockError::ReadScript {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         Self::parse(&text, &path.display().to_string())
     }
