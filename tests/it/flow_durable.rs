@@ -151,6 +151,11 @@ impl Flows {
     }
 }
 
+/// Whether `ask` saw the human's answer in run `id`.
+fn state_asked(flows: &Flows, id: &str) -> Value {
+    flows.final_state(id)["asked"].clone()
+}
+
 fn nodes(history: &[Value]) -> Vec<String> {
     history
         .iter()
@@ -383,10 +388,12 @@ fn a_run_that_escalates_waits_for_a_human_and_the_answer_completes_it() {
     );
     answered.assert_code(0);
     assert_eq!(answered.stdout.trim(), "shipping Monday");
+    // `ask`, which asked, runs again with the answer; then `ship`.
     assert_eq!(
         nodes(&flows.history("ask-1")),
-        ["__start__", "first", "ask", "human", "ship"]
+        ["__start__", "first", "ask", "human", "ask", "ship"]
     );
+    assert_eq!(state_asked(&flows, "ask-1"), json!(true));
     let state = flows.final_state("ask-1");
     assert_eq!(state["human_input"], json!("Monday"));
     assert_eq!(state["shipped"], json!("Monday"));
@@ -402,6 +409,58 @@ fn a_run_that_escalates_waits_for_a_human_and_the_answer_completes_it() {
         "{}",
         again.stderr
     );
+}
+
+/// A `RouterAgent` root's own callbacks from its file run in a durable `rlm flow run`, once
+/// per run: `before_agent` when the run starts, `after_agent` when it completes — not when
+/// it stops for a human, and not again on resume.
+#[test]
+fn a_router_roots_callbacks_run_once_per_run_across_a_human_stop() {
+    let flows = Flows::new();
+    let d = flows.dir.path();
+    file(
+        d,
+        "hooks.py",
+        "def mark(ctx):\n    with open(ctx['state']['trace_file'], 'a') as f:\n        \
+         f.write(ctx['point'] + ' ' + ctx['agent'] + '\\n')\n",
+    );
+    file(
+        d,
+        "routed.yaml",
+        "agent_class: RouterAgent\nname: routed\nmode: active\nstart: ask\nsub_agents:\n  \
+         - config_path: ask.yaml\n  - config_path: ship.yaml\nsuccessors:\n  ask: ship\n\
+         before_agent_callbacks: [{name: hooks.py:mark}]\n\
+         after_agent_callbacks: [{name: hooks.py:mark}]\n",
+    );
+    // `ask` asks through the router's flag (no action), so the router escalates on record.
+    file(
+        d,
+        "steps.py",
+        &STEPS.replace(
+            r#""__actions__": ["escalate"]"#,
+            r#""__message__": "asking""#,
+        ),
+    );
+    let routed = flows.path("routed.yaml").display().to_string();
+    let trace = flows.path("trace");
+    let trace_input = format!("trace_file={}", trace.display());
+    let run = rlm(
+        &flows.model_args(&["run", &routed, "--run-id", "r", "--input", &trace_input]),
+        None,
+    );
+    run.assert_code(5);
+    assert_eq!(flows.status("r"), "awaiting_human");
+    let read = || std::fs::read_to_string(&trace).unwrap_or_default();
+    assert_eq!(read(), "before_agent routed\n", "started, not ended");
+
+    let answered = rlm(
+        &flows.model_args(&["resume", "r", "--input", "Monday"]),
+        None,
+    );
+    answered.assert_code(0);
+    assert_eq!(flows.status("r"), "completed");
+    assert_eq!(flows.final_state("r")["shipped"], json!("Monday"));
+    assert_eq!(read(), "before_agent routed\nafter_agent routed\n");
 }
 
 #[test]
@@ -553,6 +612,7 @@ fn flow_demo_team_escalates_on_circular_logic_and_completes_with_the_scripted_an
                 "tea",
                 "dev",
                 "human",
+                "dev",
                 "tea"
             ],
             "{wire:?}"
@@ -577,6 +637,18 @@ fn flow_demo_team_escalates_on_circular_logic_and_completes_with_the_scripted_an
                 .is_some_and(|r| r.starts_with("APPROVED")),
             "{state:?}"
         );
+        // dev reworked the story with the human's decision in its prompt before tea approved.
+        assert_eq!(
+            state.get("implementation"),
+            Some(&json!(
+                "Implemented: every field is quoted, as the human decided."
+            ))
+        );
+        assert!(
+            run.stderr.contains("mock LM server answered 10 requests"),
+            "{}",
+            run.stderr
+        );
         if wire.is_none() {
             let decisions = rlm(
                 &["flow", "decisions", "team-demo", "--db", &db_text].map(String::from),
@@ -590,6 +662,7 @@ fn flow_demo_team_escalates_on_circular_logic_and_completes_with_the_scripted_an
             );
             let records = json.json();
             assert_eq!(records.as_array().map(Vec::len), Some(10));
+            assert_eq!(records[8]["summary"], json!("dev → tea"), "{records}");
             assert_eq!(
                 records[7]["summary"],
                 json!("dev → escalate to a human"),

@@ -4,12 +4,13 @@
 //! Without options the run continues from its head: after a crash (`kill -9`) or Ctrl-C the
 //! node that was running **re-executes** from the state before it — at whatever depth of
 //! nested loops and sequences it ran, each enclosing loop going on at its own iteration — so
-//! side effects belong in idempotent tools. `--input TEXT` answers a run waiting for a human (recorded as
-//! `human_input` and a `human` message; the router decides again). `--from-checkpoint ID`
-//! re-runs from an earlier checkpoint of the run (time travel); the new checkpoints branch
-//! from it and the old ones stay in `history`. A run another live process drives is refused
-//! (exit 6); one whose owner died is taken over; `--take-over` takes over one whose owner
-//! runs on another host (a shared disk) and so cannot be checked.
+//! side effects belong in idempotent tools. `--input TEXT` answers a run waiting for a human
+//! (recorded as `human_input` and a `human` message; the node it escalated from runs again
+//! with it). `--from-checkpoint ID` re-runs from an earlier checkpoint of the run (time
+//! travel); the new checkpoints branch from it and the old ones stay in `history`. A run
+//! another live process drives is refused (exit 6); one whose owner died is taken over;
+//! `--take-over` takes over one whose owner runs on another host (a shared disk) and so
+//! cannot be checked.
 
 use std::ffi::OsString;
 use std::num::NonZeroUsize;

@@ -24,15 +24,29 @@
 //!   callbacks again (over the checkpoint's state);
 //! - time travel resumes from an earlier checkpoint, and the new checkpoints branch from it;
 //! - a run that stopped for a human (`awaiting_human`) resumes with the answer: it is recorded
-//!   (`human_input`, a `human` message; the escalation flags cleared) and the router decides
-//!   again after the node it escalated from.
+//!   (`human_input`, a `human` message; the escalation flags cleared) in a `human` checkpoint,
+//!   and **the node it escalated from runs again** (at its own step: redone, not added) with
+//!   the answer in the state — the agent whose work was in question (or that asked, or failed)
+//!   acts on the decision, then the router decides as usual. (Deciding again *after* that node
+//!   would let its successor judge work done before the decision.) The `human` message also
+//!   ends the exchange the router counted, so the same disagreement is not circular logic
+//!   again at once.
 //!
 //! The run's status follows: `running` while it runs, then `completed`, `failed`, or
 //! `awaiting_human` when the router escalated (the question is its rationale). The run is
 //! leased to this process from before its first write until it stops, however it stops.
+//!
+//! The root's own callbacks (a router's, a graph's, a sequence's or a loop's
+//! `before_agent_callbacks` / `after_agent_callbacks`) run once per **run**, not once per
+//! invocation: `before_agent` when the run starts (a resume — after a crash, a human's answer
+//! or from an earlier checkpoint — continues a run that has started), `after_agent` when the
+//! run completes — not when it stops for a human, fails or is cancelled, since it goes on
+//! later. (Containers below the root, re-entered on resume, run theirs again, as above.) A
+//! root that is wrapped (one agent, a parallel group) runs its callbacks as a node.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::StoreError;
@@ -41,8 +55,9 @@ use super::store::{
     CheckpointId, CheckpointRecord, CheckpointStore, NewCheckpoint, NewRun, RunStatus,
 };
 use crate::flow::{
-    Agent, Control, FlowError, Graph, GraphError, Invocation, InvocationContext, NodeObserver,
-    NodeRecord, Position, ResumeAction, ResumePoint, RunReport, run_workflow,
+    Agent, Callback, CallbackAction, CallbackContext, Callbacks, Control, FlowError, Graph,
+    GraphError, Invocation, InvocationContext, NodeObserver, NodeRecord, Position, ResumeAction,
+    ResumePoint, RunReport, run_workflow,
 };
 use crate::reducer::{ChannelWrite, apply_writes};
 use crate::route::decide::{ESCALATE_FLAG, FAILURE_FLAG, MESSAGES, keys};
@@ -369,6 +384,7 @@ pub async fn run_durable(
     invocation: Invocation,
 ) -> Result<DurableReport, DurableError> {
     let state = invocation.state.clone();
+    let starts = matches!(start, Start::New { .. });
     let owner = Owner::current();
     let lease = match &start {
         Start::New { workflow, input } => {
@@ -420,9 +436,10 @@ pub async fn run_durable(
                         "path": path,
                     });
                     checkpointer.write(&state, HUMAN_NODE, keys.iter(), Vec::new(), metadata)?;
+                    // The node it escalated from runs again, at its own step: redone, not added.
                     Some(ResumePoint {
                         path,
-                        action: ResumeAction::After(Control::Continue),
+                        action: ResumeAction::Run,
                     })
                 }
                 None => at.point(graph, plane),
@@ -434,18 +451,28 @@ pub async fn run_durable(
     let checkpointer = Arc::new(checkpointer);
     let _observing = plane.map(|plane| plane.observe(checkpointer.clone()));
     let node_names: Vec<String> = graph.nodes().iter().map(|n| n.name().to_owned()).collect();
-    let health = HealthObserver::new(graph.name(), node_names);
-    // A routed run's health also goes in its event log; a plain graph's only in the report.
-    let health = Arc::new(if plane.is_some() {
-        health.with_event()
-    } else {
-        health
-    });
+    let health = Arc::new(HealthObserver::new(graph.name(), node_names));
     let mut invocation = invocation
         .with_observer(checkpointer.clone())
         .with_observer(health.clone());
     invocation.resume = resume;
-    let report = run_workflow(graph, invocation, None).await;
+    let callbacks = graph
+        .callbacks()
+        .iter()
+        .map(|inner| {
+            Arc::new(OncePerRun {
+                inner: inner.clone(),
+                starts,
+            }) as Arc<dyn Callback>
+        })
+        .collect();
+    let root = Root {
+        graph,
+        callbacks,
+        // A routed run's health also goes in its event log; a plain graph's only in the report.
+        health: plane.map(|_| health.clone()),
+    };
+    let report = run_workflow(&root, invocation, None).await;
     let status = status_of(&report);
     store.finish_run(&lease, &status)?;
     Ok(DurableReport {
@@ -566,6 +593,71 @@ fn status_of(report: &RunReport) -> RunStatus {
     }
 }
 
+/// The graph as the root of a durable run: named like it, so its nodes' positions match, its
+/// own callbacks [`OncePerRun`], and (routed) its health logged however it ends.
+struct Root<'g> {
+    graph: &'g Graph,
+    callbacks: Callbacks,
+    /// Whose report ends the invocation as a `health` event, however it ends.
+    health: Option<Arc<HealthObserver>>,
+}
+
+#[async_trait]
+impl Agent for Root<'_> {
+    fn name(&self) -> &str {
+        self.graph.name()
+    }
+
+    fn description(&self) -> &str {
+        self.graph.description()
+    }
+
+    fn class(&self) -> &str {
+        self.graph.class()
+    }
+
+    fn callbacks(&self) -> &Callbacks {
+        &self.callbacks
+    }
+
+    async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
+        let result = self.graph.run(ctx).await;
+        match &self.health {
+            // On failure the run's own error is what counts, not a failed health event.
+            Some(health) => match (result, health.emit(ctx)) {
+                (Ok(_), Err(e)) => Err(e),
+                (result, _) => result,
+            },
+            None => result,
+        }
+    }
+}
+
+/// A root callback that runs once per run: `before_agent` only when the run starts,
+/// `after_agent` only when it completes (not when the router stops it for a human).
+struct OncePerRun {
+    inner: Arc<dyn Callback>,
+    starts: bool,
+}
+
+impl Callback for OncePerRun {
+    fn before_agent(&self, ctx: &CallbackContext) -> CallbackAction<String> {
+        if self.starts {
+            self.inner.before_agent(ctx)
+        } else {
+            CallbackAction::Continue
+        }
+    }
+
+    fn after_agent(&self, ctx: &CallbackContext) -> CallbackAction<String> {
+        if ctx.get_state(keys::ESCALATION_TRIGGERED) == Some(Value::Bool(true)) {
+            CallbackAction::Continue
+        } else {
+            self.inner.after_agent(ctx)
+        }
+    }
+}
+
 /// A checkpoint read back as where its run stands.
 #[derive(Debug)]
 struct Resumed {
@@ -667,12 +759,18 @@ impl Resumed {
                 ResumeAction::End,
             )
         } else {
-            // A node's checkpoint (or a human's answer): its edge is followed again.
+            // A node's checkpoint: its edge is followed again. A human's answer: the node it
+            // answers runs again (the process died before it finished).
+            let action = if self.node == HUMAN_NODE {
+                ResumeAction::Run
+            } else {
+                ResumeAction::After(self.control)
+            };
             let path = match self.path {
                 Some(path) => path,
                 None => self.top(name, &self.from, self.steps_done),
             };
-            (path, ResumeAction::After(self.control))
+            (path, action)
         };
         Some(ResumePoint { path, action })
     }

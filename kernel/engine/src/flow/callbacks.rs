@@ -7,11 +7,26 @@
 //! step's output by `&mut` to amend it. Error points may recover with a replacement.
 //!
 //! Callbacks run in order: the invocation's own (plugins for every agent) first, then the
-//! agent's. For a before-point the first that does not continue decides and the rest are
-//! not asked; after-points all run. A callback sees the state and may write it or raise an
-//! action through its [`CallbackContext`]; those effects are applied at once and reported in
-//! an event of the agent. Callbacks are plain synchronous functions, so the kernel can
-//! implement [`Callback`] for Python callables named in a workflow file.
+//! agent's. For a before-point (and an error point) the first that does not continue decides
+//! and the rest are not asked; after-points all run, each amending what the last left. A
+//! callback sees the state and may write it or raise an action through its
+//! [`CallbackContext`]; those effects are applied at once and reported in an event of the
+//! agent. Callbacks are plain synchronous functions, so the kernel can implement [`Callback`]
+//! for Python callables named in a workflow file.
+//!
+//! The points of one agent run, in order (as in ADK's `functions.py` and `base_llm_flow.py`):
+//!
+//! 1. `before_agent` — an answer skips the agent (no other point runs; `after_agent` neither).
+//! 2. Per model call: `before_model` (an answer stands in for the call) → the call →
+//!    `after_model` on the reply (also on a `before_model` answer). A failed call goes to
+//!    `on_model_error`: a replacement is the turn's last reply, else the error stands.
+//! 3. Per tool call of a reply: every call's `before_tool` first, in call order (an answer
+//!    stands in for the call, which does not run); then, per call in order, the call's
+//!    result: a failure goes to `on_tool_error` (a replacement recovers it, else the error is
+//!    the model's result), and `after_tool` sees the result however it came — the tool's, a
+//!    `before_tool` answer or an `on_tool_error` recovery. A tool that does not exist never
+//!    ran: `on_tool_error` may answer it, `after_tool` does not see it.
+//! 4. `after_agent` — unless the agent failed or escalated.
 
 use std::sync::Arc;
 
@@ -150,7 +165,8 @@ pub trait Callback: Send + Sync {
         CallbackAction::Continue
     }
 
-    /// After a tool call succeeded; may change its result.
+    /// After a tool call's result is known (the tool's, a `before_tool` answer, an
+    /// `on_tool_error` recovery); may change it.
     fn after_tool(&self, _ctx: &CallbackContext, _call: &ToolInvocation, _result: &mut Value) {}
 
     /// When a tool call failed. `Replace(result)` recovers with that result.
@@ -192,6 +208,11 @@ impl Callbacks {
         let mut list = self.list.clone();
         list.extend(later.list.iter().cloned());
         Callbacks { list }
+    }
+
+    /// The callbacks, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn Callback>> {
+        self.list.iter()
     }
 
     /// Whether there are none.

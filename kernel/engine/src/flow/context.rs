@@ -79,12 +79,6 @@ pub trait NodeObserver: Send + Sync {
     ) -> Result<(), FlowError> {
         Ok(())
     }
-
-    /// Graph `graph` (its branch path) reached its end in `ctx`, the graph's own context: an
-    /// event emitted here (a run's health) lands in the event log; an error stops the run.
-    fn graph_finished(&self, _ctx: &InvocationContext, _graph: &str) -> Result<(), FlowError> {
-        Ok(())
-    }
 }
 
 /// The settings of one invocation.

@@ -36,6 +36,14 @@ pub enum FlowError {
         /// What went wrong and, where it can, what to do.
         message: String,
     },
+    /// A hook or callback stopped the agent on purpose: running it again would stop it again.
+    #[error("Agent `{agent}` was stopped by a hook: {reason}")]
+    StoppedByHook {
+        /// The agent.
+        agent: String,
+        /// Why the hook stopped it.
+        reason: String,
+    },
     /// An agent is set up wrong (its instruction names a state key that is not set, a tool's
     /// schema is bad, a file it reads is missing): running it again cannot help.
     #[error("Agent `{agent}` is set up wrong: {message}")]

@@ -405,22 +405,8 @@ impl Graph {
         self.execute(ctx, entry, at.step, iteration).await
     }
 
-    /// Runs the steps from `entry`, then tells the observers the graph ended (unless it failed).
+    /// Runs the steps from `entry`.
     async fn execute(
-        &self,
-        ctx: &InvocationContext,
-        entry: Entry,
-        steps: u64,
-        iteration: u32,
-    ) -> Result<Control, FlowError> {
-        let control = self.steps(ctx, entry, steps, iteration).await?;
-        for observer in ctx.observers() {
-            observer.graph_finished(ctx, ctx.branch_path())?;
-        }
-        Ok(control)
-    }
-
-    async fn steps(
         &self,
         ctx: &InvocationContext,
         entry: Entry,

@@ -40,8 +40,8 @@ use super::event::{Event, EventKind, ToolResult};
 use super::file::{IncludeContents, TopicSource};
 use super::template::render_template;
 use crate::agent::{
-    AgentHook, AgentLoop, HookAction, LoopConfig, LoopErrorKind, ToolCallRecord, Toolbox,
-    ToolboxError,
+    AgentHook, AgentLoop, HookAction, LoopConfig, LoopErrorKind, ToolCallError, ToolCallRecord,
+    Toolbox, ToolboxError,
 };
 use crate::reducer::{MESSAGES, Reducers};
 use crate::state::StateDelta;
@@ -407,6 +407,10 @@ fn loop_failure(agent: &str, kind: &LoopErrorKind) -> FlowError {
         LoopErrorKind::Budget(exceeded) => FlowError::Budget(exceeded.clone()),
         LoopErrorKind::Cancelled => FlowError::Cancelled,
         LoopErrorKind::Model(error) => FlowError::from_model(agent, error.clone()),
+        LoopErrorKind::StoppedByHook(reason) => FlowError::StoppedByHook {
+            agent: agent.to_owned(),
+            reason: reason.clone(),
+        },
         other => FlowError::Agent {
             agent: agent.to_owned(),
             message: other.to_string(),
@@ -518,21 +522,29 @@ impl AgentHook for TurnHook {
         }
     }
 
+    /// As ADK does: `on_tool_error` may recover a failed call, then `after_tool` sees the
+    /// result however it came (the tool, a `before_tool` answer, the recovery) — except for
+    /// a tool that does not exist, which never ran.
     fn after_tool_call(&self, record: &mut ToolCallRecord) {
         if self.callbacks.is_empty() {
             return;
         }
         let inv = invocation(&record.call);
-        let recovered = self.with_callbacks(|cb| match &mut record.output {
-            Ok(result) => {
-                self.callbacks.each(|c| c.after_tool(cb, &inv, result));
-                None
+        self.with_callbacks(|cb| {
+            if let Err(error) = &record.output {
+                let never_ran = matches!(error, ToolCallError::UnknownTool { .. });
+                match self.callbacks.first(|c| c.on_tool_error(cb, &inv, error)) {
+                    Some(result) => record.output = Ok(result),
+                    None => return,
+                }
+                if never_ran {
+                    return;
+                }
             }
-            Err(error) => self.callbacks.first(|c| c.on_tool_error(cb, &inv, error)),
+            if let Ok(result) = &mut record.output {
+                self.callbacks.each(|c| c.after_tool(cb, &inv, result));
+            }
         });
-        if let Some(result) = recovered {
-            record.output = Ok(result);
-        }
     }
 
     fn on_message(&self, iteration: u32, message: &Message) {

@@ -71,7 +71,6 @@ pub struct RouterAgent {
     graph: Graph,
     plane: Arc<ControlPlane>,
     description: String,
-    callbacks: Callbacks,
 }
 
 impl std::fmt::Debug for RouterAgent {
@@ -84,7 +83,8 @@ impl std::fmt::Debug for RouterAgent {
 }
 
 impl RouterAgent {
-    /// The graph of its nodes (what a durable run executes).
+    /// The graph of its nodes, carrying the router's own callbacks (what a durable run
+    /// executes).
     pub fn graph(&self) -> &Graph {
         &self.graph
     }
@@ -114,7 +114,7 @@ impl Agent for RouterAgent {
     }
 
     fn callbacks(&self) -> &Callbacks {
-        &self.callbacks
+        self.graph.callbacks()
     }
 
     async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
@@ -200,12 +200,13 @@ pub fn build_router(
                 ConfigErrorKind::Invalid,
                 e.to_string(),
             )
-        })?;
+        })?
+        // On the graph, so a durable run (which drives the graph) runs them too.
+        .with_callbacks(callbacks);
     Ok(RouterAgent {
         graph,
         plane,
         description: file.description.clone(),
-        callbacks,
     })
 }
 

@@ -5,9 +5,10 @@
 //! pair of consecutive nodes, time and visits per node, the declared nodes that never ran
 //! (idle), and the cycle time (the run's wall time, given by the caller). The report is
 //! plain data for the run metrics (a durable run reports it). [`HealthObserver`] is the
-//! node observer that feeds a tracker; for a routed run ([`HealthObserver::with_event`]) it
-//! emits the report as a `health` metadata event when its graph ends, so the event log (and
-//! `rlm view`) has it too.
+//! node observer that feeds a tracker; [`HealthObserver::emit`] puts its report in the event
+//! log (and `rlm view`) as one `health` metadata event — a durable routed run does so once
+//! per invocation, however it ends (completed, failed, stopped for a human, at a limit,
+//! cancelled).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, PoisonError};
@@ -116,8 +117,8 @@ impl HealthTracker {
 pub struct HealthObserver {
     graph: String,
     started: Instant,
-    inner: Mutex<(HealthTracker, Option<Instant>)>,
-    event: bool,
+    /// The tracker, and the node running now with its start.
+    inner: Mutex<(HealthTracker, Option<(String, Instant)>)>,
 }
 
 impl HealthObserver {
@@ -131,27 +132,36 @@ impl HealthObserver {
             graph: graph.into(),
             started: Instant::now(),
             inner: Mutex::new((HealthTracker::new(nodes), None)),
-            event: false,
         }
     }
 
-    /// Also emitting the report as a [`HEALTH_TOPIC`] event when the graph ends.
-    pub fn with_event(mut self) -> Self {
-        self.event = true;
-        self
-    }
-
-    /// The report so far, the cycle time running from creation.
+    /// The report so far, the cycle time running from creation. A node still running (the
+    /// run failed or was stopped in it) counts as visited, with its time so far.
     pub fn report(&self) -> HealthReport {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        inner.0.report(self.started.elapsed())
+        match &inner.1 {
+            None => inner.0.report(self.started.elapsed()),
+            Some((node, since)) => {
+                let mut tracker = inner.0.clone();
+                tracker.record(node, since.elapsed());
+                tracker.report(self.started.elapsed())
+            }
+        }
+    }
+
+    /// Emits the report so far as a [`HEALTH_TOPIC`] metadata event of `ctx`.
+    pub fn emit(&self, ctx: &InvocationContext) -> Result<(), FlowError> {
+        let report = serde_json::to_value(self.report())
+            .map_err(|e| FlowError::Sink(format!("Cannot record the run's health: {e}")))?;
+        ctx.emit(Event::metadata(HEALTH_TOPIC, report))
     }
 }
 
 impl NodeObserver for HealthObserver {
-    fn node_started(&self, graph: &str, _node: &str, _step: u64) {
+    fn node_started(&self, graph: &str, node: &str, _step: u64) {
         if graph == self.graph {
-            self.inner.lock().unwrap_or_else(PoisonError::into_inner).1 = Some(Instant::now());
+            self.inner.lock().unwrap_or_else(PoisonError::into_inner).1 =
+                Some((node.to_owned(), Instant::now()));
         }
     }
 
@@ -162,19 +172,10 @@ impl NodeObserver for HealthObserver {
     ) -> Result<(), FlowError> {
         if record.graph == self.graph {
             let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-            let took = inner.1.take().map_or(Duration::ZERO, |t| t.elapsed());
+            let took = inner.1.take().map_or(Duration::ZERO, |(_, t)| t.elapsed());
             inner.0.record(&record.node, took);
         }
         Ok(())
-    }
-
-    fn graph_finished(&self, ctx: &InvocationContext, graph: &str) -> Result<(), FlowError> {
-        if !self.event || graph != self.graph {
-            return Ok(());
-        }
-        let report = serde_json::to_value(self.report())
-            .map_err(|e| FlowError::Sink(format!("Cannot record the run's health: {e}")))?;
-        ctx.emit(Event::metadata(HEALTH_TOPIC, report))
     }
 }
 

@@ -126,13 +126,15 @@ impl Retrying {
 /// Whether a node error may go away on its own: a model call the bridge calls retryable (a
 /// timeout, a lost connection, a 408, 429 or 5xx), or an agent's own failure (a Python step
 /// raised, a tool loop ran out). A node set up wrong (a template naming a missing key, a bad
-/// tool schema, a bad context file), a model call refused for good (401, 400, a reply that
-/// does not decode), stops (cancel, timeout, budget) and graph errors never do.
+/// tool schema, a bad context file), a hook or callback that stopped it on purpose, a model
+/// call refused for good (401, 400, a reply that does not decode), stops (cancel, timeout,
+/// budget), a broken event log and graph errors never do.
 pub fn is_transient(error: &FlowError) -> bool {
     match error {
         FlowError::Model { source, .. } => source.is_retryable(),
         FlowError::Agent { .. } => true,
         FlowError::Setup { .. }
+        | FlowError::StoppedByHook { .. }
         | FlowError::Cancelled
         | FlowError::TimedOut(_)
         | FlowError::Budget(_)
@@ -323,6 +325,13 @@ mod tests {
             (timeout, true),
             (own, true),
             (http(400), false),
+            (
+                FlowError::StoppedByHook {
+                    agent: "dev".into(),
+                    reason: "a callback blocked it".into(),
+                },
+                false,
+            ),
             (http(404), false),
             (setup, false),
             (FlowError::Cancelled, false),

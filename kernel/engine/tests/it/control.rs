@@ -184,7 +184,8 @@ async fn circular_logic_escalates_to_a_human_and_the_answer_completes_the_run() 
     assert_eq!(health.visits.get("dev"), Some(&3));
     assert!(health.idle_nodes.is_empty());
 
-    // Resuming without an answer is refused; with one, the router decides again after `dev`.
+    // Resuming without an answer is refused; with one, `dev` (escalated from) runs again
+    // with the decision, then the router goes on.
     let graph = plane.graph("team", team_nodes(), "analyst").unwrap();
     let refused = run_durable(
         &graph,
@@ -225,7 +226,17 @@ async fn circular_logic_escalates_to_a_human_and_the_answer_completes_the_run() 
         .iter()
         .filter_map(|m| m["author"].as_str())
         .collect();
-    assert_eq!(authors[authors.len() - 3..], ["dev", "human", "tea"]);
+    assert_eq!(authors[authors.len() - 4..], ["dev", "human", "dev", "tea"]);
+    let last_dev = state
+        .get("messages")
+        .and_then(Value::as_array)
+        .and_then(|m| m.iter().rev().find(|m| m["author"] == "dev"))
+        .unwrap();
+    assert_eq!(
+        last_dev["content"],
+        json!("Quoted every field, as decided.")
+    );
+    assert_eq!(state.get("builds"), Some(&json!(4)));
 
     // Every decision is on record in the JSONL log too, and the history has a checkpoint
     // after every node and every decision.
@@ -251,8 +262,8 @@ async fn circular_logic_escalates_to_a_human_and_the_answer_completes_the_run() 
         ]
     );
     assert_eq!(
-        nodes[nodes.len() - 4..],
-        ["human", "router", "tea", "router"]
+        nodes[nodes.len() - 6..],
+        ["router", "human", "dev", "router", "tea", "router"]
     );
 }
 
@@ -371,6 +382,45 @@ async fn transient_failures_are_retried_and_a_lasting_one_escalates() {
         }
         other => panic!("expected awaiting_human, got {other:?}"),
     }
+}
+
+/// A node a hook or callback stopped on purpose is not retried: it would stop again. It
+/// fails for good at once and the router escalates it.
+#[tokio::test(start_paused = true)]
+async fn a_node_stopped_by_a_hook_is_not_retried() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    let blocked = agent("dev", move |_| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        Err(FlowError::StoppedByHook {
+            agent: "dev".into(),
+            reason: "a callback refused the deploy".into(),
+        })
+    });
+    let plane = Arc::new(ControlPlane::new(RouterConfig::new(["dev"], [])));
+    let nodes: Vec<Arc<dyn Agent>> = vec![Arc::new(Retrying::new(blocked, Backoff::default()))];
+    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let started = tokio::time::Instant::now();
+    let graph = plane.graph("team", nodes, "dev").unwrap();
+    let invocation = Invocation::new(SharedState::new(State::default()));
+    let report = run_durable(&graph, Some(&plane), &store, "s", new_run(), invocation)
+        .await
+        .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one attempt, no retry");
+    assert_eq!(
+        started.elapsed(),
+        std::time::Duration::ZERO,
+        "no backoff wait"
+    );
+    assert_eq!(
+        report.run.state.get("agent_failure"),
+        Some(&json!({
+            "node": "dev",
+            "error": "Agent `dev` was stopped by a hook: a callback refused the deploy",
+            "attempts": 1
+        }))
+    );
+    assert!(matches!(report.status, RunStatus::AwaitingHuman { .. }));
 }
 
 #[tokio::test]
@@ -558,6 +608,166 @@ async fn the_health_report_is_an_event_in_the_log() {
     assert!(report.health.visits.get("dev").is_some_and(|&n| n >= 2));
 }
 
+/// A run that dies after the human's answer was recorded but before the node it answers
+/// finished resumes at that node again (the answer stays, nothing is asked twice).
+#[tokio::test]
+async fn a_run_that_dies_after_the_answer_runs_the_answered_node_again() {
+    let attempts = Arc::new(AtomicU32::new(0));
+    let seen = attempts.clone();
+    let dev = agent("dev", move |ctx| {
+        if ctx.get_state("human_input").is_none() {
+            ctx.set_state("escalate_to_human", json!("Which format?"));
+            return Ok(Control::Continue);
+        }
+        if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Err(FlowError::Sink("the process died here".into()));
+        }
+        ctx.set_state("built", json!(true));
+        Ok(Control::Continue)
+    });
+    let plane = Arc::new(ControlPlane::new(RouterConfig::new(["dev"], [])));
+    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let graph = plane.graph("team", vec![dev], "dev").unwrap();
+    let go = |start| {
+        let invocation = Invocation::new(SharedState::new(State::default()));
+        run_durable(&graph, Some(&plane), &store, "d", start, invocation)
+    };
+    assert!(matches!(
+        go(new_run()).await.unwrap().status,
+        RunStatus::AwaitingHuman { .. }
+    ));
+    let answer = Start::Resume {
+        from: None,
+        answer: Some("CSV".into()),
+        take_over: false,
+    };
+    assert!(matches!(
+        go(answer).await.unwrap().status,
+        RunStatus::Failed { .. }
+    ));
+    let again = Start::Resume {
+        from: None,
+        answer: None,
+        take_over: false,
+    };
+    let done = go(again).await.unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    assert_eq!(done.run.state.get("built"), Some(&json!(true)));
+    assert_eq!(done.run.state.get("human_input"), Some(&json!("CSV")));
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+}
+
+/// A node that stops the run as Ctrl-C would, while it runs.
+struct Interrupted;
+
+#[async_trait::async_trait]
+impl Agent for Interrupted {
+    fn name(&self) -> &str {
+        "dev"
+    }
+
+    fn class(&self) -> &str {
+        "Interrupted"
+    }
+
+    async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
+        ctx.cancel_token().cancel();
+        std::future::pending().await
+    }
+}
+
+/// Every routed run's event log carries its health — one `health` event per invocation,
+/// however it ends: completed, failed, stopped at its step limit, cancelled mid-node, or
+/// stopped for a human (and the resumed invocation logs its own). A node the run stopped
+/// in counts as visited.
+#[tokio::test]
+async fn every_ending_of_a_routed_run_logs_its_health_once() {
+    use engine::flow::{EventKind, EventLog};
+    use engine::route::HEALTH_TOPIC;
+    let tea = || {
+        agent("tea", |ctx| {
+            ctx.set_state("verdict", json!("approved"));
+            Ok(Control::Continue)
+        })
+    };
+    let dev = |ending: &str| -> Arc<dyn Agent> {
+        match ending {
+            "failed" => agent("dev", |_| Err(FlowError::Sink("the disk is full".into()))),
+            "cancelled" => Arc::new(Interrupted),
+            "awaiting_human" => agent("dev", |ctx| {
+                if ctx.get_state("human_input").is_none() {
+                    ctx.set_state("escalate_to_human", json!("Which format?"));
+                }
+                Ok(Control::Continue)
+            }),
+            _ => agent("dev", |_| Ok(Control::Continue)),
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let plane = Arc::new(ControlPlane::new(RouterConfig::new(
+        ["dev", "tea"],
+        [("dev", "tea")],
+    )));
+    let health_of = |path: &std::path::Path| -> Vec<Value> {
+        EventLog::read(path)
+            .unwrap()
+            .into_iter()
+            .filter(|e| matches!(&e.kind, EventKind::Metadata { topic } if topic == HEALTH_TOPIC))
+            .map(|e| {
+                assert_eq!(e.author, "team");
+                e.metadata
+            })
+            .collect()
+    };
+    for (ending, status) in [
+        ("completed", "completed"),
+        ("failed", "failed"),
+        ("limit", "failed"),
+        ("cancelled", "failed"),
+        ("awaiting_human", "awaiting_human"),
+    ] {
+        let max_steps = if ending == "limit" { 1 } else { 10 };
+        let graph = plane
+            .builder("team", vec![dev(ending), tea()], "dev")
+            .max_steps(max_steps)
+            .build()
+            .unwrap();
+        let path = dir.path().join(format!("{ending}.jsonl"));
+        let log = Arc::new(EventLog::create(&path).unwrap());
+        let invocation = Invocation::new(SharedState::new(State::default())).with_sink(log);
+        let report = run_durable(&graph, Some(&plane), &store, ending, new_run(), invocation)
+            .await
+            .unwrap();
+        assert_eq!(report.status.name(), status, "{ending}");
+        let health = health_of(&path);
+        assert_eq!(health.len(), 1, "{ending}: one health event");
+        assert_eq!(health[0]["visits"]["dev"], json!(1), "{ending}");
+        assert_eq!(
+            health[0]["visits"],
+            serde_json::to_value(&report.health.visits).unwrap(),
+            "{ending}: the event is the report"
+        );
+        if ending == "awaiting_human" {
+            let path = dir.path().join("resumed.jsonl");
+            let log = Arc::new(EventLog::create(&path).unwrap());
+            let invocation = Invocation::new(SharedState::new(State::default())).with_sink(log);
+            let answer = Start::Resume {
+                from: None,
+                answer: Some("CSV".into()),
+                take_over: false,
+            };
+            let done = run_durable(&graph, Some(&plane), &store, ending, answer, invocation)
+                .await
+                .unwrap();
+            assert_eq!(done.status, RunStatus::Completed);
+            let health = health_of(&path);
+            assert_eq!(health.len(), 1, "the resumed invocation logs its own");
+            assert_eq!(health[0]["visits"], json!({"dev": 1, "tea": 1}));
+        }
+    }
+}
+
 /// A node's own `escalate` action (the built-in tool) goes through the router like the
 /// escalation flag: on record as a decision, `escalation_triggered` set, the run awaiting a
 /// human with the router's rationale — even in passive mode — and the answer resumes it.
@@ -603,4 +813,6 @@ async fn an_agents_escalate_action_is_a_routing_decision_on_record() {
         .unwrap();
     assert_eq!(done.status, RunStatus::Completed);
     assert_eq!(done.run.state.get("verdict"), Some(&json!("approved")));
+    // `dev`, which asked, ran again with the answer before `tea`.
+    assert_eq!(done.run.state.get("built"), Some(&json!(true)));
 }

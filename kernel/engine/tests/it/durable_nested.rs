@@ -426,7 +426,7 @@ async fn time_travel_to_a_nested_exit_acts_on_it() {
 #[tokio::test]
 async fn a_nested_escalation_waits_for_a_human_and_goes_on_inside_its_container() {
     // `outer` (a loop of 2) runs `steps`: `ask` escalates in round 1 until a human answered,
-    // then `after` runs. The answer resumes right after `ask`, inside `steps`.
+    // then `after` runs. The answer resumes at `ask`, inside `steps`: it runs again with it.
     let probe = Arc::new(Probe::default());
     let ask: Arc<dyn Agent> = Arc::new(Leaf {
         name: "ask",
@@ -475,12 +475,13 @@ async fn a_nested_escalation_waits_for_a_human_and_goes_on_inside_its_container(
     let (report, _) = run(&root, &store, "ask", answer).await;
     assert_eq!(
         report.state.get("trace"),
-        Some(&json!(["ask", "after north", "ask", "after north"]))
+        Some(&json!(["ask", "ask", "after north", "ask", "after north"]))
     );
     assert_eq!(
         chain(&store, "ask")[2..],
         [
             "human",
+            "outer[1]/steps/ask",
             "outer[1]/steps/after",
             "outer[1]/steps",
             "outer[2]/steps/ask",

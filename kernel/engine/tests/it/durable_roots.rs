@@ -2,15 +2,17 @@
 
 //! Durable runs of roots that are not a router's graph: a loop resumed between two
 //! iterations counts them as an unbroken run would, and roots that are not graphs (one
-//! agent, a parallel group) run as the one node of a sequence.
+//! agent, a parallel group) run as the one node of a sequence. A root's own callbacks run
+//! once per run, whatever the root.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use engine::durable::{CheckpointStore, DurableRoot, RunStatus, Start, run_durable};
 use engine::flow::{
-    Agent, BranchPolicy, Control, FlowError, FnAgent, Graph, Invocation, InvocationContext,
+    Agent, BranchPolicy, Callback, CallbackAction, CallbackContext, Callbacks, Control, FlowError,
+    FnAgent, Graph, Invocation, InvocationContext, Target,
 };
 use engine::route::{ControlPlane, RouterConfig};
 use engine::{SharedState, State};
@@ -193,4 +195,146 @@ async fn a_run_stopped_by_ctrl_c_or_a_timeout_is_released_and_resumable() {
         assert_eq!(claim.replaced, None);
         store.release(&claim.lease).unwrap();
     }
+}
+
+/// Counts the before- and after-agent calls it gets.
+#[derive(Default)]
+struct Count {
+    before: AtomicU32,
+    after: AtomicU32,
+}
+
+impl Callback for Count {
+    fn before_agent(&self, _ctx: &CallbackContext) -> CallbackAction<String> {
+        self.before.fetch_add(1, Ordering::SeqCst);
+        CallbackAction::Continue
+    }
+
+    fn after_agent(&self, _ctx: &CallbackContext) -> CallbackAction<String> {
+        self.after.fetch_add(1, Ordering::SeqCst);
+        CallbackAction::Continue
+    }
+}
+
+impl Count {
+    fn calls(&self) -> (u32, u32) {
+        (
+            self.before.load(Ordering::SeqCst),
+            self.after.load(Ordering::SeqCst),
+        )
+    }
+}
+
+fn counted(count: &Arc<Count>) -> Callbacks {
+    [count.clone() as Arc<dyn Callback>].into_iter().collect()
+}
+
+/// A root's own before/after-agent callbacks run exactly once per run, whatever the root:
+/// a graph, a sequence, a loop, a routed graph, a wrapped single agent.
+#[tokio::test]
+async fn a_roots_callbacks_run_once_per_run_for_every_root_kind() {
+    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let two = NonZeroU32::new(2).unwrap();
+    let plane = Arc::new(ControlPlane::new(RouterConfig::new(
+        ["a", "b"],
+        [("a", "b")],
+    )));
+    type Build = Box<dyn Fn(Callbacks) -> Arc<dyn Agent>>;
+    let roots: Vec<(&str, Build)> = vec![
+        (
+            "sequence",
+            Box::new(|c| {
+                let seq = Graph::sequential("seq", vec![counter("a", "a"), counter("b", "b")]);
+                Arc::new(seq.unwrap().with_callbacks(c))
+            }),
+        ),
+        (
+            "loop",
+            Box::new(move |c| {
+                let lp = Graph::looping("lp", vec![counter("a", "a"), counter("b", "b")], two);
+                Arc::new(lp.unwrap().with_callbacks(c))
+            }),
+        ),
+        (
+            "graph",
+            Box::new(|c| {
+                let graph = Graph::builder("g")
+                    .node(counter("a", "a"))
+                    .node(counter("b", "b"))
+                    .start("a")
+                    .edge("a", Target::node("b"))
+                    .build();
+                Arc::new(graph.unwrap().with_callbacks(c))
+            }),
+        ),
+        (
+            "routed",
+            Box::new(move |c| {
+                let routed = plane.graph("team", vec![counter("a", "a"), counter("b", "b")], "a");
+                Arc::new(routed.unwrap().with_callbacks(c))
+            }),
+        ),
+        (
+            "single",
+            Box::new(|c| {
+                let solo = FnAgent::new("solo", |ctx: &InvocationContext| {
+                    ctx.set_state("a", json!(1));
+                    Ok(Control::Continue)
+                });
+                Arc::new(solo.with_callbacks(c))
+            }),
+        ),
+    ];
+    for (kind, build) in roots {
+        let count = Arc::new(Count::default());
+        let root = DurableRoot::new(build(counted(&count))).unwrap();
+        run(&root, &store, kind, new_run()).await;
+        assert_eq!(
+            store.run(kind).unwrap().unwrap().status,
+            RunStatus::Completed
+        );
+        assert_eq!(count.calls(), (1, 1), "{kind}: once before, once after");
+    }
+}
+
+/// A routed run that stops for a human has started but not ended: its root's `before_agent`
+/// ran and its `after_agent` waits; resuming with the answer runs `after_agent` once, and
+/// `before_agent` not again.
+#[tokio::test]
+async fn a_run_resumed_after_a_human_runs_its_roots_callbacks_once_in_all() {
+    let ask: Arc<dyn Agent> = Arc::new(FnAgent::new("ask", |ctx: &InvocationContext| {
+        if ctx.get_state("human_input").is_none() {
+            ctx.set_state("escalate_to_human", json!("Ship it?"));
+        }
+        Ok(Control::Continue)
+    }));
+    let plane = Arc::new(ControlPlane::new(RouterConfig::new(
+        ["ask", "b"],
+        [("ask", "b")],
+    )));
+    let count = Arc::new(Count::default());
+    let graph = plane
+        .graph("team", vec![ask, counter("b", "b")], "ask")
+        .unwrap()
+        .with_callbacks(counted(&count));
+    let root = DurableRoot::new(Arc::new(graph)).unwrap();
+    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    run(&root, &store, "h", new_run()).await;
+    assert!(matches!(
+        store.run("h").unwrap().unwrap().status,
+        RunStatus::AwaitingHuman { .. }
+    ));
+    assert_eq!(count.calls(), (1, 0), "stopped for a human: not ended yet");
+    let answer = Start::Resume {
+        from: None,
+        answer: Some("Yes.".into()),
+        take_over: false,
+    };
+    let state = run(&root, &store, "h", answer).await;
+    assert_eq!(state.get("b"), Some(&json!(1)));
+    assert_eq!(
+        store.run("h").unwrap().unwrap().status,
+        RunStatus::Completed
+    );
+    assert_eq!(count.calls(), (1, 1), "before once, after once, in all");
 }

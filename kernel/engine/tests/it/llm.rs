@@ -531,6 +531,131 @@ async fn model_and_tool_callbacks_change_or_short_circuit_each_call() {
     }
 }
 
+/// Records each callback point it is asked at, and acts like a guard: `before_tool`
+/// answers `set_note("secret")`, `on_tool_error` recovers every failure, `after_tool`
+/// stamps every result it sees.
+struct Recorder(std::sync::Mutex<Vec<String>>);
+
+impl Recorder {
+    fn note(&self, point: &str, tool: &str) {
+        let mut seen = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        seen.push(format!("{point} {tool}").trim_end().to_owned());
+    }
+}
+
+impl Callback for Recorder {
+    fn before_model(
+        &self,
+        _: &CallbackContext,
+        _: &mut ChatRequest,
+    ) -> CallbackAction<ChatResponse> {
+        self.note("before_model", "");
+        CallbackAction::Continue
+    }
+
+    fn after_model(&self, _: &CallbackContext, _: &mut ChatResponse) {
+        self.note("after_model", "");
+    }
+
+    fn before_tool(&self, _: &CallbackContext, call: &mut ToolInvocation) -> CallbackAction<Value> {
+        self.note("before_tool", &call.name);
+        if call.args["text"] == json!("secret") {
+            return CallbackAction::Replace(json!({"success": false, "error": "Blocked"}));
+        }
+        CallbackAction::Continue
+    }
+
+    fn after_tool(&self, _: &CallbackContext, call: &ToolInvocation, result: &mut Value) {
+        self.note("after_tool", &call.name);
+        *result = json!({"seen": result.clone()});
+    }
+
+    fn on_tool_error(
+        &self,
+        _: &CallbackContext,
+        call: &ToolInvocation,
+        _: &ToolCallError,
+    ) -> CallbackAction<Value> {
+        self.note("on_tool_error", &call.name);
+        CallbackAction::Replace(json!("recovered"))
+    }
+}
+
+/// The order of the callback points around tool calls is ADK's: every `before_tool` first;
+/// then per call its result — `on_tool_error` on a failure — and `after_tool` on the result
+/// however it came (the tool's, a `before_tool` answer, an `on_tool_error` recovery), but not
+/// for a tool that does not exist.
+#[tokio::test]
+async fn tool_callbacks_run_in_adks_order_and_after_tool_sees_every_result() {
+    let server = mock(json!({"agent": {"replies": [
+        {"tool_calls": [
+            {"name": "set_note", "arguments": {"text": "secret"}},
+            {"name": "read_note", "arguments": {}},
+            {"name": "set_note", "arguments": {"text": "public"}},
+            {"name": "no_such_tool", "arguments": {}},
+        ]},
+        "done",
+    ]}}))
+    .await;
+    let ledger = Arc::new(Ledger::default());
+    let recorder = Arc::new(Recorder(std::sync::Mutex::default()));
+    let agent = LlmAgent::builder(
+        "agent",
+        endpoint(&server, Provider::OpenAi, "agent", &ledger),
+    )
+    .tool(Arc::new(SetNote))
+    .tool(Arc::new(ReadNote))
+    .callbacks(
+        [recorder.clone() as Arc<dyn Callback>]
+            .into_iter()
+            .collect(),
+    )
+    .build()
+    .expect("valid tools");
+    let (report, events) = run_with(&agent, invocation(State::default(), &ledger)).await;
+    assert_eq!(report.status(), RunStatus::Completed);
+    let seen = recorder
+        .0
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    assert_eq!(
+        seen,
+        [
+            "before_model",
+            "after_model",
+            "before_tool set_note",
+            "before_tool read_note",
+            "before_tool set_note",
+            "before_tool no_such_tool",
+            "after_tool set_note",
+            "on_tool_error read_note",
+            "after_tool read_note",
+            "after_tool set_note",
+            "on_tool_error no_such_tool",
+            "before_model",
+            "after_model",
+        ]
+    );
+    let results: Vec<Value> = events
+        .iter()
+        .flat_map(|e| e.tool_results.iter().map(|r| r.result.clone()))
+        .collect();
+    assert_eq!(
+        results,
+        [
+            json!({"seen": {"success": false, "error": "Blocked"}}),
+            json!({"seen": "recovered"}),
+            json!({"seen": {"success": true}}),
+            json!("recovered"),
+        ]
+    );
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_cached_answer_skips_the_model_and_a_model_error_can_be_recovered() {
     let server = mock(json!({"agent": {"replies": ["from the model"]}})).await;

@@ -5,7 +5,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bridge::mock::{MockConfig, MockServer, Script};
+use bridge::mock::{FaultKind, FaultRule, Faults, MockConfig, MockServer, Script};
 use bridge::{Budget, EndpointConfig, Endpoints, Ledger, RetryPolicy};
 use engine::flow::Registry;
 use engine::flow::file::{ConfigError, load_workflow};
@@ -27,12 +27,20 @@ pub(crate) struct Setup {
 
 pub(crate) fn setup(script: Value, contexts: Vec<ContextSource>) -> Setup {
     let script = Script::from_json_value(script).expect("valid script");
-    let server = kernel::runtime::shared()
-        .block_on(MockServer::start(MockConfig {
+    setup_with(
+        MockConfig {
             script,
             record_requests: true,
             ..MockConfig::default()
-        }))
+        },
+        contexts,
+    )
+}
+
+/// [`setup`] with the mock server configured as `config` says (faults, say).
+fn setup_with(config: MockConfig, contexts: Vec<ContextSource>) -> Setup {
+    let server = kernel::runtime::shared()
+        .block_on(MockServer::start(config))
         .expect("mock server starts");
     let endpoint = |name: &str| EndpointConfig {
         retry: RetryPolicy {
@@ -341,6 +349,99 @@ fn python_callbacks_named_in_files_short_circuit_an_agent_and_a_root_model_call(
     assert!(s.server.log().is_empty());
     // before_agent of `never`, before_agent of `rlm`, before_model of `rlm`.
     assert_eq!(report.state.get("cache_hits"), Some(&json!(3)));
+}
+
+/// A Python `on_model_error` callback named in a file, against a mock server that answers
+/// `root` with 500 and `sub` with a body that is not JSON: one that returns text recovers
+/// the step (the text is the reply), one that returns None lets the error through and the
+/// run fails with the server's error named.
+#[test]
+fn a_python_on_model_error_callback_recovers_a_step_or_lets_the_error_through() {
+    let faults = Faults {
+        rules: vec![
+            FaultRule {
+                last_user: None,
+                model: Some("^root$".into()),
+                fault: FaultKind::ServerError,
+                times: None,
+            },
+            FaultRule {
+                last_user: None,
+                model: Some("^sub$".into()),
+                fault: FaultKind::MalformedJson,
+                times: None,
+            },
+        ],
+        ..Faults::default()
+    };
+    let s = setup_with(
+        MockConfig {
+            faults,
+            ..MockConfig::default()
+        },
+        Vec::new(),
+    );
+    s.write(
+        "hooks.py",
+        "def recover(ctx):\n    assert ctx['point'] == 'on_model_error'\n    \
+         ctx['state']['errors'] = ctx['state'].get('errors', []) + [ctx['error']]\n    \
+         return 'drafted offline by ' + ctx['agent']\n\n\
+         def give_up(ctx):\n    ctx['state']['gave_up'] = True\n",
+    );
+    let writer = |name: &str, model: &str, callback: &str| {
+        s.write(
+            &format!("{name}.yaml"),
+            &format!(
+                "name: {name}\nmodel: {model}\ninstruction: Write the draft.\n\
+                 output_key: {name}_draft\n\
+                 on_model_error_callbacks: [{{name: hooks.py:{callback}}}]\n"
+            ),
+        )
+    };
+    for (name, model) in [("on_500", "root"), ("on_garbage", "sub")] {
+        let flow = s.build(&writer(name, model, "recover")).expect("builds");
+        let (report, events) = s.run(flow.as_ref(), State::default());
+        assert_eq!(
+            report.result,
+            Ok(engine::flow::Control::Continue),
+            "{name}: {events:#?}"
+        );
+        assert_eq!(
+            report.state.get(&format!("{name}_draft")),
+            Some(&json!(format!("drafted offline by {name}"))),
+            "{name}: the callback's text is the reply"
+        );
+        let errors = report
+            .state
+            .get("errors")
+            .and_then(Value::as_array)
+            .cloned();
+        let error = errors.and_then(|e| e.first().cloned()).unwrap_or_default();
+        assert!(
+            error.as_str().is_some_and(|e| !e.is_empty()),
+            "{name}: the callback saw the error: {error}"
+        );
+    }
+
+    let flow = s
+        .build(&writer("stuck", "root", "give_up"))
+        .expect("builds");
+    let (report, _) = s.run(flow.as_ref(), State::default());
+    let Err(FlowError::Model { agent, source }) = &report.result else {
+        panic!("the server's error stands: {:?}", report.result)
+    };
+    assert_eq!(agent, "stuck");
+    assert!(
+        matches!(**source, bridge::BridgeError::Http { status: 500, .. }),
+        "{source}"
+    );
+    let message = report.result.as_ref().err().map(ToString::to_string);
+    assert!(
+        message.as_deref().is_some_and(|m| m.contains("500")),
+        "the message names the server's error: {message:?}"
+    );
+    assert_eq!(report.state.get("gave_up"), Some(&json!(true)));
+    assert_eq!(report.state.get("stuck_draft"), None);
 }
 
 /// Cancels the run at the first model call.
