@@ -10,7 +10,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 /// `MockServer(script_json=None, latency_ms=None)`: a scripted OpenAI/Anthropic-compatible
-/// server on 127.0.0.1 (a free port). See the script format in the project's README.
+/// server on 127.0.0.1 (a free port). The script format: `kernel/cli/docs/mock-server.md`.
 #[pyclass(module = "rlm_kernel._native")]
 #[derive(Debug)]
 pub(crate) struct MockServer {

@@ -26,9 +26,9 @@
 //! `/proc/self/stat`), done while the process is still single-threaded, and checked
 //! afterwards. On other systems the variables are removed; there is no `/proc` to blank.
 //!
-//! What this does not do (see the README's threat model): the keys stay in this process's
-//! memory, which code in the same process can read; files and other processes of the user
-//! stay readable. A host that runs the kernel in its own interpreter (the Python package)
+//! What this does not do (see the threat model in `kernel/cli/docs/security.md`): the keys
+//! stay in this process's memory, which code in the same process can read; files and other
+//! processes of the user stay readable. A host that runs the kernel in its own interpreter (the Python package)
 //! keeps its environment; only redaction applies there.
 
 use std::borrow::Cow;
