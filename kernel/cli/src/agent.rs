@@ -26,11 +26,11 @@ use kernel::repl::ReplSession;
 use kernel::tools::PythonTool;
 use serde_json::json;
 
-use crate::UsageError;
-use crate::args::RunOptions;
-use crate::chat::Questions;
-use crate::run::{self, RunOutcome};
+use crate::endpoints;
+use crate::exit::{RunOutcome, UsageError};
+use crate::questions::Questions;
 use crate::secrets;
+use crate::settings::{self, RunOptions};
 
 /// Arguments of `rlm agent`.
 #[derive(Debug, Args)]
@@ -68,11 +68,11 @@ pub(crate) struct AgentArgs {
 
 /// `rlm agent`.
 pub(crate) fn execute(args: AgentArgs, file: RunOptions, verbosity: u8) -> Result<ExitCode> {
-    let opts = run::merge(args.options, file);
+    let opts = settings::merge(args.options, file);
     check_options(&opts)?;
     secrets::protect(&opts)?;
-    let endpoints = run::build_endpoints(&opts)?;
-    let endpoint = endpoints.get(run::ROOT)?;
+    let endpoints = endpoints::build_endpoints(&opts)?;
+    let endpoint = endpoints.get(kernel::options::ROOT)?;
     let started = StartedAgent::start(
         &args.agent,
         &StartOptions {
@@ -89,7 +89,7 @@ pub(crate) fn execute(args: AgentArgs, file: RunOptions, verbosity: u8) -> Resul
             .unwrap_or(LoopConfig::default().max_iterations),
         run_timeout: opts
             .timeout
-            .map(|s| run::seconds("timeout", s))
+            .map(|s| endpoints::seconds("timeout", s))
             .transpose()?,
         stream: args.stream.unwrap_or(interactive),
         ..LoopConfig::default()
@@ -99,8 +99,12 @@ pub(crate) fn execute(args: AgentArgs, file: RunOptions, verbosity: u8) -> Resul
         toolbox.add(tool)?;
     }
     if args.python {
-        let session = ReplSession::new(run::session_config(&opts)?, Arc::clone(&endpoints), &[])
-            .context("Could not start the Python session for the `python` tool")?;
+        let session = ReplSession::new(
+            endpoints::session_config(&opts)?,
+            Arc::clone(&endpoints),
+            &[],
+        )
+        .context("Could not start the Python session for the `python` tool")?;
         toolbox.add(Arc::new(PythonTool::new(Arc::new(session))))?;
     }
     let mut agent = AgentLoop::new(Arc::clone(&endpoint), toolbox, config.clone());

@@ -8,71 +8,38 @@
 //! the closing line of each run to stderr. Ctrl-C during a question stops the chat as it stops
 //! `rlm run` (best answer printed, exit 130); Ctrl-C or Ctrl-D at the prompt ends the chat.
 
-use std::io::{BufRead, IsTerminal as _, Write as _};
+use std::io::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
+use clap::Args;
 use kernel::repl::{ContextSource, ReplSession};
 use kernel::rlm::{Rlm, RlmChat};
-use rustyline::error::ReadlineError;
 
-use crate::UsageError;
-use crate::args::{ChatArgs, RunOptions};
-use crate::report;
-use crate::run::{self, Display, RunOutcome};
+use crate::contexts::ContextArgs;
+use crate::endpoints;
+use crate::exit::{RunOutcome, UsageError};
+use crate::observe::{self, Display};
+use crate::questions::Questions;
+use crate::report::{self, check_outputs, option_inputs};
+use crate::settings::{self, RunOptions, at_least};
 
-/// Where the questions (or, for `rlm agent`, the turns) come from.
-pub(crate) enum Questions {
-    /// A terminal: line editing and history, with its prompt.
-    Editor(Box<rustyline::DefaultEditor>, &'static str),
-    /// A pipe or file: one question per line.
-    Lines(std::io::StdinLock<'static>),
-}
+/// Arguments of `rlm chat`.
+#[derive(Debug, Args)]
+pub(crate) struct ChatArgs {
+    // Loaded once; `-` is refused (questions come from standard input).
+    #[command(flatten)]
+    pub(crate) context: ContextArgs,
 
-impl Questions {
-    /// A terminal with `prompt` when stdin is one, else stdin's lines.
-    pub(crate) fn open(prompt: &'static str) -> Result<Self> {
-        let stdin = std::io::stdin();
-        if stdin.is_terminal() {
-            let editor = rustyline::DefaultEditor::new()
-                .context("Could not set up line editing on the terminal")?;
-            Ok(Self::Editor(Box::new(editor), prompt))
-        } else {
-            Ok(Self::Lines(stdin.lock()))
-        }
-    }
+    /// Characters of the summary of earlier questions and answers the root model sees with
+    /// each new question (the most recent that fit; 0 for none) [default: 4000].
+    #[arg(long, value_name = "CHARS", value_parser = at_least::<usize>(0))]
+    pub(crate) summary_chars: Option<usize>,
 
-    /// The next non-blank question; `None` at the end of input.
-    pub(crate) fn next(&mut self) -> Result<Option<String>> {
-        loop {
-            let line = match self {
-                Self::Editor(editor, prompt) => match editor.readline(*prompt) {
-                    Ok(line) => {
-                        let _ = editor.add_history_entry(line.as_str());
-                        line
-                    }
-                    Err(ReadlineError::Eof | ReadlineError::Interrupted) => return Ok(None),
-                    Err(e) => return Err(e).context("Could not read a question"),
-                },
-                Self::Lines(stdin) => {
-                    let mut line = String::new();
-                    if stdin
-                        .read_line(&mut line)
-                        .context("Could not read a question from standard input")?
-                        == 0
-                    {
-                        return Ok(None);
-                    }
-                    line
-                }
-            };
-            if !line.trim().is_empty() {
-                return Ok(Some(line.trim().to_owned()));
-            }
-        }
-    }
+    #[command(flatten)]
+    pub(crate) options: RunOptions,
 }
 
 /// `rlm chat`.
@@ -82,7 +49,7 @@ pub(crate) fn execute(
     config_path: Option<&Path>,
     verbosity: u8,
 ) -> Result<ExitCode> {
-    let opts = run::merge(args.options, file);
+    let opts = settings::merge(args.options, file);
     // First, while the process has one thread and no Python: keys leave the environment.
     crate::secrets::protect(&opts)?;
     let contexts = args.context.resolve()?;
@@ -102,13 +69,13 @@ pub(crate) fn execute(
         )
         .into());
     }
-    let endpoints = run::build_endpoints(&opts)?;
-    let config = run::rlm_config(&opts)?;
-    let mut session_config = run::session_config(&opts)?;
+    let endpoints = endpoints::build_endpoints(&opts)?;
+    let config = endpoints::rlm_config(&opts)?;
+    let mut session_config = endpoints::session_config(&opts)?;
     session_config.load = contexts.load;
     let mut inputs = contexts.paths;
-    inputs.extend(run::option_inputs(&opts, config_path));
-    run::check_outputs(&opts, &inputs)?;
+    inputs.extend(option_inputs(&opts, config_path));
+    check_outputs(&opts, &inputs)?;
     let session =
         ReplSession::with_inputs(session_config, Arc::clone(&endpoints), &contexts.inputs)
             .context("Could not load the context")?;
@@ -119,7 +86,7 @@ pub(crate) fn execute(
     if let Some(chars) = args.summary_chars {
         chat = chat.with_summary_limit(chars);
     }
-    let observed = run::observe(chat.rlm(), opts.trajectory.as_deref(), display)?;
+    let observed = observe::observe(chat.rlm(), opts.trajectory.as_deref(), display)?;
     let mut questions = Questions::open("? ")?;
     let mut last = RunOutcome::Answered;
     while let Some(question) = questions.next()? {

@@ -17,7 +17,7 @@ use kernel::repl::{
     check_encoding,
 };
 
-use crate::UsageError;
+use crate::exit::UsageError;
 
 /// The contexts of a run and how they load.
 #[derive(Debug, Args)]

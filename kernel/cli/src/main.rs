@@ -3,41 +3,61 @@
 //! Exit codes (one cause each; the table is in `rlm run --help` and the README): 0 the model
 //! gave a final answer; 1 an error (bad input, unreachable endpoint, failed run); 2 a usage
 //! error; 3 a limit stopped the run (iterations, time, budget, repeated failures) — a partial
-//! or fallback answer may still have been printed — or refused it before it started; 4 a fatal signal (a crash in C code a cell
-//! called; one line on stderr names the block, see `kernel::fatal`); 101 a panic, i.e. a bug;
-//! 130 Ctrl-C stopped the run (the first Ctrl-C stops it gracefully, keeping its best answer
-//! and trajectory; a second one quits at once). A `SIGKILL` (the OOM killer) leaves no code of
-//! ours: shells show 137, and the trajectory's last line names the block that was running.
+//! or fallback answer may still have been printed — or refused it before it started; 4 a
+//! fatal signal (a crash in C code a cell called; one line on stderr names the block, see
+//! `kernel::fatal`); 5 a workflow waits for a human; 6 another process drives the workflow
+//! run; 101 a panic, i.e. a bug; 130 Ctrl-C stopped the run (the first Ctrl-C stops it
+//! gracefully, keeping its best answer and trajectory; a second one quits at once). A
+//! `SIGKILL` (the OOM killer) leaves no code of ours: shells show 137, and the trajectory's
+//! last line names the block that was running. The codes are in [`exit`].
+//!
+//! The modules form layers; each imports only from the layers below it (no cycle, checked by
+//! `.ci/module-cycles.py`):
+//! - `main` (this file): parse, dispatch, print a failure with its exit code;
+//! - [`cli`]: the clap tree, the global flags and one subcommand;
+//! - the commands, each owning its arguments: [`run`], [`chat`], [`agent`], [`demo`],
+//!   [`bench`](mod@bench), [`eval`], [`flow`], [`mock_lm`], [`show`], [`view`];
+//! - what several commands share: [`observe`] (progress line, trace, trajectory and Ctrl-C
+//!   of an RLM run), [`report`] (a run's output files and closing lines), [`trace`],
+//!   [`contexts`] (`--context` and how files load), [`questions`] (turns from a terminal or
+//!   standard input);
+//! - the bottom: [`settings`] (the run options as flags, environment and `rlm.toml`, merged),
+//!   [`endpoints`] (from settings to the kernel's endpoints and configurations), [`secrets`],
+//!   [`outputs`], [`logging`] and [`exit`] (exit codes and the errors that have their own).
 
 mod agent;
-mod args;
 mod bench;
 mod chat;
+mod cli;
 mod contexts;
 mod demo;
+mod endpoints;
 mod eval;
+mod exit;
 mod flow;
 mod logging;
 mod mock_lm;
+mod observe;
 mod outputs;
+mod questions;
 mod report;
 mod run;
 mod secrets;
+mod settings;
 mod show;
 mod trace;
 mod view;
 
 use std::io::Write as _;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use clap::Parser;
 
-use args::{Cli, Command};
+use cli::{Cli, Command};
 
 fn main() -> ExitCode {
     // Before anything runs a cell: a crash in C code then says which block it was.
-    if let Err(err) = kernel::fatal::install(run::EXIT_CRASHED) {
+    if let Err(err) = kernel::fatal::install(exit::EXIT_CRASHED) {
         eprintln!("warning: could not install the crash reporter: {err}");
     }
     let cli = Cli::parse();
@@ -50,7 +70,7 @@ fn main() -> ExitCode {
         Command::Eval(args) => args.options.json(),
         _ => false,
     };
-    json_errors(json);
+    exit::json_errors(json);
     match dispatch(cli) {
         Ok(code) => code,
         Err(err) => {
@@ -58,29 +78,13 @@ fn main() -> ExitCode {
             for cause in err.chain().skip(1) {
                 eprintln!("  caused by: {}", secrets::redact(&cause.to_string()));
             }
-            let code: u8 = if err.downcast_ref::<UsageError>().is_some() {
-                2
-            } else if err.downcast_ref::<LimitError>().is_some() {
-                run::EXIT_LIMIT
-            } else {
-                flow::exit_code(&err).unwrap_or(1)
-            };
-            if JSON_ERRORS.load(Ordering::Relaxed) {
+            let code = exit::code_of(&err, flow::exit_code(&err));
+            if exit::json_errors_on() {
                 print_json_error(&err, code);
             }
             ExitCode::from(code)
         }
     }
-}
-
-/// Set once `--json` is known to be on (flag or `rlm.toml`): a run that fails before it
-/// starts still gives a JSON reader a document.
-static JSON_ERRORS: AtomicBool = AtomicBool::new(false);
-
-/// Whether a failure prints a JSON error document on stdout: `--json` of `rlm run`, `rlm
-/// bench` and `rlm eval`, given as a flag or in `rlm.toml`.
-pub(crate) fn json_errors(on: bool) {
-    JSON_ERRORS.store(on, Ordering::Relaxed);
 }
 
 /// `{"error": {...}}` on stdout, for a run that failed before it started.
@@ -90,7 +94,7 @@ fn print_json_error(err: &anyhow::Error, code: u8) {
         "error": {
             "message": err.to_string(),
             "causes": err.chain().skip(1).map(|c| c.to_string()).collect::<Vec<_>>(),
-            "usage_error": code == 2,
+            "usage_error": code == exit::EXIT_USAGE,
             "exit_code": code,
         }
     });
@@ -101,31 +105,31 @@ fn print_json_error(err: &anyhow::Error, code: u8) {
 fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run(args) => {
-            let file = run::load_config_file(cli.config.as_deref())?;
-            let path = run::config_file_path(cli.config.as_deref());
+            let file = settings::load_config_file(cli.config.as_deref())?;
+            let path = settings::config_file_path(cli.config.as_deref());
             run::execute(*args, file, path.as_deref(), cli.verbose)
         }
         Command::Chat(args) => {
-            let file = run::load_config_file(cli.config.as_deref())?;
-            let path = run::config_file_path(cli.config.as_deref());
+            let file = settings::load_config_file(cli.config.as_deref())?;
+            let path = settings::config_file_path(cli.config.as_deref());
             chat::execute(*args, file, path.as_deref(), cli.verbose)
         }
         Command::Demo(args) => {
-            let file = run::load_config_file(cli.config.as_deref())?;
-            let path = run::config_file_path(cli.config.as_deref());
+            let file = settings::load_config_file(cli.config.as_deref())?;
+            let path = settings::config_file_path(cli.config.as_deref());
             demo::execute(*args, file, path.as_deref(), cli.verbose)
         }
         Command::Bench(args) => {
-            let file = run::load_config_file(cli.config.as_deref())?;
+            let file = settings::load_config_file(cli.config.as_deref())?;
             bench::execute(*args, file)
         }
         Command::Eval(args) => {
-            let file = run::load_config_file(cli.config.as_deref())?;
-            let path = run::config_file_path(cli.config.as_deref());
+            let file = settings::load_config_file(cli.config.as_deref())?;
+            let path = settings::config_file_path(cli.config.as_deref());
             eval::execute(*args, file, path.as_deref())
         }
         Command::Agent(args) => {
-            let file = run::load_config_file(cli.config.as_deref())?;
+            let file = settings::load_config_file(cli.config.as_deref())?;
             agent::execute(*args, file, cli.verbose)
         }
         Command::Show(args) => show::execute(&args),
@@ -135,44 +139,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::View(args) => view::execute(args),
         Command::Flow(args) => {
-            let file = run::load_config_file(cli.config.as_deref())?;
+            let file = settings::load_config_file(cli.config.as_deref())?;
             flow::execute(args, file)
         }
     }
 }
-
-/// A mistake in how `rlm` was called (exit code 2), as opposed to a failure while running.
-#[derive(Debug)]
-pub(crate) struct UsageError(String);
-
-impl UsageError {
-    pub(crate) fn new(message: impl Into<String>) -> Self {
-        Self(message.into())
-    }
-}
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
-
-/// A limit refused the work before it started (exit code 3, as for a run a limit stopped).
-#[derive(Debug)]
-pub(crate) struct LimitError(String);
-
-impl LimitError {
-    pub(crate) fn new(message: impl Into<String>) -> Self {
-        Self(message.into())
-    }
-}
-
-impl std::fmt::Display for LimitError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for LimitError {}

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 
-use crate::UsageError;
+use crate::exit::UsageError;
 
 /// An output path and the flag that named it.
 #[derive(Debug, Clone, Copy)]

@@ -1,5 +1,5 @@
-//! How a finished run is reported: the answer (or the result as JSON) on stdout, the closing
-//! lines on stderr, `--answer-file`.
+//! How a run is reported: its output files checked before it starts; once finished, the
+//! answer (or the result as JSON) on stdout, the closing lines on stderr, `--answer-file`.
 //!
 //! The closing lines speak the user's language: a limit is named by the flag that sets it
 //! (`--max-iterations`, `--max-sub-calls`, …) with its value, read from the
@@ -8,18 +8,46 @@
 //! appears only when there is none. Known secrets are `[redacted]` in all of it.
 
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use kernel::rlm::{FinalNote, RlmResult, TerminationReason};
 use serde_json::{Map, Value, json};
 
-use crate::args::RunOptions;
-use crate::outputs;
-use crate::run::RunOutcome;
+use crate::exit::RunOutcome;
+use crate::outputs::{self, Output};
 use crate::secrets::redact;
+use crate::settings::RunOptions;
 use crate::trace::{self, SubCallCounts};
+
+/// Checks before the run that no output clobbers an input and that `--answer-file` can be
+/// written (without touching it), so a typo in its path does not surface only after the
+/// models were paid for.
+pub(crate) fn check_outputs(opts: &RunOptions, inputs: &[PathBuf]) -> Result<()> {
+    let outputs: Vec<Output<'_>> = [
+        ("answer-file", opts.answer_file.as_deref()),
+        ("trajectory", opts.trajectory.as_deref()),
+    ]
+    .into_iter()
+    .filter_map(|(flag, path)| Some(Output { flag, path: path? }))
+    .collect();
+    outputs::check_outputs(inputs, &outputs, opts.force())?;
+    if let Some(path) = &opts.answer_file {
+        outputs::check_answer_file(path)?;
+    }
+    Ok(())
+}
+
+/// The files a run reads besides its contexts: the configuration and prompt files.
+pub(crate) fn option_inputs(opts: &RunOptions, config: Option<&Path>) -> Vec<PathBuf> {
+    config
+        .into_iter()
+        .chain(opts.prompt_extension.as_deref())
+        .chain(opts.system_prompt.as_deref())
+        .map(Path::to_path_buf)
+        .collect()
+}
 
 /// Prints the result: JSON, or the answer as the last stdout line(s); writes `--answer-file`.
 pub(crate) fn report(result: &RlmResult, opts: &RunOptions, query: &str) -> Result<RunOutcome> {

@@ -36,8 +36,8 @@ use std::borrow::Cow;
 use anyhow::{Context, Result, bail};
 use bridge::Secret;
 
-use crate::UsageError;
-use crate::args::RunOptions;
+use crate::exit::UsageError;
+use crate::settings::RunOptions;
 
 /// Key variables read and removed whatever the configuration says.
 const KEY_VARIABLES: &[&str] = &["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "RLM_MOCK_API_KEY"];

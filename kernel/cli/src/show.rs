@@ -6,10 +6,12 @@
 //! not JSON is an error naming the line.
 
 use std::io::{BufRead, BufReader, Write as _};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use bridge::SubCallMetadata;
+use clap::Args;
 use kernel::repl::ContextMetadata;
 use kernel::rlm::{
     EndpointSummary, IterationRecord, RunError, SessionMetrics, TRAJECTORY_VERSION,
@@ -17,8 +19,15 @@ use kernel::rlm::{
 };
 use serde::Deserialize;
 
-use crate::args::ShowArgs;
 use crate::trace::{self, SubCallCounts};
+
+/// Arguments of `rlm show`.
+#[derive(Debug, Args)]
+pub(crate) struct ShowArgs {
+    /// The trajectory file (JSONL) written by `rlm run --trajectory`.
+    #[arg(value_name = "FILE")]
+    pub(crate) trajectory: PathBuf,
+}
 
 #[derive(Deserialize)]
 struct Header {

@@ -6,9 +6,21 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
+use clap::Args;
 
-use crate::UsageError;
-use crate::args::ViewArgs;
+use crate::exit::UsageError;
+
+/// Arguments of `rlm view`.
+#[derive(Debug, Args)]
+pub(crate) struct ViewArgs {
+    /// The trajectory file written by `rlm run --trajectory`.
+    #[arg(value_name = "TRAJECTORY")]
+    pub(crate) trajectory: PathBuf,
+
+    /// Where to write the page (default: the trajectory's path with `.html`).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub(crate) output: Option<PathBuf>,
+}
 
 /// Writes the page; the default output is the trajectory's path with `.html`.
 pub(crate) fn execute(args: ViewArgs) -> Result<ExitCode> {

@@ -37,9 +37,9 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernel::repl::{ContextInput, ContextSource, ReplSession, SessionConfig};
 
-use crate::args::RunOptions;
-use crate::run;
-use crate::{LimitError, UsageError};
+use crate::endpoints;
+use crate::exit::{self, EXIT_INTERRUPTED, EXIT_LIMIT, LimitError, UsageError};
+use crate::settings::{self, RunOptions};
 use report::{Measured, Path, Row};
 
 /// `max_tokens` of each call unless `--max-output-tokens` says otherwise.
@@ -149,8 +149,8 @@ impl InProcessMock {
 
 /// `rlm bench`.
 pub(crate) fn execute(args: BenchArgs, file: RunOptions) -> Result<ExitCode> {
-    let mut opts = run::merge(args.options.clone(), file);
-    crate::json_errors(opts.json());
+    let mut opts = settings::merge(args.options.clone(), file);
+    exit::json_errors(opts.json());
     crate::secrets::protect(&opts)?;
     if opts.base_url.is_some() && (args.latency_ms.is_some() || args.capacity.is_some()) {
         return Err(UsageError::new(
@@ -209,7 +209,7 @@ pub(crate) fn execute(args: BenchArgs, file: RunOptions) -> Result<ExitCode> {
             Some(mock)
         }
     };
-    let endpoints = run::build_endpoints(&opts)?;
+    let endpoints = endpoints::build_endpoints(&opts)?;
     let sub = endpoints.get("sub")?;
     let template = sub.config().clone();
     let ledger = Arc::clone(endpoints.ledger());
@@ -321,11 +321,11 @@ pub(crate) fn execute(args: BenchArgs, file: RunOptions) -> Result<ExitCode> {
                 Path::Repl => "repl",
             }
         );
-        return Ok(ExitCode::from(run::EXIT_LIMIT));
+        return Ok(ExitCode::from(EXIT_LIMIT));
     }
     if stop.is_cancelled() {
         eprintln!("Interrupted: the rows above are the widths that finished.");
-        return Ok(ExitCode::from(run::EXIT_INTERRUPTED));
+        return Ok(ExitCode::from(EXIT_INTERRUPTED));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -558,7 +558,7 @@ fn stop_on_ctrl_c(stop: CancellationToken) {
         }
         stop.cancel();
         if tokio::signal::ctrl_c().await.is_ok() {
-            std::process::exit(i32::from(run::EXIT_INTERRUPTED));
+            std::process::exit(i32::from(EXIT_INTERRUPTED));
         }
     });
 }

@@ -16,11 +16,34 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use bridge::mock::Script;
+use clap::Args;
 use kernel::repl::{ContextSource, ReplSession};
 
-use crate::UsageError;
-use crate::args::{DemoArgs, RunOptions};
-use crate::run::{self, Display, RunOutcome};
+use crate::endpoints;
+use crate::exit::{RunOutcome, UsageError};
+use crate::observe::{self, Display};
+use crate::report::{self, check_outputs, option_inputs};
+use crate::settings::{self, RunOptions};
+
+/// Arguments of `rlm demo`.
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// Size of the generated log context in MB.
+    #[arg(long, default_value_t = 4.0, value_name = "MB")]
+    pub(crate) size_mb: f64,
+
+    /// Seed of the generated logs.
+    #[arg(long, default_value_t = 7)]
+    pub(crate) seed: u64,
+
+    /// Keep the generated context at PATH instead of a temporary file.
+    #[arg(long, value_name = "PATH")]
+    pub(crate) keep_context: Option<PathBuf>,
+
+    /// Model options; with `--base-url` and `--model` the demo runs against a real endpoint.
+    #[command(flatten)]
+    pub(crate) options: RunOptions,
+}
 
 /// The scripted root and sub-model.
 const STRATEGY: &str = include_str!("strategy.json");
@@ -36,7 +59,7 @@ pub(crate) fn execute(
     config_path: Option<&Path>,
     verbosity: u8,
 ) -> Result<ExitCode> {
-    let mut opts = run::merge(args.options, file);
+    let mut opts = settings::merge(args.options, file);
     // First, while the process has one thread and no Python: keys leave the environment.
     crate::secrets::protect(&opts)?;
     let runtime = kernel::runtime::shared();
@@ -71,7 +94,7 @@ pub(crate) fn execute(
         ))
         .into());
     }
-    run::check_outputs(&opts, &run::option_inputs(&opts, config_path))?;
+    check_outputs(&opts, &option_inputs(&opts, config_path))?;
 
     let size = (args.size_mb.max(0.01) * 1e6) as usize;
     let logs = logs::generate(size, args.seed);
@@ -94,17 +117,17 @@ pub(crate) fn execute(
         );
     }
 
-    let endpoints = run::build_endpoints(&opts)?;
+    let endpoints = endpoints::build_endpoints(&opts)?;
     let session = ReplSession::new(
-        run::session_config(&opts)?,
+        endpoints::session_config(&opts)?,
         Arc::clone(&endpoints),
         &[ContextSource::Path(PathBuf::from(&path))],
     )
     .context("Could not load the demo context")?;
     let display = Display::choose(&opts, verbosity, Display::Trace);
-    let result = run::run_loop(
+    let result = observe::run_loop(
         QUERY,
-        run::rlm_config(&opts)?,
+        endpoints::rlm_config(&opts)?,
         endpoints,
         Arc::new(session),
         opts.trajectory.as_deref(),
@@ -117,7 +140,7 @@ pub(crate) fn execute(
     if let Some(server) = server {
         runtime.block_on(server.shutdown());
     }
-    let outcome = crate::report::report(&result, &opts, QUERY)?;
+    let outcome = report::report(&result, &opts, QUERY)?;
 
     let verdict = check(result.answer.as_deref(), &logs.errors_by_service);
     match &verdict {

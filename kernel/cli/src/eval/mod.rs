@@ -25,10 +25,12 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernel::eval::{TaskKind, parse_size};
 use serde_json::json;
 
-use crate::UsageError;
-use crate::args::RunOptions;
-use crate::run;
+use crate::endpoints;
+use crate::exit::{self, EXIT_INTERRUPTED, UsageError};
+use crate::outputs::{self, Output};
+use crate::report::option_inputs;
 use crate::secrets::redact;
+use crate::settings::{self, RunOptions};
 use runner::{Job, Method, Plan, RunRecord, Stopper};
 
 /// Arguments of `rlm eval`.
@@ -99,8 +101,8 @@ pub(crate) fn execute(
     file: RunOptions,
     config_path: Option<&Path>,
 ) -> Result<ExitCode> {
-    let mut opts = run::merge(args.options.clone(), file);
-    crate::json_errors(opts.json());
+    let mut opts = settings::merge(args.options.clone(), file);
+    exit::json_errors(opts.json());
     for (flag, given) in [
         ("trajectory", opts.trajectory.is_some()),
         ("answer-file", opts.answer_file.is_some()),
@@ -163,8 +165,8 @@ pub(crate) fn execute(
     }
 
     // Each run builds its own registry (see `runner`); building one now checks the options.
-    run::build_endpoints(&opts)?;
-    let endpoints = || run::build_endpoints(&opts);
+    endpoints::build_endpoints(&opts)?;
+    let endpoints = || endpoints::build_endpoints(&opts);
     let priced = opts.price.is_some() || opts.sub_price.is_some();
     let bar = progress_bar(&opts, jobs.len());
     let on_done = |record: &RunRecord| {
@@ -182,8 +184,8 @@ pub(crate) fn execute(
         baseline_window: args.baseline_window,
         out: args.out.as_deref(),
         priced,
-        rlm_config: run::rlm_config(&opts)?,
-        session_config: run::session_config(&opts)?,
+        rlm_config: endpoints::rlm_config(&opts)?,
+        session_config: endpoints::session_config(&opts)?,
         endpoints: &endpoints,
         on_done: &on_done,
     };
@@ -259,7 +261,7 @@ pub(crate) fn execute(
     }
     if done < jobs.len() {
         eprintln!("Interrupted: {} runs did not start.", jobs.len() - done);
-        return Ok(ExitCode::from(run::EXIT_INTERRUPTED));
+        return Ok(ExitCode::from(EXIT_INTERRUPTED));
     }
     if args.scripted {
         let inexact = records
@@ -297,10 +299,10 @@ fn check_outputs(
         outputs.push(dir.join("results.json"));
         outputs.extend(jobs.iter().map(|j| dir.join(format!("{}.jsonl", j.stem()))));
     }
-    let inputs = run::option_inputs(opts, config_path);
-    let as_outputs: Vec<crate::outputs::Output<'_>> = outputs
+    let inputs = option_inputs(opts, config_path);
+    let as_outputs: Vec<Output<'_>> = outputs
         .iter()
-        .map(|path| crate::outputs::Output {
+        .map(|path| Output {
             flag: if Some(path) == args.plot.as_ref() {
                 "plot"
             } else {
@@ -309,7 +311,7 @@ fn check_outputs(
             path,
         })
         .collect();
-    crate::outputs::check_outputs(&inputs, &as_outputs, true)?;
+    outputs::check_outputs(&inputs, &as_outputs, true)?;
     if opts.force() {
         return Ok(());
     }
@@ -350,7 +352,7 @@ fn stop_on_ctrl_c(stopper: Stopper) {
         eprintln!("\nInterrupted: stopping the runs in progress (Ctrl-C again to quit at once)");
         stopper.stop();
         if tokio::signal::ctrl_c().await.is_ok() {
-            std::process::exit(i32::from(run::EXIT_INTERRUPTED));
+            std::process::exit(i32::from(EXIT_INTERRUPTED));
         }
     });
 }

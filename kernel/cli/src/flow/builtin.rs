@@ -122,8 +122,11 @@ mod tests {
                 ..MockConfig::default()
             }))
             .expect("mock server starts");
-        let config =
-            EndpointConfig::openai(crate::run::ROOT, server.openai_base_url(), "demo-model");
+        let config = EndpointConfig::openai(
+            kernel::options::ROOT,
+            server.openai_base_url(),
+            "demo-model",
+        );
         let endpoints =
             Arc::new(Endpoints::new(vec![config], Arc::new(Ledger::default())).expect("endpoints"));
         let kernel = Arc::new(FlowKernel::new(
@@ -132,7 +135,7 @@ mod tests {
             Vec::new(),
         ));
         let registry = register(
-            Registry::new(Arc::clone(&endpoints), crate::run::ROOT),
+            Registry::new(Arc::clone(&endpoints), kernel::options::ROOT),
             &kernel,
             std::path::Path::new("team"),
         );

@@ -10,8 +10,8 @@ use engine::bundle::{PersonaBundle, StartOptions};
 use engine::flow::file::{AgentConfig, AgentSpec, load_workflow};
 use engine::flow::{Registry, with_discovery};
 
-use super::Workflow;
-use crate::UsageError;
+use super::workflow::Workflow;
+use crate::exit::UsageError;
 
 /// The folder beside a workflow file that holds its own persona bundle.
 const BESIDE: &str = "bundle";

@@ -14,8 +14,8 @@ use engine::durable::RunStatus;
 
 use super::durable::{Durable, fresh_id};
 use super::run::FlowRunArgs;
-use crate::UsageError;
-use crate::args::RunOptions;
+use crate::exit::UsageError;
+use crate::settings::RunOptions;
 
 /// Arguments of `rlm flow demo`.
 #[derive(Debug, Args)]
@@ -155,7 +155,7 @@ pub(crate) fn execute(args: FlowDemoArgs, file: RunOptions) -> Result<ExitCode> 
         durable: durable.clone(),
         options: options.clone(),
     };
-    let workflow = super::Workflow::find(demo.name)?;
+    let workflow = super::workflow::Workflow::find(demo.name)?;
     let mut code = super::run::execute(run, file.clone(), &workflow, None);
     if let (Some(answer), Ok(_), Some(run_id)) = (demo.answer, &code, &durable.run_id) {
         let store = durable.db.open(false)?;

@@ -38,13 +38,7 @@ use engine::route::{DecisionRecord, decide::DECISIONS, rfc3339};
 use engine::state::State;
 use serde_json::{Value, json};
 
-use crate::UsageError;
-
-/// The exit code of a run that stopped to ask a human (`awaiting_human`).
-pub(crate) const EXIT_AWAITING_HUMAN: u8 = 5;
-
-/// The exit code of a run that another process drives (a refused claim, a lost lease).
-pub(crate) const EXIT_RUN_DRIVEN: u8 = 6;
+use crate::exit::{EXIT_AWAITING_HUMAN, EXIT_RUN_DRIVEN, UsageError};
 
 /// Where the runs are kept unless `--db` says otherwise (under the working directory).
 pub(crate) const DEFAULT_DB: &str = ".rlm/runs.db";

@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use crate::UsageError;
+use crate::exit::UsageError;
 
 /// One `--input` as a state key and value.
 pub(crate) fn parse_input(input: &str) -> Result<(String, Value), UsageError> {

@@ -18,17 +18,18 @@ mod progress;
 mod records;
 mod resume;
 mod run;
+mod workflow;
 
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Args, Subcommand};
-use engine::flow::file::{AgentSpec, load_workflow, load_workflow_from, render_mermaid};
+use engine::flow::file::{load_workflow_from, render_mermaid};
 
-use builtin::{BUILTINS, Builtin};
+use crate::settings::{self, RunOptions};
+use builtin::BUILTINS;
 pub(crate) use durable::exit_code;
+use workflow::Workflow;
 
 /// Arguments of `rlm flow`.
 #[derive(Debug, Args)]
@@ -81,7 +82,7 @@ struct GraphArgs {
 }
 
 /// `rlm flow`; `file` holds the `[run]` options of the configuration file.
-pub(crate) fn execute(args: FlowArgs, file: crate::args::RunOptions) -> Result<ExitCode> {
+pub(crate) fn execute(args: FlowArgs, file: RunOptions) -> Result<ExitCode> {
     match args.command {
         FlowCommand::Run(args) => {
             // First, while the process has one thread and no Python: keys leave the environment.
@@ -90,7 +91,7 @@ pub(crate) fn execute(args: FlowArgs, file: crate::args::RunOptions) -> Result<E
             run::execute(*args, file, &workflow, None)
         }
         FlowCommand::Resume(args) => {
-            crate::secrets::protect(&crate::run::merge(args.options.clone(), file.clone()))?;
+            crate::secrets::protect(&settings::merge(args.options.clone(), file.clone()))?;
             resume::execute(*args, file)
         }
         FlowCommand::Runs(args) => records::runs(args),
@@ -99,76 +100,9 @@ pub(crate) fn execute(args: FlowArgs, file: crate::args::RunOptions) -> Result<E
         FlowCommand::Demo(args) => demo::execute(args, file),
         FlowCommand::List => list(),
         FlowCommand::Graph(args) => {
-            let spec = read(&args.workflow)?;
-            print(&render_mermaid(&spec))
+            let spec = workflow::read(&args.workflow)?;
+            records::print(&render_mermaid(&spec))
         }
-    }
-}
-
-/// Reads the workflow `name`: a file when one is there, else a built-in.
-fn read(name: &str) -> Result<AgentSpec> {
-    let path = PathBuf::from(name);
-    if path.exists() {
-        return Ok(load_workflow(&path)?);
-    }
-    let builtin = Builtin::find(name).ok_or_else(|| unknown(name))?;
-    Ok(load_workflow_from(&builtin.embedded(), builtin.root)?)
-}
-
-fn unknown(name: &str) -> anyhow::Error {
-    crate::UsageError::new(format!(
-        "`{name}` is neither a workflow file nor a built-in workflow ({}); see `rlm flow list`",
-        BUILTINS
-            .iter()
-            .map(|b| format!("`{}`", b.name))
-            .collect::<Vec<_>>()
-            .join(", ")
-    ))
-    .into()
-}
-
-/// A workflow on disk: a file, or a built-in written to a temporary folder (its Python
-/// steps are loaded from files).
-pub(crate) struct Workflow {
-    root: PathBuf,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl Workflow {
-    /// The workflow `name`: a file when one is there, else a built-in.
-    pub(crate) fn find(name: &str) -> Result<Self> {
-        let path = PathBuf::from(name);
-        if path.exists() {
-            return Ok(Self {
-                root: path,
-                _dir: None,
-            });
-        }
-        let builtin = Builtin::find(name).ok_or_else(|| unknown(name))?;
-        let dir = tempfile::tempdir().context("Could not create a temporary directory")?;
-        for (path, text) in builtin.files {
-            let target = dir.path().join(path);
-            if let Some(parent) = target.parent() {
-                std::fs::create_dir_all(parent)
-                    .with_context(|| format!("Could not create `{}`", parent.display()))?;
-            }
-            std::fs::write(&target, text)
-                .with_context(|| format!("Could not write `{}`", target.display()))?;
-        }
-        Ok(Self {
-            root: dir.path().join(builtin.root),
-            _dir: Some(dir),
-        })
-    }
-
-    /// The root file.
-    pub(crate) fn root(&self) -> &Path {
-        &self.root
-    }
-
-    /// The root file's folder.
-    pub(crate) fn dir(&self) -> &Path {
-        self.root.parent().unwrap_or_else(|| Path::new("."))
     }
 }
 
@@ -182,12 +116,5 @@ fn list() -> Result<ExitCode> {
             spec.config.description()
         ));
     }
-    print(&out)
-}
-
-fn print(text: &str) -> Result<ExitCode> {
-    let mut stdout = std::io::stdout().lock();
-    stdout.write_all(text.as_bytes())?;
-    stdout.flush()?;
-    Ok(ExitCode::SUCCESS)
+    records::print(&out)
 }

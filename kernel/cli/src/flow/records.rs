@@ -8,6 +8,7 @@
 //! is gone (killed, crashed) is `interrupted` (resume continues it); a run a process drives is
 //! `running`, with its pid.
 
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -19,7 +20,7 @@ use engine::flow::path_text;
 use serde_json::{Value, json};
 
 use super::durable::{DbArg, decision_lines, decisions_of, store_error, time_of};
-use crate::UsageError;
+use crate::exit::UsageError;
 
 /// Arguments of `rlm flow runs`.
 #[derive(Debug, Args)]
@@ -56,10 +57,10 @@ pub(crate) fn runs(args: RunsArgs) -> Result<ExitCode> {
     };
     if args.json {
         let rows: Vec<Value> = runs.iter().map(run_json).collect();
-        return super::print(&format!("{}\n", serde_json::to_string_pretty(&rows)?));
+        return print(&format!("{}\n", serde_json::to_string_pretty(&rows)?));
     }
     if runs.is_empty() {
-        return super::print("No runs yet; `rlm flow run FILE|NAME` starts one.\n");
+        return print("No runs yet; `rlm flow run FILE|NAME` starts one.\n");
     }
     let rows: Vec<[String; 7]> = runs
         .iter()
@@ -86,7 +87,7 @@ pub(crate) fn runs(args: RunsArgs) -> Result<ExitCode> {
     let header = [
         "RUN", "STATUS", "WORKFLOW", "STARTED", "UPDATED", "HEAD", "OWNER",
     ];
-    super::print(&table(header, &rows))
+    print(&table(header, &rows))
 }
 
 /// `rlm flow history RUN`: the run's checkpoints, oldest first.
@@ -95,7 +96,7 @@ pub(crate) fn history(args: RunArgs) -> Result<ExitCode> {
     let checkpoints = store.history(&args.run).map_err(store_error)?;
     if args.json {
         let rows: Vec<Value> = checkpoints.iter().map(checkpoint_json).collect();
-        return super::print(&format!("{}\n", serde_json::to_string_pretty(&rows)?));
+        return print(&format!("{}\n", serde_json::to_string_pretty(&rows)?));
     }
     let rows: Vec<[String; 6]> = checkpoints
         .iter()
@@ -119,7 +120,7 @@ pub(crate) fn history(args: RunArgs) -> Result<ExitCode> {
         })
         .collect();
     let header = ["ID", "PARENT", "NODE", "WRITES", "NEXT", "TIME"];
-    super::print(&table(header, &rows))
+    print(&table(header, &rows))
 }
 
 /// `rlm flow decisions RUN`: the routing decisions on record at the run's head.
@@ -131,15 +132,15 @@ pub(crate) fn decisions(args: RunArgs) -> Result<ExitCode> {
         None => Vec::new(),
     };
     if args.json {
-        return super::print(&format!("{}\n", serde_json::to_string_pretty(&decisions)?));
+        return print(&format!("{}\n", serde_json::to_string_pretty(&decisions)?));
     }
     if decisions.is_empty() {
-        return super::print(&format!(
+        return print(&format!(
             "Run `{}` has no routing decisions on record (only a router node makes them).\n",
             args.run
         ));
     }
-    super::print(&decision_lines(&decisions))
+    print(&decision_lines(&decisions))
 }
 
 fn find(store: &CheckpointStore, run: &str) -> Result<RunRecord> {
@@ -240,4 +241,12 @@ fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
         line(row.iter().map(String::as_str).collect());
     }
     out
+}
+
+/// Prints `text` on stdout: a command that succeeded.
+pub(super) fn print(text: &str) -> Result<ExitCode> {
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush()?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -24,8 +24,8 @@ use serde_json::Value;
 
 use super::durable::{DbArg, Durable, DurableArgs, store_error};
 use super::run::FlowRunArgs;
-use crate::UsageError;
-use crate::args::RunOptions;
+use crate::exit::UsageError;
+use crate::settings::RunOptions;
 
 /// Arguments of `rlm flow resume`.
 #[derive(Debug, Args)]
@@ -69,7 +69,7 @@ pub(crate) fn execute(args: FlowResumeArgs, file: RunOptions) -> Result<ExitCode
         .run(&args.run)
         .map_err(store_error)?
         .ok_or_else(|| store_error(StoreError::UnknownRun(args.run.clone())))?;
-    let workflow = super::Workflow::find(&run.workflow).map_err(|_| {
+    let workflow = super::workflow::Workflow::find(&run.workflow).map_err(|_| {
         UsageError::new(format!(
             "Run `{}` ran the workflow `{}`, which is no longer there; put it back to resume",
             run.run_id, run.workflow

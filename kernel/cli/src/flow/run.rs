@@ -29,10 +29,12 @@ use serde_json::{Map, Value};
 use super::durable::{Durable, DurableArgs};
 use super::input::parse_input;
 use super::live::Live;
-use crate::UsageError;
-use crate::args::RunOptions;
+use super::workflow::Workflow;
 use crate::contexts::{ContextArgs, FramesArg};
-use crate::run::{self, EXIT_INTERRUPTED, EXIT_LIMIT};
+use crate::endpoints;
+use crate::exit::UsageError;
+use crate::exit::{EXIT_INTERRUPTED, EXIT_LIMIT};
+use crate::settings::{self, RunOptions};
 
 /// Arguments of `rlm flow run`.
 #[derive(Debug, Args)]
@@ -76,11 +78,11 @@ pub(crate) struct FlowRunArgs {
 pub(crate) fn execute(
     args: FlowRunArgs,
     file: RunOptions,
-    workflow: &super::Workflow,
+    workflow: &Workflow,
     durable: Option<Durable>,
 ) -> Result<ExitCode> {
     // The caller has taken the API keys out of the environment (before any thread).
-    let opts = run::merge(args.options, file);
+    let opts = settings::merge(args.options, file);
     let contexts = ContextArgs {
         contexts: args.contexts.clone(),
         csv_sep: None,
@@ -107,8 +109,8 @@ pub(crate) fn execute(
             args.bundle.as_deref(),
         )?,
     };
-    let endpoints = run::build_endpoints(&opts)?;
-    let mut session = run::session_config(&opts)?;
+    let endpoints = endpoints::build_endpoints(&opts)?;
+    let mut session = endpoints::session_config(&opts)?;
     session.load = contexts.load;
     let kernel = Arc::new(FlowKernel::new(
         Arc::clone(&endpoints),
@@ -117,7 +119,7 @@ pub(crate) fn execute(
     ));
     let registry = super::bundle::extend(
         register(
-            Registry::new(Arc::clone(&endpoints), run::ROOT),
+            Registry::new(Arc::clone(&endpoints), kernel::options::ROOT),
             &kernel,
             workflow.dir(),
         ),
@@ -190,7 +192,7 @@ pub(crate) fn execute(
 
 /// The options of `args` over those of the configuration file.
 pub(crate) fn merged(args: &FlowRunArgs, file: &RunOptions) -> RunOptions {
-    run::merge(args.options.clone(), file.clone())
+    settings::merge(args.options.clone(), file.clone())
 }
 
 fn read_state(path: &Path) -> Result<State> {

@@ -1,149 +1,22 @@
-//! Command-line arguments.
+//! The settings of a run: the model and loop options of `rlm run` and every command that
+//! calls models, as flags (clap), environment variables (clap's `env`) and the `[run]` table
+//! of `rlm.toml`, merged with the precedence flag > environment > file > built-in default.
 //!
-//! Every `rlm run` option is an `Option` so that a value can come, in order of precedence,
-//! from a flag, from its environment variable (clap's `env`), from `rlm.toml`, or from the
-//! built-in default. [`RunOptions`] is both the clap argument group and the serde shape of
-//! the `[run]` table in `rlm.toml`, so the two cannot drift apart.
+//! Every option is an `Option` so that "not given" can be told from a value. [`RunOptions`]
+//! is both the clap argument group and the serde shape of the `[run]` table, so the two
+//! cannot drift apart. The bottom of the CLI with `exit`: commands read their settings from
+//! here, and `endpoints` turns them into the kernel's configurations.
 
-use std::path::PathBuf;
-
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+use anyhow::{Context, Result};
 use bridge::{Concurrency, Provider};
+use clap::Args;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
-use clap::{Args, Parser, Subcommand};
 use kernel::repl::SubCallErrorMode;
 use kernel::rlm::{CodeAndFinal, Protocol};
 use serde::Deserialize;
-
-use crate::contexts::ContextArgs;
-
-/// `rlm`: a Recursive Language Model runtime.
-#[derive(Debug, Parser)]
-#[command(
-    name = "rlm",
-    version,
-    about = "Recursive Language Model runtime: a root model, a Python REPL holding a huge context, and sub-models",
-    long_about = None,
-)]
-pub(crate) struct Cli {
-    /// Configuration file (default: `./rlm.toml` when it exists).
-    #[arg(long, global = true, env = "RLM_CONFIG", value_name = "FILE")]
-    pub(crate) config: Option<PathBuf>,
-
-    /// More output on stderr: `-v` shows the run's trace (as `--trace`) and info logs (retries,
-    /// interrupts), `-vv` debug logs. `RUST_LOG` sets the log filter itself.
-    #[arg(long, short = 'v', global = true, action = clap::ArgAction::Count)]
-    pub(crate) verbose: u8,
-
-    #[command(subcommand)]
-    pub(crate) command: Command,
-}
-
-/// Every exit code of `rlm run`, one cause each (also in the README).
-const EXIT_CODES: &str = "\
-Exit codes:
-  0    the model gave a final answer
-  1    an error: bad input, an unreachable endpoint, a failed run
-  2    a usage error: a bad option or argument
-  3    a limit stopped the run (iterations, time, budget, repeated failures); a partial
-       answer may still be printed
-  4    the process crashed in a cell (a fatal signal in C code, e.g. a segfault); one line
-       on stderr and the trajectory's last line name the block
-  101  a bug in rlm (a panic)
-  130  Ctrl-C stopped the run (its best answer printed, the trajectory closed)
-A SIGKILL (e.g. the OOM killer) leaves no code of rlm's own (shells show 137); the
-trajectory's last line still names the block that was running.";
-
-#[derive(Debug, Subcommand)]
-pub(crate) enum Command {
-    /// Answer a query over one or more contexts with the RLM loop.
-    #[command(allow_negative_numbers = true, after_help = EXIT_CODES)]
-    Run(Box<RunArgs>),
-    /// Ask one question after another about contexts loaded once; each question runs in the
-    /// same Python session, so variables made for one are there for the next.
-    #[command(allow_negative_numbers = true)]
-    Chat(Box<ChatArgs>),
-    /// Talk with a persona agent of an agent bundle (`agents/NAME.md`): it loads its files
-    /// through tools, only when a command needs them.
-    #[command(allow_negative_numbers = true)]
-    Agent(Box<crate::agent::AgentArgs>),
-    /// Run a complete RLM analysis on generated logs against scripted mock models (no API key needed).
-    #[command(allow_negative_numbers = true)]
-    Demo(Box<DemoArgs>),
-    /// Measure sub-call throughput of an endpoint (or the built-in mock) over a sweep of widths.
-    #[command(allow_negative_numbers = true)]
-    Bench(Box<crate::bench::BenchArgs>),
-    /// Score RLM runs on generated long-context tasks (needle, aggregate, pairs) at chosen
-    /// context sizes, optionally against the model with the context in its prompt.
-    #[command(allow_negative_numbers = true)]
-    Eval(Box<crate::eval::EvalArgs>),
-    /// Serve the mock LM server (OpenAI and Anthropic wire formats) on 127.0.0.1.
-    MockLm(MockLmArgs),
-    /// Print a saved trajectory (`--trajectory FILE`) as the readable trace `--trace` shows.
-    Show(ShowArgs),
-    /// Render a trajectory (`--trajectory` JSONL) or a workflow's event log as one
-    /// self-contained HTML page.
-    View(ViewArgs),
-    /// Workflows of agents from YAML files: run, list the built-ins, draw as Mermaid.
-    #[command(after_help = EXIT_CODES)]
-    Flow(crate::flow::FlowArgs),
-}
-
-/// Arguments of `rlm show`.
-#[derive(Debug, Args)]
-pub(crate) struct ShowArgs {
-    /// The trajectory file (JSONL) written by `rlm run --trajectory`.
-    #[arg(value_name = "FILE")]
-    pub(crate) trajectory: PathBuf,
-}
-
-/// Arguments of `rlm view`.
-#[derive(Debug, Args)]
-pub(crate) struct ViewArgs {
-    /// The trajectory file written by `rlm run --trajectory`.
-    #[arg(value_name = "TRAJECTORY")]
-    pub(crate) trajectory: PathBuf,
-
-    /// Where to write the page (default: the trajectory's path with `.html`).
-    #[arg(long, short = 'o', value_name = "FILE")]
-    pub(crate) output: Option<PathBuf>,
-}
-
-/// Arguments of `rlm run`.
-#[derive(Debug, Args)]
-pub(crate) struct RunArgs {
-    #[command(flatten)]
-    pub(crate) context: ContextArgs,
-
-    /// The question to answer about the context.
-    #[arg(long, short = 'q')]
-    pub(crate) query: String,
-
-    /// Load the contexts and print the exact first request to the root model (system prompt,
-    /// context description, query), then stop: no model is called.
-    #[arg(long)]
-    pub(crate) dry_run: bool,
-
-    #[command(flatten)]
-    pub(crate) options: RunOptions,
-}
-
-/// Arguments of `rlm chat`.
-#[derive(Debug, Args)]
-pub(crate) struct ChatArgs {
-    // Loaded once; `-` is refused (questions come from standard input).
-    #[command(flatten)]
-    pub(crate) context: ContextArgs,
-
-    /// Characters of the summary of earlier questions and answers the root model sees with
-    /// each new question (the most recent that fit; 0 for none) [default: 4000].
-    #[arg(long, value_name = "CHARS", value_parser = at_least::<usize>(0))]
-    pub(crate) summary_chars: Option<usize>,
-
-    #[command(flatten)]
-    pub(crate) options: RunOptions,
-}
 
 /// Options shared by `rlm run` and `rlm demo`, also readable from the `[run]` table of `rlm.toml`.
 #[derive(Debug, Default, Clone, Args, Deserialize)]
@@ -344,7 +217,9 @@ impl RunOptions {
 
 /// A whole number of at least `min`. With negative numbers allowed as values, `-1` gets
 /// "must be ≥ 1, got -1" instead of clap's "unexpected argument '-1'".
-fn at_least<T>(min: i64) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
+pub(crate) fn at_least<T>(
+    min: i64,
+) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
 where
     T: TryFrom<i64> + Clone + Send + Sync + 'static,
 {
@@ -378,83 +253,99 @@ where
     PossibleValuesParser::new(values).try_map(|name| name.parse::<T>())
 }
 
-/// Arguments of `rlm demo`.
-#[derive(Debug, Args)]
-pub(crate) struct DemoArgs {
-    /// Size of the generated log context in MB.
-    #[arg(long, default_value_t = 4.0, value_name = "MB")]
-    pub(crate) size_mb: f64,
-
-    /// Seed of the generated logs.
-    #[arg(long, default_value_t = 7)]
-    pub(crate) seed: u64,
-
-    /// Keep the generated context at PATH instead of a temporary file.
-    #[arg(long, value_name = "PATH")]
-    pub(crate) keep_context: Option<PathBuf>,
-
-    /// Model options; with `--base-url` and `--model` the demo runs against a real endpoint.
-    #[command(flatten)]
-    pub(crate) options: RunOptions,
+/// The `rlm.toml` file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    run: RunOptions,
 }
 
-/// Arguments of `rlm mock-lm`.
-#[derive(Debug, Args)]
-pub(crate) struct MockLmArgs {
-    /// Port on 127.0.0.1 (0 picks a free one).
-    #[arg(long, default_value_t = 8000)]
-    pub(crate) port: u16,
+/// The configuration file in use: the explicit `--config` path, else `./rlm.toml` if present.
+pub(crate) fn config_file_path(explicit: Option<&Path>) -> Option<PathBuf> {
+    match explicit {
+        Some(p) => Some(p.to_path_buf()),
+        None => Some(PathBuf::from("rlm.toml")).filter(|p| p.exists()),
+    }
+}
 
-    /// Script file (JSON) describing the models' behaviour (default: echo every prompt):
-    /// replies by turn, regex rules (also on the last tool result), tool calls; the format is
-    /// in the `bridge::mock` docs.
-    #[arg(long, value_name = "FILE")]
-    pub(crate) script: Option<PathBuf>,
+/// Reads `rlm.toml`: the explicit `--config` path (must exist), else `./rlm.toml` if present.
+pub(crate) fn load_config_file(explicit: Option<&Path>) -> Result<RunOptions> {
+    let Some(path) = config_file_path(explicit) else {
+        return Ok(RunOptions::default());
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("Could not read the configuration file `{}`", path.display()))?;
+    let file: ConfigFile = toml::from_str(&text).with_context(|| {
+        format!(
+            "Configuration file `{}` is not valid; options go in a `[run]` table with the flag names, e.g. `max-iterations = 20`",
+            path.display()
+        )
+    })?;
+    // Paths in the file are relative to the file, as a reader of it would expect.
+    let mut run = file.run;
+    if let Some(dir) = path.parent() {
+        for p in [
+            &mut run.prompt_extension,
+            &mut run.system_prompt,
+            &mut run.trajectory,
+            &mut run.answer_file,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if p.is_relative() {
+                *p = dir.join(&*p);
+            }
+        }
+    }
+    Ok(run)
+}
 
-    /// Latency per request in milliseconds: fixed, or the minimum with `--latency-max-ms`,
-    /// or the mean with `--latency-sd-ms`.
-    #[arg(long, value_name = "MS")]
-    pub(crate) latency_ms: Option<f64>,
-
-    /// Uniform latency between `--latency-ms` and this, in milliseconds.
-    #[arg(
-        long,
-        value_name = "MS",
-        requires = "latency_ms",
-        conflicts_with = "latency_sd_ms"
-    )]
-    pub(crate) latency_max_ms: Option<f64>,
-
-    /// Normal latency around `--latency-ms` with this standard deviation, in milliseconds.
-    #[arg(long, value_name = "MS", requires = "latency_ms")]
-    pub(crate) latency_sd_ms: Option<f64>,
-
-    /// Share of chat requests that fail with an injected fault (0.0 – 1.0).
-    #[arg(long, default_value_t = 0.0)]
-    pub(crate) fault_rate: f64,
-
-    /// Faults to draw from, comma-separated: 429, 500, 503, hang, reset, malformed, truncated.
-    #[arg(long, default_value = "429,500,503")]
-    pub(crate) faults: String,
-
-    /// Seconds announced in `Retry-After` of injected 429s.
-    #[arg(long, value_name = "SECONDS")]
-    pub(crate) retry_after: Option<f64>,
-
-    /// Seconds an injected hang lasts.
-    #[arg(long, value_name = "SECONDS")]
-    pub(crate) hang: Option<f64>,
-
-    /// Require this API key (`Authorization: Bearer` or `x-api-key`).
-    #[arg(long, env = "RLM_MOCK_API_KEY", hide_env_values = true)]
-    pub(crate) api_key: Option<String>,
-
-    /// Seed of the fault and latency draws.
-    #[arg(long, default_value_t = 0)]
-    pub(crate) seed: u64,
-
-    /// Serve at most N chat requests at once, like a rate-limited API: one more is answered
-    /// 429 at once, with `Retry-After` (`--retry-after`, default 1 s).
-    #[arg(long, value_name = "N", value_parser = at_least::<usize>(1))]
-    pub(crate) capacity: Option<usize>,
+/// Flag/env values win over the file's.
+pub(crate) fn merge(cli: RunOptions, file: RunOptions) -> RunOptions {
+    RunOptions {
+        model: cli.model.or(file.model),
+        sub_model: cli.sub_model.or(file.sub_model),
+        base_url: cli.base_url.or(file.base_url),
+        sub_base_url: cli.sub_base_url.or(file.sub_base_url),
+        extra_models: if cli.extra_models.is_empty() {
+            file.extra_models
+        } else {
+            cli.extra_models
+        },
+        provider: cli.provider.or(file.provider),
+        api_key_env: cli.api_key_env.or(file.api_key_env),
+        // Secrets add up: a value the file marks secret stays secret.
+        secrets: file.secrets.into_iter().chain(cli.secrets).collect(),
+        max_output_tokens: cli.max_output_tokens.or(file.max_output_tokens),
+        temperature: cli.temperature.or(file.temperature),
+        max_iterations: cli.max_iterations.or(file.max_iterations),
+        timeout: cli.timeout.or(file.timeout),
+        cell_timeout: cli.cell_timeout.or(file.cell_timeout),
+        sub_timeout: cli.sub_timeout.or(file.sub_timeout),
+        max_sub_calls: cli.max_sub_calls.or(file.max_sub_calls),
+        max_tokens: cli.max_tokens.or(file.max_tokens),
+        max_usd: cli.max_usd.or(file.max_usd),
+        price: cli.price.or(file.price),
+        sub_price: cli.sub_price.or(file.sub_price),
+        batch_concurrency: cli.batch_concurrency.or(file.batch_concurrency),
+        sub_call_errors: cli.sub_call_errors.or(file.sub_call_errors),
+        sub_call_text_chars: cli.sub_call_text_chars.or(file.sub_call_text_chars),
+        protocol: cli.protocol.or(file.protocol),
+        code_and_final: cli.code_and_final.or(file.code_and_final),
+        output_limit: cli.output_limit.or(file.output_limit),
+        max_history_chars: cli.max_history_chars.or(file.max_history_chars),
+        max_consecutive_failures: cli
+            .max_consecutive_failures
+            .or(file.max_consecutive_failures),
+        prompt_extension: cli.prompt_extension.or(file.prompt_extension),
+        system_prompt: cli.system_prompt.or(file.system_prompt),
+        trajectory: cli.trajectory.or(file.trajectory),
+        answer_file: cli.answer_file.or(file.answer_file),
+        json: cli.json.or(file.json),
+        quiet: cli.quiet.or(file.quiet),
+        trace: cli.trace.or(file.trace),
+        force: cli.force.or(file.force),
+    }
 }

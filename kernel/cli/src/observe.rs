@@ -1,0 +1,197 @@
+//! Watching a run of the RLM loop as it goes: what stderr shows ([`Display`]: nothing, a live
+//! progress line on a terminal, or the trace), the trajectory file, and Ctrl-C (the first
+//! stops the run gracefully, keeping its best answer and trajectory; a second quits). Shared
+//! by `rlm run`, `rlm chat` and `rlm demo`.
+
+use std::io::{IsTerminal, Write as _};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use bridge::Endpoints;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kernel::repl::ReplSession;
+use kernel::rlm::{
+    Phase, Progress, ProgressSnapshot, Rlm, RlmConfig, RlmError, RlmResult, StopHandle,
+    TrajectoryWriter,
+};
+
+use crate::exit::EXIT_INTERRUPTED;
+use crate::secrets::redact;
+use crate::settings::RunOptions;
+use crate::trace::TraceHook;
+
+/// What to show while a run goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Display {
+    /// Nothing on stderr.
+    Quiet,
+    /// A live progress line (only when stderr is a terminal).
+    Progress,
+    /// The progress line plus each reply, block and output, as the run goes.
+    Trace,
+}
+
+impl Display {
+    /// `--trace` or `-v` (which win over `--quiet`: they are asked for on purpose), else
+    /// `--quiet`, else `default`.
+    pub(crate) fn choose(opts: &RunOptions, verbosity: u8, default: Display) -> Self {
+        if opts.trace() || verbosity > 0 {
+            Display::Trace
+        } else if opts.quiet() {
+            Display::Quiet
+        } else {
+            default
+        }
+    }
+}
+
+/// Runs the loop over `session` and reports on stderr as `display` says.
+pub(crate) fn run_loop(
+    query: &str,
+    config: RlmConfig,
+    endpoints: Arc<Endpoints>,
+    session: Arc<ReplSession>,
+    trajectory: Option<&Path>,
+    display: Display,
+) -> Result<RlmResult> {
+    let mut rlm = Rlm::new(config, endpoints, session);
+    let observer = observe(&mut rlm, trajectory, display)?;
+    observer.run(|| rlm.run(query))
+}
+
+/// What watches a runner's runs: the trajectory, the trace, the progress line, Ctrl-C.
+pub(crate) struct Observer {
+    bar: ProgressBar,
+    show_bar: bool,
+    progress: Progress,
+    max_iterations: u32,
+}
+
+/// Adds the trajectory, trace and progress hooks to `rlm` and stops it on Ctrl-C.
+pub(crate) fn observe(
+    rlm: &mut Rlm,
+    trajectory: Option<&Path>,
+    display: Display,
+) -> Result<Observer> {
+    if let Some(path) = trajectory {
+        // The error names the file.
+        rlm.add_hook(TrajectoryWriter::create(path)?);
+    }
+    let show_bar = display != Display::Quiet && std::io::stderr().is_terminal();
+    let bar = if show_bar {
+        ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
+    } else {
+        ProgressBar::hidden()
+    };
+    if display == Display::Trace {
+        let bar = bar.clone();
+        // Through the bar, so the progress line is lifted while the trace prints.
+        rlm.add_hook(TraceHook::new(Box::new(move |text| {
+            bar.suspend(|| eprint!("{}", redact(text)));
+        })));
+    }
+    let progress = Progress::new();
+    rlm.add_hook(progress.hook());
+    stop_on_ctrl_c(rlm.stop_handle());
+    Ok(Observer {
+        bar,
+        show_bar,
+        progress,
+        max_iterations: rlm.config().max_iterations,
+    })
+}
+
+impl Observer {
+    /// Runs `run` with the progress line drawn meanwhile.
+    pub(crate) fn run(
+        &self,
+        run: impl FnOnce() -> Result<RlmResult, RlmError>,
+    ) -> Result<RlmResult> {
+        let stop = self.show_bar.then(|| {
+            self.bar.reset();
+            spawn_progress_bar(&self.bar, self.progress.clone(), self.max_iterations)
+        });
+        let result = run();
+        if let Some(stop) = stop {
+            stop.cancel();
+            self.bar.finish_and_clear();
+        }
+        Ok(result?)
+    }
+}
+
+/// The first Ctrl-C stops the run gracefully (best partial answer, closed trajectory); a
+/// second one quits at once.
+fn stop_on_ctrl_c(handle: StopHandle) {
+    kernel::runtime::shared().spawn(async move {
+        if tokio::signal::ctrl_c().await.is_err() {
+            return;
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "\nInterrupted: stopping the run and keeping what it found (Ctrl-C again to quit at once)"
+        );
+        handle.stop();
+        if tokio::signal::ctrl_c().await.is_ok() {
+            std::process::exit(i32::from(EXIT_INTERRUPTED));
+        }
+    });
+}
+
+/// Redraws `bar` from the [`Progress`] handle until the returned token is cancelled.
+fn spawn_progress_bar(
+    bar: &ProgressBar,
+    progress: Progress,
+    max_iterations: u32,
+) -> tokio_util::sync::CancellationToken {
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (bar, stop2) = (bar.clone(), stop.clone());
+    std::thread::spawn(move || {
+        while !stop2.is_cancelled() {
+            bar.set_message(progress_line(&progress.snapshot(), max_iterations));
+            bar.tick();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    stop
+}
+
+/// What the run is doing, e.g. `iteration 3/30 · block 2/3 running 37 s · sub-calls 12/31 ·
+/// 18204 tokens · 41.2 s`.
+pub(crate) fn progress_line(s: &ProgressSnapshot, max_iterations: u32) -> String {
+    let doing = match s.phase {
+        Phase::Starting => "starting".to_owned(),
+        Phase::Thinking => format!("root model thinking {:.0} s", s.phase_elapsed.as_secs_f64()),
+        Phase::Running { block, blocks } => {
+            let mut text = format!(
+                "block {block}/{blocks} running {:.0} s",
+                s.phase_elapsed.as_secs_f64()
+            );
+            if s.phase_sub_calls_started > 0 {
+                text.push_str(&format!(
+                    " · sub-calls {}/{}",
+                    s.phase_sub_calls_done, s.phase_sub_calls_started
+                ));
+            }
+            text
+        }
+        Phase::Done => "done".to_owned(),
+    };
+    let cost = if s.cost_usd > 0.0 {
+        format!(" · ${:.4}", s.cost_usd)
+    } else {
+        String::new()
+    };
+    format!(
+        "iteration {}/{max_iterations} · {doing} · {} tokens{cost} · {:.1} s",
+        s.iteration,
+        s.tokens,
+        s.elapsed.as_secs_f64()
+    )
+}
