@@ -12,6 +12,7 @@ mod chat;
 mod cli_errors;
 mod contexts;
 mod demo;
+mod doctor;
 mod dry_run;
 mod eval;
 mod fatal_cells;

@@ -76,4 +76,7 @@ pub(crate) enum Command {
     /// Workflows of agents from YAML files: run, list the built-ins, draw as Mermaid.
     #[command(after_help = EXIT_CODES)]
     Flow(crate::flow::FlowArgs),
+    /// Show which layers confining model code (Landlock, network, seccomp, limits, process
+    /// cap and lifetime, environment) are in force on this machine, and why any is not.
+    Doctor(crate::doctor::DoctorArgs),
 }

@@ -16,7 +16,7 @@
 //! - `main` (this file): parse, dispatch, print a failure with its exit code;
 //! - [`cli`]: the clap tree, the global flags and one subcommand;
 //! - the commands, each owning its arguments: [`run`], [`chat`], [`agent`], [`demo`],
-//!   [`bench`](mod@bench), [`eval`], [`flow`], [`mock_lm`], [`show`], [`view`];
+//!   [`bench`](mod@bench), [`eval`], [`flow`], [`mock_lm`], [`show`], [`view`], [`doctor`];
 //! - what several commands share: [`observe`] (progress line, trace, trajectory and Ctrl-C
 //!   of an RLM run), [`report`] (a run's output files and closing lines), [`trace`],
 //!   [`contexts`] (`--context` and how files load), [`questions`] (turns from a terminal or
@@ -31,6 +31,7 @@ mod chat;
 mod cli;
 mod contexts;
 mod demo;
+mod doctor;
 mod endpoints;
 mod eval;
 mod exit;
@@ -138,6 +139,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::View(args) => view::execute(args),
+        Command::Doctor(args) => doctor::execute(&args),
         Command::Flow(args) => {
             let file = settings::load_config_file(cli.config.as_deref())?;
             flow::execute(args, file)

@@ -1,0 +1,87 @@
+//! `rlm doctor`: which layers confining model code are in force on this machine, and for
+//! each one that is not, why and what would change it.
+//!
+//! It asks [`sandbox::probe`] about the policy a session's worker gets (scratch dir under
+//! the temporary folder, default limits): namespaces are tried in a throwaway child,
+//! Landlock and seccomp asked of the kernel. Nothing is confined or written.
+
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Args;
+
+/// Arguments of `rlm doctor`.
+#[derive(Debug, Args)]
+pub(crate) struct DoctorArgs {
+    /// Print one JSON document (`fully_confined`, `layers` with `state` and `detail` or
+    /// `reason`) instead of the table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// Prints the report; exit code 0 whatever it says (it is a diagnosis, not a check).
+pub(crate) fn execute(args: &DoctorArgs) -> Result<ExitCode> {
+    let policy = sandbox::Policy::new(std::env::temp_dir().join("rlm-SESSION"));
+    let report = sandbox::probe(&policy);
+    let system = System::here();
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let document = serde_json::json!({
+            "rlm_version": env!("CARGO_PKG_VERSION"),
+            "os": std::env::consts::OS,
+            "arch": std::env::consts::ARCH,
+            "kernel": system.kernel,
+            "root": system.root,
+            "fully_confined": report.is_fully_confined(),
+            "layers": report.layers,
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&document)?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    writeln!(
+        out,
+        "Confinement of model code on this machine ({} {}, {}, {}):\n",
+        std::env::consts::OS,
+        system.kernel,
+        std::env::consts::ARCH,
+        if system.root {
+            "running as root"
+        } else {
+            "running as a normal user"
+        },
+    )?;
+    write!(out, "{report}")?;
+    let missing = report.gaps().count();
+    if missing == 0 {
+        writeln!(
+            out,
+            "\nAll {} layers can be put in force here.",
+            report.layers.len()
+        )?;
+    } else {
+        writeln!(
+            out,
+            "\n{missing} of {} layers cannot be fully put in force here (see the reasons above).",
+            report.layers.len()
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The kernel release and whether we run as root.
+struct System {
+    kernel: String,
+    root: bool,
+}
+
+impl System {
+    fn here() -> Self {
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_else(|_| "(kernel release unknown)".into());
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        Self { kernel, root }
+    }
+}
