@@ -101,9 +101,39 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// The defaults for a scratch dir on `scratch`'s file system: as [`Limits::default`],
+    /// with the largest file also at most a quarter of the space free there, so that one
+    /// runaway write cannot fill the user's disk.
+    pub fn for_scratch(scratch: &Path) -> Self {
+        let mut limits = Self::default();
+        if let (Some(free), Some(max)) = (free_space(scratch), limits.file_size_bytes) {
+            limits.file_size_bytes = Some(max.min(free / 4).max(MIN_FILE_SIZE_BYTES));
+        }
+        limits
+    }
+}
+
+/// The smallest default file size limit, however full the disk: 64 MiB.
+const MIN_FILE_SIZE_BYTES: u64 = 64 << 20;
+
+/// Bytes free to an unprivileged user on the file system of `path` (or of its nearest
+/// existing ancestor).
+#[cfg(target_os = "linux")]
+fn free_space(path: &Path) -> Option<u64> {
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let stat = rustix::fs::statvfs(existing).ok()?;
+    Some(stat.f_bavail.saturating_mul(stat.f_frsize))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn free_space(_path: &Path) -> Option<u64> {
+    None
+}
+
 /// Default CPU time of one worker over its whole life: two hours.
 pub const DEFAULT_CPU_SECONDS: u64 = 2 * 60 * 60;
-/// Default largest file: 8 GiB.
+/// Default largest file: 8 GiB (less on a fuller disk: see [`Limits::for_scratch`]).
 pub const DEFAULT_FILE_SIZE_BYTES: u64 = 8 << 30;
 /// Default processes and threads of the confined tree.
 pub const DEFAULT_PROCESSES: u64 = 256;
@@ -168,7 +198,7 @@ pub struct Policy {
 
 impl Policy {
     /// The policy for a worker whose only writable place is `scratch`: the system paths
-    /// above, no network, default limits, and an environment of `PATH`, `HOME`, `TMPDIR` and
+    /// above, no network, [`Limits::for_scratch`], and an environment of `PATH`, `HOME`, `TMPDIR` and
     /// `SCRATCH` (all three the scratch directory) plus the caller's locale and time zone.
     pub fn new(scratch: impl Into<PathBuf>) -> Self {
         let scratch = scratch.into();
@@ -183,6 +213,7 @@ impl Policy {
         for name in ["HOME", "TMPDIR", "SCRATCH"] {
             env.insert(name.into(), dir.clone());
         }
+        let scratch_dir = scratch.clone();
         let mut write_paths = vec![scratch];
         write_paths.extend(SYSTEM_WRITE_FILES.iter().map(PathBuf::from));
         Self {
@@ -190,7 +221,7 @@ impl Policy {
             exec_paths: SYSTEM_EXEC_PATHS.iter().map(PathBuf::from).collect(),
             write_paths,
             network: false,
-            limits: Limits::default(),
+            limits: Limits::for_scratch(&scratch_dir),
             env,
         }
     }
