@@ -50,8 +50,8 @@ pub(crate) fn enter(policy: &Policy, level: Level) -> Result<Report, SandboxErro
     let namespaces = ns::unshare_all(&ns::IdMaps::current(), policy.network);
     let own_userns = namespaces.user.is_ok();
     let pid_namespace = namespaces.pid.is_ok();
-    // Only with our own user namespace may init touch `pid_max` (see `ns::cap_pids`).
-    let cap_pids = (pid_namespace && own_userns)
+    // Only outside the initial user namespace may init touch `pid_max` (see `ns::cap_pids`).
+    let cap_pids = (pid_namespace && (own_userns || !in_initial_user_namespace()))
         .then_some(policy.limits.processes)
         .flatten();
     let (binding, read_only) = lifetime::split(pid_namespace, cap_pids, || {
@@ -116,6 +116,14 @@ fn mount_reason(e: Errno) -> String {
         Errno::NOSYS => "read-only mounts need Linux 5.12 (`mount_setattr`)".to_owned(),
         e => format!("read-only mounts failed: {e}"),
     }
+}
+
+/// Whether this process is in the machine's initial user namespace (where `pid_max` is the
+/// machine's own). Its `uid_map` maps every id to itself.
+fn in_initial_user_namespace() -> bool {
+    std::fs::read_to_string("/proc/self/uid_map").map_or(true, |map| {
+        map.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"]
+    })
 }
 
 fn thread_count() -> usize {
@@ -362,6 +370,7 @@ fn ns_trial(processes: u64, network: bool) -> Trial {
         read_only: Err(unknown),
     };
     let root = rustix::process::geteuid().is_root();
+    let initial_userns = in_initial_user_namespace();
     let maps = ns::IdMaps::current();
     let mut fds = [0; 2];
     // SAFETY: creates a pipe into `fds`.
@@ -375,7 +384,7 @@ fn ns_trial(processes: u64, network: bool) -> Trial {
         let got = ns::unshare_all(&maps, network);
         let code = |r: Result<(), Errno>| r.err().map_or(0, |e| e.raw_os_error());
         let mut pid_max = 0;
-        if got.user.is_ok() && got.pid.is_ok() && processes > 0 {
+        if (got.user.is_ok() || !initial_userns) && got.pid.is_ok() && processes > 0 {
             // SAFETY: as above; the grandchild is pid 1 of the new namespace.
             let grandchild = unsafe { libc::fork() };
             if grandchild == 0 {
