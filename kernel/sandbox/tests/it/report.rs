@@ -40,3 +40,33 @@ fn an_unprivileged_user_is_capped_by_rlimit_nproc_in_its_user_namespace() {
         "{report}"
     );
 }
+
+#[test]
+fn in_a_container_without_user_namespaces_root_still_gets_every_layer() {
+    if !crate::support::is_root() {
+        return;
+    }
+    // A user namespace of its own where no further one may be created, as in a container.
+    let mut sandbox = Sandbox::new();
+    sandbox.wrapper = ["unshare", "--user", "--map-root-user", "sh", "-c"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .chain([r#"echo 0 > /proc/sys/user/max_user_namespaces && exec "$0" "$@""#.to_owned()])
+        .collect();
+    let run = sandbox.run(
+        "import os\npids = []\ntry:\n    while len(pids) < 3000:\n        p = os.fork()\n        if p == 0:\n            os.execv('/bin/sleep', ['sleep', '60'])\n        pids.append(p)\nexcept OSError as e:\n    print('capped', len(pids), e.errno)\n",
+        &[],
+    );
+    let report = run
+        .report
+        .clone()
+        .unwrap_or_else(|| panic!("no report: {run:#?}"));
+    assert!(report.is_fully_confined(), "{report}");
+    let capped = run.expect("capped");
+    let forked: usize = capped
+        .split(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(usize::MAX);
+    assert!(forked <= 300 && capped.ends_with(" 11"), "{run:#?}");
+}

@@ -53,6 +53,8 @@ pub(crate) struct Sandbox {
     pub(crate) policy: Policy,
     pub(crate) python: PathBuf,
     user: Option<u32>,
+    /// A command the run is started under (e.g. `unshare …`), before `rlm-confine`.
+    pub(crate) wrapper: Vec<String>,
     bin: PathBuf,
     _bin_dir: Option<TempDir>,
 }
@@ -83,6 +85,7 @@ impl Sandbox {
             policy,
             python,
             user: None,
+            wrapper: Vec::new(),
             bin: PathBuf::from(env!("CARGO_BIN_EXE_rlm-confine")),
             _bin_dir: None,
         }
@@ -139,7 +142,14 @@ impl Sandbox {
             RUNS.fetch_add(1, Ordering::Relaxed)
         );
         let policy = serde_json::to_string(&self.policy).unwrap_or_default();
-        let mut cmd = Command::new(&self.bin);
+        let mut cmd = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(&self.bin);
+                cmd
+            }
+            None => Command::new(&self.bin),
+        };
         if strict {
             cmd.arg("--strict");
         }
