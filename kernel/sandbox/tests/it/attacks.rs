@@ -181,6 +181,8 @@ def symlink_read():
     return open(SCRATCH + "/s").read()
 attempt("symlink_read", symlink_read)
 attempt("read_shadow", lambda: open("/etc/shadow").read())
+attempt("proc_root_link", lambda: open("/proc/self/root" + secret).read())
+attempt("proc_cwd_link", lambda: os.listdir("/proc/self/cwd/.."))
 attempt("parent_environ", lambda: open(f"/proc/{parent}/environ", "rb").read())
 attempt("parent_mem", lambda: open(f"/proc/{parent}/mem", "rb").read(1))
 attempt("parent_cmdline", lambda: open(f"/proc/{parent}/cmdline", "rb").read())
