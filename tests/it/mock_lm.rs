@@ -1,6 +1,7 @@
 //! `rlm mock-lm`: the mock server as a command, driven by `rlm run`.
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use crate::support::{file, repl, rlm};
@@ -25,20 +26,7 @@ fn mock_lm_serves_a_script_that_rlm_run_completes() {
         }
     });
     let script = file(dir.path(), "script.json", &script.to_string());
-    let mut server = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_rlm"))
-            .args(["mock-lm", "--port", "0", "--latency-ms", "5", "--script"])
-            .arg(&script)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("rlm mock-lm starts"),
-    );
-    // The URLs, one a line on stdout: OpenAI-compatible, then Anthropic.
-    let stdout = server.0.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
-    let url = lines.next().expect("the server prints its OpenAI URL");
-    let anthropic = lines.next().expect("the server prints its Anthropic URL");
+    let (server, url, anthropic) = serve(&script);
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
     assert_eq!(url, format!("{anthropic}/v1"));
     assert_ne!(
@@ -122,6 +110,85 @@ fn mock_lm_rejects_a_bad_script_clearly() {
         "{}",
         run.stderr
     );
+}
+
+/// `rlm mock-lm --port 0 --script SCRIPT`, left running until the guard drops, with the two
+/// URLs it prints (one a line on stdout: OpenAI-compatible, then Anthropic).
+fn serve(script: &Path) -> (KillOnDrop, String, String) {
+    let mut server = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_rlm"))
+            .args(["mock-lm", "--port", "0", "--latency-ms", "5", "--script"])
+            .arg(script)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("rlm mock-lm starts"),
+    );
+    let stdout = server.0.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
+    let url = lines.next().expect("the server prints its OpenAI URL");
+    let anthropic = lines.next().expect("the server prints its Anthropic URL");
+    (server, url, anthropic)
+}
+
+/// The sample script that errors and the mock-server guide point newcomers to is a correct
+/// small RLM run: `rlm run --model root --sub-model sub` over a log counts its `ERROR`s through
+/// batched sub-calls, no block fails, and the answer is the count.
+#[test]
+fn the_shipped_sample_script_is_a_correct_small_rlm_run() {
+    let sample =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bridge/src/mock/scripts/sample.json");
+    let (server, url, _) = serve(&sample);
+    let dir = tempfile::tempdir().expect("tempdir");
+    // 250 lines, so more than one chunk; 84 of them name `ERROR`, one of them twice.
+    let log: String = (0..250)
+        .map(|i| match i % 3 {
+            0 => format!("{i} ERROR disk full\n"),
+            1 if i == 1 => format!("{i} ERROR retry failed: ERROR timeout\n"),
+            _ => format!("{i} INFO ok\n"),
+        })
+        .collect();
+    let context = file(dir.path(), "app.log", &log);
+    let run = rlm(
+        &[
+            "run",
+            "--base-url",
+            &url,
+            "--model",
+            "root",
+            "--sub-model",
+            "sub",
+            "--context",
+            context.to_str().expect("utf-8"),
+            "--query",
+            "How many times does ERROR occur?",
+            "--json",
+        ]
+        .map(str::to_owned),
+        None,
+    );
+    drop(server);
+    run.assert_code(0);
+    let result = run.json();
+    assert_eq!(result["answer"], "86", "{result}");
+    let iterations = result["iterations"].as_array().expect("iterations");
+    let blocks: Vec<&serde_json::Value> = iterations
+        .iter()
+        .flat_map(|i| i["blocks"].as_array().expect("blocks"))
+        .collect();
+    assert!(!blocks.is_empty(), "the script runs code: {result}");
+    for block in &blocks {
+        assert!(block["error"].is_null(), "a block failed: {block}");
+    }
+    let sub_calls: Vec<&serde_json::Value> = iterations
+        .iter()
+        .flat_map(|i| i["sub_calls"].as_array().expect("sub_calls"))
+        .collect();
+    assert!(
+        sub_calls.len() >= 2,
+        "the log is counted in chunks: {result}"
+    );
+    assert!(sub_calls.iter().all(|c| c["error"].is_null()), "{result}");
 }
 
 /// `GET url` (plain HTTP/1.0 on 127.0.0.1), the body as JSON.

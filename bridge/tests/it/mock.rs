@@ -122,7 +122,10 @@ async fn replies_follow_the_turn_and_fall_back() {
         { "role": "assistant", "content": "..." },
         { "role": "user", "content": "output" }
     ]);
-    assert_eq!(openai_text(&server, "root", history).await, "FINAL(42)");
+    assert_eq!(
+        openai_text(&server, "root", history).await,
+        "FINAL_VAR(total)"
+    );
     let long = json!([
         { "role": "user", "content": "go" }, { "role": "assistant", "content": "a" },
         { "role": "user", "content": "b" }, { "role": "assistant", "content": "c" },
