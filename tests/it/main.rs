@@ -28,6 +28,7 @@ mod outputs;
 mod plan_discover;
 mod plan_discover_resume;
 mod processes;
+mod readme;
 mod run;
 mod secrets;
 mod trace;
