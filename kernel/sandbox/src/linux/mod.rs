@@ -459,3 +459,79 @@ fn ns_trial(processes: u64, network: bool) -> Trial {
         read_only: result(4),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> Policy {
+        Policy::new("/tmp/rlm-test-scratch")
+    }
+
+    #[test]
+    fn the_network_is_off_when_any_wall_holds_and_each_missing_one_says_why() {
+        let p = policy();
+        let all = network_state(&p, Some(Ok(())), true, true);
+        assert!(all.is_active(), "{all:?}");
+        // Without user namespaces, seccomp alone still refuses IP sockets.
+        let seccomp_only = network_state(&p, Some(Err(Errno::PERM)), true, false);
+        assert!(seccomp_only.is_active(), "{seccomp_only:?}");
+        // Landlock alone covers TCP only: partial, with the namespace's reason.
+        let State::Partial { missing, .. } = network_state(&p, Some(Err(Errno::PERM)), false, true)
+        else {
+            panic!("Landlock alone must be partial");
+        };
+        assert!(
+            missing.contains("unprivileged user namespaces are off"),
+            "{missing}"
+        );
+        let none = network_state(&p, Some(Err(Errno::NOSPC)), false, false);
+        assert!(
+            matches!(&none, State::Unavailable { reason } if reason.contains("max_user_namespaces")),
+            "{none:?}"
+        );
+        let mut open = policy();
+        open.network = true;
+        assert!(!network_state(&open, None, true, true).is_active());
+    }
+
+    #[test]
+    fn without_a_pid_namespace_the_lifetime_is_partial() {
+        let active = lifetime_state(&lifetime::Binding::PidNamespace { pid_max: None }, Ok(()));
+        assert!(active.is_active());
+        let partial = lifetime_state(&lifetime::Binding::Subreaper, Err(Errno::PERM));
+        assert!(
+            matches!(&partial, State::Partial { missing, .. } if missing.starts_with("no PID namespace")),
+            "{partial:?}"
+        );
+    }
+
+    #[test]
+    fn an_old_landlock_is_partial_and_no_landlock_is_unavailable() {
+        let p = policy();
+        let old = filesystem::expected(3, &p);
+        assert!(
+            matches!(&old, State::Partial { missing, .. } if missing.contains("TCP rules (ABI 4)") && !missing.contains("truncation")),
+            "{old:?}"
+        );
+        assert!(matches!(
+            filesystem::expected(0, &p),
+            State::Unavailable { .. }
+        ));
+        assert!(filesystem::expected(7, &p).is_active());
+        // Read-only mounts alone refuse writes but not reads.
+        let mounts_only = filesystem::with_read_only_mounts(filesystem::expected(0, &p), Ok(()));
+        assert!(
+            matches!(mounts_only, State::Partial { .. }),
+            "{mounts_only:?}"
+        );
+        let landlock_only = filesystem::with_read_only_mounts(
+            filesystem::expected(7, &p),
+            Err(mount_reason(Errno::NOSYS)),
+        );
+        assert!(
+            matches!(&landlock_only, State::Partial { missing, .. } if missing.contains("mount_setattr")),
+            "{landlock_only:?}"
+        );
+    }
+}
