@@ -1,5 +1,5 @@
 """The plain Python API: `RLM(...).completion(query, context=obj)`, `llm_query`,
-`llm_query_batched` and the result object."""
+`llm_query_batched`, the result object, `render_trajectory` and `configure`."""
 
 from __future__ import annotations
 
@@ -186,3 +186,20 @@ def llm_query_batched(prompts: Iterable[str], **options: Any) -> List[str]:
     """Asks a model many questions in parallel (`batch_concurrency` at once); answers in
     input order."""
     return RLM(**options).llm_query_batched(prompts)
+
+
+def render_trajectory(jsonl: str, collapsed: bool = False) -> str:
+    """The HTML view of a trajectory (the JSONL of `rlm run --trajectory`), as `rlm view`
+    writes it: one self-contained page, or a collapsed fragment."""
+    return _native.render_trajectory(jsonl, collapsed)
+
+
+def configure(**options: Any) -> None:
+    """Sets session defaults for `RLM`, `llm_query` and `%%rlm` (what `%rlm_config` does);
+    `None` removes one."""
+    _config.check_names(options, "configure()")
+    for name, value in options.items():
+        if value is None:
+            _config.defaults.pop(name, None)
+        else:
+            _config.defaults[name] = _config.convert(name, value, "configure()")

@@ -377,3 +377,36 @@ fn legacy_text_loads_with_an_encoding() {
         run.stderr
     );
 }
+
+/// A table context whose package cannot be imported fails before any model call, naming the
+/// package, the file and how to install it for `rlm`'s own interpreter (`.ci/setup`; the
+/// Python package names its pip extra instead).
+#[test]
+fn a_missing_polars_says_how_to_install_it_for_rlm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hide = dir.path().join("hide/polars");
+    std::fs::create_dir_all(&hide).expect("mkdir");
+    file(
+        &hide,
+        "__init__.py",
+        "raise ImportError(\"No module named 'polars' (hidden by the test)\")\n",
+    );
+    let table = file(dir.path(), "sales.csv", "region,amount\nnorth,1\n");
+    let mock = Mock::start(serde_json::json!({
+        "models": {"root-model": {"replies": ["FINAL(unreached)"]}}
+    }));
+    let hidden = dir.path().join("hide");
+    let run = mock.run_env(
+        &["--query", "q", "--context", s(&table)],
+        &[("PYTHONPATH", s(&hidden))],
+    );
+    run.assert_code(1);
+    assert!(
+        run.stderr.contains("`polars`") && run.stderr.contains("sales.csv"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("`bash .ci/setup`"), "{}", run.stderr);
+    assert!(!run.stderr.contains("rlm-kernel["), "{}", run.stderr);
+    assert_eq!(mock.root_requests(), 0, "no model was asked");
+}

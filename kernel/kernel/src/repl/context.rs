@@ -537,6 +537,7 @@ fn import<'py>(
         package: package.to_owned(),
         path: path.to_owned(),
         message: e.to_string(),
+        host: super::interpreter::host(),
     })
 }
 

@@ -6,6 +6,34 @@ use std::time::Duration;
 
 use super::metadata::BinaryKind;
 
+/// Who runs the Python interpreter the kernel works in: it decides where a missing package
+/// is installed from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PythonHost {
+    /// The kernel started CPython itself (the `rlm` binary): the packages of `.ci/setup`.
+    Embedded,
+    /// A Python program imported the kernel (the `rlm_kernel` package): its pip extras.
+    Package,
+}
+
+impl PythonHost {
+    /// How to install `package` (a literal to paste, in backticks).
+    pub fn install_advice(self, package: &str) -> String {
+        match self {
+            Self::Embedded => {
+                "`bash .ci/setup` (or `pip install -r .ci/requirements.txt`)".to_owned()
+            }
+            Self::Package => {
+                let extra = match package {
+                    "fastexcel" => "excel",
+                    other => other,
+                };
+                format!("`pip install 'rlm-kernel[{extra}]'`")
+            }
+        }
+    }
+}
+
 /// Failures of the REPL kernel: starting the interpreter, loading contexts, a broken session.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplError {
@@ -20,7 +48,8 @@ pub enum ReplError {
 
     /// A Python package the kernel needs is missing.
     #[error(
-        "Python package `{package}` is needed to load `{path}` but could not be imported ({message}); install it with `bash .ci/setup` (or `pip install -r .ci/requirements.txt`)"
+        "Python package `{package}` is needed to load `{path}` but could not be imported ({message}); install it with {}",
+        host.install_advice(package)
     )]
     MissingPackage {
         /// The package, e.g. `polars`.
@@ -29,6 +58,8 @@ pub enum ReplError {
         path: PathBuf,
         /// The import error.
         message: String,
+        /// Whose interpreter it is, which says how to install the package.
+        host: PythonHost,
     },
 
     /// A context file or directory could not be read.

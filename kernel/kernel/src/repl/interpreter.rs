@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
-use super::error::ReplError;
+use super::error::{PythonHost, ReplError};
 
 const SUPPORT_SOURCE: &str = include_str!("support.py");
 
@@ -36,6 +36,15 @@ pub(crate) fn start() -> Result<&'static Interpreter, ReplError> {
     }
     Python::initialize();
     Python::attach(interpreter)
+}
+
+/// Whose interpreter this is: the kernel's own, or a host program's that imported it.
+pub(crate) fn host() -> PythonHost {
+    if OWNS_INTERPRETER.load(Ordering::Relaxed) {
+        PythonHost::Embedded
+    } else {
+        PythonHost::Package
+    }
 }
 
 /// The interpreter, setting up the support module on first use.

@@ -127,7 +127,7 @@ mod session;
 mod source;
 
 pub use bridge::{Endpoints, Ledger, SubCallMetadata};
-pub use error::{NameProblem, ReplError, RowProblem};
+pub use error::{NameProblem, PythonHost, ReplError, RowProblem};
 pub use metadata::{
     BinaryKind, Compression, ContextKind, ContextMetadata, ExecError, ExecutionResult, FinalAnswer,
     FinalSource, FrameLibrary, ItemSizes, SheetShape, SkippedFile, SkippedRows, SubCallText,
