@@ -6,6 +6,7 @@
 //!
 //! The pieces, bottom up:
 //!
+//! - [`text`]: text cut to size for a model (head and tail around what was left out).
 //! - [`date`]: UTC dates as text (`YYYY-MM-DD`, RFC 3339) for bundles and decision records.
 //! - [`jsonl`]: the redacted, flushed-per-line [`JsonlWriter`](jsonl::JsonlWriter) under
 //!   every log the engine and the kernel write (transcript, trajectory, events, decisions).
@@ -52,6 +53,7 @@ pub mod jsonl;
 pub mod reducer;
 pub mod route;
 pub mod state;
+pub mod text;
 pub mod tool;
 
 pub use agent::{AgentLoop, LoopConfig, LoopError, LoopOutcome, Toolbox};

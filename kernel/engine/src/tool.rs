@@ -57,6 +57,13 @@ pub trait Tool: Send + Sync {
         None
     }
 
+    /// What the model can do to see the part of a result the agent loop cut (results are
+    /// capped at [`LoopConfig::max_tool_result_chars`](crate::LoopConfig)), for the note
+    /// that replaces it: "print a slice of it". `None`: call again asking for less.
+    fn when_cut(&self) -> Option<&str> {
+        None
+    }
+
     /// The definition sent to the model.
     fn definition(&self) -> ToolDefinition {
         ToolDefinition {

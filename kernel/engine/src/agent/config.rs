@@ -34,7 +34,14 @@ pub struct LoopConfig {
     pub tool_choice: Option<ToolChoice>,
     /// `Some(false)` asks for at most one tool call per reply (`None`: the server's default).
     pub parallel_tool_calls: Option<bool>,
+    /// Characters of one tool result the model gets, at most (default 100,000): a longer
+    /// result keeps its head and tail around a note saying how much was cut and how to see
+    /// it. The one cap for every tool's result.
+    pub max_tool_result_chars: usize,
 }
+
+/// The default of [`LoopConfig::max_tool_result_chars`].
+pub const DEFAULT_MAX_TOOL_RESULT_CHARS: usize = 100_000;
 
 impl Default for LoopConfig {
     fn default() -> Self {
@@ -48,6 +55,7 @@ impl Default for LoopConfig {
             params: SamplingParams::default(),
             tool_choice: None,
             parallel_tool_calls: None,
+            max_tool_result_chars: DEFAULT_MAX_TOOL_RESULT_CHARS,
         }
     }
 }

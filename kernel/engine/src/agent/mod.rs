@@ -10,7 +10,10 @@
 //! The pieces, bottom up:
 //!
 //! - [`LoopConfig`] (`config.rs`): iteration cap (50), per-tool and whole-run timeouts,
-//!   concurrency of one reply's calls, streaming, model and sampling parameters.
+//!   concurrency of one reply's calls, streaming, model and sampling parameters, and the one
+//!   cap on a tool result (100,000 characters): whatever the tool, a longer result reaches
+//!   the model as its head and tail around a note saying how much was cut and how to see
+//!   the rest ([`Tool::when_cut`](crate::Tool::when_cut)).
 //! - [`ToolCallError`] (`failure.rs`): how one call fails. Bad tool traffic never ends a
 //!   run: an unknown tool, arguments that are not a JSON object or fail the tool's schema, a
 //!   tool that errors, panics or times out — each becomes the tool result
@@ -96,7 +99,7 @@ mod run;
 mod toolbox;
 mod transcript;
 
-pub use config::LoopConfig;
+pub use config::{DEFAULT_MAX_TOOL_RESULT_CHARS, LoopConfig};
 pub use error::{LoopError, LoopErrorKind};
 pub use failure::{ToolCallError, ToolFailureKind};
 pub use hooks::{AgentHook, HookAction, ToolCallRecord};

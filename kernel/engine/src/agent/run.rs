@@ -20,6 +20,7 @@ use super::metrics::{ModelCallMetrics, ToolCallMetrics};
 use super::outcome::{AgentRun, LoopOutcome, Termination};
 use super::toolbox::Toolbox;
 use crate::state::SharedState;
+use crate::text::group_digits;
 
 /// Receives the text of streamed replies as it arrives.
 type TextSink = Arc<dyn Fn(&str) + Send + Sync>;
@@ -267,7 +268,13 @@ impl AgentLoop {
                 duration: done.duration,
             };
             self.hooks.after_tool_call(&mut record);
-            let text = tool_result_text(&record.output);
+            let hint = self.tools.get(&record.call.name).and_then(|t| t.when_cut());
+            let text = capped(
+                tool_result_text(&record.output),
+                self.config.max_tool_result_chars,
+                &record.call.name,
+                hint,
+            );
             run.record.metrics.record_tool(ToolCallMetrics {
                 iteration,
                 call_id: id.clone(),
@@ -326,6 +333,27 @@ fn tool_result_text(output: &Result<Value, ToolCallError>) -> String {
         Ok(value) => value.to_string(),
         Err(e) => json!({"success": false, "error": e.to_string()}).to_string(),
     }
+}
+
+/// `text` cut to `limit` characters, its head and tail kept around a note that says how
+/// much was cut and how the model can see it (`hint`, from the tool).
+fn capped(text: String, limit: usize, tool: &str, hint: Option<&str>) -> String {
+    let Some(cut) = crate::text::cut_middle(&text, limit) else {
+        return text;
+    };
+    let how = hint.map_or_else(
+        || format!("To see it, call `{tool}` again asking for less at a time"),
+        str::to_owned,
+    );
+    format!(
+        "{}\n[... {} of the {} characters of this result were cut here: a tool result holds at \
+         most {} characters. {how} ...]\n{}",
+        cut.head,
+        group_digits(cut.omitted as u64),
+        group_digits(cut.total as u64),
+        group_digits(limit as u64),
+        cut.tail
+    )
 }
 
 fn ms(d: Duration) -> f64 {

@@ -780,3 +780,84 @@ async fn tool_choice_and_parallel_tool_calls_reach_the_server() {
     assert_eq!(body["parallel_tool_calls"], false);
     server.shutdown().await;
 }
+
+/// Returns `size` characters: `size` of `x` between a head and a tail marker.
+struct Huge {
+    size: usize,
+    hint: Option<&'static str>,
+}
+
+#[async_trait]
+impl Tool for Huge {
+    fn name(&self) -> &str {
+        "huge"
+    }
+    fn description(&self) -> &str {
+        "Returns a very long text."
+    }
+    fn parameters(&self) -> Value {
+        json!({"type": "object"})
+    }
+    async fn call(&self, _args: Value, _ctx: &ToolContext) -> Result<Value, ToolError> {
+        let body = "x".repeat(self.size - 10);
+        Ok(Value::String(format!("HEAD>{body}<TAIL")))
+    }
+    fn when_cut(&self) -> Option<&str> {
+        self.hint
+    }
+}
+
+/// One cap for every tool's result: 10 MB reach the model as at most the cap plus a note
+/// saying how much was cut and how to see it.
+#[tokio::test]
+async fn a_huge_tool_result_is_cut_to_the_one_cap_with_a_note() {
+    for (hint, how) in [
+        (None, "To see it, call `huge` again asking for less at a time"),
+        (Some("Print a slice of it"), "Print a slice of it"),
+    ] {
+        let server = mock(json!([tool_calls(vec![call("huge", json!({}))]), "ok"])).await;
+        let tool = Huge {
+            size: 10_000_000,
+            hint,
+        };
+        let agent = agent(&server, vec![Arc::new(tool)], LoopConfig::default());
+        let outcome = agent
+            .run(user("go"), SharedState::default(), Default::default())
+            .await
+            .expect("answers");
+        let (_, text) = results(&outcome.run.transcript)
+            .into_iter()
+            .next()
+            .expect("a result");
+        assert!(text.starts_with("HEAD>") && text.ends_with("<TAIL"), "head and tail kept");
+        assert!(text.len() < 100_000 + 400, "{} bytes sent", text.len());
+        let note = format!(
+            "[... 9,900,000 of the 10,000,000 characters of this result were cut here: a tool \
+             result holds at most 100,000 characters. {how} ...]"
+        );
+        assert!(text.contains(&note), "{}", &text[49_990..50_400]);
+        assert_eq!(
+            outcome.run.metrics.tool_calls[0].result_bytes,
+            text.len(),
+            "the metrics count what was sent"
+        );
+        server.shutdown().await;
+    }
+    // A result within the cap is sent whole.
+    let server = mock(json!([tool_calls(vec![call("huge", json!({}))]), "ok"])).await;
+    let config = LoopConfig {
+        max_tool_result_chars: 200,
+        ..LoopConfig::default()
+    };
+    let tool = Huge {
+        size: 200,
+        hint: None,
+    };
+    let outcome = agent(&server, vec![Arc::new(tool)], config)
+        .run(user("go"), SharedState::default(), Default::default())
+        .await
+        .expect("answers");
+    let (_, text) = results(&outcome.run.transcript).remove(0);
+    assert_eq!(text.len(), 200);
+    server.shutdown().await;
+}

@@ -7,7 +7,6 @@
 //! that says how much was left out, so a block that prints a whole context costs the model at
 //! most that much.
 
-use std::borrow::Cow;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -35,32 +34,7 @@ impl Default for FeedbackConfig {
     }
 }
 
-/// Cuts `text` to at most `limit` characters plus a marker, keeping its head and tail.
-///
-/// The marker (`[... N characters omitted ...]` on its own line) is not counted in `limit`.
-pub fn truncate_middle(text: &str, limit: usize) -> Cow<'_, str> {
-    let total = text.chars().count();
-    if total <= limit {
-        return Cow::Borrowed(text);
-    }
-    let head_chars = limit / 2;
-    let tail_chars = limit - head_chars;
-    let head_end = text
-        .char_indices()
-        .nth(head_chars)
-        .map_or(text.len(), |(i, _)| i);
-    let tail_start = text
-        .char_indices()
-        .nth(total - tail_chars)
-        .map_or(text.len(), |(i, _)| i);
-    let omitted = total - head_chars - tail_chars;
-    Cow::Owned(format!(
-        "{}\n[... {} characters omitted ...]\n{}",
-        &text[..head_end],
-        group_digits(omitted as u64),
-        &text[tail_start..]
-    ))
-}
+pub use engine::text::truncate_middle;
 
 /// The feedback message for the blocks of one reply.
 ///
@@ -260,34 +234,6 @@ mod tests {
             20_000,
             30,
         )
-    }
-
-    #[test]
-    fn truncate_middle_keeps_head_and_tail() {
-        assert_eq!(truncate_middle("short", 10), "short");
-        assert_eq!(truncate_middle("0123456789", 10), "0123456789");
-        assert_eq!(
-            truncate_middle("0123456789abcdef", 6),
-            "012\n[... 10 characters omitted ...]\ndef"
-        );
-        // Characters, not bytes: never splits a code point.
-        assert_eq!(
-            truncate_middle("ééééé", 2),
-            "é\n[... 3 characters omitted ...]\né"
-        );
-        assert_eq!(
-            truncate_middle("abc", 0),
-            "\n[... 3 characters omitted ...]\n"
-        );
-    }
-
-    #[test]
-    fn truncated_text_is_bounded_for_any_input_size() {
-        for size in [0, 1, 19_999, 20_000, 20_001, 1_000_000] {
-            let text = "x".repeat(size);
-            let cut = truncate_middle(&text, 20_000);
-            assert!(cut.chars().count() <= 20_000 + 60, "size {size}");
-        }
     }
 
     #[test]

@@ -493,18 +493,7 @@ fn spoken_duration(d: Duration) -> String {
     }
 }
 
-/// `1234567` → `1,234,567`.
-pub(crate) fn group_digits(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
+pub(crate) use engine::text::group_digits;
 
 /// Decimal units, one decimal place: `52428800` → `52.4 MB`.
 pub(crate) fn human_bytes(bytes: u64) -> String {
@@ -835,10 +824,6 @@ mod tests {
 
     #[test]
     fn number_formats() {
-        assert_eq!(group_digits(0), "0");
-        assert_eq!(group_digits(999), "999");
-        assert_eq!(group_digits(1_000), "1,000");
-        assert_eq!(group_digits(1_234_567), "1,234,567");
         assert_eq!(human_bytes(999), "999 bytes");
         assert_eq!(human_bytes(52_428_800), "52.4 MB");
         assert_eq!(human_bytes(2_500_000_000), "2.5 GB");

@@ -88,4 +88,11 @@ impl Tool for PythonTool {
     fn timeout(&self) -> Option<Duration> {
         Some(self.session.config().cell_timeout + CALL_SLACK)
     }
+
+    fn when_cut(&self) -> Option<&str> {
+        Some(
+            "Print less at once: keep the value in a variable and print a slice of it \
+             (`text[:5000]`), its `len()` or a summary",
+        )
+    }
 }
