@@ -274,12 +274,21 @@ pub(crate) fn load_config_file(explicit: Option<&Path>) -> Result<RunOptions> {
     let Some(path) = config_file_path(explicit) else {
         return Ok(RunOptions::default());
     };
-    let text = std::fs::read_to_string(&path)
+    let text = engine::document::read_to_string(&path)
         .with_context(|| format!("Could not read the configuration file `{}`", path.display()))?;
-    let file: ConfigFile = toml::from_str(&text).with_context(|| {
-        format!(
-            "Configuration file `{}` is not valid; options go in a `[run]` table with the flag names, e.g. `max-iterations = 20`",
-            path.display()
+    let file: ConfigFile = engine::document::from_toml(&text).map_err(|e| {
+        let hint = if e.limit {
+            String::new()
+        } else {
+            "; options go in a `[run]` table with the flag names, e.g. `max-iterations = 20`"
+                .to_owned()
+        };
+        anyhow::anyhow!(
+            "Configuration file `{}` is not valid (line {}, column {}): {}{hint}",
+            path.display(),
+            e.line,
+            e.column,
+            e.message
         )
     })?;
     // Paths in the file are relative to the file, as a reader of it would expect.

@@ -7,6 +7,8 @@
 //! The pieces, bottom up:
 //!
 //! - [`text`]: text cut to size for a model (head and tail around what was left out).
+//! - [`document`]: YAML and TOML parsed within a size and a nesting limit, so a hostile
+//!   workflow, bundle or config file is refused at once.
 //! - [`date`]: UTC dates as text (`YYYY-MM-DD`, RFC 3339) for bundles and decision records.
 //! - [`jsonl`]: the redacted, flushed-per-line [`JsonlWriter`](jsonl::JsonlWriter) under
 //!   every log the engine and the kernel write (transcript, trajectory, events, decisions).
@@ -47,6 +49,7 @@ pub mod agent;
 pub mod bundle;
 pub mod condition;
 pub mod date;
+pub mod document;
 pub mod durable;
 pub mod flow;
 pub mod jsonl;

@@ -6,6 +6,8 @@ use quick_xml::XmlVersion;
 use quick_xml::escape::resolve_predefined_entity;
 use quick_xml::events::{BytesStart, Event};
 
+use crate::document::MAX_NESTING;
+
 /// An XML element.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Element {
@@ -85,13 +87,11 @@ pub(crate) fn tidy(text: &str) -> String {
 
 /// Parses `xml`, which starts on line `first_line` of its file, into its root element.
 pub(crate) fn parse(xml: &str, first_line: usize) -> Result<Element, XmlError> {
-    let line_at = |offset: u64| {
-        let offset = usize::try_from(offset).unwrap_or(usize::MAX).min(xml.len());
-        first_line
-            + xml.as_bytes()[..offset]
-                .iter()
-                .filter(|&&b| b == b'\n')
-                .count()
+    let mut lines = Lines {
+        text: xml.as_bytes(),
+        first_line,
+        counted_to: 0,
+        newlines: 0,
     };
     let mut reader = Reader::from_str(xml);
     // The document element; the real root is its first child.
@@ -103,13 +103,30 @@ pub(crate) fn parse(xml: &str, first_line: usize) -> Result<Element, XmlError> {
     }];
     loop {
         let start = reader.buffer_position();
-        let event = reader.read_event().map_err(|e| XmlError {
-            line: line_at(reader.error_position()),
-            message: format!("The XML is malformed: {e}"),
-        })?;
-        let line = line_at(start);
+        let event = match reader.read_event() {
+            Ok(event) => event,
+            Err(e) => {
+                return Err(XmlError {
+                    line: lines.at(reader.error_position()),
+                    message: format!("The XML is malformed: {e}"),
+                });
+            }
+        };
+        let line = lines.at(start);
         match event {
-            Event::Start(tag) => stack.push(element(&tag, line)?),
+            Event::Start(tag) => {
+                // The document element is the stack's first entry.
+                if stack.len() > MAX_NESTING {
+                    return Err(XmlError {
+                        line,
+                        message: format!(
+                            "Elements nest more than {MAX_NESTING} levels deep here; an agent \
+                             file may nest at most {MAX_NESTING} levels"
+                        ),
+                    });
+                }
+                stack.push(element(&tag, line)?)
+            }
             Event::Empty(tag) => {
                 let empty = element(&tag, line)?;
                 push_child(&mut stack, Node::Element(empty));
@@ -173,6 +190,33 @@ pub(crate) fn parse(xml: &str, first_line: usize) -> Result<Element, XmlError> {
         })
 }
 
+/// Line numbers of byte offsets, counted on from the last offset asked for (the reader's
+/// offsets only grow), so a file of many elements is not counted from its start each time.
+struct Lines<'t> {
+    text: &'t [u8],
+    first_line: usize,
+    counted_to: usize,
+    newlines: usize,
+}
+
+impl Lines<'_> {
+    fn at(&mut self, offset: u64) -> usize {
+        let offset = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(self.text.len());
+        if offset < self.counted_to {
+            self.counted_to = 0;
+            self.newlines = 0;
+        }
+        self.newlines += self.text[self.counted_to..offset]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
+        self.counted_to = offset;
+        self.first_line + self.newlines
+    }
+}
+
 fn push_child(stack: &mut [Element], node: Node) {
     if let Some(parent) = stack.last_mut() {
         parent.children.push(node);
@@ -216,6 +260,19 @@ mod tests {
         assert_eq!(step.line, 6);
         assert_eq!(step.text(), "Load <x> now");
         assert_eq!(agent.child("e").map(|e| e.line), Some(7));
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_where_it_goes_too_deep() {
+        let xml = format!("<agent>\n{}", "<a>".repeat(100_000));
+        let err = parse(&xml, 1).expect_err("refused");
+        assert_eq!(err.line, 2);
+        assert_eq!(
+            err.message,
+            "Elements nest more than 64 levels deep here; an agent file may nest at most 64 levels"
+        );
+        let ok = format!("<agent>{}{}</agent>", "<a>".repeat(62), "</a>".repeat(62));
+        assert!(parse(&ok, 1).is_ok());
     }
 
     #[test]

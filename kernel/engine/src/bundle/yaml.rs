@@ -17,9 +17,13 @@ pub fn parse_mapping(path: &Path, text: &str) -> Result<Entries, BundleError> {
         line,
         problem,
     };
-    let document: yaml_serde::Value = yaml_serde::from_str(text).map_err(|e| {
-        let line = e.location().map_or(1, |l| l.line());
-        malformed(line, format!("This is not valid YAML: {e}"))
+    let document: yaml_serde::Value = crate::document::from_yaml(text).map_err(|e| {
+        let problem = if e.limit {
+            e.message
+        } else {
+            format!("This is not valid YAML: {}", e.message)
+        };
+        malformed(e.line, problem)
     })?;
     let mapping = match document {
         yaml_serde::Value::Null => return Ok(Vec::new()),

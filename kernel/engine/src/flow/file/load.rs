@@ -21,7 +21,7 @@ pub struct Filesystem;
 
 impl FileSource for Filesystem {
     fn read(&self, path: &Path) -> std::io::Result<String> {
-        std::fs::read_to_string(path)
+        crate::document::read_to_string(path)
     }
 }
 
@@ -563,19 +563,12 @@ fn parse_config(file: &Path, text: &str) -> Result<AgentConfig, ConfigError> {
 }
 
 fn parse<T: DeserializeOwned>(file: &Path, text: &str) -> Result<T, ConfigError> {
-    yaml_serde::from_str(text).map_err(|e| {
-        let (line, column) = e.location().map_or((1, 1), |at| (at.line(), at.column()));
-        let message = e.to_string();
-        // The position is given once, in front; the parser also appends it.
-        let suffix = format!(" at line {line} column {column}");
-        let message = message.strip_suffix(&suffix).unwrap_or(&message);
-        ConfigError {
-            file: file.to_owned(),
-            line,
-            column,
-            kind: ConfigErrorKind::Schema,
-            message: with_key_path(message),
-        }
+    crate::document::from_yaml(text).map_err(|e| ConfigError {
+        file: file.to_owned(),
+        line: e.line,
+        column: e.column,
+        kind: ConfigErrorKind::Schema,
+        message: with_key_path(&e.message),
     })
 }
 
