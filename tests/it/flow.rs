@@ -552,3 +552,33 @@ fn typed_inputs_reach_the_state_as_json_and_bad_json_runs_nothing() {
     );
     assert_eq!(mock.log().len(), 8, "the bad run called no model");
 }
+
+/// A hostile workflow file — 100 KB of nested brackets, which the YAML scanner alone took
+/// seconds to refuse — is refused at once, naming the file, the place and the limit.
+#[test]
+fn a_deeply_nested_workflow_file_is_refused_naming_the_file_and_the_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hostile = file(
+        dir.path(),
+        "hostile.yaml",
+        &format!(
+            "name: hostile\nagent_class: LlmAgent\ninstruction: {}\n",
+            "[".repeat(100_000)
+        ),
+    );
+    let run = rlm(
+        &args(&["flow", "graph", hostile.to_str().expect("utf-8")]),
+        None,
+    );
+    assert_ne!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stderr.contains(&format!(
+            "{}:3:78: Brackets nest more than 64 levels deep here",
+            hostile.display()
+        )) && run
+            .stderr
+            .contains("a YAML file may nest at most 64 levels"),
+        "{}",
+        run.stderr
+    );
+}

@@ -279,7 +279,7 @@ fn bundle_names_an_agent_of_either_fixture_tree_to_play_the_planner() {
                    "reply": call("write_planning_artifact",
                                  json!({"name": "plan.md", "content": "Planned by {{role}}"}))}),
             json!({"system": "Discovery rounds so far: 2\\n",
-                   "reply": call("load_workflow_file", json!({"path": workflow}))}),
+                   "reply": call("load_workflow_file", json!({"file_path": workflow}))}),
         ];
         let mock = Mock::start(script(&first));
         let run = plan(

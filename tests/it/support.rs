@@ -157,6 +157,19 @@ pub(crate) fn rlm(args: &[String], stdin: Option<&[u8]>) -> Run {
 /// Like [`rlm`], with extra environment variables.
 pub(crate) fn rlm_with(args: &[String], stdin: Option<&[u8]>, envs: &[(&str, &str)]) -> Run {
     let mut cmd = rlm_command(args);
+    cmd.envs(envs.iter().copied());
+    finish(cmd, stdin)
+}
+
+/// Like [`rlm`], run in the folder `dir`.
+pub(crate) fn rlm_in(dir: &Path, args: &[String], stdin: Option<&[u8]>) -> Run {
+    let mut cmd = rlm_command(args);
+    cmd.current_dir(dir);
+    finish(cmd, stdin)
+}
+
+/// Runs `cmd` (with `stdin` piped in, if given) to its end.
+fn finish(mut cmd: Command, stdin: Option<&[u8]>) -> Run {
     cmd.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .stdin(if stdin.is_some() {
@@ -164,7 +177,6 @@ pub(crate) fn rlm_with(args: &[String], stdin: Option<&[u8]>, envs: &[(&str, &st
         } else {
             Stdio::null()
         });
-    cmd.envs(envs.iter().copied());
     let mut child = cmd.spawn().expect("rlm starts");
     if let Some(input) = stdin {
         use std::io::Write;

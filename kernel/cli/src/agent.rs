@@ -20,7 +20,7 @@ use clap::Args;
 use engine::agent::{
     AgentHook, AgentLoop, LoopConfig, LoopErrorKind, LoopMetrics, ToolCallRecord, Toolbox,
 };
-use engine::bundle::{StartOptions, StartedAgent, agent_tools};
+use engine::bundle::{SandboxPolicy, StartOptions, StartedAgent, agent_tools};
 use engine::{SharedState, State};
 use kernel::repl::ReplSession;
 use kernel::tools::PythonTool;
@@ -39,10 +39,21 @@ pub(crate) struct AgentArgs {
     #[arg(value_name = "AGENT")]
     pub(crate) agent: PathBuf,
 
-    /// The project the bundle is installed in (`{project-root}`; default: the folder above the
-    /// agent where its start-up files are found, else the current directory).
+    /// The project the bundle is installed in (`{project-root}`): the tools read under it (and
+    /// the bundle) and write under it. Default: the current directory, or the folder inside it
+    /// above the agent where its start-up files are found.
     #[arg(long, value_name = "DIR")]
     pub(crate) project_root: Option<PathBuf>,
+
+    /// Let the tools use a root as broad as `/`, your home directory or a folder above the
+    /// project (by default a path only under such a root is refused).
+    #[arg(long)]
+    pub(crate) allow_broad_root: bool,
+
+    /// Let the tools read files with more than one hard link (another name, maybe outside the
+    /// project, points at the same file). Such files are never written.
+    #[arg(long)]
+    pub(crate) allow_hard_links: bool,
 
     /// Send TEXT as one turn, print the answer and exit (no menu). `*name` or a menu number
     /// runs that command. Repeat for several turns in order.
@@ -77,6 +88,10 @@ pub(crate) fn execute(args: AgentArgs, file: RunOptions, verbosity: u8) -> Resul
         &args.agent,
         &StartOptions {
             project_root: args.project_root.clone(),
+            policy: SandboxPolicy {
+                allow_broad_roots: args.allow_broad_root,
+                allow_hard_links: args.allow_hard_links,
+            },
             ..StartOptions::default()
         },
     )

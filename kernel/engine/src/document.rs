@@ -89,9 +89,7 @@ pub fn from_yaml<T: DeserializeOwned>(text: &str) -> Result<T, ParseError> {
 pub fn from_toml<T: DeserializeOwned>(text: &str) -> Result<T, ParseError> {
     check(text, "TOML")?;
     toml::from_str(text).map_err(|e| {
-        let (line, column) = e
-            .span()
-            .map_or((1, 1), |span| position(text, span.start));
+        let (line, column) = e.span().map_or((1, 1), |span| position(text, span.start));
         ParseError {
             line,
             column,
@@ -190,17 +188,16 @@ mod tests {
             assert!(err.message.ends_with("at most 64 levels"), "{err}");
         }
         let err = from_toml::<Value>(&format!("a = {}", "[".repeat(100_000))).expect_err("no");
-        assert!(err.limit && err.message.contains("a TOML file may nest"), "{err}");
+        assert!(
+            err.limit && err.message.contains("a TOML file may nest"),
+            "{err}"
+        );
         assert_eq!((err.line, err.column), (1, 5 + MAX_NESTING));
     }
 
     #[test]
     fn nesting_up_to_the_limit_and_balanced_brackets_in_text_parse() {
-        let deep = format!(
-            "a: {}1{}",
-            "[".repeat(MAX_NESTING),
-            "]".repeat(MAX_NESTING)
-        );
+        let deep = format!("a: {}1{}", "[".repeat(MAX_NESTING), "]".repeat(MAX_NESTING));
         assert!(from_yaml::<Value>(&deep).is_ok());
         // Many brackets, each closed: depth 1.
         let prose = format!("a: \"{}\"\n", "[x] {y} ".repeat(10_000));
@@ -240,7 +237,8 @@ mod tests {
         assert!(!err.limit);
         assert!(err.line >= 2, "{err:?}");
         assert!(
-            !err.message.ends_with(&format!("at line {} column {}", err.line, err.column)),
+            !err.message
+                .ends_with(&format!("at line {} column {}", err.line, err.column)),
             "{err:?}"
         );
         let err = from_toml::<Value>("a = 1\nb = = 2\n").expect_err("bad");

@@ -39,6 +39,8 @@ pub enum FileKind {
     Socket,
     /// A symbolic link that points nowhere.
     DanglingLink,
+    /// A symbolic link.
+    Link,
     /// Anything else.
     Other,
 }
@@ -51,7 +53,29 @@ impl fmt::Display for FileKind {
             Self::Fifo => "a named pipe",
             Self::Socket => "a socket",
             Self::DanglingLink => "a symbolic link to nothing",
+            Self::Link => "a symbolic link",
             Self::Other => "not a regular file",
+        })
+    }
+}
+
+/// Why a root is too broad to use without the user's leave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BroadRoot {
+    /// `/`.
+    FilesystemRoot,
+    /// The home directory, or a folder above it.
+    Home,
+    /// A folder above the project.
+    ParentOfProject,
+}
+
+impl fmt::Display for BroadRoot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::FilesystemRoot => "the root of the file system",
+            Self::Home => "your home directory (or a folder holding it)",
+            Self::ParentOfProject => "a folder above the project",
         })
     }
 }
@@ -77,6 +101,62 @@ pub enum PathError {
         access: Access,
         /// The allowed folders.
         roots: Vec<PathBuf>,
+    },
+    /// The path lies only under a root that is too broad to use without the user's leave.
+    #[error(
+        "`{path}` is only under `{}`, {broad}: a root that broad would open any of your \
+         files to the tools, so it is not used unless you allow it (`rlm agent \
+         --allow-broad-root`); better, name the project folder itself (`--project-root DIR`, or \
+         run from it)",
+        root.display()
+    )]
+    Broad {
+        /// The path as resolved.
+        path: PathBuf,
+        /// The root it is under.
+        root: PathBuf,
+        /// Why that root is broad.
+        broad: BroadRoot,
+    },
+    /// A regular file with more than one hard link: its other names may be anywhere.
+    #[error(
+        "`{path}` has {links} hard links: the same file has another name, maybe outside the \
+         folders this agent may use, so it is not {}{}",
+        match access { Access::Read => "read", Access::Write => "written" },
+        match access {
+            Access::Read => "; copy it instead of linking it, or allow such files \
+                             (`rlm agent --allow-hard-links`)",
+            Access::Write => "; write the document under a new name, or remove the other link",
+        }
+    )]
+    HardLink {
+        /// The path as resolved.
+        path: PathBuf,
+        /// How many names the file has.
+        links: u64,
+        /// Reading or writing.
+        access: Access,
+    },
+    /// A write into a version-control folder.
+    #[error(
+        "`{path}` is inside `{}`, a version-control folder: tools never write there (a hook or \
+         setting written there would run at your next commit); write the document elsewhere",
+        folder.display()
+    )]
+    VersionControl {
+        /// The path as resolved.
+        path: PathBuf,
+        /// The version-control folder (`.git`).
+        folder: PathBuf,
+    },
+    /// The path changed between its check and its use: a link appeared on its way.
+    #[error(
+        "`{path}` changed while it was being opened (a symbolic link appeared on its way), so \
+         it was not used; try again once nothing else is changing that folder"
+    )]
+    Changed {
+        /// The path as checked.
+        path: PathBuf,
     },
     /// Nothing is at the path.
     #[error("`{path}` does not exist")]
@@ -231,6 +311,23 @@ pub enum BundleError {
         bundle: PathBuf,
         /// The agents it has.
         available: Vec<String>,
+    },
+    /// A value of the bundle would widen the folders the tools may use.
+    #[error(
+        "`{file}` sets `{key}` to `{value}`, which is outside the project `{}`: a bundle may \
+         only choose folders inside the project. Change the value, or pass the project that \
+         holds that folder (`--project-root DIR`)",
+        project.display()
+    )]
+    WidensRoot {
+        /// The file that set it (the bundle's config).
+        file: String,
+        /// The key (`output_folder`).
+        key: String,
+        /// Its value, resolved.
+        value: String,
+        /// The project root.
+        project: PathBuf,
     },
     /// A value of a workflow has the wrong type.
     #[error("`{path}`: `{key}` {problem}")]

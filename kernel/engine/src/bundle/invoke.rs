@@ -49,6 +49,8 @@ impl InvokeAgent {
     pub fn new(endpoint: Arc<Endpoint>, config: LoopConfig, session: &BundleSession) -> Self {
         let options = StartOptions {
             project_root: Some(session.roots().project.clone()),
+            working_dir: None,
+            policy: session.sandbox().policy(),
             max_file_bytes: Some(session.sandbox().max_bytes()),
             date: session.variables().value("date").and_then(Result::ok),
             file_log: Some(session.file_log().clone()),

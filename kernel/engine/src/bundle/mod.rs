@@ -15,10 +15,14 @@
 //!   `<activation>` steps, `<menu>`); a malformed file is an error naming file and line.
 //! - [`vars`]: [`Variables`], `{name}` references resolved when used (nested values,
 //!   `{date}` and `{{date}}`, unknown names listed in the error).
-//! - [`sandbox`]: [`Sandbox`] checks every path on its canonical form against the read
-//!   roots (bundle, core, project) or the write root (the output folder), refuses devices,
-//!   pipes, NUL bytes and files over the size limit, and records each access in a
-//!   [`FileLog`].
+//! - [`sandbox`]: [`Sandbox`], roots from the user and a [`SandboxPolicy`] in, a handle out
+//!   that opens files only beneath the roots: every path checked on its canonical form
+//!   against the read roots (bundle, core, project) or the write root (the output folder),
+//!   then reached from a handle on the root without following a link (`openat2`), so a
+//!   race fails closed. It refuses devices, pipes, NUL bytes, files over the size limit,
+//!   hard-linked files, writes into `.git` and other version-control folders, and roots as
+//!   broad as `/` or the home directory unless the user allows them; it records each access
+//!   in a [`FileLog`].
 //! - [`yaml`], [`session`]: YAML mappings in file order; the [`BundleSession`] the tools
 //!   share (roots, variables, sandbox, configs read once).
 //! - [`workflow`]: `workflow.yaml` resolved and loaded with what it names, for
@@ -65,11 +69,11 @@ mod xml;
 pub mod yaml;
 
 pub use agent::{AgentCommand, AgentDefinition, HandlerKind, Persona, Step};
-pub use error::{Access, BundleError, FileKind, PathError, VariableError};
+pub use error::{Access, BroadRoot, BundleError, FileKind, PathError, VariableError};
 pub use invoke::{InvokeAgent, agent_tools};
 pub use persona::{PERSONA_TOOLS, PersonaAgent, PersonaBundle};
 pub use prompt::LoadedFile;
-pub use sandbox::{DEFAULT_MAX_FILE_BYTES, FileAccess, FileLog, FileOp, Sandbox};
+pub use sandbox::{DEFAULT_MAX_FILE_BYTES, FileAccess, FileLog, FileOp, Sandbox, SandboxPolicy};
 pub use session::{BundleSession, Roots};
 pub use startup::{StartOptions, StartedAgent};
 pub use tools::{ExecuteWorkflow, LoadWorkflowFile, ReadFile, SaveOutput, file_tools};

@@ -1,6 +1,14 @@
 //! Starting an agent: read and parse its file, find its roots, load only the files its
 //! start-up steps name (a YAML file's values become variables), and write its system
 //! messages.
+//!
+//! The roots are the user's: the project root is the one given, else the working directory
+//! — or, narrower, the folder inside it above the agent where the start-up files are (a
+//! bundle installed in a sub-folder); for an agent named outside the working directory, the
+//! folder above it where they are, never `/` or the home directory. A bundle's text can narrow a root, never widen it: a
+//! start-up step naming `{project-root}/etc/host.conf` cannot make `/` the project, and an
+//! `output_folder` outside the project stops start-up with an error naming the file and the
+//! value.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,7 +18,7 @@ use bridge::Message;
 use super::agent::{AgentDefinition, Step};
 use super::error::{BundleError, PathError};
 use super::prompt::{self, LoadedFile};
-use super::sandbox::{DEFAULT_MAX_FILE_BYTES, FileLog, Sandbox};
+use super::sandbox::{DEFAULT_MAX_FILE_BYTES, FileLog, Sandbox, SandboxPolicy, locate};
 use super::session::{BundleSession, Roots};
 use super::tools::file_tools;
 use super::vars::{Variables, today, variable_names};
@@ -23,9 +31,15 @@ const ROOT_VARIABLES: [&str; 4] = ["project-root", "project_root", "bundle-root"
 /// How to start an agent.
 #[derive(Debug, Clone, Default)]
 pub struct StartOptions {
-    /// `{project-root}`; by default the nearest folder above the agent in which the first
-    /// `{project-root}/…` file of its start-up steps exists, else the current directory.
+    /// `{project-root}`; by default the working directory, or the nearest folder inside it
+    /// above the agent in which the first `{project-root}/…` file of its start-up steps
+    /// exists.
     pub project_root: Option<PathBuf>,
+    /// The user's working directory (default: the current directory); a project root found
+    /// from the start-up files is never above it.
+    pub working_dir: Option<PathBuf>,
+    /// What the tools may do beyond the default (broad roots, hard-linked files).
+    pub policy: SandboxPolicy,
     /// The size limit of a file read or written (default [`DEFAULT_MAX_FILE_BYTES`]).
     pub max_file_bytes: Option<u64>,
     /// `{date}` (default: today, UTC).
@@ -57,15 +71,29 @@ impl StartedAgent {
         let log = options.file_log.clone().unwrap_or_default();
         let agent_path = std::fs::canonicalize(agent).map_err(|e| PathError::io(agent, &e))?;
         let folder = agent_path.parent().unwrap_or(&agent_path).to_owned();
+        // The agent file itself is the user's choice, wherever it is.
         let reader = Sandbox::new(std::slice::from_ref(&folder), &folder, &folder)?
             .with_max_bytes(max_bytes)
+            .with_policy(SandboxPolicy {
+                allow_broad_roots: true,
+                ..options.policy
+            })
             .with_log(log.clone());
         let (_, text) = reader.read_text(&agent_path.display().to_string(), "agent")?;
         let definition = AgentDefinition::parse(&agent_path, &text)?;
 
         let project = match &options.project_root {
             Some(root) => std::fs::canonicalize(root).map_err(|e| PathError::io(root, &e))?,
-            None => infer_project_root(&definition, &folder)?,
+            None => {
+                let here = match &options.working_dir {
+                    Some(dir) => dir.clone(),
+                    None => {
+                        std::env::current_dir().map_err(|e| PathError::io(Path::new("."), &e))?
+                    }
+                };
+                let here = std::fs::canonicalize(&here).map_err(|e| PathError::io(&here, &e))?;
+                infer_project_root(&definition, &folder, &here)
+            }
         };
         let roots = Roots::of_agent(&agent_path, &project);
         let mut vars = roots.variables(&options.date.clone().unwrap_or_else(today));
@@ -76,6 +104,7 @@ impl StartedAgent {
         ];
         let sandbox = Sandbox::new(&read_roots, &project, &project)?
             .with_max_bytes(max_bytes)
+            .with_policy(options.policy)
             .with_log(log);
 
         let mut loaded = Vec::new();
@@ -121,7 +150,7 @@ impl StartedAgent {
             }
         }
 
-        let output_folder = output_folder(&mut vars, &project)?;
+        let output_folder = output_folder(&mut vars, &project, &loaded)?;
         let sandbox = sandbox.with_write_root(Path::new(&output_folder))?;
         let system_prompt = prompt::system_prompt(&definition, &vars, &output_folder);
         let startup_message = prompt::startup_message(&definition, &vars, &loaded);
@@ -171,17 +200,37 @@ impl StartedAgent {
 }
 
 /// `{output_folder}` made absolute (a bare relative folder is under the project root) and
-/// stored back; the project root when the config has none.
-fn output_folder(vars: &mut Variables, project: &Path) -> Result<String, BundleError> {
+/// stored back; the project root when the config has none. A folder outside the project is
+/// refused: a bundle may narrow where the tools write, not widen it.
+fn output_folder(
+    vars: &mut Variables,
+    project: &Path,
+    loaded: &[LoadedFile],
+) -> Result<String, BundleError> {
     let Some(folder) = vars.value("output_folder") else {
         return Ok(project.display().to_string());
     };
     let folder = folder?;
-    let folder = if Path::new(&folder).is_absolute() {
-        folder
+    let absolute = if Path::new(&folder).is_absolute() {
+        PathBuf::from(&folder)
     } else {
-        project.join(folder).display().to_string()
+        project.join(&folder)
     };
+    // Compared on the canonical form, so that `..` or a link cannot lead out.
+    if !locate(&absolute)?.starts_with(project) {
+        let file = loaded
+            .iter()
+            .rev()
+            .find(|f| f.variables.iter().any(|v| v == "output_folder"))
+            .map_or_else(|| "The bundle".to_owned(), |f| f.path.display().to_string());
+        return Err(BundleError::WidensRoot {
+            file,
+            key: "output_folder".to_owned(),
+            value: folder,
+            project: project.to_owned(),
+        });
+    }
+    let folder = absolute.display().to_string();
     vars.set("output_folder", folder.clone());
     Ok(folder)
 }
@@ -224,8 +273,11 @@ fn roots_variable(name: &str) -> bool {
 }
 
 /// The nearest folder at or above `folder` in which the first `{project-root}/…` start-up
-/// file exists (or, failing that, its folder); the current directory when there is none.
-fn infer_project_root(agent: &AgentDefinition, folder: &Path) -> Result<PathBuf, BundleError> {
+/// file exists (or, failing that, its folder); the working directory `here` when there is
+/// none. Only folders the user's choices bound are candidates: for an agent inside the
+/// working directory, none above it; for one elsewhere (named by its path), none as broad
+/// as `/` or the home directory. A bundle thus never makes `/` the project.
+fn infer_project_root(agent: &AgentDefinition, folder: &Path, here: &Path) -> PathBuf {
     let first = agent
         .startup_steps()
         .iter()
@@ -237,21 +289,28 @@ fn infer_project_root(agent: &AgentDefinition, folder: &Path) -> Result<PathBuf,
                 .to_owned();
             variable_names(&rest).is_empty().then_some(rest)
         });
-    if let Some(rest) = first {
-        // The file itself, else its folder (so that a missing file is reported where it
-        // belongs rather than in the current directory).
-        let found = folder
-            .ancestors()
-            .find(|a| a.join(&rest).is_file())
-            .or_else(|| {
-                let parent = Path::new(&rest).parent()?.to_owned();
-                let parent = Some(parent).filter(|p| !p.as_os_str().is_empty())?;
-                folder.ancestors().find(|a| a.join(&parent).is_dir())
-            });
-        if let Some(root) = found {
-            return Ok(root.to_owned());
+    let Some(rest) = first else {
+        return here.to_owned();
+    };
+    let home = std::env::var_os("HOME").and_then(|h| std::fs::canonicalize(h).ok());
+    let inside = folder.starts_with(here);
+    let allowed = |a: &Path| {
+        if inside {
+            a.starts_with(here)
+        } else {
+            a.parent().is_some() && !home.as_deref().is_some_and(|h| h.starts_with(a))
         }
-    }
-    let here = std::env::current_dir().map_err(|e| PathError::io(Path::new("."), &e))?;
-    Ok(std::fs::canonicalize(&here).map_err(|e| PathError::io(&here, &e))?)
+    };
+    let candidates = || folder.ancestors().filter(|a| allowed(a));
+    // The file itself, else its folder (so that a missing file is reported where it belongs
+    // rather than in the working directory).
+    candidates()
+        .find(|a| a.join(&rest).is_file())
+        .or_else(|| {
+            let parent = Path::new(&rest).parent()?.to_owned();
+            let parent = Some(parent).filter(|p| !p.as_os_str().is_empty())?;
+            candidates().find(|a| a.join(&parent).is_dir())
+        })
+        .unwrap_or(here)
+        .to_owned()
 }

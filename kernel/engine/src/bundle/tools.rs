@@ -2,9 +2,13 @@
 //! `load_workflow_file` for a workflow agent playing a persona (it reads only the bundle's
 //! own folder).
 //!
-//! Each resolves the variables in the paths it gets (an unknown one is an error listing those
-//! available), goes through the session's sandbox, and turns every failure into a
-//! [`ToolError`] the model reads and can act on.
+//! Their parameters are the agent-bundle specification's, by name: `read_file(file_path)`,
+//! `execute_workflow(workflow_path, user_input?)`, `save_output(file_path, content)` (and
+//! `load_workflow_file(file_path)`), so a model or a prompt written for that specification
+//! calls them as it expects; a wrong name fails the schema check with both names in the
+//! error. Each resolves the variables in the paths it gets (an unknown one is an error
+//! listing those available), goes through the session's sandbox, and turns every failure
+//! into a [`ToolError`] the model reads and can act on.
 
 use std::sync::Arc;
 
@@ -17,6 +21,10 @@ use super::session::BundleSession;
 use super::vars::template_values;
 use super::workflow::load_workflow;
 use crate::tool::{Tool, ToolContext, ToolError};
+
+/// The note for a file cut in a tool result: files are returned whole or not at all.
+const FILE_CUT: &str = "The file is returned whole or not at all: work from its head and \
+                        tail, or ask the user for the part you need";
 
 /// `read_file`: the text of one file of the bundle or the project.
 #[derive(Debug, Clone)]
@@ -50,6 +58,7 @@ impl LoadWorkflowFile {
         let root = session.roots().bundle.clone();
         let bundle = Sandbox::new(std::slice::from_ref(&root), &root, &root)?
             .with_max_bytes(session.sandbox().max_bytes())
+            .with_policy(session.sandbox().policy())
             .with_log(session.file_log().clone());
         Ok(Self { session, bundle })
     }
@@ -71,11 +80,15 @@ impl Tool for LoadWorkflowFile {
         json!({
             "type": "object",
             "properties": {
-                "path": {"type": "string", "description": "The file, e.g. `workflows/plan/workflow.yaml`."}
+                "file_path": {"type": "string", "description": "The file, e.g. `workflows/plan/workflow.yaml`."}
             },
-            "required": ["path"],
+            "required": ["file_path"],
             "additionalProperties": false
         })
+    }
+
+    fn when_cut(&self) -> Option<&str> {
+        Some(FILE_CUT)
     }
 
     async fn call(&self, args: Value, _ctx: &ToolContext) -> Result<Value, ToolError> {
@@ -129,7 +142,7 @@ fn failed(err: impl Into<BundleError>) -> ToolError {
     ToolError::Failed(err.into().to_string())
 }
 
-/// The file `args.path` names (its variables resolved), read through `sandbox`.
+/// The file `args.file_path` names (its variables resolved), read through `sandbox`.
 fn read_named(
     session: &BundleSession,
     sandbox: &Sandbox,
@@ -138,7 +151,7 @@ fn read_named(
 ) -> Result<(std::path::PathBuf, String), ToolError> {
     let path = session
         .variables()
-        .resolve(string_arg(args, "path")?)
+        .resolve(string_arg(args, "file_path")?)
         .map_err(failed)?;
     sandbox.read_text(&path, by).map_err(failed)
 }
@@ -158,11 +171,15 @@ impl Tool for ReadFile {
         json!({
             "type": "object",
             "properties": {
-                "path": {"type": "string", "description": "The file to read, e.g. `{project-root}/docs/brief.md`."}
+                "file_path": {"type": "string", "description": "The file to read, e.g. `{project-root}/docs/brief.md`."}
             },
-            "required": ["path"],
+            "required": ["file_path"],
             "additionalProperties": false
         })
+    }
+
+    fn when_cut(&self) -> Option<&str> {
+        Some(FILE_CUT)
     }
 
     async fn call(&self, args: Value, _ctx: &ToolContext) -> Result<Value, ToolError> {
@@ -181,28 +198,38 @@ impl Tool for ExecuteWorkflow {
     fn description(&self) -> &str {
         "Load a workflow (`workflow.yaml`) with everything it needs: its resolved variables \
          (among them `default_output_file`), its instructions, its template and its data files. \
-         Then run the instructions step by step."
+         Then run the instructions step by step. `user_input` passes values the user gave \
+         (they fill the workflow's `{name}` variables; `data` names a data file to load)."
     }
 
     fn parameters(&self) -> Value {
         json!({
             "type": "object",
             "properties": {
-                "path": {"type": "string", "description": "The `workflow.yaml`, as the command names it."},
-                "data": {"type": "string", "description": "A data file the command passes along (its `data` handler), if any."}
+                "workflow_path": {"type": "string", "description": "The `workflow.yaml`, as the command names it."},
+                "user_input": {"type": "object", "description": "Values the user gave, by name (e.g. `{\"project_name\": \"Onboarding\"}`); `data` names a data file the command passes along (its `data` handler)."}
             },
-            "required": ["path"],
+            "required": ["workflow_path"],
             "additionalProperties": false
         })
     }
 
+    fn when_cut(&self) -> Option<&str> {
+        Some(FILE_CUT)
+    }
+
     async fn call(&self, args: Value, _ctx: &ToolContext) -> Result<Value, ToolError> {
-        let path = string_arg(&args, "path")?;
-        let data = match args.get("data") {
-            None | Some(Value::Null) => None,
-            Some(_) => Some(string_arg(&args, "data")?),
+        let path = string_arg(&args, "workflow_path")?;
+        let input = match args.get("user_input") {
+            None | Some(Value::Null) => serde_json::Map::new(),
+            Some(Value::Object(input)) => input.clone(),
+            Some(_) => {
+                return Err(ToolError::InvalidArguments(
+                    "`user_input` must be an object of values by name".to_owned(),
+                ));
+            }
         };
-        load_workflow(&self.session, path, data, self.name()).map_err(failed)
+        load_workflow(&self.session, path, &input, self.name()).map_err(failed)
     }
 }
 
@@ -214,35 +241,25 @@ impl Tool for SaveOutput {
 
     fn description(&self) -> &str {
         "Write a document (usually the workflow's `default_output_file`) under the output \
-         folder, creating the folders it needs. `append: true` adds to the end instead of \
-         replacing the file."
+         folder, creating the folders it needs. `content` is the whole document: it replaces \
+         the file."
     }
 
     fn parameters(&self) -> Value {
         json!({
             "type": "object",
             "properties": {
-                "path": {"type": "string", "description": "Where to write; variables such as `{output_folder}` are filled in."},
-                "content": {"type": "string", "description": "The whole text to write (or to add, with `append`)."},
-                "append": {"type": "boolean", "description": "Add to the end of the file instead of replacing it.", "default": false}
+                "file_path": {"type": "string", "description": "Where to write; variables such as `{output_folder}` are filled in."},
+                "content": {"type": "string", "description": "The whole text of the document."}
             },
-            "required": ["path", "content"],
+            "required": ["file_path", "content"],
             "additionalProperties": false
         })
     }
 
     async fn call(&self, args: Value, _ctx: &ToolContext) -> Result<Value, ToolError> {
-        let written = string_arg(&args, "path")?;
+        let written = string_arg(&args, "file_path")?;
         let content = string_arg(&args, "content")?;
-        let append = match args.get("append") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => {
-                return Err(ToolError::InvalidArguments(
-                    "`append` must be `true` or `false`".to_owned(),
-                ));
-            }
-        };
         let path = self.session.variables().resolve(written).map_err(failed)?;
         if let Some(name) = template_values(&path).into_iter().next() {
             return Err(failed(VariableError::TemplateValue {
@@ -253,8 +270,8 @@ impl Tool for SaveOutput {
         let path = self
             .session
             .sandbox()
-            .write_text(&path, content, append, self.name())
+            .write_text(&path, content, self.name())
             .map_err(failed)?;
-        Ok(json!({"path": path, "bytes": content.len(), "appended": append}))
+        Ok(json!({"path": path, "bytes": content.len()}))
     }
 }

@@ -4,7 +4,9 @@
 //! Variables resolve in this order: the agent's (roots, date, its config), then the
 //! workflow's own keys, which may refer to each other (`default_output_file:
 //! "{status_file}"`) and to a config (`user_name: "{config_source}:user_name"`).
-//! `date: system-generated` is today's date. The workflow then loads its `instructions`
+//! `date: system-generated` is today's date. The values the model passes in `user_input`
+//! (what the user answered or chose) come last and win, except over the agent's own roots and
+//! date; its `data` names a data file to load. The workflow then loads its `instructions`
 //! (variables filled in, unknown ones kept), its `template` (as written: its `{{…}}`
 //! placeholders are the model's to fill) and every other value that names a file inside the
 //! workflow's folder (data such as a CSV of methods, a checklist). Globs and files elsewhere
@@ -37,12 +39,13 @@ const NOT_DATA: [&str; 5] = [
     "default_output_file",
 ];
 
-/// Loads the workflow at `path` (variables allowed) and what it names; `data` is a file the
-/// command passes along. Returns the workflow context the model works from.
+/// Loads the workflow at `path` (variables allowed) and what it names, with the values of
+/// `user_input` (its `data`: a file the command passes along). Returns the workflow context
+/// the model works from.
 pub fn load_workflow(
     session: &BundleSession,
     path: &str,
-    data: Option<&str>,
+    user_input: &Map<String, Value>,
     by: &str,
 ) -> Result<Value, BundleError> {
     let sandbox = session.sandbox();
@@ -50,7 +53,22 @@ pub fn load_workflow(
     let (file, text) = sandbox.read_text(&path, by)?;
     let entries = yaml::parse_mapping(&file, &text)?;
     let folder = file.parent().unwrap_or(&file).to_owned();
-    let vars = workflow_variables(session, &file, &folder, &entries, by)?;
+    let mut vars = workflow_variables(session, &file, &folder, &entries, by)?;
+    for (key, value) in user_input {
+        if FIXED.contains(&key.as_str()) {
+            return Err(BundleError::WorkflowValue {
+                path: file.clone(),
+                key: format!("user_input.{key}"),
+                problem: format!(
+                    "cannot be set: `{{{key}}}` is the agent's own; leave it out of `user_input`"
+                ),
+            });
+        }
+        if let Some(text) = yaml::scalar_text(value) {
+            vars.set(key.clone(), text);
+        }
+    }
+    let data = user_input.get("data").and_then(Value::as_str);
 
     let mut variables = Map::new();
     for (key, value) in &entries {
@@ -130,6 +148,9 @@ pub fn load_workflow(
             "data".into(),
             json!({"path": data_path, "content": content}),
         );
+    }
+    if !user_input.is_empty() {
+        context.insert("user_input".into(), Value::Object(user_input.clone()));
     }
     context.insert("variables".into(), Value::Object(variables));
     Ok(Value::Object(context))

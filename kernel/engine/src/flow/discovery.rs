@@ -251,7 +251,7 @@ impl Tool for WritePlanningArtifact {
         let sandbox =
             Sandbox::new(std::slice::from_ref(&folder), &folder, &folder).map_err(failed)?;
         let path = sandbox
-            .write_text(name, content, false, self.name())
+            .write_text(name, content, self.name())
             .map_err(failed)?;
         let shown = path.display().to_string();
         let mut written: Vec<Value> = ctx

@@ -812,7 +812,10 @@ impl Tool for Huge {
 #[tokio::test]
 async fn a_huge_tool_result_is_cut_to_the_one_cap_with_a_note() {
     for (hint, how) in [
-        (None, "To see it, call `huge` again asking for less at a time"),
+        (
+            None,
+            "To see it, call `huge` again asking for less at a time",
+        ),
         (Some("Print a slice of it"), "Print a slice of it"),
     ] {
         let server = mock(json!([tool_calls(vec![call("huge", json!({}))]), "ok"])).await;
@@ -829,7 +832,10 @@ async fn a_huge_tool_result_is_cut_to_the_one_cap_with_a_note() {
             .into_iter()
             .next()
             .expect("a result");
-        assert!(text.starts_with("HEAD>") && text.ends_with("<TAIL"), "head and tail kept");
+        assert!(
+            text.starts_with("HEAD>") && text.ends_with("<TAIL"),
+            "head and tail kept"
+        );
         assert!(text.len() < 100_000 + 400, "{} bytes sent", text.len());
         let note = format!(
             "[... 9,900,000 of the 10,000,000 characters of this result were cut here: a tool \

@@ -170,15 +170,36 @@ fn start_up_reads_only_the_agent_and_its_config() {
 }
 
 #[test]
-fn the_project_root_is_inferred_from_the_start_up_files() {
+fn the_project_root_is_inferred_from_the_start_up_files_inside_the_working_directory() {
     for (tree, rel) in [("v6-alpha0", ALPHA), ("v6-installed", COMPILED)] {
         let project = Project::copy(tree);
+        // Run from the project, or from a folder above it: the bundle's project is found.
+        let above = project.root().parent().expect("a parent").to_owned();
+        for here in [project.root(), above] {
+            let options = StartOptions {
+                project_root: None,
+                working_dir: Some(here.clone()),
+                ..project.options()
+            };
+            let agent = StartedAgent::start(&project.path(rel), &options).expect("starts");
+            assert_eq!(
+                agent.session.roots().project,
+                project.root(),
+                "{tree} {here:?}"
+            );
+        }
+        // Run from inside the bundle: never above the working directory.
+        let inside = project.path(rel).parent().expect("agents/").to_owned();
         let options = StartOptions {
             project_root: None,
+            working_dir: Some(inside.clone()),
             ..project.options()
         };
-        let agent = StartedAgent::start(&project.path(rel), &options).expect("starts");
-        assert_eq!(agent.session.roots().project, project.root(), "{tree}");
+        let err = StartedAgent::start(&project.path(rel), &options).expect_err("no config");
+        assert!(
+            err.to_string().contains(&format!("`{}/", inside.display())),
+            "the config is looked for in the working directory: {err}"
+        );
     }
 }
 
@@ -247,7 +268,7 @@ async fn execute_workflow_loads_the_hand_written_workflow_with_its_files() {
     let agent = project.start(ALPHA);
     let before = agent.session.file_log().len();
     let context = tool(&agent, "execute_workflow")
-        .call(json!({"path": DESIGN}), &ctx())
+        .call(json!({"workflow_path": DESIGN}), &ctx())
         .await
         .expect("the workflow loads");
     let text = |v: &Value| project.redact(v.as_str().expect("a string"));
@@ -310,7 +331,7 @@ async fn execute_workflow_resolves_chained_keys_and_a_yaml_template() {
     let project = Project::copy("v6-installed");
     let agent = project.start(COMPILED);
     let context = tool(&agent, "execute_workflow")
-        .call(json!({"path": SPRINT}), &ctx())
+        .call(json!({"workflow_path": SPRINT}), &ctx())
         .await
         .expect("the workflow loads");
     let text = |v: &Value| project.redact(v.as_str().expect("a string"));
@@ -342,7 +363,7 @@ async fn execute_workflow_resolves_chained_keys_and_a_yaml_template() {
     assert_eq!(keys, ["validation"]);
 
     let story = tool(&agent, "execute_workflow")
-        .call(json!({"path": STORY}), &ctx())
+        .call(json!({"workflow_path": STORY}), &ctx())
         .await
         .expect("the workflow loads");
     assert_eq!(
@@ -359,28 +380,110 @@ async fn execute_workflow_resolves_chained_keys_and_a_yaml_template() {
 }
 
 #[tokio::test]
-async fn execute_workflow_passes_a_data_file_along() {
+async fn execute_workflow_takes_the_user_input_and_a_data_file() {
     let project = Project::copy("v6-alpha0");
     std::fs::write(project.path("brief.md"), "A brief.").expect("succeeds");
     let agent = project.start(ALPHA);
+    let input = json!({"data": "{project-root}/brief.md", "user_name": "Sam"});
     let context = tool(&agent, "execute_workflow")
         .call(
-            json!({"path": DESIGN, "data": "{project-root}/brief.md"}),
+            json!({"workflow_path": DESIGN, "user_input": input}),
             &ctx(),
         )
         .await
         .expect("loads");
     assert_eq!(context["data"]["content"], "A brief.");
+    assert_eq!(context["user_input"], input);
+    assert_eq!(
+        context["variables"]["user_name"], "Sam",
+        "the user's value wins"
+    );
+    let err = tool(&agent, "execute_workflow")
+        .call(
+            json!({"workflow_path": DESIGN, "user_input": {"project-root": "/"}}),
+            &ctx(),
+        )
+        .await
+        .expect_err("the roots are the agent's");
+    assert!(
+        err.to_string()
+            .contains("`user_input.project-root` cannot be set"),
+        "{err}"
+    );
+}
+
+/// The agent-bundle specification's schemas, exactly; a wrong name fails the schema check
+/// with both names in the error.
+#[tokio::test]
+async fn the_file_tools_take_the_specified_parameters() {
+    let project = Project::copy("v6-alpha0");
+    let agent = project.start(ALPHA);
+    let schemas: Vec<(String, Value)> = agent
+        .tools()
+        .iter()
+        .map(|t| (t.name().to_owned(), t.parameters()))
+        .collect();
+    let strip = |mut schema: Value| {
+        // Descriptions are for the model; the shape is what the specification fixes.
+        if let Some(props) = schema["properties"].as_object_mut() {
+            for prop in props.values_mut() {
+                if let Some(prop) = prop.as_object_mut() {
+                    prop.remove("description");
+                }
+            }
+        }
+        schema
+    };
+    let shapes: Vec<(String, Value)> = schemas.into_iter().map(|(n, s)| (n, strip(s))).collect();
+    assert_eq!(
+        shapes,
+        [
+            (
+                "read_file".to_owned(),
+                json!({"type": "object", "properties": {"file_path": {"type": "string"}},
+                       "required": ["file_path"], "additionalProperties": false})
+            ),
+            (
+                "execute_workflow".to_owned(),
+                json!({"type": "object", "properties": {"workflow_path": {"type": "string"},
+                       "user_input": {"type": "object"}},
+                       "required": ["workflow_path"], "additionalProperties": false})
+            ),
+            (
+                "save_output".to_owned(),
+                json!({"type": "object", "properties": {"file_path": {"type": "string"},
+                       "content": {"type": "string"}},
+                       "required": ["file_path", "content"], "additionalProperties": false})
+            ),
+        ]
+    );
+    let toolbox = agent
+        .tools()
+        .into_iter()
+        .try_fold(engine::Toolbox::new(), |b, t| b.with(t))
+        .expect("a toolbox");
+    let call = bridge::ToolCall {
+        id: "c1".into(),
+        name: "read_file".into(),
+        arguments: r#"{"path": "docs/brief.md"}"#.into(),
+    };
+    let err = toolbox.prepare(&call).err().expect("refused").to_string();
+    assert_eq!(
+        err,
+        "The arguments of `read_file` do not fit its parameters: Additional properties are not \
+         allowed ('path' was unexpected); \"file_path\" is a required property; fix them and \
+         call `read_file` again"
+    );
 }
 
 #[tokio::test]
-async fn save_output_writes_under_the_output_folder_and_appends() {
+async fn save_output_writes_whole_documents_under_the_output_folder() {
     let project = Project::copy("v6-alpha0");
     let agent = project.start(ALPHA);
     let save = tool(&agent, "save_output");
     let out = save
         .call(
-            json!({"path": "{output_folder}/design-thinking-{{date}}.md", "content": "# Design\n"}),
+            json!({"file_path": "{output_folder}/design-thinking-{{date}}.md", "content": "# Design\n"}),
             &ctx(),
         )
         .await
@@ -388,18 +491,18 @@ async fn save_output_writes_under_the_output_folder_and_appends() {
     let path = project.path(&format!("docs/design-thinking-{DATE}.md"));
     assert_eq!(out["path"], json!(path));
     save.call(
-        json!({"path": path, "content": "## Step 2\n", "append": true}),
+        json!({"file_path": path, "content": "# Design\n## Step 2\n"}),
         &ctx(),
     )
     .await
-    .expect("appended");
+    .expect("replaced");
     assert_eq!(
         std::fs::read_to_string(&path).expect("succeeds"),
         "# Design\n## Step 2\n"
     );
     let saved = save
         .call(
-            json!({"path": "{output_folder}/new/deeper/doc.md", "content": "x"}),
+            json!({"file_path": "{output_folder}/new/deeper/doc.md", "content": "x"}),
             &ctx(),
         )
         .await
@@ -407,7 +510,7 @@ async fn save_output_writes_under_the_output_folder_and_appends() {
     assert_eq!(saved["bytes"], 1);
     let log = agent.session.file_log().entries();
     let ops: Vec<FileOp> = log.iter().skip(2).map(|a| a.op).collect();
-    assert_eq!(ops, [FileOp::Write, FileOp::Append, FileOp::Write]);
+    assert_eq!(ops, [FileOp::Write, FileOp::Write, FileOp::Write]);
     assert!(log.iter().skip(2).all(|a| a.by == "save_output"));
 }
 
@@ -417,7 +520,7 @@ async fn save_output_refuses_a_template_value_left_in_the_path() {
     let agent = project.start(COMPILED);
     let err = tool(&agent, "save_output")
         .call(
-            json!({"path": "{implementation_artifacts}/{{story_key}}.md", "content": "x"}),
+            json!({"file_path": "{implementation_artifacts}/{{story_key}}.md", "content": "x"}),
             &ctx(),
         )
         .await
@@ -433,7 +536,7 @@ async fn an_unknown_variable_lists_the_ones_available() {
     let project = Project::copy("v6-installed");
     let agent = project.start(COMPILED);
     let err = tool(&agent, "read_file")
-        .call(json!({"path": "{secrets}/key.txt"}), &ctx())
+        .call(json!({"file_path": "{secrets}/key.txt"}), &ctx())
         .await
         .expect_err("fails");
     insta::assert_snapshot!(err.to_string(), @"Unknown variable `{secrets}` in `{secrets}/key.txt`; the variables available are: `{bundle-root}`, `{communication_language}`, `{core-root}`, `{date}`, `{document_output_language}`, `{implementation_artifacts}`, `{output_folder}`, `{planning_artifacts}`, `{project-root}`, `{project_knowledge}`, `{project_name}`, `{project_root}`, `{user_name}`, `{user_skill_level}`");

