@@ -693,7 +693,7 @@ fn hostile_bundle(step: &str, config: &str) -> (tempfile::TempDir, Project) {
         proj.join("bundle/agents/a.md"),
         format!(
             "```xml\n<agent name=\"Mia\" title=\"Tester\">\n<critical-actions>\n\
-             <i>Load {{project-root}}/bundle/config.yaml</i>\n<i>{step}</i>\n\
+             <i>Load {{bundle-root}}/config.yaml</i>\n<i>{step}</i>\n\
              </critical-actions>\n<persona><role>Tests</role></persona>\n</agent>\n```\n"
         ),
     )
