@@ -53,8 +53,12 @@ fn rlimits(limits: &Limits) -> Vec<(Resource, u64, u64, String)> {
     out
 }
 
-/// Applies the rlimits of `limits` (never raising one) and reports them.
+/// Applies the rlimits of `limits` (never raising one) and reports them. A write past the
+/// file size limit then fails with `EFBIG` ("File too large") instead of killing the
+/// process with `SIGXFSZ`: the signal is ignored, here and in every program it starts.
 pub(crate) fn apply(limits: &Limits) -> State {
+    // SAFETY: sets the disposition of one signal to "ignore"; no handler runs.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     let mut applied = Vec::new();
     let mut failed = Vec::new();
     for (resource, soft, hard, label) in rlimits(limits) {

@@ -477,6 +477,26 @@ fn a_file_past_the_size_limit_fails() {
 }
 
 #[test]
+fn a_program_writing_past_the_file_size_limit_gets_an_error_not_a_signal() {
+    let sandbox = Sandbox::new();
+    let run = sandbox.run(
+        &code(
+            r#"
+import subprocess
+# As the worker's embedded Python, which installs no signal handling of its own.
+r = subprocess.run(["/bin/sh", "-c", 'head -c 2097152 /dev/zero > "$SCRATCH/big"'],
+                   capture_output=True, text=True, restore_signals=False)
+print("returncode", r.returncode)
+print("stderr", r.stderr.strip())
+"#,
+        ),
+        &[],
+    );
+    assert_eq!(run.expect("returncode"), "1", "{run:#?}");
+    assert!(run.expect("stderr").contains("File too large"), "{run:#?}");
+}
+
+#[test]
 fn a_setsid_double_fork_does_not_outlive_the_worker() {
     for sandbox in sandboxes() {
         let run = sandbox.run(
