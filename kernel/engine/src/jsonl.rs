@@ -192,15 +192,21 @@ impl JsonlWriter<File> {
         )
     }
 
+    /// Writes to `file`, which the caller opened (the `rlm` binary opens its outputs through
+    /// its output guard); `path` names it in errors.
+    pub fn from_file(log: &'static str, file: File, path: impl Into<PathBuf>) -> Self {
+        let mut writer = Self::new(log, file);
+        writer.path = Some(path.into());
+        writer
+    }
+
     fn open(log: &'static str, path: &Path, options: &OpenOptions) -> Result<Self, JsonlError> {
         let file = options.open(path).map_err(|source| JsonlError::Open {
             log,
             path: path.to_owned(),
             source,
         })?;
-        let mut writer = Self::new(log, file);
-        writer.path = Some(path.to_owned());
-        Ok(writer)
+        Ok(Self::from_file(log, file, path))
     }
 }
 

@@ -71,6 +71,7 @@ impl StoreError {
             Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => {
                 Self::NotADatabase { path, source }
             }
+            Some(ErrorCode::ReadOnly) => Self::ReadOnly { path },
             _ => Self::Sqlite { path, source },
         }
     }
@@ -110,6 +111,15 @@ pub enum StoreError {
         /// SQLite's error.
         #[source]
         source: rusqlite::Error,
+    },
+    /// The database (or its folder, which takes its journal) cannot be written.
+    #[error(
+        "Checkpoint database `{path}` is read-only (the file, its folder or the file system); \
+         make it writable, or pass another `--db` to run or resume (listing it only reads)"
+    )]
+    ReadOnly {
+        /// The database file.
+        path: PathBuf,
     },
     /// The database was written by a newer version of rlm.
     #[error(

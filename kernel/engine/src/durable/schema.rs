@@ -76,16 +76,25 @@ CREATE TABLE leases (
 );
 ";
 
+/// How long a statement waits for another process's lock before the database counts as
+/// locked.
+pub(super) const BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The schema version of the file (0 for a new one), read without writing.
+pub(super) fn version(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.pragma_query_value(None, "user_version", |row| row.get(0))
+}
+
 /// Sets the connection up (WAL, foreign keys off by design: pruning cuts parent links) and
 /// creates or checks the schema. Returns the version found when it is newer than ours.
 pub(super) fn prepare(conn: &Connection) -> rusqlite::Result<Result<(), i64>> {
     // WAL: a reader never blocks the writer, and a crash mid-write leaves the last commit.
     // NORMAL sync is safe against a killed process (only power loss may lose the last commit).
     // The busy timeout first: switching to WAL itself waits for another process's lock.
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
-    let found: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0))?;
+    let found = version(conn)?;
     if found > VERSION {
         return Ok(Err(found));
     }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, MAIN_DB, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -276,13 +276,126 @@ struct ParentRow {
     base_bytes: i64,
 }
 
+/// A read-only connection to `path` whose pages passed `quick_check`; `immutable` reads the
+/// file as it is, without the WAL index (SQLite's `immutable=1`).
+fn read_only_connection(path: &Path, immutable: bool) -> Result<Connection, StoreError> {
+    let fail = |source| StoreError::sqlite(path.to_owned(), source);
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | OpenFlags::SQLITE_OPEN_URI;
+    let conn = if immutable {
+        Connection::open_with_flags(file_uri(path, "immutable=1"), flags)
+    } else {
+        Connection::open_with_flags(path, flags - OpenFlags::SQLITE_OPEN_URI)
+    }
+    .map_err(fail)?;
+    conn.busy_timeout(schema::BUSY_TIMEOUT).map_err(fail)?;
+    quick_check(&conn, path)?;
+    Ok(conn)
+}
+
+/// Whether `path` has a write-ahead log with commits that are not in the file yet (which an
+/// `immutable` read would miss).
+fn has_pending_log(path: &Path) -> bool {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    std::fs::metadata(PathBuf::from(wal)).is_ok_and(|m| m.len() > 0)
+}
+
+/// `file:` URI of `path` with `query`, every byte but unreserved ones and `/` percent-encoded.
+fn file_uri(path: &Path, query: &str) -> String {
+    use std::os::unix::ffi::OsStrExt as _;
+    let mut uri = String::from("file:");
+    for &byte in path.as_os_str().as_bytes() {
+        if byte.is_ascii_alphanumeric() || b"/-._~".contains(&byte) {
+            uri.push(char::from(byte));
+        } else {
+            uri.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    uri.push('?');
+    uri.push_str(query);
+    uri
+}
+
+/// SQLite's `quick_check` of every page's structure (O(pages), without the index checks of
+/// `integrity_check`): a damaged file is [`StoreError::NotADatabase`], whichever way SQLite
+/// reports it.
+fn quick_check(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let found = conn
+        .prepare("PRAGMA quick_check")
+        .and_then(|mut stmt| {
+            stmt.query_map([], |row| row.get::<_, String>(0))?
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .map_err(|source| StoreError::sqlite(path.to_owned(), source))?;
+    if found.len() == 1 && found[0] == "ok" {
+        return Ok(());
+    }
+    let problems = found.len();
+    let first = found.into_iter().next().unwrap_or_default();
+    Err(StoreError::NotADatabase {
+        path: path.to_owned(),
+        source: rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CORRUPT),
+            Some(format!(
+                "`PRAGMA quick_check` found {problems} problem(s), the first: {first}"
+            )),
+        ),
+    })
+}
+
 impl CheckpointStore {
-    /// Opens (or creates) the database at `path`.
+    /// Opens (or creates) the database at `path` for writing. Its pages are checked first
+    /// (`PRAGMA quick_check`): a damaged file is refused before anything is written to it, and
+    /// one SQLite could only open read-only is refused as [`StoreError::ReadOnly`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
-        let conn =
-            Connection::open(&path).map_err(|source| StoreError::sqlite(path.clone(), source))?;
+        let fail = |source| StoreError::sqlite(path.clone(), source);
+        let conn = Connection::open(&path).map_err(fail)?;
+        // SQLite falls back to reading a file it may not write; a writer wants to know now.
+        if conn.is_readonly(MAIN_DB).map_err(fail)? {
+            return Err(StoreError::ReadOnly { path });
+        }
+        conn.busy_timeout(schema::BUSY_TIMEOUT).map_err(fail)?;
+        quick_check(&conn, &path)?;
         Self::with_connection(conn, path)
+    }
+
+    /// Opens the existing database at `path` only to read it (`rlm flow runs`, `history`):
+    /// nothing is written, so it works on a read-only file, folder or mount. Its pages are
+    /// checked as [`open`](Self::open) does. A database of an older schema is upgraded in
+    /// place through [`open`](Self::open), as before any read.
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let conn = match read_only_connection(&path, false) {
+            // A WAL database needs its `-shm` index, which a read-only folder cannot take
+            // when its last writer closed cleanly (and so left no `-wal` either): read the
+            // file as it is.
+            Err(StoreError::Sqlite { source, .. })
+                if source.sqlite_error_code() == Some(rusqlite::ErrorCode::CannotOpen)
+                    && !has_pending_log(&path) =>
+            {
+                read_only_connection(&path, true)?
+            }
+            other => other?,
+        };
+        match schema::version(&conn).map_err(|source| StoreError::sqlite(path.clone(), source))? {
+            found if found > schema::VERSION => Err(StoreError::NewerSchema {
+                path,
+                found,
+                supported: schema::VERSION,
+            }),
+            found if found < schema::VERSION => {
+                drop(conn);
+                Self::open(path)
+            }
+            _ => Ok(Self {
+                conn: Mutex::new(conn),
+                path,
+                policy: SnapshotPolicy::default(),
+            }),
+        }
     }
 
     /// A store that lives in memory (for tests and dry runs).

@@ -6,6 +6,7 @@
 //! last step. Events carry no context
 //! payloads (contexts live in the kernel's REPL, never in events), so the log stays small.
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -69,6 +70,16 @@ impl EventLog {
             path,
             out: Mutex::new(out),
         })
+    }
+
+    /// Writes to `file`, which the caller opened (for appending, when a resumed run continues
+    /// its log); `path` names it in errors.
+    pub fn from_file(file: File, path: impl Into<PathBuf>) -> Self {
+        let path = path.into();
+        Self {
+            out: Mutex::new(JsonlWriter::from_file(LOG, file, path.clone())),
+            path,
+        }
     }
 
     /// Where it writes.

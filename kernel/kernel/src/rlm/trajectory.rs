@@ -77,6 +77,12 @@ impl TrajectoryWriter<File> {
     pub fn create(path: &Path) -> Result<Self, JsonlError> {
         Ok(Self::from_writer(JsonlWriter::create(LOG, path)?))
     }
+
+    /// Writes to `file`, which the caller opened (the `rlm` binary opens its outputs through
+    /// its output guard); `path` names it in errors.
+    pub fn from_file(file: File, path: &Path) -> Self {
+        Self::from_writer(JsonlWriter::from_file(LOG, file, path))
+    }
 }
 
 impl<W: Write + Send> TrajectoryWriter<W> {
