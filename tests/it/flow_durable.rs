@@ -47,12 +47,12 @@ def ship(state):
 
 /// A folder of workflows: `pipeline` (first → wait → last), `single` (one Python step as
 /// the root) and `ask` (ask → ship, `ask` escalates until a human answered).
-struct Flows {
-    dir: tempfile::TempDir,
+pub(crate) struct Flows {
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Flows {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
         file(d, "steps.py", STEPS);
@@ -79,29 +79,29 @@ impl Flows {
         Self { dir }
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
-    fn db(&self) -> String {
+    pub(crate) fn db(&self) -> String {
         self.path("runs.db").display().to_string()
     }
 
     /// `rlm flow ARGS... --db DB` plus the model flags (no model is called).
-    fn args(&self, args: &[&str]) -> Vec<String> {
+    pub(crate) fn args(&self, args: &[&str]) -> Vec<String> {
         let mut all: Vec<String> = ["flow"].iter().chain(args).map(|s| s.to_string()).collect();
         all.extend(["--db".into(), self.db()]);
         all
     }
 
-    fn model_args(&self, args: &[&str]) -> Vec<String> {
+    pub(crate) fn model_args(&self, args: &[&str]) -> Vec<String> {
         let mut all = self.args(args);
         all.extend(["--model", "none", "--base-url", "http://127.0.0.1:9/v1"].map(String::from));
         all
     }
 
     /// `rlm flow run pipeline.yaml --run-id ID` with the go/started files.
-    fn run_pipeline(&self, id: &str, extra: &[&str]) -> Vec<String> {
+    pub(crate) fn run_pipeline(&self, id: &str, extra: &[&str]) -> Vec<String> {
         let pipeline = self.path("pipeline.yaml").display().to_string();
         let go = format!("go_file={}", self.path("go").display());
         let started = format!("started_file={}", self.path("started").display());
@@ -112,7 +112,7 @@ impl Flows {
         self.model_args(&args)
     }
 
-    fn store(&self) -> CheckpointStore {
+    pub(crate) fn store(&self) -> CheckpointStore {
         CheckpointStore::open(self.path("runs.db")).expect("the run database opens")
     }
 
@@ -128,7 +128,7 @@ impl Flows {
     }
 
     /// How `runs --json` shows run `id`.
-    fn listed(&self, id: &str) -> Value {
+    pub(crate) fn listed(&self, id: &str) -> Value {
         let run = rlm(&self.args(&["runs", "--json"]), None);
         run.assert_code(0);
         run.json()
@@ -144,7 +144,7 @@ impl Flows {
             .to_owned()
     }
 
-    fn history(&self, id: &str) -> Vec<Value> {
+    pub(crate) fn history(&self, id: &str) -> Vec<Value> {
         let run = rlm(&self.args(&["history", id, "--json"]), None);
         run.assert_code(0);
         run.json().as_array().cloned().unwrap_or_default()
@@ -156,7 +156,7 @@ fn state_asked(flows: &Flows, id: &str) -> Value {
     flows.final_state(id)["asked"].clone()
 }
 
-fn nodes(history: &[Value]) -> Vec<String> {
+pub(crate) fn nodes(history: &[Value]) -> Vec<String> {
     history
         .iter()
         .map(|c| c["node"].as_str().unwrap_or_default().to_owned())
@@ -179,7 +179,7 @@ fn redact(text: &str, dir: &Path) -> String {
     time.replace_all(&text, "[time]").into_owned()
 }
 
-fn wait_for(path: &Path, child: &mut std::process::Child) {
+pub(crate) fn wait_for(path: &Path, child: &mut std::process::Child) {
     let start = Instant::now();
     while !path.exists() {
         if let Ok(Some(status)) = child.try_wait() {

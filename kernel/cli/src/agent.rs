@@ -10,7 +10,7 @@
 //! `python` tool over an embedded REPL session.
 
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -28,7 +28,9 @@ use serde_json::json;
 
 use crate::endpoints;
 use crate::exit::{RunOutcome, UsageError};
+use crate::outputs::{Document, Guard, Inputs, Output};
 use crate::questions::Questions;
+use crate::report::option_inputs;
 use crate::secrets;
 use crate::settings::{self, RunOptions};
 
@@ -78,7 +80,12 @@ pub(crate) struct AgentArgs {
 }
 
 /// `rlm agent`.
-pub(crate) fn execute(args: AgentArgs, file: RunOptions, verbosity: u8) -> Result<ExitCode> {
+pub(crate) fn execute(
+    args: AgentArgs,
+    file: RunOptions,
+    config_path: Option<&Path>,
+    verbosity: u8,
+) -> Result<ExitCode> {
     let opts = settings::merge(args.options, file);
     check_options(&opts)?;
     secrets::protect(&opts)?;
@@ -96,6 +103,15 @@ pub(crate) fn execute(args: AgentArgs, file: RunOptions, verbosity: u8) -> Resul
         },
     )
     .with_context(|| format!("Could not start the agent `{}`", args.agent.display()))?;
+    // Start-up only read files; no model has been called yet.
+    let file_log = args
+        .file_log
+        .as_ref()
+        .map(|path| {
+            Guard::new(agent_inputs(&started, &opts, config_path), opts.force())
+                .document(Output::new("--file-log", path))
+        })
+        .transpose()?;
     let interactive = args.message.is_empty();
     let json = opts.json();
     let config = LoopConfig {
@@ -177,8 +193,8 @@ pub(crate) fn execute(args: AgentArgs, file: RunOptions, verbosity: u8) -> Resul
         }
         last
     };
-    if let Some(path) = &args.file_log {
-        write_file_log(path, &started)?;
+    if let Some(file) = &file_log {
+        write_file_log(file, &started)?;
     }
     if json {
         session.print_json()?;
@@ -311,14 +327,29 @@ fn summary(metrics: &LoopMetrics) -> String {
     )
 }
 
-fn write_file_log(path: &std::path::Path, started: &StartedAgent) -> Result<()> {
+/// What the agent reads: its file, the bundle's folders (every file in them may be loaded by
+/// name), what its start-up loaded, and the configuration and prompt files.
+fn agent_inputs(started: &StartedAgent, opts: &RunOptions, config_path: Option<&Path>) -> Inputs {
+    let mut inputs = Inputs::new();
+    inputs.file("the agent file", &started.definition.path);
+    let roots = started.session.roots();
+    inputs.tree("the agent bundle", &roots.bundle);
+    inputs.tree("the agent bundle's core", &roots.core);
+    for loaded in &started.loaded {
+        inputs.file("a file the agent loaded", &loaded.path);
+    }
+    option_inputs(&mut inputs, opts, config_path);
+    inputs
+}
+
+/// `--file-log`: one JSON line per file the agent read or wrote, written whole at the end.
+fn write_file_log(file: &Document, started: &StartedAgent) -> Result<()> {
     let mut text = String::new();
     for access in started.session.file_log().entries() {
         text.push_str(&serde_json::to_string(&access)?);
         text.push('\n');
     }
-    std::fs::write(path, text)
-        .with_context(|| format!("Could not write the file log `{}`", path.display()))
+    file.write(text.as_bytes())
 }
 
 /// Prints the text of replies that also call tools (the last reply, the answer, is printed

@@ -22,8 +22,9 @@ use crate::contexts::ContextArgs;
 use crate::endpoints;
 use crate::exit::{RunOutcome, UsageError};
 use crate::observe::{self, Display};
+use crate::outputs::{Guard, Inputs};
 use crate::questions::Questions;
-use crate::report::{self, check_outputs, option_inputs};
+use crate::report::{self, option_inputs, run_outputs};
 use crate::settings::{self, RunOptions, at_least};
 
 /// Arguments of `rlm chat`.
@@ -73,9 +74,12 @@ pub(crate) fn execute(
     let config = endpoints::rlm_config(&opts)?;
     let mut session_config = endpoints::session_config(&opts)?;
     session_config.load = contexts.load;
-    let mut inputs = contexts.paths;
-    inputs.extend(option_inputs(&opts, config_path));
-    check_outputs(&opts, &inputs)?;
+    let mut inputs = Inputs::new();
+    for path in &contexts.paths {
+        inputs.context(path);
+    }
+    option_inputs(&mut inputs, &opts, config_path);
+    let outputs = run_outputs(&opts, &mut Guard::new(inputs, opts.force()))?;
     let session =
         ReplSession::with_inputs(session_config, Arc::clone(&endpoints), &contexts.inputs)
             .context("Could not load the context")?;
@@ -86,12 +90,12 @@ pub(crate) fn execute(
     if let Some(chars) = args.summary_chars {
         chat = chat.with_summary_limit(chars);
     }
-    let observed = observe::observe(chat.rlm(), opts.trajectory.as_deref(), display)?;
+    let observed = observe::observe(chat.rlm(), outputs.trajectory, display)?;
     let mut questions = Questions::open("? ")?;
     let mut last = RunOutcome::Answered;
     while let Some(question) = questions.next()? {
         let result = observed.run(|| chat.ask(&question))?;
-        last = report::report(&result, &opts, &question)?;
+        last = report::report(&result, &opts, &question, None)?;
         std::io::stdout().flush()?;
         if last == RunOutcome::Interrupted {
             break;

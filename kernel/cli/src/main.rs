@@ -122,7 +122,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Bench(args) => {
             let file = settings::load_config_file(cli.config.as_deref())?;
-            bench::execute(*args, file)
+            let path = settings::config_file_path(cli.config.as_deref());
+            bench::execute(*args, file, path.as_deref())
         }
         Command::Eval(args) => {
             let file = settings::load_config_file(cli.config.as_deref())?;
@@ -131,7 +132,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Agent(args) => {
             let file = settings::load_config_file(cli.config.as_deref())?;
-            agent::execute(*args, file, cli.verbose)
+            let path = settings::config_file_path(cli.config.as_deref());
+            agent::execute(*args, file, path.as_deref(), cli.verbose)
         }
         Command::Show(args) => show::execute(&args),
         Command::MockLm(args) => {
@@ -142,7 +144,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Doctor(args) => doctor::execute(&args),
         Command::Flow(args) => {
             let file = settings::load_config_file(cli.config.as_deref())?;
-            flow::execute(args, file)
+            let path = settings::config_file_path(cli.config.as_deref());
+            flow::execute(args, file, path.as_deref())
         }
     }
 }

@@ -4,7 +4,6 @@
 //! by `rlm run`, `rlm chat` and `rlm demo`.
 
 use std::io::{IsTerminal, Write as _};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +17,7 @@ use kernel::rlm::{
 };
 
 use crate::exit::EXIT_INTERRUPTED;
+use crate::outputs::LogFile;
 use crate::secrets::redact;
 use crate::settings::RunOptions;
 use crate::trace::TraceHook;
@@ -53,7 +53,7 @@ pub(crate) fn run_loop(
     config: RlmConfig,
     endpoints: Arc<Endpoints>,
     session: Arc<ReplSession>,
-    trajectory: Option<&Path>,
+    trajectory: Option<LogFile>,
     display: Display,
 ) -> Result<RlmResult> {
     let mut rlm = Rlm::new(config, endpoints, session);
@@ -72,12 +72,12 @@ pub(crate) struct Observer {
 /// Adds the trajectory, trace and progress hooks to `rlm` and stops it on Ctrl-C.
 pub(crate) fn observe(
     rlm: &mut Rlm,
-    trajectory: Option<&Path>,
+    trajectory: Option<LogFile>,
     display: Display,
 ) -> Result<Observer> {
-    if let Some(path) = trajectory {
-        // The error names the file.
-        rlm.add_hook(TrajectoryWriter::create(path)?);
+    if let Some(log) = trajectory {
+        let log = log.open()?;
+        rlm.add_hook(TrajectoryWriter::from_file(log.file, &log.path));
     }
     let show_bar = display != Display::Quiet && std::io::stderr().is_terminal();
     let bar = if show_bar {

@@ -8,7 +8,7 @@
 //! appears only when there is none. Known secrets are `[redacted]` in all of it.
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
@@ -16,41 +16,56 @@ use kernel::rlm::{FinalNote, RlmResult, TerminationReason};
 use serde_json::{Map, Value, json};
 
 use crate::exit::RunOutcome;
-use crate::outputs::{self, Output};
+use crate::outputs::{Document, Guard, Inputs, LogFile, LogStart, Output};
 use crate::secrets::redact;
 use crate::settings::RunOptions;
 use crate::trace::{self, SubCallCounts};
 
-/// Checks before the run that no output clobbers an input and that `--answer-file` can be
-/// written (without touching it), so a typo in its path does not surface only after the
-/// models were paid for.
-pub(crate) fn check_outputs(opts: &RunOptions, inputs: &[PathBuf]) -> Result<()> {
-    let outputs: Vec<Output<'_>> = [
-        ("answer-file", opts.answer_file.as_deref()),
-        ("trajectory", opts.trajectory.as_deref()),
-    ]
-    .into_iter()
-    .filter_map(|(flag, path)| Some(Output { flag, path: path? }))
-    .collect();
-    outputs::check_outputs(inputs, &outputs, opts.force())?;
-    if let Some(path) = &opts.answer_file {
-        outputs::check_answer_file(path)?;
+/// The files a run writes, cleared by the output guard before anything loads.
+pub(crate) struct RunOutputs {
+    /// `--trajectory`.
+    pub(crate) trajectory: Option<LogFile>,
+    /// `--answer-file`.
+    pub(crate) answer: Option<Document>,
+}
+
+/// Declares `--answer-file` and `--trajectory` to `guard`, so that a clash or a path that
+/// cannot be written is said before the models are paid for.
+pub(crate) fn run_outputs(opts: &RunOptions, guard: &mut Guard) -> Result<RunOutputs> {
+    let answer = opts
+        .answer_file
+        .as_ref()
+        .map(|path| guard.document(Output::new("--answer-file", path)))
+        .transpose()?;
+    let trajectory = opts
+        .trajectory
+        .as_ref()
+        .map(|path| guard.log(Output::new("--trajectory", path), LogStart::Fresh))
+        .transpose()?;
+    Ok(RunOutputs { trajectory, answer })
+}
+
+/// Adds what a run reads besides its contexts: the configuration and prompt files.
+pub(crate) fn option_inputs(inputs: &mut Inputs, opts: &RunOptions, config: Option<&Path>) {
+    if let Some(path) = config {
+        inputs.file("the configuration file", path);
     }
-    Ok(())
-}
-
-/// The files a run reads besides its contexts: the configuration and prompt files.
-pub(crate) fn option_inputs(opts: &RunOptions, config: Option<&Path>) -> Vec<PathBuf> {
-    config
+    for path in [&opts.prompt_extension, &opts.system_prompt]
         .into_iter()
-        .chain(opts.prompt_extension.as_deref())
-        .chain(opts.system_prompt.as_deref())
-        .map(Path::to_path_buf)
-        .collect()
+        .flatten()
+    {
+        inputs.file("the prompt file", path);
+    }
 }
 
-/// Prints the result: JSON, or the answer as the last stdout line(s); writes `--answer-file`.
-pub(crate) fn report(result: &RlmResult, opts: &RunOptions, query: &str) -> Result<RunOutcome> {
+/// Prints the result: JSON, or the answer as the last stdout line(s); writes `answer` (the
+/// `--answer-file` the output guard cleared).
+pub(crate) fn report(
+    result: &RlmResult,
+    opts: &RunOptions,
+    query: &str,
+    answer: Option<&Document>,
+) -> Result<RunOutcome> {
     let outcome = RunOutcome::of(result.termination_reason);
     let mut stdout = std::io::stdout().lock();
     // Known secrets are redacted from everything printed or written here.
@@ -77,9 +92,9 @@ pub(crate) fn report(result: &RlmResult, opts: &RunOptions, query: &str) -> Resu
         }
     }
     // After stdout: an answer file that cannot be written must not cost the answer.
-    if let Some(path) = &opts.answer_file {
+    if let Some(file) = answer {
         let answer = redact(result.answer.as_deref().unwrap_or_default());
-        outputs::write_answer_file(path, &answer)?;
+        file.write(answer.as_bytes())?;
     }
     if result.answer.is_none() {
         eprintln!("{}", no_answer(opts.trajectory.as_deref()));

@@ -21,7 +21,8 @@ use crate::contexts::{self, ContextArgs};
 use crate::endpoints::{self, Keys};
 use crate::exit::{self, UsageError};
 use crate::observe::{Display, run_loop};
-use crate::report::{self, check_outputs, option_inputs};
+use crate::outputs::{Guard, Inputs};
+use crate::report::{self, option_inputs, run_outputs};
 use crate::secrets;
 use crate::settings::{self, RunOptions};
 
@@ -114,9 +115,12 @@ pub(crate) fn execute(
     let mut session_config = endpoints::session_config(&opts)?;
     let contexts = args.context.resolve()?;
     session_config.load = contexts.load;
-    let mut inputs = contexts.paths;
-    inputs.extend(option_inputs(&opts, config_path));
-    check_outputs(&opts, &inputs)?;
+    let mut inputs = Inputs::new();
+    for path in &contexts.paths {
+        inputs.context(path);
+    }
+    option_inputs(&mut inputs, &opts, config_path);
+    let outputs = run_outputs(&opts, &mut Guard::new(inputs, opts.force()))?;
     let session =
         ReplSession::with_inputs(session_config, Arc::clone(&endpoints), &contexts.inputs)
             .context("Could not load the context")?;
@@ -132,8 +136,8 @@ pub(crate) fn execute(
         config,
         endpoints,
         Arc::new(session),
-        opts.trajectory.as_deref(),
+        outputs.trajectory,
         display,
     )?;
-    Ok(report::report(&result, &opts, &args.query)?.exit_code())
+    Ok(report::report(&result, &opts, &args.query, outputs.answer.as_ref())?.exit_code())
 }

@@ -188,7 +188,8 @@ pub(crate) struct RunOptions {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub(crate) trace: Option<bool>,
 
-    /// Overwrite an existing `--trajectory` file (outputs that are inputs are refused even so).
+    /// Overwrite an existing output file (`--trajectory`, `--answer-file`, `--plot`, …); outputs
+    /// that are inputs are refused even so.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub(crate) force: Option<bool>,
 }

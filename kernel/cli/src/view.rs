@@ -2,13 +2,13 @@
 //! library's [`kernel::rlm::render_trajectory_html`] (the notebook shows the same view), or a
 //! workflow's event log (`rlm flow run --events`) by [`kernel::flow::render_event_log_html`].
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
 
-use crate::exit::UsageError;
+use crate::outputs::{Guard, Inputs, Output};
 
 /// Arguments of `rlm view`.
 #[derive(Debug, Args)]
@@ -20,6 +20,10 @@ pub(crate) struct ViewArgs {
     /// Where to write the page (default: the trajectory's path with `.html`).
     #[arg(long, short = 'o', value_name = "FILE")]
     pub(crate) output: Option<PathBuf>,
+
+    /// Overwrite an existing page (the trajectory itself is refused even so).
+    #[arg(long)]
+    pub(crate) force: bool,
 }
 
 /// Writes the page; the default output is the trajectory's path with `.html`.
@@ -28,13 +32,13 @@ pub(crate) fn execute(args: ViewArgs) -> Result<ExitCode> {
         .output
         .clone()
         .unwrap_or_else(|| args.trajectory.with_extension("html"));
-    if same_file(&output, &args.trajectory) {
-        return Err(UsageError::new(format!(
-            "`-o {}` is the trajectory itself; pick another output path",
-            output.display()
-        ))
-        .into());
-    }
+    let mut inputs = Inputs::new();
+    inputs.file("the trajectory", &args.trajectory);
+    let declared = match &args.output {
+        Some(path) => Output::new("-o", path),
+        None => Output::named("the page", &output),
+    };
+    let page = Guard::new(inputs, args.force).document(declared)?;
     let jsonl = std::fs::read_to_string(&args.trajectory).with_context(|| {
         format!(
             "Could not read the trajectory `{}`; pass the file written by `rlm run --trajectory FILE`",
@@ -48,13 +52,7 @@ pub(crate) fn execute(args: ViewArgs) -> Result<ExitCode> {
         kernel::rlm::render_trajectory_html(&jsonl, false)
             .with_context(|| format!("Cannot show `{}`", args.trajectory.display()))?
     };
-    std::fs::write(&output, html)
-        .with_context(|| format!("Could not write `{}`", output.display()))?;
+    page.write(html.as_bytes())?;
     eprintln!("wrote {}", output.display());
     Ok(ExitCode::SUCCESS)
-}
-
-fn same_file(a: &Path, b: &Path) -> bool {
-    let canonical = |p: &Path| -> Option<PathBuf> { p.canonicalize().ok() };
-    a == b || matches!((canonical(a), canonical(b)), (Some(x), Some(y)) if x == y)
 }

@@ -39,6 +39,8 @@ use kernel::repl::{ContextInput, ContextSource, ReplSession, SessionConfig};
 
 use crate::endpoints;
 use crate::exit::{self, EXIT_INTERRUPTED, EXIT_LIMIT, LimitError, UsageError};
+use crate::outputs::{Guard, Inputs, Output};
+use crate::report::option_inputs;
 use crate::settings::{self, RunOptions};
 use report::{Measured, Path, Row};
 
@@ -147,8 +149,12 @@ impl InProcessMock {
     }
 }
 
-/// `rlm bench`.
-pub(crate) fn execute(args: BenchArgs, file: RunOptions) -> Result<ExitCode> {
+/// `rlm bench`; `config_path` is the configuration file in use.
+pub(crate) fn execute(
+    args: BenchArgs,
+    file: RunOptions,
+    config_path: Option<&std::path::Path>,
+) -> Result<ExitCode> {
     let mut opts = settings::merge(args.options.clone(), file);
     exit::json_errors(opts.json());
     crate::secrets::protect(&opts)?;
@@ -159,9 +165,13 @@ pub(crate) fn execute(args: BenchArgs, file: RunOptions) -> Result<ExitCode> {
         )
         .into());
     }
-    if let Some(plot) = &args.plot {
-        check_plot_path(plot)?;
-    }
+    let mut inputs = Inputs::new();
+    option_inputs(&mut inputs, &opts, config_path);
+    let plot = args
+        .plot
+        .as_ref()
+        .map(|path| Guard::new(inputs, opts.force()).document(Output::new("--plot", path)))
+        .transpose()?;
     if let Some(n) = args.max_calls {
         opts.max_sub_calls = Some(opts.max_sub_calls.map_or(n, |m| m.min(n)));
     }
@@ -300,10 +310,10 @@ pub(crate) fn execute(args: BenchArgs, file: RunOptions) -> Result<ExitCode> {
     }
     out.flush()?;
     drop(out);
-    if let Some(plot) = &args.plot {
+    if let Some(plot) = &plot {
         plot::write(plot, &rows, &title)?;
         if !opts.quiet() {
-            eprintln!("plot: {}", plot.display());
+            eprintln!("plot: {}", plot.path().display());
         }
     }
     if let Some((limit, path, width, calls)) = budget_stop {
@@ -328,30 +338,6 @@ pub(crate) fn execute(args: BenchArgs, file: RunOptions) -> Result<ExitCode> {
         return Ok(ExitCode::from(EXIT_INTERRUPTED));
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// `--plot` must be a file in an existing folder (checked before any call is paid for).
-fn check_plot_path(path: &std::path::Path) -> Result<()> {
-    if path.is_dir() {
-        return Err(UsageError::new(format!(
-            "`--plot` `{}` is a directory; name a file such as `bench.svg`",
-            path.display()
-        ))
-        .into());
-    }
-    let parent = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    if !parent.is_dir() {
-        return Err(UsageError::new(format!(
-            "`--plot` `{}`: the folder `{}` does not exist",
-            path.display(),
-            parent.display()
-        ))
-        .into());
-    }
-    Ok(())
 }
 
 /// Words the prompts are made of (deterministic, varied, so no two prompts share a prefix

@@ -1,21 +1,20 @@
 //! `--plot FILE`: calls/s and p99 latency against the width, one line per path, as an SVG
 //! (plotters' SVG backend: text is left to the viewer's fonts, nothing is fetched).
 
-use std::path::Path;
-
-use anyhow::{Context, Result};
+use anyhow::Result;
 use plotters::prelude::*;
 
 use super::report::{Path as CallPath, Row};
+use crate::outputs::Document;
 
 /// What one panel plots of a row.
 type Metric = fn(&Row) -> Option<f64>;
 
 /// Draw `rows` into `file`.
-pub(crate) fn write(file: &Path, rows: &[Row], title: &str) -> Result<()> {
-    let svg = render(rows, title).map_err(|e| anyhow::anyhow!("{e}"))?;
-    std::fs::write(file, svg)
-        .with_context(|| format!("Could not write the plot `{}`", file.display()))
+pub(crate) fn write(file: &Document, rows: &[Row], title: &str) -> Result<()> {
+    let svg = render(rows, title)
+        .map_err(|e| anyhow::anyhow!("Could not draw the plot `{}`: {e}", file.path().display()))?;
+    file.write(svg.as_bytes())
 }
 
 fn render(rows: &[Row], title: &str) -> Result<String, Box<dyn std::error::Error>> {

@@ -20,9 +20,10 @@ use clap::Args;
 use kernel::repl::{ContextSource, ReplSession};
 
 use crate::endpoints;
-use crate::exit::{RunOutcome, UsageError};
+use crate::exit::RunOutcome;
 use crate::observe::{self, Display};
-use crate::report::{self, check_outputs, option_inputs};
+use crate::outputs::{Guard, Inputs, Output, Scratch};
+use crate::report::{self, option_inputs, run_outputs};
 use crate::settings::{self, RunOptions};
 
 /// Arguments of `rlm demo`.
@@ -62,6 +63,16 @@ pub(crate) fn execute(
     let mut opts = settings::merge(args.options, file);
     // First, while the process has one thread and no Python: keys leave the environment.
     crate::secrets::protect(&opts)?;
+    // `--keep-context` is an output too: it must not replace a file the user has.
+    let mut inputs = Inputs::new();
+    option_inputs(&mut inputs, &opts, config_path);
+    let mut guard = Guard::new(inputs, opts.force());
+    let keep = args
+        .keep_context
+        .as_ref()
+        .map(|path| guard.document(Output::new("--keep-context", path)))
+        .transpose()?;
+    let outputs = run_outputs(&opts, &mut guard)?;
     let runtime = kernel::runtime::shared();
     let server = if opts.base_url.is_none() {
         let script =
@@ -83,30 +94,16 @@ pub(crate) fn execute(
         None
     };
 
-    // `--keep-context` is an output too: it must not replace a file the user has.
-    if let Some(path) = &args.keep_context
-        && !opts.force()
-        && path.exists()
-    {
-        return Err(UsageError::new(format!(
-            "`--keep-context` `{}` already exists; pass `--force` to overwrite it, or choose another path",
-            path.display()
-        ))
-        .into());
-    }
-    check_outputs(&opts, &option_inputs(&opts, config_path))?;
-
     let size = (args.size_mb.max(0.01) * 1e6) as usize;
     let logs = logs::generate(size, args.seed);
-    let (path, _guard) = match &args.keep_context {
-        Some(path) => (path.clone(), None),
-        None => {
-            let dir = tempfile::tempdir().context("Could not create a temporary directory")?;
-            (dir.path().join("service.log"), Some(dir))
+    let scratch = Scratch::new()?;
+    let path = match &keep {
+        Some(file) => {
+            file.write(logs.text.as_bytes())?;
+            file.path().to_path_buf()
         }
+        None => scratch.write("service.log", logs.text.as_bytes())?,
     };
-    std::fs::write(&path, &logs.text)
-        .with_context(|| format!("Could not write the demo context to `{}`", path.display()))?;
     if !opts.quiet() {
         eprintln!(
             "context: {} ({:.1} MB, {} lines across {} services)",
@@ -121,7 +118,7 @@ pub(crate) fn execute(
     let session = ReplSession::new(
         endpoints::session_config(&opts)?,
         Arc::clone(&endpoints),
-        &[ContextSource::Path(PathBuf::from(&path))],
+        &[ContextSource::Path(path.clone())],
     )
     .context("Could not load the demo context")?;
     let display = Display::choose(&opts, verbosity, Display::Trace);
@@ -130,7 +127,7 @@ pub(crate) fn execute(
         endpoints::rlm_config(&opts)?,
         endpoints,
         Arc::new(session),
-        opts.trajectory.as_deref(),
+        outputs.trajectory,
         display,
     )?;
     if let Some(server) = server.as_ref() {
@@ -140,7 +137,7 @@ pub(crate) fn execute(
     if let Some(server) = server {
         runtime.block_on(server.shutdown());
     }
-    let outcome = report::report(&result, &opts, QUERY)?;
+    let outcome = report::report(&result, &opts, QUERY, outputs.answer.as_ref())?;
 
     let verdict = check(result.answer.as_deref(), &logs.errors_by_service);
     match &verdict {

@@ -14,9 +14,11 @@ mod runner;
 mod scripted;
 mod summary;
 
+use std::collections::HashMap;
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Mutex;
 
 use anyhow::{Context as _, Result};
 use bridge::mock::Script;
@@ -27,7 +29,7 @@ use serde_json::json;
 
 use crate::endpoints;
 use crate::exit::{self, EXIT_INTERRUPTED, UsageError};
-use crate::outputs::{self, Output};
+use crate::outputs::{Document, Guard, Inputs, LogFile, LogStart, Output};
 use crate::report::option_inputs;
 use crate::secrets::redact;
 use crate::settings::{self, RunOptions};
@@ -158,11 +160,8 @@ pub(crate) fn execute(
             })
         })
         .collect();
-    check_outputs(&args, &jobs, &opts, config_path)?;
-    if let Some(dir) = &args.out {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("Could not create the folder `{}`", dir.display()))?;
-    }
+    let outputs = declare_outputs(&args, &jobs, &opts, config_path)?;
+    let trajectories = Mutex::new(outputs.trajectories);
 
     // Each run builds its own registry (see `runner`); building one now checks the options.
     endpoints::build_endpoints(&opts)?;
@@ -182,7 +181,7 @@ pub(crate) fn execute(
         needles: args.needles as usize,
         parallel: args.parallel as usize,
         baseline_window: args.baseline_window,
-        out: args.out.as_deref(),
+        trajectories: &trajectories,
         priced,
         rlm_config: endpoints::rlm_config(&opts)?,
         session_config: endpoints::session_config(&opts)?,
@@ -213,13 +212,11 @@ pub(crate) fn execute(
         "runs": records,
     });
     let text = redact(&serde_json::to_string_pretty(&document)?).into_owned();
-    if let Some(dir) = &args.out {
-        let path = dir.join("results.json");
-        std::fs::write(&path, format!("{text}\n"))
-            .with_context(|| format!("Could not write `{}`", path.display()))?;
+    if let Some(results) = &outputs.results {
+        results.write(format!("{text}\n").as_bytes())?;
     }
-    if let Some(path) = &args.plot {
-        plot::write_plot(path, &rows, args.scripted)?;
+    if let Some(file) = &outputs.plot {
+        plot::write_plot(file, &rows, args.scripted)?;
     }
     let mut stdout = std::io::stdout().lock();
     if opts.json() {
@@ -279,15 +276,30 @@ pub(crate) fn execute(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Refuses before any run: an output that would replace an existing file without `--force`,
-/// or that is an input (the configuration or a prompt file).
-fn check_outputs(
+/// The files an evaluation writes, cleared by the output guard.
+struct EvalOutputs {
+    /// Each job's trajectory in `--out`, by the job's stem.
+    trajectories: HashMap<String, LogFile>,
+    /// `results.json` in `--out`.
+    results: Option<Document>,
+    /// `--plot`.
+    plot: Option<Document>,
+}
+
+/// Declares every output before any run: one that would replace an existing file without
+/// `--force`, or that is an input (the configuration or a prompt file), is refused.
+fn declare_outputs(
     args: &EvalArgs,
     jobs: &[Job],
     opts: &RunOptions,
     config_path: Option<&Path>,
-) -> Result<()> {
-    let mut outputs: Vec<PathBuf> = args.plot.iter().cloned().collect();
+) -> Result<EvalOutputs> {
+    let mut inputs = Inputs::new();
+    option_inputs(&mut inputs, opts, config_path);
+    let mut guard = Guard::new(inputs, opts.force());
+    let mut results = None;
+    let mut trajectories = HashMap::new();
+    let mut files = Vec::new();
     if let Some(dir) = &args.out {
         if dir.exists() && !dir.is_dir() {
             return Err(UsageError::new(format!(
@@ -296,38 +308,26 @@ fn check_outputs(
             ))
             .into());
         }
-        outputs.push(dir.join("results.json"));
-        outputs.extend(jobs.iter().map(|j| dir.join(format!("{}.jsonl", j.stem()))));
+        let out = |name: String| Output::new("--out", dir.join(name)).creating_folders();
+        files.push(out("results.json".into()));
+        files.extend(jobs.iter().map(|job| out(format!("{}.jsonl", job.stem()))));
     }
-    let inputs = option_inputs(opts, config_path);
-    let as_outputs: Vec<Output<'_>> = outputs
-        .iter()
-        .map(|path| Output {
-            flag: if Some(path) == args.plot.as_ref() {
-                "plot"
-            } else {
-                "out"
-            },
-            path,
-        })
-        .collect();
-    outputs::check_outputs(&inputs, &as_outputs, true)?;
-    if opts.force() {
-        return Ok(());
+    let plot = args.plot.as_ref().map(|path| Output::new("--plot", path));
+    let all: Vec<Output> = plot.iter().chain(&files).cloned().collect();
+    guard.refuse_existing(&all, "outputs of this evaluation")?;
+    let plot = plot.map(|plot| guard.document(plot)).transpose()?;
+    let mut files = files.into_iter();
+    if let Some(file) = files.next() {
+        results = Some(guard.document(file)?);
     }
-    let existing: Vec<&PathBuf> = outputs.iter().filter(|p| p.exists()).collect();
-    if let Some(first) = existing.first() {
-        return Err(UsageError::new(format!(
-            "`{}` already exists{}; pass `--force` to overwrite, or choose another path",
-            first.display(),
-            match existing.len() {
-                1 => String::new(),
-                n => format!(" (and {} more outputs of this evaluation)", n - 1),
-            }
-        ))
-        .into());
+    for (job, file) in jobs.iter().zip(files) {
+        trajectories.insert(job.stem(), guard.log(file, LogStart::Fresh)?);
     }
-    Ok(())
+    Ok(EvalOutputs {
+        trajectories,
+        results,
+        plot,
+    })
 }
 
 fn progress_bar(opts: &RunOptions, runs: usize) -> ProgressBar {

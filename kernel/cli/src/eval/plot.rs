@@ -1,14 +1,13 @@
 //! `--plot FILE.svg`: score against context size, one line per task and method (RLM solid,
 //! baseline dashed), as a self-contained SVG.
 
-use std::path::Path;
-
 use anyhow::{Context as _, Result};
 use kernel::eval::{TaskKind, format_size};
 use plotters::prelude::*;
 
 use super::runner::Method;
 use super::summary::Row;
+use crate::outputs::Document;
 
 const COLOURS: [RGBColor; 3] = [
     RGBColor(0x1f, 0x77, 0xb4),
@@ -16,17 +15,19 @@ const COLOURS: [RGBColor; 3] = [
     RGBColor(0x2c, 0xa0, 0x2c),
 ];
 
-/// Writes the plot of `rows` to `path`.
-pub(super) fn write_plot(path: &Path, rows: &[Row], scripted: bool) -> Result<()> {
-    draw(path, rows, scripted)
-        .with_context(|| format!("Could not write the plot `{}`", path.display()))
+/// Writes the plot of `rows` to `file`.
+pub(super) fn write_plot(file: &Document, rows: &[Row], scripted: bool) -> Result<()> {
+    let mut svg = String::new();
+    draw(&mut svg, rows, scripted)
+        .with_context(|| format!("Could not draw the plot `{}`", file.path().display()))?;
+    file.write(svg.as_bytes())
 }
 
-fn draw(path: &Path, rows: &[Row], scripted: bool) -> Result<()> {
+fn draw(svg: &mut String, rows: &[Row], scripted: bool) -> Result<()> {
     let sizes = rows.iter().map(|r| r.size_tokens as f64);
     let lo = sizes.clone().fold(f64::INFINITY, f64::min).min(1e12);
     let hi = sizes.fold(1.0, f64::max);
-    let root = SVGBackend::new(path, (820, 500)).into_drawing_area();
+    let root = SVGBackend::with_string(svg, (820, 500)).into_drawing_area();
     root.fill(&WHITE)?;
     let title = if scripted {
         "rlm eval — score vs context size (SCRIPTED mock models)"

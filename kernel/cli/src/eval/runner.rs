@@ -9,9 +9,10 @@
 //! a ledger would count each other's calls. Budgets and `--batch-concurrency` therefore hold
 //! per run.
 
-use std::path::{Path, PathBuf};
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use anyhow::{Context as _, Result};
@@ -22,6 +23,7 @@ use kernel::rlm::{Rlm, RlmConfig, StopHandle, TrajectoryWriter};
 use serde::Serialize;
 
 use super::scripted::BASELINE_SYSTEM;
+use crate::outputs::LogFile;
 
 /// One instance to run: a family, a size and its index.
 #[derive(Debug, Clone, Copy)]
@@ -90,7 +92,8 @@ pub(super) struct Plan<'a> {
     pub(super) needles: usize,
     pub(super) parallel: usize,
     pub(super) baseline_window: Option<u64>,
-    pub(super) out: Option<&'a Path>,
+    /// Each job's trajectory (`--out DIR`), by its stem, taken when the job runs.
+    pub(super) trajectories: &'a Mutex<HashMap<String, LogFile>>,
     pub(super) priced: bool,
     pub(super) rlm_config: RlmConfig,
     pub(super) session_config: SessionConfig,
@@ -216,12 +219,16 @@ fn run_rlm(
     )
     .with_context(|| format!("Could not load the context of `{}`", job.stem()))?;
     let mut rlm = Rlm::new(plan.rlm_config.clone(), endpoints, Arc::new(session));
-    let trajectory = plan
-        .out
-        .map(|dir| dir.join(format!("{}.jsonl", job.stem())));
-    if let Some(path) = &trajectory {
-        // The error names the file.
-        rlm.add_hook(TrajectoryWriter::create(path)?);
+    let log = plan
+        .trajectories
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&job.stem());
+    let mut trajectory = None;
+    if let Some(log) = log {
+        let log = log.open()?;
+        rlm.add_hook(TrajectoryWriter::from_file(log.file, &log.path));
+        trajectory = Some(log.path);
     }
     let handle = rlm.stop_handle();
     if let Ok(mut running) = stopper.running.lock() {

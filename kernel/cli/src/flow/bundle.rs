@@ -3,7 +3,7 @@
 //! its own) and the plan-and-discover tools (`engine::flow::discovery`). A `--bundle` that
 //! no agent of the workflow could play from is a usage error, not silently ignored.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use engine::bundle::{PersonaBundle, StartOptions};
@@ -52,6 +52,15 @@ pub(crate) fn extend(
         },
     };
     Ok(registry.with_bundle(PersonaBundle::new(path, StartOptions::default())))
+}
+
+/// The bundle a run's personas come from, for the output guard: `--bundle` when it exists,
+/// else the `bundle/` folder beside the workflow, if there is one.
+pub(crate) fn path_of(bundle: Option<&Path>, workflow: &Workflow) -> Option<PathBuf> {
+    match bundle {
+        Some(path) => Some(path.to_owned()).filter(|p| p.exists()),
+        None => Some(workflow.dir().join(BESIDE)).filter(|p| p.is_dir()),
+    }
 }
 
 /// Whether `spec` or an agent under it (a sub-agent or an agent used as a tool) is an

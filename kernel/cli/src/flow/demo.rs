@@ -5,6 +5,7 @@
 //! (`awaiting_human`: the question and the decisions are shown), then resumes the run with
 //! that answer as `rlm flow resume RUN --input "..."` would, and completes it.
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -12,9 +13,10 @@ use clap::Args;
 
 use engine::durable::RunStatus;
 
-use super::durable::{Durable, fresh_id};
+use super::durable::{Resume, fresh_id};
 use super::run::FlowRunArgs;
 use crate::exit::UsageError;
+use crate::outputs::Scratch;
 use crate::settings::RunOptions;
 
 /// Arguments of `rlm flow demo`.
@@ -34,6 +36,10 @@ pub(crate) struct FlowDemoArgs {
 
     #[command(flatten)]
     durable: super::durable::DurableArgs,
+
+    /// Overwrite an existing `--events` file.
+    #[arg(long)]
+    force: bool,
 }
 
 /// A demo: its script and sample inputs.
@@ -97,7 +103,11 @@ const DEMOS: &[Demo] = &[
 ];
 
 /// `rlm flow demo`.
-pub(crate) fn execute(args: FlowDemoArgs, file: RunOptions) -> Result<ExitCode> {
+pub(crate) fn execute(
+    args: FlowDemoArgs,
+    file: RunOptions,
+    config_path: Option<&Path>,
+) -> Result<ExitCode> {
     let demo = DEMOS.iter().find(|d| d.name == args.name).ok_or_else(|| {
         UsageError::new(format!(
             "There is no demo `{}`; demos: {}",
@@ -124,20 +134,18 @@ pub(crate) fn execute(args: FlowDemoArgs, file: RunOptions) -> Result<ExitCode> 
          replies (kernel/cli/src/flow/demo/{}.json); no real language model is involved.",
         demo.name
     );
-    let dir = tempfile::tempdir().context("Could not create a temporary directory")?;
+    options.force = args.force.then_some(true);
+    let dir = Scratch::new()?;
     let mut contexts = Vec::new();
     if let Some((name, text)) = demo.context {
-        let path = dir.path().join(name);
-        std::fs::write(&path, text)
-            .with_context(|| format!("Could not write `{}`", path.display()))?;
-        contexts.push(path.into_os_string());
+        contexts.push(dir.write(name, text.as_bytes())?.into_os_string());
     }
     let mut inputs: Vec<String> = demo
         .inputs
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
-    let artifacts = dir.path().join("plans");
+    let artifacts = dir.path("plans");
     if demo.writes_artifacts {
         inputs.push(format!("output_dir={}", artifacts.display()));
     }
@@ -150,33 +158,42 @@ pub(crate) fn execute(args: FlowDemoArgs, file: RunOptions) -> Result<ExitCode> 
         inputs,
         contexts,
         state: None,
-        events: args.events,
+        events: args.events.clone(),
         bundle: None,
         durable: durable.clone(),
         options: options.clone(),
     };
     let workflow = super::workflow::Workflow::find(demo.name)?;
-    let mut code = super::run::execute(run, file.clone(), &workflow, None);
+    let mut code = super::run::execute(run, file.clone(), config_path, &workflow, None);
     if let (Some(answer), Ok(_), Some(run_id)) = (demo.answer, &code, &durable.run_id) {
-        let store = durable.db.open(false)?;
-        let status = store.run(run_id).ok().flatten().map(|r| r.status);
+        let status = durable
+            .db
+            .open_read_only()?
+            .run(run_id)
+            .ok()
+            .flatten()
+            .map(|r| r.status);
         if matches!(status, Some(RunStatus::AwaitingHuman { .. })) {
             eprintln!(
                 "\nrlm flow demo: the human's answer is SCRIPTED too: \"{answer}\" (as \
                  `rlm flow resume {run_id} --input \"...\"` would give it)\n"
             );
-            let resume = Durable::resume(store, &durable, None, Some(answer.to_owned()), false)?;
+            // The resumed half continues the same event log.
             let run = FlowRunArgs {
                 workflow: demo.name.to_owned(),
                 inputs: Vec::new(),
                 contexts: Vec::new(),
                 state: None,
-                events: None,
+                events: args.events,
                 bundle: None,
                 durable,
                 options,
             };
-            code = super::run::execute(run, file, &workflow, Some(resume));
+            let resume = Resume {
+                answer: Some(answer.to_owned()),
+                ..Resume::default()
+            };
+            code = super::run::execute(run, file, config_path, &workflow, Some(resume));
         }
     }
     if demo.writes_artifacts {

@@ -27,7 +27,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use engine::durable::{
     CheckpointId, CheckpointStore, DurableError, DurableReport, DurableRoot, LeaseHolder, Liveness,
@@ -39,6 +39,7 @@ use engine::state::State;
 use serde_json::{Value, json};
 
 use crate::exit::{EXIT_AWAITING_HUMAN, EXIT_RUN_DRIVEN, UsageError};
+use crate::outputs::Database;
 
 /// Where the runs are kept unless `--db` says otherwise (under the working directory).
 pub(crate) const DEFAULT_DB: &str = ".rlm/runs.db";
@@ -57,25 +58,20 @@ impl DbArg {
         self.db.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DB))
     }
 
-    /// Opens the database, creating it (and its folder) when `create` is set.
-    pub(crate) fn open(&self, create: bool) -> Result<Arc<CheckpointStore>> {
+    /// Opens the existing database only to read it (nothing is written, so a read-only file,
+    /// folder or mount will do).
+    pub(crate) fn open_read_only(&self) -> Result<Arc<CheckpointStore>> {
         let path = self.path();
-        if !create && !path.exists() {
+        if !path.exists() {
             return Err(UsageError::new(format!(
                 "There is no run database `{}`; `rlm flow run` creates it, or pass `--db PATH`",
                 path.display()
             ))
             .into());
         }
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).with_context(|| {
-                format!(
-                    "Could not create `{}` for the run database; pass `--db PATH`",
-                    dir.display()
-                )
-            })?;
-        }
-        Ok(Arc::new(CheckpointStore::open(&path).map_err(store_error)?))
+        Ok(Arc::new(
+            CheckpointStore::open_read_only(&path).map_err(store_error)?,
+        ))
     }
 
     /// ` --db PATH` for a command line, empty for the default.
@@ -87,6 +83,25 @@ impl DbArg {
             _ => String::new(),
         }
     }
+}
+
+/// Opens the run database the output guard cleared, for writing (made with its folder when
+/// missing). Its pages are checked first: a damaged or read-only file is refused here, before
+/// anything is written.
+pub(crate) fn open_store(db: &Database) -> Result<Arc<CheckpointStore>> {
+    let path = db.prepare()?;
+    #[allow(clippy::disallowed_methods)] // The guard cleared `db`: this is its one opening.
+    let store = CheckpointStore::open(path).map_err(store_error)?;
+    Ok(Arc::new(store))
+}
+
+/// How a resumed run continues: from its head or an earlier checkpoint, with a human's
+/// answer, taken over from an owner that cannot be checked.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Resume {
+    pub(crate) from: Option<CheckpointId>,
+    pub(crate) answer: Option<String>,
+    pub(crate) take_over: bool,
 }
 
 /// The durable options of `rlm flow run`.
@@ -116,9 +131,10 @@ pub(crate) struct Durable {
 }
 
 impl Durable {
-    /// A new run of `workflow` (as named on the command line) from `state`, loading
-    /// `contexts`, its personas from `bundle`.
+    /// A new run of `workflow` (as named on the command line) in `store`, from `state`,
+    /// loading `contexts`, its personas from `bundle`.
     pub(crate) fn new_run(
+        store: Arc<CheckpointStore>,
         args: &DurableArgs,
         workflow: &str,
         state: &State,
@@ -134,7 +150,6 @@ impl Durable {
             "contexts": contexts.iter().map(|c| absolute_context(c)).collect::<Vec<_>>(),
             "bundle": bundle.map(|b| std::path::absolute(b).unwrap_or_else(|_| b.to_path_buf())),
         });
-        let store = args.db.open(true)?;
         if store.run(&run_id).map_err(store_error)?.is_some() {
             return Err(usage(StoreError::DuplicateRun(run_id)));
         }
@@ -151,15 +166,17 @@ impl Durable {
         })
     }
 
-    /// Resuming run `args.run_id` in `store`, optionally from checkpoint `from` with a human's
-    /// `answer`; `take_over` takes it from an owner that cannot be checked.
+    /// Resuming run `args.run_id` in `store` as `resume` says.
     pub(crate) fn resume(
         store: Arc<CheckpointStore>,
         args: &DurableArgs,
-        from: Option<CheckpointId>,
-        answer: Option<String>,
-        take_over: bool,
+        resume: Resume,
     ) -> Result<Self> {
+        let Resume {
+            from,
+            answer,
+            take_over,
+        } = resume;
         let run_id = args
             .run_id
             .clone()

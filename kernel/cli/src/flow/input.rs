@@ -5,6 +5,8 @@
 //! that starts with `@`) and `KEY:=@FILE` a JSON file. The key is everything before the
 //! first `=` (or `:=`), so scoped keys such as `user:name=ada` keep their prefix.
 
+use std::path::Path;
+
 use serde_json::Value;
 
 use crate::exit::UsageError;
@@ -50,6 +52,12 @@ pub(crate) fn parse_input(input: &str) -> Result<(String, Value), UsageError> {
     Ok((key.to_owned(), value))
 }
 
+/// The file an `--input` reads (`KEY=@FILE`, `KEY:=@FILE`), if it names one.
+pub(crate) fn input_file(input: &str) -> Option<&Path> {
+    let (_, value) = input.split_once('=')?;
+    value.strip_prefix('@').map(Path::new)
+}
+
 fn not_key_value(input: &str) -> UsageError {
     UsageError::new(format!(
         "`--input {input}` is not `KEY=VALUE`; e.g. `--input topic=sales`, \
@@ -59,6 +67,7 @@ fn not_key_value(input: &str) -> UsageError {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // The tests' fixtures.
 mod tests {
     use serde_json::json;
 

@@ -20,6 +20,7 @@ mod resume;
 mod run;
 mod workflow;
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -81,23 +82,27 @@ struct GraphArgs {
     workflow: String,
 }
 
-/// `rlm flow`; `file` holds the `[run]` options of the configuration file.
-pub(crate) fn execute(args: FlowArgs, file: RunOptions) -> Result<ExitCode> {
+/// `rlm flow`; `file` holds the `[run]` options of the configuration file at `config_path`.
+pub(crate) fn execute(
+    args: FlowArgs,
+    file: RunOptions,
+    config_path: Option<&Path>,
+) -> Result<ExitCode> {
     match args.command {
         FlowCommand::Run(args) => {
             // First, while the process has one thread and no Python: keys leave the environment.
             crate::secrets::protect(&run::merged(&args, &file))?;
             let workflow = Workflow::find(&args.workflow)?;
-            run::execute(*args, file, &workflow, None)
+            run::execute(*args, file, config_path, &workflow, None)
         }
         FlowCommand::Resume(args) => {
             crate::secrets::protect(&settings::merge(args.options.clone(), file.clone()))?;
-            resume::execute(*args, file)
+            resume::execute(*args, file, config_path)
         }
         FlowCommand::Runs(args) => records::runs(args),
         FlowCommand::History(args) => records::history(args),
         FlowCommand::Decisions(args) => records::decisions(args),
-        FlowCommand::Demo(args) => demo::execute(args, file),
+        FlowCommand::Demo(args) => demo::execute(args, file, config_path),
         FlowCommand::List => list(),
         FlowCommand::Graph(args) => {
             let spec = workflow::read(&args.workflow)?;

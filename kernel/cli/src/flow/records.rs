@@ -1,7 +1,8 @@
 //! `rlm flow runs`, `history RUN` and `decisions RUN`: what the run database holds.
 //!
 //! Each prints a table (or numbered records) on stdout, or with `--json` one JSON array.
-//! Times are RFC 3339 in UTC. The database is only read. A node's checkpoint shows the node's
+//! Times are RFC 3339 in UTC. The database is only read (opened read-only: a read-only file,
+//! folder or mount will do). A node's checkpoint shows the node's
 //! path from the root graph down, each loop with its iteration
 //! (`plan_discover[2]/discovery[3]/discoverer`).
 //! `runs` shows a run as its owner stands, not only as stored: a `running` run whose process
@@ -51,7 +52,7 @@ pub(crate) struct RunArgs {
 /// `rlm flow runs`: every run, oldest first.
 pub(crate) fn runs(args: RunsArgs) -> Result<ExitCode> {
     let runs = if args.db.path().exists() {
-        args.db.open(false)?.runs().map_err(store_error)?
+        args.db.open_read_only()?.runs().map_err(store_error)?
     } else {
         Vec::new()
     };
@@ -92,7 +93,7 @@ pub(crate) fn runs(args: RunsArgs) -> Result<ExitCode> {
 
 /// `rlm flow history RUN`: the run's checkpoints, oldest first.
 pub(crate) fn history(args: RunArgs) -> Result<ExitCode> {
-    let store = args.db.open(false)?;
+    let store = args.db.open_read_only()?;
     let checkpoints = store.history(&args.run).map_err(store_error)?;
     if args.json {
         let rows: Vec<Value> = checkpoints.iter().map(checkpoint_json).collect();
@@ -125,7 +126,7 @@ pub(crate) fn history(args: RunArgs) -> Result<ExitCode> {
 
 /// `rlm flow decisions RUN`: the routing decisions on record at the run's head.
 pub(crate) fn decisions(args: RunArgs) -> Result<ExitCode> {
-    let store = args.db.open(false)?;
+    let store = args.db.open_read_only()?;
     let run = find(&store, &args.run)?;
     let decisions = match run.head {
         Some(head) => decisions_of(&store.state_at(head).map_err(store_error)?.state),

@@ -14,7 +14,7 @@
 
 use std::ffi::OsString;
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -22,7 +22,7 @@ use clap::Args;
 use engine::durable::{CheckpointId, StoreError};
 use serde_json::Value;
 
-use super::durable::{DbArg, Durable, DurableArgs, store_error};
+use super::durable::{DbArg, DurableArgs, Resume, store_error};
 use super::run::FlowRunArgs;
 use crate::exit::UsageError;
 use crate::settings::RunOptions;
@@ -62,9 +62,15 @@ pub(crate) struct FlowResumeArgs {
     pub(crate) options: RunOptions,
 }
 
-/// `rlm flow resume`.
-pub(crate) fn execute(args: FlowResumeArgs, file: RunOptions) -> Result<ExitCode> {
-    let store = args.db.open(false)?;
+/// `rlm flow resume`; `config_path` is the configuration file in use.
+pub(crate) fn execute(
+    args: FlowResumeArgs,
+    file: RunOptions,
+    config_path: Option<&Path>,
+) -> Result<ExitCode> {
+    // Read first: the run names what the resumed run reads, which the output guard needs
+    // before the database is opened for writing.
+    let store = args.db.open_read_only()?;
     let run = store
         .run(&args.run)
         .map_err(store_error)?
@@ -89,13 +95,12 @@ pub(crate) fn execute(args: FlowResumeArgs, file: RunOptions) -> Result<ExitCode
         run_id: Some(args.run),
         keep_last: args.keep_last,
     };
-    let durable = Durable::resume(
-        store,
-        &durable_args,
-        args.from_checkpoint,
-        args.input,
-        args.take_over,
-    )?;
+    drop(store);
+    let resume = Resume {
+        from: args.from_checkpoint,
+        answer: args.input,
+        take_over: args.take_over,
+    };
     let run_args = FlowRunArgs {
         workflow: run.workflow,
         inputs: Vec::new(),
@@ -110,5 +115,5 @@ pub(crate) fn execute(args: FlowResumeArgs, file: RunOptions) -> Result<ExitCode
         durable: durable_args,
         options: args.options,
     };
-    super::run::execute(run_args, file, &workflow, Some(durable))
+    super::run::execute(run_args, file, config_path, &workflow, Some(resume))
 }

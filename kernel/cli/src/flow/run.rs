@@ -20,20 +20,23 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use engine::flow::{Event, file::load_workflow};
+use engine::flow::Event;
+use engine::flow::file::{AgentSpec, load_workflow};
 use engine::flow::{EventKind, EventLog, EventSink, FlowError, Invocation, Registry, RunStatus};
 use engine::{SharedState, State};
 use kernel::flow::{FlowKernel, register};
 use serde_json::{Map, Value};
 
-use super::durable::{Durable, DurableArgs};
-use super::input::parse_input;
+use super::durable::{Durable, DurableArgs, Resume};
+use super::input::{input_file, parse_input};
 use super::live::Live;
 use super::workflow::Workflow;
 use crate::contexts::{ContextArgs, FramesArg};
 use crate::endpoints;
 use crate::exit::UsageError;
 use crate::exit::{EXIT_INTERRUPTED, EXIT_LIMIT};
+use crate::outputs::{Database, Document, Guard, Inputs, LogFile, LogStart, Output};
+use crate::report::option_inputs;
 use crate::settings::{self, RunOptions};
 
 /// Arguments of `rlm flow run`.
@@ -74,15 +77,17 @@ pub(crate) struct FlowRunArgs {
     pub(crate) options: RunOptions,
 }
 
-/// `rlm flow run`: a new run, or `durable` when resuming one.
+/// `rlm flow run`: a new run, or resuming one as `resume` says; `config_path` is the
+/// configuration file in use.
 pub(crate) fn execute(
     args: FlowRunArgs,
     file: RunOptions,
+    config_path: Option<&Path>,
     workflow: &Workflow,
-    durable: Option<Durable>,
+    resume: Option<Resume>,
 ) -> Result<ExitCode> {
     // The caller has taken the API keys out of the environment (before any thread).
-    let opts = settings::merge(args.options, file);
+    let opts = settings::merge(args.options.clone(), file);
     let contexts = ContextArgs {
         contexts: args.contexts.clone(),
         csv_sep: None,
@@ -99,9 +104,16 @@ pub(crate) fn execute(
         let (key, value) = parse_input(input)?;
         state.set(key, value);
     }
-    let durable = match durable {
-        Some(durable) => durable,
+    // Nothing is written before every output is cleared against everything the run reads.
+    let spec = load_workflow(workflow.root())?;
+    let mut inputs = read_files(&args, workflow, &spec, &contexts.paths, &state);
+    option_inputs(&mut inputs, &opts, config_path);
+    let outputs = declare_outputs(&args, Guard::new(inputs, opts.force()), resume.is_some())?;
+    let store = super::durable::open_store(&outputs.db)?;
+    let durable = match resume {
+        Some(resume) => Durable::resume(store, &args.durable, resume)?,
         None => Durable::new_run(
+            store,
             &args.durable,
             &args.workflow,
             &state,
@@ -126,7 +138,6 @@ pub(crate) fn execute(
         args.bundle.as_deref(),
         workflow,
     )?;
-    let spec = load_workflow(workflow.root())?;
     let root = registry.build(&spec)?;
 
     let mut invocation =
@@ -137,8 +148,9 @@ pub(crate) fn execute(
                 .map_err(|e| UsageError::new(format!("`--timeout {timeout}`: {e}")))?,
         );
     }
-    if let Some(path) = &args.events {
-        invocation = invocation.with_sink(Arc::new(EventLog::create(path)?));
+    if let Some(log) = outputs.events {
+        let log = log.open()?;
+        invocation = invocation.with_sink(Arc::new(EventLog::from_file(log.file, log.path)));
     }
     let last = Arc::new(LastMessage::default());
     invocation = invocation.with_sink(last.clone());
@@ -168,8 +180,8 @@ pub(crate) fn execute(
     live.finish();
     let outcome = outcome?;
     let report = &outcome.run;
-    if let Some(path) = &args.state {
-        write_state(path, &report.state)?;
+    if let Some(file) = &outputs.state {
+        write_state(file, &report.state)?;
     }
     let status = report.status();
     if !json && let Some(text) = last.take() {
@@ -207,10 +219,90 @@ fn read_state(path: &Path) -> Result<State> {
     Ok(State::from_map(values))
 }
 
-fn write_state(path: &Path, state: &State) -> Result<()> {
+fn write_state(file: &Document, state: &State) -> Result<()> {
     let text = serde_json::to_string_pretty(state.values())?;
-    std::fs::write(path, text + "\n")
-        .with_context(|| format!("Could not write the state file `{}`", path.display()))
+    file.write((text + "\n").as_bytes())
+}
+
+/// What a workflow run writes, cleared by the output guard.
+struct FlowOutputs {
+    db: Database,
+    events: Option<LogFile>,
+    state: Option<Document>,
+}
+
+/// What a workflow run reads besides the configuration: its contexts, the `--input
+/// KEY=@FILE` files, the workflow's files, its bundle and the files its state names.
+fn read_files(
+    args: &FlowRunArgs,
+    workflow: &Workflow,
+    spec: &AgentSpec,
+    contexts: &[PathBuf],
+    state: &State,
+) -> Inputs {
+    let mut inputs = Inputs::new();
+    for path in contexts {
+        inputs.context(path);
+    }
+    for path in args.inputs.iter().filter_map(|i| input_file(i)) {
+        inputs.file("the `--input` file", path);
+    }
+    workflow.add_inputs(spec, &mut inputs);
+    if let Some(bundle) = super::bundle::path_of(args.bundle.as_deref(), workflow) {
+        if bundle.is_dir() {
+            inputs.tree("the agent bundle", bundle);
+        } else {
+            inputs.file("the agent file", bundle);
+        }
+    }
+    for path in named_files(state) {
+        inputs.file("a file the state names", path);
+    }
+    inputs
+}
+
+/// Declares the run database, `--events` and `--state` to `guard`. A resumed run appends to
+/// an existing event log (a file that reads as one); anything else there needs `--force`.
+fn declare_outputs(args: &FlowRunArgs, mut guard: Guard, resuming: bool) -> Result<FlowOutputs> {
+    let db = guard.database(Output::new("--db", args.durable.db.path()))?;
+    let events = args
+        .events
+        .as_ref()
+        .map(|path| {
+            let start = if resuming && path.is_file() && EventLog::read(path).is_ok() {
+                LogStart::Append
+            } else {
+                LogStart::Fresh
+            };
+            guard.log(Output::new("--events", path), start)
+        })
+        .transpose()?;
+    let state = args
+        .state
+        .as_ref()
+        .map(|path| guard.read_and_written(Output::new("--state", path)))
+        .transpose()?;
+    Ok(FlowOutputs { db, events, state })
+}
+
+/// The existing files that string values of `state` name (a step may read them).
+fn named_files(state: &State) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut values: Vec<&Value> = state.values().values().collect();
+    while let Some(value) = values.pop() {
+        match value {
+            Value::String(text) if text.len() < 4096 && !text.contains('\n') => {
+                let path = Path::new(text);
+                if path.is_file() {
+                    found.push(path.to_path_buf());
+                }
+            }
+            Value::Array(items) => values.extend(items),
+            Value::Object(map) => values.extend(map.values()),
+            _ => {}
+        }
+    }
+    found
 }
 
 /// Keeps the run's last message (what `rlm flow run` prints at the end).

@@ -1,13 +1,17 @@
 //! A workflow named on the command line: a YAML file when one is there, else a built-in
-//! (`rlm flow list`), read as a spec or put on disk for a run.
+//! (`rlm flow list`), read as a spec or put on disk for a run; and the files it reads, for
+//! the output guard.
 
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use engine::flow::file::{AgentSpec, load_workflow, load_workflow_from};
+use regex::Regex;
 
 use super::builtin::{BUILTINS, Builtin};
 use crate::exit::UsageError;
+use crate::outputs::{Inputs, Scratch};
 
 /// Reads the workflow `name`: a file when one is there, else a built-in.
 pub(super) fn read(name: &str) -> Result<AgentSpec> {
@@ -35,7 +39,7 @@ fn unknown(name: &str) -> anyhow::Error {
 /// steps are loaded from files).
 pub(crate) struct Workflow {
     root: PathBuf,
-    _dir: Option<tempfile::TempDir>,
+    _dir: Option<Scratch>,
 }
 
 impl Workflow {
@@ -49,18 +53,12 @@ impl Workflow {
             });
         }
         let builtin = Builtin::find(name).ok_or_else(|| unknown(name))?;
-        let dir = tempfile::tempdir().context("Could not create a temporary directory")?;
+        let dir = Scratch::new()?;
         for (path, text) in builtin.files {
-            let target = dir.path().join(path);
-            if let Some(parent) = target.parent() {
-                std::fs::create_dir_all(parent)
-                    .with_context(|| format!("Could not create `{}`", parent.display()))?;
-            }
-            std::fs::write(&target, text)
-                .with_context(|| format!("Could not write `{}`", target.display()))?;
+            dir.write(path, text.as_bytes())?;
         }
         Ok(Self {
-            root: dir.path().join(builtin.root),
+            root: dir.path(builtin.root),
             _dir: Some(dir),
         })
     }
@@ -73,5 +71,46 @@ impl Workflow {
     /// The root file's folder.
     pub(crate) fn dir(&self) -> &Path {
         self.root.parent().unwrap_or_else(|| Path::new("."))
+    }
+
+    /// Adds the files the workflow `spec` (read from this workflow) reads to `inputs`: every
+    /// YAML file of its tree, and the Python files its code references name (`steps.py:fn`,
+    /// or a module `steps:fn` / `pkg.steps.fn` found beside a file or the root), looked for
+    /// in any string of the files so that no field is missed. Modules those files import are
+    /// not followed.
+    pub(crate) fn add_inputs(&self, spec: &AgentSpec, inputs: &mut Inputs) {
+        static REFERENCE: LazyLock<Regex> = LazyLock::new(|| {
+            Regex::new(
+                r"([A-Za-z0-9_./-]+\.py)\b|\b([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)[:.][A-Za-z_][A-Za-z0-9_]*",
+            )
+            .expect("a valid pattern")
+        });
+        let mut specs = vec![spec];
+        while let Some(spec) = specs.pop() {
+            specs.extend(spec.sub_agents.iter().chain(&spec.tool_agents));
+            inputs.file("the workflow file", &spec.file);
+            let bases = [spec.file.parent().unwrap_or(Path::new("")), self.dir()];
+            for found in REFERENCE.captures_iter(&spec.text) {
+                let candidates: Vec<PathBuf> = match (found.get(1), found.get(2)) {
+                    (Some(file), _) => vec![PathBuf::from(file.as_str())],
+                    (None, Some(module)) => {
+                        let module = module.as_str().replace('.', "/");
+                        vec![
+                            PathBuf::from(format!("{module}.py")),
+                            PathBuf::from(module).join("__init__.py"),
+                        ]
+                    }
+                    (None, None) => Vec::new(),
+                };
+                for base in bases {
+                    for candidate in &candidates {
+                        let path = base.join(candidate);
+                        if path.is_file() {
+                            inputs.file("a Python file of the workflow", path);
+                        }
+                    }
+                }
+            }
+        }
     }
 }
