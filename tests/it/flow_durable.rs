@@ -112,6 +112,19 @@ impl Flows {
         self.model_args(&args)
     }
 
+    /// Runs the pipeline as run `id` (plus `extra`) and kills it (`kill -9`) while `wait`
+    /// runs.
+    pub(crate) fn crash_in_wait(&self, id: &str, extra: &[&str]) {
+        let mut child = rlm_command(&self.run_pipeline(id, extra))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("rlm starts");
+        wait_for(&self.path("started"), &mut child);
+        child.kill().expect("kill -9");
+        child.wait().expect("reaped");
+    }
+
     pub(crate) fn store(&self) -> CheckpointStore {
         CheckpointStore::open(self.path("runs.db")).expect("the run database opens")
     }
@@ -179,7 +192,7 @@ fn redact(text: &str, dir: &Path) -> String {
     time.replace_all(&text, "[time]").into_owned()
 }
 
-pub(crate) fn wait_for(path: &Path, child: &mut std::process::Child) {
+fn wait_for(path: &Path, child: &mut std::process::Child) {
     let start = Instant::now();
     while !path.exists() {
         if let Ok(Some(status)) = child.try_wait() {
@@ -210,16 +223,7 @@ fn a_run_killed_mid_node_resumes_to_the_state_of_an_unbroken_run() {
     std::fs::remove_file(flows.path("started")).expect("remove started");
 
     // The crashed run: killed while `wait` runs.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rlm"))
-        .args(flows.run_pipeline("crash", &[]))
-        .env_remove("OPENAI_API_KEY")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("rlm starts");
-    wait_for(&flows.path("started"), &mut child);
-    child.kill().expect("kill -9");
-    child.wait().expect("reaped");
+    flows.crash_in_wait("crash", &[]);
     // Still `running` in the database, but its process is gone: shown as interrupted.
     assert_eq!(flows.status("crash"), "interrupted");
     assert_eq!(nodes(&flows.history("crash")), ["__start__", "first"]);

@@ -12,7 +12,7 @@ use std::process::Stdio;
 use serde_json::json;
 
 use crate::agent::Project;
-use crate::flow_durable::{Flows, wait_for};
+use crate::flow_durable::Flows;
 use crate::support::{Mock, Run, file, repl, rlm, rlm_command, script};
 
 const CONTEXT: &str = "line one\nline two: the data a user cannot lose\n";
@@ -224,6 +224,16 @@ fn text(path: &Path) -> String {
     path.display().to_string()
 }
 
+/// `command(false)` is refused for want of `--force` and leaves `path` holding `kept`;
+/// `command(true)` replaces it with a file that contains `written`.
+fn kept_unless_forced(command: impl Fn(bool) -> Run, path: &Path, kept: &str, written: &str) {
+    assert_refused(&command(false), "--force");
+    assert_eq!(std::fs::read_to_string(path).expect("kept"), kept);
+    command(true).assert_code(0);
+    let text = std::fs::read_to_string(path).expect("replaced");
+    assert!(text.contains(written), "replaced with --force: {text}");
+}
+
 /// `rlm ARGS` in the working directory `cwd`.
 fn rlm_in(cwd: &Path, args: &[String]) -> Run {
     let out = rlm_command(args)
@@ -312,20 +322,20 @@ fn an_existing_event_log_is_replaced_only_with_force() {
     file(flows.dir.path(), "go", "");
     let events = file(flows.dir.path(), "events.jsonl", "a log the user keeps\n");
     let ev = text(&events);
-    let run = rlm(&flows.run_pipeline("one", &["--events", &ev]), None);
-    assert_refused(&run, "--force");
-    assert_eq!(
-        std::fs::read_to_string(&events).expect("kept"),
-        "a log the user keeps\n"
+    let run = |force: bool| {
+        let (id, extra) = if force {
+            ("two", "--force")
+        } else {
+            ("one", "--quiet")
+        };
+        rlm(&flows.run_pipeline(id, &["--events", &ev, extra]), None)
+    };
+    kept_unless_forced(
+        run,
+        &events,
+        "a log the user keeps\n",
+        "\"author\":\"last\"",
     );
-    rlm(
-        &flows.run_pipeline("two", &["--events", &ev, "--force"]),
-        None,
-    )
-    .assert_code(0);
-    let log = std::fs::read_to_string(&events).expect("log");
-    assert!(!log.contains("the user keeps"), "{log}");
-    assert!(log.lines().count() > 3, "{log}");
 }
 
 #[test]
@@ -384,14 +394,7 @@ fn a_resumed_run_appends_to_its_event_log_and_keeps_the_part_before_the_crash() 
     let flows = Flows::new();
     let events = flows.path("events.jsonl");
     let ev = text(&events);
-    let mut child = rlm_command(&flows.run_pipeline("crash", &["--events", &ev]))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("rlm starts");
-    wait_for(&flows.path("started"), &mut child);
-    child.kill().expect("kill -9");
-    child.wait().expect("reaped");
+    flows.crash_in_wait("crash", &["--events", &ev]);
     let before = std::fs::read_to_string(&events).expect("the log so far");
     assert!(
         before.contains("\"author\":\"wait\""),
@@ -472,18 +475,7 @@ fn bench_keeps_an_existing_plot_unless_forced() {
         }
         rlm(&args, None)
     };
-    assert_refused(&bench(false), "--force");
-    assert_eq!(
-        std::fs::read_to_string(&plot).expect("kept"),
-        "a chart the user keeps"
-    );
-    bench(true).assert_code(0);
-    assert!(
-        std::fs::read_to_string(&plot)
-            .expect("plot")
-            .contains("<svg"),
-        "replaced with --force"
-    );
+    kept_unless_forced(bench, &plot, "a chart the user keeps", "<svg");
 }
 
 #[test]
@@ -523,11 +515,5 @@ fn view_keeps_an_existing_page_unless_forced() {
         }
         rlm(&args, None)
     };
-    assert_refused(&view(false), "--force");
-    assert_eq!(
-        std::fs::read_to_string(&page).expect("kept"),
-        "a page the user keeps"
-    );
-    view(true).assert_code(0);
-    assert!(std::fs::read_to_string(&page).expect("page").contains("42"));
+    kept_unless_forced(view, &page, "a page the user keeps", "42");
 }

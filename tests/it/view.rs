@@ -58,7 +58,8 @@ fn view_writes_where_asked_and_refuses_to_overwrite_its_input() {
     );
     same.assert_code(2);
     assert!(
-        same.stderr.contains("is the trajectory itself"),
+        same.stderr.contains("is the trajectory")
+            && same.stderr.contains("would destroy the input"),
         "{}",
         same.stderr
     );

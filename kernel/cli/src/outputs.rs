@@ -10,9 +10,12 @@
 //!   `--state`, `results.json`). It goes to a temporary file beside the target that is then
 //!   renamed over it, so a run that fails or is killed leaves the old file as it was.
 //! - [`LogFile`]: a log that grows line by line while the command runs (`--trajectory`,
-//!   `--events`, an eval run's trajectory). A new one is made by the same rename (a file of
-//!   that name that appeared meanwhile is not replaced); [`LogStart::Append`] — a resumed run
-//!   continuing its event log — opens an existing one for appending and never truncates it.
+//!   `--events`, an eval run's trajectory). It cannot wait for the end — it must show how far
+//!   a killed run got — so it is not a whole document: an existing one is refused without
+//!   `--force` (like a document), and a new one is made by the same rename when the command
+//!   starts (a file of that name that appeared meanwhile is not replaced; a replaced file's
+//!   other hard links keep their content). [`LogStart::Append`] — a resumed run continuing its
+//!   event log — opens an existing one for appending and never truncates it.
 //! - [`Database`]: the run database; SQLite writes it, together with its `-wal`, `-shm` and
 //!   `-journal` companions, which count as the same output.
 //! - [`Scratch`]: a private temporary folder for what `rlm` makes for itself (a built-in
@@ -25,8 +28,10 @@
 //! and an existing, non-empty output without `--force` (a [`LogStart::Append`] log, the
 //! database and `--state`, which is read and written back, excepted). Whether the folder
 //! takes new files and an existing file can be written is probed without changing either,
-//! so a read-only place is named before any model is paid for. Nothing is written until
-//! every output of the command is declared: the handles only write when used.
+//! so a read-only place (exit 1) is named before any model is paid for. Nothing is written
+//! until every output of the command is declared: the handles only write when used. A device
+//! or a pipe (`/dev/null`, `/dev/stdout`, a shell's `>(…)`) holds nothing to lose and is
+//! written in place, never renamed over.
 //!
 //! The guard lives in the binary, which owns the user's paths; the libraries take a file it
 //! opened (`EventLog::from_file`, `TrajectoryWriter::from_file`) or a path it cleared.
@@ -207,6 +212,8 @@ struct Cleared {
     path: PathBuf,
     landing: PathBuf,
     existed: bool,
+    /// A device or a pipe (`/dev/null`, `/dev/stdout`): written in place, never replaced.
+    special: bool,
 }
 
 impl Guard {
@@ -327,12 +334,14 @@ impl Guard {
             )));
         }
         let id = meta.as_ref().map(|m| (m.dev(), m.ino()));
+        let special = meta.as_ref().is_some_and(|m| !m.is_file());
         let mut landings = vec![landing.clone()];
         landings.extend_from_slice(companions);
         for input in &self.inputs {
             check_input(label, path, &landings, id, input)?;
         }
-        for other in &self.declared {
+        // A device or a pipe holds nothing to lose: two outputs may share `/dev/null`.
+        for other in self.declared.iter().filter(|_| !special) {
             let same = other.landings.iter().any(|l| landings.contains(l))
                 || (id.is_some() && other.id == id);
             if !same {
@@ -360,7 +369,9 @@ impl Guard {
                 path.display()
             )));
         }
-        check_writable(label, path, &landing, existed, output.new_folders)?;
+        if !special {
+            check_writable(label, path, &landing, existed, output.new_folders)?;
+        }
         self.declared.push(Declared {
             label: label.clone(),
             path: path.clone(),
@@ -373,6 +384,7 @@ impl Guard {
             path: path.clone(),
             landing,
             existed,
+            special,
         })
     }
 }
@@ -383,9 +395,10 @@ enum Existing {
     Allowed,
 }
 
-/// Whether an output at `path` would replace something: an existing file that is not empty.
+/// Whether an output at `path` would replace something: an existing regular file that is not
+/// empty.
 fn holds_data(path: &Path) -> bool {
-    std::fs::metadata(path).is_ok_and(|m| m.len() > 0)
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() > 0)
 }
 
 fn usage(message: String) -> anyhow::Error {
@@ -459,10 +472,11 @@ fn check_writable(
     let mut folder = parent_folder(landing);
     if !folder.is_dir() {
         if !new_folders {
-            return Err(usage(format!(
-                "{label} `{shown}`: the folder `{}` does not exist; create it or choose another path",
+            anyhow::bail!(
+                "Cannot write {label} `{shown}`: the folder `{}` does not exist; create it or \
+                 choose another path",
                 folder.display()
-            )));
+            );
         }
         let missing = folder.clone();
         while std::fs::symlink_metadata(&folder).is_err() {
@@ -505,6 +519,7 @@ fn check_writable(
 
 /// Where a write to `path` lands: an absolute path whose existing folders are canonical, with
 /// symlinks on the file itself followed (a dangling one too, to where it would create a file).
+/// A device or a pipe (`/dev/null`, `/dev/stdout`) keeps its name: it is written in place.
 fn landing(path: &Path) -> Result<PathBuf> {
     let mut path = std::path::absolute(path)
         .with_context(|| format!("Cannot resolve the path `{}`", path.display()))?;
@@ -515,6 +530,13 @@ fn landing(path: &Path) -> Result<PathBuf> {
         };
         let folder = canonical_prefix(&parent_folder(&path));
         let candidate = folder.join(&name);
+        // What the kernel reaches through the links: a regular file by its canonical path;
+        // anything else (a device, a pipe like `/dev/stdout`) by the name it was given.
+        match std::fs::metadata(&candidate) {
+            Ok(meta) if meta.is_file() => return Ok(candidate.canonicalize().unwrap_or(candidate)),
+            Ok(_) => return Ok(candidate),
+            Err(_) => {}
+        }
         match std::fs::symlink_metadata(&candidate) {
             Ok(meta) if meta.file_type().is_symlink() => {
                 let target = std::fs::read_link(&candidate).with_context(|| {
@@ -591,6 +613,13 @@ impl Document {
             ..
         } = &self.cleared;
         let failed = || format!("Could not write {label} `{}`", path.display());
+        if self.cleared.special {
+            let mut out = OpenOptions::new()
+                .write(true)
+                .open(landing)
+                .with_context(failed)?;
+            return out.write_all(bytes).with_context(failed);
+        }
         let folder = parent_folder(landing);
         if self.new_folders {
             std::fs::create_dir_all(&folder).with_context(failed)?;
@@ -648,9 +677,15 @@ impl LogFile {
             path,
             landing,
             existed,
+            special,
         } = self.cleared;
         let failed = || format!("Could not open {label} `{}`", path.display());
-        let file = if self.append {
+        let file = if special {
+            OpenOptions::new()
+                .write(true)
+                .open(&landing)
+                .with_context(failed)?
+        } else if self.append {
             let mut file = OpenOptions::new()
                 .read(true)
                 .append(true)
@@ -991,11 +1026,51 @@ mod tests {
     }
 
     #[test]
+    fn a_pipe_is_written_in_place_never_replaced() {
+        use std::io::Read as _;
+        use std::os::unix::fs::FileTypeExt as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("pipe");
+        let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).expect("path");
+        // SAFETY: `c_path` is a valid NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0, "mkfifo");
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                File::open(fifo)
+                    .expect("open")
+                    .read_to_string(&mut text)
+                    .expect("read");
+                text
+            })
+        };
+        let mut guard = guard(&[], false);
+        let answer = guard
+            .document(Output::new("--answer-file", &fifo))
+            .expect("a pipe");
+        guard
+            .log(Output::new("--trajectory", &fifo), LogStart::Fresh)
+            .expect("a pipe may take two outputs");
+        answer.write(b"42\n").expect("written");
+        assert_eq!(reader.join().expect("reader"), "42\n");
+        let meta = std::fs::symlink_metadata(&fifo).expect("still there");
+        assert!(
+            meta.file_type().is_fifo(),
+            "still a pipe, not a file put in its place"
+        );
+        let names = std::fs::read_dir(dir.path()).expect("ls").count();
+        assert_eq!(names, 1, "no temporary file beside it");
+    }
+
+    #[test]
     fn a_missing_folder_is_reported_unless_it_is_made() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("missing/answer.txt");
-        let err = refused(guard(&[], false).document(Output::new("--answer-file", &path)));
-        assert!(err.contains("does not exist"), "{err}");
+        let err = guard(&[], false)
+            .document(Output::new("--answer-file", &path))
+            .expect_err("a missing folder");
+        assert!(err.to_string().contains("does not exist"), "{err}");
         let doc = guard(&[], false)
             .document(Output::new("--out", &path).creating_folders())
             .expect("made on write");
