@@ -646,7 +646,7 @@ fn start_up_errors_name_the_file_and_line() {
     );
     run.assert_code(1);
     insta::assert_snapshot!(project.redact(&run.stderr), @r"
-    error: Could not start the agent `[project]/bmad/cis/agents/design-thinking-coach.md`
+    error: Could not start the agent `[project]/bmad/cis/agents/design-thinking-coach.md` (the project root is the working directory, or the folder inside it above the agent where its start-up files are: run `rlm agent` from the project the bundle is installed in, or pass `--project-root DIR`)
       caused by: Start-up step 1 of `[project]/bmad/cis/agents/design-thinking-coach.md` loads `{project-root}/bmad/cis/config.yaml`, which failed: `[project]/bmad/cis/config.yaml` does not exist
     ");
     assert!(mock.log().entries().is_empty(), "no model call");

@@ -20,7 +20,9 @@ use clap::Args;
 use engine::agent::{
     AgentHook, AgentLoop, LoopConfig, LoopErrorKind, LoopMetrics, ToolCallRecord, Toolbox,
 };
-use engine::bundle::{SandboxPolicy, StartOptions, StartedAgent, agent_tools};
+use engine::bundle::{
+    BundleError, PathError, SandboxPolicy, StartOptions, StartedAgent, agent_tools,
+};
 use engine::{SharedState, State};
 use kernel::repl::ReplSession;
 use kernel::tools::PythonTool;
@@ -102,7 +104,23 @@ pub(crate) fn execute(
             ..StartOptions::default()
         },
     )
-    .with_context(|| format!("Could not start the agent `{}`", args.agent.display()))?;
+    .map_err(|e| {
+        // A start-up file missing where the default project root put it: say how the root
+        // was chosen and how to choose it.
+        let missing = matches!(&e, BundleError::StartupFile { error, .. }
+            if matches!(**error, BundleError::Path(PathError::NotFound { .. })));
+        let hint = if missing && args.project_root.is_none() {
+            " (the project root is the working directory, or the folder inside it above the \
+             agent where its start-up files are: run `rlm agent` from the project the bundle is \
+             installed in, or pass `--project-root DIR`)"
+        } else {
+            ""
+        };
+        anyhow::Error::new(e).context(format!(
+            "Could not start the agent `{}`{hint}",
+            args.agent.display()
+        ))
+    })?;
     // Start-up only read files; no model has been called yet.
     let file_log = args
         .file_log
