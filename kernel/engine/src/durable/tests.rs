@@ -357,6 +357,66 @@ fn a_file_database_reopens_and_a_newer_schema_is_refused() {
     );
 }
 
+#[test]
+fn a_read_only_open_reads_writes_nothing_and_a_write_says_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    {
+        let store = CheckpointStore::open(&path).unwrap();
+        let r = store
+            .create_run(&NewRun::new("r", "w"), &Owner::current())
+            .unwrap();
+        let mut state = State::default();
+        write_chain(&store, &r, &mut state, None, 0..2, |i| {
+            vec![append("log", json!(i))]
+        });
+        store.release(&r).unwrap();
+    }
+    let before = std::fs::read(&path).unwrap();
+    let store = CheckpointStore::open_read_only(&path).unwrap();
+    assert_eq!(store.runs().unwrap().len(), 1);
+    let err = store
+        .create_run(&NewRun::new("s", "w"), &Owner::current())
+        .unwrap_err();
+    assert!(matches!(err, StoreError::ReadOnly { .. }), "{err}");
+    assert!(err.to_string().contains("is read-only"), "{err}");
+    drop(store);
+    assert_eq!(std::fs::read(&path).unwrap(), before, "not a byte written");
+}
+
+#[test]
+fn damaged_pages_are_refused_by_every_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    {
+        let store = CheckpointStore::open(&path).unwrap();
+        for i in 0..200 {
+            let run =
+                NewRun::new(format!("run-{i:03}"), "w").input(json!({"pad": "x".repeat(900)}));
+            let lease = store.create_run(&run, &Owner::current()).unwrap();
+            store.release(&lease).unwrap();
+        }
+    }
+    // Flip the header of a leaf page in the middle of the `runs` table.
+    let mut bytes = std::fs::read(&path).unwrap();
+    let page = bytes
+        .chunks(4096)
+        .position(|page| page[0] == 0x0D && page.windows(7).any(|w| w == b"run-050"))
+        .expect("a leaf page of `runs`");
+    for byte in &mut bytes[page * 4096..page * 4096 + 8] {
+        *byte ^= 0xFF;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    for err in [
+        CheckpointStore::open(&path).unwrap_err(),
+        CheckpointStore::open_read_only(&path).unwrap_err(),
+    ] {
+        assert!(matches!(err, StoreError::NotADatabase { .. }), "{err}");
+        assert!(err.to_string().contains("move it aside"), "{err}");
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), bytes, "not a byte written");
+}
+
 /// The database a `writer_until_killed` child writes to.
 const CRASH_DB: &str = "RLM_TEST_CRASH_WRITER_DB";
 
