@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::chat::{ChatRequest, ChatResponse};
-use crate::endpoint::Endpoint;
+use crate::endpoint::{CallOptions, Endpoint, RecordedCall};
 use crate::error::BridgeError;
 
 /// How wide a batch fans out.
@@ -52,27 +52,53 @@ impl Endpoint {
         policy: BatchPolicy,
         cancel: &CancellationToken,
     ) -> Vec<Slot> {
+        let opts = CallOptions {
+            cancel: cancel.clone(),
+            ..CallOptions::default()
+        };
+        self.batch_recorded(reqs, policy, &opts)
+            .await
+            .into_iter()
+            .map(|call| call.result)
+            .collect()
+    }
+
+    /// Like [`batch`](Self::batch), with every call's options (`stream` is ignored) and
+    /// each slot's ledger record.
+    pub async fn batch_recorded(
+        &self,
+        reqs: Vec<ChatRequest>,
+        policy: BatchPolicy,
+        opts: &CallOptions,
+    ) -> Vec<RecordedCall> {
+        let cancel = &opts.cancel;
         let n = reqs.len();
         let width = policy.concurrency.unwrap_or(n).clamp(1, n.max(1));
-        let mut slots: Vec<Option<Slot>> = Vec::with_capacity(n);
+        let mut slots: Vec<Option<RecordedCall>> = Vec::with_capacity(n);
         slots.resize_with(n, || None);
         let mut pending = reqs.into_iter().enumerate();
         let mut tasks = JoinSet::new();
-        let spawn = |tasks: &mut JoinSet<(usize, Slot)>, index: usize, req: ChatRequest| {
+        let spawn = |tasks: &mut JoinSet<(usize, RecordedCall)>, index: usize, req: ChatRequest| {
             let shared = std::sync::Arc::clone(&self.shared);
-            let cancel = cancel.clone();
+            let opts = CallOptions {
+                stream: false,
+                ..opts.clone()
+            };
             tasks.spawn(async move {
-                let call = shared.call(req, &cancel, false, None, Some(n));
-                let result = AssertUnwindSafe(call)
+                let call = shared.call(req, &opts, None, Some(n));
+                let recorded = AssertUnwindSafe(call)
                     .catch_unwind()
                     .await
-                    .map(|(result, _record)| result)
+                    .map(|(result, record)| RecordedCall { result, record })
                     .unwrap_or_else(|_| {
-                        Err(BridgeError::Internal(format!(
-                            "the task of batch item {index} panicked"
-                        )))
+                        shared.unrecorded(
+                            BridgeError::Internal(format!(
+                                "the task of batch item {index} panicked"
+                            )),
+                            n,
+                        )
                     });
-                (index, result)
+                (index, recorded)
             });
         };
         for (index, req) in pending.by_ref().take(width) {
@@ -81,16 +107,21 @@ impl Endpoint {
         while let Some(joined) = tasks.join_next().await {
             // Tasks are never aborted and panics are caught inside, so a join error cannot
             // happen; if it did, its slot is reported below as missing.
-            if let Ok((index, result)) = joined
+            if let Ok((index, recorded)) = joined
                 && let Some(slot) = slots.get_mut(index)
             {
-                *slot = Some(result);
+                *slot = Some(recorded);
             }
             if cancel.is_cancelled() {
                 for (index, req) in pending.by_ref() {
-                    self.shared.record_unsent(&req, &BridgeError::Cancelled, n);
+                    let record =
+                        self.shared
+                            .record_unsent(&req, &BridgeError::Cancelled, opts.session, n);
                     if let Some(slot) = slots.get_mut(index) {
-                        *slot = Some(Err(BridgeError::Cancelled));
+                        *slot = Some(RecordedCall {
+                            result: Err(BridgeError::Cancelled),
+                            record,
+                        });
                     }
                 }
             } else if let Some((index, req)) = pending.next() {
@@ -102,9 +133,10 @@ impl Endpoint {
             .enumerate()
             .map(|(i, slot)| {
                 slot.unwrap_or_else(|| {
-                    Err(BridgeError::Internal(format!(
-                        "batch item {i} produced no result"
-                    )))
+                    self.shared.unrecorded(
+                        BridgeError::Internal(format!("batch item {i} produced no result")),
+                        n,
+                    )
                 })
             })
             .collect()

@@ -27,7 +27,7 @@ use crate::chat::{ChatRequest, ChatResponse};
 use crate::client::{AnthropicClient, LmClient, OpenAiClient};
 use crate::config::{EndpointConfig, Provider};
 use crate::error::{BridgeError, FailureKind};
-use crate::ledger::{CallEstimate, Ledger, Reservation, SubCallMetadata};
+use crate::ledger::{CallEstimate, Claim, Ledger, Reservation, SubCallMetadata};
 use crate::limiter::{Limiter, LimiterStats, Outcome};
 use crate::secret;
 
@@ -38,6 +38,12 @@ pub struct CallOptions {
     pub cancel: CancellationToken,
     /// Use SSE streaming on the wire.
     pub stream: bool,
+    /// The call is an iteration of an RLM loop (a root-model reply): it takes a
+    /// [`Budget::max_iterations`](crate::Budget::max_iterations) slot.
+    pub iteration: bool,
+    /// The REPL session whose code makes the call, kept in its record
+    /// ([`SubCallMetadata::session`]) so a block's calls can be told from other sessions'.
+    pub session: Option<u64>,
 }
 
 /// One named model: configuration, client, limiter and ledger.
@@ -135,10 +141,7 @@ impl Endpoint {
     /// Like [`call`](Self::call), also returning the call's own ledger record (other calls
     /// may share the ledger, even this endpoint, at the same time).
     pub async fn call_recorded(&self, req: ChatRequest, opts: &CallOptions) -> RecordedCall {
-        let (result, record) = self
-            .shared
-            .call(req, &opts.cancel, opts.stream, None, None)
-            .await;
+        let (result, record) = self.shared.call(req, opts, None, None).await;
         RecordedCall { result, record }
     }
 
@@ -150,10 +153,11 @@ impl Endpoint {
         opts: &CallOptions,
         on_delta: &mut (dyn FnMut(&str) + Send),
     ) -> Result<ChatResponse, BridgeError> {
-        let (result, _) = self
-            .shared
-            .call(req, &opts.cancel, true, Some(on_delta), None)
-            .await;
+        let opts = CallOptions {
+            stream: true,
+            ..opts.clone()
+        };
+        let (result, _) = self.shared.call(req, &opts, Some(on_delta), None).await;
         result
     }
 }
@@ -182,6 +186,7 @@ struct Attempts {
 struct CallTicket<'a> {
     shared: &'a Shared,
     req: &'a ChatRequest,
+    session: Option<u64>,
     index: u64,
     started_at_ms: u64,
     batch_size: Option<usize>,
@@ -193,10 +198,16 @@ struct CallTicket<'a> {
 
 impl<'a> CallTicket<'a> {
     /// Take the next call index.
-    fn begin(shared: &'a Shared, req: &'a ChatRequest, batch_size: Option<usize>) -> Self {
+    fn begin(
+        shared: &'a Shared,
+        req: &'a ChatRequest,
+        session: Option<u64>,
+        batch_size: Option<usize>,
+    ) -> Self {
         Self {
             shared,
             req,
+            session,
             index: shared.ledger.begin_call(),
             started_at_ms: unix_ms(),
             batch_size,
@@ -214,12 +225,15 @@ impl<'a> CallTicket<'a> {
 
     fn settle(&mut self, result: &Result<ChatResponse, BridgeError>) -> SubCallMetadata {
         let record = self.shared.record(
-            self.index,
-            self.started_at_ms,
+            Started {
+                index: self.index,
+                at_ms: self.started_at_ms,
+                session: self.session,
+                batch_size: self.batch_size,
+            },
             self.req,
             result,
             &self.attempts,
-            self.batch_size,
         );
         // After the record, so the real usage is counted before the estimate is released.
         if let Some(reservation) = self.reservation.take() {
@@ -249,17 +263,16 @@ impl Shared {
     pub(crate) async fn call(
         &self,
         req: ChatRequest,
-        cancel: &CancellationToken,
-        stream: bool,
+        opts: &CallOptions,
         on_delta: Option<&mut (dyn FnMut(&str) + Send)>,
         batch_size: Option<usize>,
     ) -> (Result<ChatResponse, BridgeError>, SubCallMetadata) {
         // No model receives a secret the process knows, whoever put it in the prompt.
         let mut req = req;
         req.redact(&secret::redactor());
-        let mut ticket = CallTicket::begin(self, &req, batch_size);
+        let mut ticket = CallTicket::begin(self, &req, opts.session, batch_size);
         let result = self
-            .run(&req, cancel, stream, on_delta, &mut ticket)
+            .run(&req, opts, on_delta, &mut ticket)
             .await
             .map(|mut answer| {
                 answer.attempts = ticket.attempts.count;
@@ -273,35 +286,72 @@ impl Shared {
     }
 
     /// Record a call that never started (e.g. its batch was cancelled first).
-    pub(crate) fn record_unsent(&self, req: &ChatRequest, error: &BridgeError, batch_size: usize) {
-        let index = self.ledger.begin_call();
-        self.record(
-            index,
-            unix_ms(),
-            req,
-            &Err(error.clone()),
-            &Attempts::default(),
-            Some(batch_size),
-        );
+    pub(crate) fn record_unsent(
+        &self,
+        req: &ChatRequest,
+        error: &BridgeError,
+        session: Option<u64>,
+        batch_size: usize,
+    ) -> SubCallMetadata {
+        let started = Started {
+            index: self.ledger.begin_call(),
+            at_ms: unix_ms(),
+            session,
+            batch_size: Some(batch_size),
+        };
+        self.record(started, req, &Err(error.clone()), &Attempts::default())
+    }
+
+    /// The outcome of a batch slot whose call left no record of its own to hand back (its
+    /// task panicked, a bug: its ticket recorded it in the ledger). The record returned is
+    /// not in the ledger; its `call_index` is `u64::MAX`.
+    pub(crate) fn unrecorded(&self, error: BridgeError, batch_size: usize) -> RecordedCall {
+        let record = SubCallMetadata {
+            call_index: u64::MAX,
+            endpoint: self.config.name.clone(),
+            model: self.config.model.clone(),
+            prompt_chars: 0,
+            response_chars: 0,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            tokens_estimated: false,
+            latency_ms: 0.0,
+            attempts: 0,
+            batched: true,
+            batch_size,
+            started_at_ms: unix_ms(),
+            cost_usd: None,
+            error: Some(error.to_string()),
+            error_kind: Some(error.kind()),
+            session: None,
+        };
+        RecordedCall {
+            result: Err(error),
+            record,
+        }
     }
 
     async fn run(
         &self,
         req: &ChatRequest,
-        cancel: &CancellationToken,
-        stream: bool,
+        opts: &CallOptions,
         mut on_delta: Option<&mut (dyn FnMut(&str) + Send)>,
         ticket: &mut CallTicket<'_>,
     ) -> Result<ChatResponse, BridgeError> {
+        let (cancel, stream) = (&opts.cancel, opts.stream);
         if cancel.is_cancelled() {
             return Err(BridgeError::Cancelled);
         }
-        let estimate =
-            CallEstimate::new(req.prompt_chars(), self.max_tokens(req), self.config.price);
-        ticket.reservation = Some(
-            self.ledger
-                .reserve(self.config.counts_toward_call_budget, estimate)?,
-        );
+        let claim = Claim {
+            estimate: CallEstimate::new(
+                req.prompt_chars(),
+                self.max_tokens(req),
+                self.config.price,
+            ),
+            counted: self.config.counts_toward_call_budget,
+            iteration: opts.iteration,
+        };
+        ticket.reservation = Some(self.ledger.reserve(claim)?);
         let policy = &self.config.retry;
         let attempts = &mut ticket.attempts;
         let mut garbled_retried = false;
@@ -382,13 +432,17 @@ impl Shared {
     /// Push the record of a call to the ledger; returns a copy.
     fn record(
         &self,
-        call_index: u64,
-        started_at_ms: u64,
+        started: Started,
         req: &ChatRequest,
         result: &Result<ChatResponse, BridgeError>,
         attempts: &Attempts,
-        batch_size: Option<usize>,
     ) -> SubCallMetadata {
+        let Started {
+            index: call_index,
+            at_ms: started_at_ms,
+            session,
+            batch_size,
+        } = started;
         let (response_chars, usage, error, error_kind) = match result {
             Ok(answer) => (answer.response_chars(), answer.usage, None, None),
             Err(e) => (0, Default::default(), Some(e.to_string()), Some(e.kind())),
@@ -420,10 +474,20 @@ impl Shared {
             cost_usd,
             error,
             error_kind,
+            session,
         };
         self.ledger.record(record.clone());
         record
     }
+}
+
+/// Where and when a call started, for its record.
+#[derive(Debug, Clone, Copy)]
+struct Started {
+    index: u64,
+    at_ms: u64,
+    session: Option<u64>,
+    batch_size: Option<usize>,
 }
 
 /// Lend the delta callback to one attempt (the explicit types let the trait object's

@@ -222,7 +222,8 @@ pub enum FailureKind {
     Unauthorized,
     /// `decode`: the answer was not what the protocol promises.
     Decode,
-    /// `budget_max_calls`, `budget_max_tokens` or `budget_max_usd`: refused by that limit.
+    /// `budget_max_calls`, `budget_max_tokens`, `budget_max_usd` or `budget_max_iterations`:
+    /// refused by that limit.
     Budget(BudgetLimit),
     /// `cancelled`.
     Cancelled,
@@ -238,7 +239,7 @@ pub enum FailureKind {
 
 impl FailureKind {
     /// Every kind, in a stable order.
-    pub const ALL: [FailureKind; 21] = [
+    pub const ALL: [FailureKind; 22] = [
         Self::Connect,
         Self::Network,
         Self::Timeout,
@@ -255,6 +256,7 @@ impl FailureKind {
         Self::Budget(BudgetLimit::Calls),
         Self::Budget(BudgetLimit::Tokens),
         Self::Budget(BudgetLimit::Usd),
+        Self::Budget(BudgetLimit::Iterations),
         Self::Cancelled,
         Self::UnknownEndpoint,
         Self::Config,
@@ -281,6 +283,7 @@ impl FailureKind {
             Self::Budget(BudgetLimit::Calls) => "budget_max_calls",
             Self::Budget(BudgetLimit::Tokens) => "budget_max_tokens",
             Self::Budget(BudgetLimit::Usd) => "budget_max_usd",
+            Self::Budget(BudgetLimit::Iterations) => "budget_max_iterations",
             Self::Cancelled => "cancelled",
             Self::UnknownEndpoint => "unknown_endpoint",
             Self::Config => "config",
@@ -335,6 +338,9 @@ pub enum BudgetLimit {
     /// `Budget::max_usd`.
     #[serde(rename = "max_usd")]
     Usd,
+    /// `Budget::max_iterations`.
+    #[serde(rename = "max_iterations")]
+    Iterations,
 }
 
 impl BudgetLimit {
@@ -344,6 +350,7 @@ impl BudgetLimit {
             Self::Calls => "max_calls",
             Self::Tokens => "max_tokens",
             Self::Usd => "max_usd",
+            Self::Iterations => "max_iterations",
         }
     }
 }
@@ -366,13 +373,14 @@ pub struct BudgetExceeded {
 impl fmt::Display for BudgetExceeded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let amount = |x: f64| match self.limit {
-            BudgetLimit::Calls | BudgetLimit::Tokens => fmt_count(x),
+            BudgetLimit::Calls | BudgetLimit::Tokens | BudgetLimit::Iterations => fmt_count(x),
             BudgetLimit::Usd => format!("{x:.4}"),
         };
         let what = match self.limit {
             BudgetLimit::Calls => "sub-calls",
             BudgetLimit::Tokens => "tokens",
             BudgetLimit::Usd => "USD",
+            BudgetLimit::Iterations => "iterations",
         };
         write!(
             f,

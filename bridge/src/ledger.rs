@@ -7,6 +7,9 @@
 //! - `max_calls`: one slot per call (calls of endpoints that do not count toward it take
 //!   none). A slot is spent once the call is sent and given back if the call ends (cancelled,
 //!   dropped) before its first attempt, so the limit is exact under any concurrency.
+//! - `max_iterations`: the same, one slot per call that is an iteration of an RLM loop (a
+//!   root-model reply, [`CallOptions::iteration`](crate::CallOptions::iteration)), whichever
+//!   loop of a tree of `rlm_query` children makes it.
 //! - `max_tokens`: the call's estimate is `ceil(prompt_chars / 4)` plus the request's
 //!   `max_tokens` (or the endpoint's default) when one is set. The call is admitted only if
 //!   tokens used + tokens reserved by calls in flight + its estimate (at least 1) stay within
@@ -25,6 +28,15 @@
 //!
 //! The hot path touches a few atomics (call index, budget claims) and one short `Mutex`
 //! section to push the record; nothing is held across an await.
+//!
+//! # One ledger for a tree of runs
+//!
+//! A run and every `rlm_query` child it starts (at any depth) share one ledger, so the limits
+//! hold for the whole tree: every call of every node is admitted against what the tree has
+//! used plus what all its calls in flight have reserved, and a failed or cancelled call keeps
+//! what it used. No node can spend what another has reserved or already spent. Each record
+//! names the session whose code made it ([`SubCallMetadata::session`]), so a block's own calls
+//! are told apart from those of the children that run while it waits ([`Ledger::records_of`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -72,6 +84,10 @@ pub struct SubCallMetadata {
     /// The kind of failure ([`BridgeError::kind`](crate::BridgeError::kind)) if the call failed.
     #[serde(default)]
     pub error_kind: Option<FailureKind>,
+    /// The REPL session whose code made the call
+    /// ([`CallOptions::session`](crate::CallOptions::session)), if a session did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<u64>,
 }
 
 /// Limits on the calls of one ledger; `None` means unlimited.
@@ -85,6 +101,9 @@ pub struct Budget {
     pub max_tokens: Option<u64>,
     /// Cost in USD, admitted like `max_tokens` with estimates priced by the endpoint's `Price`.
     pub max_usd: Option<f64>,
+    /// Iterations (root-model replies) of every RLM loop sharing the ledger, a run and its
+    /// `rlm_query` children together (exact under concurrency, like `max_calls`).
+    pub max_iterations: Option<u64>,
 }
 
 /// Aggregated usage of one model (or of everything, for [`Ledger::totals`]).
@@ -147,11 +166,23 @@ impl CallEstimate {
     }
 }
 
+/// What a call claims when it is admitted: its estimate, and which slots it takes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Claim {
+    /// Tokens and cost it may spend.
+    pub(crate) estimate: CallEstimate,
+    /// Whether it takes a `max_calls` slot.
+    pub(crate) counted: bool,
+    /// Whether it takes a `max_iterations` slot.
+    pub(crate) iteration: bool,
+}
+
 /// What one admitted call holds against the budget until [`Ledger::release`].
 #[derive(Debug, Default)]
 #[must_use = "a reservation must be released when its call ends"]
 pub(crate) struct Reservation {
     call_slot: bool,
+    iteration_slot: bool,
     tokens: u64,
     nano_usd: u64,
 }
@@ -161,6 +192,7 @@ pub struct Ledger {
     budget: Budget,
     next_index: AtomicU64,
     reserved_calls: AtomicU64,
+    reserved_iterations: AtomicU64,
     tokens_used: AtomicU64,
     nano_usd_used: AtomicU64,
     /// Tokens used plus tokens reserved by calls in flight: what admission checks.
@@ -186,6 +218,10 @@ impl fmt::Debug for Ledger {
                 "calls_reserved",
                 &self.reserved_calls.load(Ordering::Relaxed),
             )
+            .field(
+                "iterations_reserved",
+                &self.reserved_iterations.load(Ordering::Relaxed),
+            )
             .field("tokens_used", &self.tokens_used())
             .field("tokens_reserved", &self.tokens_reserved())
             .finish_non_exhaustive()
@@ -207,6 +243,7 @@ impl Ledger {
             budget,
             next_index: AtomicU64::new(0),
             reserved_calls: AtomicU64::new(0),
+            reserved_iterations: AtomicU64::new(0),
             tokens_used: AtomicU64::new(0),
             nano_usd_used: AtomicU64::new(0),
             tokens_committed: AtomicU64::new(0),
@@ -240,6 +277,17 @@ impl Ledger {
         self.next_index.load(Ordering::Acquire)
     }
 
+    /// The records of calls made by `session`'s code with `call_index >= since`, in order:
+    /// a block's own calls, without those of other sessions sharing the ledger meanwhile.
+    pub fn records_of(&self, session: u64, since: u64) -> Vec<SubCallMetadata> {
+        self.state()
+            .records
+            .range(since..)
+            .filter(|(_, r)| r.session == Some(session))
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
+
     /// Usage per model name.
     pub fn usage_by_model(&self) -> BTreeMap<String, ModelUsage> {
         self.state().by_model.clone()
@@ -265,6 +313,11 @@ impl Ledger {
         self.reserved_calls.load(Ordering::Acquire)
     }
 
+    /// Iterations that reserved a budget slot (were or are being sent).
+    pub fn iterations_reserved(&self) -> u64 {
+        self.reserved_iterations.load(Ordering::Acquire)
+    }
+
     /// Prompt plus completion tokens recorded so far.
     pub fn tokens_used(&self) -> u64 {
         self.tokens_used.load(Ordering::Acquire)
@@ -287,14 +340,14 @@ impl Ledger {
         self.next_index.fetch_add(1, Ordering::AcqRel)
     }
 
-    /// Admit one call expected to spend `estimate`, or say which limit refuses it (see the
-    /// module docs). An `uncounted` call (`counted == false`) takes no `max_calls` slot.
-    /// The reservation must be given back with [`release`](Self::release).
-    pub(crate) fn reserve(
-        &self,
-        counted: bool,
-        estimate: CallEstimate,
-    ) -> Result<Reservation, BudgetExceeded> {
+    /// Admit one call, or say which limit refuses it (see the module docs). The reservation
+    /// must be given back with [`release`](Self::release).
+    pub(crate) fn reserve(&self, claim: Claim) -> Result<Reservation, BudgetExceeded> {
+        let Claim {
+            estimate,
+            counted,
+            iteration,
+        } = claim;
         let mut reservation = Reservation::default();
         if let Some(max) = self.budget.max_tokens {
             self.claim(&self.tokens_committed, max, estimate.tokens)
@@ -324,34 +377,37 @@ impl Ledger {
             }
             reservation.nano_usd = estimate.nano_usd;
         }
-        if !counted {
-            return Ok(reservation);
-        }
-        let slot = match self.budget.max_calls {
-            None => {
-                self.reserved_calls.fetch_add(1, Ordering::AcqRel);
-                Ok(())
+        if iteration {
+            if let Err(refused) =
+                Self::take_slot(&self.reserved_iterations, self.budget.max_iterations)
+            {
+                self.release(reservation, false);
+                return Err(refused.of(BudgetLimit::Iterations));
             }
-            Some(max) => self
-                .reserved_calls
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    (n < max).then_some(n + 1)
-                })
-                .map(|_| ())
-                .map_err(|used| BudgetExceeded {
-                    limit: BudgetLimit::Calls,
-                    max: max as f64,
-                    used: used as f64,
-                    reserved: 0.0,
-                    needed: 0.0,
-                }),
-        };
-        if let Err(refused) = slot {
-            self.release(reservation, false);
-            return Err(refused);
+            reservation.iteration_slot = true;
         }
-        reservation.call_slot = true;
+        if counted {
+            if let Err(refused) = Self::take_slot(&self.reserved_calls, self.budget.max_calls) {
+                self.release(reservation, false);
+                return Err(refused.of(BudgetLimit::Calls));
+            }
+            reservation.call_slot = true;
+        }
         Ok(reservation)
+    }
+
+    /// Take one slot of `taken` if fewer than `max` are; `Err` has the limit and what was taken.
+    fn take_slot(taken: &AtomicU64, max: Option<u64>) -> Result<(), SlotRefused> {
+        let Some(max) = max else {
+            taken.fetch_add(1, Ordering::AcqRel);
+            return Ok(());
+        };
+        taken
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .map(drop)
+            .map_err(|used| SlotRefused { max, used })
     }
 
     /// Add `amount` to `committed` if it then stays within `max` (counting at least 1, so a
@@ -373,6 +429,9 @@ impl Ledger {
         }
         if reservation.call_slot && !sent {
             self.reserved_calls.fetch_sub(1, Ordering::AcqRel);
+        }
+        if reservation.iteration_slot && !sent {
+            self.reserved_iterations.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
@@ -402,6 +461,25 @@ impl Ledger {
     }
 }
 
+/// A slot limit that was full: its value and the slots taken.
+#[derive(Debug, Clone, Copy)]
+struct SlotRefused {
+    max: u64,
+    used: u64,
+}
+
+impl SlotRefused {
+    fn of(self, limit: BudgetLimit) -> BudgetExceeded {
+        BudgetExceeded {
+            limit,
+            max: self.max as f64,
+            used: self.used as f64,
+            reserved: 0.0,
+            needed: 0.0,
+        }
+    }
+}
+
 /// `counter += amount`, stopping at `u64::MAX` (server-reported usage can be anything).
 fn saturating_add(counter: &AtomicU64, amount: u64) {
     // The closure always returns `Some`, so the update cannot fail.
@@ -428,15 +506,27 @@ mod tests {
         }
     }
 
+    /// A call counted toward `max_calls`, not an iteration.
+    fn counted(estimate: CallEstimate) -> Claim {
+        Claim {
+            estimate,
+            counted: true,
+            iteration: false,
+        }
+    }
+
     #[test]
     fn reservations_count_until_released_and_unsent_slots_come_back() {
         let ledger = Ledger::new(Budget {
             max_calls: Some(2),
             max_tokens: Some(10),
             max_usd: None,
+            max_iterations: None,
         });
-        let a = ledger.reserve(true, estimate(6)).expect("fits");
-        let refused = ledger.reserve(true, estimate(5)).expect_err("6 + 5 > 10");
+        let a = ledger.reserve(counted(estimate(6))).expect("fits");
+        let refused = ledger
+            .reserve(counted(estimate(5)))
+            .expect_err("6 + 5 > 10");
         assert_eq!(refused.limit, BudgetLimit::Tokens);
         assert_eq!(
             (refused.used, refused.reserved, refused.needed),
@@ -448,7 +538,7 @@ mod tests {
                 .contains("6 more reserved by calls in flight")
         );
         assert_eq!(ledger.calls_reserved(), 1, "a refused call holds no slot");
-        let b = ledger.reserve(true, estimate(4)).expect("6 + 4 fit");
+        let b = ledger.reserve(counted(estimate(4))).expect("6 + 4 fit");
         assert_eq!(ledger.tokens_reserved(), 10);
         ledger.release(b, false);
         assert_eq!(
@@ -467,23 +557,129 @@ mod tests {
             max_calls: Some(0),
             max_tokens: Some(10),
             max_usd: Some(1.0),
+            max_iterations: None,
         });
         let refused = ledger
-            .reserve(
-                true,
-                CallEstimate {
-                    tokens: 3,
-                    nano_usd: 5,
-                },
-            )
+            .reserve(counted(CallEstimate {
+                tokens: 3,
+                nano_usd: 5,
+            }))
             .expect_err("no calls allowed");
         assert_eq!(refused.limit, BudgetLimit::Calls);
         assert_eq!(ledger.tokens_reserved(), 0);
         assert_eq!(ledger.nano_usd_committed.load(Ordering::Acquire), 0);
         let root = ledger
-            .reserve(false, estimate(10))
+            .reserve(Claim {
+                estimate: estimate(10),
+                counted: false,
+                iteration: false,
+            })
             .expect("uncounted calls skip max_calls");
         ledger.release(root, true);
+    }
+
+    #[test]
+    fn iterations_take_slots_of_their_own_given_back_when_unsent() {
+        let ledger = Ledger::new(Budget {
+            max_calls: Some(1),
+            max_iterations: Some(2),
+            ..Budget::default()
+        });
+        let iteration = |counted| Claim {
+            estimate: estimate(1),
+            counted,
+            iteration: true,
+        };
+        let a = ledger.reserve(iteration(false)).expect("first iteration");
+        let b = ledger
+            .reserve(iteration(true))
+            .expect("a child's iteration on a counted endpoint");
+        assert_eq!(
+            (ledger.iterations_reserved(), ledger.calls_reserved()),
+            (2, 1)
+        );
+        let refused = ledger.reserve(iteration(false)).expect_err("two of two");
+        assert_eq!(refused.limit, BudgetLimit::Iterations);
+        assert_eq!((refused.max, refused.used), (2.0, 2.0));
+        ledger.release(b, false);
+        assert_eq!(
+            (ledger.iterations_reserved(), ledger.calls_reserved()),
+            (1, 0),
+            "an unsent call gives both slots back"
+        );
+        let refused = ledger
+            .reserve(Claim {
+                estimate: estimate(1),
+                counted: true,
+                iteration: true,
+            })
+            .and_then(|c| {
+                ledger.release(c, true);
+                ledger.reserve(Claim {
+                    estimate: estimate(1),
+                    counted: true,
+                    iteration: false,
+                })
+            })
+            .expect_err("the call slot is spent");
+        assert_eq!(refused.limit, BudgetLimit::Calls);
+        let no_calls = Ledger::new(Budget {
+            max_calls: Some(0),
+            max_iterations: Some(5),
+            ..Budget::default()
+        });
+        let refused = no_calls
+            .reserve(iteration(true))
+            .expect_err("no sub-calls allowed");
+        assert_eq!(refused.limit, BudgetLimit::Calls);
+        assert_eq!(
+            no_calls.iterations_reserved(),
+            0,
+            "a refusal by a later limit gives the iteration back"
+        );
+        ledger.release(a, true);
+        assert_eq!(
+            ledger.iterations_reserved(),
+            2,
+            "sent iterations stay spent"
+        );
+    }
+
+    #[test]
+    fn records_of_a_session_leave_out_other_sessions() {
+        let ledger = Ledger::default();
+        for (index, session) in [(0, Some(1)), (1, Some(2)), (2, None), (3, Some(1))] {
+            let _ = ledger.begin_call();
+            ledger.record(SubCallMetadata {
+                call_index: index,
+                endpoint: "sub".into(),
+                model: "m".into(),
+                prompt_chars: 0,
+                response_chars: 0,
+                prompt_tokens: 0,
+                completion_tokens: 0,
+                tokens_estimated: false,
+                latency_ms: 0.0,
+                attempts: 1,
+                batched: false,
+                batch_size: 1,
+                started_at_ms: 0,
+                cost_usd: None,
+                error: None,
+                error_kind: None,
+                session,
+            });
+        }
+        let of = |session, since| -> Vec<u64> {
+            ledger
+                .records_of(session, since)
+                .iter()
+                .map(|r| r.call_index)
+                .collect()
+        };
+        assert_eq!(of(1, 0), [0, 3]);
+        assert_eq!(of(1, 1), [3]);
+        assert_eq!(of(2, 0), [1]);
     }
 
     #[test]

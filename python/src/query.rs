@@ -60,7 +60,7 @@ pub(crate) fn llm_query_batched(
             let outcomes = if single {
                 let options = CallOptions {
                     cancel,
-                    stream: false,
+                    ..CallOptions::default()
                 };
                 let mut requests = requests;
                 match requests.pop() {

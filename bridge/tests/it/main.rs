@@ -3,6 +3,7 @@
 mod anthropic;
 mod batch;
 mod budget;
+mod budget_tree;
 mod cancel;
 mod errors;
 mod interop;

@@ -272,6 +272,7 @@ pub(crate) fn describe(reason: TerminationReason) -> &'static str {
         TerminationReason::CallBudget => "stopped: sub-call budget spent",
         TerminationReason::TokenBudget => "stopped: token budget spent",
         TerminationReason::CostBudget => "stopped: USD budget spent",
+        TerminationReason::IterationBudget => "stopped: iteration budget of the tree spent",
         TerminationReason::ConsecutiveFailures => "stopped: too many failing iterations in a row",
         TerminationReason::RootModelError => "failed: the root model did not answer",
         TerminationReason::KernelError => "failed: the Python session broke",

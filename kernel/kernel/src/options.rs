@@ -326,6 +326,7 @@ impl RunOptions {
             max_calls: self.max_sub_calls,
             max_tokens: self.max_tokens,
             max_usd: self.max_usd,
+            max_iterations: None,
         };
         if let Some(usd) = budget.max_usd
             && !(usd > 0.0 && usd.is_finite())

@@ -321,6 +321,8 @@ pub(crate) fn execute(
             BudgetLimit::Calls => "--max-calls",
             BudgetLimit::Tokens => "--max-tokens",
             BudgetLimit::Usd => "--max-usd",
+            // Bench runs no RLM loop, so no call of it is an iteration.
+            BudgetLimit::Iterations => "--max-tree-iterations",
         };
         eprintln!(
             "error: The budget stopped the sweep: `{flag}` refused calls at width {width} \

@@ -309,6 +309,7 @@ mod tests {
             cost_usd: None,
             error: error.map(|k| k.name().to_owned()),
             error_kind: error,
+            session: None,
         }
     }
 

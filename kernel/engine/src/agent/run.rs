@@ -223,6 +223,7 @@ impl AgentLoop {
         let opts = CallOptions {
             cancel: cancel.clone(),
             stream: self.config.stream,
+            ..CallOptions::default()
         };
         let result = match &self.text_sink {
             Some(sink) => {

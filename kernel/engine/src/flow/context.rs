@@ -587,7 +587,14 @@ fn spent_budget(ledger: &Ledger) -> Option<BudgetExceeded> {
     let usd = budget
         .max_usd
         .and_then(|max| spent(BudgetLimit::Usd, max, ledger.usd_used()));
-    calls.or(tokens).or(usd)
+    let iterations = budget.max_iterations.and_then(|max| {
+        spent(
+            BudgetLimit::Iterations,
+            max as f64,
+            ledger.iterations_reserved() as f64,
+        )
+    });
+    calls.or(tokens).or(usd).or(iterations)
 }
 
 fn now_ms() -> u64 {

@@ -137,7 +137,8 @@ impl Agent for RlmAgent {
             TerminationReason::Interrupted
             | TerminationReason::CallBudget
             | TerminationReason::TokenBudget
-            | TerminationReason::CostBudget => ctx.check()?,
+            | TerminationReason::CostBudget
+            | TerminationReason::IterationBudget => ctx.check()?,
             TerminationReason::RootModelError | TerminationReason::KernelError => {
                 return Err(self.fail(format!(
                     "The RLM loop stopped ({}): {}",

@@ -99,7 +99,7 @@ impl SessionState {
             error,
             timed_out: interrupt == Some(InterruptReason::Timeout),
             duration: started.elapsed(),
-            sub_calls: self.bridge.endpoints().ledger().records_since(ledger_start),
+            sub_calls: self.bridge.own_records(ledger_start),
             sub_call_texts: self.bridge.take_texts(),
             llm_query_calls,
             llm_query_batched_calls,

@@ -67,6 +67,8 @@ impl std::str::FromStr for SubCallErrorMode {
 #[derive(Debug)]
 pub(crate) struct SubModelBridge {
     endpoints: Arc<Endpoints>,
+    /// The session's id, in the ledger record of each of its calls.
+    session: u64,
     default_endpoint: String,
     batch_concurrency: Option<usize>,
     errors: SubCallErrorMode,
@@ -83,8 +85,10 @@ pub(crate) struct SubModelBridge {
 }
 
 impl SubModelBridge {
+    #[allow(clippy::too_many_arguments)] // One per field the session configures.
     pub(crate) fn new(
         endpoints: Arc<Endpoints>,
+        session: u64,
         default_endpoint: String,
         batch_concurrency: Option<usize>,
         errors: SubCallErrorMode,
@@ -95,6 +99,7 @@ impl SubModelBridge {
         let cell_token = session_token.child_token();
         Self {
             endpoints,
+            session,
             default_endpoint,
             batch_concurrency,
             errors,
@@ -111,6 +116,21 @@ impl SubModelBridge {
 
     pub(crate) fn endpoints(&self) -> &Arc<Endpoints> {
         &self.endpoints
+    }
+
+    /// The ledger records of this session's calls since `call_index` (not those of other
+    /// sessions sharing the ledger meanwhile, such as `rlm_query` children).
+    pub(crate) fn own_records(&self, call_index: u64) -> Vec<bridge::SubCallMetadata> {
+        self.endpoints.ledger().records_of(self.session, call_index)
+    }
+
+    /// The options of a sub-call made now: the current block's cancellation, this session.
+    fn call_options(&self) -> CallOptions {
+        CallOptions {
+            cancel: self.cell_token(),
+            session: Some(self.session),
+            ..CallOptions::default()
+        }
     }
 
     pub(crate) fn session_token(&self) -> CancellationToken {
@@ -268,10 +288,7 @@ impl LlmQuery {
             Ok(endpoint) => endpoint,
             Err(e) => return bridge.failure(py, &e),
         };
-        let options = CallOptions {
-            cancel: bridge.cell_token(),
-            stream: false,
-        };
+        let options = bridge.call_options();
         let kept = bridge.kept_prompt(&prompt);
         let request = ChatRequest::from_prompt(prompt);
         let outcome = py.detach(|| runtime::shared().block_on(endpoint.call(request, &options)));
@@ -350,14 +367,15 @@ impl LlmQueryBatched {
         let policy = BatchPolicy {
             concurrency: bridge.batch_concurrency,
         };
-        let cancel = bridge.cell_token();
-        let outcomes =
-            py.detach(|| runtime::shared().block_on(endpoint.batch(requests, policy, &cancel)));
+        let options = bridge.call_options();
+        let outcomes = py.detach(|| {
+            runtime::shared().block_on(endpoint.batch_recorded(requests, policy, &options))
+        });
         let mut first_error: Option<(usize, &'static str, String)> = None;
         let mut failed = 0usize;
         let mut texts = Vec::with_capacity(n);
         for ((i, outcome), prompt) in outcomes.into_iter().enumerate().zip(kept) {
-            match outcome {
+            match outcome.result {
                 Ok(response) => texts.push(response.content),
                 Err(e) => {
                     failed += 1;

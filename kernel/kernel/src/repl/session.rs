@@ -525,6 +525,7 @@ impl SessionState {
         let error_class = support.getattr("LlmQueryError").map_err(fail)?;
         let bridge = Arc::new(SubModelBridge::new(
             init.endpoints,
+            init.id,
             init.config.sub_endpoint.clone(),
             init.config.batch_concurrency,
             init.config.sub_call_errors,

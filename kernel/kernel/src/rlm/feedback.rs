@@ -224,6 +224,7 @@ mod tests {
             cost_usd: None,
             error: None,
             error_kind: None,
+            session: None,
         }
     }
 

@@ -127,6 +127,7 @@ impl CodeGenerator {
     pub async fn generate(&self, request: ChatRequest, cancel: &CancellationToken) -> Generation {
         let options = CallOptions {
             cancel: cancel.clone(),
+            iteration: true,
             ..CallOptions::default()
         };
         let RecordedCall { result, record } = self.endpoint.call_recorded(request, &options).await;

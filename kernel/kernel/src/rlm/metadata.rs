@@ -29,6 +29,9 @@ pub enum TerminationReason {
     TokenBudget,
     /// The USD budget is spent.
     CostBudget,
+    /// The budget of iterations over the whole tree of runs (`Budget::max_iterations`) is
+    /// spent.
+    IterationBudget,
     /// Too many iterations in a row had a failing block.
     ConsecutiveFailures,
     /// The root model could not be reached or kept failing after the bridge's retries.
@@ -48,6 +51,7 @@ impl TerminationReason {
             BudgetLimit::Calls => Self::CallBudget,
             BudgetLimit::Tokens => Self::TokenBudget,
             BudgetLimit::Usd => Self::CostBudget,
+            BudgetLimit::Iterations => Self::IterationBudget,
         }
     }
 
@@ -65,6 +69,7 @@ impl TerminationReason {
                 | TerminationReason::CallBudget
                 | TerminationReason::TokenBudget
                 | TerminationReason::CostBudget
+                | TerminationReason::IterationBudget
                 | TerminationReason::ConsecutiveFailures
                 | TerminationReason::StoppedByHook
         )
