@@ -1,13 +1,16 @@
-//! `rlm agent`: talk with a persona agent of an agent bundle.
+//! `rlm agent`: talk with a persona agent — a BMAD 6.0 agent file, a BMAD 6.1+ agent skill, or
+//! any Agent Skill.
 //!
-//! The agent starts ([`StartedAgent::start`]: only the files its start-up steps name are
-//! read), then each user turn runs the function-calling loop ([`AgentLoop`]) over the whole
-//! conversation so far, with the bundle's tools (`read_file`, `execute_workflow`,
-//! `save_output`, `invoke_agent`). A turn that is `*name` or a menu number runs that
-//! command. Turns come from `--message` (one per flag, then exit) or, without it, from the
-//! terminal (line editing and history; the menu is shown first) or one per line of standard
-//! input. Model flags and `rlm.toml` are those of `rlm run`. `--python` adds the kernel's
-//! `python` tool over an embedded REPL session.
+//! The agent starts ([`StartedAgent::start`]: only the files its start-up needs are read —
+//! its config, its customization, its persistent facts, the front matter of the skills it
+//! may load), then each user turn runs the function-calling loop ([`AgentLoop`]) over the
+//! whole conversation so far, with its tools (`read_file`, `save_output`, `execute_workflow`
+//! and `invoke_agent` for a 6.0 agent, `load_skill` and `run_skill_script` when there are
+//! skills). A turn that is `*name` or a menu number runs that command. Turns come from
+//! `--message` (one per flag, then exit) or, without it, from the terminal (line editing and
+//! history; the menu is shown first) or one per line of standard input. Model flags and
+//! `rlm.toml` are those of `rlm run`. `--python` adds the kernel's `python` tool over an
+//! embedded REPL session, through which skill scripts run too; `--skills DIR` adds skills.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -23,7 +26,7 @@ use engine::agent::{
 use engine::bundle::{
     BundleError, PathError, SandboxPolicy, StartOptions, StartedAgent, agent_tools,
 };
-use engine::{SharedState, State};
+use engine::{SharedState, State, Tool};
 use kernel::repl::ReplSession;
 use kernel::tools::PythonTool;
 use serde_json::json;
@@ -39,9 +42,17 @@ use crate::settings::{self, RunOptions};
 /// Arguments of `rlm agent`.
 #[derive(Debug, Args)]
 pub(crate) struct AgentArgs {
-    /// The agent file: the `agents/NAME.md` of a bundle.
+    /// The agent: a skill folder (`.claude/skills/bmad-agent-pm`, BMAD 6.1 and later, or any
+    /// Agent Skill), a skill's name (found in the project's skill folders or `--skills`), or
+    /// a BMAD 6.0 agent file (`agents/NAME.md`).
     #[arg(value_name = "AGENT")]
     pub(crate) agent: PathBuf,
+
+    /// A folder of skills (or one skill folder) the agent may load, besides those of the
+    /// project (`.agents/skills/`, `.claude/skills/` and other tools' folders). Repeat for
+    /// several; they are searched first.
+    #[arg(long = "skills", value_name = "DIR")]
+    pub(crate) skills: Vec<PathBuf>,
 
     /// The project the bundle is installed in (`{project-root}`): the tools read under it (and
     /// the bundle) and write under it. Default: the current directory, or the folder inside it
@@ -101,6 +112,7 @@ pub(crate) fn execute(
                 allow_broad_roots: args.allow_broad_root,
                 allow_hard_links: args.allow_hard_links,
             },
+            skill_folders: args.skills.clone(),
             ..StartOptions::default()
         },
     )
@@ -130,6 +142,11 @@ pub(crate) fn execute(
                 .document(Output::new("--file-log", path))
         })
         .transpose()?;
+    if !opts.quiet() {
+        for note in started.session.skills().notes() {
+            eprintln!("warning: {note}");
+        }
+    }
     let interactive = args.message.is_empty();
     let json = opts.json();
     let config = LoopConfig {
@@ -143,18 +160,28 @@ pub(crate) fn execute(
         stream: args.stream.unwrap_or(interactive),
         ..LoopConfig::default()
     };
-    let mut toolbox = Toolbox::new();
-    for tool in agent_tools(&started, Arc::clone(&endpoint), config.clone()) {
-        toolbox.add(tool)?;
-    }
-    if args.python {
+    let python: Option<Arc<dyn Tool>> = if args.python {
         let session = ReplSession::new(
             endpoints::session_config(&opts)?,
             Arc::clone(&endpoints),
             &[],
         )
         .context("Could not start the Python session for the `python` tool")?;
-        toolbox.add(Arc::new(PythonTool::new(Arc::new(session))))?;
+        Some(Arc::new(PythonTool::new(Arc::new(session))))
+    } else {
+        None
+    };
+    let mut toolbox = Toolbox::new();
+    for tool in agent_tools(
+        &started,
+        Arc::clone(&endpoint),
+        config.clone(),
+        python.clone(),
+    ) {
+        toolbox.add(tool)?;
+    }
+    if let Some(python) = python {
+        toolbox.add(python)?;
     }
     let mut agent = AgentLoop::new(Arc::clone(&endpoint), toolbox, config.clone());
     if verbosity > 0 || opts.trace() {
@@ -318,12 +345,14 @@ impl Session<'_> {
             "agent": {
                 "name": agent.name,
                 "title": agent.title,
+                "format": agent.format,
                 "path": agent.path,
                 "project_root": self.started.session.roots().project,
                 "output_folder": self.started.session.sandbox().write_root(),
                 "model": self.endpoint.config().model,
             },
             "startup": {"loaded": self.started.loaded},
+            "skills": self.started.session.skills().iter().collect::<Vec<_>>(),
             "turns": self.turns,
             "transcript": self.transcript,
             "files": self.started.session.file_log().entries(),
@@ -355,6 +384,9 @@ fn agent_inputs(started: &StartedAgent, opts: &RunOptions, config_path: Option<&
     inputs.tree("the agent bundle's core", &roots.core);
     for loaded in &started.loaded {
         inputs.file("a file the agent loaded", &loaded.path);
+    }
+    for skill in started.session.skills().iter() {
+        inputs.tree("a skill the agent may load", &skill.dir);
     }
     option_inputs(&mut inputs, opts, config_path);
     inputs

@@ -1,5 +1,8 @@
-//! Agent files: a markdown file holding one `<agent>` XML block (usually in a ```` ```xml ````
-//! fence), parsed into an [`AgentDefinition`].
+//! Agent definitions: who an agent is (name, title, icon, persona), its start-up steps and the
+//! commands of its menu, whatever file it came from. BMAD 6.0 agent files — a markdown file
+//! holding one `<agent>` XML block (usually in a ```` ```xml ```` fence) — parse here; agents
+//! that are skills (BMAD 6.1 and later: `SKILL.md` and `customize.toml`) are read by
+//! `skill_agent`, their menu items running a skill or a prompt.
 //!
 //! Two forms load. The hand-written form has `<persona>`, a `<critical-actions>` list of
 //! `<i>` start-up steps and a `<cmds>` list of `<c cmd="*name">` commands (an installer may
@@ -16,11 +19,24 @@ use serde::Serialize;
 use super::error::BundleError;
 use super::xml::{self, Element};
 
-/// A parsed agent file.
+/// The form an agent came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AgentFormat {
+    /// A markdown file with an `<agent>` XML block (BMAD 6.0, hand-written or compiled).
+    AgentXml,
+    /// An Agent Skill (`SKILL.md`): a BMAD 6.1+ agent (with an `[agent]` customization) or
+    /// any skill, played as an agent.
+    Skill,
+}
+
+/// A parsed agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AgentDefinition {
-    /// The file it came from.
+    /// The file it came from (its `SKILL.md` for a skill).
     pub path: PathBuf,
+    /// The form it came in.
+    pub format: AgentFormat,
     /// The `id` attribute, if any.
     pub id: Option<String>,
     /// The agent's name (`name` attribute).
@@ -84,6 +100,8 @@ pub enum HandlerKind {
     Data,
     /// Carry out a text, or the `<prompt>` with the id after `#`.
     Action,
+    /// Load the skill of this name and follow it (a BMAD 6.1+ menu item's `skill`).
+    Skill,
 }
 
 impl HandlerKind {
@@ -107,6 +125,7 @@ impl HandlerKind {
             Self::Tmpl => "tmpl",
             Self::Data => "data",
             Self::Action => "action",
+            Self::Skill => "skill",
         }
     }
 }
@@ -122,7 +141,7 @@ pub struct AgentCommand {
     pub description: String,
     /// Its handlers and their values (paths or text), in attribute order.
     pub handlers: Vec<(HandlerKind, String)>,
-    /// The line of the file it is on.
+    /// The line of the file it is on (0 for a menu item merged from customization files).
     pub line: usize,
 }
 
@@ -228,6 +247,7 @@ impl AgentDefinition {
             .unwrap_or_default();
         Ok(Self {
             path: path.to_owned(),
+            format: AgentFormat::AgentXml,
             id: root.attribute("id").map(str::to_owned),
             name: name.to_owned(),
             title: root

@@ -300,8 +300,9 @@ pub enum BundleError {
     },
     /// A persona names no agent of the bundle.
     #[error(
-        "The agent bundle `{bundle}` has no agent `{name}` (`agents/{name}.md`); its agents are: \
-         {}. Name one of them, or use one agent file as the bundle",
+        "The agent bundle `{bundle}` has no agent `{name}` (`agents/{name}.md`, or a skill \
+         `{name}/SKILL.md`); its agents are: {}. Name one of them, or use one agent file or \
+         skill folder as the bundle",
         list_names(available)
     )]
     NoPersona {
@@ -339,10 +340,52 @@ pub enum BundleError {
         /// What is wrong with it.
         problem: String,
     },
+    /// No skill has this name.
+    #[error(
+        "There is no skill `{name}`; the skills are: {}",
+        list_names(available)
+    )]
+    NoSkill {
+        /// The name asked for.
+        name: String,
+        /// The names of the skills found.
+        available: Vec<String>,
+    },
+    /// The path holds something `rlm agent` cannot play; says what was found.
+    #[error("`{path}` is {found}; {hint}")]
+    Unsupported {
+        /// The path given.
+        path: PathBuf,
+        /// What it is (a format, a kind of file or folder).
+        found: String,
+        /// What to pass instead.
+        hint: String,
+    },
+    /// A skill's customization (`customize.toml` and its overrides) cannot be merged or used.
+    #[error(
+        "The customization of `{skill}` ({}) cannot be used: {problem}",
+        list_paths(files)
+    )]
+    Customization {
+        /// The skill's name.
+        skill: String,
+        /// The files merged.
+        files: Vec<PathBuf>,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A skill's workflow could not be rendered with the project's values.
+    #[error("The workflow of skill `{skill}` could not be prepared: {problem}")]
+    Render {
+        /// The skill's name.
+        skill: String,
+        /// What is missing or wrong.
+        problem: String,
+    },
 }
 
 /// `` `a`, `b` `` (or "none").
-fn list_names(names: &[String]) -> String {
+pub(crate) fn list_names(names: &[String]) -> String {
     if names.is_empty() {
         return "none".to_owned();
     }

@@ -13,22 +13,27 @@ use async_trait::async_trait;
 use bridge::{Endpoint, Message};
 use serde_json::{Value, json};
 
+use super::agent::AgentFormat;
 use super::session::BundleSession;
-use super::startup::{StartOptions, StartedAgent};
+use super::started::{StartOptions, StartedAgent};
 use crate::agent::{AgentLoop, LoopConfig, Toolbox};
 use crate::tool::{Tool, ToolContext, ToolError};
 
 /// How deep agents may call agents (the user's agent is depth 0).
 pub const MAX_DEPTH: u32 = 2;
 
-/// The tools of a started agent: its file tools and `invoke_agent`.
+/// The tools of a started agent: its file tools, its skill tools (scripts running through
+/// `python` when the user allowed it) and, for a BMAD 6.0 agent, `invoke_agent`.
 pub fn agent_tools(
     agent: &StartedAgent,
     endpoint: Arc<Endpoint>,
     config: LoopConfig,
+    python: Option<Arc<dyn Tool>>,
 ) -> Vec<Arc<dyn Tool>> {
-    let mut tools = agent.tools();
-    tools.push(Arc::new(InvokeAgent::new(endpoint, config, &agent.session)));
+    let mut tools = agent.tools_with_python(python);
+    if agent.definition.format == AgentFormat::AgentXml {
+        tools.push(Arc::new(InvokeAgent::new(endpoint, config, &agent.session)));
+    }
     tools
 }
 
@@ -54,6 +59,7 @@ impl InvokeAgent {
             max_file_bytes: Some(session.sandbox().max_bytes()),
             date: session.variables().value("date").and_then(Result::ok),
             file_log: Some(session.file_log().clone()),
+            skill_folders: session.skills().folders().to_vec(),
         };
         Self::at_depth(
             endpoint,

@@ -1,10 +1,14 @@
-//! Agent bundles: persona agents defined in files, loaded lazily, working through tools.
+//! Agent bundles and skills: persona agents defined in files, loaded lazily, working through
+//! tools.
 //!
-//! A bundle is a folder of agent files (`agents/*.md`: a persona, start-up steps and a menu
-//! of commands in an `<agent>` XML block), a `config.yaml` of values, and workflows
-//! (`workflow.yaml` naming instructions, a template and data files). Pasting all of that
-//! into a prompt makes a model *describe* loading files instead of loading them; here the
-//! model gets tools and loads each file only when a command needs it.
+//! Two forms of agent load. A BMAD 6.0 bundle is a folder of agent files (`agents/*.md`: a
+//! persona, start-up steps and a menu of commands in an `<agent>` XML block), a `config.yaml`
+//! of values, and workflows (`workflow.yaml` naming instructions, a template and data files).
+//! Since BMAD 6.1 every agent and workflow is an Agent Skill: a folder with `SKILL.md` (front
+//! matter, then instructions) and a `customize.toml` that the team and each user override in
+//! `_bmad/custom/`. Any agent may load the skills of the project and of `--skills` folders.
+//! Pasting all of that into a prompt makes a model *describe* loading files instead of
+//! loading them; here the model gets tools and loads each file only when a command needs it.
 //!
 //! The pieces, bottom up:
 //!
@@ -23,16 +27,32 @@
 //!   hard-linked files, writes into `.git` and other version-control folders, and roots as
 //!   broad as `/` or the home directory unless the user allows them; it records each access
 //!   in a [`FileLog`].
+//! - [`skill`]: `SKILL.md` parsed and checked as the Agent Skills specification says, and
+//!   the [`SkillSet`] found in the skill folders (the catalog: names and descriptions).
+//! - [`customize`]: BMAD's layers (a skill's `customize.toml` and its team and user
+//!   overrides; the central `_bmad/config*.toml`) merged by shape, as its resolver does.
+//! - [`facts`]: `persistent_facts` loaded — sentences, `file:` paths and globs, `skill:`s.
+//! - [`render`]: the workflow and step files of a skill BMAD renders, filled in from the
+//!   config and the customization as they are read.
 //! - [`yaml`], [`session`]: YAML mappings in file order; the [`BundleSession`] the tools
-//!   share (roots, variables, sandbox, configs read once).
+//!   share (roots, variables, sandbox, configs read once, the skills and those loaded).
+//! - [`activate`]: a skill activated — instructions, customization, facts, workflow — for
+//!   `load_skill` and for an agent that is a skill.
 //! - [`workflow`]: `workflow.yaml` resolved and loaded with what it names, for
 //!   `execute_workflow`.
 //! - [`prompt`]: the system prompt, start-up message, command message and menu, worded in
 //!   `prompts/agent/`.
-//! - [`tools`]: `read_file`, `execute_workflow`, `save_output` and `load_workflow_file`.
-//! - [`startup`]: [`StartedAgent::start`] reads the agent, finds its roots, loads only the
-//!   files its start-up steps name (a YAML file's values become variables; a failure halts
-//!   start-up), and writes its opening messages.
+//! - [`tools`]: `read_file`, `execute_workflow`, `save_output` and `load_workflow_file`;
+//!   [`skill_tools`]: `load_skill` and `run_skill_script` (Python scripts, only through the
+//!   `python` tool the user allowed).
+//! - [`started`]: the [`StartedAgent`] and [`StartOptions`]; [`format`]: what a path given
+//!   as an agent is (an error says what was found when it cannot be played).
+//! - [`skill_agent`]: a skill started as an agent — a BMAD 6.1+ agent's merged `[agent]`
+//!   block, facts and config, or any skill played as an assistant.
+//! - [`startup`]: [`StartedAgent::start`] finds the agent's form; for an agent file it finds
+//!   its roots, loads only the files its start-up steps name (a YAML file's values become
+//!   variables; a failure halts start-up), lists the skills, and writes its opening
+//!   messages.
 //! - [`persona`]: [`PersonaBundle`], a bundle agent played by a workflow's LLM agent (its
 //!   persona before the instruction, `load_workflow_file` reading only the bundle).
 //! - [`invoke`]: `invoke_agent`, one agent asking another of the bundle (its own start-up
@@ -54,13 +74,22 @@
 //! # Ok::<(), engine::bundle::BundleError>(())
 //! ```
 
+pub mod activate;
 pub mod agent;
+pub mod customize;
 pub mod error;
+pub mod facts;
+pub mod format;
 pub mod invoke;
 pub mod persona;
 pub mod prompt;
+pub mod render;
 pub mod sandbox;
 pub mod session;
+pub mod skill;
+pub mod skill_agent;
+pub mod skill_tools;
+pub mod started;
 pub mod startup;
 pub mod tools;
 pub mod vars;
@@ -68,13 +97,15 @@ pub mod workflow;
 mod xml;
 pub mod yaml;
 
-pub use agent::{AgentCommand, AgentDefinition, HandlerKind, Persona, Step};
+pub use agent::{AgentCommand, AgentDefinition, AgentFormat, HandlerKind, Persona, Step};
 pub use error::{Access, BroadRoot, BundleError, FileKind, PathError, VariableError};
 pub use invoke::{InvokeAgent, agent_tools};
 pub use persona::{PERSONA_TOOLS, PersonaAgent, PersonaBundle};
 pub use prompt::LoadedFile;
 pub use sandbox::{DEFAULT_MAX_FILE_BYTES, FileAccess, FileLog, FileOp, Sandbox, SandboxPolicy};
 pub use session::{BundleSession, Roots};
-pub use startup::{StartOptions, StartedAgent};
+pub use skill::{PROJECT_SKILL_FOLDERS, Skill, SkillNote, SkillSet};
+pub use skill_tools::{LoadSkill, RunSkillScript, skill_tools};
+pub use started::{StartOptions, StartedAgent};
 pub use tools::{ExecuteWorkflow, LoadWorkflowFile, ReadFile, SaveOutput, file_tools};
 pub use vars::Variables;

@@ -1,28 +1,34 @@
 //! Personas for workflow agents: a workflow's LLM agent plays an agent of a bundle.
 //!
-//! A [`PersonaBundle`] is where personas come from: a bundle folder (persona `NAME` is its
-//! `agents/NAME.md`) or one agent file, which then plays every persona a workflow names (so
-//! any installed bundle's agent can stand in). [`PersonaBundle::start`] starts the agent the
-//! usual way ([`StartedAgent::start`]: only its start-up files are read) and gives a
-//! [`PersonaAgent`]: the persona text that goes before the workflow agent's instruction (who
-//! it is, its bundle's workflows, the values its start-up files set), and the bundle tools
-//! it may name (`load_workflow_file`, `read_file`, `execute_workflow`, `save_output`).
+//! A [`PersonaBundle`] is where personas come from: a BMAD 6.0 bundle folder (persona `NAME`
+//! is its `agents/NAME.md`), a folder of skills (its `NAME/SKILL.md`, e.g. `.claude/skills`)
+//! or a project (the skill `NAME` of its skill folders, e.g. `bmad-agent-pm`); or one agent
+//! file or one skill folder, which then plays every persona a workflow names (so any
+//! installed agent can stand in). [`PersonaBundle::start`] starts the agent the usual way
+//! ([`StartedAgent::start`]: only its start-up files are read) and gives a [`PersonaAgent`]:
+//! the persona text that goes before the workflow agent's instruction (who it is, its
+//! bundle's workflows or its menu's skills, its persistent facts, the values its start-up
+//! files set), and the tools it may name (`load_workflow_file`, `read_file`,
+//! `execute_workflow`, `save_output`, and `load_skill` when it has skills).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::error::{BundleError, PathError};
 use super::prompt::persona_prompt;
-use super::startup::{StartOptions, StartedAgent};
+use super::skill::{SKILL_FILE, is_skill_dir, project_skill_folders, skill_dirs};
+use super::skill_tools::LoadSkill;
+use super::started::{StartOptions, StartedAgent};
 use super::tools::{LoadWorkflowFile, file_tools};
 use crate::tool::Tool;
 
 /// The tools a persona agent may name under `tools`.
-pub const PERSONA_TOOLS: [&str; 4] = [
+pub const PERSONA_TOOLS: [&str; 5] = [
     "load_workflow_file",
     "read_file",
     "execute_workflow",
     "save_output",
+    "load_skill",
 ];
 
 /// Where a workflow's personas come from; see the module docs.
@@ -33,7 +39,8 @@ pub struct PersonaBundle {
 }
 
 impl PersonaBundle {
-    /// Personas from `path` (a bundle folder or one agent file), started with `options`.
+    /// Personas from `path` (a bundle, skills or project folder, one agent file or one skill
+    /// folder), started with `options`.
     pub fn new(path: impl Into<PathBuf>, options: StartOptions) -> Self {
         Self {
             path: path.into(),
@@ -46,9 +53,9 @@ impl PersonaBundle {
         &self.path
     }
 
-    /// The agent file that plays persona `name`.
-    pub fn agent_file(&self, name: &str) -> Result<PathBuf, BundleError> {
-        if self.path.is_file() {
+    /// The agent file or skill folder that plays persona `name`.
+    pub fn agent_path(&self, name: &str) -> Result<PathBuf, BundleError> {
+        if self.path.is_file() || is_skill_dir(&self.path) {
             return Ok(self.path.clone());
         }
         let plain = !name.is_empty()
@@ -56,9 +63,18 @@ impl PersonaBundle {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
             && !name.starts_with('.');
-        let file = self.path.join("agents").join(format!("{name}.md"));
-        if plain && file.is_file() {
-            return Ok(file);
+        if plain {
+            let file = self.path.join("agents").join(format!("{name}.md"));
+            if file.is_file() {
+                return Ok(file);
+            }
+            let skill = std::iter::once(self.path.clone())
+                .chain(project_skill_folders(&self.path))
+                .map(|folder| folder.join(name))
+                .find(|dir| dir.join(SKILL_FILE).is_file());
+            if let Some(skill) = skill {
+                return Ok(skill);
+            }
         }
         if !self.path.is_dir() {
             return Err(PathError::NotFound {
@@ -75,11 +91,11 @@ impl PersonaBundle {
 
     /// Starts the agent that plays persona `name`.
     pub fn start(&self, name: &str) -> Result<PersonaAgent, BundleError> {
-        let started = StartedAgent::start(&self.agent_file(name)?, &self.options)?;
+        let started = StartedAgent::start(&self.agent_path(name)?, &self.options)?;
         Ok(PersonaAgent { started })
     }
 
-    /// The names of the agents in the bundle folder, sorted.
+    /// The names of the agents and skills the folder holds, sorted.
     fn agents(&self) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(self.path.join("agents"))
             .into_iter()
@@ -90,7 +106,14 @@ impl PersonaBundle {
                 name.strip_suffix(".md").map(str::to_owned)
             })
             .collect();
+        let folders = std::iter::once(self.path.clone()).chain(project_skill_folders(&self.path));
+        names.extend(
+            folders
+                .flat_map(|folder| skill_dirs(&folder))
+                .filter_map(|dir| Some(dir.file_name()?.to_string_lossy().into_owned())),
+        );
         names.sort();
+        names.dedup();
         names
     }
 }
@@ -113,21 +136,26 @@ impl PersonaAgent {
             &self.started.definition,
             session.variables(),
             &session.roots().bundle,
+            &self.started.facts,
         )
     }
 
     /// The bundle tool called `name` ([`PERSONA_TOOLS`]), if it is one.
     pub fn tool(&self, name: &str) -> Option<Result<Arc<dyn Tool>, BundleError>> {
-        if name == "load_workflow_file" {
-            return Some(
-                LoadWorkflowFile::new(Arc::clone(&self.started.session))
+        let session = &self.started.session;
+        match name {
+            "load_workflow_file" => Some(
+                LoadWorkflowFile::new(Arc::clone(session))
                     .map(|tool| Arc::new(tool) as Arc<dyn Tool>)
                     .map_err(BundleError::from),
-            );
+            ),
+            "load_skill" if !session.skills().is_empty() => {
+                Some(Ok(Arc::new(LoadSkill::new(Arc::clone(session)))))
+            }
+            _ => file_tools(session)
+                .into_iter()
+                .find(|tool| tool.name() == name)
+                .map(Ok),
         }
-        file_tools(&self.started.session)
-            .into_iter()
-            .find(|tool| tool.name() == name)
-            .map(Ok)
     }
 }

@@ -1,12 +1,20 @@
 //! The texts an agent's model and its user see: the system prompt (persona, the rule that
-//! loading means calling a tool, the commands, how to run a workflow), the start-up message,
-//! the message a picked command sends, and the menu. The wording lives in `prompts/agent/`,
-//! compiled in; `{{name}}` placeholders are filled in one pass (unknown ones stay, so the
-//! prompts can mention template placeholders such as `{{story_key}}`).
+//! loading means calling a tool, the commands, how to run a workflow, the catalog of skills),
+//! the start-up message, the message a picked command sends, and the menu — for a BMAD 6.0
+//! agent file, for a BMAD 6.1+ agent skill (its instructions, and a start-up message saying
+//! which activation steps rlm ran and with what result), and for any other skill played as
+//! an agent. The wording lives in `prompts/agent/`, compiled in; `{{name}}` placeholders are
+//! filled in one pass (unknown ones stay, so the prompts can mention template placeholders
+//! such as `{{story_key}}`).
 
 use std::path::{Path, PathBuf};
 
-use super::agent::{AgentDefinition, HandlerKind};
+use serde_json::Value;
+
+use super::activate::Activation;
+use super::agent::{AgentDefinition, AgentFormat, HandlerKind};
+use super::facts::{Fact, facts_text};
+use super::skill::SkillSet;
 use super::vars::Variables;
 
 const SYSTEM: &str = include_str!("../../../../prompts/agent/system.md");
@@ -14,6 +22,12 @@ const STARTUP: &str = include_str!("../../../../prompts/agent/startup.md");
 const COMMAND: &str = include_str!("../../../../prompts/agent/command.md");
 const MENU: &str = include_str!("../../../../prompts/agent/menu.md");
 const PERSONA: &str = include_str!("../../../../prompts/agent/persona.md");
+const PERSONA_SKILL: &str = include_str!("../../../../prompts/agent/persona-skill.md");
+const SKILLS: &str = include_str!("../../../../prompts/agent/skills.md");
+const SKILL_AGENT: &str = include_str!("../../../../prompts/agent/skill-agent.md");
+const SKILL_AGENT_STARTUP: &str = include_str!("../../../../prompts/agent/skill-agent-startup.md");
+const SKILL_PLAY: &str = include_str!("../../../../prompts/agent/skill-play.md");
+const SKILL_PLAY_STARTUP: &str = include_str!("../../../../prompts/agent/skill-play-startup.md");
 
 /// A file loaded at start-up and the variables it set.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -27,8 +41,14 @@ pub struct LoadedFile {
     pub content: Option<String>,
 }
 
-/// The system prompt of `agent`, whose documents go to `output_folder`.
-pub fn system_prompt(agent: &AgentDefinition, vars: &Variables, output_folder: &str) -> String {
+/// The system prompt of `agent`, whose documents go to `output_folder`, with `skills` to
+/// load.
+pub fn system_prompt(
+    agent: &AgentDefinition,
+    vars: &Variables,
+    output_folder: &str,
+    skills: &SkillSet,
+) -> String {
     let mut prompts = String::new();
     if !agent.prompts.is_empty() {
         prompts.push_str("\n# Prompts\n");
@@ -52,8 +72,192 @@ pub fn system_prompt(agent: &AgentDefinition, vars: &Variables, output_folder: &
             ("commands", &commands),
             ("prompts", &prompts),
             ("rules", &rules),
+            ("skills", &skills_section(skills)),
         ],
     )
+}
+
+/// The catalog of `skills` (names and descriptions) with how to use them; empty when there
+/// are none.
+pub fn skills_section(skills: &SkillSet) -> String {
+    if skills.is_empty() {
+        return String::new();
+    }
+    let catalog = skills
+        .iter()
+        .map(|skill| format!("- `{}`: {}", skill.name, one_line(&skill.description)))
+        .collect::<Vec<_>>()
+        .join("\n");
+    fill(SKILLS, &[("catalog", &catalog)])
+}
+
+/// The system prompt of a BMAD agent skill: its persona, its instructions (`SKILL.md`), its
+/// commands and the skills it may load.
+pub fn skill_agent_prompt(
+    agent: &AgentDefinition,
+    activation: &Activation,
+    output_folder: &str,
+    skills: &SkillSet,
+) -> String {
+    let principles = bullets(agent.persona.principles.lines());
+    fill_persona(
+        SKILL_AGENT,
+        agent,
+        &[
+            ("principles", &principles),
+            ("output_folder", output_folder),
+            ("skill_file", &activation.skill.file.display().to_string()),
+            ("instructions", &activation.instructions),
+            ("commands", &command_list(agent)),
+            ("skills", &skills_section(skills)),
+        ],
+    )
+    .trim_end()
+    .to_owned()
+}
+
+/// The start-up message of a BMAD agent skill: the activation steps rlm ran (the resolved
+/// `agent` block, the persistent facts, the config files and values) and what is left.
+pub fn skill_agent_startup(
+    activation: &Activation,
+    block: &serde_json::Map<String, Value>,
+    configs: &[std::path::PathBuf],
+    vars: &Variables,
+) -> String {
+    let listed = |paths: &[std::path::PathBuf]| {
+        if paths.is_empty() {
+            "no file (none was found)".to_owned()
+        } else {
+            paths
+                .iter()
+                .map(|p| format!("`{}`", p.display()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    let layers = activation
+        .customization
+        .as_ref()
+        .map(|c| listed(&c.files))
+        .unwrap_or_default();
+    let steps = |key: &str| {
+        let items: Vec<String> = block
+            .get(key)
+            .and_then(Value::as_array)
+            .map(|items| {
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, step)| {
+                        let text = step
+                            .as_str()
+                            .map_or_else(|| step.to_string(), str::to_owned);
+                        format!("{}. {}", i + 1, indent(&vars.resolve_lenient(&text)))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if items.is_empty() {
+            "(none)".to_owned()
+        } else {
+            items.join("\n")
+        }
+    };
+    let json = serde_json::to_string_pretty(block).unwrap_or_default();
+    fill(
+        SKILL_AGENT_STARTUP,
+        &[
+            ("skill_file", &activation.skill.file.display().to_string()),
+            ("layers", &layers),
+            ("configs", &listed(configs)),
+            ("prepend", &steps("activation_steps_prepend")),
+            ("append", &steps("activation_steps_append")),
+            ("block", &json),
+            ("facts", &facts_text(&activation.facts)),
+            ("variables", &session_values(vars)),
+        ],
+    )
+    .trim_end()
+    .to_owned()
+}
+
+/// The system prompt of a skill played as an agent (a skill without an `[agent]` block).
+pub fn skill_play_prompt(
+    activation: &Activation,
+    output_folder: &str,
+    skills: &SkillSet,
+) -> String {
+    fill(
+        SKILL_PLAY,
+        &[
+            ("name", &activation.skill.name),
+            ("description", &one_line(&activation.skill.description)),
+            ("skill_dir", &activation.skill.dir.display().to_string()),
+            ("skill_file", &activation.skill.file.display().to_string()),
+            ("output_folder", output_folder),
+            ("instructions", &activation.instructions),
+            ("skills", &skills_section(skills)),
+        ],
+    )
+    .trim_end()
+    .to_owned()
+}
+
+/// The start-up message of a skill played as an agent: what rlm resolved and loaded for it.
+pub fn skill_play_startup(activation: &Activation, vars: &Variables) -> String {
+    let mut sections = String::new();
+    if let Some(layers) = &activation.customization {
+        let json = serde_json::to_string_pretty(&layers.merged).unwrap_or_default();
+        sections.push_str(&format!("\n## Customization\n\n```json\n{json}\n```\n"));
+    }
+    if !activation.facts.is_empty() {
+        sections.push_str(&format!(
+            "\n## Persistent facts\n\n{}\n",
+            facts_text(&activation.facts)
+        ));
+    }
+    if let Some((path, content)) = &activation.workflow {
+        sections.push_str(&format!(
+            "\n## Workflow (`{}`)\n\n{}\n",
+            path.display(),
+            content.trim_end()
+        ));
+    }
+    if !activation.resources.is_empty() {
+        sections.push_str(&format!(
+            "\n## Other files of the skill\n\n{}\n",
+            bullets(activation.resources.iter().map(|r| format!("`{r}`")))
+        ));
+    }
+    fill(
+        SKILL_PLAY_STARTUP,
+        &[
+            ("note", &activation.note()),
+            ("sections", &sections),
+            ("variables", &session_values(vars)),
+        ],
+    )
+    .trim_end()
+    .to_owned()
+}
+
+/// `- item` lines, indented under a list item (`  - `), or `  (none)`.
+fn bullets<I, S>(items: I) -> String
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let lines: Vec<String> = items
+        .into_iter()
+        .map(|item| item.as_ref().trim().to_owned())
+        .filter(|item| !item.is_empty())
+        .map(|item| format!("  - {item}"))
+        .collect();
+    if lines.is_empty() {
+        "  (none)".to_owned()
+    } else {
+        lines.join("\n")
+    }
 }
 
 /// `, Title` (nothing when the agent has no title).
@@ -80,15 +284,62 @@ fn fill_persona(template: &str, agent: &AgentDefinition, more: &[(&str, &str)]) 
         ),
         ("principles", one_line(&persona.principles)),
     ];
-    let mut values: Vec<(&str, &str)> = own.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    values.extend_from_slice(more);
+    // `more` first: it may give a field its own shape (principles as a list).
+    let mut values: Vec<(&str, &str)> = more.to_vec();
+    values.extend(own.iter().map(|(k, v)| (*k, v.as_str())));
     fill(template, &values)
 }
 
 /// The persona of `agent` as a workflow agent plays it: who it is, its bundle's workflows
-/// (paths relative to `bundle_root`) and the session's values. Placed before the workflow
-/// agent's own instruction.
-pub fn persona_prompt(agent: &AgentDefinition, vars: &Variables, bundle_root: &Path) -> String {
+/// (paths relative to `bundle_root`) or, for a skill, the skills and prompts of its menu and
+/// its persistent `facts`, and the session's values. Placed before the workflow agent's own
+/// instruction.
+pub fn persona_prompt(
+    agent: &AgentDefinition,
+    vars: &Variables,
+    bundle_root: &Path,
+    facts: &[Fact],
+) -> String {
+    if agent.format == AgentFormat::Skill {
+        let items: Vec<String> = agent
+            .commands
+            .iter()
+            .map(|command| {
+                let runs = match (
+                    command.handler(HandlerKind::Skill),
+                    command.handler(HandlerKind::Action),
+                ) {
+                    (Some(skill), _) => format!("the skill `{skill}`"),
+                    (None, Some(prompt)) => {
+                        format!("the prompt \"{}\"", one_line(&vars.resolve_lenient(prompt)))
+                    }
+                    (None, None) => "nothing".to_owned(),
+                };
+                format!(
+                    "- `*{}`: {} (runs {runs})",
+                    command.trigger,
+                    one_line(&command.description)
+                )
+            })
+            .collect();
+        let items = if items.is_empty() {
+            "(This agent's menu is empty.)".to_owned()
+        } else {
+            items.join("\n")
+        };
+        return fill_persona(
+            PERSONA_SKILL,
+            agent,
+            &[
+                ("principles", &bullets(agent.persona.principles.lines())),
+                ("workflows", &items),
+                ("facts", &facts_text(facts)),
+                ("variables", &session_values(vars)),
+            ],
+        )
+        .trim_end()
+        .to_owned();
+    }
     let root = bundle_root.display().to_string();
     let workflows: Vec<String> = agent
         .commands
@@ -227,6 +478,9 @@ pub fn menu(agent: &AgentDefinition) -> String {
         .map(|i| format!("{i} "))
         .unwrap_or_default();
     let title = title_suffix(agent);
+    if agent.commands.is_empty() {
+        return format!("{icon}{}{title}\n\nType a message to start.", agent.name);
+    }
     fill(
         MENU,
         &[

@@ -1,12 +1,18 @@
-//! What the bundle tools of one agent share: its roots, its variables, its sandbox and the
-//! config files loaded so far.
+//! What the bundle tools of one agent share: its roots, its variables, its sandbox, the
+//! config files loaded so far, and its skills — the catalog, the skills loaded (whose
+//! folders a bare relative path is read from first, the last loaded first) and what
+//! rendering their files needs (the central config and each skill's customization, read
+//! once).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use super::customize::{Layers, load_central_config, load_customization};
 use super::error::{BundleError, VariableError};
+use super::render::{RenderValues, render};
 use super::sandbox::{FileLog, Sandbox};
+use super::skill::{SKILL_FILE, Skill, SkillSet};
 use super::vars::Variables;
 use super::yaml::{self, Entries};
 
@@ -63,6 +69,13 @@ pub struct BundleSession {
     variables: Variables,
     sandbox: Sandbox,
     configs: Mutex<HashMap<PathBuf, Arc<Entries>>>,
+    skills: SkillSet,
+    /// Folders of the skills loaded, the last loaded first.
+    active_skills: Mutex<Vec<PathBuf>>,
+    /// The central config, once read (`None` inside: the project has none).
+    central: Mutex<Option<Option<Arc<Layers>>>>,
+    /// Each skill's customization, once read, by folder.
+    customizations: Mutex<HashMap<PathBuf, Option<Arc<Layers>>>>,
 }
 
 impl BundleSession {
@@ -73,7 +86,110 @@ impl BundleSession {
             variables,
             sandbox,
             configs: Mutex::new(HashMap::new()),
+            skills: SkillSet::new(),
+            active_skills: Mutex::new(Vec::new()),
+            central: Mutex::new(None),
+            customizations: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The same session with `skills` to load.
+    pub fn with_skills(mut self, skills: SkillSet) -> Self {
+        self.skills = skills;
+        self
+    }
+
+    /// The skills the agent may load.
+    pub fn skills(&self) -> &SkillSet {
+        &self.skills
+    }
+
+    /// Marks the skill in `dir` as loaded: its folder is where bare relative paths are read
+    /// from first, before those of skills loaded earlier.
+    pub fn activate_skill(&self, dir: &Path) {
+        let mut active = lock(&self.active_skills);
+        active.retain(|d| d != dir);
+        active.insert(0, dir.to_owned());
+    }
+
+    /// `path` as `read_file` reads it: a bare relative path (`references/guide.md`) names
+    /// the file in the folder of the last loaded skill that has it, else a file of the
+    /// project.
+    pub fn skill_relative(&self, path: &str) -> String {
+        let relative = Path::new(path);
+        if relative.is_absolute() || path.trim().is_empty() {
+            return path.to_owned();
+        }
+        let active = lock(&self.active_skills).clone();
+        active
+            .iter()
+            .map(|dir| dir.join(relative))
+            .find(|candidate| {
+                self.sandbox
+                    .is_readable_file(&candidate.display().to_string())
+            })
+            .map_or_else(|| path.to_owned(), |found| found.display().to_string())
+    }
+
+    /// The project's central config (`_bmad/config.toml` and its layers), read once.
+    pub fn central_config(&self, by: &str) -> Result<Option<Arc<Layers>>, BundleError> {
+        let mut central = lock(&self.central);
+        if let Some(loaded) = central.as_ref() {
+            return Ok(loaded.clone());
+        }
+        let loaded = load_central_config(&self.sandbox, &self.roots.project, by)?.map(Arc::new);
+        *central = Some(loaded.clone());
+        Ok(loaded)
+    }
+
+    /// Uses `layers` as the central config (already read at start-up).
+    pub(crate) fn remember_central_config(&self, layers: Option<Arc<Layers>>) {
+        *lock(&self.central) = Some(layers);
+    }
+
+    /// The customization of `skill` (its `customize.toml` and the overrides), read once.
+    pub fn customization(
+        &self,
+        skill: &Skill,
+        by: &str,
+    ) -> Result<Option<Arc<Layers>>, BundleError> {
+        if let Some(loaded) = lock(&self.customizations).get(&skill.dir) {
+            return Ok(loaded.clone());
+        }
+        let loaded =
+            load_customization(&self.sandbox, &skill.dir, &self.roots.project, by)?.map(Arc::new);
+        lock(&self.customizations).insert(skill.dir.clone(), loaded.clone());
+        Ok(loaded)
+    }
+
+    /// The text of the file at `path` (canonical) as the model sees it: a Markdown file of a
+    /// skill that BMAD renders has its placeholders filled in (see `render`); any other
+    /// file is returned as it is.
+    pub fn present(&self, path: &Path, text: String, by: &str) -> Result<String, BundleError> {
+        let Some(skill) = self.skills.containing(path).filter(|s| s.rendered) else {
+            return Ok(text);
+        };
+        let markdown = path.extension().is_some_and(|e| e == "md");
+        if !markdown || path.file_name().is_some_and(|n| n == SKILL_FILE) {
+            return Ok(text);
+        }
+        self.render(skill, &text, by)
+    }
+
+    /// `text`, a file of the rendered `skill`, with its placeholders filled in.
+    pub fn render(&self, skill: &Skill, text: &str, by: &str) -> Result<String, BundleError> {
+        let central = self.central_config(by)?;
+        let customization = self.customization(skill, by)?;
+        let values = RenderValues {
+            skill_dir: &skill.dir,
+            project: &self.roots.project,
+            config: central.as_deref().map(|c| &c.merged),
+            customization: customization.as_deref(),
+        };
+        render(text, &values).map_err(|problem| BundleError::Render {
+            skill: skill.name.clone(),
+            problem,
+        })
     }
 
     /// The bundle's folders.
@@ -147,13 +263,18 @@ impl BundleSession {
     }
 
     fn lock_configs(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Arc<Entries>>> {
-        // Each insert is one whole entry, so a poisoned lock still holds consistent data.
-        self.configs
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.configs)
     }
 
     pub(crate) fn remember_config(&self, path: PathBuf, entries: Arc<Entries>) {
         self.lock_configs().insert(path, entries);
     }
+}
+
+/// Locks `mutex`; each update under it is one whole value, so a poisoned lock still holds
+/// consistent data.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -1,5 +1,7 @@
-//! Starting an agent: read and parse its file, find its roots, load only the files its
-//! start-up steps name (a YAML file's values become variables), and write its system
+//! Starting an agent: [`StartedAgent::start`] finds what the path names (`format`) and starts
+//! it in its form — a skill in `skill_agent`, a BMAD 6.0 agent file here: read and parse it,
+//! find its roots, load only the files its start-up steps name (a YAML file's values become
+//! variables), list the skills of the project and of `--skills`, and write its system
 //! messages.
 //!
 //! The roots are the user's: the project root is the one given, else the working directory
@@ -13,226 +15,135 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bridge::Message;
-
 use super::agent::{AgentDefinition, Step};
 use super::error::{BundleError, PathError};
+use super::format::{AgentSource, identify};
 use super::prompt::{self, LoadedFile};
-use super::sandbox::{DEFAULT_MAX_FILE_BYTES, FileLog, Sandbox, SandboxPolicy, locate};
+use super::sandbox::{DEFAULT_MAX_FILE_BYTES, Sandbox, SandboxPolicy};
 use super::session::{BundleSession, Roots};
-use super::tools::file_tools;
-use super::vars::{Variables, today, variable_names};
+use super::skill::{SkillSet, project_skill_folders};
+use super::skill_agent;
+use super::started::{StartOptions, StartedAgent, output_folder};
+use super::vars::{today, variable_names};
 use super::yaml;
-use crate::tool::Tool;
 
 /// The variables a path found in a start-up step may start with.
 const ROOT_VARIABLES: [&str; 4] = ["project-root", "project_root", "bundle-root", "core-root"];
 
-/// How to start an agent.
-#[derive(Debug, Clone, Default)]
-pub struct StartOptions {
-    /// `{project-root}`; by default the working directory, or the nearest folder inside it
-    /// above the agent in which the first `{project-root}/…` file of its start-up steps
-    /// exists.
-    pub project_root: Option<PathBuf>,
-    /// The user's working directory (default: the current directory); a project root found
-    /// from the start-up files is never above it.
-    pub working_dir: Option<PathBuf>,
-    /// What the tools may do beyond the default (broad roots, hard-linked files).
-    pub policy: SandboxPolicy,
-    /// The size limit of a file read or written (default [`DEFAULT_MAX_FILE_BYTES`]).
-    pub max_file_bytes: Option<u64>,
-    /// `{date}` (default: today, UTC).
-    pub date: Option<String>,
-    /// The log to record file accesses in (default: a new one); agents that call each other
-    /// share one.
-    pub file_log: Option<FileLog>,
-}
-
-/// An agent after start-up, ready for its first message.
-#[derive(Debug, Clone)]
-pub struct StartedAgent {
-    /// Its parsed file.
-    pub definition: AgentDefinition,
-    /// What its tools share.
-    pub session: Arc<BundleSession>,
-    /// The files its start-up loaded.
-    pub loaded: Vec<LoadedFile>,
-    /// The system prompt: persona, tool rules, commands, how to run workflows.
-    pub system_prompt: String,
-    /// The start-up message: what was loaded and the start-up steps, values filled in.
-    pub startup_message: String,
-}
-
 impl StartedAgent {
-    /// Starts the agent in the file at `agent`.
+    /// Starts the agent at `agent`: a BMAD 6.0 agent file (`agents/NAME.md`), a skill
+    /// folder (or its `SKILL.md`), or the name of a skill of the project or of the
+    /// `--skills` folders. Anything else is an error saying what was found.
     pub fn start(agent: &Path, options: &StartOptions) -> Result<Self, BundleError> {
-        let max_bytes = options.max_file_bytes.unwrap_or(DEFAULT_MAX_FILE_BYTES);
-        let log = options.file_log.clone().unwrap_or_default();
-        let agent_path = std::fs::canonicalize(agent).map_err(|e| PathError::io(agent, &e))?;
-        let folder = agent_path.parent().unwrap_or(&agent_path).to_owned();
-        // The agent file itself is the user's choice, wherever it is.
-        let reader = Sandbox::new(std::slice::from_ref(&folder), &folder, &folder)?
-            .with_max_bytes(max_bytes)
-            .with_policy(SandboxPolicy {
-                allow_broad_roots: true,
-                ..options.policy
-            })
-            .with_log(log.clone());
-        let (_, text) = reader.read_text(&agent_path.display().to_string(), "agent")?;
-        let definition = AgentDefinition::parse(&agent_path, &text)?;
-
-        let project = match &options.project_root {
-            Some(root) => std::fs::canonicalize(root).map_err(|e| PathError::io(root, &e))?,
-            None => {
-                let here = match &options.working_dir {
-                    Some(dir) => dir.clone(),
-                    None => {
-                        std::env::current_dir().map_err(|e| PathError::io(Path::new("."), &e))?
-                    }
-                };
-                let here = std::fs::canonicalize(&here).map_err(|e| PathError::io(&here, &e))?;
-                infer_project_root(&definition, &folder, &here)
-            }
-        };
-        let roots = Roots::of_agent(&agent_path, &project);
-        let mut vars = roots.variables(&options.date.clone().unwrap_or_else(today));
-        let read_roots = [
-            roots.bundle.clone(),
-            roots.core.clone(),
-            roots.project.clone(),
-        ];
-        let sandbox = Sandbox::new(&read_roots, &project, &project)?
-            .with_max_bytes(max_bytes)
-            .with_policy(options.policy)
-            .with_log(log);
-
-        let mut loaded = Vec::new();
-        let mut configs = Vec::new();
-        for step in definition.startup_steps() {
-            for reference in startup_files(step) {
-                let optional = is_optional(&step.text);
-                let fail = |error: BundleError| BundleError::StartupFile {
-                    agent: agent_path.clone(),
-                    step: step.label.clone(),
-                    file: reference.clone(),
-                    error: Box::new(error),
-                };
-                let result = vars
-                    .resolve(&reference)
-                    .map_err(BundleError::from)
-                    .and_then(|path| Ok(sandbox.read_text(&path, "start-up")?));
-                let (path, text) = match result {
-                    Ok(read) => read,
-                    Err(_) if optional => continue,
-                    Err(e) => return Err(fail(e)),
-                };
-                let mut file = LoadedFile {
-                    path: path.clone(),
-                    variables: Vec::new(),
-                    content: None,
-                };
-                if is_yaml(&path) {
-                    let entries = yaml::parse_mapping(&path, &text).map_err(fail)?;
-                    for (key, value) in &entries {
-                        if let Some(value) = yaml::scalar_text(value)
-                            && !roots_variable(key)
-                        {
-                            vars.set(key.clone(), value);
-                            file.variables.push(key.clone());
-                        }
-                    }
-                    configs.push((path, Arc::new(entries)));
-                } else {
-                    file.content = Some(text);
-                }
-                loaded.push(file);
-            }
+        match identify(agent, options)? {
+            AgentSource::AgentFile(file) => start_agent_file(&file, options),
+            AgentSource::Skill(dir) => skill_agent::start(&dir, options),
         }
-
-        let output_folder = output_folder(&mut vars, &project, &loaded)?;
-        let sandbox = sandbox.with_write_root(Path::new(&output_folder))?;
-        let system_prompt = prompt::system_prompt(&definition, &vars, &output_folder);
-        let startup_message = prompt::startup_message(&definition, &vars, &loaded);
-        let session = Arc::new(BundleSession::new(roots, vars, sandbox));
-        for (path, entries) in configs {
-            session.remember_config(path, entries);
-        }
-        Ok(Self {
-            definition,
-            session,
-            loaded,
-            system_prompt,
-            startup_message,
-        })
-    }
-
-    /// The conversation's opening messages: the system prompt and the start-up message.
-    pub fn messages(&self) -> Vec<Message> {
-        vec![
-            Message::system(self.system_prompt.clone()),
-            Message::system(self.startup_message.clone()),
-        ]
-    }
-
-    /// The file tools (`read_file`, `execute_workflow`, `save_output`).
-    pub fn tools(&self) -> Vec<Arc<dyn Tool>> {
-        file_tools(&self.session)
-    }
-
-    /// The menu shown as the agent starts.
-    pub fn menu(&self) -> String {
-        prompt::menu(&self.definition)
-    }
-
-    /// The user message for `input` when it picks a command (`*name` or a menu number).
-    pub fn command_message(&self, input: &str) -> Option<String> {
-        let input = input.trim();
-        let (index, _) = if input.starts_with('*') {
-            self.definition.find_command(input)?
-        } else {
-            self.definition
-                .find_command(input)
-                .filter(|_| input.parse::<usize>().is_ok())?
-        };
-        prompt::command_message(&self.definition, index, self.session.variables())
     }
 }
 
-/// `{output_folder}` made absolute (a bare relative folder is under the project root) and
-/// stored back; the project root when the config has none. A folder outside the project is
-/// refused: a bundle may narrow where the tools write, not widen it.
-fn output_folder(
-    vars: &mut Variables,
-    project: &Path,
-    loaded: &[LoadedFile],
-) -> Result<String, BundleError> {
-    let Some(folder) = vars.value("output_folder") else {
-        return Ok(project.display().to_string());
+/// Starts the BMAD 6.0 agent in the file at `agent`.
+fn start_agent_file(agent: &Path, options: &StartOptions) -> Result<StartedAgent, BundleError> {
+    let max_bytes = options.max_file_bytes.unwrap_or(DEFAULT_MAX_FILE_BYTES);
+    let log = options.file_log.clone().unwrap_or_default();
+    let agent_path = std::fs::canonicalize(agent).map_err(|e| PathError::io(agent, &e))?;
+    let folder = agent_path.parent().unwrap_or(&agent_path).to_owned();
+    // The agent file itself is the user's choice, wherever it is.
+    let reader = Sandbox::new(std::slice::from_ref(&folder), &folder, &folder)?
+        .with_max_bytes(max_bytes)
+        .with_policy(SandboxPolicy {
+            allow_broad_roots: true,
+            ..options.policy
+        })
+        .with_log(log.clone());
+    let (_, text) = reader.read_text(&agent_path.display().to_string(), "agent")?;
+    let definition = match AgentDefinition::parse(&agent_path, &text) {
+        Err(error) if !text.contains("<agent") => {
+            return Err(super::format::without_agent_block(&agent_path, &text).unwrap_or(error));
+        }
+        parsed => parsed?,
     };
-    let folder = folder?;
-    let absolute = if Path::new(&folder).is_absolute() {
-        PathBuf::from(&folder)
-    } else {
-        project.join(&folder)
+
+    let project = match &options.project_root {
+        Some(root) => std::fs::canonicalize(root).map_err(|e| PathError::io(root, &e))?,
+        None => infer_project_root(&definition, &folder, &options.working_dir()?),
     };
-    // Compared on the canonical form, so that `..` or a link cannot lead out.
-    if !locate(&absolute)?.starts_with(project) {
-        let file = loaded
-            .iter()
-            .rev()
-            .find(|f| f.variables.iter().any(|v| v == "output_folder"))
-            .map_or_else(|| "The bundle".to_owned(), |f| f.path.display().to_string());
-        return Err(BundleError::WidensRoot {
-            file,
-            key: "output_folder".to_owned(),
-            value: folder,
-            project: project.to_owned(),
-        });
+    let roots = Roots::of_agent(&agent_path, &project);
+    let mut vars = roots.variables(&options.date.clone().unwrap_or_else(today));
+    let user_skills = options.skill_folders()?;
+    let mut read_roots = vec![
+        roots.bundle.clone(),
+        roots.core.clone(),
+        roots.project.clone(),
+    ];
+    read_roots.extend(user_skills.iter().cloned());
+    let sandbox = Sandbox::new(&read_roots, &project, &project)?
+        .with_max_bytes(max_bytes)
+        .with_policy(options.policy)
+        .with_log(log);
+
+    let mut loaded = Vec::new();
+    let mut configs = Vec::new();
+    for step in definition.startup_steps() {
+        for reference in startup_files(step) {
+            let optional = is_optional(&step.text);
+            let fail = |error: BundleError| BundleError::StartupFile {
+                agent: agent_path.clone(),
+                step: step.label.clone(),
+                file: reference.clone(),
+                error: Box::new(error),
+            };
+            let result = vars
+                .resolve(&reference)
+                .map_err(BundleError::from)
+                .and_then(|path| Ok(sandbox.read_text(&path, "start-up")?));
+            let (path, text) = match result {
+                Ok(read) => read,
+                Err(_) if optional => continue,
+                Err(e) => return Err(fail(e)),
+            };
+            let mut file = LoadedFile {
+                path: path.clone(),
+                variables: Vec::new(),
+                content: None,
+            };
+            if is_yaml(&path) {
+                let entries = yaml::parse_mapping(&path, &text).map_err(fail)?;
+                for (key, value) in &entries {
+                    if let Some(value) = yaml::scalar_text(value)
+                        && !roots_variable(key)
+                    {
+                        vars.set(key.clone(), value);
+                        file.variables.push(key.clone());
+                    }
+                }
+                configs.push((path, Arc::new(entries)));
+            } else {
+                file.content = Some(text);
+            }
+            loaded.push(file);
+        }
     }
-    let folder = absolute.display().to_string();
-    vars.set("output_folder", folder.clone());
-    Ok(folder)
+
+    let output_folder = output_folder(&mut vars, &project, &loaded)?;
+    let sandbox = sandbox.with_write_root(Path::new(&output_folder))?;
+    let startup_message = prompt::startup_message(&definition, &vars, &loaded);
+    let mut folders = user_skills;
+    folders.extend(project_skill_folders(&project));
+    let skills = SkillSet::discover(&folders, &[], &sandbox, "skills");
+    let system_prompt = prompt::system_prompt(&definition, &vars, &output_folder, &skills);
+    let session = Arc::new(BundleSession::new(roots, vars, sandbox).with_skills(skills));
+    for (path, entries) in configs {
+        session.remember_config(path, entries);
+    }
+    Ok(StartedAgent {
+        definition,
+        session,
+        loaded,
+        system_prompt,
+        startup_message,
+        facts: Vec::new(),
+    })
 }
 
 /// The files a start-up step loads: paths starting with a root variable, in a step that

@@ -163,8 +163,10 @@ impl Tool for ReadFile {
     }
 
     fn description(&self) -> &str {
-        "Load one text file of the agent bundle or the project and return its content. Paths \
-         may use variables such as `{project-root}`; relative paths start at the project root."
+        "Load one text file of the agent bundle, the project or a skill and return its \
+         content. Paths may use variables such as `{project-root}`. A relative path names a \
+         file of the skill you loaded last that has it (`references/guide.md`), else of the \
+         project root."
     }
 
     fn parameters(&self) -> Value {
@@ -183,8 +185,19 @@ impl Tool for ReadFile {
     }
 
     async fn call(&self, args: Value, _ctx: &ToolContext) -> Result<Value, ToolError> {
-        let (path, content) =
-            read_named(&self.session, self.session.sandbox(), &args, self.name())?;
+        let session = &self.session;
+        let path = session
+            .variables()
+            .resolve(string_arg(&args, "file_path")?)
+            .map_err(failed)?;
+        let path = session.skill_relative(&path);
+        let (path, content) = session
+            .sandbox()
+            .read_text(&path, self.name())
+            .map_err(failed)?;
+        let content = session
+            .present(&path, content, self.name())
+            .map_err(failed)?;
         Ok(json!({"path": path, "content": content}))
     }
 }

@@ -583,7 +583,12 @@ async fn invoke_agent_names_the_agents_of_the_bundle() {
     let config = EndpointConfig::openai("root", "http://127.0.0.1:9/v1", "m");
     let endpoint = Endpoint::new(config, std::sync::Arc::new(Ledger::new(Budget::default())))
         .expect("endpoint");
-    let tools = agent_tools(&agent, std::sync::Arc::new(endpoint), LoopConfig::default());
+    let tools = agent_tools(
+        &agent,
+        std::sync::Arc::new(endpoint),
+        LoopConfig::default(),
+        None,
+    );
     let invoke = tools
         .iter()
         .find(|t| t.name() == "invoke_agent")

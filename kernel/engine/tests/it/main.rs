@@ -23,6 +23,7 @@ mod persona;
 mod router;
 mod scoping;
 mod session;
+mod skills;
 mod state;
 mod support;
 mod workflow;

@@ -501,7 +501,7 @@ fn broad_root(root: &Path, base: &Path, home: Option<&Path>) -> Option<BroadRoot
     }
 }
 
-fn is_vcs_folder(name: &OsStr) -> bool {
+pub(crate) fn is_vcs_folder(name: &OsStr) -> bool {
     let name = name.to_string_lossy();
     VCS_FOLDERS.iter().any(|vcs| {
         if vcs.starts_with('.') || vcs.starts_with('_') {
