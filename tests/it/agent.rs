@@ -13,7 +13,7 @@ const HAND_WRITTEN: &str = "bmad/cis/agents/design-thinking-coach.md";
 const COMPILED: &str = "_bmad/bmm/agents/sm.md";
 
 /// `shared/fixtures/bmad`, in the nearest folder above the workspace that has it.
-fn fixtures() -> PathBuf {
+pub(crate) fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .ancestors()
         .map(|a| a.join("shared/fixtures/bmad"))
@@ -52,7 +52,7 @@ impl Project {
     }
 
     /// The project at `root`, which the caller keeps.
-    fn at(root: &Path) -> Self {
+    pub(crate) fn at(root: &Path) -> Self {
         Self {
             root: std::fs::canonicalize(root).expect("canonical"),
             _dir: None,
@@ -67,19 +67,19 @@ impl Project {
         self.root().join(rel).display().to_string()
     }
 
-    fn redact(&self, text: &str) -> String {
+    pub(crate) fn redact(&self, text: &str) -> String {
         text.replace(&self.root().display().to_string(), "[project]")
     }
 }
 
 /// A wire format and streaming setting.
 #[derive(Debug, Clone, Copy)]
-struct Wire {
-    anthropic: bool,
-    stream: bool,
+pub(crate) struct Wire {
+    pub(crate) anthropic: bool,
+    pub(crate) stream: bool,
 }
 
-const WIRES: [Wire; 4] = [
+pub(crate) const WIRES: [Wire; 4] = [
     Wire {
         anthropic: false,
         stream: false,
@@ -98,7 +98,7 @@ const WIRES: [Wire; 4] = [
     },
 ];
 
-fn start_mock(script: Value) -> Mock {
+pub(crate) fn start_mock(script: Value) -> Mock {
     Mock::start_with(MockConfig {
         script: Script::from_json_value(script).expect("valid script"),
         record_requests: true,
@@ -109,6 +109,18 @@ fn start_mock(script: Value) -> Mock {
 /// `rlm agent AGENT` against `mock` over `wire`, plus `extra`, run in `project` (the user's
 /// working directory is the project root).
 fn agent(mock: &Mock, wire: Wire, project: &Project, agent: &str, extra: &[&str]) -> Run {
+    agent_with_input(mock, wire, project, agent, extra, None)
+}
+
+/// Like [`agent`], with `stdin` piped in (its lines are the turns; the menu is shown first).
+pub(crate) fn agent_with_input(
+    mock: &Mock,
+    wire: Wire,
+    project: &Project,
+    agent: &str,
+    extra: &[&str],
+    stdin: Option<&[u8]>,
+) -> Run {
     let mut args: Vec<String> = vec![
         "agent".into(),
         agent.into(),
@@ -127,7 +139,7 @@ fn agent(mock: &Mock, wire: Wire, project: &Project, agent: &str, extra: &[&str]
     }
     args.push(format!("--stream={}", wire.stream));
     args.extend(extra.iter().map(|s| s.to_string()));
-    rlm_in(&project.root(), &args, None)
+    rlm_in(&project.root(), &args, stdin)
 }
 
 /// `rlm agent` on the agent at `rel` of `project` with one `--message` and a `--file-log`
@@ -193,7 +205,7 @@ fn sprint_script() -> Value {
 }
 
 /// The `--file-log` lines as (op, path, by).
-fn file_log(path: &Path, project: &Project) -> Vec<(String, String, String)> {
+pub(crate) fn file_log(path: &Path, project: &Project) -> Vec<(String, String, String)> {
     std::fs::read_to_string(path)
         .expect("file log written")
         .lines()
@@ -205,7 +217,7 @@ fn file_log(path: &Path, project: &Project) -> Vec<(String, String, String)> {
         .collect()
 }
 
-fn triple(op: &str, path: &str, by: &str) -> (String, String, String) {
+pub(crate) fn triple(op: &str, path: &str, by: &str) -> (String, String, String) {
     (op.to_owned(), path.to_owned(), by.to_owned())
 }
 

@@ -36,5 +36,6 @@ mod readme;
 mod run;
 mod run_database;
 mod secrets;
+mod skills;
 mod trace;
 mod view;

@@ -52,7 +52,8 @@ pub(crate) enum Command {
     /// same Python session, so variables made for one are there for the next.
     #[command(allow_negative_numbers = true)]
     Chat(Box<crate::chat::ChatArgs>),
-    /// Talk with a persona agent of an agent bundle (`agents/NAME.md`): it loads its files
+    /// Talk with a persona agent — a BMAD agent skill (`.claude/skills/bmad-agent-pm`), any
+    /// Agent Skill, or a BMAD 6.0 agent file (`agents/NAME.md`): it loads its files and skills
     /// through tools, only when a command needs them.
     #[command(allow_negative_numbers = true)]
     Agent(Box<crate::agent::AgentArgs>),

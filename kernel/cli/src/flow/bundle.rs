@@ -41,7 +41,8 @@ pub(crate) fn extend(
         Some(path) => {
             return Err(UsageError::new(format!(
                 "`--bundle {}` does not exist; pass an installed agent bundle's folder (the one \
-                 holding `agents/`) or one of its agent files (`agents/NAME.md`)",
+                 holding `agents/`), one of its agent files (`agents/NAME.md`), a skill folder \
+                 (one holding `SKILL.md`), a folder of skills, or a project with skills",
                 path.display()
             ))
             .into());

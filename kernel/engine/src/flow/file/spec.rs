@@ -221,8 +221,10 @@ pub struct LlmAgentConfig {
     /// The model: the name of a configured endpoint (absent: the default model).
     pub model: Option<String>,
     /// The agent of the workflow's agent bundle whose persona it plays (ours): `NAME` is
-    /// the bundle's `agents/NAME.md`; its persona goes before `instruction` and its bundle
-    /// tools (`load_workflow_file`) may be named under `tools`.
+    /// the bundle's `agents/NAME.md`, or the skill `NAME` of a folder of skills or a project
+    /// (a BMAD 6.1+ agent skill); one agent file or skill folder plays every `NAME`. Its
+    /// persona goes before `instruction` and its tools (`load_workflow_file`, `load_skill`)
+    /// may be named under `tools`.
     pub persona: Option<String>,
     /// The system instruction, a template over the state (`{key}`, `{key?}`).
     #[serde(default)]
