@@ -312,6 +312,47 @@ fn bundle_names_an_agent_of_either_fixture_tree_to_play_the_planner() {
 }
 
 #[test]
+fn bundle_names_a_bmad_agent_skill_to_play_the_planner() {
+    let project = Project::copy("v6.12-installed");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = [
+        json!({"tool_name": "write_planning_artifact", "reply": call("exit_loop", json!({}))}),
+        json!({"tool_name": "load_workflow_file",
+               "system": "(?s)You are (?P<who>[^,]*), Product Manager, one agent of a workflow.*- Role: (?P<role>[^\\n]*)",
+               "reply": call("write_planning_artifact",
+                             json!({"name": "plan.md", "content": "Planned by {{who}}: {{role}}"}))}),
+        json!({"system": "Discovery rounds so far: 2\\n",
+               "reply": call("load_workflow_file", json!({"file_path": "customize.toml"}))}),
+    ];
+    let mock = Mock::start(script(&first));
+    let run = plan(
+        &mock,
+        "anthropic",
+        dir.path(),
+        &["--bundle", &project.path(".claude/skills/bmad-agent-pm")],
+    );
+    run.assert_code(0);
+    let plan = std::fs::read_to_string(dir.path().join("out/plan.md")).expect("the plan");
+    assert_eq!(
+        plan,
+        "Planned by John: Translate product vision into a validated PRD, epics, and stories \
+         that development can execute during the BMad Method planning phase."
+    );
+    let events = read_events(&dir.path().join("events.jsonl"));
+    let loaded = events
+        .iter()
+        .flat_map(|e| e["tool_results"].as_array().into_iter().flatten())
+        .find(|r| r["name"] == "load_workflow_file")
+        .expect("a file of the skill was loaded");
+    assert!(
+        loaded["result"]["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("[[agent.menu]]")),
+        "{loaded}"
+    );
+}
+
+#[test]
 fn a_bundle_without_the_persona_or_no_bundle_at_all_is_refused_before_any_model_call() {
     let project = Project::copy("v6-installed");
     let dir = tempfile::tempdir().expect("tempdir");

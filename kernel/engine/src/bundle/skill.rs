@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use super::error::BundleError;
 use super::render::renders;
 use super::sandbox::Sandbox;
+use super::yaml::line_of_key;
 use crate::document;
 
 /// Where skills are installed in a project, in the order they are searched: the
@@ -168,6 +169,7 @@ impl SkillFile {
                 "The front matter must be a mapping of `key: value` lines".to_owned(),
             ));
         };
+        // The front matter starts on line 2.
         let line_of = |key: &str| 1 + line_of_key(yaml, key);
         let text_field = |key: &str| -> Result<Option<String>, BundleError> {
             match fields.get(key) {
@@ -313,16 +315,6 @@ fn name_problem(name: &str) -> Option<String> {
         ));
     }
     None
-}
-
-/// The line (from 0, within the front matter) where top-level `key:` is written.
-fn line_of_key(yaml: &str, key: &str) -> usize {
-    yaml.lines()
-        .position(|line| {
-            line.strip_prefix(key)
-                .is_some_and(|rest| rest.trim_start().starts_with(':'))
-        })
-        .map_or(0, |i| i + 1)
 }
 
 /// A skill left out of the set, and why.

@@ -38,7 +38,7 @@ use super::prompt::{self, LoadedFile};
 use super::sandbox::{DEFAULT_MAX_FILE_BYTES, Sandbox, SandboxPolicy};
 use super::session::{BundleSession, Roots};
 use super::skill::{SkillFile, SkillSet, project_skill_folders};
-use super::started::{StartOptions, StartedAgent, output_folder};
+use super::started::{StartOptions, StartedAgent, output_folder, project_candidates};
 use super::vars::today;
 use super::yaml;
 
@@ -375,17 +375,7 @@ fn is_root_variable(name: &str) -> bool {
 /// The project of the skill in `dir` (see the module docs), `here` being the working
 /// directory.
 fn infer_project_root(dir: &Path, here: &Path) -> PathBuf {
-    let home = std::env::var_os("HOME").and_then(|h| std::fs::canonicalize(h).ok());
-    let inside = dir.starts_with(here);
-    let allowed = |a: &Path| {
-        if inside {
-            a.starts_with(here)
-        } else {
-            a.parent().is_some() && !home.as_deref().is_some_and(|h| h.starts_with(a))
-        }
-    };
-    dir.ancestors()
-        .filter(|a| allowed(a))
+    project_candidates(dir, here)
         .find(|a| a.join("_bmad").is_dir())
         .unwrap_or(here)
         .to_owned()

@@ -118,10 +118,14 @@ impl StartedAgent {
         prompt::menu(&self.definition)
     }
 
-    /// The user message for `input` when it picks a command (`*name` or a menu number).
+    /// The user message for `input` when it picks a command (`*name` or a menu number; for
+    /// a skill's menu also its bare code, `PRD`, as BMAD's menus show them).
     pub fn command_message(&self, input: &str) -> Option<String> {
         let input = input.trim();
-        let (index, _) = if input.starts_with('*') {
+        let bare_code = self.definition.format == AgentFormat::Skill
+            && !input.is_empty()
+            && !input.contains(char::is_whitespace);
+        let (index, _) = if input.starts_with('*') || bare_code {
             self.definition.find_command(input)?
         } else {
             self.definition
@@ -166,4 +170,23 @@ pub(crate) fn output_folder(
     let folder = absolute.display().to_string();
     vars.set("output_folder", folder.clone());
     Ok(folder)
+}
+
+/// The folders at or above `folder` that may become the project root by themselves (found
+/// from what the agent names, not given by the user), nearest first: for an agent inside the
+/// working directory `here`, none above `here`; for one elsewhere, none as broad as `/` or
+/// the home directory (or a folder holding it).
+pub(crate) fn project_candidates<'a>(
+    folder: &'a Path,
+    here: &'a Path,
+) -> impl Iterator<Item = &'a Path> + 'a {
+    let home = std::env::var_os("HOME").and_then(|h| std::fs::canonicalize(h).ok());
+    let inside = folder.starts_with(here);
+    folder.ancestors().filter(move |a| {
+        if inside {
+            a.starts_with(here)
+        } else {
+            a.parent().is_some() && !home.as_deref().is_some_and(|h| h.starts_with(a))
+        }
+    })
 }

@@ -23,7 +23,7 @@ use super::sandbox::{DEFAULT_MAX_FILE_BYTES, Sandbox, SandboxPolicy};
 use super::session::{BundleSession, Roots};
 use super::skill::{SkillSet, project_skill_folders};
 use super::skill_agent;
-use super::started::{StartOptions, StartedAgent, output_folder};
+use super::started::{StartOptions, StartedAgent, output_folder, project_candidates};
 use super::vars::{today, variable_names};
 use super::yaml;
 
@@ -203,16 +203,7 @@ fn infer_project_root(agent: &AgentDefinition, folder: &Path, here: &Path) -> Pa
     let Some(rest) = first else {
         return here.to_owned();
     };
-    let home = std::env::var_os("HOME").and_then(|h| std::fs::canonicalize(h).ok());
-    let inside = folder.starts_with(here);
-    let allowed = |a: &Path| {
-        if inside {
-            a.starts_with(here)
-        } else {
-            a.parent().is_some() && !home.as_deref().is_some_and(|h| h.starts_with(a))
-        }
-    };
-    let candidates = || folder.ancestors().filter(|a| allowed(a));
+    let candidates = || project_candidates(folder, here);
     // The file itself, else its folder (so that a missing file is reported where it belongs
     // rather than in the working directory).
     candidates()

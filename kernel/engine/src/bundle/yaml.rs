@@ -68,8 +68,9 @@ pub fn scalar_text(value: &Value) -> Option<String> {
     }
 }
 
-/// The line (from 1) where top-level `key:` is written, for error messages.
-fn line_of_key(text: &str, key: &str) -> usize {
+/// The line (from 1) where top-level `key:` is written, for error messages (1 when it is
+/// not found).
+pub(crate) fn line_of_key(text: &str, key: &str) -> usize {
     text.lines()
         .position(|line| {
             line.strip_prefix(key)

@@ -3,7 +3,7 @@
 use engine::bundle::{BundleError, FileOp, HandlerKind, StartOptions, StartedAgent};
 use serde_json::{Value, json};
 
-use crate::bundle_support::{DATE, Project, ctx, tool};
+use crate::bundle_support::{DATE, Project, ctx, pairs, reads, tool};
 
 const ALPHA: &str = "bmad/cis/agents/design-thinking-coach.md";
 const COMPILED: &str = "_bmad/bmm/agents/sm.md";
@@ -12,26 +12,6 @@ const SPRINT: &str =
     "{project-root}/_bmad/bmm/workflows/4-implementation/sprint-planning/workflow.yaml";
 const STORY: &str =
     "{project-root}/_bmad/bmm/workflows/4-implementation/create-story/workflow.yaml";
-
-fn reads(agent: &StartedAgent, project: &Project) -> Vec<(String, String)> {
-    agent
-        .session
-        .file_log()
-        .entries()
-        .into_iter()
-        .map(|a| {
-            assert_eq!(a.op, FileOp::Read);
-            (project.redact(&a.path.display().to_string()), a.by)
-        })
-        .collect()
-}
-
-fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
-    items
-        .iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect()
-}
 
 #[test]
 fn the_hand_written_form_parses() {

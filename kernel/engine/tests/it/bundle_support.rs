@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use engine::bundle::{StartOptions, StartedAgent};
+use engine::bundle::{FileOp, StartOptions, StartedAgent};
 use engine::{SharedState, State, ToolContext};
 
 /// The date start-up gets in tests, so that prompts and file names are stable.
@@ -83,4 +83,26 @@ pub(crate) fn tool(agent: &StartedAgent, name: &str) -> std::sync::Arc<dyn engin
         .into_iter()
         .find(|t| t.name() == name)
         .expect("tool exists")
+}
+
+/// Every file access of `agent` as (path, by), paths redacted; each must be a read.
+pub(crate) fn reads(agent: &StartedAgent, project: &Project) -> Vec<(String, String)> {
+    agent
+        .session
+        .file_log()
+        .entries()
+        .into_iter()
+        .map(|a| {
+            assert_eq!(a.op, FileOp::Read);
+            (project.redact(&a.path.display().to_string()), a.by)
+        })
+        .collect()
+}
+
+/// `(a, b)` pairs as owned strings.
+pub(crate) fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
+    items
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
 }

@@ -4,12 +4,11 @@
 //! personas from skills, and what cannot be played.
 
 use engine::bundle::{
-    AgentFormat, BundleError, FileOp, HandlerKind, PersonaBundle, SkillNote, StartOptions,
-    StartedAgent,
+    AgentFormat, BundleError, HandlerKind, PersonaBundle, SkillNote, StartOptions, StartedAgent,
 };
 use serde_json::{Value, json};
 
-use crate::bundle_support::{Project, ctx, tool};
+use crate::bundle_support::{Project, ctx, pairs, tool};
 
 const PM: &str = ".claude/skills/bmad-agent-pm";
 
@@ -18,26 +17,11 @@ fn project() -> Project {
     Project::copy("v6.12-installed")
 }
 
-/// The reads of the file log as (path, by), paths redacted, skipping the catalog's.
+/// The reads of the file log as (path, by), paths redacted, without the catalog's.
 fn reads(agent: &StartedAgent, project: &Project) -> Vec<(String, String)> {
-    agent
-        .session
-        .file_log()
-        .entries()
-        .into_iter()
-        .filter(|a| a.by != "skills")
-        .map(|a| {
-            assert_eq!(a.op, FileOp::Read);
-            (project.redact(&a.path.display().to_string()), a.by)
-        })
-        .collect()
-}
-
-fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
-    items
-        .iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect()
+    let mut all = crate::bundle_support::reads(agent, project);
+    all.retain(|(_, by)| by != "skills");
+    all
 }
 
 async fn call(agent: &StartedAgent, name: &str, args: Value) -> Result<Value, String> {
@@ -236,6 +220,12 @@ prompt = "Read {project-root}/docs/compliance/checklist.md and check {planning_a
         Some("bmad-spec")
     );
     let rc = agent.command_message("*RC").expect("a command");
+    assert_eq!(
+        agent.command_message("rc").as_ref(),
+        Some(&rc),
+        "a bare code picks it too"
+    );
+    assert!(agent.command_message("hello").is_none());
     let root = project.root().display().to_string();
     assert!(
         rc.contains(&format!(
