@@ -50,6 +50,38 @@ fn plan(mock: &Mock, provider: &str, dir: &Path, extra: &[&str]) -> Run {
     run_flow(mock, provider, dir, &all)
 }
 
+/// `rlm flow run plan-discover` over the sales notes in `dir` as the working directory,
+/// with relative paths only, plus `extra`.
+fn plan_in(mock: &Mock, dir: &Path, extra: &[&str]) -> Run {
+    file(dir, "sales.txt", SALES);
+    let mut all = args(&[
+        "flow",
+        "run",
+        "plan-discover",
+        "--input",
+        "goal=Grow sales next quarter",
+        "--context",
+        "sales.txt",
+        "--base-url",
+        &mock.url(),
+        "--model",
+        "flow-model",
+        "--events",
+        "events.jsonl",
+    ]);
+    all.extend(args(extra));
+    let output = crate::support::rlm_command(&all)
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("rlm runs");
+    Run {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
 fn state(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("state.json")).expect("state"))
         .expect("JSON")
@@ -127,6 +159,34 @@ fn plan_discover_runs_two_discovery_rounds_and_writes_its_plan_over_both_wire_fo
             ),
             "the first round's results travel in a namespaced temp key"
         );
+    }
+}
+
+/// The README's `--input output_dir=plans` and the default `planning-artifacts` are relative
+/// folders: each is taken from the working directory once (it was joined twice, and the plan
+/// never written).
+#[test]
+fn a_relative_output_folder_is_taken_from_the_working_directory() {
+    for (input, folder) in [
+        (Some("output_dir=plans"), "plans"),
+        (None, "planning-artifacts"),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mock = Mock::start(script(&[]));
+        let extra: Vec<&str> = input.into_iter().flat_map(|i| ["--input", i]).collect();
+        let run = plan_in(&mock, dir.path(), &extra);
+        run.assert_code(0);
+        let plan = std::fs::read_to_string(dir.path().join(folder).join("plan.md"))
+            .unwrap_or_else(|e| panic!("{folder}/plan.md: {e}\n{}", run.stderr));
+        assert!(plan.starts_with("# Plan: Grow sales next quarter"), "{plan}");
+        assert!(!dir.path().join(folder).join(folder).exists(), "{folder}");
+        let events = read_events(&dir.path().join("events.jsonl"));
+        let written = events
+            .iter()
+            .flat_map(|e| e["tool_results"].as_array().into_iter().flatten())
+            .find(|r| r["name"] == "write_planning_artifact")
+            .expect("the plan was written");
+        assert_ne!(written["is_error"], json!(true), "{written}");
     }
 }
 

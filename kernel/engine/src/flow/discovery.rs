@@ -13,7 +13,8 @@
 //!   from its instruction (`{temp:discovery:results?}`).
 //! - `write_planning_artifact(name, content)` ([`WritePlanningArtifact`]) writes a document
 //!   into the output folder the state names (`output_dir` by default, else
-//!   `planning-artifacts`); a name that leads outside that folder is refused.
+//!   `planning-artifacts`; a relative folder is resolved once, against the working
+//!   directory); a name that leads outside that folder is refused.
 //!
 //! [`with_discovery`] registers all four with a [`Registry`].
 
@@ -202,15 +203,25 @@ impl WritePlanningArtifact {
         }
     }
 
+    /// The output folder, absolute: a relative one is taken from the working directory
+    /// (once: the sandbox resolves names against it, so it must not be relative again).
     fn folder(&self, ctx: &ToolContext) -> Result<PathBuf, ToolError> {
-        match ctx.get_state(&self.folder_key) {
-            None | Some(Value::Null) => Ok(self.default_folder.clone()),
-            Some(Value::String(folder)) if !folder.trim().is_empty() => Ok(PathBuf::from(folder)),
-            Some(other) => Err(ToolError::Failed(format!(
-                "State key `{}` must name the output folder as a string, not `{other}`",
-                self.folder_key
-            ))),
-        }
+        let folder = match ctx.get_state(&self.folder_key) {
+            None | Some(Value::Null) => self.default_folder.clone(),
+            Some(Value::String(folder)) if !folder.trim().is_empty() => PathBuf::from(folder),
+            Some(other) => {
+                return Err(ToolError::Failed(format!(
+                    "State key `{}` must name the output folder as a string, not `{other}`",
+                    self.folder_key
+                )));
+            }
+        };
+        std::path::absolute(&folder).map_err(|e| {
+            ToolError::Failed(format!(
+                "The output folder `{}` cannot be resolved against the working directory: {e}",
+                folder.display()
+            ))
+        })
     }
 }
 
