@@ -415,6 +415,66 @@ fn a_run_that_escalates_waits_for_a_human_and_the_answer_completes_it() {
     );
 }
 
+/// `--from-checkpoint N --input ANSWER` answers the question checkpoint N asked: at a
+/// checkpoint where nobody was asked it is a usage error (exit 2, nothing written), not an
+/// answer that reruns the wrong node; at the checkpoint that asked, time travel answers it.
+#[test]
+fn an_answer_from_a_checkpoint_that_asked_nothing_is_refused() {
+    let flows = Flows::new();
+    let asking = flows.path("asking.yaml").display().to_string();
+    rlm(
+        &flows.model_args(&["run", &asking, "--run-id", "ask-2"]),
+        None,
+    )
+    .assert_code(5);
+    let before = flows.history("ask-2");
+    assert_eq!(nodes(&before), ["__start__", "first", "ask"]);
+    let id = |i: usize| before[i]["id"].as_i64().expect("id").to_string();
+    for quiet in [id(0), id(1)] {
+        let refused = rlm(
+            &flows.model_args(&[
+                "resume",
+                "ask-2",
+                "--from-checkpoint",
+                &quiet,
+                "--input",
+                "Monday",
+            ]),
+            None,
+        );
+        refused.assert_code(2);
+        assert!(
+            refused
+                .stderr
+                .contains(&format!("Checkpoint {quiet} of run `ask-2` (after `"))
+                && refused
+                    .stderr
+                    .contains("asked no question; resume from it without `--input`"),
+            "{}",
+            refused.stderr
+        );
+        assert_eq!(flows.history("ask-2").len(), 3, "nothing written");
+        assert_eq!(flows.status("ask-2"), "awaiting_human");
+    }
+    let answered = rlm(
+        &flows.model_args(&[
+            "resume",
+            "ask-2",
+            "--from-checkpoint",
+            &id(2),
+            "--input",
+            "Monday",
+        ]),
+        None,
+    );
+    answered.assert_code(0);
+    assert_eq!(answered.stdout.trim(), "shipping Monday");
+    assert_eq!(
+        nodes(&flows.history("ask-2")),
+        ["__start__", "first", "ask", "human", "ask", "ship"]
+    );
+}
+
 /// A `RouterAgent` root's own callbacks from its file run in a durable `rlm flow run`, once
 /// per run: `before_agent` when the run starts, `after_agent` when it completes — not when
 /// it stops for a human, and not again on resume.

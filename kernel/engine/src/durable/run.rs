@@ -354,6 +354,20 @@ pub enum DurableError {
     /// An answer was given to a run that asked nothing.
     #[error("Run `{0}` is not waiting for a human; resume it without `--input`")]
     UnexpectedInput(String),
+    /// An answer was given with a checkpoint to resume from at which nobody was asked.
+    #[error(
+        "Checkpoint {checkpoint} of run `{run}` (after `{node}`) asked no question; resume from \
+         it without `--input`, or pick the checkpoint where the run stopped for a human \
+         (`rlm flow history {run}`)"
+    )]
+    NothingAsked {
+        /// The run.
+        run: String,
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// Its node.
+        node: String,
+    },
     /// The run has no checkpoint to continue from.
     #[error("Run `{0}` has no checkpoint to resume from")]
     NoCheckpoint(String),
@@ -506,7 +520,8 @@ impl Drop for Held<'_> {
 /// The checkpoint a resumed run `run_id` continues from: `from` (time travel) or its head.
 /// Refuses what cannot go on: an unknown run or checkpoint, one of another run, a completed
 /// run without `from`, a run waiting for a human without an answer (`answered`), an answer
-/// to a run that asked nothing. Reads only; [`run_durable`] checks the same before it writes.
+/// to a run — or to a checkpoint `from` — that asked nothing. Reads only; [`run_durable`]
+/// checks the same before it writes.
 pub fn resume_point(
     store: &CheckpointStore,
     run_id: &str,
@@ -526,6 +541,13 @@ pub fn resume_point(
             }
             .into());
         }
+        if answered && !asked_at(store, &record)? {
+            return Err(DurableError::NothingAsked {
+                run: run_id.to_owned(),
+                checkpoint: id,
+                node: record.node,
+            });
+        }
         return Ok(id);
     }
     match (&run.status, answered) {
@@ -543,6 +565,16 @@ pub fn resume_point(
     }
     run.head
         .ok_or_else(|| DurableError::NoCheckpoint(run_id.to_owned()))
+}
+
+/// Whether the run stopped for a human at checkpoint `record`: a node escalated there, or the
+/// router's escalation flag is set in its state.
+fn asked_at(store: &CheckpointStore, record: &CheckpointRecord) -> Result<bool, StoreError> {
+    if record.metadata.get("control") == Some(&json!(Control::Escalate)) {
+        return Ok(true);
+    }
+    let state = store.state_at(record.id)?.state;
+    Ok(state.get(keys::ESCALATION_TRIGGERED) == Some(&Value::Bool(true)))
 }
 
 /// Records a human's answer in `state`; returns the keys written.
