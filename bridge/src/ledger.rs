@@ -117,8 +117,9 @@ pub struct ModelUsage {
     pub prompt_tokens: u64,
     /// Output tokens.
     pub completion_tokens: u64,
-    /// Cost in USD (0 without a price).
-    pub cost_usd: f64,
+    /// Cost in USD; `None` until a call with a price is recorded (no price given: unknown,
+    /// not free).
+    pub cost_usd: Option<f64>,
     /// Sum of call latencies.
     pub total_latency_ms: f64,
 }
@@ -130,7 +131,7 @@ impl ModelUsage {
         self.errors = self.errors.saturating_add(u64::from(m.error.is_some()));
         self.prompt_tokens = self.prompt_tokens.saturating_add(m.prompt_tokens);
         self.completion_tokens = self.completion_tokens.saturating_add(m.completion_tokens);
-        self.cost_usd += m.cost_usd.unwrap_or(0.0);
+        self.cost_usd = add_cost(self.cost_usd, m.cost_usd);
         self.total_latency_ms += m.latency_ms;
     }
 
@@ -139,8 +140,16 @@ impl ModelUsage {
         self.errors = self.errors.saturating_add(o.errors);
         self.prompt_tokens = self.prompt_tokens.saturating_add(o.prompt_tokens);
         self.completion_tokens = self.completion_tokens.saturating_add(o.completion_tokens);
-        self.cost_usd += o.cost_usd;
+        self.cost_usd = add_cost(self.cost_usd, o.cost_usd);
         self.total_latency_ms += o.total_latency_ms;
+    }
+}
+
+/// A sum of costs where `None` is "no price given": known as soon as one part is.
+pub fn add_cost(sum: Option<f64>, cost: Option<f64>) -> Option<f64> {
+    match (sum, cost) {
+        (Some(a), Some(b)) => Some(a + b),
+        (a, b) => a.or(b),
     }
 }
 

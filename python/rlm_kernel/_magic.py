@@ -76,6 +76,11 @@ def _given_options(args: argparse.Namespace) -> Dict[str, Any]:
     return given
 
 
+def _cost(usd: Optional[float]) -> str:
+    """A cost as every view shows it: `None` (no price given) is not `$0`."""
+    return "no price given" if usd is None else f"${usd:.4f}"
+
+
 class _ProgressView:
     """What the live display shows: one line of counters and the last code block."""
 
@@ -88,7 +93,7 @@ class _ProgressView:
         return (
             f"RLM · iteration {e.get('iteration', 0)}/{e.get('max_iterations', 0)} · {phase} · "
             f"sub-calls {e.get('sub_calls_done', 0)} done, {e.get('calls_in_flight', 0)} in flight · "
-            f"{e.get('tokens', 0):,} tokens · ${e.get('cost_usd', 0.0):.4f} · "
+            f"{e.get('tokens', 0):,} tokens · {_cost(e.get('cost_usd'))} · "
             f"{e.get('elapsed_s', 0.0):.1f}s"
         )
 

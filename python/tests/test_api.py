@@ -148,6 +148,11 @@ def test_result_renders_answer_view_and_metrics(mock_server):
     html = bundle["text/html"]
     assert html.startswith('<div class="rlm-view"') and "<details class=\"rlm-all\">" in html
     assert html.count('<details class="rlm-it">') == 2 and "x = 40 + 2" in html
+    # The `reply` and `block` lines the run writes before each iteration are read, not skipped.
+    assert "Skipped line" not in html
+    # No price given: no cost, not a cost of 0.
+    assert "<i>cost</i> no price given" in html and "$0.0000" not in html
+    assert bundle["application/json"]["cost_usd"] is None
 
 
 def test_batch_concurrency_takes_a_width_or_auto(mock_server, monkeypatch):

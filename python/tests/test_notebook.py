@@ -54,9 +54,13 @@ def test_rlm_magic_over_a_polars_frame(mock_server):
     result = next(o for o in magic.outputs if o["output_type"] == "execute_result")
     assert result["data"]["text/plain"] == "12"
     assert '<details class="rlm-all">' in result["data"]["text/html"]
+    assert "Skipped line" not in result["data"]["text/html"]
+    assert "no price given" in result["data"]["text/html"]
     assert result["data"]["application/json"]["iterations"] == 2
     progress = next(o for o in magic.outputs if o["output_type"] == "display_data")
     assert "iteration" in progress["data"]["text/plain"]
+    assert "no price given" in progress["data"]["text/plain"], progress["data"]["text/plain"]
+    assert "$0.0000" not in progress["data"]["text/plain"]
 
     check = nb.cells[3]
     # The cell body is the query, verbatim (no `{}` expansion); `test_api` checks that a

@@ -1,8 +1,8 @@
 //! Cells that would end the process: `os._exit` and friends end only the block; a crash in C
 //! code ends `rlm` with exit code 4, one line naming the block, and a trajectory whose last line
-//! is that block.
+//! is that block, which `rlm view` and `rlm show` show as the block that crashed.
 
-use crate::support::{repl, run_replies_traced};
+use crate::support::{repl, rlm, run_replies, run_replies_traced};
 
 #[test]
 fn os_exit_abort_and_kill_self_end_only_the_block() {
@@ -61,4 +61,54 @@ fn a_crash_in_c_code_is_reported_and_the_trajectory_names_the_block() {
     assert_eq!(last["iteration"], 2);
     assert_eq!(last["index"], 0);
     assert_eq!(last["code"], "import ctypes\nx = 1\nctypes.string_at(0)");
+}
+
+/// What `rlm view` and `rlm show` make of the crashed run's trajectory: every line read (no
+/// note of skipped lines), and the block that crashed shown as such, after the one iteration
+/// that finished.
+#[test]
+fn view_and_show_name_the_block_that_crashed() {
+    let crash = repl("import ctypes\nx = 1\nctypes.string_at(0)");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trajectory = dir.path().join("t.jsonl");
+    let (_mock, run) = run_replies(
+        &["Reading memory.", &crash, "FINAL(never)"],
+        &["--trajectory", trajectory.to_str().expect("utf-8")],
+    );
+    run.assert_code(4);
+    let path = trajectory.display().to_string();
+
+    rlm(&["view".into(), path.clone()], None).assert_code(0);
+    let html = std::fs::read_to_string(dir.path().join("t.html")).expect("the page");
+    assert!(
+        !html.contains("Skipped line"),
+        "every line is a trajectory line"
+    );
+    assert!(html.contains("<h2>Iterations (2)</h2>"), "{html}");
+    let crashed = &html[html
+        .find("rlm-block rlm-crashed")
+        .expect("the crashed block")..];
+    assert!(crashed.contains("import ctypes\nx = 1\nctypes.string_at(0)"));
+    assert!(crashed.contains("The run stopped while this block was running"));
+
+    let show = rlm(&["show".into(), path], None);
+    show.assert_code(0);
+    let crashed = show
+        .stdout
+        .find("── iteration 2 · root model")
+        .map(|at| &show.stdout[at..])
+        .unwrap_or_else(|| panic!("iteration 2 is shown:\n{}", show.stdout));
+    assert!(
+        crashed.contains("ctypes.string_at(0)")
+            && crashed.contains("└ ✗ the run stopped while this block ran"),
+        "{}",
+        show.stdout
+    );
+    assert!(
+        show.stdout.ends_with(
+            "(the trajectory ends here: the run was stopped before it wrote its result)\n"
+        ),
+        "{}",
+        show.stdout
+    );
 }

@@ -178,7 +178,10 @@ fn a_relative_output_folder_is_taken_from_the_working_directory() {
         run.assert_code(0);
         let plan = std::fs::read_to_string(dir.path().join(folder).join("plan.md"))
             .unwrap_or_else(|e| panic!("{folder}/plan.md: {e}\n{}", run.stderr));
-        assert!(plan.starts_with("# Plan: Grow sales next quarter"), "{plan}");
+        assert!(
+            plan.starts_with("# Plan: Grow sales next quarter"),
+            "{plan}"
+        );
         assert!(!dir.path().join(folder).join(folder).exists(), "{folder}");
         let events = read_events(&dir.path().join("events.jsonl"));
         let written = events

@@ -125,6 +125,107 @@ fn show_reads_a_cut_trajectory_and_refuses_what_is_not_one() {
     ");
 }
 
+/// A run killed while it wrote a line leaves that line cut off: `rlm show` prints what came
+/// before it and says so (as `rlm view` does), instead of failing on it.
+#[test]
+fn show_prints_a_trajectory_whose_last_line_is_cut_off() {
+    let mock = Mock::start(talking_script());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "c.txt", "text");
+    let trajectory = dir.path().join("run.jsonl");
+    mock.run(&[
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "How long?",
+        "--trajectory",
+        trajectory.to_str().expect("utf-8"),
+    ])
+    .assert_code(0);
+    let text = std::fs::read_to_string(&trajectory).expect("trajectory");
+    let lines: Vec<&str> = text.lines().collect();
+    let iteration = lines
+        .iter()
+        .position(|l| l.contains("\"type\":\"iteration\""))
+        .expect("an iteration line");
+    // The first iteration's record, cut in the middle as a kill mid-write leaves it.
+    let record = lines[iteration];
+    let mut cut: String = lines[..iteration]
+        .iter()
+        .map(|l| format!("{l}\n"))
+        .collect();
+    cut.push_str(&record[..record.len() / 2]);
+    let cut_path = file(dir.path(), "cut.jsonl", &cut);
+    let show = rlm(&["show".into(), cut_path.display().to_string()], None);
+    show.assert_code(0);
+    assert!(
+        show.stdout.starts_with("query: How long?\n"),
+        "{}",
+        show.stdout
+    );
+    assert!(
+        show.stdout.contains(&format!(
+            "(line {} is cut off: the run was stopped while writing it)",
+            iteration + 1
+        )),
+        "{}",
+        show.stdout
+    );
+    assert!(
+        show.stdout.contains("── iteration 1 · root model"),
+        "the iteration is shown from its reply line: {}",
+        show.stdout
+    );
+    rlm(&["view".into(), cut_path.display().to_string()], None).assert_code(0);
+}
+
+/// An event log is not a trajectory cut short: `rlm show` prints the workflow's steps.
+#[test]
+fn show_prints_a_workflow_event_log_as_its_steps() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let events = dir.path().join("events.jsonl");
+    let db = dir.path().join("runs.db");
+    let demo = rlm(
+        &[
+            "flow".into(),
+            "demo".into(),
+            "refine".into(),
+            "--events".into(),
+            events.display().to_string(),
+            "--db".into(),
+            db.display().to_string(),
+        ],
+        None,
+    );
+    demo.assert_code(0);
+    let show = rlm(&["show".into(), events.display().to_string()], None);
+    show.assert_code(0);
+    assert!(
+        !show.stdout.contains("the trajectory ends here"),
+        "{}",
+        show.stdout
+    );
+    let lines: Vec<&str> = show.stdout.lines().collect();
+    assert_eq!(lines.first(), Some(&"▶ refine"), "{}", show.stdout);
+    assert_eq!(lines.last(), Some(&"■ refine completed"), "{}", show.stdout);
+    for expected in [
+        "  ▶ refinement_loop",
+        "  ↻ refinement_loop iteration 2",
+        "      evaluator calls exit_loop({})",
+        "      exit_loop → {\"success\":true}",
+        "  ■ refinement_loop exited_loop",
+    ] {
+        assert!(lines.contains(&expected), "{expected}:\n{}", show.stdout);
+    }
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("      pruner wrote ") && l.contains("pruned_template")),
+        "{}",
+        show.stdout
+    );
+}
+
 #[test]
 fn the_closing_line_counts_refused_sub_calls_apart_and_shows_cost_with_a_price() {
     let mock = Mock::start(talking_script());

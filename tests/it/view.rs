@@ -29,6 +29,60 @@ fn view_renders_a_run_trajectory_next_to_it() {
     // The block's output is escaped, never markup.
     assert!(html.contains("3 &lt;words&gt;"));
     assert!(!html.contains("src=\""), "no external assets");
+    // The `reply` and `block` lines before each iteration are read, not reported as skipped.
+    assert!(!html.contains("Skipped line"), "{html}");
+}
+
+/// A run without a price has no cost, not a cost of 0: `null` in the trajectory as in
+/// `--json`, and "no price given" in the view; with a price, dollars everywhere.
+#[test]
+fn a_cost_without_a_price_is_no_price_given_in_the_trajectory_and_the_view() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "notes.txt", "alpha beta gamma");
+    let mock = Mock::start(script(&[&repl("print(llm_query('hi'))"), "FINAL(done)"]));
+    for (name, price) in [("free", None), ("priced", Some("1:2"))] {
+        let trajectory = dir.path().join(format!("{name}.jsonl"));
+        let mut args = vec![
+            "--context",
+            context.to_str().expect("utf-8 path"),
+            "--query",
+            "q",
+            "--trajectory",
+            trajectory.to_str().expect("utf-8 path"),
+            "--json",
+        ];
+        args.extend(price.iter().flat_map(|p| ["--price", *p]));
+        let run = mock.run(&args);
+        run.assert_code(0);
+        let json = run.json();
+        let text = std::fs::read_to_string(&trajectory).expect("trajectory");
+        let result: serde_json::Value = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|l| l["type"] == "result")
+            .expect("a result line");
+        let metrics = &result["metrics"];
+        rlm(&["view".into(), trajectory.display().to_string()], None).assert_code(0);
+        let html =
+            std::fs::read_to_string(dir.path().join(format!("{name}.html"))).expect("the page");
+        if price.is_none() {
+            assert!(metrics["cost_usd"].is_null(), "{metrics}");
+            assert!(metrics["models"]["root-model"]["cost_usd"].is_null());
+            assert!(metrics["models"]["sub-model"]["cost_usd"].is_null());
+            assert!(json["metrics"]["cost_usd"].is_null());
+            assert!(html.contains("<i>cost</i> no price given"));
+            assert!(!html.contains("$0.0000"));
+        } else {
+            let cost = metrics["cost_usd"].as_f64().expect("a priced run's cost");
+            assert!(cost > 0.0, "{metrics}");
+            // `--json` rounds dollars to 1e-6.
+            let reported = json["metrics"]["cost_usd"]
+                .as_f64()
+                .expect("a cost in --json");
+            assert!((reported - cost).abs() < 1e-6, "{reported} vs {cost}");
+            assert!(html.contains(&format!("<i>cost</i> ${cost:.4}")), "{html}");
+        }
+    }
 }
 
 #[test]

@@ -149,7 +149,12 @@ async fn prices_give_costs_and_the_usd_budget_stops_calls() {
         let cost = cost.expect("priced endpoint records costs");
         assert!((cost - 0.04).abs() < 1e-9, "{cost}");
     }
-    assert!((sub.ledger().totals().cost_usd - 0.12).abs() < 1e-9);
+    let total = sub
+        .ledger()
+        .totals()
+        .cost_usd
+        .expect("a priced endpoint's total");
+    assert!((total - 0.12).abs() < 1e-9, "{total}");
     let by_model = sub.ledger().usage_by_model();
     assert_eq!(by_model["sub-model"].calls, 4);
     assert_eq!(by_model["sub-model"].errors, 1);

@@ -183,11 +183,9 @@ pub(crate) fn progress_line(s: &ProgressSnapshot, max_iterations: u32) -> String
         }
         Phase::Done => "done".to_owned(),
     };
-    let cost = if s.cost_usd > 0.0 {
-        format!(" · ${:.4}", s.cost_usd)
-    } else {
-        String::new()
-    };
+    let cost = s
+        .cost_usd
+        .map_or_else(String::new, |usd| format!(" · ${usd:.4}"));
     format!(
         "iteration {}/{max_iterations} · {doing} · {} tokens{cost} · {:.1} s",
         s.iteration,

@@ -84,7 +84,6 @@ pub(crate) fn report(
                 result.termination_reason,
                 &result.metrics,
                 &SubCallCounts::of(&result.sub_calls),
-                priced(result),
             )
         );
         for line in closing_lines(result, opts) {
@@ -195,19 +194,9 @@ fn protocol_mismatch(result: &RlmResult) -> Option<String> {
     ))
 }
 
-/// Whether any call of the run had a price (a cost of 0 then means free, not unknown).
-pub(crate) fn priced(result: &RlmResult) -> bool {
-    result
-        .iterations
-        .iter()
-        .filter_map(|i| i.root_call.as_ref())
-        .chain(&result.sub_calls)
-        .any(|c| c.cost_usd.is_some())
-}
-
 /// The `--json` document: the result with what a reader of the file alone needs (query, models,
-/// `rlm` version, times, trajectory path), each fact once, costs `null` without a price, and
-/// floats rounded.
+/// `rlm` version, times, trajectory path), each fact once (costs `null` without a price, as
+/// the metrics hold them), and floats rounded.
 fn json_result(result: &RlmResult, opts: &RunOptions, query: &str) -> Value {
     let mut value = serde_json::to_value(result).unwrap_or(Value::Null);
     let Some(top) = value.as_object_mut() else {
@@ -216,15 +205,11 @@ fn json_result(result: &RlmResult, opts: &RunOptions, query: &str) -> Value {
     // Each sub-call is listed under its iteration; the run's status is at the top.
     top.remove("sub_calls");
     let counts = SubCallCounts::of(&result.sub_calls);
-    let priced = priced(result);
     if let Some(metrics) = top.get_mut("metrics").and_then(Value::as_object_mut) {
         metrics.remove("termination_reason");
         metrics.remove("final_answer_found");
         metrics.insert("sub_calls_sent".into(), json!(counts.sent));
         metrics.insert("sub_calls_refused".into(), json!(counts.refused));
-        if !priced {
-            null_costs(metrics);
-        }
     }
     let finished_ms = unix_ms();
     let started_ms = finished_ms.saturating_sub(result.metrics.total_ms as u64);
@@ -245,16 +230,6 @@ fn json_result(result: &RlmResult, opts: &RunOptions, query: &str) -> Value {
     let mut value = Value::Object(head);
     round_floats(&mut value, None);
     value
-}
-
-/// Costs of a run without prices are unknown, not zero.
-fn null_costs(metrics: &mut Map<String, Value>) {
-    metrics.insert("cost_usd".into(), Value::Null);
-    if let Some(models) = metrics.get_mut("models").and_then(Value::as_object_mut) {
-        for model in models.values_mut().filter_map(Value::as_object_mut) {
-            model.insert("cost_usd".into(), Value::Null);
-        }
-    }
 }
 
 /// Milliseconds to 0.1, USD to 1e-6, other fractions to 1e-4.

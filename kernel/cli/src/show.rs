@@ -1,12 +1,18 @@
 //! `rlm show FILE`: a saved trajectory printed with the renderer of the live trace
-//! ([`crate::trace`]), on stdout.
+//! ([`crate::trace`]), on stdout; a workflow's event log as its steps, one line each.
 //!
-//! Reads the JSONL lines `TrajectoryWriter` writes (`header`, `iteration`, `error`, `result`).
-//! A file cut short (a killed run) prints what it has and says where it ends; a line that is
-//! not JSON is an error naming the line.
+//! Reads the JSONL lines `TrajectoryWriter` writes (`header`, `reply`, `block`, `iteration`,
+//! `error`, `result`). The `reply` and `block` lines written before each iteration's record
+//! are what the record later says in full; an iteration with no record did not finish and is
+//! printed from them, its last block as the one the run stopped in (with no `result` line:
+//! the block that crashed it, or that a kill stopped). A file cut short (a killed run) prints
+//! what it has and says where it ends, a last line cut off mid-write included; a line in the
+//! middle that is not JSON is an error naming the line. An event log (`rlm flow run
+//! --events`) is recognised and printed as its agents' steps ([`event_log`]).
 
-use std::io::{BufRead, BufReader, Write as _};
-use std::path::PathBuf;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
@@ -18,13 +24,15 @@ use kernel::rlm::{
     TerminationReason,
 };
 use serde::Deserialize;
+use serde_json::Value;
 
 use crate::trace::{self, SubCallCounts};
 
 /// Arguments of `rlm show`.
 #[derive(Debug, Args)]
 pub(crate) struct ShowArgs {
-    /// The trajectory file (JSONL) written by `rlm run --trajectory`.
+    /// The trajectory file (JSONL) written by `rlm run --trajectory`, or a workflow's event
+    /// log (`rlm flow run --events`).
     #[arg(value_name = "FILE")]
     pub(crate) trajectory: PathBuf,
 }
@@ -47,29 +55,66 @@ struct Closing {
     metrics: SessionMetrics,
 }
 
+/// A `reply` or `block` line: written as the iteration goes, before its record.
+#[derive(Deserialize)]
+struct Started {
+    iteration: u32,
+    #[serde(default)]
+    reply: Option<String>,
+    #[serde(default)]
+    code: Option<String>,
+}
+
 /// `rlm show`.
 pub(crate) fn execute(args: &ShowArgs) -> Result<ExitCode> {
     let path = &args.trajectory;
-    let file = std::fs::File::open(path)
-        .with_context(|| format!("Could not open the trajectory `{}`", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("Could not read the trajectory `{}`", path.display()))?;
+    if text.trim().is_empty() {
+        bail!("`{}` is empty; it holds no trajectory", path.display());
+    }
+    let shown = if kernel::flow::is_event_log(&text) {
+        event_log(&text)
+    } else {
+        trajectory(&text, path)?
+    };
     let mut out = std::io::stdout().lock();
+    out.write_all(shown.as_bytes())?;
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A trajectory as the live trace printed it.
+fn trajectory(text: &str, path: &Path) -> Result<String> {
+    let lines: Vec<(usize, &str)> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(number, line)| (number + 1, line))
+        .collect();
+    let mut out = String::new();
     let mut calls: Vec<SubCallMetadata> = Vec::new();
+    // Iterations that started, by their `reply` and `block` lines, until their record comes.
+    let mut started: Vec<(u32, Option<String>, Vec<String>)> = Vec::new();
     let mut closed = false;
-    let mut lines = 0usize;
-    for (number, line) in BufReader::new(file).lines().enumerate() {
-        let number = number + 1;
-        let line =
-            line.with_context(|| format!("Could not read `{}` at line {number}", path.display()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        lines += 1;
-        let value: serde_json::Value = serde_json::from_str(&line).with_context(|| {
-            format!(
-                "Line {number} of `{}` is not JSON; is it a trajectory written by `rlm run --trajectory`?",
-                path.display()
-            )
-        })?;
+    let mut cut = None;
+    for (position, &(number, line)) in lines.iter().enumerate() {
+        let value: Value = match serde_json::from_str(line) {
+            Ok(value) => value,
+            // A run killed mid-write leaves its last line incomplete.
+            Err(_) if position > 0 && position + 1 == lines.len() => {
+                cut = Some(number);
+                break;
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "Line {number} of `{}` is not JSON; is it a trajectory written by `rlm run --trajectory`?",
+                        path.display()
+                    )
+                });
+            }
+        };
         let kind = value
             .get("type")
             .and_then(|t| t.as_str())
@@ -82,7 +127,7 @@ pub(crate) fn execute(args: &ShowArgs) -> Result<ExitCode> {
                 path.display()
             )
         };
-        let text = match kind {
+        match kind {
             "header" => {
                 let header: Header = serde_json::from_value(value).with_context(|| parsed(kind))?;
                 if header.version > TRAJECTORY_VERSION {
@@ -92,41 +137,72 @@ pub(crate) fn execute(args: &ShowArgs) -> Result<ExitCode> {
                         header.version
                     );
                 }
-                trace::header(&header.query, &header.endpoints, &header.contexts)
+                out.push_str(&trace::header(
+                    &header.query,
+                    &header.endpoints,
+                    &header.contexts,
+                ));
+            }
+            "reply" | "block" => {
+                let line: Started = serde_json::from_value(value).with_context(|| parsed(kind))?;
+                let at = match started.iter().position(|(n, _, _)| *n == line.iteration) {
+                    Some(at) => at,
+                    None => {
+                        started.push((line.iteration, None, Vec::new()));
+                        started.len() - 1
+                    }
+                };
+                let entry = &mut started[at];
+                if let Some(reply) = line.reply {
+                    entry.1 = Some(reply);
+                }
+                entry.2.extend(line.code);
             }
             "iteration" => {
                 let record: IterationRecord =
                     serde_json::from_value(value).with_context(|| parsed(kind))?;
-                let text = iteration(&record);
+                started.retain(|(n, _, _)| *n != record.metadata.iteration);
+                out.push_str(&iteration(&record));
                 calls.extend(record.sub_calls);
-                text
             }
             "error" => {
                 let error: RunError =
                     serde_json::from_value(value).with_context(|| parsed(kind))?;
-                trace::failure(&error)
+                out.push_str(&trace::failure(&error));
             }
             "result" => {
                 let closing: Closing =
                     serde_json::from_value(value).with_context(|| parsed(kind))?;
                 closed = true;
-                result(&closing, &calls)
+                out.push_str(&result(&closing, &calls));
             }
             // A newer writer's extra line kinds are not ours to judge.
-            _ => continue,
-        };
-        out.write_all(text.as_bytes())?;
+            _ => {}
+        }
     }
-    if lines == 0 {
-        bail!("`{}` is empty; it holds no trajectory", path.display());
+    for (n, reply, blocks) in &started {
+        out.push_str(&trace::reply(*n, false, reply.as_deref().unwrap_or("")));
+        for (i, code) in blocks.iter().enumerate() {
+            out.push_str(&trace::unfinished_block(
+                code,
+                !closed && i + 1 == blocks.len(),
+            ));
+        }
+    }
+    if let Some(number) = cut {
+        let _ = write!(
+            out,
+            "\n(line {number} is cut off: the run was stopped while writing it)"
+        );
     }
     if !closed {
-        writeln!(
-            out,
-            "\n(the trajectory ends here: the run was stopped before it wrote its result)"
-        )?;
+        out.push_str(
+            "\n(the trajectory ends here: the run was stopped before it wrote its result)\n",
+        );
+    } else if cut.is_some() {
+        out.push('\n');
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(out)
 }
 
 /// An iteration: the reply's prose, then each block with the sub-calls it made (blocks run one
@@ -147,13 +223,115 @@ fn result(closing: &Closing, sub_calls: &[SubCallMetadata]) -> String {
     if let Some(error) = &closing.error {
         text.push_str(&format!("{error}\n"));
     }
-    let priced = sub_calls.iter().any(|c| c.cost_usd.is_some()) || closing.metrics.cost_usd > 0.0;
     text.push_str(&trace::summary(
         closing.termination_reason,
         &closing.metrics,
         &SubCallCounts::of(sub_calls),
-        priced,
     ));
     text.push('\n');
     text
+}
+
+/// Characters of a message, a tool call's arguments or result shown on its line.
+const EVENT_TEXT_CHARS: usize = 300;
+
+/// A workflow's event log: each step on a line, indented by the agent's depth — starts and
+/// ends, loop iterations, messages, tool calls and results, the state keys a step wrote.
+/// Events are read loosely (a newer log's extra fields and kinds are passed over), and a last
+/// line cut off mid-write is said, not fatal.
+fn event_log(text: &str) -> String {
+    let mut out = String::new();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    for (position, line) in lines.iter().enumerate() {
+        let Ok(event) = serde_json::from_str::<Value>(line) else {
+            if position + 1 == lines.len() {
+                out.push_str("(the last line is cut off: the run was stopped while writing it)\n");
+            }
+            continue;
+        };
+        let field = |key: &str| event.get(key).and_then(Value::as_str).unwrap_or_default();
+        let author = field("author");
+        let indent = "  ".repeat(field("branch").matches('/').count());
+        let content = event.get("content").and_then(Value::as_str);
+        match field("kind") {
+            "start" => {
+                let _ = writeln!(out, "{indent}▶ {author}");
+            }
+            "end" => {
+                let _ = writeln!(out, "{indent}■ {author} {}", field("status"));
+                if let Some(error) = content {
+                    let _ = writeln!(out, "{indent}  {}", shorten(error));
+                }
+            }
+            "iteration" => {
+                let n = event.get("iteration").and_then(Value::as_u64).unwrap_or(0);
+                let _ = writeln!(out, "{indent}↻ {author} iteration {n}");
+            }
+            "message" => {
+                let _ = writeln!(
+                    out,
+                    "{indent}  {author}: {}",
+                    shorten(content.unwrap_or_default())
+                );
+            }
+            "tool_calls" => {
+                for call in event
+                    .get("tool_calls")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    let name = call.get("name").and_then(Value::as_str).unwrap_or("?");
+                    // Arguments travel as the JSON text the model wrote.
+                    let arguments = match call.get("arguments") {
+                        Some(Value::String(text)) => text.clone(),
+                        Some(other) => other.to_string(),
+                        None => String::new(),
+                    };
+                    let _ = writeln!(
+                        out,
+                        "{indent}  {author} calls {name}({})",
+                        shorten(&arguments)
+                    );
+                }
+            }
+            "tool_results" => {
+                for result in event
+                    .get("tool_results")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    let name = result.get("name").and_then(Value::as_str).unwrap_or("?");
+                    let failed = result.get("is_error").and_then(Value::as_bool) == Some(true);
+                    let value = result.get("result").map(Value::to_string);
+                    let _ = writeln!(
+                        out,
+                        "{indent}  {name} {} {}",
+                        if failed { "✗" } else { "→" },
+                        shorten(value.as_deref().unwrap_or_default())
+                    );
+                }
+            }
+            _ => {}
+        }
+        if let Some(keys) = event
+            .get("delta")
+            .and_then(Value::as_object)
+            .filter(|d| !d.is_empty())
+        {
+            let keys: Vec<&str> = keys.keys().map(String::as_str).collect();
+            let _ = writeln!(out, "{indent}  {author} wrote {}", keys.join(", "));
+        }
+    }
+    out
+}
+
+/// `text` on one line, cut to [`EVENT_TEXT_CHARS`].
+fn shorten(text: &str) -> String {
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(EVENT_TEXT_CHARS) {
+        Some((at, _)) => format!("{}…", &line[..at]),
+        None => line,
+    }
 }

@@ -187,6 +187,25 @@ pub(crate) fn block(record: &BlockRecord, sub_calls: &[SubCallMetadata]) -> Stri
     out
 }
 
+/// A block that started and has no record (its iteration never finished): its code, and that
+/// its output was never recorded; `crashed` when it is the block the run stopped in, without a
+/// result (it crashed the process, or a kill stopped it).
+pub(crate) fn unfinished_block(code: &str, crashed: bool) -> String {
+    let mut out = "  ┌ repl block\n".to_owned();
+    let _ = writeln!(
+        out,
+        "{}",
+        indent(&truncate_middle(code.trim_end(), SHOWN_CHARS))
+    );
+    out.push_str(if crashed {
+        "  └ ✗ the run stopped while this block ran: it crashed the process (exit code 4) or \
+         was killed; its output was never recorded\n"
+    } else {
+        "  └ (its output was never recorded)\n"
+    });
+    out
+}
+
 /// The answer the run ended with (the whole of it is on stdout).
 pub(crate) fn answer(answer: Option<&str>) -> String {
     match answer {
@@ -248,7 +267,6 @@ pub(crate) fn summary(
     reason: TerminationReason,
     metrics: &SessionMetrics,
     sub_calls: &SubCallCounts,
-    priced: bool,
 ) -> String {
     let mut line = format!(
         "{} after {} iteration(s), {sub_calls}, {} tokens",
@@ -256,8 +274,8 @@ pub(crate) fn summary(
         metrics.iterations,
         metrics.prompt_tokens + metrics.completion_tokens,
     );
-    if priced {
-        let _ = write!(line, ", ${:.4}", metrics.cost_usd);
+    if let Some(usd) = metrics.cost_usd {
+        let _ = write!(line, ", ${usd:.4}");
     }
     let _ = write!(line, ", {:.2}s", metrics.total_ms / 1e3);
     line

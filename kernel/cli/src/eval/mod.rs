@@ -166,7 +166,6 @@ pub(crate) fn execute(
     // Each run builds its own registry (see `runner`); building one now checks the options.
     endpoints::build_endpoints(&opts)?;
     let endpoints = || endpoints::build_endpoints(&opts);
-    let priced = opts.price.is_some() || opts.sub_price.is_some();
     let bar = progress_bar(&opts, jobs.len());
     let on_done = |record: &RunRecord| {
         if record.method == Method::Rlm {
@@ -182,7 +181,6 @@ pub(crate) fn execute(
         parallel: args.parallel as usize,
         baseline_window: args.baseline_window,
         trajectories: &trajectories,
-        priced,
         rlm_config: endpoints::rlm_config(&opts)?,
         session_config: endpoints::session_config(&opts)?,
         endpoints: &endpoints,

@@ -94,7 +94,6 @@ pub(super) struct Plan<'a> {
     pub(super) baseline_window: Option<u64>,
     /// Each job's trajectory (`--out DIR`), by its stem, taken when the job runs.
     pub(super) trajectories: &'a Mutex<HashMap<String, LogFile>>,
-    pub(super) priced: bool,
     pub(super) rlm_config: RlmConfig,
     pub(super) session_config: SessionConfig,
     /// Builds a run's endpoint registry.
@@ -253,7 +252,7 @@ fn run_rlm(
         sub_calls: m.sub_calls,
         prompt_tokens: m.prompt_tokens,
         completion_tokens: m.completion_tokens,
-        cost_usd: plan.priced.then_some(m.cost_usd),
+        cost_usd: m.cost_usd,
         latency_ms: m.total_ms,
         trajectory,
         ..record(job, task, Method::Rlm, result.answer.as_deref())
@@ -321,7 +320,7 @@ fn run_baseline(
         iterations: 1,
         prompt_tokens: call.record.prompt_tokens,
         completion_tokens: call.record.completion_tokens,
-        cost_usd: plan.priced.then(|| call.record.cost_usd.unwrap_or(0.0)),
+        cost_usd: call.record.cost_usd,
         latency_ms,
         ..record(job, task, Method::Base, answer)
     })

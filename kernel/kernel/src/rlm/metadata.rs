@@ -11,7 +11,7 @@ use super::blocks::CodeBlock;
 use super::feedback::truncate_middle;
 use super::final_answer::{FinalKind, FinalNote};
 use crate::repl::{ContextMetadata, ExecError, SubCallText};
-use bridge::{BudgetLimit, SubCallMetadata};
+use bridge::{BudgetLimit, SubCallMetadata, add_cost};
 
 /// Why a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -175,8 +175,9 @@ pub struct ModelMetrics {
     pub completion_tokens: u64,
     /// Whether some token counts are estimates.
     pub tokens_estimated: bool,
-    /// Cost in USD (0 when the model has no price).
-    pub cost_usd: f64,
+    /// Cost in USD; `None` when no price was given for the model (unknown, not free).
+    #[serde(default)]
+    pub cost_usd: Option<f64>,
     /// Latency summed over calls, in milliseconds.
     pub latency_ms: f64,
 }
@@ -189,7 +190,7 @@ impl ModelMetrics {
         self.prompt_tokens += call.prompt_tokens;
         self.completion_tokens += call.completion_tokens;
         self.tokens_estimated |= call.tokens_estimated;
-        self.cost_usd += call.cost_usd.unwrap_or(0.0);
+        self.cost_usd = add_cost(self.cost_usd, call.cost_usd);
         self.latency_ms += call.latency_ms;
     }
 }
@@ -223,8 +224,9 @@ pub struct SessionMetrics {
     pub prompt_tokens: u64,
     /// Completion tokens over all models.
     pub completion_tokens: u64,
-    /// Cost over all models, in USD.
-    pub cost_usd: f64,
+    /// Cost over all models, in USD; `None` when no price was given (unknown, not free).
+    #[serde(default)]
+    pub cost_usd: Option<f64>,
     /// Blocks that raised.
     pub block_errors: u64,
     /// Blocks interrupted by the time limit.
@@ -241,7 +243,7 @@ impl SessionMetrics {
         self.models.entry(call.model.clone()).or_default().add(call);
         self.prompt_tokens += call.prompt_tokens;
         self.completion_tokens += call.completion_tokens;
-        self.cost_usd += call.cost_usd.unwrap_or(0.0);
+        self.cost_usd = add_cost(self.cost_usd, call.cost_usd);
     }
 }
 

@@ -51,8 +51,8 @@ pub struct ProgressSnapshot {
     pub calls_in_flight: u64,
     /// Prompt plus completion tokens of all calls of the run.
     pub tokens: u64,
-    /// Cost of all calls of the run, in USD.
-    pub cost_usd: f64,
+    /// Cost of all calls of the run, in USD; `None` while no call had a price.
+    pub cost_usd: Option<f64>,
     /// Time since the run started.
     pub elapsed: Duration,
     /// Time since the current phase began (the root call was sent, the block started).
@@ -128,10 +128,14 @@ impl Progress {
                     recorded.saturating_sub(state.root_calls),
                     started.saturating_sub(recorded),
                     ledger.tokens_used().saturating_sub(state.base_tokens),
-                    (ledger.usd_used() - state.base_usd).max(0.0),
+                    // Known once a priced call is on the ledger: no price is no cost figure.
+                    ledger
+                        .totals()
+                        .cost_usd
+                        .map(|_| (ledger.usd_used() - state.base_usd).max(0.0)),
                 )
             }
-            None => (0, 0, 0, 0.0),
+            None => (0, 0, 0, None),
         };
         // Only a block's calls are sub-calls; while thinking, the one call is the root's.
         let (phase_started, phase_done) = match (&state.ledger, state.phase) {

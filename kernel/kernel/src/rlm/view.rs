@@ -11,7 +11,12 @@
 //!
 //! The renderer reads the JSONL loosely (as [`serde_json::Value`]) so that it can show a
 //! trajectory cut short (a run killed mid-write: the incomplete last line is reported, not
-//! fatal) and fields that later format versions add.
+//! fatal) and fields that later format versions add. The `reply` and `block` lines written
+//! before each iteration's record are what an `iteration` line later says in full; an
+//! iteration that has them but no record of its own did not finish, and is shown from them:
+//! its reply and the blocks that started, the last one as the block that was running when the
+//! run stopped — in a run without a `result` line, the block that crashed it (or that a kill
+//! stopped).
 //!
 //! ```
 //! let jsonl = r#"{"type":"header","version":1,"query":"How many?"}
@@ -45,6 +50,7 @@ pub fn render_trajectory_html(jsonl: &str, collapsed: bool) -> Result<String, Vi
     let mut header = None;
     let mut result = None;
     let mut iterations = Vec::new();
+    let mut started = Started::default();
     let mut errors = Vec::new();
     let mut unreadable = Vec::new();
     for (number, line) in jsonl.lines().enumerate() {
@@ -58,12 +64,19 @@ pub fn render_trajectory_html(jsonl: &str, collapsed: bool) -> Result<String, Vi
         match value.get("type").and_then(Value::as_str) {
             Some("header") => header = Some(value),
             Some("iteration") => iterations.push(value),
+            Some("reply" | "block") => started.add(value),
             Some("error") => errors.push(value),
             Some("result") => result = Some(value),
             _ => unreadable.push(number + 1),
         }
     }
-    if header.is_none() && result.is_none() && iterations.is_empty() && errors.is_empty() {
+    let unfinished = started.unfinished(&iterations);
+    if header.is_none()
+        && result.is_none()
+        && iterations.is_empty()
+        && unfinished.is_empty()
+        && errors.is_empty()
+    {
         return Err(ViewError::NotATrajectory);
     }
     static NEXT_VIEW: AtomicU64 = AtomicU64::new(1);
@@ -94,7 +107,7 @@ pub fn render_trajectory_html(jsonl: &str, collapsed: bool) -> Result<String, Vi
         let _ = write!(
             out,
             "<details class=\"rlm-all\"><summary>Trajectory: {} iteration(s)</summary>",
-            iterations.len()
+            iterations.len() + unfinished.len()
         );
     }
     out.push_str("<h1>RLM trajectory</h1>");
@@ -112,10 +125,13 @@ pub fn render_trajectory_html(jsonl: &str, collapsed: bool) -> Result<String, Vi
     let _ = write!(
         out,
         "<section class=\"rlm-iterations\"><h2>Iterations ({})</h2>",
-        iterations.len()
+        iterations.len() + unfinished.len()
     );
     for iteration in &iterations {
         render_iteration(&mut out, iteration);
+    }
+    for iteration in &unfinished {
+        render_unfinished(&mut out, iteration, result.is_none());
     }
     out.push_str("</section>");
     if !errors.is_empty() {
@@ -257,7 +273,7 @@ fn render_result(out: &mut String, result: Option<&Value>) {
                     number("completion_tokens")
                 ),
             ),
-            ("cost", format!("${:.4}", number("cost_usd"))),
+            ("cost", cost_text(m.get("cost_usd"))),
             ("time", format!("{:.2} s", number("total_ms") / 1e3)),
         ];
         out.push_str("<div class=\"rlm-metrics\">");
@@ -267,6 +283,14 @@ fn render_result(out: &mut String, result: Option<&Value>) {
         out.push_str("</div>");
     }
     out.push_str("</section>");
+}
+
+/// A cost as the views show it: `null` (or absent) is "no price given", never `$0`.
+fn cost_text(cost: Option<&Value>) -> String {
+    match cost.and_then(Value::as_f64) {
+        Some(usd) => format!("${usd:.4}"),
+        None => "no price given".to_owned(),
+    }
 }
 
 fn render_iteration(out: &mut String, it: &Value) {
@@ -341,6 +365,104 @@ fn render_iteration(out: &mut String, it: &Value) {
             .as_str()
             .map_or_else(|| note.to_string(), ToOwned::to_owned);
         let _ = write!(out, "<p class=\"rlm-note\">{}</p>", escape(&note));
+    }
+    out.push_str("</details>");
+}
+
+/// The `reply` and `block` lines of each iteration, written as it went.
+#[derive(Default)]
+struct Started {
+    /// By iteration, in file order: the reply and the blocks that started.
+    iterations: Vec<(u64, Option<Value>, Vec<Value>)>,
+}
+
+impl Started {
+    fn add(&mut self, line: Value) {
+        let n = line.get("iteration").and_then(Value::as_u64).unwrap_or(0);
+        let index = match self.iterations.iter().position(|(i, _, _)| *i == n) {
+            Some(index) => index,
+            None => {
+                self.iterations.push((n, None, Vec::new()));
+                self.iterations.len() - 1
+            }
+        };
+        let entry = &mut self.iterations[index];
+        if line.get("type").and_then(Value::as_str) == Some("reply") {
+            entry.1 = Some(line);
+        } else {
+            entry.2.push(line);
+        }
+    }
+
+    /// The iterations that started and have no `iteration` record: they did not finish.
+    fn unfinished(self, records: &[Value]) -> Vec<(u64, Option<Value>, Vec<Value>)> {
+        let recorded = |n: u64| {
+            records
+                .iter()
+                .any(|r| r.get("iteration").and_then(Value::as_u64) == Some(n))
+        };
+        self.iterations
+            .into_iter()
+            .filter(|(n, _, _)| !recorded(*n))
+            .collect()
+    }
+}
+
+/// An iteration without its record: its reply and the blocks that started, the last one as
+/// the block that was running when the run stopped (`crashed`: the run wrote no result, so
+/// that block ended the process, or a kill did).
+fn render_unfinished(
+    out: &mut String,
+    (n, reply, blocks): &(u64, Option<Value>, Vec<Value>),
+    crashed: bool,
+) {
+    let stopped = if crashed {
+        "the run stopped in it"
+    } else {
+        "no record of it was written"
+    };
+    let _ = write!(
+        out,
+        "<details class=\"rlm-it rlm-unfinished\" open><summary><b>Iteration {n}</b> · {} block(s) \
+         started · <span class=\"rlm-badge rlm-stop\">did not finish</span> · {stopped}</summary>",
+        blocks.len()
+    );
+    if let Some(reply) = reply.as_ref().and_then(|r| text(r, "reply")) {
+        let _ = write!(
+            out,
+            "<h4>Model reply</h4><pre class=\"rlm-reply\">{}</pre>",
+            escape(reply)
+        );
+    }
+    for (i, block) in blocks.iter().enumerate() {
+        let index = block.get("index").and_then(Value::as_u64).unwrap_or(0);
+        let last = i + 1 == blocks.len();
+        let (class, badge) = if last && crashed {
+            (
+                " rlm-crashed",
+                " <span class=\"rlm-badge rlm-stop\">crashed</span>",
+            )
+        } else {
+            ("", "")
+        };
+        let _ = write!(
+            out,
+            "<div class=\"rlm-block{class}\"><h4>Block {}{badge}</h4>",
+            index + 1
+        );
+        if let Some(code) = text(block, "code") {
+            let _ = write!(out, "<pre class=\"rlm-code\">{}</pre>", escape(code));
+        }
+        if last && crashed {
+            out.push_str(
+                "<p class=\"rlm-error\">The run stopped while this block was running: it crashed \
+                 the process (a fatal signal in C code; exit code 4), or the process was killed. \
+                 Its output was never recorded.</p>",
+            );
+        } else {
+            out.push_str("<p class=\"rlm-note\">Its output was never recorded.</p>");
+        }
+        out.push_str("</div>");
     }
     out.push_str("</details>");
 }
@@ -459,6 +581,66 @@ mod tests {
         assert!(html.starts_with("<div class=\"rlm-view\""));
         assert!(html.contains("<details class=\"rlm-all\"><summary>Trajectory: 2 iteration(s)"));
         assert!(!html.contains("<html"));
+    }
+
+    /// What a run writes: a `reply` and a `block` line before each iteration's record.
+    const WRITTEN: &str = r#"{"type":"header","version":1,"query":"q"}
+{"type":"reply","iteration":1,"reply":"```repl\nx = 1\n```"}
+{"type":"block","iteration":1,"index":0,"code":"x = 1"}
+{"type":"iteration","iteration":1,"reply":"```repl\nx = 1\n```","blocks":[{"index":0,"code":"x = 1","stdout":"","stderr":"","error":null,"duration_ms":1.0,"sub_calls":0}],"sub_calls":[]}
+{"type":"reply","iteration":2,"reply":"Reading memory.\n```repl\nimport ctypes\n```\n```repl\nctypes.string_at(0)\n```"}
+{"type":"block","iteration":2,"index":0,"code":"import ctypes"}
+{"type":"block","iteration":2,"index":1,"code":"ctypes.string_at(0)"}"#;
+
+    #[test]
+    fn reply_and_block_lines_are_read_and_a_crashed_runs_last_block_is_shown_as_the_crash() {
+        let html = render_trajectory_html(WRITTEN, false).expect("renders");
+        assert!(!html.contains("Skipped line"), "{html}");
+        assert_eq!(html.matches("<details class=\"rlm-it\">").count(), 1);
+        assert!(html.contains("<h2>Iterations (2)</h2>"));
+        let unfinished = &html[html
+            .find("rlm-unfinished")
+            .expect("the unfinished iteration")..];
+        assert!(unfinished.contains("<b>Iteration 2</b> · 2 block(s) started"));
+        assert!(unfinished.contains("Reading memory."));
+        let first = unfinished.find("import ctypes").expect("block 1");
+        let crashed = unfinished
+            .find("rlm-block rlm-crashed")
+            .expect("the crashed block");
+        assert!(first < crashed, "the first block ran before the crash");
+        assert!(unfinished[crashed..].contains("ctypes.string_at(0)"));
+        assert!(unfinished[crashed..].contains("The run stopped while this block was running"));
+        assert_eq!(html.matches("rlm-block rlm-crashed").count(), 1);
+        // With a result line the run ended on its own: no block is called a crash.
+        let ended = format!(
+            "{WRITTEN}\n{}",
+            r#"{"type":"result","answer":null,"termination_reason":"timeout","metrics":{"cost_usd":null}}"#
+        );
+        let html = render_trajectory_html(&ended, false).expect("renders");
+        assert!(html.contains("rlm-unfinished") && !html.contains("rlm-block rlm-crashed"));
+        assert!(html.contains("<i>cost</i> no price given"), "{html}");
+        assert!(!html.contains("$0.0000"));
+    }
+
+    #[test]
+    fn a_cost_is_shown_in_dollars_only_with_a_price() {
+        let result = |cost: &str| {
+            format!(
+                r#"{{"type":"result","answer":"a","termination_reason":"final_answer","metrics":{{"cost_usd":{cost}}}}}"#
+            )
+        };
+        for (cost, shown) in [
+            ("null", "no price given"),
+            ("0.0", "$0.0000"),
+            ("0.01234", "$0.0123"),
+        ] {
+            let html = render_trajectory_html(&result(cost), false).expect("renders");
+            assert!(html.contains(&format!("<i>cost</i> {shown}")), "{cost}");
+        }
+        let missing =
+            r#"{"type":"result","answer":"a","termination_reason":"final_answer","metrics":{}}"#;
+        let html = render_trajectory_html(missing, false).expect("renders");
+        assert!(html.contains("<i>cost</i> no price given"));
     }
 
     #[test]
