@@ -77,23 +77,29 @@ fn show_replays_a_saved_trajectory_with_the_same_renderer() {
     );
 }
 
-#[test]
-fn show_reads_a_cut_trajectory_and_refuses_what_is_not_one() {
+/// The trajectory of a completed run of [`talking_script`] asked `query`, as `run.jsonl` in
+/// `dir`, and its text.
+fn saved_trajectory(dir: &std::path::Path, query: &str) -> String {
     let mock = Mock::start(talking_script());
-    let dir = tempfile::tempdir().expect("tempdir");
-    let context = file(dir.path(), "c.txt", "text");
-    let trajectory = dir.path().join("run.jsonl");
+    let context = file(dir, "c.txt", "text");
+    let trajectory = dir.join("run.jsonl");
     mock.run(&[
         "--context",
         context.to_str().expect("utf-8"),
         "--query",
-        "q",
+        query,
         "--trajectory",
         trajectory.to_str().expect("utf-8"),
     ])
     .assert_code(0);
+    std::fs::read_to_string(&trajectory).expect("trajectory")
+}
+
+#[test]
+fn show_reads_a_cut_trajectory_and_refuses_what_is_not_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
     // A run killed after its first iteration leaves the header and that line.
-    let text = std::fs::read_to_string(&trajectory).expect("trajectory");
+    let text = saved_trajectory(dir.path(), "q");
     let cut: String = text.lines().take(2).map(|l| format!("{l}\n")).collect();
     let cut_path = file(dir.path(), "cut.jsonl", &cut);
     let show = rlm(
@@ -129,20 +135,8 @@ fn show_reads_a_cut_trajectory_and_refuses_what_is_not_one() {
 /// before it and says so (as `rlm view` does), instead of failing on it.
 #[test]
 fn show_prints_a_trajectory_whose_last_line_is_cut_off() {
-    let mock = Mock::start(talking_script());
     let dir = tempfile::tempdir().expect("tempdir");
-    let context = file(dir.path(), "c.txt", "text");
-    let trajectory = dir.path().join("run.jsonl");
-    mock.run(&[
-        "--context",
-        context.to_str().expect("utf-8"),
-        "--query",
-        "How long?",
-        "--trajectory",
-        trajectory.to_str().expect("utf-8"),
-    ])
-    .assert_code(0);
-    let text = std::fs::read_to_string(&trajectory).expect("trajectory");
+    let text = saved_trajectory(dir.path(), "How long?");
     let lines: Vec<&str> = text.lines().collect();
     let iteration = lines
         .iter()
