@@ -2,11 +2,13 @@
 //! copied into temporary projects) — John's menu from `customize.toml`, a team override, a menu
 //! item running its workflow skill, start-up reading only what activation needs — and plain
 //! skill folders the tests write (discovery, the catalog, `load_skill`, a reference file, a
-//! script refused without `--python` and run with it), over both wire formats.
+//! script refused without `--python` and run with it), over both wire formats; and a workflow
+//! file whose `persona:` names an agent skill of the project.
 
 use serde_json::{Value, json};
 
 use crate::agent::{Project, WIRES, Wire, agent_with_input, file_log, start_mock, triple};
+use crate::flow::{args, read_events, run_flow};
 use crate::support::Mock;
 
 const PM: &str = ".claude/skills/bmad-agent-pm";
@@ -212,7 +214,8 @@ fn a_menu_item_runs_its_workflow_skill_and_the_model_gets_workflow_md() {
         let project = Project::copy("v6.12-installed");
         std::fs::write(
             project.root().join("_bmad/custom/bmad-agent-pm.toml"),
-            "[[agent.menu]]\ncode = \"BD\"\ndescription = \"Build the next story\"\nskill = \"bmad-build\"\n",
+            "[[agent.menu]]\ncode = \"BD\"\ndescription = \"Build the next story\"\nskill = \"bmad-build\"\n\n\
+             [[agent.menu]]\ncode = \"QA\"\ndescription = \"Test it\"\nskill = \"bmad-qa-nope\"\n",
         )
         .expect("team override");
         let mock = start_mock(json!({"models": {"root-model": {
@@ -242,6 +245,14 @@ fn a_menu_item_runs_its_workflow_skill_and_the_model_gets_workflow_md() {
             None,
         );
         run.assert_code(0);
+        assert!(
+            run.stderr.contains(
+                "warning: The menu item `QA` runs the skill `bmad-qa-nope`, which is not \
+                 installed, so the model cannot load it"
+            ),
+            "{wire:?}: {}",
+            run.stderr
+        );
         let doc = run.json();
         let turn = &doc["turns"][0];
         assert_eq!(
@@ -340,7 +351,15 @@ impl SkillsProject {
         );
         write(
             ".agents/skills/meeting-notes/scripts/count_words.py",
-            "import sys\nprint(f\"{len(' '.join(sys.argv[1:]).split())} words\")\n",
+            "import sys\n\nfrom words import count\n\nif __name__ == \"__main__\":\n    print(f\"{count(sys.argv[1:])} words\")\n",
+        );
+        write(
+            ".agents/skills/meeting-notes/scripts/words.py",
+            "def count(args):\n    return len(' '.join(args).split())\n",
+        );
+        write(
+            ".agents/skills/broken/SKILL.md",
+            "---\nname: broken\ndescription: Use when: the front matter is wrong\n---\nNever listed.\n",
         );
         let extra = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir_all(extra.path().join("tidy")).expect("mkdir");
@@ -400,6 +419,15 @@ fn plain_skills_are_found_listed_loaded_and_their_scripts_refused_without_python
             None,
         );
         run.assert_code(0);
+        let broken = project.root().join(".agents/skills/broken/SKILL.md");
+        assert!(
+            run.stderr.contains(&format!(
+                "warning: Skipped a skill: `{}` line 3: The front matter is not valid YAML",
+                broken.display()
+            )),
+            "{wire:?}: {}",
+            run.stderr
+        );
         let doc = run.json();
         let turn = &doc["turns"][0];
         assert_eq!(
@@ -445,7 +473,7 @@ fn plain_skills_are_found_listed_loaded_and_their_scripts_refused_without_python
         );
 
         let (reads, catalog) = split_catalog(file_log(&log, project));
-        assert_eq!(catalog, 2, "meeting-notes and tidy");
+        assert_eq!(catalog, 3, "meeting-notes, tidy and the broken one");
         assert_eq!(
             reads,
             expected(&[
@@ -468,12 +496,20 @@ fn plain_skills_are_found_listed_loaded_and_their_scripts_refused_without_python
 fn with_python_a_skill_script_runs_through_the_python_tool() {
     let skills = SkillsProject::new();
     let mock = start_mock(notes_script());
+    let log = skills.project.root().join("files.jsonl");
     let run = agent_with_input(
         &mock,
         WIRES[2],
         &skills.project,
         ".claude/skills/helper",
-        &["--message", "Notes, please.", "--python", "--json"],
+        &[
+            "--message",
+            "Notes, please.",
+            "--python",
+            "--json",
+            "--file-log",
+            log.to_str().expect("utf-8"),
+        ],
         None,
     );
     run.assert_code(0);
@@ -485,6 +521,16 @@ fn with_python_a_skill_script_runs_through_the_python_tool() {
     );
     let result = mock.log().entries()[3].body.clone().unwrap_or_default();
     assert!(result.contains("3 words"), "the script's output went back");
+    // The script ran as the sandbox read it; its sibling module is Python's own import.
+    let (reads, _) = split_catalog(file_log(&log, &skills.project));
+    assert_eq!(
+        reads.last(),
+        Some(&triple(
+            "read",
+            "[project]/.agents/skills/meeting-notes/scripts/count_words.py",
+            "run_skill_script"
+        ))
+    );
 }
 
 #[test]
@@ -507,4 +553,57 @@ fn a_folder_that_is_not_an_agent_says_what_it_is() {
         assert!(run.stderr.contains(found), "{path}: {}", run.stderr);
     }
     assert!(mock.log().entries().is_empty(), "no model call");
+}
+
+#[test]
+fn a_workflow_file_names_an_agent_skill_of_the_project_as_its_persona() {
+    for provider in ["openai", "anthropic"] {
+        let project = Project::copy("v6.12-installed");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let workflow = dir.path().join("review.yaml");
+        std::fs::write(
+            &workflow,
+            "name: reviewer\ndescription: Reviews the goal as the product manager.\n\
+             persona: bmad-agent-pm\ninstruction: |\n  Review the goal: {goal?}\n\
+             output_key: review\ntools:\n  - name: load_skill\n",
+        )
+        .expect("workflow");
+        let mock = Mock::start(json!({"models": {"flow-model": {
+            "rules": [
+                {"tool_name": "^load_skill$", "last_tool": "# BMad PRD", "reply": "John: the PRD skill is loaded."},
+                {"system": "(?s)^You are John, Product Manager, one agent of a workflow\\..*Review the goal: Grow sales",
+                 "reply": {"tool_call": {"name": "load_skill", "arguments": {"name": "bmad-prd"}}}}
+            ],
+            "fallback": "The persona did not reach me."
+        }}}));
+        let root = project.root().display().to_string();
+        let run = run_flow(
+            &mock,
+            provider,
+            dir.path(),
+            &args(&[
+                workflow.to_str().expect("utf-8"),
+                "--input",
+                "goal=Grow sales",
+                "--bundle",
+                &root,
+            ]),
+        );
+        run.assert_code(0);
+        let state: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("state.json")).expect("state"),
+        )
+        .expect("JSON");
+        assert_eq!(
+            state["review"], "John: the PRD skill is loaded.",
+            "{provider}: {}",
+            run.stderr
+        );
+        let loaded = read_events(&dir.path().join("events.jsonl"))
+            .iter()
+            .flat_map(|e| e["tool_results"].as_array().cloned().unwrap_or_default())
+            .find(|r| r["name"] == "load_skill")
+            .expect("load_skill ran");
+        assert_eq!(loaded["result"]["skill"], "bmad-prd", "{provider}");
+    }
 }

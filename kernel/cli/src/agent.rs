@@ -143,8 +143,8 @@ pub(crate) fn execute(
         })
         .transpose()?;
     if !opts.quiet() {
-        for note in started.session.skills().notes() {
-            eprintln!("warning: {note}");
+        for warning in started.warnings() {
+            eprintln!("warning: {warning}");
         }
     }
     let interactive = args.message.is_empty();

@@ -321,7 +321,12 @@ fn name_problem(name: &str) -> Option<String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SkillNote {
     /// Its `SKILL.md` is malformed or could not be read.
-    Skipped(BundleError),
+    Skipped {
+        /// The skill's folder.
+        dir: PathBuf,
+        /// What is wrong with it.
+        error: BundleError,
+    },
     /// Another skill of the same name was found first.
     Shadowed {
         /// The skill's name.
@@ -336,7 +341,7 @@ pub enum SkillNote {
 impl std::fmt::Display for SkillNote {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Skipped(error) => write!(f, "Skipped a skill: {error}"),
+            Self::Skipped { error, .. } => write!(f, "Skipped a skill: {error}"),
             Self::Shadowed {
                 name,
                 used,
@@ -388,7 +393,7 @@ impl SkillSet {
                 }
                 match SkillFile::read(sandbox, &dir, by) {
                     Ok(file) => set.add(file.skill),
-                    Err(error) => set.notes.push(SkillNote::Skipped(error)),
+                    Err(error) => set.notes.push(SkillNote::Skipped { dir, error }),
                 }
             }
         }
@@ -411,6 +416,33 @@ impl SkillSet {
     /// The skill named `name`.
     pub fn get(&self, name: &str) -> Option<&Skill> {
         self.skills.get(name)
+    }
+
+    /// Why the skill in a folder named `name` was left out, when its `SKILL.md` was
+    /// malformed or could not be read (and no other skill has that name).
+    pub fn skipped(&self, name: &str) -> Option<&BundleError> {
+        if self.skills.contains_key(name) {
+            return None;
+        }
+        self.notes.iter().find_map(|note| match note {
+            SkillNote::Skipped { dir, error } if dir.file_name().is_some_and(|n| n == name) => {
+                Some(error)
+            }
+            _ => None,
+        })
+    }
+
+    /// The names of the skills, then those of the folders left out as malformed (which
+    /// `load_skill` answers with what is wrong), sorted, each once.
+    pub fn loadable_names(&self) -> Vec<String> {
+        let mut names = self.names();
+        names.extend(self.notes.iter().filter_map(|note| match note {
+            SkillNote::Skipped { dir, .. } => Some(dir.file_name()?.to_string_lossy().into_owned()),
+            SkillNote::Shadowed { .. } => None,
+        }));
+        names.sort();
+        names.dedup();
+        names
     }
 
     /// Every skill, by name.
@@ -489,12 +521,16 @@ pub fn is_skill_dir(path: &Path) -> bool {
     path.is_dir() && path.join(SKILL_FILE).is_file()
 }
 
-/// The error for a skill name that names no skill of `skills`.
+/// The error for a skill name that names no skill of `skills`: what is wrong with its
+/// `SKILL.md` when it was left out as malformed, else that there is none.
 pub fn no_skill(name: &str, skills: &SkillSet) -> BundleError {
-    BundleError::NoSkill {
-        name: name.to_owned(),
-        available: skills.names(),
-    }
+    skills
+        .skipped(name)
+        .cloned()
+        .unwrap_or_else(|| BundleError::NoSkill {
+            name: name.to_owned(),
+            available: skills.names(),
+        })
 }
 
 #[cfg(test)]

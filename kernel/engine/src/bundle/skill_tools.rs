@@ -5,10 +5,15 @@
 //! (`rlm agent --python`). Without it the call fails with an error that says so, which the
 //! model can act on (do the work by hand, or tell the user); no script ever runs otherwise.
 //!
-//! A script runs in the Python session the `python` tool uses (confined as that session
-//! is), with `sys.argv` set to the script and its arguments and its own folder first on
-//! `sys.path` (so it imports its sibling modules), both restored afterwards; what it prints
-//! comes back, and a non-zero exit code is reported.
+//! The script is read through the bundle sandbox like any other file (inside its roots, no
+//! link out, no hard-linked file, within the size limit, recorded in the file log), and the
+//! text that was read is what runs: Python is never handed a path to open by itself, so a
+//! file swapped after the check, or a hard link to a file outside the roots, cannot run (nor
+//! leak its lines through a traceback). It runs in the Python session the `python` tool uses
+//! (confined as that session is) as `__main__`, with `__file__` and `sys.argv` set to the
+//! script and its arguments and its own folder first on `sys.path` (so it imports its
+//! sibling modules, which Python reads itself, under the session's confinement), all
+//! restored afterwards; what it prints comes back, and a non-zero exit code is reported.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -76,7 +81,7 @@ impl Tool for LoadSkill {
                 "name": {
                     "type": "string",
                     "description": "The skill's name, as the list of skills gives it.",
-                    "enum": self.session.skills().names(),
+                    "enum": self.session.skills().loadable_names(),
                 }
             },
             "required": ["name"],
@@ -252,7 +257,12 @@ impl Tool for RunSkillScript {
                 script.display()
             )));
         };
-        let code = script_code(&script, &arguments);
+        let (script, source) = self
+            .session
+            .sandbox()
+            .read_text(&script.display().to_string(), self.name())
+            .map_err(|e| ToolError::Failed(BundleError::from(e).to_string()))?;
+        let code = script_code(&script, &source, &arguments);
         let mut result = python.call(json!({"code": code}), ctx).await?;
         if let Value::Object(map) = &mut result {
             map.insert("script".into(), json!(script));
@@ -261,21 +271,28 @@ impl Tool for RunSkillScript {
     }
 }
 
-/// Python code that runs `script` with `args` as `__main__` (see the module docs).
-fn script_code(script: &Path, args: &[String]) -> String {
+/// Python code that runs `source`, the text of `script` as the sandbox read it, with `args`
+/// as `__main__` (see the module docs). Its lines go into `linecache`, so that a traceback
+/// shows the text that ran, not what the file holds by then.
+fn script_code(script: &Path, source: &str, args: &[String]) -> String {
     // JSON strings are valid Python string literals.
     let text = |s: &str| Value::String(s.to_owned()).to_string();
     let folder = script.parent().unwrap_or(script).display().to_string();
     let args = args.iter().map(|a| text(a)).collect::<Vec<_>>().join(", ");
     format!(
-        "def _rlm_run_script(path, args, folder):\n\
-         \x20   import runpy, sys\n\
+        "def _rlm_run_script(path, source, args, folder):\n\
+         \x20   import linecache, sys, types\n\
+         \x20   main = types.ModuleType('__main__')\n\
+         \x20   main.__file__ = path\n\
+         \x20   linecache.cache[path] = (len(source), None, source.splitlines(True), path)\n\
          \x20   saved_argv, saved_path = sys.argv, list(sys.path)\n\
+         \x20   saved_main = sys.modules.get('__main__')\n\
          \x20   sys.argv = [path, *args]\n\
          \x20   sys.path.insert(0, folder)\n\
+         \x20   sys.modules['__main__'] = main\n\
          \x20   code = 0\n\
          \x20   try:\n\
-         \x20       runpy.run_path(path, run_name='__main__')\n\
+         \x20       exec(compile(source, path, 'exec'), main.__dict__)\n\
          \x20   except SystemExit as stop:\n\
          \x20       if stop.code is None or isinstance(stop.code, int):\n\
          \x20           code = stop.code or 0\n\
@@ -285,11 +302,16 @@ fn script_code(script: &Path, args: &[String]) -> String {
          \x20   finally:\n\
          \x20       sys.argv = saved_argv\n\
          \x20       sys.path[:] = saved_path\n\
+         \x20       if saved_main is None:\n\
+         \x20           sys.modules.pop('__main__', None)\n\
+         \x20       else:\n\
+         \x20           sys.modules['__main__'] = saved_main\n\
          \x20   if code:\n\
          \x20       print(f'[the script exited with code {{code}}]', file=sys.stderr)\n\
-         _rlm_run_script({}, [{args}], {})\n\
+         _rlm_run_script({}, {}, [{args}], {})\n\
          del _rlm_run_script\n",
         text(&script.display().to_string()),
+        text(source),
         text(&folder),
     )
 }
@@ -299,14 +321,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_script_code_quotes_its_path_and_arguments() {
+    fn the_script_code_quotes_its_path_source_and_arguments() {
         let code = script_code(
             Path::new("/s/x/scripts/a b.py"),
+            "print(\"it's\")\n",
             &["--n".into(), "it's \"q\"".into()],
         );
         assert!(
             code.contains(
-                r#"_rlm_run_script("/s/x/scripts/a b.py", ["--n", "it's \"q\""], "/s/x/scripts")"#
+                r#"_rlm_run_script("/s/x/scripts/a b.py", "print(\"it's\")\n", ["--n", "it's \"q\""], "/s/x/scripts")"#
             ),
             "{code}"
         );

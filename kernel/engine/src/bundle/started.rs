@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use bridge::Message;
 
-use super::agent::{AgentDefinition, AgentFormat};
-use super::error::{BundleError, PathError};
+use super::agent::{AgentDefinition, AgentFormat, HandlerKind};
+use super::error::{BundleError, PathError, list_names};
 use super::facts::Fact;
 use super::prompt::{self, LoadedFile};
 use super::sandbox::{FileLog, SandboxPolicy, locate};
@@ -111,6 +111,29 @@ impl StartedAgent {
         };
         tools.extend(skill_tools(session, python));
         tools
+    }
+
+    /// What the user should hear of before the first message: the skills discovery left
+    /// out or found twice, and menu items that run a skill that is not installed (a typo in
+    /// an override, a skill removed), which the model could not load.
+    pub fn warnings(&self) -> Vec<String> {
+        let skills = self.session.skills();
+        let mut warnings: Vec<String> = skills.notes().iter().map(ToString::to_string).collect();
+        for command in &self.definition.commands {
+            if let Some(skill) = command.handler(HandlerKind::Skill)
+                && skills.get(skill).is_none()
+            {
+                warnings.push(format!(
+                    "The menu item `{}` runs the skill `{skill}`, which is not installed, so \
+                     the model cannot load it: correct its `skill` (in the agent's \
+                     `customize.toml` or its override in `_bmad/custom/`) or install the \
+                     skill. The skills are: {}",
+                    command.trigger,
+                    list_names(&skills.names())
+                ));
+            }
+        }
+        warnings
     }
 
     /// The menu shown as the agent starts.

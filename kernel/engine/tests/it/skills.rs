@@ -455,6 +455,123 @@ async fn scripts_are_refused_without_python_and_outside_a_skills_scripts() {
 }
 
 #[test]
+fn a_menu_item_running_a_skill_that_is_not_installed_is_a_warning() {
+    let project = project();
+    assert_eq!(
+        project.start(PM).warnings(),
+        Vec::<String>::new(),
+        "every skill of John's menu is installed"
+    );
+    std::fs::write(
+        project.path("_bmad/custom/bmad-agent-pm.toml"),
+        "[[agent.menu]]\ncode = \"BD\"\ndescription = \"Build\"\nskill = \"bmad-bild\"\n",
+    )
+    .expect("team override");
+    let warnings = project.start(PM).warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with(
+            "The menu item `BD` runs the skill `bmad-bild`, which is not installed, so the \
+             model cannot load it: correct its `skill`"
+        ) && warnings[0].contains("`bmad-build`"),
+        "{}",
+        warnings[0]
+    );
+}
+
+/// A `python` tool that keeps the code it is given and runs none of it.
+#[derive(Default)]
+struct RecordingPython {
+    code: std::sync::Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl engine::Tool for RecordingPython {
+    fn name(&self) -> &str {
+        "python"
+    }
+
+    fn description(&self) -> &str {
+        "Records code."
+    }
+
+    fn parameters(&self) -> Value {
+        json!({"type": "object"})
+    }
+
+    async fn call(
+        &self,
+        args: Value,
+        _ctx: &engine::ToolContext,
+    ) -> Result<Value, engine::ToolError> {
+        let code = args["code"].as_str().unwrap_or_default().to_owned();
+        self.code.lock().expect("lock").push(code);
+        Ok(json!({"stdout": "ran"}))
+    }
+}
+
+#[tokio::test]
+async fn a_script_runs_as_the_sandbox_read_it_and_a_hard_link_out_never_runs() {
+    let project = project();
+    let agent = project.start(PM);
+    let python = std::sync::Arc::new(RecordingPython::default());
+    let run = agent
+        .tools_with_python(Some(python.clone()))
+        .into_iter()
+        .find(|t| t.name() == "run_skill_script")
+        .expect("the tool");
+    let scripts = project.path(".claude/skills/bmad-advanced-elicitation/scripts");
+
+    // What runs is the text the sandbox read (and logged), not a path Python opens.
+    let result = run
+        .call(
+            json!({"script": "scripts/pick_methods.py", "skill": "bmad-advanced-elicitation", "args": ["categories"]}),
+            &ctx(),
+        )
+        .await
+        .expect("runs");
+    assert_eq!(result["stdout"], "ran");
+    let source = std::fs::read_to_string(scripts.join("pick_methods.py")).expect("script");
+    let sent = python.code.lock().expect("lock").clone();
+    assert_eq!(sent.len(), 1);
+    let literal = serde_json::to_string(&source).expect("json");
+    assert!(
+        sent[0].contains(&literal),
+        "the script's text is in the code"
+    );
+    assert!(!sent[0].contains("run_path"), "Python opens no path itself");
+    assert_eq!(
+        reads(&agent, &project).last(),
+        Some(&(
+            "[project]/.claude/skills/bmad-advanced-elicitation/scripts/pick_methods.py".to_owned(),
+            "run_skill_script".to_owned()
+        ))
+    );
+
+    // A skill's script hard-linked to a file outside every root is not read, so not run:
+    // its lines would come back in a traceback.
+    let outside = tempfile::tempdir().expect("tempdir");
+    let secret = outside.path().join("secret.txt");
+    std::fs::write(&secret, "API_KEY = 'sk-outside-the-roots'\n").expect("secret");
+    std::fs::hard_link(&secret, scripts.join("leak.py")).expect("hard link");
+    let err = run
+        .call(
+            json!({"script": "scripts/leak.py", "skill": "bmad-advanced-elicitation"}),
+            &ctx(),
+        )
+        .await
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("has 2 hard links"), "{err}");
+    assert!(!err.contains("sk-outside"), "{err}");
+    assert_eq!(
+        python.code.lock().expect("lock").len(),
+        1,
+        "nothing more ran"
+    );
+}
+
+#[test]
 fn a_workflow_skill_is_played_directly_with_its_customization() {
     let project = project();
     let agent = project.start(".claude/skills/bmad-prd");
@@ -570,6 +687,23 @@ async fn a_6_0_agent_gets_the_skills_of_its_project_and_of_skill_folders() {
         .await
         .expect("loads");
     assert_eq!(tidy["instructions"], "Tidy it.");
+
+    // The malformed skill is not listed, but asking for it by name says what is wrong.
+    let load = tool(&agent, "load_skill");
+    assert_eq!(
+        load.parameters()["properties"]["name"]["enum"],
+        json!(["broken", "notes", "tidy"])
+    );
+    let err = call(&agent, "load_skill", json!({"name": "broken"}))
+        .await
+        .expect_err("malformed");
+    assert!(
+        project.redact(&err).starts_with(
+            "`[project]/.agents/skills/broken/SKILL.md` line 3: The front matter is not valid YAML"
+        ),
+        "{err}"
+    );
+    assert!(!agent.system_prompt.contains("`broken`"));
 
     // A skill that changed since the catalog was made is checked again when loaded.
     write(
