@@ -2,7 +2,8 @@
 //! (its folder, its `SKILL.md`, or its name), or something `rlm agent` cannot play — then
 //! an error that says what was found and what to pass instead: a bundle or skills folder
 //! lists its agents or skills, a BMAD agent source (`*.agent.yaml`) says the installer
-//! compiles it, a workflow says which agent runs it.
+//! compiles it, a workflow says which agent runs it, a BMAD v4 agent or install (YAML in
+//! markdown under `.bmad-core/`) says to install BMAD 6.
 
 use std::path::{Path, PathBuf};
 
@@ -34,6 +35,15 @@ pub fn identify(path: &Path, options: &StartOptions) -> Result<AgentSource, Bund
     if path.is_dir() {
         if is_skill_dir(path) {
             return canonical_skill(path);
+        }
+        // `.bmad-core` itself, or a project with only a v4 install.
+        if path.join("core-config.yaml").is_file()
+            || (path.join(".bmad-core").is_dir() && !path.join("_bmad").is_dir())
+        {
+            return Err(unsupported(
+                "a BMAD v4 install (`.bmad-core`)".to_owned(),
+                V4_HINT.to_owned(),
+            ));
         }
         let agents = agent_files(&path.join("agents"));
         if !agents.is_empty() {
@@ -123,9 +133,33 @@ pub fn identify(path: &Path, options: &StartOptions) -> Result<AgentSource, Bund
     Ok(AgentSource::AgentFile(path.to_owned()))
 }
 
+/// What to do with a BMAD v4 agent or install, which `rlm agent` does not play.
+const V4_HINT: &str = "`rlm agent` plays BMAD 6.0 and later: install BMAD 6 in the project \
+                       (`npx bmad-method install`) and pass its agent skill (e.g. \
+                       `.claude/skills/bmad-agent-pm`) or its name";
+
+/// Whether `text` is a BMAD v4 agent: markdown holding a ```` ```yaml ```` block with
+/// top-level `agent:` and `persona:` (as `.bmad-core/agents/pm.md` does).
+fn is_v4_agent(text: &str) -> bool {
+    let Some((_, fenced)) = text.split_once("```yaml") else {
+        return false;
+    };
+    let block = fenced.split("```").next().unwrap_or_default();
+    let top = |key: &str| block.lines().any(|line| line.trim_end() == key);
+    top("agent:") && top("persona:")
+}
+
 /// The error for a markdown file with no `<agent>` block that is recognisably something
-/// else (a skill's instructions under another name); `None` when it is not.
+/// else (a BMAD v4 agent, a skill's instructions under another name); `None` when it is not.
 pub(crate) fn without_agent_block(path: &Path, text: &str) -> Option<BundleError> {
+    if is_v4_agent(text) {
+        return Some(BundleError::Unsupported {
+            path: path.to_owned(),
+            found: "a BMAD v4 agent (a YAML block in markdown, as in `.bmad-core/agents/`)"
+                .to_owned(),
+            hint: V4_HINT.to_owned(),
+        });
+    }
     let front = text.strip_prefix("---")?;
     let end = front.find("\n---")?;
     let fields = &front[..end];

@@ -823,6 +823,41 @@ fn what_cannot_be_played_says_what_it_is() {
         "{err}"
     );
 
+    // BMAD v4 (YAML in markdown under `.bmad-core/`) is named as such, not as a malformed
+    // agent file or a 6.0 bundle.
+    let v4 = tempfile::tempdir().expect("tempdir");
+    let core = v4.path().join(".bmad-core");
+    std::fs::create_dir_all(core.join("agents")).expect("mkdir");
+    std::fs::write(
+        core.join("core-config.yaml"),
+        "devStoryLocation: docs/stories\n",
+    )
+    .expect("write");
+    std::fs::write(
+        core.join("agents/pm.md"),
+        "# pm\n\nACTIVATION-NOTICE: This file contains your full agent operating guidelines.\n\n\
+         ```yaml\nactivation-instructions:\n  - STEP 1: Read THIS ENTIRE FILE\nagent:\n  \
+         name: John\n  id: pm\npersona:\n  role: Product Strategist\ncommands:\n  - help\n```\n",
+    )
+    .expect("write");
+    for (path, found) in [
+        (
+            core.join("agents/pm.md"),
+            "is a BMAD v4 agent (a YAML block in markdown",
+        ),
+        (core.clone(), "is a BMAD v4 install (`.bmad-core`)"),
+        (v4.path().to_owned(), "is a BMAD v4 install (`.bmad-core`)"),
+    ] {
+        let err = start(path.clone());
+        assert!(matches!(err, BundleError::Unsupported { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains(found) && text.contains("install BMAD 6 in the project"),
+            "{}: {text}",
+            path.display()
+        );
+    }
+
     // By name, from the working directory; its `SKILL.md` and `customize.toml` name it too.
     for path in [
         "bmad-agent-pm".into(),
