@@ -27,3 +27,4 @@ mod skills;
 mod state;
 mod support;
 mod workflow;
+mod writes;

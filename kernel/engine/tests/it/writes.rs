@@ -1,0 +1,179 @@
+//! Writes, the one unit of state change: what parallel branches append is all kept at the
+//! join, and a routed run's event log grows with its steps, not with their square.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bridge::mock::{Latency, MockConfig, MockServer, Script};
+use bridge::{Endpoint, EndpointConfig, Ledger};
+use engine::flow::{
+    Agent, BranchPolicy, Control, Event, EventSink, FlowError, FnAgent, Graph, Invocation,
+    InvocationContext, LlmAgent, MessageRecord, Router, RunStatus, Target, run_workflow,
+};
+use engine::route::{Branch, Condition, ControlPlane, END, RouterConfig, RouterMode};
+use engine::{SharedState, State};
+use serde_json::{Value, json};
+
+use crate::support::run;
+
+/// A mock server answering every request with `reply` after `delay`.
+async fn server(reply: &str, delay: Duration) -> MockServer {
+    let script = Script::from_json_value(json!({"models": {"*": {"replies": [reply]}}}))
+        .expect("valid script");
+    MockServer::start(MockConfig {
+        script,
+        latency: Latency::fixed(delay),
+        ..MockConfig::default()
+    })
+    .await
+    .expect("mock server starts")
+}
+
+/// An LLM agent on `server` that puts its reply on record in `messages`.
+fn recording_agent(name: &str, server: &MockServer) -> Arc<dyn Agent> {
+    let config = EndpointConfig::openai(name, server.openai_base_url(), "mock");
+    let endpoint = Arc::new(Endpoint::new(config, Arc::new(Ledger::default())).expect("endpoint"));
+    let agent = LlmAgent::builder(name, endpoint)
+        .instruction("Say something.")
+        .record_messages(MessageRecord::default())
+        .build()
+        .expect("valid agent");
+    Arc::new(agent)
+}
+
+/// The authors of the `messages` of `state`, in order.
+fn authors(state: &State) -> Vec<String> {
+    state
+        .get("messages")
+        .and_then(Value::as_array)
+        .map(|list| {
+            list.iter()
+                .filter_map(|m| m.get("author").and_then(Value::as_str).map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Two branches append a message each; the one declared first answers last. Both messages
+/// are kept, in the order they were appended, and the events replay to that state.
+#[tokio::test]
+async fn parallel_branches_keep_every_append_at_the_join() {
+    let slow = server("slow reply", Duration::from_millis(150)).await;
+    let fast = server("fast reply", Duration::ZERO).await;
+    let group = Graph::parallel(
+        "fan",
+        vec![
+            recording_agent("slow", &slow),
+            recording_agent("fast", &fast),
+        ],
+        BranchPolicy::FailFast,
+    )
+    .expect("valid graph");
+    let (report, events) = run(&group, State::default()).await;
+    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(authors(&report.state), ["fast", "slow"]);
+    let mut replayed = State::default();
+    for event in &events {
+        replayed.apply(&event.delta);
+    }
+    assert_eq!(replayed, report.state);
+}
+
+/// Counts the bytes of every event as the JSONL log would write it.
+#[derive(Default)]
+struct EventBytes(AtomicU64);
+
+impl EventSink for EventBytes {
+    fn emit(&self, event: &Event) -> Result<(), FlowError> {
+        let bytes = serde_json::to_vec(event).map_err(|e| FlowError::Sink(e.to_string()))?;
+        self.0.fetch_add(bytes.len() as u64 + 1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// A node that counts the steps of the run and sets `done` once `limit` steps ran.
+fn counting(name: &str) -> Arc<dyn Agent> {
+    Arc::new(FnAgent::new(name, |ctx: &InvocationContext| {
+        let steps = ctx.get_state("steps").and_then(|v| v.as_u64()).unwrap_or(0) + 1;
+        ctx.set_state("steps", json!(steps));
+        let limit = ctx.get_state("limit").and_then(|v| v.as_u64()).unwrap_or(0);
+        if steps >= limit {
+            ctx.set_state("done", json!(true));
+        }
+        Ok(Control::Continue)
+    }))
+}
+
+/// `b` goes back to `a` until `done`, then to the end.
+struct UntilDone;
+
+#[async_trait]
+impl Router for UntilDone {
+    async fn route(&self, ctx: &InvocationContext, _from: &str) -> Result<Target, FlowError> {
+        Ok(match ctx.get_state("done") {
+            Some(Value::Bool(true)) => Target::End,
+            _ => Target::node("a"),
+        })
+    }
+}
+
+/// `a → b → a …` for `steps` node steps, routed by an active router or by plain edges;
+/// returns the bytes of its events.
+async fn event_bytes(steps: u64, routed: bool) -> u64 {
+    let nodes = vec![counting("a"), counting("b")];
+    let graph = if routed {
+        let config = RouterConfig::new(["a", "b"], [("a", "b")])
+            .with_branches(
+                "b",
+                vec![
+                    Branch::when(Condition::truthy("done"), END),
+                    Branch::otherwise("a"),
+                ],
+            )
+            .with_mode(RouterMode::Active);
+        Arc::new(ControlPlane::new(config))
+            .builder("team", nodes, "a")
+            .max_steps(steps + 1)
+            .build()
+    } else {
+        let mut builder = Graph::builder("team").start("a").max_steps(steps + 1);
+        for node in nodes {
+            builder = builder.node(node);
+        }
+        builder
+            .edge("a", Target::node("b"))
+            .route("b", Arc::new(UntilDone))
+            .build()
+    }
+    .expect("valid graph");
+    let mut state = State::default();
+    state.set("limit", json!(steps));
+    let sink = Arc::new(EventBytes::default());
+    let invocation = Invocation::new(SharedState::new(state)).with_sink(sink.clone());
+    let report = run_workflow(&graph, invocation, None).await;
+    assert_eq!(report.result, Ok(Control::Continue));
+    assert_eq!(report.state.get("steps"), Some(&json!(steps)));
+    sink.0.load(Ordering::Relaxed)
+}
+
+/// Every routing decision appends one record to `decisions`: the event that reports it
+/// carries that record, not the whole list, so the log grows linearly with the steps — a
+/// 1 000-step routed run writes per step what a 100-step one does, and a small multiple of
+/// what the same graph writes without a router.
+#[tokio::test]
+async fn a_routed_runs_event_log_grows_linearly_with_its_steps() {
+    let short = event_bytes(100, true).await;
+    let long = event_bytes(1_000, true).await;
+    let plain = event_bytes(1_000, false).await;
+    let (per_step_short, per_step_long) = (short / 100, long / 1_000);
+    assert!(
+        per_step_long <= per_step_short * 3 / 2,
+        "{per_step_long} bytes per step over 1 000 steps, {per_step_short} over 100"
+    );
+    assert!(
+        long <= plain * 6,
+        "routed {long} bytes, plain {plain} bytes for the same 1 000 steps"
+    );
+}
