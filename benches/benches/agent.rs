@@ -28,7 +28,8 @@ use bridge::{
     Budget, CallOptions, CancellationToken, ChatRequest, ChatResponse, Endpoint, EndpointConfig,
     Ledger, Message,
 };
-use engine::agent::{AgentHook, AgentLoop, HookAction, LoopConfig, Termination, Toolbox};
+use engine::HookAction;
+use engine::agent::{AgentHook, AgentLoop, LoopConfig, Termination, Toolbox};
 use engine::{SharedState, Tool, ToolContext, ToolError};
 use rlm_benches::percentile;
 use serde_json::{Value, json};

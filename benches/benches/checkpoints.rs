@@ -17,9 +17,8 @@
 use std::path::Path;
 use std::time::Instant;
 
-use engine::State;
 use engine::durable::{CheckpointStore, NewCheckpoint, NewRun, Owner};
-use engine::reducer::{ChannelWrite, apply_writes};
+use engine::{State, StateDelta};
 use rlm_benches::percentile;
 use serde_json::json;
 
@@ -48,7 +47,7 @@ fn main() -> anyhow::Result<()> {
     let store = CheckpointStore::open(&path)?;
     let lease = store.create_run(&NewRun::new("bench", "synthetic"), &Owner::current())?;
     let started = Instant::now();
-    let first = store.put(&lease, NewCheckpoint::new("start", &[], &state))?;
+    let first = store.put(&lease, NewCheckpoint::new("start", &state.to_writes()))?;
     let snapshot_ms = started.elapsed().as_secs_f64() * 1000.0;
     drop(store); // closing folds the WAL into the file, so its size is all there is
     let size_after_snapshot = db_bytes(&path);
@@ -58,15 +57,13 @@ fn main() -> anyhow::Result<()> {
     let mut times_ms = Vec::with_capacity(steps);
     for step in 1..=steps {
         let channel = (step * 7_919) % CHANNELS;
-        let writes = [ChannelWrite::Replace {
-            key: format!("doc_{channel:05}"),
-            value: json!(value(channel, step)),
-        }];
-        apply_writes(&mut state, &writes);
+        let mut writes = StateDelta::new();
+        writes.set(format!("doc_{channel:05}"), json!(value(channel, step)));
+        state.apply(&writes);
         let started = Instant::now();
         parent = store.put(
             &lease,
-            NewCheckpoint::new("worker", &writes, &state).parent(Some(parent)),
+            NewCheckpoint::new("worker", &writes).parent(Some(parent)),
         )?;
         times_ms.push(started.elapsed().as_secs_f64() * 1000.0);
     }

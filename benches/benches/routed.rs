@@ -31,7 +31,7 @@ use engine::flow::{
 };
 use engine::reducer::MESSAGES;
 use engine::route::{Branch, Condition, ControlPlane, END, RouterConfig, RouterMode};
-use engine::{SharedState, State, StateDelta};
+use engine::{SharedState, State};
 use rlm_benches::percentile;
 use serde_json::{Value, json};
 
@@ -87,12 +87,7 @@ fn say(ctx: &InvocationContext, author: &str, step: u64) {
         "content": format!("Step {step}: reviewed the previous work and handed it on."),
         "topic": format!("story-{step}"),
     });
-    let mut updates = StateDelta::default();
-    updates.set(MESSAGES, json!([message]));
-    let merged = ctx
-        .state()
-        .with(|state| engine::reducer::Reducers::default().resolve(state, &updates));
-    ctx.apply(&merged);
+    ctx.append_state(MESSAGES, vec![message]);
 }
 
 fn node(name: &'static str) -> Arc<dyn Agent> {

@@ -155,7 +155,7 @@ fn plan_discover_runs_two_discovery_rounds_and_writes_its_plan_over_both_wire_fo
         let log = std::fs::read_to_string(dir.path().join("events.jsonl")).expect("log");
         assert!(
             log.contains(
-                "\"temp:discovery:results\":\"north 120 to 131; south 98 to 97; east 77 to 90\""
+                "\"key\":\"temp:discovery:results\",\"value\":\"north 120 to 131; south 98 to 97; east 77 to 90\""
             ),
             "the first round's results travel in a namespaced temp key"
         );

@@ -12,9 +12,14 @@
 //! - [`date`]: UTC dates as text (`YYYY-MM-DD`, RFC 3339) for bundles and decision records.
 //! - [`jsonl`]: the redacted, flushed-per-line [`JsonlWriter`](jsonl::JsonlWriter) under
 //!   every log the engine and the kernel write (transcript, trajectory, events, decisions).
-//! - [`state`]: the session [`State`] (JSON values under scoped keys) and the
-//!   [`StateDelta`] a step writes. A delta is applied as it is written, so the next tool,
-//!   callback, sibling or iteration sees it.
+//! - [`state`]: the session [`State`] (JSON values under scoped keys), the [`StateWrite`]
+//!   — replace, append, delete — that is the one unit of state change from a tool to a
+//!   checkpoint, and the [`StateDelta`] (the writes of a step, shared rather than copied).
+//!   A write is applied as it is made, so the next tool, callback, sibling or iteration
+//!   sees it.
+//! - [`hook`]: [`HookAction`], the one answer of every before-hook and callback (continue,
+//!   replace the step's output, stop the run) — the agent loop's, the workflow callbacks'
+//!   and the kernel's RLM loop's.
 //! - [`condition`]: [`Condition`](condition::Condition), the state tests (or named Python
 //!   functions) of graph edges, router successors and quality gates.
 //! - [`tool`]: the [`Tool`] trait (name, description, JSON-Schema parameters, `async call`)
@@ -26,10 +31,10 @@
 //!   context, and the graph executor under the Sequential, Loop and Parallel agents.
 //! - [`bundle`]: agent bundles — persona agents in files, their path variables, the path
 //!   sandbox, and the file tools (`read_file`, `execute_workflow`, `save_output`).
-//! - [`reducer`]: per-key reducers (`messages` and `decisions` append, the rest replace) and
-//!   the [`ChannelWrite`](reducer::ChannelWrite)s a step's updates become.
+//! - [`reducer`]: per-key reducers: an update of `messages` or `decisions` is an append,
+//!   of any other key a replace.
 //! - [`durable`]: the SQLite checkpoint store — per run a chain of checkpoints holding each
-//!   step's channel writes, snapshots only as needed, run status, retention.
+//!   step's writes, snapshots only as needed, run status, retention.
 //! - [`route`]: the routing control plane — the router's pure decision, decision records,
 //!   quality gates, retry backoff, health metrics, and `RouterAgent` workflow files.
 //!
@@ -52,6 +57,7 @@ pub mod date;
 pub mod document;
 pub mod durable;
 pub mod flow;
+pub mod hook;
 pub mod jsonl;
 pub mod reducer;
 pub mod route;
@@ -60,6 +66,7 @@ pub mod text;
 pub mod tool;
 
 pub use agent::{AgentLoop, LoopConfig, LoopError, LoopOutcome, Toolbox};
+pub use hook::HookAction;
 
-pub use state::{Scope, SharedState, State, StateDelta};
+pub use state::{Scope, SharedState, State, StateDelta, StateWrite};
 pub use tool::{Actions, Tool, ToolContext, ToolError};

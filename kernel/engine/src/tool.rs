@@ -7,8 +7,8 @@
 //!
 //! A call gets a [`ToolContext`]: its call id, a cancellation token (Ctrl-C, a timeout, a
 //! budget stop), the invocation's [`SharedState`], and the [`Actions`] it may raise. State
-//! written through the context is visible at once to every later step and is also kept as
-//! the call's [`StateDelta`].
+//! written through the context (replace, append, delete) is visible at once to every later
+//! step and is also kept as the call's [`StateDelta`].
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -153,9 +153,29 @@ impl ToolContext {
 
     /// Writes state key `key`: visible at once, and recorded in this call's delta.
     pub fn set_state(&self, key: impl Into<String>, value: Value) {
-        let key = key.into();
-        self.state.set(key.clone(), value.clone());
-        self.written().0.set(key, value);
+        let mut delta = StateDelta::new();
+        delta.set(key, value);
+        self.apply(delta);
+    }
+
+    /// Appends `items` to the list under state key `key` (visible at once, recorded).
+    pub fn append_state(&self, key: impl Into<String>, items: Vec<Value>) {
+        let mut delta = StateDelta::new();
+        delta.append(key, items);
+        self.apply(delta);
+    }
+
+    /// Deletes state key `key` (visible at once, recorded; not the same as setting `null`).
+    pub fn delete_state(&self, key: impl Into<String>) {
+        let mut delta = StateDelta::new();
+        delta.delete(key);
+        self.apply(delta);
+    }
+
+    /// Applies every write of `delta` (visible at once) and records them in this call's delta.
+    pub fn apply(&self, delta: StateDelta) {
+        self.state.apply(&delta);
+        self.written().0.extend(delta);
     }
 
     /// Asks to end the nearest enclosing loop.
@@ -171,6 +191,12 @@ impl ToolContext {
     /// Asks to stop the whole invocation.
     pub fn escalate(&self) {
         self.written().1.escalate = true;
+    }
+
+    /// Raises every action of `actions` (with those raised already).
+    pub fn raise(&self, actions: Actions) {
+        let mut written = self.written();
+        written.1 = written.1.union(actions);
     }
 
     /// The state this call wrote and the actions it raised, leaving both empty.
@@ -225,7 +251,13 @@ mod tests {
         assert_eq!(out, Ok(json!({"text": "hi"})));
         assert_eq!(state.get("last"), Some(json!({"text": "hi"})));
         let (delta, actions) = ctx.take_effects();
-        assert_eq!(delta.values().get("last"), Some(&json!({"text": "hi"})));
+        assert_eq!(
+            delta.last("last"),
+            Some(&crate::state::StateWrite::Replace {
+                key: "last".into(),
+                value: json!({"text": "hi"})
+            })
+        );
         assert!(actions.end_turn && !actions.exit_loop && !actions.escalate);
         assert!(!ctx.take_actions().any(), "effects are taken once");
         assert_eq!(Echo.definition().name, "echo");

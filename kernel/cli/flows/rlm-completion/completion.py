@@ -2,11 +2,12 @@
 
 
 def inject_history(ctx):
-    """Before each root call: earlier answers of this session go into the first user message."""
+    """Before each root call: earlier answers (of runs sharing a `--state FILE`) go into the
+    first user message."""
     earlier = ctx["state"].get("user:answer_history") or []
     if not earlier:
         return None
-    note = "\n\nEarlier answers in this session (most recent last):\n" + "\n".join(
+    note = "\n\nEarlier answers (most recent last):\n" + "\n".join(
         f"- {item}" for item in earlier[-5:]
     )
     for message in ctx["request"]:
@@ -26,7 +27,8 @@ def record_call(ctx):
 
 
 def remember(ctx):
-    """After the agent: its answer joins `user:answer_history` (kept across sessions)."""
+    """After the agent: its answer joins `user:answer_history` (kept across runs that share a
+    `--state FILE`)."""
     answer = ctx["state"].get("raw_answer")
     if answer:
         history = list(ctx["state"].get("user:answer_history") or [])

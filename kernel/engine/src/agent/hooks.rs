@@ -1,8 +1,9 @@
 //! Hooks: code that watches, amends or short-circuits a run's model and tool calls.
 //!
-//! The style is the RLM loop's: a before-hook returns a [`HookAction`] —
-//! [`Continue`](HookAction::Continue), [`Replace`](HookAction::Replace) the step's output
-//! (the step is skipped), or [`Stop`](HookAction::Stop) the run
+//! A before-hook returns the [`HookAction`] every hook of the codebase returns (the RLM
+//! loop's, the workflow callbacks') — [`Continue`](HookAction::Continue),
+//! [`Replace`](HookAction::Replace) the step's output (the step is skipped), or
+//! [`Stop`](HookAction::Stop) the run
 //! ([`LoopErrorKind::StoppedByHook`](super::LoopErrorKind::StoppedByHook)); an after-hook
 //! gets the output by `&mut` and may amend it. Hooks run in registration order; for a
 //! before-hook the first that does not continue decides and the rest are not asked.
@@ -21,19 +22,8 @@ use serde_json::Value;
 use super::error::LoopError;
 use super::failure::ToolCallError;
 use super::outcome::LoopOutcome;
+use crate::hook::HookAction;
 use crate::tool::ToolError;
-
-/// What a before-hook wants the loop to do.
-#[derive(Debug, Clone, PartialEq)]
-pub enum HookAction<T> {
-    /// Go on as planned.
-    Continue,
-    /// Skip the step and use this as its output.
-    Replace(T),
-    /// End the run with [`LoopErrorKind::StoppedByHook`](super::LoopErrorKind::StoppedByHook)
-    /// and this reason.
-    Stop(String),
-}
 
 /// One finished tool call, for [`AgentHook::after_tool_call`].
 #[derive(Debug, Clone, PartialEq)]
@@ -104,13 +94,7 @@ impl Hooks {
         &self,
         mut ask: impl FnMut(&dyn AgentHook) -> HookAction<T>,
     ) -> HookAction<T> {
-        for hook in &self.list {
-            match ask(hook.as_ref()) {
-                HookAction::Continue => {}
-                other => return other,
-            }
-        }
-        HookAction::Continue
+        HookAction::first(self.list.iter().map(|hook| ask(hook.as_ref())))
     }
 }
 

@@ -23,7 +23,7 @@
 //!   tool does not hold up the others), at most `max_concurrent_tools` at once, under its
 //!   timeout; a panic is caught as a failure. Results join the transcript in call order.
 //! - [`AgentHook`] (`hooks.rs`): before/after every model call and tool call, in the RLM
-//!   loop's style ([`HookAction`]: continue, replace the output, stop the run), plus each
+//!   loop's style ([`HookAction`](crate::HookAction): continue, replace the output, stop the run), plus each
 //!   message as it joins the transcript and the end of the run.
 //! - [`LoopOutcome`] / [`AgentRun`] (`outcome.rs`) and [`LoopMetrics`] (`metrics.rs`): the
 //!   answer, how the run ended ([`Termination`]), the transcript, the tools' merged
@@ -102,7 +102,7 @@ mod transcript;
 pub use config::{DEFAULT_MAX_TOOL_RESULT_CHARS, LoopConfig};
 pub use error::{LoopError, LoopErrorKind};
 pub use failure::{ToolCallError, ToolFailureKind};
-pub use hooks::{AgentHook, HookAction, ToolCallRecord};
+pub use hooks::{AgentHook, ToolCallRecord};
 pub use metrics::{LoopMetrics, ModelCallMetrics, ToolCallMetrics, ToolStats};
 pub use outcome::{AgentRun, LoopOutcome, Termination};
 pub use run::AgentLoop;

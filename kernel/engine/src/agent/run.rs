@@ -15,10 +15,11 @@ use super::config::LoopConfig;
 use super::dispatch::{Dispatcher, PendingCall};
 use super::error::{LoopError, LoopErrorKind};
 use super::failure::ToolCallError;
-use super::hooks::{AgentHook, HookAction, Hooks, ToolCallRecord};
+use super::hooks::{AgentHook, Hooks, ToolCallRecord};
 use super::metrics::{ModelCallMetrics, ToolCallMetrics};
 use super::outcome::{AgentRun, LoopOutcome, Termination};
 use super::toolbox::Toolbox;
+use crate::hook::HookAction;
 use crate::state::SharedState;
 use crate::text::group_digits;
 
@@ -260,7 +261,7 @@ impl AgentLoop {
         }
         for (id, call) in pending {
             let done = call.finish().await;
-            run.record.delta.merge(done.delta);
+            run.record.delta.extend(done.delta);
             run.record.actions = run.record.actions.union(done.actions);
             let mut record = ToolCallRecord {
                 iteration,

@@ -26,8 +26,9 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::error::LoopError;
-use super::hooks::{AgentHook, HookAction};
+use super::hooks::AgentHook;
 use super::outcome::LoopOutcome;
+use crate::hook::HookAction;
 use crate::jsonl::{JsonlError, JsonlWriter};
 
 /// What the transcript is called in its errors.

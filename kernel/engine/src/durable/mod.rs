@@ -2,12 +2,15 @@
 //!
 //! A run (a thread) is a chain of checkpoints, one after every node, each naming its parent;
 //! time travel (re-running from an earlier checkpoint) adds a branch under the same run.
-//! A checkpoint stores the **writes** of its step ([`ChannelWrite`]s: versioned deltas of the
-//! state's channels), not the whole state: the first checkpoint of a chain stores a full
-//! snapshot, and a new snapshot is taken only when the writes since the last one outweigh it
-//! ([`SnapshotPolicy`]), so the database grows with what changed, not with the size of the
+//! A checkpoint stores the **writes** of its step ([`StateWrite`]s — replace, append,
+//! delete — exactly as the step made them and its events carried them), not the whole
+//! state: the first checkpoint of a chain stores a full snapshot, and a new snapshot is
+//! taken only when the writes since the last one outweigh it ([`SnapshotPolicy`]); the store
+//! builds it from the previous snapshot and the writes since, so nobody keeps a copy of the
+//! state to compare against. The database grows with what changed, not with the size of the
 //! state, and reading any checkpoint back replays at most one snapshot's worth of writes.
-//! Each channel's version is the step that last wrote it.
+//! Each channel's version is the step that last wrote it. A delete is stored as a delete
+//! (its value SQL `NULL`), never confused with a key set to JSON `null`.
 //!
 //! Every put is one SQLite transaction in WAL mode, so a process killed between two writes
 //! (`kill -9`) leaves the database at the last whole checkpoint. Values are JSON text, never a
@@ -22,18 +25,16 @@
 //!
 //! ```
 //! use engine::durable::{CheckpointStore, NewCheckpoint, NewRun, Owner, RunStatus};
-//! use engine::reducer::{apply_writes, ChannelWrite};
-//! use engine::State;
+//! use engine::StateDelta;
 //! use serde_json::json;
 //!
 //! let store = CheckpointStore::open_in_memory()?;
 //! let lease = store.create_run(&NewRun::new("run-1", "team.yaml"), &Owner::current())?;
-//! let mut state = State::default();
 //! let mut parent = None;
 //! for step in 0..3 {
-//!     let writes = vec![ChannelWrite::Append { key: "log".into(), items: vec![json!(step)] }];
-//!     apply_writes(&mut state, &writes);
-//!     let checkpoint = NewCheckpoint::new("worker", &writes, &state).parent(parent);
+//!     let mut writes = StateDelta::new();
+//!     writes.append("log", vec![json!(step)]);
+//!     let checkpoint = NewCheckpoint::new("worker", &writes).parent(parent);
 //!     parent = Some(store.put(&lease, checkpoint)?);
 //! }
 //! store.finish_run(&lease, &RunStatus::Completed)?;
@@ -60,7 +61,7 @@ pub use store::{
 };
 
 #[cfg(doc)]
-use crate::reducer::ChannelWrite;
+use crate::state::StateWrite;
 
 impl StoreError {
     /// SQLite's `source` on `path`, as the kind of failure it is.

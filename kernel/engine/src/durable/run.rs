@@ -55,11 +55,11 @@ use super::store::{
     CheckpointId, CheckpointRecord, CheckpointStore, NewCheckpoint, NewRun, RunStatus,
 };
 use crate::flow::{
-    Agent, Callback, CallbackAction, CallbackContext, Callbacks, Control, FlowError, Graph,
-    GraphError, Invocation, InvocationContext, NodeObserver, NodeRecord, Position, ResumeAction,
-    ResumePoint, RunReport, run_workflow,
+    Agent, Callback, CallbackContext, Callbacks, Control, FlowError, Graph, GraphError, Invocation,
+    InvocationContext, NodeObserver, NodeRecord, Position, ResumeAction, ResumePoint, RunReport,
+    run_workflow,
 };
-use crate::reducer::{ChannelWrite, apply_writes};
+use crate::hook::HookAction;
 use crate::route::decide::{ESCALATE_FLAG, FAILURE_FLAG, MESSAGES, keys};
 use crate::route::file::RouterAgent;
 use crate::route::{ControlPlane, HealthObserver, HealthReport, Route, Routing, RoutingObserver};
@@ -161,10 +161,9 @@ impl std::fmt::Debug for Checkpointer {
     }
 }
 
-/// Where the chain stands: the last checkpoint and the state it holds.
+/// Where the chain stands: the last checkpoint and the top-level step.
 struct Cursor {
     parent: Option<CheckpointId>,
-    state: State,
     graph_step: u64,
     iteration: u32,
     /// The last checkpoint was of a node that escalated.
@@ -173,13 +172,12 @@ struct Cursor {
 
 impl Checkpointer {
     /// Checkpoints of the run of `lease` for the nodes of graph `graph` and below, continuing
-    /// from `parent` whose state is `state`.
+    /// from `parent`.
     pub fn new(
         store: Arc<CheckpointStore>,
         lease: Lease,
         graph: impl Into<String>,
         parent: Option<CheckpointId>,
-        state: State,
     ) -> Self {
         Self {
             store,
@@ -187,7 +185,6 @@ impl Checkpointer {
             graph: graph.into(),
             cursor: Mutex::new(Cursor {
                 parent,
-                state,
                 graph_step: 0,
                 iteration: 1,
                 escalated: false,
@@ -204,23 +201,16 @@ impl Checkpointer {
         self.cursor().parent
     }
 
-    /// Writes a checkpoint after `node` from the current values of `keys` in `state`.
-    fn write<'k>(
+    /// Writes a checkpoint after `node` that ran and wrote `writes`.
+    fn write(
         &self,
-        state: &crate::state::SharedState,
         node: &str,
-        keys: impl Iterator<Item = &'k String>,
+        writes: &StateDelta,
         next: Vec<String>,
         metadata: Value,
     ) -> Result<CheckpointId, StoreError> {
         let mut cursor = self.cursor();
-        let cursor = &mut *cursor;
-        let writes: Vec<ChannelWrite> = state.with(|now| {
-            keys.filter_map(|key| ChannelWrite::change(key, cursor.state.get(key), now.get(key)))
-                .collect()
-        });
-        apply_writes(&mut cursor.state, &writes);
-        let checkpoint = NewCheckpoint::new(node, &writes, &cursor.state)
+        let checkpoint = NewCheckpoint::new(node, writes)
             .parent(cursor.parent)
             .next(next)
             .metadata(metadata);
@@ -240,7 +230,11 @@ fn sink_error(e: StoreError) -> FlowError {
 }
 
 impl NodeObserver for Checkpointer {
-    fn node_finished(&self, ctx: &InvocationContext, record: &NodeRecord) -> Result<(), FlowError> {
+    fn node_finished(
+        &self,
+        _ctx: &InvocationContext,
+        record: &NodeRecord,
+    ) -> Result<(), FlowError> {
         let Some(path) = record.path.as_ref() else {
             return Ok(());
         };
@@ -268,15 +262,9 @@ impl NodeObserver for Checkpointer {
         if record.control != Control::Continue {
             metadata["control"] = json!(record.control);
         }
-        self.write(
-            ctx.state(),
-            &record.node,
-            record.delta.values().keys(),
-            Vec::new(),
-            metadata,
-        )
-        .map(drop)
-        .map_err(sink_error)
+        self.write(&record.node, &record.writes, Vec::new(), metadata)
+            .map(drop)
+            .map_err(sink_error)
     }
 }
 
@@ -286,7 +274,7 @@ impl RoutingObserver for Checkpointer {
         ctx: &InvocationContext,
         from: &str,
         routing: &Routing,
-        merged: &StateDelta,
+        writes: StateDelta,
     ) -> Result<(), FlowError> {
         let next = match &routing.route {
             Route::Node(node) => vec![node.clone()],
@@ -299,15 +287,9 @@ impl RoutingObserver for Checkpointer {
             "graph_step": graph_step,
             "iteration": iteration,
         });
-        self.write(
-            ctx.state(),
-            ctx.agent(),
-            merged.values().keys(),
-            next,
-            metadata,
-        )
-        .map(drop)
-        .map_err(sink_error)
+        self.write(ctx.agent(), &writes, next, metadata)
+            .map(drop)
+            .map_err(sink_error)
     }
 }
 
@@ -413,26 +395,18 @@ pub async fn run_durable(
     };
     let (checkpointer, resume) = match start {
         Start::New { .. } => {
-            let initial = State::default();
-            let checkpointer =
-                Checkpointer::new(store.clone(), lease.clone(), graph.name(), None, initial);
-            let keys: Vec<String> = state.with(|s| s.values().keys().cloned().collect());
+            let checkpointer = Checkpointer::new(store.clone(), lease.clone(), graph.name(), None);
+            let initial = state.with(State::to_writes);
             let next: Vec<String> = graph.start_node().map(str::to_owned).into_iter().collect();
-            checkpointer.write(&state, START_NODE, keys.iter(), next, json!({}))?;
+            checkpointer.write(START_NODE, &initial, next, json!({}))?;
             (checkpointer, None)
         }
         Start::Resume { from, answer, .. } => {
             let head = resume_point(store, run_id, from, answer.is_some())?;
             let record = store.checkpoint(head)?;
-            let loaded = store.state_at(head)?.state;
-            state.with(|s| *s = loaded.clone());
-            let checkpointer = Checkpointer::new(
-                store.clone(),
-                lease.clone(),
-                graph.name(),
-                Some(head),
-                loaded,
-            );
+            state.reset(store.state_at(head)?.state);
+            let checkpointer =
+                Checkpointer::new(store.clone(), lease.clone(), graph.name(), Some(head));
             let at = Resumed::read(store, graph, &record)?;
             {
                 let mut cursor = checkpointer.cursor();
@@ -441,7 +415,7 @@ pub async fn run_durable(
             }
             let resume = match answer {
                 Some(answer) => {
-                    let keys = record_answer(&state, plane, &answer);
+                    let writes = record_answer(&state, plane, &answer);
                     let path = at.answered_path(graph.name());
                     let metadata = json!({
                         "from": at.from,
@@ -449,7 +423,7 @@ pub async fn run_durable(
                         "iteration": at.iteration,
                         "path": path,
                     });
-                    checkpointer.write(&state, HUMAN_NODE, keys.iter(), Vec::new(), metadata)?;
+                    checkpointer.write(HUMAN_NODE, &writes, Vec::new(), metadata)?;
                     // The node it escalated from runs again, at its own step: redone, not added.
                     Some(ResumePoint {
                         path,
@@ -577,22 +551,22 @@ fn asked_at(store: &CheckpointStore, record: &CheckpointRecord) -> Result<bool, 
     Ok(state.get(keys::ESCALATION_TRIGGERED) == Some(&Value::Bool(true)))
 }
 
-/// Records a human's answer in `state`; returns the keys written.
+/// Records a human's answer in `state`; returns the writes.
 fn record_answer(
     state: &crate::state::SharedState,
     plane: Option<&Arc<ControlPlane>>,
     answer: &str,
-) -> Vec<String> {
+) -> StateDelta {
     let mut updates = StateDelta::default();
     updates.set(HUMAN_INPUT, json!(answer));
     updates.set(MESSAGES, json!([{"author": HUMAN_NODE, "content": answer}]));
     updates.set(keys::ESCALATION_TRIGGERED, json!(false));
     updates.set(ESCALATE_FLAG, json!(false));
-    updates.set(FAILURE_FLAG, Value::Null);
+    updates.delete(FAILURE_FLAG);
     let reducers = plane.map(|p| p.reducers().clone()).unwrap_or_default();
-    let resolved = state.with(|s| reducers.resolve(s, &updates));
-    state.apply(&resolved);
-    resolved.values().keys().cloned().collect()
+    let writes = reducers.reduce(&updates);
+    state.apply(&writes);
+    writes
 }
 
 fn status_of(report: &RunReport) -> RunStatus {
@@ -673,17 +647,17 @@ struct OncePerRun {
 }
 
 impl Callback for OncePerRun {
-    fn before_agent(&self, ctx: &CallbackContext) -> CallbackAction<String> {
+    fn before_agent(&self, ctx: &CallbackContext) -> HookAction<String> {
         if self.starts {
             self.inner.before_agent(ctx)
         } else {
-            CallbackAction::Continue
+            HookAction::Continue
         }
     }
 
-    fn after_agent(&self, ctx: &CallbackContext) -> CallbackAction<String> {
+    fn after_agent(&self, ctx: &CallbackContext) -> HookAction<String> {
         if ctx.get_state(keys::ESCALATION_TRIGGERED) == Some(Value::Bool(true)) {
-            CallbackAction::Continue
+            HookAction::Continue
         } else {
             self.inner.after_agent(ctx)
         }

@@ -12,8 +12,7 @@ use serde_json::{Map, Value};
 use super::StoreError;
 use super::lease::{Claim, Lease, LeaseHolder, Liveness, Owner};
 use super::schema;
-use crate::reducer::{ChannelWrite, apply_writes};
-use crate::state::State;
+use crate::state::{State, StateDelta, StateWrite};
 
 /// The id of a checkpoint (unique in its database, increasing with time).
 pub type CheckpointId = i64;
@@ -98,27 +97,25 @@ impl NewRun {
     }
 }
 
-/// A checkpoint to write: the writes of one step and the state they led to.
+/// A checkpoint to write: the writes of one step, after its parent's.
 #[derive(Debug, Clone)]
 pub struct NewCheckpoint<'a> {
     parent: Option<CheckpointId>,
     node: String,
     next: Vec<String>,
-    writes: &'a [ChannelWrite],
-    state: &'a State,
+    writes: &'a StateDelta,
     metadata: Value,
 }
 
 impl<'a> NewCheckpoint<'a> {
-    /// After `node` ran and wrote `writes`, leaving `state` (the parent's state with `writes`
-    /// applied; stored only when this checkpoint takes a snapshot).
-    pub fn new(node: impl Into<String>, writes: &'a [ChannelWrite], state: &'a State) -> Self {
+    /// After `node` ran and wrote `writes` (to its parent's state; a chain's first
+    /// checkpoint writes its whole state).
+    pub fn new(node: impl Into<String>, writes: &'a StateDelta) -> Self {
         Self {
             parent: None,
             node: node.into(),
             next: Vec::new(),
             writes,
-            state,
             metadata: Value::Object(Map::new()),
         }
     }
@@ -194,7 +191,7 @@ pub struct CheckpointRecord {
 }
 
 /// The state at a checkpoint.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct CheckpointState {
     /// The state.
     pub state: State,
@@ -609,7 +606,8 @@ impl CheckpointStore {
                 .try_into()
                 .unwrap_or(i64::MAX);
             let step = parent.as_ref().map_or(0, |p| p.step + 1);
-            // The state is serialised only when this checkpoint takes a snapshot.
+            // The state is rebuilt and serialised only when this checkpoint takes a snapshot:
+            // the parent's (its snapshot and the writes since) with this step's writes.
             let snapshot = match &parent {
                 None => true,
                 Some(p) => {
@@ -618,11 +616,18 @@ impl CheckpointStore {
                         || p.chain_len + 1 > policy.max_chain_len
                 }
             };
-            let snapshot_text = if snapshot {
-                Some(serde_json::to_string(checkpoint.state)?)
+            let snapshot_at = if snapshot {
+                let mut at = match checkpoint.parent {
+                    Some(parent) => state_at(&tx, parent)?,
+                    None => CheckpointState::default(),
+                };
+                at.state.apply(checkpoint.writes);
+                bump_versions(&mut at.versions, checkpoint.writes.iter(), step);
+                Some((serde_json::to_string(&at.state)?, at.versions))
             } else {
                 None
             };
+            let snapshot_text = snapshot_at.as_ref().map(|(text, _)| text);
             let (chain_bytes, chain_len, base_bytes) = match (&snapshot_text, &parent) {
                 (Some(text), _) => (0, 0, i64::try_from(text.len()).unwrap_or(i64::MAX)),
                 (None, Some(p)) => (
@@ -661,12 +666,7 @@ impl CheckpointStore {
                     insert.execute(params![id, seq as i64, key, op, value])?;
                 }
             }
-            if let Some(text) = snapshot_text {
-                let mut versions = match checkpoint.parent {
-                    Some(parent) => versions_at(&tx, parent)?,
-                    None => BTreeMap::new(),
-                };
-                bump_versions(&mut versions, checkpoint.writes.iter(), step);
+            if let Some((text, versions)) = &snapshot_at {
                 tx.execute(
                     "INSERT INTO snapshots (checkpoint_id, state, versions) VALUES (?1, ?2, ?3)",
                     params![id, text, serde_json::to_string(&versions)?],
@@ -746,9 +746,9 @@ impl CheckpointStore {
     }
 
     /// The writes of checkpoint `id`, in order.
-    pub fn writes(&self, id: CheckpointId) -> Result<Vec<ChannelWrite>, StoreError> {
+    pub fn writes(&self, id: CheckpointId) -> Result<StateDelta, StoreError> {
         let conn = self.lock();
-        let result = (|| -> Res<Vec<ChannelWrite>> {
+        let result = (|| -> Res<StateDelta> {
             parent_row(&conn, id)?;
             read_writes(&conn, id)
         })();
@@ -1036,24 +1036,25 @@ fn checkpoint_record(conn: &Connection, id: CheckpointId) -> Res<CheckpointRecor
     })
 }
 
-/// The row of one write: key, op, JSON value (none for a delete).
-fn write_row(write: &ChannelWrite) -> Res<(&str, &str, Option<String>)> {
+/// The row of one write: key, op, JSON value (SQL `NULL` for a delete; a replace with
+/// `null` stores the JSON text `null`, so the two never meet).
+fn write_row(write: &StateWrite) -> Res<(&str, &str, Option<String>)> {
     Ok(match write {
-        ChannelWrite::Replace { key, value } => (key, "replace", Some(value.to_string())),
-        ChannelWrite::Append { key, items } => (key, "append", Some(serde_json::to_string(items)?)),
-        ChannelWrite::Delete { key } => (key, "delete", None),
+        StateWrite::Replace { key, value } => (key, "replace", Some(value.to_string())),
+        StateWrite::Append { key, items } => (key, "append", Some(serde_json::to_string(items)?)),
+        StateWrite::Delete { key } => (key, "delete", None),
     })
 }
 
-fn parse_write(key: String, op: &str, value: Option<String>) -> Res<ChannelWrite> {
+fn parse_write(key: String, op: &str, value: Option<String>) -> Res<StateWrite> {
     let value = match &value {
         Some(text) => Some(serde_json::from_str::<Value>(text)?),
         None => None,
     };
     Ok(match (op, value) {
-        ("replace", Some(value)) => ChannelWrite::Replace { key, value },
-        ("append", Some(Value::Array(items))) => ChannelWrite::Append { key, items },
-        ("delete", None) => ChannelWrite::Delete { key },
+        ("replace", Some(value)) => StateWrite::Replace { key, value },
+        ("append", Some(Value::Array(items))) => StateWrite::Append { key, items },
+        ("delete", None) => StateWrite::Delete { key },
         (op, _) => {
             return Err(Failure::Damaged(format!(
                 "a write of `{key}` has the unknown form `{op}`"
@@ -1062,7 +1063,7 @@ fn parse_write(key: String, op: &str, value: Option<String>) -> Res<ChannelWrite
     })
 }
 
-fn read_writes(conn: &Connection, id: CheckpointId) -> Res<Vec<ChannelWrite>> {
+fn read_writes(conn: &Connection, id: CheckpointId) -> Res<StateDelta> {
     let rows = conn
         .prepare_cached("SELECT key, op, value FROM writes WHERE checkpoint_id = ?1 ORDER BY seq")?
         .query_map([id], |row| {
@@ -1080,12 +1081,12 @@ fn read_writes(conn: &Connection, id: CheckpointId) -> Res<Vec<ChannelWrite>> {
 
 fn bump_versions<'w>(
     versions: &mut BTreeMap<String, i64>,
-    writes: impl Iterator<Item = &'w ChannelWrite>,
+    writes: impl Iterator<Item = &'w StateWrite>,
     step: i64,
 ) {
     for write in writes {
         match write {
-            ChannelWrite::Delete { key } => {
+            StateWrite::Delete { key } => {
                 versions.remove(key);
             }
             other => {
@@ -1138,36 +1139,8 @@ fn state_at(conn: &Connection, id: CheckpointId) -> Res<CheckpointState> {
     let mut versions: BTreeMap<String, i64> = serde_json::from_str(&versions)?;
     for &(id, step) in &chain[1..] {
         let writes = read_writes(conn, id)?;
-        apply_writes(&mut state, &writes);
+        state.apply(&writes);
         bump_versions(&mut versions, writes.iter(), step);
     }
     Ok(CheckpointState { state, versions })
-}
-
-/// The channel versions at `id`, read from keys only (no values).
-fn versions_at(conn: &Connection, id: CheckpointId) -> Res<BTreeMap<String, i64>> {
-    let chain = chain(conn, id)?;
-    let (base, _) = chain[0];
-    let versions: String = conn
-        .prepare_cached("SELECT versions FROM snapshots WHERE checkpoint_id = ?1")?
-        .query_row([base], |row| row.get(0))?;
-    let mut versions: BTreeMap<String, i64> = serde_json::from_str(&versions)?;
-    let mut keys = conn.prepare_cached(
-        "SELECT key, op = 'delete' FROM writes WHERE checkpoint_id = ?1 ORDER BY seq",
-    )?;
-    for &(id, step) in &chain[1..] {
-        let rows = keys
-            .query_map([id], |row| {
-                Ok((row.get::<_, String>(0)?, row.get::<_, bool>(1)?))
-            })?
-            .collect::<Result<Vec<_>, _>>()?;
-        for (key, deleted) in rows {
-            if deleted {
-                versions.remove(&key);
-            } else {
-                versions.insert(key, step);
-            }
-        }
-    }
-    Ok(versions)
 }

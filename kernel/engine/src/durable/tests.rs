@@ -3,40 +3,50 @@
 use serde_json::{Value, json};
 
 use super::*;
-use crate::reducer::{ChannelWrite, apply_writes};
-use crate::state::State;
+use crate::state::{State, StateDelta, StateWrite};
 
-fn replace(key: &str, value: Value) -> ChannelWrite {
-    ChannelWrite::Replace {
+fn replace(key: &str, value: Value) -> StateWrite {
+    StateWrite::Replace {
         key: key.into(),
         value,
     }
 }
 
-fn append(key: &str, item: Value) -> ChannelWrite {
-    ChannelWrite::Append {
+fn append(key: &str, item: Value) -> StateWrite {
+    StateWrite::Append {
         key: key.into(),
         items: vec![item],
     }
 }
 
-/// Writes `steps` checkpoints in a chain from `parent`, each step writing `writes(i)`.
+/// The writes `writes` as a delta.
+fn delta(writes: Vec<StateWrite>) -> StateDelta {
+    writes.into_iter().collect()
+}
+
+/// Writes `steps` checkpoints in a chain from `parent`, each step writing `writes(i)` to
+/// `state` (a new chain's first checkpoint writes the whole of `state` first).
 fn write_chain(
     store: &CheckpointStore,
     run: &Lease,
     state: &mut State,
     mut parent: Option<CheckpointId>,
     steps: std::ops::Range<usize>,
-    writes: impl Fn(usize) -> Vec<ChannelWrite>,
+    writes: impl Fn(usize) -> Vec<StateWrite>,
 ) -> Vec<CheckpointId> {
     let mut ids = Vec::new();
     for i in steps {
-        let w = writes(i);
-        apply_writes(state, &w);
+        let w = delta(writes(i));
+        let mut stored = match parent {
+            None => state.to_writes(),
+            Some(_) => StateDelta::new(),
+        };
+        stored.extend(w.clone());
+        state.apply(&w);
         let id = store
             .put(
                 run,
-                NewCheckpoint::new(format!("n{i}"), &w, state).parent(parent),
+                NewCheckpoint::new(format!("n{i}"), &stored).parent(parent),
             )
             .unwrap();
         ids.push(id);
@@ -64,7 +74,7 @@ fn every_checkpoint_reads_back_its_state_and_channel_versions() {
             w.push(replace("doc", json!(format!("v{i}"))));
         }
         if i == 5 {
-            w.push(ChannelWrite::Delete { key: "doc".into() });
+            w.push(StateWrite::Delete { key: "doc".into() });
         }
         w
     });
@@ -76,9 +86,9 @@ fn every_checkpoint_reads_back_its_state_and_channel_versions() {
             w.push(replace("doc", json!(format!("v{i}"))));
         }
         if i == 5 {
-            w.push(ChannelWrite::Delete { key: "doc".into() });
+            w.push(StateWrite::Delete { key: "doc".into() });
         }
-        apply_writes(&mut replay, &w);
+        replay.apply(&delta(w));
         expected.push(replay.clone());
     }
     for (i, id) in ids.iter().enumerate() {
@@ -100,10 +110,10 @@ fn every_checkpoint_reads_back_its_state_and_channel_versions() {
     assert_eq!(history[4].parent, Some(history[3].id));
     assert_eq!(
         store.writes(ids[5]).unwrap(),
-        vec![
+        delta(vec![
             append("messages", json!({"n": 5})),
-            ChannelWrite::Delete { key: "doc".into() }
-        ]
+            StateWrite::Delete { key: "doc".into() }
+        ])
     );
 }
 
@@ -275,14 +285,13 @@ fn runs_keep_their_status_and_inputs() {
 #[test]
 fn puts_are_checked_against_their_run_and_parent() {
     let store = CheckpointStore::open_in_memory().unwrap();
-    let state = State::default();
-    let none: Vec<ChannelWrite> = Vec::new();
+    let none = StateDelta::new();
     let forged = Lease {
         run_id: "r".into(),
         id: 1,
     };
     assert!(matches!(
-        store.put(&forged, NewCheckpoint::new("n", &none, &state)),
+        store.put(&forged, NewCheckpoint::new("n", &none)),
         Err(StoreError::UnknownRun(_))
     ));
     let r = store
@@ -291,27 +300,19 @@ fn puts_are_checked_against_their_run_and_parent() {
     let s = store
         .create_run(&NewRun::new("s", "w"), &Owner::current())
         .unwrap();
-    let first = store
-        .put(&r, NewCheckpoint::new("n", &none, &state))
-        .unwrap();
+    let first = store.put(&r, NewCheckpoint::new("n", &none)).unwrap();
     assert!(matches!(
-        store.put(
-            &r,
-            NewCheckpoint::new("n", &none, &state).parent(Some(first + 100))
-        ),
+        store.put(&r, NewCheckpoint::new("n", &none).parent(Some(first + 100))),
         Err(StoreError::UnknownCheckpoint(_))
     ));
     assert!(matches!(
-        store.put(
-            &s,
-            NewCheckpoint::new("n", &none, &state).parent(Some(first))
-        ),
+        store.put(&s, NewCheckpoint::new("n", &none).parent(Some(first))),
         Err(StoreError::WrongRun { .. })
     ));
     let record = store
         .put(
             &r,
-            NewCheckpoint::new("dev", &none, &state)
+            NewCheckpoint::new("dev", &none)
                 .parent(Some(first))
                 .next(vec!["tea".into()])
                 .metadata(json!({"attempts": 2})),
@@ -420,7 +421,7 @@ fn damaged_pages_are_refused_by_every_open() {
 /// The database a `writer_until_killed` child writes to.
 const CRASH_DB: &str = "RLM_TEST_CRASH_WRITER_DB";
 
-fn crash_step(i: usize) -> Vec<ChannelWrite> {
+fn crash_step(i: usize) -> Vec<StateWrite> {
     vec![
         append("log", json!(i)),
         replace("doc", json!(format!("{i}").repeat(2_000))),
@@ -496,7 +497,7 @@ fn a_killed_writer_leaves_a_valid_database() {
     let mut expected = State::default();
     expected.set("base", json!("z".repeat(100_000)));
     for (i, checkpoint) in history.iter().enumerate() {
-        apply_writes(&mut expected, &crash_step(i));
+        expected.apply(&delta(crash_step(i)));
         assert_eq!(
             store.state_at(checkpoint.id).unwrap().state,
             expected,
@@ -545,9 +546,8 @@ fn a_second_claim_on_a_driven_run_is_refused_and_changes_nothing() {
     let store = CheckpointStore::open_in_memory().unwrap();
     let me = Owner::current();
     let lease = store.create_run(&NewRun::new("r", "w"), &me).unwrap();
-    let state = State::default();
     let head = store
-        .put(&lease, NewCheckpoint::new("a", &[], &state))
+        .put(&lease, NewCheckpoint::new("a", &StateDelta::new()))
         .unwrap();
     if !cfg!(target_os = "linux") {
         return;
@@ -581,7 +581,7 @@ fn a_second_claim_on_a_driven_run_is_refused_and_changes_nothing() {
     let next = store
         .put(
             &lease,
-            NewCheckpoint::new("b", &[], &state).parent(Some(head)),
+            NewCheckpoint::new("b", &StateDelta::new()).parent(Some(head)),
         )
         .unwrap();
     assert_eq!(store.run("r").unwrap().unwrap().head, Some(next));
@@ -607,12 +607,9 @@ fn a_dead_owner_is_taken_over_and_its_writes_are_fenced_off() {
     assert_eq!(claim.lease.run_id(), "r");
 
     // The old process wakes up: none of its writes reach the run.
-    let late = [append("log", json!("late"))];
+    let late = delta(vec![append("log", json!("late"))]);
     let err = store
-        .put(
-            &old,
-            NewCheckpoint::new("late", &late, &state).parent(Some(ids[1])),
-        )
+        .put(&old, NewCheckpoint::new("late", &late).parent(Some(ids[1])))
         .unwrap_err();
     let StoreError::LeaseLost { run_id, holder } = &err else {
         panic!("{err}");
@@ -732,11 +729,10 @@ fn a_version_1_database_is_migrated_in_place_and_keeps_its_runs() {
     // The killed run of the old version is claimed and continued as any other.
     let claim = store.claim("old", &Owner::current(), false).unwrap();
     assert_eq!(claim.replaced, None);
-    let state = at.state;
     store
         .put(
             &claim.lease,
-            NewCheckpoint::new("b", &[], &state).parent(Some(2)),
+            NewCheckpoint::new("b", &StateDelta::new()).parent(Some(2)),
         )
         .unwrap();
     drop(store);

@@ -24,7 +24,7 @@ use super::context::InvocationContext;
 pub use super::control::Control;
 use super::error::FlowError;
 use super::event::{EndStatus, Event, EventKind};
-use crate::state::StateDelta;
+use crate::hook::HookAction;
 use crate::tool::Actions;
 
 /// The agent classes a workflow knows, as files and graphs name them.
@@ -88,13 +88,12 @@ impl std::fmt::Debug for dyn Agent {
     }
 }
 
-/// What one agent run did: its control and every state write it made.
-#[derive(Debug, Clone, PartialEq)]
+/// What one agent run did: how control goes on and the actions it raised (its writes went
+/// into the state as it made them, and out with its events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AgentOutcome {
     /// How control goes on.
     pub control: Control,
-    /// Every write of the run (sub-agents included), in order.
-    pub delta: StateDelta,
     /// The actions its events raised.
     pub actions: Actions,
 }
@@ -149,7 +148,6 @@ pub async fn run_in(agent: &dyn Agent, ctx: &InvocationContext) -> Result<AgentO
     let control = result.map(|_| control)?;
     Ok(AgentOutcome {
         control,
-        delta: ctx.delta(),
         actions: ctx.actions(),
     })
 }
@@ -163,27 +161,39 @@ async fn run_with_callbacks(
     let answer = callbacks.first(|c| c.before_agent(&cb));
     let actions = ctx.absorb_callback(&cb);
     let control = match answer {
-        Some(text) => {
+        HookAction::Replace(text) => {
             ctx.emit(Event::message(text).with_actions(actions))?;
             ctx.set_end_status(EndStatus::Skipped);
             return Ok(Control::from_actions(actions));
         }
-        None if actions.any() => {
+        HookAction::Stop(reason) => return Err(stopped(ctx, reason)),
+        HookAction::Continue if actions.any() => {
             ctx.emit(Event::new(EventKind::StateUpdate).with_actions(actions))?;
             Control::from_actions(actions)
         }
-        None => agent.run(ctx).await?,
+        HookAction::Continue => agent.run(ctx).await?,
     };
     if control == Control::Escalate {
         return Ok(control);
     }
     let answer = callbacks.first(|c| c.after_agent(&cb));
     let actions = ctx.absorb_callback(&cb);
-    if let Some(text) = answer {
-        ctx.emit(Event::message(text).with_actions(actions))?;
-    } else if actions.any() {
-        ctx.emit(Event::new(EventKind::StateUpdate).with_actions(actions))?;
+    match answer {
+        HookAction::Replace(text) => ctx.emit(Event::message(text).with_actions(actions))?,
+        HookAction::Stop(reason) => return Err(stopped(ctx, reason)),
+        HookAction::Continue if actions.any() => {
+            ctx.emit(Event::new(EventKind::StateUpdate).with_actions(actions))?;
+        }
+        HookAction::Continue => {}
     }
     // Writes without an event of their own ride on the `End` event.
     Ok(control.max(Control::from_actions(actions)))
+}
+
+/// The failure of the agent of `ctx` that a callback stopped for `reason`.
+fn stopped(ctx: &InvocationContext, reason: String) -> FlowError {
+    FlowError::StoppedByHook {
+        agent: ctx.agent().to_owned(),
+        reason,
+    }
 }

@@ -29,7 +29,7 @@ use bridge::{BridgeError, ChatRequest, ChatResponse, Endpoint, Endpoints};
 use serde_json::Value;
 
 use super::agent::Agent;
-use super::callbacks::{Callback, CallbackAction, CallbackContext, Callbacks, ToolInvocation};
+use super::callbacks::{Callback, CallbackContext, Callbacks, ToolInvocation};
 use super::context::InvocationContext;
 use super::error::FlowError;
 use super::file::load::listed;
@@ -42,6 +42,7 @@ use super::llm::{LlmAgent, MessageRecord, builtin_tool};
 use crate::agent::{LoopConfig, ToolCallError};
 use crate::bundle::{BundleError, PERSONA_TOOLS, PersonaAgent, PersonaBundle};
 use crate::condition::{Condition, StateFunction};
+use crate::hook::HookAction;
 use crate::tool::Tool;
 
 /// Makes a tool from its `{name, args}` entry; the error says what is wrong with the args.
@@ -568,29 +569,29 @@ struct AtPoint {
 }
 
 impl Callback for AtPoint {
-    fn before_agent(&self, ctx: &CallbackContext) -> CallbackAction<String> {
+    fn before_agent(&self, ctx: &CallbackContext) -> HookAction<String> {
         if self.point == "before_agent_callbacks" {
             return self.inner.before_agent(ctx);
         }
-        CallbackAction::Continue
+        HookAction::Continue
     }
 
-    fn after_agent(&self, ctx: &CallbackContext) -> CallbackAction<String> {
+    fn after_agent(&self, ctx: &CallbackContext) -> HookAction<String> {
         if self.point == "after_agent_callbacks" {
             return self.inner.after_agent(ctx);
         }
-        CallbackAction::Continue
+        HookAction::Continue
     }
 
     fn before_model(
         &self,
         ctx: &CallbackContext,
         request: &mut ChatRequest,
-    ) -> CallbackAction<ChatResponse> {
+    ) -> HookAction<ChatResponse> {
         if self.point == "before_model_callbacks" {
             return self.inner.before_model(ctx, request);
         }
-        CallbackAction::Continue
+        HookAction::Continue
     }
 
     fn after_model(&self, ctx: &CallbackContext, response: &mut ChatResponse) {
@@ -603,22 +604,18 @@ impl Callback for AtPoint {
         &self,
         ctx: &CallbackContext,
         error: &BridgeError,
-    ) -> CallbackAction<ChatResponse> {
+    ) -> HookAction<ChatResponse> {
         if self.point == "on_model_error_callbacks" {
             return self.inner.on_model_error(ctx, error);
         }
-        CallbackAction::Continue
+        HookAction::Continue
     }
 
-    fn before_tool(
-        &self,
-        ctx: &CallbackContext,
-        call: &mut ToolInvocation,
-    ) -> CallbackAction<Value> {
+    fn before_tool(&self, ctx: &CallbackContext, call: &mut ToolInvocation) -> HookAction<Value> {
         if self.point == "before_tool_callbacks" {
             return self.inner.before_tool(ctx, call);
         }
-        CallbackAction::Continue
+        HookAction::Continue
     }
 
     fn after_tool(&self, ctx: &CallbackContext, call: &ToolInvocation, result: &mut Value) {
@@ -632,10 +629,10 @@ impl Callback for AtPoint {
         ctx: &CallbackContext,
         call: &ToolInvocation,
         error: &ToolCallError,
-    ) -> CallbackAction<Value> {
+    ) -> HookAction<Value> {
         if self.point == "on_tool_error_callbacks" {
             return self.inner.on_tool_error(ctx, call, error);
         }
-        CallbackAction::Continue
+        HookAction::Continue
     }
 }

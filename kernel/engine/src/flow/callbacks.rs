@@ -1,9 +1,11 @@
 //! Callbacks: code that watches, changes or short-circuits each step of a workflow.
 //!
-//! In the hook style of the RLM loop: a [`Callback`] has a do-nothing default for every
-//! point, before-points return a [`CallbackAction`] — [`Continue`](CallbackAction::Continue)
-//! or [`Replace`](CallbackAction::Replace) the step's output with the callback's own (a cached
-//! answer, a blocked tool's refusal) so the step does not run — and after-points get the
+//! In the hook style of the agent and RLM loops: a [`Callback`] has a do-nothing default for
+//! every point, before-points return the one [`HookAction`] every hook returns —
+//! [`Continue`](HookAction::Continue), [`Replace`](HookAction::Replace) the step's output
+//! with the callback's own (a cached answer, a blocked tool's refusal) so the step does not
+//! run, or [`Stop`](HookAction::Stop) the agent (it fails with
+//! [`FlowError::StoppedByHook`](super::FlowError::StoppedByHook)) — and after-points get the
 //! step's output by `&mut` to amend it. Error points may recover with a replacement.
 //!
 //! Callbacks run in order: the invocation's own (plugins for every agent) first, then the
@@ -34,17 +36,9 @@ use bridge::{BridgeError, ChatRequest, ChatResponse};
 use serde_json::Value;
 
 use crate::agent::ToolCallError;
+use crate::hook::HookAction;
 use crate::state::{SharedState, StateDelta};
 use crate::tool::{Actions, ToolContext};
-
-/// What a before- or error-callback wants.
-#[derive(Debug, Clone, PartialEq)]
-pub enum CallbackAction<T> {
-    /// Go on as planned.
-    Continue,
-    /// Skip the step (or recover from its error) with this as its output.
-    Replace(T),
-}
 
 /// A tool call as callbacks see it.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,8 +85,8 @@ impl CallbackContext {
         self.effects.get_state(key)
     }
 
-    /// The session state (read it here; write through [`set_state`](Self::set_state) so the
-    /// write is reported).
+    /// The session state (read it here; write through [`set_state`](Self::set_state) and its
+    /// kin so the write is reported).
     pub fn state(&self) -> &SharedState {
         self.effects.state()
     }
@@ -100,6 +94,21 @@ impl CallbackContext {
     /// Writes state key `key` (visible at once; reported in an event of the agent).
     pub fn set_state(&self, key: impl Into<String>, value: Value) {
         self.effects.set_state(key, value);
+    }
+
+    /// Appends `items` to the list under state key `key` (visible at once; reported).
+    pub fn append_state(&self, key: impl Into<String>, items: Vec<Value>) {
+        self.effects.append_state(key, items);
+    }
+
+    /// Deletes state key `key` (visible at once; reported).
+    pub fn delete_state(&self, key: impl Into<String>) {
+        self.effects.delete_state(key);
+    }
+
+    /// Applies every write of `delta` (visible at once; reported).
+    pub fn apply(&self, delta: StateDelta) {
+        self.effects.apply(delta);
     }
 
     /// Asks to end the nearest enclosing loop.
@@ -117,6 +126,11 @@ impl CallbackContext {
         self.effects.escalate();
     }
 
+    /// Raises every action of `actions`.
+    pub fn raise(&self, actions: Actions) {
+        self.effects.raise(actions);
+    }
+
     /// The state written and the actions raised, leaving both empty.
     pub fn take_effects(&self) -> (StateDelta, Actions) {
         self.effects.take_effects()
@@ -126,13 +140,13 @@ impl CallbackContext {
 /// Watches, changes or short-circuits steps. Every method has a do-nothing default.
 pub trait Callback: Send + Sync {
     /// Before an agent runs. `Replace(text)` skips the agent; `text` is its answer.
-    fn before_agent(&self, _ctx: &CallbackContext) -> CallbackAction<String> {
-        CallbackAction::Continue
+    fn before_agent(&self, _ctx: &CallbackContext) -> HookAction<String> {
+        HookAction::Continue
     }
 
     /// After an agent ran. `Replace(text)` adds `text` as the agent's last message.
-    fn after_agent(&self, _ctx: &CallbackContext) -> CallbackAction<String> {
-        CallbackAction::Continue
+    fn after_agent(&self, _ctx: &CallbackContext) -> HookAction<String> {
+        HookAction::Continue
     }
 
     /// Before a model call; may change the request. `Replace(response)` skips the call.
@@ -140,8 +154,8 @@ pub trait Callback: Send + Sync {
         &self,
         _ctx: &CallbackContext,
         _request: &mut ChatRequest,
-    ) -> CallbackAction<ChatResponse> {
-        CallbackAction::Continue
+    ) -> HookAction<ChatResponse> {
+        HookAction::Continue
     }
 
     /// After a model call; may change the response.
@@ -152,17 +166,13 @@ pub trait Callback: Send + Sync {
         &self,
         _ctx: &CallbackContext,
         _error: &BridgeError,
-    ) -> CallbackAction<ChatResponse> {
-        CallbackAction::Continue
+    ) -> HookAction<ChatResponse> {
+        HookAction::Continue
     }
 
     /// Before a tool call; may change the arguments. `Replace(result)` skips the call.
-    fn before_tool(
-        &self,
-        _ctx: &CallbackContext,
-        _call: &mut ToolInvocation,
-    ) -> CallbackAction<Value> {
-        CallbackAction::Continue
+    fn before_tool(&self, _ctx: &CallbackContext, _call: &mut ToolInvocation) -> HookAction<Value> {
+        HookAction::Continue
     }
 
     /// After a tool call's result is known (the tool's, a `before_tool` answer, an
@@ -175,8 +185,8 @@ pub trait Callback: Send + Sync {
         _ctx: &CallbackContext,
         _call: &ToolInvocation,
         _error: &ToolCallError,
-    ) -> CallbackAction<Value> {
-        CallbackAction::Continue
+    ) -> HookAction<Value> {
+        HookAction::Continue
     }
 }
 
@@ -220,12 +230,9 @@ impl Callbacks {
         self.list.is_empty()
     }
 
-    /// The first before-point answer that does not continue.
-    pub fn first<T>(&self, mut ask: impl FnMut(&dyn Callback) -> CallbackAction<T>) -> Option<T> {
-        self.list.iter().find_map(|c| match ask(c.as_ref()) {
-            CallbackAction::Continue => None,
-            CallbackAction::Replace(value) => Some(value),
-        })
+    /// The first before-point answer that does not continue (the rest are not asked).
+    pub fn first<T>(&self, mut ask: impl FnMut(&dyn Callback) -> HookAction<T>) -> HookAction<T> {
+        HookAction::first(self.list.iter().map(|c| ask(c.as_ref())))
     }
 
     /// Runs an after-point on every callback, in order.

@@ -4,9 +4,8 @@
 //! [`SharedState`], the cancellation token, the [`Ledger`] whose budgets every model call
 //! draws on, the event sinks, the invocation-wide callbacks and node observers, the deadline
 //! — live once behind an `Arc`. The agent's own frame — its name, its branch (the path of
-//! names from the root), the writes it made so far, its conversation history — is made
-//! fresh for each agent run by [`InvocationContext::child`], so the executor can tell
-//! exactly which writes each node made (checkpoints store those deltas).
+//! names from the root), the writes it has not reported yet, its conversation history — is
+//! made fresh for each agent run by [`InvocationContext::child`].
 //!
 //! A frame the graph executor makes for a node carries the node's [`Position`]; the chain
 //! of positions up to the root graph is the node's path ([`InvocationContext::positions`]),
@@ -15,7 +14,12 @@
 //!
 //! State written through the context is applied at once (the next step sees it) and
 //! recorded; the next [`emit`](InvocationContext::emit)ted event carries the recorded writes
-//! as its delta, and every enclosing frame adds them to its own record.
+//! as its delta (an enclosing frame's unreported writes go out first, in an event of its
+//! own, so the log reports writes in the order they were made). A parallel branch's frame
+//! also keeps every write made in it, shared with its events rather than copied, for the
+//! join to settle. When the run has node observers (a checkpointer), the shared state
+//! journals every write as it is applied, and the graph executor hands each observed node
+//! the writes applied since the last one ([`NodeRecord::writes`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -54,9 +58,12 @@ pub struct NodeRecord {
     pub step: u64,
     /// The graph's loop iteration (1-based; 1 for graphs that are not loops).
     pub iteration: u32,
-    /// Every state write the node made, in order (branches of a parallel node merged in
-    /// declaration order).
-    pub delta: StateDelta,
+    /// The state writes applied since the previous record that has a path, in the order
+    /// they were applied: the node's own, and any made before it that no record carried yet
+    /// (its container's callbacks, say). Empty for a record without a path: its writes go
+    /// with the record of the node around it. Empty too when the run has no node observers
+    /// (nothing is journaled then).
+    pub writes: StateDelta,
     /// The actions the node's run ended with.
     pub actions: Actions,
     /// How control went on after it.
@@ -186,8 +193,8 @@ struct Frame {
     cancel: CancellationToken,
     /// Writes made through this frame not yet carried by an event.
     pending: Mutex<StateDelta>,
-    /// Every write made in this frame and its children, in order.
-    recorded: Mutex<StateDelta>,
+    /// A parallel branch's frame: every write made in it and below, in order (for the join).
+    recorded: Option<Mutex<StateDelta>>,
     /// Actions raised by this frame's events.
     actions: Mutex<Actions>,
     end_status: Mutex<Option<EndStatus>>,
@@ -221,6 +228,9 @@ impl InvocationContext {
     pub fn new(settings: Invocation) -> Self {
         let deadline = settings.timeout.map(|t| Instant::now() + t);
         let cancel = settings.cancel.clone();
+        if !settings.observers.is_empty() {
+            settings.state.start_journal();
+        }
         let resume = settings
             .resume
             .clone()
@@ -241,7 +251,7 @@ impl InvocationContext {
                 position: None,
                 cancel,
                 pending: Mutex::default(),
-                recorded: Mutex::default(),
+                recorded: None,
                 actions: Mutex::default(),
                 end_status: Mutex::default(),
                 history: Arc::default(),
@@ -258,6 +268,7 @@ impl InvocationContext {
         history: Arc<Mutex<Vec<Turn>>>,
         cancel: CancellationToken,
         position: Option<Position>,
+        records: bool,
     ) -> Self {
         let branch = if self.frame.branch.is_empty() {
             agent.to_owned()
@@ -272,7 +283,7 @@ impl InvocationContext {
                 position,
                 cancel,
                 pending: Mutex::default(),
-                recorded: Mutex::default(),
+                recorded: records.then(Mutex::default),
                 actions: Mutex::default(),
                 end_status: Mutex::default(),
                 history,
@@ -290,6 +301,7 @@ impl InvocationContext {
             self.frame.history.clone(),
             self.frame.cancel.clone(),
             None,
+            false,
         )
     }
 
@@ -301,6 +313,7 @@ impl InvocationContext {
             self.frame.history.clone(),
             self.frame.cancel.clone(),
             Some(position),
+            false,
         )
     }
 
@@ -308,7 +321,7 @@ impl InvocationContext {
     /// cancellation token that `cancel` stops (and that stops with this context's).
     pub fn branch(&self, agent: &str, callbacks: &Callbacks, cancel: CancellationToken) -> Self {
         let history = Arc::new(Mutex::new(self.history()));
-        self.frame_for(agent, callbacks.clone(), history, cancel, None)
+        self.frame_for(agent, callbacks.clone(), history, cancel, None, true)
     }
 
     /// The context of agent `agent` called as a tool: a conversation of its own that starts
@@ -324,7 +337,7 @@ impl InvocationContext {
             author: "user".to_owned(),
             content: input.to_owned(),
         }]));
-        self.frame_for(agent, callbacks.clone(), history, cancel, None)
+        self.frame_for(agent, callbacks.clone(), history, cancel, None, false)
     }
 
     /// The agent this context runs (empty at the root).
@@ -397,28 +410,52 @@ impl InvocationContext {
 
     /// Writes state key `key`: visible at once, carried by this agent's next event.
     pub fn set_state(&self, key: impl Into<String>, value: Value) {
-        let key = key.into();
-        self.state().set(key.clone(), value.clone());
-        lock(&self.frame.pending).set(key, value);
+        let mut delta = StateDelta::new();
+        delta.set(key, value);
+        self.write(delta);
+    }
+
+    /// Appends `items` to the list under state key `key` (visible at once, carried by this
+    /// agent's next event).
+    pub fn append_state(&self, key: impl Into<String>, items: Vec<Value>) {
+        let mut delta = StateDelta::new();
+        delta.append(key, items);
+        self.write(delta);
+    }
+
+    /// Deletes state key `key` (visible at once, carried by this agent's next event; not
+    /// the same as setting it to `null`).
+    pub fn delete_state(&self, key: impl Into<String>) {
+        let mut delta = StateDelta::new();
+        delta.delete(key);
+        self.write(delta);
     }
 
     /// Applies every write of `delta` (visible at once, carried by the next event).
     pub fn apply(&self, delta: &StateDelta) {
-        self.state().apply(delta);
-        lock(&self.frame.pending).merge(delta.clone());
+        self.write(delta.clone());
+    }
+
+    fn write(&self, delta: StateDelta) {
+        self.state().apply(&delta);
+        self.record(delta);
     }
 
     /// Records writes already applied to the state (by a tool context, a callback), so the
     /// next event carries them.
     pub fn record(&self, delta: StateDelta) {
         if !delta.is_empty() {
-            lock(&self.frame.pending).merge(delta);
+            lock(&self.frame.pending).extend(delta);
         }
     }
 
-    /// Every write this agent (and its sub-agents) made so far.
-    pub fn delta(&self) -> StateDelta {
-        lock(&self.frame.recorded).clone()
+    /// Every write made in this parallel branch and below so far (empty for other frames).
+    pub(crate) fn branch_writes(&self) -> StateDelta {
+        self.frame
+            .recorded
+            .as_ref()
+            .map(|recorded| lock(recorded).clone())
+            .unwrap_or_default()
     }
 
     /// The actions raised by this agent's events so far.
@@ -488,30 +525,54 @@ impl InvocationContext {
         actions
     }
 
-    /// Emits `event` as this agent's: stamps it, attaches the writes not yet reported, adds
-    /// those writes to every enclosing frame's record, adds a message to the conversation,
-    /// and hands it to the sinks.
-    pub fn emit(&self, mut event: Event) -> Result<(), FlowError> {
-        let pending = std::mem::take(&mut *lock(&self.frame.pending));
+    /// Emits `event` as this agent's: reports first the writes an enclosing frame has not
+    /// reported yet (each in an event of that frame), then stamps the event, attaches this
+    /// frame's unreported writes, adds them to the record of each enclosing parallel branch,
+    /// adds a message to the conversation, and hands it to the sinks.
+    pub fn emit(&self, event: Event) -> Result<(), FlowError> {
+        let mut earlier = Vec::new();
+        let mut frame = self.frame.parent.as_ref();
+        while let Some(f) = frame {
+            let pending = std::mem::take(&mut *lock(&f.pending));
+            if !pending.is_empty() {
+                earlier.push((f.clone(), pending));
+            }
+            frame = f.parent.as_ref();
+        }
+        // Outermost first: the order the writes were made in.
+        for (f, pending) in earlier.into_iter().rev() {
+            let update = Event::new(EventKind::StateUpdate).with_delta(pending);
+            self.emit_in(&f, update)?;
+        }
+        self.emit_in(&self.frame, event)
+    }
+
+    fn emit_in(&self, frame: &Arc<Frame>, mut event: Event) -> Result<(), FlowError> {
+        let pending = std::mem::take(&mut *lock(&frame.pending));
         if !pending.is_empty() {
             let later = std::mem::replace(&mut event.delta, pending);
-            event.delta.merge(later);
+            event.delta.extend(later);
         }
-        event.author = self.frame.agent.clone();
-        event.branch = self.frame.branch.clone();
+        event.author = frame.agent.clone();
+        event.branch = frame.branch.clone();
         if event.actions.any() {
-            let mut actions = lock(&self.frame.actions);
+            let mut actions = lock(&frame.actions);
             *actions = actions.union(event.actions);
         }
         if !event.delta.is_empty() {
-            let mut frame = Some(&self.frame);
-            while let Some(f) = frame {
-                lock(&f.recorded).merge(event.delta.clone());
-                frame = f.parent.as_ref();
+            let mut up = Some(frame);
+            while let Some(f) = up {
+                if let Some(recorded) = &f.recorded {
+                    lock(recorded).extend(event.delta.clone());
+                }
+                up = f.parent.as_ref();
             }
         }
         if let (EventKind::Message, Some(content)) = (&event.kind, &event.content) {
-            self.add_turn(&self.frame.agent, content);
+            lock(&frame.history).push(Turn {
+                author: frame.agent.clone(),
+                content: content.clone(),
+            });
         }
         let _order = lock(&self.shared.emitting);
         event.seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);

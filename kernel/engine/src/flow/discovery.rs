@@ -26,8 +26,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::build::Registry;
-use super::callbacks::{Callback, CallbackAction, CallbackContext};
+use super::callbacks::{Callback, CallbackContext};
 use crate::bundle::Sandbox;
+use crate::hook::HookAction;
 use crate::tool::{Tool, ToolContext, ToolError};
 
 /// The query the planner asked (`temp:discovery:query`).
@@ -282,11 +283,11 @@ impl Tool for WritePlanningArtifact {
 pub struct SkipUnlessRequested;
 
 impl Callback for SkipUnlessRequested {
-    fn before_agent(&self, ctx: &CallbackContext) -> CallbackAction<String> {
+    fn before_agent(&self, ctx: &CallbackContext) -> HookAction<String> {
         if ctx.get_state(PHASE) == Some(json!(REQUESTED)) {
-            CallbackAction::Continue
+            HookAction::Continue
         } else {
-            CallbackAction::Replace("No discovery was requested; skipped.".to_owned())
+            HookAction::Replace("No discovery was requested; skipped.".to_owned())
         }
     }
 }
@@ -396,17 +397,17 @@ mod tests {
         let cb = CallbackContext::new("discovery", "plan/discovery", state.clone());
         assert!(matches!(
             SkipUnlessRequested.before_agent(&cb),
-            CallbackAction::Replace(_)
+            HookAction::Replace(_)
         ));
         state.set(PHASE, json!(REQUESTED));
         assert!(matches!(
             SkipUnlessRequested.before_agent(&cb),
-            CallbackAction::Continue
+            HookAction::Continue
         ));
         state.set(PHASE, json!(DONE));
         assert!(matches!(
             SkipUnlessRequested.before_agent(&cb),
-            CallbackAction::Replace(_)
+            HookAction::Replace(_)
         ));
     }
 }

@@ -160,7 +160,7 @@ impl Event {
 
     /// This event carrying the writes of `delta`.
     pub fn with_delta(mut self, delta: StateDelta) -> Self {
-        self.delta.merge(delta);
+        self.delta.extend(delta);
         self
     }
 

@@ -17,10 +17,14 @@
 //!   travels up to the nearest enclosing loop.
 //! - **Parallel**: a fan-out of every node, then the end. Branches run concurrently, share
 //!   the state (a write is visible to the others at once) and keep their own conversation
-//!   history. At the join, each branch's writes are applied again **in declaration order**,
-//!   so a key written by several branches ends with the value of the last-declared branch
-//!   that wrote it, whatever the timing; their histories are appended in the same order.
-//!   [`BranchPolicy`] says what a failing branch does.
+//!   history. At the join every branch's **appends are all kept**, in the order they were
+//!   made; a key that a branch **replaced or deleted** is settled as if the branches had
+//!   written **in declaration order** — the last-declared branch that replaced or deleted it
+//!   decides its value, and appends of branches declared after it go on top — whatever the
+//!   timing. The join's own event carries those settled values, so the event log and the
+//!   checkpoints replay to the state the next node sees. What a failed branch wrote stays
+//!   written and takes part. Histories are appended in declaration order. [`BranchPolicy`]
+//!   says what a failing branch does.
 //!
 //! `escalate` from any node ends the graph and travels to the root.
 //!
@@ -47,7 +51,7 @@ use super::context::{InvocationContext, NodeRecord};
 use super::error::FlowError;
 use super::event::{EndStatus, Event, EventKind};
 use super::position::{Position, ResumeAction};
-use crate::state::{State, StateDelta};
+use crate::state::{State, StateDelta, StateWrite};
 use crate::tool::Actions;
 
 /// Where an edge leads.
@@ -476,12 +480,18 @@ impl Graph {
                     path
                 }),
             };
+            // The writes since the last record go with the first record that can be resumed
+            // into: a checkpoint of it replays them.
+            let writes = match path {
+                Some(_) => ctx.state().take_journal(),
+                None => StateDelta::new(),
+            };
             let record = NodeRecord {
                 graph: ctx.branch_path().to_owned(),
                 node: position.node,
                 step: steps,
                 iteration: iteration.max(1),
-                delta: run.delta,
+                writes,
                 actions: run.actions,
                 control: run.control,
                 path,
@@ -574,14 +584,14 @@ impl Graph {
         }
         let mut control = Control::Continue;
         let mut actions = Actions::default();
-        let mut merged = StateDelta::default();
         let mut failure = None;
+        let mut written = Vec::with_capacity(branches.len());
         for (run, branch) in runs.into_iter().zip(&branches) {
+            written.push(branch.branch_writes());
             match run {
                 Ok(run) => {
                     control = control.max(run.control);
                     actions = actions.union(run.actions);
-                    merged.merge(run.delta);
                     ctx.extend_history(branch.history().into_iter().skip(forked_at));
                 }
                 // A branch cancelled because a sibling failed is not the failure.
@@ -595,16 +605,42 @@ impl Graph {
         if let Some(e) = failure {
             return Err(e);
         }
-        if !merged.is_empty() {
-            ctx.apply(&merged);
+        let settled = settle(&written);
+        if !settled.is_empty() {
+            ctx.apply(&settled);
             ctx.emit(Event::new(EventKind::StateUpdate))?;
         }
-        Ok(AgentOutcome {
-            control,
-            delta: merged,
-            actions,
-        })
+        Ok(AgentOutcome { control, actions })
     }
+}
+
+/// The writes that settle a join of branches that wrote `written` (in declaration order):
+/// for each key some branch replaced or deleted, its value as if the branches had written
+/// one after the other in declaration order. Keys only appended to are left as they are.
+fn settle(written: &[StateDelta]) -> StateDelta {
+    let all = || written.iter().flat_map(StateDelta::iter);
+    let mut settled = StateDelta::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for write in all() {
+        let key = write.key();
+        if matches!(write, StateWrite::Append { .. }) || !seen.insert(key) {
+            continue;
+        }
+        let of_key: Vec<&StateWrite> = all().filter(|w| w.key() == key).collect();
+        let last_base = of_key
+            .iter()
+            .rposition(|w| !matches!(w, StateWrite::Append { .. }))
+            .unwrap_or(0);
+        let mut state = State::default();
+        for write in &of_key[last_base..] {
+            state.write(write);
+        }
+        match state.remove(key) {
+            Some(value) => settled.set(key, value),
+            None => settled.delete(key),
+        }
+    }
+    settled
 }
 
 /// Node steps a graph of nodes and edges may run unless told otherwise.

@@ -16,7 +16,7 @@
 //! ([`LlmAgentBuilder::agent_tool`]) lets the model call another agent.
 //!
 //! Under a router ([`LlmAgentBuilder::record_messages`]) each final reply also goes on record
-//! in the `messages` channel — `{author, content, topic}`, merged by the append reducer — so
+//! in the `messages` channel — `{author, content, topic}`, appended as one write — so
 //! the router's circular-logic detection sees the exchanges of LLM agents. Other workflows'
 //! state is left as it was.
 //!
@@ -40,11 +40,11 @@ use super::event::{Event, EventKind, ToolResult};
 use super::file::{IncludeContents, TopicSource};
 use super::template::render_template;
 use crate::agent::{
-    AgentHook, AgentLoop, HookAction, LoopConfig, LoopErrorKind, ToolCallError, ToolCallRecord,
-    Toolbox, ToolboxError,
+    AgentHook, AgentLoop, LoopConfig, LoopErrorKind, ToolCallError, ToolCallRecord, Toolbox,
+    ToolboxError,
 };
-use crate::reducer::{MESSAGES, Reducers};
-use crate::state::StateDelta;
+use crate::hook::HookAction;
+use crate::reducer::MESSAGES;
 use crate::tool::{Actions, Tool, ToolContext, ToolError};
 
 /// The user message sent when the agent sees no input (providers need one).
@@ -330,6 +330,7 @@ impl Agent for LlmAgent {
             actions: Mutex::default(),
             failure: Mutex::default(),
             replaced: AtomicBool::new(false),
+            stop: Mutex::default(),
         });
         let turn = self.turn_loop(ctx)?.with_hook(hook.clone());
         let result = turn
@@ -356,12 +357,18 @@ impl Agent for LlmAgent {
                             hook.callbacks.first(|c| c.on_model_error(&cb, model_error));
                         let callback_actions = ctx.absorb_callback(&cb);
                         match recovered {
-                            Some(response) => (
+                            HookAction::Replace(response) => (
                                 response.content,
                                 Default::default(),
                                 error.run().actions.union(callback_actions),
                             ),
-                            None => {
+                            HookAction::Stop(reason) => {
+                                return Err(FlowError::StoppedByHook {
+                                    agent: self.name.clone(),
+                                    reason,
+                                });
+                            }
+                            HookAction::Continue => {
                                 return Err(FlowError::from_model(&self.name, model_error.clone()));
                             }
                         }
@@ -380,12 +387,7 @@ impl Agent for LlmAgent {
         if let Some(record) = &self.record
             && !answer.is_empty()
         {
-            let mut updates = StateDelta::default();
-            updates.set(MESSAGES, json!([record.message(&self.name, &answer, ctx)]));
-            let merged = ctx
-                .state()
-                .with(|state| Reducers::default().resolve(state, &updates));
-            ctx.apply(&merged);
+            ctx.append_state(MESSAGES, vec![record.message(&self.name, &answer, ctx)]);
         }
         let event = if answer.is_empty() {
             Event::new(EventKind::StateUpdate)
@@ -430,6 +432,8 @@ struct TurnHook {
     failure: Mutex<Option<FlowError>>,
     /// Whether a `before_model` callback answered the current call in the model's place.
     replaced: AtomicBool,
+    /// Why an `on_tool_error` callback stopped the turn (at its next model call).
+    stop: Mutex<Option<String>>,
 }
 
 impl TurnHook {
@@ -469,18 +473,22 @@ impl AgentHook for TurnHook {
         _iteration: u32,
         request: &mut ChatRequest,
     ) -> HookAction<ChatResponse> {
+        if let Some(reason) = lock(&self.stop).take() {
+            return HookAction::Stop(reason);
+        }
         if self.callbacks.is_empty() {
             return HookAction::Continue;
         }
         let answer =
             self.with_callbacks(|cb| self.callbacks.first(|c| c.before_model(cb, request)));
         match answer {
+            HookAction::Stop(reason) => HookAction::Stop(reason),
             _ if self.escalated() => HookAction::Stop("a callback escalated".into()),
-            Some(response) => {
+            HookAction::Replace(response) => {
                 self.replaced.store(true, Ordering::Relaxed);
                 HookAction::Replace(response)
             }
-            None => HookAction::Continue,
+            HookAction::Continue => HookAction::Continue,
         }
     }
 
@@ -516,9 +524,9 @@ impl AgentHook for TurnHook {
             call.arguments = inv.args.to_string();
         }
         match answer {
+            HookAction::Stop(reason) => HookAction::Stop(reason),
             _ if self.escalated() => HookAction::Stop("a callback escalated".into()),
-            Some(result) => HookAction::Replace(Ok(result)),
-            None => HookAction::Continue,
+            answer => answer.map(Ok),
         }
     }
 
@@ -534,8 +542,13 @@ impl AgentHook for TurnHook {
             if let Err(error) = &record.output {
                 let never_ran = matches!(error, ToolCallError::UnknownTool { .. });
                 match self.callbacks.first(|c| c.on_tool_error(cb, &inv, error)) {
-                    Some(result) => record.output = Ok(result),
-                    None => return,
+                    HookAction::Replace(result) => record.output = Ok(result),
+                    HookAction::Stop(reason) => {
+                        // The error stands; the turn stops before its next model call.
+                        lock(&self.stop).get_or_insert(reason);
+                        return;
+                    }
+                    HookAction::Continue => return,
                 }
                 if never_ran {
                     return;

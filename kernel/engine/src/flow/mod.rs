@@ -8,8 +8,6 @@
 //! - [`control`]: [`Control`], how control goes on after an agent ran.
 //! - [`position`]: a node's [`Position`] in nested graphs, its path, and the
 //!   [`ResumePoint`] a resumed run descends.
-//! - [`session`]: the [`SessionStore`] where `user:`, `app:` and session keys outlive an
-//!   invocation ([`FileSessionStore`], JSON files, is the embedded default).
 //! - [`sink`]: where events go — the JSONL [`EventLog`] (flushed per event), [`MemorySink`].
 //! - [`callbacks`]: the [`Callback`] points (before/after agent, model and tool; model and
 //!   tool errors) that observe, change or short-circuit a step.
@@ -87,14 +85,13 @@ pub mod graph;
 pub mod llm;
 pub mod position;
 pub mod runner;
-pub mod session;
 pub mod sink;
 pub mod step;
 pub mod template;
 
 pub use agent::{Agent, AgentOutcome, Control, class, run_agent, run_in};
 pub use build::{AgentFactory, CallbackFactory, PythonFunctionFactory, Registry, ToolFactory};
-pub use callbacks::{Callback, CallbackAction, CallbackContext, Callbacks, ToolInvocation};
+pub use callbacks::{Callback, CallbackContext, Callbacks, ToolInvocation};
 pub use context::{Invocation, InvocationContext, NodeObserver, NodeRecord, Turn};
 pub use discovery::with_discovery;
 pub use error::FlowError;
@@ -107,8 +104,7 @@ pub use llm::{
     EndTurn, Escalate, ExitLoop, LlmAgent, LlmAgentBuilder, MessageRecord, builtin_tool,
 };
 pub use position::{Position, ResumeAction, ResumePoint, path_text};
-pub use runner::{RunReport, RunStatus, run_session, run_workflow};
-pub use session::{FileSessionStore, SessionKey, SessionStore, StoreError};
+pub use runner::{RunReport, RunStatus, run_workflow};
 pub use sink::{EventLog, EventSink, MemorySink};
 pub use step::FnAgent;
 pub use template::{MissingKey, render_template};

@@ -7,7 +7,6 @@ use serde::{Deserialize, Serialize};
 use super::agent::{Agent, Control, run_agent};
 use super::context::{Invocation, InvocationContext};
 use super::error::FlowError;
-use super::session::{SessionKey, SessionStore, StoreError};
 use crate::state::State;
 
 /// How long a stopped run may take to wind down (agents see the cancellation at their next
@@ -91,32 +90,9 @@ pub async fn run_workflow(
         (Err(FlowError::Cancelled), Some(reason)) => Err(reason),
         (result, _) => result,
     };
-    state.with(|s| s.clear_temp());
+    state.clear_temp();
     RunReport {
         result,
         state: state.snapshot(),
     }
-}
-
-/// [`run_workflow`] within a stored session: the stored `app:`, `user:` and session keys are
-/// loaded first (values already in `invocation`'s state win), and the final state is saved
-/// back whatever the run's outcome — a cancelled or failed run keeps what it wrote.
-pub async fn run_session(
-    root: &dyn Agent,
-    store: &dyn SessionStore,
-    key: &SessionKey,
-    invocation: Invocation,
-    input: Option<&str>,
-) -> Result<RunReport, StoreError> {
-    let stored = store.load(key)?;
-    invocation.state.with(|state| {
-        for (k, v) in stored.values() {
-            if state.get(k).is_none() {
-                state.set(k.clone(), v.clone());
-            }
-        }
-    });
-    let report = run_workflow(root, invocation, input).await;
-    store.save(key, &report.state)?;
-    Ok(report)
 }

@@ -2,7 +2,7 @@
 //!
 //! [`decide`] never changes the state; it returns the [`Routing`]: where to go, why, and the
 //! updates to merge (the output keys, one decision record for `decisions`, and `gate_blocked`
-//! cleared when the decision sends work to a gate's recovery node). Priorities, first match
+//! deleted when the decision sends work to a gate's recovery node). Priorities, first match
 //! wins:
 //!
 //! 1. `escalate_to_human` is truthy, or `agent_failure` is set → escalate;
@@ -198,7 +198,7 @@ pub fn decide(state: &State, config: &RouterConfig, current: &str, now: SystemTi
     updates.set(keys::ESCALATION_TRIGGERED, json!(route == Route::Escalate));
     if matches!(reason, Reason::GateBlocked { .. }) {
         // The recovery node takes the work; the gate is checked again when its node reruns.
-        updates.set(GATE_BLOCKED, Value::Null);
+        updates.delete(GATE_BLOCKED);
     }
     let r = &record;
     let record_value = json!({

@@ -5,7 +5,7 @@
 //! `gate_blocked = {gate, node, reason}`, which the router sends to the gate's recovery node)
 //! or **advisory** (a failure is recorded under `gate_warnings` and the run goes on).
 //! [`check_gates`] runs a node's gates over the state and returns the updates; a node whose
-//! blocking gates all pass clears a `gate_blocked` it had set before.
+//! blocking gates all pass deletes a `gate_blocked` it had set before.
 
 use std::sync::Arc;
 
@@ -108,7 +108,7 @@ pub fn check_gates(node: &str, gates: &[Gate], state: &State) -> GateOutcome {
                 .and_then(|b| b.get("node"))
                 .is_some_and(|n| n == node);
             if set_here {
-                outcome.updates.set(GATE_BLOCKED, Value::Null);
+                outcome.updates.delete(GATE_BLOCKED);
             }
         }
     }

@@ -37,7 +37,8 @@
 //! state.set("escalate_to_human", json!("Which database?"));
 //! let routing = decide(&state, &config, "dev", SystemTime::now());
 //! assert_eq!(routing.route, Route::Escalate);
-//! assert_eq!(routing.updates.values().get("escalation_triggered"), Some(&json!(true)));
+//! state.apply(&routing.updates);
+//! assert_eq!(state.get("escalation_triggered"), Some(&json!(true)));
 //! ```
 
 pub mod config;

@@ -33,14 +33,15 @@ use crate::state::StateDelta;
 
 /// Sees every routing decision (the checkpointer stores one after each).
 pub trait RoutingObserver: Send + Sync {
-    /// The router decided `routing` after node `from` and merged `merged` (the resolved
-    /// values it wrote) into the state; an error stops the run.
+    /// The router decided `routing` after node `from`; `writes` are the state writes
+    /// applied since the node's record (the gates' and the decision's, as the run's node
+    /// observers are handed them: empty when the run has none). An error stops the run.
     fn routed(
         &self,
         ctx: &InvocationContext,
         from: &str,
         routing: &Routing,
-        merged: &StateDelta,
+        writes: StateDelta,
     ) -> Result<(), FlowError>;
 }
 
@@ -157,13 +158,12 @@ impl ControlPlane {
         })
     }
 
-    /// Merges `updates` into the run's state through the reducers, as writes of `ctx`.
+    /// Merges `updates` into the run's state through the reducers, as writes of `ctx`;
+    /// returns the writes.
     pub fn merge(&self, ctx: &InvocationContext, updates: &StateDelta) -> StateDelta {
-        let resolved = ctx
-            .state()
-            .with(|state| self.reducers.resolve(state, updates));
-        ctx.apply(&resolved);
-        resolved
+        let writes = self.reducers.reduce(updates);
+        ctx.apply(&writes);
+        writes
     }
 
     /// Where the run goes after node `from` finished; see the module docs.
@@ -194,7 +194,7 @@ impl ControlPlane {
         let routing = ctx
             .state()
             .with(|s| decide(s, &self.config, from, SystemTime::now()));
-        let merged = self.merge(&router, &routing.updates);
+        self.merge(&router, &routing.updates);
         router.emit(
             Event::new(EventKind::StateUpdate).with_content(routing.record.summary.clone()),
         )?;
@@ -207,8 +207,11 @@ impl ControlPlane {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        for observer in observers {
-            observer.routed(&router, from, &routing, &merged)?;
+        if !observers.is_empty() {
+            let writes = ctx.state().take_journal();
+            for observer in observers {
+                observer.routed(&router, from, &routing, writes.clone())?;
+            }
         }
         Ok(target(&routing.route))
     }
@@ -291,9 +294,7 @@ impl Agent for RoutedNode {
     async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
         match self.0.run(ctx).await? {
             Control::Escalate => {
-                let mut flag = StateDelta::default();
-                flag.set(ESCALATE_FLAG, serde_json::Value::Bool(true));
-                ctx.apply(&flag);
+                ctx.set_state(ESCALATE_FLAG, serde_json::Value::Bool(true));
                 Ok(Control::Continue)
             }
             control => Ok(control),

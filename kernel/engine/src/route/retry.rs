@@ -281,8 +281,11 @@ mod tests {
         assert_eq!(start.elapsed(), Duration::ZERO);
         let flag = failure_flag("dev", "down", 6);
         assert_eq!(
-            flag.values().get(FAILURE_FLAG),
-            Some(&json!({"node": "dev", "error": "down", "attempts": 6}))
+            flag.last(FAILURE_FLAG),
+            Some(&crate::state::StateWrite::Replace {
+                key: FAILURE_FLAG.into(),
+                value: json!({"node": "dev", "error": "down", "attempts": 6})
+            })
         );
     }
 

@@ -7,8 +7,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 
 use super::*;
-use crate::reducer::{Reducers, apply_writes};
-use crate::state::State;
+use crate::reducer::Reducers;
+use crate::state::{State, StateDelta, StateWrite};
+
+/// The values `updates` leave when applied to an empty state.
+fn applied(updates: &StateDelta) -> State {
+    let mut state = State::default();
+    state.apply(updates);
+    state
+}
 
 fn team() -> RouterConfig {
     RouterConfig::new(
@@ -85,7 +92,7 @@ fn the_router_writes_its_output_keys_and_one_decision_record() {
         "messages": [{"author": "analyst", "content": "brief", "artifacts": ["brief.md"]}],
     }));
     let routing = decide(&s, &team(), "analyst", at());
-    let out = routing.updates.values();
+    let out = applied(&routing.updates);
     assert_eq!(out.get("routing_decision"), Some(&json!("pm")));
     assert_eq!(
         out.get("routing_rationale"),
@@ -107,8 +114,8 @@ fn the_router_writes_its_output_keys_and_one_decision_record() {
     // Merged with the default reducers, decisions accumulate and the state is untouched.
     let mut merged = s.clone();
     let writes = Reducers::default().reduce(&routing.updates);
-    apply_writes(&mut merged, &writes);
-    apply_writes(&mut merged, &writes);
+    merged.apply(&writes);
+    merged.apply(&writes);
     assert_eq!(
         merged
             .get("decisions")
@@ -130,7 +137,7 @@ fn three_exchanges_do_not_trigger_and_four_escalate() {
     let routing = decide(&three, &config, "tea", at());
     assert_eq!(routing.route, Route::Node("dev".into()));
     assert_eq!(
-        routing.updates.values().get("exchange_count"),
+        applied(&routing.updates).get("exchange_count"),
         Some(&json!(3))
     );
 
@@ -138,7 +145,7 @@ fn three_exchanges_do_not_trigger_and_four_escalate() {
     let routing = decide(&four, &config, "dev", at());
     assert_eq!(routing.route, Route::Escalate);
     assert_eq!(routing.decision(), "ESCALATE");
-    let out = routing.updates.values();
+    let out = applied(&routing.updates);
     assert_eq!(out.get("exchange_count"), Some(&json!(4)));
     assert_eq!(out.get("circular_logic_detected"), Some(&json!(true)));
     assert_eq!(out.get("escalation_triggered"), Some(&json!(true)));
@@ -166,7 +173,7 @@ fn escalation_and_failure_flags_come_first() {
         "`dev` asked for a human: Pick a database"
     );
     assert_eq!(
-        routing.updates.values().get("circular_logic_detected"),
+        applied(&routing.updates).get("circular_logic_detected"),
         Some(&json!(false))
     );
 
@@ -213,8 +220,10 @@ fn a_blocked_gate_goes_to_its_recovery_node_and_is_cleared() {
         }
     );
     assert_eq!(
-        routing.updates.values().get("gate_blocked"),
-        Some(&Value::Null)
+        routing.updates.last("gate_blocked"),
+        Some(&StateWrite::Delete {
+            key: "gate_blocked".into()
+        })
     );
     assert_eq!(
         routing.record.related_artifacts,
@@ -333,16 +342,14 @@ fn gates_block_or_warn_and_a_passing_rerun_clears_the_block() {
         outcome.blocked().map(|f| f.gate.as_str()),
         Some("tests_pass")
     );
-    let blocked = outcome
-        .updates
-        .values()
+    let blocked = applied(&outcome.updates)
         .get("gate_blocked")
         .cloned()
         .unwrap();
     assert_eq!(blocked["gate"], json!("tests_pass"));
     assert_eq!(blocked["node"], json!("dev"));
     assert_eq!(
-        outcome.updates.values().get("gate_warnings"),
+        applied(&outcome.updates).get("gate_warnings"),
         Some(&json!([{"gate": "coverage", "node": "dev", "reason": "coverage 0.5 is below 0.8"}]))
     );
     // The router sends the blocked work to the gate's recovery node.
@@ -358,7 +365,9 @@ fn gates_block_or_warn_and_a_passing_rerun_clears_the_block() {
     let outcome = check_gates("dev", &gates, &passing);
     assert!(outcome.blocked().is_none());
     assert_eq!(
-        outcome.updates.values().get("gate_blocked"),
-        Some(&Value::Null)
+        outcome.updates.last("gate_blocked"),
+        Some(&StateWrite::Delete {
+            key: "gate_blocked".into()
+        })
     );
 }

@@ -11,14 +11,15 @@ use bridge::{
     ToolCall, Usage,
 };
 use engine::agent::{
-    AgentHook, AgentLoop, HookAction, LoopConfig, LoopErrorKind, Termination, ToolCallRecord,
-    ToolFailureKind, Toolbox, ToolboxError,
+    AgentHook, AgentLoop, LoopConfig, LoopErrorKind, Termination, ToolCallRecord, ToolFailureKind,
+    Toolbox, ToolboxError,
 };
-use engine::{SharedState, State, Tool, ToolContext, ToolError};
+use engine::{HookAction, SharedState, State, Tool, ToolContext, ToolError};
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
 use crate::agent_support::{Add, Crash, Fail, Hang, Sleep, agent, endpoint, mock};
+use crate::support::written;
 
 fn call(name: &str, arguments: Value) -> Value {
     json!({"name": name, "arguments": arguments})
@@ -279,7 +280,7 @@ async fn bad_tool_traffic_becomes_tool_errors_the_model_can_act_on() {
     );
     assert_eq!(state.get("temp:crashed"), Some(json!(true)));
     assert_eq!(
-        outcome.run.delta.values().get("temp:crashed"),
+        written(&outcome.run.delta, "temp:crashed").as_ref(),
         Some(&json!(true))
     );
     // What the model saw next is what the transcript holds.
@@ -493,7 +494,10 @@ async fn an_action_ends_the_turn_after_the_replys_results() {
     assert_eq!(outcome.termination, Termination::Action);
     assert_eq!(outcome.answer, "Saving.");
     assert!(outcome.run.actions.end_turn && !outcome.run.actions.escalate);
-    assert_eq!(outcome.run.delta.values().get("result"), Some(&json!(42)));
+    assert_eq!(
+        written(&outcome.run.delta, "result").as_ref(),
+        Some(&json!(42))
+    );
     assert_eq!(state.get("result"), Some(json!(42)));
     assert_eq!(
         results(&outcome.run.transcript).len(),

@@ -2,26 +2,27 @@
 
 use std::sync::{Arc, Mutex};
 
+use engine::HookAction;
 use engine::flow::{
-    Callback, CallbackAction, CallbackContext, Callbacks, Control, EndStatus, EventKind, FnAgent,
-    Graph, Invocation, RunStatus,
+    Callback, CallbackContext, Callbacks, Control, EndStatus, EventKind, FnAgent, Graph,
+    Invocation, RunStatus,
 };
 use engine::{SharedState, State};
 use serde_json::json;
 
-use crate::support::{ends, run, run_with, step, trace, traced};
+use crate::support::{ends, run, run_with, step, trace, traced, written};
 
 /// Answers from the cache instead of running the agent when `cache:<agent>` is set.
 struct Cache;
 
 impl Callback for Cache {
-    fn before_agent(&self, ctx: &CallbackContext) -> CallbackAction<String> {
+    fn before_agent(&self, ctx: &CallbackContext) -> HookAction<String> {
         match ctx.get_state(&format!("cache:{}", ctx.agent())) {
             Some(answer) => {
                 ctx.set_state("cache_hits", json!(1));
-                CallbackAction::Replace(answer.as_str().unwrap_or_default().to_owned())
+                HookAction::Replace(answer.as_str().unwrap_or_default().to_owned())
             }
-            None => CallbackAction::Continue,
+            None => HookAction::Continue,
         }
     }
 }
@@ -52,7 +53,10 @@ async fn before_agent_can_answer_in_the_agents_place() {
         .find(|e| e.author == "expensive" && e.kind == EventKind::Message)
         .expect("the cached answer");
     assert_eq!(answer.content.as_deref(), Some("42, from the cache"));
-    assert_eq!(answer.delta.values().get("cache_hits"), Some(&json!(1)));
+    assert_eq!(
+        written(&answer.delta, "cache_hits").as_ref(),
+        Some(&json!(1))
+    );
 
     // Without a cached answer the agent runs.
     let (report, _) = run(&root, State::default()).await;
@@ -66,16 +70,16 @@ struct Reviewer {
 }
 
 impl Callback for Reviewer {
-    fn before_agent(&self, ctx: &CallbackContext) -> CallbackAction<String> {
+    fn before_agent(&self, ctx: &CallbackContext) -> HookAction<String> {
         self.calls
             .lock()
             .expect("not poisoned")
             .push(format!("before {}", ctx.branch()));
         ctx.set_state("seen_by_callback", json!(ctx.get_state("trace")));
-        CallbackAction::Continue
+        HookAction::Continue
     }
 
-    fn after_agent(&self, ctx: &CallbackContext) -> CallbackAction<String> {
+    fn after_agent(&self, ctx: &CallbackContext) -> HookAction<String> {
         self.calls
             .lock()
             .expect("not poisoned")
@@ -83,7 +87,7 @@ impl Callback for Reviewer {
         if ctx.get_state("stop") == Some(json!(true)) {
             ctx.escalate();
         }
-        CallbackAction::Replace(format!("{} reviewed", ctx.agent()))
+        HookAction::Replace(format!("{} reviewed", ctx.agent()))
     }
 }
 
@@ -139,12 +143,12 @@ async fn an_after_agent_callback_can_escalate() {
 async fn invocation_callbacks_run_for_every_agent_first() {
     struct Log(Arc<Mutex<Vec<String>>>, &'static str);
     impl Callback for Log {
-        fn before_agent(&self, ctx: &CallbackContext) -> CallbackAction<String> {
+        fn before_agent(&self, ctx: &CallbackContext) -> HookAction<String> {
             self.0
                 .lock()
                 .expect("not poisoned")
                 .push(format!("{} {}", self.1, ctx.agent()));
-            CallbackAction::Continue
+            HookAction::Continue
         }
     }
     let log = Arc::new(Mutex::new(Vec::new()));

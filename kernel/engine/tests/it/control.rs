@@ -314,7 +314,8 @@ async fn passive_mode_routes_silently_until_a_gate_blocks() {
     let state = &report.run.state;
     assert_eq!(state.get("dev_runs"), Some(&json!(2)));
     assert_eq!(state.get("verdict"), Some(&json!("approved")));
-    assert_eq!(state.get("gate_blocked"), Some(&Value::Null));
+    // Cleared by a delete, not set to `null`.
+    assert_eq!(state.get("gate_blocked"), None);
     // Only the blocked gate reached the router; the normal transitions left no record.
     assert_eq!(summaries(state), ["dev → fixer"]);
     assert_eq!(report.health.visits.get("dev"), Some(&2));

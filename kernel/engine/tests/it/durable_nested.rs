@@ -587,21 +587,22 @@ async fn a_run_checkpointed_before_paths_were_recorded_resumes_at_its_top_level(
     let lease = store
         .create_run(&engine::durable::NewRun::new("old", "nested"), &owner)
         .unwrap();
-    let mut state = State::default();
+    let nothing = engine::StateDelta::new();
     let start =
-        engine::durable::NewCheckpoint::new("__start__", &[], &state).next(vec!["plan".into()]);
+        engine::durable::NewCheckpoint::new("__start__", &nothing).next(vec!["plan".into()]);
     let start = store.put(&lease, start).unwrap();
-    let writes = [
+    let writes: engine::StateDelta = [
         ("round", json!(1)),
         ("temp:round", json!(1)),
         ("trace", json!(["plan1"])),
     ]
-    .map(|(key, value)| engine::reducer::ChannelWrite::Replace {
+    .into_iter()
+    .map(|(key, value)| engine::StateWrite::Replace {
         key: key.into(),
         value,
-    });
-    engine::reducer::apply_writes(&mut state, &writes);
-    let plan = engine::durable::NewCheckpoint::new("plan", &writes, &state)
+    })
+    .collect();
+    let plan = engine::durable::NewCheckpoint::new("plan", &writes)
         .parent(Some(start))
         .metadata(json!({"graph_step": 1, "iteration": 1}));
     store.put(&lease, plan).unwrap();

@@ -9,10 +9,11 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
+use engine::HookAction;
 use engine::durable::{CheckpointStore, DurableRoot, RunStatus, Start, run_durable};
 use engine::flow::{
-    Agent, BranchPolicy, Callback, CallbackAction, CallbackContext, Callbacks, Control, FlowError,
-    FnAgent, Graph, Invocation, InvocationContext, Target,
+    Agent, BranchPolicy, Callback, CallbackContext, Callbacks, Control, FlowError, FnAgent, Graph,
+    Invocation, InvocationContext, Target,
 };
 use engine::route::{ControlPlane, RouterConfig};
 use engine::{SharedState, State};
@@ -205,14 +206,14 @@ struct Count {
 }
 
 impl Callback for Count {
-    fn before_agent(&self, _ctx: &CallbackContext) -> CallbackAction<String> {
+    fn before_agent(&self, _ctx: &CallbackContext) -> HookAction<String> {
         self.before.fetch_add(1, Ordering::SeqCst);
-        CallbackAction::Continue
+        HookAction::Continue
     }
 
-    fn after_agent(&self, _ctx: &CallbackContext) -> CallbackAction<String> {
+    fn after_agent(&self, _ctx: &CallbackContext) -> HookAction<String> {
         self.after.fetch_add(1, Ordering::SeqCst);
-        CallbackAction::Continue
+        HookAction::Continue
     }
 }
 

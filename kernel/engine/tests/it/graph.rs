@@ -13,7 +13,7 @@ use engine::flow::{
 use engine::{SharedState, State};
 use serde_json::json;
 
-use crate::support::{counted, ends, failing, run, run_with, step, trace, traced};
+use crate::support::{counted, ends, failing, run, run_with, step, trace, traced, written};
 
 /// Records every finished node.
 #[derive(Default)]
@@ -79,15 +79,18 @@ async fn conditional_edges_route_on_the_state_the_last_node_wrote() {
     );
     // Each record holds exactly the writes of its node.
     assert_eq!(
-        records[1].delta.values().get("approved"),
+        written(&records[1].writes, "approved").as_ref(),
         Some(&json!(false))
     );
-    assert_eq!(records[1].delta.values().get("draft"), None);
+    assert_eq!(written(&records[1].writes, "draft").as_ref(), None);
     assert_eq!(
-        records[3].delta.values().get("approved"),
+        written(&records[3].writes, "approved").as_ref(),
         Some(&json!(true))
     );
-    assert_eq!(records[2].delta.values().get("draft"), Some(&json!(2)));
+    assert_eq!(
+        written(&records[2].writes, "draft").as_ref(),
+        Some(&json!(2))
+    );
     assert!(records.iter().all(|r| r.graph == "review"));
 }
 
@@ -226,9 +229,8 @@ async fn parallel_branches_merge_in_declaration_order_whatever_the_timing() {
             .iter()
             .rfind(|e| e.author == "fan" && !e.delta.is_empty())
             .expect("a merge event");
-        let keys: Vec<&String> = merge.delta.values().keys().collect();
-        assert!(keys.contains(&&"winner".to_string()));
-        assert_eq!(merge.delta.values().get("winner"), Some(&json!("last")));
+        assert!(merge.delta.keys().contains(&"winner"));
+        assert_eq!(written(&merge.delta, "winner"), Some(json!("last")));
         assert_eq!(traced(&report.state), ["after"]);
     }
 }
@@ -297,7 +299,7 @@ async fn a_resumed_run_matches_an_uninterrupted_one() {
     // Replay the checkpoints of the first two nodes, then resume at the third.
     let mut state = State::default();
     for record in &records[..2] {
-        state.apply(&record.delta);
+        state.apply(&record.writes);
     }
     let resumed = Arc::new(Recorder::default());
     let invocation = Invocation::new(SharedState::new(state)).with_observer(resumed.clone());

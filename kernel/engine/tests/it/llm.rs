@@ -10,15 +10,16 @@ use bridge::mock::{MockConfig, MockServer, Script};
 use bridge::{
     Budget, ChatRequest, ChatResponse, Endpoint, EndpointConfig, Ledger, Provider, RetryPolicy,
 };
+use engine::HookAction;
 use engine::agent::ToolCallError;
 use engine::flow::{
-    Agent, Callback, CallbackAction, CallbackContext, Callbacks, Control, EndStatus, EventKind,
-    FlowError, FnAgent, Graph, Invocation, LlmAgent, RunStatus, ToolInvocation, builtin_tool,
+    Agent, Callback, CallbackContext, Callbacks, Control, EndStatus, EventKind, FlowError, FnAgent,
+    Graph, Invocation, LlmAgent, RunStatus, ToolInvocation, builtin_tool,
 };
 use engine::{SharedState, State, Tool, ToolContext, ToolError};
 use serde_json::{Value, json};
 
-use crate::support::{ends, iters, run_with, trace, traced};
+use crate::support::{ends, iters, run_with, trace, traced, written};
 
 const PROVIDERS: [Provider; 2] = [Provider::OpenAi, Provider::Anthropic];
 
@@ -186,11 +187,11 @@ async fn tool_writes_reach_the_next_tool_and_the_answer_reaches_output_key() {
             .find(|e| e.author == "writer" && e.kind == EventKind::Message)
             .expect("an answer event");
         assert_eq!(
-            answer.delta.values().get("summary"),
+            written(&answer.delta, "summary").as_ref(),
             Some(&json!("Summary: north grew"))
         );
         assert_eq!(
-            answer.delta.values().get("temp:note"),
+            written(&answer.delta, "temp:note").as_ref(),
             Some(&json!("north grew"))
         );
         server.shutdown().await;
@@ -421,12 +422,12 @@ impl Callback for Guard {
         &self,
         ctx: &CallbackContext,
         request: &mut ChatRequest,
-    ) -> CallbackAction<ChatResponse> {
+    ) -> HookAction<ChatResponse> {
         match ctx.get_state("cached") {
-            Some(Value::String(text)) => CallbackAction::Replace(answer(text)),
+            Some(Value::String(text)) => HookAction::Replace(answer(text)),
             _ => {
                 request.messages[0].content.push_str(" Be brief.");
-                CallbackAction::Continue
+                HookAction::Continue
             }
         }
     }
@@ -437,18 +438,12 @@ impl Callback for Guard {
         }
     }
 
-    fn before_tool(
-        &self,
-        ctx: &CallbackContext,
-        call: &mut ToolInvocation,
-    ) -> CallbackAction<Value> {
+    fn before_tool(&self, ctx: &CallbackContext, call: &mut ToolInvocation) -> HookAction<Value> {
         if call.name == "set_note" && call.args["text"] == json!("secret") {
             ctx.set_state("blocked", json!(true));
-            return CallbackAction::Replace(
-                json!({"success": false, "error": "Blocked by policy"}),
-            );
+            return HookAction::Replace(json!({"success": false, "error": "Blocked by policy"}));
         }
-        CallbackAction::Continue
+        HookAction::Continue
     }
 
     fn after_tool(&self, _ctx: &CallbackContext, call: &ToolInvocation, result: &mut Value) {
@@ -463,16 +458,16 @@ impl Callback for Guard {
         _ctx: &CallbackContext,
         _call: &ToolInvocation,
         error: &ToolCallError,
-    ) -> CallbackAction<Value> {
-        CallbackAction::Replace(json!({"recovered": error.to_string()}))
+    ) -> HookAction<Value> {
+        HookAction::Replace(json!({"recovered": error.to_string()}))
     }
 
     fn on_model_error(
         &self,
         _ctx: &CallbackContext,
         _error: &bridge::BridgeError,
-    ) -> CallbackAction<ChatResponse> {
-        CallbackAction::Replace(answer("fallback answer".into()))
+    ) -> HookAction<ChatResponse> {
+        HookAction::Replace(answer("fallback answer".into()))
     }
 }
 
@@ -547,25 +542,21 @@ impl Recorder {
 }
 
 impl Callback for Recorder {
-    fn before_model(
-        &self,
-        _: &CallbackContext,
-        _: &mut ChatRequest,
-    ) -> CallbackAction<ChatResponse> {
+    fn before_model(&self, _: &CallbackContext, _: &mut ChatRequest) -> HookAction<ChatResponse> {
         self.note("before_model", "");
-        CallbackAction::Continue
+        HookAction::Continue
     }
 
     fn after_model(&self, _: &CallbackContext, _: &mut ChatResponse) {
         self.note("after_model", "");
     }
 
-    fn before_tool(&self, _: &CallbackContext, call: &mut ToolInvocation) -> CallbackAction<Value> {
+    fn before_tool(&self, _: &CallbackContext, call: &mut ToolInvocation) -> HookAction<Value> {
         self.note("before_tool", &call.name);
         if call.args["text"] == json!("secret") {
-            return CallbackAction::Replace(json!({"success": false, "error": "Blocked"}));
+            return HookAction::Replace(json!({"success": false, "error": "Blocked"}));
         }
-        CallbackAction::Continue
+        HookAction::Continue
     }
 
     fn after_tool(&self, _: &CallbackContext, call: &ToolInvocation, result: &mut Value) {
@@ -578,9 +569,9 @@ impl Callback for Recorder {
         _: &CallbackContext,
         call: &ToolInvocation,
         _: &ToolCallError,
-    ) -> CallbackAction<Value> {
+    ) -> HookAction<Value> {
         self.note("on_tool_error", &call.name);
-        CallbackAction::Replace(json!("recovered"))
+        HookAction::Replace(json!("recovered"))
     }
 }
 

@@ -22,7 +22,6 @@ mod llm;
 mod persona;
 mod router;
 mod scoping;
-mod session;
 mod skills;
 mod state;
 mod support;

@@ -13,7 +13,7 @@ use engine::flow::file::{
 };
 use engine::flow::{Registry, RunStatus};
 use engine::route::file::register;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::control::summaries;
 use crate::workflow::{endpoints, mock, run, started};
@@ -373,7 +373,8 @@ recovery:
         "{decisions:?}"
     );
     assert_eq!(decisions[0]["related_artifacts"], json!(["has_tests"]));
-    assert_eq!(state.get("gate_blocked"), Some(&Value::Null));
+    // Cleared by a delete, not set to `null`.
+    assert_eq!(state.get("gate_blocked"), None);
     assert_eq!(state.get("draft"), Some(&json!("code and tests")));
     // The advisory gate failed both times and only left a warning.
     assert_eq!(

@@ -7,7 +7,7 @@ use engine::flow::{
     Agent, Control, EndStatus, Event, FlowError, FnAgent, Invocation, InvocationContext,
     MemorySink, RunReport, run_workflow,
 };
-use engine::{SharedState, State};
+use engine::{SharedState, State, StateDelta};
 use serde_json::{Value, json};
 
 /// `n` as a loop limit.
@@ -74,6 +74,14 @@ pub(crate) async fn run_with(root: &dyn Agent, invocation: Invocation) -> (RunRe
     let sink = MemorySink::new();
     let report = run_workflow(root, invocation.with_sink(Arc::new(sink.clone())), None).await;
     (report, sink.events())
+}
+
+/// The value `delta` leaves under `key` when applied to an empty state (a replace's value,
+/// an append's items).
+pub(crate) fn written(delta: &StateDelta, key: &str) -> Option<Value> {
+    let mut state = State::default();
+    state.apply(delta);
+    state.get(key).cloned()
 }
 
 /// The `trace` list of a final state.

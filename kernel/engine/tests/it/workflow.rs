@@ -6,10 +6,11 @@ use std::sync::{Arc, Mutex};
 
 use bridge::mock::{MockConfig, MockServer, Script};
 use bridge::{EndpointConfig, Endpoints, Ledger, Provider, RetryPolicy};
+use engine::HookAction;
 use engine::flow::file::{AgentClass, AgentConfig, EmbeddedFiles, load_workflow_from};
 use engine::flow::{
-    Agent, Callback, CallbackAction, CallbackContext, Control, EndStatus, Event, EventKind,
-    FnAgent, Invocation, MemorySink, Registry, RunStatus, run_workflow,
+    Agent, Callback, CallbackContext, Control, EndStatus, Event, EventKind, FnAgent, Invocation,
+    MemorySink, Registry, RunStatus, run_workflow,
 };
 use engine::{SharedState, State};
 use serde_json::{Value, json};
@@ -217,14 +218,14 @@ sub_agents:
 struct Counter(Mutex<Vec<&'static str>>);
 
 impl Callback for Counter {
-    fn before_agent(&self, _ctx: &CallbackContext) -> CallbackAction<String> {
+    fn before_agent(&self, _ctx: &CallbackContext) -> HookAction<String> {
         self.0.lock().expect("not poisoned").push("before_agent");
-        CallbackAction::Continue
+        HookAction::Continue
     }
-    fn after_agent(&self, ctx: &CallbackContext) -> CallbackAction<String> {
+    fn after_agent(&self, ctx: &CallbackContext) -> HookAction<String> {
         self.0.lock().expect("not poisoned").push("after_agent");
         ctx.set_state("noted", json!(true));
-        CallbackAction::Continue
+        HookAction::Continue
     }
 }
 

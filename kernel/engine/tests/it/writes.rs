@@ -1,5 +1,6 @@
 //! Writes, the one unit of state change: what parallel branches append is all kept at the
-//! join, and a routed run's event log grows with its steps, not with their square.
+//! join, a delete is a delete (not a `null`) through the event, the checkpoint and a resume,
+//! and a routed run's event log grows with its steps, not with their square.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,12 +9,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bridge::mock::{Latency, MockConfig, MockServer, Script};
 use bridge::{Endpoint, EndpointConfig, Ledger};
+use engine::durable::{CheckpointStore, RunStatus as Stored, Start, run_durable};
 use engine::flow::{
     Agent, BranchPolicy, Control, Event, EventSink, FlowError, FnAgent, Graph, Invocation,
     InvocationContext, LlmAgent, MessageRecord, Router, RunStatus, Target, run_workflow,
 };
 use engine::route::{Branch, Condition, ControlPlane, END, RouterConfig, RouterMode};
-use engine::{SharedState, State};
+use engine::{SharedState, State, StateWrite};
 use serde_json::{Value, json};
 
 use crate::support::run;
@@ -176,4 +178,92 @@ async fn a_routed_runs_event_log_grows_linearly_with_its_steps() {
         long <= plain * 6,
         "routed {long} bytes, plain {plain} bytes for the same 1 000 steps"
     );
+}
+
+/// A node deletes one key and sets another to `null`: the event, the checkpoint and the
+/// state a resumed run starts from all tell the two apart.
+#[tokio::test]
+async fn a_delete_is_its_own_write_through_the_event_the_checkpoint_and_a_resume() {
+    let clear: Arc<dyn Agent> = Arc::new(FnAgent::new("clear", |ctx: &InvocationContext| {
+        ctx.delete_state("gone");
+        ctx.set_state("nothing", Value::Null);
+        Ok(Control::Continue)
+    }));
+    let fail_once = Arc::new(AtomicU64::new(0));
+    let failures = fail_once.clone();
+    let after: Arc<dyn Agent> = Arc::new(FnAgent::new("after", move |ctx: &InvocationContext| {
+        if failures.fetch_add(1, Ordering::Relaxed) == 0 {
+            return Err(FlowError::Agent {
+                agent: "after".into(),
+                message: "not yet".into(),
+            });
+        }
+        ctx.set_state("saw_gone", json!(ctx.get_state("gone").is_some()));
+        ctx.set_state("saw_nothing", json!(ctx.get_state("nothing")));
+        Ok(Control::Continue)
+    }));
+    let graph = Graph::sequential("flow", vec![clear, after]).expect("valid graph");
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let db = dir.path().join("runs.db");
+    let store = Arc::new(CheckpointStore::open(&db).expect("the store opens"));
+    let mut state = State::default();
+    state.set("gone", json!("x"));
+    state.set("nothing", json!(1));
+    let sink = engine::flow::MemorySink::new();
+    let invocation = Invocation::new(SharedState::new(state)).with_sink(Arc::new(sink.clone()));
+    let start = Start::New {
+        workflow: "flow".into(),
+        input: json!({}),
+    };
+    let first = run_durable(&graph, None, &store, "r", start, invocation)
+        .await
+        .expect("the run starts");
+    assert!(matches!(first.status, Stored::Failed { .. }));
+
+    // The event of `clear` carries a delete and a replace with `null`.
+    let delete = StateWrite::Delete { key: "gone".into() };
+    let null = StateWrite::Replace {
+        key: "nothing".into(),
+        value: Value::Null,
+    };
+    let end = sink
+        .events()
+        .into_iter()
+        .find(|e| e.author == "clear" && !e.delta.is_empty())
+        .expect("an event of `clear` with its writes");
+    assert_eq!(
+        end.delta.iter().cloned().collect::<Vec<_>>(),
+        [delete.clone(), null.clone()]
+    );
+    assert_eq!(first.run.state.get("gone"), None);
+    assert_eq!(first.run.state.get("nothing"), Some(&Value::Null));
+
+    // So does its checkpoint, read back from the file by another store.
+    drop(store);
+    let store = Arc::new(CheckpointStore::open(&db).expect("the store reopens"));
+    let history = store.history("r").expect("the run's history");
+    let checkpoint = history
+        .iter()
+        .find(|c| c.node == "clear")
+        .expect("a checkpoint of `clear`");
+    let writes = store.writes(checkpoint.id).expect("its writes");
+    assert_eq!(writes.iter().cloned().collect::<Vec<_>>(), [delete, null]);
+    let at = store.state_at(checkpoint.id).expect("its state");
+    assert_eq!(at.state.get("gone"), None);
+    assert_eq!(at.state.get("nothing"), Some(&Value::Null));
+
+    // A resumed run starts from that state: `gone` is gone, `nothing` is `null`.
+    let resume = Start::Resume {
+        from: None,
+        answer: None,
+        take_over: false,
+    };
+    let invocation = Invocation::new(SharedState::new(State::default()));
+    let resumed = run_durable(&graph, None, &store, "r", resume, invocation)
+        .await
+        .expect("the run resumes");
+    assert_eq!(resumed.status, Stored::Completed);
+    assert_eq!(resumed.run.state.get("saw_gone"), Some(&json!(false)));
+    assert_eq!(resumed.run.state.get("saw_nothing"), Some(&Value::Null));
+    assert_eq!(resumed.run.state.get("gone"), None);
 }

@@ -1,13 +1,17 @@
 //! [`PythonCallback`]: a Python callable named in a workflow file as a callback.
 //!
 //! A callback is named for one point (the `*_callbacks` list of the file it is in) and the
-//! engine's registry runs it only there. The callable gets one dict, `ctx`: `point` (`before_agent`, `after_model`, ...),
-//! `agent`, `branch`, `args` (the file's `args`), `state` (a copy it may change: changed and
-//! new keys are written back, in the order of the dict), `actions` (a dict of `exit_loop`,
-//! `end_turn`, `escalate` it may set to `True`) and what the point is about: `request` (the
-//! messages `{"role", "content"}` before a model call; changes are sent), `response` (its
-//! text, after one), `error`, or `tool`
-//! (`{"name", "args"}`, `args` changeable before the call) and `result`. What it returns:
+//! engine's registry runs it only there. It follows the convention of every Python function
+//! of a workflow (Google ADK's): a parameter named `callback_context` gets the callback's
+//! context — `state` (reads; writes, deletes and in-place changes are written back),
+//! `actions` (`exit_loop`, `end_turn`, `escalate`), and `point` (`before_agent`,
+//! `after_model`, ...), `agent`, `branch`, `args` (the file's `args`) and what the point is
+//! about: `request` (the messages `{"role", "content"}` before a model call; changes are
+//! sent), `response` (its text, after one), `error`, or `tool` (`{"name", "args"}`, `args`
+//! changeable before the call) and `result`. A callable without that parameter (the form
+//! documented first) gets the same as one dict, `ctx`, whose `state` it may change (changed,
+//! new and removed keys are written back) and whose `actions` it may set to `True`. What it
+//! returns:
 //!
 //! | point | `None` | a value |
 //! |---|---|---|
@@ -27,12 +31,12 @@
 use std::sync::Arc;
 
 use bridge::{BridgeError, CancellationToken, ChatRequest, ChatResponse, Usage};
-use engine::Actions;
+use engine::HookAction;
 use engine::agent::ToolCallError;
-use engine::flow::{Callback, CallbackAction, CallbackContext, ToolInvocation};
+use engine::flow::{Callback, CallbackContext, ToolInvocation};
 use serde_json::{Map, Value, json};
 
-use super::python::PyFunction;
+use super::python::{FunctionKind, PyFunction};
 use super::services::FlowKernel;
 
 /// A Python callable as a [`Callback`]; see the module docs.
@@ -79,11 +83,17 @@ impl PythonCallback {
             .map_err(|e| e.to_string())
             .and_then(|session| {
                 self.function
-                    .call(&session, &ctx, &Map::new(), &CancellationToken::new())
+                    .call(
+                        &session,
+                        FunctionKind::Callback,
+                        &ctx,
+                        &Map::new(),
+                        &CancellationToken::new(),
+                    )
                     .map_err(|e| e.to_string())
             });
-        let (out, after) = match called {
-            Ok(both) => both,
+        let called = match called {
+            Ok(called) => called,
             Err(e) => {
                 tracing::warn!(
                     "callback `{}` at {point} of `{}` failed (treated as None): {e}",
@@ -93,17 +103,9 @@ impl PythonCallback {
                 return (Value::Null, Value::Null);
             }
         };
-        let actions = write_back(&after, &state, |key, value| cb.set_state(key, value));
-        if actions.exit_loop {
-            cb.exit_loop();
-        }
-        if actions.end_turn {
-            cb.end_turn();
-        }
-        if actions.escalate {
-            cb.escalate();
-        }
-        (out, after)
+        cb.apply(called.effects.writes);
+        cb.raise(called.effects.actions);
+        (called.value, called.arg)
     }
 
     fn text(&self, cb: &CallbackContext, point: &str, extra: Map<String, Value>) -> Option<String> {
@@ -111,24 +113,6 @@ impl PythonCallback {
             Value::String(text) => Some(text),
             _ => None,
         }
-    }
-}
-
-/// Writes the keys of `after["state"]` that differ from `old` (the state the function got)
-/// through `set_state`, in the dict's order; returns the actions `after["actions"]` sets.
-pub(super) fn write_back(after: &Value, old: &Value, set_state: impl Fn(String, Value)) -> Actions {
-    if let (Some(Value::Object(new)), Value::Object(old)) = (after.get("state"), old) {
-        for (key, value) in new {
-            if old.get(key) != Some(value) {
-                set_state(key.clone(), value.clone());
-            }
-        }
-    }
-    let set = |name: &str| after.pointer(&format!("/actions/{name}")) == Some(&Value::Bool(true));
-    Actions {
-        exit_loop: set("exit_loop"),
-        end_turn: set("end_turn"),
-        escalate: set("escalate"),
     }
 }
 
@@ -148,28 +132,24 @@ fn reply(content: String) -> ChatResponse {
     }
 }
 
-fn replace<T>(value: Option<T>) -> CallbackAction<T> {
-    value.map_or(CallbackAction::Continue, CallbackAction::Replace)
-}
-
 fn tool_json(call: &ToolInvocation) -> Value {
     json!({"name": call.name, "call_id": call.call_id, "args": call.args})
 }
 
 impl Callback for PythonCallback {
-    fn before_agent(&self, cb: &CallbackContext) -> CallbackAction<String> {
-        replace(self.text(cb, "before_agent", Map::new()))
+    fn before_agent(&self, cb: &CallbackContext) -> HookAction<String> {
+        HookAction::replace_with(self.text(cb, "before_agent", Map::new()))
     }
 
-    fn after_agent(&self, cb: &CallbackContext) -> CallbackAction<String> {
-        replace(self.text(cb, "after_agent", Map::new()))
+    fn after_agent(&self, cb: &CallbackContext) -> HookAction<String> {
+        HookAction::replace_with(self.text(cb, "after_agent", Map::new()))
     }
 
     fn before_model(
         &self,
         cb: &CallbackContext,
         request: &mut ChatRequest,
-    ) -> CallbackAction<ChatResponse> {
+    ) -> HookAction<ChatResponse> {
         let messages = serde_json::to_value(&request.messages).unwrap_or(Value::Null);
         let (out, after) = self.call(cb, "before_model", extra([("request", messages.clone())]));
         if let Some(changed) = after.get("request").filter(|m| **m != messages) {
@@ -182,7 +162,7 @@ impl Callback for PythonCallback {
                 ),
             }
         }
-        replace(out.as_str().map(|text| reply(text.to_owned())))
+        HookAction::replace_with(out.as_str().map(|text| reply(text.to_owned())))
     }
 
     fn after_model(&self, cb: &CallbackContext, response: &mut ChatResponse) {
@@ -196,24 +176,20 @@ impl Callback for PythonCallback {
         &self,
         cb: &CallbackContext,
         error: &BridgeError,
-    ) -> CallbackAction<ChatResponse> {
+    ) -> HookAction<ChatResponse> {
         let error = Value::String(error.to_string());
-        replace(
+        HookAction::replace_with(
             self.text(cb, "on_model_error", extra([("error", error)]))
                 .map(reply),
         )
     }
 
-    fn before_tool(
-        &self,
-        cb: &CallbackContext,
-        call: &mut ToolInvocation,
-    ) -> CallbackAction<Value> {
+    fn before_tool(&self, cb: &CallbackContext, call: &mut ToolInvocation) -> HookAction<Value> {
         let (out, after) = self.call(cb, "before_tool", extra([("tool", tool_json(call))]));
         if let Some(args) = after.pointer("/tool/args") {
             call.args = args.clone();
         }
-        replace((!out.is_null()).then_some(out))
+        HookAction::replace_with((!out.is_null()).then_some(out))
     }
 
     fn after_tool(&self, cb: &CallbackContext, call: &ToolInvocation, result: &mut Value) {
@@ -229,12 +205,12 @@ impl Callback for PythonCallback {
         cb: &CallbackContext,
         call: &ToolInvocation,
         error: &ToolCallError,
-    ) -> CallbackAction<Value> {
+    ) -> HookAction<Value> {
         let pairs = extra([
             ("tool", tool_json(call)),
             ("error", Value::String(error.to_string())),
         ]);
         let out = self.call(cb, "on_tool_error", pairs).0;
-        replace((!out.is_null()).then_some(out))
+        HookAction::replace_with((!out.is_null()).then_some(out))
     }
 }

@@ -6,7 +6,8 @@
 //!
 //! - [`RlmAgent`]: the RLM loop as an agent (query templated from the state, answer to
 //!   `output_key`, iterations and sub-calls as `metadata` events).
-//! - [`PythonAgent`]: a deterministic step `(state) -> dict of updates`.
+//! - [`PythonAgent`]: a deterministic step: a Python function of the step's context (`ctx`:
+//!   `state`, `actions`), or of the state as a dict returning a dict of updates.
 //! - [`ContextLoader`]: loads the contexts into the session and writes their metadata to
 //!   the state.
 //! - [`PythonCallback`]: a Python callable named in a workflow file as a callback.
@@ -15,6 +16,12 @@
 //! - Python functions named in a workflow file as an `LlmAgent`'s tools: the
 //!   agents' [`PythonFunctionTool`](crate::tools::PythonFunctionTool)s, bound through the
 //!   run's session (keyword arguments, a `tool_context` for the state and actions).
+//!
+//! Every Python function of a workflow reports state changes and actions one way, Google
+//! ADK's: through a context in a parameter named for its kind (`tool_context`,
+//! `callback_context`, `ctx`), whose `state` records writes, deletes and in-place changes
+//! and whose `actions` takes `exit_loop`, `end_turn` and `escalate`; they come back as
+//! [`engine::StateWrite`]s and [`engine::Actions`], applied and reported as any step's.
 //! - [`render_event_log_html`]: a run's JSONL event log as one HTML page (`rlm view`).
 //!
 //! [`register`] teaches the engine's `Registry` to build these from workflow files, and the
@@ -38,8 +45,8 @@ mod view;
 pub use build::{LOAD_CONTEXTS, register};
 pub use callbacks::PythonCallback;
 pub use contexts::{CONTEXTS_KEY, ContextLoader};
-pub use python::{PyCallError, PyFunction};
-pub use python_agent::{ACTIONS_KEY, MESSAGE_KEY, PythonAgent};
+pub use python::{Called, FunctionKind, PyCallError, PyFunction};
+pub use python_agent::PythonAgent;
 pub use rlm_agent::RlmAgent;
 pub use services::FlowKernel;
 pub use state_fn::PythonStateFunction;

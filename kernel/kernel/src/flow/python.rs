@@ -2,14 +2,15 @@
 //!
 //! A [`PyFunction`] is `module:function` / `module.function` (imported from `sys.path`, with
 //! the workflow file's folder in front) or `path/to/file.py:function` (relative to the
-//! workflow file). [`PyFunction::call`] sends one block to the session: load the function,
-//! decode the JSON argument, call it, encode `{"out": result, "arg": argument}` — the
-//! argument comes back because callbacks change it in place. The helper names are local to
-//! one function of the block, so nothing is left in the model's namespace; the two global
-//! names a call needs (its function, its result) are numbered per call, so calls from
-//! concurrent steps (parallel branches, a reply's tool calls) never read each other's result.
-//! [`PyFunction::binding`] is the loading part alone: a workflow tool is bound by it and
-//! then described and called as every Python function tool is (`kernel::tools`).
+//! workflow file). [`PyFunction::call`] runs one block in the session that binds the
+//! function and hands it to the tools' support module (`kernel::tools`), which calls it as
+//! its [`FunctionKind`] says and leaves the JSON of what happened under the call's token:
+//! the value returned, the argument as the function left it (callbacks change it in place),
+//! and the state writes and actions it reported ([`Effects`]) — the one convention every
+//! Python function of a workflow follows, tools included. Nothing is left in the session's
+//! namespace, and calls from concurrent steps (parallel branches, a reply's tool calls)
+//! never read each other's result. [`PyFunction::binding`] is the loading part: a workflow
+//! tool is bound by it and then described and called as every Python function tool is.
 //!
 //! A file is loaded afresh for each call, as a module that starts with the session's
 //! variables (the contexts, `llm_query`, what earlier blocks made), so a step reads the
@@ -17,12 +18,13 @@
 //! once, as Python does, and sees only its own names.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use bridge::CancellationToken;
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::repl::ReplSession;
+use crate::tools::{Effects, function_block, python_str, run_entry};
 
 /// Where a Python function lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +69,9 @@ pub enum PyCallError {
     /// What came back is not the JSON the kernel wrote.
     #[error("The step's result could not be read back: {0}")]
     Result(String),
+    /// The function's form or result does not fit its kind; the text says how to write it.
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl PyFunction {
@@ -123,9 +128,9 @@ impl PyFunction {
             Origin::Module(module) => format!(
                 "{imports}    _base = {base}\n    if _base not in sys.path:\n        sys.path.insert(0, _base)\n    \
                  _fn = getattr(importlib.import_module({module}), {function})\n",
-                base = py_str(&self.base.display().to_string()),
-                module = py_str(module),
-                function = py_str(&self.function),
+                base = python_str(&self.base.display().to_string()),
+                module = python_str(module),
+                function = python_str(&self.function),
             ),
             Origin::File(path) => format!(
                 "{imports}    _spec = importlib.util.spec_from_file_location('rlm_flow_step', {path})\n    \
@@ -135,8 +140,8 @@ impl PyFunction {
                  _g = globals()\n    \
                  _mod.__dict__.update({{k: v for k, v in _g.items() if not k.startswith('_')}})\n    \
                  _spec.loader.exec_module(_mod)\n    _fn = getattr(_mod, {function})\n",
-                path = py_str(&path.display().to_string()),
-                function = py_str(&self.function),
+                path = python_str(&path.display().to_string()),
+                function = python_str(&self.function),
             ),
         }
     }
@@ -149,60 +154,116 @@ impl PyFunction {
         }
     }
 
-    /// Calls the function with `arg` and keyword arguments `kwargs` in `session` (blocks;
-    /// `stop` interrupts it). Returns what it returned and the argument as it left it.
+    /// Calls the function as a `kind` with `arg` (the state, or a callback's `ctx`) and
+    /// keyword arguments `kwargs` in `session` (blocks; `stop` interrupts it).
     pub fn call(
         &self,
         session: &ReplSession,
+        kind: FunctionKind,
         arg: &Value,
         kwargs: &Map<String, Value>,
         stop: &CancellationToken,
-    ) -> Result<(Value, Value), PyCallError> {
-        let load = self.binding();
-        let n = CALLS.fetch_add(1, Ordering::Relaxed);
-        let out_var = format!("{OUT}_{n}");
-        let code = format!(
-            "def __rlm_flow_call_{n}():\n    import json\n{load}    \
-             _arg = json.loads({arg})\n    _out = _fn(_arg, **json.loads({kwargs}))\n    \
-             return json.dumps({{'out': _out, 'arg': _arg}})\n\
-             {out_var} = __rlm_flow_call_{n}()\ndel __rlm_flow_call_{n}\n",
-            arg = py_str(&arg.to_string()),
-            kwargs = py_str(&Value::Object(kwargs.clone()).to_string()),
-        );
-        let session_error = |e: crate::repl::ReplError| PyCallError::Session(e.to_string());
-        let ran = session.exec_until_stopped(&code, stop);
+    ) -> Result<Called, PyCallError> {
+        let (binding, name) = (self.binding(), python_str(&self.function));
+        let kind = python_str(kind.name());
+        let arg = python_str(&arg.to_string());
+        let kwargs = python_str(&Value::Object(kwargs.clone()).to_string());
+        let (result, out) = run_entry(session, stop, |token| {
+            function_block(
+                token,
+                &binding,
+                &format!("call_flow(_fn, {name}, {kind}, {token}, {arg}, {kwargs})"),
+            )
+        })
+        .map_err(|e| PyCallError::Session(e.to_string()))?;
         if stop.is_cancelled() {
             session.interrupt();
         }
-        let ran = ran.map_err(session_error)?;
-        let read = session.variable_as_string(&out_var).map_err(session_error);
-        // Leave nothing behind, whatever happened.
-        let _ = session.exec(&format!("globals().pop({}, None)", py_str(&out_var)));
-        if let Some(error) = ran.error {
+        if let Some(error) = result.error {
             return Err(PyCallError::Raised {
                 type_name: error.type_name,
                 message: error.message,
                 traceback: error.traceback,
             });
         }
-        let text = read?.ok_or_else(|| PyCallError::Result("no result was set".to_owned()))?;
-        let mut both: Map<String, Value> =
-            serde_json::from_str(&text).map_err(|e| PyCallError::Result(e.to_string()))?;
-        let out = both.remove("out").unwrap_or(Value::Null);
-        let arg = both.remove("arg").unwrap_or(Value::Null);
-        Ok((out, arg))
+        let text = out.ok_or_else(|| PyCallError::Result("no result was set".to_owned()))?;
+        match serde_json::from_str(&text).map_err(|e| PyCallError::Result(e.to_string()))? {
+            Outcome::Returned {
+                value,
+                arg,
+                effects,
+            } => Ok(Called {
+                value,
+                arg,
+                effects,
+            }),
+            Outcome::Invalid(message) => Err(PyCallError::Refused(message)),
+            Outcome::Raised {
+                type_name,
+                message,
+                traceback,
+            } => Err(PyCallError::Raised {
+                type_name,
+                message,
+                traceback,
+            }),
+        }
     }
 }
 
-/// The variable the call's JSON result is left in, for one read (numbered per call).
-const OUT: &str = "__rlm_flow_out";
+/// What kind of workflow function a [`PyFunction`] is: how it is called, and the parameter
+/// its context arrives in (as Google ADK names it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FunctionKind {
+    /// A `PythonAgent`: `ctx`, or (the form documented first) the state as a dict,
+    /// returning a dict of updates.
+    Step,
+    /// A callback: `callback_context`, or (the form documented first) one `ctx` dict.
+    Callback,
+    /// A `python` test of a condition or gate: the state as a dict, returning a value.
+    StateFunction,
+}
 
-/// Calls so far in this process: the number of the next call's global names.
-static CALLS: AtomicU64 = AtomicU64::new(0);
+impl FunctionKind {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Step => "step",
+            Self::Callback => "callback",
+            Self::StateFunction => "state_function",
+        }
+    }
+}
 
-/// `text` as a Python string literal (a JSON string is one, as serde writes it).
-fn py_str(text: &str) -> String {
-    Value::String(text.to_owned()).to_string()
+/// What a call returned.
+#[derive(Debug, Default)]
+pub struct Called {
+    /// What the function returned (a step: its message, or `null`).
+    pub value: Value,
+    /// The argument as the function left it (a callback's `ctx`: its `request`, `tool`, ...).
+    pub arg: Value,
+    /// The state writes and actions it reported.
+    pub(crate) effects: Effects,
+}
+
+/// What a call left in the support module.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Outcome {
+    Returned {
+        #[serde(default)]
+        value: Value,
+        #[serde(default)]
+        arg: Value,
+        #[serde(flatten)]
+        effects: Effects,
+    },
+    Invalid(String),
+    Raised {
+        #[serde(rename = "type")]
+        type_name: String,
+        message: String,
+        traceback: String,
+    },
 }
 
 #[cfg(test)]

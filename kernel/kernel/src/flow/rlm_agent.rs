@@ -5,7 +5,8 @@
 //! [`FlowKernel`](super::FlowKernel)) on a thread of its own, since the loop blocks; the
 //! final answer is its message and goes to `output_key`. Each iteration, sub-call and the
 //! loop's end are `metadata` events (`rlm_iteration`, `rlm_sub_call`, `rlm_result`): counts,
-//! timings, tokens and termination, never the contexts. Its model callbacks see each root
+//! timings, tokens, termination, and each iteration's code blocks with what they printed,
+//! capped as the trajectory caps them — never the contexts themselves. Its model callbacks see each root
 //! call (a `before_model` answer replaces the call's reply; an `after_model` change is what
 //! the loop reads). Ctrl-C, the run's timeout or a spent budget stop the loop at its next
 //! step; a limit of the loop itself (iterations, its own timeout) still gives the best
@@ -235,10 +236,7 @@ impl Hook for Relay {
         let cb = self.ctx.callback_context();
         let answer = callbacks.first(|c| c.before_model(&cb, request));
         self.absorb(&cb);
-        match answer {
-            Some(response) => HookAction::Replace(response.content),
-            None => HookAction::Continue,
-        }
+        answer.map(|response| response.content)
     }
 
     fn after_model_call(&mut self, call: &mut ModelCall) {
@@ -286,12 +284,15 @@ impl Hook for Relay {
         ));
     }
 
+    /// The iteration's code blocks and their outputs go in too, capped as the trajectory
+    /// caps them (head and tail of each output, of each sub-call's prompt and reply).
     fn after_iteration(&mut self, record: &mut IterationRecord) {
         self.emit(Event::metadata(
             "rlm_iteration",
             json!({
                 "iteration": record.metadata,
                 "execution": record.execution,
+                "blocks": record.blocks,
                 "root_call": record.root_call,
                 "model_ms": record.model_ms,
                 "execution_ms": record.execution_ms,

@@ -13,7 +13,7 @@ use engine::State;
 use engine::condition::StateFunction;
 use serde_json::{Map, Value};
 
-use super::python::PyFunction;
+use super::python::{FunctionKind, PyFunction};
 use super::services::FlowKernel;
 
 /// A Python function of the state; see the module docs.
@@ -40,8 +40,14 @@ impl StateFunction for PythonStateFunction {
         let session = self.kernel.session().map_err(|e| e.to_string())?;
         let state = Value::Object(state.values().clone());
         self.function
-            .call(&session, &state, &Map::new(), &CancellationToken::new())
-            .map(|(out, _)| out)
+            .call(
+                &session,
+                FunctionKind::StateFunction,
+                &state,
+                &Map::new(),
+                &CancellationToken::new(),
+            )
+            .map(|called| called.value)
             .map_err(|e| e.to_string())
     }
 }

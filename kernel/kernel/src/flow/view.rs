@@ -3,8 +3,9 @@
 //!
 //! The page is the run's agent tree: each agent run is a `<details>` (open) titled with its
 //! name and how it ended, holding its steps in order — messages, tool calls and results,
-//! the state each step wrote, loop iterations and metadata records (an RLM agent's
-//! iterations and sub-calls) — and its sub-agents' runs nested where they ran. Events are
+//! the state writes each step made, loop iterations and metadata records (an RLM agent's
+//! iterations with their code blocks and outputs, and its sub-calls) — and its sub-agents'
+//! runs nested where they ran. Events are
 //! read loosely, so a log cut short by a killed run shows everything up to its last
 //! complete line.
 
@@ -28,7 +29,7 @@ pub enum EventLogViewError {
 const STYLE: &str = "body{font:14px/1.45 system-ui,sans-serif;margin:1.5em;color:#222}\
 details{border-left:2px solid #ccd;margin:.3em 0 .3em .6em;padding-left:.6em}\
 summary{cursor:pointer;font-weight:600}.dim{color:#777;font-weight:400}\
-pre{background:#f6f6f8;padding:.4em .6em;white-space:pre-wrap;margin:.2em 0}\
+pre{background:#f6f6f8;padding:.4em .6em;white-space:pre-wrap;margin:.2em 0}.code{border-left:3px solid #99c}\
 .ev{margin:.2em 0}.st-failed,.st-cancelled{color:#b00}.st-completed,.st-exited_loop{color:#070}\
 .tag{display:inline-block;min-width:6em;color:#555}";
 
@@ -182,30 +183,135 @@ fn render_step(out: &mut String, kind: &str, event: &Value) {
         );
     }
     if let Some(metadata) = event.get("metadata").filter(|m| !m.is_null()) {
-        let _ = write!(out, "<pre>{}</pre>", escape(&metadata.to_string()));
+        if str_of(event, "topic") == Some("rlm_iteration") {
+            render_rlm_iteration(out, metadata);
+        } else {
+            let _ = write!(out, "<pre>{}</pre>", escape(&metadata.to_string()));
+        }
     }
     out.push_str("</div>");
     render_delta(out, event);
 }
 
+/// The state an event wrote: its writes (a replace `key = value`, an append `key += items`,
+/// a delete), or the object of values logs written before writes had their own form hold.
 fn render_delta(out: &mut String, event: &Value) {
-    let Some(delta) = event.get("delta").and_then(Value::as_object) else {
-        return;
-    };
-    for (key, value) in delta {
+    let line = |out: &mut String, key: &str, op: &str, value: Option<&Value>| {
         let shown = match value {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
+            Some(Value::String(s)) => format!(" <pre>{}</pre>", escape(s)),
+            Some(other) => format!(" <pre>{}</pre>", escape(&other.to_string())),
+            None => String::new(),
         };
         let _ = write!(
             out,
-            "<div class=\"ev\"><span class=\"tag\">state</span><code>{}</code> = <pre>{}</pre></div>",
-            escape(key),
-            escape(&shown)
+            "<div class=\"ev\"><span class=\"tag\">state</span><code>{}</code> {op}{shown}</div>",
+            escape(key)
         );
+    };
+    match event.get("delta") {
+        Some(Value::Array(writes)) => {
+            for write in writes {
+                let key = str_of(write, "key").unwrap_or("?");
+                match str_of(write, "op") {
+                    Some("append") => line(out, key, "+=", write.get("items")),
+                    Some("delete") => line(out, key, "deleted", None),
+                    _ => line(out, key, "=", write.get("value")),
+                }
+            }
+        }
+        Some(Value::Object(values)) => {
+            for (key, value) in values {
+                line(out, key, "=", Some(value));
+            }
+        }
+        _ => {}
     }
+}
+
+/// An RLM agent's iteration: each block's code and what it printed (capped as the
+/// trajectory caps it), then the rest of the record.
+fn render_rlm_iteration(out: &mut String, metadata: &Value) {
+    for block in metadata
+        .get("blocks")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let _ = write!(
+            out,
+            "<pre class=\"code\">{}</pre>",
+            escape(str_of(block, "code").unwrap_or(""))
+        );
+        for stream in ["stdout", "stderr"] {
+            if let Some(text) = str_of(block, stream).filter(|t| !t.is_empty()) {
+                let _ = write!(
+                    out,
+                    "<div><span class=\"dim\">{stream}</span><pre>{}</pre></div>",
+                    escape(text)
+                );
+            }
+        }
+    }
+    let mut rest = metadata.clone();
+    if let Some(map) = rest.as_object_mut() {
+        map.remove("blocks");
+    }
+    let _ = write!(out, "<pre>{}</pre>", escape(&rest.to_string()));
 }
 
 fn str_of<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
     value.get(key).and_then(Value::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn page(events: &[Value]) -> String {
+        let jsonl: String = events.iter().map(|e| format!("{e}\n")).collect();
+        render_event_log_html(&jsonl).expect("an event log")
+    }
+
+    #[test]
+    fn writes_show_as_replace_append_and_delete_and_old_logs_still_render() {
+        let start = json!({"author": "a", "branch": "a", "kind": "start"});
+        let update = json!({"author": "a", "branch": "a", "kind": "state_update", "delta": [
+            {"op": "replace", "key": "plan", "value": "ship"},
+            {"op": "append", "key": "messages", "items": [{"author": "a"}]},
+            {"op": "delete", "key": "draft"},
+        ]});
+        let html = page(&[start.clone(), update]);
+        assert!(
+            html.contains("<code>plan</code> = <pre>ship</pre>"),
+            "{html}"
+        );
+        assert!(html.contains("<code>messages</code> +="), "{html}");
+        assert!(html.contains("<code>draft</code> deleted"), "{html}");
+        let old = json!({"author": "a", "branch": "a", "kind": "state_update",
+            "delta": {"plan": "ship"}});
+        let html = page(&[start, old]);
+        assert!(
+            html.contains("<code>plan</code> = <pre>ship</pre>"),
+            "{html}"
+        );
+    }
+
+    #[test]
+    fn an_rlm_iteration_shows_its_code_and_output() {
+        let iteration = json!({"author": "rlm", "branch": "rlm", "kind": "metadata",
+            "topic": "rlm_iteration", "metadata": {"blocks": [
+                {"code": "print(1 < 2)", "stdout": "True\n", "stderr": ""}
+            ], "model_ms": 3.0}});
+        let html = page(&[
+            json!({"author": "rlm", "branch": "rlm", "kind": "start"}),
+            iteration,
+        ]);
+        assert!(
+            html.contains("<pre class=\"code\">print(1 &lt; 2)</pre>"),
+            "{html}"
+        );
+        assert!(html.contains("<pre>True\n</pre>"), "{html}");
+        assert!(html.contains("model_ms"), "{html}");
+    }
 }

@@ -30,16 +30,10 @@ use super::metadata::RlmResult;
 use crate::repl::{ContextMetadata, ExecutionResult};
 use bridge::{ChatRequest, ChatResponse, Ledger, Message, SubCallMetadata};
 
-/// What a before-hook wants the loop to do.
-#[derive(Debug, Clone, PartialEq)]
-pub enum HookAction<T> {
-    /// Go on as planned.
-    Continue,
-    /// Skip the step and use this as its output.
-    Replace(T),
-    /// End the run; the reason is reported with `stopped_by_hook`.
-    Stop(String),
-}
+/// What a before-hook wants the loop to do: the engine's, the one answer of every hook (the
+/// agent loop's and the workflow callbacks' too). `Stop` ends the run with the termination
+/// reason `stopped_by_hook`.
+pub use engine::HookAction;
 
 /// What a run starts with, for [`Hook::before_run`].
 #[derive(Debug, Clone, Serialize)]

@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bridge::CancellationToken;
-use engine::{Actions, Tool, ToolContext, ToolError};
+use engine::{Tool, ToolContext, ToolError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::PyModule;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{CALL_SLACK, PythonToolError, block_failure, failure_text, on_session};
+use super::{CALL_SLACK, Effects, PythonToolError, block_failure, failure_text, on_session};
 use crate::repl::{ExecutionResult, ReplError, ReplSession};
 
 /// The support module's name in `sys.modules`.
@@ -93,12 +94,9 @@ enum CallOutcome {
     Returned {
         /// The return value, as JSON.
         value: Value,
-        /// The state keys its `tool_context` wrote, in order.
-        #[serde(default)]
-        state: Vec<(String, Value)>,
-        /// The actions its `tool_context` took.
-        #[serde(default)]
-        actions: Actions,
+        /// The writes and actions of its `tool_context`.
+        #[serde(flatten)]
+        effects: Effects,
     },
     /// The arguments did not fit the signature.
     Invalid(String),
@@ -357,23 +355,8 @@ impl Tool for PythonFunctionTool {
         };
         bridge::secret::redactor().redact_in_place(&mut out);
         match serde_json::from_str(&out) {
-            Ok(CallOutcome::Returned {
-                value,
-                state,
-                actions,
-            }) => {
-                for (key, value) in state {
-                    ctx.set_state(key, value);
-                }
-                if actions.exit_loop {
-                    ctx.exit_loop();
-                }
-                if actions.end_turn {
-                    ctx.end_turn();
-                }
-                if actions.escalate {
-                    ctx.escalate();
-                }
+            Ok(CallOutcome::Returned { value, effects }) => {
+                effects.report_to(ctx);
                 Ok(value)
             }
             Ok(CallOutcome::Invalid(message)) => Err(ToolError::InvalidArguments(message)),
@@ -402,7 +385,7 @@ impl Tool for PythonFunctionTool {
 
 /// A block that binds the function (`binding`) inside a function of its own, numbered by
 /// `token`, and calls the support module's `entry` there; the function is gone afterwards.
-fn function_block(token: u64, binding: &str, entry: &str) -> String {
+pub(crate) fn function_block(token: u64, binding: &str, entry: &str) -> String {
     format!(
         "def __rlm_tool_{token}():\n{binding}    __import__({helper}).{entry}\n\
          try:\n    __rlm_tool_{token}()\nfinally:\n    del __rlm_tool_{token}\n",
@@ -439,7 +422,7 @@ fn described<T: serde::de::DeserializeOwned>(
 /// Runs the support module's entry point written by `code(token)` as a block of `session`,
 /// then pops what it left under `token`. Holds the GIL only to install the module and to
 /// take the result.
-fn run_entry(
+pub(crate) fn run_entry(
     session: &ReplSession,
     stop: &CancellationToken,
     code: impl FnOnce(u64) -> String,
@@ -458,23 +441,25 @@ fn run_entry(
     Ok((result, out))
 }
 
-/// The support module, loaded into `sys.modules` on first use.
+/// The support module, loaded into `sys.modules` on first use — once, even when concurrent
+/// calls (parallel steps) start together: a module still executing is in `sys.modules`
+/// already, so a second caller must wait for it rather than find it there half made.
 fn helper(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
-    let modules = py.import("sys")?.getattr("modules")?;
-    if let Ok(module) = modules.get_item(HELPER)
-        && let Ok(module) = module.cast_into::<PyModule>()
-    {
-        return Ok(module);
-    }
-    let source = CString::new(HELPER_SOURCE)?;
-    let name = CString::new(HELPER)?;
-    // Named like the kernel's support module, so its frames are cut from user tracebacks.
-    let module = PyModule::from_code(py, &source, c"<rlm-kernel>", &name)?;
-    modules.set_item(HELPER, &module)?;
-    Ok(module)
+    static LOADED: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+    let module = LOADED.get_or_try_init(py, || -> PyResult<Py<PyModule>> {
+        let source = CString::new(HELPER_SOURCE)?;
+        let name = CString::new(HELPER)?;
+        // Named like the kernel's support module, so its frames are cut from user tracebacks.
+        let module = PyModule::from_code(py, &source, c"<rlm-kernel>", &name)?;
+        py.import("sys")?
+            .getattr("modules")?
+            .set_item(HELPER, &module)?;
+        Ok(module.unbind())
+    })?;
+    Ok(module.bind(py).clone())
 }
 
 /// `text` as a Python string literal (JSON's string syntax is a subset of Python's).
-fn python_str(text: &str) -> String {
+pub(crate) fn python_str(text: &str) -> String {
     Value::String(text.to_owned()).to_string()
 }

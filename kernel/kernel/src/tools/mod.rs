@@ -12,7 +12,9 @@
 //!   (`support.py` documents the mapping); its return value goes back as JSON. A parameter
 //!   named `tool_context` (Google ADK's convention) is left out of the schema and gets the
 //!   call's `state` (reads see the state, writes become the call's state delta) and
-//!   `actions` (`exit_loop`, `end_turn`, `escalate`).
+//!   `actions` (`exit_loop`, `end_turn`, `escalate`) — the one convention of every Python
+//!   function of a workflow (`support.py` describes it): what the call wrote and raised
+//!   comes back as [`Effects`]-shaped JSON, `{"writes": [...], "actions": {...}}`.
 //!
 //! # Execution path
 //! A call never runs Python on a tokio worker thread, and holds the GIL only to convert:
@@ -45,13 +47,35 @@ mod python;
 use std::sync::Arc;
 
 use bridge::CancellationToken;
-use engine::ToolError;
+use engine::{Actions, StateDelta, ToolContext, ToolError};
+use serde::Deserialize;
 
 use crate::repl::{ExecutionResult, ReplSession};
 
 pub use error::PythonToolError;
 pub use function::{FunctionHome, PythonFunctionTool};
+pub(crate) use function::{function_block, python_str, run_entry};
 pub use python::PythonTool;
+
+/// What a Python function reported through its context: its state writes, in order, and
+/// the actions it raised. Tools, callbacks and steps all report this way.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct Effects {
+    /// Its writes (replace, append, delete).
+    #[serde(default)]
+    pub(crate) writes: StateDelta,
+    /// Its actions.
+    #[serde(default)]
+    pub(crate) actions: Actions,
+}
+
+impl Effects {
+    /// Applies the writes and raises the actions through a tool call's context.
+    pub(crate) fn report_to(self, ctx: &ToolContext) {
+        ctx.apply(self.writes);
+        ctx.raise(self.actions);
+    }
+}
 
 /// How much longer than the cell time limit a call may take: the limit is enforced by the
 /// session, which reports it; this only covers the report's way back.

@@ -12,11 +12,14 @@ session's namespace, which it leaves as it found it.
 - `describe(ns, names, token)`: describes functions of the namespace by name.
 - `describe_function(fn, name, where, token)`: describes one function object, which the
   kernel's block bound first (a session's function, a workflow file's `tools.py:lookup`).
-- `call_function(fn, name, token, arguments_json, context_json)`: calls a function with
+- `call_function(fn, name, token, arguments_json, context_json)`: calls a tool with
   keyword arguments; the return value becomes JSON (falling back to `repr`). Arguments that
   do not fit the signature are reported, not raised; so is an exception of the function,
   with a traceback that starts at the function. Interrupts (time limit, cancellation) end
   the block.
+- `call_flow(fn, name, kind, token, arg_json, kwargs_json)`: calls a workflow's Python step
+  (`kind` `step`), callback (`callback`) or state function (`state_function`), reported as
+  `call_function` reports.
 
 A description is `{"name", "description", "parameters", "takes_context", "takes_any"}`,
 with a JSON Schema derived from the signature (type hints: str, int, float, bool,
@@ -24,11 +27,17 @@ list/tuple/set, dict, Optional/Union, Literal, Enum, Annotated; a parameter with
 is not required) and the docstring (the prose before the first section is the description;
 Google `Args:`, NumPy `Parameters`, and Sphinx `:param x:` entries describe the parameters).
 
-A parameter named `tool_context` (Google ADK's name) is not part of the schema: the call
-passes a `ToolContext` there, whose `state` reads the workflow's state as the call starts
-and records writes (the call's state delta), and whose `actions` the function may set
-(`exit_loop`, `end_turn` or its ADK name `skip_summarization`, `escalate`). The delta and
-actions go back with the return value; an exception discards them.
+One convention for every Python function of a workflow — a tool, a callback, a step — as in
+Google ADK: the function gets a `Context` in a parameter named for its kind (`tool_context`
+for a tool, which is left out of its schema; `callback_context` for a callback; `ctx` for a
+step, as ADK's function nodes name it). `context.state` reads the workflow's state as the
+call starts; assigning a key, deleting one (`del context.state["k"]`) and changing a value
+in place are the call's writes — a list that only grew at its end is an append of the new
+items — and `context.actions` takes the actions (`exit_loop`, `end_turn` or its ADK name
+`skip_summarization`, `escalate`). The writes and actions go back with the return value as
+`{"writes": [...], "actions": {...}}`; an exception discards them. The forms documented
+before it — a step `(state) -> dict of updates` with `__actions__` and `__message__`, a
+callback taking one `ctx` dict — still work and report their effects the same way.
 """
 
 import ast
@@ -57,8 +66,14 @@ _PARAM_SECTIONS = {
     "Args", "Arguments", "Parameters", "Params", "Keyword Args", "Keyword Arguments",
     "Other Parameters",
 }
-# The parameter that receives the `ToolContext`, as in Google ADK.
+# The parameter that receives the `Context`, per kind of function, as Google ADK names it.
 CONTEXT_PARAMETER = "tool_context"
+CONTEXT_PARAMETERS = {"tool": "tool_context", "callback": "callback_context", "step": "ctx"}
+
+# What a step that takes the state as a dict may return besides state keys.
+ACTIONS_KEY = "__actions__"
+MESSAGE_KEY = "__message__"
+ACTION_NAMES = ("exit_loop", "end_turn", "escalate")
 
 
 class ToolDefinitionError(Exception):
@@ -359,7 +374,11 @@ def call_function(fn, name, token, arguments_json, context_json):
         if CONTEXT_PARAMETER in kwargs:
             _store(token, {"invalid": f"`{CONTEXT_PARAMETER}` is given by the kernel, not as an argument"})
             return
-        context = ToolContext(json.loads(context_json))
+        given = json.loads(context_json)
+        context = Context(
+            given.get("state") or {}, CONTEXT_PARAMETER,
+            function_call_id=given.get("function_call_id"),
+        )
         kwargs = dict(kwargs, **{CONTEXT_PARAMETER: context})
     try:
         inspect.signature(fn).bind(**kwargs)
@@ -377,24 +396,183 @@ def call_function(fn, name, token, arguments_json, context_json):
         return
     returned = {"value": to_json(value)}
     if context is not None:
-        returned["state"] = context.state._delta()
-        returned["actions"] = context.actions._taken()
+        try:
+            returned.update(context._effects())
+        except _InvalidStep as e:
+            _store(token, {"raised": {"type": "TypeError", "message": str(e), "traceback": ""}})
+            return
     _store(token, {"returned": returned})
 
 
-class ToolState(collections.abc.MutableMapping):
-    """The workflow's state as a tool sees it: a mapping of JSON values.
+def _context_parameter(fn, kind):
+    """The name of `fn`'s context parameter for `kind`, if it takes one."""
+    wanted = CONTEXT_PARAMETERS.get(kind)
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    return wanted if wanted in parameters else None
 
-    Reads see the state as the call started; writes are visible at once to the function and
-    become the call's state delta, applied before the next tool runs. A value changed in
-    place (`state["seen"].append(x)`) counts as written.
+
+def _misnamed_context(fn, name, kind):
+    """Why `fn` cannot be called as a `kind`: it takes another kind's context parameter."""
+    wanted = CONTEXT_PARAMETERS[kind]
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    # A callback's `ctx` is the one dict of the form documented first, not a misnamed context.
+    others = [n for n in CONTEXT_PARAMETERS.values() if n != wanted and (kind, n) != ("callback", "ctx")]
+    for other in others:
+        if other in parameters and wanted not in parameters:
+            return (
+                f"`{name}` takes `{other}`, but a {kind} gets its context as `{wanted}`: write "
+                f"`def {name}({wanted}, ...)` and use `{wanted}.state` and `{wanted}.actions`"
+            )
+    return None
+
+
+def call_flow(fn, name, kind, token, arg_json, kwargs_json):
+    if not callable(fn):
+        _store(token, {"invalid": f"The function `{name}` is no longer defined in the session"})
+        return
+    arg = json.loads(arg_json)
+    kwargs = json.loads(kwargs_json)
+    if kind in CONTEXT_PARAMETERS:
+        misnamed = _misnamed_context(fn, name, kind)
+        if misnamed is not None:
+            _store(token, {"invalid": misnamed})
+            return
+    param = _context_parameter(fn, kind)
+    if param is not None and param in kwargs:
+        _store(token, {"invalid": f"`{param}` is given by the kernel, not as an argument"})
+        return
+    try:
+        if kind == "step" and param is not None:
+            context = Context(arg, param)
+            value = fn(**{param: context}, **kwargs)
+            if value is not None and not isinstance(value, str):
+                _store(token, {"invalid": (
+                    f"`{name}` takes `{param}` and returned {_kind_of(value)}: such a step writes "
+                    f"the state through `{param}.state` and returns its message (a str) or None"
+                )})
+                return
+            returned = {"value": value, "arg": None}
+            returned.update(context._effects())
+        elif kind == "step":
+            returned = _dict_step(name, fn(arg, **kwargs))
+        elif kind == "callback" and param is not None:
+            about = {k: v for k, v in arg.items() if k not in ("state", "actions")}
+            context = Context(arg.get("state") or {}, param, **about)
+            value = fn(**{param: context}, **kwargs)
+            returned = {"value": to_json(value), "arg": to_json(context._about)}
+            returned.update(context._effects())
+        elif kind == "callback":
+            before = json.loads(json.dumps(arg.get("state") or {}))
+            value = fn(arg, **kwargs)
+            state = arg.get("state")
+            taken = arg.get("actions") if isinstance(arg.get("actions"), dict) else {}
+            returned = {
+                "value": to_json(value),
+                "arg": to_json(arg),
+                "writes": _writes(before, state if isinstance(state, dict) else before, ()),
+                "actions": {n: taken.get(n) is True for n in ACTION_NAMES},
+            }
+        else:
+            returned = {"value": to_json(fn(arg, **kwargs)), "arg": None}
+    except _InvalidStep as e:
+        _store(token, {"invalid": str(e)})
+        return
+    except Exception as e:
+        _store(token, {"raised": _describe_exception(e.with_traceback(e.__traceback__.tb_next))})
+        return
+    _store(token, {"returned": returned})
+
+
+class _InvalidStep(Exception):
+    pass
+
+
+def _kind_of(value):
+    if value is None:
+        return "None"
+    names = {bool: "a bool", int: "a number", float: "a number", str: "a str", list: "a list",
+             tuple: "a list", dict: "a dict"}
+    return names.get(type(value), f"a `{type(value).__name__}`")
+
+
+def _dict_step(name, out):
+    """What a step that takes the state as a dict reported: its dict of updates."""
+    if out is None:
+        out = {}
+    if not isinstance(out, dict):
+        raise _InvalidStep(
+            f"Python step `{name}` returned {_kind_of(out)}, not a dict of state updates (or `None`)"
+        )
+    updates, actions, message = {}, {n: False for n in ACTION_NAMES}, None
+    for key, value in out.items():
+        if key == ACTIONS_KEY:
+            names = [value] if isinstance(value, str) else value
+            if not isinstance(names, (list, tuple)):
+                raise _InvalidStep(
+                    f"`{ACTIONS_KEY}` must list actions (`exit_loop`, `end_turn`, `escalate`), "
+                    f"not {_kind_of(value)}"
+                )
+            for action in names:
+                if action not in ACTION_NAMES:
+                    raise _InvalidStep(
+                        f"`{action}` in `{ACTIONS_KEY}` is not an action; expected `exit_loop`, "
+                        "`end_turn` or `escalate`"
+                    )
+                actions[action] = True
+        elif key == MESSAGE_KEY:
+            if not isinstance(value, str):
+                raise _InvalidStep(f"`{MESSAGE_KEY}` must be a str, not {_kind_of(value)}")
+            message = value
+        else:
+            updates[str(key)] = value
+    return {"value": message, "arg": None, "writes": _writes({}, updates, updates),
+            "actions": actions}
+
+
+def _writes(before, values, written):
+    """The writes that turn `before` into `values` (keys in `written` count as written even
+    if unchanged): a deleted key is a delete, a list that only grew at its end an append of
+    the new items, any other change a replace."""
+    missing = object()
+    writes = [{"op": "delete", "key": key} for key in before if key not in values]
+    for key, value in values.items():
+        old = before.get(key, missing)
+        if key not in written and old == value:
+            continue
+        try:
+            value = json.loads(json.dumps(value, allow_nan=False))
+        except (TypeError, ValueError) as e:
+            raise _InvalidStep(
+                f"State key `{key}` holds a value that is not JSON ({e}); state values are "
+                "str, numbers, bools, None, and lists and dicts of them"
+            ) from None
+        if isinstance(old, list) and isinstance(value, list) and len(value) > len(old) \
+                and value[:len(old)] == old:
+            writes.append({"op": "append", "key": str(key), "items": value[len(old):]})
+        else:
+            writes.append({"op": "replace", "key": str(key), "value": value})
+    return writes
+
+
+class State(collections.abc.MutableMapping):
+    """The workflow's state as a Python function sees it: a mapping of JSON values.
+
+    Reads see the state as the call started; writes and deletes are visible at once to the
+    function and become the call's writes, applied before the next step runs. A value
+    changed in place (`state["seen"].append(x)`) counts as written.
     """
 
     __slots__ = ("_values", "_before", "_written")
 
-    def __init__(self, values, before):
+    def __init__(self, values):
         self._values = values
-        self._before = before
+        self._before = json.loads(json.dumps(values))
         self._written = set()
 
     def __getitem__(self, key):
@@ -407,7 +585,8 @@ class ToolState(collections.abc.MutableMapping):
         self._written.add(key)
 
     def __delitem__(self, key):
-        raise TypeError(f"State key `{key}` cannot be deleted; set it to `None` instead")
+        del self._values[key]
+        self._written.discard(key)
 
     def __iter__(self):
         return iter(self._values)
@@ -416,34 +595,30 @@ class ToolState(collections.abc.MutableMapping):
         return len(self._values)
 
     def __repr__(self):
-        return f"ToolState({self._values!r})"
+        return f"State({self._values!r})"
 
     def to_dict(self):
         """A copy of the state as a plain dict."""
         return dict(self._values)
 
-    def _delta(self):
-        missing = object()
-        return [
-            [key, to_json(value)]
-            for key, value in self._values.items()
-            if key in self._written or self._before.get(key, missing) != value
-        ]
+    def _writes(self):
+        return _writes(self._before, self._values, self._written)
 
 
-class ToolActions:
-    """The actions a tool may take, by setting them to `True`.
+class Actions:
+    """The actions a function may take, by setting them to `True`.
 
     `exit_loop` ends the nearest enclosing loop, `end_turn` ends the calling agent's turn (no
     further model call; ADK calls it `skip_summarization`), `escalate` stops the whole run.
     ADK code that ends a loop with `escalate` sets `exit_loop` here.
     """
 
-    __slots__ = ("exit_loop", "end_turn", "escalate")
+    __slots__ = (*ACTION_NAMES, "_owner")
 
-    def __init__(self):
-        for name in self.__slots__:
+    def __init__(self, owner="context"):
+        for name in ACTION_NAMES:
             object.__setattr__(self, name, False)
+        object.__setattr__(self, "_owner", owner)
 
     @property
     def skip_summarization(self):
@@ -454,40 +629,56 @@ class ToolActions:
         self.end_turn = value
 
     def __setattr__(self, name, value):
-        if name not in self.__slots__ and name != "skip_summarization":
+        if name not in ACTION_NAMES and name != "skip_summarization":
             raise AttributeError(
-                f"`tool_context.actions.{name}` is not an action here; a tool may set "
+                f"`{self._owner}.actions.{name}` is not an action here; a function may set "
                 "`exit_loop` (ends the nearest loop), `end_turn` (ADK's `skip_summarization`) "
-                "and `escalate` (stops the whole run); there is no agent transfer "
-                "(a `RouterAgent` picks the next agent)"
+                "and `escalate` (stops the whole run); there is no agent transfer (a "
+                "`RouterAgent` picks the next agent)"
             )
         object.__setattr__(self, name, value)
 
     def __repr__(self):
-        taken = ", ".join(f"{n}=True" for n in self.__slots__ if getattr(self, n))
-        return f"ToolActions({taken})"
+        taken = ", ".join(f"{n}=True" for n in ACTION_NAMES if getattr(self, n))
+        return f"Actions({taken})"
 
     def _taken(self):
-        return {name: bool(getattr(self, name)) for name in self.__slots__}
+        return {name: getattr(self, name) is True for name in ACTION_NAMES}
 
 
-class ToolContext:
-    """What a tool's `tool_context` parameter receives: `state`, `actions` and
-    `function_call_id`, as in Google ADK."""
+class Context:
+    """What a Python function of a workflow gets, as in Google ADK: `state` and `actions`,
+    and what its call is about (a tool's `function_call_id`; a callback's `point`, `agent`,
+    `branch`, `args` and its point's `request`, `response`, `tool`, `result` or `error`)."""
 
-    __slots__ = ("state", "actions", "function_call_id")
+    __slots__ = ("state", "actions", "_about")
 
-    def __init__(self, context):
-        state = context.get("state") or {}
-        self.state = ToolState(state, json.loads(json.dumps(state)))
-        self.actions = ToolActions()
-        self.function_call_id = context.get("function_call_id")
+    def __init__(self, state, name, **about):
+        object.__setattr__(self, "state", State(state))
+        object.__setattr__(self, "actions", Actions(name))
+        object.__setattr__(self, "_about", about)
 
     def __getattr__(self, name):
-        raise AttributeError(
-            f"`tool_context.{name}` is not available here; a tool context has `state`, "
-            "`actions` and `function_call_id`"
+        about = object.__getattribute__(self, "_about")
+        if name in about:
+            return about[name]
+        has = ", ".join(f"`{n}`" for n in ("state", "actions", *about))
+        raise AttributeError(f"`{name}` is not available here; this context has {has}")
+
+    def __setattr__(self, name, value):
+        about = object.__getattribute__(self, "_about")
+        if name not in about:
+            raise AttributeError(f"`{name}` cannot be set on the context; write state as `state[...]`")
+        about[name] = value
+
+    def __getitem__(self, key):
+        raise TypeError(
+            f"The context is not a dict: read and write the state as `.state[{key!r}]` and set "
+            "actions as `.actions.exit_loop = True`"
         )
+
+    def _effects(self):
+        return {"writes": self.state._writes(), "actions": self.actions._taken()}
 
 
 def _describe_exception(e):

@@ -13,7 +13,7 @@ use engine::flow::{
     Agent, EndStatus, Event, EventKind, EventLog, FlowError, Graph, Invocation, MemorySink,
     RunReport, run_workflow,
 };
-use engine::{SharedState, State};
+use engine::{SharedState, State, StateWrite};
 use kernel::flow::{ContextLoader, FlowKernel, PyFunction, PythonAgent, RlmAgent, register};
 use kernel::repl::{ContextSource, SessionConfig};
 use kernel::rlm::RlmConfig;
@@ -175,6 +175,15 @@ fn a_context_loader_then_an_rlm_agent_answers_a_templated_query_into_its_output_
         iterations[0].metadata["iteration"]["llm_query_calls"],
         json!(1)
     );
+    // Each iteration shows its code blocks and what they printed.
+    let block = &iterations[0].metadata["blocks"][0];
+    assert!(
+        block["code"]
+            .as_str()
+            .is_some_and(|code| code.contains("print(llm_query('say ok'))")),
+        "{block}"
+    );
+    assert_eq!(block["stdout"], json!("ok\n"), "{block}");
     assert_eq!(metadata(&events, "rlm_sub_call").len(), 1);
     let result = metadata(&events, "rlm_result");
     assert_eq!(
@@ -277,6 +286,86 @@ fn python_steps_update_the_state_that_the_next_step_and_iteration_see_and_exit_a
         vars.iter().all(|v| !v.name.starts_with("__rlm_flow")),
         "{vars:?}"
     );
+}
+
+/// The one convention of every Python function of a workflow, as Google ADK writes it: a
+/// step's `ctx` and a callback's `callback_context` hold `state` (writes, deletes, in-place
+/// appends) and `actions`; the effects come back as writes — a delete is a delete, an
+/// appended item an append — and a context parameter under another kind's name is refused
+/// with how to write it.
+#[test]
+fn steps_and_callbacks_report_writes_and_actions_through_their_context() {
+    let s = setup(json!({"models": {}}), Vec::new());
+    s.write(
+        "steps.py",
+        "def tick(ctx, by=1):\n    n = ctx.state.get('n', 0) + by\n    ctx.state['n'] = n\n    \
+         ctx.state['log'].append(n)\n    if 'draft' in ctx.state:\n        del ctx.state['draft']\n    \
+         ctx.state['note'] = None\n    if n >= 4:\n        ctx.actions.exit_loop = True\n    \
+         return f'tick {n}'\n\n\
+         def stamp(callback_context):\n    assert callback_context.point == 'before_agent'\n    \
+         callback_context.state['stamped'] = callback_context.agent\n\n\
+         def misnamed(tool_context):\n    return None\n\n\
+         def returns_dict(ctx):\n    return {'n': 1}\n",
+    );
+    s.write(
+        "tick.yaml",
+        "agent_class: PythonAgent\nname: tick\nfunction: steps.py:tick\nargs: {by: 2}\n\
+         before_agent_callbacks: [{name: steps.py:stamp}]\n",
+    );
+    let root = s.write(
+        "loop.yaml",
+        "agent_class: LoopAgent\nname: loop\nmax_iterations: 5\nsub_agents: [{config_path: tick.yaml}]\n",
+    );
+    let flow = s.build(&root).expect("builds");
+    let start = state(&[("log", json!([])), ("draft", json!("old"))]);
+    let (report, events) = s.run(flow.as_ref(), start);
+    assert_eq!(report.result, Ok(engine::flow::Control::Continue));
+    assert_eq!(report.state.get("n"), Some(&json!(4)));
+    assert_eq!(report.state.get("log"), Some(&json!([2, 4])));
+    assert_eq!(report.state.get("draft"), None, "deleted, not set to null");
+    assert_eq!(report.state.get("note"), Some(&Value::Null));
+    assert_eq!(report.state.get("stamped"), Some(&json!("tick")));
+    let said: Vec<&str> = events
+        .iter()
+        .filter(|e| e.author == "tick" && e.kind == EventKind::Message)
+        .filter_map(|e| e.content.as_deref())
+        .collect();
+    assert_eq!(said, ["tick 2", "tick 4"]);
+    let first = events
+        .iter()
+        .find(|e| e.author == "tick" && e.kind == EventKind::Message)
+        .expect("the first tick");
+    let writes: Vec<StateWrite> = first.delta.iter().cloned().collect();
+    assert!(
+        writes.contains(&StateWrite::Append {
+            key: "log".into(),
+            items: vec![json!(2)]
+        }),
+        "{writes:?}"
+    );
+    assert!(
+        writes.contains(&StateWrite::Delete {
+            key: "draft".into()
+        }),
+        "{writes:?}"
+    );
+
+    for (function, expected) in [
+        (
+            "steps.py:misnamed",
+            "takes `tool_context`, but a step gets its context as `ctx`",
+        ),
+        (
+            "steps.py:returns_dict",
+            "returned a dict: such a step writes the state through `ctx.state`",
+        ),
+    ] {
+        let (report, _) = s.run(&s.python("step", function), State::default());
+        let Err(FlowError::Agent { message, .. }) = &report.result else {
+            panic!("{function}: {:?}", report.result)
+        };
+        assert!(message.contains(expected), "{function}: {message}");
+    }
 }
 
 #[test]
@@ -452,9 +541,9 @@ impl engine::flow::Callback for CancelBeforeModel {
         &self,
         _ctx: &engine::flow::CallbackContext,
         _request: &mut bridge::ChatRequest,
-    ) -> engine::flow::CallbackAction<bridge::ChatResponse> {
+    ) -> engine::HookAction<bridge::ChatResponse> {
         self.0.cancel();
-        engine::flow::CallbackAction::Continue
+        engine::HookAction::Continue
     }
 }
 
@@ -801,8 +890,7 @@ fn concurrent_python_steps_each_get_their_own_result() {
         .filter(|e| e.kind == EventKind::StateUpdate && e.author != "fan");
     for event in steps {
         let own = format!("k{}", &event.author[1..]);
-        let written: Vec<&String> = event.delta.values().keys().collect();
-        assert_eq!(written, [&own], "{}", event.author);
+        assert_eq!(event.delta.keys(), [own.as_str()], "{}", event.author);
         writes += 1;
     }
     assert_eq!(writes, 80);

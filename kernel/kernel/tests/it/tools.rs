@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bridge::CancellationToken;
 use bridge::mock::MockConfig;
-use engine::{SharedState, State, Tool, ToolContext, ToolError};
+use engine::{SharedState, State, StateWrite, Tool, ToolContext, ToolError};
 use kernel::repl::ReplSession;
 use kernel::tools::{PythonFunctionTool, PythonTool, PythonToolError};
 use serde_json::{Value, json};
@@ -315,13 +315,15 @@ fn a_tool_context_parameter_gets_the_state_and_the_actions() {
          tool_context.state['notes'] = tool_context.state.get('notes', []) + [text]\n    \
          tool_context.actions.skip_summarization = True\n    \
          return [len(tool_context.state['notes']), tool_context.function_call_id]\n\n\
-         def forget(tool_context):\n    del tool_context.state['notes']\n\n\
+         def forget(tool_context):\n    del tool_context.state['notes']\n    \
+         tool_context.state['gone'] = None\n\n\
          def halt(tool_context):\n    tool_context.actions.exit_loop = True\n    \
-         tool_context.actions.escalate = True\n",
+         tool_context.actions.escalate = True\n\n\
+         def fail(tool_context):\n    tool_context.state['x'] = 1\n    raise ValueError('no')\n",
     );
     let tools = run(PythonFunctionTool::from_session(
         &session,
-        &["note", "forget", "halt"],
+        &["note", "forget", "halt", "fail"],
     ))
     .expect("tools");
     assert_eq!(
@@ -337,7 +339,14 @@ fn a_tool_context_parameter_gets_the_state_and_the_actions() {
         Ok(json!([2, "call_7"]))
     );
     let (delta, actions) = context.take_effects();
-    assert_eq!(delta.values().get("notes"), Some(&json!(["a", "b"])));
+    // The list only grew at its end: the write is an append of the new item.
+    assert_eq!(
+        delta.iter().cloned().collect::<Vec<_>>(),
+        [StateWrite::Append {
+            key: "notes".into(),
+            items: vec![json!("b")]
+        }]
+    );
     assert!(
         actions.end_turn && !actions.exit_loop && !actions.escalate,
         "ADK's `skip_summarization` is `end_turn`: {actions:?}"
@@ -347,11 +356,24 @@ fn a_tool_context_parameter_gets_the_state_and_the_actions() {
         matches!(&err, Err(ToolError::InvalidArguments(m)) if m.contains("`tool_context` is given by the kernel")),
         "{err:?}"
     );
-    let text = failure(run(tools[1].call(json!({}), &context)));
-    assert!(
-        text.contains("State key `notes` cannot be deleted"),
-        "{text}"
+    // A delete is a write of its own, not a `null`.
+    assert_eq!(run(tools[1].call(json!({}), &context)), Ok(json!(null)));
+    assert_eq!(
+        context.take_effects().0.iter().cloned().collect::<Vec<_>>(),
+        [
+            StateWrite::Delete {
+                key: "notes".into()
+            },
+            StateWrite::Replace {
+                key: "gone".into(),
+                value: json!(null)
+            }
+        ]
     );
+    assert_eq!(context.get_state("notes"), None);
+    assert_eq!(context.get_state("gone"), Some(json!(null)));
+    let text = failure(run(tools[3].call(json!({}), &context)));
+    assert!(text.contains("ValueError: no"), "{text}");
     assert!(
         context.take_effects().0.is_empty(),
         "a failed call writes nothing"
