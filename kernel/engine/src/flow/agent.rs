@@ -7,6 +7,12 @@
 //! composite agents (graphs, loops, sequences, parallel groups) call it for each child and
 //! never repeat that protocol.
 //!
+//! `End` is the last event of every agent run. A cancelled agent ends at once, even if its
+//! run never looks at its token — unless work of the run that reports how it ended when
+//! stopped holds a [`WindingDown`](super::WindingDown) guard (an RLM loop on a thread of its
+//! own): then it waits up to two seconds for its run to return, so the record of how the
+//! work ended comes first. An event of work that outlives its agent's `End` is not logged.
+//!
 //! The three actions and where they stop:
 //!
 //! - `end_turn` ends the current agent's turn; the agent consumes it and its parent moves
@@ -16,6 +22,7 @@
 //! - `escalate` stops the whole invocation ([`Control::Escalate`] travels to the root).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -26,6 +33,10 @@ use super::error::FlowError;
 use super::event::{EndStatus, Event, EventKind};
 use crate::hook::HookAction;
 use crate::tool::Actions;
+
+/// How long a cancelled agent waits for its run to return while work of the run winds down
+/// ([`InvocationContext::winding_down`]); while none does, a cancelled agent ends at once.
+const STEP_WIND_DOWN: Duration = Duration::from_secs(2);
 
 /// The agent classes a workflow knows, as files and graphs name them.
 pub mod class {
@@ -113,20 +124,34 @@ pub async fn run_agent(
 pub async fn run_in(agent: &dyn Agent, ctx: &InvocationContext) -> Result<AgentOutcome, FlowError> {
     ctx.emit(Event::new(EventKind::Start))?;
     let callbacks = ctx.callbacks();
-    let run = async {
-        if callbacks.is_empty() {
-            agent.run(ctx).await
-        } else {
-            run_with_callbacks(agent, ctx, &callbacks).await
-        }
-    };
-    // A cancelled run ends here even if the agent never looks at its token; the agent is
-    // polled first so that nested agents report their own ends, innermost first.
-    let result = tokio::select! {
-        biased;
-        result = run => result,
-        () = ctx.cancel_token().cancelled() => {
-            Err(ctx.stop_reason().unwrap_or(FlowError::Cancelled))
+    let stopped = || ctx.stop_reason().unwrap_or(FlowError::Cancelled);
+    let (result, abandoned) = {
+        let mut run = std::pin::pin!(async {
+            if callbacks.is_empty() {
+                agent.run(ctx).await
+            } else {
+                run_with_callbacks(agent, ctx, &callbacks).await
+            }
+        });
+        // A cancelled run ends here even if the agent never looks at its token; the agent
+        // is polled first so that nested agents report their own ends, innermost first.
+        let finished = tokio::select! {
+            biased;
+            result = &mut run => Some(result),
+            () = ctx.cancel_token().cancelled() => None,
+        };
+        match finished {
+            Some(result) => (result, false),
+            // Work that reports how it ended when stopped (an RLM loop on its own thread)
+            // gets a bounded moment, so that its record comes before this `End`. An
+            // enclosing agent starts its moment after this one's, so it ends later.
+            None if ctx.is_winding_down() => {
+                match tokio::time::timeout(STEP_WIND_DOWN, &mut run).await {
+                    Ok(result) => (result, false),
+                    Err(_) => (Err(stopped()), true),
+                }
+            }
+            None => (Err(stopped()), false),
         }
     };
     let (status, control) = match &result {
@@ -142,7 +167,14 @@ pub async fn run_in(agent: &dyn Agent, ctx: &InvocationContext) -> Result<AgentO
     };
     let mut end = Event::new(EventKind::End { status });
     if let Err(e) = &result {
-        end.content = Some(e.to_string());
+        end.content = Some(if abandoned {
+            format!(
+                "{e} (it did not stop within {} s and was left behind; what it reports later is not logged)",
+                STEP_WIND_DOWN.as_secs()
+            )
+        } else {
+            e.to_string()
+        });
     }
     ctx.emit(end)?;
     let control = result.map(|_| control)?;

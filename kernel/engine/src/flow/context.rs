@@ -21,7 +21,7 @@
 //! journals every write as it is applied, and the graph executor hands each observed node
 //! the writes applied since the last one ([`NodeRecord::writes`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -177,6 +177,9 @@ struct Shared {
     settings: Invocation,
     deadline: Option<Instant>,
     next_seq: AtomicU64,
+    /// How many [`WindingDown`] guards are held: work that reports how it ended when it is
+    /// stopped, so a cancelled agent waits a moment for it before its `End`.
+    winding_down: AtomicUsize,
     /// Held while an event is numbered and handed to the sinks, so sinks see `seq` order.
     emitting: Mutex<()>,
     /// Why the run stops, set once by whoever stops it first.
@@ -198,6 +201,9 @@ struct Frame {
     /// Actions raised by this frame's events.
     actions: Mutex<Actions>,
     end_status: Mutex<Option<EndStatus>>,
+    /// Set (under `emitting`) when this frame's `End` event went out: nothing of it or of
+    /// its descendants is logged after that.
+    ended: AtomicBool,
     history: Arc<Mutex<Vec<Turn>>>,
     callbacks: Callbacks,
     parent: Option<Arc<Frame>>,
@@ -206,6 +212,45 @@ struct Frame {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section is one assignment or push, so a poisoned lock is consistent.
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Work that winds down when its run is cancelled; see [`InvocationContext::winding_down`].
+#[must_use = "the guard holds cancelled agents back only while it lives"]
+pub struct WindingDown(Arc<Shared>);
+
+impl Drop for WindingDown {
+    fn drop(&mut self) {
+        self.0.winding_down.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl std::fmt::Debug for WindingDown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WindingDown")
+    }
+}
+
+/// Whether `frame` or a frame enclosing it has written its `End`.
+fn ended(frame: &Frame) -> bool {
+    let mut up = Some(frame);
+    while let Some(f) = up {
+        if f.ended.load(Ordering::Acquire) {
+            return true;
+        }
+        up = f.parent.as_deref();
+    }
+    false
+}
+
+/// An event of work that outlived its agent's `End` (it did not stop within the agent's
+/// wind-down): not logged, so that `End` stays the last event of every agent's run.
+fn late(frame: &Frame, event: &Event) {
+    tracing::warn!(
+        agent = %frame.agent,
+        branch = %frame.branch,
+        kind = ?event.kind,
+        "an event came after its agent's end (the agent was abandoned when it did not stop in time); it is not logged"
+    );
 }
 
 /// What an agent run can see and do; cheap to clone.
@@ -241,6 +286,7 @@ impl InvocationContext {
                 settings,
                 deadline,
                 next_seq: AtomicU64::new(0),
+                winding_down: AtomicUsize::new(0),
                 emitting: Mutex::new(()),
                 stop: Mutex::new(None),
                 resume: Mutex::new(resume),
@@ -254,6 +300,7 @@ impl InvocationContext {
                 recorded: None,
                 actions: Mutex::default(),
                 end_status: Mutex::default(),
+                ended: AtomicBool::new(false),
                 history: Arc::default(),
                 callbacks: Callbacks::new(),
                 parent: None,
@@ -286,6 +333,7 @@ impl InvocationContext {
                 recorded: records.then(Mutex::default),
                 actions: Mutex::default(),
                 end_status: Mutex::default(),
+                ended: AtomicBool::new(false),
                 history,
                 callbacks,
                 parent: Some(self.frame.clone()),
@@ -530,6 +578,10 @@ impl InvocationContext {
     /// frame's unreported writes, adds them to the record of each enclosing parallel branch,
     /// adds a message to the conversation, and hands it to the sinks.
     pub fn emit(&self, event: Event) -> Result<(), FlowError> {
+        if ended(&self.frame) {
+            late(&self.frame, &event);
+            return Ok(());
+        }
         let mut earlier = Vec::new();
         let mut frame = self.frame.parent.as_ref();
         while let Some(f) = frame {
@@ -575,12 +627,34 @@ impl InvocationContext {
             });
         }
         let _order = lock(&self.shared.emitting);
+        if ended(frame) {
+            late(frame, &event);
+            return Ok(());
+        }
         event.seq = self.shared.next_seq.fetch_add(1, Ordering::Relaxed);
         event.at_ms = now_ms();
+        if matches!(event.kind, EventKind::End { .. }) {
+            frame.ended.store(true, Ordering::Release);
+        }
         for sink in &self.shared.settings.sinks {
             sink.emit(&event)?;
         }
         Ok(())
+    }
+
+    /// Holds this run's cancelled agents back, while the guard lives, from writing their
+    /// `End` at once: each waits up to a bounded moment for its run to return (see
+    /// [`run_agent`](super::run_agent)). For work that reports how it ended when it is
+    /// stopped — an RLM loop on a thread of its own, stopped at its next step, records its
+    /// result — so that the record comes before the `End` rather than after it.
+    pub fn winding_down(&self) -> WindingDown {
+        self.shared.winding_down.fetch_add(1, Ordering::AcqRel);
+        WindingDown(Arc::clone(&self.shared))
+    }
+
+    /// Whether some work of the run holds a [`WindingDown`] guard.
+    pub(crate) fn is_winding_down(&self) -> bool {
+        self.shared.winding_down.load(Ordering::Acquire) > 0
     }
 
     /// Stops the whole run for `reason` (the first reason given wins) and cancels it.

@@ -92,7 +92,7 @@ pub mod template;
 pub use agent::{Agent, AgentOutcome, Control, class, run_agent, run_in};
 pub use build::{AgentFactory, CallbackFactory, PythonFunctionFactory, Registry, ToolFactory};
 pub use callbacks::{Callback, CallbackContext, Callbacks, ToolInvocation};
-pub use context::{Invocation, InvocationContext, NodeObserver, NodeRecord, Turn};
+pub use context::{Invocation, InvocationContext, NodeObserver, NodeRecord, Turn, WindingDown};
 pub use discovery::with_discovery;
 pub use error::FlowError;
 pub use event::{EndStatus, Event, EventKind, ToolResult};

@@ -7,7 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bridge::{Budget, BudgetLimit, Ledger};
 use engine::flow::{
-    Agent, Control, EndStatus, EventLog, FlowError, Graph, Invocation, InvocationContext, RunStatus,
+    Agent, Control, EndStatus, Event, EventKind, EventLog, FlowError, Graph, Invocation,
+    InvocationContext, MemorySink, RunStatus, run_workflow,
 };
 use engine::{SharedState, State};
 use serde_json::json;
@@ -51,6 +52,134 @@ async fn the_run_timeout_stops_the_run_and_keeps_the_state() {
     assert_eq!(report.state.get("hang_started"), Some(&json!(true)));
     assert_eq!(ends(&events, "hang"), [EndStatus::Cancelled]);
     assert_eq!(ends(&events, "root"), [EndStatus::Cancelled]);
+}
+
+/// Stands for an RLM loop on a thread of its own: work that, once the run is cancelled,
+/// takes `wind_down` to stop and then records how it ended. The agent waits for it.
+struct Winding {
+    wind_down: Duration,
+}
+
+#[async_trait]
+impl Agent for Winding {
+    fn name(&self) -> &str {
+        "loop"
+    }
+    fn class(&self) -> &str {
+        "Winding"
+    }
+    async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
+        let (done, ended) = tokio::sync::oneshot::channel();
+        let (work, guard, wind_down) = (ctx.clone(), ctx.winding_down(), self.wind_down);
+        tokio::spawn(async move {
+            let _guard = guard;
+            work.cancel_token().cancelled().await;
+            tokio::time::sleep(wind_down).await;
+            let _ = work.emit(Event::metadata("loop_result", json!("interrupted")));
+            let _ = done.send(());
+        });
+        let _ = ended.await;
+        Err(FlowError::Cancelled)
+    }
+}
+
+/// A cancelled agent waits (at most two seconds) for work that winds down, so the work's
+/// record comes before the agent's `End`; work slower than that is left behind and what it
+/// reports later is not logged: `End` stays the last event either way. Without such work a
+/// cancelled agent ends at once, even one that never looks at its token.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_agent_ends_after_the_work_winding_down_and_end_stays_last() {
+    let run = |agent: Arc<dyn Agent>| async move {
+        let root = Graph::sequential("root", vec![step("first"), agent, step("never")])
+            .expect("valid graph");
+        let invocation = Invocation::new(SharedState::new(State::default()));
+        let cancel = invocation.cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            cancel.cancel();
+        });
+        let started = tokio::time::Instant::now();
+        let sink = MemorySink::new();
+        let report = run_workflow(&root, invocation.with_sink(Arc::new(sink.clone())), None).await;
+        let took = started.elapsed();
+        assert_eq!(report.status(), RunStatus::Cancelled);
+        assert_eq!(traced(&report.state), ["first"]);
+        (took, sink)
+    };
+    let topics = |events: &[Event]| -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match (&e.kind, e.end_status()) {
+                (EventKind::Metadata { topic }, _) => topic.clone(),
+                (_, Some(status)) => format!("{}:{status:?}", e.author),
+                _ => format!("{}:{:?}", e.author, e.kind),
+            })
+            .filter(|t| !t.starts_with("first"))
+            .collect()
+    };
+
+    let (took, sink) = run(Arc::new(Winding {
+        wind_down: Duration::from_millis(300),
+    }))
+    .await;
+    assert_eq!(
+        took,
+        Duration::from_millis(350),
+        "waited for the work, no longer"
+    );
+    assert_eq!(
+        topics(&sink.events()),
+        [
+            "root:Start",
+            "loop:Start",
+            "loop_result",
+            "loop:Cancelled",
+            "root:Cancelled"
+        ]
+    );
+
+    let (took, sink) = run(Arc::new(Winding {
+        wind_down: Duration::from_secs(3),
+    }))
+    .await;
+    assert_eq!(
+        took,
+        Duration::from_millis(2050),
+        "the work was left behind"
+    );
+    let end = sink
+        .events()
+        .into_iter()
+        .find(|e| e.author == "loop" && e.end_status().is_some());
+    let content = end.and_then(|e| e.content).unwrap_or_default();
+    assert!(content.contains("did not stop within 2 s"), "{content}");
+    // The work reports a second later, after the ends: not logged.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        topics(&sink.events()),
+        [
+            "root:Start",
+            "loop:Start",
+            "loop:Cancelled",
+            "root:Cancelled"
+        ]
+    );
+
+    let (took, sink) = run(Arc::new(Hang)).await;
+    assert_eq!(
+        took,
+        Duration::from_millis(50),
+        "nothing winds down: at once"
+    );
+    assert_eq!(
+        topics(&sink.events()),
+        [
+            "root:Start",
+            "hang:Start",
+            "hang:Cancelled",
+            "root:Cancelled"
+        ]
+    );
 }
 
 #[tokio::test]

@@ -155,6 +155,7 @@ impl Agent for ContextLoader {
         let more = self.named(ctx)?;
         let kernel = Arc::clone(&self.kernel);
         let session = off_runtime(
+            ctx,
             &self.name,
             move || {
                 if more.is_empty() {
@@ -163,7 +164,7 @@ impl Agent for ContextLoader {
                     kernel.load_contexts(&more)
                 }
             },
-            || {},
+            None,
         )
         .await?
         .map_err(|e| self.load_error(&e))?;

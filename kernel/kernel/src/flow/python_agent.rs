@@ -97,12 +97,13 @@ impl Agent for PythonAgent {
         let stop = ctx.cancel_token().clone();
         let name = self.name.clone();
         let called = off_runtime(
+            ctx,
             &self.name,
             move || {
                 let session = kernel.session().map_err(|e| kernel_error(&name, &e))?;
                 Ok(function.call(&session, FunctionKind::Step, &state, &kwargs, &stop))
             },
-            || self.kernel.interrupt(),
+            Some(&|| self.kernel.interrupt()),
         )
         .await??;
         ctx.check()?;

@@ -115,7 +115,7 @@ impl Agent for RlmAgent {
             .map_err(|e| self.fail(e.to_string()))?;
         let session = {
             let kernel = Arc::clone(&self.kernel);
-            off_runtime(&self.name, move || kernel.session(), || {})
+            off_runtime(ctx, &self.name, move || kernel.session(), None)
                 .await?
                 .map_err(|e| self.fail(format!("Cannot start the Python session: {e}")))?
         };
@@ -126,9 +126,11 @@ impl Agent for RlmAgent {
         );
         let relay = Relay::new(ctx.clone());
         rlm.add_hook(relay.clone());
-        let stop = rlm.stop_handle();
-        // Cancelling the run drops this wait; the loop then stops at its next step.
-        let result = off_runtime(&self.name, move || rlm.run(&query), move || stop.stop())
+        let handle = rlm.stop_handle();
+        let stop = move || handle.stop();
+        // Cancelling the run stops the loop at its next step; the step waits (a bounded
+        // moment) for it to record how it ended.
+        let result = off_runtime(ctx, &self.name, move || rlm.run(&query), Some(&stop))
             .await?
             .map_err(|e| self.fail(e.to_string()))?;
         relay.finish()?;
@@ -271,8 +273,7 @@ impl Hook for Relay {
         ));
     }
 
-    /// Also when the run was cancelled and nobody waits for the result any more: the log
-    /// then still says how the loop ended.
+    /// Also when the run was cancelled: the step waits for this record before its `End`.
     fn after_run(&mut self, result: &mut RlmResult) {
         self.emit(Event::metadata(
             "rlm_result",

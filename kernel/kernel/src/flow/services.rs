@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bridge::Endpoints;
-use engine::flow::FlowError;
+use engine::flow::{FlowError, InvocationContext};
 
 use crate::repl::{ContextInput, ReplError, ReplSession, SessionConfig};
 
@@ -88,14 +88,18 @@ impl FlowKernel {
 
 /// Runs blocking `work` on a thread of its own and waits for it without blocking the
 /// runtime. Not `spawn_blocking`: the RLM loop refuses to run where a runtime handle is set.
-/// If the wait is dropped before `work` ends (the run was cancelled), `on_abandon` runs, to
-/// make `work` end soon.
+///
+/// `stop`, if given, makes `work` end soon. When the step is cancelled it is called and the
+/// wait goes on, holding a [`WindingDown`](engine::flow::WindingDown) guard, so that the
+/// step ends after what `work` reports on its way out (see `engine::flow::run_agent`). If
+/// the wait is dropped first (the step was abandoned), it is called then.
 pub(crate) async fn off_runtime<T: Send + 'static>(
+    ctx: &InvocationContext,
     agent: &str,
     work: impl FnOnce() -> T + Send + 'static,
-    on_abandon: impl FnOnce(),
+    stop: Option<&(dyn Fn() + Sync)>,
 ) -> Result<T, FlowError> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (tx, mut rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name(format!("rlm-flow-{agent}"))
         .spawn(move || {
@@ -105,22 +109,42 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
             agent: agent.to_owned(),
             message: format!("Cannot start a thread for the step: {e}"),
         })?;
-    let mut guard = Abandon(Some(on_abandon));
-    let result = rx.await;
-    guard.0 = None;
+    let result = match stop {
+        None => rx.await,
+        Some(stop) => {
+            let _winding = ctx.winding_down();
+            let mut guard = Abandon(Some(stop));
+            let early = tokio::select! {
+                biased;
+                result = &mut rx => Some(result),
+                () = ctx.cancel_token().cancelled() => None,
+            };
+            let result = match early {
+                Some(result) => result,
+                None => {
+                    if let Some(stop) = guard.0.take() {
+                        stop();
+                    }
+                    rx.await
+                }
+            };
+            guard.0 = None;
+            result
+        }
+    };
     result.map_err(|_| FlowError::Agent {
         agent: agent.to_owned(),
         message: "The step's thread ended without a result (it panicked)".to_owned(),
     })
 }
 
-/// Runs its function when dropped, unless it was taken out.
-struct Abandon<F: FnOnce()>(Option<F>);
+/// Calls its function when dropped, unless it was taken out.
+struct Abandon<'a>(Option<&'a (dyn Fn() + Sync)>);
 
-impl<F: FnOnce()> Drop for Abandon<F> {
+impl Drop for Abandon<'_> {
     fn drop(&mut self) {
-        if let Some(f) = self.0.take() {
-            f();
+        if let Some(stop) = self.0.take() {
+            stop();
         }
     }
 }

@@ -569,20 +569,22 @@ fn cancelling_a_run_stops_the_rlm_loop_and_keeps_the_event_log() {
         events.first().map(|e| e.kind.clone()),
         Some(EventKind::Start)
     );
+    // The loop was stopped (it reports `interrupted` instead of the root model's reply,
+    // which would take 10 s), and the step waited for it: its record comes before the
+    // step's `End`, which is the log's last line.
+    let results = metadata(&events, "rlm_result");
+    assert_eq!(results.len(), 1, "{events:#?}");
     assert_eq!(
-        events.last().and_then(Event::end_status),
-        Some(EndStatus::Cancelled)
+        results[0].metadata["termination_reason"],
+        json!("interrupted")
     );
-    // The loop, left running in its thread, was stopped: it reports `interrupted` instead
-    // of the root model's reply, which would take 10 s.
-    let stopped = (0..100).find_map(|_| {
-        std::thread::sleep(Duration::from_millis(50));
-        let events = memory.events();
-        metadata(&events, "rlm_result")
-            .first()
-            .map(|e| e.metadata["termination_reason"].clone())
-    });
-    assert_eq!(stopped, Some(json!("interrupted")));
+    let last = events.last();
+    assert_eq!(last.and_then(Event::end_status), Some(EndStatus::Cancelled));
+    assert_eq!(last.map(|e| e.author.as_str()), Some("slow"));
+    assert!(results[0].seq < last.map_or(0, |e| e.seq));
+    // Nothing of the loop comes later.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(memory.events().len(), events.len());
 }
 
 #[test]
