@@ -315,12 +315,22 @@ fn event_log(text: &str) -> String {
             }
             _ => {}
         }
-        if let Some(keys) = event
-            .get("delta")
-            .and_then(Value::as_object)
-            .filter(|d| !d.is_empty())
-        {
-            let keys: Vec<&str> = keys.keys().map(String::as_str).collect();
+        // The keys of its writes; a log written before writes had their own form holds an
+        // object of values.
+        let keys: Vec<&str> = match event.get("delta") {
+            Some(Value::Array(writes)) => {
+                let mut keys = Vec::new();
+                for key in writes.iter().filter_map(|w| w.get("key")?.as_str()) {
+                    if !keys.contains(&key) {
+                        keys.push(key);
+                    }
+                }
+                keys
+            }
+            Some(Value::Object(values)) => values.keys().map(String::as_str).collect(),
+            _ => Vec::new(),
+        };
+        if !keys.is_empty() {
             let _ = writeln!(out, "{indent}  {author} wrote {}", keys.join(", "));
         }
     }
