@@ -12,14 +12,16 @@ import sys
 
 
 def pins(path: str) -> dict:
-    """`{name: version}` of the file's `name==version` lines (comments and others skipped)."""
+    """`{name: version}` of the file's `name==version` lines (comments and others skipped);
+    `name[extra]==version` pins `name` (the extra's own packages are pinned on lines of
+    their own)."""
     found = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
             line = line.split("#")[0].strip()
             if "==" in line:
                 name, version = (part.strip() for part in line.split("==", 1))
-                found[name] = version
+                found[name.split("[")[0].strip()] = version
     return found
 
 

@@ -24,12 +24,34 @@ fn render_trajectory(jsonl: &str, collapsed: bool) -> PyResult<String> {
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// `eval_task(task, size_tokens, seed, needles=1) -> (query, context)`: the `rlm eval` task of
+/// that family, size and instance seed (`kernel::eval`), for runs of the grid elsewhere (the
+/// actors of `rlm eval --ray` make each context where it runs, the same as the CLI would).
+#[pyfunction]
+#[pyo3(signature = (task, size_tokens, seed, needles=1))]
+fn eval_task(
+    py: Python<'_>,
+    task: &str,
+    size_tokens: u64,
+    seed: u64,
+    needles: usize,
+) -> PyResult<(String, String)> {
+    let kind: kernel::eval::TaskKind = task
+        .parse()
+        .map_err(|e: kernel::eval::EvalError| PyValueError::new_err(e.to_string()))?;
+    let instance = py.detach(|| {
+        kernel::eval::TaskInstance::generate_with_needles(kind, size_tokens, seed, needles.max(1))
+    });
+    Ok((instance.query, instance.context))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(completion::run_completion, m)?)?;
     m.add_function(wrap_pyfunction!(query::llm_query, m)?)?;
     m.add_function(wrap_pyfunction!(query::llm_query_batched, m)?)?;
     m.add_function(wrap_pyfunction!(render_trajectory, m)?)?;
+    m.add_function(wrap_pyfunction!(eval_task, m)?)?;
     m.add_class::<mock::MockServer>()?;
     Ok(())
 }

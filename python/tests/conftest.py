@@ -81,3 +81,8 @@ def chromium() -> str:
         if found:
             return found
     pytest.fail("Chromium is missing; install it with `apt-get install -y chromium`")
+
+
+# The Ray cluster tests run only inside a private network namespace, started there by
+# `test_ray.py` (see `ray_cluster/harness.py`).
+collect_ignore = [] if os.environ.get("RLM_RAY_TEST_NETNS") == "1" else ["ray_cluster"]

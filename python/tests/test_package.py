@@ -37,12 +37,13 @@ def _extras():
 def test_extras_install_what_each_use_needs():
     extras = _extras()
     assert set(importlib.metadata.metadata("rlm-kernel").get_all("Provides-Extra")) >= {
-        "polars", "pandas", "excel", "notebook"
+        "polars", "pandas", "excel", "notebook", "ray"
     }
     assert "polars" in extras["polars"]
     assert "pandas" in extras["pandas"]
     assert {"fastexcel", "polars"} <= extras["excel"]
     assert {"ipython", "ipykernel"} <= extras["notebook"]
+    assert "ray" in extras["ray"]
     # A plain `pip install rlm-kernel` pulls nothing: the optional packages stay optional.
     plain = [r for r in importlib.metadata.requires("rlm-kernel") or [] if "extra ==" not in r]
     assert plain == []

@@ -12,6 +12,7 @@ use bridge::{EndpointConfig, Endpoints};
 use kernel::options::{self, OptionError, ROOT, SUB, Spelling};
 use kernel::repl::SessionConfig;
 use kernel::rlm::RlmConfig;
+use serde_json::{Map, Value};
 
 use crate::exit::UsageError;
 use crate::settings::RunOptions;
@@ -64,6 +65,51 @@ fn kernel_options(opts: &RunOptions) -> options::RunOptions {
         system_prompt: opts.system_prompt.clone(),
         trajectory: opts.trajectory.clone(),
     }
+}
+
+/// The model and loop options as the Python package's keywords, for runs made through it
+/// (`rlm eval --ray`): `rlm run`'s options by the same names, paths made absolute (the runs
+/// happen in other folders). `--trajectory` is left out: each command names its own files.
+pub(crate) fn keyword_options(opts: &RunOptions) -> Result<Map<String, Value>> {
+    let o = kernel_options(opts);
+    if o.sub_call_text_chars.is_some() {
+        return Err(usage(
+            "`--sub-call-text-chars` is not an option of the Python package, which makes the runs of `--ray`; leave it out with `--ray`",
+        ));
+    }
+    let absolute =
+        |path: &Option<std::path::PathBuf>| path.as_deref().map(std::path::absolute).transpose();
+    let value = serde_json::json!({
+        "model": o.model,
+        "sub_model": o.sub_model,
+        "base_url": o.base_url,
+        "sub_base_url": o.sub_base_url,
+        "extra_models": (!o.extra_models.is_empty()).then_some(&o.extra_models),
+        "provider": o.provider,
+        "api_key_env": o.api_key_env,
+        "max_output_tokens": o.max_output_tokens,
+        "temperature": o.temperature,
+        "max_iterations": o.max_iterations,
+        "timeout": o.timeout,
+        "cell_timeout": o.cell_timeout,
+        "sub_timeout": o.sub_timeout,
+        "max_sub_calls": o.max_sub_calls,
+        "max_tokens": o.max_tokens,
+        "max_usd": o.max_usd,
+        "price": o.price,
+        "sub_price": o.sub_price,
+        "batch_concurrency": o.batch_concurrency,
+        "sub_call_errors": o.sub_call_errors,
+        "protocol": o.protocol,
+        "code_and_final": o.code_and_final,
+        "output_limit": o.output_limit,
+        "max_history_chars": o.max_history_chars,
+        "max_consecutive_failures": o.max_consecutive_failures,
+        "prompt_extension": absolute(&o.prompt_extension)?,
+        "system_prompt": absolute(&o.system_prompt)?,
+    });
+    let map = value.as_object().cloned().unwrap_or_default();
+    Ok(map.into_iter().filter(|(_, v)| !v.is_null()).collect())
 }
 
 /// `value` seconds of `--{flag}`: positive, at most ten years.

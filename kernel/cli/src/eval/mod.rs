@@ -8,8 +8,11 @@
 //! each run's trajectory and the results; no file there is replaced without `--force`.
 //! `--scripted` starts the mock LM server in-process with models whose strategies are right
 //! (`scripted`), so the whole pipeline must score 100 % — a check for CI and the README.
+//! `--ray` makes the RLM runs on a Ray cluster through the Python package (`ray`) and hands
+//! their results to the same runner, which scores and writes them as local runs.
 
 mod plot;
+mod ray;
 mod runner;
 mod scripted;
 mod summary;
@@ -33,7 +36,7 @@ use crate::outputs::{Document, Guard, Inputs, LogFile, LogStart, Output};
 use crate::report::option_inputs;
 use crate::secrets::redact;
 use crate::settings::{self, RunOptions};
-use runner::{Job, Method, Plan, RunRecord, Stopper};
+use runner::{Job, Method, Plan, RlmRuns, RunRecord, Stopper};
 
 /// Arguments of `rlm eval`.
 #[derive(Debug, Args)]
@@ -77,6 +80,13 @@ pub(crate) struct EvalArgs {
     /// (`results.json`); created if missing.
     #[arg(long, value_name = "DIR")]
     pub(crate) out: Option<PathBuf>,
+
+    /// Run the RLM runs on a Ray cluster through the Python package (`rlm_kernel.ray`, in
+    /// `$RLM_PYTHON` or `python3`): at ADDRESS (`auto`, `HOST:PORT`, `ray://HOST:10001`), or
+    /// without one where Ray looks (`RAY_ADDRESS`, a cluster started on this machine, else a new
+    /// local one). Scores, files and table are those of a local run; baselines run here.
+    #[arg(long, value_name = "ADDRESS", num_args = 0..=1)]
+    pub(crate) ray: Option<Option<String>>,
 
     /// Draw the mean score against context size (RLM solid, baseline dashed) to an SVG file.
     #[arg(long, value_name = "FILE.svg")]
@@ -174,8 +184,20 @@ pub(crate) fn execute(
     };
     let stopper = Stopper::default();
     stop_on_ctrl_c(stopper.clone());
+    let started = std::time::Instant::now();
+    let (rlm_runs, jobs_run) = match &args.ray {
+        None => (RlmRuns::Local, jobs.clone()),
+        Some(address) => ray::run(
+            address.as_deref(),
+            endpoints::keyword_options(&opts)?,
+            &jobs,
+            args.seed,
+            args.needles as usize,
+            &stopper,
+        )?,
+    };
     let plan = Plan {
-        jobs: &jobs,
+        jobs: &jobs_run,
         seed: args.seed,
         needles: args.needles as usize,
         parallel: args.parallel as usize,
@@ -185,8 +207,8 @@ pub(crate) fn execute(
         session_config: endpoints::session_config(&opts)?,
         endpoints: &endpoints,
         on_done: &on_done,
+        rlm_runs,
     };
-    let started = std::time::Instant::now();
     let records = runner::run_all(&plan, &stopper);
     bar.finish_and_clear();
     if let Some(server) = server {

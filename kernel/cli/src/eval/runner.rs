@@ -10,6 +10,7 @@
 //! per run.
 
 use std::collections::HashMap;
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,8 +20,8 @@ use anyhow::{Context as _, Result};
 use bridge::{CallOptions, CancellationToken, ChatRequest, Endpoints, Message};
 use kernel::eval::{TaskInstance, TaskKind, format_size, instance_seed};
 use kernel::repl::{ContextSource, ReplSession, SessionConfig};
-use kernel::rlm::{Rlm, RlmConfig, StopHandle, TrajectoryWriter};
-use serde::Serialize;
+use kernel::rlm::{Rlm, RlmConfig, SessionMetrics, StopHandle, TrajectoryWriter};
+use serde::{Deserialize, Serialize};
 
 use super::scripted::BASELINE_SYSTEM;
 use crate::outputs::LogFile;
@@ -100,6 +101,30 @@ pub(super) struct Plan<'a> {
     pub(super) endpoints: &'a (dyn Fn() -> Result<Arc<Endpoints>> + Sync),
     /// Called after each run, e.g. to move a progress bar.
     pub(super) on_done: &'a (dyn Fn(&RunRecord) + Sync),
+    /// Where the RLM runs happen.
+    pub(super) rlm_runs: RlmRuns,
+}
+
+/// Where the RLM runs of a plan happen.
+pub(super) enum RlmRuns {
+    /// Here, each in its own REPL session.
+    Local,
+    /// Already run on a Ray cluster (`--ray`): each job's outcome by its stem, scored and
+    /// written here as a local run's.
+    Done(Mutex<HashMap<String, RemoteRun>>),
+}
+
+/// What a run on the cluster sent back (a line of `python -m rlm_kernel.ray eval`).
+#[derive(Debug, Deserialize)]
+pub(super) struct RemoteRun {
+    pub(super) name: String,
+    pub(super) answer: Option<String>,
+    /// `None` when the run failed before the loop ended (then `error` says why).
+    pub(super) termination_reason: Option<String>,
+    pub(super) error: Option<String>,
+    /// `None` when the run failed before it started.
+    pub(super) metrics: Option<SessionMetrics>,
+    pub(super) trajectory_jsonl: Option<String>,
 }
 
 /// Stops every run in progress (Ctrl-C) and keeps new ones from starting.
@@ -120,7 +145,7 @@ impl Stopper {
         }
     }
 
-    fn is_stopped(&self) -> bool {
+    pub(super) fn is_stopped(&self) -> bool {
         self.stopped.load(Ordering::SeqCst)
     }
 }
@@ -171,7 +196,18 @@ pub(super) fn run_all(plan: &Plan<'_>, stopper: &Stopper) -> Result<Vec<RunRecor
 fn run_job(plan: &Plan<'_>, job: Job, stopper: &Stopper) -> Result<Vec<RunRecord>> {
     let seed = instance_seed(plan.seed, job.index);
     let task = TaskInstance::generate_with_needles(job.kind, job.size, seed, plan.needles);
-    let mut records = vec![run_rlm(plan, (plan.endpoints)()?, job, &task, stopper)?];
+    let rlm = match &plan.rlm_runs {
+        RlmRuns::Local => run_rlm(plan, (plan.endpoints)()?, job, &task, stopper)?,
+        RlmRuns::Done(runs) => {
+            let run = runs
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&job.stem())
+                .with_context(|| format!("The cluster sent no result for `{}`", job.stem()))?;
+            remote_record(plan, job, &task, run)?
+        }
+    };
+    let mut records = vec![rlm];
     if let Some(window) = plan.baseline_window
         && !stopper.is_stopped()
     {
@@ -241,12 +277,31 @@ fn run_rlm(
         running.retain(|(stem, _)| *stem != job.stem());
     }
     let result = result.with_context(|| format!("Could not run `{}`", job.stem()))?;
-    let m = &result.metrics;
     let outcome = serde_json::to_value(result.termination_reason)
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default();
-    Ok(RunRecord {
+    let answer = result.answer.as_deref();
+    Ok(rlm_record(
+        job,
+        task,
+        outcome,
+        &result.metrics,
+        answer,
+        trajectory,
+    ))
+}
+
+/// The record of an RLM run, from how it ended, its metrics, answer and trajectory.
+fn rlm_record(
+    job: Job,
+    task: &TaskInstance,
+    outcome: String,
+    m: &SessionMetrics,
+    answer: Option<&str>,
+    trajectory: Option<PathBuf>,
+) -> RunRecord {
+    RunRecord {
         outcome,
         iterations: m.iterations,
         sub_calls: m.sub_calls,
@@ -255,8 +310,45 @@ fn run_rlm(
         cost_usd: m.cost_usd,
         latency_ms: m.total_ms,
         trajectory,
-        ..record(job, task, Method::Rlm, result.answer.as_deref())
-    })
+        ..record(job, task, Method::Rlm, answer)
+    }
+}
+
+/// The record of a run made on the cluster: scored here, its trajectory written to `--out`.
+fn remote_record(
+    plan: &Plan<'_>,
+    job: Job,
+    task: &TaskInstance,
+    run: RemoteRun,
+) -> Result<RunRecord> {
+    let log = plan
+        .trajectories
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&job.stem());
+    let mut trajectory = None;
+    if let (Some(log), Some(text)) = (log, &run.trajectory_jsonl) {
+        let mut log = log.open()?;
+        log.file
+            .write_all(text.as_bytes())
+            .and_then(|()| log.file.flush())
+            .with_context(|| format!("Could not write `{}`", log.path.display()))?;
+        trajectory = Some(log.path);
+    }
+    let outcome = match (&run.termination_reason, &run.error) {
+        (Some(reason), _) => reason.clone(),
+        (None, error) => {
+            eprintln!(
+                "rlm eval: `{}` failed on the cluster: {}",
+                run.name,
+                error.as_deref().unwrap_or("no reason given")
+            );
+            "error".to_owned()
+        }
+    };
+    let metrics = run.metrics.unwrap_or_default();
+    let answer = run.answer.as_deref();
+    Ok(rlm_record(job, task, outcome, &metrics, answer, trajectory))
 }
 
 /// The document of a baseline request: the context's first `window` tokens, cut at a line end.

@@ -1,0 +1,196 @@
+"""One row, one completion: how a row names its query, context and name, and the result row
+it becomes. No Ray here: the actors of `_cluster` and the serial path run rows through
+`RowRunner` alike, so both give the same result for the same row.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+
+from .._api import RLM
+from ._limits import retries_of
+
+#: How a row gives a value: the name of one of its fields, or a function of the row.
+Field = Union[str, Callable[[Any], Any]]
+
+#: The columns of every result row; `trajectory_jsonl` joins them with `trajectory_text=True`.
+RESULT_COLUMNS = (
+    "answer",
+    "termination_reason",
+    "error",
+    "metrics",
+    "cost_usd",
+    "trajectory",
+    "node",
+)
+
+#: Characters of a failure's traceback kept in a result row (its head and tail).
+_TRACEBACK_CHARS = 4_000
+
+
+class RowError(Exception):
+    """A row that cannot be read as a query and a context (a field missing, a wrong type)."""
+
+
+def read_field(row: Any, field: Field, what: str) -> Any:
+    """The value `field` names in `row`: a key of a mapping, or what the function returns."""
+    if callable(field):
+        return field(row)
+    if not isinstance(row, Mapping):
+        raise RowError(
+            f"The row is a `{type(row).__name__}`, not a mapping, so it has no field "
+            f"`{field}` for the {what}; pass `{what}=` a function of the row, e.g. "
+            f"`{what}=lambda row: row`"
+        )
+    if field not in row:
+        known = ", ".join(f"`{k}`" for k in list(row)[:12])
+        raise RowError(
+            f"The row has no field `{field}` for the {what} (it has {known or 'none'}); "
+            f"pass `{what}=` the field's name or a function of the row"
+        )
+    return row[field]
+
+
+def check_fields(rows: List[Any], fields: Mapping[str, Optional[Field]]) -> None:
+    """Refuses, before anything runs, a list whose rows lack a named field (functions are
+    called where the row runs, not here)."""
+    for what, field in fields.items():
+        if field is None or callable(field):
+            continue
+        for index, row in enumerate(rows):
+            try:
+                read_field(row, field, what)
+            except RowError as error:
+                raise ValueError(f"Row {index}: {error}") from None
+
+
+def _plain(value: Any) -> Any:
+    """A scalar of a Ray Dataset row (numpy) as the Python value it stands for."""
+    item = getattr(value, "item", None)
+    if item is not None and getattr(value, "shape", None) == ():
+        return item()
+    return value
+
+
+def _name_of(value: Any) -> str:
+    """A row's name as a file name: its own characters where they are safe, else refused."""
+    name = str(_plain(value))
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise RowError(
+            f"The row's name {name!r} cannot name a trajectory file; names are used as "
+            "`NAME.jsonl` and may not be empty or hold `/`"
+        )
+    return name
+
+
+class RowRunner:
+    """Runs rows: the query and context each names, through one `RLM` per row (so that
+    `max_sub_calls`, `max_tokens` and `max_usd` hold for each row), into result rows.
+
+    `options` are the effective RLM options, resolved once where the job started;
+    `trajectories` is the folder each row's trajectory goes to (`NAME.jsonl`), if any;
+    `base_dir` is the folder a relative `Path` context is relative to (where the job
+    started: a Ray worker's own working folder is another one). `run(row, width=N)` runs
+    the row with a batch width of `N` (its share of the cluster's, see `_limits`);
+    `last_retries` is then how many of its calls' attempts were retries.
+    """
+
+    def __init__(
+        self,
+        options: Mapping[str, Any],
+        query: Field,
+        context: Optional[Field],
+        name: Optional[Field],
+        trajectories: Optional[str],
+        trajectory_text: bool,
+        base_dir: str,
+        node: Optional[str] = None,
+    ):
+        self.options = dict(options)
+        self.query = query
+        self.context = context
+        self.name = name
+        self.trajectories = trajectories
+        self.trajectory_text = trajectory_text
+        self.base_dir = base_dir
+        self.node = node
+        self.last_retries = 0
+
+    @staticmethod
+    def result_columns(trajectory_text: bool) -> Tuple[str, ...]:
+        """The columns of a result row."""
+        return RESULT_COLUMNS + (("trajectory_jsonl",) if trajectory_text else ())
+
+    def row_name(self, row: Any, index: Optional[int]) -> str:
+        """The name of the row's trajectory: its `name` field, else its position in the
+        list, else (a Dataset row with no name) a random one, shown in the result."""
+        if self.name is not None:
+            return _name_of(read_field(row, self.name, "name"))
+        if index is not None:
+            return f"{index:06d}"
+        return f"row-{os.urandom(8).hex()}"
+
+    def rlm(self, **extra: Any) -> RLM:
+        """A fresh `RLM` for one row: its own budget ledger."""
+        return RLM(**dict(self.options, **extra))
+
+    def run(
+        self, row: Any, index: Optional[int] = None, width: Optional[int] = None
+    ) -> Dict[str, Any]:
+        """The result row of `row`; a failure is a row with its `error`, never an exception."""
+        result: Dict[str, Any] = dict.fromkeys(self.result_columns(self.trajectory_text))
+        result["node"] = self.node
+        self.last_retries = 0
+        try:
+            name = self.row_name(row, index)
+            extra: Dict[str, Any] = {}
+            if width is not None:
+                extra["batch_concurrency"] = width
+            if self.trajectories is not None:
+                extra["trajectory"] = result["trajectory"] = os.path.join(
+                    self.trajectories, f"{name}.jsonl"
+                )
+            query = _plain(read_field(row, self.query, "query"))
+            if not isinstance(query, str):
+                raise RowError(f"The query must be a `str`, not `{type(query).__name__}`")
+            args = {}
+            if self.context is not None:
+                args["context"] = self._context(read_field(row, self.context, "context"))
+            outcome = self.rlm(**extra).completion(query, **args)
+        except Exception as error:  # noqa: BLE001 - a row's failure is its result
+            result["error"] = _describe(error)
+            return result
+        self.last_retries = retries_of(outcome.to_dict())
+        result["answer"] = outcome.answer
+        result["termination_reason"] = outcome.termination_reason
+        result["error"] = outcome.error
+        result["metrics"] = outcome.metrics
+        result["cost_usd"] = outcome.metrics.get("cost_usd")  # None without a price
+        if self.trajectory_text:
+            result["trajectory_jsonl"] = outcome.trajectory_jsonl
+        return result
+
+    def _context(self, value: Any) -> Any:
+        """A row's context as `RLM.completion` takes it: a `Path` loads a file (a relative
+        one from `base_dir`), anything else is a live object (a Dataset's text comes as
+        `str`, its numbers as numpy scalars)."""
+        if isinstance(value, os.PathLike):
+            return Path(self.base_dir, os.fspath(value))
+        return _plain(value)
+
+
+def _describe(error: BaseException) -> str:
+    """`Type: message`, and for a bug-like failure (not ours) the traceback's tail."""
+    text = f"{type(error).__name__}: {error}"
+    if isinstance(error, (RowError, TypeError, ValueError, RuntimeError, OSError)):
+        return text
+    trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    if len(trace) > _TRACEBACK_CHARS:
+        half = _TRACEBACK_CHARS // 2
+        trace = f"{trace[:half]}\n[...]\n{trace[-half:]}"
+    return f"{text}\n{trace}"
+
+
