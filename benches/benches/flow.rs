@@ -35,7 +35,7 @@ use engine::flow::{
     run_workflow,
 };
 use engine::{SharedState, State};
-use rlm_benches::percentile;
+use rlm_benches::median;
 use serde_json::json;
 
 const STEPS: u32 = 1_000;
@@ -45,11 +45,6 @@ fn step(ctx: &InvocationContext) -> Result<Control, FlowError> {
     let n = ctx.get_state("n").and_then(|v| v.as_u64()).unwrap_or(0);
     ctx.set_state("n", json!(n + 1));
     Ok(Control::Continue)
-}
-
-fn median(mut samples: Vec<f64>) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    percentile(&samples, 0.5)
 }
 
 fn main() -> anyhow::Result<()> {

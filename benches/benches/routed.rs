@@ -32,7 +32,7 @@ use engine::flow::{
 use engine::reducer::MESSAGES;
 use engine::route::{Branch, Condition, ControlPlane, END, RouterConfig, RouterMode};
 use engine::{SharedState, State};
-use rlm_benches::percentile;
+use rlm_benches::median;
 use serde_json::{Value, json};
 
 /// Heap bytes allocated now, and their peak since the last reset.
@@ -153,11 +153,6 @@ fn measure(run: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<(f64, f64
     let elapsed = started.elapsed().as_secs_f64();
     let peak = PEAK.load(Ordering::Relaxed).saturating_sub(start);
     Ok((elapsed, peak as f64))
-}
-
-fn median(mut samples: Vec<f64>) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    percentile(&samples, 0.5)
 }
 
 fn main() -> anyhow::Result<()> {

@@ -27,6 +27,12 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[idx.min(sorted.len() - 1)]
 }
 
+/// The median (nearest rank) of `samples`, in any order; NaN when empty.
+pub fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    percentile(&samples, 0.5)
+}
+
 /// Writes at least `target_bytes` of log-like ASCII lines to `path`.
 pub fn generate_text(path: &Path, target_bytes: u64) -> anyhow::Result<()> {
     let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
