@@ -22,7 +22,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use engine::flow::Event;
 use engine::flow::file::{AgentSpec, load_workflow};
-use engine::flow::{EventKind, EventLog, EventSink, FlowError, Invocation, Registry, RunStatus};
+use engine::flow::{EventKind, EventLog, EventSink, FlowError, Invocation, Registry, RunOutcome};
 use engine::{SharedState, State};
 use kernel::flow::{FlowKernel, register};
 use serde_json::{Map, Value};
@@ -183,7 +183,7 @@ pub(crate) fn execute(
     if let Some(file) = &outputs.state {
         write_state(file, &report.state)?;
     }
-    let status = report.status();
+    let status = report.outcome();
     if !json && let Some(text) = last.take() {
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "{text}")?;
@@ -195,10 +195,10 @@ pub(crate) fn execute(
         return Ok(code);
     }
     Ok(match status {
-        RunStatus::Completed | RunStatus::Escalated => ExitCode::SUCCESS,
-        RunStatus::Cancelled => ExitCode::from(EXIT_INTERRUPTED),
-        RunStatus::TimedOut | RunStatus::BudgetExceeded => ExitCode::from(EXIT_LIMIT),
-        RunStatus::Failed => ExitCode::FAILURE,
+        RunOutcome::Completed | RunOutcome::Escalated => ExitCode::SUCCESS,
+        RunOutcome::Cancelled => ExitCode::from(EXIT_INTERRUPTED),
+        RunOutcome::TimedOut | RunOutcome::BudgetExceeded => ExitCode::from(EXIT_LIMIT),
+        RunOutcome::Failed => ExitCode::FAILURE,
     })
 }
 

@@ -104,7 +104,7 @@ pub use llm::{
     EndTurn, Escalate, ExitLoop, LlmAgent, LlmAgentBuilder, MessageRecord, builtin_tool,
 };
 pub use position::{Position, ResumeAction, ResumePoint, path_text};
-pub use runner::{RunReport, RunStatus, run_workflow};
+pub use runner::{RunOutcome, RunReport, run_workflow};
 pub use sink::{EventLog, EventSink, MemorySink};
 pub use step::FnAgent;
 pub use template::{MissingKey, render_template};

@@ -13,10 +13,11 @@ use crate::state::State;
 /// await) before it is abandoned.
 const WIND_DOWN: Duration = Duration::from_secs(5);
 
-/// How a run ended.
+/// How an invocation ended (what the front end's exit code says); a durable run's stored
+/// status is [`durable::RunStatus`](crate::durable::RunStatus).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum RunStatus {
+pub enum RunOutcome {
     /// The root agent ran to its end.
     Completed,
     /// A step escalated: the run stopped on purpose.
@@ -42,14 +43,14 @@ pub struct RunReport {
 
 impl RunReport {
     /// How the run ended.
-    pub fn status(&self) -> RunStatus {
+    pub fn outcome(&self) -> RunOutcome {
         match &self.result {
-            Ok(Control::Escalate) => RunStatus::Escalated,
-            Ok(_) => RunStatus::Completed,
-            Err(FlowError::Cancelled) => RunStatus::Cancelled,
-            Err(FlowError::TimedOut(_)) => RunStatus::TimedOut,
-            Err(FlowError::Budget(_)) => RunStatus::BudgetExceeded,
-            Err(_) => RunStatus::Failed,
+            Ok(Control::Escalate) => RunOutcome::Escalated,
+            Ok(_) => RunOutcome::Completed,
+            Err(FlowError::Cancelled) => RunOutcome::Cancelled,
+            Err(FlowError::TimedOut(_)) => RunOutcome::TimedOut,
+            Err(FlowError::Budget(_)) => RunOutcome::BudgetExceeded,
+            Err(_) => RunOutcome::Failed,
         }
     }
 }

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use engine::HookAction;
 use engine::flow::{
     Callback, CallbackContext, Callbacks, Control, EndStatus, EventKind, FnAgent, Graph,
-    Invocation, RunStatus,
+    Invocation, RunOutcome,
 };
 use engine::{SharedState, State};
 use serde_json::json;
@@ -45,7 +45,7 @@ async fn before_agent_can_answer_in_the_agents_place() {
     let mut state = State::default();
     state.set("cache:expensive", json!("42, from the cache"));
     let (report, events) = run(&root, state).await;
-    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(report.outcome(), RunOutcome::Completed);
     assert_eq!(traced(&report.state), ["next"]);
     assert_eq!(ends(&events, "expensive"), [EndStatus::Skipped]);
     let answer = events
@@ -134,7 +134,7 @@ async fn an_after_agent_callback_can_escalate() {
     let root =
         Graph::sequential("root", vec![Arc::new(checked), step("never")]).expect("valid graph");
     let (report, _) = run(&root, State::default()).await;
-    assert_eq!(report.status(), RunStatus::Escalated);
+    assert_eq!(report.outcome(), RunOutcome::Escalated);
     assert_eq!(traced(&report.state), Vec::<String>::new());
 }
 
@@ -158,7 +158,7 @@ async fn invocation_callbacks_run_for_every_agent_first() {
     let mut invocation = Invocation::new(SharedState::new(State::default()));
     invocation.callbacks = with(Log(log.clone(), "plugin"));
     let (report, _) = run_with(&root, invocation).await;
-    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(report.outcome(), RunOutcome::Completed);
     assert_eq!(
         *log.lock().expect("not poisoned"),
         ["plugin root", "plugin a", "plugin b", "own b"]

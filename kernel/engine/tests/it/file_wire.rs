@@ -5,7 +5,7 @@
 use bridge::Provider;
 use bridge::mock::MockServer;
 use engine::flow::file::{EmbeddedFiles, load_workflow_from};
-use engine::flow::{Registry, RunStatus};
+use engine::flow::{Registry, RunOutcome};
 use serde_json::{Value, json};
 
 use crate::llm::mock;
@@ -70,7 +70,7 @@ async fn generation_settings_and_include_contents_from_a_file_reach_the_wire() {
             .build(&spec)
             .expect("builds");
         let (report, _) = run(root.as_ref(), &endpoints, "the user's request").await;
-        assert_eq!(report.status(), RunStatus::Completed, "{provider:?}");
+        assert_eq!(report.outcome(), RunOutcome::Completed, "{provider:?}");
         assert_eq!(report.state.get("verdict"), Some(&json!("fine")));
 
         let [tuned, fresh] = <[Value; 2]>::try_from(bodies(&server)).expect("two requests");

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use engine::flow::{
     Agent, BranchPolicy, Control, EndStatus, FlowError, Graph, GraphError, Invocation,
-    InvocationContext, NodeObserver, NodeRecord, Position, ResumeAction, ResumePoint, RunStatus,
+    InvocationContext, NodeObserver, NodeRecord, Position, ResumeAction, ResumePoint, RunOutcome,
     StateRouter, Target,
 };
 use engine::{SharedState, State};
@@ -60,7 +60,7 @@ async fn conditional_edges_route_on_the_state_the_last_node_wrote() {
     let invocation =
         Invocation::new(SharedState::new(State::default())).with_observer(recorder.clone());
     let (report, _) = run_with(&review_graph(), invocation).await;
-    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(report.outcome(), RunOutcome::Completed);
     assert_eq!(
         traced(&report.state),
         ["draft", "review", "draft", "review", "publish"]
@@ -137,7 +137,7 @@ async fn a_cyclic_graph_stops_at_its_step_limit() {
             max_steps: 5
         })
     );
-    assert_eq!(report.status(), RunStatus::Failed);
+    assert_eq!(report.outcome(), RunOutcome::Failed);
     assert_eq!(traced(&report.state).len(), 5, "the state so far is kept");
 }
 
@@ -214,7 +214,7 @@ async fn parallel_branches_merge_in_declaration_order_whatever_the_timing() {
         )
         .expect("valid graph");
         let (report, events) = run(&root, State::default()).await;
-        assert_eq!(report.status(), RunStatus::Completed);
+        assert_eq!(report.outcome(), RunOutcome::Completed);
         assert_eq!(report.state.get("winner"), Some(&json!("last")));
         // Shared state: a branch sees a sibling's write at once.
         let saw = report.state.get("first_saw");
@@ -252,7 +252,7 @@ async fn parallel_branches_keep_their_own_history_and_join_it_in_order() {
     let root =
         Graph::sequential("root", vec![Arc::new(group), Arc::new(after)]).expect("valid graph");
     let (report, _) = run(&root, State::default()).await;
-    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(report.outcome(), RunOutcome::Completed);
     let turns: Vec<String> = seen
         .lock()
         .expect("not poisoned")
@@ -280,7 +280,7 @@ async fn a_failing_branch_fails_the_group_or_is_left_out_by_policy() {
 
     let group = Graph::parallel("fan", branches(), BranchPolicy::Continue).expect("valid graph");
     let (report, events) = run(&group, State::default()).await;
-    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(report.outcome(), RunOutcome::Completed);
     assert_eq!(ends(&events, "broken"), [EndStatus::Failed]);
     assert_eq!(report.state.get("winner"), Some(&json!("slow")));
 }

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use bridge::{Budget, BudgetLimit, Ledger};
 use engine::flow::{
     Agent, Control, EndStatus, Event, EventKind, EventLog, FlowError, Graph, Invocation,
-    InvocationContext, MemorySink, RunStatus, run_workflow,
+    InvocationContext, MemorySink, RunOutcome, run_workflow,
 };
 use engine::{SharedState, State};
 use serde_json::json;
@@ -43,7 +43,7 @@ async fn the_run_timeout_stops_the_run_and_keeps_the_state() {
     let invocation = Invocation::new(SharedState::new(State::default()))
         .with_timeout(Duration::from_millis(100));
     let (report, events) = run_with(&hanging_flow(), invocation).await;
-    assert_eq!(report.status(), RunStatus::TimedOut);
+    assert_eq!(report.outcome(), RunOutcome::TimedOut);
     assert_eq!(
         report.result,
         Err(FlowError::TimedOut(Duration::from_millis(100)))
@@ -102,7 +102,7 @@ async fn a_cancelled_agent_ends_after_the_work_winding_down_and_end_stays_last()
         let sink = MemorySink::new();
         let report = run_workflow(&root, invocation.with_sink(Arc::new(sink.clone())), None).await;
         let took = started.elapsed();
-        assert_eq!(report.status(), RunStatus::Cancelled);
+        assert_eq!(report.outcome(), RunOutcome::Cancelled);
         assert_eq!(traced(&report.state), ["first"]);
         (took, sink)
     };
@@ -194,7 +194,7 @@ async fn cancelling_keeps_the_state_and_a_readable_event_log() {
         cancel.cancel();
     });
     let (report, events) = run_with(&hanging_flow(), invocation).await;
-    assert_eq!(report.status(), RunStatus::Cancelled);
+    assert_eq!(report.outcome(), RunOutcome::Cancelled);
     assert_eq!(traced(&report.state), ["first"]);
     let logged = EventLog::read(&path).expect("a readable log");
     assert_eq!(logged, events, "every event was flushed to the log");
@@ -213,7 +213,7 @@ async fn a_spent_budget_stops_the_run_before_the_next_step() {
     let lp = Graph::looping("lp", vec![step("a")], iters(3)).expect("valid graph");
     let invocation = Invocation::new(SharedState::new(State::default())).with_ledger(ledger);
     let (report, _) = run_with(&lp, invocation).await;
-    assert_eq!(report.status(), RunStatus::BudgetExceeded);
+    assert_eq!(report.outcome(), RunOutcome::BudgetExceeded);
     let Err(FlowError::Budget(exceeded)) = report.result else {
         panic!("expected a budget stop, got {:?}", report.result);
     };

@@ -14,7 +14,7 @@ use engine::HookAction;
 use engine::agent::ToolCallError;
 use engine::flow::{
     Agent, Callback, CallbackContext, Callbacks, Control, EndStatus, EventKind, FlowError, FnAgent,
-    Graph, Invocation, LlmAgent, RunStatus, ToolInvocation, builtin_tool,
+    Graph, Invocation, LlmAgent, RunOutcome, ToolInvocation, builtin_tool,
 };
 use engine::{SharedState, State, Tool, ToolContext, ToolError};
 use serde_json::{Value, json};
@@ -143,7 +143,7 @@ async fn tool_writes_reach_the_next_tool_and_the_answer_reaches_output_key() {
         let mut state = State::default();
         state.set("topic", json!("sales"));
         let (report, events) = run_with(&root, invocation(state, &ledger)).await;
-        assert_eq!(report.status(), RunStatus::Completed, "{provider:?}");
+        assert_eq!(report.outcome(), RunOutcome::Completed, "{provider:?}");
         assert_eq!(
             report.state.get("seen"),
             Some(&json!("Summary: north grew")),
@@ -204,8 +204,8 @@ async fn tool_writes_reach_the_next_tool_and_the_answer_reaches_output_key() {
 async fn a_model_exit_loop_ends_the_nearest_loop_and_escalate_the_run() {
     for provider in PROVIDERS {
         for (action, status) in [
-            ("exit_loop", RunStatus::Completed),
-            ("escalate", RunStatus::Escalated),
+            ("exit_loop", RunOutcome::Completed),
+            ("escalate", RunOutcome::Escalated),
         ] {
             let server = mock(json!({
                 "planner": {"replies": ["Plan: look at sales."]},
@@ -239,7 +239,7 @@ async fn a_model_exit_loop_ends_the_nearest_loop_and_escalate_the_run() {
             )
             .expect("valid graph");
             let (report, events) = run_with(&outer, invocation(State::default(), &ledger)).await;
-            assert_eq!(report.status(), status, "{provider:?} {action}");
+            assert_eq!(report.outcome(), status, "{provider:?} {action}");
             match action {
                 "exit_loop" => {
                     assert_eq!(traced(&report.state), ["after_inner", "after_inner"]);
@@ -279,7 +279,7 @@ async fn end_turn_hands_control_to_the_next_sub_agent() {
     });
     let root = Graph::sequential("root", vec![Arc::new(talker), Arc::new(next)]).expect("valid");
     let (report, _) = run_with(&root, invocation(State::default(), &ledger)).await;
-    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(report.outcome(), RunOutcome::Completed);
     assert_eq!(traced(&report.state), ["next"]);
     assert_eq!(
         report.state.get("said"),
@@ -318,7 +318,7 @@ async fn include_contents_default_shows_the_conversation_and_none_only_the_input
         Some("Compare the regions."),
     )
     .await;
-    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(report.outcome(), RunOutcome::Completed);
     let messages: Vec<Value> = server
         .log()
         .entries()
@@ -379,7 +379,7 @@ async fn another_agent_can_be_a_tool() {
             .build()
             .expect("valid tools");
         let (report, events) = run_with(&lead, invocation(State::default(), &ledger)).await;
-        assert_eq!(report.status(), RunStatus::Completed, "{provider:?}");
+        assert_eq!(report.outcome(), RunOutcome::Completed, "{provider:?}");
         assert_eq!(
             report.state.get("facts"),
             Some(&json!("North (Which region grew?)"))
@@ -497,7 +497,7 @@ async fn model_and_tool_callbacks_change_or_short_circuit_each_call() {
             .build()
             .expect("valid tools");
         let (report, events) = run_with(&agent, invocation(State::default(), &ledger)).await;
-        assert_eq!(report.status(), RunStatus::Completed, "{provider:?}");
+        assert_eq!(report.outcome(), RunOutcome::Completed, "{provider:?}");
         // after_model upper-cased the answer; after_tool rewrote set_note's result.
         assert_eq!(
             report.state.get("out"),
@@ -607,7 +607,7 @@ async fn tool_callbacks_run_in_adks_order_and_after_tool_sees_every_result() {
     .build()
     .expect("valid tools");
     let (report, events) = run_with(&agent, invocation(State::default(), &ledger)).await;
-    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(report.outcome(), RunOutcome::Completed);
     let seen = recorder
         .0
         .lock()
@@ -687,7 +687,7 @@ async fn a_cached_answer_skips_the_model_and_a_model_error_can_be_recovered() {
         .build()
         .expect("no tools");
     let (report, _) = run_with(&agent, invocation(State::default(), &ledger)).await;
-    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(report.outcome(), RunOutcome::Completed);
     assert_eq!(report.state.get("out"), Some(&json!("fallback answer")));
     // Without the callback the failure is the run's.
     let bare = LlmAgent::builder("agent", dead).build().expect("no tools");
@@ -737,7 +737,7 @@ async fn model_calls_of_every_agent_share_the_ledger_budget() {
     let lp = Graph::looping("lp", vec![Arc::new(agent), Arc::new(idle)], iters(10))
         .expect("valid graph");
     let (report, _) = run_with(&lp, invocation(State::default(), &ledger)).await;
-    assert_eq!(report.status(), RunStatus::BudgetExceeded);
+    assert_eq!(report.outcome(), RunOutcome::BudgetExceeded);
     assert_eq!(
         report.state.get("last"),
         Some(&json!("again")),

@@ -6,7 +6,7 @@ use bridge::Provider;
 use bridge::mock::MockServer;
 use engine::bundle::PersonaBundle;
 use engine::flow::file::{ConfigErrorKind, EmbeddedFiles, load_workflow_from};
-use engine::flow::{EndStatus, Event, EventKind, Registry, RunStatus, with_discovery};
+use engine::flow::{EndStatus, Event, EventKind, Registry, RunOutcome, with_discovery};
 use serde_json::{Value, json};
 
 use crate::bundle_support::Project;
@@ -143,7 +143,11 @@ async fn a_persona_planner_of_either_fixture_bundle_runs_two_discovery_rounds() 
         )
         .await;
         let events = sink.events();
-        assert_eq!(report.status(), RunStatus::Completed, "{tree}: {report:?}");
+        assert_eq!(
+            report.outcome(),
+            RunOutcome::Completed,
+            "{tree}: {report:?}"
+        );
         let round = ["finder", "processor"];
         let mut expected = vec!["plan", "planner", "discovery"];
         expected.extend(round);

@@ -11,7 +11,7 @@ use bridge::Provider;
 use engine::flow::file::{
     AgentConfig, EmbeddedFiles, RoutingMode, SuccessorConfig, load_workflow_from,
 };
-use engine::flow::{Registry, RunStatus};
+use engine::flow::{Registry, RunOutcome};
 use engine::route::file::register;
 use serde_json::json;
 
@@ -225,7 +225,12 @@ async fn dev_and_tea(approved_at: &str, mode: &str) -> engine::flow::RunReport {
         .build(&spec)
         .unwrap();
     let (report, events) = run(root.as_ref(), &endpoints, "Export the table as CSV.").await;
-    assert_eq!(report.status(), RunStatus::Completed, "{:?}", report.result);
+    assert_eq!(
+        report.outcome(),
+        RunOutcome::Completed,
+        "{:?}",
+        report.result
+    );
     assert_eq!(started(&events)[0], "team");
     server.shutdown().await;
     report

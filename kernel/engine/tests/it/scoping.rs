@@ -2,7 +2,7 @@
 //! stops the invocation, `end_turn` ends the agent's turn.
 
 use engine::State;
-use engine::flow::{Control, EndStatus, EventKind, Graph, RunStatus};
+use engine::flow::{Control, EndStatus, EventKind, Graph, RunOutcome};
 
 use crate::support::{counted, ends, iters, run, step, traced};
 
@@ -85,7 +85,7 @@ async fn exit_loop_travels_up_through_a_sequence_to_its_loop() {
     let root = Graph::sequential("root", vec![std::sync::Arc::new(lp), step("finish")])
         .expect("valid graph");
     let (report, events) = run(&root, State::default()).await;
-    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(report.outcome(), RunOutcome::Completed);
     assert_eq!(
         traced(&report.state),
         ["check", "skipped_on_exit", "check", "finish"]
@@ -103,7 +103,7 @@ async fn exit_loop_outside_any_loop_ends_only_the_enclosing_sequences() {
     .expect("valid graph");
     let (report, _) = run(&root, State::default()).await;
     assert_eq!(report.result, Ok(Control::ExitLoop));
-    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(report.outcome(), RunOutcome::Completed);
     assert_eq!(traced(&report.state), ["stop"]);
 }
 
@@ -134,7 +134,7 @@ async fn escalate_stops_every_enclosing_loop_and_the_run() {
     let root = Graph::sequential("root", vec![std::sync::Arc::new(outer), step("finish")])
         .expect("valid graph");
     let (report, events) = run(&root, State::default()).await;
-    assert_eq!(report.status(), RunStatus::Escalated);
+    assert_eq!(report.outcome(), RunOutcome::Escalated);
     assert_eq!(traced(&report.state), ["planner", "worker", "worker"]);
     for agent in ["worker", "inner", "outer", "root"] {
         assert_eq!(

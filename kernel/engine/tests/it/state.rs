@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use engine::flow::{BranchPolicy, Control, Event, FnAgent, Graph, RunStatus};
+use engine::flow::{BranchPolicy, Control, Event, FnAgent, Graph, RunOutcome};
 use engine::{State, StateDelta};
 use serde_json::json;
 
@@ -40,7 +40,7 @@ async fn a_write_is_visible_to_the_next_sibling_and_the_next_iteration() {
     let keep = relay("keep", "temp:a", "result");
     let root = Graph::sequential("root", vec![Arc::new(lp), keep]).expect("valid graph");
     let (report, events) = run(&root, State::default()).await;
-    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(report.outcome(), RunOutcome::Completed);
     assert_eq!(report.state.get("result"), Some(&json!(5)));
     // `temp:` keys lived through the invocation and are gone after it.
     assert_eq!(report.state.get("temp:a"), None);
@@ -96,7 +96,7 @@ async fn a_write_before_a_failure_is_kept() {
     )
     .expect("valid graph");
     let (report, events) = run(&root, State::default()).await;
-    assert_eq!(report.status(), RunStatus::Failed);
+    assert_eq!(report.outcome(), RunOutcome::Failed);
     assert_eq!(report.state.get("kept"), Some(&json!(-99)));
     let end = events.last().expect("events");
     assert_eq!(end.author, "root");

@@ -10,7 +10,7 @@ use engine::HookAction;
 use engine::flow::file::{AgentClass, AgentConfig, EmbeddedFiles, load_workflow_from};
 use engine::flow::{
     Agent, Callback, CallbackContext, Control, EndStatus, Event, EventKind, FnAgent, Invocation,
-    MemorySink, Registry, RunStatus, run_workflow,
+    MemorySink, Registry, RunOutcome, run_workflow,
 };
 use engine::{SharedState, State};
 use serde_json::{Value, json};
@@ -141,7 +141,7 @@ async fn a_refinement_loop_from_yaml_exits_when_its_evaluator_is_satisfied() {
             .build(&spec)
             .expect("builds");
         let (report, events) = run(root.as_ref(), &endpoints, "Refine the template.").await;
-        assert_eq!(report.status(), RunStatus::Completed, "{provider:?}");
+        assert_eq!(report.outcome(), RunOutcome::Completed, "{provider:?}");
         assert_eq!(
             started(&events),
             [
@@ -205,7 +205,7 @@ sub_agents:
         .build(&spec)
         .expect("builds");
     let (report, events) = run(root.as_ref(), &endpoints, "Go.").await;
-    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(report.outcome(), RunOutcome::Completed);
     assert_eq!(
         started(&events),
         ["g", "check", "check", "check", "publish"]
@@ -269,7 +269,7 @@ args: {value: 21}
     let spec = load_workflow_from(&files, "root.yaml").expect("valid files");
     let root = registry.build(&spec).expect("builds");
     let (report, _) = run(root.as_ref(), &endpoints, "Go.").await;
-    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(report.outcome(), RunOutcome::Completed);
     assert_eq!(report.state.get("doubled"), Some(&json!(42)));
     assert_eq!(report.state.get("noted"), Some(&json!(true)));
     // Named under `after_agent_callbacks` only, it is not called before the agent.

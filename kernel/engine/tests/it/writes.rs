@@ -12,7 +12,7 @@ use bridge::{Endpoint, EndpointConfig, Ledger};
 use engine::durable::{CheckpointStore, RunStatus as Stored, Start, run_durable};
 use engine::flow::{
     Agent, BranchPolicy, Control, Event, EventSink, FlowError, FnAgent, Graph, Invocation,
-    InvocationContext, LlmAgent, MessageRecord, Router, RunStatus, Target, run_workflow,
+    InvocationContext, LlmAgent, MessageRecord, Router, RunOutcome, Target, run_workflow,
 };
 use engine::route::{Branch, Condition, ControlPlane, END, RouterConfig, RouterMode};
 use engine::{SharedState, State, StateWrite};
@@ -74,7 +74,7 @@ async fn parallel_branches_keep_every_append_at_the_join() {
     )
     .expect("valid graph");
     let (report, events) = run(&group, State::default()).await;
-    assert_eq!(report.status(), RunStatus::Completed);
+    assert_eq!(report.outcome(), RunOutcome::Completed);
     assert_eq!(authors(&report.state), ["fast", "slow"]);
     let mut replayed = State::default();
     for event in &events {
