@@ -6,7 +6,8 @@
 //! `write_all` followed by a flush. Nothing is buffered in between, so a process killed at
 //! any point leaves a file whose complete lines are all valid JSON, and writers appending to
 //! one file ([`JsonlWriter::append`]) never interleave inside a line. Every error names the
-//! log and its file. [`read`] reads such a log back, passing over a torn last line (a
+//! log and its file. A [`Background`] writer does the same on a thread of its own, for logs
+//! written from async code. [`read`] reads such a log back, passing over a torn last line (a
 //! writer killed mid-line) and naming the number of any other line that does not parse.
 //!
 //! ```
@@ -26,6 +27,7 @@ use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, mpsc};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -234,13 +236,12 @@ impl<W: Write> JsonlWriter<W> {
 
     /// Writes `value` as one redacted line and flushes it.
     pub fn write(&mut self, value: &impl Serialize) -> Result<(), JsonlError> {
-        let line = serde_json::to_string(value).map_err(|source| JsonlError::Encode {
-            log: self.log,
-            path: self.path.clone(),
-            source,
-        })?;
-        let mut line = bridge::secret::redactor().redact(&line).into_owned();
-        line.push('\n');
+        let line = encode(self.log, self.path.as_ref(), value)?;
+        self.write_line(&line)
+    }
+
+    /// Writes `line` (encoded, redacted, ending in a newline) in one write and flushes it.
+    fn write_line(&mut self, line: &str) -> Result<(), JsonlError> {
         self.out
             .write_all(line.as_bytes())
             .and_then(|()| self.out.flush())
@@ -252,6 +253,149 @@ impl<W: Write> JsonlWriter<W> {
         self.lines += 1;
         Ok(())
     }
+}
+
+/// `value` as one redacted JSON line, newline included.
+fn encode(
+    log: &'static str,
+    path: Option<&PathBuf>,
+    value: &impl Serialize,
+) -> Result<String, JsonlError> {
+    let line = serde_json::to_string(value).map_err(|source| JsonlError::Encode {
+        log,
+        path: path.cloned(),
+        source,
+    })?;
+    let mut line = bridge::secret::redactor().redact(&line).into_owned();
+    line.push('\n');
+    Ok(line)
+}
+
+/// A [`JsonlWriter`] on a thread of its own, for logs written from async code (the workflow
+/// event log, the decision log): a tokio worker never waits on the disk.
+///
+/// [`write`](Self::write) encodes and redacts the line on the caller's thread (an encoding
+/// error is the caller's at once) and hands it over; the thread writes and flushes each line
+/// in the order handed over, one `write_all` a line as [`JsonlWriter`] does. The first
+/// write error is kept: the next [`write`](Self::write) and [`flush`](Self::flush) return it
+/// and nothing more is written. [`flush`](Self::flush) waits until every line handed over is
+/// in the file; dropping the writer does too.
+pub struct Background {
+    log: &'static str,
+    path: Option<PathBuf>,
+    /// `None` only while dropping.
+    lines: Option<mpsc::Sender<Message>>,
+    failed: Arc<Mutex<Option<(io::ErrorKind, String)>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+enum Message {
+    Line(String),
+    /// Answered once every earlier line is written.
+    Flush(mpsc::SyncSender<()>),
+}
+
+impl fmt::Debug for Background {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Background")
+            .field("log", &self.log)
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Background {
+    /// Starts the thread that writes to `writer`.
+    pub fn spawn(mut writer: JsonlWriter<File>) -> Result<Self, JsonlError> {
+        let (log, path) = (writer.log, writer.path.clone());
+        let (tx, rx) = mpsc::channel::<Message>();
+        let failed = Arc::new(Mutex::new(None));
+        let kept = Arc::clone(&failed);
+        let thread = std::thread::Builder::new()
+            .name("rlm-log-writer".to_owned())
+            .spawn(move || {
+                for message in rx {
+                    match message {
+                        Message::Line(line) => {
+                            let mut failed = lock(&kept);
+                            if failed.is_none()
+                                && let Err(JsonlError::Write { source, .. }) =
+                                    writer.write_line(&line)
+                            {
+                                *failed = Some((source.kind(), source.to_string()));
+                            }
+                        }
+                        Message::Flush(done) => {
+                            let _ = done.send(());
+                        }
+                    }
+                }
+            })
+            .map_err(|source| JsonlError::Write {
+                log,
+                path: path.clone(),
+                source,
+            })?;
+        Ok(Self {
+            log,
+            path,
+            lines: Some(tx),
+            failed,
+            thread: Some(thread),
+        })
+    }
+
+    /// Hands `value` over as one redacted line; an error is this line's encoding or an
+    /// earlier line's write.
+    pub fn write(&self, value: &impl Serialize) -> Result<(), JsonlError> {
+        self.check()?;
+        let line = encode(self.log, self.path.as_ref(), value)?;
+        let sent = (self.lines.as_ref()).is_some_and(|tx| tx.send(Message::Line(line)).is_ok());
+        if sent { Ok(()) } else { Err(self.gone()) }
+    }
+
+    /// Waits until every line handed over so far is written; the first write error, if any.
+    pub fn flush(&self) -> Result<(), JsonlError> {
+        let (done, wait) = mpsc::sync_channel(1);
+        let sent = (self.lines.as_ref()).is_some_and(|tx| tx.send(Message::Flush(done)).is_ok());
+        if !sent || wait.recv().is_err() {
+            return Err(self.gone());
+        }
+        self.check()
+    }
+
+    fn check(&self) -> Result<(), JsonlError> {
+        match &*lock(&self.failed) {
+            Some((kind, message)) => Err(JsonlError::Write {
+                log: self.log,
+                path: self.path.clone(),
+                source: io::Error::new(*kind, message.clone()),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The writing thread is gone (it cannot panic; only a process in trouble gets here).
+    fn gone(&self) -> JsonlError {
+        JsonlError::Write {
+            log: self.log,
+            path: self.path.clone(),
+            source: io::Error::other("the thread writing it has stopped"),
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.lines.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]
@@ -355,6 +499,43 @@ mod tests {
              28)); check the disk and the path"
         );
         assert_eq!(writer.lines(), 0);
+    }
+
+    #[test]
+    fn a_background_writer_writes_every_line_in_order_and_flush_waits_for_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        let log = Background::spawn(JsonlWriter::create("test log", &path).unwrap()).unwrap();
+        for i in 0..500 {
+            log.write(&json!({"n": i})).unwrap();
+        }
+        log.flush().unwrap();
+        let lines: Vec<Value> = read("test log", &path).unwrap();
+        assert_eq!(lines, (0..500).map(|i| json!({"n": i})).collect::<Vec<_>>());
+        // Dropping it writes what is still queued.
+        log.write(&json!("last")).unwrap();
+        drop(log);
+        let lines: Vec<Value> = read("test log", &path).unwrap();
+        assert_eq!(lines.last(), Some(&json!("last")));
+        assert_eq!(lines.len(), 501);
+    }
+
+    #[test]
+    fn a_background_writer_reports_a_failed_write_to_the_next_call() {
+        let log =
+            Background::spawn(JsonlWriter::append("event log", "/dev/full").unwrap()).unwrap();
+        log.write(&json!({"a": 1})).unwrap();
+        let expected = "Could not write the event log `/dev/full` (No space left on device (os \
+                        error 28)); check the disk and the path";
+        assert_eq!(log.flush().unwrap_err().to_string(), expected);
+        assert_eq!(log.write(&json!(2)).unwrap_err().to_string(), expected);
+        // An encoding error is the caller's at once.
+        let dir = tempfile::tempdir().unwrap();
+        let log = JsonlWriter::create("test log", dir.path().join("log.jsonl")).unwrap();
+        let log = Background::spawn(log).unwrap();
+        let map: std::collections::HashMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        assert!(matches!(log.write(&map), Err(JsonlError::Encode { .. })));
+        log.flush().unwrap();
     }
 
     #[test]

@@ -51,6 +51,7 @@
 //! ```
 
 pub mod agent;
+mod blocking;
 pub mod bundle;
 pub mod condition;
 pub mod date;

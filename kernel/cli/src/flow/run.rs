@@ -150,7 +150,7 @@ pub(crate) fn execute(
     }
     if let Some(log) = outputs.events {
         let log = log.open()?;
-        invocation = invocation.with_sink(Arc::new(EventLog::from_file(log.file, log.path)));
+        invocation = invocation.with_sink(Arc::new(EventLog::from_file(log.file, log.path)?));
     }
     let last = Arc::new(LastMessage::default());
     invocation = invocation.with_sink(last.clone());

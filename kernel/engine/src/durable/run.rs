@@ -214,7 +214,8 @@ impl Checkpointer {
             .parent(cursor.parent)
             .next(next)
             .metadata(metadata);
-        let id = self.store.put(&self.lease, checkpoint)?;
+        // An SQLite commit: the worker's other tasks go on meanwhile.
+        let id = crate::blocking::off_worker(|| self.store.put(&self.lease, checkpoint))?;
         cursor.parent = Some(id);
         Ok(id)
     }

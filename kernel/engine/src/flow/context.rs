@@ -642,6 +642,17 @@ impl InvocationContext {
         Ok(())
     }
 
+    /// Flushes every sink of the run (its end); the first error.
+    pub(crate) fn flush_sinks(&self) -> Result<(), FlowError> {
+        let mut first = Ok(());
+        for sink in &self.shared.settings.sinks {
+            if let Err(e) = sink.flush() {
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
+
     /// Holds this run's cancelled agents back, while the guard lives, from writing their
     /// `End` at once: each waits up to a bounded moment for its run to return (see
     /// [`run_agent`](super::run_agent)). For work that reports how it ended when it is

@@ -91,6 +91,13 @@ pub async fn run_workflow(
         (Err(FlowError::Cancelled), Some(reason)) => Err(reason),
         (result, _) => result,
     };
+    // The event log is complete when the run returns; a line that could not be written
+    // fails a run that would have succeeded.
+    let flushed = crate::blocking::off_worker(|| ctx.flush_sinks());
+    let result = match (result, flushed) {
+        (Ok(_), Err(e)) => Err(e),
+        (result, _) => result,
+    };
     state.clear_temp();
     RunReport {
         result,

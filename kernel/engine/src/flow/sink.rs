@@ -1,10 +1,13 @@
 //! Where events go: the JSONL event log, a test's memory, a live display.
 //!
-//! A sink gets every event of an invocation in emission order, one call at a time. The
-//! [`EventLog`] writes one redacted JSON object per line through the shared [`JsonlWriter`]
-//! and flushes after each, so a run killed at any point leaves a log of everything up to its
-//! last step. Events carry no context
-//! payloads (contexts live in the kernel's REPL, never in events), so the log stays small.
+//! A sink gets every event of an invocation in emission order, one call at a time, and a
+//! [`flush`](EventSink::flush) when the run ends. The [`EventLog`] writes one redacted JSON
+//! object per line through the shared [`JsonlWriter`], on a thread of its own
+//! ([`jsonl::Background`]) so that no tokio worker waits on the disk: each line is written
+//! and flushed as soon as it is handed over, so a run killed at any point leaves a log of
+//! everything up to its last step, and the run's end waits until every line is in the file.
+//! Events carry no context payloads (contexts live in the kernel's REPL, never in events),
+//! so the log stays small.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -12,7 +15,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use super::error::FlowError;
 use super::event::Event;
-use crate::jsonl::{self, JsonlReadError, JsonlWriter};
+use crate::jsonl::{self, Background, JsonlError, JsonlReadError, JsonlWriter};
 
 /// What the event log is called in its errors.
 const LOG: &str = "event log";
@@ -21,6 +24,11 @@ const LOG: &str = "event log";
 pub trait EventSink: Send + Sync {
     /// Records `event`; an error stops the run (its state is kept).
     fn emit(&self, event: &Event) -> Result<(), FlowError>;
+
+    /// Makes sure every event recorded so far is where it goes (the run's end calls it).
+    fn flush(&self) -> Result<(), FlowError> {
+        Ok(())
+    }
 }
 
 /// Keeps every event in memory (tests, the CLI's summary).
@@ -54,32 +62,34 @@ impl EventSink for MemorySink {
     }
 }
 
-/// The JSONL event log: one event per line, flushed per event.
+/// The JSONL event log: one event per line, written and flushed per event on a thread of
+/// its own.
 #[derive(Debug)]
 pub struct EventLog {
     path: PathBuf,
-    out: Mutex<JsonlWriter>,
+    out: Background,
 }
 
 impl EventLog {
     /// Creates (or truncates) the log at `path`.
     pub fn create(path: impl AsRef<Path>) -> Result<Self, FlowError> {
         let path = path.as_ref().to_path_buf();
-        let out = JsonlWriter::create(LOG, &path).map_err(|e| FlowError::Sink(e.to_string()))?;
-        Ok(Self {
-            path,
-            out: Mutex::new(out),
-        })
+        let out = JsonlWriter::create(LOG, &path).map_err(sink_error)?;
+        Self::start(out, path)
     }
 
     /// Writes to `file`, which the caller opened (for appending, when a resumed run continues
     /// its log); `path` names it in errors.
-    pub fn from_file(file: File, path: impl Into<PathBuf>) -> Self {
+    pub fn from_file(file: File, path: impl Into<PathBuf>) -> Result<Self, FlowError> {
         let path = path.into();
-        Self {
-            out: Mutex::new(JsonlWriter::from_file(LOG, file, path.clone())),
+        Self::start(JsonlWriter::from_file(LOG, file, path.clone()), path)
+    }
+
+    fn start(out: JsonlWriter, path: PathBuf) -> Result<Self, FlowError> {
+        Ok(Self {
+            out: Background::spawn(out).map_err(sink_error)?,
             path,
-        }
+        })
     }
 
     /// Where it writes.
@@ -106,10 +116,14 @@ impl EventLog {
 
 impl EventSink for EventLog {
     fn emit(&self, event: &Event) -> Result<(), FlowError> {
-        self.out
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .write(event)
-            .map_err(|e| FlowError::Sink(e.to_string()))
+        self.out.write(event).map_err(sink_error)
     }
+
+    fn flush(&self) -> Result<(), FlowError> {
+        self.out.flush().map_err(sink_error)
+    }
+}
+
+fn sink_error(e: JsonlError) -> FlowError {
+    FlowError::Sink(e.to_string())
 }

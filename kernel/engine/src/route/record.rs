@@ -4,7 +4,8 @@
 //! rationale, when, and the artifacts it concerns. The router appends it to the `decisions`
 //! channel of the state (so checkpoints keep it) and a [`DecisionLog`] writes it as one
 //! redacted JSON line to a file through the shared [`JsonlWriter`], flushed per record, so a
-//! crash loses no decision already made.
+//! crash loses no decision already made (off the tokio worker's other tasks, see
+//! `crate::blocking`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -74,13 +75,14 @@ impl DecisionLog {
         })
     }
 
-    /// Appends `record` as one line and flushes it.
+    /// Appends `record` as one line and flushes it (from async code, the worker's other
+    /// tasks go on meanwhile).
     pub fn append(&self, record: &DecisionRecord) -> Result<(), DecisionLogError> {
-        Ok(self
+        let mut out = self
             .out
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .write(record)?)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Ok(crate::blocking::off_worker(|| out.write(record))?)
     }
 
     /// Every record of the log at `path`, in order (a torn last line, from a killed run, is
