@@ -242,3 +242,25 @@ def test_rlm_eval_ray_without_the_package_says_what_to_install(tmp_path):
     assert "No module named 'rlm_kernel'" in said, said
     assert "pip install 'rlm-kernel[ray]'" in said and "RLM_PYTHON" in said, said
     assert not (tmp_path / "none" / "results.json").exists()
+
+
+def test_a_failing_row_is_a_row_with_its_error_and_budgets_hold_per_row_as_here(cluster, tmp_path):
+    given = rows(6)
+    given[2] = {"query": "Count the words.", "context": tmp_path / "missing.txt"}
+    given[4] = {"query": 42, "context": "a b"}
+    with MockServer(scripted(latency_ms=10)) as mock:
+        options = dict(model="root", sub_model="sub", base_url=mock.base_url)
+        results = map_completions(given, actors=2, **options)
+        # Two sub-calls a row (rows of two words or more) against a budget of one: each row
+        # stops on its budget, on the cluster as here.
+        limited = map_completions(rows(5)[1:], actors=2, max_sub_calls=1, **options)
+        limited_here = map_completions(rows(5)[1:], serial=True, max_sub_calls=1, **options)
+    assert "missing.txt" in results[2]["error"], results[2]
+    assert results[2]["answer"] is None
+    assert "The query must be a `str`" in results[4]["error"], results[4]
+    for i in (0, 1, 3, 5):
+        assert results[i]["error"] is None and results[i]["answer"] == expected_answer(given[i]["context"])
+    for result in limited:
+        assert result["termination_reason"] == "call_budget", result
+        assert "1 of 1 sub-calls used" in result["error"], result
+    assert [comparable(r) for r in limited] == [comparable(r) for r in limited_here]
