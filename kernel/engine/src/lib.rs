@@ -50,6 +50,9 @@
 //! assert!(ctx.take_actions().exit_loop);
 //! ```
 
+// Every public item says what it is (`clippy -D warnings` makes this an error).
+#![warn(missing_docs)]
+
 pub mod agent;
 mod blocking;
 pub mod bundle;
