@@ -43,7 +43,7 @@ pub struct Activation {
     pub facts: Vec<Fact>,
     /// The `workflow.md` its instructions name: path and text (rendered, values filled in).
     pub workflow: Option<(PathBuf, String)>,
-    /// The other files of its folder, relative to it (at most [`MAX_RESOURCES`]).
+    /// The other files of its folder, relative to it (at most 200).
     pub resources: Vec<String>,
 }
 

@@ -43,9 +43,9 @@
 //! - [`prompt`]: the system prompt, start-up message, command message and menu, worded in
 //!   `prompts/agent/`.
 //! - [`tools`]: `read_file`, `execute_workflow`, `save_output` and `load_workflow_file`;
-//!   [`skill_tools`]: `load_skill` and `run_skill_script` (Python scripts, only through the
+//!   [`skill_tools`](mod@skill_tools): `load_skill` and `run_skill_script` (Python scripts, only through the
 //!   `python` tool the user allowed).
-//! - [`started`]: the [`StartedAgent`] and [`StartOptions`]; [`format`]: what a path given
+//! - [`started`]: the [`StartedAgent`] and [`StartOptions`]; [`format`](mod@format): what a path given
 //!   as an agent is (an error says what was found when it cannot be played).
 //! - [`skill_agent`]: a skill started as an agent — a BMAD 6.1+ agent's merged `[agent]`
 //!   block, facts and config, or any skill played as an assistant.

@@ -14,7 +14,7 @@
 //!   call's `state` (reads see the state, writes become the call's state delta) and
 //!   `actions` (`exit_loop`, `end_turn`, `escalate`) — the one convention of every Python
 //!   function of a workflow (`support.py` describes it): what the call wrote and raised
-//!   comes back as [`Effects`]-shaped JSON, `{"writes": [...], "actions": {...}}`.
+//!   comes back as `Effects`-shaped JSON, `{"writes": [...], "actions": {...}}`.
 //!
 //! # Execution path
 //! A call never runs Python on a tokio worker thread, and holds the GIL only to convert:
