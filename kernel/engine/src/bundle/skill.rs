@@ -27,8 +27,9 @@ use crate::document;
 
 /// Where skills are installed in a project, in the order they are searched: the
 /// cross-tool `.agents/skills/` and Claude Code's `.claude/skills/` first, then every other
-/// folder BMAD's installer has written skills to for the tools it supports (6.1 to 6.12).
-pub const PROJECT_SKILL_FOLDERS: [&str; 33] = [
+/// folder BMAD's installer has written skills to for the tools it supports (the
+/// `target_dir`s of its `platform-codes.yaml`, 6.1 to 6.12 and after).
+pub const PROJECT_SKILL_FOLDERS: [&str; 34] = [
     ".agents/skills",
     ".claude/skills",
     ".adal/skills",
@@ -48,6 +49,7 @@ pub const PROJECT_SKILL_FOLDERS: [&str; 33] = [
     ".iflow/skills",
     ".junie/skills",
     ".kilocode/skills",
+    ".kimi/skills",
     ".kiro/skills",
     ".kode/skills",
     ".neovate/skills",
@@ -554,6 +556,35 @@ mod tests {
         assert_eq!(file.skill.metadata["version"], "1.0");
         assert_eq!(file.skill.dir, Path::new("/s/pdf-tools"));
         assert_eq!(file.body, "# PDF\n\nUse `scripts/x.py`.");
+    }
+
+    #[test]
+    fn every_folder_bmads_installer_writes_skills_to_is_searched() {
+        let project = tempfile::tempdir().expect("tempdir");
+        // A sample of BMAD's `target_dir`s, the newest last.
+        for rel in [
+            ".agents/skills",
+            ".claude/skills",
+            ".cursor/skills",
+            ".kimi/skills",
+        ] {
+            std::fs::create_dir_all(project.path().join(rel)).expect("mkdir");
+        }
+        std::fs::create_dir_all(project.path().join(".unknown/skills")).expect("mkdir");
+        let found: Vec<PathBuf> = project_skill_folders(project.path())
+            .iter()
+            .map(|f| f.strip_prefix(project.path()).expect("inside").to_owned())
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ".agents/skills",
+                ".claude/skills",
+                ".cursor/skills",
+                ".kimi/skills"
+            ]
+            .map(PathBuf::from)
+        );
     }
 
     #[test]
