@@ -368,6 +368,9 @@ pub struct BudgetExceeded {
     pub reserved: f64,
     /// The refused call's own estimate (0 for `max_calls`).
     pub needed: f64,
+    /// What sets the limit, as the front end's users write it (see
+    /// [`BudgetNames`](crate::ledger::BudgetNames)); `None` names the budget's field.
+    pub setting: Option<String>,
 }
 
 impl fmt::Display for BudgetExceeded {
@@ -398,12 +401,20 @@ impl fmt::Display for BudgetExceeded {
         if self.needed > 0.0 {
             write!(f, ", and this call may need {}", amount(self.needed))?;
         }
-        write!(
-            f,
-            " (`{}`); the call was not sent. Raise `{}` of the budget to allow more",
-            self.limit.field(),
-            self.limit.field()
-        )
+        match &self.setting {
+            Some(setting) => write!(
+                f,
+                " ({setting} {}); the call was not sent. Raise the budget with {setting} to \
+                 allow more",
+                amount(self.max)
+            ),
+            None => write!(
+                f,
+                " (`{}`); the call was not sent. Raise `{}` of the budget to allow more",
+                self.limit.field(),
+                self.limit.field()
+            ),
+        }
     }
 }
 
@@ -436,14 +447,24 @@ mod tests {
             used: 8.0,
             reserved: 0.0,
             needed: 5.0,
+            setting: None,
         };
-        let error = BridgeError::Budget(exceeded);
+        let error = BridgeError::Budget(exceeded.clone());
         assert_eq!(error.kind(), FailureKind::Budget(BudgetLimit::Tokens));
         assert_eq!(error.kind().budget_limit(), Some(BudgetLimit::Tokens));
         assert_eq!(
             error.to_string(),
             "Budget exhausted: 8 of 10 tokens used, and this call may need 5 (`max_tokens`); \
              the call was not sent. Raise `max_tokens` of the budget to allow more"
+        );
+        let named = BudgetExceeded {
+            setting: Some("`--max-tokens`".into()),
+            ..exceeded
+        };
+        assert_eq!(
+            named.to_string(),
+            "Budget exhausted: 8 of 10 tokens used, and this call may need 5 (`--max-tokens` \
+             10); the call was not sent. Raise the budget with `--max-tokens` to allow more"
         );
     }
 }

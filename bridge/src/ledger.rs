@@ -106,6 +106,34 @@ pub struct Budget {
     pub max_iterations: Option<u64>,
 }
 
+/// The names messages use for the budget's limits, so a front end can name what its users
+/// type (`` `--max-sub-calls` ``, `` `max_sub_calls` ``) instead of the [`Budget`]'s fields.
+/// Unset names fall back to "`max_calls` of the budget" and the like.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BudgetNames {
+    /// What sets [`Budget::max_calls`].
+    pub max_calls: Option<String>,
+    /// What sets [`Budget::max_tokens`].
+    pub max_tokens: Option<String>,
+    /// What sets [`Budget::max_usd`].
+    pub max_usd: Option<String>,
+    /// What sets [`Budget::max_iterations`].
+    pub max_iterations: Option<String>,
+}
+
+impl BudgetNames {
+    /// The name of `limit`'s setting, if the front end gave one.
+    pub fn of(&self, limit: BudgetLimit) -> Option<String> {
+        match limit {
+            BudgetLimit::Calls => self.max_calls.clone(),
+            BudgetLimit::Tokens => self.max_tokens.clone(),
+            BudgetLimit::Usd => self.max_usd.clone(),
+            BudgetLimit::Iterations => self.max_iterations.clone(),
+        }
+    }
+}
+
 /// Aggregated usage of one model (or of everything, for [`Ledger::totals`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelUsage {
@@ -199,6 +227,7 @@ pub(crate) struct Reservation {
 /// The concurrent sink of call records, with budget enforcement.
 pub struct Ledger {
     budget: Budget,
+    names: BudgetNames,
     next_index: AtomicU64,
     reserved_calls: AtomicU64,
     reserved_iterations: AtomicU64,
@@ -250,6 +279,7 @@ impl Ledger {
     pub fn new(budget: Budget) -> Self {
         Self {
             budget,
+            names: BudgetNames::default(),
             next_index: AtomicU64::new(0),
             reserved_calls: AtomicU64::new(0),
             reserved_iterations: AtomicU64::new(0),
@@ -259,6 +289,13 @@ impl Ledger {
             nano_usd_committed: AtomicU64::new(0),
             state: Mutex::new(LedgerState::default()),
         }
+    }
+
+    /// This ledger with its limits named `names` in the messages of refused calls.
+    #[must_use]
+    pub fn with_names(mut self, names: BudgetNames) -> Self {
+        self.names = names;
+        self
     }
 
     fn state(&self) -> MutexGuard<'_, LedgerState> {
@@ -317,6 +354,11 @@ impl Ledger {
         &self.budget
     }
 
+    /// What messages call its limits.
+    pub fn names(&self) -> &BudgetNames {
+        &self.names
+    }
+
     /// Calls that reserved a budget slot (were or are being sent).
     pub fn calls_reserved(&self) -> u64 {
         self.reserved_calls.load(Ordering::Acquire)
@@ -366,6 +408,7 @@ impl Ledger {
                     used: self.tokens_used() as f64,
                     reserved: committed.saturating_sub(self.tokens_used()) as f64,
                     needed: estimate.tokens as f64,
+                    setting: self.names.of(BudgetLimit::Tokens),
                 })?;
             reservation.tokens = estimate.tokens;
         }
@@ -382,6 +425,7 @@ impl Ledger {
                     used: used as f64 / NANO,
                     reserved: committed.saturating_sub(used) as f64 / NANO,
                     needed: estimate.nano_usd as f64 / NANO,
+                    setting: self.names.of(BudgetLimit::Usd),
                 });
             }
             reservation.nano_usd = estimate.nano_usd;
@@ -391,14 +435,14 @@ impl Ledger {
                 Self::take_slot(&self.reserved_iterations, self.budget.max_iterations)
             {
                 self.release(reservation, false);
-                return Err(refused.of(BudgetLimit::Iterations));
+                return Err(refused.of(BudgetLimit::Iterations, &self.names));
             }
             reservation.iteration_slot = true;
         }
         if counted {
             if let Err(refused) = Self::take_slot(&self.reserved_calls, self.budget.max_calls) {
                 self.release(reservation, false);
-                return Err(refused.of(BudgetLimit::Calls));
+                return Err(refused.of(BudgetLimit::Calls, &self.names));
             }
             reservation.call_slot = true;
         }
@@ -478,13 +522,14 @@ struct SlotRefused {
 }
 
 impl SlotRefused {
-    fn of(self, limit: BudgetLimit) -> BudgetExceeded {
+    fn of(self, limit: BudgetLimit, names: &BudgetNames) -> BudgetExceeded {
         BudgetExceeded {
             limit,
             max: self.max as f64,
             used: self.used as f64,
             reserved: 0.0,
             needed: 0.0,
+            setting: names.of(limit),
         }
     }
 }

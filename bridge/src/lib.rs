@@ -73,7 +73,7 @@ pub use config::{
 };
 pub use endpoint::{CallOptions, Endpoint, Endpoints, RecordedCall};
 pub use error::{BridgeError, BudgetExceeded, BudgetLimit, FailureKind};
-pub use ledger::{Budget, Ledger, ModelUsage, SubCallMetadata, add_cost};
+pub use ledger::{Budget, BudgetNames, Ledger, ModelUsage, SubCallMetadata, add_cost};
 pub use limiter::{AdaptiveLimit, LimiterStats};
 pub use secret::{REDACTED, Redactor, Secret};
 pub use tokio_util::sync::CancellationToken;

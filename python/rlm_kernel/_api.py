@@ -3,13 +3,25 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import threading
+from collections import OrderedDict
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from . import _config, _native
 
 _MISSING = object()
+
+#: The clients of the module-level `llm_query` / `llm_query_batched`, one per set of
+#: effective options (keywords, session defaults, `RLM_*`, `rlm.toml`) and API keys, the most
+#: recently used last: repeated calls share connections, the concurrency limit and one budget
+#: ledger instead of building new ones per call.
+_SHARED: "OrderedDict[str, Any]" = OrderedDict()
+_SHARED_LOCK = threading.Lock()
+#: How many option sets keep a client (a sweep over many settings drops the oldest).
+_SHARED_MAX = 16
 
 
 class RLMResult:
@@ -108,7 +120,10 @@ class RLM:
 
     Keyword options are the `rlm run` flags with `_` for `-` (`max_iterations=10`,
     `cell_timeout=60`, `max_usd=2, price="2:8"`, ...); unset ones come from `%rlm_config`,
-    `RLM_*` environment variables and `rlm.toml`, as in the CLI.
+    `RLM_*` environment variables and `rlm.toml`, as in the CLI. They are resolved when the
+    object is made (a bad one raises here). Its endpoints and budget ledger are built on its
+    first call and kept: the budget (`max_sub_calls`, `max_tokens`, `max_usd`) covers every
+    completion and direct call this object makes.
     """
 
     def __init__(
@@ -119,16 +134,15 @@ class RLM:
         **options: Any,
     ):
         explicit = dict(options, model=model, sub_model=sub_model, base_url=base_url)
-        _config.check_names(explicit, "RLM()")
         self._explicit = {k: v for k, v in explicit.items() if v is not None}
+        self._client = _native.Client(
+            _config.to_json(self._explicit), json.dumps(_config.defaults), "RLM()"
+        )
 
     @property
     def options(self) -> Dict[str, Any]:
         """The effective options (after defaults, environment and rlm.toml)."""
-        return _config.resolve(self._explicit, "RLM()")
-
-    def _options_json(self) -> str:
-        return json.dumps(self.options)
+        return json.loads(self._client.options_json())
 
     def completion(
         self,
@@ -143,10 +157,11 @@ class RLM:
 
         `context` is a live object (`str`, `dict`, `list`, `polars.DataFrame`,
         `pandas.DataFrame`), bound into the REPL session by reference (never copied), or a
-        `pathlib.Path` loaded as by the CLI. Several go in `contexts=[...]` (`context_0 …`).
-        `on_progress(event)` is called on this thread as the run advances. Interrupting
-        (Ctrl-C, Jupyter's stop button) stops the run within a moment and raises
-        `KeyboardInterrupt` with the partial result in `.result`.
+        `pathlib.Path` loaded as by the CLI (`encoding`, `csv_sep`, `frames` ... apply).
+        Several go in `contexts=[...]` (`context_0 …`). `on_progress(event)` is called on
+        this thread as the run advances. Interrupting (Ctrl-C, Jupyter's stop button) stops
+        the run within a moment and raises `KeyboardInterrupt` with the partial result in
+        `.result`.
         """
         if not isinstance(query, str):
             raise TypeError(f"`query` must be a str, not {type(query).__name__}")
@@ -154,9 +169,7 @@ class RLM:
         callback = None
         if on_progress is not None:
             callback = lambda event: on_progress(json.loads(event))  # noqa: E731
-        data, trajectory, interrupt = _native.run_completion(
-            query, args, self._options_json(), callback
-        )
+        data, trajectory, interrupt = self._client.completion(query, args, callback)
         result = RLMResult(json.loads(data), trajectory)
         if interrupt is not None:
             raise _interrupted(interrupt, result)
@@ -165,27 +178,62 @@ class RLM:
     def llm_query(self, prompt: str, model: Optional[str] = None) -> str:
         """One sub-model call (`model` names an endpoint: `sub` by default, or an
         `extra_models` name)."""
-        return _native.llm_query(prompt, self._options_json(), model)
+        return self._client.llm_query(prompt, model)
 
     def llm_query_batched(self, prompts: Iterable[str], model: Optional[str] = None) -> List[str]:
         """Many sub-model calls in parallel; answers in input order, `"Error: ..."` for a
         failed one."""
-        return _native.llm_query_batched(list(prompts), self._options_json(), model)
+        return self._client.llm_query_batched(list(prompts), model)
 
     def __repr__(self) -> str:
         return f"RLM({', '.join(f'{k}={v!r}' for k, v in sorted(self._explicit.items()))})"
 
 
+def _keys_fingerprint(options: Dict[str, Any]) -> str:
+    """A digest of the API keys a client would read (its endpoints keep the key they were
+    built with), so that a changed key gets a new client."""
+    names = sorted(n for n in os.environ if n.endswith("_API_KEY"))
+    if options.get("api_key_env"):
+        names.append(options["api_key_env"])
+    digest = hashlib.sha256()
+    for name in names:
+        digest.update(f"{name}={os.environ.get(name, '')}\0".encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def _shared_client(options: Dict[str, Any], where: str) -> Any:
+    """The client of the module-level calls for `options`: made (and checked) anew each time,
+    which is cheap, but its endpoints and ledger are those of the first call with the same
+    effective options."""
+    explicit = {k: v for k, v in options.items() if v is not None}
+    client = _native.Client(_config.to_json(explicit), json.dumps(_config.defaults), where)
+    effective = client.options_json()
+    key = effective + "\0" + _keys_fingerprint(json.loads(effective))
+    with _SHARED_LOCK:
+        kept = _SHARED.get(key)
+        if kept is None:
+            _SHARED[key] = kept = client
+            while len(_SHARED) > _SHARED_MAX:
+                _SHARED.popitem(last=False)
+        else:
+            _SHARED.move_to_end(key)
+    return kept
+
+
 def llm_query(prompt: str, **options: Any) -> str:
     """Asks a model one question directly: `llm_query("...", model="gpt-4.1-mini",
-    base_url=...)`. Options as for `RLM` (the sub-model is called: `sub_model`, else `model`)."""
-    return RLM(**options).llm_query(prompt)
+    base_url=...)`. Options as for `RLM` (the sub-model is called: `sub_model`, else `model`).
+    Calls with the same effective options share one set of connections and one budget ledger
+    for the life of the process (`max_sub_calls=100` caps them all); an `RLM` object has a
+    budget of its own."""
+    return _shared_client(options, "llm_query()").llm_query(prompt, None)
 
 
 def llm_query_batched(prompts: Iterable[str], **options: Any) -> List[str]:
     """Asks a model many questions in parallel (`batch_concurrency` at once); answers in
-    input order."""
-    return RLM(**options).llm_query_batched(prompts)
+    input order, `"Error: ..."` for a failed one. Shares connections and budget as
+    `llm_query` does."""
+    return _shared_client(options, "llm_query_batched()").llm_query_batched(list(prompts), None)
 
 
 def render_trajectory(jsonl: str, collapsed: bool = False) -> str:
@@ -196,10 +244,9 @@ def render_trajectory(jsonl: str, collapsed: bool = False) -> str:
 
 def configure(**options: Any) -> None:
     """Sets session defaults for `RLM`, `llm_query` and `%%rlm` (what `%rlm_config` does);
-    `None` removes one."""
-    _config.check_names(options, "configure()")
+    `None` removes one. Objects already made keep their options."""
+    given = _config.checked(options, "configure()")
     for name, value in options.items():
         if value is None:
             _config.defaults.pop(name, None)
-        else:
-            _config.defaults[name] = _config.convert(name, value, "configure()")
+    _config.defaults.update(given)

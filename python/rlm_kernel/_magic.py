@@ -37,12 +37,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _option_flags(parser: argparse.ArgumentParser) -> None:
-    for name, kind in _config.OPTIONS.items():
-        flag = "--" + name.replace("_", "-")
-        if kind is list:
-            parser.add_argument("--extra-model", dest=name, action="append", metavar="NAME=MODEL[@URL]")
+    """One flag per option of the kernel's schema, as `rlm run` spells it; values are
+    passed on as text and checked by the kernel."""
+    for spec in _config.SPECS:
+        flag = "--" + spec["flag"]
+        if spec["repeated"]:
+            parser.add_argument(flag, dest=spec["name"], action="append", metavar="VALUE")
+        elif spec["kind"] == "switch":
+            parser.add_argument(flag, dest=spec["name"], nargs="?", const="true", metavar="BOOL")
         else:
-            parser.add_argument(flag, dest=name, metavar=name.upper())
+            parser.add_argument(flag, dest=spec["name"], metavar=spec["name"].upper())
 
 
 def _rlm_parser() -> argparse.ArgumentParser:
@@ -68,12 +72,11 @@ def _parse(parser: argparse.ArgumentParser, line: str) -> argparse.Namespace:
 
 
 def _given_options(args: argparse.Namespace) -> Dict[str, Any]:
-    given = {}
-    for name in _config.OPTIONS:
-        value = getattr(args, name, None)
-        if value is not None:
-            given[name] = _config.convert(name, value, f"`--{name.replace('_', '-')}`")
-    return given
+    return {
+        spec["name"]: getattr(args, spec["name"])
+        for spec in _config.SPECS
+        if getattr(args, spec["name"], None) is not None
+    }
 
 
 def _cost(usd: Optional[float]) -> str:
@@ -174,10 +177,11 @@ class RlmMagics(Magics):
         %rlm_config            (show what a run would use: flags > these > RLM_* > rlm.toml)
         """
         args = _parse(_config_parser(), line)
+        given = _config.checked(_given_options(args), "%rlm_config")
         if args.reset:
             _config.defaults.clear()
-        _config.defaults.update(_given_options(args))
-        effective = _config.resolve({}, "%rlm_config")
+        _config.defaults.update(given)
+        effective = RLM().options
         lines = [f"{name} = {value!r}" for name, value in sorted(effective.items())]
         print("\n".join(lines) if lines else "(no options set)")
 

@@ -14,14 +14,17 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use bridge::Endpoints;
+use kernel::options::{RunOptions, Spelling};
 use kernel::repl::{ContextSource, LiveObject, ReplSession};
+use kernel::rlm::trace::TraceHook;
 use kernel::rlm::{
     BlockRun, Hook, Progress, ProgressSnapshot, Rlm, RlmResult, StopHandle, TrajectoryWriter,
 };
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
-use crate::options::Options;
+use crate::options::invalid;
 
 /// How long the calling thread waits between two signal checks.
 pub(crate) const SLICE: Duration = Duration::from_millis(50);
@@ -38,23 +41,20 @@ pub(crate) enum ContextArg {
     Path((PathBuf,)),
 }
 
-/// `run_completion(query, contexts, options_json, on_progress)`: runs the loop and returns
+/// Runs the loop over `contexts` with `options` through `endpoints` and returns
 /// `(result_json, trajectory_jsonl, exception_or_None)`; the exception is the interrupt (or
 /// the error of a signal handler) that stopped the run, to be raised by the caller with the
 /// partial result attached.
-#[pyfunction]
-#[pyo3(signature = (query, contexts, options_json, on_progress=None))]
 pub(crate) fn run_completion(
     py: Python<'_>,
+    options: &RunOptions,
+    endpoints: Arc<Endpoints>,
     query: String,
     contexts: Vec<ContextArg>,
-    options_json: &str,
     on_progress: Option<Py<PyAny>>,
 ) -> PyResult<(String, String, Option<Py<PyAny>>)> {
-    let options = Options::from_json(options_json)?;
-    let endpoints = options.endpoints()?;
-    let config = options.rlm_config()?;
-    let session_config = options.session_config()?;
+    let config = options.rlm_config(Spelling::Keyword).map_err(invalid)?;
+    let session_config = options.session_config(Spelling::Keyword).map_err(invalid)?;
     let sources: Vec<ContextSource> = contexts
         .into_iter()
         .map(|c| match c {
@@ -72,7 +72,7 @@ pub(crate) fn run_completion(
     let mut rlm = Rlm::new(config, endpoints, Arc::new(session));
     let trajectory = SharedBuffer::default();
     rlm.add_hook(TrajectoryWriter::new(trajectory.clone()));
-    if let Some(path) = options.trajectory() {
+    if let Some(path) = &options.trajectory {
         // The error names the file.
         let writer =
             TrajectoryWriter::create(path).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
@@ -82,6 +82,19 @@ pub(crate) fn run_completion(
     rlm.add_hook(progress.hook());
     let last_code = LastCode::default();
     rlm.add_hook(last_code.clone());
+    let trace = options.trace.unwrap_or(false).then(|| {
+        let text = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&text);
+        rlm.add_hook(TraceHook::new(
+            Box::new(move |part| {
+                sink.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push_str(part);
+            }),
+            "`cell_timeout`",
+        ));
+        text
+    });
     let stop = rlm.stop_handle();
 
     let (done, finished) = mpsc::channel();
@@ -97,6 +110,7 @@ pub(crate) fn run_completion(
         last_code,
         callback: on_progress,
         last_sent: None,
+        trace,
     };
     let (outcome, interrupt) = wait_for_run(py, &Mutex::new(finished), &stop, &mut reporter)?;
     reporter.report(py)?;
@@ -150,16 +164,20 @@ fn wait_for_run(
     }
 }
 
-/// Sends progress snapshots (as JSON) to the Python callback when they change.
+/// Sends progress snapshots (as JSON) to the Python callback when they change, and the
+/// trace written since the last call to `sys.stderr` (on the calling thread, where a
+/// notebook shows it).
 struct Reporter {
     progress: Progress,
     last_code: LastCode,
     callback: Option<Py<PyAny>>,
     last_sent: Option<(ProgressSnapshot, Option<String>)>,
+    trace: Option<Arc<Mutex<String>>>,
 }
 
 impl Reporter {
     fn report(&mut self, py: Python<'_>) -> PyResult<()> {
+        self.write_trace(py)?;
         let Some(callback) = &self.callback else {
             return Ok(());
         };
@@ -189,6 +207,21 @@ impl Reporter {
         });
         callback.call1(py, (event.to_string(),))?;
         self.last_sent = Some((snapshot, code));
+        Ok(())
+    }
+
+    /// The trace so far, with known secrets redacted, to `sys.stderr`.
+    fn write_trace(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(trace) = &self.trace else {
+            return Ok(());
+        };
+        let text = std::mem::take(&mut *trace.lock().unwrap_or_else(PoisonError::into_inner));
+        if text.is_empty() {
+            return Ok(());
+        }
+        let stderr = py.import("sys")?.getattr("stderr")?;
+        stderr.call_method1("write", (bridge::secret::redactor().redact(&text),))?;
+        stderr.call_method0("flush")?;
         Ok(())
     }
 }

@@ -7,7 +7,12 @@
 //! calling thread in short slices with the GIL released, checking for signals in between
 //! (module `completion`). The REPL session of a run is a fresh namespace of the same
 //! interpreter, and live contexts are bound into it by reference.
+//!
+//! An `RLM` object is a [`client::Client`]: its options resolved once by the kernel's one
+//! schema, spelled as keywords (module `options`), its endpoints and budget ledger built on
+//! first use and kept for every call it makes.
 
+mod client;
 mod completion;
 mod mock;
 mod options;
@@ -47,9 +52,9 @@ fn eval_task(
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(completion::run_completion, m)?)?;
-    m.add_function(wrap_pyfunction!(query::llm_query, m)?)?;
-    m.add_function(wrap_pyfunction!(query::llm_query_batched, m)?)?;
+    m.add_class::<client::Client>()?;
+    m.add_function(wrap_pyfunction!(options::option_specs, m)?)?;
+    m.add_function(wrap_pyfunction!(options::check_options, m)?)?;
     m.add_function(wrap_pyfunction!(render_trajectory, m)?)?;
     m.add_function(wrap_pyfunction!(eval_task, m)?)?;
     m.add_class::<mock::MockServer>()?;

@@ -1,68 +1,125 @@
-//! The keyword options of `RLM(...)`, `llm_query(...)` and `%%rlm`: the `rlm run` flags with
-//! `_` for `-` (`max_iterations` is `--max-iterations`) and their command-line values (the
-//! library's enums read them), resolved to the kernel's endpoints, session and loop settings
-//! by [`kernel::options`] — the mapping `rlm run` uses — with errors naming the keywords.
+//! The keyword options of `RLM(...)`, `llm_query(...)`, `configure(...)` and `%%rlm`: the
+//! kernel's one schema (`kernel::options`), spelled as keywords (`max_iterations`).
 //!
-//! The Python layer merges `%rlm_config` defaults, `RLM_*` variables and `rlm.toml` first and
-//! sends the result as JSON; unknown names are refused here with the list of known ones.
+//! The Python layer holds no list of options: it asks [`option_specs`] for them (to check
+//! names, build the magics' flags, document them) and sends what it was given as JSON. The
+//! layers are merged here with the kernel's own readers: keywords > session defaults
+//! (`%rlm_config`, `configure`) > `RLM_*` variables > the `[run]` table of `rlm.toml` (the file
+//! `RLM_CONFIG` names, else `./rlm.toml`). Options of the `rlm` command's own output (`json`,
+//! `quiet`, `force`, `answer_file`) are ignored from the environment and the file and refused
+//! as keywords.
 
 use std::error::Error as _;
-use std::path::Path;
-use std::sync::Arc;
 
-use bridge::Endpoints;
-use kernel::options::{OptionError, RunOptions, Spelling};
-use kernel::repl::SessionConfig;
-use kernel::rlm::RlmConfig;
-use pyo3::exceptions::PyValueError;
+use kernel::options::{
+    ALL_GROUPS, Group, Groups, Kind, OPTIONS, OptionError, OptionSpec, RunOptions, Source,
+};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use serde_json::{Map, Value};
 
-/// Options by their `rlm run` flag names (snake case).
-#[derive(Debug)]
-pub(crate) struct Options(RunOptions);
+/// The groups of options the Python package has a use for.
+pub(crate) const PYTHON: Groups = ALL_GROUPS & !Group::Answer.bit() & !Group::Output.bit();
 
-/// `error` and its causes as one `ValueError` message.
-fn invalid(error: OptionError) -> PyErr {
+/// `error` and its causes as one Python exception: `TypeError` for an unknown name,
+/// `RuntimeError` for a configuration file that cannot be read, else `ValueError`.
+pub(crate) fn invalid(error: OptionError) -> PyErr {
     let mut message = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
         message.push_str(&format!(": {cause}"));
         source = cause.source();
     }
-    PyValueError::new_err(message)
+    match error {
+        OptionError::Unknown { .. } => PyTypeError::new_err(message),
+        OptionError::File { .. } | OptionError::PromptFile { .. } | OptionError::Endpoints(_) => {
+            PyRuntimeError::new_err(message)
+        }
+        _ => PyValueError::new_err(message),
+    }
 }
 
-impl Options {
-    /// Parses the JSON the Python layer sends.
-    pub(crate) fn from_json(json: &str) -> PyResult<Self> {
-        serde_json::from_str(json)
-            .map(Self)
-            .map_err(|e| PyValueError::new_err(format!("Invalid RLM option: {e}")))
+/// `json` (an object of keyword arguments) read as options, `where_` naming the call in
+/// errors; an option the package has no use for is refused.
+pub(crate) fn keywords(json: &str, where_: &str) -> PyResult<RunOptions> {
+    let map: Map<String, Value> = serde_json::from_str(json)
+        .map_err(|e| PyValueError::new_err(format!("{where_}: invalid options: {e}")))?;
+    let options = RunOptions::from_json(&Source::Keyword, &map).map_err(|e| match e {
+        OptionError::Unknown { given, known, .. } => PyTypeError::new_err(format!(
+            "{where_} got an unknown option {given}; the options are {known}"
+        )),
+        other => invalid(other),
+    })?;
+    if let Some(name) = options
+        .to_map()
+        .keys()
+        .find(|name| kernel::options::spec(name).is_some_and(|spec| PYTHON & spec.group.bit() == 0))
+    {
+        return Err(PyTypeError::new_err(format!(
+            "{where_}: `{name}` is an option of the `rlm` command's output; a result object \
+             has no use for it (read `result.answer` or `result.to_dict()`)"
+        )));
     }
+    Ok(options)
+}
 
-    /// `root`, `sub` and the `extra_models`, sharing one ledger with the budget.
-    pub(crate) fn endpoints(&self) -> PyResult<Arc<Endpoints>> {
-        self.0.endpoints(Spelling::Keyword).map_err(invalid)
-    }
+/// The options of a call: `explicit` keywords over the session `defaults` (both JSON
+/// objects) over the environment over `rlm.toml`, with what the package has no use for left
+/// out.
+pub(crate) fn resolve(explicit: &str, defaults: &str, where_: &str) -> PyResult<RunOptions> {
+    let explicit = keywords(explicit, where_)?;
+    let defaults = keywords(
+        defaults,
+        "The session defaults (`%rlm_config`, `configure()`)",
+    )?;
+    let (merged, _file) = explicit.combine(defaults).layered(None).map_err(invalid)?;
+    Ok(merged.only(PYTHON))
+}
 
-    /// The fan-out width of a batch (`None`: all at once, capped by the endpoint's limiter,
-    /// adaptive with `batch_concurrency="auto"`).
-    pub(crate) fn batch_concurrency(&self) -> Option<usize> {
-        self.0.batch_width()
-    }
+/// `check_options(options_json, where) -> str`: the options checked and in their canonical
+/// form (JSON), as `configure()` and `%rlm_config` store them; raises as `RLM()` would.
+#[pyfunction]
+pub(crate) fn check_options(options_json: &str, r#where: &str) -> PyResult<String> {
+    let options = keywords(options_json, r#where)?;
+    Ok(Value::Object(options.to_map()).to_string())
+}
 
-    /// The REPL session's settings.
-    pub(crate) fn session_config(&self) -> PyResult<SessionConfig> {
-        self.0.session_config(Spelling::Keyword).map_err(invalid)
-    }
+/// `option_specs(every=False) -> list[dict]`: every option the package takes (with
+/// `every`, also those of the `rlm` command's output it ignores from `rlm.toml`), in the
+/// schema's order: `name`, `key` (in `rlm.toml`), `flag` (for `%%rlm`), `help`, `kind`,
+/// `choices`, `repeated`, `env`, `example`, `used` (whether the package uses it).
+#[pyfunction]
+#[pyo3(signature = (every=false))]
+pub(crate) fn option_specs(py: Python<'_>, every: bool) -> PyResult<Vec<Bound<'_, PyDict>>> {
+    OPTIONS
+        .iter()
+        .filter(|spec| every || PYTHON & spec.group.bit() != 0)
+        .map(|spec| spec_dict(py, spec))
+        .collect()
+}
 
-    /// The loop's settings.
-    pub(crate) fn rlm_config(&self) -> PyResult<RlmConfig> {
-        self.0.rlm_config(Spelling::Keyword).map_err(invalid)
-    }
-
-    /// Where the trajectory goes, if anywhere.
-    pub(crate) fn trajectory(&self) -> Option<&Path> {
-        self.0.trajectory.as_deref()
-    }
+fn spec_dict<'py>(py: Python<'py>, spec: &OptionSpec) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    dict.set_item("name", spec.name)?;
+    dict.set_item("key", spec.file_key())?;
+    dict.set_item("flag", spec.flag_name())?;
+    dict.set_item("help", spec.help_text())?;
+    let (kind, choices): (&str, Vec<&str>) = match spec.kind {
+        Kind::Text | Kind::Variable | Kind::Price | Kind::Character => ("text", Vec::new()),
+        Kind::Url => ("url", Vec::new()),
+        Kind::Path => ("path", Vec::new()),
+        Kind::Whole { .. } => ("integer", Vec::new()),
+        Kind::Number | Kind::Seconds | Kind::Usd => ("number", Vec::new()),
+        Kind::Choice(choices) => ("choice", choices.iter().map(|c| c.name).collect()),
+        Kind::Width => ("width", Vec::new()),
+        Kind::Switch => ("switch", Vec::new()),
+    };
+    dict.set_item("kind", kind)?;
+    dict.set_item("choices", choices)?;
+    dict.set_item("repeated", spec.repeated)?;
+    dict.set_item("env", spec.env)?;
+    dict.set_item("example", spec.example)?;
+    dict.set_item("used", PYTHON & spec.group.bit() != 0)?;
+    Ok(dict)
 }

@@ -1,57 +1,74 @@
 //! `llm_query` / `llm_query_batched` for direct use from Python (outside any RLM run): one
-//! sub-model call, or many in parallel in input order, on the kernel's shared runtime.
+//! sub-model call, or many in parallel in input order, on the kernel's shared runtime,
+//! through the endpoints of an `RLM` object (`Client`).
 //!
 //! The calling thread waits in short slices with the GIL released and checks for signals in
 //! between; an interrupt cancels the calls in flight and is raised at once.
 
 use std::sync::mpsc;
 
-use bridge::{BatchPolicy, CallOptions, ChatRequest, ChatResponse};
-use kernel::options::SUB;
+use bridge::{BatchPolicy, BridgeError, CallOptions, ChatRequest, ChatResponse, Endpoints};
+use kernel::options::{RunOptions, SUB};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use tokio_util::sync::CancellationToken;
 
 use crate::completion::{SLICE, recv_detached};
-use crate::options::Options;
 
-/// `llm_query(prompt, options_json, model=None) -> str`: ask the sub-model (or the endpoint
-/// `model` names) one question; a failure raises `RuntimeError`.
-#[pyfunction]
-#[pyo3(signature = (prompt, options_json, model=None))]
-pub(crate) fn llm_query(
+/// One question to the sub-model (or the endpoint `model` names); a failure raises
+/// `RuntimeError`.
+pub(crate) fn single(
     py: Python<'_>,
+    options: &RunOptions,
+    endpoints: &Endpoints,
     prompt: String,
-    options_json: &str,
     model: Option<String>,
 ) -> PyResult<String> {
-    let mut answers = llm_query_batched(py, vec![prompt], options_json, model)?;
-    answers
-        .pop()
-        .ok_or_else(|| PyRuntimeError::new_err("The sub-model call returned nothing"))
+    match call(py, options, endpoints, vec![prompt], model)?.pop() {
+        Some(Ok(response)) => Ok(response.content),
+        Some(Err(e)) => Err(PyRuntimeError::new_err(format!(
+            "The sub-model call failed: {e}"
+        ))),
+        None => Err(PyRuntimeError::new_err(
+            "The sub-model call returned nothing",
+        )),
+    }
 }
 
-/// `llm_query_batched(prompts, options_json, model=None) -> list[str]`: many questions at
-/// once (up to `batch_concurrency` in flight), answers in input order; a failed slot holds
-/// `"Error: <reason>"` as inside the REPL.
-#[pyfunction]
-#[pyo3(signature = (prompts, options_json, model=None))]
-pub(crate) fn llm_query_batched(
+/// Many questions at once (up to `batch_concurrency` in flight), answers in input order; a
+/// failed slot holds `"Error: <reason>"` as inside the REPL.
+pub(crate) fn batched(
     py: Python<'_>,
+    options: &RunOptions,
+    endpoints: &Endpoints,
     prompts: Vec<String>,
-    options_json: &str,
     model: Option<String>,
 ) -> PyResult<Vec<String>> {
-    let options = Options::from_json(options_json)?;
-    let endpoints = options.endpoints()?;
+    Ok(call(py, options, endpoints, prompts, model)?
+        .into_iter()
+        .map(|outcome| match outcome {
+            Ok(response) => response.content,
+            Err(e) => format!("Error: {e}"),
+        })
+        .collect())
+}
+
+/// Sends `prompts` to the endpoint `model` (default: `sub`) and waits for every outcome.
+fn call(
+    py: Python<'_>,
+    options: &RunOptions,
+    endpoints: &Endpoints,
+    prompts: Vec<String>,
+    model: Option<String>,
+) -> PyResult<Vec<Result<ChatResponse, BridgeError>>> {
     let endpoint = endpoints
         .get(model.as_deref().unwrap_or(SUB))
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     let policy = BatchPolicy {
-        concurrency: options.batch_concurrency(),
+        concurrency: options.batch_width(),
     };
     let cancel = CancellationToken::new();
-    let (done, finished) = mpsc::channel::<Vec<Result<ChatResponse, bridge::BridgeError>>>();
+    let (done, finished) = mpsc::channel::<Vec<Result<ChatResponse, BridgeError>>>();
     let requests: Vec<ChatRequest> = prompts.into_iter().map(ChatRequest::from_prompt).collect();
     let single = requests.len() == 1;
     {
@@ -74,9 +91,9 @@ pub(crate) fn llm_query_batched(
         });
     }
     let finished = std::sync::Mutex::new(finished);
-    let outcomes = loop {
+    loop {
         match recv_detached(py, &finished, SLICE) {
-            Ok(outcomes) => break outcomes,
+            Ok(outcomes) => return Ok(outcomes),
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(PyRuntimeError::new_err(
                     "The sub-model calls ended without a result; please report this as a bug",
@@ -88,23 +105,5 @@ pub(crate) fn llm_query_batched(
             cancel.cancel();
             return Err(signal);
         }
-    };
-    if single {
-        return match outcomes.into_iter().next() {
-            Some(Ok(response)) => Ok(vec![response.content]),
-            Some(Err(e)) => Err(PyRuntimeError::new_err(format!(
-                "The sub-model call failed: {e}"
-            ))),
-            None => Err(PyRuntimeError::new_err(
-                "The sub-model call returned nothing",
-            )),
-        };
     }
-    Ok(outcomes
-        .into_iter()
-        .map(|outcome| match outcome {
-            Ok(response) => response.content,
-            Err(e) => format!("Error: {e}"),
-        })
-        .collect())
 }

@@ -119,7 +119,7 @@ def test_sigint_stops_a_run_in_a_slow_sub_call_with_its_partial_result(mock_serv
 def test_bad_options_and_contexts_are_clear_errors(mock_server):
     with pytest.raises(TypeError, match="unknown option.*`max_iteration`.*max_iterations"):
         RLM(model="m", max_iteration=3)
-    with pytest.raises(ValueError, match="`max_iterations` must be at least 1"):
+    with pytest.raises(ValueError, match="`max_iterations` must be ≥ 1, got 0"):
         RLM(model="m", base_url="http://127.0.0.1:9/v1", max_iterations=0).completion("q", context="x")
     with pytest.raises(ValueError, match="No root model given"):
         RLM().completion("q", context="x")
@@ -165,7 +165,7 @@ def test_batch_concurrency_takes_a_width_or_auto(mock_server, monkeypatch):
         assert answers == prompts
     monkeypatch.setenv("RLM_BATCH_CONCURRENCY", "auto")
     assert RLM().options["batch_concurrency"] == "auto"
-    with pytest.raises(ValueError, match="must be an integer or `auto`"):
+    with pytest.raises(ValueError, match="`batch_concurrency` must be a whole number ≥ 1 or `auto`, got `wide`"):
         RLM(batch_concurrency="wide").options
     with pytest.raises(ValueError, match="must be a whole number ≥ 1 or `auto`"):
         rlm_kernel.llm_query_batched(prompts, model="sub", base_url=mock.base_url, batch_concurrency=0)

@@ -620,8 +620,18 @@ fn an_agent_that_never_answers_hits_the_iteration_limit() {
     );
     run.assert_code(3);
     assert!(
+        run.stderr.contains(
+            "error: The agent was still calling tools after 2 iterations (`--max-iterations 2`); \
+             raise `--max-iterations`"
+        ),
+        "{}",
         run.stderr
-            .contains("error: The agent was still calling tools after 2 iterations"),
+    );
+    // The turn's summary says how it ended: not "answered".
+    assert!(
+        run.stderr
+            .contains("stopped at a limit after 2 iteration(s)")
+            && !run.stderr.contains("answered after"),
         "{}",
         run.stderr
     );

@@ -369,3 +369,47 @@ fn json_reports_a_sweep_that_fails_or_is_refused_before_it_starts() {
     assert_eq!(error["usage_error"], true);
     assert_eq!(error["exit_code"], 2);
 }
+
+#[test]
+fn batch_concurrency_is_refused_naming_the_width_to_pass() {
+    let run = bench(&[
+        "--batch-concurrency",
+        "auto",
+        "--calls",
+        "1",
+        "--width",
+        "1",
+    ]);
+    run.assert_code(2);
+    assert!(
+        run.stderr
+            .contains("`rlm bench` sweeps the widths of `--width`; pass `--width auto`"),
+        "{}",
+        run.stderr
+    );
+    // In a shared `rlm.toml` it is a run's setting: the sweep measures its own widths.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = crate::support::file(dir.path(), "rlm.toml", "[run]\nbatch-concurrency = 3\n");
+    let mut full = vec![
+        "--config".to_owned(),
+        config.to_str().expect("utf-8").to_owned(),
+    ];
+    full.extend(
+        [
+            "bench",
+            "--width",
+            "2",
+            "--calls",
+            "4",
+            "--latency-ms",
+            "1",
+            "--json",
+        ]
+        .map(str::to_owned),
+    );
+    let run = rlm(&full, None);
+    run.assert_code(0);
+    let rows = run.json()["rows"].clone();
+    assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
+    assert_eq!(rows[0]["width"], "2", "{rows}");
+}

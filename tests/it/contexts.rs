@@ -410,3 +410,20 @@ fn a_missing_polars_says_how_to_install_it_for_rlm() {
     assert!(!run.stderr.contains("rlm-kernel["), "{}", run.stderr);
     assert_eq!(mock.root_requests(), 0, "no model was asked");
 }
+
+#[test]
+fn a_name_given_to_two_contexts_is_a_usage_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let x = file(dir.path(), "x.txt", "x");
+    let y = file(dir.path(), "y.txt", "y");
+    let (first, second) = (format!("a={}", s(&x)), format!("a={}", s(&y)));
+    let run = fact(&["--context", &first, "--context", &second], "fact = 1");
+    run.assert_code(2);
+    assert!(
+        run.stderr.contains(&format!(
+            "`--context {second}`: the name `a` is given to two contexts"
+        )),
+        "{}",
+        run.stderr
+    );
+}

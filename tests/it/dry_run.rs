@@ -91,3 +91,46 @@ fn a_dry_run_needs_no_api_key() {
         run.stderr
     );
 }
+
+#[test]
+fn a_dry_run_needs_no_model() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "c.txt", "four");
+    let args = |extra: &[&str]| -> Vec<String> {
+        [
+            "run",
+            "--context",
+            context.to_str().expect("utf-8"),
+            "--query",
+            "How long?",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|a| a.to_string())
+        .collect()
+    };
+    let run = rlm(&args(&["--dry-run"]), None);
+    run.assert_code(0);
+    assert!(
+        run.stdout.starts_with(
+            "First request to the root model (no `--model` given) at https://api.openai.com/v1 \
+             (openai):"
+        ),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("How long?"), "{}", run.stdout);
+    let json = rlm(&args(&["--dry-run", "--json"]), None);
+    json.assert_code(0);
+    assert_eq!(json.json()["model"], serde_json::Value::Null);
+    assert_eq!(json.json()["messages"][1]["role"], "user");
+    // A real run still needs one, and says where to give it.
+    let run = rlm(&args(&[]), None);
+    run.assert_code(2);
+    assert!(
+        run.stderr
+            .contains("No root model given; pass `--model NAME`"),
+        "{}",
+        run.stderr
+    );
+}

@@ -96,3 +96,37 @@ fn json_streams_every_event_of_the_log_on_stdout_and_nothing_else() {
     assert_eq!(ended(&streamed, "refinement_loop"), ["iteration_limit"]);
     assert!(run.stderr.is_empty(), "{}", run.stderr);
 }
+
+#[test]
+fn an_agent_at_its_iteration_limit_stops_the_run_with_exit_3_as_in_rlm_agent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    crate::support::file(
+        dir.path(),
+        "tools.py",
+        "def lookup(region: str) -> dict:\n    \"\"\"Sales of one region.\n\n    Args:\n        \
+         region: The region's name.\n    \"\"\"\n    return {'region': region, 'sales': 42}\n",
+    );
+    let flow = crate::support::file(
+        dir.path(),
+        "analyst.yaml",
+        "name: analyst\ninstruction: Look the north up.\nmax_iterations: 2\n\
+         tools: [{name: tools.py:lookup}]\n",
+    );
+    // The model calls the tool at every turn and never answers.
+    let mock = Mock::start(json!({"models": {"flow-model": {"replies": [
+        {"tool_calls": [{"name": "lookup", "arguments": {"region": "north"}}]},
+    ]}}}));
+    let run = run_flow(&mock, "openai", dir.path(), &[flow.display().to_string()]);
+    run.assert_code(3);
+    assert!(
+        run.stderr.contains("Agent `analyst` stopped at a limit")
+            && run.stderr.contains("after 2 iterations"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(
+        mock.log().len(),
+        2,
+        "two model calls, as `max_iterations` says"
+    );
+}

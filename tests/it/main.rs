@@ -28,6 +28,7 @@ mod flow_tools;
 mod limits;
 mod messages;
 mod mock_lm;
+mod options;
 mod outputs;
 mod plan_discover;
 mod plan_discover_resume;

@@ -223,3 +223,49 @@ fn a_stopped_run_keeps_the_answer_content_set_without_ready() {
       The answer printed is the best partial answer the run found, not a final one.
     ");
 }
+
+#[test]
+fn messages_the_model_sees_name_the_flags_a_user_types() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "c.txt", "text");
+    let run = |replies: &[&str], extra: &[&str]| {
+        let mock = Mock::start(script(replies));
+        let mut args = vec![
+            "--context",
+            context.to_str().expect("utf-8"),
+            "--query",
+            "q",
+        ];
+        args.extend_from_slice(extra);
+        args.push("--json");
+        mock.run(&args)
+    };
+    // The second sub-call is refused: the code gets the reason, which stops the run too.
+    let refused = run(
+        &[
+            &repl("print(llm_query('one'))\nprint(llm_query('two'))"),
+            "FINAL(done)",
+        ],
+        &["--max-sub-calls", "1"],
+    );
+    refused.assert_code(3);
+    let stdout = refused.json()["iterations"][0]["blocks"][0]["stdout"].clone();
+    let stdout = stdout.as_str().unwrap_or_default();
+    assert!(
+        stdout.contains("Raise the budget with `--max-sub-calls` to allow more")
+            && !stdout.contains("max_calls"),
+        "{stdout}"
+    );
+    // A block over its time limit: the exception names the flag.
+    let stopped = run(
+        &[&repl("import time\ntime.sleep(30)"), "FINAL(done)"],
+        &["--cell-timeout", "1"],
+    );
+    stopped.assert_code(0);
+    let error = stopped.json()["iterations"][0]["blocks"][0]["error"].clone();
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("or raise `--cell-timeout`") && !message.contains("`cell_timeout`"),
+        "{error}"
+    );
+}

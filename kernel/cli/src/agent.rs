@@ -27,17 +27,18 @@ use engine::bundle::{
     BundleError, PathError, SandboxPolicy, StartOptions, StartedAgent, agent_tools,
 };
 use engine::{SharedState, State, Tool};
+use kernel::options::RunOptions;
 use kernel::repl::ReplSession;
 use kernel::tools::PythonTool;
 use serde_json::json;
 
 use crate::endpoints;
-use crate::exit::{RunOutcome, UsageError};
+use crate::exit::RunOutcome;
 use crate::outputs::{Document, Guard, Inputs, Output};
 use crate::questions::Questions;
 use crate::report::option_inputs;
 use crate::secrets;
-use crate::settings::{self, RunOptions};
+use crate::settings::{RunFlags, Switches, offers};
 
 /// Arguments of `rlm agent`.
 #[derive(Debug, Args)]
@@ -89,18 +90,14 @@ pub(crate) struct AgentArgs {
     pub(crate) file_log: Option<PathBuf>,
 
     #[command(flatten)]
-    pub(crate) options: RunOptions,
+    pub(crate) options: RunFlags<{ offers::AGENT }>,
 }
 
-/// `rlm agent`.
-pub(crate) fn execute(
-    args: AgentArgs,
-    file: RunOptions,
-    config_path: Option<&Path>,
-    verbosity: u8,
-) -> Result<ExitCode> {
-    let opts = settings::merge(args.options, file);
-    check_options(&opts)?;
+/// `rlm agent`; `config` is the `--config` file, if given.
+pub(crate) fn execute(args: AgentArgs, config: Option<&Path>, verbosity: u8) -> Result<ExitCode> {
+    let settings = args.options.settings(config)?;
+    let opts = settings.opts;
+    let config_path = settings.file.as_deref();
     secrets::protect(&opts)?;
     let endpoints = endpoints::build_endpoints(&opts)?;
     let endpoint = endpoints.get(kernel::options::ROOT)?;
@@ -153,10 +150,7 @@ pub(crate) fn execute(
         max_iterations: opts
             .max_iterations
             .unwrap_or(LoopConfig::default().max_iterations),
-        run_timeout: opts
-            .timeout
-            .map(|s| endpoints::seconds("timeout", s))
-            .transpose()?,
+        run_timeout: endpoints::run_timeout(&opts)?,
         stream: args.stream.unwrap_or(interactive),
         ..LoopConfig::default()
     };
@@ -292,7 +286,7 @@ impl Session<'_> {
                     | LoopErrorKind::Budget(_) => RunOutcome::Limited,
                     LoopErrorKind::Model(_) | LoopErrorKind::StoppedByHook(_) => RunOutcome::Failed,
                 };
-                eprintln!("error: {}", secrets::redact(&err.to_string()));
+                eprintln!("error: {}", secrets::redact(&stop_message(err.kind())));
                 let termination = json!({"error": err.to_string()});
                 (outcome, None, termination, err.into_parts().1)
             }
@@ -308,7 +302,7 @@ impl Session<'_> {
             }
         }
         if !self.quiet && !self.json {
-            eprintln!("{}", summary(&run.metrics));
+            eprintln!("{}", summary(outcome, &run.metrics));
         }
         self.turns.push(json!({
             "input": input,
@@ -363,10 +357,32 @@ impl Session<'_> {
     }
 }
 
-/// One line per turn on stderr: iterations, tool calls, tokens, time.
-fn summary(metrics: &LoopMetrics) -> String {
+/// Why a turn ended without an answer, naming the flag that sets a limit.
+fn stop_message(kind: &LoopErrorKind) -> String {
+    match kind {
+        LoopErrorKind::MaxIterations { max } => format!(
+            "The agent was still calling tools after {max} iterations (`--max-iterations \
+             {max}`); raise `--max-iterations` or give it a narrower task"
+        ),
+        LoopErrorKind::RunTimeout { timeout } => format!(
+            "The agent did not answer within `--timeout {}` (seconds); raise `--timeout` or \
+             give it a narrower task",
+            timeout.as_secs_f64()
+        ),
+        other => other.to_string(),
+    }
+}
+
+/// One line per turn on stderr: how it ended, iterations, tool calls, tokens, time.
+fn summary(outcome: RunOutcome, metrics: &LoopMetrics) -> String {
+    let ended = match outcome {
+        RunOutcome::Answered => "answered",
+        RunOutcome::Limited => "stopped at a limit",
+        RunOutcome::Failed => "failed",
+        RunOutcome::Interrupted => "interrupted",
+    };
     format!(
-        "answered after {} iteration(s), {} tool call(s), {} tokens, {:.1}s",
+        "{ended} after {} iteration(s), {} tool call(s), {} tokens, {:.1}s",
         metrics.iterations,
         metrics.tool_calls.len(),
         metrics.total_tokens(),
@@ -473,16 +489,4 @@ fn cancel_on_ctrl_c(cancel: CancellationToken) {
             std::process::exit(130);
         }
     });
-}
-
-/// `--answer-file` and `--trajectory` belong to `rlm run`.
-fn check_options(opts: &RunOptions) -> Result<()> {
-    if opts.answer_file.is_some() || opts.trajectory.is_some() {
-        return Err(UsageError::new(
-            "`--answer-file` and `--trajectory` are for `rlm run`; `rlm agent` prints each answer \
-             and takes `--json` and `--file-log FILE`",
-        )
-        .into());
-    }
-    Ok(())
 }

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use kernel::options::RunOptions;
 use kernel::repl::{ContextSource, ReplSession};
 use kernel::rlm::{Rlm, RlmChat};
 
@@ -25,7 +26,7 @@ use crate::observe::{self, Display};
 use crate::outputs::{Guard, Inputs};
 use crate::questions::Questions;
 use crate::report::{self, option_inputs, run_outputs};
-use crate::settings::{self, RunOptions, at_least};
+use crate::settings::{RunFlags, Switches, at_least, offers};
 
 /// Arguments of `rlm chat`.
 #[derive(Debug, Args)]
@@ -40,20 +41,26 @@ pub(crate) struct ChatArgs {
     pub(crate) summary_chars: Option<usize>,
 
     #[command(flatten)]
-    pub(crate) options: RunOptions,
+    pub(crate) options: RunFlags<{ offers::RUN }>,
 }
 
-/// `rlm chat`.
-pub(crate) fn execute(
-    args: ChatArgs,
-    file: RunOptions,
-    config_path: Option<&Path>,
-    verbosity: u8,
-) -> Result<ExitCode> {
-    let opts = settings::merge(args.options, file);
+/// `rlm chat`; `config` is the `--config` file, if given.
+pub(crate) fn execute(args: ChatArgs, config: Option<&Path>, verbosity: u8) -> Result<ExitCode> {
+    let settings = args.options.settings(config)?;
+    if settings.flags.answer_file.is_some() {
+        return Err(UsageError::new(
+            "`--answer-file` holds one answer; `rlm chat` prints each answer on stdout instead",
+        )
+        .into());
+    }
+    // One answer file in a shared `rlm.toml` is for `rlm run`.
+    let opts = RunOptions {
+        answer_file: None,
+        ..settings.opts
+    };
     // First, while the process has one thread and no Python: keys leave the environment.
     crate::secrets::protect(&opts)?;
-    let contexts = args.context.resolve()?;
+    let contexts = crate::contexts::resolve(&args.context.contexts)?;
     if contexts
         .inputs
         .iter()
@@ -64,21 +71,14 @@ pub(crate) fn execute(
         )
         .into());
     }
-    if opts.answer_file.is_some() {
-        return Err(UsageError::new(
-            "`--answer-file` holds one answer; `rlm chat` prints each answer on stdout instead",
-        )
-        .into());
-    }
     let endpoints = endpoints::build_endpoints(&opts)?;
     let config = endpoints::rlm_config(&opts)?;
-    let mut session_config = endpoints::session_config(&opts)?;
-    session_config.load = contexts.load;
+    let session_config = endpoints::session_config(&opts)?;
     let mut inputs = Inputs::new();
     for path in &contexts.paths {
         inputs.context(path);
     }
-    option_inputs(&mut inputs, &opts, config_path);
+    option_inputs(&mut inputs, &opts, settings.file.as_deref());
     let outputs = run_outputs(&opts, &mut Guard::new(inputs, opts.force()))?;
     let session =
         ReplSession::with_inputs(session_config, Arc::clone(&endpoints), &contexts.inputs)

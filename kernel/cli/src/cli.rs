@@ -15,8 +15,10 @@ use clap::{Parser, Subcommand};
     long_about = None,
 )]
 pub(crate) struct Cli {
-    /// Configuration file (default: `./rlm.toml` when it exists).
-    #[arg(long, global = true, env = "RLM_CONFIG", value_name = "FILE")]
+    /// Configuration file: its `[run]` table sets options as flags would, below flags and
+    /// `RLM_*` variables (default: the file `RLM_CONFIG` names, else `./rlm.toml` when it
+    /// exists).
+    #[arg(long, global = true, value_name = "FILE")]
     pub(crate) config: Option<PathBuf>,
 
     /// More output on stderr: `-v` shows the run's trace (as `--trace`) and info logs (retries,

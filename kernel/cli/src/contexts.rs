@@ -1,4 +1,4 @@
-//! `--context` arguments and the flags that say how files load.
+//! `--context` arguments: what a run loads (how files load is a run option of the schema).
 //!
 //! A `--context` argument is `-` (standard input), a path, or `NAME=PATH`. The rule, so that
 //! a file whose name contains `=` still loads: an argument that names an existing file or
@@ -11,15 +11,13 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use clap::{Args, ValueEnum};
-use kernel::repl::{
-    ContextInput, ContextMetadata, ContextSource, FrameLibrary, LoadOptions, check_context_name,
-    check_encoding,
-};
+use clap::Args;
+use kernel::repl::{ContextInput, ContextMetadata, ContextSource, check_context_name};
 
 use crate::exit::UsageError;
 
-/// The contexts of a run and how they load.
+/// The contexts of a run (how they load is a run option: `--csv-sep`, `--encoding`, `--as`,
+/// `--csv-skip-bad-rows`).
 #[derive(Debug, Args)]
 pub(crate) struct ContextArgs {
     /// Context file(s) or directory; `-` reads standard input; `NAME=PATH` also names it
@@ -32,36 +30,6 @@ pub(crate) struct ContextArgs {
         required = true
     )]
     pub(crate) contexts: Vec<OsString>,
-
-    /// CSV field separator, one character (`tab` for a tab) [default: sniffed from `,` `;` tab `|`].
-    #[arg(long, value_name = "CHAR")]
-    pub(crate) csv_sep: Option<String>,
-
-    /// Leave out CSV rows with more fields than the header (and say how many) instead of failing.
-    #[arg(long)]
-    pub(crate) csv_skip_bad_rows: bool,
-
-    /// Encoding of text, JSON and CSV files, e.g. `latin-1`, `cp1252`, `utf-16` [default: UTF-8].
-    #[arg(long, value_name = "CODEC")]
-    pub(crate) encoding: Option<String>,
-
-    /// The library of the data frames tables load as.
-    #[arg(
-        long = "as",
-        value_enum,
-        value_name = "LIBRARY",
-        default_value = "polars"
-    )]
-    pub(crate) frames: FramesArg,
-}
-
-/// Data-frame libraries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum FramesArg {
-    /// `polars.DataFrame`.
-    Polars,
-    /// `pandas.DataFrame` (converted from polars).
-    Pandas,
 }
 
 /// What to load, resolved from [`ContextArgs`].
@@ -70,43 +38,36 @@ pub(crate) struct Contexts {
     pub(crate) inputs: Vec<ContextInput>,
     /// The paths read (for the check that no output overwrites an input).
     pub(crate) paths: Vec<PathBuf>,
-    pub(crate) load: LoadOptions,
 }
 
-impl ContextArgs {
-    /// Parses the arguments; bad names, separators and encodings are usage errors.
-    pub(crate) fn resolve(&self) -> Result<Contexts> {
-        let inputs = self
-            .contexts
+/// Parses `--context` arguments; a bad name is a usage error.
+pub(crate) fn resolve(contexts: &[OsString]) -> Result<Contexts> {
+    let inputs = contexts
+        .iter()
+        .map(parse_context)
+        .collect::<Result<Vec<_>>>()?;
+    for (i, input) in inputs.iter().enumerate() {
+        let Some(name) = &input.name else { continue };
+        if inputs[..i]
             .iter()
-            .map(parse_context)
-            .collect::<Result<Vec<_>>>()?;
-        let paths = inputs
-            .iter()
-            .filter_map(|i| match &i.source {
-                ContextSource::Path(p) => Some(p.clone()),
-                _ => None,
-            })
-            .collect();
-        let csv_separator = self.csv_sep.as_deref().map(separator).transpose()?;
-        if let Some(encoding) = &self.encoding {
-            check_encoding(encoding).map_err(|e| UsageError::new(format!("`--encoding`: {e}")))?;
+            .any(|earlier| earlier.name.as_ref() == Some(name))
+        {
+            return Err(UsageError::new(format!(
+                "`--context {}`: the name `{name}` is given to two contexts; pick another, e.g. \
+                 `-c sales=sales.csv`",
+                contexts[i].to_string_lossy()
+            ))
+            .into());
         }
-        let load = LoadOptions {
-            csv_separator,
-            skip_bad_rows: self.csv_skip_bad_rows,
-            encoding: self.encoding.clone(),
-            frames: match self.frames {
-                FramesArg::Polars => FrameLibrary::Polars,
-                FramesArg::Pandas => FrameLibrary::Pandas,
-            },
-        };
-        Ok(Contexts {
-            inputs,
-            paths,
-            load,
-        })
     }
+    let paths = inputs
+        .iter()
+        .filter_map(|i| match &i.source {
+            ContextSource::Path(p) => Some(p.clone()),
+            _ => None,
+        })
+        .collect();
+    Ok(Contexts { inputs, paths })
 }
 
 fn parse_context(arg: &OsString) -> Result<ContextInput> {
@@ -142,39 +103,9 @@ fn parse_context(arg: &OsString) -> Result<ContextInput> {
     })
 }
 
-/// `--csv-sep`: one ASCII character, `tab` or `\t`.
-fn separator(text: &str) -> Result<u8> {
-    match text {
-        "tab" | "\\t" | "\t" => return Ok(b'\t'),
-        _ => {}
-    }
-    match text.as_bytes() {
-        [b] if b.is_ascii() && !matches!(b, b'"' | b'\n' | b'\r') => Ok(*b),
-        _ => Err(UsageError::new(format!(
-            "`--csv-sep` takes one ASCII character other than a quote or newline (or `tab`), e.g. `--csv-sep ';'`; got `{text}`"
-        ))
-        .into()),
-    }
-}
-
 /// Prints what users should know about the loaded contexts (empty, rows or files skipped).
 pub(crate) fn print_warnings(contexts: &[ContextMetadata]) {
     for warning in contexts.iter().flat_map(ContextMetadata::warnings) {
         eprintln!("warning: {warning}");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn separators_accept_one_character_or_tab() {
-        assert_eq!(separator(";").ok(), Some(b';'));
-        assert_eq!(separator("tab").ok(), Some(b'\t'));
-        assert_eq!(separator("\\t").ok(), Some(b'\t'));
-        assert!(separator(";;").is_err());
-        assert!(separator("\"").is_err());
-        assert!(separator("é").is_err());
     }
 }

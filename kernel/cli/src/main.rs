@@ -18,7 +18,7 @@
 //! - the commands, each owning its arguments: [`run`], [`chat`], [`agent`], [`demo`],
 //!   [`bench`](mod@bench), [`eval`], [`flow`], [`mock_lm`], [`show`], [`view`], [`doctor`];
 //! - what several commands share: [`observe`] (progress line, trace, trajectory and Ctrl-C
-//!   of an RLM run), [`report`] (a run's output files and closing lines), [`trace`],
+//!   of an RLM run), [`report`] (a run's output files and closing lines),
 //!   [`contexts`] (`--context` and how files load), [`questions`] (turns from a terminal or
 //!   standard input);
 //! - the bottom: [`settings`] (the run options as flags, environment and `rlm.toml`, merged),
@@ -46,7 +46,6 @@ mod run;
 mod secrets;
 mod settings;
 mod show;
-mod trace;
 mod view;
 
 use std::io::Write as _;
@@ -104,37 +103,14 @@ fn print_json_error(err: &anyhow::Error, code: u8) {
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    let config = cli.config.as_deref();
     match cli.command {
-        Command::Run(args) => {
-            let file = settings::load_config_file(cli.config.as_deref())?;
-            let path = settings::config_file_path(cli.config.as_deref());
-            run::execute(*args, file, path.as_deref(), cli.verbose)
-        }
-        Command::Chat(args) => {
-            let file = settings::load_config_file(cli.config.as_deref())?;
-            let path = settings::config_file_path(cli.config.as_deref());
-            chat::execute(*args, file, path.as_deref(), cli.verbose)
-        }
-        Command::Demo(args) => {
-            let file = settings::load_config_file(cli.config.as_deref())?;
-            let path = settings::config_file_path(cli.config.as_deref());
-            demo::execute(*args, file, path.as_deref(), cli.verbose)
-        }
-        Command::Bench(args) => {
-            let file = settings::load_config_file(cli.config.as_deref())?;
-            let path = settings::config_file_path(cli.config.as_deref());
-            bench::execute(*args, file, path.as_deref())
-        }
-        Command::Eval(args) => {
-            let file = settings::load_config_file(cli.config.as_deref())?;
-            let path = settings::config_file_path(cli.config.as_deref());
-            eval::execute(*args, file, path.as_deref())
-        }
-        Command::Agent(args) => {
-            let file = settings::load_config_file(cli.config.as_deref())?;
-            let path = settings::config_file_path(cli.config.as_deref());
-            agent::execute(*args, file, path.as_deref(), cli.verbose)
-        }
+        Command::Run(args) => run::execute(*args, config, cli.verbose),
+        Command::Chat(args) => chat::execute(*args, config, cli.verbose),
+        Command::Demo(args) => demo::execute(*args, config, cli.verbose),
+        Command::Bench(args) => bench::execute(*args, config),
+        Command::Eval(args) => eval::execute(*args, config),
+        Command::Agent(args) => agent::execute(*args, config, cli.verbose),
         Command::Show(args) => show::execute(&args),
         Command::MockLm(args) => {
             kernel::runtime::shared().block_on(mock_lm::serve(args))?;
@@ -142,10 +118,6 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::View(args) => view::execute(args),
         Command::Doctor(args) => doctor::execute(&args),
-        Command::Flow(args) => {
-            let file = settings::load_config_file(cli.config.as_deref())?;
-            let path = settings::config_file_path(cli.config.as_deref());
-            flow::execute(args, file, path.as_deref())
-        }
+        Command::Flow(args) => flow::execute(args, config),
     }
 }

@@ -8,7 +8,9 @@ use anyhow::{Context, Result};
 use bridge::mock::{FaultKind, MockConfig, MockOptions, MockServer, Script};
 use clap::Args;
 
-use crate::settings::{RunOptions, at_least};
+use kernel::options::RunOptions;
+
+use crate::settings::at_least;
 
 /// Arguments of `rlm mock-lm`.
 #[derive(Debug, Args)]

@@ -10,17 +10,17 @@ use std::time::Duration;
 use anyhow::Result;
 use bridge::Endpoints;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kernel::options::RunOptions;
 use kernel::repl::ReplSession;
 use kernel::rlm::{
     Phase, Progress, ProgressSnapshot, Rlm, RlmConfig, RlmError, RlmResult, StopHandle,
-    TrajectoryWriter,
+    TrajectoryWriter, trace::TraceHook,
 };
 
 use crate::exit::EXIT_INTERRUPTED;
 use crate::outputs::LogFile;
 use crate::secrets::redact;
-use crate::settings::RunOptions;
-use crate::trace::TraceHook;
+use crate::settings::Switches;
 
 /// What to show while a run goes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,9 +88,12 @@ pub(crate) fn observe(
     if display == Display::Trace {
         let bar = bar.clone();
         // Through the bar, so the progress line is lifted while the trace prints.
-        rlm.add_hook(TraceHook::new(Box::new(move |text| {
-            bar.suspend(|| eprint!("{}", redact(text)));
-        })));
+        rlm.add_hook(TraceHook::new(
+            Box::new(move |text| {
+                bar.suspend(|| eprint!("{}", redact(text)));
+            }),
+            "`--cell-timeout`",
+        ));
     }
     let progress = Progress::new();
     rlm.add_hook(progress.hook());

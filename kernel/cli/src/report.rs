@@ -12,14 +12,15 @@ use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
+use kernel::options::RunOptions;
 use kernel::rlm::{FinalNote, RlmResult, TerminationReason};
 use serde_json::{Map, Value, json};
 
 use crate::exit::RunOutcome;
 use crate::outputs::{Document, Guard, Inputs, LogFile, LogStart, Output};
 use crate::secrets::redact;
-use crate::settings::RunOptions;
-use crate::trace::{self, SubCallCounts};
+use crate::settings::Switches;
+use kernel::rlm::trace::{self, SubCallCounts};
 
 /// The files a run writes, cleared by the output guard before anything loads.
 pub(crate) struct RunOutputs {

@@ -17,14 +17,16 @@ use clap::Args;
 use kernel::repl::ReplSession;
 use kernel::rlm::Rlm;
 
+use kernel::options::{Keys, RunOptions};
+
 use crate::contexts::{self, ContextArgs};
-use crate::endpoints::{self, Keys};
+use crate::endpoints;
 use crate::exit::{self, UsageError};
 use crate::observe::{Display, run_loop};
 use crate::outputs::{Guard, Inputs};
 use crate::report::{self, option_inputs, run_outputs};
 use crate::secrets;
-use crate::settings::{self, RunOptions};
+use crate::settings::{RunFlags, Switches, offers};
 
 /// Arguments of `rlm run`.
 #[derive(Debug, Args)]
@@ -42,11 +44,20 @@ pub(crate) struct RunArgs {
     pub(crate) dry_run: bool,
 
     #[command(flatten)]
-    pub(crate) options: RunOptions,
+    pub(crate) options: RunFlags<{ offers::RUN }>,
 }
 
-/// `--dry-run`: the first root-model request as it would be sent, on stdout.
-fn print_first_request(rlm: &Rlm, endpoints: &Endpoints, query: &str, json: bool) -> Result<()> {
+/// The model name a dry run's endpoints carry when none is given (nothing is sent).
+const NO_MODEL: &str = "(no model given)";
+
+/// `--dry-run`: the first root-model request as it would be sent, on stdout; with `--json`
+/// also the options the run would use (flags, environment and `rlm.toml` merged).
+fn print_first_request(
+    rlm: &Rlm,
+    endpoints: &Endpoints,
+    query: &str,
+    opts: &RunOptions,
+) -> Result<()> {
     // As the bridge would send them: with known secrets redacted.
     let mut messages = rlm.first_messages(query);
     let redactor = bridge::secret::redactor();
@@ -56,21 +67,26 @@ fn print_first_request(rlm: &Rlm, endpoints: &Endpoints, query: &str, json: bool
     let root = endpoints.get(&rlm.config().root_endpoint)?;
     let endpoint = root.config();
     let mut out = std::io::stdout().lock();
-    if json {
+    if opts.json() {
         let request = serde_json::json!({
             "dry_run": true,
             "provider": endpoint.provider.to_string(),
             "base_url": endpoint.base_url,
-            "model": endpoint.model,
+            "model": opts.model,
             "messages": messages,
+            "options": opts.to_map(),
         });
         serde_json::to_writer_pretty(&mut out, &request)?;
         writeln!(out)?;
     } else {
+        let model = match &opts.model {
+            Some(model) => format!("`{model}`"),
+            None => "the root model (no `--model` given)".to_owned(),
+        };
         writeln!(
             out,
-            "First request to `{}` at {} ({}):",
-            endpoint.model, endpoint.base_url, endpoint.provider
+            "First request to {model} at {} ({}):",
+            endpoint.base_url, endpoint.provider
         )?;
         for message in &messages {
             writeln!(
@@ -86,40 +102,40 @@ fn print_first_request(rlm: &Rlm, endpoints: &Endpoints, query: &str, json: bool
     Ok(())
 }
 
-/// `rlm run`; `config_path` is the configuration file in use, an input like the contexts.
-pub(crate) fn execute(
-    args: RunArgs,
-    file: RunOptions,
-    config_path: Option<&Path>,
-    verbosity: u8,
-) -> Result<ExitCode> {
+/// `rlm run`; `config` is the `--config` file, if given.
+pub(crate) fn execute(args: RunArgs, config: Option<&Path>, verbosity: u8) -> Result<ExitCode> {
     if args.query.trim().is_empty() {
         return Err(UsageError::new(
             "`--query` is empty; ask a question about the context, e.g. `--query \"Which service failed first?\"`",
         )
         .into());
     }
-    let opts = settings::merge(args.options, file);
+    let settings = args.options.settings(config)?;
+    let opts = settings.opts;
     // First, while the process has one thread and no Python: keys leave the environment.
     secrets::protect(&opts)?;
     exit::json_errors(opts.json());
     // Every option is checked before the context loads: a big context can take a while. A
-    // dry run sends nothing, so it needs no API key: the request can be checked first.
-    let keys = if args.dry_run {
-        Keys::Optional
+    // dry run sends nothing, so it needs no API key and no model: the request can be checked
+    // before either is chosen.
+    let endpoints = if args.dry_run {
+        let model = opts.model.clone().or_else(|| Some(NO_MODEL.to_owned()));
+        let placeholder = RunOptions {
+            model,
+            ..opts.clone()
+        };
+        endpoints::endpoints(&placeholder, Keys::Optional)?
     } else {
-        Keys::Required
+        endpoints::endpoints(&opts, Keys::Required)?
     };
-    let endpoints = endpoints::endpoints(&opts, keys)?;
     let config = endpoints::rlm_config(&opts)?;
-    let mut session_config = endpoints::session_config(&opts)?;
-    let contexts = args.context.resolve()?;
-    session_config.load = contexts.load;
+    let session_config = endpoints::session_config(&opts)?;
+    let contexts = contexts::resolve(&args.context.contexts)?;
     let mut inputs = Inputs::new();
     for path in &contexts.paths {
         inputs.context(path);
     }
-    option_inputs(&mut inputs, &opts, config_path);
+    option_inputs(&mut inputs, &opts, settings.file.as_deref());
     let outputs = run_outputs(&opts, &mut Guard::new(inputs, opts.force()))?;
     let session =
         ReplSession::with_inputs(session_config, Arc::clone(&endpoints), &contexts.inputs)
@@ -127,7 +143,7 @@ pub(crate) fn execute(
     contexts::print_warnings(session.contexts());
     if args.dry_run {
         let rlm = Rlm::new(config, Arc::clone(&endpoints), Arc::new(session));
-        print_first_request(&rlm, &endpoints, &args.query, opts.json())?;
+        print_first_request(&rlm, &endpoints, &args.query, &opts)?;
         return Ok(ExitCode::SUCCESS);
     }
     let display = Display::choose(&opts, verbosity, Display::Progress);

@@ -34,10 +34,9 @@
 use std::borrow::Cow;
 
 use anyhow::{Context, Result, bail};
-use bridge::Secret;
+use kernel::options::{RunOptions, Spelling};
 
-use crate::exit::UsageError;
-use crate::settings::RunOptions;
+use crate::settings::option_error;
 
 /// Key variables read and removed whatever the configuration says.
 const KEY_VARIABLES: &[&str] = &["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "RLM_MOCK_API_KEY"];
@@ -49,8 +48,8 @@ const KEY_SUFFIX: &str = "_API_KEY";
 /// the process environment (see the module docs). Call it before any thread or Python starts.
 pub(crate) fn protect(opts: &RunOptions) -> Result<()> {
     let mut names: Vec<String> = KEY_VARIABLES.iter().map(|&n| n.to_owned()).collect();
+    // A variable name the schema checked (not empty, no `=` or NUL).
     if let Some(var) = &opts.api_key_env {
-        check_name("--api-key-env", var)?;
         names.push(var.clone());
     }
     names.extend(
@@ -64,59 +63,14 @@ pub(crate) fn protect(opts: &RunOptions) -> Result<()> {
         // Held (and redacted) by the bridge from now on.
         bridge::secret::env_secret(name);
     }
-    for var in &opts.secrets {
-        register_secret(var)?;
-    }
+    opts.register_secrets(Spelling::Flag)
+        .map_err(option_error)?;
     remove_from_environment(&names)
 }
 
 /// `text` with every secret the process knows replaced by `[redacted]`.
 pub(crate) fn redact(text: &str) -> Cow<'_, str> {
     bridge::secret::redactor().redact(text)
-}
-
-/// `--secret VAR`: its value is redacted everywhere; the variable stays set.
-fn register_secret(var: &str) -> Result<()> {
-    check_name("--secret", var)?;
-    let value = match std::env::var(var) {
-        Ok(value) if !value.is_empty() => Secret::new(value),
-        Ok(_) | Err(std::env::VarError::NotPresent) => {
-            return Err(UsageError::new(format!(
-                "`--secret {var}`: the environment variable `{var}` is not set; export it, or \
-                 drop the flag"
-            ))
-            .into());
-        }
-        Err(std::env::VarError::NotUnicode(_)) => {
-            return Err(UsageError::new(format!(
-                "`--secret {var}`: the value of `{var}` is not valid UTF-8, so it cannot be \
-                 found in text to redact"
-            ))
-            .into());
-        }
-    };
-    if !value.is_redactable() {
-        return Err(UsageError::new(format!(
-            "`--secret {var}`: its value is shorter than {} characters; a value that short \
-             cannot be redacted without garbling ordinary output",
-            bridge::secret::MIN_REDACTED_CHARS
-        ))
-        .into());
-    }
-    bridge::secret::register(&value);
-    Ok(())
-}
-
-/// A name `std::env` can look up and remove: not empty, no `=`, no NUL.
-fn check_name(flag: &str, name: &str) -> Result<()> {
-    if name.is_empty() || name.contains(['=', '\0']) {
-        return Err(UsageError::new(format!(
-            "`{flag}` takes the name of an environment variable, e.g. `OPENAI_API_KEY`; got \
-             `{name}`"
-        ))
-        .into());
-    }
-    Ok(())
 }
 
 /// Removes `names` from the environment and, on Linux, from the initial environment block.
@@ -135,8 +89,8 @@ fn remove_from_environment(names: &[String]) -> Result<()> {
         if std::env::var_os(name).is_some() {
             // SAFETY: the process is still single-threaded (checked above on Linux; `protect`
             // runs first thing in `rlm run`, `rlm chat` and `rlm demo`), so nothing reads or
-            // writes the environment concurrently; `check_name` or the environment itself
-            // vouches for the name.
+            // writes the environment concurrently; the schema's check of `--api-key-env` or
+            // the environment itself vouches for the name.
             unsafe { std::env::remove_var(name) };
         }
     }
@@ -234,14 +188,5 @@ mod tests {
         assert!(!is_entry_of(b"OPENAI_API_KEY_2=sk-1", "OPENAI_API_KEY"));
         assert!(!is_entry_of(b"X_OPENAI_API_KEY=sk-1", "OPENAI_API_KEY"));
         assert!(!is_entry_of(b"OPENAI_API_KEY", "OPENAI_API_KEY"));
-    }
-
-    #[test]
-    fn variable_names_with_equals_signs_are_refused() {
-        assert!(check_name("--secret", "DB_PASSWORD").is_ok());
-        for bad in ["", "A=B", "A\0B"] {
-            let err = check_name("--secret", bad).expect_err("refused");
-            assert!(err.downcast_ref::<UsageError>().is_some(), "{err}");
-        }
     }
 }

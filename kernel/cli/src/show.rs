@@ -1,5 +1,5 @@
 //! `rlm show FILE`: a saved trajectory printed with the renderer of the live trace
-//! ([`crate::trace`]), on stdout; a workflow's event log as its steps, one line each.
+//! (`kernel::rlm::trace`), on stdout; a workflow's event log as its steps, one line each.
 //!
 //! Reads the JSONL lines `TrajectoryWriter` writes (`header`, `reply`, `block`, `iteration`,
 //! `error`, `result`). The `reply` and `block` lines written before each iteration's record
@@ -26,7 +26,7 @@ use kernel::rlm::{
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::trace::{self, SubCallCounts};
+use kernel::rlm::trace::{self, SubCallCounts};
 
 /// Arguments of `rlm show`.
 #[derive(Debug, Args)]
@@ -212,7 +212,7 @@ fn iteration(record: &IterationRecord) -> String {
     let mut rest = record.sub_calls.as_slice();
     for block in &record.blocks {
         let (mine, later) = rest.split_at(block.sub_calls.min(rest.len()));
-        text.push_str(&trace::block(block, mine));
+        text.push_str(&trace::block(block, mine, "`--cell-timeout`"));
         rest = later;
     }
     text

@@ -41,7 +41,7 @@ use crate::endpoints;
 use crate::exit::{self, EXIT_INTERRUPTED, EXIT_LIMIT, LimitError, UsageError};
 use crate::outputs::{Guard, Inputs, Output};
 use crate::report::option_inputs;
-use crate::settings::{self, RunOptions};
+use crate::settings::{RunFlags, Switches, offers};
 use report::{Measured, Path, Row};
 
 /// `max_tokens` of each call unless `--max-output-tokens` says otherwise.
@@ -86,9 +86,14 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     pub(crate) plot: Option<PathBuf>,
 
+    /// Refused: the sweep's widths are `--width` (a run's `--batch-concurrency` in
+    /// `rlm.toml` is ignored here).
+    #[arg(long, hide = true, value_name = "N|auto")]
+    pub(crate) batch_concurrency: Option<String>,
+
     /// Model options, as for `rlm run` (the `sub` endpoint is measured).
     #[command(flatten)]
-    pub(crate) options: RunOptions,
+    pub(crate) options: RunFlags<{ offers::BENCH }>,
 }
 
 fn concurrency(text: &str) -> Result<Concurrency, bridge::InvalidConcurrency> {
@@ -149,14 +154,19 @@ impl InProcessMock {
     }
 }
 
-/// `rlm bench`; `config_path` is the configuration file in use.
-pub(crate) fn execute(
-    args: BenchArgs,
-    file: RunOptions,
-    config_path: Option<&std::path::Path>,
-) -> Result<ExitCode> {
-    let mut opts = settings::merge(args.options.clone(), file);
+/// `rlm bench`; `config` is the `--config` file, if given.
+pub(crate) fn execute(args: BenchArgs, config: Option<&std::path::Path>) -> Result<ExitCode> {
+    let settings = args.options.clone().settings(config)?;
+    let config_path = settings.file.as_deref();
+    let mut opts = settings.opts;
     exit::json_errors(opts.json());
+    if let Some(width) = &args.batch_concurrency {
+        return Err(UsageError::new(format!(
+            "`rlm bench` sweeps the widths of `--width`; pass `--width {width}` to measure that \
+             width (`--batch-concurrency` sets the width of a run)"
+        ))
+        .into());
+    }
     crate::secrets::protect(&opts)?;
     if opts.base_url.is_some() && (args.latency_ms.is_some() || args.capacity.is_some()) {
         return Err(UsageError::new(

@@ -24,7 +24,7 @@ use crate::exit::RunOutcome;
 use crate::observe::{self, Display};
 use crate::outputs::{Guard, Inputs, Output, Scratch};
 use crate::report::{self, option_inputs, run_outputs};
-use crate::settings::{self, RunOptions};
+use crate::settings::{RunFlags, Switches, offers};
 
 /// Arguments of `rlm demo`.
 #[derive(Debug, Args)]
@@ -43,7 +43,7 @@ pub(crate) struct DemoArgs {
 
     /// Model options; with `--base-url` and `--model` the demo runs against a real endpoint.
     #[command(flatten)]
-    pub(crate) options: RunOptions,
+    pub(crate) options: RunFlags<{ offers::DEMO }>,
 }
 
 /// The scripted root and sub-model.
@@ -53,19 +53,15 @@ const QUERY: &str = "The context is a service log, one event per line. For each 
 the lines whose level is ERROR. Answer with a JSON object mapping every service name to its \
 count, keys sorted.";
 
-/// `rlm demo`; `config_path` is the configuration file in use.
-pub(crate) fn execute(
-    args: DemoArgs,
-    file: RunOptions,
-    config_path: Option<&Path>,
-    verbosity: u8,
-) -> Result<ExitCode> {
-    let mut opts = settings::merge(args.options, file);
+/// `rlm demo`; `config` is the `--config` file, if given.
+pub(crate) fn execute(args: DemoArgs, config: Option<&Path>, verbosity: u8) -> Result<ExitCode> {
+    let settings = args.options.settings(config)?;
+    let mut opts = settings.opts;
     // First, while the process has one thread and no Python: keys leave the environment.
     crate::secrets::protect(&opts)?;
     // `--keep-context` is an output too: it must not replace a file the user has.
     let mut inputs = Inputs::new();
-    option_inputs(&mut inputs, &opts, config_path);
+    option_inputs(&mut inputs, &opts, settings.file.as_deref());
     let mut guard = Guard::new(inputs, opts.force());
     let keep = args
         .keep_context

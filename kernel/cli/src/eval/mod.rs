@@ -28,6 +28,7 @@ use bridge::mock::Script;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kernel::eval::{TaskKind, parse_size};
+use kernel::options::RunOptions;
 use serde_json::json;
 
 use crate::endpoints;
@@ -35,7 +36,7 @@ use crate::exit::{self, EXIT_INTERRUPTED, UsageError};
 use crate::outputs::{Document, Guard, Inputs, LogFile, LogStart, Output};
 use crate::report::option_inputs;
 use crate::secrets::redact;
-use crate::settings::{self, RunOptions};
+use crate::settings::{RunFlags, Switches, offers};
 use runner::{Job, Method, Plan, RlmRuns, RunRecord, Stopper};
 
 /// Arguments of `rlm eval`.
@@ -95,7 +96,7 @@ pub(crate) struct EvalArgs {
     /// Model options (`--model`, `--base-url`, `--price`; budgets and `--batch-concurrency`
     /// hold for each run).
     #[command(flatten)]
-    pub(crate) options: RunOptions,
+    pub(crate) options: RunFlags<{ offers::EVAL }>,
 }
 
 fn parse_task(text: &str) -> Result<TaskKind, String> {
@@ -107,17 +108,20 @@ fn parse_tokens(text: &str) -> Result<u64, String> {
     parse_size(text).map_err(|e| e.to_string())
 }
 
-/// `rlm eval`; `config_path` is the configuration file in use.
-pub(crate) fn execute(
-    args: EvalArgs,
-    file: RunOptions,
-    config_path: Option<&Path>,
-) -> Result<ExitCode> {
-    let mut opts = settings::merge(args.options.clone(), file);
+/// `rlm eval`; `config` is the `--config` file, if given.
+pub(crate) fn execute(args: EvalArgs, config: Option<&Path>) -> Result<ExitCode> {
+    let settings = args.options.clone().settings(config)?;
+    // A trajectory or answer file in a shared `rlm.toml` is for `rlm run`.
+    let mut opts = RunOptions {
+        trajectory: None,
+        answer_file: None,
+        ..settings.opts
+    };
+    let config_path = settings.file.as_deref();
     exit::json_errors(opts.json());
     for (flag, given) in [
-        ("trajectory", opts.trajectory.is_some()),
-        ("answer-file", opts.answer_file.is_some()),
+        ("trajectory", settings.flags.trajectory.is_some()),
+        ("answer-file", settings.flags.answer_file.is_some()),
     ] {
         if given {
             return Err(UsageError::new(format!(

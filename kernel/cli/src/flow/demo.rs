@@ -12,12 +12,13 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use engine::durable::RunStatus;
+use kernel::options::RunOptions;
 
 use super::durable::{Resume, fresh_id};
 use super::run::FlowRunArgs;
 use crate::exit::UsageError;
 use crate::outputs::Scratch;
-use crate::settings::RunOptions;
+use crate::settings::{RunFlags, offers};
 
 /// Arguments of `rlm flow demo`.
 #[derive(Debug, Args)]
@@ -102,12 +103,9 @@ const DEMOS: &[Demo] = &[
     },
 ];
 
-/// `rlm flow demo`.
-pub(crate) fn execute(
-    args: FlowDemoArgs,
-    file: RunOptions,
-    config_path: Option<&Path>,
-) -> Result<ExitCode> {
+/// `rlm flow demo`; `config` is the `--config` file, if given (its model options give way to
+/// the scripted models').
+pub(crate) fn execute(args: FlowDemoArgs, config: Option<&Path>) -> Result<ExitCode> {
     let demo = DEMOS.iter().find(|d| d.name == args.name).ok_or_else(|| {
         UsageError::new(format!(
             "There is no demo `{}`; demos: {}",
@@ -121,20 +119,23 @@ pub(crate) fn execute(
     })?;
     let script = bridge::mock::Script::from_json_str(demo.script)
         .context("The bundled demo script is invalid")?;
+    let mut settings = RunFlags::<{ offers::FLOW }>::default().settings(config)?;
     // First, while the process has one thread and no Python: keys leave the environment.
-    crate::secrets::protect(&file)?;
-    let mut options = RunOptions::default();
-    let server = crate::mock_lm::start_scripted(script, &mut options, "demo-model", "demo-model")?;
+    crate::secrets::protect(&settings.opts)?;
+    let mut scripted = RunOptions::default();
+    let server = crate::mock_lm::start_scripted(script, &mut scripted, "demo-model", "demo-model")?;
     if args.anthropic {
-        options.base_url = Some(server.anthropic_base_url());
-        options.provider = Some(bridge::Provider::Anthropic);
+        scripted.base_url = Some(server.anthropic_base_url());
+        scripted.provider = Some(bridge::Provider::Anthropic);
     }
     eprintln!(
         "rlm flow demo: the models are SCRIPTED. A mock LM server on 127.0.0.1 replays fixed \
          replies (kernel/cli/src/flow/demo/{}.json); no real language model is involved.",
         demo.name
     );
-    options.force = args.force.then_some(true);
+    scripted.force = args.force.then_some(true);
+    // The scripted models over the rest of the file's options.
+    settings.opts = scripted.combine(settings.opts);
     let dir = Scratch::new()?;
     let mut contexts = Vec::new();
     if let Some((name, text)) = demo.context {
@@ -161,10 +162,10 @@ pub(crate) fn execute(
         events: args.events.clone(),
         bundle: None,
         durable: durable.clone(),
-        options: options.clone(),
+        options: RunFlags::default(),
     };
     let workflow = super::workflow::Workflow::find(demo.name)?;
-    let mut code = super::run::execute(run, file.clone(), config_path, &workflow, None);
+    let mut code = super::run::execute(run, &settings, &workflow, None);
     if let (Some(answer), Ok(_), Some(run_id)) = (demo.answer, &code, &durable.run_id) {
         let status = durable
             .db
@@ -187,13 +188,13 @@ pub(crate) fn execute(
                 events: args.events,
                 bundle: None,
                 durable,
-                options,
+                options: RunFlags::default(),
             };
             let resume = Resume {
                 answer: Some(answer.to_owned()),
                 ..Resume::default()
             };
-            code = super::run::execute(run, file, config_path, &workflow, Some(resume));
+            code = super::run::execute(run, &settings, &workflow, Some(resume));
         }
     }
     if demo.writes_artifacts {

@@ -27,7 +27,6 @@ use anyhow::Result;
 use clap::{Args, Subcommand};
 use engine::flow::file::{load_workflow_from, render_mermaid};
 
-use crate::settings::{self, RunOptions};
 use builtin::BUILTINS;
 pub(crate) use durable::exit_code;
 use workflow::Workflow;
@@ -68,7 +67,8 @@ Exit codes:
   0    the workflow completed
   1    an error: an agent failed, a damaged or locked run database
   2    a usage error: a bad option, an unknown run or checkpoint, a completed run
-  3    a limit stopped the run (timeout, budget)
+  3    a limit stopped the run (its timeout or budget, an agent's iteration or time limit,
+       a graph's step limit)
   5    the run waits for a human (`awaiting_human`): answer with
        `rlm flow resume RUN --input \"...\"`
   6    another process drives the run (it was refused, or taken over meanwhile)
@@ -82,27 +82,25 @@ struct GraphArgs {
     workflow: String,
 }
 
-/// `rlm flow`; `file` holds the `[run]` options of the configuration file at `config_path`.
-pub(crate) fn execute(
-    args: FlowArgs,
-    file: RunOptions,
-    config_path: Option<&Path>,
-) -> Result<ExitCode> {
+/// `rlm flow`; `config` is the `--config` file, if given.
+pub(crate) fn execute(args: FlowArgs, config: Option<&Path>) -> Result<ExitCode> {
     match args.command {
         FlowCommand::Run(args) => {
+            let settings = args.options.clone().settings(config)?;
             // First, while the process has one thread and no Python: keys leave the environment.
-            crate::secrets::protect(&run::merged(&args, &file))?;
+            crate::secrets::protect(&settings.opts)?;
             let workflow = Workflow::find(&args.workflow)?;
-            run::execute(*args, file, config_path, &workflow, None)
+            run::execute(*args, &settings, &workflow, None)
         }
         FlowCommand::Resume(args) => {
-            crate::secrets::protect(&settings::merge(args.options.clone(), file.clone()))?;
-            resume::execute(*args, file, config_path)
+            let settings = args.options.clone().settings(config)?;
+            crate::secrets::protect(&settings.opts)?;
+            resume::execute(*args, &settings)
         }
         FlowCommand::Runs(args) => records::runs(args),
         FlowCommand::History(args) => records::history(args),
         FlowCommand::Decisions(args) => records::decisions(args),
-        FlowCommand::Demo(args) => demo::execute(args, file, config_path),
+        FlowCommand::Demo(args) => demo::execute(args, config),
         FlowCommand::List => list(),
         FlowCommand::Graph(args) => {
             let spec = workflow::read(&args.workflow)?;

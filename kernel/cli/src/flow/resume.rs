@@ -14,7 +14,7 @@
 
 use std::ffi::OsString;
 use std::num::NonZeroUsize;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -25,7 +25,7 @@ use serde_json::Value;
 use super::durable::{DbArg, DurableArgs, Resume, store_error};
 use super::run::FlowRunArgs;
 use crate::exit::UsageError;
-use crate::settings::RunOptions;
+use crate::settings::{RunFlags, Settings, offers};
 
 /// Arguments of `rlm flow resume`.
 #[derive(Debug, Args)]
@@ -59,15 +59,11 @@ pub(crate) struct FlowResumeArgs {
     events: Option<PathBuf>,
 
     #[command(flatten)]
-    pub(crate) options: RunOptions,
+    pub(crate) options: RunFlags<{ offers::FLOW }>,
 }
 
-/// `rlm flow resume`; `config_path` is the configuration file in use.
-pub(crate) fn execute(
-    args: FlowResumeArgs,
-    file: RunOptions,
-    config_path: Option<&Path>,
-) -> Result<ExitCode> {
+/// `rlm flow resume`; `settings` are those of `args.options`.
+pub(crate) fn execute(args: FlowResumeArgs, settings: &Settings) -> Result<ExitCode> {
     // Read first: the run names what the resumed run reads, which the output guard needs
     // before the database is opened for writing.
     let store = args.db.open_read_only()?;
@@ -115,5 +111,5 @@ pub(crate) fn execute(
         durable: durable_args,
         options: args.options,
     };
-    super::run::execute(run_args, file, config_path, &workflow, Some(resume))
+    super::run::execute(run_args, settings, &workflow, Some(resume))
 }

@@ -8,7 +8,8 @@
 //! as one JSON line on stdout; `--events FILE` writes
 //! the JSONL event log (flushed per event; `rlm view FILE` renders it). At the end the last
 //! message of the run is printed. Every run is checkpointed ([`super::durable`]). Exit codes
-//! as `rlm run`: 0 done, 1 an agent failed, 2 a usage error, 3 a limit (timeout, budget), 130
+//! as `rlm run`: 0 done, 1 an agent failed, 2 a usage error, 3 a limit (timeout, budget, an
+//! agent's iteration limit), 130
 //! Ctrl-C (state, event log and checkpoints kept); and 5 when the run waits for a human.
 
 use std::ffi::OsString;
@@ -16,7 +17,6 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -31,13 +31,11 @@ use super::durable::{Durable, DurableArgs, Resume};
 use super::input::{input_file, parse_input};
 use super::live::Live;
 use super::workflow::Workflow;
-use crate::contexts::{ContextArgs, FramesArg};
 use crate::endpoints;
-use crate::exit::UsageError;
-use crate::exit::{EXIT_INTERRUPTED, EXIT_LIMIT};
+use crate::exit::{EXIT_INTERRUPTED, EXIT_LIMIT, UsageError};
 use crate::outputs::{Database, Document, Guard, Inputs, LogFile, LogStart, Output};
 use crate::report::option_inputs;
-use crate::settings::{self, RunOptions};
+use crate::settings::{RunFlags, Settings, Switches, offers};
 
 /// Arguments of `rlm flow run`.
 #[derive(Debug, Args)]
@@ -74,28 +72,20 @@ pub(crate) struct FlowRunArgs {
     pub(crate) durable: DurableArgs,
 
     #[command(flatten)]
-    pub(crate) options: RunOptions,
+    pub(crate) options: RunFlags<{ offers::FLOW }>,
 }
 
-/// `rlm flow run`: a new run, or resuming one as `resume` says; `config_path` is the
-/// configuration file in use.
+/// `rlm flow run`: a new run, or resuming one as `resume` says; `settings` are those of
+/// `args.options` (flags over the environment and `rlm.toml`), whose keys the caller has
+/// taken out of the environment before any thread started.
 pub(crate) fn execute(
     args: FlowRunArgs,
-    file: RunOptions,
-    config_path: Option<&Path>,
+    settings: &Settings,
     workflow: &Workflow,
     resume: Option<Resume>,
 ) -> Result<ExitCode> {
-    // The caller has taken the API keys out of the environment (before any thread).
-    let opts = settings::merge(args.options.clone(), file);
-    let contexts = ContextArgs {
-        contexts: args.contexts.clone(),
-        csv_sep: None,
-        csv_skip_bad_rows: false,
-        encoding: None,
-        frames: FramesArg::Polars,
-    }
-    .resolve()?;
+    let opts = &settings.opts;
+    let contexts = crate::contexts::resolve(&args.contexts)?;
     let mut state = match &args.state {
         Some(path) if path.exists() => read_state(path)?,
         _ => State::default(),
@@ -107,7 +97,7 @@ pub(crate) fn execute(
     // Nothing is written before every output is cleared against everything the run reads.
     let spec = load_workflow(workflow.root())?;
     let mut inputs = read_files(&args, workflow, &spec, &contexts.paths, &state);
-    option_inputs(&mut inputs, &opts, config_path);
+    option_inputs(&mut inputs, opts, settings.file.as_deref());
     let outputs = declare_outputs(&args, Guard::new(inputs, opts.force()), resume.is_some())?;
     let store = super::durable::open_store(&outputs.db)?;
     let durable = match resume {
@@ -121,9 +111,8 @@ pub(crate) fn execute(
             args.bundle.as_deref(),
         )?,
     };
-    let endpoints = endpoints::build_endpoints(&opts)?;
-    let mut session = endpoints::session_config(&opts)?;
-    session.load = contexts.load;
+    let endpoints = endpoints::build_endpoints(opts)?;
+    let session = endpoints::session_config(opts)?;
     let kernel = Arc::new(FlowKernel::new(
         Arc::clone(&endpoints),
         session,
@@ -142,11 +131,8 @@ pub(crate) fn execute(
 
     let mut invocation =
         Invocation::new(SharedState::new(state)).with_ledger(Arc::clone(endpoints.ledger()));
-    if let Some(timeout) = opts.timeout {
-        invocation = invocation.with_timeout(
-            Duration::try_from_secs_f64(timeout)
-                .map_err(|e| UsageError::new(format!("`--timeout {timeout}`: {e}")))?,
-        );
+    if let Some(timeout) = endpoints::run_timeout(opts)? {
+        invocation = invocation.with_timeout(timeout);
     }
     if let Some(log) = outputs.events {
         let log = log.open()?;
@@ -198,13 +184,13 @@ pub(crate) fn execute(
         RunOutcome::Completed | RunOutcome::Escalated => ExitCode::SUCCESS,
         RunOutcome::Cancelled => ExitCode::from(EXIT_INTERRUPTED),
         RunOutcome::TimedOut | RunOutcome::BudgetExceeded => ExitCode::from(EXIT_LIMIT),
+        // An agent's own limit (its iterations) or a graph's step limit: a limit, as in
+        // `rlm agent`.
+        RunOutcome::Failed if report.result.as_ref().is_err_and(FlowError::is_limit) => {
+            ExitCode::from(EXIT_LIMIT)
+        }
         RunOutcome::Failed => ExitCode::FAILURE,
     })
-}
-
-/// The options of `args` over those of the configuration file.
-pub(crate) fn merged(args: &FlowRunArgs, file: &RunOptions) -> RunOptions {
-    settings::merge(args.options.clone(), file.clone())
 }
 
 fn read_state(path: &Path) -> Result<State> {

@@ -712,12 +712,13 @@ impl InvocationContext {
 fn spent_budget(ledger: &Ledger) -> Option<BudgetExceeded> {
     let budget = ledger.budget();
     let spent = |limit, max: f64, used: f64| {
-        (used >= max).then_some(BudgetExceeded {
+        (used >= max).then(|| BudgetExceeded {
             limit,
             max,
             used,
             reserved: 0.0,
             needed: 0.0,
+            setting: ledger.names().of(limit),
         })
     };
     let calls = budget.max_calls.and_then(|max| {

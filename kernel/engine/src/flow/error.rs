@@ -36,6 +36,15 @@ pub enum FlowError {
         /// What went wrong and, where it can, what to do.
         message: String,
     },
+    /// An agent stopped at one of its own limits (its tool loop's iterations or time) without
+    /// an answer.
+    #[error("Agent `{agent}` stopped at a limit: {message}")]
+    Limit {
+        /// The agent.
+        agent: String,
+        /// Which limit, and what to raise.
+        message: String,
+    },
     /// A hook or callback stopped the agent on purpose: running it again would stop it again.
     #[error("Agent `{agent}` was stopped by a hook: {reason}")]
     StoppedByHook {
@@ -97,5 +106,14 @@ impl FlowError {
     /// failure of one agent: branch failure policies never swallow it.
     pub fn is_stop(&self) -> bool {
         matches!(self, Self::Cancelled | Self::TimedOut(_) | Self::Budget(_))
+    }
+
+    /// Whether a limit stopped the run rather than a failure: the whole run's time or
+    /// budget, an agent's own limit, a graph's step limit.
+    pub fn is_limit(&self) -> bool {
+        matches!(
+            self,
+            Self::TimedOut(_) | Self::Budget(_) | Self::Limit { .. } | Self::StepLimit { .. }
+        )
     }
 }

@@ -413,10 +413,12 @@ fn loop_failure(agent: &str, kind: &LoopErrorKind) -> FlowError {
             agent: agent.to_owned(),
             reason: reason.clone(),
         },
-        other => FlowError::Agent {
-            agent: agent.to_owned(),
-            message: other.to_string(),
-        },
+        limit @ (LoopErrorKind::MaxIterations { .. } | LoopErrorKind::RunTimeout { .. }) => {
+            FlowError::Limit {
+                agent: agent.to_owned(),
+                message: limit.to_string(),
+            }
+        }
     }
 }
 

@@ -125,14 +125,15 @@ impl Retrying {
 
 /// Whether a node error may go away on its own: a model call the bridge calls retryable (a
 /// timeout, a lost connection, a 408, 429 or 5xx), or an agent's own failure (a Python step
-/// raised, a tool loop ran out). A node set up wrong (a template naming a missing key, a bad
+/// raised, a tool loop ran out of iterations or time). A node set up wrong (a template naming a missing key, a bad
 /// tool schema, a bad context file), a hook or callback that stopped it on purpose, a model
 /// call refused for good (401, 400, a reply that does not decode), stops (cancel, timeout,
 /// budget), a broken event log and graph errors never do.
 pub fn is_transient(error: &FlowError) -> bool {
     match error {
         FlowError::Model { source, .. } => source.is_retryable(),
-        FlowError::Agent { .. } => true,
+        // Another try of the same loop may well finish within its limit.
+        FlowError::Agent { .. } | FlowError::Limit { .. } => true,
         FlowError::Setup { .. }
         | FlowError::StoppedByHook { .. }
         | FlowError::Cancelled

@@ -154,7 +154,11 @@ impl SessionState {
                 Ok(()) => Ok((None, None)),
             };
         };
-        let (type_name, message) = interrupt_text(reason, self.config.cell_timeout);
+        let (type_name, message) = interrupt_text(
+            reason,
+            self.config.cell_timeout,
+            &self.config.cell_timeout_setting,
+        );
         let mut described = match outcome {
             Err(e) => self.describe(py, e, filename, Some(message.clone()))?,
             Ok(()) => ExecError {
@@ -278,12 +282,13 @@ fn run_user_code(
     Ok(())
 }
 
-fn interrupt_text(reason: InterruptReason, limit: Duration) -> (String, String) {
+/// The exception a stopped block raises; `setting` names what sets the time limit.
+fn interrupt_text(reason: InterruptReason, limit: Duration, setting: &str) -> (String, String) {
     match reason {
         InterruptReason::Timeout => (
             "CellTimeout".to_owned(),
             format!(
-                "The block exceeded its time limit of {:.3}s and was stopped; the session kept its variables. Do less per block (work in smaller steps, use llm_query_batched for many prompts), or raise `cell_timeout`",
+                "The block exceeded its time limit of {:.3}s and was stopped; the session kept its variables. Do less per block (work in smaller steps, use llm_query_batched for many prompts), or raise {setting}",
                 limit.as_secs_f64()
             ),
         ),

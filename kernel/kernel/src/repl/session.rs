@@ -56,6 +56,9 @@ pub struct SessionConfig {
     pub sub_call_text_chars: usize,
     /// How context files are read.
     pub load: LoadOptions,
+    /// What sets `cell_timeout`, as the front end's users write it (`` `--cell-timeout` ``),
+    /// for the message of a block stopped at its limit.
+    pub cell_timeout_setting: String,
 }
 
 impl Default for SessionConfig {
@@ -68,6 +71,7 @@ impl Default for SessionConfig {
             sub_call_errors: SubCallErrorMode::ReturnString,
             sub_call_text_chars: 600,
             load: LoadOptions::default(),
+            cell_timeout_setting: "`cell_timeout`".to_owned(),
         }
     }
 }

@@ -122,6 +122,7 @@ mod prompts;
 mod runner;
 #[cfg(test)]
 mod test_support;
+pub mod trace;
 mod trajectory;
 mod view;
 

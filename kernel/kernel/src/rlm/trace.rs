@@ -1,20 +1,22 @@
 //! The readable trace of a run: the query and models, each reply's prose, each block with its
 //! output and sub-calls, and a closing summary.
 //!
-//! One renderer serves both the live run ([`TraceHook`], for `rlm run -v` / `--trace` and
-//! `rlm demo`) and a saved trajectory (`rlm show`): each part is rendered from the records the
-//! trajectory keeps ([`kernel::rlm::IterationRecord`], [`BlockRecord`], the bridge's `SubCallMetadata`), so
-//! what a user sees live is what they see replayed. Renderers return text; the caller decides
-//! where it goes (through the progress bar, so the bar does not tear the trace).
+//! One renderer serves both the live run ([`TraceHook`], for `rlm run -v` / `--trace`, `rlm
+//! demo` and `RLM(trace=True)` in Python) and a saved trajectory (`rlm show`): each part is
+//! rendered from the records the trajectory keeps ([`IterationRecord`](super::IterationRecord),
+//! [`BlockRecord`], the bridge's `SubCallMetadata`), so what a user sees live is what they see
+//! replayed. Renderers return text; the caller decides where it goes (through a progress bar,
+//! so the bar does not tear the trace; to `sys.stderr` in Python).
 
 use std::fmt::Write as _;
 
 use bridge::SubCallMetadata;
-use kernel::repl::ContextMetadata;
-use kernel::rlm::{
+
+use super::{
     BlockRecord, BlockRun, EndpointSummary, FinalKind, Hook, HookAction, ModelCall, RlmResult,
     RunError, RunInfo, SessionMetrics, TerminationReason, extract_code_blocks, truncate_middle,
 };
+use crate::repl::ContextMetadata;
 
 /// Characters of prose, code or output shown per part before the middle is elided.
 const SHOWN_CHARS: usize = 1_200;
@@ -26,11 +28,12 @@ const SHOWN_SUB_CALLS: usize = 3;
 const SHOWN_TEXT_CHARS: usize = 60;
 
 /// Where rendered text goes.
-pub(crate) type Sink = Box<dyn FnMut(&str) + Send>;
+pub type Sink = Box<dyn FnMut(&str) + Send>;
 
-/// Prints the run as it goes.
-pub(crate) struct TraceHook {
+/// Renders the run as it goes and hands each part to its sink.
+pub struct TraceHook {
     sink: Sink,
+    cell_timeout: String,
 }
 
 impl std::fmt::Debug for TraceHook {
@@ -40,9 +43,13 @@ impl std::fmt::Debug for TraceHook {
 }
 
 impl TraceHook {
-    /// A hook that hands each rendered part to `sink`.
-    pub(crate) fn new(sink: Sink) -> Self {
-        Self { sink }
+    /// A hook that hands each rendered part to `sink`; a block stopped at its time limit
+    /// names `cell_timeout`, the setting as the user spells it (`` `--cell-timeout` ``).
+    pub fn new(sink: Sink, cell_timeout: &str) -> Self {
+        Self {
+            sink,
+            cell_timeout: cell_timeout.to_owned(),
+        }
     }
 }
 
@@ -58,7 +65,7 @@ impl Hook for TraceHook {
 
     fn after_block(&mut self, _iteration: u32, run: &mut BlockRun) {
         let record = BlockRecord::from_run(run, SHOWN_CHARS);
-        (self.sink)(&block(&record, &run.result.sub_calls));
+        (self.sink)(&block(&record, &run.result.sub_calls, &self.cell_timeout));
     }
 
     fn on_error(&mut self, error: &RunError) {
@@ -71,11 +78,7 @@ impl Hook for TraceHook {
 }
 
 /// The query, the models and the contexts.
-pub(crate) fn header(
-    query: &str,
-    endpoints: &[EndpointSummary],
-    contexts: &[ContextMetadata],
-) -> String {
+pub fn header(query: &str, endpoints: &[EndpointSummary], contexts: &[ContextMetadata]) -> String {
     let mut out = format!("query: {}\n", truncate_middle(query.trim(), SHOWN_CHARS));
     let models: Vec<String> = endpoints
         .iter()
@@ -92,7 +95,7 @@ pub(crate) fn header(
 
 /// A root-model reply: the prose around its blocks (the blocks print as they run), or the
 /// whole text when it has none.
-pub(crate) fn reply(iteration: u32, answer_now: bool, text: &str) -> String {
+pub fn reply(iteration: u32, answer_now: bool, text: &str) -> String {
     let shown = if extract_code_blocks(text).is_empty() {
         text.trim().to_owned()
     } else {
@@ -116,8 +119,8 @@ pub(crate) fn reply(iteration: u32, answer_now: bool, text: &str) -> String {
 }
 
 /// One block: its code, its sub-calls, its output and whether it set the final answer.
-/// `sub_calls` are the calls the block made.
-pub(crate) fn block(record: &BlockRecord, sub_calls: &[SubCallMetadata]) -> String {
+/// `sub_calls` are the calls the block made; `cell_timeout` names the time limit's setting.
+pub fn block(record: &BlockRecord, sub_calls: &[SubCallMetadata], cell_timeout: &str) -> String {
     let mut out = format!("  ┌ repl block ({:.0} ms)\n", record.duration_ms);
     let _ = writeln!(
         out,
@@ -170,7 +173,7 @@ pub(crate) fn block(record: &BlockRecord, sub_calls: &[SubCallMetadata]) -> Stri
         }
     }
     if record.timed_out {
-        let _ = writeln!(out, "  ├ stopped at its time limit (`--cell-timeout`)");
+        let _ = writeln!(out, "  ├ stopped at its time limit ({cell_timeout})");
     } else if record
         .error
         .as_ref()
@@ -190,7 +193,7 @@ pub(crate) fn block(record: &BlockRecord, sub_calls: &[SubCallMetadata]) -> Stri
 /// A block that started and has no record (its iteration never finished): its code, and that
 /// its output was never recorded; `crashed` when it is the block the run stopped in, without a
 /// result (it crashed the process, or a kill stopped it).
-pub(crate) fn unfinished_block(code: &str, crashed: bool) -> String {
+pub fn unfinished_block(code: &str, crashed: bool) -> String {
     let mut out = "  ┌ repl block\n".to_owned();
     let _ = writeln!(
         out,
@@ -207,7 +210,7 @@ pub(crate) fn unfinished_block(code: &str, crashed: bool) -> String {
 }
 
 /// The answer the run ended with (the whole of it is on stdout).
-pub(crate) fn answer(answer: Option<&str>) -> String {
+pub fn answer(answer: Option<&str>) -> String {
     match answer {
         Some(text) => format!(
             "\n── answer ─────────────\n{}\n",
@@ -218,23 +221,24 @@ pub(crate) fn answer(answer: Option<&str>) -> String {
 }
 
 /// A failed step.
-pub(crate) fn failure(error: &RunError) -> String {
+pub fn failure(error: &RunError) -> String {
     format!("  ✗ {}\n", error.message)
 }
 
 /// Sub-calls by how they ended: sent (and of those, failed) or refused before sending.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct SubCallCounts {
+pub struct SubCallCounts {
     /// Calls that reached the server (at least one HTTP attempt).
-    pub(crate) sent: usize,
+    pub sent: usize,
     /// Sent calls that failed.
-    pub(crate) failed: usize,
+    pub failed: usize,
     /// Calls never sent: refused by a budget, or cancelled before their first attempt.
-    pub(crate) refused: usize,
+    pub refused: usize,
 }
 
 impl SubCallCounts {
-    pub(crate) fn of<'a>(calls: impl IntoIterator<Item = &'a SubCallMetadata>) -> Self {
+    /// The counts of `calls`.
+    pub fn of<'a>(calls: impl IntoIterator<Item = &'a SubCallMetadata>) -> Self {
         let mut counts = Self::default();
         for call in calls {
             if call.attempts == 0 && call.error.is_some() {
@@ -263,7 +267,7 @@ impl std::fmt::Display for SubCallCounts {
 
 /// The closing line: how the run ended, iterations, sub-calls, tokens, cost (when a price was
 /// given) and time.
-pub(crate) fn summary(
+pub fn summary(
     reason: TerminationReason,
     metrics: &SessionMetrics,
     sub_calls: &SubCallCounts,
@@ -282,7 +286,7 @@ pub(crate) fn summary(
 }
 
 /// How a run ended, in words.
-pub(crate) fn describe(reason: TerminationReason) -> &'static str {
+pub fn describe(reason: TerminationReason) -> &'static str {
     match reason {
         TerminationReason::FinalAnswer => "final answer",
         TerminationReason::MaxIterations => "stopped at the iteration limit (answer requested)",
@@ -300,7 +304,7 @@ pub(crate) fn describe(reason: TerminationReason) -> &'static str {
 }
 
 /// How a model writes a final-answer convention, for messages.
-pub(crate) fn convention(kind: FinalKind) -> &'static str {
+pub fn convention(kind: FinalKind) -> &'static str {
     match kind {
         FinalKind::AnswerDict => "`answer[\"ready\"] = True`",
         FinalKind::FinalVar => "`FINAL_VAR(...)` in code",
