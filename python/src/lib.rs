@@ -8,7 +8,7 @@
 //! (module `completion`). The REPL session of a run is a fresh namespace of the same
 //! interpreter, and live contexts are bound into it by reference.
 //!
-//! An `RLM` object is a [`client::Client`]: its options resolved once by the kernel's one
+//! An `RLM` object is a `Client` (module `client`): its options resolved once by the kernel's one
 //! schema, spelled as keywords (module `options`), its endpoints and budget ledger built on
 //! first use and kept for every call it makes.
 
