@@ -6,8 +6,9 @@
 //! layers are merged here with the kernel's own readers: keywords > session defaults
 //! (`%rlm_config`, `configure`) > `RLM_*` variables > the `[run]` table of `rlm.toml` (the file
 //! `RLM_CONFIG` names, else `./rlm.toml`). Options of the `rlm` command's own output (`json`,
-//! `quiet`, `force`, `answer_file`) are ignored from the environment and the file and refused
-//! as keywords.
+//! `quiet`, `force`, `answer_file`) and of `rlm agent`'s sandbox (`project_root`,
+//! `allow_broad_root`, `allow_hard_links`) are ignored from the environment and the file and
+//! refused as keywords.
 
 use std::error::Error as _;
 
@@ -19,8 +20,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use serde_json::{Map, Value};
 
-/// The groups of options the Python package has a use for.
-pub(crate) const PYTHON: Groups = ALL_GROUPS & !Group::Answer.bit() & !Group::Output.bit();
+/// The groups of options the Python package has a use for: not the `rlm` command's own
+/// output, nor the sandbox of agent bundles (it runs none).
+pub(crate) const PYTHON: Groups =
+    ALL_GROUPS & !Group::Answer.bit() & !Group::Output.bit() & !Group::Agent.bit();
 
 /// `error` and its causes as one Python exception: `TypeError` for an unknown name,
 /// `RuntimeError` for a configuration file that cannot be read, else `ValueError`.
@@ -51,14 +54,23 @@ pub(crate) fn keywords(json: &str, where_: &str) -> PyResult<RunOptions> {
         )),
         other => invalid(other),
     })?;
-    if let Some(name) = options
+    let unused = options
         .to_map()
         .keys()
-        .find(|name| kernel::options::spec(name).is_some_and(|spec| PYTHON & spec.group.bit() == 0))
-    {
+        .find_map(|name| kernel::options::spec(name).filter(|spec| PYTHON & spec.group.bit() == 0));
+    if let Some(spec) = unused {
+        let why = match spec.group {
+            Group::Agent => {
+                "of the sandbox of `rlm agent`'s bundle tools; the package runs no agent bundles"
+            }
+            _ => {
+                "of the `rlm` command's output; a result object has no use for it (read \
+                 `result.answer` or `result.to_dict()`)"
+            }
+        };
         return Err(PyTypeError::new_err(format!(
-            "{where_}: `{name}` is an option of the `rlm` command's output; a result object \
-             has no use for it (read `result.answer` or `result.to_dict()`)"
+            "{where_}: `{}` is an option {why}",
+            spec.name
         )));
     }
     Ok(options)

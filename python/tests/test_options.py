@@ -96,9 +96,12 @@ def test_every_keyword_takes_effect_in_a_run(spec, fixtures, mock_server, capfd)
 
 
 def test_command_line_output_options_are_refused_as_keywords():
-    for name in [s["name"] for s in EVERY if not s["used"]]:
-        with pytest.raises(TypeError, match=f"`{name}` is an option of the `rlm` command"):
-            RLM(model="m", **{name: "true" if name != "answer_file" else "a.txt"})
+    for spec in [s for s in EVERY if not s["used"]]:
+        name, why = spec["name"], "of the `rlm` command's output"
+        if name in ("project_root", "allow_broad_root", "allow_hard_links"):
+            why = "of the sandbox of `rlm agent`'s bundle tools"
+        with pytest.raises(TypeError, match=f"`{name}` is an option {why}"):
+            RLM(model="m", **{name: spec["example"]})
 
 
 def test_values_are_checked_where_they_are_given(monkeypatch):

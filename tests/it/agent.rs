@@ -668,7 +668,7 @@ fn start_up_errors_name_the_file_and_line() {
     );
     run.assert_code(1);
     insta::assert_snapshot!(project.redact(&run.stderr), @r"
-    error: Could not start the agent `[project]/bmad/cis/agents/design-thinking-coach.md` (the project root is the working directory, or the folder inside it above the agent where its start-up files are: run `rlm agent` from the project the bundle is installed in, or pass `--project-root DIR`)
+    error: Could not start the agent `[project]/bmad/cis/agents/design-thinking-coach.md` (the project root is the working directory, or the folder inside it above the agent where its start-up files are: run `rlm agent` from the project the bundle is installed in, or pass `--project-root DIR` or set `project-root` in rlm.toml)
       caused by: Start-up step 1 of `[project]/bmad/cis/agents/design-thinking-coach.md` loads `{project-root}/bmad/cis/config.yaml`, which failed: `[project]/bmad/cis/config.yaml` does not exist
     ");
     assert!(mock.log().entries().is_empty(), "no model call");
@@ -873,6 +873,65 @@ fn a_hard_link_to_an_outside_file_is_refused_unless_reading_is_allowed() {
     assert_eq!(
         std::fs::read_to_string(&outside).expect("read"),
         "outside\n"
+    );
+}
+
+#[test]
+fn rlm_toml_sets_the_project_root_and_the_users_leave_below_the_flags() {
+    let (outer, project) = hostile_bundle("Greet the user", "user_name: Sam\n");
+    let outside = outer.path().join("outside.txt");
+    std::fs::create_dir_all(project.root().join("docs")).expect("mkdir");
+    std::fs::hard_link(&outside, project.root().join("docs/notes.txt")).expect("hard link");
+    let agent_file = project.path("bundle/agents/a.md");
+    // `rlm agent` in the project, whose `rlm.toml` says `toml`; the model reads `file`.
+    let read = |toml: &str, file: &str, extra: &[&str]| {
+        std::fs::write(project.root().join("rlm.toml"), format!("[run]\n{toml}")).expect("write");
+        let mock = one_call("read_file", json!({"file_path": file}));
+        let mut args = vec!["--message", "read it", "--json"];
+        args.extend_from_slice(extra);
+        let run = agent(&mock, WIRES[0], &project, &agent_file, &args);
+        run.assert_code(0);
+        let doc = run.json();
+        let answer = doc["turns"][0]["answer"].as_str().unwrap_or_default();
+        (answer.to_owned(), doc["agent"]["project_root"].clone())
+    };
+    // The project root from the file: `notes.txt` is the one in `docs/`, a hard link that
+    // the file lets the tools read.
+    let (answer, root) = read(
+        "project-root = \"docs\"\nallow-hard-links = true\n",
+        "notes.txt",
+        &[],
+    );
+    assert!(
+        answer.starts_with("Done: ") && answer.contains("outside"),
+        "{answer}"
+    );
+    assert_eq!(root, json!(project.root().join("docs")));
+    // A flag wins over the file.
+    let (answer, _) = read(
+        "project-root = \"docs\"\nallow-hard-links = true\n",
+        "notes.txt",
+        &["--allow-hard-links=false"],
+    );
+    assert!(answer.contains("has 2 hard links"), "{answer}");
+    // `/` as the project root is broad: used only with the file's (or a flag's) leave.
+    let plain = outer.path().join("plain.txt");
+    std::fs::write(&plain, "outside, one link\n").expect("write");
+    let plain = plain.to_str().expect("utf-8");
+    let (answer, root) = read("project-root = \"/\"\n", plain, &[]);
+    assert!(
+        answer.starts_with("Refused: ") && answer.contains("--allow-broad-root"),
+        "{answer}"
+    );
+    assert_eq!(root, json!("/"));
+    let (answer, _) = read(
+        "project-root = \"/\"\nallow-broad-root = true\n",
+        plain,
+        &[],
+    );
+    assert!(
+        answer.starts_with("Done: ") && answer.contains("outside, one link"),
+        "{answer}"
     );
 }
 

@@ -55,22 +55,6 @@ pub(crate) struct AgentArgs {
     #[arg(long = "skills", value_name = "DIR")]
     pub(crate) skills: Vec<PathBuf>,
 
-    /// The project the bundle is installed in (`{project-root}`): the tools read under it (and
-    /// the bundle) and write under it. Default: the current directory, or the folder inside it
-    /// above the agent where its start-up files are found.
-    #[arg(long, value_name = "DIR")]
-    pub(crate) project_root: Option<PathBuf>,
-
-    /// Let the tools use a root as broad as `/`, your home directory or a folder above the
-    /// project (by default a path only under such a root is refused).
-    #[arg(long)]
-    pub(crate) allow_broad_root: bool,
-
-    /// Let the tools read files with more than one hard link (another name, maybe outside the
-    /// project, points at the same file). Such files are never written.
-    #[arg(long)]
-    pub(crate) allow_hard_links: bool,
-
     /// Send TEXT as one turn, print the answer and exit (no menu). `*name` or a menu number
     /// runs that command. Repeat for several turns in order.
     #[arg(long, value_name = "TEXT")]
@@ -104,10 +88,10 @@ pub(crate) fn execute(args: AgentArgs, config: Option<&Path>, verbosity: u8) -> 
     let started = StartedAgent::start(
         &args.agent,
         &StartOptions {
-            project_root: args.project_root.clone(),
+            project_root: opts.project_root.clone(),
             policy: SandboxPolicy {
-                allow_broad_roots: args.allow_broad_root,
-                allow_hard_links: args.allow_hard_links,
+                allow_broad_roots: opts.allow_broad_root.unwrap_or(false),
+                allow_hard_links: opts.allow_hard_links.unwrap_or(false),
             },
             skill_folders: args.skills.clone(),
             ..StartOptions::default()
@@ -118,10 +102,10 @@ pub(crate) fn execute(args: AgentArgs, config: Option<&Path>, verbosity: u8) -> 
         // was chosen and how to choose it.
         let missing = matches!(&e, BundleError::StartupFile { error, .. }
             if matches!(**error, BundleError::Path(PathError::NotFound { .. })));
-        let hint = if missing && args.project_root.is_none() {
+        let hint = if missing && opts.project_root.is_none() {
             " (the project root is the working directory, or the folder inside it above the \
              agent where its start-up files are: run `rlm agent` from the project the bundle is \
-             installed in, or pass `--project-root DIR`)"
+             installed in, or pass `--project-root DIR` or set `project-root` in rlm.toml)"
         } else {
             ""
         };

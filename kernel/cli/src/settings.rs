@@ -23,15 +23,16 @@ use crate::exit::UsageError;
 pub(crate) mod offers {
     use kernel::options::{ALL_GROUPS, Group, Groups};
 
-    /// `rlm run` and `rlm chat`: every option.
-    pub(crate) const RUN: Groups = ALL_GROUPS;
-    /// `rlm demo`: every option but how files load (it makes its own context).
-    pub(crate) const DEMO: Groups = ALL_GROUPS & !Group::Load.bit();
+    /// `rlm run` and `rlm chat`: every option but the agent sandbox's.
+    pub(crate) const RUN: Groups = ALL_GROUPS & !Group::Agent.bit();
+    /// `rlm demo`: as `rlm run`, without how files load (it makes its own context).
+    pub(crate) const DEMO: Groups = RUN & !Group::Load.bit();
     /// `rlm eval`: as `rlm demo`, without the live trace (runs go in parallel).
     pub(crate) const EVAL: Groups = DEMO & !Group::Trace.bit();
     /// `rlm agent`: the models, budget and limits of its function-calling loop, the session
-    /// of `--python`, the trace.
-    pub(crate) const AGENT: Groups = Group::Models.bit()
+    /// of `--python`, the trace, the roots of the bundle's tools.
+    pub(crate) const AGENT: Groups = Group::Agent.bit()
+        | Group::Models.bit()
         | Group::Budget.bit()
         | Group::Iterations.bit()
         | Group::Timeout.bit()

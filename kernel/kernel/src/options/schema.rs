@@ -130,7 +130,8 @@ const FRAME_LIBRARIES: &[Choice] = &[
 ];
 
 use Group::{
-    Answer, Budget, Iterations, Load, Loop, Models, Output, Session, Timeout, Trace, Trajectory,
+    Agent, Answer, Budget, Iterations, Load, Loop, Models, Output, Session, Timeout, Trace,
+    Trajectory,
 };
 
 run_options! {
@@ -276,6 +277,18 @@ run_options! {
     /// Overwrite an existing output file (`--trajectory`, `--answer-file`, `--plot`, …);
     /// outputs that are inputs are refused even so.
     force: bool = OptionSpec::new(Kind::Switch, Output);
+    /// The project the bundle is installed in (`{project-root}`): the tools read under it
+    /// (and the bundle) and write under it. Default: the current directory, or the folder
+    /// inside it above the agent where its start-up files are found.
+    project_root: PathBuf = OptionSpec::new(Kind::Path, Agent)
+        .value_name("DIR")
+        .example("project");
+    /// Let the tools use a root as broad as `/`, your home directory or a folder above the
+    /// project (by default a path only under such a root is refused).
+    allow_broad_root: bool = OptionSpec::new(Kind::Switch, Agent);
+    /// Let the tools read files with more than one hard link (another name, maybe outside
+    /// the project, points at the same file). Such files are never written.
+    allow_hard_links: bool = OptionSpec::new(Kind::Switch, Agent);
 }
 
 /// How two layers' values of one option combine: the first set value wins.

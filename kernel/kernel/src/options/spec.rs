@@ -36,6 +36,9 @@ pub enum Group {
     /// How the `rlm` command reports and writes: `--json`, `--quiet`, `--force`. The Python
     /// package has no use for them.
     Output,
+    /// The roots of an agent bundle's tools and what they may touch (`rlm agent`): the
+    /// project root, broad roots, hard links. The Python package runs no bundles.
+    Agent,
 }
 
 impl Group {
@@ -49,7 +52,7 @@ impl Group {
 pub type Groups = u16;
 
 /// Every group.
-pub const ALL_GROUPS: Groups = (1 << 11) - 1;
+pub const ALL_GROUPS: Groups = (1 << 12) - 1;
 
 /// One value an option of [`Kind::Choice`] takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

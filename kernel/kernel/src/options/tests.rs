@@ -27,6 +27,12 @@ fn every_option_has_help_a_unique_flag_and_a_valid_example() {
     let mut flags = std::collections::HashSet::new();
     for spec in OPTIONS {
         assert!(!spec.help_text().is_empty(), "{} has no help", spec.name);
+        assert_ne!(
+            ALL_GROUPS & spec.group.bit(),
+            0,
+            "{}: its group is not in `ALL_GROUPS`",
+            spec.name
+        );
         assert!(
             flags.insert(spec.flag_name()),
             "flag of {} is taken",
