@@ -5,13 +5,19 @@
 
 use std::path::Path;
 
-use kernel::options::{Kind, OPTIONS, OptionSpec};
+use kernel::options::{Group, Kind, OPTIONS, OptionSpec};
 use serde_json::Value;
 
 use crate::support::{file, rlm_with};
 
 /// A variable the examples name (`--secret`, `--api-key-env`), long enough to redact.
 const VARIABLE: (&str, &str) = ("MY_VARIABLE", "a-secret-value-of-some-length");
+
+/// The options `rlm run` offers: all but the agent bundle's roots (`rlm agent`'s, covered
+/// in `agent.rs`).
+fn run_options() -> impl Iterator<Item = &'static OptionSpec> {
+    OPTIONS.iter().filter(|spec| spec.group != Group::Agent)
+}
 
 /// What the schema makes of `spec`'s example; paths from `rlm.toml` are relative to it.
 fn expected(spec: &OptionSpec, file_dir: Option<&Path>) -> Value {
@@ -70,7 +76,7 @@ fn every_rlm_toml_key_works() {
     let dir = tempfile::tempdir().expect("tempdir");
     file(dir.path(), "file.md", "Extra instructions.\n");
     let mut text = String::from("[run]\n");
-    for spec in OPTIONS {
+    for spec in run_options() {
         text.push_str(&format!("{} = {}\n", spec.file_key(), toml_value(spec)));
     }
     let config = file(dir.path(), "rlm.toml", &text);
@@ -82,14 +88,14 @@ fn every_rlm_toml_key_works() {
         ],
         &[VARIABLE],
     );
-    let every: Vec<&OptionSpec> = OPTIONS.iter().collect();
+    let every: Vec<&OptionSpec> = run_options().collect();
     assert_every(&options, &every, Some(dir.path()));
 }
 
 #[test]
 fn every_environment_variable_works() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let with_env: Vec<&OptionSpec> = OPTIONS.iter().filter(|s| s.env.is_some()).collect();
+    let with_env: Vec<&OptionSpec> = run_options().filter(|s| s.env.is_some()).collect();
     let mut envs: Vec<(&str, &str)> = with_env
         .iter()
         .filter_map(|s| Some((s.env?, s.example)))
@@ -105,7 +111,7 @@ fn every_flag_works() {
     let dir = tempfile::tempdir().expect("tempdir");
     let prompt = file(dir.path(), "file.md", "Extra instructions.\n");
     let mut args = Vec::new();
-    for spec in OPTIONS.iter().filter(|s| s.name != "json") {
+    for spec in run_options().filter(|s| s.name != "json") {
         let value = match spec.kind {
             Kind::Path => prompt
                 .to_str()
@@ -119,6 +125,6 @@ fn every_flag_works() {
         }
     }
     let options = dry_run(dir.path(), &args, &[VARIABLE]);
-    let every: Vec<&OptionSpec> = OPTIONS.iter().collect();
+    let every: Vec<&OptionSpec> = run_options().collect();
     assert_every(&options, &every, Some(dir.path()));
 }
