@@ -239,23 +239,101 @@ fn refine_stops_at_its_limit_of_five_rounds_and_keeps_the_last_document() {
     }
 }
 
+/// A required input left out is a usage error before the run exists (issue 23 §2): it names
+/// the key, the agents that need it and how to pass it; no run record, event log or state
+/// file is written, no Python runs (no traceback), no model is called.
 #[test]
-fn refine_without_its_inputs_fails_naming_them() {
+fn a_missing_input_is_refused_before_the_run_exists_naming_it() {
+    for (workflow, given, key, agents) in [
+        (
+            "refine",
+            "template=x",
+            "reviewed_summary",
+            "`pruner` (refine/pruner.yaml:10)",
+        ),
+        (
+            "team",
+            "story=x",
+            "request",
+            "`analyst` (team/analyst.yaml:9)",
+        ),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mock = Mock::start(refine_script(false));
+        let run = run_flow(
+            &mock,
+            "openai",
+            dir.path(),
+            &args(&[workflow, "--input", given]),
+        );
+        run.assert_code(2);
+        for part in [
+            format!("`rlm flow run {workflow}` needs a state key"),
+            format!("`{key}`, in the instruction of {agents}"),
+            format!("`--input {key}=...`"),
+        ] {
+            assert!(run.stderr.contains(&part), "{part:?} in {}", run.stderr);
+        }
+        assert!(!run.stderr.contains("Traceback"), "{}", run.stderr);
+        assert!(mock.log().is_empty(), "no model was called");
+        for file in ["runs.db", "events.jsonl", "state.json"] {
+            assert!(
+                !dir.path().join(file).exists(),
+                "{workflow}: {file} written"
+            );
+        }
+    }
+}
+
+/// An instruction's `{key}` that nothing gives or writes, close to a key the workflow knows,
+/// is named as a likely typo at load time, before anything runs (issue 23 §2).
+#[test]
+fn a_typo_in_an_instruction_is_found_before_the_run() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    file(
+        d,
+        "flow.yaml",
+        "agent_class: SequentialAgent\nname: flow\nsub_agents:\n  - config_path: brief.yaml\n  \
+         - config_path: plan.yaml\n",
+    );
+    file(
+        d,
+        "brief.yaml",
+        "name: brief\ninstruction: Brief {topic}.\noutput_key: brief\n",
+    );
+    file(
+        d,
+        "plan.yaml",
+        "name: plan\ninstruction: |\n  Plan from this:\n  {breif}\n",
+    );
     let mock = Mock::start(refine_script(false));
+    let flow = d.join("flow.yaml").display().to_string();
     let run = run_flow(
         &mock,
         "openai",
-        dir.path(),
-        &args(&["refine", "--input", "template=x"]),
+        d,
+        &args(&[&flow, "--input", "topic=sales"]),
     );
-    run.assert_code(1);
+    run.assert_code(2);
+    let plan = d.join("plan.yaml").display().to_string();
     assert!(
-        run.stderr.contains("refine needs `reviewed_summary`"),
+        run.stderr.contains(&format!(
+            "`breif`, in the instruction of `plan` ({plan}:4) — a typo of `brief`?"
+        )),
         "{}",
         run.stderr
     );
     assert!(mock.log().is_empty(), "no model was called");
+    assert!(!d.join("runs.db").exists());
+    // Given, it runs.
+    let fixed = run_flow(
+        &mock,
+        "openai",
+        d,
+        &args(&[&flow, "--input", "topic=sales", "--input", "breif=ok"]),
+    );
+    assert_ne!(fixed.code, Some(2), "{}", fixed.stderr);
 }
 
 #[test]
@@ -485,20 +563,79 @@ fn ctrl_c_under_the_tree_keeps_state_and_log_and_gives_the_cursor_back() {
         "{screen}"
     );
     assert!(screen.contains("■ pruner"), "{screen}");
-    // The last frame stays, the cursor comes back after it, then the error is said.
+    // The last frame stays, the cursor comes back after it, then how to continue is said
+    // (no error: the run was stopped, not broken).
     let last_frame = screen.rfind("└─ · save_document    not run");
     assert!(last_frame.is_some(), "{screen:?}");
-    assert!(screen.rfind(SHOW_CURSOR) > last_frame, "{screen:?}");
+    let shown = screen.rfind(SHOW_CURSOR);
+    assert!(shown > last_frame, "{screen:?}");
+    let after = &screen[shown.unwrap_or_default()..];
     assert!(
-        screen
-            .trim_end()
-            .ends_with("the event log written so far are kept")
+        after.contains("was interrupted; its state and checkpoints are kept"),
+        "{after:?}"
     );
+    assert!(
+        after
+            .trim_end()
+            .lines()
+            .last()
+            .is_some_and(|l| l.trim_start().starts_with("rlm flow resume refine-")),
+        "{after:?}"
+    );
+    assert!(!after.contains("error:"), "{after:?}");
     let state: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&state).expect("state kept")).expect("JSON");
     assert_eq!(state["template"], json!("T"));
     let log = read_events(&events);
     assert_eq!(ended(&log, "pruner"), ["cancelled"]);
+}
+
+/// The scripted models of `rlm flow demo team`: dev and tea disagree until the router asks a
+/// human.
+pub(crate) const TEAM_SCRIPT: &str = include_str!("../../kernel/cli/src/flow/demo/team.json");
+
+/// On a terminal the run's id (which `resume`, `history` and `decisions` need) is said above
+/// the live tree, never covered by its redrawing, and a run that stops to ask a human ends
+/// drawn as waiting, not done (issue 23 §5).
+#[test]
+fn on_a_terminal_the_run_id_stays_above_the_tree_and_a_run_asking_a_human_is_drawn_waiting() {
+    let mock = Mock::start(serde_json::from_str(TEAM_SCRIPT).expect("JSON"));
+    let mut all = args(&["flow", "run", "team", "--base-url", &mock.url()]);
+    all.extend(args(&[
+        "--model",
+        "demo-model",
+        "--input",
+        "request=CSV export",
+    ]));
+    let run = rlm_on_terminal(&all, &[], |_| {});
+    let screen = &run.terminal;
+    assert_eq!(run.code, Some(5), "{screen}");
+    assert!(
+        run.stdout.contains("is waiting for a human"),
+        "{}",
+        run.stdout
+    );
+    // The id comes before the tree's first frame: the cursor only ever moves up over the
+    // tree's own lines, so the id stays on screen.
+    let id = screen.find("run `team-");
+    assert!(id.is_some(), "{screen:?}");
+    assert!(id < screen.find(HIDE_CURSOR), "{screen:?}");
+    assert!(id < screen.find("· analyst"), "{screen:?}");
+    // The last frame draws the root waiting for the answer, not done.
+    let shown = screen.rfind(SHOW_CURSOR);
+    assert!(shown.is_some(), "{screen:?}");
+    let frames = &screen[..shown.unwrap_or_default()];
+    let root = frames.rfind("⏸ team ");
+    assert!(root.is_some(), "{screen:?}");
+    assert!(frames.rfind("✓ team ") < root, "{screen:?}");
+    let line = frames[root.unwrap_or_default()..]
+        .lines()
+        .next()
+        .unwrap_or_default();
+    assert!(
+        line.contains("waiting") && line.contains("for a human's answer"),
+        "{line:?}"
+    );
 }
 
 #[test]

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use engine::durable::CheckpointStore;
 use serde_json::{Value, json};
 
-use crate::support::{Run, file, rlm, rlm_command};
+use crate::flow::args;
+use crate::support::{Mock, Run, file, rlm, rlm_command, rlm_with};
 
 const STEPS: &str = r#"
 import os
@@ -999,11 +1000,19 @@ fn a_run_stopped_by_ctrl_c_is_released_and_resumed_without_a_takeover() {
     assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
     let (code, stderr) = first.finish();
     assert_eq!(code, Some(130), "{stderr}");
+    // Listed as stopped on purpose, not failed, with the command that continues it.
     let stopped = flows.listed("stopped");
     assert_eq!(stopped["owner"], Value::Null, "{stopped}");
-    assert_ne!(stopped["status"], json!("running"), "{stopped}");
+    assert_eq!(stopped["status"], json!("interrupted"), "{stopped}");
+    let command = format!("rlm flow resume stopped --db {}", flows.db());
+    assert!(
+        stderr.trim_end().ends_with(&command),
+        "{command:?} in {stderr}"
+    );
+    assert!(!stderr.contains("error:"), "{stderr}");
     file(flows.dir.path(), "go", "");
-    let resumed = rlm(&flows.model_args(&["resume", "stopped"]), None);
+    // As printed: the run keeps its model settings.
+    let resumed = rlm(&flows.args(&["resume", "stopped"]), None);
     resumed.assert_code(0);
     assert!(
         !resumed.stderr.contains("taking the run over"),
@@ -1011,4 +1020,49 @@ fn a_run_stopped_by_ctrl_c_is_released_and_resumed_without_a_takeover() {
         resumed.stderr
     );
     assert_eq!(flows.status("stopped"), "completed");
+}
+
+/// The command a run waiting for a human prints works pasted as it is: the run record keeps
+/// the run's endpoint settings (never its key), so `resume` needs no model flags (issue 23
+/// §4).
+#[test]
+fn the_printed_resume_command_works_pasted_without_model_flags() {
+    let mock = Mock::start(serde_json::from_str(crate::flow::TEAM_SCRIPT).expect("JSON"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("runs.db").display().to_string();
+    let key = "sk-never-stored-4711";
+    let mut first = args(&["flow", "run", "team", "--db", &db, "--run-id", "asks"]);
+    first.extend(args(&[
+        "--input",
+        "request=CSV export",
+        "--base-url",
+        &mock.url(),
+    ]));
+    first.extend(args(&["--model", "demo-model"]));
+    let run = rlm_with(&first, None, &[("OPENAI_API_KEY", key)]);
+    run.assert_code(5);
+    let command = run
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("Answer and continue"))
+        .nth(1)
+        .unwrap_or_default()
+        .replace("\"<your answer>\"", "Quote-every-field");
+    let words: Vec<String> = command.split_whitespace().map(String::from).collect();
+    assert_eq!(
+        words.iter().take(5).collect::<Vec<_>>(),
+        ["rlm", "flow", "resume", "asks", "--db"],
+        "{}",
+        run.stdout
+    );
+    let resumed = rlm(&words[1..], None);
+    resumed.assert_code(0);
+    assert!(resumed.stdout.contains("APPROVED"), "{}", resumed.stdout);
+    for path in [db.clone(), format!("{db}-wal")] {
+        let bytes = std::fs::read(&path).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(key),
+            "the key is in {path}"
+        );
+    }
 }

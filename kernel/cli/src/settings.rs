@@ -84,8 +84,18 @@ impl<const G: Groups> RunFlags<G> {
     /// These flags over the environment over the configuration file (`config`, else
     /// `RLM_CONFIG`, else `./rlm.toml`), keeping the command's groups.
     pub(crate) fn settings(self, config: Option<&Path>) -> Result<Settings> {
+        self.settings_over(RunOptions::default(), config)
+    }
+
+    /// These flags over `kept` (a resumed run's stored settings) over the environment over
+    /// the configuration file, keeping the command's groups.
+    pub(crate) fn settings_over(self, kept: RunOptions, config: Option<&Path>) -> Result<Settings> {
         let flags = self.given()?;
-        let (merged, file) = flags.clone().layered(config).map_err(option_error)?;
+        let (merged, file) = flags
+            .clone()
+            .combine(kept)
+            .layered(config)
+            .map_err(option_error)?;
         Ok(Settings {
             opts: merged.only(G),
             flags,

@@ -37,6 +37,8 @@
 //!   step's writes, snapshots only as needed, run status, retention.
 //! - [`route`]: the routing control plane — the router's pure decision, decision records,
 //!   quality gates, retry backoff, health metrics, and `RouterAgent` workflow files.
+//! - [`inputs`]: the state keys a workflow file needs from whoever starts it, found before
+//!   it runs (an instruction's `{key}` that nothing in the workflow writes).
 //!
 //! ```
 //! use engine::{SharedState, State, ToolContext};
@@ -62,6 +64,7 @@ pub mod document;
 pub mod durable;
 pub mod flow;
 pub mod hook;
+pub mod inputs;
 pub mod jsonl;
 pub mod reducer;
 pub mod route;

@@ -6,8 +6,10 @@
 //! every node at every depth of nested sequences, loops and graphs (and every routing
 //! decision); `--keep-last N` prunes the run's older checkpoints afterwards. The run record
 //! keeps the workflow (a built-in's name or the file's absolute path), the inputs, the
-//! context paths and the `--bundle`, so `rlm flow resume RUN` needs only the run id and the
-//! model flags.
+//! context paths, the `--bundle` and the endpoint settings (models, URLs, wire format, the
+//! name of the key's variable, prices — never a key), so `rlm flow resume RUN` needs only
+//! the run id; a model flag given to `resume` overrides the stored one. A run stopped by
+//! Ctrl-C is `interrupted`, and the command that continues it is printed.
 //!
 //! A run that a router escalates to a human stops with status `awaiting_human`: the question,
 //! the decisions so far and the exact resume command are printed, and the exit code is
@@ -31,14 +33,15 @@ use anyhow::Result;
 use clap::Args;
 use engine::durable::{
     CheckpointId, CheckpointStore, DurableError, DurableReport, DurableRoot, LeaseHolder, Liveness,
-    RunStatus, Start, StoreError, resume_point, run_durable,
+    RunRecord, RunStatus, Start, StoreError, resume_point, run_durable,
 };
 use engine::flow::{Agent, Invocation};
 use engine::route::{DecisionRecord, decide::DECISIONS, rfc3339};
 use engine::state::State;
+use kernel::options::{Group, RunOptions, Source};
 use serde_json::{Value, json};
 
-use crate::exit::{EXIT_AWAITING_HUMAN, EXIT_RUN_DRIVEN, UsageError};
+use crate::exit::{EXIT_AWAITING_HUMAN, EXIT_INTERRUPTED, EXIT_RUN_DRIVEN, UsageError};
 use crate::outputs::Database;
 
 /// Where the runs are kept unless `--db` says otherwise (under the working directory).
@@ -132,7 +135,7 @@ pub(crate) struct Durable {
 
 impl Durable {
     /// A new run of `workflow` (as named on the command line) in `store`, from `state`,
-    /// loading `contexts`, its personas from `bundle`.
+    /// loading `contexts`, its personas from `bundle`, its models as `opts` say.
     pub(crate) fn new_run(
         store: Arc<CheckpointStore>,
         args: &DurableArgs,
@@ -140,6 +143,7 @@ impl Durable {
         state: &State,
         contexts: &[std::ffi::OsString],
         bundle: Option<&Path>,
+        opts: &RunOptions,
     ) -> Result<Self> {
         let run_id = match &args.run_id {
             Some(id) => checked_id(id)?,
@@ -149,6 +153,7 @@ impl Durable {
             "inputs": state.values(),
             "contexts": contexts.iter().map(|c| absolute_context(c)).collect::<Vec<_>>(),
             "bundle": bundle.map(|b| std::path::absolute(b).unwrap_or_else(|_| b.to_path_buf())),
+            SETTINGS: endpoint_settings(opts),
         });
         if store.run(&run_id).map_err(store_error)?.is_some() {
             return Err(usage(StoreError::DuplicateRun(run_id)));
@@ -252,19 +257,76 @@ impl Durable {
     }
 
     /// For a run that stopped to ask a human: prints the question, the decisions so far and
-    /// the resume command (on stderr with `--json`, else stdout) and gives the exit code.
+    /// the resume command (on stderr with `--json`, else stdout) and gives the exit code. For
+    /// a run stopped by Ctrl-C: says on stderr how to continue it and gives the exit code.
     pub(crate) fn conclude(&self, report: &DurableReport, json: bool) -> Option<ExitCode> {
-        let RunStatus::AwaitingHuman { question } = &report.status else {
-            return None;
-        };
-        let decisions = decisions_of(&report.run.state);
-        let text = awaiting_text(&self.run_id, question, &decisions, &self.db);
-        if json {
-            eprint!("{text}");
-        } else {
-            print!("{text}");
+        match &report.status {
+            RunStatus::AwaitingHuman { question } => {
+                let decisions = decisions_of(&report.run.state);
+                let text = awaiting_text(&self.run_id, question, &decisions, &self.db);
+                if json {
+                    eprint!("{text}");
+                } else {
+                    print!("{text}");
+                }
+                Some(ExitCode::from(EXIT_AWAITING_HUMAN))
+            }
+            RunStatus::Interrupted => {
+                eprintln!(
+                    "Run `{}` was interrupted; its state and checkpoints are kept. Continue \
+                     it with:\n  rlm flow resume {}{}",
+                    self.run_id,
+                    shell_word(&self.run_id),
+                    self.db.flag()
+                );
+                Some(ExitCode::from(EXIT_INTERRUPTED))
+            }
+            _ => None,
         }
-        Some(ExitCode::from(EXIT_AWAITING_HUMAN))
+    }
+}
+
+/// The key of the run record's input that holds the run's endpoint settings.
+const SETTINGS: &str = "settings";
+
+/// The options of `opts` that say which models a run talks to and how (the schema's
+/// [`Group::Models`]: the models, their URLs and wire format, the variable holding the key,
+/// `--secret` variable names, sampling, prices), by name as the schema gives them, for the
+/// run record: `resume` uses them unless its own flags say otherwise. Never a key: only the
+/// variable's name is an option, and a value holding a known secret (a key in a URL) is left
+/// out, so `resume` asks for it rather than call a broken URL.
+fn endpoint_settings(opts: &RunOptions) -> Value {
+    let holds_secret = |value: &Value| match value {
+        Value::String(text) => crate::secrets::redact(text) != text.as_str(),
+        Value::Array(items) => items
+            .iter()
+            .filter_map(Value::as_str)
+            .any(|text| crate::secrets::redact(text) != text),
+        _ => false,
+    };
+    let mut settings = opts.clone().only(Group::Models.bit()).to_map();
+    settings.retain(|_, value| !holds_secret(value));
+    Value::Object(settings)
+}
+
+/// The endpoint settings a run record keeps (none for a run recorded before they were).
+pub(crate) fn stored_settings(run: &RunRecord) -> Result<RunOptions> {
+    match run.input.get(SETTINGS) {
+        None | Some(Value::Null) => Ok(RunOptions::default()),
+        Some(Value::Object(settings)) => RunOptions::from_json(&Source::Keyword, settings)
+            .map(|kept| kept.only(Group::Models.bit()))
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "Run `{}` keeps model settings this version cannot read ({e}); pass the model \
+                 flags to `rlm flow resume`",
+                    run.run_id
+                )
+            }),
+        Some(other) => Err(anyhow::anyhow!(
+            "Run `{}` keeps model settings this version cannot read (`{other}` is not an \
+             object); pass the model flags to `rlm flow resume`",
+            run.run_id
+        )),
     }
 }
 
@@ -281,8 +343,7 @@ pub(crate) fn awaiting_text(
         text.push_str(&decision_lines(decisions));
     }
     text.push_str(&format!(
-        "\nAnswer and continue (with the model flags of this run):\n  rlm flow resume {}{} \
-         --input \"<your answer>\"\n",
+        "\nAnswer and continue:\n  rlm flow resume {}{} --input \"<your answer>\"\n",
         shell_word(run_id),
         db.flag()
     ));

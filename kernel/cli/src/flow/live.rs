@@ -5,7 +5,9 @@
 //! few times a second (running agents' clocks move): the frame is the message of an
 //! indicatif bar, which does the cursor work; console hides the cursor meanwhile.
 //! [`Live::finish`] leaves the last frame on screen and gives the cursor back — at the end,
-//! on an error, or before a second Ctrl-C quits. Elsewhere each agent's start and end is a
+//! on an error, or before a second Ctrl-C quits; a run that stopped to ask a human ends
+//! drawn as waiting. Whatever is said before the tree (the run's id, which `resume` needs)
+//! is written before its first frame, so the redrawing never covers it. Elsewhere each agent's start and end is a
 //! plain line on stderr, indented by depth; with `--json` every event is one JSON line on
 //! stdout; with `--quiet` nothing.
 
@@ -13,6 +15,7 @@ use std::io::{IsTerminal as _, Write as _};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use engine::durable::RunStatus;
 use engine::flow::file::AgentSpec;
 use engine::flow::{Event, EventKind, EventSink, FlowError};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -88,10 +91,19 @@ impl Live {
 
     /// Leaves the last frame on screen and shows the cursor again.
     pub(crate) fn finish(&self) {
+        self.finish_as(None);
+    }
+
+    /// [`Live::finish`] for a run that ended `as` the run database records it: a run that
+    /// stopped to ask a human is drawn waiting for the answer, not done.
+    pub(crate) fn finish_as(&self, ended: Option<&RunStatus>) {
         if let Mode::Tree { tree, bar } = &self.mode {
             // Under the tree's lock: the ticker draws no frame after the last.
-            let tree = lock(tree);
+            let mut tree = lock(tree);
             if !bar.is_finished() {
+                if let Some(RunStatus::AwaitingHuman { .. }) = ended {
+                    tree.awaiting_human();
+                }
                 redraw(&tree, bar);
                 bar.finish();
                 let _ = console::Term::stderr().show_cursor();

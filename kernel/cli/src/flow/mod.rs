@@ -92,11 +92,8 @@ pub(crate) fn execute(args: FlowArgs, config: Option<&Path>) -> Result<ExitCode>
             let workflow = Workflow::find(&args.workflow)?;
             run::execute(*args, &settings, &workflow, None)
         }
-        FlowCommand::Resume(args) => {
-            let settings = args.options.clone().settings(config)?;
-            crate::secrets::protect(&settings.opts)?;
-            resume::execute(*args, &settings)
-        }
+        // Keys leave the environment there, once the run's stored settings are read.
+        FlowCommand::Resume(args) => resume::execute(*args, config),
         FlowCommand::Runs(args) => records::runs(args),
         FlowCommand::History(args) => records::history(args),
         FlowCommand::Decisions(args) => records::decisions(args),

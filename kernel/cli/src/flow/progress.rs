@@ -37,6 +37,8 @@ enum Status {
     /// A callback answered in its place.
     Skipped,
     Cancelled,
+    /// The run stopped to ask a human; it goes on with the answer (`rlm flow resume`).
+    AwaitingHuman,
 }
 
 impl Status {
@@ -62,6 +64,7 @@ impl Status {
             Self::Failed => ("✗", "failed"),
             Self::Skipped => ("↷", "skipped"),
             Self::Cancelled => ("■", "cancelled"),
+            Self::AwaitingHuman => ("⏸", "waiting"),
         }
     }
 }
@@ -262,6 +265,16 @@ impl AgentTree {
                 }
             }
             EventKind::Message | EventKind::ToolResults | EventKind::StateUpdate => {}
+        }
+    }
+
+    /// The run stopped to ask a human: its root is drawn waiting (for the answer), not done,
+    /// and the agents that did not run are not run.
+    pub(crate) fn awaiting_human(&mut self) {
+        if let Some(root) = self.nodes.first_mut() {
+            root.status = Status::AwaitingHuman;
+            root.last = Some(Status::AwaitingHuman);
+            root.note = Some("for a human's answer".into());
         }
     }
 

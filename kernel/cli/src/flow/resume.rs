@@ -1,6 +1,7 @@
 //! `rlm flow resume RUN`: continue a checkpointed run.
 //!
-//! The run record names the workflow, the contexts and the bundle; the state comes from the checkpoint.
+//! The run record names the workflow, the contexts, the bundle and the endpoint settings (a
+//! model flag given here overrides the stored one); the state comes from the checkpoint.
 //! Without options the run continues from its head: after a crash (`kill -9`) or Ctrl-C the
 //! node that was running **re-executes** from the state before it — at whatever depth of
 //! nested loops and sequences it ran, each enclosing loop going on at its own iteration — so
@@ -14,7 +15,7 @@
 
 use std::ffi::OsString;
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -22,10 +23,10 @@ use clap::Args;
 use engine::durable::{CheckpointId, StoreError};
 use serde_json::Value;
 
-use super::durable::{DbArg, DurableArgs, Resume, store_error};
+use super::durable::{DbArg, DurableArgs, Resume, store_error, stored_settings};
 use super::run::FlowRunArgs;
 use crate::exit::UsageError;
-use crate::settings::{RunFlags, Settings, offers};
+use crate::settings::{RunFlags, offers};
 
 /// Arguments of `rlm flow resume`.
 #[derive(Debug, Args)]
@@ -62,8 +63,8 @@ pub(crate) struct FlowResumeArgs {
     pub(crate) options: RunFlags<{ offers::FLOW }>,
 }
 
-/// `rlm flow resume`; `settings` are those of `args.options`.
-pub(crate) fn execute(args: FlowResumeArgs, settings: &Settings) -> Result<ExitCode> {
+/// `rlm flow resume`; `config` is the `--config` file, if given.
+pub(crate) fn execute(args: FlowResumeArgs, config: Option<&Path>) -> Result<ExitCode> {
     // Read first: the run names what the resumed run reads, which the output guard needs
     // before the database is opened for writing.
     let store = args.db.open_read_only()?;
@@ -71,6 +72,14 @@ pub(crate) fn execute(args: FlowResumeArgs, settings: &Settings) -> Result<ExitC
         .run(&args.run)
         .map_err(store_error)?
         .ok_or_else(|| store_error(StoreError::UnknownRun(args.run.clone())))?;
+    // This command's flags over the run's endpoint settings over the environment and the
+    // configuration file.
+    let settings = args
+        .options
+        .clone()
+        .settings_over(stored_settings(&run)?, config)?;
+    // First, while the process has one thread and no Python: keys leave the environment.
+    crate::secrets::protect(&settings.opts)?;
     let workflow = super::workflow::Workflow::find(&run.workflow).map_err(|_| {
         UsageError::new(format!(
             "Run `{}` ran the workflow `{}`, which is no longer there; put it back to resume",
@@ -111,5 +120,5 @@ pub(crate) fn execute(args: FlowResumeArgs, settings: &Settings) -> Result<ExitC
         durable: durable_args,
         options: args.options,
     };
-    super::run::execute(run_args, settings, &workflow, Some(resume))
+    super::run::execute(run_args, &settings, &workflow, Some(resume))
 }

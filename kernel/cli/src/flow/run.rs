@@ -21,8 +21,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use anyhow::{Context, Result};
 use clap::Args;
 use engine::flow::Event;
-use engine::flow::file::{AgentSpec, load_workflow};
+use engine::flow::file::{AgentSpec, Filesystem, load_workflow};
 use engine::flow::{EventKind, EventLog, EventSink, FlowError, Invocation, Registry, RunOutcome};
+use engine::inputs::missing_inputs;
 use engine::{SharedState, State};
 use kernel::flow::{FlowKernel, register};
 use serde_json::{Map, Value};
@@ -96,6 +97,11 @@ pub(crate) fn execute(
     }
     // Nothing is written before every output is cleared against everything the run reads.
     let spec = load_workflow(workflow.root())?;
+    // A new run that would stop at an instruction's missing `{key}` is refused before its
+    // run record exists; a resumed run has its state.
+    if resume.is_none() {
+        check_inputs(&args.workflow, workflow, &spec, &state)?;
+    }
     let mut inputs = read_files(&args, workflow, &spec, &contexts.paths, &state);
     option_inputs(&mut inputs, opts, settings.file.as_deref());
     let outputs = declare_outputs(&args, Guard::new(inputs, opts.force()), resume.is_some())?;
@@ -109,6 +115,7 @@ pub(crate) fn execute(
             &state,
             &args.contexts,
             args.bundle.as_deref(),
+            opts,
         )?,
     };
     let endpoints = endpoints::build_endpoints(opts)?;
@@ -141,6 +148,11 @@ pub(crate) fn execute(
     let last = Arc::new(LastMessage::default());
     invocation = invocation.with_sink(last.clone());
     let json = opts.json();
+    // `--json` keeps stderr for errors only; `rlm flow runs --json` names the run. Said
+    // before the live tree's first frame, so the redrawing never covers the run's id.
+    if !opts.quiet() && !json {
+        durable.announce();
+    }
     let live = Arc::new(Live::new(&spec, json, opts.quiet()));
     invocation = invocation.with_sink(live.clone());
     let cancel = invocation.cancel.clone();
@@ -158,12 +170,8 @@ pub(crate) fn execute(
             }
         }
     });
-    // `--json` keeps stderr for errors only; `rlm flow runs --json` names the run.
-    if !opts.quiet() && !json {
-        durable.announce();
-    }
     let outcome = kernel::runtime::shared().block_on(durable.run(root, invocation));
-    live.finish();
+    live.finish_as(outcome.as_ref().ok().map(|o| &o.status));
     let outcome = outcome?;
     let report = &outcome.run;
     if let Some(file) = &outputs.state {
@@ -174,7 +182,10 @@ pub(crate) fn execute(
         let mut stdout = std::io::stdout().lock();
         writeln!(stdout, "{text}")?;
     }
-    if let Err(e) = &report.result {
+    // A run stopped by Ctrl-C is no error: `conclude` says how to continue it.
+    if let Err(e) = &report.result
+        && status != RunOutcome::Cancelled
+    {
         eprintln!("error: {}", crate::secrets::redact(&e.to_string()));
     }
     if let Some(code) = durable.conclude(&outcome, json) {
@@ -191,6 +202,54 @@ pub(crate) fn execute(
         }
         RunOutcome::Failed => ExitCode::FAILURE,
     })
+}
+
+/// Refuses (a usage error) a run of `spec` whose starting `state` lacks a key an instruction
+/// needs that nothing in the workflow provides ([`missing_inputs`]),
+/// saying which agents need it, where, and how to pass it.
+fn check_inputs(name: &str, workflow: &Workflow, spec: &AgentSpec, state: &State) -> Result<()> {
+    let given = state.values().keys().cloned().collect();
+    let missing = missing_inputs(spec, &given, &Filesystem, &kernel::flow::step_writes);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let mut text = format!(
+        "`rlm flow run {name}` needs {} that no input gives and no agent of the workflow writes:",
+        if missing.len() == 1 {
+            "a state key"
+        } else {
+            "state keys"
+        }
+    );
+    for input in &missing {
+        let places: Vec<String> = input
+            .needed_by
+            .iter()
+            .map(|at| {
+                format!(
+                    "`{}` ({}:{})",
+                    at.agent,
+                    workflow.shown(&at.file).display(),
+                    at.line
+                )
+            })
+            .collect();
+        text.push_str(&format!(
+            "\n  `{}`, in the instruction of {}",
+            input.key,
+            places.join(", ")
+        ));
+        if let Some(close) = &input.close_to {
+            text.push_str(&format!(" — a typo of `{close}`?"));
+        }
+    }
+    let example = &missing[0].key;
+    text.push_str(&format!(
+        "\nPass each with `--input KEY=VALUE` (`KEY=@FILE` for a file's text), e.g. \
+         `--input {example}=...`, or in `--state FILE`; or write `{{{example}?}}` in the \
+         instruction if it may be missing."
+    ));
+    Err(UsageError::new(text).into())
 }
 
 fn read_state(path: &Path) -> Result<State> {

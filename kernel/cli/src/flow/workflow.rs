@@ -39,7 +39,7 @@ fn unknown(name: &str) -> anyhow::Error {
 /// steps are loaded from files).
 pub(crate) struct Workflow {
     root: PathBuf,
-    _dir: Option<Scratch>,
+    scratch: Option<Scratch>,
 }
 
 impl Workflow {
@@ -49,7 +49,7 @@ impl Workflow {
         if path.exists() {
             return Ok(Self {
                 root: path,
-                _dir: None,
+                scratch: None,
             });
         }
         let builtin = Builtin::find(name).ok_or_else(|| unknown(name))?;
@@ -59,13 +59,22 @@ impl Workflow {
         }
         Ok(Self {
             root: dir.path(builtin.root),
-            _dir: Some(dir),
+            scratch: Some(dir),
         })
     }
 
     /// The root file.
     pub(crate) fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// `path` (a file of this workflow) as a user knows it: a built-in's files by their
+    /// place among the built-ins (`team/analyst.yaml`), a file as it was found.
+    pub(crate) fn shown<'p>(&self, path: &'p Path) -> &'p Path {
+        match &self.scratch {
+            Some(dir) => path.strip_prefix(dir.path("")).unwrap_or(path),
+            None => path,
+        }
     }
 
     /// The root file's folder.

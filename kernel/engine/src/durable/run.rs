@@ -32,8 +32,9 @@
 //!   ends the exchange the router counted, so the same disagreement is not circular logic
 //!   again at once.
 //!
-//! The run's status follows: `running` while it runs, then `completed`, `failed`, or
-//! `awaiting_human` when the router escalated (the question is its rationale). The run is
+//! The run's status follows: `running` while it runs, then `completed`, `failed`,
+//! `interrupted` when its caller cancelled it (Ctrl-C), or `awaiting_human` when the router
+//! escalated (the question is its rationale). The run is
 //! leased to this process from before its first write until it stops, however it stops.
 //!
 //! The root's own callbacks (a router's, a graph's, a sequence's or a loop's
@@ -533,7 +534,7 @@ pub fn resume_point(
                 question: question.clone(),
             });
         }
-        (RunStatus::Running | RunStatus::Failed { .. }, true) => {
+        (RunStatus::Running | RunStatus::Interrupted | RunStatus::Failed { .. }, true) => {
             return Err(DurableError::UnexpectedInput(run_id.to_owned()));
         }
         _ => {}
@@ -594,6 +595,8 @@ fn status_of(report: &RunReport) -> RunStatus {
                 .to_owned(),
         },
         Ok(_) => RunStatus::Completed,
+        // Stopped on purpose, not broken: resume continues it.
+        Err(FlowError::Cancelled) => RunStatus::Interrupted,
         Err(e) => RunStatus::Failed {
             error: e.to_string(),
         },

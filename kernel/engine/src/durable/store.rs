@@ -35,23 +35,27 @@ pub enum RunStatus {
         /// The question.
         question: String,
     },
+    /// Stopped by its caller (Ctrl-C, a cancelled token) with its state and checkpoints
+    /// kept; resume continues it.
+    Interrupted,
 }
 
 impl RunStatus {
     /// The status name as stored and shown (`running`, `completed`, `failed`,
-    /// `awaiting_human`).
+    /// `awaiting_human`, `interrupted`).
     pub fn name(&self) -> &'static str {
         match self {
             Self::Running => "running",
             Self::Completed => "completed",
             Self::Failed { .. } => "failed",
             Self::AwaitingHuman { .. } => "awaiting_human",
+            Self::Interrupted => "interrupted",
         }
     }
 
     fn detail(&self) -> Option<&str> {
         match self {
-            Self::Running | Self::Completed => None,
+            Self::Running | Self::Completed | Self::Interrupted => None,
             Self::Failed { error } => Some(error),
             Self::AwaitingHuman { question } => Some(question),
         }
@@ -64,6 +68,7 @@ impl RunStatus {
             "completed" => Self::Completed,
             "failed" => Self::Failed { error: detail },
             "awaiting_human" => Self::AwaitingHuman { question: detail },
+            "interrupted" => Self::Interrupted,
             _ => return None,
         })
     }

@@ -60,7 +60,9 @@ pub fn render_template(template: &str, state: &State) -> Result<String, MissingK
     Ok(out)
 }
 
-fn is_key(text: &str) -> bool {
+/// Whether `text` is a state key a template may name: an identifier, or a scoped key
+/// (`temp:`, `user:`, `app:`) of identifiers joined by `:`.
+pub(crate) fn is_key(text: &str) -> bool {
     match ["temp:", "user:", "app:"]
         .iter()
         .find_map(|p| text.strip_prefix(p))

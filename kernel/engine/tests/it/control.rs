@@ -725,7 +725,7 @@ async fn every_ending_of_a_routed_run_logs_its_health_once() {
         ("completed", "completed"),
         ("failed", "failed"),
         ("limit", "failed"),
-        ("cancelled", "failed"),
+        ("cancelled", "interrupted"),
         ("awaiting_human", "awaiting_human"),
     ] {
         let max_steps = if ending == "limit" { 1 } else { 10 };

@@ -35,7 +35,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::callbacks::PythonCallback;
-use super::contexts::ContextLoader;
+use super::contexts::{CONTEXTS_KEY, ContextLoader};
 use super::flow_tool::python_flow_tool;
 use super::python::PyFunction;
 use super::python_agent::PythonAgent;
@@ -46,6 +46,16 @@ use crate::rlm::RlmConfig;
 
 /// The `function` of a `PythonAgent` that is the built-in context loader.
 pub const LOAD_CONTEXTS: &str = "rlm:load_contexts";
+
+/// The keys a step of the kernel's own writes, for the check of a run's inputs
+/// (`engine::inputs`): the context loader writes its `args.output_key` (default
+/// [`CONTEXTS_KEY`]); `None` for any other function.
+pub fn step_writes(function: &str, args: &Map<String, Value>) -> Option<Vec<String>> {
+    (function == LOAD_CONTEXTS).then(|| {
+        let key = args.get("output_key").and_then(Value::as_str);
+        vec![key.unwrap_or(CONTEXTS_KEY).to_owned()]
+    })
+}
 
 /// The folder relative paths of `spec`'s file start from.
 fn base_of(spec: &AgentSpec) -> &Path {

@@ -42,7 +42,7 @@ mod services;
 mod state_fn;
 mod view;
 
-pub use build::{LOAD_CONTEXTS, register};
+pub use build::{LOAD_CONTEXTS, register, step_writes};
 pub use callbacks::PythonCallback;
 pub use contexts::{CONTEXTS_KEY, ContextLoader};
 pub use python::{Called, FunctionKind, PyCallError, PyFunction};
