@@ -254,8 +254,8 @@ fn line_of(spec: &AgentSpec, instruction: &str, offset: usize) -> usize {
         .map_or(1, |i| i + 1)
 }
 
-/// Every string literal of a Python text that could be a state key (see
-/// [`is_key`](crate::flow::template::is_key)): the text in single or double quotes on one
+/// Every string literal of a Python text that could be a state key (as a template may
+/// name one): the text in single or double quotes on one
 /// line, outside comments. (A triple-quoted string reads as empty strings around one more:
 /// what it holds may count as a key, which only makes the check list less.)
 fn quoted_words(text: &str) -> BTreeSet<String> {
