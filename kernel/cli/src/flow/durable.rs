@@ -514,6 +514,66 @@ fn shell_word(word: &str) -> String {
 mod tests {
     use super::*;
 
+    /// A run record holding `settings` as its endpoint settings.
+    fn record(settings: Value) -> RunRecord {
+        RunRecord {
+            run_id: "r".into(),
+            workflow: "team".into(),
+            status: RunStatus::Running,
+            input: json!({ "inputs": {}, SETTINGS: settings }),
+            head: None,
+            checkpoints: 0,
+            created_ms: 0,
+            updated_ms: 0,
+            lease: None,
+        }
+    }
+
+    /// Every option of the schema's model group, from its example, is kept in the run record
+    /// and read back unchanged; no other option is kept (issue 23 §4).
+    #[test]
+    fn the_model_options_and_only_they_round_trip_through_the_run_record() {
+        for spec in kernel::options::OPTIONS {
+            let given =
+                RunOptions::from_text(&Source::Flag, [(spec.name, vec![spec.example.to_owned()])])
+                    .unwrap_or_default();
+            assert_ne!(given, RunOptions::default(), "{}", spec.name);
+            // Stored as JSON text and read back, as the store does.
+            let text = endpoint_settings(&given).to_string();
+            let kept = stored_settings(&record(serde_json::from_str(&text).unwrap_or_default()))
+                .unwrap_or_else(|e| panic!("{}: {e}", spec.name));
+            if spec.group == Group::Models {
+                assert_eq!(kept, given, "{}", spec.name);
+            } else {
+                assert_eq!(kept, RunOptions::default(), "{} kept", spec.name);
+            }
+        }
+    }
+
+    /// A value holding a known secret (a key in a URL) is left out, not kept redacted; a run
+    /// recorded before settings were kept has none; a record that is not readable says what
+    /// to do.
+    #[test]
+    fn a_value_holding_a_secret_is_not_kept() {
+        bridge::secret::register(&bridge::secret::Secret::new("sk-unit-9f3e2a7c"));
+        let given = RunOptions {
+            model: Some("m".into()),
+            base_url: Some("http://127.0.0.1:9/v1?key=sk-unit-9f3e2a7c".into()),
+            ..RunOptions::default()
+        };
+        let settings = endpoint_settings(&given);
+        assert_eq!(settings, json!({ "model": "m" }));
+        let mut old = record(Value::Null);
+        old.input = json!({ "inputs": {} });
+        assert_eq!(stored_settings(&old).ok(), Some(RunOptions::default()));
+        let bad = stored_settings(&record(json!({ "model": 7 })));
+        let message = bad.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            message.contains("pass the model flags to `rlm flow resume`"),
+            "{message}"
+        );
+    }
+
     #[test]
     fn fresh_ids_are_readable_and_accepted_as_run_ids() {
         let id = fresh_id("/some/where/team.yaml");
