@@ -193,6 +193,64 @@ fn a_relative_output_folder_is_taken_from_the_working_directory() {
     }
 }
 
+/// A planner that ends the run without writing its plan is told to write it first: the run
+/// never ends "done" with no plan (issue 23 §1).
+#[test]
+fn the_planner_cannot_end_the_run_before_its_plan_is_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mock = Mock::start(script(&[
+        // With its workflow loaded, the planner ends at once, writing nothing ...
+        json!({"tool_name": "load_workflow_file", "reply": call("exit_loop", json!({}))}),
+        // ... is refused, and then writes the plan (and ends, by the demo's rule).
+        json!({"tool_name": "exit_loop", "reply": call(
+            "write_planning_artifact",
+            json!({"name": "plan.md", "content": "# Plan: written after all\n"}),
+        )}),
+    ]));
+    let run = plan(&mock, "openai", dir.path(), &[]);
+    run.assert_code(0);
+    let plan = std::fs::read_to_string(dir.path().join("out/plan.md"))
+        .unwrap_or_else(|e| panic!("the plan: {e}\n{}", run.stderr));
+    assert_eq!(plan, "# Plan: written after all\n");
+    let events = read_events(&dir.path().join("events.jsonl"));
+    let exits: Vec<&Value> = events
+        .iter()
+        .flat_map(|e| e["tool_results"].as_array().into_iter().flatten())
+        .filter(|r| r["name"] == "exit_loop")
+        .collect();
+    assert!(
+        exits
+            .first()
+            .is_some_and(|r| r.to_string().contains("no plan is written yet")),
+        "{exits:?}"
+    );
+}
+
+/// A run that ends without its plan (here: a planner that only ever talks, until the loop's
+/// 20 rounds are spent) fails saying so, never "done" with exit 0 (issue 23 §1).
+#[test]
+fn a_run_that_ends_without_its_plan_fails_saying_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mock = Mock::start(script(&[json!({
+        "system": "You are the planner",
+        "reply": "The plan is written to plan.md."
+    })]));
+    let run = plan(&mock, "openai", dir.path(), &[]);
+    run.assert_code(1);
+    assert!(
+        run.stderr.contains(
+            "Agent `plan_discover` was stopped by a hook: the run ended without its plan: \
+             `write_planning_artifact` never wrote one"
+        ),
+        "{}",
+        run.stderr
+    );
+    assert!(!dir.path().join("out").exists(), "nothing was written");
+    let events = read_events(&dir.path().join("events.jsonl"));
+    assert_eq!(ended(&events, "plan_discover"), ["failed"]);
+    assert_eq!(ended(&events, "planner").len(), 20, "every round ran");
+}
+
 #[test]
 fn a_discovery_request_ends_the_planners_turn() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -297,10 +355,22 @@ fn a_round_without_a_request_skips_the_discovery_and_hostile_artifact_names_are_
     run.assert_code(0);
     let events = read_events(&dir.path().join("events.jsonl"));
     assert_eq!(
-        started(&events),
+        started(&events)[..4],
         ["plan_discover", "planner", "discovery", "planner"]
     );
-    assert_eq!(ended(&events, "discovery"), ["skipped"]);
+    assert_eq!(ended(&events, "discovery")[0], "skipped");
+    // The planner's `exit_loop` after the refused write is refused in turn (no plan yet), so
+    // it goes on, asks its questions and writes its plan (issue 23 §1).
+    let exit = events
+        .iter()
+        .flat_map(|e| e["tool_results"].as_array().into_iter().flatten())
+        .find(|r| r["name"] == "exit_loop")
+        .expect("the exit was answered");
+    assert!(
+        exit.to_string().contains("no plan is written yet"),
+        "{exit}"
+    );
+    assert!(dir.path().join("out/plan.md").exists(), "{}", run.stderr);
     let refused = events
         .iter()
         .flat_map(|e| e["tool_results"].as_array().into_iter().flatten())

@@ -16,7 +16,13 @@
 //!   `planning-artifacts`; a relative folder is resolved once, against the working
 //!   directory); a name that leads outside that folder is refused.
 //!
-//! [`with_discovery`] registers all four with a [`Registry`].
+//! - [`REQUIRE_ARTIFACT`]: a run must not end as done without its plan (the tool failed,
+//!   or was never called). As a before-tool callback of the planner it refuses `exit_loop`
+//!   while no artifact is written, telling the model to write the plan first; as an
+//!   after-agent callback of the workflow's root it fails the run that ended without one (the
+//!   loop ran out of rounds, or the planner never wrote), saying so.
+//!
+//! [`with_discovery`] registers the tools and both callbacks with a [`Registry`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,7 +32,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::build::Registry;
-use super::callbacks::{Callback, CallbackContext};
+use super::callbacks::{Callback, CallbackContext, ToolInvocation};
 use crate::bundle::Sandbox;
 use crate::hook::HookAction;
 use crate::tool::{Tool, ToolContext, ToolError};
@@ -57,6 +63,8 @@ pub const DONE: &str = "done";
 pub const ARTIFACTS: &str = "planning_artifacts";
 /// The callback that skips the discovery agent unless a discovery is requested.
 pub const SKIP_UNLESS_REQUESTED: &str = "skip_unless_discovery_requested";
+/// The callback that refuses `exit_loop` until an artifact is written.
+pub const REQUIRE_ARTIFACT: &str = "require_planning_artifact";
 /// The state key naming the artifacts' folder, unless the tool's `args` say otherwise.
 pub const DEFAULT_FOLDER_KEY: &str = "output_dir";
 /// The artifacts' folder when the state names none (relative to the working directory).
@@ -81,6 +89,7 @@ pub fn with_discovery(registry: Registry) -> Registry {
             }))
         })
         .with_callback(SKIP_UNLESS_REQUESTED, Arc::new(SkipUnlessRequested))
+        .with_callback(REQUIRE_ARTIFACT, Arc::new(RequireArtifact))
 }
 
 fn string_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, ToolError> {
@@ -292,6 +301,43 @@ impl Callback for SkipUnlessRequested {
     }
 }
 
+/// [`REQUIRE_ARTIFACT`]; see the module docs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequireArtifact;
+
+impl RequireArtifact {
+    /// Whether an artifact is written.
+    fn written(ctx: &CallbackContext) -> bool {
+        ctx.get_state(ARTIFACTS)
+            .and_then(|v| v.as_array().map(|a| !a.is_empty()))
+            .unwrap_or(false)
+    }
+}
+
+impl Callback for RequireArtifact {
+    fn before_tool(&self, ctx: &CallbackContext, call: &mut ToolInvocation) -> HookAction<Value> {
+        if call.name != "exit_loop" || Self::written(ctx) {
+            return HookAction::Continue;
+        }
+        HookAction::Replace(json!({
+            "error": "Not finished: no plan is written yet. Write it with \
+                      `write_planning_artifact` (if it failed, its error says why), then call \
+                      `exit_loop`."
+        }))
+    }
+
+    fn after_agent(&self, ctx: &CallbackContext) -> HookAction<String> {
+        if Self::written(ctx) {
+            return HookAction::Continue;
+        }
+        HookAction::Stop(
+            "the run ended without its plan: `write_planning_artifact` never wrote one (it \
+             was not called, or it failed: its error is in the run's events)"
+                .to_owned(),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,6 +346,49 @@ mod tests {
     fn ctx() -> (ToolContext, SharedState) {
         let state = SharedState::new(State::default());
         (ToolContext::new("call_0", state.clone()), state)
+    }
+
+    #[test]
+    fn exit_loop_is_refused_until_an_artifact_is_written() {
+        let state = SharedState::new(State::default());
+        let cb = CallbackContext::new("planner", "plan_discover/planner", state.clone());
+        let call = |name: &str| ToolInvocation {
+            call_id: "call_1".into(),
+            name: name.into(),
+            args: json!({}),
+        };
+        let refused = RequireArtifact.before_tool(&cb, &mut call("exit_loop"));
+        assert!(
+            matches!(&refused, HookAction::Replace(v) if v["error"].as_str().is_some_and(|e| e.contains("write_planning_artifact"))),
+            "{refused:?}"
+        );
+        assert_eq!(
+            RequireArtifact.before_tool(&cb, &mut call("request_discovery")),
+            HookAction::Continue
+        );
+        state.set(ARTIFACTS, json!([]));
+        assert_ne!(
+            RequireArtifact.before_tool(&cb, &mut call("exit_loop")),
+            HookAction::Continue
+        );
+        state.set(ARTIFACTS, json!(["/out/plan.md"]));
+        assert_eq!(
+            RequireArtifact.before_tool(&cb, &mut call("exit_loop")),
+            HookAction::Continue
+        );
+    }
+
+    #[test]
+    fn a_run_that_ends_without_an_artifact_is_stopped() {
+        let state = SharedState::new(State::default());
+        let cb = CallbackContext::new("plan_discover", "plan_discover", state.clone());
+        let stopped = RequireArtifact.after_agent(&cb);
+        assert!(
+            matches!(&stopped, HookAction::Stop(why) if why.contains("without its plan")),
+            "{stopped:?}"
+        );
+        state.set(ARTIFACTS, json!(["/out/plan.md"]));
+        assert_eq!(RequireArtifact.after_agent(&cb), HookAction::Continue);
     }
 
     #[tokio::test]
