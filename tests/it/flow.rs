@@ -4,7 +4,7 @@
 
 use serde_json::json;
 
-use crate::support::{Mock, Run, file, rlm};
+use crate::support::{Mock, Run, file, rlm, rlm_in};
 
 pub(crate) fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
@@ -237,6 +237,49 @@ fn refine_stops_at_its_limit_of_five_rounds_and_keeps_the_last_document() {
             run.stdout
         );
     }
+}
+
+/// A workflow writes no trajectory or answer file (its record is the event log and the run
+/// database): `rlm flow run` and `resume` refuse `--trajectory` and `--answer-file` as usage
+/// errors naming the flag, before anything runs or is written, instead of taking and
+/// ignoring them.
+#[test]
+fn flow_run_and_resume_refuse_a_trajectory_or_answer_file() {
+    let mock = Mock::start(refine_script(false));
+    let url = mock.url();
+    for (flag, name) in [("--trajectory", "t.jsonl"), ("--answer-file", "a.txt")] {
+        for command in [
+            vec![
+                "flow",
+                "run",
+                "refine",
+                "-i",
+                "template=T",
+                "-i",
+                "reviewed_summary=S",
+            ],
+            vec!["flow", "resume", "refine-1"],
+        ] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut all = args(&command);
+            all.extend(args(&["--model", "m", "--base-url", &url, flag, name]));
+            let run = rlm_in(dir.path(), &all, None);
+            run.assert_code(2);
+            assert!(
+                run.stderr
+                    .contains(&format!("unexpected argument '{flag}' found")),
+                "{command:?}: {}",
+                run.stderr
+            );
+            let left: Vec<_> = std::fs::read_dir(dir.path())
+                .expect("read dir")
+                .flatten()
+                .map(|e| e.file_name())
+                .collect();
+            assert!(left.is_empty(), "{command:?} wrote {left:?}");
+        }
+    }
+    assert!(mock.log().is_empty(), "no model was called");
 }
 
 /// A required input left out is a usage error before the run exists (issue 23 §2): it names
