@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use async_trait::async_trait;
-use engine::durable::{CheckpointStore, Start, run_durable};
+use engine::durable::{SqliteStore, Start, Store, run_durable};
 use engine::flow::{
     Agent, Control, EventLog, FlowError, FnAgent, Graph, Invocation, InvocationContext, Router,
     Target, run_workflow,
@@ -189,7 +189,7 @@ fn main() -> anyhow::Result<()> {
             let plane = (i == 0).then_some(&plane);
             let base = dir.path().join(format!("{run}-{i}"));
             durable[i].push(measure(|| {
-                let store = Arc::new(CheckpointStore::open(base.with_extension("db"))?);
+                let store: Arc<dyn Store> = Arc::new(SqliteStore::open(base.with_extension("db"))?);
                 let log = Arc::new(EventLog::create(base.with_extension("jsonl"))?);
                 let invocation = Invocation::new(SharedState::new(State::default())).with_sink(log);
                 let start = Start::New {

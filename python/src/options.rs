@@ -7,8 +7,8 @@
 //! (`%rlm_config`, `configure`) > `RLM_*` variables > the `[run]` table of `rlm.toml` (the file
 //! `RLM_CONFIG` names, else `./rlm.toml`). Options of the `rlm` command's own output (`json`,
 //! `quiet`, `force`, `answer_file`) and of `rlm agent`'s sandbox (`project_root`,
-//! `allow_broad_root`, `allow_hard_links`) are ignored from the environment and the file and
-//! refused as keywords.
+//! `allow_broad_root`, `allow_hard_links`) and of `rlm flow`'s run database (`db`,
+//! `lease_expiry`) are ignored from the environment and the file and refused as keywords.
 
 use std::error::Error as _;
 
@@ -21,9 +21,14 @@ use pyo3::types::PyDict;
 use serde_json::{Map, Value};
 
 /// The groups of options the Python package has a use for: not the `rlm` command's own
-/// output, nor the sandbox of agent bundles (it runs none).
-pub(crate) const PYTHON: Groups =
-    ALL_GROUPS & !Group::Answer.bit() & !Group::Output.bit() & !Group::Agent.bit();
+/// output, nor the sandbox of agent bundles, nor the run database of workflows (it runs
+/// neither).
+pub(crate) const PYTHON: Groups = ALL_GROUPS
+    & !Group::Answer.bit()
+    & !Group::Output.bit()
+    & !Group::Agent.bit()
+    & !Group::Database.bit()
+    & !Group::Lease.bit();
 
 /// `error` and its causes as one Python exception: `TypeError` for an unknown name,
 /// `RuntimeError` for a configuration file that cannot be read, else `ValueError`.
@@ -62,6 +67,9 @@ pub(crate) fn keywords(json: &str, where_: &str) -> PyResult<RunOptions> {
         let why = match spec.group {
             Group::Agent => {
                 "of the sandbox of `rlm agent`'s bundle tools; the package runs no agent bundles"
+            }
+            Group::Database | Group::Lease => {
+                "of `rlm flow`'s run database; the package runs no workflows"
             }
             _ => {
                 "of the `rlm` command's output; a result object has no use for it (read \
@@ -118,7 +126,9 @@ fn spec_dict<'py>(py: Python<'py>, spec: &OptionSpec) -> PyResult<Bound<'py, PyD
     dict.set_item("flag", spec.flag_name())?;
     dict.set_item("help", spec.help_text())?;
     let (kind, choices): (&str, Vec<&str>) = match spec.kind {
-        Kind::Text | Kind::Variable | Kind::Price | Kind::Character => ("text", Vec::new()),
+        Kind::Text | Kind::Variable | Kind::Price | Kind::Character | Kind::Database => {
+            ("text", Vec::new())
+        }
         Kind::Url => ("url", Vec::new()),
         Kind::Path => ("path", Vec::new()),
         Kind::Whole { .. } => ("integer", Vec::new()),

@@ -10,11 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use engine::durable::CheckpointStore;
+use engine::durable::{Location, SqliteStore, Store as _, open_read_only};
 use serde_json::{Value, json};
 
 use crate::flow::args;
-use crate::support::{Mock, Run, file, rlm, rlm_command, rlm_with};
+use crate::support::{Mock, Run, block_on, file, rlm, rlm_command, rlm_with};
 
 const STEPS: &str = r#"
 import os
@@ -50,9 +50,19 @@ def ship(state):
 /// the root) and `ask` (ask → ship, `ask` escalates until a human answered).
 pub(crate) struct Flows {
     pub(crate) dir: tempfile::TempDir,
+    /// `--db`: `runs.db` in `dir` unless set.
+    db: Option<String>,
 }
 
 impl Flows {
+    /// The workflows, their runs in the PostgreSQL database at `url`.
+    pub(crate) fn on(url: String) -> Self {
+        Self {
+            db: Some(url),
+            ..Self::new()
+        }
+    }
+
     pub(crate) fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
@@ -77,7 +87,7 @@ impl Flows {
             &seq("pipeline", &["first", "wait", "last"]),
         );
         file(d, "asking.yaml", &seq("asking", &["first", "ask", "ship"]));
-        Self { dir }
+        Self { dir, db: None }
     }
 
     pub(crate) fn path(&self, name: &str) -> PathBuf {
@@ -85,7 +95,9 @@ impl Flows {
     }
 
     pub(crate) fn db(&self) -> String {
-        self.path("runs.db").display().to_string()
+        self.db
+            .clone()
+            .unwrap_or_else(|| self.path("runs.db").display().to_string())
     }
 
     /// `rlm flow ARGS... --db DB` plus the model flags (no model is called).
@@ -126,19 +138,25 @@ impl Flows {
         child.wait().expect("reaped");
     }
 
-    pub(crate) fn store(&self) -> CheckpointStore {
-        CheckpointStore::open(self.path("runs.db")).expect("the run database opens")
+    pub(crate) fn store(&self) -> SqliteStore {
+        SqliteStore::open(self.path("runs.db")).expect("the run database opens")
     }
 
     /// The state at run `id`'s head.
-    fn final_state(&self, id: &str) -> Value {
-        let store = self.store();
-        let head = store
-            .run(id)
+    pub(crate) fn final_state(&self, id: &str) -> Value {
+        let location = Location::parse(&self.db()).expect("a database");
+        let store = block_on(open_read_only(&location)).expect("the run database opens");
+        let head = block_on(store.run(id))
             .expect("readable")
             .and_then(|r| r.head)
             .expect("a head checkpoint");
-        Value::Object(store.state_at(head).expect("state").state.values().clone())
+        Value::Object(
+            block_on(store.state_at(head))
+                .expect("state")
+                .state
+                .values()
+                .clone(),
+        )
     }
 
     /// How `runs --json` shows run `id`.
@@ -151,7 +169,7 @@ impl Flows {
             .unwrap_or_default()
     }
 
-    fn status(&self, id: &str) -> String {
+    pub(crate) fn status(&self, id: &str) -> String {
         self.listed(id)["status"]
             .as_str()
             .unwrap_or_default()
@@ -178,7 +196,7 @@ pub(crate) fn nodes(history: &[Value]) -> Vec<String> {
 }
 
 /// The state without the keys that name this test's temporary files.
-fn portable(mut state: Value) -> Value {
+pub(crate) fn portable(mut state: Value) -> Value {
     if let Some(map) = state.as_object_mut() {
         map.remove("go_file");
         map.remove("started_file");
@@ -193,7 +211,7 @@ fn redact(text: &str, dir: &Path) -> String {
     time.replace_all(&text, "[time]").into_owned()
 }
 
-fn wait_for(path: &Path, child: &mut std::process::Child) {
+pub(crate) fn wait_for(path: &Path, child: &mut std::process::Child) {
     let start = Instant::now();
     while !path.exists() {
         if let Ok(Some(status)) = child.try_wait() {
@@ -614,7 +632,7 @@ fn database_errors_name_the_cause_and_change_nothing() {
 }
 
 /// `rlm flow demo team` in `db` as run `id`, over `wire`'s format.
-fn team_demo(db: &str, id: &str, wire: Option<&str>) -> Run {
+pub(crate) fn team_demo(db: &str, id: &str, wire: Option<&str>) -> Run {
     let mut all: Vec<String> = ["flow", "demo", "team", "--db", db, "--run-id", id]
         .map(String::from)
         .to_vec();
@@ -682,11 +700,12 @@ fn flow_demo_team_escalates_on_circular_logic_and_completes_with_the_scripted_an
             ],
             "{wire:?}"
         );
-        let store = CheckpointStore::open(&db).expect("opens");
-        let head = store.run("team-demo").expect("readable").expect("the run");
+        let store = SqliteStore::open(&db).expect("opens");
+        let head = block_on(store.run("team-demo"))
+            .expect("readable")
+            .expect("the run");
         assert_eq!(head.status, engine::durable::RunStatus::Completed);
-        let state = store
-            .state_at(head.head.expect("a head"))
+        let state = block_on(store.state_at(head.head.expect("a head")))
             .expect("state")
             .state;
         assert_eq!(
@@ -792,11 +811,16 @@ fn a_database_another_process_keeps_locked_is_refused_and_left_as_it_was() {
 }
 
 /// An `rlm` in the background (stdout and stderr piped), killed if the test fails first.
-struct Background(Option<std::process::Child>);
+pub(crate) struct Background(Option<std::process::Child>);
 
 impl Background {
-    fn spawn(args: &[String]) -> Self {
-        let child = rlm_command(args)
+    pub(crate) fn spawn(args: &[String]) -> Self {
+        Self::from_command(rlm_command(args))
+    }
+
+    /// Starts `command` (an `rlm` command line), its output piped.
+    pub(crate) fn from_command(mut command: Command) -> Self {
+        let child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -804,12 +828,12 @@ impl Background {
         Self(Some(child))
     }
 
-    fn child(&mut self) -> &mut std::process::Child {
+    pub(crate) fn child(&mut self) -> &mut std::process::Child {
         self.0.as_mut().expect("not waited for yet")
     }
 
     /// Its exit code and stderr, once it ends.
-    fn finish(mut self) -> (Option<i32>, String) {
+    pub(crate) fn finish(mut self) -> (Option<i32>, String) {
         let out = self
             .0
             .take()
@@ -833,7 +857,7 @@ impl Drop for Background {
 }
 
 /// Waits (bounded) until `path` has `lines` lines.
-fn wait_lines(path: &Path, lines: usize) {
+pub(crate) fn wait_lines(path: &Path, lines: usize) {
     let start = Instant::now();
     while std::fs::read_to_string(path).map_or(0, |t| t.lines().count()) < lines {
         assert!(

@@ -23,6 +23,7 @@ mod fatal_cells;
 mod final_answers;
 mod flow;
 mod flow_durable;
+mod flow_postgres;
 mod flow_run;
 mod flow_tools;
 mod limits;

@@ -14,9 +14,12 @@ use crate::support::{file, rlm_with};
 const VARIABLE: (&str, &str) = ("MY_VARIABLE", "a-secret-value-of-some-length");
 
 /// The options `rlm run` offers: all but the agent bundle's roots (`rlm agent`'s, covered
-/// in `agent.rs`).
+/// in `agent.rs`) and the run database of workflows (`rlm flow`'s, covered in
+/// `flow_postgres.rs` and `flow_durable.rs`).
 fn run_options() -> impl Iterator<Item = &'static OptionSpec> {
-    OPTIONS.iter().filter(|spec| spec.group != Group::Agent)
+    OPTIONS
+        .iter()
+        .filter(|spec| !matches!(spec.group, Group::Agent | Group::Database | Group::Lease))
 }
 
 /// What the schema makes of `spec`'s example; paths from `rlm.toml` are relative to it.

@@ -117,10 +117,15 @@ impl Setup {
 
     /// The state at the run's head, without its `temp:` keys.
     fn final_state(&self, id: &str) -> Value {
+        use engine::durable::Store as _;
         let store =
-            engine::durable::CheckpointStore::open(self.dir.path().join("runs.db")).expect("db");
-        let head = store.run(id).expect("readable").and_then(|r| r.head);
-        let state = store.state_at(head.expect("a head")).expect("state").state;
+            engine::durable::SqliteStore::open(self.dir.path().join("runs.db")).expect("db");
+        let head = crate::support::block_on(store.run(id))
+            .expect("readable")
+            .and_then(|r| r.head);
+        let state = crate::support::block_on(store.state_at(head.expect("a head")))
+            .expect("state")
+            .state;
         let kept = state
             .values()
             .iter()

@@ -18,6 +18,11 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
+/// `future`'s output, on the test binary's runtime (e.g. a run database's reads).
+pub(crate) fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    runtime().block_on(future)
+}
+
 /// A mock server for one test; stops when dropped.
 pub(crate) struct Mock {
     server: MockServer,

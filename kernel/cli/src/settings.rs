@@ -23,8 +23,9 @@ use crate::exit::UsageError;
 pub(crate) mod offers {
     use kernel::options::{ALL_GROUPS, Group, Groups};
 
-    /// `rlm run` and `rlm chat`: every option but the agent sandbox's.
-    pub(crate) const RUN: Groups = ALL_GROUPS & !Group::Agent.bit();
+    /// `rlm run` and `rlm chat`: every option but the agent sandbox's and the run
+    /// database's.
+    pub(crate) const RUN: Groups = ALL_GROUPS & !Group::Agent.bit() & !DURABLE;
     /// `rlm demo`: as `rlm run`, without how files load (it makes its own context).
     pub(crate) const DEMO: Groups = RUN & !Group::Load.bit();
     /// `rlm eval`: as `rlm demo`, without the live trace (runs go in parallel).
@@ -40,13 +41,19 @@ pub(crate) mod offers {
         | Group::Trace.bit()
         | Group::Output.bit();
     /// `rlm flow run` and `resume`: the models and budget, the run's time limit, the
-    /// session and how its contexts load.
+    /// session and how its contexts load, the run database and the lease on the run.
     pub(crate) const FLOW: Groups = Group::Models.bit()
         | Group::Budget.bit()
         | Group::Timeout.bit()
         | Group::Session.bit()
         | Group::Load.bit()
-        | Group::Output.bit();
+        | Group::Output.bit()
+        | DURABLE;
+    /// Where a workflow run is checkpointed: the run database and the lease on the run
+    /// (`rlm flow demo` takes these; its models are scripted).
+    pub(crate) const DURABLE: Groups = Group::Database.bit() | Group::Lease.bit();
+    /// `rlm flow runs`, `history` and `decisions`: the run database they read.
+    pub(crate) const RECORDS: Groups = Group::Database.bit();
     /// The runs `rlm eval --ray` makes through the Python package: `rlm eval`'s options that
     /// the package takes (not the trajectory: each run names its own; not the command's
     /// output).

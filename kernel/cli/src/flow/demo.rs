@@ -36,11 +36,15 @@ pub(crate) struct FlowDemoArgs {
     events: Option<std::path::PathBuf>,
 
     #[command(flatten)]
-    durable: super::durable::DurableArgs,
+    pub(super) durable: super::durable::DurableArgs,
 
     /// Overwrite an existing `--events` file.
     #[arg(long)]
     force: bool,
+
+    /// The run database and lease (the models are scripted: no model options).
+    #[command(flatten)]
+    options: RunFlags<{ offers::DURABLE }>,
 }
 
 /// A demo: its script and sample inputs.
@@ -120,6 +124,8 @@ pub(crate) fn execute(args: FlowDemoArgs, config: Option<&Path>) -> Result<ExitC
     let script = bridge::mock::Script::from_json_str(demo.script)
         .context("The bundled demo script is invalid")?;
     let mut settings = RunFlags::<{ offers::FLOW }>::default().settings(config)?;
+    // `--db` and `--lease-expiry` over the environment and the file.
+    settings.opts = args.options.given()?.combine(settings.opts);
     // First, while the process has one thread and no Python: keys leave the environment.
     crate::secrets::protect(&settings.opts)?;
     let mut scripted = RunOptions::default();
@@ -167,10 +173,8 @@ pub(crate) fn execute(args: FlowDemoArgs, config: Option<&Path>) -> Result<ExitC
     let workflow = super::workflow::Workflow::find(demo.name)?;
     let mut code = super::run::execute(run, &settings, &workflow, None);
     if let (Some(answer), Ok(_), Some(run_id)) = (demo.answer, &code, &durable.run_id) {
-        let status = durable
-            .db
-            .open_read_only()?
-            .run(run_id)
+        let store = super::durable::RunDb::of(&settings.opts)?.open_read_only()?;
+        let status = super::durable::wait(store.run(run_id))
             .ok()
             .flatten()
             .map(|r| r.status);

@@ -1,7 +1,8 @@
-//! Durable runs of `rlm flow run` / `resume`: every run is checkpointed into an SQLite file.
+//! Durable runs of `rlm flow run` / `resume`: every run is checkpointed into the run database.
 //!
-//! The database is `.rlm/runs.db` under the working directory unless `--db PATH` names
-//! another; each run has an id (`--run-id`, or a fresh one from the workflow's name and the
+//! The database is the SQLite file `.rlm/runs.db` under the working directory unless `--db`
+//! (`RLM_DB`, `db` in `rlm.toml`: an option of the one schema, [`RunDb`]) names another file
+//! or a PostgreSQL database by URL; each run has an id (`--run-id`, or a fresh one from the workflow's name and the
 //! time) said on stderr at the start. The engine's `run_durable` writes a checkpoint after
 //! every node at every depth of nested sequences, loops and graphs (and every routing
 //! decision); `--keep-last N` prunes the run's older checkpoints afterwards. The run record
@@ -21,7 +22,10 @@
 //! run that another live process drives is refused before any model or Python starts, and a
 //! process whose run was taken over stops at its next write — both exit
 //! [`EXIT_RUN_DRIVEN`]. A dead owner's run (killed, crashed, rebooted) is taken over, said in
-//! one line; an owner on another host cannot be checked, so `--take-over` must say so.
+//! one line; in an SQLite file an owner on another host cannot be checked, so `--take-over`
+//! must say so. In PostgreSQL the lease has a heartbeat and expires after `--lease-expiry`
+//! seconds without one, so a run whose host disappeared is taken over by the next resume from
+//! any host.
 
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
@@ -29,11 +33,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use clap::Args;
 use engine::durable::{
-    CheckpointId, CheckpointStore, DurableError, DurableReport, DurableRoot, LeaseHolder, Liveness,
-    RunRecord, RunStatus, Start, StoreError, resume_point, run_durable,
+    CheckpointId, DurableError, DurableReport, DurableRoot, LeaseHolder, Liveness, Location,
+    RunRecord, RunStatus, Start, Store, StoreError, resume_point, run_durable,
 };
 use engine::flow::{Agent, Invocation};
 use engine::route::{DecisionRecord, decide::DECISIONS, rfc3339};
@@ -47,55 +51,108 @@ use crate::outputs::Database;
 /// Where the runs are kept unless `--db` says otherwise (under the working directory).
 pub(crate) const DEFAULT_DB: &str = ".rlm/runs.db";
 
-/// `--db PATH`: the checkpoint database.
-#[derive(Debug, Clone, Default, Args)]
-pub(crate) struct DbArg {
-    /// The SQLite database of checkpointed runs [default: .rlm/runs.db].
-    #[arg(long, value_name = "PATH")]
-    pub(crate) db: Option<PathBuf>,
+/// The run database (`--db`, `RLM_DB`, `db` in `rlm.toml`) and the lease on a run in it
+/// (`--lease-expiry`), as a command's settings name them (the one option schema's `Database`
+/// and `Lease` groups).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RunDb {
+    /// The `--db` value, if any.
+    db: Option<String>,
+    /// How long a PostgreSQL lease lasts without a heartbeat, if set.
+    lease_expiry: Option<Duration>,
 }
 
-impl DbArg {
-    /// The database file.
-    pub(crate) fn path(&self) -> PathBuf {
-        self.db.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DB))
+impl RunDb {
+    /// The run database and lease that `opts` name.
+    pub(crate) fn of(opts: &RunOptions) -> Result<Self> {
+        let lease_expiry = match opts.lease_expiry {
+            Some(seconds) if seconds < 1.0 => {
+                return Err(UsageError::new(format!(
+                    "The lease expiry (`--lease-expiry`, `RLM_LEASE_EXPIRY` or `lease-expiry` in \
+                     `rlm.toml`) must be at least 1 second, got {seconds}"
+                ))
+                .into());
+            }
+            seconds => seconds.map(Duration::from_secs_f64),
+        };
+        Ok(Self {
+            db: opts.db.clone(),
+            lease_expiry,
+        })
+    }
+
+    /// Where the database is (a URL's password is registered for redaction here).
+    pub(crate) fn location(&self) -> Result<Location> {
+        let text = self.db.as_deref().unwrap_or(DEFAULT_DB);
+        Location::parse(text).map_err(usage)
     }
 
     /// Opens the existing database only to read it (nothing is written, so a read-only file,
     /// folder or mount will do).
-    pub(crate) fn open_read_only(&self) -> Result<Arc<CheckpointStore>> {
-        let path = self.path();
-        if !path.exists() {
-            return Err(UsageError::new(format!(
-                "There is no run database `{}`; `rlm flow run` creates it, or pass `--db PATH`",
-                path.display()
-            ))
-            .into());
-        }
-        Ok(Arc::new(
-            CheckpointStore::open_read_only(&path).map_err(store_error)?,
-        ))
+    pub(crate) fn open_read_only(&self) -> Result<Arc<dyn Store>> {
+        wait(self.open_read_only_async())
     }
 
-    /// ` --db PATH` for a command line, empty for the default.
+    /// [`open_read_only`](Self::open_read_only) on the caller's runtime.
+    pub(crate) async fn open_read_only_async(&self) -> Result<Arc<dyn Store>> {
+        let location = self.location()?;
+        engine::durable::open_read_only(&location)
+            .await
+            .map_err(store_error)
+    }
+
+    /// ` --db …` for a command line, empty for the default (a URL without its password).
     fn flag(&self) -> String {
-        match &self.db {
-            Some(path) if path != Path::new(DEFAULT_DB) => {
-                format!(" --db {}", shell_word(&path.display().to_string()))
+        match self.location() {
+            Ok(location) if location != Location::Sqlite(PathBuf::from(DEFAULT_DB)) => {
+                format!(" --db {}", shell_word(&location.to_string()))
             }
             _ => String::new(),
         }
     }
 }
 
-/// Opens the run database the output guard cleared, for writing (made with its folder when
-/// missing). Its pages are checked first: a damaged or read-only file is refused here, before
-/// anything is written.
-pub(crate) fn open_store(db: &Database) -> Result<Arc<CheckpointStore>> {
-    let path = db.prepare()?;
+/// Opens the run database for writing: the SQLite file the output guard cleared (`db`, made
+/// with its folder when missing; its pages are checked first, so a damaged or read-only file
+/// is refused here, before anything is written), or the PostgreSQL database at `location`.
+pub(crate) fn open_store(
+    location: &Location,
+    db: Option<&Database>,
+    run_db: &RunDb,
+) -> Result<Arc<dyn Store>> {
+    let location = match (location, db) {
+        (Location::Sqlite(_), Some(db)) => Location::Sqlite(db.prepare()?.to_path_buf()),
+        (Location::Sqlite(path), None) => {
+            anyhow::bail!(
+                "The run database `{}` was not cleared for writing",
+                path.display()
+            )
+        }
+        (postgres, _) => postgres.clone(),
+    };
     #[allow(clippy::disallowed_methods)] // The guard cleared `db`: this is its one opening.
-    let store = CheckpointStore::open(path).map_err(store_error)?;
-    Ok(Arc::new(store))
+    let store = wait(engine::durable::open(&location, run_db.lease_expiry)).map_err(store_error)?;
+    Ok(store)
+}
+
+/// `future`'s output, on the shared runtime (for the commands' synchronous code).
+pub(crate) fn wait<F: std::future::Future>(future: F) -> F::Output {
+    kernel::runtime::shared().block_on(future)
+}
+
+/// `future`'s output, on a runtime of this thread that is gone when this returns (its
+/// blocking threads joined): for what a command reads from the run database before the API
+/// keys leave the environment, which needs a process of one thread
+/// ([`crate::secrets::protect`]).
+pub(crate) fn before_threads<F: std::future::Future>(future: F) -> Result<F::Output> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("Could not start an async runtime to read the run database")?;
+    let output = runtime.block_on(future);
+    // Dropping it joins its threads.
+    drop(runtime);
+    Ok(output)
 }
 
 /// How a resumed run continues: from its head or an earlier checkpoint, with a human's
@@ -110,8 +167,9 @@ pub(crate) struct Resume {
 /// The durable options of `rlm flow run`.
 #[derive(Debug, Clone, Default, Args)]
 pub(crate) struct DurableArgs {
-    #[command(flatten)]
-    pub(crate) db: DbArg,
+    /// The run database, from the command's settings (`--db` is an option of the schema).
+    #[arg(skip)]
+    pub(crate) db: RunDb,
 
     /// The run's id [default: the workflow's name, the time and a random suffix].
     #[arg(long, value_name = "ID")]
@@ -124,8 +182,8 @@ pub(crate) struct DurableArgs {
 
 /// A run about to start or resume, with its database.
 pub(crate) struct Durable {
-    store: Arc<CheckpointStore>,
-    db: DbArg,
+    store: Arc<dyn Store>,
+    db: RunDb,
     run_id: String,
     start: Start,
     keep_last: Option<NonZeroUsize>,
@@ -137,7 +195,7 @@ impl Durable {
     /// A new run of `workflow` (as named on the command line) in `store`, from `state`,
     /// loading `contexts`, its personas from `bundle`, its models as `opts` say.
     pub(crate) fn new_run(
-        store: Arc<CheckpointStore>,
+        store: Arc<dyn Store>,
         args: &DurableArgs,
         workflow: &str,
         state: &State,
@@ -155,7 +213,7 @@ impl Durable {
             "bundle": bundle.map(|b| std::path::absolute(b).unwrap_or_else(|_| b.to_path_buf())),
             SETTINGS: endpoint_settings(opts),
         });
-        if store.run(&run_id).map_err(store_error)?.is_some() {
+        if wait(store.run(&run_id)).map_err(store_error)?.is_some() {
             return Err(usage(StoreError::DuplicateRun(run_id)));
         }
         Ok(Self {
@@ -173,7 +231,7 @@ impl Durable {
 
     /// Resuming run `args.run_id` in `store` as `resume` says.
     pub(crate) fn resume(
-        store: Arc<CheckpointStore>,
+        store: Arc<dyn Store>,
         args: &DurableArgs,
         resume: Resume,
     ) -> Result<Self> {
@@ -188,8 +246,14 @@ impl Durable {
             .ok_or_else(|| UsageError::new("`rlm flow resume` needs the run's id"))?;
         // Refused before any model or Python starts; `run_durable` checks again. The lease
         // first: a run another process drives is not judged by the status it has for now.
-        let replaces = store.check_claim(&run_id, take_over).map_err(store_error)?;
-        resume_point(&store, &run_id, from, answer.is_some()).map_err(durable_error)?;
+        let replaces = wait(store.check_claim(&run_id, take_over)).map_err(store_error)?;
+        wait(resume_point(
+            store.as_ref(),
+            &run_id,
+            from,
+            answer.is_some(),
+        ))
+        .map_err(durable_error)?;
         Ok(Self {
             store,
             db: args.db.clone(),
@@ -213,11 +277,12 @@ impl Durable {
         eprintln!(
             "{verb} `{}` (checkpoints in `{}`)",
             self.run_id,
-            self.db.path().display()
+            self.store.location()
         );
         if let Some(holder) = &self.replaces {
-            let why = match holder.owner.liveness() {
-                Liveness::Unchecked => "as `--take-over` asks",
+            let why = match holder.liveness() {
+                Liveness::Unchecked | Liveness::Renewed => "as `--take-over` asks",
+                Liveness::Dead if holder.expired => "its lease expired without a heartbeat",
                 Liveness::Alive | Liveness::Dead => "that process is gone",
             };
             eprintln!("taking the run over from {holder} ({why})");
@@ -245,6 +310,7 @@ impl Durable {
             let pruned = self
                 .store
                 .prune(&self.run_id, keep.get())
+                .await
                 .map_err(store_error)?;
             if pruned.removed > 0 {
                 eprintln!(
@@ -335,7 +401,7 @@ pub(crate) fn awaiting_text(
     run_id: &str,
     question: &str,
     decisions: &[DecisionRecord],
-    db: &DbArg,
+    db: &RunDb,
 ) -> String {
     let mut text = format!("\nRun `{run_id}` is waiting for a human.\nQuestion: {question}\n");
     if !decisions.is_empty() {
@@ -398,6 +464,7 @@ pub(crate) fn time_of(ms: i64) -> String {
 pub(crate) fn store_error(e: StoreError) -> anyhow::Error {
     match e {
         StoreError::UnknownRun(_)
+        | StoreError::Missing { .. }
         | StoreError::DuplicateRun(_)
         | StoreError::UnknownCheckpoint(_)
         | StoreError::WrongRun { .. } => usage(e),
@@ -410,7 +477,9 @@ pub(crate) fn exit_code(err: &anyhow::Error) -> Option<u8> {
     match err.downcast_ref::<StoreError>()? {
         StoreError::Driven { .. }
         | StoreError::DrivenElsewhere { .. }
-        | StoreError::LeaseLost { .. } => Some(EXIT_RUN_DRIVEN),
+        | StoreError::Renewed { .. }
+        | StoreError::LeaseLost { .. }
+        | StoreError::LeaseExpired { .. } => Some(EXIT_RUN_DRIVEN),
         _ => None,
     }
 }

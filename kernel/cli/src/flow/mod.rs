@@ -94,9 +94,9 @@ pub(crate) fn execute(args: FlowArgs, config: Option<&Path>) -> Result<ExitCode>
         }
         // Keys leave the environment there, once the run's stored settings are read.
         FlowCommand::Resume(args) => resume::execute(*args, config),
-        FlowCommand::Runs(args) => records::runs(args),
-        FlowCommand::History(args) => records::history(args),
-        FlowCommand::Decisions(args) => records::decisions(args),
+        FlowCommand::Runs(args) => records::runs(args, config),
+        FlowCommand::History(args) => records::history(args, config),
+        FlowCommand::Decisions(args) => records::decisions(args, config),
         FlowCommand::Demo(args) => demo::execute(args, config),
         FlowCommand::List => list(),
         FlowCommand::Graph(args) => {

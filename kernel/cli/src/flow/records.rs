@@ -10,24 +10,27 @@
 //! `running`, with its pid.
 
 use std::io::Write as _;
+use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Result;
 use clap::Args;
 use engine::durable::{
-    CheckpointRecord, CheckpointStore, LeaseHolder, Liveness, RunRecord, checkpoint_path,
+    CheckpointRecord, LeaseHolder, Liveness, RunRecord, Store, StoreError, checkpoint_path,
 };
 use engine::flow::path_text;
 use serde_json::{Value, json};
 
-use super::durable::{DbArg, decision_lines, decisions_of, store_error, time_of};
+use super::durable::{RunDb, decision_lines, decisions_of, store_error, time_of, wait};
 use crate::exit::UsageError;
+use crate::settings::{RunFlags, offers};
 
 /// Arguments of `rlm flow runs`.
 #[derive(Debug, Args)]
 pub(crate) struct RunsArgs {
     #[command(flatten)]
-    db: DbArg,
+    options: RunFlags<{ offers::RECORDS }>,
 
     /// Print the runs as one JSON array.
     #[arg(long)]
@@ -42,19 +45,29 @@ pub(crate) struct RunArgs {
     run: String,
 
     #[command(flatten)]
-    db: DbArg,
+    options: RunFlags<{ offers::RECORDS }>,
 
     /// Print them as one JSON array.
     #[arg(long)]
     json: bool,
 }
 
+impl RunArgs {
+    /// The run database the settings name (`config`: the `--config` file, if given), opened
+    /// to read it.
+    fn open_read_only(&self, config: Option<&Path>) -> Result<Arc<dyn Store>> {
+        RunDb::of(&self.options.clone().settings(config)?.opts)?.open_read_only()
+    }
+}
+
 /// `rlm flow runs`: every run, oldest first.
-pub(crate) fn runs(args: RunsArgs) -> Result<ExitCode> {
-    let runs = if args.db.path().exists() {
-        args.db.open_read_only()?.runs().map_err(store_error)?
-    } else {
-        Vec::new()
+pub(crate) fn runs(args: RunsArgs, config: Option<&Path>) -> Result<ExitCode> {
+    let db = RunDb::of(&args.options.settings(config)?.opts)?;
+    // No database yet is no runs yet.
+    let runs = match wait(engine::durable::open_read_only(&db.location()?)) {
+        Ok(store) => wait(store.runs()).map_err(store_error)?,
+        Err(StoreError::Missing { .. }) => Vec::new(),
+        Err(e) => return Err(store_error(e)),
     };
     if args.json {
         let rows: Vec<Value> = runs.iter().map(run_json).collect();
@@ -68,7 +81,7 @@ pub(crate) fn runs(args: RunsArgs) -> Result<ExitCode> {
         .map(|run| {
             let (status, driver) = shown(run);
             let owner = match driver {
-                Some((holder, Liveness::Unchecked)) => {
+                Some((holder, Liveness::Unchecked | Liveness::Renewed)) => {
                     format!("pid {} on {}", holder.owner.pid, holder.owner.host)
                 }
                 Some((holder, _)) => format!("pid {}", holder.owner.pid),
@@ -92,9 +105,9 @@ pub(crate) fn runs(args: RunsArgs) -> Result<ExitCode> {
 }
 
 /// `rlm flow history RUN`: the run's checkpoints, oldest first.
-pub(crate) fn history(args: RunArgs) -> Result<ExitCode> {
-    let store = args.db.open_read_only()?;
-    let checkpoints = store.history(&args.run).map_err(store_error)?;
+pub(crate) fn history(args: RunArgs, config: Option<&Path>) -> Result<ExitCode> {
+    let store = args.open_read_only(config)?;
+    let checkpoints = wait(store.history(&args.run)).map_err(store_error)?;
     if args.json {
         let rows: Vec<Value> = checkpoints.iter().map(checkpoint_json).collect();
         return print(&format!("{}\n", serde_json::to_string_pretty(&rows)?));
@@ -125,11 +138,11 @@ pub(crate) fn history(args: RunArgs) -> Result<ExitCode> {
 }
 
 /// `rlm flow decisions RUN`: the routing decisions on record at the run's head.
-pub(crate) fn decisions(args: RunArgs) -> Result<ExitCode> {
-    let store = args.db.open_read_only()?;
-    let run = find(&store, &args.run)?;
+pub(crate) fn decisions(args: RunArgs, config: Option<&Path>) -> Result<ExitCode> {
+    let store = args.open_read_only(config)?;
+    let run = find(store.as_ref(), &args.run)?;
     let decisions = match run.head {
-        Some(head) => decisions_of(&store.state_at(head).map_err(store_error)?.state),
+        Some(head) => decisions_of(&wait(store.state_at(head)).map_err(store_error)?.state),
         None => Vec::new(),
     };
     if args.json {
@@ -144,11 +157,11 @@ pub(crate) fn decisions(args: RunArgs) -> Result<ExitCode> {
     print(&decision_lines(&decisions))
 }
 
-fn find(store: &CheckpointStore, run: &str) -> Result<RunRecord> {
-    store.run(run).map_err(store_error)?.ok_or_else(|| {
+fn find(store: &dyn Store, run: &str) -> Result<RunRecord> {
+    wait(store.run(run)).map_err(store_error)?.ok_or_else(|| {
         UsageError::new(format!(
             "No run `{run}` in `{}`; `rlm flow runs` lists the runs",
-            store.path().display()
+            store.location()
         ))
         .into()
     })
@@ -160,7 +173,7 @@ fn shown(run: &RunRecord) -> (&'static str, Option<(&LeaseHolder, Liveness)>) {
     let driver = run
         .lease
         .as_ref()
-        .map(|holder| (holder, holder.owner.liveness()))
+        .map(|holder| (holder, holder.liveness()))
         .filter(|(_, liveness)| *liveness != Liveness::Dead);
     match (&run.status, driver) {
         (_, Some(driver)) => ("running", Some(driver)),

@@ -23,7 +23,7 @@ use clap::Args;
 use engine::durable::{CheckpointId, StoreError};
 use serde_json::Value;
 
-use super::durable::{DbArg, DurableArgs, Resume, store_error, stored_settings};
+use super::durable::{DurableArgs, Resume, RunDb, store_error, stored_settings};
 use super::run::FlowRunArgs;
 use crate::exit::UsageError;
 use crate::settings::{RunFlags, offers};
@@ -48,9 +48,6 @@ pub(crate) struct FlowResumeArgs {
     #[arg(long)]
     take_over: bool,
 
-    #[command(flatten)]
-    db: DbArg,
-
     /// After the run, keep only its last N checkpoints (older ones are removed).
     #[arg(long, value_name = "N")]
     keep_last: Option<NonZeroUsize>,
@@ -67,11 +64,14 @@ pub(crate) struct FlowResumeArgs {
 pub(crate) fn execute(args: FlowResumeArgs, config: Option<&Path>) -> Result<ExitCode> {
     // Read first: the run names what the resumed run reads, which the output guard needs
     // before the database is opened for writing.
-    let store = args.db.open_read_only()?;
-    let run = store
-        .run(&args.run)
-        .map_err(store_error)?
-        .ok_or_else(|| store_error(StoreError::UnknownRun(args.run.clone())))?;
+    // On a runtime of this thread only, gone before the keys leave the environment below
+    // (which needs a process of one thread).
+    let db = RunDb::of(&args.options.clone().settings(config)?.opts)?;
+    let run = super::durable::before_threads(async {
+        let store = db.open_read_only_async().await?;
+        store.run(&args.run).await.map_err(store_error)
+    })??
+    .ok_or_else(|| store_error(StoreError::UnknownRun(args.run.clone())))?;
     // This command's flags over the run's endpoint settings over the environment and the
     // configuration file.
     let settings = args
@@ -96,11 +96,10 @@ pub(crate) fn execute(args: FlowResumeArgs, config: Option<&Path>) -> Result<Exi
         .map(OsString::from)
         .collect();
     let durable_args = DurableArgs {
-        db: args.db,
+        db,
         run_id: Some(args.run),
         keep_last: args.keep_last,
     };
-    drop(store);
     let resume = Resume {
         from: args.from_checkpoint,
         answer: args.input,

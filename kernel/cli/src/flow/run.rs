@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{Context, Result};
 use clap::Args;
+use engine::durable::Location;
 use engine::flow::Event;
 use engine::flow::file::{AgentSpec, Filesystem, load_workflow};
 use engine::flow::{EventKind, EventLog, EventSink, FlowError, Invocation, Registry, RunOutcome};
@@ -28,7 +29,7 @@ use engine::{SharedState, State};
 use kernel::flow::{FlowKernel, register};
 use serde_json::{Map, Value};
 
-use super::durable::{Durable, DurableArgs, Resume};
+use super::durable::{Durable, DurableArgs, Resume, RunDb};
 use super::input::{input_file, parse_input};
 use super::live::Live;
 use super::workflow::Workflow;
@@ -86,6 +87,8 @@ pub(crate) fn execute(
     resume: Option<Resume>,
 ) -> Result<ExitCode> {
     let opts = &settings.opts;
+    let mut args = args;
+    args.durable.db = RunDb::of(opts)?;
     let contexts = crate::contexts::resolve(&args.contexts)?;
     let mut state = match &args.state {
         Some(path) if path.exists() => read_state(path)?,
@@ -105,7 +108,8 @@ pub(crate) fn execute(
     let mut inputs = read_files(&args, workflow, &spec, &contexts.paths, &state);
     option_inputs(&mut inputs, opts, settings.file.as_deref());
     let outputs = declare_outputs(&args, Guard::new(inputs, opts.force()), resume.is_some())?;
-    let store = super::durable::open_store(&outputs.db)?;
+    let store =
+        super::durable::open_store(&outputs.location, outputs.db.as_ref(), &args.durable.db)?;
     let durable = match resume {
         Some(resume) => Durable::resume(store, &args.durable, resume)?,
         None => Durable::new_run(
@@ -271,7 +275,10 @@ fn write_state(file: &Document, state: &State) -> Result<()> {
 
 /// What a workflow run writes, cleared by the output guard.
 struct FlowOutputs {
-    db: Database,
+    /// The run database.
+    location: Location,
+    /// The run database's file, when it is one (SQLite).
+    db: Option<Database>,
     events: Option<LogFile>,
     state: Option<Document>,
 }
@@ -309,7 +316,12 @@ fn read_files(
 /// Declares the run database, `--events` and `--state` to `guard`. A resumed run appends to
 /// an existing event log (a file that reads as one); anything else there needs `--force`.
 fn declare_outputs(args: &FlowRunArgs, mut guard: Guard, resuming: bool) -> Result<FlowOutputs> {
-    let db = guard.database(Output::new("--db", args.durable.db.path()))?;
+    // A PostgreSQL database is no file of this host's: nothing to clear.
+    let location = args.durable.db.location()?;
+    let db = match &location {
+        Location::Sqlite(path) => Some(guard.database(Output::new("--db", path))?),
+        Location::Postgres(_) => None,
+    };
     let events = args
         .events
         .as_ref()
@@ -327,7 +339,12 @@ fn declare_outputs(args: &FlowRunArgs, mut guard: Guard, resuming: bool) -> Resu
         .as_ref()
         .map(|path| guard.read_and_written(Output::new("--state", path)))
         .transpose()?;
-    Ok(FlowOutputs { db, events, state })
+    Ok(FlowOutputs {
+        location,
+        db,
+        events,
+        state,
+    })
 }
 
 /// The existing files that string values of `state` name (a step may read them).

@@ -1,23 +1,32 @@
 //! One run, one writer: the lease a process holds on the run it drives.
 //!
-//! A process claims a run before it writes ([`CheckpointStore::claim`], or
-//! [`CheckpointStore::create_run`] for a new one) and gets a [`Lease`]; every checkpoint and
-//! status change checks, in its own transaction, that the lease is still the run's (fencing),
-//! so two processes can never interleave their histories in one chain. The owner is recorded
-//! as an [`Owner`]: pid, host and the process's start (on Linux the boot id and the start
-//! time in ticks from `/proc`), so a pid reused by another process is not mistaken for it.
+//! A process claims a run before it writes ([`Store::claim`], or [`Store::create_run`] for a
+//! new one) and gets a [`Lease`]; every checkpoint and status change checks, in its own
+//! transaction, that the lease is still the run's (fencing), so two processes can never
+//! interleave their histories in one chain. The owner is recorded as an [`Owner`]: pid, host
+//! and the process's start (on Linux the boot id and the start time in ticks from `/proc`),
+//! so a pid reused by another process is not mistaken for it. The host is the machine's name,
+//! or `RLM_HOST_ID` when set (machines that share a name, and tests that play several hosts
+//! on one machine, set it).
 //!
-//! A second claimer is refused while the owner lives. An owner on this host whose pid is gone
-//! or names another process is [`Liveness::Dead`] and is taken over; one on another host
-//! (a shared disk), or on a system without `/proc`, cannot be checked
-//! ([`Liveness::Unchecked`]) and is taken over only when the claimer says so.
+//! Whether a holder may be replaced ([`LeaseHolder::liveness`]):
+//!
+//! - an owner on this host whose pid is gone or names another process is
+//!   [`Liveness::Dead`] and is taken over at once; a live one is never taken over;
+//! - a lease with an expiry (PostgreSQL's: the driver renews it with a heartbeat) that ran out
+//!   is dead too, on any host: the driver stopped heartbeating (killed, frozen, cut off), and
+//!   its writes are refused from the moment it expired; one still renewed on another host is
+//!   [`Liveness::Renewed`], taken over only on request (`--take-over`);
+//! - a lease without an expiry (SQLite's) on another host (a shared disk), or on a system
+//!   without `/proc`, cannot be checked ([`Liveness::Unchecked`]) and is taken over only on
+//!   request.
 
 use std::time::{Duration, UNIX_EPOCH};
 
 use serde::Serialize;
 
 #[cfg(doc)]
-use super::CheckpointStore;
+use super::Store;
 
 /// A process that drives (or drove) a run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -36,8 +45,11 @@ pub struct Owner {
 pub enum Liveness {
     /// It runs (on this host, with the same start).
     Alive,
-    /// It is gone: its pid is free, a zombie, or another process's.
+    /// It is gone: its pid is free, a zombie, or another process's; or its lease expired
+    /// without a heartbeat.
     Dead,
+    /// It runs on another host and renews its lease (a heartbeat): it has not expired.
+    Renewed,
     /// It cannot be checked: another host, or a system without `/proc`.
     Unchecked,
 }
@@ -65,26 +77,49 @@ impl Owner {
     }
 }
 
-/// A run's lease as stored: its owner and since when.
+/// A run's lease as stored: its owner, since when, and until when without a heartbeat.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LeaseHolder {
     /// The owning process.
     pub owner: Owner,
     /// When it claimed the run (Unix milliseconds).
     pub since_ms: i64,
+    /// When the lease runs out unless renewed (Unix milliseconds, the database's clock);
+    /// `None` for a lease without an expiry (SQLite's: the owner's pid is checked instead).
+    pub expires_ms: Option<i64>,
+    /// Whether it had run out when it was read.
+    pub expired: bool,
+}
+
+impl LeaseHolder {
+    /// Whether its owner still drives the run, as far as this process can tell; see the
+    /// module docs.
+    pub fn liveness(&self) -> Liveness {
+        if self.expired {
+            return Liveness::Dead;
+        }
+        match self.owner.liveness() {
+            Liveness::Unchecked if self.expires_ms.is_some() => Liveness::Renewed,
+            other => other,
+        }
+    }
 }
 
 impl std::fmt::Display for LeaseHolder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let since = UNIX_EPOCH + Duration::from_millis(u64::try_from(self.since_ms).unwrap_or(0));
         write!(
             f,
             "pid {} on host `{}` since {}",
             self.owner.pid,
             self.owner.host,
-            crate::date::rfc3339(since)
+            time_of(self.since_ms)
         )
     }
+}
+
+/// Unix milliseconds as RFC 3339.
+pub(super) fn time_of(ms: i64) -> String {
+    crate::date::rfc3339(UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0)))
 }
 
 /// Proof that this process owns a run: what writes to it present.
@@ -110,9 +145,20 @@ pub struct Claim {
     pub replaced: Option<LeaseHolder>,
 }
 
-/// This host's name.
-#[cfg(unix)]
+/// The variable that names this host in place of its name.
+pub const HOST_ID_VARIABLE: &str = "RLM_HOST_ID";
+
+/// This host's id: `RLM_HOST_ID`, else its name.
 fn host_name() -> String {
+    match std::env::var(HOST_ID_VARIABLE) {
+        Ok(id) if !id.is_empty() => id,
+        _ => machine_name(),
+    }
+}
+
+/// This machine's name.
+#[cfg(unix)]
+fn machine_name() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: `buf` is valid for writes of `buf.len()` bytes, all gethostname writes.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
@@ -123,9 +169,9 @@ fn host_name() -> String {
     String::from_utf8_lossy(&buf[..end]).into_owned()
 }
 
-/// This host's name.
+/// This machine's name.
 #[cfg(not(unix))]
-fn host_name() -> String {
+fn machine_name() -> String {
     std::env::var("COMPUTERNAME").unwrap_or_default()
 }
 

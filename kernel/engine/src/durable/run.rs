@@ -48,13 +48,13 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use async_trait::async_trait;
+use bridge::CancellationToken;
 use serde_json::{Value, json};
 
 use super::StoreError;
 use super::lease::{Lease, Owner};
-use super::store::{
-    CheckpointId, CheckpointRecord, CheckpointStore, NewCheckpoint, NewRun, RunStatus,
-};
+use super::record::{CheckpointId, CheckpointRecord, NewCheckpoint, NewRun, RunStatus};
+use super::store::Store;
 use crate::flow::{
     Agent, Callback, CallbackContext, Callbacks, Control, FlowError, Graph, GraphError, Invocation,
     InvocationContext, NodeObserver, NodeRecord, Position, ResumeAction, ResumePoint, RunReport,
@@ -147,10 +147,12 @@ impl DurableRoot {
 
 /// Writes a checkpoint after every node (at every depth) and routing decision of one run.
 pub struct Checkpointer {
-    store: Arc<CheckpointStore>,
+    store: Arc<dyn Store>,
     lease: Lease,
     graph: String,
     cursor: Mutex<Cursor>,
+    /// Held through a write: checkpoints go in one at a time, each naming the one before.
+    writing: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Checkpointer {
@@ -175,7 +177,7 @@ impl Checkpointer {
     /// Checkpoints of the run of `lease` for the nodes of graph `graph` and below, continuing
     /// from `parent`.
     pub fn new(
-        store: Arc<CheckpointStore>,
+        store: Arc<dyn Store>,
         lease: Lease,
         graph: impl Into<String>,
         parent: Option<CheckpointId>,
@@ -190,6 +192,7 @@ impl Checkpointer {
                 iteration: 1,
                 escalated: false,
             }),
+            writing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -203,21 +206,21 @@ impl Checkpointer {
     }
 
     /// Writes a checkpoint after `node` that ran and wrote `writes`.
-    fn write(
+    async fn write(
         &self,
         node: &str,
         writes: &StateDelta,
         next: Vec<String>,
         metadata: Value,
     ) -> Result<CheckpointId, StoreError> {
-        let mut cursor = self.cursor();
+        let _turn = self.writing.lock().await;
+        let parent = self.cursor().parent;
         let checkpoint = NewCheckpoint::new(node, writes)
-            .parent(cursor.parent)
+            .parent(parent)
             .next(next)
             .metadata(metadata);
-        // An SQLite commit: the worker's other tasks go on meanwhile.
-        let id = crate::blocking::off_worker(|| self.store.put(&self.lease, checkpoint))?;
-        cursor.parent = Some(id);
+        let id = self.store.put(&self.lease, checkpoint).await?;
+        self.cursor().parent = Some(id);
         Ok(id)
     }
 
@@ -231,8 +234,9 @@ fn sink_error(e: StoreError) -> FlowError {
     FlowError::Sink(e.to_string())
 }
 
+#[async_trait]
 impl NodeObserver for Checkpointer {
-    fn node_finished(
+    async fn node_finished(
         &self,
         _ctx: &InvocationContext,
         record: &NodeRecord,
@@ -265,13 +269,15 @@ impl NodeObserver for Checkpointer {
             metadata["control"] = json!(record.control);
         }
         self.write(&record.node, &record.writes, Vec::new(), metadata)
+            .await
             .map(drop)
             .map_err(sink_error)
     }
 }
 
+#[async_trait]
 impl RoutingObserver for Checkpointer {
-    fn routed(
+    async fn routed(
         &self,
         ctx: &InvocationContext,
         from: &str,
@@ -290,6 +296,7 @@ impl RoutingObserver for Checkpointer {
             "iteration": iteration,
         });
         self.write(ctx.agent(), &writes, next, metadata)
+            .await
             .map(drop)
             .map_err(sink_error)
     }
@@ -373,43 +380,89 @@ pub struct DurableReport {
 /// Runs `graph` (whose routing goes through `plane`, if it has one) as run `run_id`, with a
 /// checkpoint after every node; see the module docs. `invocation.state` is the new run's
 /// initial state, or is replaced by the checkpoint's state when resuming.
+///
+/// The run is leased to this process from before its first write until it stops. When the
+/// store's leases expire (PostgreSQL), the lease is renewed every third of its expiry while
+/// the run goes on; should it be lost all the same (taken over after renewals failed for
+/// longer than the expiry), the run is cancelled at once and ends with the store's
+/// [`StoreError::LeaseLost`] or [`StoreError::LeaseExpired`], having written nothing more.
 pub async fn run_durable(
     graph: &Graph,
     plane: Option<&Arc<ControlPlane>>,
-    store: &Arc<CheckpointStore>,
+    store: &Arc<dyn Store>,
     run_id: &str,
     start: Start,
     invocation: Invocation,
 ) -> Result<DurableReport, DurableError> {
-    let state = invocation.state.clone();
-    let starts = matches!(start, Start::New { .. });
     let owner = Owner::current();
+    // A run of this process dropped before it finished may still be giving its lease up.
+    settle_releases().await;
     let lease = match &start {
         Start::New { workflow, input } => {
             let run = NewRun::new(run_id, workflow.clone()).input(input.clone());
-            store.create_run(&run, &owner)?
+            store.create_run(&run, &owner).await?
         }
-        Start::Resume { take_over, .. } => store.claim(run_id, &owner, *take_over)?.lease,
+        Start::Resume { take_over, .. } => store.claim(run_id, &owner, *take_over).await?.lease,
     };
-    let _held = Held {
-        store,
-        lease: lease.clone(),
+    let held = Held {
+        store: store.clone(),
+        lease: Some(lease.clone()),
     };
+    let cancel = invocation.cancel.clone();
+    let driving = drive(graph, plane, store, &lease, start, invocation);
+    let result = match store.lease_expiry() {
+        Some(expiry) => {
+            // A task of its own: a node that keeps the run's task busy does not stop it.
+            let heartbeat = tokio::spawn(keep_alive(store.clone(), lease.clone(), expiry, cancel));
+            let _stop = AbortOnDrop(heartbeat);
+            driving.await
+        }
+        None => driving.await,
+    };
+    match result {
+        // A finished run released its lease with its final status.
+        Ok(report) => {
+            held.disarm();
+            Ok(report)
+        }
+        // Otherwise the run is free for the next claimer at once, not only once this process
+        // is gone (or its lease expired).
+        Err(e) => {
+            held.release().await;
+            Err(e)
+        }
+    }
+}
+
+/// Everything [`run_durable`] does under the lease.
+async fn drive(
+    graph: &Graph,
+    plane: Option<&Arc<ControlPlane>>,
+    store: &Arc<dyn Store>,
+    lease: &Lease,
+    start: Start,
+    invocation: Invocation,
+) -> Result<DurableReport, DurableError> {
+    let run_id = lease.run_id();
+    let state = invocation.state.clone();
+    let starts = matches!(start, Start::New { .. });
     let (checkpointer, resume) = match start {
         Start::New { .. } => {
             let checkpointer = Checkpointer::new(store.clone(), lease.clone(), graph.name(), None);
             let initial = state.with(State::to_writes);
             let next: Vec<String> = graph.start_node().map(str::to_owned).into_iter().collect();
-            checkpointer.write(START_NODE, &initial, next, json!({}))?;
+            checkpointer
+                .write(START_NODE, &initial, next, json!({}))
+                .await?;
             (checkpointer, None)
         }
         Start::Resume { from, answer, .. } => {
-            let head = resume_point(store, run_id, from, answer.is_some())?;
-            let record = store.checkpoint(head)?;
-            state.reset(store.state_at(head)?.state);
+            let head = resume_point(store.as_ref(), run_id, from, answer.is_some()).await?;
+            let record = store.checkpoint(head).await?;
+            state.reset(store.state_at(head).await?.state);
             let checkpointer =
                 Checkpointer::new(store.clone(), lease.clone(), graph.name(), Some(head));
-            let at = Resumed::read(store, graph, &record)?;
+            let at = Resumed::read(store.as_ref(), graph, &record)?;
             {
                 let mut cursor = checkpointer.cursor();
                 cursor.graph_step = at.steps_done;
@@ -425,7 +478,9 @@ pub async fn run_durable(
                         "iteration": at.iteration,
                         "path": path,
                     });
-                    checkpointer.write(HUMAN_NODE, &writes, Vec::new(), metadata)?;
+                    checkpointer
+                        .write(HUMAN_NODE, &writes, Vec::new(), metadata)
+                        .await?;
                     // The node it escalated from runs again, at its own step: redone, not added.
                     Some(ResumePoint {
                         path,
@@ -437,7 +492,7 @@ pub async fn run_durable(
             (checkpointer, resume)
         }
     };
-    store.set_status(&lease, &RunStatus::Running)?;
+    store.set_status(lease, &RunStatus::Running).await?;
     let checkpointer = Arc::new(checkpointer);
     let _observing = plane.map(|plane| plane.observe(checkpointer.clone()));
     let node_names: Vec<String> = graph.nodes().iter().map(|n| n.name().to_owned()).collect();
@@ -464,7 +519,7 @@ pub async fn run_durable(
     };
     let report = run_workflow(&root, invocation, None).await;
     let status = status_of(&report);
-    store.finish_run(&lease, &status)?;
+    store.finish_run(lease, &status).await?;
     Ok(DurableReport {
         run: report,
         status,
@@ -473,23 +528,102 @@ pub async fn run_durable(
     })
 }
 
-/// Releases a run's lease however [`run_durable`] returns: a store error or a refused resume
-/// leaves the run to the next claimer at once, not only once this process is dead.
-struct Held<'s> {
-    store: &'s CheckpointStore,
+/// Renews `lease` every third of `expiry` until aborted. A failed renewal is
+/// tried again at the next turn (the lease still has two thirds of its time); a lease that
+/// is no longer the run's cancels the run through `cancel`, so it stops now rather than at
+/// its next checkpoint, which would be refused anyway.
+async fn keep_alive(
+    store: Arc<dyn Store>,
     lease: Lease,
+    expiry: std::time::Duration,
+    cancel: CancellationToken,
+) {
+    let every = expiry / 3;
+    loop {
+        tokio::time::sleep(every).await;
+        match store.heartbeat(&lease).await {
+            Ok(()) => {}
+            Err(
+                e @ (StoreError::LeaseLost { .. }
+                | StoreError::LeaseExpired { .. }
+                | StoreError::UnknownRun(_)),
+            ) => {
+                tracing::warn!("{e}");
+                cancel.cancel();
+                return;
+            }
+            Err(e) => tracing::warn!(
+                "could not renew the lease on run `{}` (trying again in {} s): {e}",
+                lease.run_id(),
+                every.as_secs_f64()
+            ),
+        }
+    }
 }
 
-impl Drop for Held<'_> {
+/// Stops the heartbeat task when the run stops, however it stops (dropped included).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
     fn drop(&mut self) {
-        // Nothing to do on failure: the lease names this process, so once it exits the next
-        // claimer finds its owner dead and takes the run over.
-        if let Err(e) = self.store.release(&self.lease) {
-            tracing::warn!(
-                "could not release the lease on `{}`: {e}",
-                self.lease.run_id()
-            );
+        self.0.abort();
+    }
+}
+
+/// Releases a run's lease if [`run_durable`] is dropped before it returns (it releases the
+/// lease itself when it returns).
+struct Held {
+    store: Arc<dyn Store>,
+    lease: Option<Lease>,
+}
+
+impl Held {
+    /// Gives the lease up now.
+    async fn release(mut self) {
+        if let Some(lease) = self.lease.take() {
+            release(self.store.as_ref(), &lease).await;
         }
+    }
+
+    /// The lease was released with the run's final status.
+    fn disarm(mut self) {
+        self.lease = None;
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        // Dropped mid-run (the caller gave up on it): release from a task of its own, which
+        // the next run of this process waits for before it claims. Failing that, the lease
+        // names this process, so once it exits the next claimer finds its owner dead (or its
+        // lease expired).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let store = self.store.clone();
+            let task = runtime.spawn(async move { release(store.as_ref(), &lease).await });
+            RELEASES
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(task);
+        }
+    }
+}
+
+/// The releases of dropped runs still going on.
+static RELEASES: Mutex<Vec<tokio::task::JoinHandle<()>>> = Mutex::new(Vec::new());
+
+/// Waits (at most 30 s) for the releases of runs this process dropped.
+async fn settle_releases() {
+    let pending = std::mem::take(&mut *RELEASES.lock().unwrap_or_else(PoisonError::into_inner));
+    let all = futures::future::join_all(pending);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(30), all).await;
+}
+
+async fn release(store: &dyn Store, lease: &Lease) {
+    if let Err(e) = store.release(lease).await {
+        tracing::warn!("could not release the lease on `{}`: {e}", lease.run_id());
     }
 }
 
@@ -498,17 +632,18 @@ impl Drop for Held<'_> {
 /// run without `from`, a run waiting for a human without an answer (`answered`), an answer
 /// to a run — or to a checkpoint `from` — that asked nothing. Reads only; [`run_durable`]
 /// checks the same before it writes.
-pub fn resume_point(
-    store: &CheckpointStore,
+pub async fn resume_point(
+    store: &dyn Store,
     run_id: &str,
     from: Option<CheckpointId>,
     answered: bool,
 ) -> Result<CheckpointId, DurableError> {
     let run = store
-        .run(run_id)?
+        .run(run_id)
+        .await?
         .ok_or_else(|| StoreError::UnknownRun(run_id.to_owned()))?;
     if let Some(id) = from {
-        let record = store.checkpoint(id)?;
+        let record = store.checkpoint(id).await?;
         if record.run_id != run_id {
             return Err(StoreError::WrongRun {
                 checkpoint: id,
@@ -517,7 +652,7 @@ pub fn resume_point(
             }
             .into());
         }
-        if answered && !asked_at(store, &record)? {
+        if answered && !asked_at(store, &record).await? {
             return Err(DurableError::NothingAsked {
                 run: run_id.to_owned(),
                 checkpoint: id,
@@ -545,11 +680,11 @@ pub fn resume_point(
 
 /// Whether the run stopped for a human at checkpoint `record`: a node escalated there, or the
 /// router's escalation flag is set in its state.
-fn asked_at(store: &CheckpointStore, record: &CheckpointRecord) -> Result<bool, StoreError> {
+async fn asked_at(store: &dyn Store, record: &CheckpointRecord) -> Result<bool, StoreError> {
     if record.metadata.get("control") == Some(&json!(Control::Escalate)) {
         return Ok(true);
     }
-    let state = store.state_at(record.id)?.state;
+    let state = store.state_at(record.id).await?.state;
     Ok(state.get(keys::ESCALATION_TRIGGERED) == Some(&Value::Bool(true)))
 }
 
@@ -684,14 +819,14 @@ struct Resumed {
 
 impl Resumed {
     fn read(
-        store: &CheckpointStore,
+        store: &dyn Store,
         graph: &Graph,
         record: &CheckpointRecord,
     ) -> Result<Self, StoreError> {
         let meta = &record.metadata;
         let meta_u64 = |key: &str| meta.get(key).and_then(Value::as_u64);
         let damaged = |what: String| StoreError::Damaged {
-            path: store.path().to_path_buf(),
+            db: store.location().to_string(),
             what: format!("checkpoint {}: {what}", record.id),
         };
         let path: Option<Vec<Position>> = meta

@@ -74,12 +74,17 @@ pub struct NodeRecord {
 }
 
 /// Observes every node a graph runs (checkpointers, progress, health metrics).
+///
+/// `node_finished` is awaited before the graph goes on, so a checkpointer's write is done
+/// (or its failure stops the run) before the next node starts; it awaits I/O rather than
+/// blocking the async worker.
+#[async_trait::async_trait]
 pub trait NodeObserver: Send + Sync {
     /// A node is about to run.
     fn node_started(&self, _graph: &str, _node: &str, _step: u64) {}
 
     /// A node finished; an error stops the run (its state is kept).
-    fn node_finished(
+    async fn node_finished(
         &self,
         _ctx: &InvocationContext,
         _record: &NodeRecord,

@@ -498,7 +498,7 @@ impl Graph {
             };
             ctx.drop_resume();
             for observer in ctx.observers() {
-                observer.node_finished(ctx, &record)?;
+                observer.node_finished(ctx, &record).await?;
             }
             step = match self.after(ctx, ids[0], run.control, then).await? {
                 Next::Step(step) => step,

@@ -157,6 +157,7 @@ impl HealthObserver {
     }
 }
 
+#[async_trait::async_trait]
 impl NodeObserver for HealthObserver {
     fn node_started(&self, graph: &str, node: &str, _step: u64) {
         if graph == self.graph {
@@ -165,7 +166,7 @@ impl NodeObserver for HealthObserver {
         }
     }
 
-    fn node_finished(
+    async fn node_finished(
         &self,
         _ctx: &InvocationContext,
         record: &NodeRecord,

@@ -31,12 +31,14 @@ use crate::flow::{
 use crate::reducer::Reducers;
 use crate::state::StateDelta;
 
-/// Sees every routing decision (the checkpointer stores one after each).
+/// Sees every routing decision (the checkpointer stores one after each); awaited before the
+/// run goes on.
+#[async_trait]
 pub trait RoutingObserver: Send + Sync {
     /// The router decided `routing` after node `from`; `writes` are the state writes
     /// applied since the node's record (the gates' and the decision's, as the run's node
     /// observers are handed them: empty when the run has none). An error stops the run.
-    fn routed(
+    async fn routed(
         &self,
         ctx: &InvocationContext,
         from: &str,
@@ -210,7 +212,9 @@ impl ControlPlane {
         if !observers.is_empty() {
             let writes = ctx.state().take_journal();
             for observer in observers {
-                observer.routed(&router, from, &routing, writes.clone())?;
+                observer
+                    .routed(&router, from, &routing, writes.clone())
+                    .await?;
             }
         }
         Ok(target(&routing.route))

@@ -8,7 +8,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use engine::durable::{CheckpointStore, DurableReport, RunStatus, Start, run_durable};
+use crate::support::store_in_memory;
+use engine::durable::{DurableReport, RunStatus, SqliteStore, Start, Store, run_durable};
 use engine::flow::{Agent, Control, FlowError, FnAgent, Invocation, InvocationContext};
 use engine::route::{
     Backoff, Branch, Condition, ControlPlane, DecisionLog, END, Gate, GateCheck, Retrying,
@@ -92,7 +93,7 @@ fn team_config() -> RouterConfig {
 async fn run(
     plane: &Arc<ControlPlane>,
     nodes: Vec<Arc<dyn Agent>>,
-    store: &Arc<CheckpointStore>,
+    store: &Arc<dyn Store>,
     run_id: &str,
     start: Start,
 ) -> DurableReport {
@@ -102,7 +103,7 @@ async fn run(
         .await
         .unwrap();
     // However the run stopped (completed, failed, waiting for a human), nobody holds it.
-    assert_eq!(store.run(run_id).unwrap().unwrap().lease, None);
+    assert_eq!(store.run(run_id).await.unwrap().unwrap().lease, None);
     report
 }
 
@@ -148,7 +149,11 @@ pub(crate) fn summaries(state: &State) -> Vec<String> {
 async fn circular_logic_escalates_to_a_human_and_the_answer_completes_the_run() {
     let dir = tempfile::tempdir().unwrap();
     let log_path = dir.path().join("decisions.jsonl");
-    let store = Arc::new(CheckpointStore::open(dir.path().join("runs.db")).unwrap());
+    let store = {
+        let store: Arc<dyn Store> =
+            Arc::new(SqliteStore::open(dir.path().join("runs.db")).unwrap());
+        store
+    };
     let plane =
         Arc::new(ControlPlane::new(team_config()).with_log(DecisionLog::open(&log_path).unwrap()));
 
@@ -174,7 +179,10 @@ async fn circular_logic_escalates_to_a_human_and_the_answer_completes_the_run() 
             "dev → escalate to a human",
         ]
     );
-    assert_eq!(store.run("t1").unwrap().unwrap().status, report.status);
+    assert_eq!(
+        store.run("t1").await.unwrap().unwrap().status,
+        report.status
+    );
     let health = &report.health;
     assert_eq!(
         health.exchanges[0].pair,
@@ -202,7 +210,7 @@ async fn circular_logic_escalates_to_a_human_and_the_answer_completes_the_run() 
     .await
     .unwrap_err();
     assert!(refused.to_string().contains("--input"), "{refused}");
-    assert_eq!(store.run("t1").unwrap().unwrap().lease, None);
+    assert_eq!(store.run("t1").await.unwrap().unwrap().lease, None);
 
     let answer = Start::Resume {
         from: None,
@@ -245,6 +253,7 @@ async fn circular_logic_escalates_to_a_human_and_the_answer_completes_the_run() 
     assert_eq!(logged[6].summary, "dev → escalate to a human");
     let nodes: Vec<String> = store
         .history("t1")
+        .await
         .unwrap()
         .into_iter()
         .map(|c| c.node)
@@ -304,7 +313,7 @@ async fn passive_mode_routes_silently_until_a_gate_blocks() {
             Ok(Control::Continue)
         }),
     ];
-    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let store = store_in_memory();
     let graph = plane.graph("team", nodes, "dev").unwrap();
     let invocation = Invocation::new(SharedState::new(State::default()));
     let report = run_durable(&graph, Some(&plane), &store, "p", new_run(), invocation)
@@ -321,6 +330,7 @@ async fn passive_mode_routes_silently_until_a_gate_blocks() {
     assert_eq!(report.health.visits.get("dev"), Some(&2));
     let nodes: Vec<String> = store
         .history("p")
+        .await
         .unwrap()
         .into_iter()
         .map(|c| c.node)
@@ -356,7 +366,7 @@ async fn transient_failures_are_retried_and_a_lasting_one_escalates() {
         ["dev", "tea"],
         [("dev", "tea")],
     )));
-    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let store = store_in_memory();
     let graph = plane.graph("team", nodes, "dev").unwrap();
     let started = tokio::time::Instant::now();
     let invocation = Invocation::new(SharedState::new(State::default()));
@@ -400,7 +410,7 @@ async fn a_node_stopped_by_a_hook_is_not_retried() {
     });
     let plane = Arc::new(ControlPlane::new(RouterConfig::new(["dev"], [])));
     let nodes: Vec<Arc<dyn Agent>> = vec![Arc::new(Retrying::new(blocked, Backoff::default()))];
-    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let store = store_in_memory();
     let started = tokio::time::Instant::now();
     let graph = plane.graph("team", nodes, "dev").unwrap();
     let invocation = Invocation::new(SharedState::new(State::default()));
@@ -426,10 +436,10 @@ async fn a_node_stopped_by_a_hook_is_not_retried() {
 
 #[tokio::test]
 async fn time_travel_reruns_from_an_earlier_checkpoint_on_a_branch() {
-    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let store = store_in_memory();
     let plane = Arc::new(ControlPlane::new(team_config()));
     let first = run(&plane, team_nodes(), &store, "tt", new_run()).await;
-    let history = store.history("tt").unwrap();
+    let history = store.history("tt").await.unwrap();
     let after_pm = history.iter().find(|c| c.node == "pm").unwrap().id;
     let again = Start::Resume {
         from: Some(after_pm),
@@ -438,7 +448,7 @@ async fn time_travel_reruns_from_an_earlier_checkpoint_on_a_branch() {
     };
     let second = run(&plane, team_nodes(), &store, "tt", again).await;
     assert_eq!(timeless(&second.run.state), timeless(&first.run.state));
-    let history = store.history("tt").unwrap();
+    let history = store.history("tt").await.unwrap();
     let branch = history.iter().find(|c| c.id > first.head.unwrap()).unwrap();
     assert_eq!(
         branch.parent,
@@ -498,7 +508,10 @@ async fn crash_child_runs_until_killed() {
         return;
     };
     let db = std::path::PathBuf::from(db);
-    let store = Arc::new(CheckpointStore::open(&db).unwrap());
+    let store = {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&db).unwrap());
+        store
+    };
     let plane = Arc::new(ControlPlane::new(team_config()));
     run(
         &plane,
@@ -539,15 +552,18 @@ async fn a_run_killed_during_a_node_resumes_to_the_same_final_state() {
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
 
-    let store = Arc::new(CheckpointStore::open(&db).unwrap());
+    let store = {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&db).unwrap());
+        store
+    };
     assert_eq!(integrity(&db), "ok");
-    let killed = store.run("crash").unwrap().unwrap();
+    let killed = store.run("crash").await.unwrap().unwrap();
     assert_eq!(
         killed.status,
         RunStatus::Running,
         "a killed run stays `running`"
     );
-    let head = store.checkpoint(killed.head.unwrap()).unwrap();
+    let head = store.checkpoint(killed.head.unwrap()).await.unwrap();
     assert_eq!(
         (head.node.as_str(), head.next.as_slice()),
         ("router", &["dev".to_owned()][..])
@@ -561,7 +577,7 @@ async fn a_run_killed_during_a_node_resumes_to_the_same_final_state() {
     };
     let resumed = run(&plane, crashable_nodes(None), &store, "crash", resume).await;
 
-    let reference_store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let reference_store = store_in_memory();
     let reference = run(&plane, team_nodes(), &reference_store, "ref", new_run()).await;
     assert_eq!(resumed.status, reference.status);
     assert_eq!(timeless(&resumed.run.state), timeless(&reference.run.state));
@@ -572,7 +588,7 @@ async fn a_run_killed_during_a_node_resumes_to_the_same_final_state() {
 
 /// SQLite's own integrity check of the database at `path`.
 fn integrity(path: &std::path::Path) -> String {
-    let store = CheckpointStore::open(path).unwrap();
+    let store = SqliteStore::open(path).unwrap();
     store.integrity_check().unwrap()
 }
 
@@ -586,7 +602,7 @@ async fn the_health_report_is_an_event_in_the_log() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("events.jsonl");
     let log = Arc::new(EventLog::create(&path).unwrap());
-    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let store = store_in_memory();
     let plane = Arc::new(ControlPlane::new(team_config()));
     let graph = plane.graph("team", team_nodes(), "analyst").unwrap();
     let invocation = Invocation::new(SharedState::new(State::default())).with_sink(log);
@@ -627,7 +643,7 @@ async fn a_run_that_dies_after_the_answer_runs_the_answered_node_again() {
         Ok(Control::Continue)
     });
     let plane = Arc::new(ControlPlane::new(RouterConfig::new(["dev"], [])));
-    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let store = store_in_memory();
     let graph = plane.graph("team", vec![dev], "dev").unwrap();
     let go = |start| {
         let invocation = Invocation::new(SharedState::new(State::default()));
@@ -705,7 +721,7 @@ async fn every_ending_of_a_routed_run_logs_its_health_once() {
         }
     };
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let store = store_in_memory();
     let plane = Arc::new(ControlPlane::new(RouterConfig::new(
         ["dev", "tea"],
         [("dev", "tea")],
@@ -788,7 +804,7 @@ async fn an_agents_escalate_action_is_a_routing_decision_on_record() {
     let plane = Arc::new(ControlPlane::new(
         RouterConfig::new(["dev", "tea"], [("dev", "tea")]).with_mode(RouterMode::Passive),
     ));
-    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let store = store_in_memory();
     let graph = plane.graph("team", vec![dev, tea], "dev").unwrap();
     let invocation = Invocation::new(SharedState::new(State::default()));
     let report = run_durable(&graph, Some(&plane), &store, "e", new_run(), invocation)

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use engine::durable::{
-    CheckpointId, CheckpointStore, DurableRoot, RunStatus, Start, checkpoint_path, run_durable,
+    CheckpointId, DurableRoot, RunStatus, SqliteStore, Start, Store, checkpoint_path, run_durable,
 };
 use engine::flow::{
     Agent, Control, Event, EventKind, FlowError, Graph, Invocation, InvocationContext, MemorySink,
@@ -191,7 +191,7 @@ fn resume(from: Option<CheckpointId>) -> Start {
 /// Runs `root` as run `id`; the report and the loop iterations its events counted.
 async fn run(
     root: &DurableRoot,
-    store: &Arc<CheckpointStore>,
+    store: &Arc<dyn Store>,
     id: &str,
     start: Start,
 ) -> (RunReport, Vec<(String, u32)>) {
@@ -215,9 +215,10 @@ fn iterations(events: &[Event]) -> Vec<(String, u32)> {
 }
 
 /// Each checkpoint's node and path (`-` for one without a path).
-fn chain(store: &CheckpointStore, id: &str) -> Vec<String> {
+async fn chain(store: &dyn Store, id: &str) -> Vec<String> {
     store
         .history(id)
+        .await
         .unwrap()
         .iter()
         .map(|c| match checkpoint_path(c) {
@@ -227,8 +228,8 @@ fn chain(store: &CheckpointStore, id: &str) -> Vec<String> {
         .collect()
 }
 
-fn open(dir: &Path) -> Arc<CheckpointStore> {
-    Arc::new(CheckpointStore::open(dir.join("runs.db")).unwrap())
+fn open(dir: &Path) -> Arc<dyn Store> {
+    Arc::new(SqliteStore::open(dir.join("runs.db")).unwrap())
 }
 
 /// The unbroken run: its final state, leaf counts, checkpoint chain and loop iterations.
@@ -239,14 +240,14 @@ struct Unbroken {
     iterations: Vec<(String, u32)>,
 }
 
-async fn unbroken(store: &Arc<CheckpointStore>) -> Unbroken {
+async fn unbroken(store: &Arc<dyn Store>) -> Unbroken {
     let probe = Arc::new(Probe::default());
     let (report, iterations) = run(&workflow(&probe), store, "whole", new_run()).await;
     assert_eq!(report.result, Ok(Control::Continue));
     Unbroken {
         state: report.state,
         counts: probe.counts(),
-        chain: chain(store, "whole"),
+        chain: chain(store.as_ref(), "whole").await,
         iterations,
     }
 }
@@ -293,7 +294,7 @@ async fn a_run_stopped_at_any_nested_node_resumes_rerunning_only_that_node() {
         let (failed, before) = run(&root, &store, &id, new_run()).await;
         assert!(failed.result.is_err(), "stopped at leaf {at}");
         assert!(matches!(
-            store.run(&id).unwrap().unwrap().status,
+            store.run(&id).await.unwrap().unwrap().status,
             RunStatus::Failed { .. }
         ));
         let stopped: Vec<String> = probe.counts().into_keys().collect();
@@ -319,7 +320,11 @@ async fn a_run_stopped_at_any_nested_node_resumes_rerunning_only_that_node() {
         assert!(stopped.iter().any(|n| extra.contains_key(n)));
         // The checkpoints are those of an unbroken run; the loops count on from where they
         // were (an iteration entered after the last checkpoint is entered again).
-        assert_eq!(chain(&store, &id), whole.chain, "stopped at leaf {at}");
+        assert_eq!(
+            chain(store.as_ref(), &id).await,
+            whole.chain,
+            "stopped at leaf {at}"
+        );
         assert!(
             whole.iterations.starts_with(&before),
             "stopped at leaf {at}"
@@ -327,11 +332,12 @@ async fn a_run_stopped_at_any_nested_node_resumes_rerunning_only_that_node() {
         assert!(whole.iterations.ends_with(&after), "stopped at leaf {at}");
         assert!(before.len() + after.len() <= whole.iterations.len() + 1);
         assert_eq!(
-            store.run(&id).unwrap().unwrap().status,
+            store.run(&id).await.unwrap().unwrap().status,
             RunStatus::Completed
         );
     }
-    assert_eq!(store.integrity_check().unwrap(), "ok");
+    let file = SqliteStore::open(dir.path().join("runs.db")).unwrap();
+    assert_eq!(file.integrity_check().unwrap(), "ok");
 }
 
 #[tokio::test]
@@ -349,13 +355,16 @@ async fn a_run_dropped_mid_node_at_each_depth_resumes_there() {
             _ = run(&root, &store, &id, new_run()) => panic!("the run was to hang at leaf {at}"),
             () = probe.stopped.notified() => {}
         }
-        assert_eq!(store.run(&id).unwrap().unwrap().status, RunStatus::Running);
+        assert_eq!(
+            store.run(&id).await.unwrap().unwrap().status,
+            RunStatus::Running
+        );
         let (resumed, _) = run(&root, &store, &id, resume(None)).await;
         assert_eq!(resumed.state, whole.state, "dropped at `{node}`");
         let mut expected = whole.counts.clone();
         *expected.get_mut(node).unwrap() += 1;
         assert_eq!(probe.counts(), expected, "only `{node}` ran twice");
-        assert_eq!(chain(&store, &id), whole.chain);
+        assert_eq!(chain(store.as_ref(), &id).await, whole.chain);
     }
 }
 
@@ -364,7 +373,7 @@ async fn time_travel_to_a_nested_checkpoint_runs_only_what_follows_it() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let whole = unbroken(&store).await;
-    let history = store.history("whole").unwrap();
+    let history = store.history("whole").await.unwrap();
     let target = "outer[2]/steps/inner[1]/work";
     let (index, from) = history
         .iter()
@@ -395,7 +404,7 @@ async fn time_travel_to_a_nested_checkpoint_runs_only_what_follows_it() {
         ]
     );
     // The new checkpoints branch from the nested one.
-    let branch = store.history("whole").unwrap();
+    let branch = store.history("whole").await.unwrap();
     let first_new = &branch[history.len()];
     assert_eq!(first_new.parent, Some(from.id));
     assert_eq!(
@@ -411,7 +420,7 @@ async fn time_travel_to_a_nested_exit_acts_on_it() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     let whole = unbroken(&store).await;
-    let history = store.history("whole").unwrap();
+    let history = store.history("whole").await.unwrap();
     let exit = history
         .iter()
         .find(|c| checkpoint_path(c).is_some_and(|p| path_text(&p) == "outer[3]/steps/wrap"))
@@ -460,13 +469,16 @@ async fn a_nested_escalation_waits_for_a_human_and_goes_on_inside_its_container(
     let store = open(dir.path());
     run(&root, &store, "ask", new_run()).await;
     assert_eq!(
-        store.run("ask").unwrap().unwrap().status,
+        store.run("ask").await.unwrap().unwrap().status,
         RunStatus::AwaitingHuman {
             question: "Which region first?".into()
         }
     );
     // One checkpoint for the escalation, at the node that escalated.
-    assert_eq!(chain(&store, "ask"), ["__start__", "outer[1]/steps/ask"]);
+    assert_eq!(
+        chain(store.as_ref(), "ask").await,
+        ["__start__", "outer[1]/steps/ask"]
+    );
     let answer = Start::Resume {
         from: None,
         answer: Some("north".into()),
@@ -478,7 +490,7 @@ async fn a_nested_escalation_waits_for_a_human_and_goes_on_inside_its_container(
         Some(&json!(["ask", "ask", "after north", "ask", "after north"]))
     );
     assert_eq!(
-        chain(&store, "ask")[2..],
+        chain(store.as_ref(), "ask").await[2..],
         [
             "human",
             "outer[1]/steps/ask",
@@ -489,7 +501,7 @@ async fn a_nested_escalation_waits_for_a_human_and_goes_on_inside_its_container(
             "outer[2]/steps"
         ]
     );
-    let answered = &store.history("ask").unwrap()[2];
+    let answered = &store.history("ask").await.unwrap()[2];
     assert_eq!(answered.metadata["path"][1]["node"], json!("ask"));
 }
 
@@ -527,7 +539,7 @@ async fn a_parallel_group_is_checkpointed_at_its_boundary_only() {
     let store = open(dir.path());
     run(&root, &store, "p", new_run()).await;
     assert_eq!(
-        chain(&store, "p"),
+        chain(store.as_ref(), "p").await,
         ["__start__", "seq/a", "seq/both", "seq/b"]
     );
 }
@@ -552,7 +564,7 @@ async fn a_routed_graph_resumes_inside_its_nested_loop_and_its_router_goes_on() 
     let probe = Arc::new(Probe::default());
     let (whole, _) = run(&build(&probe), &store, "whole", new_run()).await;
     let whole_counts = probe.counts();
-    let whole_chain = chain(&store, "whole");
+    let whole_chain = chain(store.as_ref(), "whole").await;
     assert!(
         whole_chain.contains(&"team/b[2]/w1".to_owned()),
         "{whole_chain:?}"
@@ -570,9 +582,9 @@ async fn a_routed_graph_resumes_inside_its_nested_loop_and_its_router_goes_on() 
     let mut expected = whole_counts;
     *expected.get_mut("w2").unwrap() += 1;
     assert_eq!(probe.counts(), expected);
-    assert_eq!(chain(&store, "r"), whole_chain);
+    assert_eq!(chain(store.as_ref(), "r").await, whole_chain);
     assert_eq!(
-        store.run("r").unwrap().unwrap().status,
+        store.run("r").await.unwrap().unwrap().status,
         RunStatus::Completed
     );
 }
@@ -586,11 +598,12 @@ async fn a_run_checkpointed_before_paths_were_recorded_resumes_at_its_top_level(
     let owner = engine::durable::Owner::current();
     let lease = store
         .create_run(&engine::durable::NewRun::new("old", "nested"), &owner)
+        .await
         .unwrap();
     let nothing = engine::StateDelta::new();
     let start =
         engine::durable::NewCheckpoint::new("__start__", &nothing).next(vec!["plan".into()]);
-    let start = store.put(&lease, start).unwrap();
+    let start = store.put(&lease, start).await.unwrap();
     let writes: engine::StateDelta = [
         ("round", json!(1)),
         ("temp:round", json!(1)),
@@ -605,12 +618,12 @@ async fn a_run_checkpointed_before_paths_were_recorded_resumes_at_its_top_level(
     let plan = engine::durable::NewCheckpoint::new("plan", &writes)
         .parent(Some(start))
         .metadata(json!({"graph_step": 1, "iteration": 1}));
-    store.put(&lease, plan).unwrap();
+    store.put(&lease, plan).await.unwrap();
     // The process that wrote them stopped.
-    store.release(&lease).unwrap();
+    store.release(&lease).await.unwrap();
     let probe = Arc::new(Probe::default());
     let (report, _) = run(&workflow(&probe), &store, "old", resume(None)).await;
     assert_eq!(report.state, whole.state);
     assert_eq!(probe.counts()["plan"], 2, "rounds 2 and 3");
-    assert_eq!(chain(&store, "old")[2..], whole.chain[2..]);
+    assert_eq!(chain(store.as_ref(), "old").await[2..], whole.chain[2..]);
 }

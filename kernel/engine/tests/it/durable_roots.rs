@@ -9,8 +9,9 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
+use crate::support::store_in_memory;
 use engine::HookAction;
-use engine::durable::{CheckpointStore, DurableRoot, RunStatus, Start, run_durable};
+use engine::durable::{DurableRoot, RunStatus, Start, Store, run_durable};
 use engine::flow::{
     Agent, BranchPolicy, Callback, CallbackContext, Callbacks, Control, FlowError, FnAgent, Graph,
     Invocation, InvocationContext, Target,
@@ -42,12 +43,16 @@ fn resume() -> Start {
     }
 }
 
-async fn run(root: &DurableRoot, store: &Arc<CheckpointStore>, id: &str, start: Start) -> State {
+async fn run(root: &DurableRoot, store: &Arc<dyn Store>, id: &str, start: Start) -> State {
     let invocation = Invocation::new(SharedState::new(State::default()));
     let report = run_durable(root.graph(), root.plane(), store, id, start, invocation)
         .await
         .unwrap();
-    assert_eq!(store.run(id).unwrap().unwrap().lease, None, "released");
+    assert_eq!(
+        store.run(id).await.unwrap().unwrap().lease,
+        None,
+        "released"
+    );
     report.run.state
 }
 
@@ -68,16 +73,16 @@ async fn a_loop_resumed_between_iterations_runs_as_many_as_an_unbroken_one() {
     let three = NonZeroU32::new(3).unwrap();
     let graph = Graph::looping("loop", vec![a, counter("b", "b")], three).unwrap();
     let root = DurableRoot::new(Arc::new(graph)).unwrap();
-    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let store = store_in_memory();
     let state = run(&root, &store, "l", new_run()).await;
     assert_eq!(state.get("b"), Some(&json!(1)));
     assert!(matches!(
-        store.run("l").unwrap().unwrap().status,
+        store.run("l").await.unwrap().unwrap().status,
         RunStatus::Failed { .. }
     ));
     let state = run(&root, &store, "l", resume()).await;
     assert_eq!(
-        store.run("l").unwrap().unwrap().status,
+        store.run("l").await.unwrap().unwrap().status,
         RunStatus::Completed,
         "the loop ends at its limit, not at the graph's step limit"
     );
@@ -85,6 +90,7 @@ async fn a_loop_resumed_between_iterations_runs_as_many_as_an_unbroken_one() {
     assert_eq!(state.get("b"), Some(&json!(3)));
     let nodes: Vec<String> = store
         .history("l")
+        .await
         .unwrap()
         .into_iter()
         .map(|c| c.node)
@@ -94,7 +100,7 @@ async fn a_loop_resumed_between_iterations_runs_as_many_as_an_unbroken_one() {
 
 #[tokio::test]
 async fn roots_that_are_not_graphs_run_as_the_one_node_of_a_sequence() {
-    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let store = store_in_memory();
     let single = DurableRoot::new(counter("solo", "n")).unwrap();
     assert_eq!(single.graph().name(), "solo");
     let state = run(&single, &store, "s", new_run()).await;
@@ -114,12 +120,16 @@ async fn roots_that_are_not_graphs_run_as_the_one_node_of_a_sequence() {
     for (id, node) in [("s", "solo"), ("p", "both")] {
         let nodes: Vec<String> = store
             .history(id)
+            .await
             .unwrap()
             .into_iter()
             .map(|c| c.node)
             .collect();
         assert_eq!(nodes, ["__start__", node]);
-        assert_eq!(store.run(id).unwrap().unwrap().status, RunStatus::Completed);
+        assert_eq!(
+            store.run(id).await.unwrap().unwrap().status,
+            RunStatus::Completed
+        );
     }
 }
 
@@ -160,7 +170,7 @@ impl Agent for Sleepy {
 
 #[tokio::test(start_paused = true)]
 async fn a_run_stopped_by_ctrl_c_or_a_timeout_is_released_and_resumable() {
-    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let store = store_in_memory();
     // Ctrl-C: the first node cancels the run, which stops before the next one.
     let interrupt: Arc<dyn Agent> = Arc::new(FnAgent::new("stop", |ctx: &InvocationContext| {
         ctx.cancel_token().cancel();
@@ -187,14 +197,15 @@ async fn a_run_stopped_by_ctrl_c_or_a_timeout_is_released_and_resumable() {
     .unwrap();
     assert!(report.run.result.is_err());
     for id in ["c", "t"] {
-        let record = store.run(id).unwrap().unwrap();
+        let record = store.run(id).await.unwrap().unwrap();
         assert_eq!(record.lease, None, "{id}");
         // Free for the next process, which finds no owner to take it from.
         let claim = store
             .claim(id, &engine::durable::Owner::current(), false)
+            .await
             .unwrap();
         assert_eq!(claim.replaced, None);
-        store.release(&claim.lease).unwrap();
+        store.release(&claim.lease).await.unwrap();
     }
 }
 
@@ -234,7 +245,7 @@ fn counted(count: &Arc<Count>) -> Callbacks {
 /// a graph, a sequence, a loop, a routed graph, a wrapped single agent.
 #[tokio::test]
 async fn a_roots_callbacks_run_once_per_run_for_every_root_kind() {
-    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let store = store_in_memory();
     let two = NonZeroU32::new(2).unwrap();
     let plane = Arc::new(ControlPlane::new(RouterConfig::new(
         ["a", "b"],
@@ -291,7 +302,7 @@ async fn a_roots_callbacks_run_once_per_run_for_every_root_kind() {
         let root = DurableRoot::new(build(counted(&count))).unwrap();
         run(&root, &store, kind, new_run()).await;
         assert_eq!(
-            store.run(kind).unwrap().unwrap().status,
+            store.run(kind).await.unwrap().unwrap().status,
             RunStatus::Completed
         );
         assert_eq!(count.calls(), (1, 1), "{kind}: once before, once after");
@@ -319,10 +330,10 @@ async fn a_run_resumed_after_a_human_runs_its_roots_callbacks_once_in_all() {
         .unwrap()
         .with_callbacks(counted(&count));
     let root = DurableRoot::new(Arc::new(graph)).unwrap();
-    let store = Arc::new(CheckpointStore::open_in_memory().unwrap());
+    let store = store_in_memory();
     run(&root, &store, "h", new_run()).await;
     assert!(matches!(
-        store.run("h").unwrap().unwrap().status,
+        store.run("h").await.unwrap().unwrap().status,
         RunStatus::AwaitingHuman { .. }
     ));
     assert_eq!(count.calls(), (1, 0), "stopped for a human: not ended yet");
@@ -334,7 +345,7 @@ async fn a_run_resumed_after_a_human_runs_its_roots_callbacks_once_in_all() {
     let state = run(&root, &store, "h", answer).await;
     assert_eq!(state.get("b"), Some(&json!(1)));
     assert_eq!(
-        store.run("h").unwrap().unwrap().status,
+        store.run("h").await.unwrap().unwrap().status,
         RunStatus::Completed
     );
     assert_eq!(count.calls(), (1, 1), "before once, after once, in all");

@@ -19,8 +19,13 @@ use crate::support::{counted, ends, failing, run, run_with, step, trace, traced,
 #[derive(Default)]
 struct Recorder(Mutex<Vec<NodeRecord>>);
 
+#[async_trait::async_trait]
 impl NodeObserver for Recorder {
-    fn node_finished(&self, _: &InvocationContext, record: &NodeRecord) -> Result<(), FlowError> {
+    async fn node_finished(
+        &self,
+        _: &InvocationContext,
+        record: &NodeRecord,
+    ) -> Result<(), FlowError> {
         self.0.lock().expect("not poisoned").push(record.clone());
         Ok(())
     }

@@ -105,3 +105,8 @@ pub(crate) fn ends(events: &[Event], author: &str) -> Vec<EndStatus> {
         .filter_map(Event::end_status)
         .collect()
 }
+
+/// A run database in memory (SQLite), as the engine uses every store.
+pub(crate) fn store_in_memory() -> std::sync::Arc<dyn engine::durable::Store> {
+    std::sync::Arc::new(engine::durable::SqliteStore::open_in_memory().expect("an in-memory store"))
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bridge::mock::{Latency, MockConfig, MockServer, Script};
 use bridge::{Endpoint, EndpointConfig, Ledger};
-use engine::durable::{CheckpointStore, RunStatus as Stored, Start, run_durable};
+use engine::durable::{RunStatus as Stored, SqliteStore, Start, Store, run_durable};
 use engine::flow::{
     Agent, BranchPolicy, Control, Event, EventSink, FlowError, FnAgent, Graph, Invocation,
     InvocationContext, LlmAgent, MessageRecord, Router, RunOutcome, Target, run_workflow,
@@ -205,7 +205,10 @@ async fn a_delete_is_its_own_write_through_the_event_the_checkpoint_and_a_resume
     let graph = Graph::sequential("flow", vec![clear, after]).expect("valid graph");
     let dir = tempfile::tempdir().expect("a temporary folder");
     let db = dir.path().join("runs.db");
-    let store = Arc::new(CheckpointStore::open(&db).expect("the store opens"));
+    let store = {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&db).expect("the store opens"));
+        store
+    };
     let mut state = State::default();
     state.set("gone", json!("x"));
     state.set("nothing", json!(1));
@@ -240,15 +243,18 @@ async fn a_delete_is_its_own_write_through_the_event_the_checkpoint_and_a_resume
 
     // So does its checkpoint, read back from the file by another store.
     drop(store);
-    let store = Arc::new(CheckpointStore::open(&db).expect("the store reopens"));
-    let history = store.history("r").expect("the run's history");
+    let store = {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&db).expect("the store reopens"));
+        store
+    };
+    let history = store.history("r").await.expect("the run's history");
     let checkpoint = history
         .iter()
         .find(|c| c.node == "clear")
         .expect("a checkpoint of `clear`");
-    let writes = store.writes(checkpoint.id).expect("its writes");
+    let writes = store.writes(checkpoint.id).await.expect("its writes");
     assert_eq!(writes.iter().cloned().collect::<Vec<_>>(), [delete, null]);
-    let at = store.state_at(checkpoint.id).expect("its state");
+    let at = store.state_at(checkpoint.id).await.expect("its state");
     assert_eq!(at.state.get("gone"), None);
     assert_eq!(at.state.get("nothing"), Some(&Value::Null));
 

@@ -130,8 +130,8 @@ const FRAME_LIBRARIES: &[Choice] = &[
 ];
 
 use Group::{
-    Agent, Answer, Budget, Iterations, Load, Loop, Models, Output, Session, Timeout, Trace,
-    Trajectory,
+    Agent, Answer, Budget, Database, Iterations, Lease, Load, Loop, Models, Output, Session,
+    Timeout, Trace, Trajectory,
 };
 
 run_options! {
@@ -289,6 +289,20 @@ run_options! {
     /// Let the tools read files with more than one hard link (another name, maybe outside
     /// the project, points at the same file). Such files are never written.
     allow_hard_links: bool = OptionSpec::new(Kind::Switch, Agent);
+    /// The run database of `rlm flow`: an SQLite file (`PATH` or `sqlite:PATH`) or a
+    /// PostgreSQL database many hosts share (`postgres://USER[:PASSWORD]@HOST[:PORT]/DB`; the
+    /// password never shows in any output) [default: .rlm/runs.db].
+    db: String = OptionSpec::new(Kind::Database, Database)
+        .env("RLM_DB")
+        .value_name("PATH|URL");
+    /// PostgreSQL only: how long a driver's lease on its run lasts without a heartbeat, in
+    /// seconds (at least 1; it renews it every third of that). A host that stops
+    /// heartbeating (killed, frozen, cut off) loses the run after it, to the next resume from
+    /// any host [default: 30].
+    lease_expiry: f64 = OptionSpec::new(Kind::Seconds, Lease)
+        .env("RLM_LEASE_EXPIRY")
+        .value_name("SECONDS")
+        .example("30");
 }
 
 /// How two layers' values of one option combine: the first set value wins.

@@ -99,9 +99,16 @@ impl RunOptions {
             let mut value = spec
                 .parse_json(&json)
                 .map_err(|problem| OptionError::value(&source, spec, problem))?;
-            if spec.kind == Kind::Path
-                && let Some(relative) = value.as_str().map(Path::new).filter(|p| p.is_relative())
-            {
+            let path = match spec.kind {
+                Kind::Path => value.as_str().map(PathBuf::from),
+                // An SQLite file's path (without `sqlite:`); a URL stays as it is.
+                Kind::Database => match value.as_str().map(engine::durable::Location::parse) {
+                    Some(Ok(engine::durable::Location::Sqlite(path))) => Some(path),
+                    _ => None,
+                },
+                _ => None,
+            };
+            if let Some(relative) = path.filter(|p| p.is_relative()) {
                 value = Value::from(dir.join(relative).to_string_lossy().into_owned());
             }
             values.insert(spec.name.to_owned(), value);

@@ -39,6 +39,11 @@ pub enum Group {
     /// The roots of an agent bundle's tools and what they may touch (`rlm agent`): the
     /// project root, broad roots, hard links. The Python package runs no bundles.
     Agent,
+    /// The run database of `rlm flow` (`--db`). The Python package runs no workflows.
+    Database,
+    /// How long a driver's lease on a run in a PostgreSQL database lasts without a heartbeat
+    /// (`rlm flow run` and `resume`).
+    Lease,
 }
 
 impl Group {
@@ -52,7 +57,7 @@ impl Group {
 pub type Groups = u16;
 
 /// Every group.
-pub const ALL_GROUPS: Groups = (1 << 12) - 1;
+pub const ALL_GROUPS: Groups = (1 << 14) - 1;
 
 /// One value an option of [`Kind::Choice`] takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +79,10 @@ pub enum Kind {
     Url,
     /// A file path: a string (one from a configuration file is relative to that file).
     Path,
+    /// A run database: an SQLite path (`PATH`, `sqlite:PATH`; one from a configuration file is
+    /// relative to that file) or a `postgres://` URL, whose password no error repeats: a
+    /// string.
+    Database,
     /// The name of an environment variable (not empty, no `=` or NUL): a string.
     Variable,
     /// A whole number of at least `min`: a number.
@@ -141,6 +150,7 @@ impl OptionSpec {
                 Kind::Text => "text",
                 Kind::Url => "http://127.0.0.1:8000/v1",
                 Kind::Path => "file.md",
+                Kind::Database => "postgres://rlm@127.0.0.1:5432/runs",
                 Kind::Variable => "MY_VARIABLE",
                 Kind::Whole { .. } => "7",
                 Kind::Number => "0.5",
@@ -211,6 +221,14 @@ impl OptionSpec {
         let number = || trimmed.parse::<f64>().ok().filter(|x| x.is_finite());
         match self.kind {
             Kind::Text | Kind::Path => non_empty(text),
+            Kind::Database => {
+                non_empty(text)?;
+                // Checked as the engine reads it (a URL's password is registered for
+                // redaction there, before anything can fail); errors show no password.
+                engine::durable::Location::parse(text)
+                    .map(|_| Value::from(text))
+                    .map_err(|e| format!("must be an SQLite path or a PostgreSQL URL: {e}"))
+            }
             Kind::Url => {
                 non_empty(text)?;
                 if trimmed.starts_with("http://") || trimmed.starts_with("https://") {
@@ -342,7 +360,9 @@ impl Kind {
     /// What a value of this kind is, after "must be".
     fn expected(self) -> &'static str {
         match self {
-            Kind::Text | Kind::Url | Kind::Path | Kind::Variable | Kind::Price => "a string",
+            Kind::Text | Kind::Url | Kind::Path | Kind::Database | Kind::Variable | Kind::Price => {
+                "a string"
+            }
             Kind::Character => "a one-character string",
             Kind::Whole { .. } => "a whole number",
             Kind::Number | Kind::Seconds | Kind::Usd => "a number",

@@ -358,3 +358,44 @@ fn each_kind_refuses_what_it_does_not_take() {
         "a number from a keyword or `rlm.toml`"
     );
 }
+
+#[test]
+fn a_run_database_is_a_path_relative_to_rlm_toml_or_a_url_whose_password_no_error_shows() {
+    let dir = tempfile::tempdir().unwrap();
+    let read = |value: &str| {
+        let file = dir.path().join("rlm.toml");
+        let mut table = toml::Table::new();
+        table.insert("db".to_owned(), toml::Value::String(value.to_owned()));
+        let text = toml::to_string(&toml::Table::from_iter([(
+            "run".to_owned(),
+            toml::Value::Table(table),
+        )]))
+        .unwrap();
+        std::fs::write(&file, text).unwrap();
+        RunOptions::from_file(&file).map(|options| options.db)
+    };
+    let beside = dir.path().join("runs/a.db").display().to_string();
+    assert_eq!(read("runs/a.db").unwrap(), Some(beside.clone()));
+    assert_eq!(read("sqlite:runs/a.db").unwrap(), Some(beside));
+    assert_eq!(
+        read("/var/rlm/runs.db").unwrap().as_deref(),
+        Some("/var/rlm/runs.db")
+    );
+    let url = "postgres://rlm@db.internal:5433/runs";
+    assert_eq!(read(url).unwrap().as_deref(), Some(url));
+
+    // A URL that does not parse: the error names the option and never the password.
+    let secret = "Zq-not-shown-81";
+    let bad = format!("postgres://rlm:{secret}@db.internal:port/runs");
+    let err = RunOptions::from_text(&Source::Flag, [("db", vec![bad.clone()])])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("`--db` must be an SQLite path or a PostgreSQL URL"),
+        "{err}"
+    );
+    assert!(!err.contains(secret), "{err}");
+    let err = read(&bad).unwrap_err().to_string();
+    assert!(err.contains("`db` in"), "{err}");
+    assert!(!err.contains(secret), "{err}");
+}

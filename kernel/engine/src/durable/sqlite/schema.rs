@@ -15,11 +15,11 @@
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 /// The schema version this build writes and reads: one per migration.
-pub(super) const VERSION: i64 = MIGRATIONS.len() as i64;
+pub(in crate::durable) const VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// The steps from an empty file to the current layout; step N leads to version N + 1. A step
 /// is never edited once released (databases ran it already): a change is a new step.
-pub(super) const MIGRATIONS: [&str; 2] = [V1, V2_LEASES];
+pub(in crate::durable) const MIGRATIONS: [&str; 2] = [V1, V2_LEASES];
 
 /// Version 1: runs and their checkpoints.
 const V1: &str = "
