@@ -250,6 +250,37 @@ impl From<serde_json::Error> for RowError {
     }
 }
 
+/// A failure inside a store's call, turned into a [`StoreError`] at the store's boundary,
+/// where the database is known: its driver's error `E` (rusqlite's, the PostgreSQL pool's), a
+/// stored value that does not read ([`RowError`]), or a store error as such.
+#[derive(Debug)]
+pub(super) enum Failure<E> {
+    /// The database driver failed.
+    Driver(E),
+    /// A stored value is damaged.
+    Row(RowError),
+    /// Refused as such (an unknown run, a lost lease, …).
+    Store(StoreError),
+}
+
+impl<E> From<RowError> for Failure<E> {
+    fn from(e: RowError) -> Self {
+        Self::Row(e)
+    }
+}
+
+impl<E> From<serde_json::Error> for Failure<E> {
+    fn from(e: serde_json::Error) -> Self {
+        Self::Row(RowError::Json(e))
+    }
+}
+
+impl<E> From<StoreError> for Failure<E> {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
 impl RowError {
     /// As the store error of database `db`.
     pub(super) fn into_store_error(self, db: String) -> StoreError {
@@ -415,18 +446,41 @@ pub(super) struct Planned<'w> {
     /// Its step: its parent's plus one.
     pub(super) step: i64,
     /// Whether it takes a full snapshot.
-    pub(super) snapshot: bool,
+    snapshot: bool,
+    /// Its parent: the id and the row.
+    parent: Option<(CheckpointId, ParentRow)>,
+    /// Its writes.
+    writes: &'w StateDelta,
+}
+
+/// What a put stores beside its writes: the snapshot it takes, if any (state and channel
+/// versions as JSON text), and its chain bookkeeping.
+pub(super) struct Chained {
+    /// The snapshot, when it takes one.
+    pub(super) snapshot: Option<(String, String)>,
+    /// Bytes written since the last snapshot.
+    pub(super) chain_bytes: i64,
+    /// Checkpoints since the last snapshot.
+    pub(super) chain_len: i64,
+    /// The size of the last snapshot.
+    pub(super) base_bytes: i64,
 }
 
 impl<'w> Planned<'w> {
-    /// Plans `checkpoint` after `parent` (its row, when it has one) under `policy`: a
-    /// chain's first checkpoint snapshots, a later one when the writes since the last
-    /// snapshot outweigh it (times the policy's ratio) or the chain grew too long.
-    pub(super) fn new(
+    /// Plans `checkpoint` of run `run_id` after `parent` (its row, as the store read it for
+    /// `checkpoint.parent`) under `policy`: a chain's first checkpoint snapshots, a later one
+    /// when the writes since the last snapshot outweigh it (times the policy's ratio) or the
+    /// chain grew too long. A parent of another run is refused.
+    pub(super) fn new<E>(
         checkpoint: &NewCheckpoint<'w>,
-        parent: Option<&ParentRow>,
+        run_id: &str,
+        parent: Option<ParentRow>,
         policy: SnapshotPolicy,
-    ) -> Result<Self, RowError> {
+    ) -> Result<Self, Failure<E>> {
+        let parent = checkpoint.parent.zip(parent);
+        if let Some((id, row)) = &parent {
+            row.check_run(*id, run_id)?;
+        }
         let rows = checkpoint
             .writes
             .iter()
@@ -438,9 +492,9 @@ impl<'w> Planned<'w> {
             .sum::<usize>()
             .try_into()
             .unwrap_or(i64::MAX);
-        let snapshot = match parent {
+        let snapshot = match &parent {
             None => true,
-            Some(p) => {
+            Some((_, p)) => {
                 let chain_bytes = p.chain_bytes.saturating_add(write_bytes);
                 chain_bytes as f64 > p.base_bytes as f64 * policy.max_delta_ratio
                     || p.chain_len + 1 > policy.max_chain_len
@@ -449,42 +503,56 @@ impl<'w> Planned<'w> {
         Ok(Self {
             rows,
             write_bytes,
-            step: parent.map_or(0, |p| p.step + 1),
+            step: parent.as_ref().map_or(0, |(_, p)| p.step + 1),
             snapshot,
+            parent,
+            writes: checkpoint.writes,
         })
     }
 
-    /// The snapshot it takes: `base` (its parent's state, or none for a chain's first) with
-    /// `writes` applied, as JSON text, and the channel versions.
-    pub(super) fn snapshot_of(
-        &self,
-        mut base: CheckpointState,
-        writes: &StateDelta,
-    ) -> Result<(String, String), serde_json::Error> {
-        base.state.apply(writes);
-        bump_versions(&mut base.versions, writes.iter(), self.step);
-        Ok((
-            serde_json::to_string(&base.state)?,
-            serde_json::to_string(&base.versions)?,
-        ))
+    /// The checkpoint whose state its snapshot builds on, when it takes one after a parent:
+    /// the store reads that state ([`Store::state_at`](super::Store::state_at)) for
+    /// [`chained`](Self::chained), and nothing otherwise.
+    pub(super) fn snapshot_base(&self) -> Option<CheckpointId> {
+        self.parent
+            .as_ref()
+            .filter(|_| self.snapshot)
+            .map(|(id, _)| *id)
     }
 
-    /// Its chain bookkeeping: bytes written since the last snapshot, checkpoints since it,
-    /// and its size (`snapshot_bytes`: the size of the snapshot it takes, if it takes one).
-    pub(super) fn chain(
+    /// Its snapshot, if it takes one (`base`: the state at
+    /// [`snapshot_base`](Self::snapshot_base), none for a chain's first, with its writes
+    /// applied), and its chain bookkeeping.
+    pub(super) fn chained(
         &self,
-        parent: Option<&ParentRow>,
-        snapshot_bytes: Option<usize>,
-    ) -> (i64, i64, i64) {
-        match (snapshot_bytes, parent) {
-            (Some(bytes), _) => (0, 0, i64::try_from(bytes).unwrap_or(i64::MAX)),
-            (None, Some(p)) => (
+        base: Option<CheckpointState>,
+    ) -> Result<Chained, serde_json::Error> {
+        let snapshot = if self.snapshot {
+            let mut base = base.unwrap_or_default();
+            base.state.apply(self.writes);
+            bump_versions(&mut base.versions, self.writes.iter(), self.step);
+            Some((
+                serde_json::to_string(&base.state)?,
+                serde_json::to_string(&base.versions)?,
+            ))
+        } else {
+            None
+        };
+        let (chain_bytes, chain_len, base_bytes) = match (&snapshot, &self.parent) {
+            (Some((state, _)), _) => (0, 0, i64::try_from(state.len()).unwrap_or(i64::MAX)),
+            (None, Some((_, p))) => (
                 p.chain_bytes.saturating_add(self.write_bytes),
                 p.chain_len + 1,
                 p.base_bytes,
             ),
             (None, None) => (0, 0, 0),
-        }
+        };
+        Ok(Chained {
+            snapshot,
+            chain_bytes,
+            chain_len,
+            base_bytes,
+        })
     }
 }
 

@@ -69,12 +69,26 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Gives `lease` up (nothing happens when it was lost already).
     async fn release(&self, lease: &Lease) -> Result<(), StoreError>;
 
+    /// Sets the status of the run of `lease`, if the lease still holds, and with `release`
+    /// gives the lease up in the same transaction. What [`set_status`](Self::set_status) and
+    /// [`finish_run`](Self::finish_run) do.
+    async fn write_status(
+        &self,
+        lease: &Lease,
+        status: &RunStatus,
+        release: bool,
+    ) -> Result<(), StoreError>;
+
     /// Sets the status of the run of `lease`, if the lease still holds.
-    async fn set_status(&self, lease: &Lease, status: &RunStatus) -> Result<(), StoreError>;
+    async fn set_status(&self, lease: &Lease, status: &RunStatus) -> Result<(), StoreError> {
+        self.write_status(lease, status, false).await
+    }
 
     /// Sets the final status of the run of `lease` and releases it, in one transaction: the
     /// run stopped (completed, failed, waiting for a human, stopped by a limit or Ctrl-C).
-    async fn finish_run(&self, lease: &Lease, status: &RunStatus) -> Result<(), StoreError>;
+    async fn finish_run(&self, lease: &Lease, status: &RunStatus) -> Result<(), StoreError> {
+        self.write_status(lease, status, true).await
+    }
 
     /// Writes a checkpoint of the run of `lease` in one transaction, if the lease still holds,
     /// and makes it the run's head.

@@ -51,9 +51,9 @@ use super::StoreError;
 use super::lease::{Claim, Lease, LeaseHolder, Owner};
 use super::location::{Location, PostgresUrl};
 use super::record::{
-    CheckpointColumns, CheckpointId, CheckpointRecord, CheckpointState, NewCheckpoint, NewRun,
-    ParentRow, Planned, PruneReport, RowError, RunColumns, RunRecord, RunStatus, SnapshotPolicy,
-    parse_write, replaceable, replay,
+    CheckpointColumns, CheckpointId, CheckpointRecord, CheckpointState, Failure, NewCheckpoint,
+    NewRun, ParentRow, Planned, PruneReport, RowError, RunColumns, RunRecord, RunStatus,
+    SnapshotPolicy, parse_write, replaceable, replay,
 };
 use super::store::Store;
 use crate::state::StateDelta;
@@ -103,45 +103,19 @@ impl fmt::Debug for PostgresStore {
     }
 }
 
-/// A failure inside a store call, given the database at the boundary.
-enum Failure {
-    Pg(tokio_postgres::Error),
-    Pool(PoolError),
-    Row(RowError),
-    Store(StoreError),
-}
-
-impl From<tokio_postgres::Error> for Failure {
+impl From<tokio_postgres::Error> for Failure<PoolError> {
     fn from(e: tokio_postgres::Error) -> Self {
-        Self::Pg(e)
+        Self::Driver(PoolError::Backend(e))
     }
 }
 
-impl From<PoolError> for Failure {
+impl From<PoolError> for Failure<PoolError> {
     fn from(e: PoolError) -> Self {
-        Self::Pool(e)
+        Self::Driver(e)
     }
 }
 
-impl From<RowError> for Failure {
-    fn from(e: RowError) -> Self {
-        Self::Row(e)
-    }
-}
-
-impl From<serde_json::Error> for Failure {
-    fn from(e: serde_json::Error) -> Self {
-        Self::Row(RowError::Json(e))
-    }
-}
-
-impl From<StoreError> for Failure {
-    fn from(e: StoreError) -> Self {
-        Self::Store(e)
-    }
-}
-
-type Res<T> = Result<T, Failure>;
+type Res<T> = Result<T, Failure<PoolError>>;
 
 /// A transaction of the pool's.
 type Tx<'c> = deadpool_postgres::Transaction<'c>;
@@ -363,45 +337,20 @@ impl PostgresStore {
     }
 
     /// `failure` as the store error it is; see [`classify`].
-    fn store_error(&self, failure: Failure) -> StoreError {
+    fn store_error(&self, failure: Failure<PoolError>) -> StoreError {
         match failure {
-            Failure::Pg(e) => classify(&self.url, &e),
-            Failure::Pool(PoolError::Backend(e)) => classify(&self.url, &e),
-            Failure::Pool(PoolError::Timeout(_)) => StoreError::Unreachable {
+            Failure::Driver(PoolError::Backend(e)) => classify(&self.url, &e),
+            Failure::Driver(PoolError::Timeout(_)) => StoreError::Unreachable {
                 db: self.url.to_string(),
                 reason: "no connection could be opened in time".to_owned(),
             },
-            Failure::Pool(other) => StoreError::Postgres {
+            Failure::Driver(other) => StoreError::Postgres {
                 db: self.url.to_string(),
                 reason: redacted(&other.to_string()),
             },
             Failure::Row(e) => e.into_store_error(self.url.to_string()),
             Failure::Store(e) => e,
         }
-    }
-
-    async fn write_status(
-        &self,
-        lease: &Lease,
-        status: &RunStatus,
-        release: bool,
-    ) -> Result<(), StoreError> {
-        self.write(async |tx| {
-            lock_run(tx, &lease.run_id).await?;
-            fence(tx, lease).await?;
-            execute(
-                tx,
-                "UPDATE rlm.runs SET status = $2, detail = $3, updated_ms = rlm.now_ms() \
-                     WHERE run_id = $1",
-                &[&lease.run_id, &status.name(), &status.detail()],
-            )
-            .await?;
-            if release {
-                execute(tx, "DELETE FROM rlm.leases WHERE id = $1", &[&lease.id]).await?;
-            }
-            Ok(())
-        })
-        .await
     }
 
     fn expiry_ms(&self) -> i64 {
@@ -596,12 +545,28 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn set_status(&self, lease: &Lease, status: &RunStatus) -> Result<(), StoreError> {
-        self.write_status(lease, status, false).await
-    }
-
-    async fn finish_run(&self, lease: &Lease, status: &RunStatus) -> Result<(), StoreError> {
-        self.write_status(lease, status, true).await
+    async fn write_status(
+        &self,
+        lease: &Lease,
+        status: &RunStatus,
+        release: bool,
+    ) -> Result<(), StoreError> {
+        self.write(async |tx| {
+            lock_run(tx, &lease.run_id).await?;
+            fence(tx, lease).await?;
+            execute(
+                tx,
+                "UPDATE rlm.runs SET status = $2, detail = $3, updated_ms = rlm.now_ms() \
+                     WHERE run_id = $1",
+                &[&lease.run_id, &status.name(), &status.detail()],
+            )
+            .await?;
+            if release {
+                execute(tx, "DELETE FROM rlm.leases WHERE id = $1", &[&lease.id]).await?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     async fn put(
@@ -851,28 +816,16 @@ async fn put(
     lock_run(tx, run_id).await?;
     fence(tx, lease).await?;
     let parent = match checkpoint.parent {
-        Some(id) => {
-            let row = parent_row(tx, id).await?;
-            row.check_run(id, run_id)?;
-            Some(row)
-        }
+        Some(id) => Some(parent_row(tx, id).await?),
         None => None,
     };
-    let planned = Planned::new(checkpoint, parent.as_ref(), policy)?;
+    let planned = Planned::new(checkpoint, run_id, parent, policy)?;
     // The state is rebuilt and serialised only when this checkpoint takes a snapshot.
-    let snapshot = if planned.snapshot {
-        let base = match checkpoint.parent {
-            Some(parent) => state_at(tx, parent).await?,
-            None => CheckpointState::default(),
-        };
-        Some(planned.snapshot_of(base, checkpoint.writes)?)
-    } else {
-        None
+    let base = match planned.snapshot_base() {
+        Some(id) => Some(state_at(tx, id).await?),
+        None => None,
     };
-    let (chain_bytes, chain_len, base_bytes) = planned.chain(
-        parent.as_ref(),
-        snapshot.as_ref().map(|(text, _)| text.len()),
-    );
+    let chained = planned.chained(base)?;
     let id: i64 = query_one(
         tx,
         "INSERT INTO rlm.checkpoints (run_id, parent_id, step, node, next, metadata, \
@@ -886,9 +839,9 @@ async fn put(
             &serde_json::to_string(&checkpoint.next)?,
             &checkpoint.metadata.to_string(),
             &planned.write_bytes,
-            &chain_bytes,
-            &chain_len,
-            &base_bytes,
+            &chained.chain_bytes,
+            &chained.chain_len,
+            &chained.base_bytes,
         ],
     )
     .await?
@@ -915,7 +868,7 @@ async fn put(
         )
         .await?;
     }
-    if let Some((state, versions)) = &snapshot {
+    if let Some((state, versions)) = &chained.snapshot {
         execute(
             tx,
             "INSERT INTO rlm.snapshots (checkpoint_id, state, versions) VALUES ($1, $2, $3)",

@@ -25,9 +25,9 @@ use super::StoreError;
 use super::lease::{Claim, Lease, LeaseHolder, Owner};
 use super::location::Location;
 use super::record::{
-    CheckpointColumns, CheckpointId, CheckpointRecord, CheckpointState, NewCheckpoint, NewRun,
-    ParentRow, Planned, PruneReport, RowError, RunColumns, RunRecord, RunStatus, SnapshotPolicy,
-    now_ms, parse_write, replaceable, replay,
+    CheckpointColumns, CheckpointId, CheckpointRecord, CheckpointState, Failure, NewCheckpoint,
+    NewRun, ParentRow, Planned, PruneReport, RowError, RunColumns, RunRecord, RunStatus,
+    SnapshotPolicy, now_ms, parse_write, replaceable, replay,
 };
 use super::store::Store;
 use crate::state::StateDelta;
@@ -63,38 +63,13 @@ impl StoreError {
     }
 }
 
-/// A failure inside a store call, given the database path at the boundary.
-enum Failure {
-    Sql(rusqlite::Error),
-    Row(RowError),
-    Store(StoreError),
-}
-
-impl From<rusqlite::Error> for Failure {
+impl From<rusqlite::Error> for Failure<rusqlite::Error> {
     fn from(e: rusqlite::Error) -> Self {
-        Self::Sql(e)
+        Self::Driver(e)
     }
 }
 
-impl From<RowError> for Failure {
-    fn from(e: RowError) -> Self {
-        Self::Row(e)
-    }
-}
-
-impl From<serde_json::Error> for Failure {
-    fn from(e: serde_json::Error) -> Self {
-        Self::Row(RowError::Json(e))
-    }
-}
-
-impl From<StoreError> for Failure {
-    fn from(e: StoreError) -> Self {
-        Self::Store(e)
-    }
-}
-
-type Res<T> = Result<T, Failure>;
+type Res<T> = Result<T, Failure<rusqlite::Error>>;
 
 /// A read-only connection to `path` whose pages passed `quick_check`; `immutable` reads the
 /// file as it is, without the WAL index (SQLite's `immutable=1`).
@@ -305,7 +280,7 @@ impl Database {
     fn call<T>(&self, work: impl FnOnce(&mut Connection) -> Res<T>) -> Result<T, StoreError> {
         let mut conn = self.lock();
         work(&mut conn).map_err(|failure| match failure {
-            Failure::Sql(source) => StoreError::sqlite(self.path.clone(), source),
+            Failure::Driver(source) => StoreError::sqlite(self.path.clone(), source),
             Failure::Row(e) => e.into_store_error(self.path.display().to_string()),
             Failure::Store(e) => e,
         })
@@ -401,12 +376,27 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn set_status(&self, lease: &Lease, status: &RunStatus) -> Result<(), StoreError> {
-        self.write_status(lease, status, false).await
-    }
-
-    async fn finish_run(&self, lease: &Lease, status: &RunStatus) -> Result<(), StoreError> {
-        self.write_status(lease, status, true).await
+    async fn write_status(
+        &self,
+        lease: &Lease,
+        status: &RunStatus,
+        release: bool,
+    ) -> Result<(), StoreError> {
+        let (lease, status) = (lease.clone(), status.clone());
+        self.blocking(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            fence(&tx, &lease)?;
+            tx.execute(
+                "UPDATE runs SET status = ?2, detail = ?3, updated_ms = ?4 WHERE run_id = ?1",
+                params![lease.run_id, status.name(), status.detail(), now_ms()],
+            )?;
+            if release {
+                tx.execute("DELETE FROM leases WHERE id = ?1", [lease.id])?;
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
     }
 
     async fn put(
@@ -578,31 +568,6 @@ impl Store for SqliteStore {
     }
 }
 
-impl SqliteStore {
-    async fn write_status(
-        &self,
-        lease: &Lease,
-        status: &RunStatus,
-        release: bool,
-    ) -> Result<(), StoreError> {
-        let (lease, status) = (lease.clone(), status.clone());
-        self.blocking(move |conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            fence(&tx, &lease)?;
-            tx.execute(
-                "UPDATE runs SET status = ?2, detail = ?3, updated_ms = ?4 WHERE run_id = ?1",
-                params![lease.run_id, status.name(), status.detail(), now_ms()],
-            )?;
-            if release {
-                tx.execute("DELETE FROM leases WHERE id = ?1", [lease.id])?;
-            }
-            tx.commit()?;
-            Ok(())
-        })
-        .await
-    }
-}
-
 /// Writes `checkpoint` of the run of `lease` in one transaction (see [`Store::put`]).
 fn put(
     conn: &mut Connection,
@@ -613,30 +578,18 @@ fn put(
     let run_id = lease.run_id.as_str();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     fence(&tx, lease)?;
-    let parent = match checkpoint.parent {
-        Some(id) => {
-            let row = parent_row(&tx, id)?;
-            row.check_run(id, run_id)?;
-            Some(row)
-        }
-        None => None,
-    };
-    let planned = Planned::new(checkpoint, parent.as_ref(), policy)?;
+    let parent = checkpoint
+        .parent
+        .map(|id| parent_row(&tx, id))
+        .transpose()?;
+    let planned = Planned::new(checkpoint, run_id, parent, policy)?;
     // The state is rebuilt and serialised only when this checkpoint takes a snapshot: the
     // parent's (its snapshot and the writes since) with this step's writes.
-    let snapshot = if planned.snapshot {
-        let base = match checkpoint.parent {
-            Some(parent) => state_at(&tx, parent)?,
-            None => CheckpointState::default(),
-        };
-        Some(planned.snapshot_of(base, checkpoint.writes)?)
-    } else {
-        None
-    };
-    let (chain_bytes, chain_len, base_bytes) = planned.chain(
-        parent.as_ref(),
-        snapshot.as_ref().map(|(text, _)| text.len()),
-    );
+    let base = planned
+        .snapshot_base()
+        .map(|id| state_at(&tx, id))
+        .transpose()?;
+    let chained = planned.chained(base)?;
     let now = now_ms();
     tx.execute(
         "INSERT INTO checkpoints (run_id, parent_id, step, node, next, metadata, \
@@ -651,9 +604,9 @@ fn put(
             checkpoint.metadata.to_string(),
             now,
             planned.write_bytes,
-            chain_bytes,
-            chain_len,
-            base_bytes,
+            chained.chain_bytes,
+            chained.chain_len,
+            chained.base_bytes,
         ],
     )?;
     let id = tx.last_insert_rowid();
@@ -665,7 +618,7 @@ fn put(
             insert.execute(params![id, seq as i64, key, op, value])?;
         }
     }
-    if let Some((state, versions)) = &snapshot {
+    if let Some((state, versions)) = &chained.snapshot {
         tx.execute(
             "INSERT INTO snapshots (checkpoint_id, state, versions) VALUES (?1, ?2, ?3)",
             params![id, state, versions],

@@ -155,6 +155,14 @@ pub(super) fn delta(writes: Vec<StateWrite>) -> StateDelta {
     writes.into_iter().collect()
 }
 
+/// Run `run_id` (of workflow `w`) created in `store`, leased to `owner`.
+pub(super) async fn new_run(store: &dyn Store, run_id: &str, owner: &Owner) -> Lease {
+    store
+        .create_run(&NewRun::new(run_id, "w"), owner)
+        .await
+        .unwrap()
+}
+
 /// Writes `steps` checkpoints in a chain from `parent`, each step writing `writes(i)` to
 /// `state` (a new chain's first checkpoint writes the whole of `state` first).
 pub(super) async fn write_chain(
@@ -283,10 +291,7 @@ fn the_host_id_variable_names_this_host() {
 async fn a_database_reopens_and_a_newer_schema_is_refused(fx: Fixture) {
     {
         let store = fx.store().await;
-        let r = store
-            .create_run(&NewRun::new("r", "w"), &Owner::current())
-            .await
-            .unwrap();
+        let r = new_run(store.as_ref(), "r", &Owner::current()).await;
         let mut state = State::default();
         write_chain(store.as_ref(), &r, &mut state, None, 0..3, |i| {
             vec![append("log", json!(i))]
@@ -347,10 +352,7 @@ fn writer_until_killed() {
             max_chain_len: 10_000,
         };
         let store = open_with(&Location::parse(&db).unwrap(), policy).await;
-        let r = store
-            .create_run(&NewRun::new("r", "w"), &Owner::current())
-            .await
-            .unwrap();
+        let r = new_run(store.as_ref(), "r", &Owner::current()).await;
         let mut state = State::default();
         state.set("base", json!("z".repeat(100_000)));
         write_chain(
@@ -490,10 +492,7 @@ async fn every_checkpoint_reads_back_its_state_and_channel_versions(fx: Fixture)
 
 async fn storage_grows_with_the_writes_not_with_the_state(fx: Fixture) {
     let store = fx.store().await;
-    let r = store
-        .create_run(&NewRun::new("r", "w"), &Owner::current())
-        .await
-        .unwrap();
+    let r = new_run(store.as_ref(), "r", &Owner::current()).await;
     let mut state = State::default();
     for i in 0..100 {
         state.set(format!("doc{i}"), json!("x".repeat(1000)));
@@ -517,10 +516,7 @@ async fn storage_grows_with_the_writes_not_with_the_state(fx: Fixture) {
 
 async fn a_snapshot_is_taken_when_the_writes_outweigh_the_last_one(fx: Fixture) {
     let store = fx.store().await;
-    let r = store
-        .create_run(&NewRun::new("r", "w"), &Owner::current())
-        .await
-        .unwrap();
+    let r = new_run(store.as_ref(), "r", &Owner::current()).await;
     let mut state = State::default();
     // Each step replaces a 100-byte value; the first snapshot is about as big, so the
     // second step's writes already outweigh it.
@@ -540,10 +536,7 @@ async fn a_snapshot_is_taken_when_the_writes_outweigh_the_last_one(fx: Fixture) 
 
 async fn time_travel_branches_under_the_same_run(fx: Fixture) {
     let store = fx.store().await;
-    let r = store
-        .create_run(&NewRun::new("r", "w"), &Owner::current())
-        .await
-        .unwrap();
+    let r = new_run(store.as_ref(), "r", &Owner::current()).await;
     let mut state = State::default();
     let ids = write_chain(store.as_ref(), &r, &mut state, None, 0..3, |i| {
         vec![append("log", json!(i))]
@@ -568,14 +561,8 @@ async fn time_travel_branches_under_the_same_run(fx: Fixture) {
 
 async fn retention_keeps_the_last_checkpoints_readable(fx: Fixture) {
     let store = fx.store().await;
-    let r = store
-        .create_run(&NewRun::new("r", "w"), &Owner::current())
-        .await
-        .unwrap();
-    let other_run = store
-        .create_run(&NewRun::new("other", "w"), &Owner::current())
-        .await
-        .unwrap();
+    let r = new_run(store.as_ref(), "r", &Owner::current()).await;
+    let other_run = new_run(store.as_ref(), "other", &Owner::current()).await;
     let mut state = State::default();
     state.set("big", json!("y".repeat(10_000)));
     let ids = write_chain(store.as_ref(), &r, &mut state, None, 0..10, |i| {
@@ -676,14 +663,8 @@ async fn puts_are_checked_against_their_run_and_parent(fx: Fixture) {
         store.put(&forged, NewCheckpoint::new("n", &none)).await,
         Err(StoreError::UnknownRun(_))
     ));
-    let r = store
-        .create_run(&NewRun::new("r", "w"), &Owner::current())
-        .await
-        .unwrap();
-    let s = store
-        .create_run(&NewRun::new("s", "w"), &Owner::current())
-        .await
-        .unwrap();
+    let r = new_run(store.as_ref(), "r", &Owner::current()).await;
+    let s = new_run(store.as_ref(), "s", &Owner::current()).await;
     let first = store.put(&r, NewCheckpoint::new("n", &none)).await.unwrap();
     assert!(matches!(
         store
@@ -764,10 +745,7 @@ async fn a_dead_owner_is_taken_over_and_its_writes_are_fenced_off(fx: Fixture) {
     let mut state = State::default();
     // The first process, as it looks once it died (on Linux the pid is free).
     let ghost = dead_owner();
-    let old = store
-        .create_run(&NewRun::new("r", "w"), &ghost)
-        .await
-        .unwrap();
+    let old = new_run(store.as_ref(), "r", &ghost).await;
     let ids = write_chain(store.as_ref(), &old, &mut state, None, 0..2, |i| {
         vec![append("log", json!(i))]
     })
@@ -860,10 +838,7 @@ async fn an_owner_on_another_host_is_taken_over_only_when_asked(fx: Fixture) {
         host: format!("{}-elsewhere", Owner::current().host),
         ..Owner::current()
     };
-    store
-        .create_run(&NewRun::new("r", "w"), &remote)
-        .await
-        .unwrap();
+    new_run(store.as_ref(), "r", &remote).await;
     let err = store
         .claim("r", &Owner::current(), false)
         .await

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{Backend, Fixture, append, write_chain};
+use super::{Backend, Fixture, append, new_run, write_chain};
 use crate::durable::*;
 use crate::state::{State, StateDelta};
 
@@ -33,10 +33,7 @@ fn on_host(host: &str) -> Owner {
 async fn a_lease_that_is_not_renewed_expires_and_its_driver_is_fenced_off() {
     let fx = Fixture::new(Backend::Postgres);
     let store = store_expiring(&fx, Duration::from_secs(1)).await;
-    let old = store
-        .create_run(&NewRun::new("r", "w"), &on_host("host-a"))
-        .await
-        .unwrap();
+    let old = new_run(&store, "r", &on_host("host-a")).await;
     let mut state = State::default();
     let ids = write_chain(&store, &old, &mut state, None, 0..2, |i| {
         vec![append("log", json!(i))]
@@ -97,10 +94,7 @@ async fn a_lease_that_is_not_renewed_expires_and_its_driver_is_fenced_off() {
 async fn a_heartbeat_keeps_the_lease_past_its_expiry() {
     let fx = Fixture::new(Backend::Postgres);
     let store = store_expiring(&fx, Duration::from_secs(1)).await;
-    let lease = store
-        .create_run(&NewRun::new("r", "w"), &on_host("host-a"))
-        .await
-        .unwrap();
+    let lease = new_run(&store, "r", &on_host("host-a")).await;
     let mut parent = None;
     for step in 0..8 {
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -135,10 +129,7 @@ async fn a_heartbeat_keeps_the_lease_past_its_expiry() {
 async fn of_hosts_racing_for_a_run_exactly_one_drives_it() {
     let fx = Fixture::new(Backend::Postgres);
     let store = store_expiring(&fx, Duration::from_secs(1)).await;
-    let gone = store
-        .create_run(&NewRun::new("r", "w"), &on_host("host-gone"))
-        .await
-        .unwrap();
+    let gone = new_run(&store, "r", &on_host("host-gone")).await;
     let none = StateDelta::new();
     let head = store
         .put(&gone, NewCheckpoint::new("a", &none))
@@ -308,10 +299,7 @@ async fn a_user_who_may_not_create_the_schema_is_told_what_it_needs() {
          GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA rlm TO {role}"
     ));
     let store = open(&Location::parse(&url).unwrap(), None).await.unwrap();
-    let lease = store
-        .create_run(&NewRun::new("r", "w"), &Owner::current())
-        .await
-        .unwrap();
+    let lease = new_run(store.as_ref(), "r", &Owner::current()).await;
     store
         .finish_run(&lease, &RunStatus::Completed)
         .await
@@ -328,10 +316,7 @@ async fn the_size_of_the_tables_grows_with_the_writes() {
     let fx = Fixture::new(Backend::Postgres);
     let store = store_expiring(&fx, Duration::from_secs(30)).await;
     let empty = store.size_bytes().await.unwrap();
-    let lease = store
-        .create_run(&NewRun::new("r", "w"), &Owner::current())
-        .await
-        .unwrap();
+    let lease = new_run(&store, "r", &Owner::current()).await;
     let mut state = State::default();
     write_chain(&store, &lease, &mut state, None, 0..20, |i| {
         vec![append("log", json!("x".repeat(1_000 + i)))]

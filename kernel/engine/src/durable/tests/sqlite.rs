@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use super::{append, write_chain};
+use super::{append, new_run, write_chain};
 use crate::durable::*;
 use crate::state::{State, StateDelta};
 
@@ -13,10 +13,7 @@ async fn a_read_only_open_reads_writes_nothing_and_a_write_says_read_only() {
     let path = dir.path().join("runs.db");
     {
         let store = SqliteStore::open(&path).unwrap();
-        let r = store
-            .create_run(&NewRun::new("r", "w"), &Owner::current())
-            .await
-            .unwrap();
+        let r = new_run(&store, "r", &Owner::current()).await;
         let mut state = State::default();
         write_chain(&store, &r, &mut state, None, 0..2, |i| {
             vec![append("log", json!(i))]
