@@ -107,11 +107,12 @@ pub(crate) fn with_read_only_mounts(landlock: State, mounts: Result<(), String>)
     }
 }
 
-/// Restricts the calling process (and its future children) for good. Returns the
-/// filesystem layer's state and whether TCP is refused.
-pub(crate) fn restrict(policy: &Policy) -> (State, bool) {
+/// Restricts the calling process (and its future children) for good; `private_shm`: the
+/// process has a `/dev/shm` of its own, which it may write. Returns the filesystem layer's
+/// state and whether TCP is refused.
+pub(crate) fn restrict(policy: &Policy, private_shm: bool) -> (State, bool) {
     let abi = kernel_abi();
-    match build_and_restrict(policy) {
+    match build_and_restrict(policy, private_shm) {
         Ok(RulesetStatus::FullyEnforced) => (
             State::Active {
                 detail: detail(policy, abi),
@@ -135,7 +136,10 @@ pub(crate) fn restrict(policy: &Policy) -> (State, bool) {
     }
 }
 
-fn build_and_restrict(policy: &Policy) -> Result<RulesetStatus, landlock::RulesetError> {
+fn build_and_restrict(
+    policy: &Policy,
+    private_shm: bool,
+) -> Result<RulesetStatus, landlock::RulesetError> {
     let read = AccessFs::ReadFile | AccessFs::ReadDir;
     let exec = read | AccessFs::Execute;
     let all = AccessFs::from_all(TARGET_ABI);
@@ -151,6 +155,14 @@ fn build_and_restrict(policy: &Policy) -> Result<RulesetStatus, landlock::Rulese
         .add_rules(path_beneath_rules(&policy.read_paths, read))?
         .add_rules(path_beneath_rules(&policy.exec_paths, exec))?
         .add_rules(path_beneath_rules(&policy.write_paths, all))?
+        .add_rules(path_beneath_rules(
+            if private_shm {
+                &["/dev/shm"][..]
+            } else {
+                &[][..]
+            },
+            all,
+        ))?
         .restrict_self()?;
     Ok(status.ruleset)
 }

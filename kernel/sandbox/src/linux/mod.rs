@@ -62,8 +62,10 @@ pub(crate) fn enter(policy: &Policy, level: Level) -> Result<Report, SandboxErro
     let limits = limits::apply(&policy.limits);
     let processes = processes_state(policy, root, own_userns, &binding);
     let privileges = privileges::drop_all();
-    let (filesystem, landlock_tcp) = filesystem::restrict(policy);
-    let filesystem = filesystem::with_read_only_mounts(filesystem, read_only.map_err(mount_reason));
+    let private_shm = matches!(read_only, Ok(true));
+    let (filesystem, landlock_tcp) = filesystem::restrict(policy, private_shm);
+    let filesystem =
+        filesystem::with_read_only_mounts(filesystem, read_only.map(drop).map_err(mount_reason));
     let seccomp = match filters {
         Ok(filters) if privileges.no_new_privs => syscalls::install(&filters).map(|()| true),
         Ok(_) => Ok(false),
@@ -93,8 +95,10 @@ pub(crate) fn enter(policy: &Policy, level: Level) -> Result<Report, SandboxErro
     Ok(report)
 }
 
-/// Everything but the policy's writable paths read-only, in a mount namespace of our own.
-fn read_only_mounts(policy: &Policy, privileged: bool) -> Result<(), Errno> {
+/// Everything but the policy's writable paths read-only, in a mount namespace of our own,
+/// with a private `/dev/shm` (see [`ns::private_shm`]) sized by the memory limit; returns
+/// whether that `/dev/shm` was mounted (the filesystem layer then lets the process write it).
+fn read_only_mounts(policy: &Policy, privileged: bool) -> Result<bool, Errno> {
     if !privileged {
         return Err(Errno::PERM);
     }
@@ -105,7 +109,15 @@ fn read_only_mounts(policy: &Policy, privileged: bool) -> Result<(), Errno> {
         .filter_map(|p| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).ok())
         .collect();
     let refs: Vec<&std::ffi::CStr> = writable.iter().map(|c| c.as_c_str()).collect();
-    ns::read_only_except(&refs)
+    ns::read_only_except(&refs)?;
+    // Semaphores take pages; a quarter of the memory limit leaves room for real data in
+    // shared memory without letting it stand in for the heap.
+    let shm = policy
+        .limits
+        .memory_bytes
+        .map_or(64 << 20, |m| (m / 4).max(16 << 20));
+    // A /dev/shm that cannot be mounted leaves the machine's read-only: nothing to refuse.
+    Ok(ns::private_shm(shm).unwrap_or(false))
 }
 
 fn mount_reason(e: Errno) -> String {

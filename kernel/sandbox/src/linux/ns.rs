@@ -176,6 +176,29 @@ pub(crate) fn read_only_except(writable: &[&core::ffi::CStr]) -> Result<(), Errn
     Ok(())
 }
 
+/// Mounts a fresh tmpfs of at most `size` bytes on `/dev/shm`, in the mount namespace
+/// [`read_only_except`] made: POSIX shared memory and semaphores (`multiprocessing`'s locks,
+/// pools and queues) work, and the machine's own `/dev/shm` — other programs' shared memory
+/// — stays out of reach. It dies with the namespace. Returns whether it was mounted (there
+/// may be no `/dev/shm`).
+pub(crate) fn private_shm(size: u64) -> Result<bool, Errno> {
+    if !std::path::Path::new("/dev/shm").is_dir() {
+        return Ok(false);
+    }
+    let options =
+        std::ffi::CString::new(format!("size={size},mode=1777")).map_err(|_| Errno::INVAL)?;
+    rustix::mount::mount(
+        c"tmpfs",
+        c"/dev/shm",
+        c"tmpfs",
+        rustix::mount::MountFlags::NOSUID
+            | rustix::mount::MountFlags::NODEV
+            | rustix::mount::MountFlags::NOEXEC,
+        options.as_c_str(),
+    )?;
+    Ok(true)
+}
+
 /// Caps the processes and threads of the current PID namespace by its `pid_max` (per
 /// namespace since Linux 6.14): the kernel refuses a `fork` or thread past it, for root as
 /// for anyone. Call only from inside a new PID namespace owned by a new user namespace, so

@@ -639,6 +639,44 @@ except ImportError:
 }
 
 #[test]
+fn multiprocessing_gets_a_private_dev_shm_and_the_machines_stays_out_of_reach() {
+    // A file in the machine's /dev/shm, which the confined code must neither see nor change.
+    let host = std::path::Path::new("/dev/shm").join(format!("rlm-host-{}", std::process::id()));
+    std::fs::write(&host, "host").unwrap_or_else(|e| panic!("{e}"));
+    let run = Sandbox::new().run(
+        &code(&format!(
+            r#"
+import multiprocessing as mp
+def locked():
+    lock = mp.get_context("fork").Lock()
+    with lock:
+        return "locked"
+attempt("semaphore", locked)
+def pool():
+    with mp.get_context("fork").Pool(2) as p:
+        return sum(p.map(abs, [-1, -2, 3]))
+attempt("pool", pool)
+attempt("host_file", lambda: open("{host}").read())
+attempt("shm_write", lambda: open("/dev/shm/mine", "w").write("x"))
+"#,
+            host = host.display()
+        )),
+        &[],
+    );
+    let host_after = std::fs::read_to_string(&host).unwrap_or_default();
+    let _ = std::fs::remove_file(&host);
+    assert_eq!(run.expect("semaphore"), "ok locked", "{run:#?}");
+    assert_eq!(run.expect("pool"), "ok 6", "{run:#?}");
+    assert_eq!(run.expect("shm_write"), "ok 1", "{run:#?}");
+    refused(&run, "host_file");
+    assert_eq!(host_after, "host");
+    assert!(
+        !std::path::Path::new("/dev/shm/mine").exists(),
+        "the private /dev/shm stayed private"
+    );
+}
+
+#[test]
 fn strict_mode_refuses_a_policy_that_leaves_a_layer_out() {
     let mut sandbox = Sandbox::new();
     sandbox.policy.network = true;
