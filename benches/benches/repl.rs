@@ -1,10 +1,14 @@
 //! REPL benchmarks: `llm_query` overhead against a raw bridge call, `llm_query_batched`
-//! fan-out, and context load time / peak RSS.
+//! fan-out, the cost of an isolated session (a worker process) against the in-process one
+//! measured in the same run — start-up, a block's round trip, a sub-call's round trip through
+//! the parent, a context handed over in shared memory, the restore after a crash — and
+//! context load time / peak RSS.
 //!
 //! `cargo bench -p rlm-benches --bench repl [-- --quick]`
 //!
 //! Loads run in a child process each (this binary re-executed with `--load-child`), so the
-//! peak RSS (`VmHWM`) of one load is not hidden by an earlier one.
+//! peak RSS (`VmHWM`) of one load is not hidden by an earlier one. Isolated sessions run this
+//! binary again as their worker (`__worker`).
 
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -16,6 +20,7 @@ use kernel::repl::{ContextSource, ReplSession, SessionConfig};
 use rlm_benches::{generate_text, status_kib};
 
 fn main() -> anyhow::Result<()> {
+    rlm_benches::serve_as_worker();
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--load-child") {
         return load_child(args.get(i + 1).map(PathBuf::from));
@@ -23,6 +28,7 @@ fn main() -> anyhow::Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     println!("# repl benchmarks{}", if quick { " (--quick)" } else { "" });
     sub_calls::run(quick)?;
+    isolation::run(quick)?;
     loads(quick)?;
     Ok(())
 }
@@ -187,10 +193,10 @@ mod sub_calls {
     use bridge::{
         BatchPolicy, Budget, CallOptions, ChatRequest, EndpointConfig, Endpoints, Ledger,
     };
-    use kernel::repl::{ReplSession, SessionConfig};
+    use kernel::repl::{Isolation, ReplSession, SessionConfig};
     use kernel::runtime;
 
-    fn endpoints(server: &MockServer) -> anyhow::Result<Arc<Endpoints>> {
+    pub(super) fn endpoints(server: &MockServer) -> anyhow::Result<Arc<Endpoints>> {
         let config = EndpointConfig::openai("sub", server.openai_base_url(), "sub-model");
         Ok(Arc::new(Endpoints::new(
             vec![config],
@@ -199,14 +205,22 @@ mod sub_calls {
     }
 
     fn session(endpoints: &Arc<Endpoints>) -> anyhow::Result<ReplSession> {
+        session_in(endpoints, Isolation::None)
+    }
+
+    pub(super) fn session_in(
+        endpoints: &Arc<Endpoints>,
+        isolation: Isolation,
+    ) -> anyhow::Result<ReplSession> {
         let config = SessionConfig {
             cell_timeout: Duration::from_secs(600),
+            isolation,
             ..SessionConfig::default()
         };
         Ok(ReplSession::new(config, Arc::clone(endpoints), &[])?)
     }
 
-    fn exec_ok(session: &ReplSession, code: &str) -> anyhow::Result<Duration> {
+    pub(super) fn exec_ok(session: &ReplSession, code: &str) -> anyhow::Result<Duration> {
         let result = session.exec(code)?;
         anyhow::ensure!(result.error.is_none(), "block failed: {}", result.stderr);
         Ok(result.duration)
@@ -232,16 +246,20 @@ mod sub_calls {
             }
             Ok(started.elapsed() / n)
         };
+        let isolated = session_in(&eps, Isolation::Process)?;
         let code = format!("for i in range({n}):\n    llm_query(f'prompt {{i}}')");
         raw_call()?; // warm up connections and code paths
         exec_ok(&s, &code)?;
-        let (mut raw, mut native) = (Vec::new(), Vec::new());
+        exec_ok(&isolated, &code)?;
+        let (mut raw, mut native, mut remote) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
             raw.push(raw_call()?);
             native.push(exec_ok(&s, &code)? / n);
+            remote.push(exec_ok(&isolated, &code)? / n);
         }
         let raw = median(raw);
         let native = median(native);
+        let remote = median(remote);
         println!();
         println!(
             "## sequential sub-calls at 0 ms mock latency ({n} calls, median of {rounds} rounds)"
@@ -257,6 +275,13 @@ mod sub_calls {
             ms(native),
             (native.as_secs_f64() - raw.as_secs_f64()) * 1000.0
         );
+        println!(
+            "| `llm_query` from an isolated session (through the parent) | {} | {:+.3} ms ({:+.3} ms vs in-process) |",
+            ms(remote),
+            (remote.as_secs_f64() - raw.as_secs_f64()) * 1000.0,
+            (remote.as_secs_f64() - native.as_secs_f64()) * 1000.0
+        );
+        drop(isolated);
         drop(s);
         rt.block_on(server.shutdown());
 
@@ -306,12 +331,150 @@ mod sub_calls {
         Ok(())
     }
 
-    fn median(mut v: Vec<Duration>) -> Duration {
+    pub(super) fn median(mut v: Vec<Duration>) -> Duration {
         v.sort();
         v[v.len() / 2]
     }
 
-    fn ms(d: Duration) -> String {
+    pub(super) fn ms(d: Duration) -> String {
         format!("{:.3} ms", d.as_secs_f64() * 1000.0)
+    }
+}
+
+/// What an isolated session costs against the in-process one, measured in the same run:
+/// start-up, a block's round trip, a 50 MB context handed over in shared memory, the restore
+/// after a crash.
+mod isolation {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use bridge::mock::{MockConfig, MockServer};
+    use kernel::repl::{ContextSource, Isolation, ReplSession, SessionConfig};
+    use kernel::runtime;
+
+    use super::sub_calls::{endpoints, exec_ok, median, ms, session_in};
+
+    pub(super) fn run(quick: bool) -> anyhow::Result<()> {
+        let rt = runtime::shared();
+        let server = rt.block_on(MockServer::start(MockConfig::default()))?;
+        let eps = endpoints(&server)?;
+        let rounds = if quick { 5 } else { 15 };
+
+        // Start-up: a new session and its first block. The in-process interpreter is warm
+        // (started by the earlier sections); a worker takes the spare prepared after the last
+        // one was ready, as in a long-lived process (eval, notebooks, a restart).
+        let start = |isolation| -> anyhow::Result<Duration> {
+            let started = Instant::now();
+            let s = session_in(&eps, isolation)?;
+            exec_ok(&s, "pass")?;
+            Ok(started.elapsed())
+        };
+        let cold = start(Isolation::Process)?;
+        let (mut local, mut isolated) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            local.push(start(Isolation::None)?);
+            // Let the spare's interpreter start, as it does between sessions.
+            std::thread::sleep(Duration::from_millis(300));
+            isolated.push(start(Isolation::Process)?);
+        }
+        let (local, isolated) = (median(local), median(isolated));
+        println!();
+        println!(
+            "## isolated sessions (a worker process) against in-process, same run (median of {rounds})"
+        );
+        println!("| what | in-process | isolated | added |");
+        println!("|---|---:|---:|---:|");
+        println!(
+            "| start a session + first block (isolated: a spare worker) | {} | {} | {:+.1} ms |",
+            ms(local),
+            ms(isolated),
+            (isolated.as_secs_f64() - local.as_secs_f64()) * 1000.0
+        );
+        println!(
+            "| start the first worker of a process (no spare yet; interpreter start included) | — | {} | — |",
+            ms(cold)
+        );
+
+        // A block's round trip: `pass` and its reply (output, variables).
+        let n = if quick { 200 } else { 1000 };
+        let local_s = session_in(&eps, Isolation::None)?;
+        let isolated_s = session_in(&eps, Isolation::Process)?;
+        let trip = |s: &ReplSession| -> anyhow::Result<Duration> {
+            let started = Instant::now();
+            for _ in 0..n {
+                exec_ok(s, "pass")?;
+            }
+            Ok(started.elapsed() / n)
+        };
+        trip(&local_s)?;
+        trip(&isolated_s)?;
+        let (local, isolated) = (trip(&local_s)?, trip(&isolated_s)?);
+        println!(
+            "| one block (`pass`) and its result, {n} in a row | {} | {} | {:+.3} ms |",
+            ms(local),
+            ms(isolated),
+            (isolated.as_secs_f64() - local.as_secs_f64()) * 1000.0
+        );
+
+        // A context given as text: one copy into Python in-process; a memfd written by the
+        // parent and mapped by the worker.
+        let mb = if quick { 10 } else { 50 };
+        let text = "log line with some words in it\n".repeat(mb * (1 << 20) / 31);
+        let load = |isolation| -> anyhow::Result<Duration> {
+            let config = SessionConfig {
+                isolation,
+                ..SessionConfig::default()
+            };
+            let started = Instant::now();
+            let s = ReplSession::new(
+                config,
+                Arc::clone(&eps),
+                &[ContextSource::Text(text.clone())],
+            )?;
+            exec_ok(&s, "n = len(context)")?;
+            Ok(started.elapsed())
+        };
+        load(Isolation::Process)?;
+        let (mut local, mut isolated) = (Vec::new(), Vec::new());
+        for _ in 0..rounds.min(5) {
+            local.push(load(Isolation::None)?);
+            std::thread::sleep(Duration::from_millis(300));
+            isolated.push(load(Isolation::Process)?);
+        }
+        let (local, isolated) = (median(local), median(isolated));
+        println!(
+            "| a {mb} MB text context: start + first block (isolated: through a memfd) | {} | {} | {:+.1} ms |",
+            ms(local),
+            ms(isolated),
+            (isolated.as_secs_f64() - local.as_secs_f64()) * 1000.0
+        );
+
+        // Restore after a crash: a fresh worker, the contexts, and N earlier blocks replayed
+        // (each with a sub-call answered from the record).
+        let blocks = 10;
+        let mut restores = Vec::new();
+        for _ in 0..rounds.min(5) {
+            let s = session_in(&eps, Isolation::Process)?;
+            for i in 0..blocks {
+                exec_ok(&s, &format!("v{i} = llm_query('block {i}')"))?;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            let crashed = s.exec("import ctypes\nctypes.string_at(0)")?;
+            let restart = crashed
+                .restart
+                .ok_or_else(|| anyhow::anyhow!("the crash was not reported"))?;
+            restores.push(Duration::from_secs_f64(restart.restore_ms / 1000.0));
+            exec_ok(
+                &s,
+                &format!("assert v{} == 'block {}'", blocks - 1, blocks - 1),
+            )?;
+        }
+        println!(
+            "| restore after a crash: fresh worker + {blocks} blocks replayed (sub-calls from the record) | — | {} | — |",
+            ms(median(restores))
+        );
+        drop((local_s, isolated_s));
+        rt.block_on(server.shutdown());
+        Ok(())
     }
 }

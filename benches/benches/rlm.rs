@@ -15,7 +15,9 @@
 //! 3. Peak RSS against context size: a one-iteration loop in a child process per size (this
 //!    binary re-executed with `--rss-child FILE`), so one size's peak does not hide another's.
 //! 4. `llm_query_batched` of K = 1000 prompts at 50 ms through the whole loop against the
-//!    bridge's own `Endpoint::batch` of the same requests at the same width, same server.
+//!    bridge's own `Endpoint::batch` of the same requests at the same width, same server; and
+//!    the same loop over an isolated session (a worker process, `--isolation process`)
+//!    against the in-process one, rounds interleaved.
 //!
 //! The mock serves from a tokio runtime of its own (one worker thread); the kernel's calls run
 //! on `kernel::runtime::shared()`, and `Rlm::run` is called from the main thread, which is not
@@ -43,6 +45,7 @@ const SUB_MODEL: &str = "sub-model";
 const MB: u64 = 1 << 20;
 
 fn main() -> anyhow::Result<()> {
+    rlm_benches::serve_as_worker();
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--rss-child") {
         let path = args
@@ -565,8 +568,18 @@ fn fan_out(mock_rt: &tokio::runtime::Runtime, quick: bool) -> anyhow::Result<()>
         cell_timeout: Duration::from_secs(600),
         ..SessionConfig::default()
     };
+    let isolated_config = SessionConfig {
+        isolation: kernel::repl::Isolation::Process,
+        ..config.clone()
+    };
     let session = ReplSession::new(config, Arc::clone(&eps), &[])?;
     let mut rlm = Rlm::new(RlmConfig::default(), Arc::clone(&eps), Arc::new(session));
+    let isolated_session = ReplSession::new(isolated_config, Arc::clone(&eps), &[])?;
+    let mut isolated = Rlm::new(
+        RlmConfig::default(),
+        Arc::clone(&eps),
+        Arc::new(isolated_session),
+    );
     let sub = eps.get("sub")?;
     let rt = kernel::runtime::shared();
     let bridge_batch = |k: usize| -> anyhow::Result<Duration> {
@@ -593,9 +606,12 @@ fn fan_out(mock_rt: &tokio::runtime::Runtime, quick: bool) -> anyhow::Result<()>
     // Open the connections and warm both paths.
     bridge_batch(WIDTH)?;
     run_checked(&mut rlm, query, &expected)?;
+    run_checked(&mut isolated, query, &expected)?;
     let (mut bridge_walls, mut loop_walls, mut block_ms) = (Vec::new(), Vec::new(), Vec::new());
+    let mut isolated_walls = Vec::new();
     let (mut bridge_flight, mut loop_flight) = (0, 0);
     for _ in 0..rounds {
+        isolated_walls.push(ms(run_checked(&mut isolated, query, &expected)?.0));
         server.log().clear();
         bridge_walls.push(ms(bridge_batch(K)?));
         bridge_flight = bridge_flight.max(server.log().max_concurrency());
@@ -610,6 +626,7 @@ fn fan_out(mock_rt: &tokio::runtime::Runtime, quick: bool) -> anyhow::Result<()>
         median(&loop_walls),
         median(&block_ms),
     );
+    let isolated_whole = median(&isolated_walls);
     let ideal = ms(latency) * K.div_ceil(WIDTH) as f64;
 
     println!();
@@ -637,6 +654,16 @@ fn fan_out(mock_rt: &tokio::runtime::Runtime, quick: bool) -> anyhow::Result<()>
         block / ideal,
         block / bridge
     );
+    println!(
+        "| `Rlm::run` over an isolated session (worker process) | {isolated_whole:.1} | {:.2}× | {:.2}× | — |",
+        isolated_whole / ideal,
+        isolated_whole / bridge
+    );
+    println!(
+        "|   isolated / in-process (`--isolation process` / `none`) | {:.3}× | | | |",
+        isolated_whole / whole
+    );
+    drop(isolated);
     drop(rlm);
     mock_rt.block_on(server.shutdown());
     Ok(())

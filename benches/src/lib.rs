@@ -1,9 +1,20 @@
 //! Benchmarks live in `benches/benches/` (`bridge`, `repl`, `rlm`, `checkpoints`, `flow`,
 //! `agent`); the helpers they share live here: reading this process's memory counters,
-//! percentiles and a synthetic log-like text context.
+//! percentiles, a synthetic log-like text context, and serving as an isolated session's
+//! worker ([`serve_as_worker`]).
 
 use std::io::{BufWriter, Write};
 use std::path::Path;
+
+/// A bench binary is its own sessions' worker program (as `rlm` is): when started as one
+/// (`BIN __worker`), serves the session and exits; else registers itself. Call it first
+/// thing in `main`.
+pub fn serve_as_worker() {
+    if std::env::args().nth(1).as_deref() == Some(kernel::repl::WORKER_ARG) {
+        std::process::exit(i32::from(kernel::repl::worker_main()));
+    }
+    kernel::repl::set_worker_program(kernel::repl::WorkerProgram::this_executable());
+}
 
 /// A field of `/proc/self/status` in KiB (`"VmHWM:"` = peak RSS, `"VmRSS:"` = current RSS);
 /// 0 when it cannot be read.

@@ -12,6 +12,8 @@
 //! - [`client`]: one HTTP attempt in the OpenAI or Anthropic wire format, over the process-wide
 //!   [`shared_http_client`].
 //! - [`ledger`]: [`SubCallMetadata`] per call, usage per model, cost, and the [`Budget`].
+//! - [`record`]: answers of sub-calls keyed by what was asked (model, messages, settings), for
+//!   answering the same calls again without a model call (a crashed worker's replay).
 //! - [`secret`]: API keys held as [`Secret`]s (read once, kept after their variables are
 //!   gone) and the [`Redactor`] of every secret the process knows. No model receives a known
 //!   secret: [`Endpoint::call`] redacts each request's messages before sending it.
@@ -55,6 +57,7 @@ pub mod endpoint;
 pub mod error;
 pub mod ledger;
 pub mod limiter;
+pub mod record;
 pub mod retry;
 pub mod secret;
 

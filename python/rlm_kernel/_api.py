@@ -119,10 +119,10 @@ class RLM:
     and sub-models.
 
     Keyword options are the `rlm run` flags with `_` for `-` (`max_iterations=10`,
-    `cell_timeout=60`, `max_usd=2, price="2:8"`, ...); unset ones come from `%rlm_config`,
-    `RLM_*` environment variables and `rlm.toml`, as in the CLI. They are resolved when the
-    object is made (a bad one raises here). Its endpoints and budget ledger are built on its
-    first call and kept: the budget (`max_sub_calls`, `max_tokens`, `max_usd`) covers every
+    `cell_timeout=60`, `max_usd=2, price="2:8"`, `isolation="none"`, ...); unset ones come
+    from `%rlm_config`, `RLM_*` environment variables and `rlm.toml`, as in the CLI. They are
+    resolved when the object is made (a bad one raises here). Its endpoints and budget ledger
+    are built on its first call and kept: the budget (`max_sub_calls`, `max_tokens`, `max_usd`) covers every
     completion and direct call this object makes.
     """
 
@@ -155,8 +155,10 @@ class RLM:
     ) -> RLMResult:
         """Answers `query` over the context(s) and returns an `RLMResult`.
 
-        `context` is a live object (`str`, `dict`, `list`, `polars.DataFrame`,
-        `pandas.DataFrame`), bound into the REPL session by reference (never copied), or a
+        `context` is a live object (`str`, `bytes`, `dict`, `list`, `polars.DataFrame`,
+        `pandas.DataFrame`, an Arrow table; any picklable object), handed once through shared
+        memory to the worker process the model's code runs in (`isolation="process"`, the
+        default), or bound into the REPL session by reference with `isolation="none"`; or a
         `pathlib.Path` loaded as by the CLI (`encoding`, `csv_sep`, `frames` ... apply).
         Several go in `contexts=[...]` (`context_0 …`). `on_progress(event)` is called on
         this thread as the run advances. Interrupting (Ctrl-C, Jupyter's stop button) stops

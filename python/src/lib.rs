@@ -5,8 +5,11 @@
 //! Inside a user's interpreter the kernel attaches to the running interpreter (it never
 //! initialises one), installs no signal handler and starts no event loop: waits happen on the
 //! calling thread in short slices with the GIL released, checking for signals in between
-//! (module `completion`). The REPL session of a run is a fresh namespace of the same
-//! interpreter, and live contexts are bound into it by reference.
+//! (module `completion`). The REPL session of a run lives in a confined worker process by
+//! default (`isolation="process"`): this interpreter again, `python -m rlm_kernel._worker`,
+//! which serves it with `worker_main`; live contexts are handed over once through shared
+//! memory. With `isolation="none"` the session is a fresh namespace of this interpreter and
+//! live contexts are bound into it by reference.
 //!
 //! An `RLM` object is a `Client` (module `client`): its options resolved once by the kernel's one
 //! schema, spelled as keywords (module `options`), its endpoints and budget ledger built on
@@ -50,8 +53,44 @@ fn eval_task(
     Ok((instance.query, instance.context))
 }
 
+/// `worker_main()`: serves an isolated session's worker (`python -m rlm_kernel._worker`) and
+/// ends the process with its status; never returns into Python.
+#[pyfunction]
+fn worker_main(py: Python<'_>) -> PyResult<()> {
+    let status = py.detach(kernel::repl::worker_main);
+    // SAFETY: `_exit` ends the process without running anything of it (no interpreter
+    // shutdown, which a thread of the model's code could hang).
+    unsafe { libc::_exit(i32::from(status)) }
+}
+
+/// Isolated sessions start this interpreter again as their worker, with the module path it
+/// has now (its working directory left out: the worker reads only what it must).
+fn register_worker_program(py: Python<'_>) -> PyResult<()> {
+    let sys = py.import("sys")?;
+    let executable: String = sys.getattr("executable")?.extract()?;
+    if executable.is_empty() {
+        // An embedded interpreter with no executable: sessions must use `isolation="none"`.
+        return Ok(());
+    }
+    let cwd = std::env::current_dir().ok();
+    let path: Vec<String> = sys
+        .getattr("path")?
+        .extract::<Vec<String>>()?
+        .into_iter()
+        .filter(|p| !p.is_empty() && cwd.as_deref() != Some(std::path::Path::new(p)))
+        .collect();
+    kernel::repl::set_worker_program(kernel::repl::WorkerProgram {
+        program: executable.into(),
+        args: vec!["-m".into(), "rlm_kernel._worker".into()],
+        env: vec![("PYTHONPATH".into(), path.join(":").into())],
+    });
+    Ok(())
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    register_worker_program(m.py())?;
+    m.add_function(wrap_pyfunction!(worker_main, m)?)?;
     m.add_class::<client::Client>()?;
     m.add_function(wrap_pyfunction!(options::option_specs, m)?)?;
     m.add_function(wrap_pyfunction!(options::check_options, m)?)?;

@@ -136,6 +136,7 @@ fn spec_dict<'py>(py: Python<'py>, spec: &OptionSpec) -> PyResult<Bound<'py, PyD
         Kind::Choice(choices) => ("choice", choices.iter().map(|c| c.name).collect()),
         Kind::Width => ("width", Vec::new()),
         Kind::Switch => ("switch", Vec::new()),
+        Kind::Size { .. } => ("size", Vec::new()),
     };
     dict.set_item("kind", kind)?;
     dict.set_item("choices", choices)?;

@@ -16,6 +16,8 @@ from conftest import repl, script, sub_call_in_flight, wait_until
 
 
 def test_completion_binds_a_live_frame_by_reference_and_answers(mock_server):
+    # `isolation="none"`: the session is a namespace of this interpreter, so the frame is
+    # the caller's own object (a worker process gets it through shared memory instead).
     df = pl.DataFrame({"region": ["n", "s", "n"], "sales": [3, 4, 5]})
     code = (
         f"print('same object:', id(context) == {id(df)})\n"
@@ -23,9 +25,9 @@ def test_completion_binds_a_live_frame_by_reference_and_answers(mock_server):
         "print(type(context).__module__, context.height)"
     )
     mock = mock_server(script([repl(code), repl("FINAL_VAR(total)")]))
-    result = RLM(model="root", sub_model="sub", base_url=mock.base_url).completion(
-        "Total sales?", context=df
-    )
+    result = RLM(
+        model="root", sub_model="sub", base_url=mock.base_url, isolation="none"
+    ).completion("Total sales?", context=df)
     assert result.answer == "12"
     assert result.termination_reason == "final_answer"
     assert result.metrics["iterations"] == 2
@@ -51,7 +53,7 @@ def test_dicts_lists_and_text_are_live_too_and_paths_load(mock_server, tmp_path)
         "print(context_2, type(context_3).__name__)"
     )
     mock = mock_server(script([repl(code), "FINAL(ok)"]))
-    result = RLM(model="root", base_url=mock.base_url).completion(
+    result = RLM(model="root", base_url=mock.base_url, isolation="none").completion(
         "q", contexts=[data, items, "plain text", csv]
     )
     assert result.answer == "ok"
@@ -64,7 +66,8 @@ def test_dicts_lists_and_text_are_live_too_and_paths_load(mock_server, tmp_path)
 def test_the_model_namespace_is_not_the_callers(mock_server):
     code = "leaked = 1\nRLM = None\nglobals()['also_leaked'] = 2\nprint(__name__)"
     mock = mock_server(script([repl(code), "FINAL(done)"]))
-    RLM(model="root", base_url=mock.base_url).completion("q", context="text")
+    # In this interpreter (`none`), where a namespace could leak at all.
+    RLM(model="root", base_url=mock.base_url, isolation="none").completion("q", context="text")
     assert "leaked" not in globals() and "also_leaked" not in globals()
     assert RLM is rlm_kernel.RLM
     import __main__
@@ -169,3 +172,50 @@ def test_batch_concurrency_takes_a_width_or_auto(mock_server, monkeypatch):
         RLM(batch_concurrency="wide").options
     with pytest.raises(ValueError, match="must be a whole number ≥ 1 or `auto`"):
         rlm_kernel.llm_query_batched(prompts, model="sub", base_url=mock.base_url, batch_concurrency=0)
+
+
+def test_isolated_runs_get_frames_text_and_objects_once_and_no_keys(mock_server, monkeypatch):
+    import pandas as pd
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-host-key-never-in-the-worker")
+    frame = pl.DataFrame({"region": ["n", "s", "n"], "sales": [3, 4, 5]})
+    table = pd.DataFrame({"v": [1.5, 2.5]}, index=["a", "b"])
+    code = (
+        "import os\n"
+        f"print(os.getpid() != {os.getpid()}, 'OPENAI_API_KEY' in os.environ)\n"
+        "print(type(context_0).__module__, int(context_0['sales'].sum()))\n"
+        "print(type(context_1).__name__, list(context_1.index), float(context_1['v'].sum()))\n"
+        "print(context_2, context_3, context_4)\n"
+        "context_2['seen'] = True"
+    )
+    mock = mock_server(script([repl(code), "FINAL(ok)"]))
+    data = {"a": [1, 2]}
+    result = RLM(model="root", base_url=mock.base_url).completion(
+        "q", contexts=[frame, table, data, "plain text", b"bytes text"]
+    )
+    assert result.answer == "ok", result.trajectory
+    assert result.trajectory[0]["blocks"][0]["stdout"] == (
+        "True False\n"
+        "polars.dataframe.frame 12\n"
+        "DataFrame ['a', 'b'] 4.0\n"
+        "{'a': [1, 2]} plain text bytes text\n"
+    )
+    # A copy, not the caller's object: the worker's change stays there.
+    assert "seen" not in data
+    assert [c["kind"] for c in result.contexts] == ["table", "table", "json", "text", "text"]
+
+
+def test_an_isolated_run_survives_a_segfault_with_its_variables(mock_server):
+    crash = "import ctypes\nctypes.string_at(0)"
+    answer = "answer_text = f'{x + 1} {r}'\nFINAL_VAR(answer_text)"
+    mock = mock_server(
+        script([repl("x = 41\nr = llm_query('remembered')"), repl(crash), repl(answer)])
+    )
+    result = RLM(model="root", sub_model="sub", base_url=mock.base_url).completion(
+        "q", context="x"
+    )
+    assert result.answer == "42 remembered"
+    crashed = result.trajectory[1]["blocks"][0]
+    assert crashed["error"]["type_name"] == "WorkerCrashed"
+    assert crashed["restart"]["restore"]["kind"] == "replayed"
+    assert [m for m, _ in mock.request_log()].count("sub") == 1, "no sub-call sent again"

@@ -110,3 +110,33 @@ def test_interrupting_the_kernel_stops_a_slow_sub_call_and_the_next_cell_runs(mo
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_a_segfaulting_cell_leaves_the_kernel_alive_and_the_session_restored(mock_server):
+    crash = "import ctypes\nctypes.string_at(0)"
+    answer = "answer_text = f'{total + 1}'\nFINAL_VAR(answer_text)"
+    mock = mock_server(script([repl("total = int(context['sales'].sum())"), repl(crash), repl(answer)]))
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        setup = _execute(
+            kc,
+            "%load_ext rlm_kernel\nimport os, polars as pl\n"
+            "df = pl.DataFrame({'sales': [3, 4, 5]})\nkernel_pid = os.getpid()\n"
+            f"%rlm_config --model root --sub-model sub --base-url {mock.base_url}",
+        )
+        assert setup["status"] == "ok", setup
+        ran = _execute(kc, "%%rlm -c df -o ans\nTotal sales plus one?", timeout=120)
+        assert ran["status"] == "ok", ran
+        # The kernel is the same process, and the run answered from the restored variable.
+        check = _execute(
+            kc,
+            "assert os.getpid() == kernel_pid\n"
+            "crashed = ans.trajectory[1]['blocks'][0]\n"
+            "assert ans.answer == '13', ans.answer\n"
+            "assert crashed['error']['type_name'] == 'WorkerCrashed', crashed\n"
+            "assert crashed['restart']['restore']['kind'] == 'replayed', crashed",
+        )
+        assert check["status"] == "ok", check
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

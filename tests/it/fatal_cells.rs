@@ -1,6 +1,7 @@
-//! Cells that would end the process: `os._exit` and friends end only the block; a crash in C
-//! code ends `rlm` with exit code 4, one line naming the block, and a trajectory whose last line
-//! is that block, which `rlm view` and `rlm show` show as the block that crashed.
+//! Cells that would end the process: `os._exit` and friends end only the block; with
+//! `--isolation none` a crash in C code ends `rlm` with exit code 4, one line naming the block,
+//! and a trajectory whose last line is that block, which `rlm view` and `rlm show` show as the
+//! block that crashed (in a worker, the default, the run survives it: see `isolation.rs`).
 
 use crate::support::{repl, rlm, run_replies, run_replies_traced};
 
@@ -34,7 +35,10 @@ fn os_exit_abort_and_kill_self_end_only_the_block() {
 #[test]
 fn a_crash_in_c_code_is_reported_and_the_trajectory_names_the_block() {
     let crash = repl("import ctypes\nx = 1\nctypes.string_at(0)");
-    let (_mock, run, lines) = run_replies_traced(&["Reading memory.", &crash, "FINAL(never)"], &[]);
+    let (_mock, run, lines) = run_replies_traced(
+        &["Reading memory.", &crash, "FINAL(never)"],
+        &["--isolation", "none"],
+    );
     run.assert_code(4);
     let reports: Vec<&str> = run
         .stderr
@@ -71,9 +75,15 @@ fn view_and_show_name_the_block_that_crashed() {
     let crash = repl("import ctypes\nx = 1\nctypes.string_at(0)");
     let dir = tempfile::tempdir().expect("tempdir");
     let trajectory = dir.path().join("t.jsonl");
+    // In this process (`--isolation none`): in a worker the run would survive the crash.
     let (_mock, run) = run_replies(
         &["Reading memory.", &crash, "FINAL(never)"],
-        &["--trajectory", trajectory.to_str().expect("utf-8")],
+        &[
+            "--trajectory",
+            trajectory.to_str().expect("utf-8"),
+            "--isolation",
+            "none",
+        ],
     );
     run.assert_code(4);
     let path = trajectory.display().to_string();

@@ -110,6 +110,9 @@ impl Flows {
     pub(crate) fn model_args(&self, args: &[&str]) -> Vec<String> {
         let mut all = self.args(args);
         all.extend(["--model", "none", "--base-url", "http://127.0.0.1:9/v1"].map(String::from));
+        // The steps tell the test where they are through files next to the workflow, which a
+        // confined worker may not write: these runs are about checkpoints, not confinement.
+        all.extend(["--isolation", "none"].map(String::from));
         all
     }
 
@@ -1035,8 +1038,14 @@ fn a_run_stopped_by_ctrl_c_is_released_and_resumed_without_a_takeover() {
     );
     assert!(!stderr.contains("error:"), "{stderr}");
     file(flows.dir.path(), "go", "");
-    // As printed: the run keeps its model settings.
-    let resumed = rlm(&flows.args(&["resume", "stopped"]), None);
+    // As printed: the run keeps its model settings. (Not its isolation, a choice of each
+    // process: the steps write beside the workflow, which a confined worker may not, so
+    // `--isolation none` comes from the environment, as for the first run's flag.)
+    let resumed = rlm_with(
+        &flows.args(&["resume", "stopped"]),
+        None,
+        &[("RLM_ISOLATION", "none")],
+    );
     resumed.assert_code(0);
     assert!(
         !resumed.stderr.contains("taking the run over"),

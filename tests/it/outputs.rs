@@ -362,6 +362,10 @@ fn an_event_log_on_the_run_database_is_refused_and_every_earlier_run_stays_liste
             "none",
             "--base-url",
             "http://127.0.0.1:9/v1",
+            // The `wait` step marks where it is in a file beside the workflow, which a
+            // confined worker may not write (as in `flow_durable`).
+            "--isolation",
+            "none",
         ]
         .map(String::from)
         .to_vec();

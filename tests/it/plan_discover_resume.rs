@@ -75,6 +75,10 @@ impl Setup {
                 &db,
                 "--events",
                 &events,
+                // The model's code marks where it is in a file beside the test's, which a
+                // confined worker may not write: this run is about resuming, not confinement.
+                "--isolation",
+                "none",
             ]
             .map(String::from),
         );

@@ -1,5 +1,7 @@
 //! Model code that uses processes: pools over functions defined in earlier blocks, forked
-//! children that end with their block, and no process left behind when the run ends.
+//! children that end with their block, and no process left behind when the run ends. The
+//! tests that follow processes by pid run with `--isolation none`: in a worker, pids are those
+//! of its PID namespace (`isolation.rs` checks that nothing outlives a worker's run).
 
 use crate::support::{Mock, Run, file, repl, script};
 
@@ -56,16 +58,38 @@ fn run_blocks(blocks: &[String], args: &[&str]) -> (Run, String) {
 
 #[test]
 fn pools_map_functions_classes_and_lambdas_from_earlier_blocks() {
-    let pools = POOLS.replace("METHODS", "('fork', 'spawn', 'forkserver')");
-    let (run, _) = run_blocks(&[repl(DEFINITIONS), repl(&pools)], &[]);
-    run.assert_code(0);
-    let expected = ["fork", "spawn", "forkserver"]
-        .map(|m| format!("{m}: 295 [0, 1, 8, 27] [0, 1, 2] 295"))
-        .join("; ");
-    assert_eq!(run.last_line(), expected, "stderr:\n{}", run.stderr);
-    // Workers never write to the run's stdout or stderr.
-    assert_eq!(run.stdout.trim(), expected);
-    assert!(!run.stderr.contains("Traceback"), "{}", run.stderr);
+    // In a worker (the default) `fork` and `spawn`; `forkserver` needs a listening socket,
+    // which a confined worker may not bind: it runs in this process only.
+    for (methods, args) in [
+        (&["fork", "spawn"][..], &[][..]),
+        (
+            &["fork", "spawn", "forkserver"][..],
+            &["--isolation", "none"][..],
+        ),
+    ] {
+        let list = methods
+            .iter()
+            .map(|m| format!("'{m}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let pools = POOLS.replace("METHODS", &format!("({list},)"));
+        let (run, _) = run_blocks(&[repl(DEFINITIONS), repl(&pools)], args);
+        run.assert_code(0);
+        let expected = methods
+            .iter()
+            .map(|m| format!("{m}: 295 [0, 1, 8, 27] [0, 1, 2] 295"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        assert_eq!(
+            run.last_line(),
+            expected,
+            "{args:?}, stderr:\n{}",
+            run.stderr
+        );
+        // Workers never write to the run's stdout or stderr.
+        assert_eq!(run.stdout.trim(), expected);
+        assert!(!run.stderr.contains("Traceback"), "{}", run.stderr);
+    }
 }
 
 #[test]
@@ -149,7 +173,7 @@ if pid == 0:
     time.sleep(300)
 print('pids:', pid, sleeper.pid, *[p.pid for p in mp.active_children()])
 result = 'started'";
-    let (run, trajectory) = run_blocks(&[repl(code)], &[]);
+    let (run, trajectory) = run_blocks(&[repl(code)], &["--isolation", "none"]);
     run.assert_code(0);
     assert_eq!(run.last_line(), "started");
     let pids = printed_pids(&trajectory);
@@ -178,7 +202,10 @@ def running(pid):
     except OSError:
         return False
 result = f'{sum(map(running, workers))} running, {len(mp.active_children())} children'";
-    let (run, trajectory) = run_blocks(&[repl(stuck), repl(check)], &["--cell-timeout", "2"]);
+    let (run, trajectory) = run_blocks(
+        &[repl(stuck), repl(check)],
+        &["--cell-timeout", "2", "--isolation", "none"],
+    );
     run.assert_code(0);
     assert_eq!(run.last_line(), "0 running, 0 children");
     let pids = printed_pids(&trajectory);
@@ -204,7 +231,11 @@ time.sleep(60)",
     );
     let mock = Mock::start(script(&[&repl(&code), "FINAL(never)"]));
     let context = file(dir.path(), "ctx.txt", "some context");
-    let child = mock.spawn_run(&context, &dir.path().join("t.jsonl"));
+    let child = mock.spawn_run_with(
+        &context,
+        &dir.path().join("t.jsonl"),
+        &["--isolation", "none"],
+    );
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let pids: Vec<u32> = loop {
         let text = std::fs::read_to_string(&pids_file).unwrap_or_default();

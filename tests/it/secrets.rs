@@ -36,20 +36,36 @@ fn first_call_fails(faults: Faults, model: &str) -> Faults {
     })
 }
 
-/// Code that looks for keys everywhere a model's code could, writing what it found to `out`.
-fn probe(out: &Path) -> String {
-    format!(
-        r#"import os, subprocess
+/// Code that looks for keys everywhere a model's code could, and prints what it found
+/// hex-encoded (so that redaction, which would hide a key in plain text, cannot hide a leak);
+/// [`found_by_probe`] reads it back.
+fn probe() -> String {
+    r#"import os, subprocess, tempfile
 found = [repr(dict(os.environ)), repr(os.environb), str(os.getenv("OPENAI_API_KEY")),
          str(os.getenv("GROQ_API_KEY")), str(os.environ.get("MY_SERVICE_TOKEN"))]
 found.append(open("/proc/self/environ", "rb").read().decode("latin-1"))
 found.append(subprocess.run(["env"], capture_output=True, text=True).stdout)
-os.system("env > {out}.system")
-found.append(open("{out}.system").read())
-open("{out}", "w").write("\n".join(found))
-print("probed", "OPENAI_API_KEY" in os.environ, "PATH" in os.environ)"#,
-        out = out.display()
-    )
+out = os.path.join(tempfile.gettempdir(), "env.system")
+os.system(f"env > {out}")
+found.append(open(out).read())
+print("probed", "OPENAI_API_KEY" in os.environ, "PATH" in os.environ)
+print("found:", "\n".join(found).encode().hex())"#
+        .to_owned()
+}
+
+/// What [`probe`] found, from the trajectory it printed into.
+fn found_by_probe(trajectory: &Path) -> String {
+    let text = std::fs::read_to_string(trajectory).expect("trajectory");
+    let hex = text
+        .split("found: ")
+        .nth(1)
+        .and_then(|rest| rest.split(['\\', '"']).next())
+        .expect("the probe ran");
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// Asserts that `text` (named `what`) holds none of `values`.
@@ -118,7 +134,6 @@ fn outputs(run: &Run, trajectory: &Path) -> Vec<(&'static str, String)> {
 #[test]
 fn model_code_finds_no_key_and_every_endpoint_still_authenticates() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let found = dir.path().join("found.txt");
     let faults = first_call_fails(
         first_call_fails(Faults::none(), "root-model"),
         "other-model",
@@ -126,7 +141,7 @@ fn model_code_finds_no_key_and_every_endpoint_still_authenticates() {
     let mock = keyed_mock(
         serde_json::json!({
             "root-model": {"replies": [
-                repl(&probe(&found)),
+                repl(&probe()),
                 repl("print(llm_query('ping', model='other'))\nprint(llm_query('pong'))"),
                 "FINAL(done)",
             ]},
@@ -144,7 +159,7 @@ fn model_code_finds_no_key_and_every_endpoint_still_authenticates() {
     run.assert_code(0);
     assert_eq!(run.json()["answer"], "done");
 
-    let found = std::fs::read_to_string(&found).expect("the probe ran");
+    let found = found_by_probe(&trajectory);
     assert!(
         found.contains("PATH="),
         "the probes read real environments:\n{found}"
@@ -175,10 +190,9 @@ fn model_code_finds_no_key_and_every_endpoint_still_authenticates() {
 #[test]
 fn a_key_named_in_rlm_toml_is_removed_and_anthropic_sends_it_as_x_api_key() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let found = dir.path().join("found.txt");
     let mock = keyed_mock(
         serde_json::json!({
-            "claude-root": {"replies": [repl(&probe(&found)), "FINAL(done)"]}
+            "claude-root": {"replies": [repl(&probe()), "FINAL(done)"]}
         }),
         first_call_fails(Faults::none(), "claude-root"),
     );
@@ -212,7 +226,7 @@ fn a_key_named_in_rlm_toml_is_removed_and_anthropic_sends_it_as_x_api_key() {
     );
     run.assert_code(0);
     assert_eq!(run.last_line(), "done");
-    let found = std::fs::read_to_string(&found).expect("the probe ran");
+    let found = found_by_probe(&trajectory);
     assert_free_of("what the code found", &found, &[KEY]);
     for (what, text) in outputs(&run, &trajectory) {
         assert_free_of(what, &text, &[KEY]);
@@ -226,9 +240,10 @@ fn a_secret_printed_by_code_is_redacted_in_every_output() {
     let mock = keyed_mock(
         serde_json::json!({
             "root-model": {"replies": [
-                // A model that learned the value elsewhere: its own words are redacted too.
+                // A model that learned the value elsewhere: its own words are redacted too. Its
+                // code finds the value on its own (a worker's environment does not have it).
                 format!("I recall the password is {PASSWORD}.\n{}", repl(
-                    "import os, sys\npw = os.environ['DB_PASSWORD']\nprint('password:', pw)\n\
+                    "import os, sys\npw = 'hunter2-' + 'but-longer-91'\nprint('password:', pw)\n\
                      print('to stderr', pw, file=sys.stderr)\necho = llm_query('repeat ' + pw)\n\
                      long = llm_query('x' * 293 + pw + 'y' * 1000)\n\
                      print('echo:', echo)\nraise ValueError('bad password ' + pw)"
@@ -352,14 +367,14 @@ fn a_secret_that_is_unset_or_too_short_is_a_usage_error() {
 #[test]
 fn rlm_chat_keeps_keys_from_code_too() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let found = dir.path().join("found.txt");
     let mock = keyed_mock(
         serde_json::json!({
-            "root-model": {"replies": [repl(&probe(&found)), "FINAL(done)"]}
+            "root-model": {"replies": [repl(&probe()), "FINAL(done)"]}
         }),
         Faults::none(),
     );
     let context = file(dir.path(), "c.txt", "some text");
+    let trajectory = dir.path().join("t.jsonl");
     let run = rlm_with(
         &[
             "chat",
@@ -369,6 +384,8 @@ fn rlm_chat_keeps_keys_from_code_too() {
             "root-model",
             "--context",
             context.to_str().expect("utf-8"),
+            "--trajectory",
+            trajectory.to_str().expect("utf-8"),
         ]
         .map(str::to_owned),
         Some(b"what is in it?\n"),
@@ -376,7 +393,7 @@ fn rlm_chat_keeps_keys_from_code_too() {
     );
     run.assert_code(0);
     assert_eq!(run.last_line(), "done");
-    let found = std::fs::read_to_string(&found).expect("the probe ran");
+    let found = found_by_probe(&trajectory);
     assert_free_of("what the code found", &found, &[KEY]);
     assert_free_of("stdout", &run.stdout, &[KEY]);
     assert_free_of("stderr", &run.stderr, &[KEY]);

@@ -69,6 +69,16 @@ impl Mock {
     /// `rlm run --query q` over `context` with a trajectory, as a child process left
     /// running (stdout and stderr piped), for tests that signal or kill it.
     pub(crate) fn spawn_run(&self, context: &Path, trajectory: &Path) -> std::process::Child {
+        self.spawn_run_with(context, trajectory, &[])
+    }
+
+    /// [`Mock::spawn_run`] plus `extra` arguments.
+    pub(crate) fn spawn_run_with(
+        &self,
+        context: &Path,
+        trajectory: &Path,
+        extra: &[&str],
+    ) -> std::process::Child {
         Command::new(env!("CARGO_BIN_EXE_rlm"))
             .args([
                 "run",
@@ -83,6 +93,7 @@ impl Mock {
             .arg(context)
             .arg("--trajectory")
             .arg(trajectory)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -145,6 +145,7 @@ pub(crate) fn execute(args: AgentArgs, config: Option<&Path>, verbosity: u8) -> 
             &[],
         )
         .context("Could not start the Python session for the `python` tool")?;
+        crate::observe::report_isolation(&session);
         Some(Arc::new(PythonTool::new(Arc::new(session))))
     } else {
         None

@@ -84,6 +84,7 @@ pub(crate) fn execute(args: ChatArgs, config: Option<&Path>, verbosity: u8) -> R
         ReplSession::with_inputs(session_config, Arc::clone(&endpoints), &contexts.inputs)
             .context("Could not load the context")?;
     crate::contexts::print_warnings(session.contexts());
+    observe::report_isolation(&session);
     let display = Display::choose(&opts, verbosity, Display::Progress);
     let rlm = Rlm::new(config, endpoints, Arc::new(session));
     let mut chat = RlmChat::new(rlm);

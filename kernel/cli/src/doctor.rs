@@ -1,9 +1,10 @@
 //! `rlm doctor`: which layers confining model code are in force on this machine, and for
 //! each one that is not, why and what would change it.
 //!
-//! It asks [`sandbox::probe`] about the policy a session's worker gets (scratch dir under
-//! the temporary folder, default limits): namespaces are tried in a throwaway child,
-//! Landlock and seccomp asked of the kernel. Nothing is confined or written.
+//! It asks [`sandbox::probe`] about the policy a session's worker gets, built by the same
+//! [`kernel::repl::worker_policy`] the worker's spawn uses (scratch dir under the temporary
+//! folder, default limits): namespaces are tried in a throwaway child, Landlock and seccomp
+//! asked of the kernel. Nothing is confined or written.
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -22,7 +23,10 @@ pub(crate) struct DoctorArgs {
 
 /// Prints the report; exit code 0 whatever it says (it is a diagnosis, not a check).
 pub(crate) fn execute(args: &DoctorArgs) -> Result<ExitCode> {
-    let policy = sandbox::Policy::new(std::env::temp_dir().join("rlm-SESSION"));
+    let policy = kernel::repl::worker_policy(
+        &kernel::repl::SessionConfig::default(),
+        &std::env::temp_dir().join("rlm-SESSION"),
+    );
     let report = sandbox::probe(&policy);
     let system = System::here();
     let mut out = std::io::stdout().lock();

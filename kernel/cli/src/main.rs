@@ -56,6 +56,12 @@ use clap::Parser;
 use cli::{Cli, Command};
 
 fn main() -> ExitCode {
+    // Started as an isolated session's worker (`rlm __worker`): nothing else of `rlm` runs,
+    // and nothing starts a thread before the worker confines itself.
+    if let Some(code) = kernel::repl::serve_if_worker() {
+        return code;
+    }
+    kernel::repl::set_worker_program(kernel::repl::WorkerProgram::this_executable());
     // Before anything runs a cell: a crash in C code then says which block it was.
     if let Err(err) = kernel::fatal::install(exit::EXIT_CRASHED) {
         eprintln!("warning: could not install the crash reporter: {err}");

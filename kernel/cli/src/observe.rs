@@ -1,7 +1,8 @@
 //! Watching a run of the RLM loop as it goes: what stderr shows ([`Display`]: nothing, a live
 //! progress line on a terminal, or the trace), the trajectory file, and Ctrl-C (the first
 //! stops the run gracefully, keeping its best answer and trajectory; a second quits). Shared
-//! by `rlm run`, `rlm chat` and `rlm demo`.
+//! by `rlm run`, `rlm chat` and `rlm demo`; [`report_isolation`] says once what confines the
+//! model's code.
 
 use std::io::{IsTerminal, Write as _};
 use std::sync::Arc;
@@ -21,6 +22,27 @@ use crate::exit::EXIT_INTERRUPTED;
 use crate::outputs::LogFile;
 use crate::secrets::redact;
 use crate::settings::Switches;
+
+/// Says once per process what confines the model's code of `session`: one warning line when
+/// a layer is missing (naming it), else a debug log (`-vv`).
+pub(crate) fn report_isolation(session: &ReplSession) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    match session.confinement() {
+        Some(report) if !report.is_fully_confined() => eprintln!(
+            "warning: model code runs in a worker process, but it is {} (`rlm doctor` says why)",
+            report.summary()
+        ),
+        Some(report) => {
+            tracing::debug!("model code runs in a worker process, {}", report.summary())
+        }
+        None => tracing::debug!(
+            "model code runs in this process (`--isolation none`): nothing confines it"
+        ),
+    }
+}
 
 /// What to show while a run goes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -141,6 +141,7 @@ pub(crate) fn execute(args: RunArgs, config: Option<&Path>, verbosity: u8) -> Re
         ReplSession::with_inputs(session_config, Arc::clone(&endpoints), &contexts.inputs)
             .context("Could not load the context")?;
     contexts::print_warnings(session.contexts());
+    crate::observe::report_isolation(&session);
     if args.dry_run {
         let rlm = Rlm::new(config, Arc::clone(&endpoints), Arc::new(session));
         print_first_request(&rlm, &endpoints, &args.query, &opts)?;

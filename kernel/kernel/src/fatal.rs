@@ -10,10 +10,10 @@
 //! (a pool worker) that crashes dies of its signal as usual.
 //!
 //! Not covered: `SIGKILL` (the kernel's OOM killer) cannot be caught at all; the trajectory,
-//! which gets each block's code before the block runs, still names the block. The planned
-//! remedy for both is worker-process isolation: the session in a child process, the bridge
-//! and the trajectory in the parent, which then survives the crash and reports it as a
-//! block error.
+//! which gets each block's code before the block runs, still names the block. Both only
+//! happen to a session in this process (`isolation = none`): an isolated session's worker
+//! dies of the signal instead, and its parent reports the crash as a block error and restores
+//! the session ([`crate::repl::worker`]).
 
 use std::io;
 use std::sync::Mutex;

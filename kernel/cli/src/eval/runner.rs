@@ -253,6 +253,7 @@ fn run_rlm(
         &[ContextSource::Text(task.context.clone())],
     )
     .with_context(|| format!("Could not load the context of `{}`", job.stem()))?;
+    crate::observe::report_isolation(&session);
     let mut rlm = Rlm::new(plan.rlm_config.clone(), endpoints, Arc::new(session));
     let log = plan
         .trajectories

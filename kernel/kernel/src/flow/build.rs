@@ -85,6 +85,7 @@ pub fn register(registry: Registry, kernel: &Arc<FlowKernel>, root_dir: &Path) -
     engine::route::file::register(registry)
         .with_python_functions(move |spec, name| {
             let function = PyFunction::parse(name, base_of(spec)).map_err(|e| e.to_string())?;
+            tests.allow_read(function.folder());
             Ok(Arc::new(PythonStateFunction::new(
                 function,
                 Arc::clone(&tests),
@@ -108,6 +109,7 @@ pub fn register(registry: Registry, kernel: &Arc<FlowKernel>, root_dir: &Path) -
         .with_tool_fallback(move |tool| {
             // A plain name that is no Python reference stays an unknown tool.
             let function = PyFunction::parse(&tool.name, &tools_dir).ok()?;
+            tools.allow_read(function.folder());
             Some(
                 python_flow_tool(function, &tool.args, Arc::clone(&tools))
                     .map(|t| Arc::new(t) as Arc<dyn engine::Tool>)
@@ -116,6 +118,7 @@ pub fn register(registry: Registry, kernel: &Arc<FlowKernel>, root_dir: &Path) -
         })
         .with_callback_fallback(move |code| {
             let function = PyFunction::parse(&code.name, &root_dir).map_err(|e| e.to_string())?;
+            callbacks.allow_read(function.folder());
             Ok(Arc::new(PythonCallback::new(
                 function,
                 code.args.clone(),
@@ -184,6 +187,7 @@ fn python_agent(
         return Ok(Arc::new(loader));
     }
     let function = function_of(spec, "function", &config.function)?;
+    kernel.allow_read(function.folder());
     Ok(Arc::new(
         PythonAgent::new(name, function, config.args.clone(), Arc::clone(kernel))
             .with_description(config.description.clone())

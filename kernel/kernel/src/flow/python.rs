@@ -107,6 +107,15 @@ impl PyFunction {
         })
     }
 
+    /// The folder its code is read from: the `.py` file's, or the workflow's for a module
+    /// (an isolated session's worker is allowed to read it).
+    pub fn folder(&self) -> &Path {
+        match &self.origin {
+            Origin::File(path) => path.parent().unwrap_or(&self.base),
+            Origin::Module(_) => &self.base,
+        }
+    }
+
     /// The function's own name (without its module or file).
     pub fn name(&self) -> &str {
         &self.function

@@ -19,6 +19,8 @@ pub struct FlowKernel {
     endpoints: Arc<Endpoints>,
     config: SessionConfig,
     contexts: Vec<ContextInput>,
+    /// Folders of the workflow's Python functions, readable by an isolated session.
+    read_paths: Mutex<Vec<std::path::PathBuf>>,
     session: Mutex<Option<Arc<ReplSession>>>,
 }
 
@@ -33,8 +35,35 @@ impl FlowKernel {
             endpoints,
             config,
             contexts,
+            read_paths: Mutex::new(Vec::new()),
             session: Mutex::new(None),
         }
+    }
+
+    /// Lets the session read `folder` (a Python step's or tool's code): a worker process is
+    /// confined to its contexts and Python's own files otherwise. Call it before the session
+    /// starts (while the workflow is built).
+    pub fn allow_read(&self, folder: &std::path::Path) {
+        let mut paths = self
+            .read_paths
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !paths.iter().any(|p| p == folder) {
+            paths.push(folder.to_owned());
+        }
+    }
+
+    /// The session's configuration with the folders of the workflow's code readable.
+    fn session_config(&self) -> SessionConfig {
+        let mut config = self.config.clone();
+        config.read_paths.extend(
+            self.read_paths
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .cloned(),
+        );
+        config
     }
 
     /// The model endpoints.
@@ -54,7 +83,7 @@ impl FlowKernel {
             return Ok(Arc::clone(session));
         }
         let session = Arc::new(ReplSession::with_inputs(
-            self.config.clone(),
+            self.session_config(),
             Arc::clone(&self.endpoints),
             &self.contexts,
         )?);
@@ -77,7 +106,7 @@ impl FlowKernel {
         let mut inputs = self.contexts.clone();
         inputs.extend(more.iter().cloned());
         let session = Arc::new(ReplSession::with_inputs(
-            self.config.clone(),
+            self.session_config(),
             Arc::clone(&self.endpoints),
             &inputs,
         )?);

@@ -30,16 +30,16 @@
 //!
 //! One entry in the list in `options/schema.rs`:
 //! ```text
-//! /// Most memory the worker may use, e.g. `2G` [default: no limit].
-//! memory_limit: String = OptionSpec::new(Kind::Text, Group::Session)
-//!     .env("RLM_MEMORY_LIMIT")
-//!     .value_name("SIZE")
-//!     .example("2G");
+//! /// Most rows a table context keeps, e.g. `1000` [default: all].
+//! max_rows: u64 = OptionSpec::new(Kind::Whole { min: 1 }, Group::Load)
+//!     .env("RLM_MAX_ROWS")
+//!     .value_name("ROWS")
+//!     .example("1000");
 //! ```
 //! then read the field where it takes effect (in `options/resolve.rs`, e.g. into the
-//! [`SessionConfig`](crate::repl::SessionConfig)). That is all: `--memory-limit` appears in
-//! the `--help` of every command that offers the group, `memory_limit=` in Python,
-//! `memory-limit` in `rlm.toml`, `RLM_MEMORY_LIMIT` in the environment, and the tests that
+//! [`LoadOptions`](crate::repl::LoadOptions)). That is all: `--max-rows` appears in
+//! the `--help` of every command that offers the group, `max_rows=` in Python,
+//! `max-rows` in `rlm.toml`, `RLM_MAX_ROWS` in the environment, and the tests that
 //! every option works in every source and front end cover it from its `example`. A new
 //! kind of value is a [`Kind`] variant with its parse; a switch is `--name` or
 //! `--name=false` on the command line.

@@ -14,7 +14,7 @@ use bridge::{
 
 use super::error::{OptionError, Spelling};
 use super::schema::{RunOptions, spec};
-use crate::repl::{FrameLibrary, LoadOptions, SessionConfig, check_encoding};
+use crate::repl::{FrameLibrary, Isolation, LoadOptions, SessionConfig, check_encoding};
 use crate::rlm::{CompletionRules, RlmConfig};
 
 /// The root model's endpoint name.
@@ -229,6 +229,13 @@ impl RunOptions {
         config.sub_endpoint = SUB.to_owned();
         config.load = self.load_options(spelling)?;
         config.cell_timeout_setting = spelling.option("cell_timeout");
+        // Model code is untrusted: confined in a worker unless asked otherwise.
+        config.isolation = self.isolation.unwrap_or(Isolation::Process);
+        if let Some(bytes) = self.memory_limit {
+            check(spelling, "memory_limit", &bytes.to_string())?;
+        }
+        config.memory_limit = self.memory_limit;
+        config.on_crash = self.on_crash.unwrap_or_default();
         Ok(config)
     }
 

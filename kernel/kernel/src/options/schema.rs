@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::spec::{Choice, Group, Kind, OptionSpec};
-use crate::repl::{FrameLibrary, SubCallErrorMode};
+use crate::repl::{FrameLibrary, Isolation, OnCrash, SubCallErrorMode};
 use crate::rlm::{CodeAndFinal, Protocol};
 
 /// Declares the options: each entry is the field's doc comment (the help users see), its
@@ -129,6 +129,40 @@ const FRAME_LIBRARIES: &[Choice] = &[
     },
 ];
 
+const ISOLATIONS: &[Choice] = &[
+    Choice {
+        name: "process",
+        aliases: &[],
+        help: "A confined worker process; crashes and stuck cells end the worker, not the run [default]",
+    },
+    Choice {
+        name: "strict",
+        aliases: &[],
+        help: "Like `process`, but refuse to run unless every confinement layer is in force",
+    },
+    Choice {
+        name: "none",
+        aliases: &[],
+        help: "In this process: no confinement, no copy (a crash in C code ends the run)",
+    },
+];
+
+const ON_CRASH: &[Choice] = &[
+    Choice {
+        name: "restore",
+        aliases: &[],
+        help: "Replay the blocks that ran before; variables come back [default]",
+    },
+    Choice {
+        name: "fresh",
+        aliases: &[],
+        help: "A fresh worker with the contexts only",
+    },
+];
+
+/// The least `memory_limit`: below it not even the interpreter starts.
+const MIN_MEMORY_LIMIT: u64 = 1 << 20;
+
 use Group::{
     Agent, Answer, Budget, Database, Iterations, Lease, Load, Loop, Models, Output, Session,
     Timeout, Trace, Trajectory,
@@ -231,6 +265,20 @@ run_options! {
     sub_call_text_chars: usize = OptionSpec::new(Kind::Whole { min: 0 }, Session)
         .env("RLM_SUB_CALL_TEXT_CHARS")
         .value_name("CHARS");
+    /// Where model-written code runs: in a worker process confined by every layer this
+    /// system supports (the default; one line names any layer that is missing), in one that
+    /// must be fully confined, or in this process (nothing confined; a crash ends the run).
+    isolation: Isolation = OptionSpec::new(Kind::Choice(ISOLATIONS), Session)
+        .env("RLM_ISOLATION");
+    /// Memory limit of the worker process, e.g. `4G` or `512M` [default: half the RAM].
+    memory_limit: u64 = OptionSpec::new(Kind::Size { min: MIN_MEMORY_LIMIT }, Session)
+        .env("RLM_MEMORY_LIMIT")
+        .value_name("SIZE")
+        .example("2G");
+    /// After the worker crashed: restore the session's variables by replaying its earlier
+    /// blocks (sub-calls answered from the run's record, no new model calls), or start
+    /// fresh.
+    on_crash: OnCrash = OptionSpec::new(Kind::Choice(ON_CRASH), Session).env("RLM_ON_CRASH");
     /// Which final-answer conventions count.
     protocol: Protocol = OptionSpec::new(Kind::Choice(PROTOCOLS), Loop).env("RLM_PROTOCOL");
     /// A reply with both code and a `FINAL`/`FINAL_VAR` line: run the code, then accept the
@@ -347,6 +395,8 @@ impl Scalar for SubCallErrorMode {}
 impl Scalar for Protocol {}
 impl Scalar for CodeAndFinal {}
 impl Scalar for FrameLibrary {}
+impl Scalar for Isolation {}
+impl Scalar for OnCrash {}
 
 /// The option called `name` (snake case).
 pub fn spec(name: &str) -> Option<&'static OptionSpec> {

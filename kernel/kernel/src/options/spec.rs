@@ -106,6 +106,13 @@ pub enum Kind {
     Width,
     /// On or off: `true` / `false` (also `1`/`0`, `yes`/`no`, `on`/`off` as text).
     Switch,
+    /// An amount of memory of at least `min` bytes: a number of bytes, or a number with a
+    /// unit `K`, `M`, `G` or `T` (powers of 1024; `MB` and `MiB` mean the same): a number
+    /// of bytes.
+    Size {
+        /// The least number of bytes accepted.
+        min: u64,
+    },
 }
 
 /// One option of the schema: everything a front end needs to offer it, in its own spelling.
@@ -164,6 +171,7 @@ impl OptionSpec {
                 },
                 Kind::Width => "auto",
                 Kind::Switch => "true",
+                Kind::Size { .. } => "512M",
             },
         }
     }
@@ -323,6 +331,13 @@ impl OptionSpec {
                 "false" | "0" | "no" | "off" => Ok(Value::Bool(false)),
                 _ => Err(format!("must be `true` or `false`, got `{text}`")),
             },
+            Kind::Size { min } => match bytes(trimmed) {
+                Some(n) if n >= min => Ok(Value::from(n)),
+                Some(_) => Err(format!("must be at least {}, got `{text}`", size_text(min))),
+                None => Err(format!(
+                    "must be a size such as `4G` or `512M` (or a number of bytes), got `{text}`"
+                )),
+            },
         }
     }
 
@@ -348,7 +363,12 @@ impl OptionSpec {
             (_, Value::String(text)) => self.parse_text(text),
             (Kind::Switch, Value::Bool(_)) => Ok(value.clone()),
             (
-                Kind::Whole { .. } | Kind::Number | Kind::Seconds | Kind::Usd | Kind::Width,
+                Kind::Whole { .. }
+                | Kind::Number
+                | Kind::Seconds
+                | Kind::Usd
+                | Kind::Width
+                | Kind::Size { .. },
                 Value::Number(n),
             ) => self.parse_text(&n.to_string()),
             _ => Err(format!("must be {}, got `{value}`", self.kind.expected())),
@@ -369,8 +389,44 @@ impl Kind {
             Kind::Choice(_) => "one of its names as a string",
             Kind::Width => "a whole number or `auto`",
             Kind::Switch => "`true` or `false`",
+            Kind::Size { .. } => "a size such as `4G` or a number of bytes",
         }
     }
+}
+
+/// `text` as a number of bytes: `4G`, `512 MiB`, `1.5g`, `2097152` (units are powers of
+/// 1024); `None` when it is not one, or not below 2⁶² bytes.
+fn bytes(text: &str) -> Option<u64> {
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return None,
+    };
+    let bytes = number * scale as f64;
+    (bytes.is_finite() && bytes < 2f64.powi(62)).then_some(bytes as u64)
+}
+
+/// `bytes` as people write it: `1M`, `512K`, `1536` (whole units only).
+fn size_text(bytes: u64) -> String {
+    for (unit, scale) in [
+        ("T", 1u64 << 40),
+        ("G", 1 << 30),
+        ("M", 1 << 20),
+        ("K", 1 << 10),
+    ] {
+        if bytes >= scale && bytes.is_multiple_of(scale) {
+            return format!("{}{unit}", bytes / scale);
+        }
+    }
+    bytes.to_string()
 }
 
 fn non_empty(text: &str) -> Result<Value, String> {

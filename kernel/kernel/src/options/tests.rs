@@ -303,6 +303,74 @@ fn root_sub_and_extra_endpoints_share_the_defaults() {
 }
 
 #[test]
+fn sizes_parse_with_units_and_refuse_nonsense() {
+    let size = OptionSpec::new(Kind::Size { min: 1 << 20 }, Group::Session);
+    let bytes = |text: &str| size.parse_text(text).map(|v| v.as_u64().unwrap());
+    assert_eq!(bytes("4G"), Ok(4 << 30));
+    assert_eq!(bytes("512 MiB"), Ok(512 << 20));
+    assert_eq!(bytes("1.5g"), Ok(3 << 29));
+    assert_eq!(bytes("2097152"), Ok(2 << 20));
+    assert_eq!(bytes(" 1m "), Ok(1 << 20));
+    assert_eq!(bytes("10"), Err("must be at least 1M, got `10`".to_owned()));
+    for bad in ["", "lots", "4X", "-1G", "1e400", "99999999T"] {
+        assert!(
+            bytes(bad)
+                .unwrap_err()
+                .starts_with("must be a size such as `4G`"),
+            "{bad}"
+        );
+    }
+    // From `rlm.toml` or a keyword: a number of bytes, or the same text.
+    assert_eq!(
+        size.parse_json(&Value::from(3u64 << 30)),
+        Ok(Value::from(3u64 << 30))
+    );
+    assert_eq!(
+        size.parse_json(&Value::from("3G")),
+        Ok(Value::from(3u64 << 30))
+    );
+    assert_eq!(
+        size.parse_json(&Value::Bool(true)),
+        Err("must be a size such as `4G` or a number of bytes, got `true`".to_owned())
+    );
+}
+
+#[test]
+fn the_session_runs_confined_unless_asked_otherwise() {
+    use crate::repl::{Isolation, OnCrash};
+    let config = model().session_config(Spelling::Flag).unwrap();
+    assert_eq!(
+        config.isolation,
+        Isolation::Process,
+        "model code runs confined unless asked otherwise"
+    );
+    assert_eq!(
+        (config.memory_limit, config.on_crash),
+        (None, OnCrash::Restore)
+    );
+    let env = RunOptions::from_env_with(|var| match var {
+        "RLM_ISOLATION" => Some("none".into()),
+        "RLM_MEMORY_LIMIT" => Some("3G".into()),
+        "RLM_ON_CRASH" => Some("fresh".into()),
+        _ => None,
+    })
+    .unwrap();
+    let config = env.session_config(Spelling::Flag).unwrap();
+    assert_eq!(config.isolation, Isolation::None);
+    assert_eq!(config.memory_limit, Some(3 << 30));
+    assert_eq!(config.on_crash, OnCrash::Fresh);
+    // A limit set in Rust, past the sources, is checked too.
+    let tiny = RunOptions {
+        memory_limit: Some(10),
+        ..model()
+    };
+    assert_eq!(
+        tiny.session_config(Spelling::Flag).unwrap_err().to_string(),
+        "`--memory-limit` must be at least 1M, got `10`"
+    );
+}
+
+#[test]
 fn a_missing_prompt_file_is_not_a_usage_error() {
     let options = RunOptions {
         system_prompt: Some("/nonexistent/system.md".into()),

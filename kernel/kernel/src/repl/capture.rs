@@ -4,11 +4,28 @@
 //!
 //! Every write is redacted before it is kept (known secrets become `[redacted]`), so a
 //! secret is never cut in half by the head/tail boundary and half of it kept.
+//!
+//! In a worker process the writer forwards instead ([`OutputSink`]): the parent keeps the
+//! bounded, redacted capture, so output written before a crash is not lost with the worker.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bridge::Redactor;
 use pyo3::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// One of a block's two output streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Where a worker's block output goes (to its parent), written as the code writes it.
+pub(crate) trait OutputSink: Send + Sync + std::fmt::Debug {
+    fn write(&self, stream: Stream, text: &str);
+}
 
 /// Head-and-tail character buffer.
 #[derive(Debug)]
@@ -122,6 +139,8 @@ fn byte_index_of_char(s: &str, n: usize) -> usize {
 pub(crate) struct OutputCapture {
     text: Mutex<Option<BoundedText>>,
     redactor: Redactor,
+    /// Set in a worker: writes go there, and this capture keeps nothing.
+    forward: Option<(Stream, Arc<dyn OutputSink>)>,
 }
 
 impl OutputCapture {
@@ -129,6 +148,16 @@ impl OutputCapture {
         Self {
             text: Mutex::new(Some(BoundedText::new(max_chars))),
             redactor,
+            forward: None,
+        }
+    }
+
+    /// A writer that hands every write to `sink` (a worker's link to its parent).
+    pub(crate) fn forwarding(stream: Stream, sink: Arc<dyn OutputSink>) -> Self {
+        Self {
+            text: Mutex::new(None),
+            redactor: Redactor::default(),
+            forward: Some((stream, sink)),
         }
     }
 
@@ -148,6 +177,10 @@ impl OutputCapture {
     }
 
     pub(crate) fn push(&self, s: &str) {
+        if let Some((stream, sink)) = &self.forward {
+            sink.write(*stream, s);
+            return;
+        }
         let s = self.redactor.redact(s);
         let mut guard = match self.text.lock() {
             Ok(guard) => guard,

@@ -115,11 +115,7 @@ pub(crate) fn load_context<'py>(
     options: &LoadOptions,
 ) -> Result<LoadedContext<'py>, ReplError> {
     let started = Instant::now();
-    let name = input
-        .name
-        .clone()
-        .unwrap_or_else(|| format!("context_{index}"));
-    let mut meta = blank_metadata(index, name);
+    let mut meta = blank_metadata(index, context_name(index, input));
     let value = match &input.source {
         ContextSource::Text(text) => {
             meta.source = "<text>".to_owned();
@@ -152,6 +148,57 @@ pub(crate) fn load_context<'py>(
     })
 }
 
+/// Loads context `index` from UTF-8 text held in memory elsewhere (a worker's memfd of text
+/// given directly, or of standard input), named in the metadata as `source`: checked like
+/// `-`, one copy into Python.
+pub(crate) fn load_text_bytes<'py>(
+    py: Python<'py>,
+    index: usize,
+    input: &ContextInput,
+    source: &str,
+    bytes: &[u8],
+) -> Result<LoadedContext<'py>, ReplError> {
+    let started = Instant::now();
+    let mut meta = blank_metadata(index, context_name(index, input));
+    meta.source = source.to_owned();
+    meta.bytes = bytes.len() as u64;
+    let text =
+        std::str::from_utf8(bytes).map_err(|e| not_utf8(bytes, &e, Path::new(source), ""))?;
+    let value = text_value(py, text, &mut meta);
+    meta.load_ms = started.elapsed().as_secs_f64() * 1000.0;
+    Ok(LoadedContext {
+        value,
+        metadata: meta,
+    })
+}
+
+/// Loads context `index` as the live object `value` (a worker's copy of one the Python
+/// package's host handed over), described like a live object bound by reference.
+pub(crate) fn load_live_value<'py>(
+    py: Python<'py>,
+    index: usize,
+    input: &ContextInput,
+    label: &str,
+    value: Bound<'py, PyAny>,
+) -> Result<LoadedContext<'py>, ReplError> {
+    let started = Instant::now();
+    let mut meta = blank_metadata(index, context_name(index, input));
+    meta.source = format!("{LIVE_SOURCE_PREFIX}{label}>");
+    let value = describe_value(py, value, label, &mut meta)?;
+    meta.load_ms = started.elapsed().as_secs_f64() * 1000.0;
+    Ok(LoadedContext {
+        value,
+        metadata: meta,
+    })
+}
+
+fn context_name(index: usize, input: &ContextInput) -> String {
+    input
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("context_{index}"))
+}
+
 /// Binds a live object as it is, measuring it through `support.describe_object` (shapes and
 /// counts only: nothing is read or copied).
 fn describe_object<'py>(
@@ -159,7 +206,15 @@ fn describe_object<'py>(
     live: &LiveObject,
     meta: &mut ContextMetadata,
 ) -> Result<Bound<'py, PyAny>, ReplError> {
-    let value = live.object.bind(py).clone();
+    describe_value(py, live.object.bind(py).clone(), &live.label, meta)
+}
+
+fn describe_value<'py>(
+    py: Python<'py>,
+    value: Bound<'py, PyAny>,
+    label: &str,
+    meta: &mut ContextMetadata,
+) -> Result<Bound<'py, PyAny>, ReplError> {
     let action = "describing a live context";
     let described = support_call(py, "describe_object", (&value,), action)?;
     type Shape = (
@@ -180,7 +235,7 @@ fn describe_object<'py>(
         "pandas_table" => (ContextKind::Table, FrameLibrary::Pandas),
         _ => {
             return Err(ReplError::ContextType {
-                label: live.label.clone(),
+                label: label.to_owned(),
                 type_name: kind,
             });
         }
@@ -418,17 +473,18 @@ fn python_error_text(e: &ReplError) -> String {
 }
 
 fn utf8(bytes: Vec<u8>, path: &Path, hint: &str) -> Result<String, ReplError> {
-    String::from_utf8(bytes).map_err(|e| {
-        let offset = e.utf8_error().valid_up_to();
-        let bytes = e.as_bytes();
-        let line = bytes[..offset].iter().filter(|&&b| b == b'\n').count() + 1;
-        ReplError::ContextNotUtf8 {
-            path: path.to_owned(),
-            offset,
-            line,
-            hint: hint.to_owned(),
-        }
-    })
+    String::from_utf8(bytes).map_err(|e| not_utf8(e.as_bytes(), &e.utf8_error(), path, hint))
+}
+
+fn not_utf8(bytes: &[u8], error: &std::str::Utf8Error, path: &Path, hint: &str) -> ReplError {
+    let offset = error.valid_up_to();
+    let line = bytes[..offset].iter().filter(|&&b| b == b'\n').count() + 1;
+    ReplError::ContextNotUtf8 {
+        path: path.to_owned(),
+        offset,
+        line,
+        hint: hint.to_owned(),
+    }
 }
 
 fn char_len(s: &str) -> u64 {

@@ -1,14 +1,20 @@
 //! `ReplError`: what can go wrong with the kernel itself (a Python exception in a cell is not
 //! one of these: it is reported in [`ExecutionResult::error`](super::ExecutionResult)).
+//!
+//! Errors cross the process boundary of an isolated session (a context that fails to load in
+//! the worker is the same error in the parent), so they serialize: `std::io::Error` as its OS
+//! code (or kind and text), `&'static str` fields through a small bounded interning table.
 
 use std::path::PathBuf;
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 use super::metadata::BinaryKind;
 
 /// Who runs the Python interpreter the kernel works in: it decides where a missing package
 /// is installed from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PythonHost {
     /// The kernel started CPython itself (the `rlm` binary): the packages of `.ci/setup`.
     Embedded,
@@ -34,8 +40,12 @@ impl PythonHost {
     }
 }
 
+/// A `&'static str` field (named so that serde reads it through [`static_text`], not by
+/// borrowing from the input).
+type StaticText = &'static str;
+
 /// Failures of the REPL kernel: starting the interpreter, loading contexts, a broken session.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, Serialize, Deserialize)]
 pub enum ReplError {
     /// The embedded interpreter could not be set up.
     #[error(
@@ -68,6 +78,7 @@ pub enum ReplError {
         /// The file or directory.
         path: PathBuf,
         /// The I/O error, in the message (not a `source`, or error chains would say it twice).
+        #[serde(with = "io_error")]
         error: std::io::Error,
     },
 
@@ -92,7 +103,8 @@ pub enum ReplError {
         /// The file.
         path: PathBuf,
         /// The expected format, e.g. `JSON`.
-        format: &'static str,
+        #[serde(with = "static_text")]
+        format: StaticText,
         /// Where and what, e.g. `line 3, column 7: expected value`.
         detail: String,
         /// What the user can do.
@@ -156,6 +168,7 @@ pub enum ReplError {
     #[error("Cannot read the `-` context from standard input: {source}")]
     ContextStdin {
         /// The I/O error.
+        #[serde(with = "io_error")]
         source: std::io::Error,
     },
 
@@ -176,18 +189,40 @@ pub enum ReplError {
         waited: Duration,
     },
 
+    /// The session's worker process could not be started or broke its protocol.
+    #[error("The REPL's worker process {problem}")]
+    Worker {
+        /// What went wrong, as a sentence after "The REPL's worker process".
+        problem: String,
+    },
+
+    /// The worker could not be confined: `isolation = strict` and a layer is not in force
+    /// here, or a step of confinement failed.
+    #[error("{message}")]
+    NotConfined {
+        /// The sandbox's message (which layer, and what to do).
+        message: String,
+    },
+
+    /// An isolated session was asked for in a program that cannot start worker processes.
+    #[error(
+        "This program cannot start REPL worker processes (it registered no worker program); use `isolation = none`, or call `kernel::repl::set_worker_program` at start"
+    )]
+    NoWorkerProgram,
+
     /// The kernel's own Python support code failed (a bug in the kernel).
     #[error("Kernel error while {action}: {message}; please report this as a bug")]
     Internal {
         /// What the kernel was doing.
-        action: &'static str,
+        #[serde(with = "static_text")]
+        action: StaticText,
         /// The Python error.
         message: String,
     },
 }
 
 /// Why a name cannot name a context.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NameProblem {
     /// Not a Python identifier.
     NotIdentifier,
@@ -216,7 +251,7 @@ impl std::fmt::Display for NameProblem {
 }
 
 /// What is wrong with a malformed CSV row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RowProblem {
     /// More fields than the header.
     ExtraFields {
@@ -246,5 +281,70 @@ impl ReplError {
             action,
             message: err.to_string(),
         }
+    }
+}
+
+/// `std::io::Error` as its OS error code when it has one (rebuilt exactly), else its kind's
+/// name and its text.
+mod io_error {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    enum Wire {
+        Os(i32),
+        Other(String),
+    }
+
+    pub(super) fn serialize<S: Serializer>(
+        error: &std::io::Error,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match error.raw_os_error() {
+            Some(code) => Wire::Os(code),
+            None => Wire::Other(error.to_string()),
+        }
+        .serialize(serializer)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<std::io::Error, D::Error> {
+        Ok(match Wire::deserialize(deserializer)? {
+            Wire::Os(code) => std::io::Error::from_raw_os_error(code),
+            Wire::Other(text) => std::io::Error::other(text),
+        })
+    }
+}
+
+/// `&'static str` fields (an action, a format name: a small fixed set in practice) read back
+/// through an interning table with a bound, so a misbehaving peer cannot grow it without end.
+mod static_text {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, PoisonError};
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Distinct texts kept; beyond, an unknown text reads as [`UNKNOWN`].
+    const CAP: usize = 256;
+    const UNKNOWN: &str = "(unknown)";
+
+    pub(super) fn serialize<S: Serializer>(text: &&'static str, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(text)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<&'static str, D::Error> {
+        let text = String::deserialize(d)?;
+        static TABLE: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
+        let mut table = TABLE.lock().unwrap_or_else(PoisonError::into_inner);
+        let table = table.get_or_insert_with(HashSet::new);
+        if let Some(known) = table.get(text.as_str()) {
+            return Ok(known);
+        }
+        if table.len() >= CAP {
+            return Ok(UNKNOWN);
+        }
+        let leaked: &'static str = Box::leak(text.into_boxed_str());
+        table.insert(leaked);
+        Ok(leaked)
     }
 }

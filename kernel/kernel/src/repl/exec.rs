@@ -21,12 +21,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyCode, PyCodeMethods, PyDict};
 use tokio_util::sync::CancellationToken;
 
-use super::capture::OutputCapture;
+use super::capture::{OutputCapture, Stream};
 use super::error::ReplError;
 use super::interpreter::interpreter;
 use super::interrupt::{ArmRequest, InterruptReason};
+use super::local::SessionState;
 use super::metadata::{ExecError, ExecutionResult, FinalAnswer, FinalSource};
-use super::session::SessionState;
 
 impl SessionState {
     /// Run one block; `Err` only when the kernel's own support code failed.
@@ -41,10 +41,22 @@ impl SessionState {
         let support = interpreter(py)?.support(py);
         self.blocks += 1;
         let filename = format!("{}{}>", self.block_filename_prefix(), self.blocks);
-        let max = self.config.max_output_chars;
-        let redactor = bridge::secret::redactor();
-        let stdout = Bound::new(py, OutputCapture::new(max, redactor.clone())).map_err(fail)?;
-        let stderr = Bound::new(py, OutputCapture::new(max, redactor)).map_err(fail)?;
+        let (stdout, stderr) = match &self.embedding.output {
+            Some(sink) => (
+                OutputCapture::forwarding(Stream::Stdout, sink.clone()),
+                OutputCapture::forwarding(Stream::Stderr, sink.clone()),
+            ),
+            None => {
+                let max = self.config.max_output_chars;
+                let redactor = bridge::secret::redactor();
+                (
+                    OutputCapture::new(max, redactor.clone()),
+                    OutputCapture::new(max, redactor),
+                )
+            }
+        };
+        let stdout = Bound::new(py, stdout).map_err(fail)?;
+        let stderr = Bound::new(py, stderr).map_err(fail)?;
         let session = self.py_session.bind(py).clone();
         // From here every exit, `?` included, ends the block: output is never left routed to
         // a capture nobody reads.
@@ -53,7 +65,7 @@ impl SessionState {
         let answer_before = support
             .call_method1("answer_state", (self.answer_slot(py),))
             .map_err(fail)?;
-        let ledger_start = self.bridge.endpoints().ledger().next_call_index();
+        let ledger_start = self.bridge.ledger().map(|l| l.next_call_index());
         let globals = self.globals.bind(py).clone();
 
         let (error, interrupt) =
@@ -106,6 +118,7 @@ impl SessionState {
             final_answers,
             variables,
             new_variables,
+            restart: None,
         })
     }
 
@@ -148,6 +161,9 @@ impl SessionState {
             exit_forked_child(py, outcome);
         }
         let fired = self.watchdog.disarm(py);
+        if let (Some(_), Some(events)) = (fired, &self.embedding.events) {
+            events.interrupted_code_returned();
+        }
         let Some(reason) = fired else {
             return match outcome {
                 Err(e) => Ok((Some(self.describe(py, e, filename, None)?), None)),

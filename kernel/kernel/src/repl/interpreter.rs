@@ -78,3 +78,25 @@ impl Interpreter {
         self.support.bind(py)
     }
 }
+
+/// Runs `wait` with the GIL released if the calling thread holds it (e.g. a Python extension
+/// calling into the kernel): the session thread needs the GIL to answer. A process that never
+/// started Python (the parent of isolated sessions) just waits.
+#[cfg(not(Py_LIMITED_API))]
+pub(crate) fn without_gil<T: Send>(wait: impl FnOnce() -> T + Send) -> T {
+    // SAFETY: both may be called at any time; `PyGILState_Check` only once initialised.
+    let attached =
+        unsafe { pyo3::ffi::Py_IsInitialized() != 0 && pyo3::ffi::PyGILState_Check() == 1 };
+    if attached {
+        Python::attach(|py| py.detach(wait))
+    } else {
+        wait()
+    }
+}
+
+/// Under the stable ABI (the Python package) there is no `PyGILState_Check`: attach (a no-op
+/// on a thread that holds the GIL) and release. The package's process always runs Python.
+#[cfg(Py_LIMITED_API)]
+pub(crate) fn without_gil<T: Send>(wait: impl FnOnce() -> T + Send) -> T {
+    Python::attach(|py| py.detach(wait))
+}

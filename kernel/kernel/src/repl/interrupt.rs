@@ -30,6 +30,13 @@ use tokio_util::sync::CancellationToken;
 /// How often a fired interrupt is raised again while the block keeps running.
 pub(crate) const REFIRE_INTERVAL: Duration = Duration::from_millis(20);
 
+/// What a worker's parent is told about the running block (see [`super::local::Embedding`]).
+pub(crate) trait BlockEvents: Send + Sync + std::fmt::Debug {
+    /// The user code of an interrupted block has returned: the block is winding down (its
+    /// processes are being ended) and will report soon. Called on the session thread.
+    fn interrupted_code_returned(&self);
+}
+
 /// Why a block was interrupted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum InterruptReason {

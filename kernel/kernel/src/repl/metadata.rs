@@ -419,6 +419,12 @@ pub struct SubCallText {
     pub reply: String,
 }
 
+/// `text` as a sub-call's record keeps it: known secrets redacted first (so the cut never
+/// keeps half of one), then cut to `limit` characters ([`head_and_tail`]).
+pub(crate) fn kept_text(text: &str, limit: usize) -> String {
+    head_and_tail(&bridge::secret::redactor().redact(text), limit)
+}
+
 /// `text` if it has at most `limit` characters, else its head and tail around a marker that
 /// says how much was left out.
 pub(crate) fn head_and_tail(text: &str, limit: usize) -> String {
@@ -466,6 +472,90 @@ pub struct ExecutionResult {
     pub variables: Vec<VariableInfo>,
     /// Names the block created.
     pub new_variables: Vec<String>,
+    /// The session's worker process ended during the block (or since the one before) and a
+    /// fresh one took over; `None` in-process and in the normal case.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart: Option<WorkerRestart>,
+}
+
+/// A worker process that ended under a session, and how the session was put back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerRestart {
+    /// Why the worker ended.
+    pub cause: WorkerEnd,
+    /// What the fresh worker holds.
+    pub restore: Restore,
+    /// Milliseconds from the end of the old worker until the new one was ready (contexts
+    /// loaded, blocks replayed).
+    pub restore_ms: f64,
+}
+
+/// How a worker process ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WorkerEnd {
+    /// A fatal signal in the worker's code (a segfault, an abort).
+    Crashed {
+        /// The signal's number.
+        signal: i32,
+        /// Its name and meaning, e.g. `SIGSEGV (segmentation fault)`.
+        name: String,
+    },
+    /// The worker ran out of memory: at its memory limit, or killed by the system.
+    OutOfMemory {
+        /// The worker's memory limit, in bytes.
+        limit_bytes: Option<u64>,
+        /// The most memory it held, in bytes.
+        peak_bytes: u64,
+        /// The signal that ended it (`SIGKILL` from the system, or the abort of an allocator).
+        signal: i32,
+    },
+    /// The worker's code ended the process itself (a C-level `exit()`).
+    Exited {
+        /// Its exit status.
+        code: i32,
+    },
+    /// The session ended the worker: the block did not stop when interrupted (stuck in
+    /// native code) at its time limit or when the run stopped.
+    Stopped {
+        /// Milliseconds the block had run.
+        after_ms: f64,
+        /// The block's time limit had passed (else the run was stopped).
+        timed_out: bool,
+    },
+    /// The worker broke its protocol or its link to the session.
+    Lost {
+        /// What happened.
+        detail: String,
+    },
+}
+
+/// What a fresh worker holds after a crash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Restore {
+    /// The earlier blocks that ran to completion were run again, each sub-call answered from
+    /// the session's record (no model call).
+    Replayed {
+        /// Blocks run again.
+        blocks: usize,
+        /// Of those, blocks that raised again (as they had the first time, or newly).
+        raised: usize,
+        /// Blocks left out because replaying them ended the worker again.
+        skipped: usize,
+        /// Sub-calls of the replay with no recorded answer (prompts that differed from the
+        /// first run, e.g. built from the time or random numbers); they got an error.
+        unanswered: usize,
+    },
+    /// Contexts only: the session asked for a fresh start (`on_crash = fresh`).
+    Fresh,
+    /// Not yet: the run was stopping; the session restores itself when next used.
+    Deferred,
+    /// The new worker could not be started or restored.
+    Failed {
+        /// Why.
+        message: String,
+    },
 }
 
 impl ExecutionResult {

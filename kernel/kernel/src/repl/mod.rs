@@ -2,11 +2,13 @@
 //! a huge context and the sub-models.
 //!
 //! # Pieces
-//! - [`session`](ReplSession): the `Send + Sync` handle. Each session owns one dedicated
-//!   thread that holds its Python namespace and runs its blocks; calls send jobs over a
-//!   channel and wait (bounded) for the reply. Sessions in one process share the
-//!   interpreter and interleave through the GIL; each has its own globals, captures and
-//!   watchdog.
+//! - [`session`](ReplSession): the `Send + Sync` handle, over one of two backends
+//!   ([`SessionConfig::isolation`]): in this process (`local`: each session owns one
+//!   dedicated thread that holds its Python namespace and runs its blocks; calls send jobs
+//!   over a channel and wait, bounded, for the reply; sessions in one process share the
+//!   interpreter and interleave through the GIL, each with its own globals, captures and
+//!   watchdog), or in a confined worker process of its own ([`worker`]: the same local
+//!   session there, the parent keeping the endpoints, keys, ledger and output).
 //! - `exec` + `capture`: a block is compiled as `<repl-block-N>`, run directly in the
 //!   globals, a final bare expression's `repr` is shown (like IPython), stdout/stderr go to
 //!   bounded head+tail buffers (`sys.stdout` routes each thread's writes to its session's
@@ -44,9 +46,11 @@
 //!   what the session reports — block output (redacted as it is written, so the head/tail cut
 //!   never keeps half of one), exceptions, final answers, variable previews, `SHOW_VARS()` —
 //!   so the model never reads one in a block's output, even one the code found on its own.
-//!   The session leaves the environment alone: removing API keys from it is the host's step
-//!   (the `rlm` binary does it before Python starts); in a host's own interpreter (the Python
-//!   package) `os.environ` is the user's, and only redaction applies.
+//!   In this process the session leaves the environment alone: removing API keys from it is
+//!   the host's step (the `rlm` binary does it before Python starts); in a host's own
+//!   interpreter (the Python package) `os.environ` is the user's, and only redaction applies.
+//!   A worker's environment is built from an allow-list: no key ever enters it, and its
+//!   output is captured and redacted by its parent, which knows the secrets.
 //! - `sys.stdin` is empty (`input()` raises `EOFError`); `sys.exit()`, `exit()` and
 //!   `KeyboardInterrupt` are reported as errors and the session goes on. So are the calls
 //!   that would end the whole process: `os._exit(n)`, `os.abort()`, and `os.kill` of the
@@ -88,11 +92,14 @@
 //! # Limits of interruption
 //! A timeout stops pure-Python code, `time.sleep` and `llm_query`/`llm_query_batched` (also
 //! in threads the block started, e.g. a `ThreadPoolExecutor` mapping `llm_query`). Other
-//! blocking C calls in the session thread (a bare `lock.acquire()`, a socket read, an asyncio
-//! event loop waiting) are interrupted only when they return; if that takes longer than the
-//! limit plus 10 s, `exec` returns [`ReplError::Unresponsive`] and the session stays busy
-//! until the call returns. A crash in C code (a segfault in an extension) ends the process;
-//! see [`crate::fatal`] for what is reported then.
+//! blocking C calls in the session thread (a bare `lock.acquire()`, a socket read, a
+//! catastrophic regular expression, a C `sleep`) are interrupted only when they return. In a
+//! worker, the parent then ends the worker half a second after the limit and restores the
+//! session in a fresh one ([`ExecutionResult::restart`]); so it does after a crash in C code,
+//! a C-level `exit()` or the memory limit. In this process (`isolation = none`), `exec`
+//! returns [`ReplError::Unresponsive`] once the limit plus 10 s has passed and the session
+//! stays busy until the call returns, and a crash in C code ends the process (see
+//! [`crate::fatal`] for what is reported then).
 //!
 //! # Example
 //! ```
@@ -114,28 +121,35 @@
 //! ```
 
 mod capture;
+mod config;
 mod context;
 mod detect;
 mod error;
 mod exec;
 mod interpreter;
 mod interrupt;
+mod local;
 mod metadata;
 mod natives;
 mod pystr;
 mod session;
 mod source;
+pub mod worker;
 
 pub use bridge::{Endpoints, Ledger, SubCallMetadata};
+pub use config::{Isolation, OnCrash, SessionConfig, UnknownIsolation, UnknownOnCrash};
 pub use error::{NameProblem, PythonHost, ReplError, RowProblem};
 pub use metadata::{
     BinaryKind, Compression, ContextKind, ContextMetadata, ExecError, ExecutionResult, FinalAnswer,
-    FinalSource, FrameLibrary, ItemSizes, SheetShape, SkippedFile, SkippedRows, SubCallText,
-    VariableInfo,
+    FinalSource, FrameLibrary, ItemSizes, Restore, SheetShape, SkippedFile, SkippedRows,
+    SubCallText, VariableInfo, WorkerEnd, WorkerRestart,
 };
 pub use natives::{SubCallErrorMode, UnknownSubCallErrorMode};
-pub use session::{ReplSession, SessionConfig};
+pub use session::ReplSession;
 pub use source::{
     ContextInput, ContextSource, LiveObject, LoadOptions, RESERVED_NAMES, check_context_name,
     check_encoding,
+};
+pub use worker::{
+    WORKER_ARG, WorkerProgram, serve_if_worker, set_worker_program, worker_main, worker_policy,
 };

@@ -1,15 +1,18 @@
 //! `llm_query` and `llm_query_batched`: sub-model calls from Python, implemented in Rust on
 //! the bridge.
 //!
-//! A call converts its arguments under the GIL, releases the GIL (`py.detach`) and blocks on
-//! the shared tokio runtime until the bridge answers; other Python threads run meanwhile, so
-//! threads calling `llm_query` at once all have requests in flight (no hidden global lock:
-//! only the endpoint's own `max_in_flight` limiter applies). Every call carries the current
-//! block's cancellation token, which the watchdog cancels on a timeout and which is a child
-//! of the session token ([`ReplSession::cancel_token`](super::ReplSession::cancel_token)).
-//! Failures become `"Error: <reason>"` strings or `LlmQueryError`, per [`SubCallErrorMode`].
-//! In a forked child, whose copy of the runtime has no threads, a call raises `LlmQueryError`
-//! (kind `forked_child`) in either mode instead of waiting forever.
+//! A call converts its arguments under the GIL, releases the GIL (`py.detach`) and blocks
+//! until its answer is there; other Python threads run meanwhile, so threads calling
+//! `llm_query` at once all have requests in flight (no hidden global lock: only the endpoint's
+//! own `max_in_flight` limiter applies). Where the answer comes from is the session's
+//! [`SubCallRoute`]: the bridge on the shared tokio runtime of this process, or — in a worker
+//! process — the parent, which holds the endpoints, keys and budget and answers over the
+//! worker's link. Every call carries the current block's cancellation token, which the
+//! watchdog cancels on a timeout and which is a child of the session token
+//! ([`ReplSession::cancel_token`](super::ReplSession::cancel_token)). Failures become
+//! `"Error: <reason>"` strings or `LlmQueryError`, per [`SubCallErrorMode`]. In a forked child,
+//! whose copy of the runtime has no threads (and whose writes would garble the worker's link),
+//! a call raises `LlmQueryError` (kind `forked_child`) in either mode instead of waiting forever.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,9 +23,9 @@ use pyo3::types::{PyList, PyString};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::metadata::{SubCallText, head_and_tail};
+use super::metadata::{SubCallText, kept_text};
 use crate::runtime;
-use bridge::{BatchPolicy, BridgeError, CallOptions, ChatRequest, Endpoints};
+use bridge::{BatchPolicy, BridgeError, CallOptions, ChatRequest, Endpoints, Ledger};
 
 /// What a failed sub-call does in Python.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,10 +66,62 @@ impl std::str::FromStr for SubCallErrorMode {
     }
 }
 
+/// A failed sub-call as the code sees it: the failure's kind (`timeout`, `http_429`,
+/// `budget_max_calls`, ...) and its message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SubFailure {
+    /// [`bridge::FailureKind::name`], or `forked_child` / `replay_miss` of the kernel.
+    pub(crate) kind: String,
+    /// What went wrong (without the `Error: ` prefix).
+    pub(crate) message: String,
+}
+
+impl From<&BridgeError> for SubFailure {
+    fn from(error: &BridgeError) -> Self {
+        Self {
+            kind: error.kind().name().to_owned(),
+            message: error.to_string(),
+        }
+    }
+}
+
+/// One sub-call's outcome: the answer's text or the failure.
+pub(crate) type SubAnswer = Result<String, SubFailure>;
+
+/// Sub-calls answered by another process (a worker's parent).
+pub(crate) trait RemoteCalls: Send + Sync + std::fmt::Debug {
+    /// One prompt to `endpoint` (`None`: the session's sub endpoint); returns early with a
+    /// cancellation failure once `cancel` is cancelled.
+    fn call(
+        &self,
+        endpoint: Option<String>,
+        prompt: String,
+        cancel: &CancellationToken,
+    ) -> SubAnswer;
+
+    /// Many prompts, answered in input order with the session's fan-out width; `Err` when
+    /// the endpoint does not exist.
+    fn batch(
+        &self,
+        endpoint: Option<String>,
+        prompts: Vec<String>,
+        cancel: &CancellationToken,
+    ) -> Result<Vec<SubAnswer>, SubFailure>;
+}
+
+/// Where a session's sub-calls go.
+#[derive(Debug, Clone)]
+pub(crate) enum SubCallRoute {
+    /// To the bridge's endpoints in this process.
+    Local(Arc<Endpoints>),
+    /// To another process (a worker's parent), which holds the endpoints.
+    Remote(Arc<dyn RemoteCalls>),
+}
+
 /// The session's link to the bridge, shared by its natives.
 #[derive(Debug)]
 pub(crate) struct SubModelBridge {
-    endpoints: Arc<Endpoints>,
+    route: SubCallRoute,
     /// The session's id, in the ledger record of each of its calls.
     session: u64,
     default_endpoint: String,
@@ -87,7 +142,7 @@ pub(crate) struct SubModelBridge {
 impl SubModelBridge {
     #[allow(clippy::too_many_arguments)] // One per field the session configures.
     pub(crate) fn new(
-        endpoints: Arc<Endpoints>,
+        route: SubCallRoute,
         session: u64,
         default_endpoint: String,
         batch_concurrency: Option<usize>,
@@ -98,7 +153,7 @@ impl SubModelBridge {
     ) -> Self {
         let cell_token = session_token.child_token();
         Self {
-            endpoints,
+            route,
             session,
             default_endpoint,
             batch_concurrency,
@@ -114,14 +169,23 @@ impl SubModelBridge {
         }
     }
 
-    pub(crate) fn endpoints(&self) -> &Arc<Endpoints> {
-        &self.endpoints
+    /// The ledger of this process's endpoints (none when the sub-calls go to a parent,
+    /// whose ledger records them).
+    pub(crate) fn ledger(&self) -> Option<&Arc<Ledger>> {
+        match &self.route {
+            SubCallRoute::Local(endpoints) => Some(endpoints.ledger()),
+            SubCallRoute::Remote(_) => None,
+        }
     }
 
     /// The ledger records of this session's calls since `call_index` (not those of other
-    /// sessions sharing the ledger meanwhile, such as `rlm_query` children).
-    pub(crate) fn own_records(&self, call_index: u64) -> Vec<bridge::SubCallMetadata> {
-        self.endpoints.ledger().records_of(self.session, call_index)
+    /// sessions sharing the ledger meanwhile, such as `rlm_query` children); none when the
+    /// calls go to a parent, whose ledger records them (and which fills them in).
+    pub(crate) fn own_records(&self, call_index: Option<u64>) -> Vec<bridge::SubCallMetadata> {
+        match (self.ledger(), call_index) {
+            (Some(ledger), Some(start)) => ledger.records_of(self.session, start),
+            _ => Vec::new(),
+        }
     }
 
     /// The options of a sub-call made now: the current block's cancellation, this session.
@@ -160,14 +224,13 @@ impl SubModelBridge {
     /// `None` when the session keeps no texts. Known secrets are redacted before the cut, so
     /// the cut never keeps half of one.
     fn kept_prompt(&self, prompt: &str) -> Option<String> {
-        (self.text_chars > 0)
-            .then(|| head_and_tail(&bridge::secret::redactor().redact(prompt), self.text_chars))
+        (self.text_chars > 0).then(|| kept_text(prompt, self.text_chars))
     }
 
     /// Keeps what a call asked (already cut) and received.
     fn record_text(&self, prompt: Option<String>, reply: &str) {
         if let Some(prompt) = prompt {
-            let reply = head_and_tail(&bridge::secret::redactor().redact(reply), self.text_chars);
+            let reply = kept_text(reply, self.text_chars);
             self.texts().push(SubCallText { prompt, reply });
         }
     }
@@ -211,13 +274,62 @@ impl SubModelBridge {
         ))
     }
 
-    fn failure(&self, py: Python<'_>, err: &BridgeError) -> PyResult<String> {
-        let message = format!("Error: {err}");
+    fn failure(&self, py: Python<'_>, failure: &SubFailure) -> PyResult<String> {
         match self.errors {
-            SubCallErrorMode::ReturnString => Ok(message),
+            SubCallErrorMode::ReturnString => Ok(format!("Error: {}", failure.message)),
             SubCallErrorMode::Raise => {
-                Err(self.error(py, err.to_string(), err.kind().name(), None))
+                Err(self.error(py, failure.message.clone(), &failure.kind, None))
             }
+        }
+    }
+
+    /// One sub-call, waited for without the GIL.
+    fn call(&self, model: Option<String>, prompt: String) -> SubAnswer {
+        let options = self.call_options();
+        match &self.route {
+            SubCallRoute::Local(endpoints) => {
+                let endpoint = endpoints
+                    .get(&self.endpoint_name(model))
+                    .map_err(|e| SubFailure::from(&e))?;
+                let request = ChatRequest::from_prompt(prompt);
+                runtime::shared()
+                    .block_on(endpoint.call(request, &options))
+                    .map(|response| response.content)
+                    .map_err(|e| SubFailure::from(&e))
+            }
+            SubCallRoute::Remote(remote) => remote.call(model, prompt, &options.cancel),
+        }
+    }
+
+    /// Many sub-calls in input order, waited for without the GIL; `Err` when the endpoint
+    /// does not exist.
+    fn batch(
+        &self,
+        model: Option<String>,
+        prompts: Vec<String>,
+    ) -> Result<Vec<SubAnswer>, SubFailure> {
+        let options = self.call_options();
+        match &self.route {
+            SubCallRoute::Local(endpoints) => {
+                let endpoint = endpoints
+                    .get(&self.endpoint_name(model))
+                    .map_err(|e| SubFailure::from(&e))?;
+                let policy = BatchPolicy {
+                    concurrency: self.batch_concurrency,
+                };
+                let requests = prompts.into_iter().map(ChatRequest::from_prompt).collect();
+                let outcomes =
+                    runtime::shared().block_on(endpoint.batch_recorded(requests, policy, &options));
+                Ok(outcomes
+                    .into_iter()
+                    .map(|o| {
+                        o.result
+                            .map(|r| r.content)
+                            .map_err(|e| SubFailure::from(&e))
+                    })
+                    .collect())
+            }
+            SubCallRoute::Remote(remote) => remote.batch(model, prompts, &options.cancel),
         }
     }
 
@@ -284,22 +396,15 @@ impl LlmQuery {
         let model = extract_model(model, "llm_query")?;
         let bridge = &self.bridge;
         bridge.llm_query_calls.fetch_add(1, Ordering::Relaxed);
-        let endpoint = match bridge.endpoints.get(&bridge.endpoint_name(model)) {
-            Ok(endpoint) => endpoint,
-            Err(e) => return bridge.failure(py, &e),
-        };
-        let options = bridge.call_options();
         let kept = bridge.kept_prompt(&prompt);
-        let request = ChatRequest::from_prompt(prompt);
-        let outcome = py.detach(|| runtime::shared().block_on(endpoint.call(request, &options)));
-        match outcome {
-            Ok(response) => {
-                bridge.record_text(kept, &response.content);
-                Ok(response.content)
+        match py.detach(|| bridge.call(model, prompt)) {
+            Ok(content) => {
+                bridge.record_text(kept, &content);
+                Ok(content)
             }
-            Err(e) => {
-                bridge.record_text(kept, &format!("Error: {e}"));
-                bridge.failure(py, &e)
+            Err(failure) => {
+                bridge.record_text(kept, &format!("Error: {}", failure.message));
+                bridge.failure(py, &failure)
             }
         }
     }
@@ -336,53 +441,47 @@ impl LlmQueryBatched {
                 "llm_query_batched() `prompts` must be a list of str, not a single str; use llm_query() for one prompt",
             ));
         }
-        let mut requests = Vec::new();
+        let mut texts_in = Vec::new();
         let mut kept = Vec::new();
         for (i, item) in prompts.try_iter()?.enumerate() {
             let text = extract_prompt(&item?, || format!("llm_query_batched() `prompts[{i}]`"))?;
             kept.push(self.bridge.kept_prompt(&text));
-            requests.push(ChatRequest::from_prompt(text));
+            texts_in.push(text);
         }
         let model = extract_model(model, "llm_query_batched")?;
         let bridge = &self.bridge;
         bridge
             .llm_query_batched_calls
             .fetch_add(1, Ordering::Relaxed);
-        let n = requests.len();
+        let n = texts_in.len();
         if n == 0 {
             return Ok(PyList::empty(py));
         }
-        let endpoint = match bridge.endpoints.get(&bridge.endpoint_name(model)) {
-            Ok(endpoint) => endpoint,
-            Err(e) => {
-                let text = format!("Error: {e}");
+        let outcomes = match py.detach(|| bridge.batch(model, texts_in)) {
+            Ok(outcomes) => outcomes,
+            Err(failure) => {
                 return match bridge.errors {
-                    SubCallErrorMode::ReturnString => PyList::new(py, vec![text; n]),
+                    SubCallErrorMode::ReturnString => {
+                        PyList::new(py, vec![format!("Error: {}", failure.message); n])
+                    }
                     SubCallErrorMode::Raise => {
-                        Err(bridge.error(py, e.to_string(), e.kind().name(), None))
+                        Err(bridge.error(py, failure.message, &failure.kind, None))
                     }
                 };
             }
         };
-        let policy = BatchPolicy {
-            concurrency: bridge.batch_concurrency,
-        };
-        let options = bridge.call_options();
-        let outcomes = py.detach(|| {
-            runtime::shared().block_on(endpoint.batch_recorded(requests, policy, &options))
-        });
-        let mut first_error: Option<(usize, &'static str, String)> = None;
+        let mut first_error: Option<(usize, SubFailure)> = None;
         let mut failed = 0usize;
         let mut texts = Vec::with_capacity(n);
         for ((i, outcome), prompt) in outcomes.into_iter().enumerate().zip(kept) {
-            match outcome.result {
-                Ok(response) => texts.push(response.content),
-                Err(e) => {
+            match outcome {
+                Ok(content) => texts.push(content),
+                Err(failure) => {
                     failed += 1;
+                    texts.push(format!("Error: {}", failure.message));
                     if first_error.is_none() {
-                        first_error = Some((i, e.kind().name(), e.to_string()));
+                        first_error = Some((i, failure));
                     }
-                    texts.push(format!("Error: {e}"));
                 }
             }
             if let Some(reply) = texts.last() {
@@ -391,10 +490,13 @@ impl LlmQueryBatched {
         }
         let list = PyList::new(py, texts)?;
         match (bridge.errors, first_error) {
-            (SubCallErrorMode::Raise, Some((i, kind, message))) => Err(bridge.error(
+            (SubCallErrorMode::Raise, Some((i, failure))) => Err(bridge.error(
                 py,
-                format!("{failed} of {n} sub-calls failed; the first (prompts[{i}]): {message}"),
-                kind,
+                format!(
+                    "{failed} of {n} sub-calls failed; the first (prompts[{i}]): {}",
+                    failure.message
+                ),
+                &failure.kind,
                 Some(list),
             )),
             _ => Ok(list),

@@ -1,128 +1,43 @@
-//! [`ReplSession`]: a `Send + Sync` handle on one Python namespace that lives on its own
-//! dedicated thread.
-//!
-//! `exec`, `variables` and `variable_as_string` send a job over a channel to the session
-//! thread and wait (bounded) for its reply. The session thread holds the GIL while it runs a
-//! job and releases it while idle, so several sessions in one process interleave through the
-//! GIL like ordinary Python threads, each with its own globals, captures and watchdog: a
-//! timeout in one session never touches another.
+//! [`ReplSession`]: the one session handle the RLM loop, agents, tools and workflow steps
+//! use — whether its Python runs in this process (`isolation = none`) or in a worker process
+//! of its own (`process`, `strict`; see [`super::worker`]). Callers cannot tell the two
+//! apart except by what survives: in a worker, a crash or a block stuck in native code ends
+//! the worker, not the caller, and [`ExecutionResult::restart`] says how the session was put
+//! back.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::Duration;
+use std::sync::Arc;
 
-use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyFrozenSet};
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::context::load_context;
+use super::config::SessionConfig;
 use super::error::ReplError;
-use super::interpreter::{self, interpreter};
-use super::interrupt::Watchdog;
+use super::interpreter;
+use super::local::{Embedding, LocalSession, ensure_module, next_session_id, pop_result};
 use super::metadata::{ContextMetadata, ExecutionResult, VariableInfo};
-use super::natives::{LlmQuery, LlmQueryBatched, SubCallErrorMode, SubModelBridge};
-use super::source::{ContextInput, ContextSource, LoadOptions, check_names};
+use super::natives::SubCallRoute;
+use super::source::{ContextInput, ContextSource, check_names};
+use super::worker::parent::WorkerSession;
 use bridge::Endpoints;
-
-/// How long `exec` waits beyond the cell's time limit for the interrupted cell to return.
-const INTERRUPT_GRACE: Duration = Duration::from_secs(10);
-/// How long non-exec jobs (variables, session start) may wait for an idle session thread.
-const QUERY_WAIT: Duration = Duration::from_secs(30);
-
-/// How long a variable's `__str__` may run when the loop reads it (well under `QUERY_WAIT`).
-const STR_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Configuration of one session.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct SessionConfig {
-    /// Wall-clock limit of one block.
-    pub cell_timeout: Duration,
-    /// Characters kept per stream per block (half from the head, half from the tail).
-    pub max_output_chars: usize,
-    /// Endpoint used by `llm_query`/`llm_query_batched` when no `model` is given.
-    pub sub_endpoint: String,
-    /// Fan-out width of `llm_query_batched` (`None`: unbounded, still capped by the
-    /// endpoint's `max_in_flight`).
-    pub batch_concurrency: Option<usize>,
-    /// What a failed sub-call does in Python.
-    pub sub_call_errors: SubCallErrorMode,
-    /// Characters kept of each sub-call's prompt and of its reply in the block's record
-    /// (head and tail; `0` keeps none), so a trajectory shows what sub-models were asked
-    /// while its size stays bounded whatever the context's.
-    pub sub_call_text_chars: usize,
-    /// How context files are read.
-    pub load: LoadOptions,
-    /// What sets `cell_timeout`, as the front end's users write it (`` `--cell-timeout` ``),
-    /// for the message of a block stopped at its limit.
-    pub cell_timeout_setting: String,
-}
-
-impl Default for SessionConfig {
-    fn default() -> Self {
-        Self {
-            cell_timeout: Duration::from_secs(120),
-            max_output_chars: 100_000,
-            sub_endpoint: "sub".to_owned(),
-            batch_concurrency: None,
-            sub_call_errors: SubCallErrorMode::ReturnString,
-            sub_call_text_chars: 600,
-            load: LoadOptions::default(),
-            cell_timeout_setting: "`cell_timeout`".to_owned(),
-        }
-    }
-}
-
-pub(crate) enum Job {
-    Exec {
-        code: String,
-        stop: Option<CancellationToken>,
-        reply: Sender<Result<ExecutionResult, ReplError>>,
-    },
-    Variables {
-        reply: Sender<Result<Vec<VariableInfo>, ReplError>>,
-    },
-    VariableString {
-        name: String,
-        reply: Sender<Result<Option<String>, ReplError>>,
-    },
-    ResetAnswer {
-        reply: Sender<Result<(), ReplError>>,
-    },
-    AnswerContent {
-        reply: Sender<Result<Option<String>, ReplError>>,
-    },
-    Shutdown,
-}
 
 /// An embedded Python REPL session (see the [module docs](super)).
 #[derive(Debug)]
 pub struct ReplSession {
     id: u64,
     config: SessionConfig,
-    jobs: Sender<Job>,
-    /// Serialises callers: one job in flight per session, so every wait is bounded by that job.
-    busy: Mutex<()>,
-    contexts: Vec<ContextMetadata>,
-    cancel: CancellationToken,
-    closed: CancellationToken,
-    watchdog: Arc<Watchdog>,
-    /// The support module's `Session`: what [`ReplSession::end_processes`] reaches without
-    /// the session thread, which may be stuck in a block.
-    py_session: Py<PyAny>,
-    thread: Option<JoinHandle<()>>,
-    thread_done: Mutex<Receiver<()>>,
+    backend: Backend,
+}
+
+/// Where the session's Python runs.
+#[derive(Debug)]
+enum Backend {
+    Local(Box<LocalSession>),
+    Worker(Box<WorkerSession>),
 }
 
 const _: () = {
     const fn send_and_sync<T: Send + Sync>() {}
     send_and_sync::<ReplSession>();
 };
-
-static NEXT_SESSION_ID: AtomicU64 = AtomicU64::new(1);
 
 impl ReplSession {
     /// Start a session: a new namespace with the natives, and every context loaded (or an
@@ -143,189 +58,169 @@ impl ReplSession {
         endpoints: Arc<Endpoints>,
         contexts: &[ContextInput],
     ) -> Result<Self, ReplError> {
-        interpreter::start()?;
-        check_names(contexts)?;
-        let load = config.load.resolved()?;
-        let id = NEXT_SESSION_ID.fetch_add(1, Ordering::Relaxed);
-        let cancel = CancellationToken::new();
-        let closed = CancellationToken::new();
-        let watchdog = Arc::new(Watchdog::default());
-        let (jobs, job_rx) = mpsc::channel();
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let (done_tx, thread_done) = mpsc::channel();
-        let init = SessionInit {
-            id,
-            config: config.clone(),
-            endpoints,
-            contexts: contexts.to_vec(),
-            load,
-            cancel: cancel.clone(),
-            watchdog: Arc::clone(&watchdog),
+        let backend = if config.isolation.in_worker() {
+            // The worker checks the names and loads the contexts itself.
+            Backend::Worker(Box::new(WorkerSession::start(
+                next_session_id(),
+                config.clone(),
+                endpoints,
+                contexts,
+            )?))
+        } else {
+            interpreter::start()?;
+            check_names(contexts)?;
+            Backend::Local(Box::new(LocalSession::start(
+                config.clone(),
+                SubCallRoute::Local(endpoints),
+                contexts,
+                Embedding::default(),
+            )?))
         };
-        let thread = std::thread::Builder::new()
-            .name(format!("rlm-repl-{id}"))
-            .spawn(move || {
-                session_thread(init, job_rx, ready_tx);
-                let _ = done_tx.send(());
-            })
-            .map_err(|e| ReplError::Interpreter {
-                message: format!("cannot start the session thread: {e}"),
-            })?;
-        // The session thread always answers or exits (dropping the sender).
-        let (contexts, py_session) = match without_gil(move || ready_rx.recv()) {
-            Ok(Ok(started)) => started,
-            Ok(Err(e)) => {
-                let _ = without_gil(move || thread.join());
-                return Err(e);
-            }
-            Err(_) => {
-                let _ = without_gil(move || thread.join());
-                return Err(ReplError::SessionClosed {
-                    reason: "the session thread stopped while starting".to_owned(),
-                });
-            }
+        let id = match &backend {
+            Backend::Local(local) => local.id(),
+            Backend::Worker(worker) => worker.id(),
         };
-        let wd = Arc::clone(&watchdog);
-        std::thread::Builder::new()
-            .name(format!("rlm-watchdog-{id}"))
-            .spawn(move || wd.run())
-            .map_err(|e| ReplError::Interpreter {
-                message: format!("cannot start the watchdog thread: {e}"),
-            })?;
-        {
-            // Cancelling the session token interrupts a running block.
-            let (cancel, closed, wd) = (cancel.clone(), closed.clone(), Arc::clone(&watchdog));
-            crate::runtime::shared().spawn(async move {
-                tokio::select! {
-                    () = cancel.cancelled() => wd.notify(),
-                    () = closed.cancelled() => {}
-                }
-            });
-        }
         Ok(Self {
             id,
             config,
-            jobs,
-            busy: Mutex::new(()),
-            contexts,
-            cancel,
-            closed,
-            watchdog,
-            py_session,
-            thread: Some(thread),
-            thread_done: Mutex::new(thread_done),
+            backend,
         })
     }
 
     /// Run one code block. `Err` only if the kernel itself broke; a Python exception, a
-    /// timeout or `sys.exit()` are reported in the [`ExecutionResult`].
+    /// timeout or `sys.exit()` are reported in the [`ExecutionResult`] — and in a worker, so
+    /// are a crash and a block that had to be stopped by ending the worker.
     pub fn exec(&self, code: &str) -> Result<ExecutionResult, ReplError> {
-        self.exec_job(code, None)
+        match &self.backend {
+            Backend::Local(local) => local.exec(code),
+            Backend::Worker(worker) => worker.exec(code, None),
+        }
     }
 
     /// Like [`exec`](Self::exec), and the block is stopped (`CellCancelled`) once `stop` is
     /// cancelled — also when that happens before the block started running, so a stop that
     /// races with the start of a block is never lost. Whoever cancels `stop` while the block
-    /// runs must then call [`interrupt`](Self::interrupt) to wake the watchdog.
+    /// runs must then call [`check_stop`](Self::check_stop) to wake the watchdog.
     pub fn exec_until_stopped(
         &self,
         code: &str,
         stop: &CancellationToken,
     ) -> Result<ExecutionResult, ReplError> {
-        self.exec_job(code, Some(stop.clone()))
-    }
-
-    fn exec_job(
-        &self,
-        code: &str,
-        stop: Option<CancellationToken>,
-    ) -> Result<ExecutionResult, ReplError> {
-        let wait = self.config.cell_timeout + INTERRUPT_GRACE;
-        let mut result = self.request(wait, |reply| Job::Exec {
-            code: code.to_owned(),
-            stop,
-            reply,
-        })??;
-        result.redact(&bridge::secret::redactor());
-        Ok(result)
+        match &self.backend {
+            Backend::Local(local) => local.exec_until_stopped(code, stop),
+            Backend::Worker(worker) => worker.exec(code, Some(stop)),
+        }
     }
 
     /// Metadata of the loaded contexts, in order.
     pub fn contexts(&self) -> &[ContextMetadata] {
-        &self.contexts
+        match &self.backend {
+            Backend::Local(local) => local.contexts(),
+            Backend::Worker(worker) => worker.contexts(),
+        }
+    }
+
+    /// What confines the session's code: `None` in this process, the layers in force (and
+    /// those missing, with why) in a worker.
+    pub fn confinement(&self) -> Option<&sandbox::Report> {
+        match &self.backend {
+            Backend::Local(_) => None,
+            Backend::Worker(worker) => Some(worker.confinement()),
+        }
     }
 
     /// Empties the `answer` dict (`content = ""`, `ready = False`), so that a new run on this
     /// session does not inherit the last run's finished answer. The loop calls it per run.
     pub fn reset_answer(&self) -> Result<(), ReplError> {
-        self.request(QUERY_WAIT, |reply| Job::ResetAnswer { reply })?
+        match &self.backend {
+            Backend::Local(local) => local.reset_answer(),
+            Backend::Worker(worker) => worker.reset_answer(),
+        }
     }
 
     /// `str(answer["content"])` when it is not blank, whether or not `ready` was set: what a
     /// run stopped early keeps as its partial answer.
     pub fn answer_content(&self) -> Result<Option<String>, ReplError> {
-        let content = self.request(QUERY_WAIT, |reply| Job::AnswerContent { reply })??;
-        Ok(content.map(|mut c| {
-            bridge::secret::redactor().redact_in_place(&mut c);
-            c
-        }))
+        match &self.backend {
+            Backend::Local(local) => local.answer_content(),
+            Backend::Worker(worker) => worker.answer_content(),
+        }
     }
 
     /// The user's variables (reserved names, `_private` names and modules hidden).
     pub fn variables(&self) -> Result<Vec<VariableInfo>, ReplError> {
-        let mut variables = self.request(QUERY_WAIT, |reply| Job::Variables { reply })??;
-        let redactor = bridge::secret::redactor();
-        for variable in &mut variables {
-            variable.redact(&redactor);
+        match &self.backend {
+            Backend::Local(local) => local.variables(),
+            Backend::Worker(worker) => worker.variables(),
         }
-        Ok(variables)
     }
 
     /// `str(value)` of a variable in the namespace, `None` if unset.
     pub fn variable_as_string(&self, name: &str) -> Result<Option<String>, ReplError> {
-        let value = self.request(QUERY_WAIT, |reply| Job::VariableString {
-            name: name.to_owned(),
-            reply,
-        })??;
-        Ok(value.map(|mut v| {
-            bridge::secret::redactor().redact_in_place(&mut v);
-            v
-        }))
+        match &self.backend {
+            Backend::Local(local) => local.variable_as_string(name),
+            Backend::Worker(worker) => worker.variable_as_string(name),
+        }
     }
 
     /// The session's cancellation token: cancelling it aborts in-flight `llm_query` calls and
     /// interrupts the running block (`CellCancelled`). It cannot be reset: later sub-calls of
     /// this session fail with a cancellation error.
     pub fn cancel_token(&self) -> CancellationToken {
-        self.cancel.clone()
+        match &self.backend {
+            Backend::Local(local) => local.cancel_token(),
+            Backend::Worker(worker) => worker.cancel_token(),
+        }
     }
 
     /// Interrupts the block running now, if any, like a notebook's stop button: its in-flight
-    /// sub-calls are cancelled and it ends with `CellCancelled`; the session keeps its state
-    /// and takes the next block normally. Returns whether a block was running.
+    /// sub-calls are cancelled and it ends with `CellCancelled` (in a worker, if it does not
+    /// stop within half a second, by ending the worker); the session keeps its state and
+    /// takes the next block normally. Returns whether a block was running.
     pub fn interrupt(&self) -> bool {
-        self.watchdog.interrupt_running()
+        match &self.backend {
+            Backend::Local(local) => local.interrupt(),
+            Backend::Worker(worker) => worker.interrupt(),
+        }
     }
 
-    /// Makes the watchdog look at the running block's stop token now: after cancelling the
+    /// Makes the session look at the running block's stop token now: after cancelling the
     /// token given to [`exec_until_stopped`](Self::exec_until_stopped), this stops that block
     /// (and no other, unlike [`interrupt`](Self::interrupt), which stops whatever runs).
     pub fn check_stop(&self) {
-        self.watchdog.notify();
+        match &self.backend {
+            Backend::Local(local) => local.check_stop(),
+            // The parent watches the stop token itself.
+            Backend::Worker(_) => {}
+        }
     }
 
     /// Terminates the processes the session's blocks started that still run — pool workers,
     /// forked children, subprocesses and their descendants (see the [module docs](super)).
     /// The loop calls it when a run ends; dropping the session does too. It does not wait
-    /// for the session thread, so it works while a block is stuck.
+    /// for a running block, so it works while a block is stuck.
     pub fn end_processes(&self) -> Result<(), ReplError> {
-        Python::attach(|py| {
-            self.py_session
-                .bind(py)
-                .call_method0("terminate_processes")
-                .map(drop)
-                .map_err(|e| ReplError::internal("terminating the session's processes", e))
-        })
+        match &self.backend {
+            Backend::Local(local) => local.end_processes(),
+            Backend::Worker(worker) => worker.end_processes(),
+        }
+    }
+
+    /// Loads a support module (`source`) as `name` into the session's interpreter unless it
+    /// is there (kept across a worker's restart).
+    pub(crate) fn ensure_module(&self, name: &str, source: &str) -> Result<(), ReplError> {
+        match &self.backend {
+            Backend::Local(_) => ensure_module(name, source),
+            Backend::Worker(worker) => worker.ensure_module(name, source),
+        }
+    }
+
+    /// Pops `results[token]` of support module `module` in the session's interpreter.
+    pub(crate) fn pop_result(&self, module: &str, token: u64) -> Result<Option<String>, ReplError> {
+        match &self.backend {
+            Backend::Local(_) => pop_result(module, token),
+            Backend::Worker(worker) => worker.pop_result(module, token),
+        }
     }
 
     /// The session's configuration.
@@ -336,375 +231,5 @@ impl ReplSession {
     /// A process-unique number of this session (1 for the first).
     pub fn id(&self) -> u64 {
         self.id
-    }
-
-    fn request<T: Send>(
-        &self,
-        wait: Duration,
-        job: impl FnOnce(Sender<T>) -> Job,
-    ) -> Result<T, ReplError> {
-        let _turn = match self.busy.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        let (reply, answer) = mpsc::channel();
-        self.jobs
-            .send(job(reply))
-            .map_err(|_| ReplError::SessionClosed {
-                reason: "its Python thread has exited".to_owned(),
-            })?;
-        match without_gil(move || answer.recv_timeout(wait)) {
-            Ok(value) => Ok(value),
-            Err(RecvTimeoutError::Timeout) => Err(ReplError::Unresponsive { waited: wait }),
-            Err(RecvTimeoutError::Disconnected) => Err(ReplError::SessionClosed {
-                reason: "its Python thread exited while running the request".to_owned(),
-            }),
-        }
-    }
-}
-
-impl Drop for ReplSession {
-    fn drop(&mut self) {
-        if let Err(e) = self.end_processes() {
-            tracing::warn!("could not end a closing session's processes: {e}");
-        }
-        self.closed.cancel();
-        self.watchdog.shutdown();
-        let _ = self.jobs.send(Job::Shutdown);
-        // Join unless the thread is stuck in native code; then leave it to finish on its own.
-        let thread_done = &self.thread_done;
-        let done = without_gil(|| {
-            let rx = match thread_done.lock() {
-                Ok(rx) => rx,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            rx.recv_timeout(Duration::from_secs(2)).is_ok()
-        });
-        if done && let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// Run `wait` with the GIL released if the calling thread holds it (e.g. a Python extension
-/// calling into the kernel): the session thread needs the GIL to answer.
-#[cfg(not(Py_LIMITED_API))]
-fn without_gil<T: Send>(wait: impl FnOnce() -> T + Send) -> T {
-    // SAFETY: only called once a session exists, i.e. after the interpreter is initialised.
-    let attached = unsafe { pyo3::ffi::PyGILState_Check() } == 1;
-    if attached {
-        Python::attach(|py| py.detach(wait))
-    } else {
-        wait()
-    }
-}
-
-/// Under the stable ABI (the Python package) there is no `PyGILState_Check`: attach (a no-op
-/// on a thread that holds the GIL) and release.
-#[cfg(Py_LIMITED_API)]
-fn without_gil<T: Send>(wait: impl FnOnce() -> T + Send) -> T {
-    Python::attach(|py| py.detach(wait))
-}
-
-struct SessionInit {
-    id: u64,
-    config: SessionConfig,
-    endpoints: Arc<Endpoints>,
-    contexts: Vec<ContextInput>,
-    load: LoadOptions,
-    cancel: CancellationToken,
-    watchdog: Arc<Watchdog>,
-}
-
-/// What a started session thread hands back: the loaded contexts and its `Session` object.
-type Started = (Vec<ContextMetadata>, Py<PyAny>);
-
-fn session_thread(
-    init: SessionInit,
-    jobs: Receiver<Job>,
-    ready: Sender<Result<Started, ReplError>>,
-) {
-    Python::attach(|py| {
-        let mut state = match SessionState::create(py, init) {
-            Ok((state, contexts)) => {
-                let _ = ready.send(Ok((contexts, state.py_session.clone_ref(py))));
-                state
-            }
-            Err(e) => {
-                let _ = ready.send(Err(e));
-                return;
-            }
-        };
-        let mut jobs = jobs;
-        loop {
-            let (job, rx) = py.detach(move || {
-                let job = jobs.recv();
-                (job, jobs)
-            });
-            jobs = rx;
-            match job {
-                Ok(Job::Exec { code, stop, reply }) => {
-                    let result = state.exec(py, &code, stop);
-                    let _ = reply.send(result);
-                }
-                Ok(Job::Variables { reply }) => {
-                    let _ = reply.send(state.variables(py));
-                }
-                Ok(Job::VariableString { name, reply }) => {
-                    let _ = reply.send(state.variable_as_string(py, &name));
-                }
-                Ok(Job::ResetAnswer { reply }) => {
-                    let _ = reply.send(state.reset_answer(py));
-                }
-                Ok(Job::AnswerContent { reply }) => {
-                    let _ = reply.send(state.answer_content(py));
-                }
-                Ok(Job::Shutdown) | Err(_) => break,
-            }
-        }
-        state.close(py);
-    });
-}
-
-/// The session thread's side: the namespace and everything bound to it.
-pub(crate) struct SessionState {
-    pub(crate) id: u64,
-    pub(crate) config: SessionConfig,
-    pub(crate) globals: Py<PyDict>,
-    /// The support module's `Session` object for this session.
-    pub(crate) py_session: Py<PyAny>,
-    /// The session's own `answer` dict (the slot after a reset; see `answer_slot`).
-    pub(crate) answer: Py<PyAny>,
-    pub(crate) reserved: Vec<(String, Py<PyAny>)>,
-    pub(crate) reserved_set: Py<PyFrozenSet>,
-    pub(crate) bridge: Arc<SubModelBridge>,
-    pub(crate) watchdog: Arc<Watchdog>,
-    pub(crate) thread_id: std::os::raw::c_long,
-    /// The process the session lives in: a block that finds itself elsewhere runs in a
-    /// forked child (see `SessionState::exec`).
-    pub(crate) pid: u32,
-    pub(crate) blocks: u64,
-    /// User code run outside blocks under the watchdog (see `SessionState::guarded`).
-    pub(crate) guards: u64,
-}
-
-impl SessionState {
-    fn create(
-        py: Python<'_>,
-        init: SessionInit,
-    ) -> Result<(Self, Vec<ContextMetadata>), ReplError> {
-        let support = interpreter(py)?.support(py);
-        let fail = |e: PyErr| ReplError::internal("creating a session", e);
-        let py_session = support
-            .getattr("Session")
-            .and_then(|c| c.call1((init.id,)))
-            .map_err(fail)?;
-        let globals = py_session
-            .getattr("globals")
-            .and_then(|g| Ok(g.cast_into::<PyDict>()?))
-            .map_err(fail)?;
-        support
-            .call_method1("bind_thread", (&py_session,))
-            .map_err(fail)?;
-        let thread_id: std::os::raw::c_long = py
-            .import("threading")
-            .and_then(|t| t.call_method0("get_ident"))
-            .and_then(|i| i.extract::<u64>())
-            .map_err(fail)? as std::os::raw::c_long;
-
-        let mut reserved: Vec<(String, Bound<'_, PyAny>)> = Vec::new();
-        let mut contexts = Vec::with_capacity(init.contexts.len());
-        for (index, input) in init.contexts.iter().enumerate() {
-            let loaded = load_context(py, index, input, &init.load)?;
-            if index == 0 {
-                reserved.push(("context".to_owned(), loaded.value.clone()));
-            }
-            if let Some(name) = &input.name {
-                reserved.push((name.clone(), loaded.value.clone()));
-            }
-            reserved.push((format!("context_{index}"), loaded.value));
-            contexts.push(loaded.metadata);
-        }
-
-        let error_class = support.getattr("LlmQueryError").map_err(fail)?;
-        let bridge = Arc::new(SubModelBridge::new(
-            init.endpoints,
-            init.id,
-            init.config.sub_endpoint.clone(),
-            init.config.batch_concurrency,
-            init.config.sub_call_errors,
-            init.config.sub_call_text_chars,
-            init.cancel,
-            error_class.clone().unbind(),
-        ));
-        let llm_query = Bound::new(
-            py,
-            LlmQuery {
-                bridge: Arc::clone(&bridge),
-            },
-        )
-        .map_err(fail)?;
-        let llm_query_batched = Bound::new(
-            py,
-            LlmQueryBatched {
-                bridge: Arc::clone(&bridge),
-            },
-        )
-        .map_err(fail)?;
-        let answer = support
-            .getattr("AnswerDict")
-            .and_then(|c| c.call1((&py_session,)))
-            .map_err(fail)?;
-        reserved.push(("llm_query".to_owned(), llm_query.into_any()));
-        reserved.push(("llm_query_batched".to_owned(), llm_query_batched.into_any()));
-        reserved.push(("answer".to_owned(), answer.clone()));
-        reserved.push(("LlmQueryError".to_owned(), error_class));
-        let names: Vec<&str> = reserved
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .chain(["FINAL_VAR", "SHOW_VARS"])
-            .collect();
-        let reserved_set = PyFrozenSet::new(py, &names).map_err(fail)?;
-        let final_var = support
-            .call_method1("make_final_var", (&py_session, &globals, &reserved_set))
-            .map_err(fail)?;
-        let show_vars = support
-            .call_method1("make_show_vars", (&globals, &reserved_set))
-            .map_err(fail)?;
-        reserved.push(("FINAL_VAR".to_owned(), final_var));
-        reserved.push(("SHOW_VARS".to_owned(), show_vars));
-        for (name, value) in &reserved {
-            globals.set_item(name, value).map_err(fail)?;
-        }
-
-        let state = Self {
-            id: init.id,
-            config: init.config,
-            globals: globals.unbind(),
-            py_session: py_session.unbind(),
-            answer: answer.unbind(),
-            reserved: reserved.into_iter().map(|(n, v)| (n, v.unbind())).collect(),
-            reserved_set: reserved_set.unbind(),
-            bridge,
-            watchdog: init.watchdog,
-            thread_id,
-            pid: std::process::id(),
-            blocks: 0,
-            guards: 0,
-        };
-        Ok((state, contexts))
-    }
-
-    pub(crate) fn variables(&self, py: Python<'_>) -> Result<Vec<VariableInfo>, ReplError> {
-        let support = interpreter(py)?.support(py);
-        let rows = support
-            .call_method1(
-                "list_variables",
-                (self.globals.bind(py), self.reserved_set.bind(py)),
-            )
-            .and_then(|rows| rows.extract::<Vec<(String, String, Option<usize>, String)>>())
-            .map_err(|e| ReplError::internal("listing variables", e))?;
-        Ok(rows
-            .into_iter()
-            .map(|(name, type_name, size, preview)| VariableInfo {
-                name,
-                type_name,
-                size,
-                preview,
-            })
-            .collect())
-    }
-
-    pub(crate) fn user_names(&self, py: Python<'_>) -> Result<Vec<String>, ReplError> {
-        let support = interpreter(py)?.support(py);
-        support
-            .call_method1(
-                "user_names",
-                (self.globals.bind(py), self.reserved_set.bind(py)),
-            )
-            .and_then(|names| names.extract::<Vec<String>>())
-            .map_err(|e| ReplError::internal("listing variables", e))
-    }
-
-    fn reset_answer(&mut self, py: Python<'_>) -> Result<(), ReplError> {
-        let answer = self.answer.bind(py);
-        answer
-            .call_method0("reset")
-            .and_then(|_| self.globals.bind(py).set_item("answer", answer))
-            .map_err(|e| ReplError::internal("resetting the answer dict", e))?;
-        self.set_answer_slot(answer.clone().unbind());
-        Ok(())
-    }
-
-    fn answer_content(&self, py: Python<'_>) -> Result<Option<String>, ReplError> {
-        let content = self
-            .answer_slot(py)
-            .get_item("content")
-            .ok()
-            .filter(|value| !value.is_none());
-        let Some(content) = content else {
-            return Ok(None);
-        };
-        let text = content
-            .str()
-            .and_then(|s| s.extract::<String>())
-            .map_err(|e| ReplError::internal("reading `answer[\"content\"]`", e))?;
-        Ok((!text.trim().is_empty()).then_some(text))
-    }
-
-    /// What `answer` is now: the session's own dict, or a mapping a block rebound it to.
-    pub(crate) fn answer_slot<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
-        self.reserved
-            .iter()
-            .find(|(name, _)| name == "answer")
-            .map_or_else(|| self.answer.bind(py).clone(), |(_, v)| v.bind(py).clone())
-    }
-
-    /// Makes `slot` the object that `answer` is restored to after each block.
-    pub(crate) fn set_answer_slot(&mut self, slot: Py<PyAny>) {
-        if let Some(entry) = self.reserved.iter_mut().find(|(name, _)| name == "answer") {
-            entry.1 = slot;
-        }
-    }
-
-    fn variable_as_string(
-        &mut self,
-        py: Python<'_>,
-        name: &str,
-    ) -> Result<Option<String>, ReplError> {
-        let globals = self.globals.bind(py).clone();
-        let Some(value) = globals
-            .get_item(name)
-            .map_err(|e| ReplError::internal("reading a variable", e))?
-        else {
-            return Ok(None);
-        };
-        // str() runs the user's __str__: bounded like a block, its failure described.
-        let limit = self.config.cell_timeout.min(STR_TIMEOUT);
-        let text = self.guarded(py, limit, || value.str())?;
-        Ok(Some(match text {
-            Ok(s) => s.to_string_lossy().into_owned(),
-            Err(e) => format!("<str() of `{name}` failed: {e}>"),
-        }))
-    }
-
-    /// Blocks are compiled as `<repl-block-N>` in the first session of the process and as
-    /// `<repl-S-block-N>` in session S > 1, so the process-wide linecache keeps them apart.
-    pub(crate) fn block_filename_prefix(&self) -> String {
-        if self.id == 1 {
-            "<repl-block-".to_owned()
-        } else {
-            format!("<repl-{}-block-", self.id)
-        }
-    }
-
-    fn close(self, py: Python<'_>) {
-        if let Err(e) = self.py_session.bind(py).call_method0("close") {
-            tracing::warn!("could not close a session's module and processes: {e}");
-            self.globals.bind(py).clear();
-        }
-        if let Ok(support) = interpreter(py).map(|i| i.support(py)) {
-            let _ = support.call_method1("unbind_thread", (self.block_filename_prefix(),));
-        }
     }
 }

@@ -364,6 +364,13 @@ _original_kill = os.kill
 _original_raise_signal = signal.raise_signal
 
 
+def adopt_process():
+    """This process holds the sessions from now on: a worker whose confinement forked it
+    (the process that imported this module is gone)."""
+    global _HOST_PID
+    _HOST_PID = os.getpid()
+
+
 def _in_host_cell():
     return _current_session() is not None and os.getpid() == _HOST_PID
 

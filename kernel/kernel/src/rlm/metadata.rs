@@ -282,6 +282,10 @@ pub struct BlockRecord {
     pub new_variables: Vec<String>,
     /// The final answer the block recorded, if any.
     pub final_answer: Option<FinalKind>,
+    /// The session's worker process ended during the block (or before it) and was replaced:
+    /// why, and how the session was restored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart: Option<crate::repl::WorkerRestart>,
 }
 
 impl BlockRecord {
@@ -309,6 +313,7 @@ impl BlockRecord {
                 crate::repl::FinalSource::AnswerDict => FinalKind::AnswerDict,
                 crate::repl::FinalSource::FinalVar => FinalKind::FinalVar,
             }),
+            restart: result.restart.clone(),
         }
     }
 

@@ -21,5 +21,6 @@ pub(crate) fn empty_result() -> ExecutionResult {
         final_answers: Vec::new(),
         variables: Vec::new(),
         new_variables: Vec::new(),
+        restart: None,
     }
 }

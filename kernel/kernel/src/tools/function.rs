@@ -1,7 +1,6 @@
 //! Python functions as tools: described once from their signature and docstring, called
 //! with keyword arguments as blocks of the session.
 
-use std::ffi::CString;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,9 +9,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bridge::CancellationToken;
 use engine::{Tool, ToolContext, ToolError};
-use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::PyModule;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -420,43 +416,18 @@ fn described<T: serde::de::DeserializeOwned>(
 }
 
 /// Runs the support module's entry point written by `code(token)` as a block of `session`,
-/// then pops what it left under `token`. Holds the GIL only to install the module and to
-/// take the result.
+/// then pops what it left under `token` (both in the session's interpreter, which may be a
+/// worker's).
 pub(crate) fn run_entry(
     session: &ReplSession,
     stop: &CancellationToken,
     code: impl FnOnce(u64) -> String,
 ) -> Result<(ExecutionResult, Option<String>), ReplError> {
     let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
-    Python::attach(|py| helper(py).map(drop))
-        .map_err(|e| ReplError::internal("loading the tools support module", e))?;
+    session.ensure_module(HELPER, HELPER_SOURCE)?;
     let result = session.exec_until_stopped(&code(token), stop)?;
-    let out = Python::attach(|py| -> PyResult<Option<String>> {
-        helper(py)?
-            .getattr("results")?
-            .call_method1("pop", (token, py.None()))?
-            .extract()
-    })
-    .map_err(|e| ReplError::internal("reading a tool's result", e))?;
+    let out = session.pop_result(HELPER, token)?;
     Ok((result, out))
-}
-
-/// The support module, loaded into `sys.modules` on first use — once, even when concurrent
-/// calls (parallel steps) start together: a module still executing is in `sys.modules`
-/// already, so a second caller must wait for it rather than find it there half made.
-fn helper(py: Python<'_>) -> PyResult<Bound<'_, PyModule>> {
-    static LOADED: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-    let module = LOADED.get_or_try_init(py, || -> PyResult<Py<PyModule>> {
-        let source = CString::new(HELPER_SOURCE)?;
-        let name = CString::new(HELPER)?;
-        // Named like the kernel's support module, so its frames are cut from user tracebacks.
-        let module = PyModule::from_code(py, &source, c"<rlm-kernel>", &name)?;
-        py.import("sys")?
-            .getattr("modules")?
-            .set_item(HELPER, &module)?;
-        Ok(module.unbind())
-    })?;
-    Ok(module.bind(py).clone())
 }
 
 /// `text` as a Python string literal (JSON's string syntax is a subset of Python's).

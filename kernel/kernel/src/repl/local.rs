@@ -1,0 +1,711 @@
+//! [`LocalSession`]: the in-process session — one Python namespace that lives on its own
+//! dedicated thread of this process. [`ReplSession`](super::ReplSession) uses it directly
+//! with `isolation = none`; a worker process runs one for its parent.
+//!
+//! `exec`, `variables` and `variable_as_string` send a job over a channel to the session
+//! thread and wait (bounded) for its reply. The session thread holds the GIL while it runs a
+//! job and releases it while idle, so several sessions in one process interleave through the
+//! GIL like ordinary Python threads, each with its own globals, captures and watchdog: a
+//! timeout in one session never touches another.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyFrozenSet, PyModule};
+use tokio_util::sync::CancellationToken;
+
+use super::capture::OutputSink;
+use super::config::SessionConfig;
+use super::context::{LoadedContext, load_context};
+use super::error::ReplError;
+use super::interpreter::{self, interpreter, without_gil};
+use super::interrupt::{BlockEvents, Watchdog};
+use super::metadata::{ContextMetadata, ExecutionResult, VariableInfo};
+use super::natives::{LlmQuery, LlmQueryBatched, SubCallRoute, SubModelBridge};
+use super::source::{ContextInput, LoadOptions};
+
+/// How long `exec` waits beyond the cell's time limit for the interrupted cell to return.
+const INTERRUPT_GRACE: Duration = Duration::from_secs(10);
+/// How long non-exec jobs (variables, session start) may wait for an idle session thread.
+const QUERY_WAIT: Duration = Duration::from_secs(30);
+
+/// How long a variable's `__str__` may run when the loop reads it (well under `QUERY_WAIT`).
+const STR_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub(crate) enum Job {
+    Exec {
+        code: String,
+        stop: Option<CancellationToken>,
+        reply: Sender<Result<ExecutionResult, ReplError>>,
+    },
+    Variables {
+        reply: Sender<Result<Vec<VariableInfo>, ReplError>>,
+    },
+    VariableString {
+        name: String,
+        reply: Sender<Result<Option<String>, ReplError>>,
+    },
+    ResetAnswer {
+        reply: Sender<Result<(), ReplError>>,
+    },
+    AnswerContent {
+        reply: Sender<Result<Option<String>, ReplError>>,
+    },
+    Shutdown,
+}
+
+/// How a worker process embeds a [`LocalSession`]: its blocks' output goes to the parent as
+/// it is written, and the parent learns when interrupted user code has returned.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Embedding {
+    /// Where block output goes instead of the session's own bounded capture.
+    pub(crate) output: Option<Arc<dyn OutputSink>>,
+    /// Told about the running block's progress.
+    pub(crate) events: Option<Arc<dyn BlockEvents>>,
+    /// Loads the contexts instead of [`load_context`] (a worker maps some from memfds).
+    pub(crate) loader: Option<Arc<dyn ContextLoader>>,
+}
+
+/// Loads context `index` of a session (see [`Embedding::loader`]).
+pub(crate) trait ContextLoader: Send + Sync + std::fmt::Debug {
+    fn load<'py>(
+        &self,
+        py: Python<'py>,
+        index: usize,
+        input: &ContextInput,
+        options: &LoadOptions,
+    ) -> Result<LoadedContext<'py>, ReplError>;
+}
+
+/// The in-process session (see the [module docs](self)).
+#[derive(Debug)]
+pub(crate) struct LocalSession {
+    id: u64,
+    config: SessionConfig,
+    jobs: Sender<Job>,
+    /// Serialises callers: one job in flight per session, so every wait is bounded by that job.
+    busy: Mutex<()>,
+    contexts: Vec<ContextMetadata>,
+    cancel: CancellationToken,
+    closed: CancellationToken,
+    watchdog: Arc<Watchdog>,
+    /// The support module's `Session`: what [`LocalSession::end_processes`] reaches without
+    /// the session thread, which may be stuck in a block.
+    py_session: Py<PyAny>,
+    thread: Option<JoinHandle<()>>,
+    thread_done: Mutex<Receiver<()>>,
+}
+
+static NEXT_SESSION_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A process-unique session number (1 for the first).
+pub(crate) fn next_session_id() -> u64 {
+    NEXT_SESSION_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+impl LocalSession {
+    /// Start a session: a new namespace with the natives, and every context loaded (or an
+    /// error naming the context that failed, with nothing left behind). The context names
+    /// are checked by the caller.
+    pub(crate) fn start(
+        config: SessionConfig,
+        route: SubCallRoute,
+        contexts: &[ContextInput],
+        embedding: Embedding,
+    ) -> Result<Self, ReplError> {
+        interpreter::start()?;
+        let load = config.load.resolved()?;
+        let id = next_session_id();
+        let remote = matches!(route, SubCallRoute::Remote(_));
+        let cancel = CancellationToken::new();
+        let closed = CancellationToken::new();
+        let watchdog = Arc::new(Watchdog::default());
+        let (jobs, job_rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let (done_tx, thread_done) = mpsc::channel();
+        let init = SessionInit {
+            id,
+            config: config.clone(),
+            route,
+            contexts: contexts.to_vec(),
+            load,
+            cancel: cancel.clone(),
+            watchdog: Arc::clone(&watchdog),
+            embedding,
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("rlm-repl-{id}"))
+            .spawn(move || {
+                session_thread(init, job_rx, ready_tx);
+                let _ = done_tx.send(());
+            })
+            .map_err(|e| ReplError::Interpreter {
+                message: format!("cannot start the session thread: {e}"),
+            })?;
+        // The session thread always answers or exits (dropping the sender).
+        let (contexts, py_session) = match without_gil(move || ready_rx.recv()) {
+            Ok(Ok(started)) => started,
+            Ok(Err(e)) => {
+                let _ = without_gil(move || thread.join());
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = without_gil(move || thread.join());
+                return Err(ReplError::SessionClosed {
+                    reason: "the session thread stopped while starting".to_owned(),
+                });
+            }
+        };
+        let wd = Arc::clone(&watchdog);
+        std::thread::Builder::new()
+            .name(format!("rlm-watchdog-{id}"))
+            .spawn(move || wd.run())
+            .map_err(|e| ReplError::Interpreter {
+                message: format!("cannot start the watchdog thread: {e}"),
+            })?;
+        if !remote {
+            // Cancelling the session token interrupts a running block. (A worker's session
+            // is stopped through its parent's link instead, and runs no tokio runtime.)
+            let (cancel, closed, wd) = (cancel.clone(), closed.clone(), Arc::clone(&watchdog));
+            crate::runtime::shared().spawn(async move {
+                tokio::select! {
+                    () = cancel.cancelled() => wd.notify(),
+                    () = closed.cancelled() => {}
+                }
+            });
+        }
+        Ok(Self {
+            id,
+            config,
+            jobs,
+            busy: Mutex::new(()),
+            contexts,
+            cancel,
+            closed,
+            watchdog,
+            py_session,
+            thread: Some(thread),
+            thread_done: Mutex::new(thread_done),
+        })
+    }
+
+    /// Run one code block. `Err` only if the kernel itself broke; a Python exception, a
+    /// timeout or `sys.exit()` are reported in the [`ExecutionResult`].
+    pub(crate) fn exec(&self, code: &str) -> Result<ExecutionResult, ReplError> {
+        self.exec_job(code, None)
+    }
+
+    /// Like [`exec`](Self::exec), and the block is stopped (`CellCancelled`) once `stop` is
+    /// cancelled — also when that happens before the block started running, so a stop that
+    /// races with the start of a block is never lost. Whoever cancels `stop` while the block
+    /// runs must then call [`interrupt`](Self::interrupt) to wake the watchdog.
+    pub(crate) fn exec_until_stopped(
+        &self,
+        code: &str,
+        stop: &CancellationToken,
+    ) -> Result<ExecutionResult, ReplError> {
+        self.exec_job(code, Some(stop.clone()))
+    }
+
+    fn exec_job(
+        &self,
+        code: &str,
+        stop: Option<CancellationToken>,
+    ) -> Result<ExecutionResult, ReplError> {
+        let wait = self.config.cell_timeout + INTERRUPT_GRACE;
+        let mut result = self.request(wait, |reply| Job::Exec {
+            code: code.to_owned(),
+            stop,
+            reply,
+        })??;
+        result.redact(&bridge::secret::redactor());
+        Ok(result)
+    }
+
+    /// Metadata of the loaded contexts, in order.
+    pub(crate) fn contexts(&self) -> &[ContextMetadata] {
+        &self.contexts
+    }
+
+    /// Empties the `answer` dict (`content = ""`, `ready = False`), so that a new run on this
+    /// session does not inherit the last run's finished answer. The loop calls it per run.
+    pub(crate) fn reset_answer(&self) -> Result<(), ReplError> {
+        self.request(QUERY_WAIT, |reply| Job::ResetAnswer { reply })?
+    }
+
+    /// `str(answer["content"])` when it is not blank, whether or not `ready` was set: what a
+    /// run stopped early keeps as its partial answer.
+    pub(crate) fn answer_content(&self) -> Result<Option<String>, ReplError> {
+        let content = self.request(QUERY_WAIT, |reply| Job::AnswerContent { reply })??;
+        Ok(content.map(|mut c| {
+            bridge::secret::redactor().redact_in_place(&mut c);
+            c
+        }))
+    }
+
+    /// The user's variables (reserved names, `_private` names and modules hidden).
+    pub(crate) fn variables(&self) -> Result<Vec<VariableInfo>, ReplError> {
+        let mut variables = self.request(QUERY_WAIT, |reply| Job::Variables { reply })??;
+        let redactor = bridge::secret::redactor();
+        for variable in &mut variables {
+            variable.redact(&redactor);
+        }
+        Ok(variables)
+    }
+
+    /// `str(value)` of a variable in the namespace, `None` if unset.
+    pub(crate) fn variable_as_string(&self, name: &str) -> Result<Option<String>, ReplError> {
+        let value = self.request(QUERY_WAIT, |reply| Job::VariableString {
+            name: name.to_owned(),
+            reply,
+        })??;
+        Ok(value.map(|mut v| {
+            bridge::secret::redactor().redact_in_place(&mut v);
+            v
+        }))
+    }
+
+    /// The session's cancellation token: cancelling it aborts in-flight `llm_query` calls and
+    /// interrupts the running block (`CellCancelled`). It cannot be reset: later sub-calls of
+    /// this session fail with a cancellation error.
+    pub(crate) fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Interrupts the block running now, if any, like a notebook's stop button: its in-flight
+    /// sub-calls are cancelled and it ends with `CellCancelled`; the session keeps its state
+    /// and takes the next block normally. Returns whether a block was running.
+    pub(crate) fn interrupt(&self) -> bool {
+        self.watchdog.interrupt_running()
+    }
+
+    /// Makes the watchdog look at the running block's stop token now: after cancelling the
+    /// token given to [`exec_until_stopped`](Self::exec_until_stopped), this stops that block
+    /// (and no other, unlike [`interrupt`](Self::interrupt), which stops whatever runs).
+    pub(crate) fn check_stop(&self) {
+        self.watchdog.notify();
+    }
+
+    /// Terminates the processes the session's blocks started that still run — pool workers,
+    /// forked children, subprocesses and their descendants (see the [module docs](super)).
+    /// The loop calls it when a run ends; dropping the session does too. It does not wait
+    /// for the session thread, so it works while a block is stuck.
+    pub(crate) fn end_processes(&self) -> Result<(), ReplError> {
+        Python::attach(|py| {
+            self.py_session
+                .bind(py)
+                .call_method0("terminate_processes")
+                .map(drop)
+                .map_err(|e| ReplError::internal("terminating the session's processes", e))
+        })
+    }
+
+    /// A process-unique number of this session (1 for the first).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn request<T: Send>(
+        &self,
+        wait: Duration,
+        job: impl FnOnce(Sender<T>) -> Job,
+    ) -> Result<T, ReplError> {
+        let _turn = match self.busy.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let (reply, answer) = mpsc::channel();
+        self.jobs
+            .send(job(reply))
+            .map_err(|_| ReplError::SessionClosed {
+                reason: "its Python thread has exited".to_owned(),
+            })?;
+        match without_gil(move || answer.recv_timeout(wait)) {
+            Ok(value) => Ok(value),
+            Err(RecvTimeoutError::Timeout) => Err(ReplError::Unresponsive { waited: wait }),
+            Err(RecvTimeoutError::Disconnected) => Err(ReplError::SessionClosed {
+                reason: "its Python thread exited while running the request".to_owned(),
+            }),
+        }
+    }
+}
+
+impl Drop for LocalSession {
+    fn drop(&mut self) {
+        if let Err(e) = self.end_processes() {
+            tracing::warn!("could not end a closing session's processes: {e}");
+        }
+        self.closed.cancel();
+        self.watchdog.shutdown();
+        let _ = self.jobs.send(Job::Shutdown);
+        // Join unless the thread is stuck in native code; then leave it to finish on its own.
+        let thread_done = &self.thread_done;
+        let done = without_gil(|| {
+            let rx = match thread_done.lock() {
+                Ok(rx) => rx,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            rx.recv_timeout(Duration::from_secs(2)).is_ok()
+        });
+        if done && let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Loads a support module (`source`) as `name` into `sys.modules` unless it is there.
+pub(crate) fn ensure_module(name: &str, source: &str) -> Result<(), ReplError> {
+    const READY: &str = "_rlm_ready";
+    let fail = |e: PyErr| ReplError::internal("loading a support module", e);
+    Python::attach(|py| {
+        let modules = py
+            .import("sys")
+            .and_then(|s| s.getattr("modules"))
+            .map_err(fail)?;
+        // A module is in `sys.modules` while its code still runs (which may let another
+        // thread in: concurrent steps on sessions of one interpreter): wait until it is whole.
+        // A load that failed took it out again, and this caller loads it.
+        while let Ok(module) = modules.get_item(name) {
+            if module.hasattr(READY).map_err(fail)? {
+                return Ok(());
+            }
+            py.detach(|| std::thread::sleep(std::time::Duration::from_millis(1)));
+        }
+        let code = std::ffi::CString::new(source)
+            .map_err(|e| ReplError::internal("loading a support module", e))?;
+        let file = std::ffi::CString::new(name)
+            .map_err(|e| ReplError::internal("loading a support module", e))?;
+        // Named like the kernel's support module, so its frames are cut from user tracebacks.
+        let module = PyModule::from_code(py, &code, c"<rlm-kernel>", &file).map_err(fail)?;
+        modules.set_item(name, &module).map_err(fail)?;
+        module.setattr(READY, true).map_err(fail)
+    })
+}
+
+/// Pops `results[token]` of support module `module` (`None` when it left nothing).
+pub(crate) fn pop_result(module: &str, token: u64) -> Result<Option<String>, ReplError> {
+    Python::attach(|py| -> PyResult<Option<String>> {
+        let Ok(module) = py.import("sys")?.getattr("modules")?.get_item(module) else {
+            return Ok(None);
+        };
+        module
+            .getattr("results")?
+            .call_method1("pop", (token, py.None()))?
+            .extract()
+    })
+    .map_err(|e| ReplError::internal("reading a support module's result", e))
+}
+
+struct SessionInit {
+    id: u64,
+    config: SessionConfig,
+    route: SubCallRoute,
+    contexts: Vec<ContextInput>,
+    load: LoadOptions,
+    cancel: CancellationToken,
+    watchdog: Arc<Watchdog>,
+    embedding: Embedding,
+}
+
+/// What a started session thread hands back: the loaded contexts and its `Session` object.
+type Started = (Vec<ContextMetadata>, Py<PyAny>);
+
+fn session_thread(
+    init: SessionInit,
+    jobs: Receiver<Job>,
+    ready: Sender<Result<Started, ReplError>>,
+) {
+    Python::attach(|py| {
+        let mut state = match SessionState::create(py, init) {
+            Ok((state, contexts)) => {
+                let _ = ready.send(Ok((contexts, state.py_session.clone_ref(py))));
+                state
+            }
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let mut jobs = jobs;
+        loop {
+            let (job, rx) = py.detach(move || {
+                let job = jobs.recv();
+                (job, jobs)
+            });
+            jobs = rx;
+            match job {
+                Ok(Job::Exec { code, stop, reply }) => {
+                    let result = state.exec(py, &code, stop);
+                    let _ = reply.send(result);
+                }
+                Ok(Job::Variables { reply }) => {
+                    let _ = reply.send(state.variables(py));
+                }
+                Ok(Job::VariableString { name, reply }) => {
+                    let _ = reply.send(state.variable_as_string(py, &name));
+                }
+                Ok(Job::ResetAnswer { reply }) => {
+                    let _ = reply.send(state.reset_answer(py));
+                }
+                Ok(Job::AnswerContent { reply }) => {
+                    let _ = reply.send(state.answer_content(py));
+                }
+                Ok(Job::Shutdown) | Err(_) => break,
+            }
+        }
+        state.close(py);
+    });
+}
+
+/// The session thread's side: the namespace and everything bound to it.
+pub(crate) struct SessionState {
+    pub(crate) id: u64,
+    pub(crate) config: SessionConfig,
+    pub(crate) globals: Py<PyDict>,
+    /// The support module's `Session` object for this session.
+    pub(crate) py_session: Py<PyAny>,
+    /// The session's own `answer` dict (the slot after a reset; see `answer_slot`).
+    pub(crate) answer: Py<PyAny>,
+    pub(crate) reserved: Vec<(String, Py<PyAny>)>,
+    pub(crate) reserved_set: Py<PyFrozenSet>,
+    pub(crate) bridge: Arc<SubModelBridge>,
+    pub(crate) watchdog: Arc<Watchdog>,
+    pub(crate) thread_id: std::os::raw::c_long,
+    /// The process the session lives in: a block that finds itself elsewhere runs in a
+    /// forked child (see `SessionState::exec`).
+    pub(crate) pid: u32,
+    pub(crate) blocks: u64,
+    /// User code run outside blocks under the watchdog (see `SessionState::guarded`).
+    pub(crate) guards: u64,
+    /// How a worker process embeds the session (default: not at all).
+    pub(crate) embedding: Embedding,
+}
+
+impl SessionState {
+    fn create(
+        py: Python<'_>,
+        init: SessionInit,
+    ) -> Result<(Self, Vec<ContextMetadata>), ReplError> {
+        let support = interpreter(py)?.support(py);
+        let fail = |e: PyErr| ReplError::internal("creating a session", e);
+        let py_session = support
+            .getattr("Session")
+            .and_then(|c| c.call1((init.id,)))
+            .map_err(fail)?;
+        let globals = py_session
+            .getattr("globals")
+            .and_then(|g| Ok(g.cast_into::<PyDict>()?))
+            .map_err(fail)?;
+        support
+            .call_method1("bind_thread", (&py_session,))
+            .map_err(fail)?;
+        let thread_id: std::os::raw::c_long = py
+            .import("threading")
+            .and_then(|t| t.call_method0("get_ident"))
+            .and_then(|i| i.extract::<u64>())
+            .map_err(fail)? as std::os::raw::c_long;
+
+        let mut reserved: Vec<(String, Bound<'_, PyAny>)> = Vec::new();
+        let mut contexts = Vec::with_capacity(init.contexts.len());
+        for (index, input) in init.contexts.iter().enumerate() {
+            let loaded = match &init.embedding.loader {
+                Some(loader) => loader.load(py, index, input, &init.load)?,
+                None => load_context(py, index, input, &init.load)?,
+            };
+            if index == 0 {
+                reserved.push(("context".to_owned(), loaded.value.clone()));
+            }
+            if let Some(name) = &input.name {
+                reserved.push((name.clone(), loaded.value.clone()));
+            }
+            reserved.push((format!("context_{index}"), loaded.value));
+            contexts.push(loaded.metadata);
+        }
+
+        let error_class = support.getattr("LlmQueryError").map_err(fail)?;
+        let bridge = Arc::new(SubModelBridge::new(
+            init.route,
+            init.id,
+            init.config.sub_endpoint.clone(),
+            init.config.batch_concurrency,
+            init.config.sub_call_errors,
+            init.config.sub_call_text_chars,
+            init.cancel,
+            error_class.clone().unbind(),
+        ));
+        let llm_query = Bound::new(
+            py,
+            LlmQuery {
+                bridge: Arc::clone(&bridge),
+            },
+        )
+        .map_err(fail)?;
+        let llm_query_batched = Bound::new(
+            py,
+            LlmQueryBatched {
+                bridge: Arc::clone(&bridge),
+            },
+        )
+        .map_err(fail)?;
+        let answer = support
+            .getattr("AnswerDict")
+            .and_then(|c| c.call1((&py_session,)))
+            .map_err(fail)?;
+        reserved.push(("llm_query".to_owned(), llm_query.into_any()));
+        reserved.push(("llm_query_batched".to_owned(), llm_query_batched.into_any()));
+        reserved.push(("answer".to_owned(), answer.clone()));
+        reserved.push(("LlmQueryError".to_owned(), error_class));
+        let names: Vec<&str> = reserved
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .chain(["FINAL_VAR", "SHOW_VARS"])
+            .collect();
+        let reserved_set = PyFrozenSet::new(py, &names).map_err(fail)?;
+        let final_var = support
+            .call_method1("make_final_var", (&py_session, &globals, &reserved_set))
+            .map_err(fail)?;
+        let show_vars = support
+            .call_method1("make_show_vars", (&globals, &reserved_set))
+            .map_err(fail)?;
+        reserved.push(("FINAL_VAR".to_owned(), final_var));
+        reserved.push(("SHOW_VARS".to_owned(), show_vars));
+        for (name, value) in &reserved {
+            globals.set_item(name, value).map_err(fail)?;
+        }
+
+        let state = Self {
+            id: init.id,
+            config: init.config,
+            globals: globals.unbind(),
+            py_session: py_session.unbind(),
+            answer: answer.unbind(),
+            reserved: reserved.into_iter().map(|(n, v)| (n, v.unbind())).collect(),
+            reserved_set: reserved_set.unbind(),
+            bridge,
+            watchdog: init.watchdog,
+            thread_id,
+            pid: std::process::id(),
+            blocks: 0,
+            guards: 0,
+            embedding: init.embedding,
+        };
+        Ok((state, contexts))
+    }
+
+    pub(crate) fn variables(&self, py: Python<'_>) -> Result<Vec<VariableInfo>, ReplError> {
+        let support = interpreter(py)?.support(py);
+        let rows = support
+            .call_method1(
+                "list_variables",
+                (self.globals.bind(py), self.reserved_set.bind(py)),
+            )
+            .and_then(|rows| rows.extract::<Vec<(String, String, Option<usize>, String)>>())
+            .map_err(|e| ReplError::internal("listing variables", e))?;
+        Ok(rows
+            .into_iter()
+            .map(|(name, type_name, size, preview)| VariableInfo {
+                name,
+                type_name,
+                size,
+                preview,
+            })
+            .collect())
+    }
+
+    pub(crate) fn user_names(&self, py: Python<'_>) -> Result<Vec<String>, ReplError> {
+        let support = interpreter(py)?.support(py);
+        support
+            .call_method1(
+                "user_names",
+                (self.globals.bind(py), self.reserved_set.bind(py)),
+            )
+            .and_then(|names| names.extract::<Vec<String>>())
+            .map_err(|e| ReplError::internal("listing variables", e))
+    }
+
+    fn reset_answer(&mut self, py: Python<'_>) -> Result<(), ReplError> {
+        let answer = self.answer.bind(py);
+        answer
+            .call_method0("reset")
+            .and_then(|_| self.globals.bind(py).set_item("answer", answer))
+            .map_err(|e| ReplError::internal("resetting the answer dict", e))?;
+        self.set_answer_slot(answer.clone().unbind());
+        Ok(())
+    }
+
+    fn answer_content(&self, py: Python<'_>) -> Result<Option<String>, ReplError> {
+        let content = self
+            .answer_slot(py)
+            .get_item("content")
+            .ok()
+            .filter(|value| !value.is_none());
+        let Some(content) = content else {
+            return Ok(None);
+        };
+        let text = content
+            .str()
+            .and_then(|s| s.extract::<String>())
+            .map_err(|e| ReplError::internal("reading `answer[\"content\"]`", e))?;
+        Ok((!text.trim().is_empty()).then_some(text))
+    }
+
+    /// What `answer` is now: the session's own dict, or a mapping a block rebound it to.
+    pub(crate) fn answer_slot<'py>(&self, py: Python<'py>) -> Bound<'py, PyAny> {
+        self.reserved
+            .iter()
+            .find(|(name, _)| name == "answer")
+            .map_or_else(|| self.answer.bind(py).clone(), |(_, v)| v.bind(py).clone())
+    }
+
+    /// Makes `slot` the object that `answer` is restored to after each block.
+    pub(crate) fn set_answer_slot(&mut self, slot: Py<PyAny>) {
+        if let Some(entry) = self.reserved.iter_mut().find(|(name, _)| name == "answer") {
+            entry.1 = slot;
+        }
+    }
+
+    fn variable_as_string(
+        &mut self,
+        py: Python<'_>,
+        name: &str,
+    ) -> Result<Option<String>, ReplError> {
+        let globals = self.globals.bind(py).clone();
+        let Some(value) = globals
+            .get_item(name)
+            .map_err(|e| ReplError::internal("reading a variable", e))?
+        else {
+            return Ok(None);
+        };
+        // str() runs the user's __str__: bounded like a block, its failure described.
+        let limit = self.config.cell_timeout.min(STR_TIMEOUT);
+        let text = self.guarded(py, limit, || value.str())?;
+        Ok(Some(match text {
+            Ok(s) => s.to_string_lossy().into_owned(),
+            Err(e) => format!("<str() of `{name}` failed: {e}>"),
+        }))
+    }
+
+    /// Blocks are compiled as `<repl-block-N>` in the first session of the process and as
+    /// `<repl-S-block-N>` in session S > 1, so the process-wide linecache keeps them apart.
+    pub(crate) fn block_filename_prefix(&self) -> String {
+        if self.id == 1 {
+            "<repl-block-".to_owned()
+        } else {
+            format!("<repl-{}-block-", self.id)
+        }
+    }
+
+    fn close(self, py: Python<'_>) {
+        if let Err(e) = self.py_session.bind(py).call_method0("close") {
+            tracing::warn!("could not close a session's module and processes: {e}");
+            self.globals.bind(py).clear();
+        }
+        if let Ok(support) = interpreter(py).map(|i| i.support(py)) {
+            let _ = support.call_method1("unbind_thread", (self.block_filename_prefix(),));
+        }
+    }
+}

@@ -1,0 +1,756 @@
+//! The worker process's side: [`main`] serves one session to the parent over the link on
+//! fd 3.
+//!
+//! Order at start, while the process is still single-threaded: start CPython (which starts
+//! no thread; a spare worker does this before its session exists), receive the context
+//! memfds and the [`Start`] frame, enter the session's directory, ask CPython for its own
+//! paths, confine the process ([`confine`]: the policy's environment replaces the one the
+//! worker started with), then load the contexts and start the session's threads. Then the main
+//! thread reads frames: requests go to a request thread in order (a block runs there), while
+//! interrupts, sub-call answers and `EndProcesses` are handled at once, even while a block
+//! runs. Block output is sent as written after a quiet spell, else buffered and sent in chunks
+//! (at 32 KiB, after 10 ms, and before a block's reply), never from a forked child. No tokio
+//! runtime runs in a worker.
+
+use std::collections::HashMap;
+use std::io::BufReader;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+use tokio_util::sync::CancellationToken;
+
+use super::confinement::{PythonPaths, confine};
+use super::protocol::{
+    FrameError, FromWorker, LINK_FD, MemfdContent, ObjectFormat, Reply, Request, Start, ToWorker,
+    WireContext, WireSource, read_frame, write_frame,
+};
+use super::spawn::{WORKER_ARG, receive_memfds};
+use super::transfer::share_module;
+use crate::repl::capture::{OutputSink, Stream};
+use crate::repl::context::{LoadedContext, load_context, load_live_value, load_text_bytes};
+use crate::repl::error::ReplError;
+use crate::repl::interpreter;
+use crate::repl::interrupt::BlockEvents;
+use crate::repl::local::{ContextLoader, Embedding, LocalSession, ensure_module, pop_result};
+use crate::repl::natives::{RemoteCalls, SubAnswer, SubCallRoute, SubFailure};
+use crate::repl::source::{ContextInput, ContextSource, LoadOptions, check_names};
+
+/// Output is sent once this much is buffered...
+const FLUSH_BYTES: usize = 32 * 1024;
+/// ...or this long after the first unsent write.
+const FLUSH_DELAY: Duration = Duration::from_millis(10);
+/// How often a waiting sub-call looks at its block's cancellation.
+const CANCEL_POLL: Duration = Duration::from_millis(10);
+
+/// When this process was started as a worker (its first argument is [`WORKER_ARG`]), serves
+/// its session and returns the exit code; else `None`. Call it first thing in `main`, before
+/// anything starts a thread.
+pub fn serve_if_worker() -> Option<std::process::ExitCode> {
+    (std::env::args_os().nth(1).as_deref() == Some(WORKER_ARG.as_ref()))
+        .then(|| std::process::ExitCode::from(main()))
+}
+
+/// Serves one session to the parent that started this process (see the `repl::worker` module docs);
+/// returns its exit status when the parent says so or goes away. Called first thing by the
+/// worker executable (`rlm __worker`, `python -m rlm_kernel._worker`); the caller exits with
+/// the status, without finalising the interpreter (a thread of the model's code may still
+/// run).
+pub fn main() -> u8 {
+    match serve() {
+        Ok(()) => 0,
+        Err(message) => {
+            eprintln!("rlm worker: {message}");
+            2
+        }
+    }
+}
+
+fn serve() -> Result<(), String> {
+    let link = take_link_fd()?;
+    // The interpreter starts while the parent may not have a session for us yet (a spare).
+    interpreter::start().map_err(|e| e.to_string())?;
+    enable_fault_handler();
+    let memfds = match receive_memfds(&link) {
+        Ok(memfds) => memfds,
+        // The parent went away before it needed this spare.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+        Err(e) => return Err(format!("receiving the contexts' memfds: {e}")),
+    };
+    let mut reader = BufReader::new(
+        link.try_clone()
+            .map_err(|e| format!("cannot read its link: {e}"))?,
+    );
+    let mut buffer = Vec::new();
+    let start = match read_frame::<ToWorker>(&mut reader, &mut buffer) {
+        Ok(ToWorker::Start(start)) => start,
+        Ok(_) => return Err("the parent did not start with a `Start` frame".to_owned()),
+        Err(e) => return Err(format!("reading the start frame: {e}")),
+    };
+    let start = *start;
+    let confinement = match confine_worker(&start) {
+        Ok(confinement) => confinement,
+        Err(error) => return report_failed_start(&link, error),
+    };
+    // After `confine`: this is the confined process, whose pid the link must know.
+    let link = Arc::new(Link::new(link));
+    match start_session(&link, start, memfds, confinement) {
+        Ok(session) => {
+            link.clone().start_flusher();
+            run(&link, session, &mut reader, &mut buffer);
+            Ok(())
+        }
+        Err(error) => link
+            .send(&FromWorker::Failed(error))
+            .map_err(|e| format!("could not report a failed start: {e}")),
+    }
+}
+
+fn report_failed_start(link: &UnixStream, error: ReplError) -> Result<(), String> {
+    let mut stream = link;
+    write_frame(&mut stream, &FromWorker::Failed(error))
+        .map_err(|e| format!("could not report a failed start: {e}"))
+}
+
+/// fd 3, checked to be a socket: a user running `rlm __worker` by hand gets a sentence, not
+/// a hang.
+fn take_link_fd() -> Result<UnixStream, String> {
+    // SAFETY: fstat on a descriptor number only reads the kernel's table.
+    let is_socket = unsafe {
+        let mut stat: libc::stat = std::mem::zeroed();
+        libc::fstat(LINK_FD, &mut stat) == 0 && (stat.st_mode & libc::S_IFMT) == libc::S_IFSOCK
+    };
+    if !is_socket {
+        return Err(
+            "this is the internal worker of rlm's isolated sessions; it is started by `rlm run` (and the Python package), not by hand".to_owned(),
+        );
+    }
+    set_cloexec(LINK_FD);
+    // SAFETY: fd 3 is open (checked) and owned by nobody else in this process: the parent
+    // placed the link there for us.
+    Ok(UnixStream::from(unsafe { OwnedFd::from_raw_fd(LINK_FD) }))
+}
+
+/// Processes the code starts do not inherit `fd` (forked children still do).
+fn set_cloexec(fd: i32) {
+    // SAFETY: fcntl on a descriptor number; a failure leaves it as it was.
+    unsafe {
+        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+    }
+}
+
+/// Enters the session's directory and confines the process (see the [module docs](self)).
+fn confine_worker(start: &Start) -> Result<sandbox::Report, ReplError> {
+    enter_directory(start)?;
+    let python = Python::attach(|py| python_paths(py, &start.cwd))
+        .map_err(|e| ReplError::internal("reading the interpreter's paths", e))?;
+    let confinement = confine(start.policy.clone(), start.level, python)?;
+    // `enter` replaced the environment with the policy's; Python copied the old one. And it
+    // forked: this process, not the one that started the interpreter, holds the sessions.
+    sync_python_environment()?;
+    Python::attach(|py| {
+        interpreter::interpreter(py)?
+            .support(py)
+            .call_method0("adopt_process")
+            .map(drop)
+            .map_err(|e| ReplError::internal("adopting the confined process", e))
+    })?;
+    Ok(confinement)
+}
+
+fn start_session(
+    link: &Arc<Link>,
+    start: Start,
+    memfds: Vec<OwnedFd>,
+    confinement: sandbox::Report,
+) -> Result<Arc<LocalSession>, ReplError> {
+    let inputs: Vec<ContextInput> = start.contexts.iter().map(placeholder_input).collect();
+    check_names(&inputs)?;
+    let loader = Arc::new(WireLoader {
+        contexts: start.contexts,
+        memfds,
+    });
+    let embedding = Embedding {
+        output: Some(link.clone()),
+        events: Some(link.clone()),
+        loader: Some(loader),
+    };
+    let remote: Arc<dyn RemoteCalls> = link.clone();
+    let session = LocalSession::start(
+        start.config,
+        SubCallRoute::Remote(remote),
+        &inputs,
+        embedding,
+    )?;
+    let ready = FromWorker::Ready {
+        contexts: session.contexts().to_vec(),
+        confinement,
+    };
+    link.send(&ready)
+        .map_err(|e| ReplError::internal("answering the parent", e))?;
+    Ok(Arc::new(session))
+}
+
+/// The interpreter's own files, which the worker must reach once confined: its prefixes
+/// (executed: spawn workers of `multiprocessing`, the standard library's extension modules),
+/// and the rest of `sys.path` (read: site-packages, folders `.pth` files add). The working
+/// directory and `''` are left out (`python -m` puts the cwd on `sys.path`): they are the
+/// user's, not Python's.
+fn python_paths(py: Python<'_>, cwd: &std::path::Path) -> PyResult<PythonPaths> {
+    let sys = py.import("sys")?;
+    let mut paths = PythonPaths::default();
+    for name in [
+        "prefix",
+        "base_prefix",
+        "exec_prefix",
+        "base_exec_prefix",
+        "executable",
+    ] {
+        if let Ok(path) = sys.getattr(name)?.extract::<String>()
+            && !path.is_empty()
+        {
+            paths.exec.push(PathBuf::from(path));
+        }
+    }
+    for entry in sys.getattr("path")?.try_iter()? {
+        if let Ok(path) = entry?.extract::<String>()
+            && !path.is_empty()
+            && std::path::Path::new(&path) != cwd
+        {
+            paths.read.push(PathBuf::from(path));
+        }
+    }
+    Ok(paths)
+}
+
+/// The session's view of a context: its name, and for a file its path (the loader reads the
+/// others from their memfds).
+fn placeholder_input(context: &WireContext) -> ContextInput {
+    ContextInput {
+        name: context.name.clone(),
+        source: match &context.source {
+            WireSource::Path(path) => ContextSource::Path(path.clone()),
+            WireSource::Memfd { .. } => ContextSource::Text(String::new()),
+        },
+    }
+}
+
+/// The session's working directory (the parent's: relative context paths mean the same).
+fn enter_directory(start: &Start) -> Result<(), ReplError> {
+    std::env::set_current_dir(&start.cwd).map_err(|e| ReplError::Worker {
+        problem: format!(
+            "could not enter its session's directory `{}`: {e}",
+            start.cwd.display()
+        ),
+    })
+}
+
+/// `os.environ` is what the process's environment is now (Python copied it at its start).
+fn sync_python_environment() -> Result<(), ReplError> {
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    Python::attach(|py| -> PyResult<()> {
+        let environ = py.import("os")?.getattr("environ")?;
+        let data = environ.getattr("_data")?;
+        data.call_method0("clear")?;
+        for (name, value) in env {
+            environ.set_item(name, value)?;
+        }
+        Ok(())
+    })
+    .map_err(|e| ReplError::internal("setting the worker's environment", e))
+}
+
+/// Python's fault handler writes the Python stack of a fatal signal to stderr (which the
+/// parent keeps as the crash's last words), then lets the signal end the process as usual.
+fn enable_fault_handler() {
+    let enabled = Python::attach(|py| -> PyResult<()> {
+        let sys = py.import("sys")?;
+        let stderr = sys.getattr("__stderr__")?;
+        py.import("faulthandler")?
+            .call_method1("enable", (stderr, false))
+            .map(drop)
+    });
+    if let Err(e) = enabled {
+        tracing::debug!("no fault handler in the worker: {e}");
+    }
+}
+
+/// Loads the contexts the parent described: files as usual, memfds mapped.
+#[derive(Debug)]
+struct WireLoader {
+    contexts: Vec<WireContext>,
+    memfds: Vec<OwnedFd>,
+}
+
+impl ContextLoader for WireLoader {
+    fn load<'py>(
+        &self,
+        py: Python<'py>,
+        index: usize,
+        input: &ContextInput,
+        options: &LoadOptions,
+    ) -> Result<LoadedContext<'py>, ReplError> {
+        let Some(WireSource::Memfd {
+            index: memfd,
+            content,
+        }) = self.contexts.get(index).map(|c| &c.source)
+        else {
+            return load_context(py, index, input, options);
+        };
+        let fd = self
+            .memfds
+            .get(*memfd)
+            .ok_or_else(|| {
+                ReplError::internal("loading a context", "its memfd was not handed over")
+            })?
+            .as_raw_fd();
+        match content {
+            MemfdContent::Text { source } => {
+                let mapped = Mapped::new(fd)
+                    .map_err(|e| ReplError::internal("mapping a context's shared memory", e))?;
+                load_text_bytes(py, index, input, source, mapped.bytes())
+            }
+            MemfdContent::Object { label, format } => {
+                let value = share_module(py)
+                    .and_then(|share| {
+                        share.call_method1("import_shared", (fd, format_name(*format)))
+                    })
+                    .map_err(|e| ReplError::Worker {
+                        problem: format!("could not read the context `{label}` it was handed: {e}"),
+                    })?;
+                load_live_value(py, index, input, label, value)
+            }
+        }
+    }
+}
+
+fn format_name(format: ObjectFormat) -> &'static str {
+    match format {
+        ObjectFormat::Text => "text",
+        ObjectFormat::Bytes => "bytes",
+        ObjectFormat::ArrowIpc => "arrow_ipc",
+        ObjectFormat::Pickle => "pickle",
+    }
+}
+
+/// A memfd mapped read-only for as long as the value is alive.
+struct Mapped {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl Mapped {
+    fn new(fd: i32) -> std::io::Result<Self> {
+        // SAFETY: fstat fills the struct for an open descriptor.
+        let len = unsafe {
+            let mut stat: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd, &mut stat) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            usize::try_from(stat.st_size).unwrap_or(0)
+        };
+        if len == 0 {
+            return Ok(Self {
+                ptr: std::ptr::null_mut(),
+                len: 0,
+            });
+        }
+        // SAFETY: a fresh read-only private mapping of `len` bytes of an open file.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                fd,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Self { ptr, len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr` maps `len` readable bytes until `self` is dropped; the memfd is
+        // sealed, so they do not change.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: unmaps exactly the mapping made in `new`, borrowed by nobody now.
+            unsafe {
+                libc::munmap(self.ptr, self.len);
+            }
+        }
+    }
+}
+
+/// Reads frames until the parent says to stop or goes away.
+fn run(
+    link: &Arc<Link>,
+    session: Arc<LocalSession>,
+    reader: &mut BufReader<UnixStream>,
+    buffer: &mut Vec<u8>,
+) {
+    let (jobs, queue) = mpsc::channel::<Job>();
+    let worker = {
+        let (link, session) = (Arc::clone(link), Arc::clone(&session));
+        std::thread::Builder::new()
+            .name("rlm-worker-requests".to_owned())
+            .spawn(move || serve_requests(&link, &session, &queue))
+    };
+    if worker.is_err() {
+        return;
+    }
+    // The exec being run, or the last one: an interrupt names the exec it is for.
+    let mut current: Option<(u64, CancellationToken)> = None;
+    loop {
+        match read_frame::<ToWorker>(reader, buffer) {
+            Ok(ToWorker::Request { id, request }) => match request {
+                Request::EndProcesses => {
+                    let done = session.end_processes().map(|()| None);
+                    link.reply(id, Reply::Text(done));
+                }
+                Request::Exec { code, stopped } => {
+                    let stop = CancellationToken::new();
+                    if stopped {
+                        stop.cancel();
+                    }
+                    current = Some((id, stop.clone()));
+                    let job = Job {
+                        id,
+                        request: Request::Exec { code, stopped },
+                        stop,
+                    };
+                    if jobs.send(job).is_err() {
+                        break;
+                    }
+                }
+                request => {
+                    let job = Job {
+                        id,
+                        request,
+                        stop: CancellationToken::new(),
+                    };
+                    if jobs.send(job).is_err() {
+                        break;
+                    }
+                }
+            },
+            Ok(ToWorker::Interrupt { id }) => {
+                if let Some((running, stop)) = &current
+                    && *running == id
+                {
+                    stop.cancel();
+                    session.check_stop();
+                }
+            }
+            Ok(ToWorker::Answer { call, answer }) => link.deliver(call, CallAnswer::One(answer)),
+            Ok(ToWorker::Answers { call, answers }) => {
+                link.deliver(call, CallAnswer::Many(answers));
+            }
+            Ok(ToWorker::Shutdown) | Err(FrameError::Closed) => break,
+            Ok(ToWorker::Start(_)) | Err(FrameError::Io(_) | FrameError::Malformed(_)) => break,
+        }
+    }
+    link.close();
+}
+
+/// A request for the request thread.
+struct Job {
+    id: u64,
+    request: Request,
+    /// The block's stop (exec only).
+    stop: CancellationToken,
+}
+
+fn serve_requests(link: &Link, session: &LocalSession, queue: &Receiver<Job>) {
+    for Job { id, request, stop } in queue {
+        let reply = match request {
+            Request::Exec { code, .. } => {
+                link.set_running(Some(id));
+                let result = session.exec_until_stopped(&code, &stop);
+                link.set_running(None);
+                // Every chunk of the block's output goes before its reply.
+                link.flush_output();
+                Reply::Exec(result.map(Box::new))
+            }
+            Request::Variables => Reply::Variables(session.variables()),
+            Request::VariableString { name } => Reply::Text(session.variable_as_string(&name)),
+            Request::ResetAnswer => Reply::Text(session.reset_answer().map(|()| None)),
+            Request::AnswerContent => Reply::Text(session.answer_content()),
+            Request::EnsureModule { name, source } => {
+                Reply::Text(ensure_module(&name, &source).map(|()| None))
+            }
+            Request::PopResult { module, token } => Reply::Text(pop_result(&module, token)),
+            Request::EndProcesses => Reply::Text(session.end_processes().map(|()| None)),
+        };
+        link.reply(id, reply);
+    }
+}
+
+/// The answer to a sub-call the worker sent.
+enum CallAnswer {
+    One(SubAnswer),
+    Many(Result<Vec<SubAnswer>, SubFailure>),
+}
+
+/// The worker's end of the link: framed writes under one lock, sub-calls waiting for their
+/// answers, and the output buffer.
+#[derive(Debug)]
+struct Link {
+    writer: Mutex<UnixStream>,
+    /// This process: a forked child's copy of the link never writes.
+    pid: u32,
+    next_call: AtomicU64,
+    calls: Mutex<HashMap<u64, Sender<CallAnswer>>>,
+    output: Mutex<Output>,
+    output_waiting: Condvar,
+    /// Taken while output is sent, so chunks leave in the order they were written.
+    sending: Mutex<()>,
+    running: Mutex<Option<u64>>,
+}
+
+impl std::fmt::Debug for CallAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CallAnswer")
+    }
+}
+
+#[derive(Debug)]
+struct Output {
+    chunks: Vec<(Stream, String)>,
+    bytes: usize,
+    /// When output was last sent: a write after a quiet spell goes out at once (so a print
+    /// just before a crash is not lost), writes in a burst are batched.
+    sent_at: Instant,
+    closed: bool,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Link {
+    fn new(stream: UnixStream) -> Self {
+        Self {
+            writer: Mutex::new(stream),
+            pid: std::process::id(),
+            next_call: AtomicU64::new(1),
+            calls: Mutex::new(HashMap::new()),
+            output: Mutex::new(Output {
+                chunks: Vec::new(),
+                bytes: 0,
+                sent_at: Instant::now(),
+                closed: false,
+            }),
+            output_waiting: Condvar::new(),
+            sending: Mutex::new(()),
+            running: Mutex::new(None),
+        }
+    }
+
+    fn send(&self, message: &FromWorker) -> std::io::Result<()> {
+        if std::process::id() != self.pid {
+            return Err(std::io::Error::other(
+                "a forked child never writes to the link",
+            ));
+        }
+        write_frame(&mut *lock(&self.writer), message)
+    }
+
+    fn reply(&self, id: u64, reply: Reply) {
+        if let Err(e) = self.send(&FromWorker::Reply { id, reply }) {
+            tracing::debug!("could not answer the parent: {e}");
+        }
+    }
+
+    fn set_running(&self, id: Option<u64>) {
+        *lock(&self.running) = id;
+    }
+
+    fn deliver(&self, call: u64, answer: CallAnswer) {
+        // A call given up (its block was stopped) has no waiter any more.
+        if let Some(waiter) = lock(&self.calls).remove(&call) {
+            let _ = waiter.send(answer);
+        }
+    }
+
+    /// Sends `message` (built with the call's id) and waits for its answer; `None` when the
+    /// call was cancelled or the link is gone.
+    fn ask(
+        &self,
+        message: impl FnOnce(u64) -> FromWorker,
+        cancel: &CancellationToken,
+    ) -> Result<CallAnswer, SubFailure> {
+        let call = self.next_call.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        lock(&self.calls).insert(call, tx);
+        if let Err(e) = self.send(&message(call)) {
+            lock(&self.calls).remove(&call);
+            return Err(link_gone(&e.to_string()));
+        }
+        loop {
+            match rx.recv_timeout(CANCEL_POLL) {
+                Ok(answer) => return Ok(answer),
+                Err(RecvTimeoutError::Timeout) if cancel.is_cancelled() => {
+                    lock(&self.calls).remove(&call);
+                    return Err(SubFailure::from(&bridge::BridgeError::Cancelled));
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return Err(link_gone("it closed")),
+            }
+        }
+    }
+
+    /// The output thread: sends buffered output [`FLUSH_DELAY`] after it was written.
+    fn start_flusher(self: Arc<Self>) {
+        let spawned = std::thread::Builder::new()
+            .name("rlm-worker-output".to_owned())
+            .spawn(move || {
+                loop {
+                    {
+                        let mut output = lock(&self.output);
+                        while output.chunks.is_empty() && !output.closed {
+                            output = self
+                                .output_waiting
+                                .wait(output)
+                                .unwrap_or_else(PoisonError::into_inner);
+                        }
+                        if output.closed {
+                            return;
+                        }
+                    }
+                    std::thread::sleep(FLUSH_DELAY);
+                    self.flush_output();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("no output thread ({e}); output is sent at the end of each block");
+        }
+    }
+
+    fn flush_output(&self) {
+        let _turn = lock(&self.sending);
+        let chunks = {
+            let mut output = lock(&self.output);
+            output.bytes = 0;
+            output.sent_at = Instant::now();
+            std::mem::take(&mut output.chunks)
+        };
+        for (stream, text) in chunks {
+            if let Err(e) = self.send(&FromWorker::Output { stream, text }) {
+                tracing::debug!("could not send output: {e}");
+                return;
+            }
+        }
+    }
+
+    fn close(&self) {
+        self.flush_output();
+        lock(&self.output).closed = true;
+        self.output_waiting.notify_all();
+    }
+}
+
+fn link_gone(detail: &str) -> SubFailure {
+    SubFailure {
+        kind: "worker_link".to_owned(),
+        message: format!(
+            "The REPL's worker lost its link to the rlm process ({detail}); sub-model calls go through it"
+        ),
+    }
+}
+
+impl OutputSink for Link {
+    fn write(&self, stream: Stream, text: &str) {
+        if std::process::id() != self.pid || text.is_empty() {
+            return;
+        }
+        let send_now = {
+            let mut output = lock(&self.output);
+            let was_empty = output.chunks.is_empty();
+            match output.chunks.last_mut() {
+                Some((last, buffered)) if *last == stream => buffered.push_str(text),
+                _ => output.chunks.push((stream, text.to_owned())),
+            }
+            output.bytes += text.len();
+            let quiet = was_empty && output.sent_at.elapsed() >= FLUSH_DELAY;
+            if was_empty && !quiet {
+                self.output_waiting.notify_one();
+            }
+            quiet || output.bytes >= FLUSH_BYTES
+        };
+        if send_now {
+            self.flush_output();
+        }
+    }
+}
+
+impl BlockEvents for Link {
+    fn interrupted_code_returned(&self) {
+        let running = *lock(&self.running);
+        if let Some(id) = running
+            && let Err(e) = self.send(&FromWorker::Returned { id })
+        {
+            tracing::debug!("could not tell the parent a block is winding down: {e}");
+        }
+    }
+}
+
+impl RemoteCalls for Link {
+    fn call(
+        &self,
+        endpoint: Option<String>,
+        prompt: String,
+        cancel: &CancellationToken,
+    ) -> SubAnswer {
+        match self.ask(
+            |call| FromWorker::Call {
+                call,
+                endpoint,
+                prompt,
+            },
+            cancel,
+        )? {
+            CallAnswer::One(answer) => answer,
+            CallAnswer::Many(_) => Err(link_gone("it answered a call with a batch")),
+        }
+    }
+
+    fn batch(
+        &self,
+        endpoint: Option<String>,
+        prompts: Vec<String>,
+        cancel: &CancellationToken,
+    ) -> Result<Vec<SubAnswer>, SubFailure> {
+        let n = prompts.len();
+        let answer = self.ask(
+            |call| FromWorker::Batch {
+                call,
+                endpoint,
+                prompts,
+            },
+            cancel,
+        );
+        match answer {
+            Ok(CallAnswer::Many(answers)) => answers,
+            Ok(CallAnswer::One(_)) => Err(link_gone("it answered a batch with one call")),
+            // Each slot fails as the whole batch did, as in-process when cancelled.
+            Err(failure) => Ok(vec![Err(failure); n]),
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! Isolated sessions: the session's Python in a worker process of its own.
+//!
+//! The parent (the `rlm` process, or the Python package's host) keeps what must not be in
+//! the reach of model-written code: the endpoints with their keys, the budget and ledger,
+//! the trajectory. The worker holds the embedded interpreter and the contexts, and is
+//! confined at its start (`confinement`). They talk over a Unix socket pair (`protocol`):
+//!
+//! ```text
+//!  parent (parent.rs)                              worker (child.rs)
+//!  ReplSession ─ exec ▸ ─────────────────────────▸ LocalSession runs the block
+//!              ◂ output chunks ◂ ────────────────  stdout/stderr as written
+//!  bridge     ◂ llm_query / llm_query_batched ◂─  natives (SubCallRoute::Remote)
+//!             ─ answers ▸ ───────────────────────▸
+//!              ─ interrupt ▸ ─────────────────────▸ watchdog
+//!              ◂ reply / exit status ◂ ───────────
+//! ```
+//!
+//! - `spawn`: which program is the worker ([`WorkerProgram`]: `rlm __worker`, or
+//!   `python -m rlm_kernel._worker`), its environment (an allow-list: keys never enter it),
+//!   its file descriptors.
+//! - `transfer`: contexts are paths the worker reads itself; text, standard input and the
+//!   Python package's live objects go once into sealed memfds the worker maps (`share.py`).
+//! - `journal`: what a crashed worker's session is rebuilt from; each block keeps the record
+//!   of its sub-calls' answers ([`bridge::record`]), so a replay asks no model again.
+//! - `parent`: `WorkerSession`, the session as the parent sees it:
+//!   stops a block stuck in native code by ending the worker, and survives the worker's end.
+//!
+//! # Example
+//! A program that embeds the kernel registers itself as the worker program and serves as
+//! one when started so (as `rlm` does):
+//! ```no_run
+//! use kernel::repl::{WorkerProgram, serve_if_worker, set_worker_program};
+//!
+//! fn main() -> std::process::ExitCode {
+//!     if let Some(code) = serve_if_worker() {
+//!         return code;
+//!     }
+//!     set_worker_program(WorkerProgram::this_executable());
+//!     // ... sessions with `isolation: Isolation::Process` now run in workers.
+//!     std::process::ExitCode::SUCCESS
+//! }
+//! ```
+
+mod child;
+mod confinement;
+mod journal;
+pub(crate) mod parent;
+mod protocol;
+mod spawn;
+mod transfer;
+
+pub use child::{main as worker_main, serve_if_worker};
+pub use parent::worker_policy;
+pub use spawn::{WORKER_ARG, WorkerProgram, set_worker_program};

@@ -1,0 +1,1692 @@
+//! The parent's side of an isolated session: [`WorkerSession`] starts and talks to the
+//! worker, answers its sub-calls, keeps its output, stops it, and puts it back after a crash.
+//!
+//! Threads: the caller's (a request waits there, GIL released), one reader per worker (it
+//! reads every frame: output into the block's capture, replies to their waiters, sub-calls
+//! to tasks on the shared tokio runtime that call the endpoint and answer; when the link
+//! closes it reaps the worker and wakes every waiter), and a task per block that turns the
+//! block's stop token into an interrupt.
+//!
+//! Stopping: the worker's own watchdog interrupts a block at its time limit or when told to
+//! ([`ToWorker::Interrupt`]); the worker says when interrupted code has returned. A block
+//! whose code has not returned [`KILL_GRACE`] after its limit (or after the stop) is stuck in
+//! native code: its worker is killed, and the block ends as timed out or cancelled.
+//!
+//! Crashes: a worker that ends during a block (a signal, `exit()`, the memory limit, our own
+//! kill) ends only the block. A fresh worker loads the contexts, and the blocks that ran to
+//! completion before are replayed with their sub-calls answered from their records
+//! ([`super::journal`]), unless the session asks for a fresh start; the block's result says
+//! what happened ([`WorkerRestart`]). When the run is stopping, the restore waits for the
+//! session's next use.
+
+use std::collections::HashMap;
+use std::io::{self, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use bridge::record::{AnswerRecord, RecordKey};
+use bridge::{BatchPolicy, CallOptions, ChatRequest, Endpoints};
+use tokio_util::sync::CancellationToken;
+
+use super::journal::{Entry, Journal};
+use super::protocol::{
+    FrameError, FromWorker, Reply, Request, Start, ToWorker, read_frame, write_frame,
+};
+use super::spawn::{
+    Spawned, WorkerProgram, prepare_spare, python_env, send_memfds, start_worker, take_worker,
+    worker_program,
+};
+use super::transfer::{SharedContexts, readable, share_contexts};
+use crate::repl::capture::{OutputCapture, Stream};
+use crate::repl::config::{OnCrash, SessionConfig};
+use crate::repl::error::ReplError;
+use crate::repl::interpreter::without_gil;
+use crate::repl::metadata::{
+    ContextMetadata, ExecError, ExecutionResult, Restore, SubCallText, VariableInfo, WorkerEnd,
+    WorkerRestart, kept_text,
+};
+use crate::repl::natives::{SubAnswer, SubFailure};
+use crate::repl::source::ContextInput;
+use crate::runtime;
+
+/// How long after its time limit, or after it was told to stop, a block whose code has not
+/// returned is stopped by ending its worker.
+pub(crate) const KILL_GRACE: Duration = Duration::from_millis(500);
+/// How long a block whose interrupted code has returned may take to wind down (its
+/// processes are ended, SIGKILL after 1 s).
+const WIND_DOWN: Duration = Duration::from_secs(10);
+/// How long other requests may wait for the worker.
+const QUERY_WAIT: Duration = Duration::from_secs(30);
+/// How long a worker told to exit may take before it is killed.
+const EXIT_WAIT: Duration = Duration::from_secs(2);
+/// After its link closed, how long a worker may take to finish dying before it is killed:
+/// its exit status is what tells a crash from a kill.
+const REAP_WAIT: Duration = Duration::from_secs(1);
+/// Fresh workers tried when replaying ends the worker again.
+const RESTORE_ATTEMPTS: usize = 3;
+/// Bytes of a worker's own stderr kept for a crash report.
+const LAST_WORDS: usize = 2048;
+
+/// The parent's side of an isolated session (see the [module docs](self)).
+#[derive(Debug)]
+pub(crate) struct WorkerSession {
+    /// The session's id ([`crate::repl::ReplSession::id`]), in the ledger record of each
+    /// sub-call its code makes.
+    id: u64,
+    config: SessionConfig,
+    endpoints: Arc<Endpoints>,
+    program: WorkerProgram,
+    shared: SharedContexts,
+    policy: sandbox::Policy,
+    level: sandbox::Level,
+    /// The worker's memory limit.
+    memory_bytes: u64,
+    /// The scratch directory (removed with the session).
+    scratch: tempfile::TempDir,
+    worker: Mutex<Slot>,
+    /// One request at a time, as in-process.
+    busy: Mutex<()>,
+    journal: Mutex<Journal>,
+    cancel: CancellationToken,
+    contexts: Vec<ContextMetadata>,
+    confinement: sandbox::Report,
+    /// A restart outside any block, reported with the next block.
+    pending: Mutex<Option<WorkerRestart>>,
+}
+
+/// The session's worker: running, or ended and not yet replaced.
+#[derive(Debug)]
+enum Slot {
+    Live(Arc<Worker>),
+    Ended(WorkerEnd),
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl WorkerSession {
+    /// Starts a worker for session `id` over `inputs` (files as paths, the rest in shared
+    /// memory).
+    pub(crate) fn start(
+        id: u64,
+        config: SessionConfig,
+        endpoints: Arc<Endpoints>,
+        inputs: &[ContextInput],
+    ) -> Result<Self, ReplError> {
+        let program = worker_program().ok_or(ReplError::NoWorkerProgram)?;
+        let shared = share_contexts(inputs)?;
+        let scratch = tempfile::Builder::new()
+            .prefix("rlm-scratch-")
+            .tempdir()
+            .map_err(|e| ReplError::Worker {
+                problem: format!("has no scratch directory: {e}; check that `$TMPDIR` is writable"),
+            })?;
+        let mut policy = worker_policy(&config, scratch.path());
+        for path in &shared.read_paths {
+            policy = policy.allow_read(path.clone());
+        }
+        for (name, value) in python_env(&program) {
+            policy = policy.set_env(name, value);
+        }
+        let memory_bytes = policy
+            .limits
+            .memory_bytes
+            .unwrap_or_else(sandbox::default_memory_limit);
+        let level = match config.isolation {
+            crate::repl::config::Isolation::Strict => sandbox::Level::Strict,
+            _ => sandbox::Level::BestEffort,
+        };
+        let cancel = CancellationToken::new();
+        let mut session = Self {
+            id,
+            config,
+            endpoints,
+            program,
+            shared,
+            policy,
+            level,
+            memory_bytes,
+            scratch,
+            worker: Mutex::new(Slot::Ended(WorkerEnd::Lost {
+                detail: "has not started".to_owned(),
+            })),
+            busy: Mutex::new(()),
+            journal: Mutex::new(Journal::default()),
+            cancel,
+            contexts: Vec::new(),
+            confinement: sandbox::Report { layers: Vec::new() },
+            pending: Mutex::new(None),
+        };
+        let (worker, contexts, confinement) = session.spawn()?;
+        session.contexts = contexts;
+        session.confinement = confinement;
+        *lock(&session.worker) = Slot::Live(worker);
+        Ok(session)
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub(crate) fn contexts(&self) -> &[ContextMetadata] {
+        &self.contexts
+    }
+
+    pub(crate) fn confinement(&self) -> &sandbox::Report {
+        &self.confinement
+    }
+
+    pub(crate) fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// A worker process with its session ready: the spare if there is one (a new worker if
+    /// that one died meanwhile).
+    fn spawn(&self) -> Result<(Arc<Worker>, Vec<ContextMetadata>, sandbox::Report), ReplError> {
+        let spawned = take_worker(&self.program).map_err(|e| spawn_error(&e))?;
+        let ready = match self.start_session(spawned) {
+            Err(Failure::Spare) => {
+                let fresh = start_worker(&self.program).map_err(|e| spawn_error(&e))?;
+                self.start_session(fresh)
+            }
+            other => other,
+        };
+        let ready = ready.map_err(|failure| match failure {
+            Failure::Error(error) => error,
+            Failure::Spare => ReplError::Worker {
+                problem: "ended before its session started".to_owned(),
+            },
+        })?;
+        Ok(ready)
+    }
+
+    /// Sends `spawned` its session (memfds, start frame) and waits until it is ready.
+    fn start_session(
+        &self,
+        spawned: Spawned,
+    ) -> Result<(Arc<Worker>, Vec<ContextMetadata>, sandbox::Report), Failure> {
+        let Spawned {
+            pid,
+            link,
+            output,
+            spare,
+            ..
+        } = spawned;
+        let last_words = Arc::new(Mutex::new(Vec::new()));
+        drain_output(output, Arc::clone(&last_words));
+        let writer = link
+            .try_clone()
+            .map_err(|e| Failure::Error(spawn_error(&e)))?;
+        let worker = Arc::new(Worker {
+            pid,
+            writer: Mutex::new(writer),
+            waiters: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            block: Mutex::new(None),
+            end: Mutex::new(None),
+            ended: Condvar::new(),
+            stopped: Mutex::new(None),
+            last_words,
+            text_chars: self.config.sub_call_text_chars,
+        });
+        let start = Start {
+            config: SessionConfig {
+                // The parent keeps them, where the secrets are known.
+                sub_call_text_chars: 0,
+                ..self.config.clone()
+            },
+            cwd: std::env::current_dir().unwrap_or_else(|_| self.scratch.path().to_owned()),
+            contexts: self.shared.contexts.clone(),
+            policy: self.policy.clone(),
+            level: self.level,
+        };
+        let sent = send_memfds(&link, &self.shared.memfds)
+            .and_then(|()| worker.send(&ToWorker::Start(Box::new(start))));
+        let mut reader = BufReader::new(link);
+        let mut buffer = Vec::new();
+        let ready = sent
+            .map_err(FrameError::Io)
+            .and_then(|()| without_gil(|| read_frame::<FromWorker>(&mut reader, &mut buffer)));
+        match ready {
+            Ok(FromWorker::Ready {
+                contexts,
+                confinement,
+            }) => {
+                self.start_reader(&worker, reader);
+                Ok((worker, contexts, confinement))
+            }
+            Ok(FromWorker::Failed(error)) => {
+                worker.kill();
+                worker.reap();
+                Err(Failure::Error(error))
+            }
+            Ok(other) => {
+                worker.kill();
+                worker.reap();
+                Err(Failure::Error(ReplError::Worker {
+                    problem: format!("answered its start with {other:?}"),
+                }))
+            }
+            Err(_) if spare => {
+                worker.kill();
+                worker.reap();
+                Err(Failure::Spare)
+            }
+            Err(e) => {
+                let exit = worker.reap();
+                let end = classify(&exit, None, self.memory_bytes);
+                let words = worker.last_words();
+                Err(Failure::Error(ReplError::Worker {
+                    problem: format!(
+                        "ended while starting ({}; {e}){}",
+                        end_summary(&end),
+                        if words.trim().is_empty() {
+                            String::new()
+                        } else {
+                            format!("; it said: {}", words.trim())
+                        }
+                    ),
+                }))
+            }
+        }
+    }
+
+    fn start_reader(&self, worker: &Arc<Worker>, reader: BufReader<UnixStream>) {
+        let services = Services {
+            endpoints: Arc::clone(&self.endpoints),
+            sub_endpoint: self.config.sub_endpoint.clone(),
+            batch: BatchPolicy {
+                concurrency: self.config.batch_concurrency,
+            },
+            cancel: self.cancel.clone(),
+            text_chars: self.config.sub_call_text_chars,
+            session: self.id,
+        };
+        let worker = Arc::clone(worker);
+        let spawned = std::thread::Builder::new()
+            .name(format!("rlm-worker-link-{}", worker.pid))
+            .spawn(move || read_worker(&worker, reader, &services));
+        if let Err(e) = spawned {
+            tracing::error!("cannot read a worker's link ({e}); it is ended");
+        }
+    }
+
+    /// The running worker; one that ended since is replaced first (restored).
+    fn live(&self, stop: Option<&CancellationToken>) -> Result<Arc<Worker>, ReplError> {
+        let ended = {
+            let slot = lock(&self.worker);
+            match &*slot {
+                Slot::Live(worker) => match worker.ended(self.memory_bytes) {
+                    None => return Ok(Arc::clone(worker)),
+                    Some(end) => end,
+                },
+                Slot::Ended(end) => end.clone(),
+            }
+        };
+        let restart = self.restart(ended, stop);
+        let failed = match &restart.restore {
+            Restore::Failed { message } => Some(message.clone()),
+            _ => None,
+        };
+        *lock(&self.pending) = Some(restart);
+        if let Some(message) = failed {
+            return Err(ReplError::SessionClosed { reason: message });
+        }
+        match &*lock(&self.worker) {
+            Slot::Live(worker) => Ok(Arc::clone(worker)),
+            Slot::Ended(_) => Err(ReplError::SessionClosed {
+                reason: "its worker process could not be restored".to_owned(),
+            }),
+        }
+    }
+
+    /// Runs one block (see [`crate::repl::ReplSession::exec_until_stopped`]).
+    pub(crate) fn exec(
+        &self,
+        code: &str,
+        stop: Option<&CancellationToken>,
+    ) -> Result<ExecutionResult, ReplError> {
+        let _turn = lock(&self.busy);
+        let worker = self.live(stop)?;
+        let ledger = self.endpoints.ledger();
+        let ledger_start = ledger.next_call_index();
+        let started = Instant::now();
+        let outcome = self.run_block(&worker, code, Answers::Live(AnswerRecord::default()), stop);
+        let earlier = lock(&self.pending).take();
+        let mut result = match outcome {
+            BlockOutcome::Done {
+                result,
+                stdout,
+                stderr,
+                answers,
+            } => {
+                let mut result = *result;
+                fill_output(&mut result, &stdout, &stderr);
+                if completed(&result)
+                    && let Answers::Live(answers) = answers
+                {
+                    lock(&self.journal).push(Entry::Block {
+                        code: code.to_owned(),
+                        answers,
+                        skipped: false,
+                    });
+                }
+                self.explain_memory_error(&mut result);
+                result.restart = earlier;
+                result
+            }
+            BlockOutcome::Failed(error) => return Err(error),
+            BlockOutcome::Ended {
+                end,
+                stdout,
+                stderr,
+            } => {
+                // The block ended with its worker; the restore that follows is not its time.
+                let duration = started.elapsed();
+                let words = worker.last_words();
+                let restart = self.restart(end, stop);
+                let variables = match restart.restore {
+                    Restore::Failed { .. } | Restore::Deferred => Vec::new(),
+                    _ => self.variables_unlocked().unwrap_or_default(),
+                };
+                ended_result(EndedBlock {
+                    restart,
+                    stdout,
+                    stderr,
+                    duration,
+                    limit: self.config.cell_timeout,
+                    limit_setting: &self.config.cell_timeout_setting,
+                    variables,
+                    last_words: words,
+                    memory_limit: self.memory_bytes,
+                })
+            }
+        };
+        result.sub_calls = ledger.records_of(self.id, ledger_start);
+        result.redact(&bridge::secret::redactor());
+        Ok(result)
+    }
+
+    /// One block on `worker`, until it replies, ends, or is stopped (see the module docs).
+    fn run_block(
+        &self,
+        worker: &Arc<Worker>,
+        code: &str,
+        answers: Answers,
+        stop: Option<&CancellationToken>,
+    ) -> BlockOutcome {
+        let id = worker.next_id();
+        let (events, mut inbox) = mpsc::channel();
+        lock(&worker.waiters).insert(id, events.clone());
+        let calls = self.cancel.child_token();
+        *lock(&worker.block) = Some(Block {
+            id,
+            stdout: new_capture(self.config.max_output_chars),
+            stderr: new_capture(self.config.max_output_chars),
+            calls: calls.clone(),
+            answers,
+            texts: Vec::new(),
+        });
+        let finished = CancellationToken::new();
+        self.watch_stop(stop, finished.clone(), events);
+        let stopped = stop.is_some_and(CancellationToken::is_cancelled);
+        let sent = worker.send(&ToWorker::Request {
+            id,
+            request: Request::Exec {
+                code: code.to_owned(),
+                stopped,
+            },
+        });
+        let started = Instant::now();
+        let mut kill_at = started.checked_add(self.config.cell_timeout + KILL_GRACE);
+        let mut told_to_stop = stopped;
+        let mut returned = false;
+        let outcome = loop {
+            if sent.is_err() {
+                break Wait::Ended;
+            }
+            let wait = kill_at.map_or(Duration::from_secs(86_400), |at| {
+                at.saturating_duration_since(Instant::now())
+            });
+            let (event, back) = receive(inbox, wait);
+            inbox = back;
+            match event {
+                Ok(Event::Reply(Reply::Exec(result))) => break Wait::Replied(result),
+                Ok(Event::Reply(other)) => {
+                    worker.lose(format!("answered a block with {other:?}"));
+                    break Wait::Ended;
+                }
+                Ok(Event::Returned) => {
+                    returned = true;
+                    kill_at = Instant::now().checked_add(WIND_DOWN);
+                }
+                Ok(Event::Stop) => {
+                    if !told_to_stop {
+                        told_to_stop = true;
+                        let _ = worker.send(&ToWorker::Interrupt { id });
+                    }
+                    if !returned {
+                        let soon = Instant::now() + KILL_GRACE;
+                        kill_at = Some(kill_at.map_or(soon, |at| at.min(soon)));
+                    }
+                }
+                Ok(Event::Dead) | Err(RecvTimeoutError::Disconnected) => break Wait::Ended,
+                Err(RecvTimeoutError::Timeout) => {
+                    let timed_out = started.elapsed() >= self.config.cell_timeout;
+                    worker.stop_by_killing(started.elapsed(), timed_out);
+                    break Wait::Ended;
+                }
+            }
+        };
+        finished.cancel();
+        calls.cancel();
+        lock(&worker.waiters).remove(&id);
+        let Some(block) = lock(&worker.block).take() else {
+            return BlockOutcome::Failed(ReplError::internal(
+                "ending a block",
+                "the block's state is gone",
+            ));
+        };
+        match outcome {
+            Wait::Replied(Ok(mut result)) => {
+                result.sub_call_texts = block.texts;
+                BlockOutcome::Done {
+                    result,
+                    stdout: block.stdout,
+                    stderr: block.stderr,
+                    answers: block.answers,
+                }
+            }
+            Wait::Replied(Err(error)) => BlockOutcome::Failed(error),
+            Wait::Ended => {
+                if !worker.wait_end(REAP_WAIT + EXIT_WAIT) {
+                    // It stopped answering without ending: end it.
+                    worker.kill();
+                    worker.wait_end(REAP_WAIT);
+                }
+                let end = worker.ended(self.memory_bytes).unwrap_or(WorkerEnd::Lost {
+                    detail: "stopped answering".to_owned(),
+                });
+                BlockOutcome::Ended {
+                    end,
+                    stdout: block.stdout,
+                    stderr: block.stderr,
+                }
+            }
+        }
+    }
+
+    /// Sends [`Event::Stop`] when `stop` (or the session) is cancelled before `finished`.
+    fn watch_stop(
+        &self,
+        stop: Option<&CancellationToken>,
+        finished: CancellationToken,
+        events: Sender<Event>,
+    ) {
+        let stop = stop.cloned();
+        // Already cancelled when the block starts: not a reason to stop it (as in-process).
+        let session = (!self.cancel.is_cancelled()).then(|| self.cancel.clone());
+        runtime::shared().spawn(async move {
+            let stop = async {
+                match &stop {
+                    Some(stop) => stop.cancelled().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let session = async {
+                match &session {
+                    Some(session) => session.cancelled().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = stop => {}
+                () = session => {}
+                () = finished.cancelled() => return,
+            }
+            let _ = events.send(Event::Stop);
+        });
+    }
+
+    /// Replaces an ended worker: a fresh one with the contexts, and the journal replayed
+    /// unless the session asks for a fresh start (or the run is stopping: then later).
+    fn restart(&self, end: WorkerEnd, stop: Option<&CancellationToken>) -> WorkerRestart {
+        let started = Instant::now();
+        let stopping =
+            stop.is_some_and(CancellationToken::is_cancelled) || self.cancel.is_cancelled();
+        let restore = if stopping {
+            *lock(&self.worker) = Slot::Ended(end.clone());
+            Restore::Deferred
+        } else {
+            match self.restore(stop) {
+                Ok(restore) => restore,
+                Err(error) => {
+                    *lock(&self.worker) = Slot::Ended(end.clone());
+                    Restore::Failed {
+                        message: error.to_string(),
+                    }
+                }
+            }
+        };
+        let restart = WorkerRestart {
+            cause: end,
+            restore,
+            restore_ms: started.elapsed().as_secs_f64() * 1000.0,
+        };
+        tracing::info!(?restart, "the REPL's worker process was replaced");
+        // A session that crashed once may crash again: its next restore starts warm.
+        prepare_spare(&self.program);
+        restart
+    }
+
+    fn restore(&self, stop: Option<&CancellationToken>) -> Result<Restore, ReplError> {
+        self.empty_scratch();
+        for _ in 0..RESTORE_ATTEMPTS {
+            let (worker, _, _) = self.spawn()?;
+            *lock(&self.worker) = Slot::Live(Arc::clone(&worker));
+            if self.config.on_crash == OnCrash::Fresh {
+                return Ok(Restore::Fresh);
+            }
+            match self.replay(&worker, stop) {
+                Replayed::Done(restore) => return Ok(restore),
+                Replayed::Stopped => return Ok(Restore::Deferred),
+                Replayed::Crashed(index) => {
+                    lock(&self.journal).skip(index);
+                    self.empty_scratch();
+                }
+            }
+        }
+        Err(ReplError::Worker {
+            problem: format!(
+                "ended again each of the {RESTORE_ATTEMPTS} times the session's blocks were replayed"
+            ),
+        })
+    }
+
+    /// Runs the journal again on a fresh `worker`.
+    fn replay(&self, worker: &Arc<Worker>, stop: Option<&CancellationToken>) -> Replayed {
+        let entries = lock(&self.journal).snapshot();
+        let (mut blocks, mut raised, mut unanswered) = (0, 0, 0);
+        for (index, entry) in entries.into_iter().enumerate() {
+            match entry {
+                Entry::Block { skipped: true, .. } => {}
+                Entry::Block { code, answers, .. } => {
+                    let outcome = self.run_block(
+                        worker,
+                        &code,
+                        Answers::Replay {
+                            answers,
+                            unanswered: 0,
+                        },
+                        stop,
+                    );
+                    match outcome {
+                        BlockOutcome::Done {
+                            result, answers, ..
+                        } => {
+                            blocks += 1;
+                            raised += usize::from(result.error.is_some());
+                            if let Answers::Replay { unanswered: n, .. } = answers {
+                                unanswered += n;
+                            }
+                        }
+                        BlockOutcome::Failed(_) => blocks += 1,
+                        BlockOutcome::Ended { .. } => {
+                            if stop.is_some_and(CancellationToken::is_cancelled) {
+                                return Replayed::Stopped;
+                            }
+                            return Replayed::Crashed(index);
+                        }
+                    }
+                }
+                Entry::ResetAnswer => {
+                    let _ = worker.request(Request::ResetAnswer, QUERY_WAIT);
+                }
+                Entry::Module { name, source } => {
+                    let _ = worker.request(Request::EnsureModule { name, source }, QUERY_WAIT);
+                }
+            }
+        }
+        Replayed::Done(Restore::Replayed {
+            blocks,
+            raised,
+            skipped: lock(&self.journal).skipped(),
+            unanswered,
+        })
+    }
+
+    /// Files an ended worker left in the scratch directory go: the replay writes them again.
+    fn empty_scratch(&self) {
+        let Ok(entries) = std::fs::read_dir(self.scratch.path()) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let removed = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            if let Err(e) = removed {
+                tracing::warn!(
+                    "could not empty the scratch directory ({}): {e}",
+                    path.display()
+                );
+            }
+        }
+    }
+
+    /// A request that is not a block: the worker is restored first if it ended, and once
+    /// more if it ends while answering.
+    fn query(&self, request: impl Fn() -> Request, wait: Duration) -> Result<Reply, ReplError> {
+        let _turn = lock(&self.busy);
+        self.query_unlocked(&request, wait)
+    }
+
+    fn query_unlocked(
+        &self,
+        request: &dyn Fn() -> Request,
+        wait: Duration,
+    ) -> Result<Reply, ReplError> {
+        for _ in 0..2 {
+            let worker = self.live(None)?;
+            match worker.request(request(), wait) {
+                Ok(reply) => return Ok(reply),
+                Err(Unanswered::Dead) => {}
+                Err(Unanswered::Timeout) => {
+                    worker.stop_by_killing(wait, true);
+                    return Err(ReplError::Unresponsive { waited: wait });
+                }
+            }
+        }
+        Err(ReplError::SessionClosed {
+            reason: "its worker process ended twice while answering".to_owned(),
+        })
+    }
+
+    pub(crate) fn variables(&self) -> Result<Vec<VariableInfo>, ReplError> {
+        let _turn = lock(&self.busy);
+        self.variables_unlocked()
+    }
+
+    fn variables_unlocked(&self) -> Result<Vec<VariableInfo>, ReplError> {
+        let mut variables = match self.query_unlocked(&|| Request::Variables, QUERY_WAIT)? {
+            Reply::Variables(variables) => variables?,
+            other => return Err(unexpected(&other)),
+        };
+        let redactor = bridge::secret::redactor();
+        for variable in &mut variables {
+            variable.redact(&redactor);
+        }
+        Ok(variables)
+    }
+
+    pub(crate) fn variable_as_string(&self, name: &str) -> Result<Option<String>, ReplError> {
+        let name = name.to_owned();
+        let text = self.text(move || Request::VariableString { name: name.clone() })?;
+        Ok(text.map(|mut v| {
+            bridge::secret::redactor().redact_in_place(&mut v);
+            v
+        }))
+    }
+
+    pub(crate) fn reset_answer(&self) -> Result<(), ReplError> {
+        self.text(|| Request::ResetAnswer)?;
+        lock(&self.journal).push(Entry::ResetAnswer);
+        Ok(())
+    }
+
+    pub(crate) fn answer_content(&self) -> Result<Option<String>, ReplError> {
+        let content = self.text(|| Request::AnswerContent)?;
+        Ok(content.map(|mut c| {
+            bridge::secret::redactor().redact_in_place(&mut c);
+            c
+        }))
+    }
+
+    pub(crate) fn ensure_module(&self, name: &str, source: &str) -> Result<(), ReplError> {
+        let (n, s) = (name.to_owned(), source.to_owned());
+        self.text(move || Request::EnsureModule {
+            name: n.clone(),
+            source: s.clone(),
+        })?;
+        lock(&self.journal).push(Entry::Module {
+            name: name.to_owned(),
+            source: source.to_owned(),
+        });
+        Ok(())
+    }
+
+    pub(crate) fn pop_result(&self, module: &str, token: u64) -> Result<Option<String>, ReplError> {
+        let module = module.to_owned();
+        self.text(move || Request::PopResult {
+            module: module.clone(),
+            token,
+        })
+    }
+
+    fn text(&self, request: impl Fn() -> Request) -> Result<Option<String>, ReplError> {
+        match self.query(request, QUERY_WAIT)? {
+            Reply::Text(text) => text,
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Stops the block running now, if any; returns whether one was.
+    pub(crate) fn interrupt(&self) -> bool {
+        let Slot::Live(worker) = &*lock(&self.worker) else {
+            return false;
+        };
+        let Some(id) = lock(&worker.block).as_ref().map(|b| b.id) else {
+            return false;
+        };
+        if let Some(waiter) = lock(&worker.waiters).get(&id) {
+            let _ = waiter.send(Event::Stop);
+        }
+        true
+    }
+
+    /// Ends the processes the session's blocks started (without waiting for a running block).
+    pub(crate) fn end_processes(&self) -> Result<(), ReplError> {
+        let worker = match &*lock(&self.worker) {
+            Slot::Live(worker) => Arc::clone(worker),
+            Slot::Ended(_) => return Ok(()),
+        };
+        match worker.request(Request::EndProcesses, QUERY_WAIT) {
+            Ok(Reply::Text(done)) => done.map(drop),
+            Ok(other) => Err(unexpected(&other)),
+            // A worker gone has no processes left: they die with it.
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// A `MemoryError` in a worker is the memory limit: say so.
+    fn explain_memory_error(&self, result: &mut ExecutionResult) {
+        if let Some(error) = &mut result.error
+            && error.type_name == "MemoryError"
+        {
+            let note = format!(
+                " (the worker's memory limit is {}; raise it with `--memory-limit`)",
+                gigabytes(self.memory_bytes)
+            );
+            error.message.push_str(&note);
+        }
+    }
+}
+
+impl Drop for WorkerSession {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        let slot = std::mem::replace(
+            &mut *lock(&self.worker),
+            Slot::Ended(WorkerEnd::Lost {
+                detail: "was closed".to_owned(),
+            }),
+        );
+        if let Slot::Live(worker) = slot {
+            let _ = worker.send(&ToWorker::Shutdown);
+            if !worker.wait_end(EXIT_WAIT) {
+                worker.kill();
+                worker.wait_end(EXIT_WAIT);
+            }
+        }
+        // The next session of this process (an eval's next task, a notebook's next
+        // completion) starts warm.
+        prepare_spare(&self.program);
+    }
+}
+
+/// What confines a worker of a session configured by `config` whose scratch directory is
+/// `scratch`, before its contexts and its Python's own files are added: the sandbox's
+/// defaults, the session's extra readable folders, its memory limit (`rlm doctor` shows
+/// what this policy would get here).
+pub fn worker_policy(config: &SessionConfig, scratch: &std::path::Path) -> sandbox::Policy {
+    let mut policy = sandbox::Policy::new(scratch);
+    for path in &config.read_paths {
+        policy = policy.allow_read(readable(path));
+    }
+    policy.limits.memory_bytes = Some(
+        config
+            .memory_limit
+            .unwrap_or_else(sandbox::default_memory_limit),
+    );
+    policy
+}
+
+fn spawn_error(e: &io::Error) -> ReplError {
+    ReplError::Worker {
+        problem: format!("could not be started: {e}"),
+    }
+}
+
+fn unexpected(reply: &Reply) -> ReplError {
+    ReplError::Worker {
+        problem: format!("answered with {reply:?}, which does not fit the request"),
+    }
+}
+
+fn new_capture(max: usize) -> OutputCapture {
+    OutputCapture::new(max, bridge::secret::redactor())
+}
+
+/// The block ran to its end (with or without an exception), so replaying it makes sense.
+fn completed(result: &ExecutionResult) -> bool {
+    !result.timed_out
+        && !result
+            .error
+            .as_ref()
+            .is_some_and(|e| e.type_name == "CellTimeout" || e.type_name == "CellCancelled")
+}
+
+fn fill_output(result: &mut ExecutionResult, stdout: &OutputCapture, stderr: &OutputCapture) {
+    let out = stdout.take();
+    let err = stderr.take();
+    result.stdout = out.text;
+    result.stderr = err.text;
+    result.stdout_omitted_chars = out.omitted_chars;
+    result.stderr_omitted_chars = err.omitted_chars;
+}
+
+fn gigabytes(bytes: u64) -> String {
+    format!("{:.1} GB", bytes as f64 / 1e9)
+}
+
+/// What one block on the worker came to.
+enum BlockOutcome {
+    Done {
+        result: Box<ExecutionResult>,
+        stdout: OutputCapture,
+        stderr: OutputCapture,
+        answers: Answers,
+    },
+    Failed(ReplError),
+    Ended {
+        end: WorkerEnd,
+        stdout: OutputCapture,
+        stderr: OutputCapture,
+    },
+}
+
+enum Wait {
+    Replied(Result<Box<ExecutionResult>, ReplError>),
+    Ended,
+}
+
+/// Why a worker did not get its session started.
+enum Failure {
+    /// A spare that had died meanwhile: try a new worker.
+    Spare,
+    Error(ReplError),
+}
+
+enum Replayed {
+    Done(Restore),
+    Stopped,
+    /// Journal entry `index` ended the worker.
+    Crashed(usize),
+}
+
+/// A block that ended its worker, for [`ended_result`].
+struct EndedBlock<'a> {
+    restart: WorkerRestart,
+    stdout: OutputCapture,
+    stderr: OutputCapture,
+    duration: Duration,
+    limit: Duration,
+    /// What sets `limit`, as the front end's users write it (`` `--cell-timeout` ``).
+    limit_setting: &'a str,
+    variables: Vec<VariableInfo>,
+    last_words: String,
+    memory_limit: u64,
+}
+
+/// The result of a block whose worker ended: the output it wrote, an error that says what
+/// happened (in its stderr too, like a traceback), and what the fresh worker holds.
+fn ended_result(ended: EndedBlock<'_>) -> ExecutionResult {
+    let (type_name, message) = describe_end(
+        &ended.restart.cause,
+        (ended.limit, ended.limit_setting),
+        ended.memory_limit,
+    );
+    let mut traceback = format!("{type_name}: {message}\n");
+    if !ended.last_words.trim().is_empty() {
+        traceback.push_str(&format!(
+            "The worker's last words on its stderr:\n{}\n",
+            ended.last_words.trim_end()
+        ));
+    }
+    traceback.push_str(&describe_restore(&ended.restart));
+    traceback.push('\n');
+    ended.stderr.push(&traceback);
+    let timed_out = matches!(
+        ended.restart.cause,
+        WorkerEnd::Stopped {
+            timed_out: true,
+            ..
+        }
+    );
+    let mut result = ExecutionResult {
+        stdout: String::new(),
+        stderr: String::new(),
+        stdout_omitted_chars: 0,
+        stderr_omitted_chars: 0,
+        error: Some(ExecError {
+            type_name: type_name.to_owned(),
+            message,
+            traceback,
+            line: None,
+        }),
+        timed_out,
+        duration: ended.duration,
+        sub_calls: Vec::new(),
+        sub_call_texts: Vec::new(),
+        llm_query_calls: 0,
+        llm_query_batched_calls: 0,
+        final_answers: Vec::new(),
+        variables: ended.variables,
+        new_variables: Vec::new(),
+        restart: Some(ended.restart),
+    };
+    fill_output(&mut result, &ended.stdout, &ended.stderr);
+    result
+}
+
+/// The error type and sentence for a worker's end; `limit` is the cell's time limit and what
+/// sets it.
+fn describe_end(
+    end: &WorkerEnd,
+    (limit, setting): (Duration, &str),
+    memory_limit: u64,
+) -> (&'static str, String) {
+    match end {
+        WorkerEnd::Crashed { name, .. } => (
+            "WorkerCrashed",
+            format!("The block crashed the Python worker process: {name}"),
+        ),
+        WorkerEnd::OutOfMemory {
+            limit_bytes,
+            peak_bytes,
+            signal,
+        } => {
+            let at_limit = limit_bytes.is_some_and(|l| *peak_bytes >= l / 10 * 8);
+            let message = if at_limit {
+                format!(
+                    "The block ran out of memory at {} (the worker's memory limit; raise it with `--memory-limit`) and the worker process ended ({})",
+                    gigabytes(limit_bytes.unwrap_or(memory_limit)),
+                    signal_name(*signal)
+                )
+            } else {
+                format!(
+                    "The worker process was killed ({}) holding {}, most likely by the system's out-of-memory killer; use less memory per block",
+                    signal_name(*signal),
+                    gigabytes(*peak_bytes)
+                )
+            };
+            ("WorkerOutOfMemory", message)
+        }
+        WorkerEnd::Exited { code } => (
+            "WorkerExited",
+            format!(
+                "The block ended the Python worker process with exit status {code} (a C-level `exit()` or similar)"
+            ),
+        ),
+        WorkerEnd::Stopped {
+            after_ms,
+            timed_out: true,
+        } => (
+            "CellTimeout",
+            format!(
+                "The block exceeded its time limit of {:.3}s and did not respond to the interrupt (it was stuck in native code), so it was stopped after {:.1}s by ending its worker process. Do less per block, or raise {setting}",
+                limit.as_secs_f64(),
+                after_ms / 1000.0
+            ),
+        ),
+        WorkerEnd::Stopped { after_ms, .. } => (
+            "CellCancelled",
+            format!(
+                "The block was stopped because the session's run was cancelled (a run time limit, a budget stop or Ctrl-C) and did not respond, so its worker process was ended after {:.1}s",
+                after_ms / 1000.0
+            ),
+        ),
+        WorkerEnd::Lost { detail } => (
+            "WorkerLost",
+            format!("The Python worker process {detail} and was ended"),
+        ),
+    }
+}
+
+/// What the session holds now, for the model.
+fn describe_restore(restart: &WorkerRestart) -> String {
+    match &restart.restore {
+        Restore::Replayed {
+            blocks,
+            skipped,
+            unanswered,
+            ..
+        } => {
+            let mut text = format!(
+                "A fresh worker took over: the contexts were loaded again and the session's variables restored by running its {blocks} earlier block(s) again in {:.2}s, every sub-call answered from this run's record (no model was called again). Variables this block set are gone.",
+                restart.restore_ms / 1000.0
+            );
+            if *skipped > 0 {
+                text.push_str(&format!(
+                    " {skipped} earlier block(s) were left out because running them again ended the worker too; what they set is gone."
+                ));
+            }
+            if *unanswered > 0 {
+                text.push_str(&format!(
+                    " {unanswered} sub-call(s) of the replay asked something not asked the first time and got an error instead of an answer; variables built from them may differ."
+                ));
+            }
+            text
+        }
+        Restore::Fresh => "A fresh worker took over with the contexts loaded again; the session's earlier variables are gone (the session starts fresh after a crash).".to_owned(),
+        Restore::Deferred => "The session will be restored in a fresh worker when it is used again.".to_owned(),
+        Restore::Failed { message } => format!(
+            "A fresh worker could not be started ({message}); the session cannot run more blocks."
+        ),
+    }
+}
+
+fn end_summary(end: &WorkerEnd) -> String {
+    match end {
+        WorkerEnd::Crashed { name, .. } => format!("crashed: {name}"),
+        WorkerEnd::OutOfMemory { peak_bytes, .. } => {
+            format!("ran out of memory at {}", gigabytes(*peak_bytes))
+        }
+        WorkerEnd::Exited { code } => format!("exit status {code}"),
+        WorkerEnd::Stopped { after_ms, .. } => format!("stopped after {:.1}s", after_ms / 1000.0),
+        WorkerEnd::Lost { detail } => detail.clone(),
+    }
+}
+
+fn signal_name(signal: i32) -> String {
+    let name = match signal {
+        libc::SIGSEGV => "SIGSEGV (segmentation fault)",
+        libc::SIGBUS => "SIGBUS (bus error)",
+        libc::SIGFPE => "SIGFPE (arithmetic fault)",
+        libc::SIGILL => "SIGILL (illegal instruction)",
+        libc::SIGABRT => "SIGABRT (abort)",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGSYS => "SIGSYS (a system call the sandbox forbids)",
+        libc::SIGXCPU => "SIGXCPU (the CPU time limit)",
+        libc::SIGXFSZ => "SIGXFSZ (the file size limit)",
+        libc::SIGPIPE => "SIGPIPE (a broken pipe)",
+        libc::SIGTRAP => "SIGTRAP (a trap)",
+        other => return format!("signal {other}"),
+    };
+    name.to_owned()
+}
+
+/// How a worker process ended, as `wait4` saw it.
+#[derive(Debug, Clone, Copy)]
+struct Exit {
+    /// The raw wait status, when the worker was reaped.
+    status: Option<i32>,
+    /// Its peak resident memory (and its children's), in bytes.
+    peak_bytes: u64,
+}
+
+/// Why a worker ended, from its exit status and what the session did to it.
+fn classify(exit: &Exit, stopped: Option<(Duration, bool)>, memory_limit: u64) -> WorkerEnd {
+    if let Some((after, timed_out)) = stopped {
+        return WorkerEnd::Stopped {
+            after_ms: after.as_secs_f64() * 1000.0,
+            timed_out,
+        };
+    }
+    let Some(status) = exit.status else {
+        return WorkerEnd::Lost {
+            detail: "could not be waited for".to_owned(),
+        };
+    };
+    if libc::WIFEXITED(status) {
+        return WorkerEnd::Exited {
+            code: libc::WEXITSTATUS(status),
+        };
+    }
+    let signal = libc::WTERMSIG(status);
+    let near_limit = exit.peak_bytes >= memory_limit / 10 * 8;
+    if signal == libc::SIGKILL
+        || (near_limit && matches!(signal, libc::SIGSEGV | libc::SIGABRT | libc::SIGBUS))
+    {
+        return WorkerEnd::OutOfMemory {
+            limit_bytes: Some(memory_limit),
+            peak_bytes: exit.peak_bytes,
+            signal,
+        };
+    }
+    WorkerEnd::Crashed {
+        signal,
+        name: signal_name(signal),
+    }
+}
+
+/// What a block's sub-calls are answered from.
+enum Answers {
+    /// The endpoints; the answers are recorded.
+    Live(AnswerRecord<SubAnswer>),
+    /// A replay: the record of the block's first run.
+    Replay {
+        answers: AnswerRecord<SubAnswer>,
+        /// Calls with no recorded answer.
+        unanswered: usize,
+    },
+}
+
+/// The block a worker runs now.
+struct Block {
+    id: u64,
+    stdout: OutputCapture,
+    stderr: OutputCapture,
+    /// Cancels the block's sub-calls in flight when it ends.
+    calls: CancellationToken,
+    answers: Answers,
+    /// What its sub-calls asked and got, kept here where the secrets are known.
+    texts: Vec<SubCallText>,
+}
+
+/// What a waiting request is told.
+#[derive(Debug)]
+enum Event {
+    Reply(Reply),
+    /// The interrupted block's code has returned.
+    Returned,
+    /// Stop the block.
+    Stop,
+    /// The worker ended.
+    Dead,
+}
+
+/// Why a request got no answer.
+enum Unanswered {
+    Dead,
+    Timeout,
+}
+
+/// One worker process.
+struct Worker {
+    pid: i32,
+    writer: Mutex<UnixStream>,
+    waiters: Mutex<HashMap<u64, Sender<Event>>>,
+    next_id: AtomicU64,
+    block: Mutex<Option<Block>>,
+    /// Set by the reader once the worker is reaped.
+    end: Mutex<Option<Exit>>,
+    ended: Condvar,
+    /// The session ended it: after how long, and whether at the time limit.
+    stopped: Mutex<Option<(Duration, bool)>>,
+    /// The tail of its own stdout/stderr.
+    last_words: Arc<Mutex<Vec<u8>>>,
+    /// Characters kept of each sub-call's prompt and reply (`0`: none).
+    text_chars: usize,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn send(&self, message: &ToWorker) -> io::Result<()> {
+        let stream = lock(&self.writer);
+        write_frame(&mut NoSigPipe(&stream), message)
+    }
+
+    fn request(&self, request: Request, wait: Duration) -> Result<Reply, Unanswered> {
+        let id = self.next_id();
+        let (events, mut inbox) = mpsc::channel();
+        lock(&self.waiters).insert(id, events);
+        if self.send(&ToWorker::Request { id, request }).is_err() {
+            lock(&self.waiters).remove(&id);
+            return Err(Unanswered::Dead);
+        }
+        let deadline = Instant::now() + wait;
+        let answer = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (event, back) = receive(inbox, left);
+            inbox = back;
+            match event {
+                Ok(Event::Reply(reply)) => break Ok(reply),
+                Ok(Event::Returned | Event::Stop) => {}
+                Ok(Event::Dead) | Err(RecvTimeoutError::Disconnected) => {
+                    break Err(Unanswered::Dead);
+                }
+                Err(RecvTimeoutError::Timeout) => break Err(Unanswered::Timeout),
+            }
+        };
+        lock(&self.waiters).remove(&id);
+        answer
+    }
+
+    /// Ends the worker (and the processes of its group) now.
+    fn kill(&self) {
+        // SAFETY: kill sends a signal; the pid is our unreaped child (or its group), so it
+        // cannot have been reused.
+        unsafe {
+            libc::kill(-self.pid, libc::SIGKILL);
+            libc::kill(self.pid, libc::SIGKILL);
+        }
+    }
+
+    /// Ends a worker whose block did not stop: the block ends as stopped after `after`.
+    fn stop_by_killing(&self, after: Duration, timed_out: bool) {
+        *lock(&self.stopped) = Some((after, timed_out));
+        self.kill();
+    }
+
+    /// Ends a worker that broke the protocol.
+    fn lose(&self, detail: String) {
+        tracing::warn!("a REPL worker {detail}; it is ended");
+        self.kill();
+    }
+
+    /// Waits for the worker to be reaped (by its reader); whether it was within `wait`.
+    fn wait_end(&self, wait: Duration) -> bool {
+        let end = lock(&self.end);
+        let (end, _) = self
+            .ended
+            .wait_timeout_while(end, wait, |end| end.is_none())
+            .unwrap_or_else(PoisonError::into_inner);
+        end.is_some()
+    }
+
+    /// Why the worker ended, once it has.
+    fn ended(&self, memory_limit: u64) -> Option<WorkerEnd> {
+        let exit = (*lock(&self.end))?;
+        let end = classify(&exit, *lock(&self.stopped), memory_limit);
+        // An allocator that aborts says so on stderr (Rust: "memory allocation of N bytes
+        // failed"; C libraries: "Cannot allocate memory", "std::bad_alloc").
+        let words = self.last_words();
+        let out_of_memory = [
+            "memory allocation of",
+            "Cannot allocate memory",
+            "bad_alloc",
+        ]
+        .iter()
+        .any(|w| words.contains(w));
+        Some(match end {
+            WorkerEnd::Crashed { signal, .. } if out_of_memory => WorkerEnd::OutOfMemory {
+                limit_bytes: Some(memory_limit),
+                peak_bytes: exit.peak_bytes.max(memory_limit),
+                signal,
+            },
+            end => end,
+        })
+    }
+
+    /// Waits for the worker to exit (killing it after [`REAP_WAIT`]) and records how it did.
+    fn reap(&self) -> Exit {
+        let exit = reap(self.pid);
+        *lock(&self.end) = Some(exit);
+        self.ended.notify_all();
+        exit
+    }
+
+    fn last_words(&self) -> String {
+        String::from_utf8_lossy(&lock(&self.last_words)).into_owned()
+    }
+
+    /// Keeps `answer` in the record of block `id`, and what was asked and answered (`prompt`:
+    /// already kept, see [`Services::kept`]) in its texts, if that block is still running live.
+    fn record(&self, id: u64, key: RecordKey, prompt: Option<String>, answer: &SubAnswer) {
+        if let Some(Block {
+            id: running,
+            answers: Answers::Live(record),
+            texts,
+            ..
+        }) = lock(&self.block).as_mut()
+            && *running == id
+        {
+            record.push(key, answer.clone());
+            if let Some(prompt) = prompt {
+                let reply = match answer {
+                    Ok(text) => text.clone(),
+                    Err(failure) => format!("Error: {}", failure.message),
+                };
+                texts.push(SubCallText {
+                    prompt,
+                    reply: kept_text(&reply, self.text_chars),
+                });
+            }
+        }
+    }
+}
+
+/// Waits up to `wait` for an event with the GIL released (if this thread holds it); the
+/// receiver goes into the wait and comes back.
+fn receive(
+    inbox: Receiver<Event>,
+    wait: Duration,
+) -> (Result<Event, RecvTimeoutError>, Receiver<Event>) {
+    without_gil(move || {
+        let event = inbox.recv_timeout(wait);
+        (event, inbox)
+    })
+}
+
+/// Waits for `pid`, giving it [`REAP_WAIT`] to finish dying before it is killed.
+fn reap(pid: i32) -> Exit {
+    let deadline = Instant::now() + REAP_WAIT;
+    let mut killed = false;
+    loop {
+        let mut status = 0;
+        // SAFETY: a zeroed rusage is valid for wait4 to fill.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        let options = if killed { 0 } else { libc::WNOHANG };
+        // SAFETY: waits for our own child; status and usage point to live locals.
+        let reaped = unsafe { libc::wait4(pid, &mut status, options, &mut usage) };
+        if reaped == pid {
+            return Exit {
+                status: Some(status),
+                peak_bytes: u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024,
+            };
+        }
+        if reaped < 0 {
+            return Exit {
+                status: None,
+                peak_bytes: 0,
+            };
+        }
+        if !killed && Instant::now() >= deadline {
+            // SAFETY: our unreaped child: the pid cannot have been reused.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            killed = true;
+            continue;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Writes with `MSG_NOSIGNAL`: a worker that died makes a write fail, never raises SIGPIPE in
+/// the parent (a host's own SIGPIPE handling is not ours to rely on).
+struct NoSigPipe<'a>(&'a UnixStream);
+
+impl Write for NoSigPipe<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        // SAFETY: sends initialised bytes on an open socket.
+        let sent = unsafe {
+            libc::send(
+                self.0.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        usize::try_from(sent).map_err(|_| io::Error::last_os_error())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What the reader needs to answer sub-calls.
+struct Services {
+    endpoints: Arc<Endpoints>,
+    sub_endpoint: String,
+    batch: BatchPolicy,
+    cancel: CancellationToken,
+    /// Characters kept of each sub-call's prompt and reply (`0`: none).
+    text_chars: usize,
+    /// The session's id, in the ledger record of each call.
+    session: u64,
+}
+
+impl Services {
+    /// The options of a sub-call of the session's code.
+    fn options(&self, cancel: CancellationToken) -> CallOptions {
+        CallOptions {
+            cancel,
+            session: Some(self.session),
+            ..CallOptions::default()
+        }
+    }
+
+    /// A prompt as a block's record keeps it, `None` when the session keeps none.
+    fn kept(&self, prompt: &str) -> Option<String> {
+        (self.text_chars > 0).then(|| kept_text(prompt, self.text_chars))
+    }
+}
+
+/// The reader thread: every frame of the worker, until its link closes; then the worker is
+/// reaped and every waiter told.
+fn read_worker(worker: &Arc<Worker>, mut reader: BufReader<UnixStream>, services: &Services) {
+    let mut buffer = Vec::new();
+    loop {
+        match read_frame::<FromWorker>(&mut reader, &mut buffer) {
+            Ok(FromWorker::Output { stream, text }) => {
+                if let Some(block) = lock(&worker.block).as_ref() {
+                    match stream {
+                        Stream::Stdout => block.stdout.push(&text),
+                        Stream::Stderr => block.stderr.push(&text),
+                    }
+                }
+            }
+            Ok(FromWorker::Call {
+                call,
+                endpoint,
+                prompt,
+            }) => answer_call(worker, services, call, endpoint, prompt),
+            Ok(FromWorker::Batch {
+                call,
+                endpoint,
+                prompts,
+            }) => answer_batch(worker, services, call, endpoint, prompts),
+            Ok(FromWorker::Returned { id }) => {
+                if let Some(waiter) = lock(&worker.waiters).get(&id) {
+                    let _ = waiter.send(Event::Returned);
+                }
+            }
+            Ok(FromWorker::Reply { id, reply }) => {
+                if let Some(waiter) = lock(&worker.waiters).remove(&id) {
+                    let _ = waiter.send(Event::Reply(reply));
+                }
+            }
+            Ok(other @ (FromWorker::Ready { .. } | FromWorker::Failed(_))) => {
+                worker.lose(format!("sent {other:?} after its start"));
+                break;
+            }
+            Err(FrameError::Closed | FrameError::Io(_)) => break,
+            Err(e @ FrameError::Malformed(_)) => {
+                worker.lose(e.to_string());
+                break;
+            }
+        }
+    }
+    worker.reap();
+    if let Some(block) = lock(&worker.block).as_ref() {
+        block.calls.cancel();
+    }
+    for (_, waiter) in lock(&worker.waiters).drain() {
+        let _ = waiter.send(Event::Dead);
+    }
+}
+
+/// The failure a replayed block's sub-call gets when its record has no answer for it.
+fn unanswered() -> SubFailure {
+    SubFailure {
+        kind: "replay_miss".to_owned(),
+        message: "This sub-call was not asked when the block first ran, so replaying the block after a worker crash has no answer for it (a prompt built from the time or random numbers differs); no model was called".to_owned(),
+    }
+}
+
+/// How a sub-call of the running block is answered: from the replay's record, or live with
+/// the block's cancellation (a call of a thread left running between blocks: the session's).
+enum Route {
+    Replayed(Vec<SubAnswer>),
+    Live {
+        block: u64,
+        cancel: CancellationToken,
+    },
+}
+
+fn route(worker: &Worker, services: &Services, keys: &[RecordKey]) -> Route {
+    match lock(&worker.block).as_mut() {
+        Some(Block {
+            answers:
+                Answers::Replay {
+                    answers,
+                    unanswered: missed,
+                },
+            ..
+        }) => Route::Replayed(
+            keys.iter()
+                .map(|key| {
+                    answers.take(key).unwrap_or_else(|| {
+                        *missed += 1;
+                        Err(unanswered())
+                    })
+                })
+                .collect(),
+        ),
+        Some(block) => Route::Live {
+            block: block.id,
+            cancel: block.calls.clone(),
+        },
+        None => Route::Live {
+            block: 0,
+            cancel: services.cancel.child_token(),
+        },
+    }
+}
+
+fn answer_call(
+    worker: &Arc<Worker>,
+    services: &Services,
+    call: u64,
+    endpoint: Option<String>,
+    prompt: String,
+) {
+    let name = endpoint.unwrap_or_else(|| services.sub_endpoint.clone());
+    let endpoint = match services.endpoints.get(&name) {
+        Ok(endpoint) => endpoint,
+        Err(e) => {
+            let _ = worker.send(&ToWorker::Answer {
+                call,
+                answer: Err(SubFailure::from(&e)),
+            });
+            return;
+        }
+    };
+    let kept = services.kept(&prompt);
+    let request = ChatRequest::from_prompt(prompt);
+    let key = RecordKey::for_call(endpoint.config(), &request);
+    let (block, cancel) = match route(worker, services, &[key]) {
+        Route::Replayed(mut answers) => {
+            let answer = answers.pop().unwrap_or_else(|| Err(unanswered()));
+            let _ = worker.send(&ToWorker::Answer { call, answer });
+            return;
+        }
+        Route::Live { block, cancel } => (block, cancel),
+    };
+    let worker = Arc::clone(worker);
+    let options = services.options(cancel);
+    runtime::shared().spawn(async move {
+        let answer = endpoint
+            .call(request, &options)
+            .await
+            .map(|response| response.content)
+            .map_err(|e| SubFailure::from(&e));
+        worker.record(block, key, kept, &answer);
+        let _ = worker.send(&ToWorker::Answer { call, answer });
+    });
+}
+
+fn answer_batch(
+    worker: &Arc<Worker>,
+    services: &Services,
+    call: u64,
+    endpoint: Option<String>,
+    prompts: Vec<String>,
+) {
+    let name = endpoint.unwrap_or_else(|| services.sub_endpoint.clone());
+    let endpoint = match services.endpoints.get(&name) {
+        Ok(endpoint) => endpoint,
+        Err(e) => {
+            let _ = worker.send(&ToWorker::Answers {
+                call,
+                answers: Err(SubFailure::from(&e)),
+            });
+            return;
+        }
+    };
+    let kept: Vec<Option<String>> = prompts.iter().map(|p| services.kept(p)).collect();
+    let requests: Vec<ChatRequest> = prompts.into_iter().map(ChatRequest::from_prompt).collect();
+    let keys: Vec<RecordKey> = requests
+        .iter()
+        .map(|r| RecordKey::for_call(endpoint.config(), r))
+        .collect();
+    let (block, cancel) = match route(worker, services, &keys) {
+        Route::Replayed(answers) => {
+            let _ = worker.send(&ToWorker::Answers {
+                call,
+                answers: Ok(answers),
+            });
+            return;
+        }
+        Route::Live { block, cancel } => (block, cancel),
+    };
+    let worker = Arc::clone(worker);
+    let policy = services.batch;
+    let options = services.options(cancel);
+    runtime::shared().spawn(async move {
+        let outcomes = endpoint.batch_recorded(requests, policy, &options).await;
+        let answers: Vec<SubAnswer> = outcomes
+            .into_iter()
+            .map(|o| {
+                o.result
+                    .map(|r| r.content)
+                    .map_err(|e| SubFailure::from(&e))
+            })
+            .collect();
+        for ((key, prompt), answer) in keys.iter().zip(kept).zip(&answers) {
+            worker.record(block, *key, prompt, answer);
+        }
+        let _ = worker.send(&ToWorker::Answers {
+            call,
+            answers: Ok(answers),
+        });
+    });
+}
+
+/// Reads a worker's own stdout/stderr (its crash messages; Python's own complaints) on a
+/// thread, keeping the last [`LAST_WORDS`] bytes and logging them at debug level.
+fn drain_output(mut output: io::PipeReader, last_words: Arc<Mutex<Vec<u8>>>) {
+    let spawned = std::thread::Builder::new()
+        .name("rlm-worker-stderr".to_owned())
+        .spawn(move || {
+            let mut chunk = [0u8; 4096];
+            loop {
+                match output.read(&mut chunk) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        tracing::debug!(
+                            "worker: {}",
+                            String::from_utf8_lossy(&chunk[..n]).trim_end()
+                        );
+                        let mut kept = lock(&last_words);
+                        kept.extend_from_slice(&chunk[..n]);
+                        let excess = kept.len().saturating_sub(LAST_WORDS);
+                        kept.drain(..excess);
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot read a worker's stderr: {e}");
+    }
+}

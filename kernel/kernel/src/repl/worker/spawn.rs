@@ -1,0 +1,364 @@
+//! Starting a worker process: which program ([`WorkerProgram`]), with what environment, and
+//! with which file descriptors; and keeping one started ahead of need.
+//!
+//! Workers are forked from one long-lived thread of the parent: `PR_SET_PDEATHSIG` (the
+//! worker is killed when its parent dies) follows the *thread* that forked, and the threads
+//! that start sessions (tokio's blocking pool, a workflow step's thread) come and go.
+//!
+//! In the child, before `exec`: its own process group (the terminal's Ctrl-C goes to the
+//! parent, which stops the block itself), the death signal, the link at fd 3; every other
+//! descriptor is marked close-on-exec, so nothing of the parent (its trajectory, its
+//! database) is inherited. Standard input is `/dev/null`; standard output and error go to a
+//! pipe the parent reads (a crash's last words). The context memfds come later, with the
+//! start frame ([`send_memfds`]).
+//!
+//! A *spare* is a worker started before a session needs it: its interpreter starts while
+//! nobody waits, and the next session (or the restart after a crash) takes it and only
+//! sends its start frame. One is prepared when a session ends (for the process's next one)
+//! and after a restart (for the next crash); the environment it is started with holds only
+//! Python's own variables (the session's comes with the start frame, and confinement sets
+//! it).
+
+use std::ffi::OsString;
+use std::io::{self, IoSlice};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+
+use super::protocol::{LINK_FD, MAX_MEMFDS};
+
+/// The argument that makes a program that embeds the kernel serve as a worker
+/// ([`serve_if_worker`](super::serve_if_worker)).
+pub const WORKER_ARG: &str = "__worker";
+
+/// The program a worker process runs: this executable with [`WORKER_ARG`] (`rlm __worker`),
+/// or an interpreter with a module (`python -m rlm_kernel._worker`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerProgram {
+    /// The executable.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// Variables set for the worker besides the allowed ones of the parent's environment.
+    pub env: Vec<(OsString, OsString)>,
+}
+
+impl WorkerProgram {
+    /// This executable again, with [`WORKER_ARG`]; its `main` must start with
+    /// [`serve_if_worker`](super::serve_if_worker).
+    pub fn this_executable() -> Self {
+        Self {
+            // The running image itself, even if its file was replaced since it started.
+            program: PathBuf::from("/proc/self/exe"),
+            args: vec![OsString::from(WORKER_ARG)],
+            env: Vec::new(),
+        }
+    }
+}
+
+static PROGRAM: RwLock<Option<WorkerProgram>> = RwLock::new(None);
+
+/// Registers the program that isolated sessions of this process start as their workers; a
+/// program that embeds the kernel calls it once at start (`rlm` does, the Python package
+/// does on import).
+pub fn set_worker_program(program: WorkerProgram) {
+    *PROGRAM.write().unwrap_or_else(PoisonError::into_inner) = Some(program);
+}
+
+pub(crate) fn worker_program() -> Option<WorkerProgram> {
+    PROGRAM
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+}
+
+/// Variables of the parent's environment a worker keeps: what Python, its packages and the
+/// C libraries under them read. Nothing else passes (API keys above all).
+const KEPT_VARIABLES: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONHASHSEED",
+    "PYTHONUTF8",
+    "PYTHONIOENCODING",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "LD_LIBRARY_PATH",
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "RAYON_NUM_THREADS",
+];
+
+/// Prefixes of kept variables (locale settings, polars' own).
+const KEPT_PREFIXES: &[&str] = &["LC_", "POLARS_"];
+
+/// The kept variables of ours and the program's own: what a worker starts with.
+fn spawn_env(program: &WorkerProgram) -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(name, _)| {
+            name.to_str().is_some_and(|name| {
+                KEPT_VARIABLES.contains(&name) || KEPT_PREFIXES.iter().any(|p| name.starts_with(p))
+            })
+        })
+        .collect();
+    env.extend(program.env.iter().cloned());
+    env
+}
+
+/// What of the worker's start environment its Python keeps once confined (the sandbox's
+/// policy environment replaces the rest): the variables that say where Python and its
+/// packages are and how their native libraries behave, and the program's own.
+pub(crate) fn python_env(program: &WorkerProgram) -> Vec<(String, String)> {
+    spawn_env(program)
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(name, _)| !matches!(name.as_str(), "PATH" | "HOME" | "USER" | "LOGNAME"))
+        .collect()
+}
+
+/// A started worker process the parent has not talked to yet.
+#[derive(Debug)]
+pub(crate) struct Spawned {
+    /// Its pid (ours to reap).
+    pub(crate) pid: i32,
+    /// The parent's end of its link.
+    pub(crate) link: UnixStream,
+    /// Its standard output and error.
+    pub(crate) output: io::PipeReader,
+    /// It was started ahead of need (it may have died since).
+    pub(crate) spare: bool,
+    program: WorkerProgram,
+}
+
+/// A worker for a session: the spare when there is one started by `program`, else a new
+/// one. A spare that died meanwhile is found out when the session sends its start frame
+/// (see `parent.rs`, which then asks for a new one).
+pub(crate) fn take_worker(program: &WorkerProgram) -> io::Result<Spawned> {
+    let spare = lock(spare_slot()).take();
+    match spare {
+        Some(spare) if spare.program == *program => Ok(Spawned {
+            spare: true,
+            ..spare
+        }),
+        Some(other) => {
+            end_spare(other);
+            start_worker(program)
+        }
+        None => start_worker(program),
+    }
+}
+
+/// Starts a spare for the next session, unless one is there, on the spawner thread.
+pub(crate) fn prepare_spare(program: &WorkerProgram) {
+    if lock(spare_slot()).is_some() {
+        return;
+    }
+    let program = program.clone();
+    let job: SpawnJob = Box::new(move || {
+        if lock(spare_slot()).is_some() {
+            return;
+        }
+        match spawn_now(&program) {
+            Ok(spare) => *lock(spare_slot()) = Some(spare),
+            Err(e) => tracing::debug!("could not prepare a spare worker: {e}"),
+        }
+    });
+    if lock(spawner()).send(job).is_err() {
+        tracing::debug!("the worker-starting thread is gone");
+    }
+}
+
+fn spare_slot() -> &'static Mutex<Option<Spawned>> {
+    static SPARE: Mutex<Option<Spawned>> = Mutex::new(None);
+    &SPARE
+}
+
+/// A spare of another program: it exits when its link closes, and is reaped here.
+fn end_spare(spare: Spawned) {
+    drop(spare.link);
+    // SAFETY: our unreaped child; a spare runs no user code, it only waits for its start.
+    unsafe {
+        libc::kill(spare.pid, libc::SIGKILL);
+        libc::waitpid(spare.pid, std::ptr::null_mut(), 0);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A job of the spawner thread.
+type SpawnJob = Box<dyn FnOnce() + Send>;
+
+/// Starts a worker now (on the spawner thread, see the [module docs](self)).
+pub(crate) fn start_worker(program: &WorkerProgram) -> io::Result<Spawned> {
+    let (reply, answer) = mpsc::channel();
+    let program = program.clone();
+    let job: SpawnJob = Box::new(move || {
+        let _ = reply.send(spawn_now(&program));
+    });
+    let gone = || io::Error::other("the worker-starting thread is gone");
+    lock(spawner()).send(job).map_err(|_| gone())?;
+    answer.recv().map_err(|_| gone())?
+}
+
+/// Forks and execs `program` with the link at fd 3 (on the spawner thread).
+fn spawn_now(program: &WorkerProgram) -> io::Result<Spawned> {
+    let (ours, theirs) = UnixStream::pair()?;
+    let (output, output_writer) = io::pipe()?;
+    let mut command = Command::new(&program.program);
+    command
+        .args(&program.args)
+        .env_clear()
+        .envs(spawn_env(program))
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(output_writer.try_clone()?))
+        .stderr(Stdio::from(output_writer));
+    let link = theirs.as_raw_fd();
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe calls (setpgid, prctl, getppid, dup2, syscall, _exit).
+    unsafe {
+        command.pre_exec(move || place_link(parent, link));
+    }
+    let child = command.spawn()?;
+    // Ours to reap (`wait4`, see `parent.rs`); std's handle is not used again.
+    let pid = i32::try_from(child.id()).map_err(io::Error::other)?;
+    drop(child);
+    Ok(Spawned {
+        pid,
+        link: ours,
+        output,
+        spare: false,
+        program: program.clone(),
+    })
+}
+
+/// In the child before exec: see the [module docs](self).
+fn place_link(parent: libc::pid_t, link: RawFd) -> io::Result<()> {
+    // SAFETY: async-signal-safe calls on numbers (descriptors, pids) of this process.
+    unsafe {
+        if libc::setpgid(0, 0) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::getppid() != parent {
+            // The parent died before the death signal was armed.
+            libc::_exit(1);
+        }
+        // dup2 leaves the new descriptor without close-on-exec (and does nothing if the
+        // link is already at fd 3, which then keeps its close-on-exec: clear it).
+        if link == LINK_FD {
+            if libc::fcntl(LINK_FD, libc::F_SETFD, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        } else if libc::dup2(link, LINK_FD) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // Everything after fd 3 closes at exec (CLOSE_RANGE_CLOEXEC, Linux 5.11; the
+        // kernel's own descriptors are close-on-exec already, so an older kernel leaks only
+        // what a library opened without the flag). Not closed now: std reports a failed
+        // exec through a close-on-exec pipe.
+        const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+        libc::syscall(
+            libc::SYS_close_range,
+            (LINK_FD + 1) as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC,
+        );
+    }
+    Ok(())
+}
+
+/// The long-lived thread that forks every worker (see the [module docs](self)).
+fn spawner() -> &'static Mutex<Sender<SpawnJob>> {
+    static SPAWNER: OnceLock<Mutex<Sender<SpawnJob>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (jobs, queue) = mpsc::channel::<SpawnJob>();
+        let started = std::thread::Builder::new()
+            .name("rlm-worker-spawner".to_owned())
+            .spawn(move || {
+                for job in queue {
+                    job();
+                }
+            });
+        if let Err(e) = started {
+            tracing::error!("cannot start the worker-starting thread: {e}");
+        }
+        Mutex::new(jobs)
+    })
+}
+
+/// Sends one byte carrying `memfds` (`SCM_RIGHTS`), ahead of the start frame.
+pub(crate) fn send_memfds(link: &UnixStream, memfds: &[OwnedFd]) -> io::Result<()> {
+    let fds: Vec<BorrowedFd<'_>> = memfds.iter().map(AsFd::as_fd).collect();
+    let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_MEMFDS))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a worker takes at most {MAX_MEMFDS} contexts held in memory"),
+        ));
+    }
+    let count = [u8::try_from(fds.len()).unwrap_or(u8::MAX)];
+    rustix::net::sendmsg(
+        link,
+        &[IoSlice::new(&count)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    Ok(())
+}
+
+/// Receives the byte [`send_memfds`] sent and the memfds it carries (in the worker).
+pub(crate) fn receive_memfds(link: &UnixStream) -> io::Result<Vec<OwnedFd>> {
+    let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_MEMFDS))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut count = [0u8; 1];
+    let received = rustix::net::recvmsg(
+        link,
+        &mut [io::IoSliceMut::new(&mut count)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    if received.bytes != 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the parent closed the link before starting the session",
+        ));
+    }
+    let mut fds = Vec::new();
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = message {
+            fds.extend(rights);
+        }
+    }
+    if fds.len() != usize::from(count[0]) {
+        return Err(io::Error::other(format!(
+            "expected {} context memfds, received {}",
+            count[0],
+            fds.len()
+        )));
+    }
+    Ok(fds)
+}

@@ -1,0 +1,324 @@
+//! Model code in a worker process (`--isolation process`, the default): a crash, a C-level
+//! `exit()` or the memory limit ends the worker, not the run; a block stuck in native code is
+//! stopped within a second of its limit (cell timeout, run timeout, Ctrl-C); the model is told
+//! what happened, and a fresh worker restores the session's variables by replaying the blocks
+//! that ran before — every sub-call answered from the run's record, none sent again.
+
+use std::time::{Duration, Instant};
+
+use bridge::mock::{MockConfig, Script};
+
+use crate::support::{Mock, Run, file, repl};
+
+/// A mock recording request bodies: `root-model` replies `replies` by turn, `sub-model` echoes.
+fn mock(replies: &[&str]) -> Mock {
+    Mock::start_with(MockConfig {
+        script: Script::from_json_value(serde_json::json!({
+            "models": {
+                "root-model": {"replies": replies},
+                "sub-model": {"replies": [{"behaviour": "echo"}]}
+            }
+        }))
+        .expect("valid script"),
+        record_requests: true,
+        ..MockConfig::default()
+    })
+}
+
+/// `rlm run` over a small context with a trajectory, plus `args`; the run, its trajectory
+/// lines and how long it took.
+fn run(mock: &Mock, args: &[&str]) -> (Run, Vec<serde_json::Value>, Duration) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "ctx.txt", "alpha beta gamma");
+    let trajectory = dir.path().join("t.jsonl");
+    let mut all = vec![
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "q",
+        "--trajectory",
+        trajectory.to_str().expect("utf-8"),
+    ];
+    all.extend_from_slice(args);
+    let started = Instant::now();
+    let run = mock.run(&all);
+    let took = started.elapsed();
+    let lines = std::fs::read_to_string(&trajectory)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every trajectory line is JSON"))
+        .collect();
+    (run, lines, took)
+}
+
+/// The blocks of every iteration of a trajectory, in order.
+fn blocks(lines: &[serde_json::Value]) -> Vec<&serde_json::Value> {
+    lines
+        .iter()
+        .filter(|l| l["type"] == "iteration")
+        .flat_map(|l| l["blocks"].as_array().expect("blocks"))
+        .collect()
+}
+
+/// Requests the sub-model received.
+fn sub_calls(mock: &Mock) -> usize {
+    mock.log()
+        .entries()
+        .iter()
+        .filter(|r| r.model == "sub-model")
+        .count()
+}
+
+/// What the root model was sent in its `n`-th request (from 0).
+fn root_request(mock: &Mock, n: usize) -> String {
+    mock.log()
+        .entries()
+        .iter()
+        .filter(|r| r.model == "root-model")
+        .nth(n)
+        .and_then(|r| r.body.clone())
+        .unwrap_or_default()
+}
+
+/// Sets `x` and asks a sub-model once; a later block answers with both.
+const SETUP: &str = "x = 41\nr = llm_query('remember me')\nprint('set up')";
+const ANSWER: &str = "answer_text = f'{x + 1} {r}'\nFINAL_VAR(answer_text)";
+
+#[test]
+fn a_crash_ends_the_worker_not_the_run_and_the_session_comes_back_without_new_sub_calls() {
+    let crashes = [
+        ("import ctypes\nctypes.string_at(0)", "crashed", "SIGSEGV"),
+        (
+            "import ctypes\nctypes.CDLL(None).abort()",
+            "crashed",
+            "SIGABRT",
+        ),
+        (
+            "import ctypes\nctypes.CDLL(None).exit(3)",
+            "exited",
+            "exit status 3",
+        ),
+    ];
+    for (crash, kind, told) in crashes {
+        let code = format!("print('before the crash')\n{crash}");
+        let mock = mock(&[&repl(SETUP), &repl(&code), &repl(ANSWER)]);
+        let (run, lines, _) = run(&mock, &[]);
+        run.assert_code(0);
+        assert_eq!(
+            run.last_line(),
+            "42 remember me",
+            "{crash}: the variables are back"
+        );
+        assert_eq!(
+            sub_calls(&mock),
+            1,
+            "{crash}: the replay sent no sub-call again"
+        );
+        // The model is told what happened, and what the session holds now.
+        let told_model = root_request(&mock, 2);
+        assert!(told_model.contains(told), "{crash}: {told_model}");
+        assert!(
+            told_model.contains("restored by running its 1 earlier block(s) again"),
+            "{crash}: {told_model}"
+        );
+        assert!(
+            told_model.contains("before the crash"),
+            "{crash}: output kept"
+        );
+        // The trajectory records the crash and the restore.
+        let crashed = blocks(&lines)[1];
+        assert_eq!(crashed["restart"]["cause"]["kind"], kind, "{crashed}");
+        assert_eq!(crashed["restart"]["restore"]["kind"], "replayed");
+        assert_eq!(crashed["restart"]["restore"]["blocks"], 1);
+        assert!(crashed["restart"]["restore_ms"].as_f64() > Some(0.0));
+    }
+}
+
+#[test]
+fn the_memory_limit_raises_memory_error_and_the_worker_survives() {
+    let hog = "blob = bytearray(2 * 1024 ** 3)";
+    let mock = mock(&[&repl(SETUP), &repl(hog), &repl(ANSWER)]);
+    let (run, lines, _) = run(&mock, &["--memory-limit", "512M"]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "42 remember me");
+    let hogged = blocks(&lines)[1];
+    assert_eq!(hogged["error"]["type_name"], "MemoryError", "{hogged}");
+    assert!(
+        hogged["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("memory limit is 0.5 GB")),
+        "{hogged}"
+    );
+    assert!(hogged["restart"].is_null(), "no worker ended: {hogged}");
+}
+
+#[test]
+fn a_regex_stuck_in_c_is_stopped_within_a_second_of_the_cell_timeout() {
+    let stuck = "import re\nre.match(r'(a+)+$', 'a' * 32 + 'b')";
+    let mock = mock(&[&repl(SETUP), &repl(stuck), &repl(ANSWER)]);
+    let (run, lines, _) = run(&mock, &["--cell-timeout", "2"]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "42 remember me");
+    let stopped = blocks(&lines)[1];
+    assert_eq!(stopped["timed_out"], true, "{stopped}");
+    assert_eq!(stopped["error"]["type_name"], "CellTimeout");
+    let ms = stopped["duration_ms"].as_f64().expect("duration");
+    assert!(ms <= 3_000.0, "stopped {ms:.0} ms into a 2 s limit");
+    assert_eq!(stopped["restart"]["cause"]["kind"], "stopped");
+    assert_eq!(sub_calls(&mock), 1);
+}
+
+#[test]
+fn a_c_sleep_is_stopped_within_a_second_of_the_run_timeout() {
+    let stuck = "import ctypes\nctypes.CDLL(None).sleep(40)";
+    let mock = mock(&[&repl(stuck), "FINAL(never)"]);
+    let (run, lines, took) = run(&mock, &["--timeout", "4", "--json"]);
+    run.assert_code(3);
+    assert_eq!(run.json()["termination_reason"], "timeout");
+    let stopped = blocks(&lines)[0];
+    let ms = stopped["duration_ms"].as_f64().expect("duration");
+    assert!(
+        ms <= 5_000.0,
+        "stopped {ms:.0} ms into a run limited to 4 s"
+    );
+    assert!(took < Duration::from_secs(30), "the run ended ({took:?})");
+}
+
+#[test]
+fn ctrl_c_stops_a_block_stuck_in_c_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stuck = "import ctypes\nctypes.CDLL(None).sleep(60)";
+    let mock = mock(&[&repl(stuck), "FINAL(never)"]);
+    let context = file(dir.path(), "ctx.txt", "some context");
+    let child = mock.spawn_run(&context, &dir.path().join("t.jsonl"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while root_request(&mock, 0).is_empty() {
+        assert!(Instant::now() < deadline, "the run asked its model");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The block starts right after the model's reply; give it time to be in `sleep`.
+    std::thread::sleep(Duration::from_millis(1_000));
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    let interrupted = Instant::now();
+    // SAFETY: sends SIGINT to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let output = child.wait_with_output().expect("rlm exits");
+    let took = interrupted.elapsed();
+    assert_eq!(output.status.code(), Some(130));
+    assert!(
+        took < Duration::from_secs(10),
+        "Ctrl-C took {took:?} to stop a 60 s sleep"
+    );
+}
+
+#[test]
+fn on_crash_fresh_starts_over_with_the_contexts_only() {
+    let check = "print('x' in globals(), len(context))\nchecked = 'yes'\nFINAL_VAR(checked)";
+    let mock = mock(&[
+        &repl(SETUP),
+        &repl("import ctypes\nctypes.string_at(0)"),
+        &repl(check),
+    ]);
+    let (run, lines, _) = run(&mock, &["--on-crash", "fresh"]);
+    run.assert_code(0);
+    let after = blocks(&lines)[2];
+    assert!(
+        after["stdout"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("False 16\n")),
+        "{after}"
+    );
+    assert!(
+        root_request(&mock, 2).contains("earlier variables are gone"),
+        "the model is told"
+    );
+    assert_eq!(blocks(&lines)[1]["restart"]["restore"]["kind"], "fresh");
+}
+
+#[test]
+fn a_replay_answers_every_recorded_sub_call_and_says_which_it_could_not() {
+    // The batch replays from the record; a prompt built from a random number cannot.
+    let setup = "import random\nrs = llm_query_batched(['a', 'b', 'c'])\n\
+                 z = llm_query(f'n{random.random()}')";
+    let answer = "answer_text = f\"{rs} {z.startswith('Error')}\"\nFINAL_VAR(answer_text)";
+    let mock = mock(&[
+        &repl(setup),
+        &repl("import ctypes\nctypes.string_at(0)"),
+        &repl(answer),
+    ]);
+    let (run, lines, _) = run(&mock, &[]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "['a', 'b', 'c'] True");
+    assert_eq!(
+        sub_calls(&mock),
+        4,
+        "three in the batch, one alone: none again"
+    );
+    let restore = &blocks(&lines)[1]["restart"]["restore"];
+    assert_eq!(restore["unanswered"], 1, "{restore}");
+    assert!(
+        root_request(&mock, 2).contains("asked something not asked the first time"),
+        "the model is told"
+    );
+}
+
+#[test]
+fn no_process_the_code_starts_outlives_the_run() {
+    // Marked so that this test finds them among the machine's processes, whatever their
+    // pid in the worker's namespace.
+    let mark = format!("300.{}", std::process::id());
+    let code = format!(
+        "import os, subprocess\n\
+         sleeper = subprocess.Popen(['sleep', '{mark}'])\n\
+         pid = os.fork()\n\
+         if pid == 0:\n    os.execvp('sleep', ['sleep', '{mark}'])\n\
+         print('started')"
+    );
+    let mock = mock(&[&repl(&code), "FINAL(done)"]);
+    let (run, _, _) = run(&mock, &[]);
+    run.assert_code(0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = marked(&mark);
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still running: {left:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Live processes whose command line holds `mark`.
+fn marked(mark: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')));
+            !zombie && String::from_utf8_lossy(&cmdline).contains(mark)
+        })
+        .collect()
+}
+
+#[test]
+fn debug_logs_say_what_confines_the_code_and_none_says_nothing_does() {
+    let mock = mock(&["FINAL(done)"]);
+    let (run, _, _) = run(&mock, &["-vv"]);
+    run.assert_code(0);
+    assert!(
+        run.stderr
+            .lines()
+            .any(|l| l.contains("model code runs in a worker process")),
+        "{}",
+        run.stderr
+    );
+    let mock = self::mock(&["FINAL(done)"]);
+    let (run, _, _) = self::run(&mock, &["-vv", "--isolation", "none"]);
+    run.assert_code(0);
+    assert!(run.stderr.contains("nothing confines it"), "{}", run.stderr);
+}
