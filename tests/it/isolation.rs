@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bridge::mock::{MockConfig, Script};
 
-use crate::support::{Mock, Run, file, repl};
+use crate::support::{Mock, Run, file, marked, repl};
 
 /// A mock recording request bodies: `root-model` replies `replies` by turn, `sub-model` echoes.
 fn mock(replies: &[&str]) -> Mock {
@@ -286,23 +286,6 @@ fn no_process_the_code_starts_outlives_the_run() {
         assert!(Instant::now() < deadline, "still running: {left:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// Live processes whose command line holds `mark`.
-fn marked(mark: &str) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')));
-            !zombie && String::from_utf8_lossy(&cmdline).contains(mark)
-        })
-        .collect()
 }
 
 #[test]

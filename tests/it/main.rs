@@ -26,6 +26,7 @@ mod flow_durable;
 mod flow_postgres;
 mod flow_run;
 mod flow_tools;
+mod hostile;
 mod isolation;
 mod limits;
 mod messages;

@@ -302,3 +302,21 @@ pub(crate) fn run_replies_traced(
         .collect();
     (mock, run, lines)
 }
+
+/// The live processes (zombies left out) whose command line contains `mark`: what a test
+/// started with a unique marker and must not find left behind.
+pub(crate) fn marked(mark: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')));
+            !zombie && String::from_utf8_lossy(&cmdline).contains(mark)
+        })
+        .collect()
+}
