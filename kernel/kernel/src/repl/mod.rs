@@ -87,7 +87,13 @@
 //!   timeout, cancellation), when a run ends ([`ReplSession::end_processes`]) and when the
 //!   session closes. The host's own processes and multiprocessing's shared helpers
 //!   (forkserver, resource tracker) are left alone. Processes started between blocks by
-//!   threads a block left running are not tracked.
+//!   threads a block left running are not tracked. `/proc` is read only for a block that
+//!   may have started a process: an audit hook (`sys.addaudithook`) sees the session's
+//!   threads about to call `subprocess`, `os.system`, `os.fork`, `os.posix_spawn`, `pty` or
+//!   look up a C function through `ctypes`, and the children are noted just before; a block
+//!   that does none of these (most) costs no scan. A process a C extension starts on its own
+//!   (or a `ctypes` function looked up in an earlier block) is not seen by it; in a worker,
+//!   it still dies with the worker.
 //!
 //! # Limits of interruption
 //! A timeout stops pure-Python code, `time.sleep` and `llm_query`/`llm_query_batched` (also

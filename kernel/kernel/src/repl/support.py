@@ -89,6 +89,8 @@ class Session:
         "processes",
         "pool_processes",
         "block_children",
+        "block_pool",
+        "children_lock",
         "killing",
         "thread_ident",
         "__weakref__",
@@ -119,7 +121,12 @@ class Session:
         # and multiprocessing's own Process objects (also grandchildren, e.g. forkserver).
         self.processes = {}
         self.pool_processes = []
+        # During a block: multiprocessing's processes when it began, and this process's
+        # children just before the block's first call that may start one (None until then:
+        # a block that starts no process costs no scan of `/proc`; see `_audit`).
+        self.block_pool = None
         self.block_children = None
+        self.children_lock = threading.Lock()
         _SESSIONS.add(self)
 
     def begin_block(self, stdout, stderr):
@@ -128,7 +135,16 @@ class Session:
         self.stderr = stderr
         self.stop = threading.Event()
         self.finals = {}
-        self.block_children = (_direct_children(), set(_mp_children()))
+        with self.children_lock:
+            self.block_children = None
+            self.block_pool = set(_mp_children())
+
+    def may_start_process(self):
+        """A thread of the session is about to call something that may start a process: the
+        first time in a block, note this process's children as they are before it."""
+        with self.children_lock:
+            if self.block_pool is not None and self.block_children is None:
+                self.block_children = _direct_children()
 
     def end_block(self):
         self.stdout = None
@@ -137,19 +153,26 @@ class Session:
     def settle_processes(self, interrupted):
         """After a block: the processes it started and that still run belong to the session;
         those of an interrupted block are terminated with it."""
-        if self.block_children is None:
+        with self.children_lock:
+            children, pool = self.block_children, self.block_pool
+            self.block_children = self.block_pool = None
+        if pool is None:
             return
-        children, pool = self.block_children
-        self.block_children = None
-        started = {
-            pid: since
-            for pid in _direct_children() - children
-            if (since := _start_time(pid)) is not None
-        }
+        started = (
+            {}
+            if children is None
+            else {
+                pid: since
+                for pid in _direct_children() - children
+                if (since := _start_time(pid)) is not None
+            }
+        )
         started_pool = [p for p in _mp_children() if p not in pool]
         if interrupted:
             _terminate(started, started_pool)
             started, started_pool = {}, []
+        if not (started or started_pool or self.processes or self.pool_processes):
+            return
         # Forget what has ended, so a long session's lists stay short.
         self.processes = {
             pid: since
@@ -449,6 +472,10 @@ def install(sys_module, owns_interpreter):
     os.abort = _abort
     os.kill = _kill
     signal.raise_signal = _raise_signal
+    global _AUDITING
+    if not _AUDITING:  # a hook cannot be removed: ours is added once per interpreter
+        sys_module.addaudithook(_audit)
+        _AUDITING = True
 
 
 # --- compiling a block ---------------------------------------------------------------
@@ -671,6 +698,39 @@ def _preparation_data(name):
 
 
 # --- processes the session's code starts ---------------------------------------------
+
+# Audit events raised just before a call that starts a process (`subprocess`, `os.system`,
+# `os.fork`, `os.posix_spawn`, `pty`, `os.popen`, asyncio's subprocesses, ...), and ctypes'
+# lookups of C functions (which may fork). multiprocessing's own processes are tracked
+# through its `active_children()` instead (spawn and forkserver start them below Python's
+# audit events).
+_PROCESS_EVENTS = frozenset(
+    (
+        "os.fork",
+        "os.forkpty",
+        "os.posix_spawn",
+        "os.spawn",
+        "os.system",
+        "subprocess.Popen",
+        "ctypes.dlopen",
+        "ctypes.dlsym",
+        "ctypes.dlsym/handle",
+        "ctypes.call_function",
+    )
+)
+
+
+_AUDITING = False
+
+
+def _audit(event, args):
+    """The interpreter's audit hook: a session thread about to start a process makes its
+    session note the children before it (`Session.may_start_process`)."""
+    if event in _PROCESS_EVENTS:
+        session = _current_session()
+        if session is not None:
+            session.may_start_process()
+
 
 
 def _direct_children():

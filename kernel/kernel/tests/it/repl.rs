@@ -781,6 +781,69 @@ fn end_processes_stops_what_blocks_started_and_nothing_else() {
 }
 
 #[test]
+fn every_way_a_block_starts_a_process_is_tracked_though_quiet_blocks_scan_nothing() {
+    let s = session();
+    // Blocks that start nothing come first and in between: tracking must not depend on a
+    // scan at the start of every block.
+    ok(&s, "x = 1");
+    let code = r#"
+import ctypes, os, subprocess, threading
+pids = [subprocess.Popen(["sleep", "300"]).pid]
+pids.append(os.posix_spawn("/bin/sleep", ["sleep", "300"], os.environ))
+child = os.fork()
+if child == 0:
+    os.execv("/bin/sleep", ["sleep", "300"])
+pids.append(child)
+libc = ctypes.CDLL(None)
+raw = libc.fork()
+if raw == 0:
+    os.execv("/bin/sleep", ["sleep", "300"])
+pids.append(raw)
+def start():
+    pids.append(subprocess.Popen(["sleep", "300"]).pid)
+t = threading.Thread(target=start)
+t.start()
+t.join()
+print(" ".join(map(str, pids)))
+"#;
+    let r = ok(&s, code);
+    let pids: Vec<u32> = r
+        .stdout
+        .split_whitespace()
+        .map(|p| p.parse().expect("a pid"))
+        .collect();
+    assert_eq!(pids.len(), 5, "{}", r.stdout);
+    ok(&s, "y = 2");
+    assert!(pids.iter().all(|&pid| running(pid)), "{pids:?}");
+    s.end_processes().expect("ends");
+    let left: Vec<u32> = pids.into_iter().filter(|&pid| running(pid)).collect();
+    assert!(left.is_empty(), "still running: {left:?}");
+}
+
+#[test]
+fn blocks_that_start_no_process_read_nothing_in_proc() {
+    let s = session();
+    // An audit hook of the test's own (it stays for the interpreter's life: it only counts)
+    // sees every listing of `/proc/self/task`, which the scan for children starts with.
+    ok(
+        &s,
+        "import sys\nscans = []\nsys.addaudithook(lambda event, args: scans.append(1) \
+         if event == 'os.listdir' and 'task' in str(args[0]) else None)",
+    );
+    ok(&s, "x = sum(range(10))");
+    ok(&s, "import json\ny = json.dumps({'x': x})");
+    assert_eq!(ok(&s, "print(len(scans))").stdout, "0\n");
+    // A block that starts one is scanned (just before the start, and after the block).
+    ok(&s, "import subprocess\nsubprocess.run(['true'])");
+    let scanned: usize = ok(&s, "print(len(scans))")
+        .stdout
+        .trim()
+        .parse()
+        .expect("a count");
+    assert!(scanned >= 2, "{scanned}");
+}
+
+#[test]
 fn known_secrets_are_redacted_in_everything_a_block_reports() {
     // The code builds the value itself: redaction does not depend on where it came from.
     let secret = "repl-secret-0123456789";
