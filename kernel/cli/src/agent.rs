@@ -139,12 +139,26 @@ pub(crate) fn execute(args: AgentArgs, config: Option<&Path>, verbosity: u8) -> 
         ..LoopConfig::default()
     };
     let python: Option<Arc<dyn Tool>> = if args.python {
-        let session = ReplSession::new(
-            endpoints::session_config(&opts)?,
-            Arc::clone(&endpoints),
-            &[],
-        )
-        .context("Could not start the Python session for the `python` tool")?;
+        let mut config = endpoints::session_config(&opts)?;
+        // Skill scripts run through this tool and import modules beside them: a confined
+        // worker may read the skills' `scripts/` folders and BMAD's shared scripts, nothing
+        // else of the project.
+        let shared = started
+            .session
+            .roots()
+            .project
+            .join("_bmad")
+            .join("scripts");
+        let scripts = started
+            .session
+            .skills()
+            .iter()
+            .map(|s| s.dir.join("scripts"));
+        config
+            .read_paths
+            .extend(scripts.chain([shared]).filter(|dir| dir.is_dir()));
+        let session = ReplSession::new(config, Arc::clone(&endpoints), &[])
+            .context("Could not start the Python session for the `python` tool")?;
         crate::observe::report_isolation(&session);
         Some(Arc::new(PythonTool::new(Arc::new(session))))
     } else {
