@@ -972,6 +972,8 @@ fn a_run_held_from_another_host_is_taken_over_only_with_take_over_and_the_old_dr
     assert_eq!(listed_shared["status"], json!("running"));
     assert_eq!(listed_shared["owner"]["host"], json!("far-away"));
     assert_eq!(listed_shared["owner"]["checked"], json!(false));
+    // An SQLite lease has no expiry: its owner's pid is checked instead.
+    assert_eq!(listed_shared["owner"]["lease_until"], Value::Null);
     let refused = rlm(&flows.model_args(&["resume", "shared"]), None);
     refused.assert_code(6);
     assert!(

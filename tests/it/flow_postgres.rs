@@ -314,6 +314,19 @@ fn of_two_hosts_racing_to_resume_a_run_exactly_one_drives_it_and_the_other_exits
         ["host-b", "host-c"].contains(&winner_host.as_str()),
         "{listed}"
     );
+    // Its lease runs out 30 s after the last heartbeat unless renewed: `runs` says until when.
+    let since = listed["owner"]["since"].as_str().unwrap_or_default();
+    let until = listed["owner"]["lease_until"].as_str().unwrap_or_default();
+    assert!(until.len() == since.len() && until > since, "{listed}");
+    // (A heartbeat may have moved it on since.)
+    let table = rlm(&flows.args(&["runs"]), None);
+    assert!(
+        table
+            .stdout
+            .contains(&format!("on {winner_host}, lease until {}", &until[..11])),
+        "{}",
+        table.stdout
+    );
     // The loser was told who drives it: the winner.
     assert!(
         stderr.contains(&format!("on host `{winner_host}`")),

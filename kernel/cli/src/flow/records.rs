@@ -81,9 +81,16 @@ pub(crate) fn runs(args: RunsArgs, config: Option<&Path>) -> Result<ExitCode> {
         .map(|run| {
             let (status, driver) = shown(run);
             let owner = match driver {
-                Some((holder, Liveness::Unchecked | Liveness::Renewed)) => {
+                Some((holder, Liveness::Unchecked)) => {
                     format!("pid {} on {}", holder.owner.pid, holder.owner.host)
                 }
+                // Taken over by any host once the lease runs out unrenewed.
+                Some((holder, Liveness::Renewed)) => format!(
+                    "pid {} on {}, lease until {}",
+                    holder.owner.pid,
+                    holder.owner.host,
+                    time_of(holder.expires_ms.unwrap_or(holder.since_ms))
+                ),
                 Some((holder, _)) => format!("pid {}", holder.owner.pid),
                 None => "-".to_owned(),
             };
@@ -195,6 +202,8 @@ fn run_json(run: &RunRecord) -> Value {
             "host": holder.owner.host,
             "since": time_of(holder.since_ms),
             "checked": liveness == Liveness::Alive,
+            // A lease with a heartbeat (PostgreSQL): when it runs out unless renewed.
+            "lease_until": holder.expires_ms.map(time_of),
         })
     });
     json!({
