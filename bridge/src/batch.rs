@@ -89,7 +89,6 @@ impl Endpoint {
                 let recorded = AssertUnwindSafe(call)
                     .catch_unwind()
                     .await
-                    .map(|(result, record)| RecordedCall { result, record })
                     .unwrap_or_else(|_| {
                         shared.unrecorded(
                             BridgeError::Internal(format!(
@@ -121,6 +120,7 @@ impl Endpoint {
                         *slot = Some(RecordedCall {
                             result: Err(BridgeError::Cancelled),
                             record,
+                            answer: None,
                         });
                     }
                 }

@@ -243,7 +243,7 @@ impl Usage {
 }
 
 /// A model's answer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatResponse {
     /// The text of the answer.
     pub content: String,

@@ -28,6 +28,7 @@ use crate::client::{AnthropicClient, LmClient, OpenAiClient};
 use crate::config::{EndpointConfig, Provider};
 use crate::error::{BridgeError, FailureKind};
 use crate::ledger::{CallEstimate, Claim, Ledger, Reservation, SubCallMetadata};
+use crate::record::{Answer, AnswerRef, CacheUse, RecordKey, SubCallRecord, Turn};
 use crate::limiter::{Limiter, LimiterStats, Outcome};
 use crate::secret;
 
@@ -44,6 +45,9 @@ pub struct CallOptions {
     /// The REPL session whose code makes the call, kept in its record
     /// ([`SubCallMetadata::session`]) so a block's calls can be told from other sessions'.
     pub session: Option<u64>,
+    /// A sub-call from model code: it goes through the run's [`SubCallRecord`], which keeps
+    /// its answer and, when caching, answers a repeat of it without a request.
+    pub sub_call: bool,
 }
 
 /// One named model: configuration, client, limiter and ledger.
@@ -56,6 +60,8 @@ pub(crate) struct Shared {
     client: Arc<dyn LmClient>,
     limiter: Limiter,
     ledger: Arc<Ledger>,
+    /// The run's record of sub-call answers (shared by an [`Endpoints`] registry).
+    record: Arc<SubCallRecord>,
 }
 
 impl fmt::Debug for Endpoint {
@@ -74,10 +80,7 @@ impl Endpoint {
     /// An endpoint with the client its `provider` calls for.
     pub fn new(config: EndpointConfig, ledger: Arc<Ledger>) -> Result<Self, BridgeError> {
         config.validate()?;
-        let client: Arc<dyn LmClient> = match config.provider {
-            Provider::OpenAi => Arc::new(OpenAiClient::new(&config)?),
-            Provider::Anthropic => Arc::new(AnthropicClient::new(&config)?),
-        };
+        let client = Self::client_for(&config)?;
         Self::with_client(config, client, ledger)
     }
 
@@ -87,6 +90,17 @@ impl Endpoint {
         client: Arc<dyn LmClient>,
         ledger: Arc<Ledger>,
     ) -> Result<Self, BridgeError> {
+        Self::with_record(config, client, ledger, Arc::default())
+    }
+
+    /// An endpoint over `client` whose sub-calls go through `record` (which an
+    /// [`Endpoints`] registry shares between its endpoints).
+    pub fn with_record(
+        config: EndpointConfig,
+        client: Arc<dyn LmClient>,
+        ledger: Arc<Ledger>,
+        record: Arc<SubCallRecord>,
+    ) -> Result<Self, BridgeError> {
         config.validate()?;
         Ok(Self {
             shared: Arc::new(Shared {
@@ -94,7 +108,16 @@ impl Endpoint {
                 config,
                 client,
                 ledger,
+                record,
             }),
+        })
+    }
+
+    /// The client `config`'s provider calls for.
+    fn client_for(config: &EndpointConfig) -> Result<Arc<dyn LmClient>, BridgeError> {
+        Ok(match config.provider {
+            Provider::OpenAi => Arc::new(OpenAiClient::new(config)?),
+            Provider::Anthropic => Arc::new(AnthropicClient::new(config)?),
         })
     }
 
@@ -116,6 +139,19 @@ impl Endpoint {
     /// The ledger its calls are recorded in.
     pub fn ledger(&self) -> &Arc<Ledger> {
         &self.shared.ledger
+    }
+
+    /// The record its sub-calls' answers are kept in (and answered from, when caching).
+    pub fn sub_calls(&self) -> &Arc<SubCallRecord> {
+        &self.shared.record
+    }
+
+    /// The key under which `request`, sent here as a sub-call, is recorded (computed on the
+    /// request as sent: with known secrets redacted).
+    pub fn record_key(&self, request: &ChatRequest) -> RecordKey {
+        let mut request = request.clone();
+        request.redact(&secret::redactor());
+        RecordKey::for_call(&self.shared.config, &request)
     }
 
     /// Requests in flight right now.
@@ -141,8 +177,7 @@ impl Endpoint {
     /// Like [`call`](Self::call), also returning the call's own ledger record (other calls
     /// may share the ledger, even this endpoint, at the same time).
     pub async fn call_recorded(&self, req: ChatRequest, opts: &CallOptions) -> RecordedCall {
-        let (result, record) = self.shared.call(req, opts, None, None).await;
-        RecordedCall { result, record }
+        self.shared.call(req, opts, None, None).await
     }
 
     /// Like [`call`](Self::call) but streamed, passing each piece of text to `on_delta`
@@ -157,8 +192,7 @@ impl Endpoint {
             stream: true,
             ..opts.clone()
         };
-        let (result, _) = self.shared.call(req, &opts, Some(on_delta), None).await;
-        result
+        self.shared.call(req, &opts, Some(on_delta), None).await.result
     }
 }
 
@@ -169,6 +203,9 @@ pub struct RecordedCall {
     pub result: Result<ChatResponse, BridgeError>,
     /// The call's ledger record.
     pub record: SubCallMetadata,
+    /// For a sub-call ([`CallOptions::sub_call`]): which answer of the run's
+    /// [`SubCallRecord`] it got.
+    pub answer: Option<AnswerRef>,
 }
 
 /// The HTTP attempts of a call so far.
@@ -260,16 +297,92 @@ impl Drop for CallTicket<'_> {
 }
 
 impl Shared {
+    /// One call, with its ledger record; a sub-call goes through the run's record.
     pub(crate) async fn call(
         &self,
         req: ChatRequest,
         opts: &CallOptions,
         on_delta: Option<&mut (dyn FnMut(&str) + Send)>,
         batch_size: Option<usize>,
-    ) -> (Result<ChatResponse, BridgeError>, SubCallMetadata) {
+    ) -> RecordedCall {
         // No model receives a secret the process knows, whoever put it in the prompt.
         let mut req = req;
         req.redact(&secret::redactor());
+        if !opts.sub_call {
+            let (result, record) = self.send(req, opts, on_delta, batch_size).await;
+            return RecordedCall {
+                result,
+                record,
+                answer: None,
+            };
+        }
+        let key = RecordKey::for_call(&self.config, &req);
+        let asked = Instant::now();
+        let mut waited = false;
+        loop {
+            match self.record.begin(key, waited) {
+                Turn::Cached(answer, at) => {
+                    let cache = if waited {
+                        CacheUse::Joined
+                    } else {
+                        CacheUse::Hit
+                    };
+                    let started = self.started(opts.session, batch_size);
+                    let result = Answer::clone(&answer).map(|mut response| {
+                        response.attempts = 0;
+                        response.latency = asked.elapsed();
+                        response
+                    });
+                    let record = self.record_cached(started, &req, &result, cache, asked);
+                    return RecordedCall {
+                        result,
+                        record,
+                        answer: Some(at),
+                    };
+                }
+                Turn::Wait(flight) => {
+                    tokio::select! {
+                        biased;
+                        () = opts.cancel.cancelled() => {
+                            let error = BridgeError::Cancelled;
+                            let started = self.started(opts.session, batch_size);
+                            let record = self.record(started, &req, &Err(error.clone()), &Attempts::default());
+                            return RecordedCall { result: Err(error), record, answer: None };
+                        }
+                        () = flight.wait() => waited = true,
+                    }
+                }
+                Turn::Send(lead) => {
+                    let (result, record) = self.send(req, opts, on_delta, batch_size).await;
+                    let at = self.record.finish(lead, result.clone());
+                    return RecordedCall {
+                        result,
+                        record,
+                        answer: Some(at),
+                    };
+                }
+            }
+        }
+    }
+
+    /// A new call index, now.
+    fn started(&self, session: Option<u64>, batch_size: Option<usize>) -> Started {
+        Started {
+            index: self.ledger.begin_call(),
+            at_ms: unix_ms(),
+            session,
+            batch_size,
+        }
+    }
+
+    /// Sends one call (the request already redacted): budget, limiter, retries, record.
+    async fn send(
+        &self,
+        req: ChatRequest,
+        opts: &CallOptions,
+        on_delta: Option<&mut (dyn FnMut(&str) + Send)>,
+        batch_size: Option<usize>,
+    ) -> (Result<ChatResponse, BridgeError>, SubCallMetadata) {
         let mut ticket = CallTicket::begin(self, &req, opts.session, batch_size);
         let result = self
             .run(&req, opts, on_delta, &mut ticket)
@@ -293,13 +406,29 @@ impl Shared {
         session: Option<u64>,
         batch_size: usize,
     ) -> SubCallMetadata {
-        let started = Started {
-            index: self.ledger.begin_call(),
-            at_ms: unix_ms(),
-            session,
-            batch_size: Some(batch_size),
-        };
+        let started = self.started(session, Some(batch_size));
         self.record(started, req, &Err(error.clone()), &Attempts::default())
+    }
+
+    /// Push the record of a sub-call answered from the run's record: no request, no tokens,
+    /// no cost; its latency is the wait.
+    fn record_cached(
+        &self,
+        started: Started,
+        req: &ChatRequest,
+        result: &Result<ChatResponse, BridgeError>,
+        cache: CacheUse,
+        asked: Instant,
+    ) -> SubCallMetadata {
+        let mut record = self.metadata(started, req, result, &Attempts::default());
+        record.prompt_tokens = 0;
+        record.completion_tokens = 0;
+        record.tokens_estimated = false;
+        record.cost_usd = self.config.price.map(|_| 0.0);
+        record.latency_ms = asked.elapsed().as_secs_f64() * 1000.0;
+        record.cache = Some(cache);
+        self.ledger.record(record.clone());
+        record
     }
 
     /// The outcome of a batch slot whose call left no record of its own to hand back (its
@@ -324,10 +453,12 @@ impl Shared {
             error: Some(error.to_string()),
             error_kind: Some(error.kind()),
             session: None,
+            cache: None,
         };
         RecordedCall {
             result: Err(error),
             record,
+            answer: None,
         }
     }
 
@@ -437,6 +568,19 @@ impl Shared {
         result: &Result<ChatResponse, BridgeError>,
         attempts: &Attempts,
     ) -> SubCallMetadata {
+        let record = self.metadata(started, req, result, attempts);
+        self.ledger.record(record.clone());
+        record
+    }
+
+    /// The record of a call.
+    fn metadata(
+        &self,
+        started: Started,
+        req: &ChatRequest,
+        result: &Result<ChatResponse, BridgeError>,
+        attempts: &Attempts,
+    ) -> SubCallMetadata {
         let Started {
             index: call_index,
             at_ms: started_at_ms,
@@ -454,7 +598,7 @@ impl Shared {
             .config
             .price
             .map(|p| p.cost(usage.prompt_tokens, usage.completion_tokens));
-        let record = SubCallMetadata {
+        SubCallMetadata {
             call_index,
             endpoint: self.config.name.clone(),
             model: req
@@ -475,9 +619,8 @@ impl Shared {
             error,
             error_kind,
             session,
-        };
-        self.ledger.record(record.clone());
-        record
+            cache: None,
+        }
     }
 }
 
@@ -512,6 +655,7 @@ pub struct Endpoints {
     by_name: HashMap<String, Arc<Endpoint>>,
     order: Vec<String>,
     ledger: Arc<Ledger>,
+    record: Arc<SubCallRecord>,
 }
 
 impl fmt::Debug for Endpoints {
@@ -528,6 +672,7 @@ impl Endpoints {
     pub fn new(configs: Vec<EndpointConfig>, ledger: Arc<Ledger>) -> Result<Self, BridgeError> {
         let mut by_name = HashMap::with_capacity(configs.len());
         let mut order = Vec::with_capacity(configs.len());
+        let record = Arc::new(SubCallRecord::default());
         for config in configs {
             let name = config.name.clone();
             if by_name.contains_key(&name) {
@@ -535,7 +680,10 @@ impl Endpoints {
                     "two endpoints are named `{name}`; endpoint names must be unique"
                 )));
             }
-            let endpoint = Endpoint::new(config, Arc::clone(&ledger))?;
+            config.validate()?;
+            let client = Endpoint::client_for(&config)?;
+            let endpoint =
+                Endpoint::with_record(config, client, Arc::clone(&ledger), Arc::clone(&record))?;
             by_name.insert(name.clone(), Arc::new(endpoint));
             order.push(name);
         }
@@ -543,6 +691,7 @@ impl Endpoints {
             by_name,
             order,
             ledger,
+            record,
         })
     }
 
@@ -565,5 +714,10 @@ impl Endpoints {
     /// The ledger all endpoints record into.
     pub fn ledger(&self) -> &Arc<Ledger> {
         &self.ledger
+    }
+
+    /// The record of sub-call answers all endpoints share (the sub-call cache).
+    pub fn sub_calls(&self) -> &Arc<SubCallRecord> {
+        &self.record
     }
 }

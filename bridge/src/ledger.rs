@@ -47,6 +47,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Price;
 use crate::error::{BudgetExceeded, BudgetLimit, FailureKind};
+use crate::record::CacheUse;
 
 /// What one model call did, recorded whether it succeeded or not.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -88,6 +89,10 @@ pub struct SubCallMetadata {
     /// ([`CallOptions::session`](crate::CallOptions::session)), if a session did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<u64>,
+    /// Set when the run's sub-call record answered the call without a request (`hit`), or
+    /// after waiting for the same call in flight (`joined`): no tokens, no cost, no budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<CacheUse>,
 }
 
 /// Limits on the calls of one ledger; `None` means unlimited.
@@ -137,8 +142,11 @@ impl BudgetNames {
 /// Aggregated usage of one model (or of everything, for [`Ledger::totals`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelUsage {
-    /// Calls recorded (failed and refused ones included).
+    /// Calls recorded (failed, refused and cached ones included).
     pub calls: u64,
+    /// Calls answered from the run's sub-call record, without a request.
+    #[serde(default)]
+    pub cache_hits: u64,
     /// Calls that ended in an error.
     pub errors: u64,
     /// Input tokens.
@@ -156,6 +164,9 @@ impl ModelUsage {
     // Token counts come from servers, so every sum saturates rather than overflows.
     fn add(&mut self, m: &SubCallMetadata) {
         self.calls = self.calls.saturating_add(1);
+        self.cache_hits = self
+            .cache_hits
+            .saturating_add(u64::from(m.cache.is_some()));
         self.errors = self.errors.saturating_add(u64::from(m.error.is_some()));
         self.prompt_tokens = self.prompt_tokens.saturating_add(m.prompt_tokens);
         self.completion_tokens = self.completion_tokens.saturating_add(m.completion_tokens);
@@ -165,6 +176,7 @@ impl ModelUsage {
 
     fn merge(&mut self, o: &ModelUsage) {
         self.calls = self.calls.saturating_add(o.calls);
+        self.cache_hits = self.cache_hits.saturating_add(o.cache_hits);
         self.errors = self.errors.saturating_add(o.errors);
         self.prompt_tokens = self.prompt_tokens.saturating_add(o.prompt_tokens);
         self.completion_tokens = self.completion_tokens.saturating_add(o.completion_tokens);
@@ -722,6 +734,7 @@ mod tests {
                 error: None,
                 error_kind: None,
                 session,
+                cache: None,
             });
         }
         let of = |session, since| -> Vec<u64> {

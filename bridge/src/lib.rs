@@ -11,9 +11,11 @@
 //! - [`Endpoint::batch`] ([`batch`]): ordered, bounded fan-out with a result per slot.
 //! - [`client`]: one HTTP attempt in the OpenAI or Anthropic wire format, over the process-wide
 //!   [`shared_http_client`].
-//! - [`ledger`]: [`SubCallMetadata`] per call, usage per model, cost, and the [`Budget`].
-//! - [`record`]: answers of sub-calls keyed by what was asked (model, messages, settings), for
-//!   answering the same calls again without a model call (a crashed worker's replay).
+//! - [`ledger`]: [`SubCallMetadata`] per call, usage per model, cost, and the [`Budget`]
+//!   (one for a whole tree of runs).
+//! - [`record`]: the run's [`SubCallRecord`] of sub-call answers keyed by what was asked
+//!   (model, messages, settings): the sub-call cache, and what a crashed worker's blocks are
+//!   replayed from.
 //! - [`secret`]: API keys held as [`Secret`]s (read once, kept after their variables are
 //!   gone) and the [`Redactor`] of every secret the process knows. No model receives a known
 //!   secret: [`Endpoint::call`] redacts each request's messages before sending it.
@@ -78,5 +80,6 @@ pub use endpoint::{CallOptions, Endpoint, Endpoints, RecordedCall};
 pub use error::{BridgeError, BudgetExceeded, BudgetLimit, FailureKind};
 pub use ledger::{Budget, BudgetNames, Ledger, ModelUsage, SubCallMetadata, add_cost};
 pub use limiter::{AdaptiveLimit, LimiterStats};
+pub use record::{AnswerRef, CacheUse, RecordKey, SubCallRecord};
 pub use secret::{REDACTED, Redactor, Secret};
 pub use tokio_util::sync::CancellationToken;

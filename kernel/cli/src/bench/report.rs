@@ -310,6 +310,7 @@ mod tests {
             error: error.map(|k| k.name().to_owned()),
             error_kind: error,
             session: None,
+            cache: None,
         }
     }
 

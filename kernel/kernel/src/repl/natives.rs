@@ -188,11 +188,13 @@ impl SubModelBridge {
         }
     }
 
-    /// The options of a sub-call made now: the current block's cancellation, this session.
+    /// The options of a sub-call made now: the current block's cancellation, this session,
+    /// through the run's record of sub-call answers.
     fn call_options(&self) -> CallOptions {
         CallOptions {
             cancel: self.cell_token(),
             session: Some(self.session),
+            sub_call: true,
             ..CallOptions::default()
         }
     }

@@ -225,6 +225,7 @@ mod tests {
             error: None,
             error_kind: None,
             session: None,
+            cache: None,
         }
     }
 

@@ -165,8 +165,11 @@ impl ExecutionMetadata {
 /// One model's calls, tokens, cost and latency in a run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelMetrics {
-    /// Calls made (including failed ones).
+    /// Calls made (including failed ones, and those the sub-call cache answered).
     pub calls: u64,
+    /// Calls answered from the run's sub-call record without a request.
+    #[serde(default)]
+    pub cache_hits: u64,
     /// Calls that failed.
     pub errors: u64,
     /// Prompt tokens.
@@ -186,6 +189,7 @@ impl ModelMetrics {
     /// Adds one call record.
     pub fn add(&mut self, call: &SubCallMetadata) {
         self.calls += 1;
+        self.cache_hits += u64::from(call.cache.is_some());
         self.errors += u64::from(call.error.is_some());
         self.prompt_tokens += call.prompt_tokens;
         self.completion_tokens += call.completion_tokens;
@@ -210,6 +214,10 @@ pub struct SessionMetrics {
     pub sub_calls: u64,
     /// Sub-model calls that failed.
     pub sub_call_errors: u64,
+    /// Sub-model calls the run's sub-call record answered without a request (an identical
+    /// call asked before, or in flight at the same time).
+    #[serde(default)]
+    pub sub_call_cache_hits: u64,
     /// Root-model calls, including the "answer now" call.
     pub root_calls: u64,
     /// Wall-clock time of the run, in milliseconds.

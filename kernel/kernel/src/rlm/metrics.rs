@@ -65,6 +65,7 @@ impl Hook for MetricsHook {
     fn on_sub_call(&mut self, _iteration: u32, call: &SubCallMetadata) {
         self.metrics.sub_calls += 1;
         self.metrics.sub_call_errors += u64::from(call.error.is_some());
+        self.metrics.sub_call_cache_hits += u64::from(call.cache.is_some());
         self.metrics.add_call(call);
     }
 

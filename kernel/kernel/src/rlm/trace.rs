@@ -225,13 +225,16 @@ pub fn failure(error: &RunError) -> String {
     format!("  ✗ {}\n", error.message)
 }
 
-/// Sub-calls by how they ended: sent (and of those, failed) or refused before sending.
+/// Sub-calls by how they ended: sent (and of those, failed), answered by the sub-call cache,
+/// or refused before sending.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SubCallCounts {
     /// Calls that reached the server (at least one HTTP attempt).
     pub sent: usize,
     /// Sent calls that failed.
     pub failed: usize,
+    /// Calls the run's sub-call record answered (an identical call was asked before).
+    pub cached: usize,
     /// Calls never sent: refused by a budget, or cancelled before their first attempt.
     pub refused: usize,
 }
@@ -241,7 +244,9 @@ impl SubCallCounts {
     pub fn of<'a>(calls: impl IntoIterator<Item = &'a SubCallMetadata>) -> Self {
         let mut counts = Self::default();
         for call in calls {
-            if call.attempts == 0 && call.error.is_some() {
+            if call.cache.is_some() {
+                counts.cached += 1;
+            } else if call.attempts == 0 && call.error.is_some() {
                 counts.refused += 1;
             } else {
                 counts.sent += 1;
@@ -257,6 +262,9 @@ impl std::fmt::Display for SubCallCounts {
         write!(f, "{} sub-call(s) sent", self.sent)?;
         if self.failed > 0 {
             write!(f, " ({} failed)", self.failed)?;
+        }
+        if self.cached > 0 {
+            write!(f, ", {} answered by the cache", self.cached)?;
         }
         if self.refused > 0 {
             write!(f, ", {} refused before sending", self.refused)?;
