@@ -125,6 +125,10 @@ pub struct EndpointConfig {
     /// endpoints do; a root model's calls are iterations, limited elsewhere, so its endpoint
     /// sets this to `false` and still counts against the token and USD limits.
     pub counts_toward_call_budget: bool,
+    /// The model's context window in tokens, when known better than the bridge's table of
+    /// well-known models and the server's listing ([`crate::window`]); sub-calls that cannot
+    /// fit it are refused before sending.
+    pub context_window: Option<u64>,
     /// How error messages name this endpoint's settings (default: its own field names).
     pub settings: SettingNames,
 }
@@ -212,6 +216,7 @@ impl Default for EndpointConfig {
             price: None,
             params: SamplingParams::default(),
             counts_toward_call_budget: true,
+            context_window: None,
             settings: SettingNames::default(),
         }
     }

@@ -31,6 +31,7 @@ use crate::ledger::{CallEstimate, Claim, Ledger, Reservation, SubCallMetadata};
 use crate::record::{Answer, AnswerRef, CacheUse, RecordKey, SubCallRecord, Turn};
 use crate::limiter::{Limiter, LimiterStats, Outcome};
 use crate::secret;
+use crate::window::{LOOKUP_FLOOR, WindowSource, known_window};
 
 /// Per-call options.
 #[derive(Debug, Clone, Default)]
@@ -62,6 +63,8 @@ pub(crate) struct Shared {
     ledger: Arc<Ledger>,
     /// The run's record of sub-call answers (shared by an [`Endpoints`] registry).
     record: Arc<SubCallRecord>,
+    /// The window the server's model listing gives, asked once ([`crate::window`]).
+    listed_window: tokio::sync::OnceCell<Option<u64>>,
 }
 
 impl fmt::Debug for Endpoint {
@@ -109,6 +112,7 @@ impl Endpoint {
                 client,
                 ledger,
                 record,
+                listed_window: tokio::sync::OnceCell::new(),
             }),
         })
     }
@@ -473,6 +477,9 @@ impl Shared {
         if cancel.is_cancelled() {
             return Err(BridgeError::Cancelled);
         }
+        if opts.sub_call {
+            self.check_window(req).await?;
+        }
         let claim = Claim {
             estimate: CallEstimate::new(
                 req.prompt_chars(),
@@ -531,6 +538,36 @@ impl Shared {
 
     /// The `max_tokens` the request goes out with, if any: the request's, else the endpoint's
     /// default, a number in `extra` winning over both as it does on the wire.
+    /// Refuses `req` when its estimate cannot fit the model's context window, if that is
+    /// known (see [`crate::window`]).
+    async fn check_window(&self, req: &ChatRequest) -> Result<(), BridgeError> {
+        let model = req.model.as_deref().unwrap_or(&self.config.model);
+        let prompt_tokens = (req.prompt_chars() as u64).div_ceil(4);
+        let max_tokens = self.max_tokens(req);
+        let needed = prompt_tokens.saturating_add(max_tokens.unwrap_or(0));
+        let known = match (self.config.context_window, known_window(model)) {
+            (Some(window), _) => Some((window, WindowSource::Setting)),
+            (None, Some(window)) => Some((window, WindowSource::KnownModel)),
+            (None, None) if needed > LOOKUP_FLOOR && req.model.is_none() => self
+                .listed_window
+                .get_or_init(|| self.client.listed_context_window(model))
+                .await
+                .map(|window| (window, WindowSource::Server)),
+            (None, None) => None,
+        };
+        match known {
+            Some((window, source)) if needed > window => Err(BridgeError::ContextWindow {
+                endpoint: self.config.name.clone(),
+                model: model.to_owned(),
+                prompt_tokens,
+                max_tokens,
+                window,
+                known_from: source,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     fn max_tokens(&self, req: &ChatRequest) -> Option<u64> {
         let extra = req
             .params

@@ -96,6 +96,31 @@ pub enum BridgeError {
     /// The call was cancelled (by its token) before it finished.
     #[error("The call was cancelled before it finished")]
     Cancelled,
+    /// The prompt plus the reply's `max_tokens` cannot fit the model's context window; the
+    /// call was not sent.
+    #[error(
+        "Prompt of ~{} tokens{} does not fit `{model}`'s {} window ({}); split it into pieces \
+         of under ~{} characters",
+        crate::window::short_tokens(*.prompt_tokens),
+        .max_tokens.map(|m| format!(" plus {} for the reply", crate::window::short_tokens(m))).unwrap_or_default(),
+        crate::window::short_tokens(*.window),
+        .known_from.describe(),
+        crate::window::short_tokens(.window.saturating_sub(.max_tokens.unwrap_or(0)).saturating_mul(4) * 9 / 10)
+    )]
+    ContextWindow {
+        /// Endpoint name.
+        endpoint: String,
+        /// The model.
+        model: String,
+        /// The prompt's estimated tokens.
+        prompt_tokens: u64,
+        /// The reply's `max_tokens`, if set.
+        max_tokens: Option<u64>,
+        /// The model's window, in tokens.
+        window: u64,
+        /// Where the window came from.
+        known_from: crate::window::WindowSource,
+    },
     /// No endpoint has this name.
     #[error("Unknown endpoint `{name}`; known endpoints: {}", list_names(.known))]
     UnknownEndpoint {
@@ -151,6 +176,7 @@ impl BridgeError {
             Self::Decode { .. } => FailureKind::Decode,
             Self::Budget(exceeded) => FailureKind::Budget(exceeded.limit),
             Self::Cancelled => FailureKind::Cancelled,
+            Self::ContextWindow { .. } => FailureKind::ContextWindow,
             Self::UnknownEndpoint { .. } => FailureKind::UnknownEndpoint,
             Self::Config(_) => FailureKind::Config,
             Self::InvalidRequest(_) => FailureKind::InvalidRequest,
@@ -227,6 +253,8 @@ pub enum FailureKind {
     Budget(BudgetLimit),
     /// `cancelled`.
     Cancelled,
+    /// `context_window`: the prompt cannot fit the model's context window; not sent.
+    ContextWindow,
     /// `unknown_endpoint`.
     UnknownEndpoint,
     /// `config`: the endpoint configuration is unusable.
@@ -239,7 +267,7 @@ pub enum FailureKind {
 
 impl FailureKind {
     /// Every kind, in a stable order.
-    pub const ALL: [FailureKind; 22] = [
+    pub const ALL: [FailureKind; 23] = [
         Self::Connect,
         Self::Network,
         Self::Timeout,
@@ -258,6 +286,7 @@ impl FailureKind {
         Self::Budget(BudgetLimit::Usd),
         Self::Budget(BudgetLimit::Iterations),
         Self::Cancelled,
+        Self::ContextWindow,
         Self::UnknownEndpoint,
         Self::Config,
         Self::InvalidRequest,
@@ -285,6 +314,7 @@ impl FailureKind {
             Self::Budget(BudgetLimit::Usd) => "budget_max_usd",
             Self::Budget(BudgetLimit::Iterations) => "budget_max_iterations",
             Self::Cancelled => "cancelled",
+            Self::ContextWindow => "context_window",
             Self::UnknownEndpoint => "unknown_endpoint",
             Self::Config => "config",
             Self::InvalidRequest => "invalid_request",

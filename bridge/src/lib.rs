@@ -16,6 +16,8 @@
 //! - [`record`]: the run's [`SubCallRecord`] of sub-call answers keyed by what was asked
 //!   (model, messages, settings): the sub-call cache, and what a crashed worker's blocks are
 //!   replayed from.
+//! - [`window`]: the context-window check of sub-calls (a setting, a table of well-known
+//!   models, or the server's model listing).
 //! - [`secret`]: API keys held as [`Secret`]s (read once, kept after their variables are
 //!   gone) and the [`Redactor`] of every secret the process knows. No model receives a known
 //!   secret: [`Endpoint::call`] redacts each request's messages before sending it.
@@ -62,6 +64,7 @@ pub mod limiter;
 pub mod record;
 pub mod retry;
 pub mod secret;
+pub mod window;
 
 #[cfg(feature = "mock")]
 pub mod mock;

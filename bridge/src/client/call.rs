@@ -195,6 +195,11 @@ impl<P: Protocol> WireClient<P> {
         })
     }
 
+    /// `model`'s window as the server's model listing gives it.
+    pub(crate) async fn listed_context_window(&self, model: &str) -> Option<u64> {
+        self.transport.listed_context_window(model).await
+    }
+
     /// Send `req` and read the whole answer.
     pub(crate) async fn chat(&self, req: &ChatRequest) -> Result<ChatResponse, BridgeError> {
         let body = self.protocol.body(req, &self.defaults, false)?;

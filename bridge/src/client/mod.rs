@@ -47,6 +47,10 @@ macro_rules! wire_client {
             ) -> Result<crate::chat::ChatResponse, crate::error::BridgeError> {
                 self.0.chat_stream(req, on_delta).await
             }
+
+            async fn listed_context_window(&self, model: &str) -> Option<u64> {
+                self.0.listed_context_window(model).await
+            }
         }
     };
 }
@@ -92,6 +96,12 @@ pub trait LmClient: Send + Sync + std::fmt::Debug {
         req: &ChatRequest,
         on_delta: &mut (dyn for<'s> FnMut(&'s str) + Send),
     ) -> Result<ChatResponse, BridgeError>;
+
+    /// `model`'s context window in tokens, as the server's model listing gives it
+    /// ([`crate::window::listed_window`]); `None` when it does not say (the default).
+    async fn listed_context_window(&self, _model: &str) -> Option<u64> {
+        None
+    }
 }
 
 /// The process-wide HTTP client: keep-alive pool, `TCP_NODELAY`, HTTP/2 where TLS offers
@@ -121,6 +131,8 @@ pub(crate) struct Transport {
     /// How messages name the settings of the endpoint.
     settings: SettingNames,
     url: String,
+    /// `GET` here lists the server's models (`{base_url}/models`).
+    models_url: String,
     /// `url` parsed once; reqwest takes a `Url` without re-parsing it.
     parsed_url: reqwest::Url,
     headers: HeaderMap,
@@ -232,6 +244,7 @@ impl Transport {
         Ok(Self {
             endpoint: config.name.clone(),
             url,
+            models_url: join_url(&config.base_url, "models"),
             parsed_url: parsed,
             headers,
             timeout: config.timeout,
@@ -241,6 +254,28 @@ impl Transport {
             settings: config.settings.clone(),
             http: shared_http_client(),
         })
+    }
+
+    /// `model`'s window as the server's model listing gives it; `None` when the listing
+    /// fails, is not JSON or does not say (a few seconds at most: it is only a hint).
+    pub(crate) async fn listed_context_window(&self, model: &str) -> Option<u64> {
+        let mut headers = self.headers.clone();
+        headers.remove(CONTENT_TYPE);
+        let response = self
+            .http
+            .get(&self.models_url)
+            .headers(headers)
+            .timeout(self.timeout.min(Duration::from_secs(5)))
+            .send()
+            .await
+            .ok()?;
+        if !response.status().is_success() {
+            return None;
+        }
+        // A listing is small; one far over this is not a listing worth reading.
+        let body = read_capped(response, 4 << 20).await?;
+        let listing: serde_json::Value = serde_json::from_slice(&body).ok()?;
+        crate::window::listed_window(&listing, model)
     }
 
     /// POST `body` and wait for a 2xx status; error statuses become [`BridgeError`]s.
@@ -568,6 +603,19 @@ fn snippet(s: &str, max_chars: usize) -> String {
 }
 
 /// Join a base URL and a path with exactly one slash between them.
+/// The body of `response`, unless it is longer than `limit` bytes or breaks off.
+async fn read_capped(response: reqwest::Response, limit: usize) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        body.extend_from_slice(&chunk.ok()?);
+        if body.len() > limit {
+            return None;
+        }
+    }
+    Some(body)
+}
+
 pub(crate) fn join_url(base: &str, path: &str) -> String {
     format!(
         "{}/{}",

@@ -125,6 +125,10 @@
 //! of them). A group that did not participate renders empty. A placeholder naming nothing
 //! known stays verbatim, so code such as `f"{{x}}"` survives.
 //!
+//! **Context window** per model: `"context_window": 8192` makes `GET /v1/models` list the
+//! model with `"max_model_len": 8192`, as vLLM does (the bridge's context-window check reads
+//! it).
+//!
 //! **Latency** per model: `"latency"` takes the same JSON as [`Latency`] and overrides the
 //! server-wide setting for that model.
 //!

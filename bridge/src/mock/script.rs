@@ -32,6 +32,7 @@ struct ModelScript {
     replies: Vec<Reply>,
     fallback: Option<Reply>,
     latency: Option<Latency>,
+    context_window: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -237,6 +238,12 @@ impl Script {
     /// Per-model latency override, if the script sets one.
     pub(crate) fn latency_for(&self, model: &str) -> Option<&Latency> {
         self.model_script(model).and_then(|m| m.latency.as_ref())
+    }
+
+    /// The context window `GET /v1/models` lists for `model` (as vLLM's `max_model_len`), if
+    /// the script sets one.
+    pub(crate) fn context_window_for(&self, model: &str) -> Option<u64> {
+        self.inner.models.get(model).and_then(|m| m.context_window)
     }
 
     /// Chooses and renders the reply: rules (first match) → `replies[turn]` → `fallback` →
@@ -461,6 +468,8 @@ struct ModelSpec {
     fallback: Option<Value>,
     #[serde(default)]
     latency: Option<Latency>,
+    #[serde(default)]
+    context_window: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -563,6 +572,7 @@ fn compile_model(spec: ModelSpec, path: &str) -> Result<ModelScript, String> {
         replies,
         fallback,
         latency: spec.latency,
+        context_window: spec.context_window,
     })
 }
 

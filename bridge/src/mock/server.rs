@@ -245,6 +245,8 @@ async fn list_models(State(st): State<Arc<ServerState>>, req: Request) -> Respon
         object: &'static str,
         created: u64,
         owned_by: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        max_model_len: Option<u64>,
     }
     let names = st.script.model_names();
     let names: Vec<&str> = if names.is_empty() {
@@ -261,6 +263,7 @@ async fn list_models(State(st): State<Arc<ServerState>>, req: Request) -> Respon
                 object: "model",
                 created: 0,
                 owned_by: "rlm-mock",
+                max_model_len: st.script.context_window_for(id),
             })
             .collect(),
     };

@@ -25,6 +25,7 @@ use super::error::ReplError;
 use super::interpreter::{self, interpreter, without_gil};
 use super::interrupt::{BlockEvents, Watchdog};
 use super::metadata::{ContextMetadata, ExecutionResult, VariableInfo};
+use super::children::{ChildSlot, RlmQuery, RlmQueryBatched};
 use super::natives::{LlmQuery, LlmQueryBatched, SubCallRoute, SubModelBridge};
 use super::source::{ContextInput, LoadOptions};
 
@@ -98,6 +99,8 @@ pub(crate) struct LocalSession {
     py_session: Py<PyAny>,
     thread: Option<JoinHandle<()>>,
     thread_done: Mutex<Receiver<()>>,
+    /// Who runs the session's `rlm_query` children (set by the loop that owns the session).
+    children: Arc<ChildSlot>,
 }
 
 static NEXT_SESSION_ID: AtomicU64 = AtomicU64::new(1);
@@ -127,9 +130,11 @@ impl LocalSession {
         let (jobs, job_rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
         let (done_tx, thread_done) = mpsc::channel();
+        let children = Arc::new(ChildSlot::default());
         let init = SessionInit {
             id,
             config: config.clone(),
+            children: Arc::clone(&children),
             route,
             contexts: contexts.to_vec(),
             load,
@@ -190,7 +195,13 @@ impl LocalSession {
             py_session,
             thread: Some(thread),
             thread_done: Mutex::new(thread_done),
+            children,
         })
+    }
+
+    /// Where the session's natives find who runs `rlm_query` children.
+    pub(crate) fn children(&self) -> &Arc<ChildSlot> {
+        &self.children
     }
 
     /// Run one code block. `Err` only if the kernel itself broke; a Python exception, a
@@ -403,6 +414,7 @@ pub(crate) fn pop_result(module: &str, token: u64) -> Result<Option<String>, Rep
 struct SessionInit {
     id: u64,
     config: SessionConfig,
+    children: Arc<ChildSlot>,
     route: SubCallRoute,
     contexts: Vec<ContextInput>,
     load: LoadOptions,
@@ -551,12 +563,30 @@ impl SessionState {
             },
         )
         .map_err(fail)?;
+        let rlm_query = Bound::new(
+            py,
+            RlmQuery {
+                bridge: Arc::clone(&bridge),
+                slot: Arc::clone(&init.children),
+            },
+        )
+        .map_err(fail)?;
+        let rlm_query_batched = Bound::new(
+            py,
+            RlmQueryBatched {
+                bridge: Arc::clone(&bridge),
+                slot: Arc::clone(&init.children),
+            },
+        )
+        .map_err(fail)?;
         let answer = support
             .getattr("AnswerDict")
             .and_then(|c| c.call1((&py_session,)))
             .map_err(fail)?;
         reserved.push(("llm_query".to_owned(), llm_query.into_any()));
         reserved.push(("llm_query_batched".to_owned(), llm_query_batched.into_any()));
+        reserved.push(("rlm_query".to_owned(), rlm_query.into_any()));
+        reserved.push(("rlm_query_batched".to_owned(), rlm_query_batched.into_any()));
         reserved.push(("answer".to_owned(), answer.clone()));
         reserved.push(("LlmQueryError".to_owned(), error_class));
         let names: Vec<&str> = reserved

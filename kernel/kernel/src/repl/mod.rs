@@ -128,6 +128,7 @@
 
 mod capture;
 mod config;
+mod children;
 mod context;
 mod detect;
 mod error;
@@ -144,6 +145,8 @@ pub mod worker;
 
 pub use bridge::{Endpoints, Ledger, SubCallMetadata};
 pub use config::{Isolation, OnCrash, SessionConfig, UnknownIsolation, UnknownOnCrash};
+pub(crate) use children::{ChildAnswer, ChildQuery, ChildRunner};
+pub(crate) use natives::SubFailure;
 pub use error::{NameProblem, PythonHost, ReplError, RowProblem};
 pub use metadata::{
     BinaryKind, Compression, ContextKind, ContextMetadata, ExecError, ExecutionResult, FinalAnswer,

@@ -250,6 +250,50 @@ impl SubModelBridge {
         )
     }
 
+    /// The running block's cancellation token (children stop with the block).
+    pub(crate) fn current_cell_token(&self) -> CancellationToken {
+        self.cell_token()
+    }
+
+    /// The answers of `rlm_query_batched`'s children as the code gets them: a list in input
+    /// order with `"Error: ..."` for failed children, or `LlmQueryError` (with the list) when
+    /// the session raises and one failed.
+    pub(crate) fn child_answers<'py>(
+        &self,
+        py: Python<'py>,
+        answers: Vec<SubAnswer>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let n = answers.len();
+        let mut first_error: Option<(usize, SubFailure)> = None;
+        let mut failed = 0usize;
+        let mut texts = Vec::with_capacity(n);
+        for (i, answer) in answers.into_iter().enumerate() {
+            match answer {
+                Ok(text) => texts.push(text),
+                Err(failure) => {
+                    failed += 1;
+                    texts.push(format!("Error: {}", failure.message));
+                    if first_error.is_none() {
+                        first_error = Some((i, failure));
+                    }
+                }
+            }
+        }
+        let list = PyList::new(py, texts)?;
+        match (self.errors, first_error) {
+            (SubCallErrorMode::Raise, Some((i, failure))) => Err(self.error(
+                py,
+                format!(
+                    "{failed} of {n} child runs failed; the first (prompts[{i}]): {}",
+                    failure.message
+                ),
+                &failure.kind,
+                Some(list),
+            )),
+            _ => Ok(list),
+        }
+    }
+
     fn cell_token(&self) -> CancellationToken {
         match self.cell_token.lock() {
             Ok(guard) => guard.clone(),
@@ -262,7 +306,7 @@ impl SubModelBridge {
     }
 
     /// In a forked child the runtime's threads do not exist: a call would wait forever.
-    fn refuse_in_forked_child(&self, py: Python<'_>, function: &str) -> PyResult<()> {
+    pub(crate) fn refuse_in_forked_child(&self, py: Python<'_>, function: &str) -> PyResult<()> {
         if std::process::id() == self.pid {
             return Ok(());
         }
@@ -276,7 +320,8 @@ impl SubModelBridge {
         ))
     }
 
-    fn failure(&self, py: Python<'_>, failure: &SubFailure) -> PyResult<String> {
+    /// What a failed sub-call (or `rlm_query` child) gives the code, per the error mode.
+    pub(crate) fn failure(&self, py: Python<'_>, failure: &SubFailure) -> PyResult<String> {
         match self.errors {
             SubCallErrorMode::ReturnString => Ok(format!("Error: {}", failure.message)),
             SubCallErrorMode::Raise => {
@@ -349,7 +394,10 @@ impl SubModelBridge {
     }
 }
 
-fn extract_model(model: Option<&Bound<'_, PyAny>>, function: &str) -> PyResult<Option<String>> {
+pub(crate) fn extract_model(
+    model: Option<&Bound<'_, PyAny>>,
+    function: &str,
+) -> PyResult<Option<String>> {
     match model {
         None => Ok(None),
         Some(m) if m.is_none() => Ok(None),
@@ -387,7 +435,7 @@ pub(crate) struct LlmQuery {
 #[pymethods]
 impl LlmQuery {
     #[pyo3(signature = (prompt, model=None))]
-    fn __call__(
+    pub(crate) fn __call__(
         &self,
         py: Python<'_>,
         prompt: &Bound<'_, PyAny>,
@@ -430,7 +478,7 @@ pub(crate) struct LlmQueryBatched {
 #[pymethods]
 impl LlmQueryBatched {
     #[pyo3(signature = (prompts, model=None))]
-    fn __call__<'py>(
+    pub(crate) fn __call__<'py>(
         &self,
         py: Python<'py>,
         prompts: &Bound<'py, PyAny>,

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
+use super::children::ChildRunner;
 use super::config::SessionConfig;
 use super::error::ReplError;
 use super::interpreter;
@@ -226,6 +227,16 @@ impl ReplSession {
     /// The session's configuration.
     pub fn config(&self) -> &SessionConfig {
         &self.config
+    }
+
+    /// Sets who runs the `rlm_query` children of this session's code (`None`: `rlm_query`
+    /// runs as `llm_query`, see [`super::children`]). The RLM loop sets its runner for a run
+    /// and takes it away after. In a worker, the children are still run here, by the parent.
+    pub(crate) fn set_children(&self, runner: Option<Arc<dyn ChildRunner>>) {
+        match &self.backend {
+            Backend::Local(local) => local.children().set(runner),
+            Backend::Worker(worker) => worker.children().set(runner),
+        }
     }
 
     /// A process-unique number of this session (1 for the first).

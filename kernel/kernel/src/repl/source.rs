@@ -23,6 +23,8 @@ pub const RESERVED_NAMES: &[&str] = &[
     "context",
     "llm_query",
     "llm_query_batched",
+    "rlm_query",
+    "rlm_query_batched",
     "FINAL_VAR",
     "SHOW_VARS",
     "answer",

@@ -81,6 +81,7 @@ mod tests {
                 final_answers: final_answer.into_iter().collect(),
                 ..empty_result()
             },
+            children: Vec::new(),
         }
     }
 

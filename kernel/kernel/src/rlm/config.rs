@@ -30,6 +30,10 @@ pub struct RlmConfig {
     pub feedback: FeedbackConfig,
     /// System prompt override, extension, sub-model window.
     pub prompts: PromptConfig,
+    /// Levels of RLM runs in the tree, the root's included: at 1 (the default) `rlm_query`
+    /// behaves as `llm_query`; at 2 the root's `rlm_query` starts child runs, whose own
+    /// `rlm_query` behaves as `llm_query`; and so on.
+    pub max_depth: u32,
 }
 
 impl Default for RlmConfig {
@@ -43,6 +47,7 @@ impl Default for RlmConfig {
             completion: CompletionRules::default(),
             feedback: FeedbackConfig::default(),
             prompts: PromptConfig::default(),
+            max_depth: 1,
         }
     }
 }

@@ -7,6 +7,7 @@ use bridge::{BudgetLimit, CancellationToken};
 
 use super::blocks::{BlockRun, CodeBlock};
 use super::hooks::{Hook, HookAction};
+use super::tree::{ChildRuns, budget_stop_message};
 use crate::repl::{ExecutionResult, ReplError, ReplSession};
 
 /// Why the executor stopped before the last block.
@@ -41,6 +42,8 @@ pub struct ExecutedReply {
 pub struct CodeExecutor {
     session: Arc<ReplSession>,
     stop: CancellationToken,
+    /// The run's `rlm_query` children, when its depth allows them.
+    children: Option<Arc<ChildRuns>>,
 }
 
 impl CodeExecutor {
@@ -57,7 +60,17 @@ impl CodeExecutor {
     /// An executor whose blocks stop when `stop` is cancelled (the run's stop token): a stop
     /// that arrives while a block starts is never lost.
     pub fn with_stop(session: Arc<ReplSession>, stop: CancellationToken) -> Self {
-        Self { session, stop }
+        Self {
+            session,
+            stop,
+            children: None,
+        }
+    }
+
+    /// The same executor, attaching the children `runner` ran to the block that started them.
+    pub(crate) fn with_children(mut self, runner: Option<Arc<ChildRuns>>) -> Self {
+        self.children = runner;
+        self
     }
 
     /// Runs one block.
@@ -147,17 +160,38 @@ impl CodeExecutor {
                     };
                 }
             };
-            let mut run = BlockRun { block, result };
+            let children = self
+                .children
+                .as_ref()
+                .map(|runner| runner.take())
+                .unwrap_or_default();
+            let mut run = BlockRun {
+                block,
+                result,
+                children,
+            };
             hooks.after_block(iteration, &mut run);
             for call in &run.result.sub_calls {
                 hooks.on_sub_call(iteration, call);
             }
-            let refusal = run.result.sub_calls.iter().find_map(|c| {
-                Some(ExecutionStop::Budget {
-                    limit: c.error_kind?.budget_limit()?,
-                    message: c.error.clone().unwrap_or_default(),
+            let refusal = run
+                .result
+                .sub_calls
+                .iter()
+                .find_map(|c| {
+                    Some(ExecutionStop::Budget {
+                        limit: c.error_kind?.budget_limit()?,
+                        message: c.error.clone().unwrap_or_default(),
+                    })
                 })
-            });
+                .or_else(|| {
+                    run.children.iter().find_map(|node| {
+                        Some(ExecutionStop::Budget {
+                            limit: node.budget_limit()?,
+                            message: budget_stop_message(node, iteration, run.block.index),
+                        })
+                    })
+                });
             runs.push(run);
             if let Some(stop) = refusal {
                 return ExecutedReply {

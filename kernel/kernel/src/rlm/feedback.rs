@@ -194,6 +194,7 @@ mod tests {
                 code: "...".into(),
             },
             result,
+            children: Vec::new(),
         }
     }
 

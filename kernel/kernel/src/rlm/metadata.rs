@@ -10,6 +10,7 @@ use super::blocks::BlockRun;
 use super::blocks::CodeBlock;
 use super::feedback::truncate_middle;
 use super::final_answer::{FinalKind, FinalNote};
+use super::tree::ChildRun;
 use crate::repl::{ContextMetadata, ExecError, SubCallText};
 use bridge::{BudgetLimit, SubCallMetadata, add_cost};
 
@@ -186,6 +187,18 @@ pub struct ModelMetrics {
 }
 
 impl ModelMetrics {
+    /// Adds another's totals.
+    pub fn merge(&mut self, other: &ModelMetrics) {
+        self.calls += other.calls;
+        self.cache_hits += other.cache_hits;
+        self.errors += other.errors;
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+        self.tokens_estimated |= other.tokens_estimated;
+        self.cost_usd += other.cost_usd;
+        self.latency_ms += other.latency_ms;
+    }
+
     /// Adds one call record.
     pub fn add(&mut self, call: &SubCallMetadata) {
         self.calls += 1;
@@ -220,19 +233,24 @@ pub struct SessionMetrics {
     pub sub_call_cache_hits: u64,
     /// Root-model calls, including the "answer now" call.
     pub root_calls: u64,
+    /// `rlm_query` child runs below this run, at every depth.
+    #[serde(default)]
+    pub child_runs: u64,
     /// Wall-clock time of the run, in milliseconds.
     pub total_ms: f64,
     /// Time spent waiting for the root model, in milliseconds.
     pub root_latency_ms: f64,
     /// Time spent running blocks, in milliseconds.
     pub execution_ms: f64,
-    /// Calls, tokens, cost and latency per model (root and sub-models).
+    /// Calls, tokens, cost and latency per model (root and sub-models), the `rlm_query`
+    /// children's included.
     pub models: BTreeMap<String, ModelMetrics>,
-    /// Prompt tokens over all models.
+    /// Prompt tokens over all models, the children's included.
     pub prompt_tokens: u64,
-    /// Completion tokens over all models.
+    /// Completion tokens over all models, the children's included.
     pub completion_tokens: u64,
-    /// Cost over all models, in USD; `None` when no price was given (unknown, not free).
+    /// Cost over all models, in USD, the children's included; `None` when no price was
+    /// given (unknown, not free).
     #[serde(default)]
     pub cost_usd: Option<f64>,
     /// Blocks that raised.
@@ -246,6 +264,18 @@ pub struct SessionMetrics {
 }
 
 impl SessionMetrics {
+    /// Adds a child run's totals: its runs, and its models, tokens and cost (which include
+    /// its own children's).
+    pub fn add_child(&mut self, child: &SessionMetrics) {
+        self.child_runs += 1 + child.child_runs;
+        for (model, usage) in &child.models {
+            self.models.entry(model.clone()).or_default().merge(usage);
+        }
+        self.prompt_tokens += child.prompt_tokens;
+        self.completion_tokens += child.completion_tokens;
+        self.cost_usd = add_cost(self.cost_usd, child.cost_usd);
+    }
+
     /// Adds a model call (root or sub) to the per-model and overall totals.
     pub fn add_call(&mut self, call: &SubCallMetadata) {
         self.models.entry(call.model.clone()).or_default().add(call);
@@ -294,6 +324,9 @@ pub struct BlockRecord {
     /// why, and how the session was restored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart: Option<crate::repl::WorkerRestart>,
+    /// The `rlm_query` child runs the block started: the nodes of the run tree below it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<ChildRun>,
 }
 
 impl BlockRecord {
@@ -322,6 +355,7 @@ impl BlockRecord {
                 crate::repl::FinalSource::FinalVar => FinalKind::FinalVar,
             }),
             restart: result.restart.clone(),
+            children: run.children.clone(),
         }
     }
 

@@ -60,6 +60,9 @@ impl Hook for MetricsHook {
         } else if result.error.is_some() {
             m.block_errors += 1;
         }
+        for child in &run.children {
+            m.add_child(&child.metrics);
+        }
     }
 
     fn on_sub_call(&mut self, _iteration: u32, call: &SubCallMetadata) {

@@ -124,6 +124,7 @@ mod runner;
 mod test_support;
 pub mod trace;
 mod trajectory;
+mod tree;
 mod view;
 
 pub use blocks::{BlockRun, CodeBlock, extract_code_blocks};
@@ -148,5 +149,6 @@ pub use progress::{Phase, Progress, ProgressHook, ProgressSnapshot};
 pub use prompts::{PromptConfig, Prompts, describe_contexts};
 pub use runner::{Rlm, RlmError, StopHandle};
 pub use trajectory::{TRAJECTORY_VERSION, TrajectoryWriter};
+pub use tree::ChildRun;
 pub(crate) use view::escape as escape_html;
 pub use view::{ViewError, render_trajectory_html};

@@ -36,6 +36,7 @@ const SUB_CALL_ERRORS_STRING: &str = include_str!("../../../../prompts/sub_call_
 const SUB_CALL_ERRORS_RAISE: &str = include_str!("../../../../prompts/sub_call_errors_raise.md");
 const SUB_MODELS_ONE: &str = include_str!("../../../../prompts/sub_models_one.md");
 const SUB_MODELS_MANY: &str = include_str!("../../../../prompts/sub_models_many.md");
+const RLM_QUERY: &str = include_str!("../../../../prompts/rlm_query.md");
 
 /// Columns of a table context listed by name in the description.
 const MAX_LISTED_COLUMNS: usize = 40;
@@ -74,6 +75,8 @@ pub struct Prompts {
     default_sub: String,
     /// Endpoints the code may name with `model=`, with their model names.
     sub_models: Vec<(String, String)>,
+    /// Whether the code may start `rlm_query` children (the system prompt says so only then).
+    children: bool,
 }
 
 impl Prompts {
@@ -94,6 +97,7 @@ impl Prompts {
             sub_call_errors: session.sub_call_errors,
             default_sub: session.sub_endpoint,
             sub_models: Vec::new(),
+            children: false,
         }
     }
 
@@ -103,6 +107,13 @@ impl Prompts {
         self.cell_timeout = session.cell_timeout;
         self.sub_call_errors = session.sub_call_errors;
         self.default_sub = session.sub_endpoint.clone();
+        self
+    }
+
+    /// Says whether the run's code may start `rlm_query` children: the system prompt
+    /// describes `rlm_query` only when it may.
+    pub fn with_children(mut self, children: bool) -> Self {
+        self.children = children;
         self
     }
 
@@ -116,18 +127,24 @@ impl Prompts {
     /// The system prompt's line on `model=`.
     fn sub_models_line(&self) -> String {
         let default = &self.default_sub;
-        if self.sub_models.iter().all(|(name, _)| name == default) {
-            return SUB_MODELS_ONE.to_owned();
+        let line = if self.sub_models.iter().all(|(name, _)| name == default) {
+            SUB_MODELS_ONE.to_owned()
+        } else {
+            let models: Vec<String> = self
+                .sub_models
+                .iter()
+                .map(|(name, model)| format!("`{name}` ({model})"))
+                .collect();
+            fill(
+                SUB_MODELS_MANY,
+                &[("models", &models.join(", ")), ("default", default)],
+            )
+        };
+        if self.children {
+            format!("{}\n{}", line.trim_end(), RLM_QUERY.trim_end())
+        } else {
+            line
         }
-        let models: Vec<String> = self
-            .sub_models
-            .iter()
-            .map(|(name, model)| format!("`{name}` ({model})"))
-            .collect();
-        fill(
-            SUB_MODELS_MANY,
-            &[("models", &models.join(", ")), ("default", default)],
-        )
     }
 
     /// The system prompt: the built-in text or the override, then the extension.

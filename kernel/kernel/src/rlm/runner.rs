@@ -39,7 +39,8 @@ use super::metadata::{
 };
 use super::metrics::MetricsHook;
 use super::prompts::Prompts;
-use crate::repl::{ContextMetadata, ReplSession};
+use super::tree::ChildRuns;
+use crate::repl::{ChildRunner, ContextMetadata, ReplSession};
 use bridge::{BridgeError, CancellationToken, ChatRequest, Endpoints, Message, SubCallMetadata};
 
 /// Errors that prevent a run from starting. Once a run started, every failure ends it with a
@@ -67,6 +68,8 @@ pub struct Rlm {
     session: Arc<ReplSession>,
     hooks: Hooks,
     stop: CancellationToken,
+    /// The run's depth in the tree of `rlm_query` runs: 0 for a root.
+    depth: u32,
 }
 
 /// Stops a runner's run from another thread (a Ctrl-C handler, a notebook's stop button).
@@ -111,13 +114,30 @@ impl std::fmt::Debug for Rlm {
 impl Rlm {
     /// A runner; the session holds the contexts, the registry holds `config.root_endpoint`.
     pub fn new(config: RlmConfig, endpoints: Arc<Endpoints>, session: Arc<ReplSession>) -> Self {
+        Self::child(config, endpoints, session, 0)
+    }
+
+    /// A runner at `depth` of a run tree (an `rlm_query` child's, see [`super::tree`]).
+    pub(crate) fn child(
+        config: RlmConfig,
+        endpoints: Arc<Endpoints>,
+        session: Arc<ReplSession>,
+        depth: u32,
+    ) -> Self {
         Self {
             config,
             endpoints,
             session,
             hooks: Hooks::new(),
             stop: CancellationToken::new(),
+            depth,
         }
+    }
+
+    /// Whether this run's code may start `rlm_query` children (its depth is below
+    /// [`RlmConfig::max_depth`] minus one).
+    pub fn allows_children(&self) -> bool {
+        self.depth.saturating_add(1) < self.config.max_depth
     }
 
     /// A handle that stops this runner's runs from another thread.
@@ -153,6 +173,7 @@ impl Rlm {
             self.config.max_iterations,
         )
         .with_session(self.session.config())
+        .with_children(self.allows_children())
         .with_sub_models(
             self.endpoints
                 .names()
@@ -208,6 +229,20 @@ impl Rlm {
         let conversation = self.conversation(&prompts, query, earlier);
         let endpoints = summarize(&self.endpoints);
         let started = Instant::now();
+        // A limit too far out to represent is no limit.
+        let deadline = self.config.run_timeout.and_then(|t| started.checked_add(t));
+        let children = self.allows_children().then(|| {
+            Arc::new(ChildRuns::new(
+                Arc::clone(&self.endpoints),
+                self.session.config().clone(),
+                self.config.clone(),
+                self.depth + 1,
+                self.stop.clone(),
+                deadline,
+            ))
+        });
+        self.session
+            .set_children(children.clone().map(|c| c as Arc<dyn ChildRunner>));
         let mut metrics = MetricsHook::new();
         let mut hooks = Chain {
             first: &mut metrics,
@@ -227,12 +262,12 @@ impl Rlm {
             config: &self.config,
             prompts,
             generator: CodeGenerator::new(root),
-            executor: CodeExecutor::with_stop(Arc::clone(&self.session), self.stop.clone()),
+            executor: CodeExecutor::with_stop(Arc::clone(&self.session), self.stop.clone())
+                .with_children(children),
             checker: CompletionChecker::new(self.config.completion),
             conversation,
             started,
-            // A limit too far out to represent is no limit.
-            deadline: self.config.run_timeout.and_then(|t| started.checked_add(t)),
+            deadline,
             iterations: Vec::new(),
             sub_calls: Vec::new(),
             candidate: None,
@@ -244,6 +279,7 @@ impl Rlm {
             HookAction::Stop(reason) => run.hook_stop(reason),
         };
         let result = run.finish(ending, contexts, &mut hooks);
+        self.session.set_children(None);
         // Processes the run's code started end with the run, however it ended.
         if let Err(e) = self.session.end_processes() {
             tracing::warn!("could not end the run's processes: {e}");

@@ -13,6 +13,7 @@ use std::fmt::Write as _;
 use bridge::SubCallMetadata;
 
 use super::{
+    ChildRun,
     BlockRecord, BlockRun, EndpointSummary, FinalKind, Hook, HookAction, ModelCall, RlmResult,
     RunError, RunInfo, SessionMetrics, TerminationReason, extract_code_blocks, truncate_middle,
 };
@@ -23,6 +24,9 @@ const SHOWN_CHARS: usize = 1_200;
 
 /// Sub-calls shown per block (prompt → reply, one line each).
 const SHOWN_SUB_CALLS: usize = 3;
+
+/// `rlm_query` children shown per block (and per child, for theirs).
+const SHOWN_CHILDREN: usize = 8;
 
 /// Characters of a prompt or reply on its one line.
 const SHOWN_TEXT_CHARS: usize = 60;
@@ -172,6 +176,14 @@ pub fn block(record: &BlockRecord, sub_calls: &[SubCallMetadata], cell_timeout: 
             let _ = writeln!(out, "  │ ({omitted} more characters not kept)");
         }
     }
+    if !record.children.is_empty() {
+        let _ = writeln!(
+            out,
+            "  ├ rlm_query children ×{} (their runs, folded: `rlm view` opens them)",
+            record.children.len()
+        );
+        children(&mut out, &record.children, 1);
+    }
     if record.timed_out {
         let _ = writeln!(out, "  ├ stopped at its time limit ({cell_timeout})");
     } else if record
@@ -207,6 +219,49 @@ pub fn unfinished_block(code: &str, crashed: bool) -> String {
         "  └ (its output was never recorded)\n"
     });
     out
+}
+
+/// One line per child run, its own children below it, indented by depth.
+fn children(out: &mut String, nodes: &[ChildRun], level: usize) {
+    for node in nodes.iter().take(SHOWN_CHILDREN) {
+        let outcome = match (&node.answer, node.termination_reason) {
+            (Some(answer), TerminationReason::FinalAnswer | TerminationReason::MaxIterations) => {
+                format!("→ {}", one_line(answer))
+            }
+            (_, reason) => format!(
+                "✗ {}{}",
+                describe(reason),
+                node.error
+                    .as_deref()
+                    .map(|e| format!(": {}", one_line(e)))
+                    .unwrap_or_default()
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "  │ {}#{} {} · {} iteration{} · {} tokens {outcome}",
+            "  ".repeat(level - 1),
+            node.index,
+            node.model,
+            node.iterations.len(),
+            if node.iterations.len() == 1 { "" } else { "s" },
+            node.metrics.prompt_tokens + node.metrics.completion_tokens,
+        );
+        let grandchildren: Vec<ChildRun> = node
+            .iterations
+            .iter()
+            .flat_map(|it| it.blocks.iter().flat_map(|b| b.children.iter().cloned()))
+            .collect();
+        children(out, &grandchildren, level + 1);
+    }
+    if nodes.len() > SHOWN_CHILDREN {
+        let _ = writeln!(
+            out,
+            "  │ {}… {} more in the trajectory",
+            "  ".repeat(level - 1),
+            nodes.len() - SHOWN_CHILDREN
+        );
+    }
 }
 
 /// The answer the run ended with (the whole of it is on stdout).

@@ -517,7 +517,64 @@ fn render_block(out: &mut String, block: &Value) {
             .map_or_else(|| error.to_string(), ToOwned::to_owned);
         let _ = write!(out, "<pre class=\"rlm-error\">{}</pre>", escape(&shown));
     }
+    render_children(out, block);
     out.push_str("</div>");
+}
+
+/// The `rlm_query` child runs a block started, each folded: its outcome on one line, its
+/// iterations (with their own children) inside.
+fn render_children(out: &mut String, block: &Value) {
+    let children = block
+        .get("children")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
+    if children.is_empty() {
+        return;
+    }
+    let _ = write!(
+        out,
+        "<div class=\"rlm-label\">rlm_query children ({})</div>",
+        children.len()
+    );
+    for child in children {
+        let number = |key: &str| child.get(key).and_then(Value::as_u64).unwrap_or(0);
+        let reason = text(child, "termination_reason").unwrap_or("?");
+        let iterations = child
+            .get("iterations")
+            .and_then(Value::as_array)
+            .map_or(&[][..], Vec::as_slice);
+        let outcome = match (text(child, "answer"), reason) {
+            (Some(answer), "final_answer" | "max_iterations") => {
+                format!("→ {}", escape(&shorten(answer, 80)))
+            }
+            _ => format!(
+                "<span class=\"rlm-status-error\">{}</span>{}",
+                escape(reason),
+                text(child, "error")
+                    .map(|e| format!(": {}", escape(&shorten(e, 120))))
+                    .unwrap_or_default()
+            ),
+        };
+        let _ = write!(
+            out,
+            "<details class=\"rlm-it rlm-child\"><summary><b>Child #{}</b> · depth {} · {} ·              {} iteration(s) · {outcome}</summary>",
+            number("index"),
+            number("depth"),
+            escape(text(child, "model").unwrap_or("?")),
+            iterations.len(),
+        );
+        if let Some(prompt) = text(child, "prompt") {
+            let _ = write!(
+                out,
+                "<h4>Query</h4><pre class=\"rlm-reply\">{}</pre>",
+                escape(prompt)
+            );
+        }
+        for iteration in iterations {
+            render_iteration(out, iteration);
+        }
+        out.push_str("</details>");
+    }
 }
 
 fn text<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
@@ -573,6 +630,24 @@ mod tests {
         assert!(html.contains("Skipped line(s) 5"));
         // Self-contained: nothing is fetched.
         assert!(!html.contains("src=") && !html.contains("href=\"http"));
+    }
+
+    #[test]
+    fn children_are_folded_nodes_with_their_own_iterations_and_children() {
+        let grandchild = r#"{"index":0,"depth":2,"model":"sub","prompt":"inner","answer":null,"termination_reason":"call_budget","error":"Budget <exhausted>","iterations":[]}"#;
+        let child = format!(
+            r#"{{"index":1,"depth":1,"model":"sub","prompt":"part <1>","answer":"42","termination_reason":"final_answer","iterations":[{{"iteration":1,"reply":"child reply","blocks":[{{"index":0,"code":"rlm_query('inner')","stdout":"","stderr":"","children":[{grandchild}]}}],"sub_calls":[]}}]}}"#
+        );
+        let run = format!(
+            "{{\"type\":\"header\",\"query\":\"q\"}}\n{{\"type\":\"iteration\",\"iteration\":1,\"reply\":\"r\",\"blocks\":[{{\"index\":0,\"code\":\"x\",\"stdout\":\"\",\"stderr\":\"\",\"children\":[{child}]}}],\"sub_calls\":[]}}\n"
+        );
+        let html = render_trajectory_html(&run, false).expect("renders");
+        assert_eq!(html.matches("rlm-child").count(), 2, "{html}");
+        assert!(html.contains("<b>Child #1</b> · depth 1 · sub · 1 iteration(s) · → 42"));
+        assert!(html.contains("part &lt;1&gt;"));
+        assert!(html.contains("child reply"), "a child's iterations are inside its node");
+        assert!(html.contains("<b>Child #0</b> · depth 2"));
+        assert!(html.contains("call_budget</span>: Budget &lt;exhausted&gt;"));
     }
 
     #[test]

@@ -9,3 +9,4 @@ mod repl;
 mod rlm;
 mod support;
 mod tools;
+mod tree;

@@ -41,6 +41,7 @@ use super::spawn::{
     worker_program,
 };
 use super::transfer::{SharedContexts, readable, share_contexts};
+use crate::repl::children::ChildSlot;
 use crate::repl::capture::{OutputCapture, Stream};
 use crate::repl::config::{OnCrash, SessionConfig};
 use crate::repl::error::ReplError;
@@ -96,6 +97,8 @@ pub(crate) struct WorkerSession {
     confinement: sandbox::Report,
     /// A restart outside any block, reported with the next block.
     pending: Mutex<Option<WorkerRestart>>,
+    /// Who runs the `rlm_query` children of the worker's code (here, in the parent).
+    children: Arc<ChildSlot>,
 }
 
 /// The session's worker: running, or ended and not yet replaced.
@@ -110,6 +113,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl WorkerSession {
+    /// Where the worker code's `rlm_query` children find their runner.
+    pub(crate) fn children(&self) -> &Arc<ChildSlot> {
+        &self.children
+    }
+
     /// Starts a worker for session `id` over `inputs` (files as paths, the rest in shared
     /// memory).
     pub(crate) fn start(
@@ -161,6 +169,7 @@ impl WorkerSession {
             contexts: Vec::new(),
             confinement: sandbox::Report { layers: Vec::new() },
             pending: Mutex::new(None),
+            children: Arc::default(),
         };
         let (worker, contexts, confinement) = session.spawn()?;
         session.contexts = contexts;
@@ -306,6 +315,7 @@ impl WorkerSession {
             cancel: self.cancel.clone(),
             text_chars: self.config.sub_call_text_chars,
             session: self.id,
+            children: Arc::clone(&self.children),
         };
         let worker = Arc::clone(worker);
         let spawned = std::thread::Builder::new()
@@ -1444,14 +1454,18 @@ struct Services {
     text_chars: usize,
     /// The session's id, in the ledger record of each call.
     session: u64,
+    /// Who runs the worker code's `rlm_query` children.
+    children: Arc<ChildSlot>,
 }
 
 impl Services {
-    /// The options of a sub-call of the session's code.
+    /// The options of a sub-call of the session's code: through the run's record of sub-call
+    /// answers (the cache, the context-window check).
     fn options(&self, cancel: CancellationToken) -> CallOptions {
         CallOptions {
             cancel,
             session: Some(self.session),
+            sub_call: true,
             ..CallOptions::default()
         }
     }
