@@ -28,8 +28,8 @@ use crate::client::{AnthropicClient, LmClient, OpenAiClient};
 use crate::config::{EndpointConfig, Provider};
 use crate::error::{BridgeError, FailureKind};
 use crate::ledger::{CallEstimate, Claim, Ledger, Reservation, SubCallMetadata};
-use crate::record::{Answer, AnswerRef, CacheUse, RecordKey, SubCallRecord, Turn};
 use crate::limiter::{Limiter, LimiterStats, Outcome};
+use crate::record::{Answer, AnswerRef, CacheUse, RecordKey, SubCallRecord, Turn};
 use crate::secret;
 use crate::window::{LOOKUP_FLOOR, WindowSource, known_window};
 
@@ -196,7 +196,10 @@ impl Endpoint {
             stream: true,
             ..opts.clone()
         };
-        self.shared.call(req, &opts, Some(on_delta), None).await.result
+        self.shared
+            .call(req, &opts, Some(on_delta), None)
+            .await
+            .result
     }
 }
 

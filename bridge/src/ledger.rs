@@ -164,9 +164,7 @@ impl ModelUsage {
     // Token counts come from servers, so every sum saturates rather than overflows.
     fn add(&mut self, m: &SubCallMetadata) {
         self.calls = self.calls.saturating_add(1);
-        self.cache_hits = self
-            .cache_hits
-            .saturating_add(u64::from(m.cache.is_some()));
+        self.cache_hits = self.cache_hits.saturating_add(u64::from(m.cache.is_some()));
         self.errors = self.errors.saturating_add(u64::from(m.error.is_some()));
         self.prompt_tokens = self.prompt_tokens.saturating_add(m.prompt_tokens);
         self.completion_tokens = self.completion_tokens.saturating_add(m.completion_tokens);

@@ -413,7 +413,10 @@ mod tests {
         assert_eq!(at, answered);
         assert_eq!(answer.as_ref().as_ref().unwrap().content, "yes");
         assert_eq!(record.cache_uses(), (1, 0));
-        assert!(record.answer(&failed).unwrap().is_err(), "failures are kept for replay");
+        assert!(
+            record.answer(&failed).unwrap().is_err(),
+            "failures are kept for replay"
+        );
         assert_eq!(record.len(), 2);
     }
 
@@ -430,7 +433,16 @@ mod tests {
         }
         let texts: Vec<String> = refs
             .iter()
-            .map(|r| record.answer(r).unwrap().as_ref().as_ref().unwrap().content.clone())
+            .map(|r| {
+                record
+                    .answer(r)
+                    .unwrap()
+                    .as_ref()
+                    .as_ref()
+                    .unwrap()
+                    .content
+                    .clone()
+            })
             .collect();
         assert_eq!(texts, ["one", "two"]);
         assert_eq!(record.cache_uses(), (0, 0));

@@ -117,7 +117,11 @@ mod tests {
         assert_eq!(listed_window(&vllm, "b"), Some(32_768));
         assert_eq!(listed_window(&vllm, "c"), None, "two entries, none named");
         let llama = json!({"data": [{"id": "model.gguf", "meta": {"n_ctx_train": 8192}}]});
-        assert_eq!(listed_window(&llama, "whatever"), Some(8192), "the only entry");
+        assert_eq!(
+            listed_window(&llama, "whatever"),
+            Some(8192),
+            "the only entry"
+        );
         let router = json!({"data": [{"id": "x/y", "context_length": 65536}]});
         assert_eq!(listed_window(&router, "x/y"), Some(65_536));
         assert_eq!(listed_window(&json!({"data": [{"id": "m"}]}), "m"), None);

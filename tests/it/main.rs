@@ -37,6 +37,7 @@ mod plan_discover;
 mod plan_discover_resume;
 mod processes;
 mod readme;
+mod recursion;
 mod run;
 mod run_database;
 mod secrets;

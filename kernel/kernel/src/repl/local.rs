@@ -19,13 +19,13 @@ use pyo3::types::{PyDict, PyFrozenSet, PyModule};
 use tokio_util::sync::CancellationToken;
 
 use super::capture::OutputSink;
+use super::children::{ChildSlot, RlmQuery, RlmQueryBatched};
 use super::config::SessionConfig;
 use super::context::{LoadedContext, load_context};
 use super::error::ReplError;
 use super::interpreter::{self, interpreter, without_gil};
 use super::interrupt::{BlockEvents, Watchdog};
 use super::metadata::{ContextMetadata, ExecutionResult, VariableInfo};
-use super::children::{ChildSlot, RlmQuery, RlmQueryBatched};
 use super::natives::{LlmQuery, LlmQueryBatched, SubCallRoute, SubModelBridge};
 use super::source::{ContextInput, LoadOptions};
 

@@ -17,7 +17,9 @@
 //!   asynchronous `CellTimeout` (a `BaseException`, re-raised until the block ends), a stop
 //!   event that wakes the patched `time.sleep`, and cancellation of in-flight sub-calls.
 //! - `natives`: `llm_query` / `llm_query_batched` in Rust on the bridge (GIL released while
-//!   waiting); `support.py` adds `FINAL_VAR`, `SHOW_VARS` and the `answer` dict.
+//!   waiting); `children`: `rlm_query` / `rlm_query_batched`, run by the [`ChildRunner`] the
+//!   RLM loop sets ([`ReplSession::set_children`]), else `llm_query`; `support.py` adds
+//!   `FINAL_VAR`, `SHOW_VARS` and the `answer` dict.
 //! - `source`: what to load ([`ContextInput`]: a [`ContextSource`] and an optional variable
 //!   name; [`LoadOptions`]); `detect`: what a file is from its first bytes (compression,
 //!   tables, binaries); `context`: the loaders (text, JSON, JSON lines, tables and workbooks
@@ -31,7 +33,8 @@
 //! collect output, sub-call records, variables, final answer → [`ExecutionResult`].
 //!
 //! # What a model's code sees
-//! - `context`, `context_0…n`, the contexts' own names (`sales=sales.csv`), `llm_query`, `llm_query_batched`, `FINAL_VAR`, `SHOW_VARS`,
+//! - `context`, `context_0…n`, the contexts' own names (`sales=sales.csv`), `llm_query`,
+//!   `llm_query_batched`, `rlm_query`, `rlm_query_batched`, `FINAL_VAR`, `SHOW_VARS`,
 //!   `answer` and `LlmQueryError` are reserved: put back (with a note on stderr) after a block
 //!   that rebinds or deletes them. The model's own variables are never touched.
 //! - A final bare expression is shown like IPython: `repr(value)` on stdout unless `None`.
@@ -127,8 +130,8 @@
 //! ```
 
 mod capture;
-mod config;
 mod children;
+mod config;
 mod context;
 mod detect;
 mod error;
@@ -144,15 +147,15 @@ mod source;
 pub mod worker;
 
 pub use bridge::{Endpoints, Ledger, SubCallMetadata};
-pub use config::{Isolation, OnCrash, SessionConfig, UnknownIsolation, UnknownOnCrash};
 pub(crate) use children::{ChildAnswer, ChildQuery, ChildRunner};
-pub(crate) use natives::SubFailure;
+pub use config::{Isolation, OnCrash, SessionConfig, UnknownIsolation, UnknownOnCrash};
 pub use error::{NameProblem, PythonHost, ReplError, RowProblem};
 pub use metadata::{
     BinaryKind, Compression, ContextKind, ContextMetadata, ExecError, ExecutionResult, FinalAnswer,
     FinalSource, FrameLibrary, ItemSizes, Restore, SheetShape, SkippedFile, SkippedRows,
     SubCallText, VariableInfo, WorkerEnd, WorkerRestart,
 };
+pub(crate) use natives::SubFailure;
 pub use natives::{SubCallErrorMode, UnknownSubCallErrorMode};
 pub use session::ReplSession;
 pub use source::{

@@ -130,7 +130,8 @@ impl CodeGenerator {
             iteration: true,
             ..CallOptions::default()
         };
-        let RecordedCall { result, record, .. } = self.endpoint.call_recorded(request, &options).await;
+        let RecordedCall { result, record, .. } =
+            self.endpoint.call_recorded(request, &options).await;
         Generation { result, record }
     }
 }

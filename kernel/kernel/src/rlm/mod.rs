@@ -16,6 +16,10 @@
 //!   message after each reply ([`format_feedback`]). Secrets never get there: block output is
 //!   redacted by the session, and every request by the bridge ([`bridge::secret`]); the
 //!   [`TrajectoryWriter`] redacts each line it writes.
+//! - The run tree (`tree`): when [`RlmConfig::max_depth`] allows, the code's `rlm_query`
+//!   starts child runs — each an [`Rlm`] with a session of its own on the same endpoints,
+//!   ledger and sub-call record — recorded as [`ChildRun`] nodes on the block that started
+//!   them.
 //! - [`RlmChat`] asks follow-up questions in the same session (variables persist; the root
 //!   model sees a bounded summary of earlier questions and answers).
 //! - [`render_trajectory_html`] turns a trajectory into one self-contained HTML page (`rlm

@@ -13,9 +13,9 @@ use std::fmt::Write as _;
 use bridge::SubCallMetadata;
 
 use super::{
-    ChildRun,
-    BlockRecord, BlockRun, EndpointSummary, FinalKind, Hook, HookAction, ModelCall, RlmResult,
-    RunError, RunInfo, SessionMetrics, TerminationReason, extract_code_blocks, truncate_middle,
+    BlockRecord, BlockRun, ChildRun, EndpointSummary, FinalKind, Hook, HookAction, ModelCall,
+    RlmResult, RunError, RunInfo, SessionMetrics, TerminationReason, extract_code_blocks,
+    truncate_middle,
 };
 use crate::repl::ContextMetadata;
 

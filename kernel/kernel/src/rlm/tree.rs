@@ -298,12 +298,9 @@ impl ChildRuns {
     ) -> Result<(Rlm, CancellationToken), String> {
         self.endpoints.get(model).map_err(|e| e.to_string())?;
         let contexts: Vec<_> = query.context.iter().cloned().collect();
-        let session = ReplSession::new(
-            self.session.clone(),
-            Arc::clone(&self.endpoints),
-            &contexts,
-        )
-        .map_err(|e| e.to_string())?;
+        let session =
+            ReplSession::new(self.session.clone(), Arc::clone(&self.endpoints), &contexts)
+                .map_err(|e| e.to_string())?;
         let mut config = self.config.clone();
         model.clone_into(&mut config.root_endpoint);
         if let Some(n) = query.max_iterations {
@@ -315,7 +312,12 @@ impl ChildRuns {
             let left = deadline.saturating_duration_since(Instant::now());
             config.run_timeout = Some(left.max(std::time::Duration::from_millis(1)));
         }
-        let rlm = Rlm::child(config, Arc::clone(&self.endpoints), Arc::new(session), self.depth);
+        let rlm = Rlm::child(
+            config,
+            Arc::clone(&self.endpoints),
+            Arc::new(session),
+            self.depth,
+        );
         let handle = rlm.stop_handle();
         let done = CancellationToken::new();
         let (block, parent, watch) = (cancel.clone(), self.stop.clone(), done.clone());
@@ -334,7 +336,11 @@ impl ChildRunner for ChildRuns {
     fn run(&self, queries: Vec<ChildQuery>, cancel: &CancellationToken) -> Vec<ChildAnswer> {
         let n = queries.len();
         let first = self.next.fetch_add(n, Ordering::Relaxed);
-        let width = self.session.batch_concurrency.unwrap_or(n).clamp(1, n.max(1));
+        let width = self
+            .session
+            .batch_concurrency
+            .unwrap_or(n)
+            .clamp(1, n.max(1));
         let answers: Vec<Mutex<Option<ChildAnswer>>> = (0..n).map(|_| Mutex::new(None)).collect();
         let cursor = AtomicUsize::new(0);
         let queries = &queries;

@@ -642,10 +642,17 @@ mod tests {
             "{{\"type\":\"header\",\"query\":\"q\"}}\n{{\"type\":\"iteration\",\"iteration\":1,\"reply\":\"r\",\"blocks\":[{{\"index\":0,\"code\":\"x\",\"stdout\":\"\",\"stderr\":\"\",\"children\":[{child}]}}],\"sub_calls\":[]}}\n"
         );
         let html = render_trajectory_html(&run, false).expect("renders");
-        assert_eq!(html.matches("rlm-child").count(), 2, "{html}");
+        assert_eq!(
+            html.matches("class=\"rlm-it rlm-child\"").count(),
+            2,
+            "{html}"
+        );
         assert!(html.contains("<b>Child #1</b> · depth 1 · sub · 1 iteration(s) · → 42"));
         assert!(html.contains("part &lt;1&gt;"));
-        assert!(html.contains("child reply"), "a child's iterations are inside its node");
+        assert!(
+            html.contains("child reply"),
+            "a child's iterations are inside its node"
+        );
         assert!(html.contains("<b>Child #0</b> · depth 2"));
         assert!(html.contains("call_budget</span>: Budget &lt;exhausted&gt;"));
     }

@@ -44,11 +44,8 @@ impl Tree {
         let mut root = endpoint("root");
         root.counts_toward_call_budget = false;
         let endpoints = Arc::new(
-            Endpoints::new(
-                vec![root, endpoint("sub")],
-                Arc::new(Ledger::new(budget)),
-            )
-            .expect("endpoints"),
+            Endpoints::new(vec![root, endpoint("sub")], Arc::new(Ledger::new(budget)))
+                .expect("endpoints"),
         );
         let session = ReplSession::new(
             session,
@@ -113,8 +110,8 @@ fn script(root: &[&str]) -> Value {
 }
 
 fn system_prompt(record: &RequestRecord) -> String {
-    let body: Value = serde_json::from_str(record.body.as_deref().expect("recorded body"))
-        .expect("a JSON body");
+    let body: Value =
+        serde_json::from_str(record.body.as_deref().expect("recorded body")).expect("a JSON body");
     body["messages"][0]["content"]
         .as_str()
         .unwrap_or_default()
@@ -192,7 +189,10 @@ fn at_the_depth_limit_rlm_query_is_llm_query_and_says_so_once() {
     let result = tree.run(1, "q");
     assert_eq!(result.termination_reason, TerminationReason::FinalAnswer);
     let block = &result.iterations[0].blocks[0];
-    assert_eq!(block.stdout, "2 ['3']\n", "the prompt then str(context) went to the sub-model");
+    assert_eq!(
+        block.stdout, "2 ['3']\n",
+        "the prompt then str(context) went to the sub-model"
+    );
     assert_eq!(
         block.stderr.matches("runs as llm_query()").count(),
         1,
@@ -232,10 +232,16 @@ fn the_budget_holds_for_the_whole_tree_and_the_stop_names_the_child() {
     );
     let children = &result.iterations[0].blocks[0].children;
     assert_eq!(children.len(), 3);
-    assert_eq!(children[2].termination_reason, TerminationReason::CallBudget);
+    assert_eq!(
+        children[2].termination_reason,
+        TerminationReason::CallBudget
+    );
     let log = tree.log();
     let sent = log.iter().filter(|r| r.model == "sub").count();
-    assert_eq!(sent, 5, "the tree spent its five sub-calls and not one more");
+    assert_eq!(
+        sent, 5,
+        "the tree spent its five sub-calls and not one more"
+    );
     let refused = tree
         .endpoints
         .ledger()
@@ -300,9 +306,17 @@ fn identical_sub_calls_are_sent_once_across_the_tree() {
     assert_eq!(result.metrics.sub_calls, 7);
     assert_eq!(result.metrics.sub_call_cache_hits, 6);
     assert_eq!(result.metrics.models["sub"].cache_hits, 6);
-    let cached: Vec<_> = result.sub_calls.iter().filter(|c| c.cache.is_some()).collect();
+    let cached: Vec<_> = result
+        .sub_calls
+        .iter()
+        .filter(|c| c.cache.is_some())
+        .collect();
     assert_eq!(cached.len(), 6);
-    assert!(cached.iter().all(|c| c.prompt_tokens == 0 && c.attempts == 0));
+    assert!(
+        cached
+            .iter()
+            .all(|c| c.prompt_tokens == 0 && c.attempts == 0)
+    );
 }
 
 #[test]

@@ -41,8 +41,8 @@ use super::spawn::{
     worker_program,
 };
 use super::transfer::{SharedContexts, readable, share_contexts};
-use crate::repl::children::ChildSlot;
 use crate::repl::capture::{OutputCapture, Stream};
+use crate::repl::children::ChildSlot;
 use crate::repl::config::{OnCrash, SessionConfig};
 use crate::repl::error::ReplError;
 use crate::repl::interpreter::without_gil;

@@ -1,0 +1,297 @@
+//! Run-tree benchmarks against the in-process mock LM server: `rlm_query` children and the
+//! sub-call cache, each against a baseline measured in the same run.
+//!
+//! ```text
+//! cargo bench -p rlm-benches --bench tree             # full (under a minute)
+//! cargo bench -p rlm-benches --bench tree -- --quick  # fewer rounds (or RLM_BENCH_QUICK=1)
+//! ```
+//!
+//! 1. The cost of a child beyond its model calls: a block that runs N `rlm_query` children one
+//!    after another (each a one-iteration RLM loop with a REPL session of its own), against N
+//!    raw `Endpoint::call`s of the same requests the children send. The difference per child
+//!    is what a child costs: its session, loop, prompts and records (target: ≤ 1 ms).
+//! 2. 100 children in parallel on one pool: `rlm_query_batched` of 100 one-iteration children
+//!    at 50 ms model latency, against the bridge's own `Endpoint::batch` of the same 100
+//!    requests at the same width.
+//! 3. The sub-call cache on a loop that repeats calls: 200 `llm_query` calls over 10 distinct
+//!    prompts at 20 ms latency, with the cache on (the default) and off, on fresh endpoints
+//!    each round.
+//!
+//! In-process sessions (`isolation none`): a child's worker process, when isolation is on,
+//! adds its start-up, which the REPL benchmarks measure.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bridge::mock::{Latency, MockConfig, MockServer, Script};
+use bridge::{
+    BatchPolicy, Budget, CallOptions, CancellationToken, ChatRequest, EndpointConfig, Endpoints,
+    Ledger,
+};
+use kernel::repl::{ReplSession, SessionConfig};
+use kernel::rlm::{Rlm, RlmConfig, RlmResult, TerminationReason};
+use serde_json::json;
+
+fn main() -> anyhow::Result<()> {
+    let quick = std::env::args().any(|a| a == "--quick")
+        || std::env::var("RLM_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+    let mock_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("mock-lm")
+        .enable_all()
+        .build()?;
+    println!(
+        "# run-tree benchmarks{}",
+        if quick { " (--quick)" } else { "" }
+    );
+    child_overhead(&mock_rt, quick)?;
+    parallel_children(&mock_rt, quick)?;
+    cache_on_a_repeating_loop(&mock_rt, quick)?;
+    Ok(())
+}
+
+/// A mock: `root` replies `root_reply` then nothing more is needed (the block sets the
+/// answer); `sub` answers a child RLM (recognised by the RLM system prompt) with
+/// `FINAL(ok)` and echoes any other prompt, after `latency`.
+fn start_mock(
+    rt: &tokio::runtime::Runtime,
+    root_reply: &str,
+    latency: Latency,
+) -> anyhow::Result<MockServer> {
+    let script = Script::from_json_value(json!({"models": {
+        "root": {"replies": [root_reply], "latency": {"kind": "none"}},
+        "sub": {
+            "rules": [{"system": "recursive language model", "reply": "FINAL(ok)"}],
+            "fallback": {"behaviour": "echo"}
+        }
+    }}))?;
+    Ok(rt.block_on(MockServer::start(MockConfig {
+        script,
+        latency,
+        ..MockConfig::default()
+    }))?)
+}
+
+fn endpoints(server: &MockServer) -> anyhow::Result<Arc<Endpoints>> {
+    let url = server.openai_base_url();
+    let root = EndpointConfig {
+        counts_toward_call_budget: false,
+        ..EndpointConfig::openai("root", &url, "root")
+    };
+    let sub = EndpointConfig {
+        max_in_flight: 256,
+        ..EndpointConfig::openai("sub", &url, "sub")
+    };
+    Ok(Arc::new(Endpoints::new(
+        vec![root, sub],
+        Arc::new(Ledger::new(Budget::default())),
+    )?))
+}
+
+fn block(code: &str) -> String {
+    format!("```repl\n{code}\n```")
+}
+
+/// One run of the root loop at `max_depth`, checked to end with `expected`.
+fn run(eps: &Arc<Endpoints>, max_depth: u32, expected: &str) -> anyhow::Result<RlmResult> {
+    let session = ReplSession::new(
+        SessionConfig {
+            cell_timeout: Duration::from_secs(600),
+            ..SessionConfig::default()
+        },
+        Arc::clone(eps),
+        &[],
+    )?;
+    let config = RlmConfig {
+        max_depth,
+        ..RlmConfig::default()
+    };
+    let result = Rlm::new(config, Arc::clone(eps), Arc::new(session)).run("q")?;
+    anyhow::ensure!(
+        result.termination_reason == TerminationReason::FinalAnswer
+            && result.answer.as_deref() == Some(expected),
+        "the run ended with {:?} / {:?} ({:?})",
+        result.termination_reason,
+        result.answer,
+        result.error
+    );
+    Ok(result)
+}
+
+/// The requests the children of `queries` send first (a child with no context, at the last
+/// depth, whose root model is `sub`).
+fn child_requests(eps: &Arc<Endpoints>, queries: &[String]) -> anyhow::Result<Vec<ChatRequest>> {
+    let session = Arc::new(ReplSession::new(
+        SessionConfig::default(),
+        Arc::clone(eps),
+        &[],
+    )?);
+    let config = RlmConfig {
+        root_endpoint: "sub".into(),
+        ..RlmConfig::default()
+    };
+    let rlm = Rlm::new(config, Arc::clone(eps), session);
+    Ok(queries
+        .iter()
+        .map(|q| ChatRequest {
+            messages: rlm.first_messages(q),
+            ..ChatRequest::default()
+        })
+        .collect())
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn child_overhead(rt: &tokio::runtime::Runtime, quick: bool) -> anyhow::Result<()> {
+    let n: usize = if quick { 20 } else { 100 };
+    let rounds = if quick { 3 } else { 7 };
+    let code = format!(
+        "r = [rlm_query(f'question {{i}}') for i in range({n})]\nassert r == ['ok'] * {n}, r[:3]\nFINAL_VAR(len(r))"
+    );
+    let server = start_mock(rt, &block(&code), Latency::None)?;
+    let eps = endpoints(&server)?;
+    let queries: Vec<String> = (0..n).map(|i| format!("question {i}")).collect();
+    let requests = child_requests(&eps, &queries)?;
+    let sub = eps.get("sub")?;
+    let shared = kernel::runtime::shared();
+    let raw = |requests: &[ChatRequest]| -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        for request in requests {
+            shared.block_on(sub.call(request.clone(), &CallOptions::default()))?;
+        }
+        Ok(started.elapsed())
+    };
+    let expected = n.to_string();
+    raw(&requests)?;
+    run(&eps, 2, &expected)?;
+    let (mut raw_ms, mut block_ms) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        raw_ms.push(ms(raw(&requests)?));
+        let result = run(&eps, 2, &expected)?;
+        block_ms.push(result.iterations[0].execution_ms);
+    }
+    let (raw, children) = (median(&mut raw_ms), median(&mut block_ms));
+    let per_child = (children - raw) / n as f64;
+    println!();
+    println!(
+        "## 1. the cost of a child beyond its model calls: {n} sequential one-iteration children (median of {rounds} rounds)"
+    );
+    println!("| path | wall ms | per child ms | / raw calls |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| raw `Endpoint::call` × {n} of the children's requests | {raw:.1} | {:.3} | 1.00× |",
+        raw / n as f64
+    );
+    println!(
+        "| block of {n} `rlm_query` children | {children:.1} | {:.3} | {:.2}× |",
+        children / n as f64,
+        children / raw
+    );
+    println!("| **a child beyond its model call** | | **{per_child:.3}** | target ≤ 1 ms |");
+    rt.block_on(server.shutdown());
+    Ok(())
+}
+
+fn parallel_children(rt: &tokio::runtime::Runtime, quick: bool) -> anyhow::Result<()> {
+    const N: usize = 100;
+    let rounds = if quick { 2 } else { 5 };
+    let latency = Duration::from_millis(50);
+    let code = format!(
+        "r = rlm_query_batched([f'question {{i}}' for i in range({N})])\nassert r == ['ok'] * {N}, r[:3]\nFINAL_VAR(len(r))"
+    );
+    let server = start_mock(rt, &block(&code), Latency::fixed(latency))?;
+    let eps = endpoints(&server)?;
+    let queries: Vec<String> = (0..N).map(|i| format!("question {i}")).collect();
+    let requests = child_requests(&eps, &queries)?;
+    let sub = eps.get("sub")?;
+    let shared = kernel::runtime::shared();
+    let batch = || -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        let out = shared.block_on(sub.batch(
+            requests.clone(),
+            BatchPolicy::bounded(N),
+            &CancellationToken::new(),
+        ));
+        anyhow::ensure!(out.iter().all(Result::is_ok), "a raw call failed");
+        Ok(started.elapsed())
+    };
+    let expected = N.to_string();
+    batch()?;
+    run(&eps, 2, &expected)?;
+    let (mut batch_ms, mut block_ms) = (Vec::new(), Vec::new());
+    let mut flight = 0;
+    for _ in 0..rounds {
+        batch_ms.push(ms(batch()?));
+        server.log().clear();
+        let result = run(&eps, 2, &expected)?;
+        flight = flight.max(server.log().max_concurrency());
+        block_ms.push(result.iterations[0].execution_ms);
+    }
+    let (bridge, children) = (median(&mut batch_ms), median(&mut block_ms));
+    println!();
+    println!(
+        "## 2. {N} children in parallel on one pool, {} ms model latency (median of {rounds} rounds)",
+        latency.as_millis()
+    );
+    println!("| path | wall ms | / bridge | max in flight (mock log) |");
+    println!("|---|---:|---:|---:|");
+    println!("| bridge `Endpoint::batch` of the {N} requests | {bridge:.1} | 1.00× | — |");
+    println!(
+        "| block: `rlm_query_batched` of {N} children | {children:.1} | {:.2}× | {flight} |",
+        children / bridge
+    );
+    rt.block_on(server.shutdown());
+    Ok(())
+}
+
+fn cache_on_a_repeating_loop(rt: &tokio::runtime::Runtime, quick: bool) -> anyhow::Result<()> {
+    const CALLS: usize = 200;
+    const DISTINCT: usize = 10;
+    let rounds = if quick { 2 } else { 5 };
+    let latency = Duration::from_millis(20);
+    let code = format!(
+        "r = [llm_query(f'item {{i % {DISTINCT}}}') for i in range({CALLS})]\nassert r[13] == 'item 3', r[13]\nFINAL_VAR(len(r))"
+    );
+    let server = start_mock(rt, &block(&code), Latency::fixed(latency))?;
+    let expected = CALLS.to_string();
+    let mut walls = [Vec::new(), Vec::new()];
+    let mut sent = [0, 0];
+    for round in 0..=rounds {
+        for (slot, caching) in [(0, false), (1, true)] {
+            let eps = endpoints(&server)?;
+            eps.sub_calls().set_caching(caching);
+            server.log().clear();
+            let result = run(&eps, 1, &expected)?;
+            if round > 0 {
+                walls[slot].push(result.iterations[0].execution_ms);
+            }
+            sent[slot] = server.log().entries().len() - 1;
+        }
+    }
+    let (off, on) = (median(&mut walls[0]), median(&mut walls[1]));
+    println!();
+    println!(
+        "## 3. the sub-call cache: {CALLS} `llm_query` calls over {DISTINCT} distinct prompts, {} ms latency (median of {rounds} rounds)",
+        latency.as_millis()
+    );
+    println!("| cache | block ms | requests sent | / cache off |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| off (`--no-sub-call-cache`) | {off:.1} | {} | 1.00× |",
+        sent[0]
+    );
+    println!(
+        "| on (default) | {on:.1} | {} | {:.3}× |",
+        sent[1],
+        on / off
+    );
+    rt.block_on(server.shutdown());
+    Ok(())
+}

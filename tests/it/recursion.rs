@@ -1,0 +1,233 @@
+//! Recursion through the real binary: `rlm_query` children under `--max-depth`, one budget for
+//! the tree, the sub-call cache, the context-window check, and the tree in `--json`,
+//! `rlm show` and `rlm view`.
+
+use serde_json::{Value, json};
+
+use crate::support::{Mock, file, repl, rlm};
+
+/// `root-model` replies `root[turn]`; `sub-model` plays a child RLM (recognised by the RLM
+/// system prompt) that counts ERROR in its context in two iterations, and answers plain
+/// sub-calls `Count WORD in:\nTEXT` by counting.
+fn script(root: &[&str]) -> Value {
+    json!({"models": {
+        "root-model": {"replies": root},
+        "sub-model": {"rules": [
+            {"system": "recursive language model", "turn": 0,
+             "reply": "Counting.\n```repl\nn = str(context).count('ERROR')\nprint(n)\n```"},
+            {"system": "recursive language model", "turn": 1, "reply": "FINAL_VAR(n)"},
+            {"last_user": "(?s)^Count (?P<word>\\w+) in:\\n(?P<body>.*)$",
+             "reply": {"behaviour": "count_word", "word": "{{word}}", "input": "{{body}}"}}
+        ], "fallback": {"behaviour": "echo"}}
+    }})
+}
+
+const CHILDREN: &str = "parts = context.split('|')\nanswers = rlm_query_batched(['How many ERROR?'] * len(parts), parts)\ntotal = sum(int(a) for a in answers)\nprint(len(answers), total)";
+
+fn context(dir: &tempfile::TempDir, parts: &[&str]) -> String {
+    file(dir.path(), "ctx.txt", &parts.join("|"))
+        .to_str()
+        .expect("utf-8")
+        .to_owned()
+}
+
+#[test]
+fn a_depth_two_run_whose_children_each_run_two_iterations_and_the_tree_afterwards() {
+    let mock = Mock::start(script(&[&repl(CHILDREN), "FINAL_VAR(total)"]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trajectory = dir.path().join("run.jsonl");
+    let run = mock.run(&[
+        "--context",
+        &context(&dir, &["ERROR x ERROR", "fine", "ERROR"]),
+        "--query",
+        "How many ERROR?",
+        "--max-depth",
+        "2",
+        "--isolation",
+        "none",
+        "--json",
+        "--trajectory",
+        trajectory.to_str().expect("utf-8"),
+    ]);
+    run.assert_code(0);
+    let json = run.json();
+    assert_eq!(json["answer"], "3");
+    let children = json["iterations"][0]["blocks"][0]["children"]
+        .as_array()
+        .expect("the tree in --json");
+    assert_eq!(children.len(), 3);
+    for (child, answer) in children.iter().zip(["2", "0", "1"]) {
+        assert_eq!(child["depth"], 1);
+        assert_eq!(child["answer"], answer);
+        assert_eq!(child["termination_reason"], "final_answer");
+        assert_eq!(child["iterations"].as_array().map(Vec::len), Some(2));
+    }
+    assert_eq!(json["metrics"]["child_runs"], 3);
+
+    let show = rlm(
+        &["show".to_owned(), trajectory.to_string_lossy().into_owned()],
+        None,
+    );
+    show.assert_code(0);
+    assert!(
+        show.stdout.contains("rlm_query children ×3"),
+        "{}",
+        show.stdout
+    );
+    assert!(
+        show.stdout.contains("#2 sub · 2 iterations"),
+        "{}",
+        show.stdout
+    );
+
+    let html = dir.path().join("run.html");
+    rlm(
+        &[
+            "view".to_owned(),
+            trajectory.to_string_lossy().into_owned(),
+            "-o".to_owned(),
+            html.to_string_lossy().into_owned(),
+        ],
+        None,
+    )
+    .assert_code(0);
+    let page = std::fs::read_to_string(&html).expect("the page");
+    assert_eq!(page.matches("<b>Child #").count(), 3, "folded child nodes");
+}
+
+#[test]
+fn fifty_batched_children_each_answer_for_their_part() {
+    let parts: Vec<String> = (0..50).map(|i| "ERROR ".repeat(i % 3)).collect();
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    let expected: usize = (0..50).map(|i| i % 3).sum();
+    let mock = Mock::start(script(&[&repl(CHILDREN), "FINAL_VAR(total)"]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = mock.run(&[
+        "--context",
+        &context(&dir, &parts),
+        "--query",
+        "q",
+        "--max-depth",
+        "2",
+        "--isolation",
+        "none",
+        "--json",
+    ]);
+    run.assert_code(0);
+    let json = run.json();
+    assert_eq!(json["answer"], expected.to_string());
+    assert_eq!(json["metrics"]["child_runs"], 50);
+    let sub_requests = mock
+        .log()
+        .entries()
+        .iter()
+        .filter(|r| r.model == "sub-model")
+        .count();
+    assert_eq!(
+        sub_requests, 100,
+        "two iterations for each of the 50 children"
+    );
+}
+
+#[test]
+fn the_budget_stops_at_a_child_and_the_run_says_which() {
+    let mock = Mock::start(script(&[&repl(CHILDREN), "FINAL_VAR(total)"]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = mock.run(&[
+        "--context",
+        &context(&dir, &["ERROR", "ERROR", "ERROR"]),
+        "--query",
+        "q",
+        "--max-depth",
+        "2",
+        "--isolation",
+        "none",
+        "--max-sub-calls",
+        "5",
+        "--batch-concurrency",
+        "1",
+        "--json",
+    ]);
+    run.assert_code(3);
+    let json = run.json();
+    assert_eq!(json["termination_reason"], "call_budget");
+    let error = json["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("rlm_query child #2 (depth 1, started by iteration 1, block 0)"),
+        "{error}"
+    );
+    let sent = mock
+        .log()
+        .entries()
+        .iter()
+        .filter(|r| r.model == "sub-model")
+        .count();
+    assert_eq!(sent, 5, "not one call past the budget");
+}
+
+#[test]
+fn repeated_sub_calls_hit_the_cache_unless_it_is_off() {
+    let code = "q = 'Count ERROR in:\\nERROR ERROR'\nr = [llm_query(q) for _ in range(4)] + llm_query_batched([q] * 4)\nprint(r)";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctx = context(&dir, &["x"]);
+    for (extra, sent, hits) in [(None, 1, 7), (Some("--no-sub-call-cache"), 8, 0)] {
+        let mock = Mock::start(script(&[&repl(code), "FINAL(done)"]));
+        let mut args = vec!["--context", &ctx, "--query", "q", "--json"];
+        args.extend(extra);
+        let run = mock.run(&args);
+        run.assert_code(0);
+        let json = run.json();
+        let to_sub = mock
+            .log()
+            .entries()
+            .iter()
+            .filter(|r| r.model == "sub-model")
+            .count();
+        assert_eq!(to_sub, sent, "{extra:?}");
+        assert_eq!(json["metrics"]["sub_call_cache_hits"], hits, "{extra:?}");
+        let cached = json["sub_calls"]
+            .as_array()
+            .expect("sub_calls")
+            .iter()
+            .filter(|c| c["cache"].is_string())
+            .count();
+        assert_eq!(cached, hits as usize);
+        assert!(
+            json["iterations"][0]["blocks"][0]["stdout"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("['2', '2', '2', '2', '2',"))
+        );
+    }
+}
+
+#[test]
+fn a_sub_call_too_long_for_the_window_is_refused_with_an_error_the_code_can_act_on() {
+    let code = "r = llm_query('Count a in:\\n' + 'a ' * 4000)\nprint(r)";
+    let mock = Mock::start(script(&[&repl(code), "FINAL(done)"]));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = mock.run(&[
+        "--context",
+        &context(&dir, &["x"]),
+        "--query",
+        "q",
+        "--sub-context-window",
+        "1000",
+        "--json",
+    ]);
+    run.assert_code(0);
+    let json = run.json();
+    let stdout = json["iterations"][0]["blocks"][0]["stdout"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        stdout.starts_with(
+            "Error: Prompt of ~2k tokens does not fit `sub-model`'s 1k window (as configured); split it"
+        ),
+        "{stdout}"
+    );
+    assert_eq!(json["sub_calls"][0]["error_kind"], "context_window");
+    assert!(
+        mock.log().entries().iter().all(|r| r.model != "sub-model"),
+        "never sent"
+    );
+}
