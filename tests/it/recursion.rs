@@ -43,8 +43,6 @@ fn a_depth_two_run_whose_children_each_run_two_iterations_and_the_tree_afterward
         "How many ERROR?",
         "--max-depth",
         "2",
-        "--isolation",
-        "none",
         "--json",
         "--trajectory",
         trajectory.to_str().expect("utf-8"),
@@ -185,7 +183,8 @@ fn repeated_sub_calls_hit_the_cache_unless_it_is_off() {
             .count();
         assert_eq!(to_sub, sent, "{extra:?}");
         assert_eq!(json["metrics"]["sub_call_cache_hits"], hits, "{extra:?}");
-        let cached = json["sub_calls"]
+        assert_eq!(json["metrics"]["sub_calls_cached"], hits);
+        let cached = json["iterations"][0]["sub_calls"]
             .as_array()
             .expect("sub_calls")
             .iter()
@@ -225,9 +224,68 @@ fn a_sub_call_too_long_for_the_window_is_refused_with_an_error_the_code_can_act_
         ),
         "{stdout}"
     );
-    assert_eq!(json["sub_calls"][0]["error_kind"], "context_window");
+    assert_eq!(
+        json["iterations"][0]["sub_calls"][0]["error_kind"],
+        "context_window"
+    );
     assert!(
         mock.log().entries().iter().all(|r| r.model != "sub-model"),
         "never sent"
     );
+}
+
+#[test]
+fn a_child_whose_worker_crashes_is_an_error_the_isolated_parent_survives() {
+    let mut script = script(&[
+        &repl(
+            "answers = rlm_query_batched(['crash please', 'How many ERROR?'], ['x', 'ERROR ERROR'])\nprint(answers)",
+        ),
+        "FINAL_VAR(answers)",
+    ]);
+    let rules = script["models"]["sub-model"]["rules"]
+        .as_array_mut()
+        .expect("rules");
+    rules.insert(
+        0,
+        json!({"system": "recursive language model", "last_user": "crash please",
+               "reply": "```repl\nimport ctypes\nctypes.string_at(0)\n```"}),
+    );
+    let mock = Mock::start(script);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = mock.run(&[
+        "--context",
+        &context(&dir, &["x"]),
+        "--query",
+        "q",
+        "--max-depth",
+        "2",
+        "--max-consecutive-failures",
+        "1",
+        "--json",
+    ]);
+    run.assert_code(0);
+    let json = run.json();
+    let answer = json["answer"].as_str().unwrap_or_default();
+    assert!(
+        answer.starts_with(
+            "['Error: the rlm_query child run ended without an answer (consecutive_failures)"
+        ) && answer.ends_with(", '2']"),
+        "the crashed child is an error, the other answers: {answer}"
+    );
+    let children = &json["iterations"][0]["blocks"][0]["children"];
+    assert_eq!(children[0]["termination_reason"], "consecutive_failures");
+    let stderr = children[0]["iterations"][0]["blocks"][0]["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+        + children[0]["iterations"][0]["blocks"][0]["stderr"]
+            .as_str()
+            .unwrap_or_default();
+    let error = children[0]["iterations"][0]["blocks"][0]["error"].to_string();
+    assert!(
+        (stderr + &error).contains("SIGSEGV"),
+        "the child's block says its worker crashed: {}",
+        children[0]
+    );
+    assert_eq!(children[1]["answer"], "2");
 }

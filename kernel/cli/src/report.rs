@@ -211,6 +211,7 @@ fn json_result(result: &RlmResult, opts: &RunOptions, query: &str) -> Value {
         metrics.remove("final_answer_found");
         metrics.insert("sub_calls_sent".into(), json!(counts.sent));
         metrics.insert("sub_calls_refused".into(), json!(counts.refused));
+        metrics.insert("sub_calls_cached".into(), json!(counts.cached));
     }
     let finished_ms = unix_ms();
     let started_ms = finished_ms.saturating_sub(result.metrics.total_ms as u64);

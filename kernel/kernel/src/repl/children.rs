@@ -21,12 +21,18 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyString};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::natives::{LlmQuery, LlmQueryBatched, SubAnswer, SubFailure, SubModelBridge};
+use super::natives::{
+    LlmQuery, LlmQueryBatched, RemoteCalls, SubAnswer, SubFailure, SubModelBridge,
+};
 use super::source::{ContextSource, LiveObject};
 
 /// One child run as the code asked for it.
@@ -40,6 +46,44 @@ pub(crate) struct ChildQuery {
     pub(crate) model: Option<String>,
     /// Its iteration limit (`None`: the parent's).
     pub(crate) max_iterations: Option<u32>,
+}
+
+/// One child as an isolated session's worker hands it to the parent, which runs it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct WireChild {
+    /// The child's query.
+    pub(crate) prompt: String,
+    /// Its context: text, or a file the worker wrote in its scratch directory.
+    pub(crate) context: Option<WireContext>,
+    /// The endpoint of its root model.
+    pub(crate) model: Option<String>,
+    /// Its iteration limit.
+    pub(crate) max_iterations: Option<u32>,
+}
+
+/// A child's context as the worker hands it over.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum WireContext {
+    /// A `str` (or UTF-8 `bytes`).
+    Text(String),
+    /// A dict or list (JSON), a polars frame (Parquet) or a pandas frame (CSV), written to
+    /// this file of the worker's scratch directory.
+    Path(PathBuf),
+}
+
+impl WireChild {
+    /// The query as the parent runs it.
+    pub(crate) fn into_query(self) -> ChildQuery {
+        ChildQuery {
+            prompt: self.prompt,
+            context: self.context.map(|context| match context {
+                WireContext::Text(text) => ContextSource::Text(text),
+                WireContext::Path(path) => ContextSource::Path(path),
+            }),
+            model: self.model,
+            max_iterations: self.max_iterations,
+        }
+    }
 }
 
 /// A child's answer, or why there is none (as a failed sub-call's).
@@ -69,12 +113,91 @@ impl ChildSlot {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = runner;
     }
 
-    fn get(&self) -> Option<Arc<dyn ChildRunner>> {
+    pub(crate) fn get(&self) -> Option<Arc<dyn ChildRunner>> {
         self.runner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
+}
+
+/// Who runs a session's children.
+enum Runner {
+    /// This process's loop.
+    Here(Arc<dyn ChildRunner>),
+    /// The parent of this worker process.
+    Parent(Arc<dyn RemoteCalls>),
+    /// Nobody: `rlm_query` is `llm_query`.
+    Flat,
+}
+
+fn runner(bridge: &SubModelBridge, slot: &ChildSlot) -> Runner {
+    match (bridge.remote(), slot.get()) {
+        (Some(remote), _) => Runner::Parent(Arc::clone(remote)),
+        (None, Some(runner)) => Runner::Here(runner),
+        (None, None) => Runner::Flat,
+    }
+}
+
+/// Files written for children's contexts in this process.
+static CONTEXT_FILES: AtomicU64 = AtomicU64::new(0);
+
+/// `context` as a worker hands it to its parent: text as it is; a dict or list as JSON, a
+/// polars frame as Parquet, a pandas frame as CSV, in a file of the scratch directory.
+fn wire_context(py: Python<'_>, context: &Bound<'_, PyAny>) -> PyResult<WireContext> {
+    if let Ok(text) = context.cast::<PyString>() {
+        return Ok(WireContext::Text(text.to_cow()?.into_owned()));
+    }
+    if let Ok(bytes) = context.cast::<PyBytes>() {
+        return match std::str::from_utf8(bytes.as_bytes()) {
+            Ok(text) => Ok(WireContext::Text(text.to_owned())),
+            Err(_) => Err(PyTypeError::new_err(
+                "rlm_query() `context` bytes must be UTF-8 text; decode them first",
+            )),
+        };
+    }
+    let kind = context.get_type();
+    let module: String = kind.getattr("__module__")?.extract().unwrap_or_default();
+    let name = kind.name()?.to_cow()?.into_owned();
+    let dir = std::env::var_os("SCRATCH").map_or_else(std::env::temp_dir, PathBuf::from);
+    let n = CONTEXT_FILES.fetch_add(1, Ordering::Relaxed);
+    let file = |ext: &str| {
+        dir.join(format!(
+            "rlm-child-context-{}-{n}.{ext}",
+            std::process::id()
+        ))
+    };
+    let path = if context.is_instance_of::<PyDict>()
+        || context.is_instance_of::<PyList>()
+        || context.is_instance_of::<PyTuple>()
+    {
+        let path = file("json");
+        let text: String = py
+            .import("json")?
+            .call_method1("dumps", (context,))?
+            .extract()?;
+        std::fs::write(&path, text).map_err(|e| {
+            PyTypeError::new_err(format!(
+                "rlm_query() could not hand over its `context`: {e}"
+            ))
+        })?;
+        path
+    } else if name == "DataFrame" && module.starts_with("polars") {
+        let path = file("parquet");
+        context.call_method1("write_parquet", (path.to_string_lossy(),))?;
+        path
+    } else if name == "DataFrame" && module.starts_with("pandas") {
+        let path = file("csv");
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("index", false)?;
+        context.call_method("to_csv", (path.to_string_lossy(),), Some(&kwargs))?;
+        path
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "rlm_query() `context` must be a str, bytes, dict, list or a polars or pandas DataFrame in an isolated session, not {name}; pass str(x) to hand over its text"
+        )));
+    };
+    Ok(WireContext::Path(path))
 }
 
 /// The note written once per session when `rlm_query` runs as `llm_query`.
@@ -133,6 +256,53 @@ fn flat_prompt(prompt: String, context: Option<&Bound<'_, PyAny>>) -> PyResult<S
     }
 }
 
+/// Runs one child per prompt (with the context at the same position) where someone runs
+/// them; `None` when nobody does (`rlm_query` is then `llm_query`).
+fn run_children(
+    py: Python<'_>,
+    bridge: &SubModelBridge,
+    slot: &ChildSlot,
+    prompts: Vec<String>,
+    contexts: &[Option<Bound<'_, PyAny>>],
+    model: Option<String>,
+    max_iterations: Option<u32>,
+) -> PyResult<Option<Vec<SubAnswer>>> {
+    let cancel = bridge.current_cell_token();
+    match runner(bridge, slot) {
+        Runner::Flat => Ok(None),
+        Runner::Here(runner) => {
+            let queries: Vec<ChildQuery> = prompts
+                .into_iter()
+                .zip(contexts)
+                .map(|(prompt, context)| ChildQuery {
+                    prompt,
+                    context: child_context(context.as_ref()),
+                    model: model.clone(),
+                    max_iterations,
+                })
+                .collect();
+            Ok(Some(py.detach(|| runner.run(queries, &cancel))))
+        }
+        Runner::Parent(remote) => {
+            let mut children = Vec::with_capacity(prompts.len());
+            for (prompt, context) in prompts.into_iter().zip(contexts) {
+                let context = context
+                    .as_ref()
+                    .filter(|c| !c.is_none())
+                    .map(|c| wire_context(py, c))
+                    .transpose()?;
+                children.push(WireChild {
+                    prompt,
+                    context,
+                    model: model.clone(),
+                    max_iterations,
+                });
+            }
+            Ok(py.detach(|| remote.children(children, &cancel)))
+        }
+    }
+}
+
 /// `rlm_query(prompt, context=None, *, model=None, max_iterations=None) -> str`: ask a child
 /// RLM, which works on `context` in a REPL of its own, and get its final answer.
 #[pyclass(frozen, name = "rlm_query", module = "rlm")]
@@ -156,26 +326,29 @@ impl RlmQuery {
         self.bridge.refuse_in_forked_child(py, "rlm_query")?;
         let prompt = extract_text(prompt, || "rlm_query() `prompt`".to_owned())?;
         let max_iterations = extract_iterations(max_iterations, "rlm_query")?;
-        let Some(runner) = self.slot.get() else {
-            say_flat_once(py, &self.slot)?;
-            let prompt = PyString::new(py, &flat_prompt(prompt, context)?);
-            let flat = LlmQuery {
-                bridge: Arc::clone(&self.bridge),
-            };
-            return flat.__call__(py, prompt.as_any(), model);
-        };
-        let query = ChildQuery {
-            prompt,
-            context: child_context(context),
-            model: super::natives::extract_model(model, "rlm_query")?,
+        let endpoint = super::natives::extract_model(model, "rlm_query")?;
+        let contexts = [context.cloned()];
+        let answers = run_children(
+            py,
+            &self.bridge,
+            &self.slot,
+            vec![prompt.clone()],
+            &contexts,
+            endpoint,
             max_iterations,
-        };
-        let cancel = self.bridge.current_cell_token();
-        let mut answers = py.detach(|| runner.run(vec![query], &cancel));
-        match answers.pop() {
-            Some(Ok(answer)) => Ok(answer),
-            Some(Err(failure)) => self.bridge.failure(py, &failure),
-            None => self.bridge.failure(
+        )?;
+        match answers.map(|mut answers| answers.pop()) {
+            None => {
+                say_flat_once(py, &self.slot)?;
+                let prompt = PyString::new(py, &flat_prompt(prompt, context)?);
+                let flat = LlmQuery {
+                    bridge: Arc::clone(&self.bridge),
+                };
+                flat.__call__(py, prompt.as_any(), model)
+            }
+            Some(Some(Ok(answer))) => Ok(answer),
+            Some(Some(Err(failure))) => self.bridge.failure(py, &failure),
+            Some(None) => self.bridge.failure(
                 py,
                 &SubFailure {
                     kind: "child_error".to_owned(),
@@ -248,36 +421,33 @@ impl RlmQueryBatched {
             }
         };
         let max_iterations = extract_iterations(max_iterations, "rlm_query_batched")?;
-        let Some(runner) = self.slot.get() else {
-            say_flat_once(py, &self.slot)?;
-            let flat: Vec<String> = texts
-                .into_iter()
-                .zip(&objects)
-                .map(|(prompt, context)| flat_prompt(prompt, context.as_ref()))
-                .collect::<PyResult<_>>()?;
-            let batched = LlmQueryBatched {
-                bridge: Arc::clone(&self.bridge),
-            };
-            return batched.__call__(py, PyList::new(py, flat)?.as_any(), model);
-        };
-        let model = super::natives::extract_model(model, "rlm_query_batched")?;
-        let queries: Vec<ChildQuery> = texts
-            .into_iter()
-            .zip(&objects)
-            .map(|(prompt, context)| ChildQuery {
-                prompt,
-                context: child_context(context.as_ref()),
-                model: model.clone(),
-                max_iterations,
-            })
-            .collect();
-        let n = queries.len();
-        if n == 0 {
+        if texts.is_empty() {
             return Ok(PyList::empty(py));
         }
-        let cancel = self.bridge.current_cell_token();
-        let answers = py.detach(|| runner.run(queries, &cancel));
-        self.bridge.child_answers(py, answers)
+        let endpoint = super::natives::extract_model(model, "rlm_query_batched")?;
+        match run_children(
+            py,
+            &self.bridge,
+            &self.slot,
+            texts.clone(),
+            &objects,
+            endpoint,
+            max_iterations,
+        )? {
+            Some(answers) => self.bridge.child_answers(py, answers),
+            None => {
+                say_flat_once(py, &self.slot)?;
+                let flat: Vec<String> = texts
+                    .into_iter()
+                    .zip(&objects)
+                    .map(|(prompt, context)| flat_prompt(prompt, context.as_ref()))
+                    .collect::<PyResult<_>>()?;
+                let batched = LlmQueryBatched {
+                    bridge: Arc::clone(&self.bridge),
+                };
+                batched.__call__(py, PyList::new(py, flat)?.as_any(), model)
+            }
+        }
     }
 
     fn __repr__(&self) -> String {

@@ -23,6 +23,7 @@ use pyo3::types::{PyList, PyString};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use super::children::WireChild;
 use super::metadata::{SubCallText, kept_text};
 use crate::runtime;
 use bridge::{BatchPolicy, BridgeError, CallOptions, ChatRequest, Endpoints, Ledger};
@@ -107,6 +108,14 @@ pub(crate) trait RemoteCalls: Send + Sync + std::fmt::Debug {
         prompts: Vec<String>,
         cancel: &CancellationToken,
     ) -> Result<Vec<SubAnswer>, SubFailure>;
+
+    /// `rlm_query` children, run by the other process; `None` when it runs none (the depth
+    /// limit: the code then runs `rlm_query` as `llm_query`).
+    fn children(
+        &self,
+        children: Vec<WireChild>,
+        cancel: &CancellationToken,
+    ) -> Option<Vec<SubAnswer>>;
 }
 
 /// Where a session's sub-calls go.
@@ -248,6 +257,14 @@ impl SubModelBridge {
             self.llm_query_calls.load(Ordering::Relaxed),
             self.llm_query_batched_calls.load(Ordering::Relaxed),
         )
+    }
+
+    /// The other process that answers this session's calls, if one does (a worker's parent).
+    pub(crate) fn remote(&self) -> Option<&Arc<dyn RemoteCalls>> {
+        match &self.route {
+            SubCallRoute::Local(_) => None,
+            SubCallRoute::Remote(remote) => Some(remote),
+        }
     }
 
     /// The running block's cancellation token (children stop with the block).

@@ -33,6 +33,7 @@ use super::protocol::{
 use super::spawn::{WORKER_ARG, receive_memfds};
 use super::transfer::share_module;
 use crate::repl::capture::{OutputSink, Stream};
+use crate::repl::children::WireChild;
 use crate::repl::context::{LoadedContext, load_context, load_live_value, load_text_bytes};
 use crate::repl::error::ReplError;
 use crate::repl::interpreter;
@@ -462,6 +463,9 @@ fn run(
             Ok(ToWorker::Answers { call, answers }) => {
                 link.deliver(call, CallAnswer::Many(answers));
             }
+            Ok(ToWorker::ChildAnswers { call, answers }) => {
+                link.deliver(call, CallAnswer::Children(answers));
+            }
             Ok(ToWorker::Shutdown) | Err(FrameError::Closed) => break,
             Ok(ToWorker::Start(_)) | Err(FrameError::Io(_) | FrameError::Malformed(_)) => break,
         }
@@ -506,6 +510,7 @@ fn serve_requests(link: &Link, session: &LocalSession, queue: &Receiver<Job>) {
 enum CallAnswer {
     One(SubAnswer),
     Many(Result<Vec<SubAnswer>, SubFailure>),
+    Children(Option<Vec<SubAnswer>>),
 }
 
 /// The worker's end of the link: framed writes under one lock, sub-calls waiting for their
@@ -727,7 +732,9 @@ impl RemoteCalls for Link {
             cancel,
         )? {
             CallAnswer::One(answer) => answer,
-            CallAnswer::Many(_) => Err(link_gone("it answered a call with a batch")),
+            CallAnswer::Many(_) | CallAnswer::Children(_) => {
+                Err(link_gone("it answered a call with a batch"))
+            }
         }
     }
 
@@ -748,9 +755,29 @@ impl RemoteCalls for Link {
         );
         match answer {
             Ok(CallAnswer::Many(answers)) => answers,
-            Ok(CallAnswer::One(_)) => Err(link_gone("it answered a batch with one call")),
+            Ok(CallAnswer::One(_) | CallAnswer::Children(_)) => {
+                Err(link_gone("it answered a batch with one call"))
+            }
             // Each slot fails as the whole batch did, as in-process when cancelled.
             Err(failure) => Ok(vec![Err(failure); n]),
+        }
+    }
+
+    fn children(
+        &self,
+        children: Vec<WireChild>,
+        cancel: &CancellationToken,
+    ) -> Option<Vec<SubAnswer>> {
+        let n = children.len();
+        match self.ask(|call| FromWorker::Children { call, children }, cancel) {
+            Ok(CallAnswer::Children(answers)) => answers,
+            Ok(CallAnswer::One(_) | CallAnswer::Many(_)) => {
+                Some(vec![
+                    Err(link_gone("it answered children with sub-calls"));
+                    n
+                ])
+            }
+            Err(failure) => Some(vec![Err(failure); n]),
         }
     }
 }

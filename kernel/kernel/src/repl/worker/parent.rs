@@ -42,7 +42,7 @@ use super::spawn::{
 };
 use super::transfer::{SharedContexts, readable, share_contexts};
 use crate::repl::capture::{OutputCapture, Stream};
-use crate::repl::children::ChildSlot;
+use crate::repl::children::{ChildSlot, WireChild, WireContext};
 use crate::repl::config::{OnCrash, SessionConfig};
 use crate::repl::error::ReplError;
 use crate::repl::interpreter::without_gil;
@@ -1500,6 +1500,9 @@ fn read_worker(worker: &Arc<Worker>, mut reader: BufReader<UnixStream>, services
                 endpoint,
                 prompts,
             }) => answer_batch(worker, services, call, endpoint, prompts),
+            Ok(FromWorker::Children { call, children }) => {
+                answer_children(worker, services, call, children);
+            }
             Ok(FromWorker::Returned { id }) => {
                 if let Some(waiter) = lock(&worker.waiters).get(&id) {
                     let _ = waiter.send(Event::Returned);
@@ -1675,6 +1678,79 @@ fn answer_batch(
             answers: Ok(answers),
         });
     });
+}
+
+/// Runs the worker code's `rlm_query` children here, in the parent (each with a session, and
+/// so a worker, of its own), on a thread of their own: a child's loop blocks. Their answers
+/// go on the block's record like sub-calls', so a replayed block gets them again without
+/// running the children again.
+fn answer_children(worker: &Arc<Worker>, services: &Services, call: u64, children: Vec<WireChild>) {
+    let Some(runner) = services.children.get() else {
+        let _ = worker.send(&ToWorker::ChildAnswers {
+            call,
+            answers: None,
+        });
+        return;
+    };
+    let config = services
+        .endpoints
+        .get(&services.sub_endpoint)
+        .map(|e| e.config().clone())
+        .unwrap_or_default();
+    let keys: Vec<RecordKey> = children.iter().map(|c| child_key(&config, c)).collect();
+    let (block, cancel) = match route(worker, services, &keys) {
+        Route::Replayed(answers) => {
+            let _ = worker.send(&ToWorker::ChildAnswers {
+                call,
+                answers: Some(answers),
+            });
+            return;
+        }
+        Route::Live { block, cancel } => (block, cancel),
+    };
+    let kept: Vec<Option<String>> = children.iter().map(|c| services.kept(&c.prompt)).collect();
+    let queries: Vec<_> = children.into_iter().map(WireChild::into_query).collect();
+    let worker = Arc::clone(worker);
+    let spawned = std::thread::Builder::new()
+        .name("rlm-children".to_owned())
+        .spawn(move || {
+            let answers = runner.run(queries, &cancel);
+            for ((key, prompt), answer) in keys.iter().zip(kept).zip(&answers) {
+                worker.record(block, *key, prompt, answer);
+            }
+            let _ = worker.send(&ToWorker::ChildAnswers {
+                call,
+                answers: Some(answers),
+            });
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("could not start a thread for rlm_query children: {e}");
+    }
+}
+
+/// The key a child's answer is recorded under for a replay: its query, context and model.
+fn child_key(sub: &bridge::EndpointConfig, child: &WireChild) -> RecordKey {
+    let context = match &child.context {
+        None => String::new(),
+        Some(WireContext::Text(text)) => text.clone(),
+        // By content: a replayed block writes the same context to a file of another name.
+        Some(WireContext::Path(path)) => std::fs::read(path)
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_else(|_| format!("file:{}", path.display())),
+    };
+    let request = ChatRequest {
+        model: child.model.clone(),
+        messages: vec![
+            bridge::Message::system(format!(
+                "rlm_query child (max_iterations {:?})",
+                child.max_iterations
+            )),
+            bridge::Message::user(child.prompt.clone()),
+            bridge::Message::user(context),
+        ],
+        ..ChatRequest::default()
+    };
+    RecordKey::for_call(sub, &request)
 }
 
 /// Reads a worker's own stdout/stderr (its crash messages; Python's own complaints) on a

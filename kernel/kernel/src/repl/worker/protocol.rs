@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::repl::capture::Stream;
+use crate::repl::children::WireChild;
 use crate::repl::config::SessionConfig;
 use crate::repl::error::ReplError;
 use crate::repl::metadata::{ContextMetadata, ExecutionResult, VariableInfo};
@@ -129,6 +130,14 @@ pub(crate) enum ToWorker {
         /// The answers, or why the batch could not be sent at all.
         answers: Result<Vec<SubAnswer>, SubFailure>,
     },
+    /// The answers to [`FromWorker::Children`] `call`, in input order; `None` when the parent
+    /// runs no children (the depth limit): the code runs `rlm_query` as `llm_query`.
+    ChildAnswers {
+        /// The call's id.
+        call: u64,
+        /// The answers.
+        answers: Option<Vec<SubAnswer>>,
+    },
     /// End the worker.
     Shutdown,
 }
@@ -208,6 +217,13 @@ pub(crate) enum FromWorker {
         endpoint: Option<String>,
         /// The prompts.
         prompts: Vec<String>,
+    },
+    /// `rlm_query` / `rlm_query_batched`: children for the parent to run.
+    Children {
+        /// The call's id.
+        call: u64,
+        /// The children, in input order.
+        children: Vec<WireChild>,
     },
     /// The user code of interrupted exec `id` has returned; the block is winding down.
     Returned {
