@@ -27,11 +27,11 @@ use std::sync::atomic::AtomicU64;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use super::natives::{
-    LlmQuery, LlmQueryBatched, RemoteCalls, SubAnswer, SubFailure, SubModelBridge,
+    LlmQuery, LlmQueryBatched, RemoteCalls, SubAnswer, SubFailure, SubModelBridge, WireChild,
+    WireContext,
 };
 use super::source::{ContextSource, LiveObject};
 
@@ -48,41 +48,16 @@ pub(crate) struct ChildQuery {
     pub(crate) max_iterations: Option<u32>,
 }
 
-/// One child as an isolated session's worker hands it to the parent, which runs it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct WireChild {
-    /// The child's query.
-    pub(crate) prompt: String,
-    /// Its context: text, or a file the worker wrote in its scratch directory.
-    pub(crate) context: Option<WireContext>,
-    /// The endpoint of its root model.
-    pub(crate) model: Option<String>,
-    /// Its iteration limit.
-    pub(crate) max_iterations: Option<u32>,
-}
-
-/// A child's context as the worker hands it over.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) enum WireContext {
-    /// A `str` (or UTF-8 `bytes`).
-    Text(String),
-    /// A dict or list (JSON), a polars frame (Parquet) or a pandas frame (CSV), written to
-    /// this file of the worker's scratch directory.
-    Path(PathBuf),
-}
-
-impl WireChild {
-    /// The query as the parent runs it.
-    pub(crate) fn into_query(self) -> ChildQuery {
-        ChildQuery {
-            prompt: self.prompt,
-            context: self.context.map(|context| match context {
-                WireContext::Text(text) => ContextSource::Text(text),
-                WireContext::Path(path) => ContextSource::Path(path),
-            }),
-            model: self.model,
-            max_iterations: self.max_iterations,
-        }
+/// The query of a child an isolated session's worker handed over, as the parent runs it.
+pub(crate) fn query_of(child: WireChild) -> ChildQuery {
+    ChildQuery {
+        prompt: child.prompt,
+        context: child.context.map(|context| match context {
+            WireContext::Text(text) => ContextSource::Text(text),
+            WireContext::Path(path) => ContextSource::Path(path),
+        }),
+        model: child.model,
+        max_iterations: child.max_iterations,
     }
 }
 

@@ -14,6 +14,7 @@
 //! whose copy of the runtime has no threads (and whose writes would garble the worker's link),
 //! a call raises `LlmQueryError` (kind `forked_child`) in either mode instead of waiting forever.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -23,7 +24,6 @@ use pyo3::types::{PyList, PyString};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::children::WireChild;
 use super::metadata::{SubCallText, kept_text};
 use crate::runtime;
 use bridge::{BatchPolicy, BridgeError, CallOptions, ChatRequest, Endpoints, Ledger};
@@ -88,6 +88,29 @@ impl From<&BridgeError> for SubFailure {
 
 /// One sub-call's outcome: the answer's text or the failure.
 pub(crate) type SubAnswer = Result<String, SubFailure>;
+
+/// One child as an isolated session's worker hands it to the parent, which runs it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct WireChild {
+    /// The child's query.
+    pub(crate) prompt: String,
+    /// Its context: text, or a file the worker wrote in its scratch directory.
+    pub(crate) context: Option<WireContext>,
+    /// The endpoint of its root model.
+    pub(crate) model: Option<String>,
+    /// Its iteration limit.
+    pub(crate) max_iterations: Option<u32>,
+}
+
+/// A child's context as the worker hands it over.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum WireContext {
+    /// A `str` (or UTF-8 `bytes`).
+    Text(String),
+    /// A dict or list (JSON), a polars frame (Parquet) or a pandas frame (CSV), written to
+    /// this file of the worker's scratch directory.
+    Path(PathBuf),
+}
 
 /// Sub-calls answered by another process (a worker's parent).
 pub(crate) trait RemoteCalls: Send + Sync + std::fmt::Debug {

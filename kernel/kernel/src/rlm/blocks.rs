@@ -5,7 +5,6 @@ use std::sync::LazyLock;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
-use super::tree::ChildRun;
 use crate::repl::ExecutionResult;
 
 /// The one pattern that marks runnable code: a fence tagged `repl`, optional whitespace, a
@@ -52,9 +51,6 @@ pub struct BlockRun {
     pub block: CodeBlock,
     /// Its execution.
     pub result: ExecutionResult,
-    /// The `rlm_query` child runs it started, in the order they were started.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub children: Vec<ChildRun>,
 }
 
 #[cfg(test)]

@@ -81,7 +81,6 @@ mod tests {
                 final_answers: final_answer.into_iter().collect(),
                 ..empty_result()
             },
-            children: Vec::new(),
         }
     }
 

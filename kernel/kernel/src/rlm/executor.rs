@@ -7,7 +7,7 @@ use bridge::{BudgetLimit, CancellationToken};
 
 use super::blocks::{BlockRun, CodeBlock};
 use super::hooks::{Hook, HookAction};
-use super::tree::{ChildRuns, budget_stop_message};
+use super::metadata::ChildRun;
 use crate::repl::{ExecutionResult, ReplError, ReplSession};
 
 /// Why the executor stopped before the last block.
@@ -28,11 +28,20 @@ pub enum ExecutionStop {
     Kernel(ReplError),
 }
 
+/// The nodes of the `rlm_query` children that ended, taken after each block (the run's child
+/// runner).
+pub(crate) trait ChildNodes: Send + Sync + std::fmt::Debug {
+    /// The children that ended since the last call, in the order they were started.
+    fn take(&self) -> Vec<ChildRun>;
+}
+
 /// The blocks of a reply that ran, and why the rest did not.
 #[derive(Debug)]
 pub struct ExecutedReply {
     /// The blocks that ran (or that a hook answered for), in order.
     pub runs: Vec<BlockRun>,
+    /// The `rlm_query` child runs each of those blocks started (one list per block).
+    pub children: Vec<Vec<ChildRun>>,
     /// Set when not every block ran.
     pub stop: Option<ExecutionStop>,
 }
@@ -43,7 +52,7 @@ pub struct CodeExecutor {
     session: Arc<ReplSession>,
     stop: CancellationToken,
     /// The run's `rlm_query` children, when its depth allows them.
-    children: Option<Arc<ChildRuns>>,
+    children: Option<Arc<dyn ChildNodes>>,
 }
 
 impl CodeExecutor {
@@ -68,7 +77,7 @@ impl CodeExecutor {
     }
 
     /// The same executor, attaching the children `runner` ran to the block that started them.
-    pub(crate) fn with_children(mut self, runner: Option<Arc<ChildRuns>>) -> Self {
+    pub(crate) fn with_children(mut self, runner: Option<Arc<dyn ChildNodes>>) -> Self {
         self.children = runner;
         self
     }
@@ -135,10 +144,12 @@ impl CodeExecutor {
         deadline: Option<Instant>,
     ) -> ExecutedReply {
         let mut runs = Vec::with_capacity(blocks.len());
+        let mut children: Vec<Vec<ChildRun>> = Vec::with_capacity(blocks.len());
         for mut block in blocks {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return ExecutedReply {
                     runs,
+                    children,
                     stop: Some(ExecutionStop::Deadline),
                 };
             }
@@ -148,6 +159,7 @@ impl CodeExecutor {
                     Err(error) => {
                         return ExecutedReply {
                             runs,
+                            children,
                             stop: Some(ExecutionStop::Kernel(error)),
                         };
                     }
@@ -156,20 +168,17 @@ impl CodeExecutor {
                 HookAction::Stop(reason) => {
                     return ExecutedReply {
                         runs,
+                        children,
                         stop: Some(ExecutionStop::Hook(reason)),
                     };
                 }
             };
-            let children = self
+            let started = self
                 .children
                 .as_ref()
                 .map(|runner| runner.take())
                 .unwrap_or_default();
-            let mut run = BlockRun {
-                block,
-                result,
-                children,
-            };
+            let mut run = BlockRun { block, result };
             hooks.after_block(iteration, &mut run);
             for call in &run.result.sub_calls {
                 hooks.on_sub_call(iteration, call);
@@ -185,21 +194,27 @@ impl CodeExecutor {
                     })
                 })
                 .or_else(|| {
-                    run.children.iter().find_map(|node| {
+                    started.iter().find_map(|node| {
                         Some(ExecutionStop::Budget {
                             limit: node.budget_limit()?,
-                            message: budget_stop_message(node, iteration, run.block.index),
+                            message: node.budget_stop(iteration, run.block.index),
                         })
                     })
                 });
             runs.push(run);
+            children.push(started);
             if let Some(stop) = refusal {
                 return ExecutedReply {
                     runs,
+                    children,
                     stop: Some(stop),
                 };
             }
         }
-        ExecutedReply { runs, stop: None }
+        ExecutedReply {
+            runs,
+            children,
+            stop: None,
+        }
     }
 }

@@ -194,7 +194,6 @@ mod tests {
                 code: "...".into(),
             },
             result,
-            children: Vec::new(),
         }
     }
 

@@ -10,7 +10,6 @@ use super::blocks::BlockRun;
 use super::blocks::CodeBlock;
 use super::feedback::truncate_middle;
 use super::final_answer::{FinalKind, FinalNote};
-use super::tree::ChildRun;
 use crate::repl::{ContextMetadata, ExecError, SubCallText};
 use bridge::{BudgetLimit, SubCallMetadata, add_cost};
 
@@ -285,6 +284,60 @@ impl SessionMetrics {
     }
 }
 
+/// One `rlm_query` child run: a node of the run tree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChildRun {
+    /// Position among the children its block started, from 0 (a batch's in input order).
+    pub index: usize,
+    /// Its depth: 1 for a child of the root run.
+    pub depth: u32,
+    /// The endpoint of its root model.
+    pub model: String,
+    /// Its query, head and tail kept.
+    pub prompt: String,
+    /// Its answer (head and tail kept), if it gave one.
+    pub answer: Option<String>,
+    /// Why it ended.
+    pub termination_reason: TerminationReason,
+    /// What went wrong, when it ended without a final answer.
+    pub error: Option<String>,
+    /// Its totals (tokens and cost include its own children).
+    pub metrics: SessionMetrics,
+    /// Its context.
+    pub contexts: Vec<ContextMetadata>,
+    /// Its iterations, texts cut (see the [module docs](self)).
+    pub iterations: Vec<IterationRecord>,
+}
+
+impl ChildRun {
+    /// Child runs in this node's subtree, itself included.
+    pub fn runs(&self) -> u64 {
+        1 + self.metrics.child_runs
+    }
+
+    /// The budget that stopped this child, if one did.
+    pub fn budget_limit(&self) -> Option<BudgetLimit> {
+        match self.termination_reason {
+            TerminationReason::CallBudget => Some(BudgetLimit::Calls),
+            TerminationReason::TokenBudget => Some(BudgetLimit::Tokens),
+            TerminationReason::CostBudget => Some(BudgetLimit::Usd),
+            TerminationReason::IterationBudget => Some(BudgetLimit::Iterations),
+            _ => None,
+        }
+    }
+
+    /// What its parent's run says when this child, started by `iteration`'s block `block`,
+    /// was stopped by a budget.
+    pub(crate) fn budget_stop(&self, iteration: u32, block: usize) -> String {
+        format!(
+            "the rlm_query child #{} (depth {}, started by iteration {iteration}, block {block}) hit the budget: {}",
+            self.index,
+            self.depth,
+            self.error.as_deref().unwrap_or("no reason given")
+        )
+    }
+}
+
 /// One block of an iteration as recorded: the code and its outputs, capped.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BlockRecord {
@@ -324,7 +377,8 @@ pub struct BlockRecord {
     /// why, and how the session was restored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart: Option<crate::repl::WorkerRestart>,
-    /// The `rlm_query` child runs the block started: the nodes of the run tree below it.
+    /// The `rlm_query` child runs the block started, in the order they were started: the
+    /// nodes of the run tree below it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<ChildRun>,
 }
@@ -355,7 +409,7 @@ impl BlockRecord {
                 crate::repl::FinalSource::FinalVar => FinalKind::FinalVar,
             }),
             restart: result.restart.clone(),
-            children: run.children.clone(),
+            children: Vec::new(),
         }
     }
 

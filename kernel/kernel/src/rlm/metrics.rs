@@ -60,9 +60,6 @@ impl Hook for MetricsHook {
         } else if result.error.is_some() {
             m.block_errors += 1;
         }
-        for child in &run.children {
-            m.add_child(&child.metrics);
-        }
     }
 
     fn on_sub_call(&mut self, _iteration: u32, call: &SubCallMetadata) {
@@ -72,8 +69,11 @@ impl Hook for MetricsHook {
         self.metrics.add_call(call);
     }
 
-    fn after_iteration(&mut self, _record: &mut IterationRecord) {
+    fn after_iteration(&mut self, record: &mut IterationRecord) {
         self.metrics.iterations += 1;
+        for child in record.blocks.iter().flat_map(|b| &b.children) {
+            self.metrics.add_child(&child.metrics);
+        }
     }
 
     fn on_error(&mut self, error: &RunError) {

@@ -145,7 +145,7 @@ pub use final_answer::{
 pub use generator::{CodeGenerator, Conversation, Generation};
 pub use hooks::{EndpointSummary, Hook, HookAction, Hooks, ModelCall, RunError, RunInfo};
 pub use metadata::{
-    BlockRecord, ExecutionMetadata, ExecutionStatus, IterationMetadata, IterationRecord,
+    BlockRecord, ChildRun, ExecutionMetadata, ExecutionStatus, IterationMetadata, IterationRecord,
     ModelMetrics, RlmResult, SessionMetrics, TerminationReason,
 };
 pub use metrics::MetricsHook;
@@ -153,6 +153,5 @@ pub use progress::{Phase, Progress, ProgressHook, ProgressSnapshot};
 pub use prompts::{PromptConfig, Prompts, describe_contexts};
 pub use runner::{Rlm, RlmError, StopHandle};
 pub use trajectory::{TRAJECTORY_VERSION, TrajectoryWriter};
-pub use tree::ChildRun;
 pub(crate) use view::escape as escape_html;
 pub use view::{ViewError, render_trajectory_html};

@@ -22,25 +22,29 @@
 //! - a [`StopHandle`] from another thread, e.g. on Ctrl-C (`interrupted`): the root call in
 //!   flight is cancelled and a running block interrupted.
 
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::blocks::{BlockRun, extract_code_blocks};
 use super::checker::CompletionChecker;
 use super::config::RlmConfig;
+use super::executor::ChildNodes;
 use super::executor::{CodeExecutor, ExecutionStop};
 use super::feedback::format_feedback;
 use super::final_answer::{FinalKind, FinalNote, FinalText, FoundAnswer, scan_final_lines};
 use super::generator::{CodeGenerator, Conversation, Generation};
 use super::hooks::{EndpointSummary, Hook, HookAction, Hooks, ModelCall, RunError, RunInfo};
+use super::metadata::ChildRun;
 use super::metadata::{
     BlockRecord, ExecutionMetadata, ExecutionStatus, IterationMetadata, IterationRecord, RlmResult,
     SessionMetrics, TerminationReason,
 };
 use super::metrics::MetricsHook;
 use super::prompts::Prompts;
-use super::tree::ChildRuns;
-use crate::repl::{ChildRunner, ContextMetadata, ReplSession};
+use crate::repl::{
+    ChildAnswer, ChildQuery, ChildRunner, ContextMetadata, ReplSession, SessionConfig, SubFailure,
+};
 use bridge::{BridgeError, CancellationToken, ChatRequest, Endpoints, Message, SubCallMetadata};
 
 /// Errors that prevent a run from starting. Once a run started, every failure ends it with a
@@ -263,7 +267,7 @@ impl Rlm {
             prompts,
             generator: CodeGenerator::new(root),
             executor: CodeExecutor::with_stop(Arc::clone(&self.session), self.stop.clone())
-                .with_children(children),
+                .with_children(children.map(|c| c as Arc<dyn ChildNodes>)),
             checker: CompletionChecker::new(self.config.completion),
             conversation,
             started,
@@ -486,6 +490,9 @@ impl Run<'_> {
                 &completion.notes,
                 (started_ms, model_ms),
             );
+            for (block, started) in record.blocks.iter_mut().zip(executed.children) {
+                block.children = started;
+            }
             hooks.after_iteration(&mut record);
             let failed = record.execution.status == ExecutionStatus::Error;
             let error_type = record.execution.error_type.clone();
@@ -882,5 +889,205 @@ mod tests {
                 "{text:?}"
             );
         }
+    }
+}
+
+/// Runs a session's `rlm_query` children (see [`super::tree`]).
+#[derive(Debug)]
+pub(crate) struct ChildRuns {
+    endpoints: Arc<Endpoints>,
+    /// The parent's session settings: each child's session gets the same.
+    session: SessionConfig,
+    /// The parent's loop settings: each child runs with them (its own root model).
+    config: RlmConfig,
+    /// The depth of the children this runner starts.
+    depth: u32,
+    /// The parent run's stop: stopping it stops the children.
+    stop: CancellationToken,
+    /// The parent run's deadline: children end by it too.
+    deadline: Option<Instant>,
+    /// Nodes of the children that ended since the last [`take`](Self::take).
+    finished: Mutex<Vec<ChildRun>>,
+    /// The index of the next child of the current block.
+    next: AtomicUsize,
+}
+
+impl ChildRuns {
+    pub(crate) fn new(
+        endpoints: Arc<Endpoints>,
+        session: SessionConfig,
+        config: RlmConfig,
+        depth: u32,
+        stop: CancellationToken,
+        deadline: Option<Instant>,
+    ) -> Self {
+        Self {
+            endpoints,
+            session,
+            config,
+            depth,
+            stop,
+            deadline,
+            finished: Mutex::new(Vec::new()),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// The nodes of the children that ended since the last call, in the order they were
+    /// started; the next child is numbered 0 again (call it after each block).
+    fn take(&self) -> Vec<ChildRun> {
+        let mut nodes =
+            std::mem::take(&mut *self.finished.lock().unwrap_or_else(PoisonError::into_inner));
+        self.next.store(0, Ordering::Relaxed);
+        nodes.sort_by_key(|node| node.index);
+        nodes
+    }
+
+    /// Runs one child to its end; returns what its code gets.
+    fn run_one(&self, index: usize, query: ChildQuery, cancel: &CancellationToken) -> ChildAnswer {
+        let model = query
+            .model
+            .clone()
+            .unwrap_or_else(|| self.session.sub_endpoint.clone());
+        let chars = self.session.sub_call_text_chars;
+        let (node, answer) = match self.start(&model, &query, cancel) {
+            Ok((mut rlm, stop_watch)) => {
+                let outcome = rlm.run(&query.prompt);
+                stop_watch.cancel();
+                match outcome {
+                    Ok(result) => {
+                        let answer = result.answer.clone();
+                        let node = ChildRun::from_result(
+                            index,
+                            self.depth,
+                            model,
+                            &query.prompt,
+                            result,
+                            chars,
+                        );
+                        let code_gets = node.answer_for_code(answer);
+                        (node, code_gets)
+                    }
+                    Err(e) => self.failed(index, model, &query.prompt, e.to_string()),
+                }
+            }
+            Err(message) => self.failed(index, model, &query.prompt, message),
+        };
+        self.finished
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(node);
+        answer
+    }
+
+    fn failed(
+        &self,
+        index: usize,
+        model: String,
+        prompt: &str,
+        message: String,
+    ) -> (ChildRun, ChildAnswer) {
+        let failure = SubFailure {
+            kind: "child_error".to_owned(),
+            message: format!("the rlm_query child run could not run: {message}"),
+        };
+        let node = ChildRun::not_started(
+            index,
+            self.depth,
+            model,
+            prompt,
+            message,
+            self.session.sub_call_text_chars,
+        );
+        (node, Err(failure))
+    }
+
+    /// A child's session and loop, ready to run; the returned token ends the task that
+    /// stops the child when its block (or the parent run) stops.
+    fn start(
+        &self,
+        model: &str,
+        query: &ChildQuery,
+        cancel: &CancellationToken,
+    ) -> Result<(Rlm, CancellationToken), String> {
+        self.endpoints.get(model).map_err(|e| e.to_string())?;
+        let contexts: Vec<_> = query.context.iter().cloned().collect();
+        let session =
+            ReplSession::new(self.session.clone(), Arc::clone(&self.endpoints), &contexts)
+                .map_err(|e| e.to_string())?;
+        let mut config = self.config.clone();
+        model.clone_into(&mut config.root_endpoint);
+        if let Some(n) = query.max_iterations {
+            config.max_iterations = n;
+        }
+        if let Some(deadline) = self.deadline {
+            // A deadline already passed leaves the child the least time there is: it stops
+            // at its first check.
+            let left = deadline.saturating_duration_since(Instant::now());
+            config.run_timeout = Some(left.max(std::time::Duration::from_millis(1)));
+        }
+        let rlm = Rlm::child(
+            config,
+            Arc::clone(&self.endpoints),
+            Arc::new(session),
+            self.depth,
+        );
+        let handle = rlm.stop_handle();
+        let done = CancellationToken::new();
+        let (block, parent, watch) = (cancel.clone(), self.stop.clone(), done.clone());
+        crate::runtime::shared().spawn(async move {
+            tokio::select! {
+                () = block.cancelled() => handle.stop(),
+                () = parent.cancelled() => handle.stop(),
+                () = watch.cancelled() => {}
+            }
+        });
+        Ok((rlm, done))
+    }
+}
+
+impl ChildNodes for ChildRuns {
+    fn take(&self) -> Vec<ChildRun> {
+        ChildRuns::take(self)
+    }
+}
+
+impl ChildRunner for ChildRuns {
+    fn run(&self, queries: Vec<ChildQuery>, cancel: &CancellationToken) -> Vec<ChildAnswer> {
+        let n = queries.len();
+        let first = self.next.fetch_add(n, Ordering::Relaxed);
+        let width = self
+            .session
+            .batch_concurrency
+            .unwrap_or(n)
+            .clamp(1, n.max(1));
+        let answers: Vec<Mutex<Option<ChildAnswer>>> = (0..n).map(|_| Mutex::new(None)).collect();
+        let cursor = AtomicUsize::new(0);
+        let queries = &queries;
+        std::thread::scope(|scope| {
+            for _ in 0..width.min(n) {
+                scope.spawn(|| {
+                    loop {
+                        let i = cursor.fetch_add(1, Ordering::Relaxed);
+                        let Some(query) = queries.get(i) else { break };
+                        let answer = self.run_one(first + i, query.clone(), cancel);
+                        *answers[i].lock().unwrap_or_else(PoisonError::into_inner) = Some(answer);
+                    }
+                });
+            }
+        });
+        answers
+            .into_iter()
+            .map(|slot| {
+                slot.into_inner()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .unwrap_or_else(|| {
+                        Err(SubFailure {
+                            kind: "child_error".to_owned(),
+                            message: "the rlm_query child run did not finish".to_owned(),
+                        })
+                    })
+            })
+            .collect()
     }
 }

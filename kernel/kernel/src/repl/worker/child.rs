@@ -33,13 +33,12 @@ use super::protocol::{
 use super::spawn::{WORKER_ARG, receive_memfds};
 use super::transfer::share_module;
 use crate::repl::capture::{OutputSink, Stream};
-use crate::repl::children::WireChild;
 use crate::repl::context::{LoadedContext, load_context, load_live_value, load_text_bytes};
 use crate::repl::error::ReplError;
 use crate::repl::interpreter;
 use crate::repl::interrupt::BlockEvents;
 use crate::repl::local::{ContextLoader, Embedding, LocalSession, ensure_module, pop_result};
-use crate::repl::natives::{RemoteCalls, SubAnswer, SubCallRoute, SubFailure};
+use crate::repl::natives::{RemoteCalls, SubAnswer, SubCallRoute, SubFailure, WireChild};
 use crate::repl::source::{ContextInput, ContextSource, LoadOptions, check_names};
 
 /// Output is sent once this much is buffered...

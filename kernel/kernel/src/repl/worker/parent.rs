@@ -42,7 +42,7 @@ use super::spawn::{
 };
 use super::transfer::{SharedContexts, readable, share_contexts};
 use crate::repl::capture::{OutputCapture, Stream};
-use crate::repl::children::{ChildSlot, WireChild, WireContext};
+use crate::repl::children::{ChildSlot, query_of};
 use crate::repl::config::{OnCrash, SessionConfig};
 use crate::repl::error::ReplError;
 use crate::repl::interpreter::without_gil;
@@ -50,7 +50,7 @@ use crate::repl::metadata::{
     ContextMetadata, ExecError, ExecutionResult, Restore, SubCallText, VariableInfo, WorkerEnd,
     WorkerRestart, kept_text,
 };
-use crate::repl::natives::{SubAnswer, SubFailure};
+use crate::repl::natives::{SubAnswer, SubFailure, WireChild, WireContext};
 use crate::repl::source::ContextInput;
 use crate::runtime;
 
@@ -1709,7 +1709,7 @@ fn answer_children(worker: &Arc<Worker>, services: &Services, call: u64, childre
         Route::Live { block, cancel } => (block, cancel),
     };
     let kept: Vec<Option<String>> = children.iter().map(|c| services.kept(&c.prompt)).collect();
-    let queries: Vec<_> = children.into_iter().map(WireChild::into_query).collect();
+    let queries: Vec<_> = children.into_iter().map(query_of).collect();
     let worker = Arc::clone(worker);
     let spawned = std::thread::Builder::new()
         .name("rlm-children".to_owned())

@@ -13,11 +13,10 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::repl::capture::Stream;
-use crate::repl::children::WireChild;
 use crate::repl::config::SessionConfig;
 use crate::repl::error::ReplError;
 use crate::repl::metadata::{ContextMetadata, ExecutionResult, VariableInfo};
-use crate::repl::natives::{SubAnswer, SubFailure};
+use crate::repl::natives::{SubAnswer, SubFailure, WireChild};
 
 /// The file descriptor of the worker's end of the socket.
 pub(crate) const LINK_FD: i32 = 3;
