@@ -557,7 +557,7 @@ fn render_children(out: &mut String, block: &Value) {
         };
         let _ = write!(
             out,
-            "<details class=\"rlm-it rlm-child\"><summary><b>Child #{}</b> · depth {} · {} ·              {} iteration(s) · {outcome}</summary>",
+            "<details class=\"rlm-it rlm-child\"><summary><b>Child #{}</b> · depth {} · {} · {} iteration(s) · {outcome}</summary>",
             number("index"),
             number("depth"),
             escape(text(child, "model").unwrap_or("?")),
