@@ -124,7 +124,15 @@ fn budget_run(extra: &[&str]) -> serde_json::Value {
     }));
     let dir = tempfile::tempdir().expect("tempdir");
     let context = context_file(&dir);
-    let mut args = vec!["--context", context.as_str(), "--query", "q", "--json"];
+    // Ten identical prompts: each is sent (and counted) without the sub-call cache.
+    let mut args = vec![
+        "--context",
+        context.as_str(),
+        "--query",
+        "q",
+        "--json",
+        "--no-sub-call-cache",
+    ];
     args.extend_from_slice(extra);
     let run = mock.run(&args);
     run.assert_code(3);

@@ -34,6 +34,8 @@ fn multi_iteration_run_with_batched_fan_out() {
         "How many x?",
         "--trajectory",
         trajectory.to_str().expect("utf-8"),
+        // Some chunks have the same text: each is still sent, as this test counts them.
+        "--no-sub-call-cache",
     ]);
     run.assert_code(0);
     assert_eq!(run.last_line(), "143");
@@ -165,6 +167,8 @@ fn the_anthropic_wire_format_runs_the_same_loop() {
             context.to_str().expect("utf-8"),
             "--query",
             "How many x?",
+            // The chunks have the same text: each is still sent, as this test counts them.
+            "--no-sub-call-cache",
         ]
         .map(str::to_owned),
         None,
