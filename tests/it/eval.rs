@@ -1,5 +1,6 @@
-//! `rlm eval`: scripted runs are exact at every size, real-endpoint runs are scored and their
-//! failures counted, outputs are never replaced without `--force`, bad options are usage errors.
+//! `rlm eval`: scripted runs are exact at every size, a sweep of depths scores a relation task
+//! by depth, real-endpoint runs are scored and their failures counted, outputs are never
+//! replaced without `--force`, bad options are usage errors.
 
 use serde_json::{Value, json};
 
@@ -117,7 +118,7 @@ fn the_table_names_the_scripted_models_and_every_task_and_size() {
         "models: SCRIPTED (mock LM server, no real language model)"
     );
     assert!(
-        lines[1].starts_with("task    size  method  runs  score  exact  tokens/run  USD  p50 s  p95 s  iters  sub-calls  failures"),
+        lines[1].starts_with("task    size  method  depth  runs  score  exact  calls  children  tokens/run  USD  p50 s  p95 s  iters  sub-calls  failures"),
         "{}",
         run.stdout
     );
@@ -139,8 +140,143 @@ fn the_table_names_the_scripted_models_and_every_task_and_size() {
     );
     for line in &lines[2..] {
         let cells: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(cells[2..6], ["rlm", "2", "1.000", "2/2"], "{line}");
+        assert_eq!(cells[2..7], ["rlm", "1", "2", "1.000", "2/2"], "{line}");
         assert!(line.ends_with(" -"), "no failures: {line}");
+    }
+}
+
+/// `--depths 1,2` over `linked` (pairs of users whose messages meet on a date) and `pairs`:
+/// every instance runs once per depth; the scripted root hands shares of the dates to
+/// `rlm_query` children, so `linked` is exact from depth 2 on and scores 0 at depth 1, where
+/// each share is one sub-call (answered `unknown`, or refused when it does not fit the
+/// sub-model's 32k window). The table has a row per depth with its calls, children and cost.
+#[test]
+fn a_sweep_of_depths_scores_a_relation_task_per_depth() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("runs");
+    let plot = dir.path().join("depths.svg");
+    let run = rlm(
+        &args(&[
+            "eval",
+            "--scripted",
+            "--tasks",
+            "linked,pairs",
+            "--sizes",
+            "8k,160k",
+            "--n",
+            "1",
+            "--depths",
+            "2,1",
+            "--price",
+            "1:2",
+            "--json",
+            "--out",
+            out.to_str().expect("utf-8"),
+            "--plot",
+            plot.to_str().expect("utf-8"),
+        ]),
+        None,
+    );
+    run.assert_code(0);
+    assert!(
+        run.stderr
+            .contains("every scripted run scored as its script says"),
+        "{}",
+        run.stderr
+    );
+    let doc = run.json();
+    assert_eq!(doc["depths"], json!([1, 2]));
+    let runs = doc["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 8, "2 tasks × 2 sizes × 2 depths");
+    let summary = rows(&doc);
+    let keys: Vec<(&str, u64, u64)> = summary
+        .iter()
+        .map(|r| {
+            (
+                r["task"].as_str().unwrap_or_default(),
+                r["size_tokens"].as_u64().unwrap_or_default(),
+                r["depth"].as_u64().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            ("linked", 8_000, 1),
+            ("linked", 8_000, 2),
+            ("linked", 160_000, 1),
+            ("linked", 160_000, 2),
+            ("pairs", 8_000, 1),
+            ("pairs", 8_000, 2),
+            ("pairs", 160_000, 1),
+            ("pairs", 160_000, 2),
+        ]
+    );
+    let number =
+        |row: &Value, key: &str| row[key].as_f64().unwrap_or_else(|| panic!("{key}: {row}"));
+    for pair in summary.chunks(2) {
+        let (flat, deep) = (&pair[0], &pair[1]);
+        if flat["task"] == "linked" {
+            // One sub-call per share of the dates at depth 1; four children, each two
+            // iterations and its own labelling sub-calls, at depth 2.
+            assert_eq!((number(flat, "score"), number(deep, "score")), (0.0, 1.0));
+            assert_eq!(
+                (number(flat, "child_runs"), number(deep, "child_runs")),
+                (0.0, 4.0)
+            );
+            assert!(number(deep, "model_calls") >= 2.0 + 4.0 * 3.0, "{deep}");
+            assert!(
+                number(deep, "cost_usd") > number(flat, "cost_usd"),
+                "{pair:?}"
+            );
+        } else {
+            // `pairs` needs no relation between records: depth changes nothing.
+            assert_eq!((number(flat, "score"), number(deep, "score")), (1.0, 1.0));
+            assert_eq!(number(deep, "child_runs"), 0.0);
+            assert_eq!(number(flat, "model_calls"), number(deep, "model_calls"));
+        }
+    }
+    // At 8k a share fits the window and is answered in one reply; at 160k (shares of ~40k
+    // tokens) the context-window check refuses it before sending.
+    let linked_8k = &summary[0];
+    assert_eq!(number(linked_8k, "model_calls"), 2.0 + 4.0);
+    let linked_160k = &summary[2];
+    assert_eq!(number(linked_160k, "model_calls"), 2.0);
+    let refused =
+        std::fs::read_to_string(out.join("linked-160k-d1-000.jsonl")).expect("trajectory");
+    assert!(
+        refused.contains("does not fit `scripted-sub`'s 32k window (as the server lists it)"),
+        "{refused:.2000}"
+    );
+    let deep = std::fs::read_to_string(out.join("linked-8k-d2-000.jsonl")).expect("trajectory");
+    assert!(
+        deep.contains("\"children\""),
+        "the tree is in the trajectory"
+    );
+    let svg = std::fs::read_to_string(&plot).expect("plot written");
+    for line in [
+        "linked · rlm depth 1",
+        "linked · rlm depth 2",
+        "pairs · rlm depth 2",
+    ] {
+        assert!(svg.contains(line), "a line per task and depth: {line}");
+    }
+    for r in runs {
+        let depth = r["depth"].as_u64().expect("a depth");
+        let stem = format!(
+            "{}-{}-d{depth}-000.jsonl",
+            r["task"].as_str().expect("task"),
+            if r["size_tokens"] == 8_000 {
+                "8k"
+            } else {
+                "160k"
+            }
+        );
+        assert_eq!(
+            r["trajectory"],
+            out.join(&stem).to_str().expect("utf-8"),
+            "{r}"
+        );
     }
 }
 

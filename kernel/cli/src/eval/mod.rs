@@ -3,11 +3,14 @@
 //!
 //! Every instance runs through the real loop in its own REPL session (`runner`), a few at a
 //! time (`--parallel`), optionally followed by the baseline: the same root model with the
-//! context pasted into its prompt, cut to `--baseline-window` tokens. `summary` turns the
+//! context pasted into its prompt, cut to `--baseline-window` tokens. `--depths 1,2` runs
+//! every instance once per depth of the run tree (`--max-depth`). `summary` turns the
 //! run records into rows (table, `--json`), `plot` draws them (`--plot`). `--out DIR` keeps
 //! each run's trajectory and the results; no file there is replaced without `--force`.
 //! `--scripted` starts the mock LM server in-process with models whose strategies are right
-//! (`scripted`), so the whole pipeline must score 100 % — a check for CI and the README.
+//! (`scripted`), so the whole pipeline must score as scripted: 100 %, except `linked` at depth
+//! 1, which the scripted models answer as one-shot sub-calls do (0) — a check for CI and the
+//! README.
 //! `--ray` makes the RLM runs on a Ray cluster through the Python package (`ray`) and hands
 //! their results to the same runner, which scores and writes them as local runs.
 
@@ -43,7 +46,9 @@ use runner::{Job, Method, Plan, RlmRuns, RunRecord, Stopper};
 #[derive(Debug, Args)]
 pub(crate) struct EvalArgs {
     /// Task families, comma-separated: `needle` (find one key's value), `aggregate` (count
-    /// messages per inferred category), `pairs` (every pair of users meeting a condition).
+    /// messages per inferred category), `pairs` (every pair of users meeting a condition),
+    /// `linked` (every pair of users whose messages meet on a date: a relation between pairs
+    /// of records, what deeper run trees are for; not run unless named).
     #[arg(long, value_delimiter = ',', default_value = "needle,aggregate,pairs", value_parser = parse_task)]
     pub(crate) tasks: Vec<TaskKind>,
 
@@ -58,6 +63,12 @@ pub(crate) struct EvalArgs {
     /// Seed of the generated tasks (the same seed gives the same tasks).
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
+
+    /// Depths of the run tree to compare, comma-separated (e.g. `1,2`): every instance runs
+    /// once at each `--max-depth` listed, and the table has a row per depth [default: the
+    /// `--max-depth` of the options].
+    #[arg(long, value_delimiter = ',', value_name = "DEPTHS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) depths: Vec<u32>,
 
     /// Facts in each needle context: one asked for, the others decoys with other keys.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
@@ -152,7 +163,8 @@ pub(crate) fn execute(args: EvalArgs, config: Option<&Path>) -> Result<ExitCode>
             eprintln!(
                 "rlm eval: the models are SCRIPTED. A mock LM server on {} plays a root model whose \
                  strategy is right for each task and a sub-model that answers chunk questions by \
-                 rules; no real language model is involved, so every score must be 1.",
+                 rules; no real language model is involved, so every score must be 1 (but 0 for \
+                 `linked` at depth 1, where the scripted sub-model plays a one-shot reply).",
                 server.openai_base_url()
             );
         }
@@ -161,15 +173,30 @@ pub(crate) fn execute(args: EvalArgs, config: Option<&Path>) -> Result<ExitCode>
         None
     };
 
+    let rlm_config = endpoints::rlm_config(&opts)?;
+    let swept = !args.depths.is_empty();
+    let mut depths = if swept {
+        args.depths.clone()
+    } else {
+        vec![rlm_config.max_depth]
+    };
+    depths.sort_unstable();
+    depths.dedup();
+    let depths = &depths;
     let jobs: Vec<Job> = args
         .tasks
         .iter()
         .flat_map(|kind| {
             args.sizes.iter().flat_map(move |size| {
-                (0..args.n as usize).map(move |index| Job {
-                    kind: *kind,
-                    size: *size,
-                    index,
+                (0..args.n as usize).flat_map(move |index| {
+                    depths.iter().enumerate().map(move |(i, depth)| Job {
+                        kind: *kind,
+                        size: *size,
+                        index,
+                        depth: *depth,
+                        swept,
+                        baseline: i == 0,
+                    })
                 })
             })
         })
@@ -207,7 +234,7 @@ pub(crate) fn execute(args: EvalArgs, config: Option<&Path>) -> Result<ExitCode>
         parallel: args.parallel as usize,
         baseline_window: args.baseline_window,
         trajectories: &trajectories,
-        rlm_config: endpoints::rlm_config(&opts)?,
+        rlm_config,
         session_config: endpoints::session_config(&opts)?,
         endpoints: &endpoints,
         on_done: &on_done,
@@ -229,6 +256,7 @@ pub(crate) fn execute(args: EvalArgs, config: Option<&Path>) -> Result<ExitCode>
         "seed": args.seed,
         "n": args.n,
         "needles": args.needles,
+        "depths": depths,
         "baseline_window_tokens": args.baseline_window,
         "tokens_per_byte": 0.25,
         "wall_s": wall_s,
@@ -285,17 +313,22 @@ pub(crate) fn execute(args: EvalArgs, config: Option<&Path>) -> Result<ExitCode>
         return Ok(ExitCode::from(EXIT_INTERRUPTED));
     }
     if args.scripted {
-        let inexact = records
-            .iter()
-            .filter(|r| r.method == Method::Rlm && !r.exact)
-            .count();
-        if inexact > 0 {
+        let expected = |r: &RunRecord| scripted::expected_score(r.task, r.depth.unwrap_or(1));
+        let rlm_runs = || records.iter().filter(|r| r.method == Method::Rlm);
+        let off = rlm_runs().filter(|r| r.score != expected(r)).count();
+        if off > 0 {
             eprintln!(
-                "check: {inexact} scripted runs scored below 1; the pipeline lost or changed something (see their trajectories with `--out DIR`)"
+                "check: {off} scripted runs did not score as their script says (1; `linked` at depth 1: 0); the pipeline lost or changed something (see their trajectories with `--out DIR`)"
             );
             return Ok(ExitCode::FAILURE);
         }
-        eprintln!("check: every scripted run scored 1 ✓");
+        if rlm_runs().all(|r| expected(r) == 1.0) {
+            eprintln!("check: every scripted run scored 1 ✓");
+        } else {
+            eprintln!(
+                "check: every scripted run scored as its script says ✓ (1; `linked` at depth 1: 0, as a one-shot sub-call cannot relate the records of a share of the dates)"
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

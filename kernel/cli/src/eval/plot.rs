@@ -1,5 +1,5 @@
 //! `--plot FILE.svg`: score against context size, one line per task and method (RLM solid,
-//! baseline dashed), as a self-contained SVG.
+//! one line per depth in a sweep of depths; baseline dashed), as a self-contained SVG.
 
 use anyhow::{Context as _, Result};
 use kernel::eval::{TaskKind, format_size};
@@ -9,10 +9,11 @@ use super::runner::Method;
 use super::summary::Row;
 use crate::outputs::Document;
 
-const COLOURS: [RGBColor; 3] = [
+const COLOURS: [RGBColor; 4] = [
     RGBColor(0x1f, 0x77, 0xb4),
     RGBColor(0xd6, 0x27, 0x28),
     RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0x94, 0x67, 0xbd),
 ];
 
 /// Writes the plot of `rows` to `file`.
@@ -48,19 +49,31 @@ fn draw(svg: &mut String, rows: &[Row], scripted: bool) -> Result<()> {
         .y_label_formatter(&|y| format!("{y:.1}"))
         .light_line_style(WHITE)
         .draw()?;
+    let mut series: Vec<(Method, Option<u32>)> = rows.iter().map(|r| (r.method, r.depth)).collect();
+    series.sort_unstable();
+    series.dedup();
+    let depths = series.iter().filter(|(m, _)| *m == Method::Rlm).count();
     for (t, task) in TaskKind::ALL.iter().enumerate() {
         let colour = COLOURS[t % COLOURS.len()];
-        for method in [Method::Rlm, Method::Base] {
+        for (s, &(method, depth)) in series.iter().enumerate() {
             let points: Vec<(f64, f64)> = rows
                 .iter()
-                .filter(|r| r.task == *task && r.method == method)
+                .filter(|r| r.task == *task && r.method == method && r.depth == depth)
                 .map(|r| (r.size_tokens as f64, r.score))
                 .collect();
             if points.is_empty() {
                 continue;
             }
-            let label = format!("{task} · {}", method.as_str());
-            let style = colour.stroke_width(2);
+            let label = match depth {
+                Some(depth) if depths > 1 => format!("{task} · {} depth {depth}", method.as_str()),
+                _ => format!("{task} · {}", method.as_str()),
+            };
+            // In a sweep, deeper trees draw thicker lines (the RLM series sort first, by depth).
+            let width = match method {
+                Method::Rlm if depths > 1 => 1 + 2 * u32::try_from(s.min(3)).unwrap_or(0),
+                _ => 2,
+            };
+            let style = colour.stroke_width(width);
             match method {
                 Method::Rlm => chart
                     .draw_series(LineSeries::new(points.clone(), style))?

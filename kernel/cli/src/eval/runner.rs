@@ -8,6 +8,11 @@
 //! block's sub-call records are the ledger's records since the block started, so runs sharing
 //! a ledger would count each other's calls. Budgets and `--batch-concurrency` therefore hold
 //! per run.
+//!
+//! A sweep of depths (`--depths 1,2`) runs every instance once per depth, each a run of its
+//! own with its `--max-depth`: its own registry, so its own budget for its tree and its own
+//! sub-call record (no depth is answered from another's cache). The baseline does not depend
+//! on the depth and runs once per instance.
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -26,18 +31,35 @@ use serde::{Deserialize, Serialize};
 use super::scripted::BASELINE_SYSTEM;
 use crate::outputs::LogFile;
 
-/// One instance to run: a family, a size and its index.
+/// One instance to run: a family, a size, its index, and the depth of the run tree.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Job {
     pub(super) kind: TaskKind,
     pub(super) size: u64,
     pub(super) index: usize,
+    /// The run's `--max-depth`.
+    pub(super) depth: u32,
+    /// Whether depths are swept (`--depths`): the depth is then part of the file stem.
+    pub(super) swept: bool,
+    /// Whether the baseline runs after it (once per instance, whatever the depths).
+    pub(super) baseline: bool,
 }
 
 impl Job {
-    /// The file stem of this job's outputs: `needle-8k-003`.
+    /// The file stem of this job's outputs: `needle-8k-003`, or `linked-8k-d2-003` in a sweep
+    /// of depths.
     pub(super) fn stem(&self) -> String {
-        format!("{}-{}-{:03}", self.kind, format_size(self.size), self.index)
+        let depth = if self.swept {
+            format!("-d{}", self.depth)
+        } else {
+            String::new()
+        };
+        format!(
+            "{}-{}{depth}-{:03}",
+            self.kind,
+            format_size(self.size),
+            self.index
+        )
     }
 }
 
@@ -68,6 +90,8 @@ pub(super) struct RunRecord {
     pub(super) index: usize,
     pub(super) seed: u64,
     pub(super) method: Method,
+    /// The run's `--max-depth` (none for the baseline).
+    pub(super) depth: Option<u32>,
     /// Tokens of the context (4 bytes a token).
     pub(super) context_tokens: u64,
     pub(super) score: f64,
@@ -76,7 +100,14 @@ pub(super) struct RunRecord {
     /// …), or for the baseline `answered` or the call's failure kind (`timeout`, `http_429`, …).
     pub(super) outcome: String,
     pub(super) iterations: u32,
+    /// Sub-calls of the root run's code.
     pub(super) sub_calls: u64,
+    /// Calls sent to a model in the whole run tree (the run's ledger): root iterations,
+    /// sub-calls and every child run's; calls answered by the sub-call cache or refused before
+    /// sending are not counted.
+    pub(super) model_calls: u64,
+    /// `rlm_query` child runs at every depth.
+    pub(super) child_runs: u64,
     pub(super) prompt_tokens: u64,
     pub(super) completion_tokens: u64,
     pub(super) cost_usd: Option<f64>,
@@ -209,6 +240,7 @@ fn run_job(plan: &Plan<'_>, job: Job, stopper: &Stopper) -> Result<Vec<RunRecord
     };
     let mut records = vec![rlm];
     if let Some(window) = plan.baseline_window
+        && job.baseline
         && !stopper.is_stopped()
     {
         let endpoints = (plan.endpoints)()?;
@@ -225,12 +257,15 @@ fn record(job: Job, task: &TaskInstance, method: Method, answer: Option<&str>) -
         index: job.index,
         seed: task.seed,
         method,
+        depth: (method == Method::Rlm).then_some(job.depth),
         context_tokens: kernel::eval::estimate_tokens(&task.context),
         score: score.value,
         exact: score.exact,
         outcome: String::new(),
         iterations: 0,
         sub_calls: 0,
+        model_calls: 0,
+        child_runs: 0,
         prompt_tokens: 0,
         completion_tokens: 0,
         cost_usd: None,
@@ -254,7 +289,12 @@ fn run_rlm(
     )
     .with_context(|| format!("Could not load the context of `{}`", job.stem()))?;
     crate::observe::report_isolation(&session);
-    let mut rlm = Rlm::new(plan.rlm_config.clone(), endpoints, Arc::new(session));
+    let config = RlmConfig {
+        max_depth: job.depth,
+        ..plan.rlm_config.clone()
+    };
+    let ledger = Arc::clone(endpoints.ledger());
+    let mut rlm = Rlm::new(config, endpoints, Arc::new(session));
     let log = plan
         .trajectories
         .lock()
@@ -306,6 +346,8 @@ fn rlm_record(
         outcome,
         iterations: m.iterations,
         sub_calls: m.sub_calls,
+        model_calls: ledger.records().iter().filter(|r| r.attempts > 0).count() as u64,
+        child_runs: m.child_runs,
         prompt_tokens: m.prompt_tokens,
         completion_tokens: m.completion_tokens,
         cost_usd: m.cost_usd,
@@ -411,6 +453,7 @@ fn run_baseline(
     Ok(RunRecord {
         outcome,
         iterations: 1,
+        model_calls: 1,
         prompt_tokens: call.record.prompt_tokens,
         completion_tokens: call.record.completion_tokens,
         cost_usd: call.record.cost_usd,

@@ -120,12 +120,33 @@ const MONTHS: &[&str] = &[
 /// The format of one line, for the queries.
 pub(crate) const LINE_FORMAT: &str = "Date: MON DD, YYYY || User: ID || Instance: TEXT";
 
-/// Appends one line (with its newline): a message of `category` from `user`.
-pub(crate) fn write_entry(out: &mut String, rng: &mut SplitMix64, category: usize, user: u64) {
-    let c = &CATEGORIES[category];
-    let month = rng.pick(MONTHS);
+/// A date of a message: month (index into the month names), day, year.
+pub(crate) type Date = (usize, u64, u64);
+
+/// A date from 2022 to 2024 (days 1 to 28 of any month).
+pub(crate) fn random_date(rng: &mut SplitMix64) -> Date {
+    let month = rng.below(MONTHS.len());
     let day = rng.between(1, 28);
     let year = rng.between(2022, 2024);
+    (month, day, year)
+}
+
+/// Appends one line (with its newline): a message of `category` from `user`.
+pub(crate) fn write_entry(out: &mut String, rng: &mut SplitMix64, category: usize, user: u64) {
+    let date = random_date(rng);
+    write_entry_on(out, rng, category, user, date);
+}
+
+/// Appends one line (with its newline): a message of `category` from `user` on `date`.
+pub(crate) fn write_entry_on(
+    out: &mut String,
+    rng: &mut SplitMix64,
+    category: usize,
+    user: u64,
+    (month, day, year): Date,
+) {
+    let c = &CATEGORIES[category];
+    let month = MONTHS[month % MONTHS.len()];
     let opener = rng.pick(OPENERS);
     let text = rng.pick(c.messages);
     let closer = rng.pick(CLOSERS);

@@ -2,12 +2,14 @@
 //!
 //! # Pieces
 //!
-//! - Three task families ([`TaskKind`]), in the style of the RLM paper's benchmarks:
+//! - Four task families ([`TaskKind`]), in the style of the RLM paper's benchmarks:
 //!   **needle** (S-NIAH: key–value facts in a distractor text, one asked for; exact match),
 //!   **aggregate** (OOLONG: customer messages whose [`CATEGORIES`] must be inferred; counts
 //!   per category, partial credit `0.75^|error|` per count as OOLONG scores numbers) and
 //!   **pairs** (OOLONG-Pairs: every pair of users who both sent a message of one category;
-//!   F1 over pairs, order-insensitive).
+//!   F1 over pairs, order-insensitive), and **linked** (every pair of users who sent a
+//!   message of one category on the same date: a relation between pairs of records, the task
+//!   a deeper tree of `rlm_query` children is for; scored as pairs).
 //! - [`TaskInstance::generate`] makes one instance — context, query, truth — from a kind, a
 //!   size in tokens and a seed; the same arguments give the same instance in every version
 //!   (the generators use their own fixed random stream). [`TaskInstance::score`] scores an
@@ -34,6 +36,7 @@
 
 mod aggregate;
 mod entries;
+mod linked;
 mod needle;
 mod pairs;
 mod rng;
@@ -59,11 +62,19 @@ pub enum TaskKind {
     Aggregate,
     /// List every pair of users meeting a condition (F1 over pairs).
     Pairs,
+    /// List every pair of users who sent a message of a category on the same date (F1 over
+    /// pairs).
+    Linked,
 }
 
 impl TaskKind {
     /// Every kind, in report order.
-    pub const ALL: [TaskKind; 3] = [TaskKind::Needle, TaskKind::Aggregate, TaskKind::Pairs];
+    pub const ALL: [TaskKind; 4] = [
+        TaskKind::Needle,
+        TaskKind::Aggregate,
+        TaskKind::Pairs,
+        TaskKind::Linked,
+    ];
 
     /// The name the CLI and reports use.
     pub fn as_str(self) -> &'static str {
@@ -71,6 +82,7 @@ impl TaskKind {
             Self::Needle => "needle",
             Self::Aggregate => "aggregate",
             Self::Pairs => "pairs",
+            Self::Linked => "linked",
         }
     }
 }
@@ -85,7 +97,7 @@ impl fmt::Display for TaskKind {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EvalError {
     /// Not a task name.
-    #[error("Unknown task `{0}`; the tasks are `needle`, `aggregate` and `pairs`")]
+    #[error("Unknown task `{0}`; the tasks are `needle`, `aggregate`, `pairs` and `linked`")]
     UnknownTask(String),
     /// Not a size.
     #[error(
@@ -164,7 +176,7 @@ pub enum Truth {
         /// Category name → count.
         counts: BTreeMap<String, u64>,
     },
-    /// Every qualifying pair, `(smaller, larger)`.
+    /// Every qualifying pair, `(smaller, larger)` (the pairs and linked tasks).
     Pairs {
         /// The category both users sent.
         category: String,
@@ -253,6 +265,14 @@ impl TaskInstance {
                     pairs: p.pairs,
                 };
                 (p.context, pairs::query(p.category), truth)
+            }
+            TaskKind::Linked => {
+                let l = linked::generate(bytes, &mut rng);
+                let truth = Truth::Pairs {
+                    category: CATEGORIES[l.category].name.to_owned(),
+                    pairs: l.pairs,
+                };
+                (l.context, linked::query(l.category), truth)
             }
         };
         Self {
