@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 
 use anyhow::{Context as _, Result};
 use bridge::mock::Script;
@@ -218,14 +218,33 @@ pub(crate) fn execute(args: EvalArgs, config: Option<&Path>) -> Result<ExitCode>
     let started = std::time::Instant::now();
     let (rlm_runs, jobs_run) = match &args.ray {
         None => (RlmRuns::Local, jobs.clone()),
-        Some(address) => ray::run(
-            address.as_deref(),
-            endpoints::keyword_options(&opts)?,
-            &jobs,
-            args.seed,
-            args.needles as usize,
-            &stopper,
-        )?,
+        Some(address) => {
+            // One job on the cluster per depth: the package's options hold for a whole job.
+            let mut done = HashMap::new();
+            let mut ran = Vec::new();
+            for depth in depths {
+                let mut options = endpoints::keyword_options(&opts)?;
+                options.insert("max_depth".into(), json!(depth));
+                let of_depth: Vec<Job> =
+                    jobs.iter().filter(|j| j.depth == *depth).copied().collect();
+                let (runs, finished) = ray::run(
+                    address.as_deref(),
+                    options,
+                    &of_depth,
+                    args.seed,
+                    args.needles as usize,
+                    &stopper,
+                )?;
+                if let RlmRuns::Done(runs) = runs {
+                    done.extend(runs.into_inner().unwrap_or_else(PoisonError::into_inner));
+                }
+                ran.extend(finished);
+                if stopper.is_stopped() {
+                    break;
+                }
+            }
+            (RlmRuns::Done(Mutex::new(done)), ran)
+        }
     };
     let plan = Plan {
         jobs: &jobs_run,

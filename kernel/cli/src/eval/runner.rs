@@ -102,9 +102,9 @@ pub(super) struct RunRecord {
     pub(super) iterations: u32,
     /// Sub-calls of the root run's code.
     pub(super) sub_calls: u64,
-    /// Calls sent to a model in the whole run tree (the run's ledger): root iterations,
-    /// sub-calls and every child run's; calls answered by the sub-call cache or refused before
-    /// sending are not counted.
+    /// Calls sent to a model in the whole run tree: root iterations, sub-calls and every
+    /// child run's; calls answered by the sub-call cache or refused before sending are not
+    /// counted.
     pub(super) model_calls: u64,
     /// `rlm_query` child runs at every depth.
     pub(super) child_runs: u64,
@@ -293,7 +293,6 @@ fn run_rlm(
         max_depth: job.depth,
         ..plan.rlm_config.clone()
     };
-    let ledger = Arc::clone(endpoints.ledger());
     let mut rlm = Rlm::new(config, endpoints, Arc::new(session));
     let log = plan
         .trajectories
@@ -346,7 +345,7 @@ fn rlm_record(
         outcome,
         iterations: m.iterations,
         sub_calls: m.sub_calls,
-        model_calls: ledger.records().iter().filter(|r| r.attempts > 0).count() as u64,
+        model_calls: m.models.values().map(|model| model.sent).sum(),
         child_runs: m.child_runs,
         prompt_tokens: m.prompt_tokens,
         completion_tokens: m.completion_tokens,

@@ -144,6 +144,11 @@ impl RunOptions {
         for entry in self.extra_models.iter().flatten() {
             configs.push(extra_model(spelling, entry, &configs)?);
         }
+        // The sub-model's alone: an `--extra-model` is another model, with a window of its own.
+        if let Some(tokens) = self.sub_context_window {
+            check(spelling, "sub_context_window", &tokens.to_string())?;
+            configs[1].context_window = Some(tokens);
+        }
         let budget = Budget {
             max_calls: self.max_sub_calls,
             max_tokens: self.max_tokens,
@@ -181,7 +186,14 @@ impl RunOptions {
         let ledger = Ledger::new(budget).with_names(names);
         let endpoints =
             Endpoints::new(configs, Arc::new(ledger)).map_err(OptionError::Endpoints)?;
+        endpoints.sub_calls().set_caching(self.sub_call_cache());
         Ok(Arc::new(endpoints))
+    }
+
+    /// Whether identical sub-calls of a run are answered from its record (the sub-call
+    /// cache): on unless `no_sub_call_cache`.
+    pub fn sub_call_cache(&self) -> bool {
+        !self.no_sub_call_cache.unwrap_or(false)
     }
 
     /// The fan-out width of a batch (`None`: all at once, capped by the endpoint's limiter,
@@ -255,6 +267,10 @@ impl RunOptions {
         if let Some(n) = self.max_iterations {
             check(spelling, "max_iterations", &n.to_string())?;
             config.max_iterations = n;
+        }
+        if let Some(n) = self.max_depth {
+            check(spelling, "max_depth", &n.to_string())?;
+            config.max_depth = n;
         }
         config.run_timeout = self.run_timeout(spelling)?;
         config.completion = CompletionRules {

@@ -216,6 +216,13 @@ run_options! {
         .repeated()
         .flag("secret")
         .value_name("VAR");
+    /// The sub-model's context window, in tokens: a sub-call whose prompt plus
+    /// `--max-output-tokens` cannot fit is refused before it is sent [default: known for
+    /// well-known models, else what the server's model listing says, else unchecked].
+    sub_context_window: u64 = OptionSpec::new(Kind::Whole { min: 1 }, Models)
+        .env("RLM_SUB_CONTEXT_WINDOW")
+        .value_name("TOKENS")
+        .example("128000");
     /// Most tokens one model reply may have (sent as `max_tokens`; default: the server's).
     max_output_tokens: u32 = OptionSpec::new(Kind::Whole { min: 1 }, Models)
         .env("RLM_MAX_OUTPUT_TOKENS");
@@ -279,6 +286,10 @@ run_options! {
     /// blocks (sub-calls answered from the run's record, no new model calls), or start
     /// fresh.
     on_crash: OnCrash = OptionSpec::new(Kind::Choice(ON_CRASH), Session).env("RLM_ON_CRASH");
+    /// Send every sub-call, even one identical (model, messages, settings) to an earlier one
+    /// of the run; by default such repeats get the recorded answer without a request
+    /// (`--no-sub-call-cache=false` overrides rlm.toml).
+    no_sub_call_cache: bool = OptionSpec::new(Kind::Switch, Session).env("RLM_NO_SUB_CALL_CACHE");
     /// Which final-answer conventions count.
     protocol: Protocol = OptionSpec::new(Kind::Choice(PROTOCOLS), Loop).env("RLM_PROTOCOL");
     /// A reply with both code and a `FINAL`/`FINAL_VAR` line: run the code, then accept the
@@ -298,6 +309,12 @@ run_options! {
         .env("RLM_MAX_HISTORY_CHARS")
         .value_name("CHARS")
         .example("50000");
+    /// Levels of RLM runs the tree may have, the root's included: at 1, `rlm_query` in the
+    /// code behaves as `llm_query`; at 2 it starts child RLM runs, each with a REPL of its own
+    /// [default: 1].
+    max_depth: u32 = OptionSpec::new(Kind::Whole { min: 1 }, Loop)
+        .env("RLM_MAX_DEPTH")
+        .example("2");
     /// Stop after this many iterations in a row whose code failed (0: never) [default: 5].
     max_consecutive_failures: u32 = OptionSpec::new(Kind::Whole { min: 0 }, Loop)
         .env("RLM_MAX_CONSECUTIVE_FAILURES");

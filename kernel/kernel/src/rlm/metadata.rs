@@ -170,6 +170,10 @@ pub struct ModelMetrics {
     /// Calls answered from the run's sub-call record without a request.
     #[serde(default)]
     pub cache_hits: u64,
+    /// Calls sent to the server (at least one HTTP attempt): not those the cache answered,
+    /// nor those refused (a budget, the context window) or cancelled before sending.
+    #[serde(default)]
+    pub sent: u64,
     /// Calls that failed.
     pub errors: u64,
     /// Prompt tokens.
@@ -190,11 +194,12 @@ impl ModelMetrics {
     pub fn merge(&mut self, other: &ModelMetrics) {
         self.calls += other.calls;
         self.cache_hits += other.cache_hits;
+        self.sent += other.sent;
         self.errors += other.errors;
         self.prompt_tokens += other.prompt_tokens;
         self.completion_tokens += other.completion_tokens;
         self.tokens_estimated |= other.tokens_estimated;
-        self.cost_usd += other.cost_usd;
+        self.cost_usd = add_cost(self.cost_usd, other.cost_usd);
         self.latency_ms += other.latency_ms;
     }
 
@@ -202,6 +207,7 @@ impl ModelMetrics {
     pub fn add(&mut self, call: &SubCallMetadata) {
         self.calls += 1;
         self.cache_hits += u64::from(call.cache.is_some());
+        self.sent += u64::from(call.attempts > 0);
         self.errors += u64::from(call.error.is_some());
         self.prompt_tokens += call.prompt_tokens;
         self.completion_tokens += call.completion_tokens;
