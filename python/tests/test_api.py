@@ -219,3 +219,35 @@ def test_an_isolated_run_survives_a_segfault_with_its_variables(mock_server):
     assert crashed["error"]["type_name"] == "WorkerCrashed"
     assert crashed["restart"]["restore"]["kind"] == "replayed"
     assert [m for m, _ in mock.request_log()].count("sub") == 1, "no sub-call sent again"
+
+
+def test_max_depth_gives_the_code_rlm_query_children_and_the_tree_in_the_result(mock_server):
+    # `sub` plays each child RLM (recognised by the RLM system prompt): it counts `x` in its
+    # context in one block, then answers with the count.
+    children = (
+        "parts = ['x x', 'x', '']\n"
+        "answers = rlm_query_batched(['How many x?'] * 3, parts)\n"
+        "total = sum(int(a) for a in answers)"
+    )
+    sub = {
+        "rules": [
+            {"system": "recursive language model", "turn": 0,
+             "reply": repl("n = str(context).count('x')")},
+            {"system": "recursive language model", "turn": 1, "reply": "FINAL_VAR(n)"},
+        ],
+        "fallback": {"behaviour": "echo"},
+    }
+    mock = mock_server({"models": {"root": {"replies": [repl(children), "FINAL_VAR(total)"]},
+                                   "sub": sub}})
+    options = dict(model="root", sub_model="sub", base_url=mock.base_url, isolation="none")
+    deep = RLM(max_depth=2, **options).completion("Count x")
+    assert deep.answer == "3"
+    assert deep.metrics["child_runs"] == 3
+    nodes = deep.trajectory[0]["blocks"][0]["children"]
+    assert [(n["depth"], n["answer"]) for n in nodes] == [(1, "2"), (1, "1"), (1, "0")]
+    # At the default depth, rlm_query is llm_query: `sub` echoes, and the sum fails.
+    flat = RLM(**options).completion("Count x")
+    assert "children" not in flat.trajectory[0]["blocks"][0] or not flat.trajectory[0]["blocks"][0]["children"]
+    assert "runs as llm_query()" in flat.trajectory[0]["blocks"][0]["stderr"]
+    with pytest.raises(ValueError, match="max_depth"):
+        RLM(max_depth=0, **options)
