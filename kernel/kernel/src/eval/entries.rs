@@ -120,6 +120,18 @@ const MONTHS: &[&str] = &[
 /// The format of one line, for the queries.
 pub(crate) const LINE_FORMAT: &str = "Date: MON DD, YYYY || User: ID || Instance: TEXT";
 
+/// The lines (~100 bytes each, at least 16) of a context of about `bytes` bytes, and its
+/// users: distinct five-digit ids, about one for eight lines (at least 8), in order.
+pub(crate) fn users(bytes: usize, rng: &mut SplitMix64) -> (usize, Vec<u64>) {
+    let lines = (bytes / 100).max(16);
+    let count = (lines / 8).max(8);
+    let mut users = std::collections::BTreeSet::new();
+    while users.len() < count {
+        users.insert(rng.between(10_000, 99_999));
+    }
+    (lines, users.into_iter().collect())
+}
+
 /// A date of a message: month (index into the month names), day, year.
 pub(crate) type Date = (usize, u64, u64);
 

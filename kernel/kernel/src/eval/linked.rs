@@ -7,30 +7,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::entries::{self, CATEGORIES};
+use super::pairs::Pairs;
 use super::rng::SplitMix64;
 
 /// The largest number of asked-category messages, so the answer stays a few hundred pairs.
 const MAX_ASKED: usize = 120;
 
-/// A linked instance: the text, the asked category and the true pairs `(smaller, larger)`.
-pub(crate) struct Linked {
-    pub(crate) context: String,
-    pub(crate) category: usize,
-    pub(crate) pairs: BTreeSet<(u64, u64)>,
-}
-
 /// Messages of about `bytes` bytes: one line in twelve (at least 6, at most 120) is of the
 /// asked category, on one of a few shared dates so that users meet; the other lines are of
 /// other categories on any date, shared ones included.
-pub(crate) fn generate(bytes: usize, rng: &mut SplitMix64) -> Linked {
-    // ~100 bytes a line; about eight lines a user.
-    let lines = (bytes / 100).max(16);
-    let user_count = (lines / 8).max(8);
-    let mut users = BTreeSet::new();
-    while users.len() < user_count {
-        users.insert(rng.between(10_000, 99_999));
-    }
-    let users: Vec<u64> = users.into_iter().collect();
+pub(crate) fn generate(bytes: usize, rng: &mut SplitMix64) -> Pairs {
+    let (lines, users) = entries::users(bytes, rng);
     let category = rng.below(CATEGORIES.len());
     let asked_count = (lines / 12).clamp(6, MAX_ASKED);
     // About three asked messages a shared date; a date is `(month, day, year)`.
@@ -67,7 +54,7 @@ pub(crate) fn generate(bytes: usize, rng: &mut SplitMix64) -> Linked {
         by_date.entry(*date).or_default().insert(*user);
     }
     let pairs = by_date.values().flat_map(pairs_among).collect();
-    Linked {
+    Pairs {
         context,
         category,
         pairs,

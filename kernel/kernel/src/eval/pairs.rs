@@ -11,7 +11,8 @@ use super::rng::SplitMix64;
 /// The largest number of users who qualify, so the answer stays at most 780 pairs.
 const MAX_QUALIFYING: usize = 40;
 
-/// A pairs instance: the text, the asked category and the true pairs `(smaller, larger)`.
+/// A pairs (or linked) instance: the text, the asked category and the true pairs
+/// `(smaller, larger)`.
 pub(crate) struct Pairs {
     pub(crate) context: String,
     pub(crate) category: usize,
@@ -21,14 +22,8 @@ pub(crate) struct Pairs {
 /// Messages of about `bytes` bytes: one user in four (at most 40, at least 2) sends one to
 /// three messages of the asked category; nobody else sends any of it.
 pub(crate) fn generate(bytes: usize, rng: &mut SplitMix64) -> Pairs {
-    // ~100 bytes a line; about eight lines a user.
-    let lines = (bytes / 100).max(16);
-    let user_count = (lines / 8).max(8);
-    let mut users = BTreeSet::new();
-    while users.len() < user_count {
-        users.insert(rng.between(10_000, 99_999));
-    }
-    let users: Vec<u64> = users.into_iter().collect();
+    let (_, users) = entries::users(bytes, rng);
+    let user_count = users.len();
     let category = rng.below(CATEGORIES.len());
     let qualifying_count = (user_count / 4).clamp(2, MAX_QUALIFYING);
     let mut qualifying = BTreeSet::new();
