@@ -17,8 +17,8 @@
 //!   asynchronous `CellTimeout` (a `BaseException`, re-raised until the block ends), a stop
 //!   event that wakes the patched `time.sleep`, and cancellation of in-flight sub-calls.
 //! - `natives`: `llm_query` / `llm_query_batched` in Rust on the bridge (GIL released while
-//!   waiting); `children`: `rlm_query` / `rlm_query_batched`, run by the [`ChildRunner`] the
-//!   RLM loop sets ([`ReplSession::set_children`]), else `llm_query`; `support.py` adds
+//!   waiting); `children`: `rlm_query` / `rlm_query_batched`, run by the `ChildRunner` the
+//!   RLM loop sets on the session (`ReplSession::set_children`), else `llm_query`; `support.py` adds
 //!   `FINAL_VAR`, `SHOW_VARS` and the `answer` dict.
 //! - `source`: what to load ([`ContextInput`]: a [`ContextSource`] and an optional variable
 //!   name; [`LoadOptions`]); `detect`: what a file is from its first bytes (compression,

@@ -311,7 +311,7 @@ pub struct ChildRun {
     pub metrics: SessionMetrics,
     /// Its context.
     pub contexts: Vec<ContextMetadata>,
-    /// Its iterations, texts cut (see the [module docs](self)).
+    /// Its iterations, their texts cut as sub-call texts are (`--sub-call-text-chars`).
     pub iterations: Vec<IterationRecord>,
 }
 
