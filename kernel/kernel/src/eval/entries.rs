@@ -132,6 +132,35 @@ pub(crate) fn users(bytes: usize, rng: &mut SplitMix64) -> (usize, Vec<u64>) {
     (lines, users.into_iter().collect())
 }
 
+/// A context of at least `bytes` bytes with `asked` lines at random positions among other
+/// lines: `write_asked(out, rng, i)` writes the asked line `i` (from the last to the first),
+/// `write_other(out, rng)` one other line; each line about 100 bytes.
+pub(crate) fn interleave(
+    bytes: usize,
+    rng: &mut SplitMix64,
+    asked: usize,
+    mut write_asked: impl FnMut(&mut String, &mut SplitMix64, usize),
+    mut write_other: impl FnMut(&mut String, &mut SplitMix64),
+) -> String {
+    let mut context = String::with_capacity(bytes + 200);
+    let mut pending = asked;
+    while context.len() < bytes || pending > 0 {
+        let remaining = bytes.saturating_sub(context.len()) / 100 + 1;
+        if pending > 0 && rng.below(remaining + pending) < pending {
+            pending -= 1;
+            write_asked(&mut context, rng, pending);
+        } else {
+            write_other(&mut context, rng);
+        }
+    }
+    context
+}
+
+/// A category other than `category`, at random.
+pub(crate) fn other_category(rng: &mut SplitMix64, category: usize) -> usize {
+    (category + 1 + rng.below(CATEGORIES.len() - 1)) % CATEGORIES.len()
+}
+
 /// A date of a message: month (index into the month names), day, year.
 pub(crate) type Date = (usize, u64, u64);
 

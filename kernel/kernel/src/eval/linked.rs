@@ -29,16 +29,16 @@ pub(crate) fn generate(bytes: usize, rng: &mut SplitMix64) -> Pairs {
     let asked: Vec<(u64, entries::Date)> = (0..asked_count)
         .map(|_| (*rng.pick(&users), *rng.pick(&shared)))
         .collect();
-    let mut context = String::with_capacity(bytes + 200);
-    let mut pending = asked.len();
-    while context.len() < bytes || pending > 0 {
-        let remaining = bytes.saturating_sub(context.len()) / 100 + 1;
-        if pending > 0 && rng.below(remaining + pending) < pending {
-            pending -= 1;
-            let (user, date) = asked[pending];
-            entries::write_entry_on(&mut context, rng, category, user, date);
-        } else {
-            let other = (category + 1 + rng.below(CATEGORIES.len() - 1)) % CATEGORIES.len();
+    let context = entries::interleave(
+        bytes,
+        rng,
+        asked.len(),
+        |out, rng, i| {
+            let (user, date) = asked[i];
+            entries::write_entry_on(out, rng, category, user, date);
+        },
+        |out, rng| {
+            let other = entries::other_category(rng, category);
             let user = *rng.pick(&users);
             // Half of the other lines fall on shared dates: a date alone links nobody.
             let date = if rng.below(2) == 0 {
@@ -46,9 +46,9 @@ pub(crate) fn generate(bytes: usize, rng: &mut SplitMix64) -> Pairs {
             } else {
                 entries::random_date(rng)
             };
-            entries::write_entry_on(&mut context, rng, other, user, date);
-        }
-    }
+            entries::write_entry_on(out, rng, other, user, date);
+        },
+    );
     let mut by_date: BTreeMap<entries::Date, BTreeSet<u64>> = BTreeMap::new();
     for (user, date) in &asked {
         by_date.entry(*date).or_default().insert(*user);

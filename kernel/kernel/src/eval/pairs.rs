@@ -37,19 +37,17 @@ pub(crate) fn generate(bytes: usize, rng: &mut SplitMix64) -> Pairs {
             asked.push(*user);
         }
     }
-    let mut context = String::with_capacity(bytes + 200);
-    let mut pending = asked.len();
-    while context.len() < bytes || pending > 0 {
-        let remaining = bytes.saturating_sub(context.len()) / 100 + 1;
-        if pending > 0 && rng.below(remaining + pending) < pending {
-            pending -= 1;
-            entries::write_entry(&mut context, rng, category, asked[pending]);
-        } else {
-            let other = (category + 1 + rng.below(CATEGORIES.len() - 1)) % CATEGORIES.len();
+    let context = entries::interleave(
+        bytes,
+        rng,
+        asked.len(),
+        |out, rng, i| entries::write_entry(out, rng, category, asked[i]),
+        |out, rng| {
+            let other = entries::other_category(rng, category);
             let user = *rng.pick(&users);
-            entries::write_entry(&mut context, rng, other, user);
-        }
-    }
+            entries::write_entry(out, rng, other, user);
+        },
+    );
     let qualifying: Vec<u64> = qualifying.into_iter().collect();
     let pairs = qualifying
         .iter()
