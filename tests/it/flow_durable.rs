@@ -1076,6 +1076,13 @@ fn the_printed_resume_command_works_pasted_without_model_flags() {
     first.extend(args(&["--model", "demo-model"]));
     let run = rlm_with(&first, None, &[("OPENAI_API_KEY", key)]);
     run.assert_code(5);
+    // Off a terminal too, the run's last progress line says it waits, not that it is done.
+    assert_eq!(
+        run.stderr.lines().last(),
+        Some("⏸ team waiting for a human's answer"),
+        "{}",
+        run.stderr
+    );
     let command = run
         .stdout
         .lines()

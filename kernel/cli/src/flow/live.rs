@@ -7,9 +7,11 @@
 //! [`Live::finish`] leaves the last frame on screen and gives the cursor back — at the end,
 //! on an error, or before a second Ctrl-C quits; a run that stopped to ask a human ends
 //! drawn as waiting. Whatever is said before the tree (the run's id, which `resume` needs)
-//! is written before its first frame, so the redrawing never covers it. Elsewhere each agent's start and end is a
-//! plain line on stderr, indented by depth; with `--json` every event is one JSON line on
-//! stdout; with `--quiet` nothing.
+//! is written before its first frame, so the redrawing never covers it. Elsewhere each
+//! agent's start and end is a plain line on stderr, indented by depth (the root's end says
+//! how its graph ended; a run that stopped to ask a human then gets a last line saying it
+//! waits for the answer); with `--json` every event is one JSON line on stdout; with
+//! `--quiet` nothing.
 
 use std::io::{IsTerminal as _, Write as _};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -29,6 +31,8 @@ const TICK: Duration = Duration::from_millis(250);
 /// The run's display: an event sink.
 pub(crate) struct Live {
     mode: Mode,
+    /// The root agent's name.
+    root: String,
 }
 
 enum Mode {
@@ -76,7 +80,10 @@ impl Live {
         } else {
             Mode::Lines
         };
-        Self { mode }
+        Self {
+            mode,
+            root: spec.config.name().to_owned(),
+        }
     }
 
     /// Writes `text` as a line on stderr, above the tree when there is one.
@@ -97,17 +104,30 @@ impl Live {
     /// [`Live::finish`] for a run that ended `as` the run database records it: a run that
     /// stopped to ask a human is drawn waiting for the answer, not done.
     pub(crate) fn finish_as(&self, ended: Option<&RunStatus>) {
-        if let Mode::Tree { tree, bar } = &self.mode {
-            // Under the tree's lock: the ticker draws no frame after the last.
-            let mut tree = lock(tree);
-            if !bar.is_finished() {
-                if let Some(RunStatus::AwaitingHuman { .. }) = ended {
-                    tree.awaiting_human();
+        let awaiting = matches!(ended, Some(RunStatus::AwaitingHuman { .. }));
+        match &self.mode {
+            Mode::Tree { tree, bar } => {
+                // Under the tree's lock: the ticker draws no frame after the last.
+                let mut tree = lock(tree);
+                if !bar.is_finished() {
+                    if awaiting {
+                        tree.awaiting_human();
+                    }
+                    redraw(&tree, bar);
+                    bar.finish();
+                    let _ = console::Term::stderr().show_cursor();
                 }
-                redraw(&tree, bar);
-                bar.finish();
-                let _ = console::Term::stderr().show_cursor();
             }
+            // The root's last line said how its graph ended (`completed`): the run itself
+            // waits.
+            Mode::Lines if awaiting => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "⏸ {} waiting for a human's answer",
+                    self.root
+                );
+            }
+            _ => {}
         }
     }
 }
