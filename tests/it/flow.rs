@@ -328,6 +328,52 @@ fn a_missing_input_is_refused_before_the_run_exists_naming_it() {
     }
 }
 
+/// A Python step whose function needs an argument its `args` do not give is refused before
+/// the run exists, naming the step, the function, the parameter and how to give it, instead
+/// of a failed run and a `TypeError` (issue 23 §2).
+#[test]
+fn a_python_step_missing_a_required_argument_is_refused_before_the_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    file(
+        d,
+        "steps.py",
+        "def tidy(ctx, limit, sep=','):\n    return f'limit {limit}'\n",
+    );
+    file(
+        d,
+        "flow.yaml",
+        "agent_class: PythonAgent\nname: tidy\nfunction: steps.py:tidy\n",
+    );
+    let flow = d.join("flow.yaml").display().to_string();
+    let run = rlm_in(d, &args(&["flow", "run", &flow]), None);
+    run.assert_code(2);
+    assert!(
+        run.stderr.contains(&format!(
+            "cannot call the Python step `tidy` ({flow}): `steps.py:tidy` needs `limit` that its \
+             `args` do not give. Give each in the step's file, e.g. `args: {{limit: ...}}`"
+        )),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("TypeError"), "{}", run.stderr);
+    assert!(!d.join(".rlm").exists(), "no run record");
+    // Given, it runs.
+    file(
+        d,
+        "flow.yaml",
+        "agent_class: PythonAgent\nname: tidy\nfunction: steps.py:tidy\nargs:\n  limit: 3\n",
+    );
+    let model = ["--model", "m", "--base-url", "http://127.0.0.1:9/v1"];
+    let fixed = rlm_in(
+        d,
+        &args(&[&["flow", "run", &flow][..], &model].concat()),
+        None,
+    );
+    fixed.assert_code(0);
+    assert!(fixed.stdout.contains("limit 3"), "{}", fixed.stdout);
+}
+
 /// An instruction's `{key}` that nothing gives or writes, close to a key the workflow knows,
 /// is named as a likely typo at load time, before anything runs (issue 23 §2).
 #[test]

@@ -18,6 +18,11 @@
 //! it). So a listed key is missing for certain when its agent runs, and the CLI refuses the
 //! run before anything is written.
 //!
+//! A Python step's function is called with the state (or its `ctx`) and the step's `args`
+//! as keyword arguments: [`missing_arguments`] lists the steps whose function, read from its
+//! file, has a parameter without a default that `args` leave out. It errs the same way: a
+//! function it cannot read for certain (a module's, a decorated one) is not listed.
+//!
 //! [`render_template`]: crate::flow::render_template
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -50,6 +55,19 @@ pub struct NeededAt {
     pub file: PathBuf,
     /// The line of the instruction's `{key}` in that file (1-based).
     pub line: usize,
+}
+
+/// A Python step whose function has required parameters its `args` do not give.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingArguments {
+    /// The step's agent name.
+    pub agent: String,
+    /// The step's file.
+    pub file: PathBuf,
+    /// Its `function` (`file.py:name`).
+    pub function: String,
+    /// The parameters without a default that `args` leaves out, in the signature's order.
+    pub names: Vec<String>,
 }
 
 /// What may write state keys as a workflow runs.
@@ -202,6 +220,162 @@ pub fn missing_inputs(
             }
         })
         .collect()
+}
+
+/// The Python steps of `root` (`function: file.py:name`) whose function has a parameter
+/// without a default that the step's `args` do not give (the step's call would fail with a
+/// `TypeError`). The first parameter (or `ctx`, when the function has one) is the state or
+/// the step's context, given by the run. A function this cannot read for certain (a module's,
+/// one not defined at the top of its file, a decorated one, an unreadable file) is not
+/// listed: its call says what is wrong.
+pub fn missing_arguments(root: &AgentSpec, source: &dyn FileSource) -> Vec<MissingArguments> {
+    let mut out = Vec::new();
+    for spec in all_agents(root) {
+        let AgentConfig::Python(c) = &spec.config else {
+            continue;
+        };
+        let Some((place, function)) = c.function.rsplit_once(':') else {
+            continue;
+        };
+        if !place.ends_with(".py") {
+            continue;
+        }
+        let base = spec.file.parent().unwrap_or(Path::new(""));
+        let Ok(text) = source.read(&base.join(place)) else {
+            continue;
+        };
+        let Some(required) = required_parameters(&text, function) else {
+            continue;
+        };
+        let names: Vec<String> = required
+            .into_iter()
+            .filter(|name| !c.args.contains_key(name))
+            .collect();
+        if !names.is_empty() {
+            out.push(MissingArguments {
+                agent: spec.config.name().to_owned(),
+                file: spec.file.clone(),
+                function: c.function.clone(),
+                names,
+            });
+        }
+    }
+    out
+}
+
+/// The parameters of the top-level function `name` of Python `text` that have no default,
+/// without the one the run gives (`ctx`, else the first positional one) and without `*args`
+/// and `**kwargs`; `None` when the function is not defined with a plain `def` at the top of
+/// the text, is decorated, or its parameters cannot be read.
+fn required_parameters(text: &str, name: &str) -> Option<Vec<String>> {
+    let header = format!("def {name}(");
+    let mut offset = 0;
+    let mut previous = "";
+    let mut start = None;
+    for line in text.split_inclusive('\n') {
+        if line.starts_with(&header) {
+            if previous.starts_with('@') || start.is_some() {
+                // Decorated, or defined twice: the one that counts is not certain.
+                return None;
+            }
+            start = Some(offset + header.len());
+        }
+        if !line.trim().is_empty() && !line.starts_with(' ') && !line.starts_with('\t') {
+            previous = line;
+        }
+        offset += line.len();
+    }
+    let list = &text[start?..];
+    let pieces = split_parameters(list)?;
+    let mut params: Vec<(String, bool)> = Vec::new();
+    for piece in &pieces {
+        let piece = piece.trim();
+        if piece.is_empty() || piece == "/" || piece == "*" {
+            continue;
+        }
+        if piece.starts_with('*') {
+            continue;
+        }
+        let name_end = piece
+            .find(|c: char| c == ':' || c == '=' || c.is_whitespace())
+            .unwrap_or(piece.len());
+        let param = &piece[..name_end];
+        if !param.chars().all(|c| c.is_alphanumeric() || c == '_') || param.is_empty() {
+            return None;
+        }
+        params.push((param.to_owned(), has_default(piece)));
+    }
+    let given = if params.iter().any(|(p, _)| p == "ctx") {
+        "ctx".to_owned()
+    } else {
+        params.first()?.0.clone()
+    };
+    Some(
+        params
+            .into_iter()
+            .filter(|(p, default)| !default && *p != given)
+            .map(|(p, _)| p)
+            .collect(),
+    )
+}
+
+/// The comma-separated pieces of a parameter list that starts after its `(`, up to its
+/// `)`, split at the commas outside brackets, strings and comments; `None` when the list
+/// does not close.
+fn split_parameters(list: &str) -> Option<Vec<String>> {
+    let mut pieces = vec![String::new()];
+    let mut depth = 0usize;
+    let mut chars = list.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '#' => {
+                chars.by_ref().find(|&d| d == '\n');
+                continue;
+            }
+            '"' | '\'' => {
+                let mut escaped = false;
+                let mut text = String::from(c);
+                for d in chars.by_ref() {
+                    text.push(d);
+                    if d == c && !escaped {
+                        break;
+                    }
+                    escaped = d == '\\' && !escaped;
+                }
+                pieces.last_mut()?.push_str(&text);
+                continue;
+            }
+            '(' | '[' | '{' => depth += 1,
+            ')' if depth == 0 => return Some(pieces),
+            ')' | ']' | '}' => depth = depth.checked_sub(1)?,
+            ',' if depth == 0 => {
+                pieces.push(String::new());
+                continue;
+            }
+            _ => {}
+        }
+        pieces.last_mut()?.push(c);
+    }
+    None
+}
+
+/// Whether a parameter `piece` (`name: type = value`) has a default: an `=` outside
+/// brackets and strings.
+fn has_default(piece: &str) -> bool {
+    let mut depth = 0usize;
+    let mut quote = None;
+    for c in piece.chars() {
+        match (quote, c) {
+            (Some(q), _) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '(' | '[' | '{') => depth += 1,
+            (None, ')' | ']' | '}') => depth = depth.saturating_sub(1),
+            (None, '=') if depth == 0 => return true,
+            _ => {}
+        }
+    }
+    false
 }
 
 /// `root` and every agent below it, its agent tools' agents included.
@@ -452,6 +626,42 @@ mod tests {
              prepare\n",
         );
         assert!(missing(&files, &[]).is_empty());
+    }
+
+    #[test]
+    fn a_python_steps_required_parameters_come_from_its_args() {
+        let steps = "import json\n\n\ndef tidy(ctx, limit, *, sep: str = \",\", mode=(1, 2), **more):\n    \
+                     return None\n\n\ndef legacy(\n    state,  # the state\n    rows: dict[str, int],\n    \
+                     tag='a,b',\n):\n    return {}\n\n\n@decorated\ndef wrapped(state, x):\n    return {}\n";
+        let step = |name: &str, function: &str, args: &str| {
+            format!("agent_class: PythonAgent\nname: {name}\nfunction: steps.py:{function}\n{args}")
+        };
+        let files = EmbeddedFiles::new()
+            .with("flows/root.yaml", seq(&["a", "b", "c", "d"]))
+            .with("flows/steps.py", steps)
+            .with("flows/a.yaml", step("a", "tidy", ""))
+            .with("flows/b.yaml", step("b", "legacy", "args:\n  rows: {}\n"))
+            .with("flows/c.yaml", step("c", "wrapped", ""))
+            .with("flows/d.yaml", step("d", "legacy", ""));
+        let spec = load_workflow_from(&files, "flows/root.yaml").expect("valid files");
+        let found: Vec<(String, Vec<String>)> = missing_arguments(&spec, &files)
+            .into_iter()
+            .map(|m| (m.agent, m.names))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("a".to_owned(), vec!["limit".to_owned()]),
+                ("d".to_owned(), vec!["rows".to_owned()]),
+            ]
+        );
+        assert_eq!(required_parameters("def f(a, b=1):\n", "f"), Some(vec![]));
+        assert_eq!(required_parameters("def f(a, b\n", "f"), None);
+        assert_eq!(required_parameters("def g(a):\n", "f"), None);
+        assert_eq!(
+            required_parameters("def f(x, y, /, z, *rest, k):\n", "f"),
+            Some(vec!["y".to_owned(), "z".to_owned(), "k".to_owned()])
+        );
     }
 
     #[test]

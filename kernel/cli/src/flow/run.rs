@@ -24,7 +24,7 @@ use engine::durable::Location;
 use engine::flow::Event;
 use engine::flow::file::{AgentSpec, Filesystem, load_workflow};
 use engine::flow::{EventKind, EventLog, EventSink, FlowError, Invocation, Registry, RunOutcome};
-use engine::inputs::missing_inputs;
+use engine::inputs::{missing_arguments, missing_inputs};
 use engine::{SharedState, State};
 use kernel::flow::{FlowKernel, register};
 use serde_json::{Map, Value};
@@ -209,50 +209,78 @@ pub(crate) fn execute(
 }
 
 /// Refuses (a usage error) a run of `spec` whose starting `state` lacks a key an instruction
-/// needs that nothing in the workflow provides ([`missing_inputs`]),
-/// saying which agents need it, where, and how to pass it.
+/// needs that nothing in the workflow provides ([`missing_inputs`]), saying which agents need
+/// it, where, and how to pass it; and one with a Python step whose function needs an
+/// argument its `args` do not give ([`missing_arguments`]).
 fn check_inputs(name: &str, workflow: &Workflow, spec: &AgentSpec, state: &State) -> Result<()> {
     let given = state.values().keys().cloned().collect();
     let missing = missing_inputs(spec, &given, &Filesystem, &kernel::flow::step_writes);
-    if missing.is_empty() {
+    let arguments = missing_arguments(spec, &Filesystem);
+    if missing.is_empty() && arguments.is_empty() {
         return Ok(());
     }
-    let mut text = format!(
-        "`rlm flow run {name}` needs {} that no input gives and no agent of the workflow writes:",
-        if missing.len() == 1 {
-            "a state key"
-        } else {
-            "state keys"
-        }
-    );
-    for input in &missing {
-        let places: Vec<String> = input
-            .needed_by
+    let backticked = |names: &[String]| {
+        names
             .iter()
-            .map(|at| {
-                format!(
-                    "`{}` ({}:{})",
-                    at.agent,
-                    workflow.shown(&at.file).display(),
-                    at.line
-                )
-            })
-            .collect();
+            .map(|n| format!("`{n}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut text = String::new();
+    if let Some(first) = missing.first() {
         text.push_str(&format!(
-            "\n  `{}`, in the instruction of {}",
-            input.key,
-            places.join(", ")
+            "`rlm flow run {name}` needs {} that no input gives and no agent of the workflow \
+             writes:",
+            if missing.len() == 1 {
+                "a state key"
+            } else {
+                "state keys"
+            }
         ));
-        if let Some(close) = &input.close_to {
-            text.push_str(&format!(" — a typo of `{close}`?"));
+        for input in &missing {
+            let places: Vec<String> = input
+                .needed_by
+                .iter()
+                .map(|at| {
+                    format!(
+                        "`{}` ({}:{})",
+                        at.agent,
+                        workflow.shown(&at.file).display(),
+                        at.line
+                    )
+                })
+                .collect();
+            text.push_str(&format!(
+                "\n  `{}`, in the instruction of {}",
+                input.key,
+                places.join(", ")
+            ));
+            if let Some(close) = &input.close_to {
+                text.push_str(&format!(" — a typo of `{close}`?"));
+            }
         }
+        let example = &first.key;
+        text.push_str(&format!(
+            "\nPass each with `--input KEY=VALUE` (`KEY=@FILE` for a file's text), e.g. \
+             `--input {example}=...`, or in `--state FILE`; or write `{{{example}?}}` in the \
+             instruction if it may be missing."
+        ));
     }
-    let example = &missing[0].key;
-    text.push_str(&format!(
-        "\nPass each with `--input KEY=VALUE` (`KEY=@FILE` for a file's text), e.g. \
-         `--input {example}=...`, or in `--state FILE`; or write `{{{example}?}}` in the \
-         instruction if it may be missing."
-    ));
+    for step in &arguments {
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&format!(
+            "`rlm flow run {name}` cannot call the Python step `{}` ({}): `{}` needs {} that \
+             its `args` do not give. Give each in the step's file, e.g. `args: {{{}: ...}}`, \
+             or give the parameter a default.",
+            step.agent,
+            workflow.shown(&step.file).display(),
+            step.function,
+            backticked(&step.names),
+            step.names.first().map_or("", String::as_str),
+        ));
+    }
     Err(UsageError::new(text).into())
 }
 
