@@ -112,6 +112,36 @@ def test_interrupting_the_kernel_stops_a_slow_sub_call_and_the_next_cell_runs(mo
         km.shutdown_kernel(now=True)
 
 
+def test_interrupting_the_kernel_stops_a_block_stuck_in_c_code_with_its_worker(mock_server):
+    # A C-level sleep never returns to the interpreter, so no KeyboardInterrupt can land in
+    # it: the block's worker process must be ended instead (isolation="process", the default).
+    code = f"print(llm_query('ready'))\nimport ctypes\nctypes.CDLL(None).sleep({SUB_LATENCY_S})"
+    mock = mock_server(script([repl(code), "FINAL(late)"]))
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        setup = _execute(kc, f"%load_ext rlm_kernel\n%rlm_config --model root --sub-model sub --base-url {mock.base_url}")
+        assert setup["status"] == "ok", setup
+        msg_id = kc.execute("%%rlm\nSleep in C.", stop_on_error=False)
+        # The root reply and the block's sub-call are answered: the block is at its C sleep.
+        wait_until(lambda: mock.requests >= 2, "the block's sub-call was answered")
+        interrupted_at = time.monotonic()
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=SUB_LATENCY_S)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=SUB_LATENCY_S)
+        took = time.monotonic() - interrupted_at
+        assert reply["content"]["status"] == "error"
+        assert reply["content"]["ename"] == "KeyboardInterrupt"
+        # Not a speed check: well before the sleep's end shows the worker was ended rather
+        # than the sleep waited out, whatever the machine's load.
+        assert took < SUB_LATENCY_S / 2, f"the interrupt took {took:.2f}s"
+        after = _execute(kc, "21 * 2")
+        assert after["status"] == "ok", after
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
 def test_a_segfaulting_cell_leaves_the_kernel_alive_and_the_session_restored(mock_server):
     crash = "import ctypes\nctypes.string_at(0)"
     answer = "answer_text = f'{total + 1}'\nFINAL_VAR(answer_text)"
