@@ -168,6 +168,15 @@ impl Endpoint {
         self.shared.limiter.stats()
     }
 
+    /// Open up to `connections` keep-alive connections to the endpoint's server (at most
+    /// `max_in_flight`, the most its calls use at once) without calling the model: nothing
+    /// is recorded or counted against the budget. A measurement started next (`rlm bench`)
+    /// then times calls, not connection set-up. Returns how many the server answered.
+    pub async fn warm_up(&self, connections: usize) -> usize {
+        let connections = connections.min(self.shared.config.max_in_flight);
+        self.shared.client.warm_up(connections).await
+    }
+
     /// One call: limiter, budget reservation, retries and accounting; one
     /// [`SubCallMetadata`] is recorded whatever the outcome.
     pub async fn call(

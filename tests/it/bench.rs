@@ -413,3 +413,57 @@ fn batch_concurrency_is_refused_naming_the_width_to_pass() {
     assert_eq!(rows.as_array().map(Vec::len), Some(1), "{rows}");
     assert_eq!(rows[0]["width"], "2", "{rows}");
 }
+
+#[test]
+fn each_width_is_measured_on_connections_opened_before_its_clock() {
+    let mock = Mock::start_with(MockConfig {
+        latency: bridge::mock::Latency::fixed(std::time::Duration::from_millis(20)),
+        ..MockConfig::default()
+    });
+    let run = bench(&[
+        "--base-url",
+        &mock.url(),
+        "--model",
+        "m",
+        "--width",
+        "4,2",
+        "--calls",
+        "6",
+        "--json",
+    ]);
+    run.assert_code(0);
+    assert!(
+        run.stderr.contains("keep-alive connections"),
+        "{}",
+        run.stderr
+    );
+    let doc = run.json();
+    let warmed: Vec<&Value> = doc["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|row| &row["warm_connections"])
+        .collect();
+    assert_eq!(warmed, [4, 2], "{doc}");
+    // In arrival order: the test call, then per width its warm-up (`GET /v1/models`, as many
+    // as the width) before any of its 6 calls.
+    let mut log = mock.log().entries();
+    log.sort_by_key(|r| r.id);
+    let kinds: Vec<&str> = log
+        .iter()
+        .map(|r| {
+            if r.path == "/v1/models" {
+                "get"
+            } else {
+                "call"
+            }
+        })
+        .collect();
+    let expected: Vec<&str> = std::iter::once("call")
+        .chain(["get"; 4])
+        .chain(["call"; 6])
+        .chain(["get"; 2])
+        .chain(["call"; 6])
+        .collect();
+    assert_eq!(kinds, expected);
+}

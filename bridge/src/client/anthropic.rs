@@ -44,6 +44,7 @@ impl Protocol for Anthropic {
     type WireUsage = WireUsage;
 
     const PATH: &'static str = "v1/messages";
+    const MODELS_PATH: &'static str = "v1/models";
     const KEY_VAR: &'static str = "ANTHROPIC_API_KEY";
     const STREAM_END: &'static str = "`message_stop`";
 

@@ -34,6 +34,9 @@ pub(crate) trait Protocol: Send + Sync + std::fmt::Debug {
 
     /// The path requests are posted to, after `base_url`.
     const PATH: &'static str;
+    /// The path of the model list (`GET`), after `base_url`: what
+    /// [`LmClient::warm_up`](super::LmClient::warm_up) requests.
+    const MODELS_PATH: &'static str;
     /// The environment variable an API key usually comes from, for the hint on a 401.
     const KEY_VAR: &'static str;
     /// What ends a stream properly, for the error when a stream stops before it.
@@ -187,9 +190,12 @@ impl<P: Protocol> WireClient<P> {
     pub(crate) fn new(config: &EndpointConfig, protocol: P) -> Result<Self, BridgeError> {
         let key = KeySource::resolve(config);
         let headers = protocol.headers(config, key.key())?;
-        let url = join_url(&config.base_url, P::PATH);
+        let urls = (
+            join_url(&config.base_url, P::PATH),
+            join_url(&config.base_url, P::MODELS_PATH),
+        );
         Ok(Self {
-            transport: Transport::new(config, url, headers, &key, P::KEY_VAR)?,
+            transport: Transport::new(config, urls, headers, &key, P::KEY_VAR)?,
             defaults: Defaults::of(config),
             protocol,
         })
@@ -198,6 +204,11 @@ impl<P: Protocol> WireClient<P> {
     /// `model`'s window as the server's model listing gives it.
     pub(crate) async fn listed_context_window(&self, model: &str) -> Option<u64> {
         self.transport.listed_context_window(model).await
+    }
+
+    /// See [`LmClient::warm_up`](super::LmClient::warm_up).
+    pub(crate) async fn warm_up(&self, connections: usize) -> usize {
+        self.transport.warm_up(connections).await
     }
 
     /// Send `req` and read the whole answer.

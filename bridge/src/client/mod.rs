@@ -51,6 +51,10 @@ macro_rules! wire_client {
             async fn listed_context_window(&self, model: &str) -> Option<u64> {
                 self.0.listed_context_window(model).await
             }
+
+            async fn warm_up(&self, connections: usize) -> usize {
+                self.0.warm_up(connections).await
+            }
         }
     };
 }
@@ -102,6 +106,15 @@ pub trait LmClient: Send + Sync + std::fmt::Debug {
     async fn listed_context_window(&self, _model: &str) -> Option<u64> {
         None
     }
+
+    /// Open up to `connections` keep-alive connections to the server without calling a
+    /// model, so that calls made next do not pay connection set-up (TCP, TLS); returns how
+    /// many requests were answered. The wire clients send that many concurrent `GET`s of
+    /// the provider's model list; a client without such a request opens none (the default).
+    async fn warm_up(&self, connections: usize) -> usize {
+        let _ = connections;
+        0
+    }
 }
 
 /// The process-wide HTTP client: keep-alive pool, `TCP_NODELAY`, HTTP/2 where TLS offers
@@ -135,6 +148,9 @@ pub(crate) struct Transport {
     models_url: String,
     /// `url` parsed once; reqwest takes a `Url` without re-parsing it.
     parsed_url: reqwest::Url,
+    /// The provider's model list (its own path per protocol), what [`Transport::warm_up`]
+    /// requests.
+    list_url: reqwest::Url,
     headers: HeaderMap,
     timeout: Duration,
     /// The longest `Retry-After` worth keeping: the retry policy's `max_delay`.
@@ -205,18 +221,22 @@ impl Transport {
     /// Build the transport of `config` posting to `url`, with the protocol's own headers.
     pub(crate) fn new(
         config: &EndpointConfig,
-        url: String,
+        (url, models_url): (String, String),
         mut headers: HeaderMap,
         key: &KeySource,
         example_var: &str,
     ) -> Result<Self, BridgeError> {
-        let parsed = reqwest::Url::parse(&url).map_err(|e| {
-            BridgeError::Config(format!(
-                "`base_url` of endpoint `{}` gives the invalid URL `{url}` ({e}); use e.g. \
-                 `http://127.0.0.1:8000/v1`",
-                config.name
-            ))
-        })?;
+        let parse = |url: &str| {
+            reqwest::Url::parse(url).map_err(|e| {
+                BridgeError::Config(format!(
+                    "`base_url` of endpoint `{}` gives the invalid URL `{url}` ({e}); use e.g. \
+                     `http://127.0.0.1:8000/v1`",
+                    config.name
+                ))
+            })
+        };
+        let parsed = parse(&url)?;
+        let models_url = parse(&models_url)?;
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(BridgeError::Config(format!(
                 "`base_url` of endpoint `{}` must start with `http://` or `https://`, got `{url}`",
@@ -246,6 +266,7 @@ impl Transport {
             url,
             models_url: join_url(&config.base_url, "models"),
             parsed_url: parsed,
+            list_url: models_url,
             headers,
             timeout: config.timeout,
             max_retry_after: config.retry.max_delay,
@@ -296,6 +317,37 @@ impl Transport {
         let retry_after = crate::retry::retry_after(response.headers(), self.max_retry_after);
         let text = read_error_body(response).await;
         Err(self.status_error(status.as_u16(), &text, retry_after))
+    }
+
+    /// `connections` concurrent `GET`s of the model list; returns how many the server
+    /// answered, whatever the status. No answer is read before all have arrived: an unread
+    /// answer keeps its connection busy, so no request can take over another's connection
+    /// and each one opens its own. Then the bodies are read (up to [`MAX_ERROR_BYTES`]) and
+    /// the connections go back to the pool, open.
+    pub(crate) async fn warm_up(&self, connections: usize) -> usize {
+        let send = || {
+            let request = self
+                .http
+                .get(self.list_url.clone())
+                .headers(self.headers.clone())
+                .send();
+            async move {
+                match tokio::time::timeout(self.timeout, request).await {
+                    Ok(Ok(response)) => Some(response),
+                    Ok(Err(_)) | Err(_) => None,
+                }
+            }
+        };
+        let answers: Vec<reqwest::Response> =
+            futures::future::join_all((0..connections).map(|_| send()))
+                .await
+                .into_iter()
+                .flatten()
+                .collect();
+        let answered = answers.len();
+        let read = futures::future::join_all(answers.into_iter().map(read_error_body));
+        let _ = tokio::time::timeout(self.timeout, read).await;
+        answered
     }
 
     /// The whole body of an answer, up to `max_answer_bytes`.
@@ -760,7 +812,10 @@ mod tests {
         let config = EndpointConfig::openai("sub", format!("http://{addr}/v1"), "m");
         Transport::new(
             &config,
-            join_url(&config.base_url, "chat/completions"),
+            (
+                join_url(&config.base_url, "chat/completions"),
+                join_url(&config.base_url, "models"),
+            ),
             HeaderMap::new(),
             &KeySource::None,
             "OPENAI_API_KEY",

@@ -31,6 +31,7 @@ impl Protocol for OpenAi {
     type WireUsage = WireUsage;
 
     const PATH: &'static str = "chat/completions";
+    const MODELS_PATH: &'static str = "models";
     const KEY_VAR: &'static str = "OPENAI_API_KEY";
     const STREAM_END: &'static str = "`[DONE]`";
 

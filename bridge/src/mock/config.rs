@@ -21,7 +21,8 @@ pub struct MockConfig {
     pub addr: Option<SocketAddr>,
     /// How each model replies.
     pub script: Script,
-    /// Delay applied to every chat request before it is answered (scripts may override it per model).
+    /// Delay applied to every chat request before it is answered (scripts may override it per
+    /// model), and to `GET /v1/models`.
     pub latency: Latency,
     /// Injected failures.
     pub faults: Faults,

@@ -130,7 +130,8 @@
 //! it).
 //!
 //! **Latency** per model: `"latency"` takes the same JSON as [`Latency`] and overrides the
-//! server-wide setting for that model.
+//! server-wide setting for that model. `GET /v1/models` takes the server-wide latency, as a
+//! real server's round trip: concurrent requests overlap, each on a connection of its own.
 //!
 //! # Responses
 //!

@@ -54,6 +54,8 @@ pub struct MockServer {
     log: RequestLog,
     /// Shared with the server state: the next request's id, i.e. requests arrived so far.
     next_id: Arc<AtomicU64>,
+    /// TCP connections accepted so far.
+    connections: Arc<AtomicU64>,
     shutdown: CancellationToken,
     task: Option<JoinHandle<()>>,
 }
@@ -146,7 +148,10 @@ impl MockServer {
             .method_not_allowed_fallback(method_not_allowed)
             .with_state(state);
         // Small responses must not wait for Nagle + delayed ACK.
-        let listener = listener.tap_io(|tcp| {
+        let connections = Arc::new(AtomicU64::new(0));
+        let accepted = Arc::clone(&connections);
+        let listener = listener.tap_io(move |tcp| {
+            accepted.fetch_add(1, Ordering::Relaxed);
             let _ = tcp.set_nodelay(true);
         });
         let signal = shutdown.clone().cancelled_owned();
@@ -162,6 +167,7 @@ impl MockServer {
             addr,
             log,
             next_id,
+            connections,
             shutdown,
             task: Some(task),
         })
@@ -192,6 +198,12 @@ impl MockServer {
     /// where the log only holds finished requests.
     pub fn arrived(&self) -> u64 {
         self.next_id.load(Ordering::Relaxed)
+    }
+
+    /// TCP connections accepted so far: with keep-alive, calls that found an idle connection
+    /// in their client's pool opened none (tests check that a warm-up did its work).
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::Relaxed)
     }
 
     /// Stops accepting, ends sleeping and hanging requests (they answer 503), lets in-flight
@@ -233,6 +245,12 @@ async fn list_models(State(st): State<Arc<ServerState>>, req: Request) -> Respon
     let draft = st.draft(&req);
     if !st.authorized(req.headers()) {
         return st.finish(draft, unauthorized(Provider::OpenAi));
+    }
+    // A real server's list takes a round trip too; so concurrent requests overlap, each on a
+    // connection of its own (what a client's connection warm-up counts on).
+    let mut rng = rng::for_request(st.seed, draft.id);
+    if !st.sleep(st.latency.sample(&mut rng)).await {
+        return st.finish(draft, shutting_down(Provider::OpenAi));
     }
     #[derive(Serialize)]
     struct ModelList<'a> {

@@ -10,7 +10,7 @@ use bridge::{
     Ledger,
 };
 
-use crate::support::{endpoint, fast_retry, openai_config, start_with};
+use crate::support::{anthropic_config, endpoint, fast_retry, openai_config, start_with};
 
 fn prompts(n: usize) -> Vec<ChatRequest> {
     (0..n)
@@ -250,4 +250,68 @@ async fn an_adaptive_limit_finds_the_width_a_capacity_limited_server_takes() {
         "far fewer 429s than calls: {stats:?}"
     );
     assert_eq!(stats.in_flight, 0);
+}
+
+/// Waits (at most 10 s) until `server` has accepted `n` connections, then a moment more for
+/// the client's pool to take the last one in: a warm-up request that found another's
+/// connection idle first leaves its own connection to finish opening in the background.
+async fn accepted(server: &bridge::mock::MockServer, n: u64) -> u64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while server.connections() < n && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    server.connections()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_up_opens_the_connections_a_batch_then_runs_on() {
+    for anthropic in [false, true] {
+        let server = start_with(Latency::fixed(Duration::from_millis(20)), Faults::none()).await;
+        let config = if anthropic {
+            anthropic_config(&server)
+        } else {
+            openai_config(&server)
+        };
+        let sub = endpoint(config, Budget::default());
+        assert_eq!(sub.warm_up(8).await, 8, "anthropic: {anthropic}");
+        assert_eq!(accepted(&server, 8).await, 8, "one connection per request");
+        let log = server.log().entries();
+        // Both wire formats list models at `/v1/models` (OpenAI's base URL ends in `/v1`).
+        assert!(
+            log.len() == 8
+                && log
+                    .iter()
+                    .all(|r| r.path == "/v1/models" && r.status == 200),
+            "{log:?}"
+        );
+        assert!(sub.ledger().records().is_empty(), "a warm-up is no call");
+
+        let results = sub
+            .batch(
+                prompts(8),
+                BatchPolicy::bounded(8),
+                &CancellationToken::new(),
+            )
+            .await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert_eq!(
+            server.connections(),
+            8,
+            "the batch opened no connection of its own (anthropic: {anthropic})"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_up_is_capped_by_the_endpoints_limit() {
+    let server = start_with(Latency::fixed(Duration::from_millis(20)), Faults::none()).await;
+    let config = EndpointConfig {
+        max_in_flight: 3,
+        ..openai_config(&server)
+    };
+    let sub = endpoint(config, Budget::default());
+    assert_eq!(sub.warm_up(64).await, 3);
+    assert_eq!(server.log().len(), 3, "no more requests than the limit");
+    assert_eq!(accepted(&server, 3).await, 3);
 }

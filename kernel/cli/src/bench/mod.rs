@@ -12,6 +12,13 @@
 //! width with one `llm_query_batched` in the embedded Python session, so both paths appear
 //! side by side.
 //!
+//! Before each step's clock starts, the step's endpoint opens as many keep-alive connections
+//! as the width can use ([`Endpoint::warm_up`]: `GET`s of the model list, no model call, no
+//! budget): every row then times calls on open connections, as an RLM session's batches after
+//! its first run, not the TCP/TLS set-up of a cold pool (which made a width-256 row against
+//! the in-process mock about 1.4× its ideal time, and each width's row depend on the widths
+//! swept before it). The rows say how many connections were opened.
+//!
 //! Without `--base-url` the mock LM server runs in-process on a runtime of its own (fixed
 //! `--latency-ms`, optional `--capacity`) and the output says so; with one, a first call must
 //! succeed before the sweep starts. A sweep the call budget cannot cover is refused before any
@@ -244,6 +251,13 @@ pub(crate) fn execute(args: BenchArgs, config: Option<&std::path::Path>) -> Resu
         )));
     }
 
+    if !opts.quiet() {
+        eprintln!(
+            "rlm bench: before each width's clock starts, up to that many keep-alive connections \
+             are opened with `GET` of the model list (no model call, not counted): the rows time \
+             calls on open connections, not connection set-up."
+        );
+    }
     let stop = CancellationToken::new();
     stop_on_ctrl_c(stop.clone());
     let mock_threads = mock.as_ref().map(|m| m.threads.clone()).unwrap_or_default();
@@ -433,9 +447,10 @@ impl Step<'_> {
         let policy = BatchPolicy {
             concurrency: self.width.batch_width(),
         };
+        let warm = self.warm_up(&endpoint);
         let (clock, started) = self.start_clock();
         kernel::runtime::shared().block_on(endpoint.batch(requests, policy, self.stop));
-        Ok(self.measured(first, started.elapsed(), clock, &endpoint))
+        Ok(self.measured(first, started.elapsed(), clock, &endpoint, warm))
     }
 
     fn run_repl(&self, first: u64) -> Result<Measured> {
@@ -469,6 +484,8 @@ impl Step<'_> {
             stop.cancelled().await;
             cancel.cancel();
         });
+        let endpoint = endpoints.get(&self.template.name)?;
+        let warm = self.warm_up(&endpoint);
         let (clock, started) = self.start_clock();
         let result = session.exec("_answers = llm_query_batched(_prompts)");
         let wall = started.elapsed();
@@ -481,8 +498,14 @@ impl Step<'_> {
                 error.message
             );
         }
-        let endpoint = endpoints.get(&self.template.name)?;
-        Ok(self.measured(first, wall, clock, &endpoint))
+        Ok(self.measured(first, wall, clock, &endpoint, warm))
+    }
+
+    /// Opens the connections the step can use at once (its width, at most its calls) before
+    /// its clock starts; returns how many the server answered.
+    fn warm_up(&self, endpoint: &Endpoint) -> usize {
+        let width = self.width.batch_width().unwrap_or(self.calls);
+        kernel::runtime::shared().block_on(endpoint.warm_up(width.min(self.calls)))
     }
 
     /// What the step measured: the calls recorded since `first`, and the endpoint's limiter.
@@ -492,6 +515,7 @@ impl Step<'_> {
         wall: Duration,
         clock: (Duration, Duration),
         endpoint: &Endpoint,
+        warm_connections: usize,
     ) -> Measured {
         Measured {
             path: self.path,
@@ -500,6 +524,7 @@ impl Step<'_> {
             client_cpu: self.client_cpu(clock),
             records: self.ledger.records_since(first),
             limiter: endpoint.limiter_stats(),
+            warm_connections,
         }
     }
 

@@ -138,6 +138,7 @@ mod tests {
             retries: 0,
             http_429: 0,
             client_cpu_ms_per_call: 0.0,
+            warm_connections: 0,
         };
         let svg = render(&[row(1, false), row(16, false), row(12, true)], "t").expect("renders");
         assert!(svg.starts_with("<svg"), "{}", &svg[..40.min(svg.len())]);

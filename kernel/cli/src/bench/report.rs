@@ -38,6 +38,8 @@ pub(crate) struct Measured {
     pub(crate) client_cpu: Duration,
     pub(crate) records: Vec<SubCallMetadata>,
     pub(crate) limiter: LimiterStats,
+    /// Connections opened before the clock started (the server's answers to the warm-up).
+    pub(crate) warm_connections: usize,
 }
 
 /// Latency percentiles of the answered calls, in milliseconds.
@@ -77,6 +79,9 @@ pub(crate) struct Row {
     /// Attempts answered HTTP 429, retried ones included.
     pub(crate) http_429: u64,
     pub(crate) client_cpu_ms_per_call: f64,
+    /// Keep-alive connections opened before the clock started (`GET` of the model list,
+    /// no model call): the row times calls, not connection set-up.
+    pub(crate) warm_connections: usize,
 }
 
 /// The `q`-quantile (nearest rank) of an ascending slice.
@@ -142,6 +147,7 @@ impl Row {
             } else {
                 m.client_cpu.as_secs_f64() * 1e3 / calls as f64
             },
+            warm_connections: m.warm_connections,
         }
     }
 
@@ -321,6 +327,7 @@ mod tests {
             wall: Duration::from_secs(2),
             client_cpu: Duration::from_millis(50),
             records,
+            warm_connections: 0,
             limiter: LimiterStats {
                 limit: 3,
                 peak_limit: 8,
@@ -404,6 +411,7 @@ mod tests {
             retries: 0,
             http_429,
             client_cpu_ms_per_call: 0.0,
+            warm_connections: 0,
         };
         let rows = [
             row("16", 16, 300.0, 0),
