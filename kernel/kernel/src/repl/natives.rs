@@ -303,28 +303,45 @@ impl SubModelBridge {
         py: Python<'py>,
         answers: Vec<SubAnswer>,
     ) -> PyResult<Bound<'py, PyList>> {
+        self.batch_answers(py, answers, "child runs", |_| {})
+    }
+
+    /// A batch's answers as the code gets them: a list in input order with `"Error: ..."`
+    /// for failed items (each text handed to `each` in order as it is placed), or
+    /// `LlmQueryError` (with the list) when the session raises and one failed; `what` names
+    /// the items in that error ("sub-calls", "child runs").
+    fn batch_answers<'py>(
+        &self,
+        py: Python<'py>,
+        answers: Vec<SubAnswer>,
+        what: &str,
+        mut each: impl FnMut(&str),
+    ) -> PyResult<Bound<'py, PyList>> {
         let n = answers.len();
         let mut first_error: Option<(usize, SubFailure)> = None;
         let mut failed = 0usize;
         let mut texts = Vec::with_capacity(n);
         for (i, answer) in answers.into_iter().enumerate() {
-            match answer {
-                Ok(text) => texts.push(text),
+            let text = match answer {
+                Ok(text) => text,
                 Err(failure) => {
                     failed += 1;
-                    texts.push(format!("Error: {}", failure.message));
+                    let text = format!("Error: {}", failure.message);
                     if first_error.is_none() {
                         first_error = Some((i, failure));
                     }
+                    text
                 }
-            }
+            };
+            each(&text);
+            texts.push(text);
         }
         let list = PyList::new(py, texts)?;
         match (self.errors, first_error) {
             (SubCallErrorMode::Raise, Some((i, failure))) => Err(self.error(
                 py,
                 format!(
-                    "{failed} of {n} child runs failed; the first (prompts[{i}]): {}",
+                    "{failed} of {n} {what} failed; the first (prompts[{i}]): {}",
                     failure.message
                 ),
                 &failure.kind,
@@ -560,37 +577,12 @@ impl LlmQueryBatched {
                 };
             }
         };
-        let mut first_error: Option<(usize, SubFailure)> = None;
-        let mut failed = 0usize;
-        let mut texts = Vec::with_capacity(n);
-        for ((i, outcome), prompt) in outcomes.into_iter().enumerate().zip(kept) {
-            match outcome {
-                Ok(content) => texts.push(content),
-                Err(failure) => {
-                    failed += 1;
-                    texts.push(format!("Error: {}", failure.message));
-                    if first_error.is_none() {
-                        first_error = Some((i, failure));
-                    }
-                }
-            }
-            if let Some(reply) = texts.last() {
+        let mut kept = kept.into_iter();
+        bridge.batch_answers(py, outcomes, "sub-calls", |reply| {
+            if let Some(prompt) = kept.next() {
                 bridge.record_text(prompt, reply);
             }
-        }
-        let list = PyList::new(py, texts)?;
-        match (bridge.errors, first_error) {
-            (SubCallErrorMode::Raise, Some((i, failure))) => Err(bridge.error(
-                py,
-                format!(
-                    "{failed} of {n} sub-calls failed; the first (prompts[{i}]): {}",
-                    failure.message
-                ),
-                &failure.kind,
-                Some(list),
-            )),
-            _ => Ok(list),
-        }
+        })
     }
 
     fn __repr__(&self) -> String {
