@@ -9,11 +9,11 @@
 
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use crate::flow::{read_events, started};
+use crate::flow_durable::wait_for;
 use crate::plan_discover::{SALES, call, script};
 use crate::support::{Mock, Run, file, rlm, rlm_command};
 
@@ -186,14 +186,7 @@ fn plan_discover_killed_in_its_discovery_loop_resumes_without_repeating_model_ca
         .spawn()
         .expect("rlm starts");
     let marker = setup.dir.path().join("started");
-    let start = Instant::now();
-    while !marker.exists() {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("rlm ended before the discovery blocked: {status}");
-        }
-        assert!(start.elapsed() < Duration::from_secs(120), "never blocked");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for(&marker, &mut child);
     child.kill().expect("kill -9");
     child.wait().expect("reaped");
     let before = setup.mock.log().len();
