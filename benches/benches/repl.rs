@@ -396,29 +396,33 @@ mod isolation {
         );
 
         // A block's round trip: an almost empty block and its reply (output, variables).
-        // Before: every block read this process's children in `/proc` at its start and end.
-        // Now only a block that may start a process does (one about to, per the audit
-        // hook): the baseline block raises the audit event of `os.fork`, so it pays the two
-        // scans every block used to; the other raises an event of no interest. Alternated.
+        // Only a block that may start a process (one about to, per the audit hook) lists this
+        // process's children in `/proc`, before its first such call and after it ends; the
+        // baseline block raises the audit event of `os.fork`, so it pays both scans (every
+        // block once did); the other raises an event of no interest. A block that does start
+        // a process (`true`, in-process) says what the scans weigh beside the start itself.
+        // Alternated.
         let n = if quick { 200 } else { 1000 };
         let local_s = session_in(&eps, Isolation::None)?;
         let isolated_s = session_in(&eps, Isolation::Process)?;
         const QUIET: &str = "__import__('sys').audit('rlm.bench')";
         const SCANNED: &str = "__import__('sys').audit('os.fork')";
-        let trip = |s: &ReplSession, code: &str| -> anyhow::Result<Duration> {
+        const STARTS: &str = "__import__('subprocess').run(['true'])";
+        let trip = |s: &ReplSession, code: &str, n: usize| -> anyhow::Result<Duration> {
             let started = Instant::now();
             for _ in 0..n {
                 exec_ok(s, code)?;
             }
-            Ok(started.elapsed() / n)
+            Ok(started.elapsed() / u32::try_from(n)?)
         };
-        let mut times: [Vec<Duration>; 4] = Default::default();
+        let mut times: [Vec<Duration>; 5] = Default::default();
         for round in 0..=rounds.min(5) {
             let trips = [
-                trip(&local_s, SCANNED)?,
-                trip(&local_s, QUIET)?,
-                trip(&isolated_s, SCANNED)?,
-                trip(&isolated_s, QUIET)?,
+                trip(&local_s, SCANNED, n)?,
+                trip(&local_s, QUIET, n)?,
+                trip(&isolated_s, SCANNED, n)?,
+                trip(&isolated_s, QUIET, n)?,
+                trip(&local_s, STARTS, n / 10)?,
             ];
             // The first round warms up.
             if round > 0 {
@@ -427,23 +431,29 @@ mod isolation {
                 }
             }
         }
-        let [local_scanned, local, isolated_scanned, isolated] = times.map(median);
+        let [local_scanned, local, isolated_scanned, isolated, starts] = times.map(median);
         println!(
-            "| one block and its result, {n} in a row (before: `/proc` scanned twice per block) | {} | {} | {:+.3} ms |",
+            "| one block and its result, {n} in a row (one that may start a process: `/proc` scanned twice) | {} | {} | {:+.3} ms |",
             ms(local_scanned),
             ms(isolated_scanned),
             (isolated_scanned.as_secs_f64() - local_scanned.as_secs_f64()) * 1000.0
         );
         println!(
-            "| one block and its result, {n} in a row (now: no scan for a block that starts no process) | {} | {} | {:+.3} ms |",
+            "| one block and its result, {n} in a row (one that starts no process: no scan) | {} | {} | {:+.3} ms |",
             ms(local),
             ms(isolated),
             (isolated.as_secs_f64() - local.as_secs_f64()) * 1000.0
         );
         println!(
-            "|   now / before | {:.2}× | {:.2}× | |",
+            "|   no scan / scanned | {:.2}× | {:.2}× | |",
             local.as_secs_f64() / local_scanned.as_secs_f64(),
             isolated.as_secs_f64() / isolated_scanned.as_secs_f64()
+        );
+        println!(
+            "| one block that runs `true` in a subprocess, {} in a row (scans included: {:.0}% of it) | {} | — | — |",
+            n / 10,
+            100.0 * (local_scanned.as_secs_f64() - local.as_secs_f64()) / starts.as_secs_f64(),
+            ms(starts)
         );
 
         // A context given as text: one copy into Python in-process; a memfd written by the

@@ -83,7 +83,8 @@
 //!   `LlmQueryError` (kind `forked_child`): sub-model calls belong to the session's process.
 //!   Pool workers' prints are lost too (a spawn worker's go to `/dev/null` once it loads the
 //!   session module): workers return results.
-//! - Processes a block starts (direct children, seen on Linux in `/proc`, and
+//! - Processes a block starts (direct children, seen on Linux in `/proc`: every process whose
+//!   parent is this one, also when the thread that started it has ended; and
 //!   multiprocessing's own, such as forkserver workers) belong to the session. Those still
 //!   running are terminated — pools through their own `terminate`, the others and their
 //!   descendants with SIGTERM, then SIGKILL after 1 s — when the block is interrupted (cell
@@ -96,7 +97,10 @@
 //!   look up a C function through `ctypes`, and the children are noted just before; a block
 //!   that does none of these (most) costs no scan. A process a C extension starts on its own
 //!   (or a `ctypes` function looked up in an earlier block) is not seen by it; in a worker,
-//!   it still dies with the worker.
+//!   it still dies with the worker. In a worker with a PID namespace of its own (the default
+//!   where the kernel allows one) `/proc` numbers processes apart from `os.kill`: for now only
+//!   multiprocessing's are ended with an interrupted block there; the others run on until
+//!   the worker ends.
 //!
 //! # Limits of interruption
 //! A timeout stops pure-Python code, `time.sleep` and `llm_query`/`llm_query_batched` (also

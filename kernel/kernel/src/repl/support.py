@@ -734,31 +734,55 @@ def _audit(event, args):
 
 
 def _direct_children():
-    """Pids of this process's children (Linux `/proc`; elsewhere none are seen and only
-    multiprocessing's own processes are tracked)."""
-    pids = set()
+    """Pids of this process's children: every process in `/proc` whose parent is this one
+    (Linux; elsewhere none are seen and only multiprocessing's own processes are tracked).
+
+    Not `/proc/self/task/*/children`, which is read a task at a time, each list piecewise
+    (proc_tid_children(5): reliable only for frozen processes): a child whose thread exits
+    during the scan moves to another thread, maybe one already read, and is missed (the
+    block's process then outlives the session, or a host's process started before the
+    block is later taken for the block's and ended). A process's parent in its `stat` is
+    the parent's thread-group id, which a thread's exit does not change, and `/proc` lists
+    processes in pid order, so every one that runs throughout the scan is seen.
+
+    The pids are those of `/proc` (in a worker with a PID namespace of its own, the
+    machine's `/proc` numbers processes apart from `os.getpid()`; see `_terminate`)."""
     try:
-        tasks = os.listdir("/proc/self/task")
+        mine = int(os.readlink("/proc/self"))
+    except (OSError, ValueError):
+        return set()
+    return set(_processes_by_parent().get(mine, ()))
+
+
+def _processes_by_parent():
+    """{parent pid: [pids of its children]} of every process in `/proc`."""
+    parents = {}
+    try:
+        entries = os.listdir("/proc")
     except OSError:
-        return pids
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/children") as f:
-                pids.update(int(p) for p in f.read().split())
-        except (OSError, ValueError):
-            pass
-    return pids
+        return parents
+    for entry in entries:
+        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
+            parents.setdefault(stat[0], []).append(int(entry))
+    return parents
 
 
 def _stat(pid):
     """(parent pid, start time, state) of a process, or None."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
-    fields = text[text.rfind(")") + 2 :].split()
-    return int(fields[1]), int(fields[19]), fields[0]
+    try:
+        text = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    fields = text[text.rfind(b")") + 2 :].split()
+    if len(fields) < 20:
+        return None
+    return int(fields[1]), int(fields[19]), fields[0].decode("ascii", "replace")
 
 
 def _start_time(pid):
@@ -789,14 +813,7 @@ def _mp_helpers():
 
 
 def _descendants(roots):
-    parents = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return set(roots)
-    for entry in entries:
-        if entry.isdigit() and (stat := _stat(int(entry))) is not None:
-            parents.setdefault(stat[0], []).append(int(entry))
+    parents = _processes_by_parent()
     found, todo = set(), list(roots)
     while todo:
         pid = todo.pop()
@@ -827,7 +844,10 @@ def _terminate(processes, pool):
             p.join(_TERMINATE_GRACE)
     skip = _mp_helpers() | {p.pid for p in pool}
     mine = os.getpid()
-    # A pid is ours only while it is still our child started at the recorded time.
+    # A pid is ours only while it is still our child started at the recorded time, and only
+    # where `/proc` numbers processes as `os.kill` does: in a worker whose PID namespace is
+    # its own under the machine's `/proc` (where `os.getpid()` differs) none is, and what its
+    # blocks started ends with the namespace.
     roots = [
         pid
         for pid, since in processes.items()

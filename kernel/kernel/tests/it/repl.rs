@@ -820,15 +820,106 @@ print(" ".join(map(str, pids)))
     assert!(left.is_empty(), "still running: {left:?}");
 }
 
+/// Python for the two tests below: `mid_scan.arm(tid, release)` makes the thread `tid` (which
+/// waits on the event `release`) leave the process in the middle of the next scan of `/proc`,
+/// at its second open of a `/proc` file, and waits (at most 10 s) until it has. A child that
+/// thread started then moves to another thread of the process, possibly one already read.
+const MID_SCAN: &str = r#"
+import os, sys, threading, time
+class MidScan:
+    def __init__(self):
+        self.armed, self.opens, self.fired = None, 0, False
+        sys.addaudithook(self.hook)
+    def arm(self, tid, release):
+        self.opens, self.fired, self.armed = 0, False, (tid, release)
+    def hook(self, event, args):
+        if event != 'open' or self.armed is None or not str(args[0]).startswith('/proc/'):
+            return
+        self.opens += 1
+        if self.opens < 2:
+            return
+        (tid, release), self.armed = self.armed, None
+        release.set()
+        deadline, pause = time.monotonic() + 10, threading.Event()
+        while os.path.exists(f'/proc/self/task/{tid}') and time.monotonic() < deadline:
+            pause.wait(0.005)
+        self.fired = not os.path.exists(f'/proc/self/task/{tid}')
+mid_scan = MidScan()
+box, started, release = {}, threading.Event(), threading.Event()
+def start_and_wait():
+    import subprocess
+    box['tid'] = threading.get_native_id()
+    box['pid'] = subprocess.Popen(['sleep', '300']).pid
+    started.set()
+    release.wait(30)
+"#;
+
+/// Kills and reaps `pid` if it still runs (a test's own clean-up, whatever the product did).
+const REAP: &str = "import os, signal\ntry:\n    os.kill(PID, signal.SIGKILL)\n    \
+                    os.waitpid(PID, 0)\nexcept OSError:\n    pass";
+
+#[test]
+fn a_process_whose_thread_exits_while_the_block_is_settled_is_still_tracked() {
+    let s = session();
+    ok(&s, MID_SCAN);
+    // A thread of the block starts a process, and exits while the block's processes are
+    // being listed: its child moves to the process's first thread, already read by then.
+    let r = ok(
+        &s,
+        "t = threading.Thread(target=start_and_wait)\nt.start()\nstarted.wait(30)\n\
+         mid_scan.arm(box['tid'], release)\nprint(box['pid'])",
+    );
+    let pid: u32 = r.stdout.trim().parse().expect("a pid");
+    let fired = ok(&s, "t.join(30)\nprint(mid_scan.fired, t.is_alive())").stdout;
+    assert!(running(pid));
+    s.end_processes().expect("ends");
+    let left = running(pid);
+    ok(&s, &REAP.replace("PID", &pid.to_string()));
+    assert_eq!(fired, "True False\n", "the thread did not exit mid-scan");
+    assert!(
+        !left,
+        "the process {pid} of the block still runs after `end_processes`"
+    );
+}
+
+#[test]
+fn a_host_process_whose_thread_exits_while_a_block_lists_processes_is_left_alone() {
+    let s = session();
+    ok(&s, MID_SCAN);
+    // A thread that is not the session's (the host's: no session owns it) starts a process.
+    let r = ok(
+        &s,
+        "import _thread\n_thread.start_new_thread(start_and_wait, ())\nstarted.wait(30)\n\
+         print(box['pid'])",
+    );
+    let host: u32 = r.stdout.trim().parse().expect("a pid");
+    // A block about to start a process notes the processes that exist; the host's thread
+    // exits in the middle of that and its child moves to a thread already read.
+    let fired = ok(
+        &s,
+        "import subprocess\nmid_scan.arm(box['tid'], release)\nsubprocess.run(['true'])\n\
+         print(mid_scan.fired)",
+    )
+    .stdout;
+    s.end_processes().expect("ends");
+    let alive = running(host);
+    ok(&s, &REAP.replace("PID", &host.to_string()));
+    assert_eq!(fired, "True\n", "the thread did not exit mid-scan");
+    assert!(
+        alive,
+        "the host's process {host} was taken for the block's and ended"
+    );
+}
+
 #[test]
 fn blocks_that_start_no_process_read_nothing_in_proc() {
     let s = session();
     // An audit hook of the test's own (it stays for the interpreter's life: it only counts)
-    // sees every listing of `/proc/self/task`, which the scan for children starts with.
+    // sees every listing of a folder of `/proc`, which the scan for children starts with.
     ok(
         &s,
         "import sys\nscans = []\nsys.addaudithook(lambda event, args: scans.append(1) \
-         if event == 'os.listdir' and 'task' in str(args[0]) else None)",
+         if event in ('os.listdir', 'os.scandir') and str(args[0]).startswith('/proc') else None)",
     );
     ok(&s, "x = sum(range(10))");
     ok(&s, "import json\ny = json.dumps({'x': x})");
