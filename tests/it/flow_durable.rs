@@ -442,6 +442,65 @@ fn a_run_that_escalates_waits_for_a_human_and_the_answer_completes_it() {
     );
 }
 
+/// A resumed run keeps the isolation it was started with, as it keeps its models, unless
+/// `resume` says otherwise: `where` notes its process's parent, which is this test only when
+/// the step runs in `rlm` itself (`--isolation none`), not in a worker.
+#[test]
+fn a_resumed_run_keeps_its_isolation_unless_resume_says_otherwise() {
+    let flows = Flows::new();
+    let d = flows.dir.path();
+    file(
+        d,
+        "where.py",
+        "import os\n\ndef where(state):\n    return {\"parent\": os.getppid()}\n",
+    );
+    file(
+        d,
+        "where.yaml",
+        "agent_class: PythonAgent\nname: where\nfunction: where.py:where\n",
+    );
+    file(
+        d,
+        "placed.yaml",
+        "agent_class: SequentialAgent\nname: placed\nsub_agents:\n  - config_path: first.yaml\n  \
+         - config_path: ask.yaml\n  - config_path: where.yaml\n",
+    );
+    let placed = flows.path("placed.yaml").display().to_string();
+    let me = json!(std::process::id());
+    for (id, resume_flags, in_rlm) in [
+        ("kept", &[][..], true),
+        ("overridden", &["--isolation", "process"][..], false),
+    ] {
+        let started = rlm(
+            &flows.args(&[
+                "run",
+                &placed,
+                "--run-id",
+                id,
+                "--isolation",
+                "none",
+                "--model",
+                "none",
+                "--base-url",
+                "http://127.0.0.1:9/v1",
+            ]),
+            None,
+        );
+        started.assert_code(5);
+        let mut resume = vec!["resume", id, "--input", "Monday"];
+        resume.extend(resume_flags);
+        let resumed = rlm(&flows.args(&resume), None);
+        resumed.assert_code(0);
+        let parent = flows.final_state(id)["parent"].clone();
+        assert!(parent.is_u64(), "{id}: {parent}");
+        assert_eq!(
+            parent == me,
+            in_rlm,
+            "{id}: the step's parent {parent}, this test {me}"
+        );
+    }
+}
+
 /// `--from-checkpoint N --input ANSWER` answers the question checkpoint N asked: at a
 /// checkpoint where nobody was asked it is a usage error (exit 2, nothing written), not an
 /// answer that reruns the wrong node; at the checkpoint that asked, time travel answers it.

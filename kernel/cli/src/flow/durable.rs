@@ -7,9 +7,11 @@
 //! every node at every depth of nested sequences, loops and graphs (and every routing
 //! decision); `--keep-last N` prunes the run's older checkpoints afterwards. The run record
 //! keeps the workflow (a built-in's name or the file's absolute path), the inputs, the
-//! context paths, the `--bundle` and the endpoint settings (models, URLs, wire format, the
-//! name of the key's variable, prices — never a key), so `rlm flow resume RUN` needs only
-//! the run id; a model flag given to `resume` overrides the stored one. A run stopped by
+//! context paths, the `--bundle` and the run's settings — the endpoint settings (models,
+//! URLs, wire format, the name of the key's variable, prices — never a key) and the session
+//! settings (`--isolation`, `--memory-limit`, `--cell-timeout`, …) — so `rlm flow resume RUN`
+//! needs only the run id and continues as the run started; a flag given to `resume`
+//! overrides the stored value. A run stopped by
 //! Ctrl-C is `interrupted`, and the command that continues it is printed.
 //!
 //! A run that a router escalates to a human stops with status `awaiting_human`: the question,
@@ -42,7 +44,7 @@ use engine::durable::{
 use engine::flow::{Agent, Invocation};
 use engine::route::{DecisionRecord, decide::DECISIONS, rfc3339};
 use engine::state::State;
-use kernel::options::{Group, RunOptions, Source};
+use kernel::options::{Group, Groups, RunOptions, Source};
 use serde_json::{Value, json};
 
 use crate::exit::{EXIT_AWAITING_HUMAN, EXIT_INTERRUPTED, EXIT_RUN_DRIVEN, UsageError};
@@ -211,7 +213,7 @@ impl Durable {
             "inputs": state.values(),
             "contexts": contexts.iter().map(|c| absolute_context(c)).collect::<Vec<_>>(),
             "bundle": bundle.map(|b| std::path::absolute(b).unwrap_or_else(|_| b.to_path_buf())),
-            SETTINGS: endpoint_settings(opts),
+            SETTINGS: kept_settings(opts),
         });
         if wait(store.run(&run_id)).map_err(store_error)?.is_some() {
             return Err(usage(StoreError::DuplicateRun(run_id)));
@@ -352,16 +354,22 @@ impl Durable {
     }
 }
 
-/// The key of the run record's input that holds the run's endpoint settings.
+/// The key of the run record's input that holds the run's settings.
 const SETTINGS: &str = "settings";
 
-/// The options of `opts` that say which models a run talks to and how (the schema's
-/// [`Group::Models`]: the models, their URLs and wire format, the variable holding the key,
-/// `--secret` variable names, sampling, prices), by name as the schema gives them, for the
+/// The groups of the schema whose options the run record keeps: which models a run talks to
+/// and how ([`Group::Models`]: the models, their URLs and wire format, the variable holding
+/// the key, `--secret` variable names, sampling, prices) and where and how its code runs
+/// ([`Group::Session`]: `--isolation`, `--memory-limit`, `--on-crash`, the cell time limit,
+/// sub-calls from code). A resumed run keeps its confinement: one started `--isolation
+/// strict` is not resumed less confined.
+const KEPT: Groups = Group::Models.bit() | Group::Session.bit();
+
+/// The options of `opts` of the [`KEPT`] groups, by name as the schema gives them, for the
 /// run record: `resume` uses them unless its own flags say otherwise. Never a key: only the
 /// variable's name is an option, and a value holding a known secret (a key in a URL) is left
 /// out, so `resume` asks for it rather than call a broken URL.
-fn endpoint_settings(opts: &RunOptions) -> Value {
+fn kept_settings(opts: &RunOptions) -> Value {
     let holds_secret = |value: &Value| match value {
         Value::String(text) => crate::secrets::redact(text) != text.as_str(),
         Value::Array(items) => items
@@ -370,27 +378,27 @@ fn endpoint_settings(opts: &RunOptions) -> Value {
             .any(|text| crate::secrets::redact(text) != text),
         _ => false,
     };
-    let mut settings = opts.clone().only(Group::Models.bit()).to_map();
+    let mut settings = opts.clone().only(KEPT).to_map();
     settings.retain(|_, value| !holds_secret(value));
     Value::Object(settings)
 }
 
-/// The endpoint settings a run record keeps (none for a run recorded before they were).
+/// The settings a run record keeps (none for a run recorded before they were).
 pub(crate) fn stored_settings(run: &RunRecord) -> Result<RunOptions> {
     match run.input.get(SETTINGS) {
         None | Some(Value::Null) => Ok(RunOptions::default()),
         Some(Value::Object(settings)) => RunOptions::from_json(&Source::Keyword, settings)
-            .map(|kept| kept.only(Group::Models.bit()))
+            .map(|kept| kept.only(KEPT))
             .map_err(|e| {
                 anyhow::anyhow!(
-                    "Run `{}` keeps model settings this version cannot read ({e}); pass the model \
-                 flags to `rlm flow resume`",
+                    "Run `{}` keeps settings this version cannot read ({e}); pass the model \
+                 and session flags to `rlm flow resume`",
                     run.run_id
                 )
             }),
         Some(other) => Err(anyhow::anyhow!(
-            "Run `{}` keeps model settings this version cannot read (`{other}` is not an \
-             object); pass the model flags to `rlm flow resume`",
+            "Run `{}` keeps settings this version cannot read (`{other}` is not an \
+             object); pass the model and session flags to `rlm flow resume`",
             run.run_id
         )),
     }
@@ -598,20 +606,21 @@ mod tests {
         }
     }
 
-    /// Every option of the schema's model group, from its example, is kept in the run record
-    /// and read back unchanged; no other option is kept (issue 23 §4).
+    /// Every option of the schema's model and session groups, from its example, is kept in
+    /// the run record and read back unchanged; no other option is kept (issue 23 §4; the
+    /// session's, e.g. `--isolation`, so that a resumed run runs its code as it started).
     #[test]
-    fn the_model_options_and_only_they_round_trip_through_the_run_record() {
+    fn the_model_and_session_options_and_only_they_round_trip_through_the_run_record() {
         for spec in kernel::options::OPTIONS {
             let given =
                 RunOptions::from_text(&Source::Flag, [(spec.name, vec![spec.example.to_owned()])])
                     .unwrap_or_default();
             assert_ne!(given, RunOptions::default(), "{}", spec.name);
             // Stored as JSON text and read back, as the store does.
-            let text = endpoint_settings(&given).to_string();
+            let text = kept_settings(&given).to_string();
             let kept = stored_settings(&record(serde_json::from_str(&text).unwrap_or_default()))
                 .unwrap_or_else(|e| panic!("{}: {e}", spec.name));
-            if spec.group == Group::Models {
+            if matches!(spec.group, Group::Models | Group::Session) {
                 assert_eq!(kept, given, "{}", spec.name);
             } else {
                 assert_eq!(kept, RunOptions::default(), "{} kept", spec.name);
@@ -630,7 +639,7 @@ mod tests {
             base_url: Some("http://127.0.0.1:9/v1?key=sk-unit-9f3e2a7c".into()),
             ..RunOptions::default()
         };
-        let settings = endpoint_settings(&given);
+        let settings = kept_settings(&given);
         assert_eq!(settings, json!({ "model": "m" }));
         let mut old = record(Value::Null);
         old.input = json!({ "inputs": {} });
@@ -638,7 +647,7 @@ mod tests {
         let bad = stored_settings(&record(json!({ "model": 7 })));
         let message = bad.err().map(|e| e.to_string()).unwrap_or_default();
         assert!(
-            message.contains("pass the model flags to `rlm flow resume`"),
+            message.contains("pass the model and session flags to `rlm flow resume`"),
             "{message}"
         );
     }

@@ -1,7 +1,8 @@
 //! `rlm flow resume RUN`: continue a checkpointed run.
 //!
-//! The run record names the workflow, the contexts, the bundle and the endpoint settings (a
-//! model flag given here overrides the stored one); the state comes from the checkpoint.
+//! The run record names the workflow, the contexts, the bundle and the run's model and session
+//! settings (`--isolation` among them; a flag given here overrides the stored value); the
+//! state comes from the checkpoint.
 //! Without options the run continues from its head: after a crash (`kill -9`) or Ctrl-C the
 //! node that was running **re-executes** from the state before it — at whatever depth of
 //! nested loops and sequences it ran, each enclosing loop going on at its own iteration — so
@@ -72,7 +73,7 @@ pub(crate) fn execute(args: FlowResumeArgs, config: Option<&Path>) -> Result<Exi
         store.run(&args.run).await.map_err(store_error)
     })??
     .ok_or_else(|| store_error(StoreError::UnknownRun(args.run.clone())))?;
-    // This command's flags over the run's endpoint settings over the environment and the
+    // This command's flags over the run's stored settings over the environment and the
     // configuration file.
     let settings = args
         .options
