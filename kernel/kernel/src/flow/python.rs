@@ -4,10 +4,11 @@
 //! the workflow file's folder in front) or `path/to/file.py:function` (relative to the
 //! workflow file). [`PyFunction::call`] runs one block in the session that binds the
 //! function and hands it to the tools' support module (`kernel::tools`), which calls it as
-//! its [`FunctionKind`] says and leaves the JSON of what happened under the call's token:
-//! the value returned, the argument as the function left it (callbacks change it in place),
-//! and the state writes and actions it reported ([`Effects`]) — the one convention every
-//! Python function of a workflow follows, tools included. Nothing is left in the session's
+//! its [`FunctionKind`] says and leaves the JSON of what happened under the call's token
+//! (the tools' one `Outcome`, read here as a tool's call reads it): the value returned, the
+//! argument as the function left it (callbacks change it in place), and the state writes and
+//! actions it reported ([`Effects`]) — the one convention every Python function of a
+//! workflow follows, tools included. Nothing is left in the session's
 //! namespace, and calls from concurrent steps (parallel branches, a reply's tool calls)
 //! never read each other's result. [`PyFunction::binding`] is the loading part: a workflow
 //! tool is bound by it and then described and called as every Python function tool is.
@@ -20,11 +21,10 @@
 use std::path::{Path, PathBuf};
 
 use bridge::CancellationToken;
-use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::repl::ReplSession;
-use crate::tools::{Effects, function_block, python_str, run_entry};
+use crate::tools::{Effects, Outcome, function_block, python_str, run_entry};
 
 /// Where a Python function lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -196,7 +196,7 @@ impl PyFunction {
             });
         }
         let text = out.ok_or_else(|| PyCallError::Result("no result was set".to_owned()))?;
-        match serde_json::from_str(&text).map_err(|e| PyCallError::Result(e.to_string()))? {
+        match Outcome::parse(&text).map_err(|e| PyCallError::Result(e.to_string()))? {
             Outcome::Returned {
                 value,
                 arg,
@@ -252,27 +252,6 @@ pub struct Called {
     pub arg: Value,
     /// The state writes and actions it reported.
     pub(crate) effects: Effects,
-}
-
-/// What a call left in the support module.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Outcome {
-    Returned {
-        #[serde(default)]
-        value: Value,
-        #[serde(default)]
-        arg: Value,
-        #[serde(flatten)]
-        effects: Effects,
-    },
-    Invalid(String),
-    Raised {
-        #[serde(rename = "type")]
-        type_name: String,
-        message: String,
-        traceback: String,
-    },
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use engine::{Tool, ToolContext, ToolError};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{CALL_SLACK, Effects, PythonToolError, block_failure, failure_text, on_session};
+use super::{CALL_SLACK, Outcome, PythonToolError, block_failure, failure_text, on_session};
 use crate::repl::{ExecutionResult, ReplError, ReplSession};
 
 /// The support module's name in `sys.modules`.
@@ -80,32 +80,6 @@ struct Described {
     parameters: Value,
     takes_context: bool,
     takes_any: bool,
-}
-
-/// What a call left in the support module.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum CallOutcome {
-    /// The function returned.
-    Returned {
-        /// The return value, as JSON.
-        value: Value,
-        /// The writes and actions of its `tool_context`.
-        #[serde(flatten)]
-        effects: Effects,
-    },
-    /// The arguments did not fit the signature.
-    Invalid(String),
-    /// The function raised.
-    Raised {
-        /// The exception's class name.
-        #[serde(rename = "type")]
-        type_name: String,
-        /// `str()` of the exception.
-        message: String,
-        /// The traceback, from the function down.
-        traceback: String,
-    },
 }
 
 impl PythonFunctionTool {
@@ -350,13 +324,13 @@ impl Tool for PythonFunctionTool {
             )));
         };
         bridge::secret::redactor().redact_in_place(&mut out);
-        match serde_json::from_str(&out) {
-            Ok(CallOutcome::Returned { value, effects }) => {
+        match Outcome::parse(&out) {
+            Ok(Outcome::Returned { value, effects, .. }) => {
                 effects.report_to(ctx);
                 Ok(value)
             }
-            Ok(CallOutcome::Invalid(message)) => Err(ToolError::InvalidArguments(message)),
-            Ok(CallOutcome::Raised {
+            Ok(Outcome::Invalid(message)) => Err(ToolError::InvalidArguments(message)),
+            Ok(Outcome::Raised {
                 type_name,
                 message,
                 traceback,

@@ -49,6 +49,7 @@ use std::sync::Arc;
 use bridge::CancellationToken;
 use engine::{Actions, StateDelta, ToolContext, ToolError};
 use serde::Deserialize;
+use serde_json::Value;
 
 use crate::repl::{ExecutionResult, ReplSession};
 
@@ -74,6 +75,45 @@ impl Effects {
     pub(crate) fn report_to(self, ctx: &ToolContext) {
         ctx.apply(self.writes);
         ctx.raise(self.actions);
+    }
+}
+
+/// What one call of a Python function left in the support module (`support.py`'s
+/// `_store`): the one format of a tool's, a callback's, a step's and a condition's result.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Outcome {
+    /// The function returned.
+    Returned {
+        /// The return value, as JSON (`null` when it returned nothing).
+        #[serde(default)]
+        value: Value,
+        /// The argument as the function left it (a callback's `ctx`; `null` for a tool).
+        #[serde(default)]
+        arg: Value,
+        /// The writes and actions it reported through its context.
+        #[serde(flatten)]
+        effects: Effects,
+    },
+    /// It could not be called as its kind says: the arguments did not fit its signature,
+    /// or its form or result did not fit; the text says how to write it.
+    Invalid(String),
+    /// The function raised.
+    Raised {
+        /// The exception's class name.
+        #[serde(rename = "type")]
+        type_name: String,
+        /// `str()` of the exception.
+        message: String,
+        /// The traceback, from the function down.
+        traceback: String,
+    },
+}
+
+impl Outcome {
+    /// Reads the JSON text the support module left under a call's token.
+    pub(crate) fn parse(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
     }
 }
 
