@@ -467,17 +467,18 @@ pub(super) struct Chained {
 }
 
 impl<'w> Planned<'w> {
-    /// Plans `checkpoint` of run `run_id` after `parent` (its row, as the store read it for
-    /// `checkpoint.parent`) under `policy`: a chain's first checkpoint snapshots, a later one
-    /// when the writes since the last snapshot outweigh it (times the policy's ratio) or the
-    /// chain grew too long. A parent of another run is refused.
+    /// Plans `checkpoint` of run `run_id` after checkpoint `parent` (`row`: its row, as the
+    /// store read it) under `policy`: a chain's first checkpoint snapshots, a later one when
+    /// the writes since the last snapshot outweigh it (times the policy's ratio) or the chain
+    /// grew too long. A parent of another run is refused.
     pub(super) fn new<E>(
         checkpoint: &NewCheckpoint<'w>,
+        parent: Option<CheckpointId>,
         run_id: &str,
-        parent: Option<ParentRow>,
+        row: Option<ParentRow>,
         policy: SnapshotPolicy,
     ) -> Result<Self, Failure<E>> {
-        let parent = checkpoint.parent.zip(parent);
+        let parent = parent.zip(row);
         if let Some((id, row)) = &parent {
             row.check_run(*id, run_id)?;
         }

@@ -7,9 +7,13 @@
 //! graph, the node, the graph's steps so far and its loop iteration, in the checkpoint's
 //! metadata as `path`, with the node's `control` when it was not `continue`), one after
 //! every routing decision of the root's router (the router's writes, naming the node that
-//! runs next), and one for a human's answer. Inside a parallel group there is no checkpoint:
-//! its branches run concurrently, so the group is checkpointed as one node of its enclosing
-//! graph, and a crash inside it runs the whole group again. An escalation travelling up
+//! runs next), and one for a human's answer. A top-level node that leaves through the router
+//! and the decision after it are one step, written as one chain of their two checkpoints in
+//! one transaction ([`Store::put_chain`]): the node's checkpoint is held until its router
+//! has decided (or let it pass without a decision, or the run stopped first), so a routed
+//! step costs one transaction, as a plain one does. Inside a parallel group there is no
+//! checkpoint: its branches run concurrently, so the group is checkpointed as one node of its
+//! enclosing graph, and a crash inside it runs the whole group again. An escalation travelling up
 //! through the enclosing containers is checkpointed once, at the node that escalated.
 //!
 //! Where a run continues ([`Start`]):
@@ -20,8 +24,10 @@
 //!   iteration (counts and limits as in an unbroken run) and, at the deepest level, the
 //!   finished node's edge is followed — only the node that was running when the process
 //!   died **re-executes** (side effects belong in idempotent tools); after a router
-//!   checkpoint, the node it chose runs. Re-entered containers run their before-agent
-//!   callbacks again (over the checkpoint's state);
+//!   checkpoint, the node it chose runs. A routed node counts as running until its step's
+//!   transaction commits: killed between its end and its router's decision (a pure function
+//!   of the state, taken at once), it runs again. Re-entered containers run their
+//!   before-agent callbacks again (over the checkpoint's state);
 //! - time travel resumes from an earlier checkpoint, and the new checkpoints branch from it;
 //! - a run that stopped for a human (`awaiting_human`) resumes with the answer: it is recorded
 //!   (`human_input`, a `human` message; the escalation flags cleared) in a `human` checkpoint,
@@ -146,13 +152,37 @@ impl DurableRoot {
 }
 
 /// Writes a checkpoint after every node (at every depth) and routing decision of one run.
+///
+/// The checkpoint of a top-level node that leaves through the router waits for the decision
+/// after it, and the two go into the store as one chain in one transaction
+/// ([`Store::put_chain`]): a routed step costs one transaction, as a plain one does.
 pub struct Checkpointer {
     store: Arc<dyn Store>,
     lease: Lease,
     graph: String,
     cursor: Mutex<Cursor>,
+    /// The top-level nodes whose checkpoint waits for the routing decision after them.
+    routed: Vec<String>,
+    /// Such a node's checkpoint, until the decision (or, when none comes, the next write).
+    pending: Mutex<Option<Pending>>,
     /// Held through a write: checkpoints go in one at a time, each naming the one before.
     writing: tokio::sync::Mutex<()>,
+}
+
+/// A checkpoint still to write, owned.
+struct Pending {
+    node: String,
+    writes: StateDelta,
+    next: Vec<String>,
+    metadata: Value,
+}
+
+impl Pending {
+    fn checkpoint(&self) -> NewCheckpoint<'_> {
+        NewCheckpoint::new(self.node.clone(), &self.writes)
+            .next(self.next.clone())
+            .metadata(self.metadata.clone())
+    }
 }
 
 impl std::fmt::Debug for Checkpointer {
@@ -192,8 +222,20 @@ impl Checkpointer {
                 iteration: 1,
                 escalated: false,
             }),
+            routed: Vec::new(),
+            pending: Mutex::new(None),
             writing: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Holding the checkpoint of each top-level node of `graph` that leaves through `plane`
+    /// until the routing decision after it, to write both in one transaction. The plane
+    /// must tell this checkpointer of every decision, or of none taken
+    /// ([`RoutingObserver`]); whatever is still held when the run stops goes in with
+    /// [`flush`](Self::flush).
+    pub fn routed_by(mut self, graph: &Graph, plane: &Arc<ControlPlane>) -> Self {
+        self.routed = plane.routed_nodes(graph);
+        self
     }
 
     fn cursor(&self) -> MutexGuard<'_, Cursor> {
@@ -205,23 +247,69 @@ impl Checkpointer {
         self.cursor().parent
     }
 
-    /// Writes a checkpoint after `node` that ran and wrote `writes`.
+    /// Writes a checkpoint after `node` that ran and wrote `writes` (after the one held for
+    /// a routing decision, if any, in the same transaction).
     async fn write(
         &self,
         node: &str,
         writes: &StateDelta,
         next: Vec<String>,
         metadata: Value,
-    ) -> Result<CheckpointId, StoreError> {
-        let _turn = self.writing.lock().await;
-        let parent = self.cursor().parent;
+    ) -> Result<(), StoreError> {
         let checkpoint = NewCheckpoint::new(node, writes)
-            .parent(parent)
             .next(next)
             .metadata(metadata);
-        let id = self.store.put(&self.lease, checkpoint).await?;
-        self.cursor().parent = Some(id);
-        Ok(id)
+        self.write_after_pending(Some(checkpoint)).await
+    }
+
+    /// Writes the checkpoint held for a routing decision, if any, then `then`, as one chain.
+    async fn write_after_pending(&self, then: Option<NewCheckpoint<'_>>) -> Result<(), StoreError> {
+        let _turn = self.writing.lock().await;
+        let pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let chain: Vec<NewCheckpoint<'_>> = pending
+            .as_ref()
+            .map(Pending::checkpoint)
+            .into_iter()
+            .chain(then)
+            .collect();
+        if chain.is_empty() {
+            return Ok(());
+        }
+        let parent = self.cursor().parent;
+        let chain = chain
+            .into_iter()
+            .enumerate()
+            .map(|(i, checkpoint)| {
+                if i == 0 {
+                    checkpoint.parent(parent)
+                } else {
+                    checkpoint
+                }
+            })
+            .collect();
+        let ids = self.store.put_chain(&self.lease, chain).await?;
+        if let Some(head) = ids.last() {
+            self.cursor().parent = Some(*head);
+        }
+        Ok(())
+    }
+
+    /// Writes the checkpoint still held for a routing decision that never came (the run
+    /// stopped before its router decided); nothing when none is held.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.write_after_pending(None).await
+    }
+
+    /// Holds `checkpoint` for the routing decision after it (written first, should anything
+    /// else be written before it), after writing any held before.
+    async fn hold(&self, checkpoint: Pending) -> Result<(), StoreError> {
+        self.flush().await?;
+        *self.pending.lock().unwrap_or_else(PoisonError::into_inner) = Some(checkpoint);
+        Ok(())
     }
 
     fn steps(&self) -> (u64, u32) {
@@ -267,10 +355,18 @@ impl NodeObserver for Checkpointer {
         });
         if record.control != Control::Continue {
             metadata["control"] = json!(record.control);
+        } else if path.len() == 1 && self.routed.contains(&record.node) {
+            // Its router decides next: this checkpoint goes in with the decision's.
+            let held = Pending {
+                node: record.node.clone(),
+                writes: record.writes.clone(),
+                next: Vec::new(),
+                metadata,
+            };
+            return self.hold(held).await.map_err(sink_error);
         }
         self.write(&record.node, &record.writes, Vec::new(), metadata)
             .await
-            .map(drop)
             .map_err(sink_error)
     }
 }
@@ -297,8 +393,11 @@ impl RoutingObserver for Checkpointer {
         });
         self.write(ctx.agent(), &writes, next, metadata)
             .await
-            .map(drop)
             .map_err(sink_error)
+    }
+
+    async fn passed(&self, _ctx: &InvocationContext, _from: &str) -> Result<(), FlowError> {
+        self.flush().await.map_err(sink_error)
     }
 }
 
@@ -493,7 +592,10 @@ async fn drive(
         }
     };
     store.set_status(lease, &RunStatus::Running).await?;
-    let checkpointer = Arc::new(checkpointer);
+    let checkpointer = Arc::new(match plane {
+        Some(plane) => checkpointer.routed_by(graph, plane),
+        None => checkpointer,
+    });
     let _observing = plane.map(|plane| plane.observe(checkpointer.clone()));
     let node_names: Vec<String> = graph.nodes().iter().map(|n| n.name().to_owned()).collect();
     let health = Arc::new(HealthObserver::new(graph.name(), node_names));
@@ -518,6 +620,8 @@ async fn drive(
         health: plane.map(|_| health.clone()),
     };
     let report = run_workflow(&root, invocation, None).await;
+    // A node whose router failed to decide (or was cancelled) is checkpointed all the same.
+    checkpointer.flush().await?;
     let status = status_of(&report);
     store.finish_run(lease, &status).await?;
     Ok(DurableReport {

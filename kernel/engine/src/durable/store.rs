@@ -8,9 +8,10 @@
 //! worker thread.
 //!
 //! What every store guarantees:
-//! - a checkpoint ([`put`](Store::put)), a status change and a release are each one
-//!   transaction, which also checks the writer's [`Lease`] (fencing): a process whose lease
-//!   was taken over, or ran out, writes nothing more;
+//! - a checkpoint ([`put`](Store::put)) or a chain of them ([`put_chain`](Store::put_chain)),
+//!   a status change and a release are each one transaction, which also checks the writer's
+//!   [`Lease`] (fencing): a process whose lease was taken over, or ran out, writes nothing
+//!   more;
 //! - a claim is granted only over a holder that is gone (see [`LeaseHolder::liveness`]), or
 //!   on request (`take_over`) over one that cannot be checked;
 //! - reads see whole checkpoints only: a process killed mid-put leaves the last whole one.
@@ -96,7 +97,24 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         &self,
         lease: &Lease,
         checkpoint: NewCheckpoint<'_>,
-    ) -> Result<CheckpointId, StoreError>;
+    ) -> Result<CheckpointId, StoreError> {
+        let ids = self.put_chain(lease, vec![checkpoint]).await?;
+        Ok(ids
+            .last()
+            .copied()
+            .unwrap_or_else(|| unreachable!("`put_chain` returns the id of each checkpoint")))
+    }
+
+    /// Writes `checkpoints` of the run of `lease` as one chain in one transaction, if the lease
+    /// still holds: each after the one before it (the first after its own parent; the parent
+    /// the others name is not read), the last the run's head. Their ids, in order. A step
+    /// that is two checkpoints (a node's and the routing decision after it) is written whole
+    /// or not at all, for the price of one transaction.
+    async fn put_chain(
+        &self,
+        lease: &Lease,
+        checkpoints: Vec<NewCheckpoint<'_>>,
+    ) -> Result<Vec<CheckpointId>, StoreError>;
 
     /// Run `run_id`, if it exists.
     async fn run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError>;

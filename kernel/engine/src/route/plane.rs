@@ -45,6 +45,13 @@ pub trait RoutingObserver: Send + Sync {
         routing: &Routing,
         writes: StateDelta,
     ) -> Result<(), FlowError>;
+
+    /// The router let the run follow node `from`'s natural successor without a decision
+    /// (passive mode, nothing wrong); awaited before the run goes on, as
+    /// [`routed`](Self::routed) is. An error stops the run.
+    async fn passed(&self, _ctx: &InvocationContext, _from: &str) -> Result<(), FlowError> {
+        Ok(())
+    }
 }
 
 /// The router, gates, reducers and decision log of one graph; see the module docs.
@@ -119,6 +126,31 @@ impl ControlPlane {
         }
     }
 
+    /// The observers of its decisions now.
+    fn observers(&self) -> Vec<Arc<dyn RoutingObserver>> {
+        self.observers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The nodes of `graph` that leave through this plane (each of them, for a graph built by
+    /// [`ControlPlane::graph`]).
+    pub fn routed_nodes(&self, graph: &Graph) -> Vec<String> {
+        graph
+            .edges()
+            .into_iter()
+            .filter(|(_, edge)| match edge {
+                Some(Edge::When(router)) => router
+                    .as_any()
+                    .and_then(|any| any.downcast_ref::<RoutedEdge>())
+                    .is_some_and(|routed| std::ptr::eq(routed.plane.as_ref(), self)),
+                _ => false,
+            })
+            .map(|(node, _)| node.to_owned())
+            .collect()
+    }
+
     /// A graph `name` of `nodes` starting at `start`, every node leaving through this plane.
     pub fn graph(
         self: &Arc<Self>,
@@ -191,6 +223,9 @@ impl ControlPlane {
             )
         });
         if !consult && natural != Route::Escalate {
+            for observer in self.observers() {
+                observer.passed(ctx, from).await?;
+            }
             return Ok(target(&natural));
         }
         let routing = ctx
@@ -204,11 +239,7 @@ impl ControlPlane {
             log.append(&routing.record)
                 .map_err(|e| FlowError::Sink(e.to_string()))?;
         }
-        let observers = self
-            .observers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let observers = self.observers();
         if !observers.is_empty() {
             let writes = ctx.state().take_journal();
             for observer in observers {

@@ -13,9 +13,9 @@ use engine::durable::{DurableReport, RunStatus, SqliteStore, Start, Store, run_d
 use engine::flow::{Agent, Control, FlowError, FnAgent, Invocation, InvocationContext};
 use engine::route::{
     Backoff, Branch, Condition, ControlPlane, DecisionLog, END, Gate, GateCheck, Retrying,
-    RouterConfig, RouterMode,
+    RouterConfig, RouterMode, Routing, RoutingObserver,
 };
-use engine::{SharedState, State};
+use engine::{SharedState, State, StateDelta};
 use serde_json::{Value, json};
 
 /// Appends a message by `author` on `topic` to `messages`.
@@ -583,6 +583,134 @@ async fn a_run_killed_during_a_node_resumes_to_the_same_final_state() {
     assert_eq!(timeless(&resumed.run.state), timeless(&reference.run.state));
     // `dev` re-executed from the last checkpoint: three builds, as in the uninterrupted run.
     assert_eq!(resumed.run.state.get("builds"), Some(&json!(3)));
+    assert_eq!(integrity(&db), "ok");
+}
+
+/// The database the child of
+/// `a_run_killed_between_a_nodes_end_and_its_routing_decision_runs_that_node_again` writes to.
+const DECISION_CRASH_DB: &str = "RLM_TEST_CRASH_DECISION_DB";
+
+/// A decision observer registered before the checkpointer: after `dev`'s second build it
+/// writes a marker file and waits there to be killed — the node has finished and the router
+/// has decided, but the step's checkpoints are not committed.
+struct HangInDecision {
+    marker: std::path::PathBuf,
+}
+
+#[async_trait::async_trait]
+impl RoutingObserver for HangInDecision {
+    async fn routed(
+        &self,
+        ctx: &InvocationContext,
+        from: &str,
+        _routing: &Routing,
+        _writes: StateDelta,
+    ) -> Result<(), FlowError> {
+        if from == "dev" && ctx.get_state("builds") == Some(json!(2)) {
+            std::fs::write(&self.marker, b"deciding after dev").unwrap();
+            tokio::time::sleep(std::time::Duration::from_secs(600)).await;
+        }
+        Ok(())
+    }
+}
+
+/// Not a test on its own: the child process of the decision crash test (does nothing unless
+/// that test sets `RLM_TEST_CRASH_DECISION_DB`).
+#[tokio::test]
+async fn crash_child_hangs_in_a_routing_decision() {
+    let Some(db) = std::env::var_os(DECISION_CRASH_DB) else {
+        return;
+    };
+    let db = std::path::PathBuf::from(db);
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&db).unwrap());
+    let plane = Arc::new(ControlPlane::new(team_config()));
+    let hang = Arc::new(HangInDecision {
+        marker: db.with_extension("marker"),
+    });
+    let _observing = plane.observe(hang);
+    run(&plane, team_nodes(), &store, "crash", new_run()).await;
+}
+
+/// A routed step's node checkpoint and its decision's are one transaction: a process killed
+/// after the node finished but before the step committed leaves the previous step's
+/// decision as the head (never a node without the decision after it), and the resumed run
+/// runs that node again and ends as an unbroken run does.
+#[tokio::test]
+async fn a_run_killed_between_a_nodes_end_and_its_routing_decision_runs_that_node_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("crash.db");
+    let marker = db.with_extension("marker");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "control::crash_child_hangs_in_a_routing_decision",
+            "--nocapture",
+        ])
+        .env(DECISION_CRASH_DB, &db)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..1200 {
+        if marker.exists() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        marker.exists(),
+        "the child never reached the decision after `dev`'s second build"
+    );
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&db).unwrap());
+    assert_eq!(integrity(&db), "ok");
+    let killed = store.run("crash").await.unwrap().unwrap();
+    let head = store.checkpoint(killed.head.unwrap()).await.unwrap();
+    assert_eq!(
+        (head.node.as_str(), head.next.as_slice()),
+        ("router", &["dev".to_owned()][..]),
+        "the head is the decision after `tea`, not `dev`'s uncommitted step"
+    );
+    let at_head = store.state_at(head.id).await.unwrap().state;
+    assert_eq!(at_head.get("builds"), Some(&json!(1)));
+    let history = store.history("crash").await.unwrap();
+    let nodes: Vec<&str> = history.iter().map(|c| c.node.as_str()).collect();
+    assert_eq!(
+        nodes,
+        [
+            "__start__",
+            "analyst",
+            "router",
+            "pm",
+            "router",
+            "dev",
+            "router",
+            "tea",
+            "router"
+        ]
+    );
+
+    let plane = Arc::new(ControlPlane::new(team_config()));
+    let resume = Start::Resume {
+        from: None,
+        answer: None,
+        take_over: false,
+    };
+    let resumed = run(&plane, team_nodes(), &store, "crash", resume).await;
+    let reference_store = store_in_memory();
+    let reference = run(&plane, team_nodes(), &reference_store, "ref", new_run()).await;
+    assert_eq!(resumed.status, reference.status);
+    assert_eq!(timeless(&resumed.run.state), timeless(&reference.run.state));
+    assert_eq!(resumed.run.state.get("builds"), Some(&json!(3)));
+    // Each node's checkpoint is followed by its decision's, in the resumed part too.
+    let history = store.history("crash").await.unwrap();
+    let nodes: Vec<&str> = history.iter().map(|c| c.node.as_str()).collect();
+    assert_eq!(
+        nodes[9..],
+        ["dev", "router", "tea", "router", "dev", "router"]
+    );
     assert_eq!(integrity(&db), "ok");
 }
 

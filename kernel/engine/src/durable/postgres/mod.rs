@@ -569,14 +569,14 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn put(
+    async fn put_chain(
         &self,
         lease: &Lease,
-        checkpoint: NewCheckpoint<'_>,
-    ) -> Result<CheckpointId, StoreError> {
+        checkpoints: Vec<NewCheckpoint<'_>>,
+    ) -> Result<Vec<CheckpointId>, StoreError> {
         let policy = self.policy;
-        let checkpoint = &checkpoint;
-        self.write(async |tx| put(tx, lease, checkpoint, policy).await)
+        let checkpoints = &checkpoints;
+        self.write(async |tx| put_chain(tx, lease, checkpoints, policy).await)
             .await
     }
 
@@ -805,21 +805,46 @@ async fn parent_row(tx: &Tx<'_>, id: CheckpointId) -> Res<ParentRow> {
     })
 }
 
-/// Writes `checkpoint` of the run of `lease` (see [`Store::put`]).
-async fn put(
+/// Writes `checkpoints` of the run of `lease` as one chain (see [`Store::put_chain`]).
+async fn put_chain(
     tx: &Tx<'_>,
     lease: &Lease,
-    checkpoint: &NewCheckpoint<'_>,
+    checkpoints: &[NewCheckpoint<'_>],
     policy: SnapshotPolicy,
-) -> Res<CheckpointId> {
+) -> Res<Vec<CheckpointId>> {
     let run_id = lease.run_id.as_str();
     lock_run(tx, run_id).await?;
     fence(tx, lease).await?;
-    let parent = match checkpoint.parent {
+    let mut ids: Vec<CheckpointId> = Vec::with_capacity(checkpoints.len());
+    for checkpoint in checkpoints {
+        let parent = ids.last().copied().or(checkpoint.parent);
+        ids.push(insert_checkpoint(tx, run_id, checkpoint, parent, policy).await?);
+    }
+    if let Some(head) = ids.last() {
+        execute(
+            tx,
+            "UPDATE rlm.runs SET head = $2, updated_ms = rlm.now_ms() WHERE run_id = $1",
+            &[&run_id, head],
+        )
+        .await?;
+    }
+    Ok(ids)
+}
+
+/// Inserts `checkpoint` of run `run_id` after `parent` (its writes, and a snapshot when it
+/// takes one), inside the caller's transaction.
+async fn insert_checkpoint(
+    tx: &Tx<'_>,
+    run_id: &str,
+    checkpoint: &NewCheckpoint<'_>,
+    parent: Option<CheckpointId>,
+    policy: SnapshotPolicy,
+) -> Res<CheckpointId> {
+    let row = match parent {
         Some(id) => Some(parent_row(tx, id).await?),
         None => None,
     };
-    let planned = Planned::new(checkpoint, run_id, parent, policy)?;
+    let planned = Planned::new(checkpoint, parent, run_id, row, policy)?;
     // The state is rebuilt and serialised only when this checkpoint takes a snapshot.
     let base = match planned.snapshot_base() {
         Some(id) => Some(state_at(tx, id).await?),
@@ -833,7 +858,7 @@ async fn put(
              VALUES ($1, $2, $3, $4, $5, $6, rlm.now_ms(), $7, $8, $9, $10) RETURNING id",
         &[
             &run_id,
-            &checkpoint.parent,
+            &parent,
             &planned.step,
             &checkpoint.node,
             &serde_json::to_string(&checkpoint.next)?,
@@ -876,12 +901,6 @@ async fn put(
         )
         .await?;
     }
-    execute(
-        tx,
-        "UPDATE rlm.runs SET head = $2, updated_ms = rlm.now_ms() WHERE run_id = $1",
-        &[&run_id, &id],
-    )
-    .await?;
     Ok(id)
 }
 

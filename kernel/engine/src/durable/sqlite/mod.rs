@@ -399,31 +399,40 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn put(
+    async fn put_chain(
         &self,
         lease: &Lease,
-        checkpoint: NewCheckpoint<'_>,
-    ) -> Result<CheckpointId, StoreError> {
+        checkpoints: Vec<NewCheckpoint<'_>>,
+    ) -> Result<Vec<CheckpointId>, StoreError> {
         // Owned for the blocking thread: a delta's clone shares its writes.
         let lease = lease.clone();
-        let writes = checkpoint.writes.clone();
-        let NewCheckpoint {
-            parent,
-            node,
-            next,
-            metadata,
-            ..
-        } = checkpoint;
+        let owned: Vec<_> = checkpoints
+            .into_iter()
+            .map(|checkpoint| {
+                let writes = checkpoint.writes.clone();
+                let NewCheckpoint {
+                    parent,
+                    node,
+                    next,
+                    metadata,
+                    ..
+                } = checkpoint;
+                (parent, node, next, writes, metadata)
+            })
+            .collect();
         let policy = self.policy;
         self.blocking(move |conn| {
-            let checkpoint = NewCheckpoint {
-                parent,
-                node,
-                next,
-                writes: &writes,
-                metadata,
-            };
-            put(conn, &lease, &checkpoint, policy)
+            let checkpoints: Vec<NewCheckpoint<'_>> = owned
+                .iter()
+                .map(|(parent, node, next, writes, metadata)| NewCheckpoint {
+                    parent: *parent,
+                    node: node.clone(),
+                    next: next.clone(),
+                    writes,
+                    metadata: metadata.clone(),
+                })
+                .collect();
+            put_chain(conn, &lease, &checkpoints, policy)
         })
         .await
     }
@@ -568,36 +577,61 @@ impl Store for SqliteStore {
     }
 }
 
-/// Writes `checkpoint` of the run of `lease` in one transaction (see [`Store::put`]).
-fn put(
+/// Writes `checkpoints` of the run of `lease` as one chain in one transaction (see
+/// [`Store::put_chain`]).
+fn put_chain(
     conn: &mut Connection,
     lease: &Lease,
-    checkpoint: &NewCheckpoint<'_>,
+    checkpoints: &[NewCheckpoint<'_>],
     policy: SnapshotPolicy,
-) -> Res<CheckpointId> {
+) -> Res<Vec<CheckpointId>> {
     let run_id = lease.run_id.as_str();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     fence(&tx, lease)?;
-    let parent = checkpoint
-        .parent
-        .map(|id| parent_row(&tx, id))
-        .transpose()?;
-    let planned = Planned::new(checkpoint, run_id, parent, policy)?;
+    let now = now_ms();
+    let mut ids: Vec<CheckpointId> = Vec::with_capacity(checkpoints.len());
+    for checkpoint in checkpoints {
+        let parent = ids.last().copied().or(checkpoint.parent);
+        ids.push(insert_checkpoint(
+            &tx, run_id, checkpoint, parent, policy, now,
+        )?);
+    }
+    if let Some(head) = ids.last() {
+        tx.execute(
+            "UPDATE runs SET head = ?2, updated_ms = ?3 WHERE run_id = ?1",
+            params![run_id, head, now],
+        )?;
+    }
+    tx.commit()?;
+    Ok(ids)
+}
+
+/// Inserts `checkpoint` of run `run_id` after `parent` (its writes, and a snapshot when it
+/// takes one), inside the caller's transaction.
+fn insert_checkpoint(
+    tx: &Connection,
+    run_id: &str,
+    checkpoint: &NewCheckpoint<'_>,
+    parent: Option<CheckpointId>,
+    policy: SnapshotPolicy,
+    now: i64,
+) -> Res<CheckpointId> {
+    let parent_row = parent.map(|id| parent_row(tx, id)).transpose()?;
+    let planned = Planned::new(checkpoint, parent, run_id, parent_row, policy)?;
     // The state is rebuilt and serialised only when this checkpoint takes a snapshot: the
     // parent's (its snapshot and the writes since) with this step's writes.
     let base = planned
         .snapshot_base()
-        .map(|id| state_at(&tx, id))
+        .map(|id| state_at(tx, id))
         .transpose()?;
     let chained = planned.chained(base)?;
-    let now = now_ms();
     tx.execute(
         "INSERT INTO checkpoints (run_id, parent_id, step, node, next, metadata, \
          created_ms, write_bytes, chain_bytes, chain_len, base_bytes) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         params![
             run_id,
-            checkpoint.parent,
+            parent,
             planned.step,
             checkpoint.node,
             serde_json::to_string(&checkpoint.next)?,
@@ -624,11 +658,6 @@ fn put(
             params![id, state, versions],
         )?;
     }
-    tx.execute(
-        "UPDATE runs SET head = ?2, updated_ms = ?3 WHERE run_id = ?1",
-        params![run_id, id, now],
-    )?;
-    tx.commit()?;
     Ok(id)
 }
 

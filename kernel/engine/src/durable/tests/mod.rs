@@ -129,6 +129,7 @@ conformance!(
     retention_keeps_the_last_checkpoints_readable,
     runs_keep_their_status_and_inputs,
     puts_are_checked_against_their_run_and_parent,
+    a_chain_of_checkpoints_is_written_whole_or_not_at_all,
     a_database_reopens_and_a_newer_schema_is_refused,
     a_killed_writer_leaves_a_valid_database,
     a_second_claim_on_a_driven_run_is_refused_and_changes_nothing,
@@ -691,6 +692,87 @@ async fn puts_are_checked_against_their_run_and_parent(fx: Fixture) {
     let record = store.checkpoint(record).await.unwrap();
     assert_eq!(record.next, vec!["tea"]);
     assert_eq!(record.metadata, json!({"attempts": 2}));
+}
+
+/// A routed step (a node's checkpoint and its decision's) as one transaction: linked in
+/// order, the last the head, and a chain whose second checkpoint is refused leaves nothing of
+/// its first.
+async fn a_chain_of_checkpoints_is_written_whole_or_not_at_all(fx: Fixture) {
+    let store = fx.store().await;
+    let r = new_run(store.as_ref(), "r", &Owner::current()).await;
+    let start = delta(vec![replace("steps", json!(0))]);
+    let first = store
+        .put(&r, NewCheckpoint::new("__start__", &start))
+        .await
+        .unwrap();
+    let node = delta(vec![
+        replace("steps", json!(1)),
+        append("messages", json!("a")),
+    ]);
+    let decision = delta(vec![append("decisions", json!("a → b"))]);
+    let ids = store
+        .put_chain(
+            &r,
+            vec![
+                NewCheckpoint::new("a", &node).parent(Some(first)),
+                // The parent a later checkpoint names is not read: it follows the one before.
+                NewCheckpoint::new("router", &decision)
+                    .parent(Some(first))
+                    .next(vec!["b".into()]),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), 2);
+    let (node_id, router_id) = (ids[0], ids[1]);
+    assert_eq!(store.checkpoint(node_id).await.unwrap().parent, Some(first));
+    let router = store.checkpoint(router_id).await.unwrap();
+    assert_eq!(router.parent, Some(node_id));
+    assert_eq!(router.next, vec!["b"]);
+    assert_eq!(store.run("r").await.unwrap().unwrap().head, Some(router_id));
+    let state = store.state_at(router_id).await.unwrap().state;
+    assert_eq!(state.get("steps"), Some(&json!(1)));
+    assert_eq!(state.get("decisions"), Some(&json!(["a → b"])));
+    assert_eq!(store.writes(router_id).await.unwrap(), decision);
+
+    // A chain refused (its first checkpoint after another run's) writes none of it.
+    let s = new_run(store.as_ref(), "s", &Owner::current()).await;
+    let other = store
+        .put(&s, NewCheckpoint::new("x", &start))
+        .await
+        .unwrap();
+    let refused = store
+        .put_chain(
+            &r,
+            vec![
+                NewCheckpoint::new("b", &node).parent(Some(other)),
+                NewCheckpoint::new("router", &decision),
+            ],
+        )
+        .await;
+    assert!(matches!(refused, Err(StoreError::WrongRun { .. })));
+    assert_eq!(store.history("r").await.unwrap().len(), 3);
+    assert_eq!(store.run("r").await.unwrap().unwrap().head, Some(router_id));
+    // A lease that is not the run's writes no part of a chain.
+    let forged = Lease {
+        run_id: "r".into(),
+        id: r.id + 1000,
+    };
+    let fenced = store
+        .put_chain(
+            &forged,
+            vec![
+                NewCheckpoint::new("b", &node).parent(Some(router_id)),
+                NewCheckpoint::new("router", &decision),
+            ],
+        )
+        .await;
+    assert!(fenced.is_err());
+    assert_eq!(store.history("r").await.unwrap().len(), 3);
+    assert_eq!(
+        store.put_chain(&r, Vec::new()).await.unwrap(),
+        Vec::<CheckpointId>::new()
+    );
 }
 
 async fn a_second_claim_on_a_driven_run_is_refused_and_changes_nothing(fx: Fixture) {
