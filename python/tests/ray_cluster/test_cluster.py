@@ -188,9 +188,9 @@ def test_429s_narrow_the_width_and_pause_every_actor(cluster, rate_limited_serve
     assert "paused" in said and "paused 0 time" not in said, said
 
 
-def eval_command(tmp_path, name: str, *extra: str) -> list:
+def eval_command(tmp_path, name: str, *extra: str, tasks: str = "needle,aggregate,pairs") -> list:
     return [
-        str(rlm_binary()), "eval", "--scripted", "--tasks", "needle,aggregate,pairs",
+        str(rlm_binary()), "eval", "--scripted", "--tasks", tasks,
         "--sizes", "8k", "--n", "3", "--baseline-window", "1k",
         "--out", str(tmp_path / name), "--json", *extra,
     ]
@@ -199,13 +199,16 @@ def eval_command(tmp_path, name: str, *extra: str) -> list:
 def same_everywhere(document: dict) -> dict:
     """What a local and a cluster evaluation must share: every run's task, size, seed, method,
     score, exactness, outcome, answer and counts (not timings, prompt tokens or file paths)."""
-    keep = ("task", "size_tokens", "index", "seed", "method", "context_tokens", "score",
-            "exact", "outcome", "iterations", "sub_calls", "answer")
+    keep = ("task", "size_tokens", "index", "seed", "method", "depth", "context_tokens",
+            "score", "exact", "outcome", "iterations", "sub_calls", "model_calls", "child_runs",
+            "answer")
     return {
+        "depths": document["depths"],
         "runs": [{k: run[k] for k in keep} for run in document["runs"]],
         "summary": [
-            {k: row[k] for k in ("task", "size_tokens", "method", "runs", "score", "exact",
-                                 "iterations", "sub_calls", "failures")}
+            {k: row[k] for k in ("task", "size_tokens", "method", "depth", "runs", "score",
+                                 "exact", "iterations", "sub_calls", "model_calls",
+                                 "child_runs", "failures")}
             for row in document["summary"]
         ],
     }
@@ -228,6 +231,43 @@ def test_rlm_eval_on_the_cluster_writes_what_a_local_eval_writes(cluster, tmp_pa
     shown = subprocess.run([str(rlm_binary()), "show", str(tmp_path / "ray" / "needle-8k-000.jsonl")],
                            capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
+
+
+def test_rlm_eval_sweeps_depths_on_the_cluster_as_here(cluster, tmp_path):
+    # `linked` at depths 1 and 2: at depth 2 each run's root starts `rlm_query` children (each
+    # a loop of its own in a worker process of its own, on the actor's node) — scores, calls
+    # and children per depth as a local sweep has them.
+    env = dict(os.environ, RLM_PYTHON=sys.executable)
+    sweep = ("--depths", "1,2")
+    local = subprocess.run(eval_command(tmp_path, "local", *sweep, tasks="linked"),
+                           capture_output=True, text=True, timeout=600, env=env)
+    assert local.returncode == 0, local.stderr
+    on_ray = subprocess.run(
+        eval_command(tmp_path, "ray", *sweep, "--ray", cluster.address, tasks="linked"),
+        capture_output=True, text=True, timeout=900, env=env,
+    )
+    assert on_ray.returncode == 0, on_ray.stderr[-6000:]
+    assert "every scripted run scored as its script says" in on_ray.stderr, on_ray.stderr[-6000:]
+    here, there = json.loads(local.stdout), json.loads(on_ray.stdout)
+    assert same_everywhere(there) == same_everywhere(here)
+    by_depth = {
+        row["depth"]: row for row in there["summary"] if row["method"] == "rlm"
+    }
+    assert sorted(by_depth) == [1, 2], there["summary"]
+    # Depth 1 cannot relate the records (0, as scripted); depth 2's children can (1).
+    assert (by_depth[1]["score"], by_depth[2]["score"]) == (0.0, 1.0), by_depth
+    assert by_depth[1]["child_runs"] == 0 and by_depth[2]["child_runs"] > 0, by_depth
+    assert by_depth[2]["model_calls"] > by_depth[1]["model_calls"], by_depth
+    files = lambda name: sorted(p.name for p in (tmp_path / name).iterdir())  # noqa: E731
+    assert files("ray") == files("local")
+    assert files("ray") == [
+        f"linked-8k-d{depth}-{i:03d}.jsonl" for depth in (1, 2) for i in range(3)
+    ] + ["results.json"], files("ray")
+    # The tree a child run made on the cluster reads back: its children under their block.
+    shown = subprocess.run([str(rlm_binary()), "show", str(tmp_path / "ray" / "linked-8k-d2-000.jsonl")],
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "rlm_query children ×4" in shown.stdout and "#3 sub · 2 iterations" in shown.stdout, shown.stdout
 
 
 def test_rlm_eval_ray_without_the_package_says_what_to_install(tmp_path):

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use anyhow::{Context as _, Result};
 use bridge::mock::Script;
@@ -221,28 +221,30 @@ pub(crate) fn execute(args: EvalArgs, config: Option<&Path>) -> Result<ExitCode>
         Some(address) => {
             // One job on the cluster per depth: the package's options hold for a whole job.
             let mut done = HashMap::new();
-            let mut ran = Vec::new();
             for depth in depths {
                 let mut options = endpoints::keyword_options(&opts)?;
                 options.insert("max_depth".into(), json!(depth));
                 let of_depth: Vec<Job> =
                     jobs.iter().filter(|j| j.depth == *depth).copied().collect();
-                let (runs, finished) = ray::run(
+                done.extend(ray::run(
                     address.as_deref(),
                     options,
                     &of_depth,
                     args.seed,
                     args.needles as usize,
                     &stopper,
-                )?;
-                if let RlmRuns::Done(runs) = runs {
-                    done.extend(runs.into_inner().unwrap_or_else(PoisonError::into_inner));
-                }
-                ran.extend(finished);
+                )?);
                 if stopper.is_stopped() {
                     break;
                 }
             }
+            // The jobs that came back, in the grid's order (depths interleaved per instance,
+            // as a local sweep runs them), so records, files and table match a local run's.
+            let ran = jobs
+                .iter()
+                .filter(|job| done.contains_key(&job.stem()))
+                .copied()
+                .collect();
             (RlmRuns::Done(Mutex::new(done)), ran)
         }
     };

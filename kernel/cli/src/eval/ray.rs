@@ -14,20 +14,19 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
 
 use anyhow::{Context as _, Result, bail};
 use kernel::eval::instance_seed;
 use serde_json::{Map, Value, json};
 
-use super::runner::{Job, RemoteRun, RlmRuns, Stopper};
+use super::runner::{Job, RemoteRun, Stopper};
 
 /// The variable naming the interpreter that has `rlm_kernel[ray]`.
 pub(super) const PYTHON_VARIABLE: &str = "RLM_PYTHON";
 
 /// Runs every job's RLM run on the cluster at `address` (`None`: Ray's own choice, i.e.
 /// `RAY_ADDRESS` or the cluster started on this machine, else a new local one) and returns
-/// them for the runner, with the jobs that have a result (all of them, unless interrupted).
+/// their results by job stem (every job's, unless interrupted).
 pub(super) fn run(
     address: Option<&str>,
     options: Map<String, Value>,
@@ -35,7 +34,7 @@ pub(super) fn run(
     seed: u64,
     needles: usize,
     stopper: &Stopper,
-) -> Result<(RlmRuns, Vec<Job>)> {
+) -> Result<HashMap<String, RemoteRun>> {
     let python = std::env::var_os(PYTHON_VARIABLE).unwrap_or_else(|| OsString::from("python3"));
     let shown = python.to_string_lossy().into_owned();
     let runs: Vec<Value> = jobs
@@ -84,12 +83,7 @@ pub(super) fn run(
         .wait()
         .with_context(|| format!("Could not wait for `{shown} -m rlm_kernel.ray eval`"))?;
     if stopper.is_stopped() {
-        let finished = jobs
-            .iter()
-            .filter(|job| done.contains_key(&job.stem()))
-            .copied()
-            .collect();
-        return Ok((RlmRuns::Done(Mutex::new(done)), finished));
+        return Ok(done);
     }
     if !status.success() {
         bail!(
@@ -107,5 +101,5 @@ pub(super) fn run(
             jobs.len()
         );
     }
-    Ok((RlmRuns::Done(Mutex::new(done)), jobs.to_vec()))
+    Ok(done)
 }
