@@ -93,6 +93,7 @@ class Session:
         "children_lock",
         "killing",
         "thread_ident",
+        "collect_on_close",
         "__weakref__",
     )
 
@@ -127,6 +128,9 @@ class Session:
         self.block_pool = None
         self.block_children = None
         self.children_lock = threading.Lock()
+        # Whether a block ran while multiprocessing's locks were loaded: only then may the
+        # namespace hold a semaphore in a reference cycle that `close` must collect.
+        self.collect_on_close = False
         _SESSIONS.add(self)
 
     def begin_block(self, stdout, stderr):
@@ -149,6 +153,8 @@ class Session:
     def end_block(self):
         self.stdout = None
         self.stderr = None
+        if not self.collect_on_close:
+            self.collect_on_close = "multiprocessing.synchronize" in sys.modules
 
     def settle_processes(self, interrupted):
         """After a block: the processes it started and that still run belong to the session;
@@ -192,7 +198,11 @@ class Session:
         self.globals.clear()
         # Now, not at an interpreter exit that an embedding may never run: multiprocessing's
         # semaphores of the session's pools are released (else the resource tracker warns).
-        gc.collect()
+        # A full collection walks every object of the interpreter (~3 ms in a bare one, far
+        # more with large frames loaded): only a session that may hold such a semaphore pays
+        # it, not each of the many short sessions of `rlm_query` children.
+        if self.collect_on_close:
+            gc.collect()
         _SESSIONS.discard(self)
         if sys.modules.get(self.name) is self.module:
             del sys.modules[self.name]

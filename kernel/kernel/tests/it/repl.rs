@@ -911,6 +911,29 @@ fn a_host_process_whose_thread_exits_while_a_block_lists_processes_is_left_alone
     );
 }
 
+/// A session that used multiprocessing's locks releases their named semaphores when it
+/// closes, though they sit in a reference cycle: its close collects them (a session that
+/// never ran a block with those locks loaded skips that full collection).
+#[test]
+fn a_closed_session_releases_the_semaphores_its_namespace_held_in_a_cycle() {
+    let s = session();
+    let r = ok(
+        &s,
+        "import multiprocessing as mp\nlock = mp.get_context('spawn').Lock()\n\
+         cycle = [lock]\ncycle.append(cycle)\nprint(lock._semlock.name)",
+    );
+    let name = r.stdout.trim().trim_start_matches('/');
+    assert!(!name.is_empty(), "{r:?}");
+    let semaphore = std::path::Path::new("/dev/shm").join(format!("sem.{name}"));
+    assert!(semaphore.exists(), "{} is missing", semaphore.display());
+    drop(s);
+    assert!(
+        !semaphore.exists(),
+        "{} is still there after the session closed",
+        semaphore.display()
+    );
+}
+
 #[test]
 fn blocks_that_start_no_process_read_nothing_in_proc() {
     let s = session();
