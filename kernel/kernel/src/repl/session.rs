@@ -52,6 +52,16 @@ impl ReplSession {
         Self::with_inputs(config, endpoints, &inputs)
     }
 
+    /// Has a session of `config` that starts soon find its worker process warm: with
+    /// isolation on, a spare worker starts now (unless one is waiting), its interpreter
+    /// starting while the caller does other work; in-process, nothing. The session that
+    /// takes it is still the only one that ever runs in it.
+    pub(crate) fn prepare(config: &SessionConfig) {
+        if config.isolation.in_worker() {
+            super::worker::prepare_spare_worker();
+        }
+    }
+
     /// Like [`ReplSession::new`], with contexts that may carry their own variable names
     /// (checked before anything loads).
     pub fn with_inputs(

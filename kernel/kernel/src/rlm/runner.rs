@@ -921,6 +921,9 @@ impl ChildRuns {
         stop: CancellationToken,
         deadline: Option<Instant>,
     ) -> Self {
+        // With isolation on, the first child finds a worker started while the parent asks
+        // its model for the code that starts it.
+        ReplSession::prepare(&session);
         Self {
             endpoints,
             session,
@@ -1015,6 +1018,8 @@ impl ChildRuns {
         let session =
             ReplSession::new(self.session.clone(), Arc::clone(&self.endpoints), &contexts)
                 .map_err(|e| e.to_string())?;
+        // The next child's worker starts while this one runs (its session took the spare).
+        ReplSession::prepare(&self.session);
         let mut config = self.config.clone();
         model.clone_into(&mut config.root_endpoint);
         if let Some(n) = query.max_iterations {

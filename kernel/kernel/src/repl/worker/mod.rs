@@ -52,3 +52,11 @@ mod transfer;
 pub use child::{main as worker_main, serve_if_worker};
 pub use parent::worker_policy;
 pub use spawn::{WORKER_ARG, WorkerProgram, set_worker_program};
+
+/// Starts a spare worker for the next isolated session of this process unless one is
+/// there (or no worker program is registered), without waiting for it.
+pub(crate) fn prepare_spare_worker() {
+    if let Some(program) = spawn::worker_program() {
+        spawn::prepare_spare(&program);
+    }
+}
