@@ -2,23 +2,26 @@
 //! sub-call cache, each against a baseline measured in the same run.
 //!
 //! ```text
-//! cargo bench -p rlm-benches --bench tree             # full (under a minute)
+//! cargo bench -p rlm-benches --bench tree             # full (about two minutes)
 //! cargo bench -p rlm-benches --bench tree -- --quick  # fewer rounds (or RLM_BENCH_QUICK=1)
 //! ```
 //!
-//! 1. The cost of a child beyond its model calls: a block that runs N `rlm_query` children one
-//!    after another (each a one-iteration RLM loop with a REPL session of its own), against N
-//!    raw `Endpoint::call`s of the same requests the children send. The difference per child
-//!    is what a child costs: its session, loop, prompts and records (target: ≤ 1 ms).
+//! 1. The cost of a child beyond its model calls, per isolation mode: a block that runs N
+//!    `rlm_query` children one after another (each a one-iteration RLM loop with a REPL
+//!    session of its own), against N raw `Endpoint::call`s of the same requests the children
+//!    send, alternated round by round. The difference per child is what a child costs: its
+//!    session, loop, prompts and records (target: ≤ 1 ms).
+//!    - `none` (in-process sessions), children back to back;
+//!    - `process` and `strict` (each child in a worker process of its own): back to back,
+//!      each child waits for its worker's interpreter to start (the spare worker started
+//!      for it when the previous child took its own has had no time); and at 50 ms of model
+//!      latency, which leaves that spare the time to start — what a real model's seconds do.
 //! 2. 100 children in parallel on one pool: `rlm_query_batched` of 100 one-iteration children
 //!    at 50 ms model latency, against the bridge's own `Endpoint::batch` of the same 100
-//!    requests at the same width.
+//!    requests at the same width (in-process sessions).
 //! 3. The sub-call cache on a loop that repeats calls: 200 `llm_query` calls over 10 distinct
 //!    prompts at 20 ms latency, with the cache on (the default) and off, on fresh endpoints
 //!    each round.
-//!
-//! In-process sessions (`isolation none`): a child's worker process, when isolation is on,
-//! adds its start-up, which the REPL benchmarks measure.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,11 +31,13 @@ use bridge::{
     BatchPolicy, Budget, CallOptions, CancellationToken, ChatRequest, EndpointConfig, Endpoints,
     Ledger,
 };
-use kernel::repl::{ReplSession, SessionConfig};
+use kernel::repl::{Isolation, ReplSession, SessionConfig};
 use kernel::rlm::{Rlm, RlmConfig, RlmResult, TerminationReason};
 use serde_json::json;
 
 fn main() -> anyhow::Result<()> {
+    // Isolated children's workers are this binary started again.
+    rlm_benches::serve_as_worker();
     let quick = std::env::args().any(|a| a == "--quick")
         || std::env::var("RLM_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
     let mock_rt = tokio::runtime::Builder::new_multi_thread()
@@ -44,7 +49,23 @@ fn main() -> anyhow::Result<()> {
         "# run-tree benchmarks{}",
         if quick { " (--quick)" } else { "" }
     );
-    child_overhead(&mock_rt, quick)?;
+    println!();
+    println!(
+        "## 1. the cost of a child beyond its model call: sequential one-iteration children (median of {} rounds, each alternated with the raw calls)",
+        child_rounds(quick)
+    );
+    println!(
+        "| isolation | model latency | children | raw calls ms | block ms | / raw | **a child beyond its model call** |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let none = if quick { 20 } else { 100 };
+    let isolated = if quick { 5 } else { 20 };
+    child_overhead(&mock_rt, quick, Isolation::None, Duration::ZERO, none)?;
+    for isolation in [Isolation::Process, Isolation::Strict] {
+        for latency in [Duration::ZERO, Duration::from_millis(50)] {
+            child_overhead(&mock_rt, quick, isolation, latency, isolated)?;
+        }
+    }
     parallel_children(&mock_rt, quick)?;
     cache_on_a_repeating_loop(&mock_rt, quick)?;
     Ok(())
@@ -92,11 +113,23 @@ fn block(code: &str) -> String {
     format!("```repl\n{code}\n```")
 }
 
-/// One run of the root loop at `max_depth`, checked to end with `expected`.
+/// One run of the root loop at `max_depth`, checked to end with `expected`; its session
+/// and its children's are in-process.
 fn run(eps: &Arc<Endpoints>, max_depth: u32, expected: &str) -> anyhow::Result<RlmResult> {
+    run_in(eps, max_depth, Isolation::None, expected)
+}
+
+/// [`run`] with the sessions in `isolation`.
+fn run_in(
+    eps: &Arc<Endpoints>,
+    max_depth: u32,
+    isolation: Isolation,
+    expected: &str,
+) -> anyhow::Result<RlmResult> {
     let session = ReplSession::new(
         SessionConfig {
             cell_timeout: Duration::from_secs(600),
+            isolation,
             ..SessionConfig::default()
         },
         Arc::clone(eps),
@@ -149,13 +182,27 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn child_overhead(rt: &tokio::runtime::Runtime, quick: bool) -> anyhow::Result<()> {
-    let n: usize = if quick { 20 } else { 100 };
-    let rounds = if quick { 3 } else { 7 };
+fn child_rounds(quick: bool) -> usize {
+    if quick { 3 } else { 7 }
+}
+
+fn child_overhead(
+    rt: &tokio::runtime::Runtime,
+    quick: bool,
+    isolation: Isolation,
+    latency: Duration,
+    n: usize,
+) -> anyhow::Result<()> {
+    let rounds = child_rounds(quick);
     let code = format!(
         "r = [rlm_query(f'question {{i}}') for i in range({n})]\nassert r == ['ok'] * {n}, r[:3]\nFINAL_VAR(len(r))"
     );
-    let server = start_mock(rt, &block(&code), Latency::None)?;
+    let mock_latency = if latency.is_zero() {
+        Latency::None
+    } else {
+        Latency::fixed(latency)
+    };
+    let server = start_mock(rt, &block(&code), mock_latency)?;
     let eps = endpoints(&server)?;
     let queries: Vec<String> = (0..n).map(|i| format!("question {i}")).collect();
     let requests = child_requests(&eps, &queries)?;
@@ -170,31 +217,22 @@ fn child_overhead(rt: &tokio::runtime::Runtime, quick: bool) -> anyhow::Result<(
     };
     let expected = n.to_string();
     raw(&requests)?;
-    run(&eps, 2, &expected)?;
+    run_in(&eps, 2, isolation, &expected)?;
     let (mut raw_ms, mut block_ms) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         raw_ms.push(ms(raw(&requests)?));
-        let result = run(&eps, 2, &expected)?;
+        let result = run_in(&eps, 2, isolation, &expected)?;
         block_ms.push(result.iterations[0].execution_ms);
     }
     let (raw, children) = (median(&mut raw_ms), median(&mut block_ms));
     let per_child = (children - raw) / n as f64;
-    println!();
+    let met = if per_child <= 1.0 { "" } else { " (over 1 ms)" };
     println!(
-        "## 1. the cost of a child beyond its model calls: {n} sequential one-iteration children (median of {rounds} rounds)"
+        "| {} | {} ms | {n} | {raw:.1} | {children:.1} | {:.2}× | **{per_child:.3} ms**{met} |",
+        isolation.as_str(),
+        latency.as_millis(),
+        children / raw,
     );
-    println!("| path | wall ms | per child ms | / raw calls |");
-    println!("|---|---:|---:|---:|");
-    println!(
-        "| raw `Endpoint::call` × {n} of the children's requests | {raw:.1} | {:.3} | 1.00× |",
-        raw / n as f64
-    );
-    println!(
-        "| block of {n} `rlm_query` children | {children:.1} | {:.3} | {:.2}× |",
-        children / n as f64,
-        children / raw
-    );
-    println!("| **a child beyond its model call** | | **{per_child:.3}** | target ≤ 1 ms |");
     rt.block_on(server.shutdown());
     Ok(())
 }
