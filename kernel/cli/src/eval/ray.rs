@@ -7,7 +7,8 @@
 //! task, size and instance seed — and reads one result a line from its standard output; Ray's
 //! progress and messages pass through on standard error. Each actor generates its run's
 //! context itself (the same generator, `kernel::eval`), so no context crosses the network.
-//! The results come back to the runner as [`RlmRuns::Done`]: scored, written (trajectories,
+//! The results come back to the runner as
+//! [`RlmRuns::Done`](super::runner::RlmRuns::Done): scored, written (trajectories,
 //! `results.json`) and followed by the baseline calls here, exactly as local runs are.
 
 use std::collections::HashMap;
