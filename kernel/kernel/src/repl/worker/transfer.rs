@@ -105,8 +105,15 @@ impl SharedContexts {
 }
 
 /// The path to allow reading: the file itself (canonical, symlinks resolved), or as given
-/// when it cannot be resolved (the worker then reports it missing).
+/// when it cannot be resolved (the worker then reports it missing). The empty path (the
+/// folder of a file named without one, e.g. `steps.py` of a workflow run as `flow.yaml`) is
+/// the working directory.
 pub(crate) fn readable(path: &Path) -> PathBuf {
+    let path = if path.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        path
+    };
     std::fs::canonicalize(path)
         .unwrap_or_else(|_| std::path::absolute(path).unwrap_or_else(|_| path.to_owned()))
 }
