@@ -1,11 +1,12 @@
 //! `rlm flow run` limits and usage errors: a token budget and the whole-run timeout stop the
 //! run with exit code 3 keeping the state and the event log written so far; `--bundle` on a
-//! workflow that plays no persona is refused before any model call.
+//! workflow that plays no persona is refused before any model call; a workflow of Python steps
+//! needs no model, one with a model's agent does.
 
 use serde_json::{Value, json};
 
 use crate::flow::{args, ended, read_events, run_flow};
-use crate::support::Mock;
+use crate::support::{Mock, file, rlm_in};
 
 /// Every agent of `refine` answers `reply`; the evaluator never calls `exit_loop`.
 fn answering(reply: &str) -> Value {
@@ -129,4 +130,69 @@ fn an_agent_at_its_iteration_limit_stops_the_run_with_exit_3_as_in_rlm_agent() {
         2,
         "two model calls, as `max_iterations` says"
     );
+}
+
+/// A workflow of Python steps runs without `--model`, in the default worker and from a
+/// relative path (its code's folder is readable there); one with a model's agent and no
+/// model is a usage error (exit 2) that writes nothing, not even the run database.
+#[test]
+fn a_workflow_of_python_steps_needs_no_model_but_one_with_a_models_agent_does() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    file(
+        d,
+        "steps.py",
+        "def count(state):\n    n = len(state['words'].split())\n    \
+         return {'n': n, '__message__': f'{n} words'}\n",
+    );
+    file(
+        d,
+        "count.yaml",
+        "agent_class: PythonAgent\nname: count\nfunction: steps.py:count\n",
+    );
+    file(
+        d,
+        "say.yaml",
+        "name: say\ninstruction: Say how many words there are.\n",
+    );
+    let sequence = |name: &str, steps: &[&str]| {
+        let subs: String = steps
+            .iter()
+            .map(|s| format!("  - config_path: {s}.yaml\n"))
+            .collect();
+        format!("agent_class: SequentialAgent\nname: {name}\nsub_agents:\n{subs}")
+    };
+    file(d, "counting.yaml", &sequence("counting", &["count"]));
+    file(d, "talking.yaml", &sequence("talking", &["count", "say"]));
+
+    let run = rlm_in(
+        d,
+        &args(&["flow", "run", "counting.yaml", "--input", "words=a b c"]),
+        None,
+    );
+    run.assert_code(0);
+    assert_eq!(run.stdout.trim(), "3 words", "{}", run.stderr);
+    assert!(d.join(".rlm/runs.db").exists(), "the run is recorded");
+
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let talking = d.join("talking.yaml").display().to_string();
+    let run = rlm_in(
+        elsewhere.path(),
+        &args(&["flow", "run", &talking, "--input", "words=a b"]),
+        None,
+    );
+    run.assert_code(2);
+    assert!(
+        run.stderr.contains(
+            "No root model given; pass `--model NAME` (or set `RLM_MODEL`, or `model` in rlm.toml)"
+        ),
+        "{}",
+        run.stderr
+    );
+    let written: Vec<_> = std::fs::read_dir(elsewhere.path())
+        .expect("readable")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(written.is_empty(), "written: {written:?}");
 }

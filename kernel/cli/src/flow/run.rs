@@ -105,6 +105,9 @@ pub(crate) fn execute(
     if resume.is_none() {
         check_inputs(&args.workflow, workflow, &spec, &state)?;
     }
+    // A workflow with a model's agent and no model named is refused before anything is
+    // written; one of Python steps needs none.
+    let endpoints = endpoints::endpoints_if_needed(opts, spec.calls_models())?;
     let mut inputs = read_files(&args, workflow, &spec, &contexts.paths, &state);
     option_inputs(&mut inputs, opts, settings.file.as_deref());
     let outputs = declare_outputs(&args, Guard::new(inputs, opts.force()), resume.is_some())?;
@@ -122,7 +125,6 @@ pub(crate) fn execute(
             opts,
         )?,
     };
-    let endpoints = endpoints::build_endpoints(opts)?;
     let session = endpoints::session_config(opts)?;
     let kernel = Arc::new(FlowKernel::new(
         Arc::clone(&endpoints),

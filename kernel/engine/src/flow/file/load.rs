@@ -150,6 +150,18 @@ impl AgentSpec {
         }
     }
 
+    /// Whether this agent or one below it (a sub-agent, or an agent an `AgentTool` names) is a
+    /// model's: an `LlmAgent` (a persona's too) or an `RlmAgent`. A workflow of Python steps
+    /// and the agents that order and route them calls none (its code may still ask one).
+    pub fn calls_models(&self) -> bool {
+        matches!(self.config, AgentConfig::Llm(_) | AgentConfig::Rlm(_))
+            || self
+                .sub_agents
+                .iter()
+                .chain(&self.tool_agents)
+                .any(AgentSpec::calls_models)
+    }
+
     /// This agent and every agent below it, depth first.
     pub fn walk(&self) -> Vec<&AgentSpec> {
         let mut out = vec![self];
