@@ -756,6 +756,74 @@ fn the_toolbox_refuses_duplicates_bad_names_and_bad_schemas() {
     );
 }
 
+/// A tool's schema may refer to its own `$defs`; a `$ref` to a file or a URL is refused when
+/// the tool is added, and nothing is read.
+#[test]
+fn tool_schemas_refer_only_inside_themselves() {
+    struct Schema(Value);
+
+    #[async_trait]
+    impl Tool for Schema {
+        fn name(&self) -> &str {
+            "tool"
+        }
+        fn description(&self) -> &str {
+            ""
+        }
+        fn parameters(&self) -> Value {
+            self.0.clone()
+        }
+        async fn call(&self, _args: Value, _ctx: &ToolContext) -> Result<Value, ToolError> {
+            Ok(Value::Null)
+        }
+    }
+
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let outside = dir.path().join("defs.json");
+    std::fs::write(&outside, r#"{"type": "string"}"#).expect("a schema file");
+    let file_url = format!("file://{}", outside.display());
+    for target in [
+        file_url.as_str(),
+        "http://127.0.0.1:9/defs.json",
+        "defs.json",
+    ] {
+        let schema = json!({"type": "object", "properties": {"p": {"$ref": target}}});
+        let refused = Toolbox::new().with(Arc::new(Schema(schema)));
+        let Err(ToolboxError::InvalidSchema { tool, detail }) = refused else {
+            panic!("a `$ref` to {target} was accepted: {refused:?}");
+        };
+        assert_eq!(tool, "tool");
+        assert!(detail.contains("self-contained"), "{target}: {detail}");
+    }
+
+    let local = json!({
+        "type": "object",
+        "$defs": {"word": {"type": "string", "pattern": "^[a-z]+$"}},
+        "properties": {"w": {"$ref": "#/$defs/word"}},
+        "required": ["w"],
+    });
+    let toolbox = Toolbox::new()
+        .with(Arc::new(Schema(local)))
+        .expect("a local `$ref` compiles");
+    let call = |arguments: &str| ToolCall {
+        id: "c".into(),
+        name: "tool".into(),
+        arguments: arguments.into(),
+    };
+    assert!(toolbox.prepare(&call(r#"{"w": "abc"}"#)).is_ok());
+    let error = toolbox
+        .prepare(&call(r#"{"w": "ABC"}"#))
+        .err()
+        .expect("refused");
+    assert_eq!(error.kind(), ToolFailureKind::SchemaMismatch);
+    assert!(
+        error
+            .to_string()
+            .contains("`/w`: 'ABC' does not match pattern"),
+        "{error}"
+    );
+}
+
 #[tokio::test]
 async fn tool_choice_and_parallel_tool_calls_reach_the_server() {
     let server = mock(json!([

@@ -450,8 +450,8 @@ async fn the_file_tools_take_the_specified_parameters() {
     let err = toolbox.prepare(&call).err().expect("refused").to_string();
     assert_eq!(
         err,
-        "The arguments of `read_file` do not fit its parameters: Additional properties are not \
-         allowed ('path' was unexpected); \"file_path\" is a required property; fix them and \
+        "The arguments of `read_file` do not fit its parameters: missing properties \
+         'file_path'; additionalProperties 'path' not allowed; fix them and \
          call `read_file` again"
     );
 }
