@@ -60,7 +60,9 @@ fn the_whole_run_timeout_stops_the_run_with_exit_3_and_keeps_state_and_log() {
     script["models"]["flow-model"]["latency"] = json!({"kind": "fixed", "ms": 60_000});
     let mock = Mock::start(script);
     let dir = tempfile::tempdir().expect("tempdir");
-    let run = run_flow(&mock, "openai", dir.path(), &refine(&["--timeout", "1"]));
+    // The run's time also pays for starting the confined worker of the first Python step,
+    // which took over a second at a load of 17: 5 s leave the hang (60 s) to be what stops it.
+    let run = run_flow(&mock, "openai", dir.path(), &refine(&["--timeout", "5"]));
     run.assert_code(3);
     assert!(run.stderr.contains("time"), "{}", run.stderr);
     assert_eq!(state(dir.path())["template"], json!("# Report"));
