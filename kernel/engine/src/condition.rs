@@ -14,7 +14,7 @@
 //!
 //! A `python` test names a function `(state) -> bool` (`module.function` or
 //! `file.py:function`). The engine has no Python: the registry that builds a workflow binds
-//! each such name to a [`StateFunction`] the kernel provides ([`Condition::bind`]), and the
+//! each such name to a [`StateFunction`] the kernel provides (`Condition::bind`), and the
 //! test holds when the function returns a truthy value. An unbound function, or one that
 //! fails, does not hold (and is logged): a routing test never crashes a run.
 
@@ -31,52 +31,52 @@ use crate::state::State;
 pub struct Condition {
     /// The state key (or dotted path) the value tests apply to.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
+    pub(crate) key: Option<String>,
     /// The value equals this.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub equals: Option<Value>,
+    pub(crate) equals: Option<Value>,
     /// The value differs from this (a missing key differs from everything).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub not_equals: Option<Value>,
+    pub(crate) not_equals: Option<Value>,
     /// The key is present (`true`) or absent (`false`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub exists: Option<bool>,
+    pub(crate) exists: Option<bool>,
     /// The value is truthy (not null, false, 0, "", [] or {}) or, with `false`, falsy.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub truthy: Option<bool>,
+    pub(crate) truthy: Option<bool>,
     /// The value is one of these.
     #[serde(rename = "in", skip_serializing_if = "Option::is_none")]
-    pub one_of: Option<Vec<Value>>,
+    pub(crate) one_of: Option<Vec<Value>>,
     /// The value is a list holding this item, or a string holding this text.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub contains: Option<Value>,
+    pub(crate) contains: Option<Value>,
     /// The value is a number greater than this.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub gt: Option<f64>,
+    pub(crate) gt: Option<f64>,
     /// The value is a number at least this.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub gte: Option<f64>,
+    pub(crate) gte: Option<f64>,
     /// The value is a number less than this.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub lt: Option<f64>,
+    pub(crate) lt: Option<f64>,
     /// The value is a number at most this.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub lte: Option<f64>,
+    pub(crate) lte: Option<f64>,
     /// Every one of these holds.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub all: Option<Vec<Condition>>,
+    pub(crate) all: Option<Vec<Condition>>,
     /// At least one of these holds.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub any: Option<Vec<Condition>>,
+    pub(crate) any: Option<Vec<Condition>>,
     /// This does not hold.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub not: Option<Box<Condition>>,
+    pub(crate) not: Option<Box<Condition>>,
     /// A Python function `(state) -> bool` returns a truthy value.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub python: Option<String>,
+    pub(crate) python: Option<String>,
     /// The function `python` names, once bound.
     #[serde(skip)]
-    pub bound: Option<BoundFunction>,
+    pub(crate) bound: Option<BoundFunction>,
 }
 
 /// A function of the state written outside the engine (a Python function in the kernel).
@@ -87,7 +87,7 @@ pub trait StateFunction: Send + Sync + std::fmt::Debug {
 
 /// A [`StateFunction`] bound to a condition (equal only to itself).
 #[derive(Debug, Clone)]
-pub struct BoundFunction(pub Arc<dyn StateFunction>);
+pub(crate) struct BoundFunction(pub Arc<dyn StateFunction>);
 
 impl PartialEq for BoundFunction {
     fn eq(&self, other: &Self) -> bool {
@@ -97,7 +97,7 @@ impl PartialEq for BoundFunction {
 
 /// Why a condition cannot be evaluated as written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConditionError {
+pub(crate) enum ConditionError {
     /// A value test without a `key`.
     #[error("The condition tests a value (`{test}`) but names no `key`; add `key: NAME`")]
     MissingKey {
@@ -150,7 +150,7 @@ impl Condition {
     }
 
     /// Checks that every part tests something (run once, when a workflow is loaded).
-    pub fn validate(&self) -> Result<(), ConditionError> {
+    pub(crate) fn validate(&self) -> Result<(), ConditionError> {
         let value_test = self.value_tests().next();
         if let (Some(test), None) = (value_test, &self.key) {
             return Err(ConditionError::MissingKey { test });
@@ -166,31 +166,9 @@ impl Condition {
             .try_for_each(Condition::validate)
     }
 
-    /// The condition the Python function `function` decides.
-    pub fn python(function: impl Into<String>) -> Self {
-        Self {
-            python: Some(function.into()),
-            ..Self::default()
-        }
-    }
-
-    /// Every `python` function named here or in a nested condition, in order.
-    pub fn python_functions(&self) -> Vec<&str> {
-        let nested = self.all.iter().chain(&self.any).flatten();
-        self.python
-            .as_deref()
-            .into_iter()
-            .chain(
-                nested
-                    .chain(self.not.as_deref())
-                    .flat_map(Condition::python_functions),
-            )
-            .collect()
-    }
-
     /// Binds every `python` function (nested ones too) with `resolve`; stops at its first
     /// error.
-    pub fn bind<E>(
+    pub(crate) fn bind<E>(
         &mut self,
         resolve: &mut impl FnMut(&str) -> Result<Arc<dyn StateFunction>, E>,
     ) -> Result<(), E> {
@@ -205,7 +183,7 @@ impl Condition {
     }
 
     /// Whether `state` passes every test.
-    pub fn holds(&self, state: &State) -> bool {
+    pub(crate) fn holds(&self, state: &State) -> bool {
         let value = self.key.as_deref().and_then(|key| lookup(state, key));
         let number = value.and_then(Value::as_f64);
         let compare = |bound: Option<f64>, ok: fn(f64, f64) -> bool| {
@@ -368,7 +346,6 @@ mod tests {
             json!({"all": [{"key": "n", "gt": 1}, {"not": {"python": "m.blocked"}}],
                                  "python": "m.ready"}),
         );
-        assert_eq!(c.python_functions(), ["m.ready", "m.blocked"]);
         let s = state(json!({"n": 2, "ready": true}));
         assert!(!c.holds(&s), "unbound: does not hold");
         let mut names = Vec::new();
@@ -381,7 +358,7 @@ mod tests {
         // `m.blocked` is bound to the same function: `ready` makes it hold, so `not` fails.
         assert!(!c.holds(&s));
         let only = {
-            let mut c = Condition::python("m.ready");
+            let mut c = parse(json!({"python": "m.ready"}));
             c.bind(&mut |_: &str| Ok::<_, String>(Arc::new(Ready) as Arc<dyn StateFunction>))
                 .unwrap();
             c

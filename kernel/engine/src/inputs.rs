@@ -131,7 +131,7 @@ fn is_python_reference(name: &str) -> bool {
 
 /// The keys a step of the caller's own writes (the kernel's `rlm:load_contexts`, say),
 /// given the step's `function` and `args`; `None` for a function it does not know.
-pub type KnownSteps<'a> = &'a dyn Fn(&str, &Map<String, Value>) -> Option<Vec<String>>;
+pub(crate) type KnownSteps<'a> = &'a dyn Fn(&str, &Map<String, Value>) -> Option<Vec<String>>;
 
 /// The keys of `root`'s instructions that neither `given` (the run's starting state) nor
 /// the workflow provides (see the module docs), in the order of their names. Python files

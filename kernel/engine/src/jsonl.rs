@@ -5,8 +5,8 @@
 //! knows ([`bridge::secret`]) with `[redacted]`, and hands the line to the OS in one
 //! `write_all` followed by a flush. Nothing is buffered in between, so a process killed at
 //! any point leaves a file whose complete lines are all valid JSON, and writers appending to
-//! one file ([`JsonlWriter::append`]) never interleave inside a line. Every error names the
-//! log and its file. A [`Background`] writer does the same on a thread of its own, for logs
+//! one file (`JsonlWriter::append`) never interleave inside a line. Every error names the
+//! log and its file. A `Background` writer does the same on a thread of its own, for logs
 //! written from async code. [`read`] reads such a log back, passing over a torn last line (a
 //! writer killed mid-line) and naming the number of any other line that does not parse.
 //!
@@ -186,7 +186,7 @@ impl JsonlWriter<File> {
 
     /// Opens the file at `path` for appending, creating it if missing (a resumed run adds
     /// to its log).
-    pub fn append(log: &'static str, path: impl AsRef<Path>) -> Result<Self, JsonlError> {
+    pub(crate) fn append(log: &'static str, path: impl AsRef<Path>) -> Result<Self, JsonlError> {
         Self::open(
             log,
             path.as_ref(),
@@ -222,11 +222,6 @@ impl<W: Write> JsonlWriter<W> {
             out,
             lines: 0,
         }
-    }
-
-    /// The file, when the writer was opened from one.
-    pub fn path(&self) -> Option<&Path> {
-        self.path.as_deref()
     }
 
     /// Lines written so far.
@@ -280,7 +275,7 @@ fn encode(
 /// write error is kept: the next [`write`](Self::write) and [`flush`](Self::flush) return it
 /// and nothing more is written. [`flush`](Self::flush) waits until every line handed over is
 /// in the file; dropping the writer does too.
-pub struct Background {
+pub(crate) struct Background {
     log: &'static str,
     path: Option<PathBuf>,
     /// `None` only while dropping.
@@ -306,7 +301,7 @@ impl fmt::Debug for Background {
 
 impl Background {
     /// Starts the thread that writes to `writer`.
-    pub fn spawn(mut writer: JsonlWriter<File>) -> Result<Self, JsonlError> {
+    pub(crate) fn spawn(mut writer: JsonlWriter<File>) -> Result<Self, JsonlError> {
         let (log, path) = (writer.log, writer.path.clone());
         let (tx, rx) = mpsc::channel::<Message>();
         let failed = Arc::new(Mutex::new(None));
@@ -347,7 +342,7 @@ impl Background {
 
     /// Hands `value` over as one redacted line; an error is this line's encoding or an
     /// earlier line's write.
-    pub fn write(&self, value: &impl Serialize) -> Result<(), JsonlError> {
+    pub(crate) fn write(&self, value: &impl Serialize) -> Result<(), JsonlError> {
         self.check()?;
         let line = encode(self.log, self.path.as_ref(), value)?;
         let sent = (self.lines.as_ref()).is_some_and(|tx| tx.send(Message::Line(line)).is_ok());
@@ -355,7 +350,7 @@ impl Background {
     }
 
     /// Waits until every line handed over so far is written; the first write error, if any.
-    pub fn flush(&self) -> Result<(), JsonlError> {
+    pub(crate) fn flush(&self) -> Result<(), JsonlError> {
         let (done, wait) = mpsc::sync_channel(1);
         let sent = (self.lines.as_ref()).is_some_and(|tx| tx.send(Message::Flush(done)).is_ok());
         if !sent || wait.recv().is_err() {

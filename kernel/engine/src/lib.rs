@@ -54,6 +54,8 @@
 
 // Every public item says what it is (`clippy -D warnings` makes this an error).
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
+#![warn(unnameable_types)]
 
 pub mod agent;
 mod blocking;

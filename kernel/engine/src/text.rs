@@ -12,18 +12,18 @@ use std::borrow::Cow;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cut<'t> {
     /// The first half of the characters kept.
-    pub head: &'t str,
+    pub(crate) head: &'t str,
     /// The last half of the characters kept.
-    pub tail: &'t str,
+    pub(crate) tail: &'t str,
     /// Characters left out between them.
-    pub omitted: usize,
+    pub(crate) omitted: usize,
     /// Characters of the whole text.
-    pub total: usize,
+    pub(crate) total: usize,
 }
 
 /// `text` cut to `limit` characters (half from its head, half from its tail), or `None` when
 /// it fits.
-pub fn cut_middle(text: &str, limit: usize) -> Option<Cut<'_>> {
+pub(crate) fn cut_middle(text: &str, limit: usize) -> Option<Cut<'_>> {
     // A text of no more bytes than the limit has no more characters either.
     if text.len() <= limit {
         return None;

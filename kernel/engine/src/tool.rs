@@ -88,7 +88,7 @@ pub struct Actions {
 
 impl Actions {
     /// Whether any action was raised.
-    pub fn any(&self) -> bool {
+    pub(crate) fn any(&self) -> bool {
         self.exit_loop || self.end_turn || self.escalate
     }
 
@@ -159,14 +159,14 @@ impl ToolContext {
     }
 
     /// Appends `items` to the list under state key `key` (visible at once, recorded).
-    pub fn append_state(&self, key: impl Into<String>, items: Vec<Value>) {
+    pub(crate) fn append_state(&self, key: impl Into<String>, items: Vec<Value>) {
         let mut delta = StateDelta::new();
         delta.append(key, items);
         self.apply(delta);
     }
 
     /// Deletes state key `key` (visible at once, recorded; not the same as setting `null`).
-    pub fn delete_state(&self, key: impl Into<String>) {
+    pub(crate) fn delete_state(&self, key: impl Into<String>) {
         let mut delta = StateDelta::new();
         delta.delete(key);
         self.apply(delta);
@@ -189,7 +189,7 @@ impl ToolContext {
     }
 
     /// Asks to stop the whole invocation.
-    pub fn escalate(&self) {
+    pub(crate) fn escalate(&self) {
         self.written().1.escalate = true;
     }
 

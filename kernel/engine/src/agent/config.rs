@@ -41,7 +41,7 @@ pub struct LoopConfig {
 }
 
 /// The default of [`LoopConfig::max_tool_result_chars`].
-pub const DEFAULT_MAX_TOOL_RESULT_CHARS: usize = 100_000;
+pub(crate) const DEFAULT_MAX_TOOL_RESULT_CHARS: usize = 100_000;
 
 impl Default for LoopConfig {
     fn default() -> Self {

@@ -29,7 +29,7 @@ use crate::tool::ToolError;
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolCallRecord {
     /// The iteration whose reply asked for it.
-    pub iteration: u32,
+    pub(crate) iteration: u32,
     /// The call as the model made it (after any before-hook's amendment).
     pub call: ToolCall,
     /// Its result; amend it to change what the model is told.

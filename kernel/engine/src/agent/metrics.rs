@@ -45,15 +45,15 @@ impl LoopMetrics {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelCallMetrics {
     /// The iteration, from 1.
-    pub iteration: u32,
+    pub(crate) iteration: u32,
     /// Input tokens (as the server reported, or estimated).
     pub prompt_tokens: u64,
     /// Output tokens.
     pub completion_tokens: u64,
     /// Whether the counts are estimates.
-    pub tokens_estimated: bool,
+    pub(crate) tokens_estimated: bool,
     /// Time of the call as the loop saw it, in milliseconds (0 when a hook replaced it).
-    pub latency_ms: f64,
+    pub(crate) latency_ms: f64,
     /// Tool calls the reply asked for.
     pub tool_calls: usize,
     /// Whether a hook supplied the reply instead of the model.
@@ -64,15 +64,15 @@ pub struct ModelCallMetrics {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCallMetrics {
     /// The iteration whose reply asked for it.
-    pub iteration: u32,
+    pub(crate) iteration: u32,
     /// The call id.
     pub call_id: String,
     /// The tool name as the model wrote it.
-    pub name: String,
+    pub(crate) name: String,
     /// Why it failed (`None`: it succeeded).
     pub failure: Option<ToolFailureKind>,
     /// Time it ran, in milliseconds (waiting for a concurrency slot not counted).
-    pub duration_ms: f64,
+    pub(crate) duration_ms: f64,
     /// Bytes of the tool-result message it added to the context.
     pub result_bytes: usize,
 }
@@ -87,5 +87,5 @@ pub struct ToolStats {
     /// Time spent, in milliseconds.
     pub total_ms: f64,
     /// Bytes of context its results added.
-    pub result_bytes: u64,
+    pub(crate) result_bytes: u64,
 }

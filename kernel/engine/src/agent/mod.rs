@@ -99,7 +99,7 @@ mod run;
 mod toolbox;
 mod transcript;
 
-pub use config::{DEFAULT_MAX_TOOL_RESULT_CHARS, LoopConfig};
+pub use config::LoopConfig;
 pub use error::{LoopError, LoopErrorKind};
 pub use failure::{ToolCallError, ToolFailureKind};
 pub use hooks::{AgentHook, ToolCallRecord};

@@ -75,17 +75,17 @@ impl AgentLoop {
     }
 
     /// The endpoint it asks.
-    pub fn endpoint(&self) -> &Arc<Endpoint> {
+    pub(crate) fn endpoint(&self) -> &Arc<Endpoint> {
         &self.endpoint
     }
 
     /// Its tools.
-    pub fn tools(&self) -> &Toolbox {
+    pub(crate) fn tools(&self) -> &Toolbox {
         &self.tools
     }
 
     /// Its settings.
-    pub fn config(&self) -> &LoopConfig {
+    pub(crate) fn config(&self) -> &LoopConfig {
         &self.config
     }
 

@@ -190,16 +190,6 @@ impl Toolbox {
         self.entries.iter().map(|e| e.definition.clone()).collect()
     }
 
-    /// The number of tools.
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
     /// The tool `call` names and its arguments, parsed and checked against the schema.
     pub fn prepare(&self, call: &ToolCall) -> Result<(Arc<dyn Tool>, Value), ToolCallError> {
         let Some(&index) = self.by_name.get(&call.name) else {

@@ -80,7 +80,7 @@ impl<W: Write + Send> TranscriptWriter<W> {
     }
 
     /// The first write error, if any.
-    pub fn failure(&self) -> Option<String> {
+    pub(crate) fn failure(&self) -> Option<String> {
         self.lock().failure.clone()
     }
 

@@ -32,23 +32,27 @@ const MAX_RESOURCE_DEPTH: usize = 4;
 
 /// A skill, activated.
 #[derive(Debug, Clone)]
-pub struct Activation {
+pub(crate) struct Activation {
     /// The skill.
-    pub skill: Skill,
+    pub(crate) skill: Skill,
     /// Its instructions, values filled in.
-    pub instructions: String,
+    pub(crate) instructions: String,
     /// Its customization, merged (when it has a `customize.toml`).
-    pub customization: Option<Arc<Layers>>,
+    pub(crate) customization: Option<Arc<Layers>>,
     /// The `persistent_facts` of its customization, loaded.
-    pub facts: Vec<Fact>,
+    pub(crate) facts: Vec<Fact>,
     /// The `workflow.md` its instructions name: path and text (rendered, values filled in).
-    pub workflow: Option<(PathBuf, String)>,
+    pub(crate) workflow: Option<(PathBuf, String)>,
     /// The other files of its folder, relative to it (at most 200).
-    pub resources: Vec<String>,
+    pub(crate) resources: Vec<String>,
 }
 
 /// Activates the skill named `name` of the session (files recorded as read `by`).
-pub fn activate(session: &BundleSession, name: &str, by: &str) -> Result<Activation, BundleError> {
+pub(crate) fn activate(
+    session: &BundleSession,
+    name: &str,
+    by: &str,
+) -> Result<Activation, BundleError> {
     let skills = session.skills();
     let skill = skills.get(name).ok_or_else(|| no_skill(name, skills))?;
     let file = SkillFile::read(session.sandbox(), &skill.dir, by)?;
@@ -56,7 +60,7 @@ pub fn activate(session: &BundleSession, name: &str, by: &str) -> Result<Activat
 }
 
 /// Activates the skill whose `SKILL.md` is already read as `file`.
-pub fn activate_file(
+pub(crate) fn activate_file(
     session: &BundleSession,
     file: SkillFile,
     by: &str,
@@ -103,7 +107,7 @@ pub fn activate_file(
 }
 
 /// The session's variables plus `{skill-root}` and `{skill-name}` of `skill`.
-pub fn skill_variables(vars: &Variables, skill: &Skill) -> Variables {
+pub(crate) fn skill_variables(vars: &Variables, skill: &Skill) -> Variables {
     let mut vars = vars.clone();
     vars.set("skill-root", skill.dir.display().to_string());
     vars.set("skill-name", skill.name.clone());
@@ -124,7 +128,7 @@ fn facts_of(layers: &Layers) -> Option<&[Value]> {
 
 impl Activation {
     /// What the model is told about what rlm did, and how to go on.
-    pub fn note(&self) -> String {
+    pub(crate) fn note(&self) -> String {
         let mut note = vec![format!(
             "Follow these instructions. A bare relative path in them (`references/guide.md`) \
              is a file of this skill, in `{}`: read it with `read_file` when a step needs it, \
@@ -172,7 +176,7 @@ impl Activation {
     }
 
     /// The activation as `load_skill` returns it.
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         let mut out = serde_json::Map::new();
         out.insert("skill".into(), json!(self.skill.name));
         out.insert("description".into(), json!(self.skill.description));

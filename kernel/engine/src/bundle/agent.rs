@@ -38,7 +38,7 @@ pub struct AgentDefinition {
     /// The form it came in.
     pub format: AgentFormat,
     /// The `id` attribute, if any.
-    pub id: Option<String>,
+    pub(crate) id: Option<String>,
     /// The agent's name (`name` attribute).
     pub name: String,
     /// Its title.
@@ -57,7 +57,7 @@ pub struct AgentDefinition {
     /// The commands the user can pick, in menu order.
     pub commands: Vec<AgentCommand>,
     /// `<prompt id="...">` texts that `action="#id"` commands refer to.
-    pub prompts: Vec<(String, String)>,
+    pub(crate) prompts: Vec<(String, String)>,
 }
 
 /// The persona an agent plays.
@@ -68,7 +68,7 @@ pub struct Persona {
     /// Its background.
     pub identity: String,
     /// How it talks.
-    pub communication_style: String,
+    pub(crate) communication_style: String,
     /// What it believes in.
     pub principles: String,
 }
@@ -77,7 +77,7 @@ pub struct Persona {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Step {
     /// Its number (`n` attribute) or position from 1.
-    pub label: String,
+    pub(crate) label: String,
     /// Its text, lines trimmed.
     pub text: String,
     /// The line of the file it starts on.
@@ -117,7 +117,7 @@ impl HandlerKind {
     ];
 
     /// The attribute name (`run-workflow` is written `workflow`).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Workflow => "workflow",
             Self::ValidateWorkflow => "validate-workflow",
@@ -147,7 +147,7 @@ pub struct AgentCommand {
 
 impl AgentCommand {
     /// Whether `name` (without `*`) picks this command: its trigger or an alias, any case.
-    pub fn answers_to(&self, name: &str) -> bool {
+    pub(crate) fn answers_to(&self, name: &str) -> bool {
         let name = name.trim().trim_start_matches('*');
         self.trigger.eq_ignore_ascii_case(name)
             || self.aliases.iter().any(|a| a.eq_ignore_ascii_case(name))
@@ -164,7 +164,7 @@ impl AgentCommand {
 
 impl AgentDefinition {
     /// Parses the agent file `text`, read from `path`.
-    pub fn parse(path: &Path, text: &str) -> Result<Self, BundleError> {
+    pub(crate) fn parse(path: &Path, text: &str) -> Result<Self, BundleError> {
         let malformed = |line: usize, problem: String| BundleError::Malformed {
             path: path.to_owned(),
             line,

@@ -27,24 +27,24 @@ const KEYED_MERGE_FIELDS: [&str; 2] = ["code", "id"];
 
 /// Layers of TOML merged into one table.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Layers {
+pub(crate) struct Layers {
     /// The files merged, first (the base) to last (the winner); missing ones are left out.
-    pub files: Vec<PathBuf>,
+    pub(crate) files: Vec<PathBuf>,
     /// The first layer alone (a skill's own `customize.toml`): its defaults.
-    pub base: Map<String, Value>,
+    pub(crate) base: Map<String, Value>,
     /// The merged table.
-    pub merged: Map<String, Value>,
+    pub(crate) merged: Map<String, Value>,
 }
 
 impl Layers {
     /// The merged value at the dotted `path` (`agent.icon`), if there is one.
-    pub fn get(&self, path: &str) -> Option<&Value> {
+    pub(crate) fn get(&self, path: &str) -> Option<&Value> {
         lookup(&self.merged, path)
     }
 }
 
 /// The value at the dotted `path` of `table`.
-pub fn lookup<'a>(table: &'a Map<String, Value>, path: &str) -> Option<&'a Value> {
+pub(crate) fn lookup<'a>(table: &'a Map<String, Value>, path: &str) -> Option<&'a Value> {
     let mut parts = path.split('.');
     let mut current = table.get(parts.next()?)?;
     for part in parts {
@@ -56,7 +56,7 @@ pub fn lookup<'a>(table: &'a Map<String, Value>, path: &str) -> Option<&'a Value
 /// The customization of the skill in `skill_dir`: its `customize.toml` merged with the
 /// team's and the user's overrides in `project`'s `_bmad/custom/`; `None` when the skill has
 /// no `customize.toml`. Files are read through `sandbox`, recorded as read `by`.
-pub fn load_customization(
+pub(crate) fn load_customization(
     sandbox: &Sandbox,
     skill_dir: &Path,
     project: &Path,
@@ -83,7 +83,7 @@ pub fn load_customization(
 }
 
 /// The central config of `project` (its four layers merged); `None` when it has none.
-pub fn load_central_config(
+pub(crate) fn load_central_config(
     sandbox: &Sandbox,
     project: &Path,
     by: &str,
@@ -172,7 +172,7 @@ fn toml_to_json(value: toml::Value) -> Value {
 
 /// `over` merged onto `base` by BMAD's structural rules (see the module docs); the error says
 /// why an array cannot be merged by its key.
-pub fn merge(base: Value, over: Value) -> Result<Value, String> {
+pub(crate) fn merge(base: Value, over: Value) -> Result<Value, String> {
     match (base, over) {
         (Value::Object(base), Value::Object(over)) => merge_tables(base, over).map(Value::Object),
         (Value::Array(base), Value::Array(over)) => merge_arrays(base, over).map(Value::Array),

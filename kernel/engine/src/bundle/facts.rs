@@ -20,10 +20,10 @@ use super::sandbox::{Sandbox, is_vcs_folder};
 use super::vars::Variables;
 
 /// The most directory entries one glob looks at.
-pub const MAX_VISITED: usize = 20_000;
+pub(crate) const MAX_VISITED: usize = 20_000;
 
 /// The most files one glob loads.
-pub const MAX_FILES: usize = 50;
+pub(crate) const MAX_FILES: usize = 50;
 
 /// How deep below its base folder a glob looks.
 const MAX_DEPTH: usize = 16;
@@ -31,7 +31,7 @@ const MAX_DEPTH: usize = 16;
 /// One persistent fact, loaded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
-pub enum Fact {
+pub(crate) enum Fact {
     /// A sentence, as written.
     Text {
         /// The sentence.
@@ -56,16 +56,16 @@ pub enum Fact {
 
 /// One file of a `file:` fact.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FactFile {
+pub(crate) struct FactFile {
     /// Its canonical path.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// Its text.
-    pub content: String,
+    pub(crate) content: String,
 }
 
 /// Loads `entries` (the `persistent_facts` array) for the project at `project`, filling in
 /// `vars`, reading through `sandbox` (recorded as read `by`).
-pub fn load_facts(
+pub(crate) fn load_facts(
     entries: &[Value],
     vars: &Variables,
     project: &Path,
@@ -198,7 +198,7 @@ fn expand(pattern: &Path) -> Result<Vec<PathBuf>, String> {
 
 /// The facts as the model reads them: a sentence per line, each file's text under its path,
 /// and what could not be loaded.
-pub fn facts_text(facts: &[Fact]) -> String {
+pub(crate) fn facts_text(facts: &[Fact]) -> String {
     if facts.is_empty() {
         return "(none)".to_owned();
     }

@@ -14,7 +14,7 @@ use super::started::StartOptions;
 
 /// What an agent path names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AgentSource {
+pub(crate) enum AgentSource {
     /// A markdown file meant to hold an `<agent>` XML block (BMAD 6.0).
     AgentFile(PathBuf),
     /// A skill folder (canonical).
@@ -23,7 +23,7 @@ pub enum AgentSource {
 
 /// What `path` names; see the module docs. A path that does not exist is looked up as a
 /// skill's name in the `--skills` folders and the project's skill folders.
-pub fn identify(path: &Path, options: &StartOptions) -> Result<AgentSource, BundleError> {
+pub(crate) fn identify(path: &Path, options: &StartOptions) -> Result<AgentSource, BundleError> {
     let unsupported = |found: String, hint: String| BundleError::Unsupported {
         path: path.to_owned(),
         found,

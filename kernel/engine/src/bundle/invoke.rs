@@ -20,7 +20,7 @@ use crate::agent::{AgentLoop, LoopConfig, Toolbox};
 use crate::tool::{Tool, ToolContext, ToolError};
 
 /// How deep agents may call agents (the user's agent is depth 0).
-pub const MAX_DEPTH: u32 = 2;
+pub(crate) const MAX_DEPTH: u32 = 2;
 
 /// The tools of a started agent: its file tools, its skill tools (scripts running through
 /// `python` when the user allowed it) and, for a BMAD 6.0 agent, `invoke_agent`.
@@ -39,7 +39,7 @@ pub fn agent_tools(
 
 /// `invoke_agent`: asks another agent of the bundle (`agents/NAME.md`) and returns its answer.
 #[derive(Debug, Clone)]
-pub struct InvokeAgent {
+pub(crate) struct InvokeAgent {
     endpoint: Arc<Endpoint>,
     config: LoopConfig,
     options: StartOptions,
@@ -51,7 +51,11 @@ pub struct InvokeAgent {
 
 impl InvokeAgent {
     /// The tool for the agent whose tools share `session`, asking `endpoint` with `config`.
-    pub fn new(endpoint: Arc<Endpoint>, config: LoopConfig, session: &BundleSession) -> Self {
+    pub(crate) fn new(
+        endpoint: Arc<Endpoint>,
+        config: LoopConfig,
+        session: &BundleSession,
+    ) -> Self {
         let options = StartOptions {
             project_root: Some(session.roots().project.clone()),
             working_dir: None,

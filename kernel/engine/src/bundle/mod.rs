@@ -12,14 +12,14 @@
 //!
 //! The pieces, bottom up:
 //!
-//! - [`error`]: [`PathError`] (what the sandbox refuses), [`VariableError`] and
+//! - `error`: [`PathError`] (what the sandbox refuses), [`VariableError`] and
 //!   [`BundleError`].
-//! - `xml` / [`agent`]: the `<agent>` block parsed into an [`AgentDefinition`] — both the
+//! - `xml` / `agent`: the `<agent>` block parsed into an [`AgentDefinition`] — both the
 //!   hand-written form (`<critical-actions>`, `<cmds>`) and the compiled form (numbered
 //!   `<activation>` steps, `<menu>`); a malformed file is an error naming file and line.
-//! - [`vars`]: [`Variables`], `{name}` references resolved when used (nested values,
+//! - `vars`: [`Variables`], `{name}` references resolved when used (nested values,
 //!   `{date}` and `{{date}}`, unknown names listed in the error).
-//! - [`sandbox`]: [`Sandbox`], roots from the user and a [`SandboxPolicy`] in, a handle out
+//! - `sandbox`: [`Sandbox`], roots from the user and a [`SandboxPolicy`] in, a handle out
 //!   that opens files only beneath the roots: every path checked on its canonical form
 //!   against the read roots (bundle, core, project) or the write root (the output folder),
 //!   then reached from a handle on the root without following a link (`openat2`), so a
@@ -27,35 +27,35 @@
 //!   hard-linked files, writes into `.git` and other version-control folders, and roots as
 //!   broad as `/` or the home directory unless the user allows them; it records each access
 //!   in a [`FileLog`].
-//! - [`skill`]: `SKILL.md` parsed and checked as the Agent Skills specification says, and
+//! - `skill`: `SKILL.md` parsed and checked as the Agent Skills specification says, and
 //!   the [`SkillSet`] found in the skill folders (the catalog: names and descriptions).
-//! - [`customize`]: BMAD's layers (a skill's `customize.toml` and its team and user
+//! - `customize`: BMAD's layers (a skill's `customize.toml` and its team and user
 //!   overrides; the central `_bmad/config*.toml`) merged by shape, as its resolver does.
-//! - [`facts`]: `persistent_facts` loaded — sentences, `file:` paths and globs, `skill:`s.
-//! - [`render`]: the workflow and step files of a skill BMAD renders, filled in from the
+//! - `facts`: `persistent_facts` loaded — sentences, `file:` paths and globs, `skill:`s.
+//! - `render`: the workflow and step files of a skill BMAD renders, filled in from the
 //!   config and the customization as they are read.
-//! - [`yaml`], [`session`]: YAML mappings in file order; the [`BundleSession`] the tools
+//! - `yaml`, `session`: YAML mappings in file order; the [`BundleSession`] the tools
 //!   share (roots, variables, sandbox, configs read once, the skills and those loaded).
-//! - [`activate`]: a skill activated — instructions, customization, facts, workflow — for
+//! - `activate`: a skill activated — instructions, customization, facts, workflow — for
 //!   `load_skill` and for an agent that is a skill.
-//! - [`workflow`]: `workflow.yaml` resolved and loaded with what it names, for
+//! - `workflow`: `workflow.yaml` resolved and loaded with what it names, for
 //!   `execute_workflow`.
-//! - [`prompt`]: the system prompt, start-up message, command message and menu, worded in
+//! - `prompt`: the system prompt, start-up message, command message and menu, worded in
 //!   `prompts/agent/`.
-//! - [`tools`]: `read_file`, `execute_workflow`, `save_output` and `load_workflow_file`;
-//!   [`skill_tools`](mod@skill_tools): `load_skill` and `run_skill_script` (Python scripts, only through the
+//! - `tools`: `read_file`, `execute_workflow`, `save_output` and `load_workflow_file`;
+//!   `skill_tools`: `load_skill` and `run_skill_script` (Python scripts, only through the
 //!   `python` tool the user allowed).
-//! - [`started`]: the [`StartedAgent`] and [`StartOptions`]; [`format`](mod@format): what a path given
+//! - `started`: the [`StartedAgent`] and [`StartOptions`]; `format`: what a path given
 //!   as an agent is (an error says what was found when it cannot be played).
-//! - [`skill_agent`]: a skill started as an agent — a BMAD 6.1+ agent's merged `[agent]`
+//! - `skill_agent`: a skill started as an agent — a BMAD 6.1+ agent's merged `[agent]`
 //!   block, facts and config, or any skill played as an assistant.
-//! - [`startup`]: [`StartedAgent::start`] finds the agent's form; for an agent file it finds
+//! - `startup`: [`StartedAgent::start`] finds the agent's form; for an agent file it finds
 //!   its roots, loads only the files its start-up steps name (a YAML file's values become
 //!   variables; a failure halts start-up), lists the skills, and writes its opening
 //!   messages.
-//! - [`persona`]: [`PersonaBundle`], a bundle agent played by a workflow's LLM agent (its
+//! - `persona`: [`PersonaBundle`], a bundle agent played by a workflow's LLM agent (its
 //!   persona before the instruction, `load_workflow_file` reading only the bundle).
-//! - [`invoke`]: `invoke_agent`, one agent asking another of the bundle (its own start-up
+//! - `invoke`: `invoke_agent`, one agent asking another of the bundle (its own start-up
 //!   and loop, on the same model and file log, at most two levels deep).
 //!
 //! ```no_run
@@ -74,38 +74,38 @@
 //! # Ok::<(), engine::bundle::BundleError>(())
 //! ```
 
-pub mod activate;
-pub mod agent;
-pub mod customize;
-pub mod error;
-pub mod facts;
-pub mod format;
-pub mod invoke;
-pub mod persona;
-pub mod prompt;
-pub mod render;
-pub mod sandbox;
-pub mod session;
-pub mod skill;
-pub mod skill_agent;
-pub mod skill_tools;
-pub mod started;
-pub mod startup;
-pub mod tools;
-pub mod vars;
-pub mod workflow;
+mod activate;
+mod agent;
+mod customize;
+mod error;
+mod facts;
+mod format;
+mod invoke;
+mod persona;
+mod prompt;
+mod render;
+mod sandbox;
+mod session;
+mod skill;
+mod skill_agent;
+mod skill_tools;
+mod started;
+mod startup;
+mod tools;
+mod vars;
+mod workflow;
 mod xml;
-pub mod yaml;
+mod yaml;
 
 pub use agent::{AgentCommand, AgentDefinition, AgentFormat, HandlerKind, Persona, Step};
 pub use error::{Access, BroadRoot, BundleError, FileKind, PathError, VariableError};
-pub use invoke::{InvokeAgent, agent_tools};
-pub use persona::{PERSONA_TOOLS, PersonaAgent, PersonaBundle};
+pub use invoke::agent_tools;
+pub(crate) use persona::PERSONA_TOOLS;
+pub use persona::{PersonaAgent, PersonaBundle};
 pub use prompt::LoadedFile;
 pub use sandbox::{DEFAULT_MAX_FILE_BYTES, FileAccess, FileLog, FileOp, Sandbox, SandboxPolicy};
 pub use session::{BundleSession, Roots};
-pub use skill::{PROJECT_SKILL_FOLDERS, Skill, SkillNote, SkillSet};
-pub use skill_tools::{LoadSkill, RunSkillScript, skill_tools};
+pub use skill::{Skill, SkillNote, SkillSet};
 pub use started::{StartOptions, StartedAgent};
-pub use tools::{ExecuteWorkflow, LoadWorkflowFile, ReadFile, SaveOutput, file_tools};
+pub use tools::ReadFile;
 pub use vars::Variables;

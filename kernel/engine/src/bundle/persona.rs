@@ -23,7 +23,7 @@ use super::tools::{LoadWorkflowFile, file_tools};
 use crate::tool::Tool;
 
 /// The tools a persona agent may name under `tools`.
-pub const PERSONA_TOOLS: [&str; 5] = [
+pub(crate) const PERSONA_TOOLS: [&str; 5] = [
     "load_workflow_file",
     "read_file",
     "execute_workflow",
@@ -49,12 +49,12 @@ impl PersonaBundle {
     }
 
     /// The folder or agent file.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// The agent file or skill folder that plays persona `name`.
-    pub fn agent_path(&self, name: &str) -> Result<PathBuf, BundleError> {
+    pub(crate) fn agent_path(&self, name: &str) -> Result<PathBuf, BundleError> {
         if self.path.is_file() || is_skill_dir(&self.path) {
             return Ok(self.path.clone());
         }
@@ -122,7 +122,7 @@ impl PersonaBundle {
 #[derive(Debug, Clone)]
 pub struct PersonaAgent {
     /// The agent after start-up.
-    pub started: StartedAgent,
+    pub(crate) started: StartedAgent,
 }
 
 impl PersonaAgent {
@@ -140,7 +140,8 @@ impl PersonaAgent {
         )
     }
 
-    /// The bundle tool called `name` ([`PERSONA_TOOLS`]), if it is one.
+    /// The bundle tool called `name` (one of `load_workflow_file`, `read_file`,
+    /// `execute_workflow`, `save_output`, `load_skill`), if it is one.
     pub fn tool(&self, name: &str) -> Option<Result<Arc<dyn Tool>, BundleError>> {
         let session = &self.started.session;
         match name {

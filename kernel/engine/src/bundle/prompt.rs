@@ -35,15 +35,15 @@ pub struct LoadedFile {
     /// Its canonical path.
     pub path: PathBuf,
     /// The variables it defined, in file order (a YAML file).
-    pub variables: Vec<String>,
+    pub(crate) variables: Vec<String>,
     /// Its text, shown to the model (any other file).
     #[serde(skip)]
-    pub content: Option<String>,
+    pub(crate) content: Option<String>,
 }
 
 /// The system prompt of `agent`, whose documents go to `output_folder`, with `skills` to
 /// load.
-pub fn system_prompt(
+pub(crate) fn system_prompt(
     agent: &AgentDefinition,
     vars: &Variables,
     output_folder: &str,
@@ -79,7 +79,7 @@ pub fn system_prompt(
 
 /// The catalog of `skills` (names and descriptions) with how to use them; empty when there
 /// are none.
-pub fn skills_section(skills: &SkillSet) -> String {
+pub(crate) fn skills_section(skills: &SkillSet) -> String {
     if skills.is_empty() {
         return String::new();
     }
@@ -93,7 +93,7 @@ pub fn skills_section(skills: &SkillSet) -> String {
 
 /// The system prompt of a BMAD agent skill: its persona, its instructions (`SKILL.md`), its
 /// commands and the skills it may load.
-pub fn skill_agent_prompt(
+pub(crate) fn skill_agent_prompt(
     agent: &AgentDefinition,
     activation: &Activation,
     output_folder: &str,
@@ -118,7 +118,7 @@ pub fn skill_agent_prompt(
 
 /// The start-up message of a BMAD agent skill: the activation steps rlm ran (the resolved
 /// `agent` block, the persistent facts, the config files and values) and what is left.
-pub fn skill_agent_startup(
+pub(crate) fn skill_agent_startup(
     activation: &Activation,
     block: &serde_json::Map<String, Value>,
     configs: &[std::path::PathBuf],
@@ -182,7 +182,7 @@ pub fn skill_agent_startup(
 }
 
 /// The system prompt of a skill played as an agent (a skill without an `[agent]` block).
-pub fn skill_play_prompt(
+pub(crate) fn skill_play_prompt(
     activation: &Activation,
     output_folder: &str,
     skills: &SkillSet,
@@ -204,7 +204,7 @@ pub fn skill_play_prompt(
 }
 
 /// The start-up message of a skill played as an agent: what rlm resolved and loaded for it.
-pub fn skill_play_startup(activation: &Activation, vars: &Variables) -> String {
+pub(crate) fn skill_play_startup(activation: &Activation, vars: &Variables) -> String {
     let mut sections = String::new();
     if let Some(layers) = &activation.customization {
         let json = serde_json::to_string_pretty(&layers.merged).unwrap_or_default();
@@ -294,7 +294,7 @@ fn fill_persona(template: &str, agent: &AgentDefinition, more: &[(&str, &str)]) 
 /// (paths relative to `bundle_root`) or, for a skill, the skills and prompts of its menu and
 /// its persistent `facts`, and the session's values. Placed before the workflow agent's own
 /// instruction.
-pub fn persona_prompt(
+pub(crate) fn persona_prompt(
     agent: &AgentDefinition,
     vars: &Variables,
     bundle_root: &Path,
@@ -383,7 +383,11 @@ pub fn persona_prompt(
 
 /// The start-up message: what was loaded, the session's values, and the agent's start-up
 /// steps with their values filled in.
-pub fn startup_message(agent: &AgentDefinition, vars: &Variables, loaded: &[LoadedFile]) -> String {
+pub(crate) fn startup_message(
+    agent: &AgentDefinition,
+    vars: &Variables,
+    loaded: &[LoadedFile],
+) -> String {
     let loaded = if loaded.is_empty() {
         "No files were loaded at start-up.".to_owned()
     } else {
@@ -441,7 +445,11 @@ pub fn startup_message(agent: &AgentDefinition, vars: &Variables, loaded: &[Load
 }
 
 /// The message that runs command `index` of `agent` (as the user's turn).
-pub fn command_message(agent: &AgentDefinition, index: usize, vars: &Variables) -> Option<String> {
+pub(crate) fn command_message(
+    agent: &AgentDefinition,
+    index: usize,
+    vars: &Variables,
+) -> Option<String> {
     let command = agent.commands.get(index)?;
     let handlers = if command.handlers.is_empty() {
         "It has no handlers.".to_owned()
@@ -471,7 +479,7 @@ pub fn command_message(agent: &AgentDefinition, index: usize, vars: &Variables) 
 }
 
 /// The menu shown as the agent starts: who it is and its numbered commands.
-pub fn menu(agent: &AgentDefinition) -> String {
+pub(crate) fn menu(agent: &AgentDefinition) -> String {
     let icon = agent
         .icon
         .as_ref()

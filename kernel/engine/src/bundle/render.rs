@@ -23,24 +23,24 @@ use serde_json::{Map, Value};
 use super::customize::{Layers, lookup};
 
 /// The file a rendered workflow starts from.
-pub const WORKFLOW_FILE: &str = "workflow.md";
+pub(crate) const WORKFLOW_FILE: &str = "workflow.md";
 
 /// Whether a skill's instructions say to render it (`render_skill.py`).
-pub fn renders(instructions: &str) -> bool {
+pub(crate) fn renders(instructions: &str) -> bool {
     instructions.contains("render_skill.py")
 }
 
 /// What a rendered file is filled in from.
 #[derive(Debug, Clone, Copy)]
-pub struct RenderValues<'a> {
+pub(crate) struct RenderValues<'a> {
     /// The skill's folder.
-    pub skill_dir: &'a Path,
+    pub(crate) skill_dir: &'a Path,
     /// The project root.
-    pub project: &'a Path,
+    pub(crate) project: &'a Path,
     /// The central config, merged.
-    pub config: Option<&'a Map<String, Value>>,
+    pub(crate) config: Option<&'a Map<String, Value>>,
     /// The skill's customization, merged.
-    pub customization: Option<&'a Layers>,
+    pub(crate) customization: Option<&'a Layers>,
 }
 
 /// A placeholder found in a text: its kind, what it names, and where it ends.
@@ -52,7 +52,7 @@ enum Token<'t> {
 }
 
 /// `text` with every placeholder filled in (see the module docs).
-pub fn render(text: &str, values: &RenderValues<'_>) -> Result<String, String> {
+pub(crate) fn render(text: &str, values: &RenderValues<'_>) -> Result<String, String> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find(['{', '[']) {

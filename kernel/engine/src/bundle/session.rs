@@ -29,7 +29,7 @@ pub struct Roots {
 
 impl Roots {
     /// The roots of the agent file at `agent` (canonical), in project `project`.
-    pub fn of_agent(agent: &Path, project: &Path) -> Self {
+    pub(crate) fn of_agent(agent: &Path, project: &Path) -> Self {
         let folder = agent.parent().unwrap_or(agent);
         let bundle = if folder.file_name().is_some_and(|n| n == "agents") {
             folder.parent().unwrap_or(folder)
@@ -50,7 +50,7 @@ impl Roots {
 
     /// The variables every agent has: the roots (`{project_root}` too, a spelling some
     /// instructions use) and today's `{date}`.
-    pub fn variables(&self, date: &str) -> Variables {
+    pub(crate) fn variables(&self, date: &str) -> Variables {
         let mut vars = Variables::new();
         let text = |p: &Path| p.display().to_string();
         vars.set("project-root", text(&self.project));
@@ -80,7 +80,7 @@ pub struct BundleSession {
 
 impl BundleSession {
     /// A session over `roots` with `variables`, reading and writing through `sandbox`.
-    pub fn new(roots: Roots, variables: Variables, sandbox: Sandbox) -> Self {
+    pub(crate) fn new(roots: Roots, variables: Variables, sandbox: Sandbox) -> Self {
         Self {
             roots,
             variables,
@@ -94,7 +94,7 @@ impl BundleSession {
     }
 
     /// The same session with `skills` to load.
-    pub fn with_skills(mut self, skills: SkillSet) -> Self {
+    pub(crate) fn with_skills(mut self, skills: SkillSet) -> Self {
         self.skills = skills;
         self
     }
@@ -106,7 +106,7 @@ impl BundleSession {
 
     /// Marks the skill in `dir` as loaded: its folder is where bare relative paths are read
     /// from first, before those of skills loaded earlier.
-    pub fn activate_skill(&self, dir: &Path) {
+    pub(crate) fn activate_skill(&self, dir: &Path) {
         let mut active = lock(&self.active_skills);
         active.retain(|d| d != dir);
         active.insert(0, dir.to_owned());
@@ -115,7 +115,7 @@ impl BundleSession {
     /// `path` as `read_file` reads it: a bare relative path (`references/guide.md`) names
     /// the file in the folder of the last loaded skill that has it, else a file of the
     /// project.
-    pub fn skill_relative(&self, path: &str) -> String {
+    pub(crate) fn skill_relative(&self, path: &str) -> String {
         let relative = Path::new(path);
         if relative.is_absolute() || path.trim().is_empty() {
             return path.to_owned();
@@ -132,7 +132,7 @@ impl BundleSession {
     }
 
     /// The project's central config (`_bmad/config.toml` and its layers), read once.
-    pub fn central_config(&self, by: &str) -> Result<Option<Arc<Layers>>, BundleError> {
+    pub(crate) fn central_config(&self, by: &str) -> Result<Option<Arc<Layers>>, BundleError> {
         let mut central = lock(&self.central);
         if let Some(loaded) = central.as_ref() {
             return Ok(loaded.clone());
@@ -148,7 +148,7 @@ impl BundleSession {
     }
 
     /// The customization of `skill` (its `customize.toml` and the overrides), read once.
-    pub fn customization(
+    pub(crate) fn customization(
         &self,
         skill: &Skill,
         by: &str,
@@ -165,7 +165,12 @@ impl BundleSession {
     /// The text of the file at `path` (canonical) as the model sees it: a Markdown file of a
     /// skill that BMAD renders has its placeholders filled in (see `render`); any other
     /// file is returned as it is.
-    pub fn present(&self, path: &Path, text: String, by: &str) -> Result<String, BundleError> {
+    pub(crate) fn present(
+        &self,
+        path: &Path,
+        text: String,
+        by: &str,
+    ) -> Result<String, BundleError> {
         let Some(skill) = self.skills.containing(path).filter(|s| s.rendered) else {
             return Ok(text);
         };
@@ -177,7 +182,12 @@ impl BundleSession {
     }
 
     /// `text`, a file of the rendered `skill`, with its placeholders filled in.
-    pub fn render(&self, skill: &Skill, text: &str, by: &str) -> Result<String, BundleError> {
+    pub(crate) fn render(
+        &self,
+        skill: &Skill,
+        text: &str,
+        by: &str,
+    ) -> Result<String, BundleError> {
         let central = self.central_config(by)?;
         let customization = self.customization(skill, by)?;
         let values = RenderValues {
@@ -213,7 +223,11 @@ impl BundleSession {
     }
 
     /// The entries of the YAML config at `path` (resolved, sandboxed), read once per session.
-    pub fn config(&self, path: &str, by: &str) -> Result<(PathBuf, Arc<Entries>), BundleError> {
+    pub(crate) fn config(
+        &self,
+        path: &str,
+        by: &str,
+    ) -> Result<(PathBuf, Arc<Entries>), BundleError> {
         let resolved = self.sandbox.check_read(path)?;
         if let Some(entries) = self.lock_configs().get(&resolved) {
             return Ok((resolved, Arc::clone(entries)));
@@ -227,7 +241,7 @@ impl BundleSession {
 
     /// Looks up `key` in the config at `config` (a `{config_source}:key` reference, written
     /// `reference`), resolving the variables in its value.
-    pub fn config_value(
+    pub(crate) fn config_value(
         &self,
         config: &str,
         key: &str,
@@ -254,7 +268,7 @@ impl BundleSession {
     }
 
     /// `path` made absolute against the project root.
-    pub fn absolute(&self, path: &str) -> String {
+    pub(crate) fn absolute(&self, path: &str) -> String {
         if Path::new(path).is_absolute() {
             path.to_owned()
         } else {

@@ -29,7 +29,7 @@ use crate::document;
 /// cross-tool `.agents/skills/` and Claude Code's `.claude/skills/` first, then every other
 /// folder BMAD's installer has written skills to for the tools it supports (the
 /// `target_dir`s of its `platform-codes.yaml`, 6.1 to 6.12 and after).
-pub const PROJECT_SKILL_FOLDERS: [&str; 34] = [
+pub(crate) const PROJECT_SKILL_FOLDERS: [&str; 34] = [
     ".agents/skills",
     ".claude/skills",
     ".adal/skills",
@@ -67,7 +67,7 @@ pub const PROJECT_SKILL_FOLDERS: [&str; 34] = [
 ];
 
 /// The file that makes a folder a skill.
-pub const SKILL_FILE: &str = "SKILL.md";
+pub(crate) const SKILL_FILE: &str = "SKILL.md";
 
 /// The most entries of one skills folder looked at (a folder of skills is small; this
 /// bounds a huge folder named by mistake).
@@ -82,43 +82,43 @@ const MAX_COMPATIBILITY_CHARS: usize = 500;
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Skill {
     /// Its `name`.
-    pub name: String,
+    pub(crate) name: String,
     /// Its `description`: what it does and when to use it.
-    pub description: String,
+    pub(crate) description: String,
     /// Its folder (canonical).
     pub dir: PathBuf,
     /// Its `SKILL.md` (canonical).
-    pub file: PathBuf,
+    pub(crate) file: PathBuf,
     /// Its `license`, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub license: Option<String>,
+    pub(crate) license: Option<String>,
     /// Its `compatibility` (what it needs to run), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub compatibility: Option<String>,
+    pub(crate) compatibility: Option<String>,
     /// Its `metadata`.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub metadata: BTreeMap<String, String>,
+    pub(crate) metadata: BTreeMap<String, String>,
     /// Its `allowed-tools` (experimental in the specification; shown, not enforced).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub allowed_tools: Option<String>,
+    pub(crate) allowed_tools: Option<String>,
     /// Whether its instructions say to render its workflow (BMAD's `render_skill.py`), which
     /// rlm does as its files are read (see `render`).
     #[serde(skip)]
-    pub rendered: bool,
+    pub(crate) rendered: bool,
 }
 
 /// A `SKILL.md` split into its checked front matter and its instructions.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SkillFile {
+pub(crate) struct SkillFile {
     /// The skill.
-    pub skill: Skill,
+    pub(crate) skill: Skill,
     /// The instructions after the front matter, trimmed.
-    pub body: String,
+    pub(crate) body: String,
 }
 
 impl SkillFile {
     /// Parses and checks the `SKILL.md` at `file` (canonical), whose text is `text`.
-    pub fn parse(file: &Path, text: &str) -> Result<Self, BundleError> {
+    pub(crate) fn parse(file: &Path, text: &str) -> Result<Self, BundleError> {
         let malformed = |line: usize, problem: String| BundleError::Malformed {
             path: file.to_owned(),
             line,
@@ -290,7 +290,7 @@ impl SkillFile {
     }
 
     /// Reads and parses the `SKILL.md` of the skill folder `dir` through `sandbox`.
-    pub fn read(sandbox: &Sandbox, dir: &Path, by: &str) -> Result<Self, BundleError> {
+    pub(crate) fn read(sandbox: &Sandbox, dir: &Path, by: &str) -> Result<Self, BundleError> {
         let path = dir.join(SKILL_FILE);
         let (file, text) = sandbox.read_text(&path.display().to_string(), by)?;
         Self::parse(&file, &text)
@@ -368,7 +368,7 @@ pub struct SkillSet {
 
 impl SkillSet {
     /// No skills.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -377,7 +377,12 @@ impl SkillSet {
     /// `SKILL.md`) or a folder of skills (its sub-folders that hold one); folders that do not
     /// exist are passed over. `known` skills (already read, e.g. the agent's own) come first
     /// and are not read again.
-    pub fn discover(folders: &[PathBuf], known: &[Skill], sandbox: &Sandbox, by: &str) -> Self {
+    pub(crate) fn discover(
+        folders: &[PathBuf],
+        known: &[Skill],
+        sandbox: &Sandbox,
+        by: &str,
+    ) -> Self {
         let mut set = Self {
             folders: folders.to_vec(),
             ..Self::new()
@@ -422,7 +427,7 @@ impl SkillSet {
 
     /// Why the skill in a folder named `name` was left out, when its `SKILL.md` was
     /// malformed or could not be read (and no other skill has that name).
-    pub fn skipped(&self, name: &str) -> Option<&BundleError> {
+    pub(crate) fn skipped(&self, name: &str) -> Option<&BundleError> {
         if self.skills.contains_key(name) {
             return None;
         }
@@ -436,7 +441,7 @@ impl SkillSet {
 
     /// The names of the skills, then those of the folders left out as malformed (which
     /// `load_skill` answers with what is wrong), sorted, each once.
-    pub fn loadable_names(&self) -> Vec<String> {
+    pub(crate) fn loadable_names(&self) -> Vec<String> {
         let mut names = self.names();
         names.extend(self.notes.iter().filter_map(|note| match note {
             SkillNote::Skipped { dir, .. } => Some(dir.file_name()?.to_string_lossy().into_owned()),
@@ -468,12 +473,12 @@ impl SkillSet {
     }
 
     /// The skill whose folder holds `path` (canonical), if any.
-    pub fn containing(&self, path: &Path) -> Option<&Skill> {
+    pub(crate) fn containing(&self, path: &Path) -> Option<&Skill> {
         self.skills.values().find(|s| path.starts_with(&s.dir))
     }
 
     /// The folders searched, in order.
-    pub fn folders(&self) -> &[PathBuf] {
+    pub(crate) fn folders(&self) -> &[PathBuf] {
         &self.folders
     }
 
@@ -485,7 +490,7 @@ impl SkillSet {
 
 /// The skill folders of the project at `project`: those of [`PROJECT_SKILL_FOLDERS`] that
 /// exist there.
-pub fn project_skill_folders(project: &Path) -> Vec<PathBuf> {
+pub(crate) fn project_skill_folders(project: &Path) -> Vec<PathBuf> {
     PROJECT_SKILL_FOLDERS
         .iter()
         .map(|rel| project.join(rel))
@@ -496,7 +501,7 @@ pub fn project_skill_folders(project: &Path) -> Vec<PathBuf> {
 /// The skill folders in `folder`: itself when it holds `SKILL.md`, else its sub-folders that
 /// do (sorted by name; links to folders are followed here and checked by the sandbox when
 /// read).
-pub fn skill_dirs(folder: &Path) -> Vec<PathBuf> {
+pub(crate) fn skill_dirs(folder: &Path) -> Vec<PathBuf> {
     if folder.join(SKILL_FILE).is_file() {
         return vec![folder.to_owned()];
     }
@@ -519,13 +524,13 @@ pub fn skill_dirs(folder: &Path) -> Vec<PathBuf> {
 }
 
 /// Whether `path` is a skill folder (it holds a `SKILL.md`).
-pub fn is_skill_dir(path: &Path) -> bool {
+pub(crate) fn is_skill_dir(path: &Path) -> bool {
     path.is_dir() && path.join(SKILL_FILE).is_file()
 }
 
 /// The error for a skill name that names no skill of `skills`: what is wrong with its
 /// `SKILL.md` when it was left out as malformed, else that there is none.
-pub fn no_skill(name: &str, skills: &SkillSet) -> BundleError {
+pub(crate) fn no_skill(name: &str, skills: &SkillSet) -> BundleError {
     skills
         .skipped(name)
         .cloned()

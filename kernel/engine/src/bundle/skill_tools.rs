@@ -34,7 +34,7 @@ const SKILL_CUT: &str = "The skill is returned whole or not at all: work from it
 
 /// `load_skill` and `run_skill_script` over `session`'s skills (none when it has no
 /// skills); scripts run through `python` when given.
-pub fn skill_tools(
+pub(crate) fn skill_tools(
     session: &Arc<BundleSession>,
     python: Option<Arc<dyn Tool>>,
 ) -> Vec<Arc<dyn Tool>> {
@@ -50,13 +50,13 @@ pub fn skill_tools(
 /// `load_skill`: a skill's instructions, its resolved customization and facts, and its
 /// workflow, by name.
 #[derive(Debug, Clone)]
-pub struct LoadSkill {
+pub(crate) struct LoadSkill {
     session: Arc<BundleSession>,
 }
 
 impl LoadSkill {
     /// The tool over `session`'s skills.
-    pub fn new(session: Arc<BundleSession>) -> Self {
+    pub(crate) fn new(session: Arc<BundleSession>) -> Self {
         Self { session }
     }
 }
@@ -105,7 +105,7 @@ impl Tool for LoadSkill {
 }
 
 /// `run_skill_script`: a Python script of a skill, run through the `python` tool.
-pub struct RunSkillScript {
+pub(crate) struct RunSkillScript {
     session: Arc<BundleSession>,
     python: Option<Arc<dyn Tool>>,
 }
@@ -120,7 +120,7 @@ impl std::fmt::Debug for RunSkillScript {
 
 impl RunSkillScript {
     /// The tool over `session`'s skills, running scripts through `python` when given.
-    pub fn new(session: Arc<BundleSession>, python: Option<Arc<dyn Tool>>) -> Self {
+    pub(crate) fn new(session: Arc<BundleSession>, python: Option<Arc<dyn Tool>>) -> Self {
         Self { session, python }
     }
 

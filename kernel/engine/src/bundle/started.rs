@@ -79,7 +79,7 @@ pub struct StartedAgent {
     /// The start-up message: what was loaded and what is left to do, values filled in.
     pub startup_message: String,
     /// The persistent facts its start-up loaded (a BMAD agent skill's `persistent_facts`).
-    pub facts: Vec<Fact>,
+    pub(crate) facts: Vec<Fact>,
 }
 
 impl StartedAgent {

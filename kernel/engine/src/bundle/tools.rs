@@ -34,27 +34,27 @@ pub struct ReadFile {
 
 /// `execute_workflow`: a `workflow.yaml` with its variables, instructions, template and data.
 #[derive(Debug, Clone)]
-pub struct ExecuteWorkflow {
+pub(crate) struct ExecuteWorkflow {
     session: Arc<BundleSession>,
 }
 
 /// `save_output`: writes a document under the output folder.
 #[derive(Debug, Clone)]
-pub struct SaveOutput {
+pub(crate) struct SaveOutput {
     session: Arc<BundleSession>,
 }
 
 /// `load_workflow_file`: one file of the bundle's own folder (a workflow, its instructions,
 /// its template), relative to that folder.
 #[derive(Debug, Clone)]
-pub struct LoadWorkflowFile {
+pub(crate) struct LoadWorkflowFile {
     session: Arc<BundleSession>,
     bundle: Sandbox,
 }
 
 impl LoadWorkflowFile {
     /// The tool over `session`, reading only under its bundle root.
-    pub fn new(session: Arc<BundleSession>) -> Result<Self, PathError> {
+    pub(crate) fn new(session: Arc<BundleSession>) -> Result<Self, PathError> {
         let root = session.roots().bundle.clone();
         let bundle = Sandbox::new(std::slice::from_ref(&root), &root, &root)?
             .with_max_bytes(session.sandbox().max_bytes())
@@ -104,27 +104,27 @@ impl Tool for LoadWorkflowFile {
 
 impl ReadFile {
     /// The tool over `session`.
-    pub fn new(session: Arc<BundleSession>) -> Self {
+    pub(crate) fn new(session: Arc<BundleSession>) -> Self {
         Self { session }
     }
 }
 
 impl ExecuteWorkflow {
     /// The tool over `session`.
-    pub fn new(session: Arc<BundleSession>) -> Self {
+    pub(crate) fn new(session: Arc<BundleSession>) -> Self {
         Self { session }
     }
 }
 
 impl SaveOutput {
     /// The tool over `session`.
-    pub fn new(session: Arc<BundleSession>) -> Self {
+    pub(crate) fn new(session: Arc<BundleSession>) -> Self {
         Self { session }
     }
 }
 
 /// The three file tools over `session`.
-pub fn file_tools(session: &Arc<BundleSession>) -> Vec<Arc<dyn Tool>> {
+pub(crate) fn file_tools(session: &Arc<BundleSession>) -> Vec<Arc<dyn Tool>> {
     vec![
         Arc::new(ReadFile::new(Arc::clone(session))),
         Arc::new(ExecuteWorkflow::new(Arc::clone(session))),

@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 
 use super::error::VariableError;
-pub use crate::date::today;
+pub(crate) use crate::date::today;
 
 /// How deep values may refer to other values before it counts as a cycle.
 const MAX_DEPTH: usize = 32;
@@ -36,27 +36,17 @@ enum Piece<'t> {
 
 impl Variables {
     /// No variables.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Defines `name` as `value` (as written: it may refer to other variables).
-    pub fn set(&mut self, name: impl Into<String>, value: impl Into<String>) {
+    pub(crate) fn set(&mut self, name: impl Into<String>, value: impl Into<String>) {
         self.values.insert(name.into(), value.into());
     }
 
-    /// The value of `name` as written.
-    pub fn raw(&self, name: &str) -> Option<&str> {
-        self.values.get(name).map(String::as_str)
-    }
-
-    /// Whether `name` is defined.
-    pub fn contains(&self, name: &str) -> bool {
-        self.values.contains_key(name)
-    }
-
     /// Every defined name, sorted.
-    pub fn names(&self) -> Vec<String> {
+    pub(crate) fn names(&self) -> Vec<String> {
         self.values.keys().cloned().collect()
     }
 
@@ -68,12 +58,12 @@ impl Variables {
     }
 
     /// `text` with every `{name}` and `{{date}}` resolved; an unknown `{name}` is an error.
-    pub fn resolve(&self, text: &str) -> Result<String, VariableError> {
+    pub(crate) fn resolve(&self, text: &str) -> Result<String, VariableError> {
         self.expand(text, true, &mut Vec::new())
     }
 
     /// `text` with the variables it can resolve resolved; the rest stay as written.
-    pub fn resolve_lenient(&self, text: &str) -> String {
+    pub(crate) fn resolve_lenient(&self, text: &str) -> String {
         self.expand(text, false, &mut Vec::new())
             .unwrap_or_else(|_| text.to_owned())
     }
@@ -138,7 +128,7 @@ impl Variables {
 }
 
 /// The `{{name}}` template values left in `text`, in order.
-pub fn template_values(text: &str) -> Vec<String> {
+pub(crate) fn template_values(text: &str) -> Vec<String> {
     pieces(text)
         .filter_map(|p| match p {
             Piece::Template(name, _) => Some(name.to_owned()),
@@ -148,7 +138,7 @@ pub fn template_values(text: &str) -> Vec<String> {
 }
 
 /// The `{name}` variables referred to in `text`, in order.
-pub fn variable_names(text: &str) -> Vec<String> {
+pub(crate) fn variable_names(text: &str) -> Vec<String> {
     pieces(text)
         .filter_map(|p| match p {
             Piece::Variable(name) => Some(name.to_owned()),

@@ -42,7 +42,7 @@ const NOT_DATA: [&str; 5] = [
 /// Loads the workflow at `path` (variables allowed) and what it names, with the values of
 /// `user_input` (its `data`: a file the command passes along). Returns the workflow context
 /// the model works from.
-pub fn load_workflow(
+pub(crate) fn load_workflow(
     session: &BundleSession,
     path: &str,
     user_input: &Map<String, Value>,

@@ -8,10 +8,10 @@ use serde_json::Value;
 use super::error::BundleError;
 
 /// The top-level `key: value` pairs of a YAML document, in file order.
-pub type Entries = Vec<(String, Value)>;
+pub(crate) type Entries = Vec<(String, Value)>;
 
 /// Parses `text` (the file at `path`) as a YAML mapping.
-pub fn parse_mapping(path: &Path, text: &str) -> Result<Entries, BundleError> {
+pub(crate) fn parse_mapping(path: &Path, text: &str) -> Result<Entries, BundleError> {
     let malformed = |line: usize, problem: String| BundleError::Malformed {
         path: path.to_owned(),
         line,
@@ -59,7 +59,7 @@ pub fn parse_mapping(path: &Path, text: &str) -> Result<Entries, BundleError> {
 }
 
 /// The text of a scalar (string, number, bool); `None` for null, lists and mappings.
-pub fn scalar_text(value: &Value) -> Option<String> {
+pub(crate) fn scalar_text(value: &Value) -> Option<String> {
     match value {
         Value::String(s) => Some(s.clone()),
         Value::Number(n) => Some(n.to_string()),

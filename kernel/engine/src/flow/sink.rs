@@ -3,7 +3,7 @@
 //! A sink gets every event of an invocation in emission order, one call at a time, and a
 //! [`flush`](EventSink::flush) when the run ends. The [`EventLog`] writes one redacted JSON
 //! object per line through the shared [`JsonlWriter`], on a thread of its own
-//! ([`jsonl::Background`]) so that no tokio worker waits on the disk: each line is written
+//! (`jsonl::Background`) so that no tokio worker waits on the disk: each line is written
 //! and flushed as soon as it is handed over, so a run killed at any point leaves a log of
 //! everything up to its last step, and the run's end waits until every line is in the file.
 //! Events carry no context payloads (contexts live in the kernel's REPL, never in events),

@@ -53,7 +53,7 @@ pub mod retry;
 #[cfg(test)]
 mod tests;
 
-pub use crate::condition::{Condition, ConditionError};
+pub use crate::condition::Condition;
 pub use config::{Branch, END, ESCALATE, RouterConfig, RouterMode, Successor};
 pub use decide::{NameRole, Reason, Route, Routing, consults, decide, successor};
 pub use exchange::{Exchange, trailing_exchange};

@@ -171,7 +171,11 @@ impl Sandbox {
     ///
     /// Roots are canonicalized and opened here; a write root that does not exist yet is
     /// allowed (it is created with the first document saved in it).
-    pub fn new(read_roots: &[PathBuf], write_root: &Path, base: &Path) -> Result<Self, PathError> {
+    pub(crate) fn new(
+        read_roots: &[PathBuf],
+        write_root: &Path,
+        base: &Path,
+    ) -> Result<Self, PathError> {
         let base = fs::canonicalize(base).map_err(|e| PathError::io(base, &e))?;
         let home = std::env::var_os("HOME")
             .filter(|h| !h.is_empty())
@@ -199,25 +203,25 @@ impl Sandbox {
     }
 
     /// The same sandbox with a different size limit for files read and written.
-    pub fn with_max_bytes(mut self, max_bytes: u64) -> Self {
+    pub(crate) fn with_max_bytes(mut self, max_bytes: u64) -> Self {
         self.max_bytes = max_bytes;
         self
     }
 
     /// The same sandbox recording into `log`.
-    pub fn with_log(mut self, log: FileLog) -> Self {
+    pub(crate) fn with_log(mut self, log: FileLog) -> Self {
         self.log = log;
         self
     }
 
     /// The same sandbox allowing what `policy` allows.
-    pub fn with_policy(mut self, policy: SandboxPolicy) -> Self {
+    pub(crate) fn with_policy(mut self, policy: SandboxPolicy) -> Self {
         self.policy = policy;
         self
     }
 
     /// The same sandbox writing under `write_root` instead.
-    pub fn with_write_root(mut self, write_root: &Path) -> Result<Self, PathError> {
+    pub(crate) fn with_write_root(mut self, write_root: &Path) -> Result<Self, PathError> {
         self.write = write_root_at(
             &absolute(write_root, &self.base),
             &self.base,
@@ -227,17 +231,17 @@ impl Sandbox {
     }
 
     /// The size limit of a file read or written, in bytes.
-    pub fn max_bytes(&self) -> u64 {
+    pub(crate) fn max_bytes(&self) -> u64 {
         self.max_bytes
     }
 
     /// What the user allows beyond the default.
-    pub fn policy(&self) -> SandboxPolicy {
+    pub(crate) fn policy(&self) -> SandboxPolicy {
         self.policy
     }
 
     /// The log of files read and written.
-    pub fn log(&self) -> &FileLog {
+    pub(crate) fn log(&self) -> &FileLog {
         &self.log
     }
 
@@ -246,13 +250,8 @@ impl Sandbox {
         &self.write.path
     }
 
-    /// The folders reads must stay under (canonical).
-    pub fn read_roots(&self) -> &[PathBuf] {
-        &self.read_paths
-    }
-
     /// The canonical path of `path` if it lies under a read root (it need not exist).
-    pub fn check_read(&self, path: &str) -> Result<PathBuf, PathError> {
+    pub(crate) fn check_read(&self, path: &str) -> Result<PathBuf, PathError> {
         let resolved = locate(&absolute(Path::new(check_text(path)?), &self.base))?;
         if self
             .read_roots
@@ -271,7 +270,7 @@ impl Sandbox {
 
     /// The canonical path of `path` if it may be written (it need not exist): under the
     /// write root and in no version-control folder.
-    pub fn check_write(&self, path: &str) -> Result<PathBuf, PathError> {
+    pub(crate) fn check_write(&self, path: &str) -> Result<PathBuf, PathError> {
         let resolved = locate(&absolute(Path::new(check_text(path)?), &self.base))?;
         if !resolved.starts_with(&self.write.path) {
             return Err(PathError::Outside {
@@ -299,13 +298,13 @@ impl Sandbox {
     }
 
     /// Whether `path` is a regular file that may be read (nothing is read or logged).
-    pub fn is_readable_file(&self, path: &str) -> bool {
+    pub(crate) fn is_readable_file(&self, path: &str) -> bool {
         self.check_read(path)
             .is_ok_and(|p| fs::metadata(p).is_ok_and(|m| m.is_file()))
     }
 
     /// The text of the file at `path`, with its canonical path; `by` goes into the log.
-    pub fn read_text(&self, path: &str, by: &str) -> Result<(PathBuf, String), PathError> {
+    pub(crate) fn read_text(&self, path: &str, by: &str) -> Result<(PathBuf, String), PathError> {
         let resolved = self.check_read(path)?;
         let root = self.read_root_of(&resolved)?;
         // Refused before opening: opening a device may do something by itself.
@@ -370,7 +369,12 @@ impl Sandbox {
     /// Writes `content` as the whole file at `path`, creating folders; returns the canonical
     /// path. The file is replaced at once (a temporary file renamed over it), so it never
     /// holds half of the text, and its size is at most the limit.
-    pub fn write_text(&self, path: &str, content: &str, by: &str) -> Result<PathBuf, PathError> {
+    pub(crate) fn write_text(
+        &self,
+        path: &str,
+        content: &str,
+        by: &str,
+    ) -> Result<PathBuf, PathError> {
         let resolved = self.check_write(path)?;
         let bytes = content.len() as u64;
         if bytes > self.max_bytes {
