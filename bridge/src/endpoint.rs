@@ -703,6 +703,8 @@ fn unix_ms() -> u64 {
 pub struct Endpoints {
     by_name: HashMap<String, Arc<Endpoint>>,
     order: Vec<String>,
+    /// Set by [`Endpoints::none`]: how to configure a model, for the error of every lookup.
+    no_model: Option<String>,
     ledger: Arc<Ledger>,
     record: Arc<SubCallRecord>,
 }
@@ -741,7 +743,20 @@ impl Endpoints {
             order,
             ledger,
             record,
+            no_model: None,
         })
+    }
+
+    /// No endpoint, for a run that was expected to call no model: every lookup fails with
+    /// [`BridgeError::NoModel`], which ends with `hint` (how the front end names a model).
+    pub fn none(ledger: Arc<Ledger>, hint: impl Into<String>) -> Self {
+        Self {
+            by_name: HashMap::new(),
+            order: Vec::new(),
+            ledger,
+            record: Arc::new(SubCallRecord::default()),
+            no_model: Some(hint.into()),
+        }
     }
 
     /// The endpoint called `name`.
@@ -749,9 +764,15 @@ impl Endpoints {
         self.by_name
             .get(name)
             .cloned()
-            .ok_or_else(|| BridgeError::UnknownEndpoint {
-                name: name.to_owned(),
-                known: self.order.clone(),
+            .ok_or_else(|| match &self.no_model {
+                Some(hint) => BridgeError::NoModel {
+                    name: name.to_owned(),
+                    hint: hint.clone(),
+                },
+                None => BridgeError::UnknownEndpoint {
+                    name: name.to_owned(),
+                    known: self.order.clone(),
+                },
             })
     }
 

@@ -129,6 +129,17 @@ pub enum BridgeError {
         /// The configured names.
         known: Vec<String>,
     },
+    /// No model is configured at all (a run that was expected to call none), so no endpoint
+    /// has this name; `hint` says how the front end names a model.
+    #[error(
+        "No model is configured for this run, so there is no endpoint `{name}` to call; {hint}"
+    )]
+    NoModel {
+        /// The requested name.
+        name: String,
+        /// How to configure a model, in the front end's words.
+        hint: String,
+    },
     /// The endpoint configuration is unusable.
     #[error("Invalid endpoint configuration: {0}")]
     Config(String),
@@ -177,7 +188,7 @@ impl BridgeError {
             Self::Budget(exceeded) => FailureKind::Budget(exceeded.limit),
             Self::Cancelled => FailureKind::Cancelled,
             Self::ContextWindow { .. } => FailureKind::ContextWindow,
-            Self::UnknownEndpoint { .. } => FailureKind::UnknownEndpoint,
+            Self::UnknownEndpoint { .. } | Self::NoModel { .. } => FailureKind::UnknownEndpoint,
             Self::Config(_) => FailureKind::Config,
             Self::InvalidRequest(_) => FailureKind::InvalidRequest,
             Self::Internal(_) => FailureKind::Internal,

@@ -1,7 +1,8 @@
 //! `rlm flow run` limits and usage errors: a token budget and the whole-run timeout stop the
 //! run with exit code 3 keeping the state and the event log written so far; `--bundle` on a
 //! workflow that plays no persona is refused before any model call; a workflow of Python steps
-//! needs no model, one with a model's agent does.
+//! needs no model (a sub-call its code makes says how to name one), one with a model's agent
+//! does.
 
 use serde_json::{Value, json};
 
@@ -197,4 +198,32 @@ fn a_workflow_of_python_steps_needs_no_model_but_one_with_a_models_agent_does() 
         .map(|e| e.file_name())
         .collect();
     assert!(written.is_empty(), "written: {written:?}");
+}
+
+/// A sub-call from a Python step of a run started without a model says how to name one,
+/// in the CLI's words.
+#[test]
+fn a_sub_call_in_a_run_without_a_model_says_to_give_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    file(
+        d,
+        "steps.py",
+        "def ask(state):\n    return {'__message__': llm_query('hi')}\n",
+    );
+    file(
+        d,
+        "ask.yaml",
+        "agent_class: PythonAgent\nname: ask\nfunction: steps.py:ask\n",
+    );
+    let run = rlm_in(d, &args(&["flow", "run", "ask.yaml"]), None);
+    run.assert_code(0);
+    assert_eq!(
+        run.stdout.trim(),
+        "Error: No model is configured for this run, so there is no endpoint `sub` to call; \
+         name one with `--model NAME` (or set `RLM_MODEL`, or `model` in rlm.toml), and \
+         `--sub-model` for a different sub-model",
+        "{}",
+        run.stderr
+    );
 }

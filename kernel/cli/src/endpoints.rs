@@ -39,13 +39,10 @@ pub(crate) fn build_endpoints(opts: &RunOptions) -> Result<Arc<Endpoints>> {
 
 /// The endpoints of a run that may call no model (a workflow of Python steps): those of
 /// [`build_endpoints`] when `needed` or a root model is named, else none — a sub-call the
-/// code makes then fails, naming the endpoint it asked for and saying none is configured.
+/// code makes then fails, saying to give `--model` ([`RunOptions::endpoints_if_needed`]).
 pub(crate) fn endpoints_if_needed(opts: &RunOptions, needed: bool) -> Result<Arc<Endpoints>> {
-    if needed || opts.model.is_some() {
-        return build_endpoints(opts);
-    }
-    let ledger = bridge::Ledger::new(bridge::Budget::default());
-    Ok(Arc::new(Endpoints::new(Vec::new(), Arc::new(ledger))?))
+    opts.endpoints_if_needed(Spelling::Flag, Keys::Required, needed)
+        .map_err(option_error)
 }
 
 /// The endpoints of `opts`; with [`Keys::Optional`] a server off this machine needs no key

@@ -190,6 +190,27 @@ impl RunOptions {
         Ok(Arc::new(endpoints))
     }
 
+    /// The endpoints of a run that may call no model (a workflow of Python steps): those of
+    /// [`endpoints`](Self::endpoints) when `needed` or a root model is named, else none — a
+    /// sub-call the code makes then fails, saying how to name a model in `spelling`.
+    pub fn endpoints_if_needed(
+        &self,
+        spelling: Spelling,
+        keys: Keys,
+        needed: bool,
+    ) -> Result<Arc<Endpoints>, OptionError> {
+        if needed || self.model.is_some() {
+            return self.endpoints(spelling, keys);
+        }
+        let hint = format!(
+            "name one with {}, and {} for a different sub-model",
+            spelling.model_hint(),
+            spelling.option("sub_model")
+        );
+        let ledger = Ledger::new(Budget::default());
+        Ok(Arc::new(Endpoints::none(Arc::new(ledger), hint)))
+    }
+
     /// Whether identical sub-calls of a run are answered from its record (the sub-call
     /// cache): on unless `no_sub_call_cache`.
     pub fn sub_call_cache(&self) -> bool {
