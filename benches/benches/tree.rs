@@ -12,10 +12,12 @@
 //!    send, alternated round by round. The difference per child is what a child costs: its
 //!    session, loop, prompts and records (target: ≤ 1 ms).
 //!    - `none` (in-process sessions), children back to back;
-//!    - `process` and `strict` (each child in a worker process of its own): back to back,
-//!      each child waits for its worker's interpreter to start (the spare worker started
-//!      for it when the previous child took its own has had no time); and at 50 ms of model
-//!      latency, which leaves that spare the time to start — what a real model's seconds do.
+//!    - `process` and `strict` (each child in a worker process of its own), back to back
+//!      and at 50 ms of model latency, each two ways alternated round by round: the worker
+//!      forked from the worker template (the default), and started as a new process, the
+//!      way before the template (back to back, each child then waits for its worker's
+//!      interpreter to start: the spare started when the previous child took its own has
+//!      had no time; at 50 ms, the spare has the time a real model's seconds give it).
 //! 2. 100 children in parallel on one pool: `rlm_query_batched` of 100 one-iteration children
 //!    at 50 ms model latency, against the bridge's own `Endpoint::batch` of the same 100
 //!    requests at the same width (in-process sessions).
@@ -60,10 +62,24 @@ fn main() -> anyhow::Result<()> {
     println!("|---|---:|---:|---:|---:|---:|---:|");
     let none = if quick { 20 } else { 100 };
     let isolated = if quick { 5 } else { 20 };
-    child_overhead(&mock_rt, quick, Isolation::None, Duration::ZERO, none)?;
+    child_overhead(
+        &mock_rt,
+        quick,
+        Isolation::None,
+        Duration::ZERO,
+        none,
+        &[WorkerStart::None],
+    )?;
     for isolation in [Isolation::Process, Isolation::Strict] {
         for latency in [Duration::ZERO, Duration::from_millis(50)] {
-            child_overhead(&mock_rt, quick, isolation, latency, isolated)?;
+            child_overhead(
+                &mock_rt,
+                quick,
+                isolation,
+                latency,
+                isolated,
+                &[WorkerStart::Template, WorkerStart::NewProcess],
+            )?;
         }
     }
     parallel_children(&mock_rt, quick)?;
@@ -186,12 +202,37 @@ fn child_rounds(quick: bool) -> usize {
     if quick { 3 } else { 7 }
 }
 
+/// How an isolated child's worker process starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WorkerStart {
+    /// In-process sessions: no worker.
+    None,
+    /// Forked by the worker template (the default).
+    Template,
+    /// Started as a new process (`exec`, then its interpreter): the path before the
+    /// template, still taken when none runs.
+    NewProcess,
+}
+
+impl WorkerStart {
+    fn label(self) -> &'static str {
+        match self {
+            Self::None => "",
+            Self::Template => ", forked from the template",
+            Self::NewProcess => ", a new process (no template)",
+        }
+    }
+}
+
+/// Section 1's rows for `isolation` at `latency`: one per way a worker starts in `starts`,
+/// each against the same raw calls, the ways taking turns to go first round by round.
 fn child_overhead(
     rt: &tokio::runtime::Runtime,
     quick: bool,
     isolation: Isolation,
     latency: Duration,
     n: usize,
+    starts: &[WorkerStart],
 ) -> anyhow::Result<()> {
     let rounds = child_rounds(quick);
     let code = format!(
@@ -216,23 +257,38 @@ fn child_overhead(
         Ok(started.elapsed())
     };
     let expected = n.to_string();
-    raw(&requests)?;
-    run_in(&eps, 2, isolation, &expected)?;
-    let (mut raw_ms, mut block_ms) = (Vec::new(), Vec::new());
-    for _ in 0..rounds {
-        raw_ms.push(ms(raw(&requests)?));
+    let run_with = |start: WorkerStart| -> anyhow::Result<f64> {
+        kernel::repl::use_worker_template(start == WorkerStart::Template);
         let result = run_in(&eps, 2, isolation, &expected)?;
-        block_ms.push(result.iterations[0].execution_ms);
+        Ok(result.iterations[0].execution_ms)
+    };
+    raw(&requests)?;
+    for &start in starts {
+        run_with(start)?;
     }
-    let (raw, children) = (median(&mut raw_ms), median(&mut block_ms));
-    let per_child = (children - raw) / n as f64;
-    let met = if per_child <= 1.0 { "" } else { " (over 1 ms)" };
-    println!(
-        "| {} | {} ms | {n} | {raw:.1} | {children:.1} | {:.2}× | **{per_child:.3} ms**{met} |",
-        isolation.as_str(),
-        latency.as_millis(),
-        children / raw,
-    );
+    let mut raw_ms = Vec::new();
+    let mut block_ms = vec![Vec::new(); starts.len()];
+    for round in 0..rounds {
+        raw_ms.push(ms(raw(&requests)?));
+        for k in 0..starts.len() {
+            let i = (round + k) % starts.len();
+            block_ms[i].push(run_with(starts[i])?);
+        }
+    }
+    kernel::repl::use_worker_template(true);
+    let raw = median(&mut raw_ms);
+    for (start, block_ms) in starts.iter().zip(&mut block_ms) {
+        let children = median(block_ms);
+        let per_child = (children - raw) / n as f64;
+        let met = if per_child <= 1.0 { "" } else { " (over 1 ms)" };
+        println!(
+            "| {}{} | {} ms | {n} | {raw:.1} | {children:.1} | {:.2}× | **{per_child:.3} ms**{met} |",
+            isolation.as_str(),
+            start.label(),
+            latency.as_millis(),
+            children / raw,
+        );
+    }
     rt.block_on(server.shutdown());
     Ok(())
 }

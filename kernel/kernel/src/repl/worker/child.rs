@@ -30,7 +30,8 @@ use super::protocol::{
     FrameError, FromWorker, LINK_FD, MemfdContent, ObjectFormat, Reply, Request, Start, ToWorker,
     WireContext, WireSource, read_frame, write_frame,
 };
-use super::spawn::{WORKER_ARG, receive_memfds};
+use super::spawn::{WORKER_ARG, receive_fds};
+use super::template::{TEMPLATE_VAR, serve_forks};
 use super::transfer::share_module;
 use crate::repl::capture::{OutputSink, Stream};
 use crate::repl::context::{LoadedContext, load_context, load_live_value, load_text_bytes};
@@ -72,11 +73,20 @@ pub fn main() -> u8 {
 }
 
 fn serve() -> Result<(), String> {
-    let link = take_link_fd()?;
-    // The interpreter starts while the parent may not have a session for us yet (a spare).
+    let template = take_template_role();
+    let mut link = take_link_fd()?;
+    // The interpreter starts while the parent may not have a session for us yet (a spare,
+    // the template).
     interpreter::start().map_err(|e| e.to_string())?;
     enable_fault_handler();
-    let memfds = match receive_memfds(&link) {
+    if template {
+        match serve_forks(link)? {
+            // A worker forked by the template, with its own link.
+            Some(own) => link = own,
+            None => return Ok(()),
+        }
+    }
+    let memfds = match receive_fds(&link) {
         Ok(memfds) => memfds,
         // The parent went away before it needed this spare.
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
@@ -117,9 +127,20 @@ fn report_failed_start(link: &UnixStream, error: ReplError) -> Result<(), String
         .map_err(|e| format!("could not report a failed start: {e}"))
 }
 
+/// Whether this process was started as the worker template ([`TEMPLATE_VAR`]); the variable
+/// is removed before the interpreter copies the environment.
+fn take_template_role() -> bool {
+    let template = std::env::var_os(TEMPLATE_VAR).is_some();
+    if template {
+        // SAFETY: called first thing in `serve`, while this process has one thread.
+        unsafe { std::env::remove_var(TEMPLATE_VAR) };
+    }
+    template
+}
+
 /// fd 3, checked to be a socket: a user running `rlm __worker` by hand gets a sentence, not
 /// a hang.
-fn take_link_fd() -> Result<UnixStream, String> {
+pub(super) fn take_link_fd() -> Result<UnixStream, String> {
     // SAFETY: fstat on a descriptor number only reads the kernel's table.
     let is_socket = unsafe {
         let mut stat: libc::stat = std::mem::zeroed();

@@ -18,6 +18,8 @@
 //! - `spawn`: which program is the worker ([`WorkerProgram`]: `rlm __worker`, or
 //!   `python -m rlm_kernel._worker`), its environment (an allow-list: keys never enter it),
 //!   its file descriptors.
+//! - `template`: the worker template, a fork server: a worker process with its interpreter
+//!   started that forks each session's worker, so that it skips `exec` and that start.
 //! - `transfer`: contexts are paths the worker reads itself; text, standard input and the
 //!   Python package's live objects go once into sealed memfds the worker maps (`share.py`).
 //! - `journal`: what a crashed worker's session is rebuilt from; each block keeps the record
@@ -47,11 +49,13 @@ mod journal;
 pub(crate) mod parent;
 mod protocol;
 mod spawn;
+mod template;
 mod transfer;
 
 pub use child::{main as worker_main, serve_if_worker};
 pub use parent::worker_policy;
 pub use spawn::{WORKER_ARG, WorkerProgram, set_worker_program};
+pub use template::{TEMPLATE_NAME, use_worker_template};
 
 /// Starts a spare worker for the next isolated session of this process unless one is
 /// there (or no worker program is registered), without waiting for it.

@@ -37,7 +37,7 @@ use super::protocol::{
     FrameError, FromWorker, Reply, Request, Start, ToWorker, read_frame, write_frame,
 };
 use super::spawn::{
-    Spawned, WorkerProgram, prepare_spare, python_env, send_memfds, start_worker, take_worker,
+    Spawned, WorkerProgram, prepare_spare, python_env, send_fds, start_worker, take_worker,
     worker_program,
 };
 use super::transfer::{SharedContexts, readable, share_contexts};
@@ -254,7 +254,7 @@ impl WorkerSession {
             policy: self.policy.clone(),
             level: self.level,
         };
-        let sent = send_memfds(&link, &self.shared.memfds)
+        let sent = send_fds(&link, &self.shared.memfds)
             .and_then(|()| worker.send(&ToWorker::Start(Box::new(start))));
         let mut reader = BufReader::new(link);
         let mut buffer = Vec::new();
@@ -1755,7 +1755,7 @@ fn child_key(sub: &bridge::EndpointConfig, child: &WireChild) -> RecordKey {
 
 /// Reads a worker's own stdout/stderr (its crash messages; Python's own complaints) on a
 /// thread, keeping the last [`LAST_WORDS`] bytes and logging them at debug level.
-fn drain_output(mut output: io::PipeReader, last_words: Arc<Mutex<Vec<u8>>>) {
+pub(super) fn drain_output(mut output: io::PipeReader, last_words: Arc<Mutex<Vec<u8>>>) {
     let spawned = std::thread::Builder::new()
         .name("rlm-worker-stderr".to_owned())
         .spawn(move || {

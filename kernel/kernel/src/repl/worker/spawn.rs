@@ -10,7 +10,7 @@
 //! descriptor is marked close-on-exec, so nothing of the parent (its trajectory, its
 //! database) is inherited. Standard input is `/dev/null`; standard output and error go to a
 //! pipe the parent reads (a crash's last words). The context memfds come later, with the
-//! start frame ([`send_memfds`]).
+//! start frame ([`send_fds`]).
 //!
 //! A *spare* is a worker started before a session needs it: its interpreter starts while
 //! nobody waits, and the next session (or the restart after a crash) takes it and only
@@ -36,6 +36,7 @@ use rustix::net::{
 };
 
 use super::protocol::{LINK_FD, MAX_MEMFDS};
+use super::template;
 
 /// The argument that makes a program that embeds the kernel serve as a worker
 /// ([`serve_if_worker`](super::serve_if_worker)).
@@ -144,13 +145,18 @@ pub(crate) struct Spawned {
     pub(crate) output: io::PipeReader,
     /// It was started ahead of need (it may have died since).
     pub(crate) spare: bool,
-    program: WorkerProgram,
+    /// What it runs.
+    pub(crate) program: WorkerProgram,
 }
 
-/// A worker for a session: the spare when there is one started by `program`, else a new
-/// one. A spare that died meanwhile is found out when the session sends its start frame
-/// (see `parent.rs`, which then asks for a new one).
+/// A worker for a session: forked by the template when one runs (`template.rs`), else the
+/// spare when there is one started by `program`, else a new one. A spare that died
+/// meanwhile is found out when the session sends its start frame (see `parent.rs`, which
+/// then asks for a new one).
 pub(crate) fn take_worker(program: &WorkerProgram) -> io::Result<Spawned> {
+    if let Some(forked) = template::fork_worker(program) {
+        return Ok(forked);
+    }
     let spare = lock(spare_slot()).take();
     match spare {
         Some(spare) if spare.program == *program => Ok(Spawned {
@@ -165,9 +171,10 @@ pub(crate) fn take_worker(program: &WorkerProgram) -> io::Result<Spawned> {
     }
 }
 
-/// Starts a spare for the next session, unless one is there, on the spawner thread.
+/// Has the next session find its worker ready: a template when they are on (see
+/// `template.rs`), else a spare, unless one is there; started on the spawner thread.
 pub(crate) fn prepare_spare(program: &WorkerProgram) {
-    if lock(spare_slot()).is_some() {
+    if template::prepare(program) || lock(spare_slot()).is_some() {
         return;
     }
     let program = program.clone();
@@ -175,14 +182,27 @@ pub(crate) fn prepare_spare(program: &WorkerProgram) {
         if lock(spare_slot()).is_some() {
             return;
         }
-        match spawn_now(&program) {
+        match spawn_now(&program, false) {
             Ok(spare) => *lock(spare_slot()) = Some(spare),
             Err(e) => tracing::debug!("could not prepare a spare worker: {e}"),
         }
     });
-    if lock(spawner()).send(job).is_err() {
+    run_on_spawner(job);
+}
+
+/// Runs `job` on the spawner thread, without waiting for it; whether it was queued.
+pub(crate) fn run_on_spawner(job: SpawnJob) -> bool {
+    let queued = lock(spawner()).send(job).is_ok();
+    if !queued {
         tracing::debug!("the worker-starting thread is gone");
     }
+    queued
+}
+
+/// Starts the worker template (on the spawner thread): a worker process told to serve
+/// forks (see `template.rs`).
+pub(crate) fn spawn_template(program: &WorkerProgram) -> io::Result<Spawned> {
+    spawn_now(program, true)
 }
 
 fn spare_slot() -> &'static Mutex<Option<Spawned>> {
@@ -205,22 +225,23 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// A job of the spawner thread.
-type SpawnJob = Box<dyn FnOnce() + Send>;
+pub(crate) type SpawnJob = Box<dyn FnOnce() + Send>;
 
 /// Starts a worker now (on the spawner thread, see the [module docs](self)).
 pub(crate) fn start_worker(program: &WorkerProgram) -> io::Result<Spawned> {
     let (reply, answer) = mpsc::channel();
     let program = program.clone();
     let job: SpawnJob = Box::new(move || {
-        let _ = reply.send(spawn_now(&program));
+        let _ = reply.send(spawn_now(&program, false));
     });
     let gone = || io::Error::other("the worker-starting thread is gone");
     lock(spawner()).send(job).map_err(|_| gone())?;
     answer.recv().map_err(|_| gone())?
 }
 
-/// Forks and execs `program` with the link at fd 3 (on the spawner thread).
-fn spawn_now(program: &WorkerProgram) -> io::Result<Spawned> {
+/// Forks and execs `program` with the link at fd 3 (on the spawner thread); as the template
+/// if `template`.
+fn spawn_now(program: &WorkerProgram, template: bool) -> io::Result<Spawned> {
     let (ours, theirs) = UnixStream::pair()?;
     let (output, output_writer) = io::pipe()?;
     let mut command = Command::new(&program.program);
@@ -231,6 +252,9 @@ fn spawn_now(program: &WorkerProgram) -> io::Result<Spawned> {
         .stdin(Stdio::null())
         .stdout(Stdio::from(output_writer.try_clone()?))
         .stderr(Stdio::from(output_writer));
+    if template {
+        command.env(template::TEMPLATE_VAR, "1");
+    }
     let link = theirs.as_raw_fd();
     // SAFETY: getpid has no preconditions.
     let parent = unsafe { libc::getpid() };
@@ -309,9 +333,10 @@ fn spawner() -> &'static Mutex<Sender<SpawnJob>> {
     })
 }
 
-/// Sends one byte carrying `memfds` (`SCM_RIGHTS`), ahead of the start frame.
-pub(crate) fn send_memfds(link: &UnixStream, memfds: &[OwnedFd]) -> io::Result<()> {
-    let fds: Vec<BorrowedFd<'_>> = memfds.iter().map(AsFd::as_fd).collect();
+/// Sends one byte carrying `fds` (`SCM_RIGHTS`): a session's context memfds ahead of its
+/// start frame, or a new worker's link and output to the template (`template.rs`).
+pub(crate) fn send_fds(link: &UnixStream, fds: &[OwnedFd]) -> io::Result<()> {
+    let fds: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
     let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_MEMFDS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(&fds)) {
@@ -330,8 +355,9 @@ pub(crate) fn send_memfds(link: &UnixStream, memfds: &[OwnedFd]) -> io::Result<(
     Ok(())
 }
 
-/// Receives the byte [`send_memfds`] sent and the memfds it carries (in the worker).
-pub(crate) fn receive_memfds(link: &UnixStream) -> io::Result<Vec<OwnedFd>> {
+/// Receives the byte [`send_fds`] sent and the descriptors it carries (in the worker, in the
+/// template); close-on-exec.
+pub(crate) fn receive_fds(link: &UnixStream) -> io::Result<Vec<OwnedFd>> {
     let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_MEMFDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut count = [0u8; 1];
@@ -355,7 +381,7 @@ pub(crate) fn receive_memfds(link: &UnixStream) -> io::Result<Vec<OwnedFd>> {
     }
     if fds.len() != usize::from(count[0]) {
         return Err(io::Error::other(format!(
-            "expected {} context memfds, received {}",
+            "expected {} descriptors, received {}",
             count[0],
             fds.len()
         )));
