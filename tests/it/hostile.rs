@@ -284,7 +284,7 @@ fn hostile_with(cell: &str, expect: &[&str], extra: &[&str], vars: &[(&str, &str
     outcome
 }
 
-fn reader(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+pub(crate) fn reader(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
     std::thread::spawn(move || {
         let mut buf = Vec::new();
         let _ = pipe.by_ref().take(8 << 20).read_to_end(&mut buf);

@@ -42,5 +42,6 @@ mod run;
 mod run_database;
 mod secrets;
 mod skills;
+mod template;
 mod trace;
 mod view;

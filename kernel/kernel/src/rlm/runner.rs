@@ -1013,7 +1013,19 @@ impl ChildRuns {
         query: &ChildQuery,
         cancel: &CancellationToken,
     ) -> Result<(Rlm, CancellationToken), String> {
-        self.endpoints.get(model).map_err(|e| e.to_string())?;
+        let endpoint = self.endpoints.get(model).map_err(|e| e.to_string())?;
+        // No session (with isolation on, no worker process) for a child that could not send
+        // its first model call: code that starts children in a loop past the budget, or after
+        // the run stopped, starts none.
+        if self.stop.is_cancelled() || cancel.is_cancelled() {
+            return Err("the run was stopped before it started".to_owned());
+        }
+        if let Some(spent) = spent(
+            endpoint.ledger(),
+            endpoint.config().counts_toward_call_budget,
+        ) {
+            return Err(format!("the tree's budget is spent ({spent})"));
+        }
         let contexts: Vec<_> = query.context.iter().cloned().collect();
         let session =
             ReplSession::new(self.session.clone(), Arc::clone(&self.endpoints), &contexts)
@@ -1048,6 +1060,27 @@ impl ChildRuns {
             }
         });
         Ok((rlm, done))
+    }
+}
+
+/// Which limit of `ledger`'s budget leaves no room for one more model call (`counted`: one
+/// that counts toward the call budget), if any.
+fn spent(ledger: &bridge::Ledger, counted: bool) -> Option<&'static str> {
+    let budget = ledger.budget();
+    let reached = |max: Option<u64>, so_far: u64| max.is_some_and(|max| so_far >= max);
+    if counted && reached(budget.max_calls, ledger.calls_reserved()) {
+        Some("calls")
+    } else if reached(budget.max_iterations, ledger.iterations_reserved()) {
+        Some("iterations")
+    } else if reached(
+        budget.max_tokens,
+        ledger.tokens_used() + ledger.tokens_reserved(),
+    ) {
+        Some("tokens")
+    } else if budget.max_usd.is_some_and(|max| ledger.usd_used() >= max) {
+        Some("cost")
+    } else {
+        None
     }
 }
 

@@ -1,0 +1,336 @@
+//! The worker template (fork server) through the real binary, with isolation on: what a
+//! prompt-injected child could try against its siblings, the template and the parent; a
+//! tree of children that starts children without end; and a template killed mid-run.
+//!
+//! Bounded: each run has a deadline (killed past it), a budget of sub-calls and a batch
+//! width, and the harness watches `rlm`'s children to check that none outlives the run.
+
+use std::collections::BTreeSet;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::{Mock, repl, rlm_command};
+
+/// Deadline of one run.
+const DEADLINE: Duration = Duration::from_secs(120);
+
+/// A direct child of `parent`: its pid, start time (to tell a reused pid) and name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Proc {
+    pid: u32,
+    start: u64,
+    comm: String,
+}
+
+/// Field 22 of `/proc/PID/stat` (start time in clock ticks) and the process name.
+fn stat(pid: u32) -> Option<(u64, String, char)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (head, rest) = stat.rsplit_once(") ")?;
+    let comm = head.split_once(" (")?.1.to_owned();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    Some((fields.get(19)?.parse().ok()?, comm, state))
+}
+
+fn children_of(parent: u32) -> Vec<Proc> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for task in tasks.flatten() {
+        let path = task.path().join("children");
+        for pid in std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+        {
+            if let Some((start, comm, _)) = stat(pid) {
+                out.push(Proc { pid, start, comm });
+            }
+        }
+    }
+    out
+}
+
+fn alive(p: &Proc) -> bool {
+    stat(p.pid).is_some_and(|(start, _, state)| start == p.start && state != 'Z')
+}
+
+/// What the harness saw of one run.
+#[derive(Debug)]
+struct Watched {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    /// Every child `rlm` had.
+    seen: BTreeSet<Proc>,
+    /// The most it had at once.
+    most: usize,
+    /// Templates the harness killed.
+    killed: Vec<Proc>,
+}
+
+impl Watched {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:#?}"))
+    }
+
+    fn templates(&self) -> Vec<&Proc> {
+        self.seen
+            .iter()
+            .filter(|p| p.comm == "rlm-template")
+            .collect()
+    }
+}
+
+/// Runs `rlm run` against `mock` with `args`, watching its children every 5 ms; `kill`
+/// decides, from the mock's requests so far, when to kill the running template (once).
+fn watched(mock: &Mock, args: &[&str], kill: Option<&dyn Fn(&Mock) -> bool>) -> Watched {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = crate::support::file(dir.path(), "ctx.txt", "alpha beta\n");
+    let mut full: Vec<String> = [
+        "run",
+        "--base-url",
+        &mock.url(),
+        "--model",
+        "root-model",
+        "--sub-model",
+        "sub-model",
+        "--query",
+        "q",
+        "--context",
+        &context.to_string_lossy(),
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    full.extend(args.iter().map(|s| (*s).to_owned()));
+    let mut child = rlm_command(&full)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("rlm starts");
+    let out = child.stdout.take().map(crate::hostile::reader);
+    let err = child.stderr.take().map(crate::hostile::reader);
+    let started = Instant::now();
+    let (mut seen, mut most, mut killed) = (BTreeSet::new(), 0, Vec::new());
+    let status = loop {
+        let now = children_of(child.id());
+        most = most.max(now.len());
+        if killed.is_empty()
+            && let Some(kill) = kill
+            && kill(mock)
+            && let Some(template) = now.iter().find(|p| p.comm == "rlm-template")
+        {
+            // SAFETY: sends a signal to a process of this test's run.
+            unsafe { libc::kill(template.pid as libc::pid_t, libc::SIGKILL) };
+            killed.push(template.clone());
+        }
+        seen.extend(now);
+        if let Ok(Some(status)) = child.try_wait() {
+            break Some(status);
+        }
+        if started.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let watched = Watched {
+        code: status.and_then(|s| s.code()),
+        stdout: out
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default(),
+        stderr: err
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default(),
+        seen,
+        most,
+        killed,
+    };
+    // Nothing `rlm` started outlives it (the kernel ends a PID namespace asynchronously).
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut left: Vec<&Proc> = watched.seen.iter().filter(|p| alive(p)).collect();
+    while !left.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        left.retain(|p| alive(p));
+    }
+    for p in &left {
+        // SAFETY: kills a leftover of this test's run before failing it.
+        unsafe { libc::kill(p.pid as libc::pid_t, libc::SIGKILL) };
+    }
+    assert!(left.is_empty(), "outlived the run: {left:?}\n{watched:#?}");
+    watched
+}
+
+/// `root-model` replies `root`; `sub-model` plays each child RLM: `child` in its first turn,
+/// `FINAL_VAR(result)` in its second; plain sub-calls are echoed.
+fn script(root: &[&str], child: &str) -> Value {
+    json!({"models": {
+        "root-model": {"replies": root},
+        "sub-model": {"rules": [
+            {"system": "recursive language model", "turn": 0, "reply": repl(child)},
+            {"system": "recursive language model", "turn": 1, "reply": "FINAL_VAR(result)"}
+        ], "fallback": {"behaviour": "echo"}}
+    }})
+}
+
+/// A child's probe, run by two siblings at once: every other process's memory, environment
+/// and descriptors (the template's link to `rlm` is its fd 3), by pid up to past its own
+/// (the template, its siblings and `rlm` started before it); and a signal to every pid its
+/// PID namespace could name but its own threads'.
+const PROBE: &str = r#"import os, time
+time.sleep(0.3)
+me = int(os.readlink('/proc/self'))
+opened = {'mem': 0, 'environ': 0, 'fd/3': 0, 'fd': 0}
+for pid in range(1, me + 2000):
+    if pid == me:
+        continue
+    for what in opened:
+        try:
+            os.close(os.open(f'/proc/{pid}/{what}', os.O_RDONLY))
+            opened[what] += 1
+        except OSError:
+            pass
+own = {int(line.split()[-1]) for task in os.listdir('/proc/self/task')
+       for line in open(f'/proc/self/task/{task}/status') if line.startswith('NSpid:')}
+signalled = []
+for pid in range(1, 4096):
+    if pid not in own:
+        try:
+            os.kill(pid, 0)
+            signalled.append(pid)
+        except OSError:
+            pass
+result = f"{opened} signalled {signalled} searched {me}""#;
+
+#[test]
+fn a_child_reaches_neither_its_siblings_nor_the_template_nor_rlm() {
+    let mock = Mock::start(script(
+        &[
+            &repl("answers = rlm_query_batched(['probe', 'probe'])\nprint(answers)"),
+            "FINAL_VAR(answers)",
+        ],
+        PROBE,
+    ));
+    let run = watched(&mock, &["--max-depth", "2", "--json"], None);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    let answer = run.json()["answer"].as_str().unwrap_or_default().to_owned();
+    let nothing = "{'mem': 0, 'environ': 0, 'fd/3': 0, 'fd': 0} signalled []";
+    assert_eq!(
+        answer.matches(nothing).count(),
+        2,
+        "a child reached another process: {answer}\n{run:#?}"
+    );
+    // The probe searched past the template and the siblings it ran beside.
+    let template = run.templates();
+    assert!(!template.is_empty(), "no template ran: {run:#?}");
+    let searched: Vec<u32> = answer
+        .split("searched ")
+        .skip(1)
+        .filter_map(|s| s.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+        .collect();
+    assert_eq!(searched.len(), 2, "{answer}");
+    let highest = run.seen.iter().map(|p| p.pid).max().unwrap_or(0);
+    assert!(
+        searched
+            .iter()
+            .all(|&me| me + 2000 > highest && me > template[0].pid),
+        "the probes did not cover every process of the run: {searched:?}, {run:#?}"
+    );
+}
+
+#[test]
+fn children_that_start_children_in_a_loop_are_capped_by_the_budget() {
+    // The root starts 8 children; each asks for 8 grandchildren 100 times over (prompts all
+    // different, the cache off). Past the tree's budget a child gets no session, so no
+    // worker is forked for it, and the run stops.
+    let mock = Mock::start(script(
+        &[
+            &repl("rlm_query_batched([f'go {i}' for i in range(8)])"),
+            "FINAL(unreachable)",
+        ],
+        "for i in range(100):\n    rlm_query_batched([f'{i} {j} {context}' for j in range(8)])\nresult = 'looped'",
+    ));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trajectory = dir.path().join("t.jsonl");
+    let run = watched(
+        &mock,
+        &[
+            "--max-depth",
+            "3",
+            "--max-sub-calls",
+            "12",
+            "--batch-concurrency",
+            "3",
+            "--no-sub-call-cache",
+            "--cell-timeout",
+            "60",
+            "--trajectory",
+            &trajectory.to_string_lossy(),
+        ],
+        None,
+    );
+    assert_eq!(run.code, Some(3), "the budget stops the tree: {run:#?}");
+    let sent = mock
+        .log()
+        .entries()
+        .iter()
+        .filter(|r| r.model == "sub-model")
+        .count();
+    assert!(sent <= 12, "{sent} sub-model requests past a budget of 12");
+    // The root's worker, a worker per child that could still call its model (12), and those
+    // started while the last calls were in flight (at most 3 batches of 3 at once).
+    let workers = run.seen.iter().filter(|p| p.comm != "rlm-template").count();
+    assert!(workers <= 1 + 12 + 9, "{workers} workers: {run:#?}");
+    assert!(
+        run.most <= 1 + 1 + 3 + 9,
+        "{} processes at once: {run:#?}",
+        run.most
+    );
+    let recorded = std::fs::read_to_string(&trajectory).unwrap_or_default();
+    assert!(
+        recorded.contains("call_budget") && recorded.contains("the tree's budget is spent (calls)"),
+        "the run stops at the budget, and a child past it says why it did not run: {run:#?}"
+    );
+}
+
+#[test]
+fn killing_the_template_mid_run_falls_back_to_new_workers_and_loses_nothing() {
+    let mock = Mock::start(script(
+        &[
+            &repl(
+                "kept = 'root state'\nfirst = rlm_query('one')\nimport time\ntime.sleep(1.5)\nrest = [rlm_query('two'), rlm_query('three')]\nresult = [kept, first, *rest]",
+            ),
+            "FINAL_VAR(result)",
+        ],
+        "result = 'ok'",
+    ));
+    // Killed once the first child's loop asked its model: the template has forked its
+    // worker, and the next children must start without it.
+    let after_first_child =
+        |mock: &Mock| mock.log().entries().iter().any(|r| r.model == "sub-model");
+    let run = watched(
+        &mock,
+        &["--max-depth", "2", "--json"],
+        Some(&after_first_child),
+    );
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_eq!(
+        run.json()["answer"],
+        "['root state', 'ok', 'ok', 'ok']",
+        "{run:#?}"
+    );
+    assert_eq!(run.killed.len(), 1, "the template was killed: {run:#?}");
+    assert!(!run.stderr.contains("panicked"), "{run:#?}");
+    let killed = &run.killed[0];
+    assert!(
+        run.templates().iter().any(|t| t.pid != killed.pid),
+        "a new template was started after the first was killed: {run:#?}"
+    );
+}
