@@ -361,37 +361,49 @@ mod isolation {
         let rounds = if quick { 5 } else { 15 };
 
         // Start-up: a new session and its first block. The in-process interpreter is warm
-        // (started by the earlier sections); a worker takes the spare prepared after the last
-        // one was ready, as in a long-lived process (eval, notebooks, a restart).
-        let start = |isolation| -> anyhow::Result<Duration> {
+        // (started by the earlier sections); a worker is forked from the worker template, or
+        // (templates off, the way before) takes the spare prepared after the last one was
+        // ready, as in a long-lived process (eval, notebooks, a restart). Alternated.
+        let start = |isolation, template: bool| -> anyhow::Result<Duration> {
+            kernel::repl::use_worker_template(template);
             let started = Instant::now();
             let s = session_in(&eps, isolation)?;
             exec_ok(&s, "pass")?;
             Ok(started.elapsed())
         };
-        let cold = start(Isolation::Process)?;
-        let (mut local, mut isolated) = (Vec::new(), Vec::new());
-        for _ in 0..rounds {
-            local.push(start(Isolation::None)?);
-            // Let the spare's interpreter start, as it does between sessions.
-            std::thread::sleep(Duration::from_millis(300));
-            isolated.push(start(Isolation::Process)?);
+        let cold = start(Isolation::Process, true)?;
+        let (mut local, mut forked, mut spare) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            local.push(start(Isolation::None, true)?);
+            for template in [round % 2 == 0, round % 2 == 1] {
+                // Let the spare's (or the template's) interpreter start, as it does between
+                // sessions.
+                std::thread::sleep(Duration::from_millis(300));
+                let took = start(Isolation::Process, template)?;
+                if template { &mut forked } else { &mut spare }.push(took);
+            }
         }
-        let (local, isolated) = (median(local), median(isolated));
+        kernel::repl::use_worker_template(true);
+        let (local, forked, spare) = (median(local), median(forked), median(spare));
         println!();
         println!(
             "## isolated sessions (a worker process) against in-process, same run (median of {rounds})"
         );
         println!("| what | in-process | isolated | added |");
         println!("|---|---:|---:|---:|");
+        for (how, isolated) in [
+            ("forked from the worker template", forked),
+            ("a spare worker, no template", spare),
+        ] {
+            println!(
+                "| start a session + first block (isolated: {how}) | {} | {} | {:+.1} ms |",
+                ms(local),
+                ms(isolated),
+                (isolated.as_secs_f64() - local.as_secs_f64()) * 1000.0
+            );
+        }
         println!(
-            "| start a session + first block (isolated: a spare worker) | {} | {} | {:+.1} ms |",
-            ms(local),
-            ms(isolated),
-            (isolated.as_secs_f64() - local.as_secs_f64()) * 1000.0
-        );
-        println!(
-            "| start the first worker of a process (no spare yet; interpreter start included) | — | {} | — |",
+            "| start a session + first block right after the last one closed (no wait) | — | {} | — |",
             ms(cold)
         );
 
