@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 use std::io::BufReader;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,12 +26,13 @@ use pyo3::prelude::*;
 use tokio_util::sync::CancellationToken;
 
 use super::confinement::{PythonPaths, confine};
+use super::protocol::TEMPLATE_VAR;
 use super::protocol::{
-    FrameError, FromWorker, LINK_FD, MemfdContent, ObjectFormat, Reply, Request, Start, ToWorker,
+    FrameError, FromWorker, MemfdContent, ObjectFormat, Reply, Request, Start, ToWorker,
     WireContext, WireSource, read_frame, write_frame,
 };
-use super::spawn::{WORKER_ARG, receive_fds};
-use super::template::{TEMPLATE_VAR, serve_forks};
+use super::spawn::{WORKER_ARG, receive_fds, take_link_fd};
+use super::template::serve_forks;
 use super::transfer::share_module;
 use crate::repl::capture::{OutputSink, Stream};
 use crate::repl::context::{LoadedContext, load_context, load_live_value, load_text_bytes};
@@ -136,33 +137,6 @@ fn take_template_role() -> bool {
         unsafe { std::env::remove_var(TEMPLATE_VAR) };
     }
     template
-}
-
-/// fd 3, checked to be a socket: a user running `rlm __worker` by hand gets a sentence, not
-/// a hang.
-pub(super) fn take_link_fd() -> Result<UnixStream, String> {
-    // SAFETY: fstat on a descriptor number only reads the kernel's table.
-    let is_socket = unsafe {
-        let mut stat: libc::stat = std::mem::zeroed();
-        libc::fstat(LINK_FD, &mut stat) == 0 && (stat.st_mode & libc::S_IFMT) == libc::S_IFSOCK
-    };
-    if !is_socket {
-        return Err(
-            "this is the internal worker of rlm's isolated sessions; it is started by `rlm run` (and the Python package), not by hand".to_owned(),
-        );
-    }
-    set_cloexec(LINK_FD);
-    // SAFETY: fd 3 is open (checked) and owned by nobody else in this process: the parent
-    // placed the link there for us.
-    Ok(UnixStream::from(unsafe { OwnedFd::from_raw_fd(LINK_FD) }))
-}
-
-/// Processes the code starts do not inherit `fd` (forked children still do).
-fn set_cloexec(fd: i32) {
-    // SAFETY: fcntl on a descriptor number; a failure leaves it as it was.
-    unsafe {
-        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-    }
 }
 
 /// Enters the session's directory and confines the process (see the [module docs](self)).

@@ -61,6 +61,6 @@ pub use template::{TEMPLATE_NAME, use_worker_template};
 /// there (or no worker program is registered), without waiting for it.
 pub(crate) fn prepare_spare_worker() {
     if let Some(program) = spawn::worker_program() {
-        spawn::prepare_spare(&program);
+        template::prepare_next(&program);
     }
 }

@@ -20,7 +20,7 @@
 //! session's next use.
 
 use std::collections::HashMap;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufReader, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,9 +37,9 @@ use super::protocol::{
     FrameError, FromWorker, Reply, Request, Start, ToWorker, read_frame, write_frame,
 };
 use super::spawn::{
-    Spawned, WorkerProgram, prepare_spare, python_env, send_fds, start_worker, take_worker,
-    worker_program,
+    Spawned, WorkerProgram, drain_output, python_env, send_fds, start_worker, worker_program,
 };
+use super::template;
 use super::transfer::{SharedContexts, readable, share_contexts};
 use crate::repl::capture::{OutputCapture, Stream};
 use crate::repl::children::{ChildSlot, query_of};
@@ -69,8 +69,6 @@ const EXIT_WAIT: Duration = Duration::from_secs(2);
 const REAP_WAIT: Duration = Duration::from_secs(1);
 /// Fresh workers tried when replaying ends the worker again.
 const RESTORE_ATTEMPTS: usize = 3;
-/// Bytes of a worker's own stderr kept for a crash report.
-const LAST_WORDS: usize = 2048;
 
 /// The parent's side of an isolated session (see the [module docs](self)).
 #[derive(Debug)]
@@ -197,7 +195,7 @@ impl WorkerSession {
     /// A worker process with its session ready: the spare if there is one (a new worker if
     /// that one died meanwhile).
     fn spawn(&self) -> Result<(Arc<Worker>, Vec<ContextMetadata>, sandbox::Report), ReplError> {
-        let spawned = take_worker(&self.program).map_err(|e| spawn_error(&e))?;
+        let spawned = template::take(&self.program).map_err(|e| spawn_error(&e))?;
         let ready = match self.start_session(spawned) {
             Err(Failure::Spare) => {
                 let fresh = start_worker(&self.program).map_err(|e| spawn_error(&e))?;
@@ -590,7 +588,7 @@ impl WorkerSession {
         };
         tracing::info!(?restart, "the REPL's worker process was replaced");
         // A session that crashed once may crash again: its next restore starts warm.
-        prepare_spare(&self.program);
+        template::prepare_next(&self.program);
         restart
     }
 
@@ -847,7 +845,7 @@ impl Drop for WorkerSession {
         }
         // The next session of this process (an eval's next task, a notebook's next
         // completion) starts warm.
-        prepare_spare(&self.program);
+        template::prepare_next(&self.program);
     }
 }
 
@@ -1751,32 +1749,4 @@ fn child_key(sub: &bridge::EndpointConfig, child: &WireChild) -> RecordKey {
         ..ChatRequest::default()
     };
     RecordKey::for_call(sub, &request)
-}
-
-/// Reads a worker's own stdout/stderr (its crash messages; Python's own complaints) on a
-/// thread, keeping the last [`LAST_WORDS`] bytes and logging them at debug level.
-pub(super) fn drain_output(mut output: io::PipeReader, last_words: Arc<Mutex<Vec<u8>>>) {
-    let spawned = std::thread::Builder::new()
-        .name("rlm-worker-stderr".to_owned())
-        .spawn(move || {
-            let mut chunk = [0u8; 4096];
-            loop {
-                match output.read(&mut chunk) {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => {
-                        tracing::debug!(
-                            "worker: {}",
-                            String::from_utf8_lossy(&chunk[..n]).trim_end()
-                        );
-                        let mut kept = lock(&last_words);
-                        kept.extend_from_slice(&chunk[..n]);
-                        let excess = kept.len().saturating_sub(LAST_WORDS);
-                        kept.drain(..excess);
-                    }
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!("cannot read a worker's stderr: {e}");
-    }
 }

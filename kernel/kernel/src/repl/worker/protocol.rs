@@ -21,6 +21,10 @@ use crate::repl::natives::{SubAnswer, SubFailure, WireChild};
 /// The file descriptor of the worker's end of the socket.
 pub(crate) const LINK_FD: i32 = 3;
 
+/// Set (to `1`) in the environment of the worker process started as the worker template
+/// (`template.rs`).
+pub(crate) const TEMPLATE_VAR: &str = "RLM_WORKER_TEMPLATE";
+
 /// The most context memfds one worker is handed.
 pub(crate) const MAX_MEMFDS: usize = 64;
 

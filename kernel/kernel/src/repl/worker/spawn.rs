@@ -20,23 +20,22 @@
 //! it).
 
 use std::ffi::OsString;
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, Read};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, Sender};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
 };
 
-use super::protocol::{LINK_FD, MAX_MEMFDS};
-use super::template;
+use super::protocol::{LINK_FD, MAX_MEMFDS, TEMPLATE_VAR};
 
 /// The argument that makes a program that embeds the kernel serve as a worker
 /// ([`serve_if_worker`](super::serve_if_worker)).
@@ -149,14 +148,10 @@ pub(crate) struct Spawned {
     pub(crate) program: WorkerProgram,
 }
 
-/// A worker for a session: forked by the template when one runs (`template.rs`), else the
-/// spare when there is one started by `program`, else a new one. A spare that died
-/// meanwhile is found out when the session sends its start frame (see `parent.rs`, which
-/// then asks for a new one).
+/// A worker for a session when no template serves it: the spare when there is one started
+/// by `program`, else a new one. A spare that died meanwhile is found out when the session
+/// sends its start frame (see `parent.rs`, which then asks for a new one).
 pub(crate) fn take_worker(program: &WorkerProgram) -> io::Result<Spawned> {
-    if let Some(forked) = template::fork_worker(program) {
-        return Ok(forked);
-    }
     let spare = lock(spare_slot()).take();
     match spare {
         Some(spare) if spare.program == *program => Ok(Spawned {
@@ -171,10 +166,9 @@ pub(crate) fn take_worker(program: &WorkerProgram) -> io::Result<Spawned> {
     }
 }
 
-/// Has the next session find its worker ready: a template when they are on (see
-/// `template.rs`), else a spare, unless one is there; started on the spawner thread.
+/// Starts a spare for the next session, unless one is there, on the spawner thread.
 pub(crate) fn prepare_spare(program: &WorkerProgram) {
-    if template::prepare(program) || lock(spare_slot()).is_some() {
+    if lock(spare_slot()).is_some() {
         return;
     }
     let program = program.clone();
@@ -224,6 +218,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Bytes of a worker's own stderr kept for a crash report.
+const LAST_WORDS: usize = 2048;
+
 /// A job of the spawner thread.
 pub(crate) type SpawnJob = Box<dyn FnOnce() + Send>;
 
@@ -253,7 +250,7 @@ fn spawn_now(program: &WorkerProgram, template: bool) -> io::Result<Spawned> {
         .stdout(Stdio::from(output_writer.try_clone()?))
         .stderr(Stdio::from(output_writer));
     if template {
-        command.env(template::TEMPLATE_VAR, "1");
+        command.env(TEMPLATE_VAR, "1");
     }
     let link = theirs.as_raw_fd();
     // SAFETY: getpid has no preconditions.
@@ -387,4 +384,59 @@ pub(crate) fn receive_fds(link: &UnixStream) -> io::Result<Vec<OwnedFd>> {
         )));
     }
     Ok(fds)
+}
+
+/// fd 3, checked to be a socket: a user running `rlm __worker` by hand gets a sentence, not
+/// a hang.
+pub(crate) fn take_link_fd() -> Result<UnixStream, String> {
+    // SAFETY: fstat on a descriptor number only reads the kernel's table.
+    let is_socket = unsafe {
+        let mut stat: libc::stat = std::mem::zeroed();
+        libc::fstat(LINK_FD, &mut stat) == 0 && (stat.st_mode & libc::S_IFMT) == libc::S_IFSOCK
+    };
+    if !is_socket {
+        return Err(
+            "this is the internal worker of rlm's isolated sessions; it is started by `rlm run` (and the Python package), not by hand".to_owned(),
+        );
+    }
+    set_cloexec(LINK_FD);
+    // SAFETY: fd 3 is open (checked) and owned by nobody else in this process: the parent
+    // placed the link there for us.
+    Ok(UnixStream::from(unsafe { OwnedFd::from_raw_fd(LINK_FD) }))
+}
+
+/// Processes the code starts do not inherit `fd` (forked children still do).
+pub(crate) fn set_cloexec(fd: i32) {
+    // SAFETY: fcntl on a descriptor number; a failure leaves it as it was.
+    unsafe {
+        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+    }
+}
+
+/// Reads a worker's own stdout/stderr (its crash messages; Python's own complaints) on a
+/// thread, keeping the last [`LAST_WORDS`] bytes and logging them at debug level.
+pub(crate) fn drain_output(mut output: io::PipeReader, last_words: Arc<Mutex<Vec<u8>>>) {
+    let spawned = std::thread::Builder::new()
+        .name("rlm-worker-stderr".to_owned())
+        .spawn(move || {
+            let mut chunk = [0u8; 4096];
+            loop {
+                match output.read(&mut chunk) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        tracing::debug!(
+                            "worker: {}",
+                            String::from_utf8_lossy(&chunk[..n]).trim_end()
+                        );
+                        let mut kept = lock(&last_words);
+                        kept.extend_from_slice(&chunk[..n]);
+                        let excess = kept.len().saturating_sub(LAST_WORDS);
+                        kept.drain(..excess);
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot read a worker's stderr: {e}");
+    }
 }

@@ -1,7 +1,7 @@
 //! The worker template: a fork server, so that an isolated session's worker skips `exec` and
 //! the start of its interpreter.
 //!
-//! The template is a worker process started with [`TEMPLATE_VAR`] set: it starts CPython
+//! The template is a worker process started with `RLM_WORKER_TEMPLATE` set: it starts CPython
 //! and the kernel's support module like any worker, then, instead of waiting for a session,
 //! serves fork requests on its link ([`serve_forks`]) until the host closes it. It never
 //! runs model code and never starts a thread: it only reads a request, forks, and answers.
@@ -48,10 +48,10 @@ use std::time::Duration;
 use pyo3::prelude::*;
 
 use super::protocol::LINK_FD;
-use super::spawn::{Spawned, WorkerProgram, receive_fds, send_fds};
-
-/// Set (to `1`) in the environment of the worker process started as the template.
-pub(crate) const TEMPLATE_VAR: &str = "RLM_WORKER_TEMPLATE";
+use super::spawn::{
+    Spawned, WorkerProgram, drain_output, prepare_spare, receive_fds, run_on_spawner, send_fds,
+    spawn_template, take_link_fd, take_worker,
+};
 
 /// The template's process name (`/proc/PID/comm`, what `ps` shows).
 pub const TEMPLATE_NAME: &std::ffi::CStr = c"rlm-template";
@@ -121,7 +121,7 @@ impl Template {
     pub(crate) fn new(spawned: Spawned) -> io::Result<Self> {
         spawned.link.set_read_timeout(Some(FORK_WAIT))?;
         let last_words = std::sync::Arc::default();
-        super::parent::drain_output(spawned.output, std::sync::Arc::clone(&last_words));
+        drain_output(spawned.output, std::sync::Arc::clone(&last_words));
         Ok(Self {
             pid: spawned.pid,
             control: spawned.link,
@@ -200,10 +200,26 @@ fn is_our_child(pid: i32) -> bool {
     }
 }
 
+/// A worker for a session: forked by the template when one runs, else as a template-less
+/// host starts one (`spawn.rs`: the spare, or a new process).
+pub(crate) fn take(program: &WorkerProgram) -> io::Result<Spawned> {
+    match fork_worker(program) {
+        Some(forked) => Ok(forked),
+        None => take_worker(program),
+    }
+}
+
+/// Has the next session find its worker ready: a template, when they are on, else a spare.
+pub(crate) fn prepare_next(program: &WorkerProgram) {
+    if !prepare(program) {
+        prepare_spare(program);
+    }
+}
+
 /// A worker forked by the running template of `program`, or `None` when there is none
 /// (turned off, not started, started by another program, or broken: then it is ended, and
 /// a new one prepared).
-pub(crate) fn fork_worker(program: &WorkerProgram) -> Option<Spawned> {
+fn fork_worker(program: &WorkerProgram) -> Option<Spawned> {
     if !ENABLED.load(Ordering::Relaxed) {
         return None;
     }
@@ -212,7 +228,9 @@ pub(crate) fn fork_worker(program: &WorkerProgram) -> Option<Spawned> {
     if template.program != *program {
         let other = slot.running.take();
         drop(slot);
-        other.map(Template::end);
+        if let Some(template) = other {
+            template.end();
+        }
         return None;
     }
     match template.fork() {
@@ -227,7 +245,9 @@ pub(crate) fn fork_worker(program: &WorkerProgram) -> Option<Spawned> {
             tracing::warn!(
                 "the worker template {detail}; it is ended, workers start as new processes until another is ready"
             );
-            gone.map(Template::end);
+            if let Some(template) = gone {
+                template.end();
+            }
             prepare(program);
             None
         }
@@ -237,7 +257,7 @@ pub(crate) fn fork_worker(program: &WorkerProgram) -> Option<Spawned> {
 /// Has a template of `program` serve this process's next sessions: starts one on the
 /// worker-starting thread unless one runs. `false` when templates are off or this process
 /// started [`MAX_STARTS`] already (the caller prepares a spare instead).
-pub(crate) fn prepare(program: &WorkerProgram) -> bool {
+fn prepare(program: &WorkerProgram) -> bool {
     if !ENABLED.load(Ordering::Relaxed) {
         return false;
     }
@@ -255,7 +275,7 @@ pub(crate) fn prepare(program: &WorkerProgram) -> bool {
         }
     }
     let program = program.clone();
-    super::spawn::run_on_spawner(Box::new(move || {
+    run_on_spawner(Box::new(move || {
         {
             let mut slot = lock(slot());
             let ready = slot
@@ -267,11 +287,13 @@ pub(crate) fn prepare(program: &WorkerProgram) -> bool {
             }
             slot.starts += 1;
         }
-        let started = super::spawn::spawn_template(&program).and_then(Template::new);
+        let started = spawn_template(&program).and_then(Template::new);
         match started {
             Ok(template) => {
                 let old = lock(slot()).running.replace(template);
-                old.map(Template::end);
+                if let Some(template) = old {
+                    template.end();
+                }
             }
             Err(e) => tracing::debug!("could not start a worker template: {e}"),
         }
@@ -320,7 +342,7 @@ pub(crate) fn serve_forks(control: UnixStream) -> Result<Option<UnixStream>, Str
                 link.into_raw_fd(),
                 output.into_raw_fd(),
             );
-            return super::child::take_link_fd().map(Some);
+            return take_link_fd().map(Some);
         }
         let answer = if pid > 0 {
             pid
