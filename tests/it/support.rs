@@ -59,10 +59,15 @@ impl Mock {
 
     /// How many requests the root model received.
     pub(crate) fn root_requests(&self) -> usize {
+        self.requests_to("root-model")
+    }
+
+    /// How many requests named `model`.
+    pub(crate) fn requests_to(&self, model: &str) -> usize {
         self.log()
             .entries()
             .iter()
-            .filter(|r| r.model == "root-model")
+            .filter(|r| r.model == model)
             .count()
     }
 

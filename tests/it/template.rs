@@ -277,12 +277,7 @@ fn children_that_start_children_in_a_loop_are_capped_by_the_budget() {
         None,
     );
     assert_eq!(run.code, Some(3), "the budget stops the tree: {run:#?}");
-    let sent = mock
-        .log()
-        .entries()
-        .iter()
-        .filter(|r| r.model == "sub-model")
-        .count();
+    let sent = mock.requests_to("sub-model");
     assert!(sent <= 12, "{sent} sub-model requests past a budget of 12");
     // The root's worker, a worker per child that could still call its model (12), and those
     // started while the last calls were in flight (at most 3 batches of 3 at once).
@@ -313,8 +308,7 @@ fn killing_the_template_mid_run_falls_back_to_new_workers_and_loses_nothing() {
     ));
     // Killed once the first child's loop asked its model: the template has forked its
     // worker, and the next children must start without it.
-    let after_first_child =
-        |mock: &Mock| mock.log().entries().iter().any(|r| r.model == "sub-model");
+    let after_first_child = |mock: &Mock| mock.requests_to("sub-model") > 0;
     let run = watched(
         &mock,
         &["--max-depth", "2", "--json"],

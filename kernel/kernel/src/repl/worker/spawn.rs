@@ -110,7 +110,7 @@ const KEPT_VARIABLES: &[&str] = &[
 const KEPT_PREFIXES: &[&str] = &["LC_", "POLARS_"];
 
 /// The kept variables of ours and the program's own: what a worker starts with.
-fn spawn_env(program: &WorkerProgram) -> Vec<(OsString, OsString)> {
+pub(crate) fn spawn_env(program: &WorkerProgram) -> Vec<(OsString, OsString)> {
     let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
         .filter(|(name, _)| {
             name.to_str().is_some_and(|name| {

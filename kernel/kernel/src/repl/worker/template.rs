@@ -36,7 +36,9 @@
 //! - **When it ends.** A template killed or broken is ended and reaped by the next session
 //!   that asks it for a worker; that session starts its worker the way a template-less host
 //!   does (a spare, or a new one), and a new template is started (at most [`MAX_STARTS`] in
-//!   a process's life).
+//!   a process's life). So is a template whose program or start environment (the variables
+//!   Python reads at its start, such as `PYTHONPATH`) is no longer what a new worker would
+//!   get; a fork of the host leaves its host's template alone.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
@@ -50,7 +52,7 @@ use pyo3::prelude::*;
 use super::protocol::LINK_FD;
 use super::spawn::{
     Spawned, WorkerProgram, drain_output, prepare_spare, receive_fds, run_on_spawner, send_fds,
-    spawn_template, take_link_fd, take_worker,
+    spawn_env, spawn_template, take_link_fd, take_worker,
 };
 
 /// The template's process name (`/proc/PID/comm`, what `ps` shows).
@@ -84,8 +86,13 @@ pub(crate) struct Template {
     pid: i32,
     /// The host's end of its link.
     control: UnixStream,
-    /// What it was started as (a session of another program does not use it).
+    /// What it was started as, and with which environment: a session of another program,
+    /// or after the variables Python reads at its start changed (`PYTHONPATH`, ...), does
+    /// not use it.
     program: WorkerProgram,
+    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
+    /// The process it is a child of (a fork of this process's own copy is not).
+    host: u32,
     /// The tail of its own stdout/stderr.
     last_words: std::sync::Arc<Mutex<Vec<u8>>>,
 }
@@ -125,9 +132,26 @@ impl Template {
         Ok(Self {
             pid: spawned.pid,
             control: spawned.link,
+            env: spawn_env(&spawned.program),
             program: spawned.program,
+            host: std::process::id(),
             last_words,
         })
+    }
+
+    /// Whether its workers are what `program` would start now, for this process.
+    fn serves(&self, program: &WorkerProgram) -> bool {
+        self.host == std::process::id()
+            && self.program == *program
+            && self.env == spawn_env(program)
+    }
+
+    /// Ends it, unless it is another process's (this process is a fork of its host): then
+    /// only this copy of its link is closed.
+    fn retire(self) {
+        if self.host == std::process::id() {
+            self.end();
+        }
     }
 
     fn fork(&self) -> Result<Spawned, ForkError> {
@@ -225,12 +249,13 @@ fn fork_worker(program: &WorkerProgram) -> Option<Spawned> {
     }
     let mut slot = lock(slot());
     let template = slot.running.as_ref()?;
-    if template.program != *program {
+    if !template.serves(program) {
         let other = slot.running.take();
         drop(slot);
         if let Some(template) = other {
-            template.end();
+            template.retire();
         }
+        prepare(program);
         return None;
     }
     match template.fork() {
@@ -266,7 +291,7 @@ fn prepare(program: &WorkerProgram) -> bool {
         if slot
             .running
             .as_ref()
-            .is_some_and(|running| running.program == *program)
+            .is_some_and(|running| running.serves(program))
         {
             return true;
         }
@@ -281,7 +306,7 @@ fn prepare(program: &WorkerProgram) -> bool {
             let ready = slot
                 .running
                 .as_ref()
-                .is_some_and(|running| running.program == program);
+                .is_some_and(|running| running.serves(&program));
             if ready || slot.starts >= MAX_STARTS || !ENABLED.load(Ordering::Relaxed) {
                 return;
             }
@@ -292,7 +317,7 @@ fn prepare(program: &WorkerProgram) -> bool {
             Ok(template) => {
                 let old = lock(slot()).running.replace(template);
                 if let Some(template) = old {
-                    template.end();
+                    template.retire();
                 }
             }
             Err(e) => tracing::debug!("could not start a worker template: {e}"),
