@@ -328,3 +328,24 @@ fn killing_the_template_mid_run_falls_back_to_new_workers_and_loses_nothing() {
         "a new template was started after the first was killed: {run:#?}"
     );
 }
+
+#[test]
+fn siblings_forked_from_one_template_draw_different_random_numbers() {
+    // Each fork runs Python's after-fork hooks: `random` reseeds from the kernel.
+    let mock = Mock::start(script(
+        &[
+            &repl("answers = rlm_query_batched(['draw'] * 3)\nprint(answers)"),
+            "FINAL_VAR(answers)",
+        ],
+        "import random\nresult = str(random.getrandbits(64))",
+    ));
+    let run = watched(&mock, &["--max-depth", "2", "--json"], None);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert!(!run.templates().is_empty(), "no template ran: {run:#?}");
+    let answer = run.json()["answer"].as_str().unwrap_or_default().to_owned();
+    let draws: BTreeSet<&str> = answer
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(", ")
+        .collect();
+    assert_eq!(draws.len(), 3, "the same numbers in siblings: {answer}");
+}
