@@ -14,10 +14,11 @@
 //!
 //! A *spare* is a worker started before a session needs it: its interpreter starts while
 //! nobody waits, and the next session (or the restart after a crash) takes it and only
-//! sends its start frame. One is prepared when a session ends (for the process's next one)
-//! and after a restart (for the next crash); the environment it is started with holds only
-//! Python's own variables (the session's comes with the start frame, and confinement sets
-//! it).
+//! sends its start frame. When no worker template serves the process (`template.rs`), one is
+//! prepared when a session ends (for the process's next one) and after a restart (for the
+//! next crash); the environment it is started with holds only Python's own variables (the
+//! session's comes with the start frame, and confinement sets it). The template is started
+//! here too, as a worker told to serve forks.
 
 use std::ffi::OsString;
 use std::io::{self, IoSlice, Read};
