@@ -25,7 +25,7 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::support::{Mock, marked, repl, rlm_command, script};
+use crate::support::{Mock, marked, repl, rlm_command, rlm_on_terminal, script};
 
 /// An SSH key the code must never read.
 const SSH_KEY: &str = "-----BEGIN OPENSSH PRIVATE KEY-----\nrlm-hostile-ssh-key-material\n";
@@ -563,6 +563,96 @@ print("daemon started")"#,
         &["daemon started"],
         &[],
     );
+}
+
+/// On the terminal `rlm` runs on, as from a shell, the model's code is in a session whose
+/// leader is inside the sandbox (itself, or init: pid 1 of its PID namespace; a leader
+/// outside shows as 0), so it has no controlling terminal and `/dev/tty` opens nothing —
+/// with the best-effort layers and with `strict`.
+#[test]
+fn the_code_has_no_controlling_terminal_when_rlm_runs_on_one() {
+    let code = r#"import os
+pid, sid = os.getpid(), os.getsid(0)
+with open("/proc/self/stat") as f:
+    tty = int(f.read().rsplit(")", 1)[1].split()[4])
+try:
+    open("/dev/tty", "rb").close()
+    dev_tty = "opened"
+except OSError as e:
+    dev_tty = type(e).__name__
+seen = f"pid={pid} sid={sid} tty={tty} dev_tty={dev_tty}"
+print(seen)"#;
+    for isolation in ["process", "strict"] {
+        let mock = Mock::start(script(&[&repl(code), "FINAL_VAR(seen)"]));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let context = dir.path().join("ctx.txt");
+        std::fs::write(&context, "some context").expect("context");
+        let all: Vec<String> = [
+            "run",
+            "--base-url",
+            &mock.url(),
+            "--model",
+            "root-model",
+            "--sub-model",
+            "sub-model",
+            "--context",
+            context.to_str().expect("utf-8"),
+            "--query",
+            "q",
+            "--isolation",
+            isolation,
+        ]
+        .map(String::from)
+        .into();
+        let mut rlm_pid = 0;
+        let run = rlm_on_terminal(&all, &[], |pid| {
+            rlm_pid = pid;
+            // Bounded: killed past the deadline (the run then fails the test).
+            let deadline = Instant::now() + DEADLINE;
+            while Instant::now() < deadline {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                if stat
+                    .rsplit(')')
+                    .next()
+                    .is_none_or(|rest| rest.trim_start().starts_with('Z'))
+                {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // SAFETY: our own unreaped child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        });
+        assert_eq!(run.code, Some(0), "{isolation}: {}", run.terminal);
+        let seen: BTreeMap<&str, &str> = run
+            .stdout
+            .split_whitespace()
+            .filter_map(|pair| pair.split_once('='))
+            .collect();
+        let number = |key| {
+            seen.get(key)
+                .and_then(|v| v.parse::<i64>().ok())
+                .unwrap_or_else(|| panic!("{isolation}: no {key} in {:?}", run.stdout))
+        };
+        let (pid, sid) = (number("pid"), number("sid"));
+        assert!(
+            sid != 0 && (sid == pid || sid == 1) && sid != i64::from(rlm_pid),
+            "{isolation}: the code's session is led outside the sandbox: {:?}",
+            run.stdout
+        );
+        assert_eq!(
+            number("tty"),
+            0,
+            "{isolation}: a controlling terminal: {:?}",
+            run.stdout
+        );
+        assert_ne!(
+            seen.get("dev_tty"),
+            Some(&"opened"),
+            "{isolation}: {:?}",
+            run.stdout
+        );
+    }
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Running `rlm` against an in-process mock LM server.
 
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -324,4 +325,84 @@ pub(crate) fn marked(mark: &str) -> Vec<u32> {
             !zombie && String::from_utf8_lossy(&cmdline).contains(mark)
         })
         .collect()
+}
+
+/// What `rlm` wrote to a terminal, its stdout and its exit code.
+pub(crate) struct TerminalRun {
+    pub(crate) code: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) terminal: String,
+}
+
+/// Runs `rlm` with stderr on a pseudo-terminal of 120 × 40 (stdout piped, `CI` unset) in a
+/// temporary working directory (its run database goes there); `during` gets its pid while it
+/// runs. As from a shell, `rlm` leads a session whose controlling terminal is that one.
+pub(crate) fn rlm_on_terminal(
+    all: &[String],
+    envs: &[(&str, &str)],
+    during: impl FnOnce(libc::pid_t),
+) -> TerminalRun {
+    use std::io::Read as _;
+    use std::os::fd::{FromRawFd as _, OwnedFd};
+
+    let (mut master, mut slave) = (0, 0);
+    let size = libc::winsize {
+        ws_row: 40,
+        ws_col: 120,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: openpty writes two new descriptors through the pointers; the rest are
+    // optional inputs (null) or point to a live winsize.
+    let opened = unsafe {
+        libc::openpty(
+            &raw mut master,
+            &raw mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &raw const size,
+        )
+    };
+    assert_eq!(opened, 0, "a pseudo-terminal");
+    // SAFETY: both descriptors were just opened and belong to nobody else.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let cwd = tempfile::tempdir().expect("tempdir");
+    let mut cmd = crate::support::rlm_command(all);
+    cmd.current_dir(cwd.path())
+        .env_remove("CI")
+        .env("TERM", "xterm-256color")
+        .envs(envs.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(slave);
+    // SAFETY: async-signal-safe calls between fork and exec: a new session, and stderr (the
+    // terminal) as its controlling terminal.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(2, libc::TIOCSCTTY, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("rlm starts");
+    // Only the child holds the terminal now: reading ends when it exits.
+    drop(cmd);
+    let reader = std::thread::spawn(move || {
+        let mut terminal = std::fs::File::from(master);
+        let mut bytes = Vec::new();
+        let mut chunk = [0u8; 4096];
+        // Linux answers EIO once the last writer is gone.
+        while let Ok(n @ 1..) = terminal.read(&mut chunk) {
+            bytes.extend_from_slice(&chunk[..n]);
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    });
+    during(libc::pid_t::try_from(child.id()).expect("pid"));
+    let output = child.wait_with_output().expect("rlm exits");
+    TerminalRun {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        terminal: reader.join().expect("reader"),
+    }
 }

@@ -12,7 +12,7 @@
 //! | syscalls | seccomp: no `ptrace`, `process_vm_*`, `mount`, `bpf`, `kexec_*`, `perf_event_open`, keyrings, `io_uring`, new namespaces, …; no new privileges, not dumpable, no capabilities |
 //! | limits | rlimits: memory (`RLIMIT_DATA`), CPU time, file size, open files; no core dumps |
 //! | processes | `RLIMIT_NPROC` in the user namespace, or for root the PID namespace's `pid_max` |
-//! | lifetime | a PID namespace whose init ends with the worker, taking every process along |
+//! | lifetime | a PID namespace whose init ends with the worker, taking every process along; a session init leads, so no controlling terminal |
 //! | environment | only the policy's variables (no keys) |
 //!
 //! # Pieces

@@ -24,7 +24,8 @@ pub enum Layer {
     Limits,
     /// A cap on the processes and threads the confined code may hold.
     Processes,
-    /// Every process the code starts dies with the worker.
+    /// Every process the code starts dies with the worker; they run in a session of their
+    /// own, without a controlling terminal.
     Lifetime,
     /// An environment holding only what Python needs.
     Environment,

@@ -23,8 +23,22 @@
 //!
 //! Signals the parent sends the supervisor (`SIGINT`, `SIGTERM`, `SIGHUP`, `SIGQUIT`,
 //! `SIGUSR1`, `SIGUSR2`) are relayed down to the confined process.
+//!
+//! # Session
+//! The confined process runs in a session of its own, so it has no controlling terminal:
+//! `/dev/tty` opens nothing, and no terminal's keys, size or job control reach it (seccomp
+//! also refuses `TIOCSTI`: two walls against typing into the user's shell). The supervisor
+//! cannot start that session: the worker's parent makes it a process-group leader (the
+//! terminal's Ctrl-C then reaches only the parent, which stops the block itself), and
+//! `setsid` refuses a group leader. Its children are never leaders, so `setsid` is called
+//! in the first of them: init, which leads the session and never opens a terminal (a
+//! session leader would acquire the first terminal it opens; the confined process, not a
+//! leader, cannot); without a PID namespace, the confined process itself. Signals still
+//! come down by pid, so the relay above does not change.
 
 use std::io;
+
+use rustix::io::Errno;
 
 use crate::error::SandboxError;
 
@@ -50,6 +64,17 @@ pub(crate) enum Binding {
     Subreaper,
 }
 
+/// What [`split`] set up, seen from the confined process.
+pub(crate) struct Tree<T> {
+    /// How the confined process's lifetime is bound.
+    pub(crate) binding: Binding,
+    /// Whether the confined process is in a session of its own (see the [module
+    /// docs](self)), or why not.
+    pub(crate) session: Result<(), Errno>,
+    /// What the `mounts` step of [`split`] returned.
+    pub(crate) mounted: T,
+}
+
 /// Forks the process tree above and returns in the confined process. `pid_namespace`: the
 /// supervisor has unshared a PID namespace (its next child is pid 1 there); `cap_pids`:
 /// init caps the namespace's `pid_max` at this many processes; `mounts` runs in the process
@@ -59,7 +84,7 @@ pub(crate) fn split<T>(
     pid_namespace: bool,
     cap_pids: Option<u64>,
     mounts: impl FnOnce() -> T,
-) -> Result<(Binding, T), SandboxError> {
+) -> Result<Tree<T>, SandboxError> {
     let step = |step, source| SandboxError::Step { step, source };
     // Children must start with the default SIGCHLD (an inherited "ignore" would reap them
     // behind our back) and with the relayed signals blocked until each process decides.
@@ -80,7 +105,11 @@ pub(crate) fn split<T>(
         let confined = fork().map_err(|e| step("`fork`", e))?;
         if confined == 0 {
             become_child(&old_mask)?;
-            return Ok((Binding::Subreaper, mounted));
+            return Ok(Tree {
+                binding: Binding::Subreaper,
+                session: new_session(),
+                mounted,
+            });
         }
         supervise_without_namespace(confined)
     }
@@ -91,8 +120,9 @@ pub(crate) fn split<T>(
         close_other_fds(&[status_read]);
         supervise(init, status_read)
     }
-    // Init: pid 1 of the new namespace.
+    // Init: pid 1 of the new namespace, and the leader of the confined process's session.
     die_with_parent()?;
+    let session = new_session();
     close(status_read);
     let pid_max = cap_pids.and_then(|n| super::ns::cap_pids(n).ok());
     let mounted = mounts();
@@ -100,7 +130,11 @@ pub(crate) fn split<T>(
     if confined == 0 {
         close(status_write);
         become_child(&old_mask)?;
-        return Ok((Binding::PidNamespace { pid_max }, mounted));
+        return Ok(Tree {
+            binding: Binding::PidNamespace { pid_max },
+            session,
+            mounted,
+        });
     }
     close_other_fds(&[status_write]);
     init_loop(confined, status_write)
@@ -117,6 +151,11 @@ fn become_child(old_mask: &libc::sigset_t) -> Result<(), SandboxError> {
         });
     }
     Ok(())
+}
+
+/// A new session led by this process (a child of the supervisor: never a group leader).
+fn new_session() -> Result<(), Errno> {
+    rustix::process::setsid().map(drop)
 }
 
 /// `SIGKILL` when the parent ends.

@@ -2,7 +2,8 @@
 //!
 //! 1. environment (`env`): only the policy's variables;
 //! 2. namespaces (`ns`): user, then network and PID;
-//! 3. process tree (`lifetime`): supervisor → init → confined;
+//! 3. process tree (`lifetime`): supervisor → init → confined, in a session init leads
+//!    (the supervisor, a process-group leader, cannot start one);
 //! 4. in the confined process: rlimits and the process cap (`limits`), no privileges
 //!    (`privileges`), Landlock (`filesystem`), seccomp (`syscalls`) — seccomp last, as it
 //!    refuses calls the steps before it make.
@@ -42,9 +43,6 @@ pub(crate) fn enter(policy: &Policy, level: Level) -> Result<Report, SandboxErro
     let filters = syscalls::compile(policy.network);
     let root = rustix::process::geteuid().is_root();
     let environment = env::apply(&policy.env);
-    // A new session: no controlling terminal to inject keystrokes into, and a process group
-    // of our own (a `kill(0, …)` reaches no process of the parent's).
-    let _ = rustix::process::setsid();
     lifetime::die_with_parent()?;
 
     let namespaces = ns::unshare_all(&ns::IdMaps::current(), policy.network);
@@ -54,7 +52,11 @@ pub(crate) fn enter(policy: &Policy, level: Level) -> Result<Report, SandboxErro
     let cap_pids = (pid_namespace && (own_userns || !in_initial_user_namespace()))
         .then_some(policy.limits.processes)
         .flatten();
-    let (binding, read_only) = lifetime::split(pid_namespace, cap_pids, || {
+    let lifetime::Tree {
+        binding,
+        session,
+        mounted: read_only,
+    } = lifetime::split(pid_namespace, cap_pids, || {
         read_only_mounts(policy, own_userns || root)
     })?;
 
@@ -84,7 +86,10 @@ pub(crate) fn enter(policy: &Policy, level: Level) -> Result<Report, SandboxErro
         (Layer::Syscalls, syscalls_state),
         (Layer::Limits, limits),
         (Layer::Processes, processes),
-        (Layer::Lifetime, lifetime_state(&binding, namespaces.pid)),
+        (
+            Layer::Lifetime,
+            lifetime_state(&binding, namespaces.pid, session),
+        ),
         (Layer::Environment, environment),
     ]);
     if level == Level::Strict && !report.is_fully_confined() {
@@ -273,20 +278,41 @@ fn network_state(
     }
 }
 
-fn lifetime_state(binding: &lifetime::Binding, pid: Result<(), Errno>) -> State {
-    match binding {
-        lifetime::Binding::PidNamespace { .. } => State::Active {
-            detail: "a PID namespace: when the worker ends, the kernel kills every process it \
-                     started (`setsid` and double forks included)"
-                .into(),
-        },
-        lifetime::Binding::Subreaper => State::Partial {
-            detail: "a subreaper supervisor kills every process left when the worker ends".into(),
-            missing: pid.err().map_or_else(
+fn lifetime_state(
+    binding: &lifetime::Binding,
+    pid: Result<(), Errno>,
+    session: Result<(), Errno>,
+) -> State {
+    const SESSION: &str = "a session of its own: no controlling terminal";
+    let (mut detail, mut missing) = match binding {
+        lifetime::Binding::PidNamespace { .. } => (
+            "a PID namespace: when the worker ends, the kernel kills every process it \
+             started (`setsid` and double forks included)"
+                .to_owned(),
+            Vec::new(),
+        ),
+        lifetime::Binding::Subreaper => (
+            "a subreaper supervisor kills every process left when the worker ends".to_owned(),
+            vec![pid.err().map_or_else(
                 || "no PID namespace".to_owned(),
                 |e| namespace_reason("PID", e),
-            ),
-        },
+            )],
+        ),
+    };
+    match session {
+        Ok(()) => detail = format!("{detail}; {SESSION}"),
+        Err(e) => missing.push(format!(
+            "no session of its own (`setsid`: {e}): the code may open the terminal rlm runs \
+             on (`/dev/tty`)"
+        )),
+    }
+    if missing.is_empty() {
+        State::Active { detail }
+    } else {
+        State::Partial {
+            detail,
+            missing: missing.join("; "),
+        }
     }
 }
 
@@ -357,7 +383,8 @@ pub(crate) fn probe(policy: &Policy) -> Report {
         (Layer::Syscalls, syscalls_state),
         (Layer::Limits, limits::describe(&policy.limits)),
         (Layer::Processes, processes),
-        (Layer::Lifetime, lifetime_state(&binding, trial.pid)),
+        // A child of the supervisor is never a group leader: `setsid` cannot fail there.
+        (Layer::Lifetime, lifetime_state(&binding, trial.pid, Ok(()))),
         (Layer::Environment, env::describe(&policy.env)),
     ])
 }
@@ -508,14 +535,26 @@ mod tests {
     }
 
     #[test]
-    fn without_a_pid_namespace_the_lifetime_is_partial() {
-        let active = lifetime_state(&lifetime::Binding::PidNamespace { pid_max: None }, Ok(()));
-        assert!(active.is_active());
-        let partial = lifetime_state(&lifetime::Binding::Subreaper, Err(Errno::PERM));
+    fn without_a_pid_namespace_or_a_session_the_lifetime_is_partial() {
+        let namespace = lifetime::Binding::PidNamespace { pid_max: None };
+        let active = lifetime_state(&namespace, Ok(()), Ok(()));
+        assert!(
+            matches!(&active, State::Active { detail } if detail.contains("no controlling terminal")),
+            "{active:?}"
+        );
+        let partial = lifetime_state(&lifetime::Binding::Subreaper, Err(Errno::PERM), Ok(()));
         assert!(
             matches!(&partial, State::Partial { missing, .. } if missing.starts_with("no PID namespace")),
             "{partial:?}"
         );
+        // A session that could not be started is a gap `strict` refuses, named as such.
+        for binding in [namespace, lifetime::Binding::Subreaper] {
+            let no_session = lifetime_state(&binding, Err(Errno::PERM), Err(Errno::PERM));
+            assert!(
+                matches!(&no_session, State::Partial { missing, .. } if missing.contains("no session of its own (`setsid`")),
+                "{no_session:?}"
+            );
+        }
     }
 
     #[test]

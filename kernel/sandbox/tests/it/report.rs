@@ -22,6 +22,40 @@ fn probe_predicts_what_enter_applies_and_every_layer_holds_here() {
     );
 }
 
+/// The worker is a process-group leader (the terminal's Ctrl-C then reaches only `rlm`), so
+/// it cannot start a session itself: the code still gets one of its own, led inside the
+/// sandbox (a leader outside its PID namespace would show as 0), and the report says so.
+#[test]
+fn a_group_leader_still_gets_a_session_of_its_own() {
+    let mut sandbox = Sandbox::new();
+    // `setsid` makes `rlm-confine` a session and process-group leader, as the worker is one.
+    sandbox.wrapper = vec!["setsid".to_owned()];
+    let run = sandbox.run_with(
+        "import os\nprint('session', os.getsid(0), os.getpid())",
+        &[],
+        true,
+        &[],
+        |_| {},
+    );
+    let report = run
+        .report
+        .clone()
+        .unwrap_or_else(|| panic!("no report: {run:#?}"));
+    assert!(
+        matches!(report.state(Layer::Lifetime), Some(State::Active { detail }) if detail.contains("a session of its own")),
+        "{report}"
+    );
+    let session: Vec<i64> = run
+        .expect("session")
+        .split(' ')
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    assert!(
+        matches!(session[..], [sid, pid] if sid == 1 || sid == pid),
+        "{run:#?}"
+    );
+}
+
 #[test]
 fn an_unprivileged_user_is_capped_by_rlimit_nproc_in_its_user_namespace() {
     let Some(sandbox) = Sandbox::unprivileged() else {
