@@ -25,7 +25,7 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::support::{Mock, marked, repl, rlm_command, rlm_on_terminal, script};
+use crate::support::{Mock, file, marked, repl, rlm_command, rlm_on_terminal, script};
 
 /// An SSH key the code must never read.
 const SSH_KEY: &str = "-----BEGIN OPENSSH PRIVATE KEY-----\nrlm-hostile-ssh-key-material\n";
@@ -585,25 +585,16 @@ print(seen)"#;
     for isolation in ["process", "strict"] {
         let mock = Mock::start(script(&[&repl(code), "FINAL_VAR(seen)"]));
         let dir = tempfile::tempdir().expect("tempdir");
-        let context = dir.path().join("ctx.txt");
-        std::fs::write(&context, "some context").expect("context");
-        let all: Vec<String> = [
-            "run",
-            "--base-url",
-            &mock.url(),
-            "--model",
-            "root-model",
-            "--sub-model",
-            "sub-model",
+        let context = file(dir.path(), "ctx.txt", "some context");
+        let context = context.to_str().expect("utf-8");
+        let all = mock.run_args(&[
             "--context",
-            context.to_str().expect("utf-8"),
+            context,
             "--query",
             "q",
             "--isolation",
             isolation,
-        ]
-        .map(String::from)
-        .into();
+        ]);
         let mut rlm_pid = 0;
         let run = rlm_on_terminal(&all, &[], |pid| {
             rlm_pid = pid;

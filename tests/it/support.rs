@@ -113,6 +113,12 @@ impl Mock {
 
     /// Like [`Mock::run`], with extra environment variables.
     pub(crate) fn run_env(&self, args: &[&str], envs: &[(&str, &str)]) -> Run {
+        rlm_with(&self.run_args(args), None, envs)
+    }
+
+    /// The arguments of [`Mock::run`]: `rlm run` against this server with `root-model` /
+    /// `sub-model`, plus `args`.
+    pub(crate) fn run_args(&self, args: &[&str]) -> Vec<String> {
         let mut full = vec![
             "run",
             "--base-url",
@@ -126,7 +132,7 @@ impl Mock {
         .map(str::to_owned)
         .collect::<Vec<_>>();
         full.extend(args.iter().map(|s| s.to_string()));
-        rlm_with(&full, None, envs)
+        full
     }
 }
 
