@@ -8,10 +8,16 @@ alternately in one session, each figure printed with both values and their ratio
 A figure measured on a shared machine means little on its own; what the load does to one
 build it does to the other when they take turns. So the base commit is checked out in a git
 worktree of its own under the target folder (`target/bench-compare/base`), both builds share
-the target folder (dependencies compile once; cargo gives each checkout's crates their own
-artifacts), each bench binary is copied aside as soon as it is built, and the rounds run
-base, head, head, base, ... so neither side always goes first. The worktree is removed when
-the script ends, however it ends.
+the target folder (dependencies compile once), each bench binary is copied aside as soon as
+it is built, and the rounds run base, head, head, base, ... so neither side always goes
+first. The worktree is removed when the script ends, however it ends.
+
+Cargo names a workspace crate's artifacts by its path relative to the workspace root, so the
+two checkouts' crates share artifact names in the shared target folder, and the base's,
+built last, would look up to date to the working tree (whose sources are older): the head
+build would silently reuse the base's code. So the workspace crates the base build compiled
+are cleaned (`cargo clean -p`) as soon as its binaries are copied, and again when the script
+ends, and a head binary identical to the base's is refused.
 
 Every line a bench prints that holds numbers is a figure row; a row whose numbers differ
 between the two builds (the median over the rounds, number by number) is printed in the
@@ -108,6 +114,8 @@ def self_test() -> None:
     assert "#2" not in lines[0], "an unchanged number is left out"
     assert medians([[1.0], [1.0, 2.0]]) is None
     assert shape("| a | 0.090 ms | -1 |") == "| a | # ms | # |"
+    assert package_name("path+file:///w/kernel/engine#rlm-engine@0.1.0") == "rlm-engine"
+    assert package_name("path+file:///w/benches#0.1.0") == "benches"
     print("compare.py self-test: ok")
 
 
@@ -115,22 +123,32 @@ def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=True, **kwargs)
 
 
-def build(src: Path, target: Path, benches: list[str], into: Path, label: str) -> dict[str, Path]:
-    """Builds `benches` in checkout `src` into `target`; copies each binary to `into`."""
+def build(
+    src: Path, target: Path, benches: list[str], into: Path, label: str, local: set[str]
+) -> dict[str, Path]:
+    """Builds `benches` in checkout `src` into `target`; copies each binary to `into`.
+
+    Adds to `local` the checkout's packages whose artifacts the build wrote (a failed build
+    too); returns the copies by bench.
+    """
     cmd = ["cargo", "bench", "-p", "rlm-benches", "--no-run", "--locked"]
     for bench in benches:
         cmd += ["--bench", bench]
     cmd += ["--message-format", "json-render-diagnostics"]
     env = dict(os.environ, CARGO_TARGET_DIR=str(target))
     print(f"== building {', '.join(benches)} at {label} ({src})", flush=True)
-    out = run(cmd, cwd=src, env=env, stdout=subprocess.PIPE, text=True).stdout
+    done = subprocess.run(cmd, cwd=src, env=env, stdout=subprocess.PIPE, text=True)
     binaries: dict[str, Path] = {}
-    for line in out.splitlines():
+    for line in done.stdout.splitlines():
         try:
             message = json.loads(line)
         except json.JSONDecodeError:
             continue
         target_info = message.get("target", {})
+        package = message.get("package_id", "")
+        if message.get("reason") == "compiler-artifact" and package.startswith("path+"):
+            # `path+file:///...#name@version`: a crate of the checkout, not of a registry.
+            local.add(package_name(package))
         if (
             message.get("reason") == "compiler-artifact"
             and "bench" in target_info.get("kind", [])
@@ -140,10 +158,33 @@ def build(src: Path, target: Path, benches: list[str], into: Path, label: str) -
             copy = into / f"{label}-{target_info['name']}"
             shutil.copy2(message["executable"], copy)
             binaries[target_info["name"]] = copy
+    if done.returncode != 0:
+        sys.exit(f"error: the build at {label} failed (exit {done.returncode})")
     missing = [b for b in benches if b not in binaries]
     if missing:
         sys.exit(f"error: cargo built no bench binary for {missing} at {label}")
     return binaries
+
+
+def package_name(package_id: str) -> str:
+    """The name in a cargo package id: `path+file:///w/kernel/engine#rlm-engine@0.1.0` (or,
+    when the name is the folder's, `path+file:///w/benches#0.1.0`: here `benches`)."""
+    source, _, fragment = package_id.rpartition("#")
+    name, at, _version = fragment.rpartition("@")
+    return name if at else source.rstrip("/").rsplit("/", 1)[-1]
+
+
+def forget(root: Path, target: Path, packages: set[str]) -> None:
+    """Removes the artifacts of `packages` (the working tree's workspace packages among them)
+    from the bench profile of `target`, so that the next build of the working tree compiles
+    them from its own sources."""
+    if not packages:
+        return
+    cmd = ["cargo", "clean", "--profile", "bench", "--quiet"]
+    for package in sorted(packages):
+        cmd += ["-p", package]
+    env = dict(os.environ, CARGO_TARGET_DIR=str(target))
+    run(cmd, cwd=root, env=env)
 
 
 def main() -> None:
@@ -172,6 +213,7 @@ def main() -> None:
         ).stdout
     )
     target = Path(metadata["target_directory"])
+    members = {package["name"] for package in metadata["packages"]}
     work = target / "bench-compare"
     worktree = work / "base"
     base_rev = run(
@@ -195,10 +237,16 @@ def main() -> None:
     if worktree.exists():
         subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=root)
     binaries = Path(tempfile.mkdtemp(prefix="bins-", dir=work))
+    built_at_base: set[str] = set()
     try:
         run(["git", "worktree", "add", "--detach", "--quiet", str(worktree), base_rev], cwd=root)
-        base = build(worktree, target, opts.bench, binaries, "base")
-        head = build(root, target, opts.bench, binaries, "head")
+        base = build(worktree, target, opts.bench, binaries, "base", built_at_base)
+        forget(root, target, built_at_base & members)
+        built_at_base.clear()
+        head = build(root, target, opts.bench, binaries, "head", set())
+        same = [b for b in opts.bench if base[b].read_bytes() == head[b].read_bytes()]
+        if same:
+            sys.exit(f"error: the head binary of {same} is the base's: cargo reused an artifact")
         outputs: dict[tuple[str, str], list[str]] = {}
         for round_ in range(opts.rounds):
             # Alternate who goes first, so a drifting load favours neither side.
@@ -225,6 +273,8 @@ def main() -> None:
             lines = summary(outputs[(bench, "base")], outputs[(bench, "head")])
             print("\n".join(lines) if lines else "(no figure changed)")
     finally:
+        # Stopped before the base's artifacts were cleaned: none may pass for the working tree's.
+        forget(root, target, built_at_base & members)
         subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=root)
         subprocess.run(["git", "worktree", "prune"], cwd=root)
         shutil.rmtree(binaries, ignore_errors=True)
