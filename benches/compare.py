@@ -45,8 +45,9 @@ NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 
 
 def shape(line: str) -> str:
-    """The line with each number replaced by `#`: rows of the two builds pair up by it."""
-    return NUMBER.sub("#", line.rstrip())
+    """The line with each number replaced by `#` and each run of spaces by one (a column
+    padded to a number's width): rows of the two builds pair up by it."""
+    return " ".join(NUMBER.sub("#", line).split())
 
 
 def numbers(line: str) -> list[float]:
@@ -108,12 +109,13 @@ def self_test() -> None:
     ]
     lines = summary(base, head)
     assert len(lines) == 1, lines
-    assert lines[0].startswith("event log + SQLite checkpoints: time    # ms"), lines
+    assert lines[0].startswith("event log + SQLite checkpoints: time # ms"), lines
     assert "#1: 210 → 150 (0.71x)" in lines[0], lines
     assert "#3: 2 → 1.5 (0.75x)" in lines[0], lines
     assert "#2" not in lines[0], "an unchanged number is left out"
     assert medians([[1.0], [1.0, 2.0]]) is None
     assert shape("| a | 0.090 ms | -1 |") == "| a | # ms | # |"
+    assert shape("time    14.4 ms      7.2 ms") == shape("time    9.4 ms       7.2 ms")
     assert package_name("path+file:///w/kernel/engine#rlm-engine@0.1.0") == "rlm-engine"
     assert package_name("path+file:///w/benches#0.1.0") == "benches"
     print("compare.py self-test: ok")

@@ -1,7 +1,7 @@
 //! A routed run against a plain graph of the same steps: memory and time.
 //!
 //! ```text
-//! cargo bench -p rlm-benches --bench routed              # 1 000 steps, 5 runs each
+//! cargo bench -p rlm-benches --bench routed              # 1 000 steps, 5 runs each (20 in memory)
 //! cargo bench -p rlm-benches --bench routed -- --quick   # 3 runs each (or RLM_BENCH_QUICK=1)
 //! ```
 //!
@@ -14,8 +14,11 @@
 //! node (and routing decision) checkpointed to an SQLite file. Routed and plain runs
 //! alternate, so both see the same machine.
 //!
-//! Reported per variant: the median wall time and the median peak of heap bytes allocated
-//! while the run ran (a counting global allocator), and the ratio routed / plain of each.
+//! Reported per variant: the median wall time, the median peak of heap bytes allocated
+//! while the run ran and the allocations a step (a counting global allocator), and the ratio
+//! routed / plain of each. A run in memory takes milliseconds, so those are run four times as
+//! often as the durable ones, and their CPU time is reported too: all of such a run is on the
+//! bench's thread, and on a loaded machine its CPU time varies far less than its wall time.
 //! Target: a routed run within 2× the memory and time of the plain graph.
 //!
 //! Before and after, in the same run: a routed step's node checkpoint and its decision's go
@@ -45,9 +48,10 @@ use engine::{SharedState, State, StateDelta};
 use rlm_benches::median;
 use serde_json::{Value, json};
 
-/// Heap bytes allocated now, and their peak since the last reset.
+/// Heap bytes allocated now, their peak since the last reset, and allocations made.
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
 
 /// The system allocator, counting.
 struct Counting;
@@ -81,6 +85,7 @@ unsafe impl GlobalAlloc for Counting {
 }
 
 fn grow(size: usize) {
+    ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
     let now = CURRENT.fetch_add(size, Ordering::Relaxed) + size;
     PEAK.fetch_max(now, Ordering::Relaxed);
 }
@@ -232,21 +237,41 @@ impl Store for TransactionPerCheckpoint {
     }
 }
 
-/// One run: its wall time (s) and the peak heap bytes it added.
-fn measure(run: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<(f64, f64)> {
+/// The CPU time this thread has used (s).
+fn thread_cpu() -> f64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid `timespec` for the call to fill in.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    now.tv_sec as f64 + now.tv_nsec as f64 * 1e-9
+}
+
+/// One run: its wall time (s), the peak heap bytes it added, the allocations it made (a
+/// reallocation counts as one) and the CPU time of this thread (s: all of a run in memory,
+/// which `block_on` runs here; a loaded machine stretches its wall time, not this).
+fn measure(run: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<[f64; 4]> {
     let start = CURRENT.load(Ordering::Relaxed);
     PEAK.store(start, Ordering::Relaxed);
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed);
+    let cpu = thread_cpu();
     let started = Instant::now();
     run()?;
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu = thread_cpu() - cpu;
     let peak = PEAK.load(Ordering::Relaxed).saturating_sub(start);
-    Ok((elapsed, peak as f64))
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - allocations;
+    Ok([elapsed, peak as f64, allocations as f64, cpu])
 }
 
 fn main() -> anyhow::Result<()> {
     let quick =
         std::env::args().any(|a| a == "--quick") || std::env::var_os("RLM_BENCH_QUICK").is_some();
     let runs = if quick { 3 } else { 5 };
+    // A run in memory takes milliseconds: four times as many, so that a loaded machine's
+    // hiccups fall outside the median.
+    let memory_runs = 4 * runs;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -262,18 +287,23 @@ fn main() -> anyhow::Result<()> {
         Ok(())
     };
 
-    // (routed, plain) samples of (seconds, bytes) per variant; durable: then the routed run
-    // with a transaction per checkpoint (before).
-    let mut memory: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
-    let mut durable: [Vec<(f64, f64)>; 3] = [Vec::new(), Vec::new(), Vec::new()];
-    for run in 0..runs {
-        for (i, graph) in [&routed_graph, &plain_graph].into_iter().enumerate() {
+    // (routed, plain) samples of [seconds, bytes, allocations, CPU seconds] per variant;
+    // durable: then the
+    // routed run with a transaction per checkpoint (before).
+    let mut memory: [Vec<[f64; 4]>; 2] = [Vec::new(), Vec::new()];
+    let mut durable: [Vec<[f64; 4]>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    for run in 0..memory_runs {
+        // Routed and plain take turns to go first.
+        for i in [run % 2, (run + 1) % 2] {
+            let graph = [&routed_graph, &plain_graph][i];
             memory[i].push(measure(|| {
                 let invocation = Invocation::new(SharedState::new(State::default()));
                 let report = rt.block_on(run_workflow(graph, invocation, None));
                 check(&report.state)
             })?);
         }
+    }
+    for run in 0..runs {
         // Each variant goes first in turn, so a load that drifts favours none of them.
         for i in (0..3).map(|k| (k + run) % 3) {
             let graph = [&routed_graph, &plain_graph, &routed_graph][i];
@@ -298,7 +328,9 @@ fn main() -> anyhow::Result<()> {
             })?);
         }
     }
-    println!("routed vs plain graph, {STEPS} node steps, median of {runs} runs");
+    println!(
+        "routed vs plain graph, {STEPS} node steps, median of {runs} runs ({memory_runs} in memory)"
+    );
     println!(
         "{:<56} {:>10} {:>12} {:>10} {:>12}",
         "", "routed", "plain", "ratio", ""
@@ -309,8 +341,10 @@ fn main() -> anyhow::Result<()> {
         ("event log + SQLite checkpoints", &durable[..2]),
         ("SQLite, before: a transaction per checkpoint", &before[..]),
     ] {
-        let time = |i: usize| median(samples[i].iter().map(|s| s.0).collect());
-        let bytes = |i: usize| median(samples[i].iter().map(|s| s.1).collect());
+        let figure = |i: usize, k: usize| median(samples[i].iter().map(|s| s[k]).collect());
+        let time = |i: usize| figure(i, 0);
+        let bytes = |i: usize| figure(i, 1);
+        let allocations = |i: usize| figure(i, 2) / STEPS as f64;
         println!(
             "{:<56} {:>7.1} ms {:>9.1} ms {:>9.2}x",
             format!("{label}: time"),
@@ -318,12 +352,29 @@ fn main() -> anyhow::Result<()> {
             time(1) * 1e3,
             time(0) / time(1)
         );
+        if label == "in memory" {
+            let cpu = |i: usize| figure(i, 3);
+            println!(
+                "{:<56} {:>7.1} ms {:>9.1} ms {:>9.2}x",
+                format!("{label}: CPU time"),
+                cpu(0) * 1e3,
+                cpu(1) * 1e3,
+                cpu(0) / cpu(1)
+            );
+        }
         println!(
             "{:<56} {:>7.1} MB {:>9.1} MB {:>9.2}x",
             format!("{label}: peak heap"),
             bytes(0) / 1e6,
             bytes(1) / 1e6,
             bytes(0) / bytes(1)
+        );
+        println!(
+            "{:<56} {:>10.1} {:>12.1} {:>9.2}x",
+            format!("{label}: allocations a step"),
+            allocations(0),
+            allocations(1),
+            allocations(0) / allocations(1)
         );
     }
     println!("target: routed within 2x the memory and time of the plain graph");

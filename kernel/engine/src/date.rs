@@ -10,6 +10,7 @@
 //! assert_eq!(engine::date::date_of_day(19_782), "2024-02-29");
 //! ```
 
+use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The civil date `(year, month, day)` of `days` since 1970-01-01.
@@ -46,14 +47,35 @@ pub fn rfc3339(time: SystemTime) -> String {
     let ms = time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
     let secs = i64::try_from(ms / 1000).unwrap_or(i64::MAX);
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    format!(
-        "{}T{:02}:{:02}:{:02}.{:03}Z",
-        date_of_day(days),
-        rem / 3_600,
-        rem % 3_600 / 60,
-        rem % 60,
-        ms % 1000
-    )
+    let (year, month, day) = civil(days);
+    // Digit by digit into one allocation of the final size: a router stamps every decision.
+    let mut text = String::with_capacity(24);
+    if (0..=9_999).contains(&year) {
+        digits(&mut text, year, 4);
+    } else {
+        let _ = write!(text, "{year:04}");
+    }
+    for (separator, value, width) in [
+        ('-', month, 2),
+        ('-', day, 2),
+        ('T', rem / 3_600, 2),
+        (':', rem % 3_600 / 60, 2),
+        (':', rem % 60, 2),
+        ('.', (ms % 1000) as i64, 3),
+    ] {
+        text.push(separator);
+        digits(&mut text, value, width);
+    }
+    text.push('Z');
+    text
+}
+
+/// `value` (0 ≤ value < 10^`width`) as exactly `width` decimal digits.
+fn digits(text: &mut String, value: i64, width: u32) {
+    for place in (0..width).rev() {
+        let digit = value / 10_i64.pow(place) % 10;
+        text.push(char::from(b'0' + digit as u8));
+    }
 }
 
 #[cfg(test)]

@@ -79,21 +79,24 @@ impl Reducers {
     /// The writes that merge `updates` into a state: a replace of an append key becomes an
     /// append of its items; appends and deletes stay as they are.
     pub fn reduce(&self, updates: &StateDelta) -> StateDelta {
+        self.into_writes(updates.clone())
+    }
+
+    /// [`reduce`](Self::reduce) of updates no one else needs: their values move into the
+    /// writes instead of being copied (writes shared with another delta are copied).
+    pub fn into_writes(&self, mut updates: StateDelta) -> StateDelta {
+        let appends = |write: &StateWrite| matches!(write, StateWrite::Replace { key, .. } if self.of(key) == Reducer::Append);
+        updates.rewrite(appends, |write| {
+            if let StateWrite::Replace { key, value } = write {
+                let items = match value.take() {
+                    Value::Array(items) => items,
+                    one => vec![one],
+                };
+                let key = std::mem::take(key);
+                *write = StateWrite::Append { key, items };
+            }
+        });
         updates
-            .iter()
-            .map(|write| match write {
-                StateWrite::Replace { key, value } if self.of(key) == Reducer::Append => {
-                    StateWrite::Append {
-                        key: key.clone(),
-                        items: match value {
-                            Value::Array(items) => items.clone(),
-                            one => vec![one.clone()],
-                        },
-                    }
-                }
-                other => other.clone(),
-            })
-            .collect()
     }
 }
 
@@ -121,7 +124,18 @@ mod tests {
         updates.set("plan", json!(["a"]));
         updates.delete("gone");
         let mut s = state(json!({"messages": [{"author": "analyst"}], "plan": ["old"], "gone": 1}));
-        s.apply(&reducers.reduce(&updates));
+        let writes = reducers.reduce(&updates);
+        // The updates are left as they were; owned, they become the same writes.
+        assert_eq!(updates.len(), 5);
+        assert_eq!(
+            updates.last("decisions"),
+            Some(&StateWrite::Replace {
+                key: "decisions".into(),
+                value: json!({"agent": "router"})
+            })
+        );
+        assert_eq!(reducers.into_writes(updates.clone()), writes);
+        s.apply(&writes);
         assert_eq!(
             s.values(),
             state(json!({

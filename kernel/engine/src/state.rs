@@ -86,22 +86,6 @@ impl StateWrite {
             Self::Replace { key, .. } | Self::Append { key, .. } | Self::Delete { key } => key,
         }
     }
-
-    /// The value this write leaves under its key when the key held `old`.
-    fn after(&self, old: Option<Value>) -> Option<Value> {
-        match self {
-            Self::Replace { value, .. } => Some(value.clone()),
-            Self::Append { items, .. } => {
-                let mut list = match old {
-                    Some(Value::Array(list)) => list,
-                    _ => Vec::with_capacity(items.len()),
-                };
-                list.extend(items.iter().cloned());
-                Some(Value::Array(list))
-            }
-            Self::Delete { .. } => None,
-        }
-    }
 }
 
 /// State values by key.
@@ -132,24 +116,68 @@ impl State {
         self.values.remove(key)
     }
 
-    /// Applies `write`.
+    /// Applies `write`: a replace sets the key's value, an append extends the list under
+    /// the key (a key that holds no list, or none, gets a list of the items), a delete
+    /// removes the key. A key already present is written in place (its name is not copied
+    /// again, a list is not moved).
     pub fn write(&mut self, write: &StateWrite) {
-        let key = write.key();
-        let old = match write {
-            // Only an append builds on the old value; the others never clone it.
-            StateWrite::Append { .. } => self.values.remove(key),
-            _ => None,
-        };
-        match write.after(old) {
-            Some(value) => self.values.insert(key.to_owned(), value),
-            None => self.values.remove(key),
-        };
+        match write {
+            StateWrite::Replace { key, value } => match self.values.get_mut(key) {
+                Some(slot) => *slot = value.clone(),
+                None => {
+                    self.values.insert(key.clone(), value.clone());
+                }
+            },
+            StateWrite::Append { key, items } => match self.values.get_mut(key) {
+                Some(Value::Array(list)) => list.extend(items.iter().cloned()),
+                Some(slot) => *slot = Value::Array(items.clone()),
+                None => {
+                    self.values.insert(key.clone(), Value::Array(items.clone()));
+                }
+            },
+            StateWrite::Delete { key } => {
+                self.values.remove(key);
+            }
+        }
     }
 
     /// Applies every write of `delta`, in order.
     pub fn apply(&mut self, delta: &StateDelta) {
         for write in delta.iter() {
             self.write(write);
+        }
+    }
+
+    /// [`write`](Self::write) of a write no one else needs: its value moves into the state.
+    fn write_owned(&mut self, write: StateWrite) {
+        match write {
+            StateWrite::Replace { key, value } => match self.values.get_mut(&key) {
+                Some(slot) => *slot = value,
+                None => {
+                    self.values.insert(key, value);
+                }
+            },
+            StateWrite::Append { key, mut items } => match self.values.get_mut(&key) {
+                Some(Value::Array(list)) => list.append(&mut items),
+                Some(slot) => *slot = Value::Array(items),
+                None => {
+                    self.values.insert(key, Value::Array(items));
+                }
+            },
+            StateWrite::Delete { key } => {
+                self.values.remove(&key);
+            }
+        }
+    }
+
+    /// [`apply`](Self::apply) of writes no one else needs: the values of the runs of writes
+    /// `delta` alone holds move into the state; shared ones are copied.
+    pub fn apply_owned(&mut self, delta: StateDelta) {
+        for run in delta.runs {
+            match Arc::try_unwrap(run) {
+                Ok(writes) => writes.into_iter().for_each(|w| self.write_owned(w)),
+                Err(shared) => shared.iter().for_each(|w| self.write(w)),
+            }
         }
     }
 
@@ -257,6 +285,23 @@ impl StateDelta {
     /// The last write of `key`, if any.
     pub fn last(&self, key: &str) -> Option<&StateWrite> {
         self.iter().rev().find(|w| w.key() == key)
+    }
+
+    /// Rewrites, by `rewrite`, each write that `needs` picks. A run of writes shared with
+    /// another delta is copied first (the other keeps its writes); one this delta alone holds
+    /// is rewritten where it is, and a run with nothing to rewrite stays shared.
+    pub(crate) fn rewrite(
+        &mut self,
+        needs: impl Fn(&StateWrite) -> bool,
+        mut rewrite: impl FnMut(&mut StateWrite),
+    ) {
+        for run in &mut self.runs {
+            if run.iter().any(&needs) {
+                for write in Arc::make_mut(run).iter_mut().filter(|w| needs(w)) {
+                    rewrite(write);
+                }
+            }
+        }
     }
 }
 
@@ -371,9 +416,39 @@ impl SharedState {
         }
     }
 
+    /// [`apply`](Self::apply) of writes no one else needs: while no journal is kept, their
+    /// values move into the state ([`State::apply_owned`]).
+    pub fn apply_owned(&self, delta: StateDelta) {
+        if delta.is_empty() {
+            return;
+        }
+        let mut inner = self.lock();
+        if inner.journal.is_some() {
+            inner.state.apply(&delta);
+            if let Some(journal) = &mut inner.journal {
+                journal.extend(delta);
+            }
+        } else {
+            inner.state.apply_owned(delta);
+        }
+    }
+
     /// A copy of the whole state.
     pub fn snapshot(&self) -> State {
         self.lock().state.clone()
+    }
+
+    /// The state itself when this is its last holder (a finished run's), else a copy.
+    pub fn into_state(self) -> State {
+        match Arc::try_unwrap(self.inner) {
+            Ok(inner) => {
+                let inner = inner
+                    .into_inner()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                inner.state
+            }
+            Err(shared) => SharedState { inner: shared }.snapshot(),
+        }
     }
 
     /// Runs `f` on the state under one lock (for reads that must see one moment).
@@ -445,14 +520,21 @@ mod tests {
         let mut state = State::default();
         state.set("log", json!([1]));
         state.set("flag", json!(true));
+        state.set("note", json!("not a list"));
+        state.set("plan", json!("old"));
         let mut delta = StateDelta::new();
         delta.append("log", vec![json!(2), json!(3)]);
         delta.append("fresh", vec![json!("a")]);
+        delta.append("note", vec![json!("b")]);
+        delta.set("plan", json!("new"));
         delta.delete("flag");
         delta.set("empty", Value::Null);
         state.apply(&delta);
         assert_eq!(state.get("log"), Some(&json!([1, 2, 3])));
         assert_eq!(state.get("fresh"), Some(&json!(["a"])));
+        // A key that holds no list starts one: the old value is not kept.
+        assert_eq!(state.get("note"), Some(&json!(["b"])));
+        assert_eq!(state.get("plan"), Some(&json!("new")));
         assert_eq!(state.get("flag"), None);
         assert_eq!(state.get("empty"), Some(&Value::Null));
         let text = serde_json::to_string(&delta).expect("serialises");
@@ -478,6 +560,38 @@ mod tests {
     }
 
     #[test]
+    fn a_rewrite_copies_only_runs_it_changes_and_shared_ones_stay_as_they_were() {
+        let mut shared = StateDelta::new();
+        shared.set("a", json!(1));
+        let mut other = StateDelta::new();
+        other.set("b", json!(2));
+        let mut delta = shared.clone();
+        delta.extend(other.clone());
+        let is_b = |w: &StateWrite| w.key() == "b";
+        delta.rewrite(is_b, |w| *w = StateWrite::Delete { key: "b".into() });
+        assert_eq!(
+            delta.iter().cloned().collect::<Vec<_>>(),
+            [
+                StateWrite::Replace {
+                    key: "a".into(),
+                    value: json!(1)
+                },
+                StateWrite::Delete { key: "b".into() },
+            ]
+        );
+        // The delta `b`'s run came from keeps its write; the untouched run is still shared.
+        assert_eq!(
+            other.last("b"),
+            Some(&StateWrite::Replace {
+                key: "b".into(),
+                value: json!(2)
+            })
+        );
+        assert!(Arc::ptr_eq(&shared.runs[0], &delta.runs[0]));
+        assert!(!Arc::ptr_eq(&other.runs[0], &delta.runs[1]));
+    }
+
+    #[test]
     fn an_old_event_logs_object_of_values_reads_as_replaces() {
         let delta: StateDelta =
             serde_json::from_str(r#"{"plan": "a", "gone": null}"#).expect("the old form parses");
@@ -488,6 +602,58 @@ mod tests {
                 value: Value::Null
             })
         );
+    }
+
+    #[test]
+    fn owned_writes_leave_the_state_that_applied_ones_do_and_shared_ones_intact() {
+        let start = || {
+            let mut state = State::default();
+            state.set("log", json!([1]));
+            state.set("note", json!("not a list"));
+            state.set("gone", json!(true));
+            state
+        };
+        let mut shared = StateDelta::new();
+        shared.append("log", vec![json!(2)]);
+        let mut delta = shared.clone();
+        let mut own = StateDelta::new();
+        own.append("log", vec![json!(3)]);
+        own.append("note", vec![json!("b")]);
+        own.append("fresh", vec![json!("c")]);
+        own.set("plan", json!("new"));
+        own.delete("gone");
+        delta.extend(own);
+        let mut applied = start();
+        applied.apply(&delta);
+        let mut owned = start();
+        owned.apply_owned(delta);
+        assert_eq!(owned, applied);
+        assert_eq!(owned.get("log"), Some(&json!([1, 2, 3])));
+        assert_eq!(owned.get("note"), Some(&json!(["b"])));
+        assert_eq!(owned.get("gone"), None);
+        assert_eq!(shared.len(), 1, "the shared run was copied, not taken");
+        // With a journal kept, the writes are journaled as they are.
+        let state = SharedState::new(State::default());
+        state.start_journal();
+        state.apply_owned(shared.clone());
+        assert_eq!(state.take_journal(), shared);
+        assert_eq!(state.get("log"), Some(json!([2])));
+    }
+
+    #[test]
+    fn the_last_holder_takes_the_state_and_a_shared_one_is_copied() {
+        let state = SharedState::new(State::default());
+        state.set("a", json!(1));
+        let other = state.clone();
+        let copy = state.into_state();
+        assert_eq!(copy.get("a"), Some(&json!(1)));
+        other.set("a", json!(2));
+        assert_eq!(
+            copy.get("a"),
+            Some(&json!(1)),
+            "a copy, not the shared state"
+        );
+        assert_eq!(other.into_state().get("a"), Some(&json!(2)));
     }
 
     #[test]

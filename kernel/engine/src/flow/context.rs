@@ -322,11 +322,13 @@ impl InvocationContext {
         position: Option<Position>,
         records: bool,
     ) -> Self {
-        let branch = if self.frame.branch.is_empty() {
-            agent.to_owned()
-        } else {
-            format!("{}/{agent}", self.frame.branch)
-        };
+        let parent = &self.frame.branch;
+        let mut branch = String::with_capacity(parent.len() + 1 + agent.len());
+        if !parent.is_empty() {
+            branch.push_str(parent);
+            branch.push('/');
+        }
+        branch.push_str(agent);
         Self {
             shared: self.shared.clone(),
             frame: Arc::new(Frame {
@@ -489,9 +491,32 @@ impl InvocationContext {
         self.write(delta.clone());
     }
 
-    fn write(&self, delta: StateDelta) {
-        self.state().apply(&delta);
-        self.record(delta);
+    /// Applies `delta`, which the caller no longer needs (the values move into the state
+    /// when nothing will carry the writes), as [`apply`](Self::apply) does.
+    pub(crate) fn write(&self, delta: StateDelta) {
+        if self.writes_unseen() {
+            self.state().apply_owned(delta);
+        } else {
+            self.state().apply(&delta);
+            self.record(delta);
+        }
+    }
+
+    /// Whether no one will see this frame's writes as writes: the run has no event sinks
+    /// (so its events carry them nowhere) and no enclosing parallel branch keeps them for its
+    /// join. (A checkpointer's journal is the shared state's own.)
+    fn writes_unseen(&self) -> bool {
+        if !self.shared.settings.sinks.is_empty() {
+            return false;
+        }
+        let mut up = Some(&self.frame);
+        while let Some(frame) = up {
+            if frame.recorded.is_some() {
+                return false;
+            }
+            up = frame.parent.as_ref();
+        }
+        true
     }
 
     /// Records writes already applied to the state (by a tool context, a callback), so the

@@ -69,18 +69,20 @@ pub async fn run_workflow(
     if let Some(input) = input {
         ctx.add_turn("user", input);
     }
-    let run = run_agent(root, &ctx);
-    let mut run = std::pin::pin!(run);
-    let result = match ctx.deadline() {
-        None => run.await,
-        Some(deadline) => {
-            tokio::select! {
-                result = &mut run => result,
-                () = tokio::time::sleep_until(deadline.into()) => {
-                    ctx.stop(FlowError::TimedOut(ctx.timeout().unwrap_or_default()));
-                    match tokio::time::timeout(WIND_DOWN, &mut run).await {
-                        Ok(result) => result,
-                        Err(_) => Err(ctx.stop_reason().unwrap_or(FlowError::Cancelled)),
+    let result = {
+        let run = run_agent(root, &ctx);
+        let mut run = std::pin::pin!(run);
+        match ctx.deadline() {
+            None => run.await,
+            Some(deadline) => {
+                tokio::select! {
+                    result = &mut run => result,
+                    () = tokio::time::sleep_until(deadline.into()) => {
+                        ctx.stop(FlowError::TimedOut(ctx.timeout().unwrap_or_default()));
+                        match tokio::time::timeout(WIND_DOWN, &mut run).await {
+                            Ok(result) => result,
+                            Err(_) => Err(ctx.stop_reason().unwrap_or(FlowError::Cancelled)),
+                        }
                     }
                 }
             }
@@ -99,8 +101,11 @@ pub async fn run_workflow(
         (result, _) => result,
     };
     state.clear_temp();
+    // The run's own state, not a copy of it, unless a caller (or work left behind) still
+    // shares it.
+    drop(ctx);
     RunReport {
         result,
-        state: state.snapshot(),
+        state: state.into_state(),
     }
 }

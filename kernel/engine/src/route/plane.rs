@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
 use async_trait::async_trait;
+use serde_json::Value;
 
 use super::config::RouterConfig;
 use super::decide::{ESCALATE_FLAG, Route, Routing, consults, decide, successor};
@@ -35,9 +36,10 @@ use crate::state::StateDelta;
 /// run goes on.
 #[async_trait]
 pub trait RoutingObserver: Send + Sync {
-    /// The router decided `routing` after node `from`; `writes` are the state writes
-    /// applied since the node's record (the gates' and the decision's, as the run's node
-    /// observers are handed them: empty when the run has none). An error stops the run.
+    /// The router decided `routing` after node `from` (its `updates` as the reducers
+    /// merged them: the writes the decision made); `writes` are the state writes applied
+    /// since the node's record (the gates' and the decision's, as the run's node observers
+    /// are handed them: empty when the run has none). An error stops the run.
     async fn routed(
         &self,
         ctx: &InvocationContext,
@@ -195,7 +197,13 @@ impl ControlPlane {
     /// Merges `updates` into the run's state through the reducers, as writes of `ctx`;
     /// returns the writes.
     pub fn merge(&self, ctx: &InvocationContext, updates: &StateDelta) -> StateDelta {
-        let writes = self.reducers.reduce(updates);
+        self.merge_owned(ctx, updates.clone())
+    }
+
+    /// [`merge`](Self::merge) of updates no one else needs (their values move into the
+    /// writes).
+    fn merge_owned(&self, ctx: &InvocationContext, updates: StateDelta) -> StateDelta {
+        let writes = self.reducers.into_writes(updates);
         ctx.apply(&writes);
         writes
     }
@@ -216,30 +224,46 @@ impl ControlPlane {
                 router.emit(Event::new(EventKind::StateUpdate).with_content(note))?;
             }
         }
-        let (consult, natural) = ctx.state().with(|s| {
-            (
-                consults(&self.config, s),
-                successor(s, &self.config, from).0,
-            )
+        // The natural successor when the router is not consulted and nothing escalates.
+        let natural = ctx.state().with(|s| {
+            if consults(&self.config, s) {
+                return None;
+            }
+            Some(successor(s, &self.config, from).0).filter(|route| *route != Route::Escalate)
         });
-        if !consult && natural != Route::Escalate {
+        if let Some(natural) = natural {
             for observer in self.observers() {
                 observer.passed(ctx, from).await?;
             }
-            return Ok(target(&natural));
+            return Ok(target(natural));
         }
-        let routing = ctx
+        let mut routing = ctx
             .state()
             .with(|s| decide(s, &self.config, from, SystemTime::now()));
-        self.merge(&router, &routing.updates);
-        router.emit(
-            Event::new(EventKind::StateUpdate).with_content(routing.record.summary.clone()),
-        )?;
-        if let Some(log) = &self.log {
-            log.append(&routing.record)
+        let summary = routing
+            .record_value()
+            .and_then(|record| record.get("summary"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let logged = self.log.as_ref().map(|log| (log, routing.record()));
+        // The updates move into the writes (no copy): into the state too when no observer
+        // will see them; observers see them as merged.
+        let updates = std::mem::take(&mut routing.updates);
+        let observers = self.observers();
+        if observers.is_empty() {
+            router.write(self.reducers.into_writes(updates));
+        } else {
+            routing.updates = self.merge_owned(&router, updates);
+        }
+        router.emit(Event::new(EventKind::StateUpdate).with_content(summary))?;
+        if let Some((log, record)) = logged {
+            let record = record.ok_or_else(|| {
+                FlowError::Sink("The router's decision has no record to log".to_owned())
+            })?;
+            log.append(&record)
                 .map_err(|e| FlowError::Sink(e.to_string()))?;
         }
-        let observers = self.observers();
         if !observers.is_empty() {
             let writes = ctx.state().take_journal();
             for observer in observers {
@@ -248,7 +272,7 @@ impl ControlPlane {
                     .await?;
             }
         }
-        Ok(target(&routing.route))
+        Ok(target(routing.route))
     }
 }
 
@@ -274,9 +298,9 @@ impl Drop for Observing<'_> {
     }
 }
 
-fn target(route: &Route) -> Target {
+fn target(route: Route) -> Target {
     match route {
-        Route::Node(node) => Target::Node(node.clone()),
+        Route::Node(node) => Target::Node(node),
         Route::End | Route::Escalate => Target::End,
     }
 }

@@ -111,9 +111,20 @@ fn the_router_writes_its_output_keys_and_one_decision_record() {
             "related_artifacts": ["brief.md"],
         }]))
     );
+    let record = routing.record().expect("the updates hold the record");
+    assert_eq!(
+        (record.summary.as_str(), record.related_artifacts.as_slice()),
+        ("analyst → pm", ["brief.md".to_owned()].as_slice())
+    );
     // Merged with the default reducers, decisions accumulate and the state is untouched.
     let mut merged = s.clone();
     let writes = Reducers::default().reduce(&routing.updates);
+    // As the control plane hands it to its observers: the updates as merged, the same record.
+    let observed = Routing {
+        updates: writes.clone(),
+        ..routing.clone()
+    };
+    assert_eq!(observed.record(), Some(record));
     merged.apply(&writes);
     merged.apply(&writes);
     assert_eq!(
@@ -226,8 +237,8 @@ fn a_blocked_gate_goes_to_its_recovery_node_and_is_cleared() {
         })
     );
     assert_eq!(
-        routing.record.related_artifacts,
-        vec!["tests_pass".to_owned()]
+        routing.record().map(|record| record.related_artifacts),
+        Some(vec!["tests_pass".to_owned()])
     );
     let other = state(json!({"gate_blocked": {"gate": "lint", "node": "dev", "reason": "x"}}));
     let routing = decide(&other, &team(), "dev", at());
