@@ -15,7 +15,9 @@
 //! State written through the context is applied at once (the next step sees it) and
 //! recorded; the next [`emit`](InvocationContext::emit)ted event carries the recorded writes
 //! as its delta (an enclosing frame's unreported writes go out first, in an event of its
-//! own, so the log reports writes in the order they were made). A parallel branch's frame
+//! own, so the log reports writes in the order they were made). When nothing would carry
+//! them — the run has no event sinks and no enclosing parallel branch keeps them — writes are
+//! not recorded and their values move into the state instead of being copied. A parallel branch's frame
 //! also keeps every write made in it, shared with its events rather than copied, for the
 //! join to settle. When the run has node observers (a checkpointer), the shared state
 //! journals every write as it is applied, and the graph executor hands each observed node
