@@ -3,7 +3,7 @@
 //! A state key is a *channel*. Most keys take the value they are given; a few are lists
 //! that only grow — `messages` (the conversation on record) and `decisions` (the router's
 //! records) — and an update of those is **appended** (the update is a list of new items, or
-//! one item), as in LangGraph. [`Reducers::reduce`] turns updates (replace writes, as a
+//! one item), as in LangGraph. `Reducers::reduce` turns updates (replace writes, as a
 //! Python step's dict of updates or the router's decision arrive) into the writes that are
 //! applied, carried by events and stored by checkpoints: appending one message to a long
 //! history costs the size of that message, not of the history.
@@ -39,14 +39,14 @@ pub const DECISIONS: &str = "decisions";
 /// How an update of a key merges into its current value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Reducer {
+pub(crate) enum Reducer {
     /// The update becomes the value.
     Replace,
     /// The update's items (a list, or one value) are added to the end of the list.
     Append,
 }
 
-/// The reducer of each key: [`Reducer::Replace`] unless named otherwise.
+/// The reducer of each key: `Reducer::Replace` unless named otherwise.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Reducers {
@@ -67,12 +67,13 @@ impl Default for Reducers {
 
 impl Reducers {
     /// Sets the reducer of `key`.
-    pub fn set(&mut self, key: impl Into<String>, reducer: Reducer) {
+    #[cfg(test)]
+    pub(crate) fn set(&mut self, key: impl Into<String>, reducer: Reducer) {
         self.by_key.insert(key.into(), reducer);
     }
 
     /// The reducer of `key`.
-    pub fn of(&self, key: &str) -> Reducer {
+    pub(crate) fn of(&self, key: &str) -> Reducer {
         self.by_key.get(key).copied().unwrap_or(Reducer::Replace)
     }
 

@@ -37,7 +37,7 @@ pub enum Scope {
 
 impl Scope {
     /// The scope of `key`.
-    pub fn of(key: &str) -> Self {
+    pub(crate) fn of(key: &str) -> Self {
         if key.starts_with("temp:") {
             Self::Temp
         } else if key.starts_with("user:") {
@@ -81,7 +81,7 @@ pub enum StateWrite {
 
 impl StateWrite {
     /// The key written.
-    pub fn key(&self) -> &str {
+    pub(crate) fn key(&self) -> &str {
         match self {
             Self::Replace { key, .. } | Self::Append { key, .. } | Self::Delete { key } => key,
         }
@@ -112,7 +112,7 @@ impl State {
     }
 
     /// Removes `key`, returning its value.
-    pub fn remove(&mut self, key: &str) -> Option<Value> {
+    pub(crate) fn remove(&mut self, key: &str) -> Option<Value> {
         self.values.remove(key)
     }
 
@@ -120,7 +120,7 @@ impl State {
     /// the key (a key that holds no list, or none, gets a list of the items), a delete
     /// removes the key. A key already present is written in place (its name is not copied
     /// again, a list is not moved).
-    pub fn write(&mut self, write: &StateWrite) {
+    pub(crate) fn write(&mut self, write: &StateWrite) {
         match write {
             StateWrite::Replace { key, value } => match self.values.get_mut(key) {
                 Some(slot) => *slot = value.clone(),
@@ -182,7 +182,7 @@ impl State {
     }
 
     /// Drops every `temp:` key (the end of an invocation).
-    pub fn clear_temp(&mut self) {
+    pub(crate) fn clear_temp(&mut self) {
         self.values.retain(|key, _| Scope::of(key) != Scope::Temp);
     }
 
@@ -222,7 +222,7 @@ impl StateDelta {
     }
 
     /// Adds `write` at the end.
-    pub fn push(&mut self, write: StateWrite) {
+    pub(crate) fn push(&mut self, write: StateWrite) {
         if let Some(last) = self.runs.last_mut().and_then(Arc::get_mut) {
             last.push(write);
         } else {
@@ -247,7 +247,7 @@ impl StateDelta {
     }
 
     /// Records that `key` is removed.
-    pub fn delete(&mut self, key: impl Into<String>) {
+    pub(crate) fn delete(&mut self, key: impl Into<String>) {
         self.push(StateWrite::Delete { key: key.into() });
     }
 
@@ -259,11 +259,6 @@ impl StateDelta {
     /// Whether nothing was written.
     pub fn is_empty(&self) -> bool {
         self.runs.is_empty()
-    }
-
-    /// How many writes there are.
-    pub fn len(&self) -> usize {
-        self.runs.iter().map(|run| run.len()).sum()
     }
 
     /// The writes, in order.
@@ -282,8 +277,15 @@ impl StateDelta {
         keys
     }
 
+    /// How many writes there are.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.runs.iter().map(|run| run.len()).sum()
+    }
+
     /// The last write of `key`, if any.
-    pub fn last(&self, key: &str) -> Option<&StateWrite> {
+    #[cfg(test)]
+    pub(crate) fn last(&self, key: &str) -> Option<&StateWrite> {
         self.iter().rev().find(|w| w.key() == key)
     }
 
@@ -355,9 +357,9 @@ impl<'de> Deserialize<'de> for StateDelta {
 
 /// The state of one invocation, shared by all its steps (cheap to clone).
 ///
-/// Every change goes through [`apply`](Self::apply) as writes. While a journal is kept
-/// ([`start_journal`](Self::start_journal)), the writes are also recorded in the order they
-/// were applied, whoever made them, for [`take_journal`](Self::take_journal): that is how the
+/// Every change goes through `apply` as writes. While a journal is kept
+/// (`start_journal`), the writes are also recorded in the order they
+/// were applied, whoever made them, for `take_journal`: that is how the
 /// executor hands each checkpoint exactly the writes since the last one, with no copy of the
 /// state to compare against. The lock is never held across an `.await`; every method takes
 /// it for one read or one batch of writes.
@@ -397,7 +399,8 @@ impl SharedState {
     }
 
     /// Sets `key` to `value`; returns the write.
-    pub fn set(&self, key: impl Into<String>, value: Value) -> StateDelta {
+    #[cfg(test)]
+    pub(crate) fn set(&self, key: impl Into<String>, value: Value) -> StateDelta {
         let mut delta = StateDelta::new();
         delta.set(key, value);
         self.apply(&delta);
@@ -405,7 +408,7 @@ impl SharedState {
     }
 
     /// Applies `delta` (and journals it, while a journal is kept).
-    pub fn apply(&self, delta: &StateDelta) {
+    pub(crate) fn apply(&self, delta: &StateDelta) {
         if delta.is_empty() {
             return;
         }
@@ -418,7 +421,7 @@ impl SharedState {
 
     /// [`apply`](Self::apply) of writes no one else needs: while no journal is kept, their
     /// values move into the state ([`State::apply_owned`]).
-    pub fn apply_owned(&self, delta: StateDelta) {
+    pub(crate) fn apply_owned(&self, delta: StateDelta) {
         if delta.is_empty() {
             return;
         }
@@ -434,7 +437,7 @@ impl SharedState {
     }
 
     /// A copy of the whole state.
-    pub fn snapshot(&self) -> State {
+    pub(crate) fn snapshot(&self) -> State {
         self.lock().state.clone()
     }
 
@@ -458,7 +461,7 @@ impl SharedState {
 
     /// Replaces the whole state with `state` (a resumed run's checkpoint), outside the
     /// journal, which starts again empty if one is kept.
-    pub fn reset(&self, state: State) {
+    pub(crate) fn reset(&self, state: State) {
         let mut inner = self.lock();
         inner.state = state;
         if let Some(journal) = &mut inner.journal {
@@ -467,18 +470,18 @@ impl SharedState {
     }
 
     /// Drops every `temp:` key (the end of an invocation; not journaled).
-    pub fn clear_temp(&self) {
+    pub(crate) fn clear_temp(&self) {
         self.lock().state.clear_temp();
     }
 
     /// Starts (or restarts, empty) the journal of writes.
-    pub fn start_journal(&self) {
+    pub(crate) fn start_journal(&self) {
         self.lock().journal = Some(StateDelta::new());
     }
 
     /// The writes applied since the journal started or was last taken, in order (none when
     /// no journal is kept).
-    pub fn take_journal(&self) -> StateDelta {
+    pub(crate) fn take_journal(&self) -> StateDelta {
         self.lock()
             .journal
             .as_mut()
@@ -550,7 +553,7 @@ mod tests {
         let shared = first.clone();
         first.set("b", json!(2));
         // The clone was taken before `b`: copy-on-write kept it as it was.
-        assert_eq!(shared.len(), 1);
+        assert_eq!(shared.iter().count(), 1);
         let mut all = StateDelta::new();
         all.extend(shared);
         all.extend(first);

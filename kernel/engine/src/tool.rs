@@ -158,20 +158,6 @@ impl ToolContext {
         self.apply(delta);
     }
 
-    /// Appends `items` to the list under state key `key` (visible at once, recorded).
-    pub(crate) fn append_state(&self, key: impl Into<String>, items: Vec<Value>) {
-        let mut delta = StateDelta::new();
-        delta.append(key, items);
-        self.apply(delta);
-    }
-
-    /// Deletes state key `key` (visible at once, recorded; not the same as setting `null`).
-    pub(crate) fn delete_state(&self, key: impl Into<String>) {
-        let mut delta = StateDelta::new();
-        delta.delete(key);
-        self.apply(delta);
-    }
-
     /// Applies every write of `delta` (visible at once) and records them in this call's delta.
     pub fn apply(&self, delta: StateDelta) {
         self.state.apply(&delta);

@@ -42,7 +42,8 @@ use engine::durable::{
     RunRecord, RunStatus, Start, Store, StoreError, resume_point, run_durable,
 };
 use engine::flow::{Agent, Invocation};
-use engine::route::{DecisionRecord, decide::DECISIONS, rfc3339};
+use engine::reducer::DECISIONS;
+use engine::route::{DecisionRecord, rfc3339};
 use engine::state::State;
 use kernel::options::{Group, Groups, RunOptions, Source};
 use serde_json::{Value, json};

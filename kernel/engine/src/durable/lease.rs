@@ -36,7 +36,7 @@ pub struct Owner {
     /// The host it runs on.
     pub host: String,
     /// When it started, as an opaque token (on Linux `BOOT_ID:TICKS`; empty where unknown).
-    pub started: String,
+    pub(crate) started: String,
 }
 
 /// Whether a lease's owner still runs, as far as this process can tell.
@@ -66,7 +66,7 @@ impl Owner {
     }
 
     /// Whether it still runs; see [`Liveness`].
-    pub fn liveness(&self) -> Liveness {
+    pub(crate) fn liveness(&self) -> Liveness {
         if self.host != host_name() || self.started.is_empty() || !cfg!(target_os = "linux") {
             return Liveness::Unchecked;
         }
@@ -131,7 +131,7 @@ pub struct Lease {
 
 impl Lease {
     /// The run it is on.
-    pub fn run_id(&self) -> &str {
+    pub(crate) fn run_id(&self) -> &str {
         &self.run_id
     }
 }
@@ -146,7 +146,7 @@ pub struct Claim {
 }
 
 /// The variable that names this host in place of its name.
-pub const HOST_ID_VARIABLE: &str = "RLM_HOST_ID";
+pub(crate) const HOST_ID_VARIABLE: &str = "RLM_HOST_ID";
 
 /// This host's id: `RLM_HOST_ID`, else its name.
 fn host_name() -> String {

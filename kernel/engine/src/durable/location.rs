@@ -46,11 +46,6 @@ impl Location {
             .unwrap_or(text);
         Ok(Self::Sqlite(PathBuf::from(path)))
     }
-
-    /// Whether it is a PostgreSQL database.
-    pub fn is_postgres(&self) -> bool {
-        matches!(self, Self::Postgres(_))
-    }
 }
 
 impl fmt::Display for Location {
@@ -99,7 +94,7 @@ impl fmt::Display for PostgresUrl {
 
 impl PostgresUrl {
     /// Parses a `postgres://` URL; see the module docs.
-    pub fn parse(text: &str) -> Result<Self, StoreError> {
+    pub(crate) fn parse(text: &str) -> Result<Self, StoreError> {
         // Before anything can fail or print: the password in every form it may show up in.
         register_url_secrets(text);
         let mut config =
@@ -132,22 +127,23 @@ impl PostgresUrl {
     }
 
     /// The database's name (`None`: the server's default, the user's name).
-    pub fn database(&self) -> Option<&str> {
+    pub(crate) fn database(&self) -> Option<&str> {
         self.config.get_dbname()
     }
 
     /// The user it connects as (`None`: this process's OS user).
-    pub fn user(&self) -> Option<&str> {
+    pub(crate) fn user(&self) -> Option<&str> {
         self.config.get_user()
     }
 
     /// Whether it carries a password (in the URL or from `PGPASSWORD`).
-    pub fn has_password(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn has_password(&self) -> bool {
         self.config.get_password().is_some()
     }
 
     /// The hosts and ports it connects to, as `host:port` (or the socket folder).
-    pub fn servers(&self) -> String {
+    pub(crate) fn servers(&self) -> String {
         servers(&self.config)
     }
 }

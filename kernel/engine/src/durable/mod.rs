@@ -6,7 +6,7 @@
 //! A checkpoint stores the **writes** of its step ([`StateWrite`]s — replace, append,
 //! delete — exactly as the step made them and its events carried them), not the whole
 //! state: the first checkpoint of a chain stores a full snapshot, and a new snapshot is
-//! taken only when the writes since the last one outweigh it ([`SnapshotPolicy`]); the store
+//! taken only when the writes since the last one outweigh it (`SnapshotPolicy`); the store
 //! builds it from the previous snapshot and the writes since, so nobody keeps a copy of the
 //! state to compare against. The database grows with what changed, not with the size of the
 //! state, and reading any checkpoint back replays at most one snapshot's worth of writes.
@@ -68,16 +68,16 @@ mod store;
 mod tests;
 
 pub use error::StoreError;
-pub use lease::{Claim, HOST_ID_VARIABLE, Lease, LeaseHolder, Liveness, Owner};
+pub use lease::{Claim, Lease, LeaseHolder, Liveness, Owner};
 pub use location::{Location, PostgresUrl};
-pub use postgres::{DEFAULT_LEASE_EXPIRY, PostgresStore};
+pub use postgres::PostgresStore;
 pub use record::{
     CheckpointId, CheckpointRecord, CheckpointState, NewCheckpoint, NewRun, PruneReport, RunRecord,
-    RunStatus, SnapshotPolicy,
+    RunStatus,
 };
+pub(crate) use run::HUMAN_INPUT;
 pub use run::{
-    Checkpointer, DurableError, DurableReport, DurableRoot, HUMAN_INPUT, HUMAN_NODE, START_NODE,
-    Start, checkpoint_path, resume_point, run_durable,
+    DurableError, DurableReport, DurableRoot, Start, checkpoint_path, resume_point, run_durable,
 };
 pub use sqlite::SqliteStore;
 pub use store::Store;
@@ -89,7 +89,7 @@ use crate::state::StateWrite;
 
 /// Opens the run database at `location` for writing (created, or upgraded, as needed).
 /// `lease_expiry` is how long a PostgreSQL lease lasts without a heartbeat
-/// ([`DEFAULT_LEASE_EXPIRY`] when `None`; at least a second); an SQLite lease has none.
+/// (`DEFAULT_LEASE_EXPIRY` when `None`; at least a second); an SQLite lease has none.
 pub async fn open(
     location: &Location,
     lease_expiry: Option<std::time::Duration>,

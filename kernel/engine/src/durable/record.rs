@@ -80,11 +80,11 @@ impl RunStatus {
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewRun {
     /// Its id (the thread id).
-    pub run_id: String,
+    pub(crate) run_id: String,
     /// The workflow it runs (a file path or a built-in name).
-    pub workflow: String,
+    pub(crate) workflow: String,
     /// Its inputs, for the record.
-    pub input: Value,
+    pub(crate) input: Value,
 }
 
 impl NewRun {
@@ -98,7 +98,7 @@ impl NewRun {
     }
 
     /// With these inputs.
-    pub fn input(mut self, input: Value) -> Self {
+    pub(crate) fn input(mut self, input: Value) -> Self {
         self.input = input;
         self
     }
@@ -176,7 +176,7 @@ pub struct CheckpointRecord {
     /// Its id.
     pub id: CheckpointId,
     /// Its run.
-    pub run_id: String,
+    pub(crate) run_id: String,
     /// The checkpoint before it (`None` for the first, or when retention removed it).
     pub parent: Option<CheckpointId>,
     /// Steps since the start of the run.
@@ -203,16 +203,16 @@ pub struct CheckpointState {
     /// The state.
     pub state: State,
     /// Each channel's version: the step that last wrote it.
-    pub versions: BTreeMap<String, i64>,
+    pub(crate) versions: BTreeMap<String, i64>,
 }
 
 /// When a checkpoint stores a full snapshot instead of only its writes.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SnapshotPolicy {
+pub(crate) struct SnapshotPolicy {
     /// Snapshot when the writes since the last snapshot exceed its size times this.
-    pub max_delta_ratio: f64,
+    pub(crate) max_delta_ratio: f64,
     /// Snapshot when this many checkpoints followed the last snapshot.
-    pub max_chain_len: i64,
+    pub(crate) max_chain_len: i64,
 }
 
 impl Default for SnapshotPolicy {
@@ -232,7 +232,7 @@ pub struct PruneReport {
     /// Checkpoints removed.
     pub removed: u64,
     /// Kept checkpoints that took a snapshot so they stay readable.
-    pub snapshotted: Vec<CheckpointId>,
+    pub(crate) snapshotted: Vec<CheckpointId>,
 }
 
 /// A stored value this schema does not write (a damaged or hand-edited database).

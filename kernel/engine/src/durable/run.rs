@@ -73,11 +73,11 @@ use crate::route::{ControlPlane, HealthObserver, HealthReport, Route, Routing, R
 use crate::state::{State, StateDelta};
 
 /// The node name of a run's first checkpoint (its initial state).
-pub const START_NODE: &str = "__start__";
+pub(crate) const START_NODE: &str = "__start__";
 /// The node name of the checkpoint that records a human's answer.
-pub const HUMAN_NODE: &str = "human";
+pub(crate) const HUMAN_NODE: &str = "human";
 /// The state key a human's answer is recorded under.
-pub const HUMAN_INPUT: &str = "human_input";
+pub(crate) const HUMAN_INPUT: &str = "human_input";
 
 /// A workflow's root as the graph a durable run drives, with the graph's control plane.
 ///
@@ -156,7 +156,7 @@ impl DurableRoot {
 /// The checkpoint of a top-level node that leaves through the router waits for the decision
 /// after it, and the two go into the store as one chain in one transaction
 /// ([`Store::put_chain`]): a routed step costs one transaction, as a plain one does.
-pub struct Checkpointer {
+pub(crate) struct Checkpointer {
     store: Arc<dyn Store>,
     lease: Lease,
     graph: String,
@@ -206,7 +206,7 @@ struct Cursor {
 impl Checkpointer {
     /// Checkpoints of the run of `lease` for the nodes of graph `graph` and below, continuing
     /// from `parent`.
-    pub fn new(
+    pub(crate) fn new(
         store: Arc<dyn Store>,
         lease: Lease,
         graph: impl Into<String>,
@@ -233,7 +233,7 @@ impl Checkpointer {
     /// must tell this checkpointer of every decision, or of none taken
     /// ([`RoutingObserver`]); whatever is still held when the run stops goes in with
     /// [`flush`](Self::flush).
-    pub fn routed_by(mut self, graph: &Graph, plane: &Arc<ControlPlane>) -> Self {
+    pub(crate) fn routed_by(mut self, graph: &Graph, plane: &Arc<ControlPlane>) -> Self {
         self.routed = plane.routed_nodes(graph);
         self
     }
@@ -243,7 +243,7 @@ impl Checkpointer {
     }
 
     /// The last checkpoint written.
-    pub fn head(&self) -> Option<CheckpointId> {
+    pub(crate) fn head(&self) -> Option<CheckpointId> {
         self.cursor().parent
     }
 
@@ -300,7 +300,7 @@ impl Checkpointer {
 
     /// Writes the checkpoint still held for a routing decision that never came (the run
     /// stopped before its router decided); nothing when none is held.
-    pub async fn flush(&self) -> Result<(), StoreError> {
+    pub(crate) async fn flush(&self) -> Result<(), StoreError> {
         self.write_after_pending(None).await
     }
 

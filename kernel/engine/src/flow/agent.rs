@@ -43,15 +43,15 @@ pub mod class {
     /// An LLM agent on the function-calling loop.
     pub const LLM: &str = "LlmAgent";
     /// Sub-agents in order, repeated up to `max_iterations`.
-    pub const LOOP: &str = "LoopAgent";
+    pub(crate) const LOOP: &str = "LoopAgent";
     /// Sub-agents in order, once.
-    pub const SEQUENTIAL: &str = "SequentialAgent";
+    pub(crate) const SEQUENTIAL: &str = "SequentialAgent";
     /// Sub-agents concurrently.
-    pub const PARALLEL: &str = "ParallelAgent";
+    pub(crate) const PARALLEL: &str = "ParallelAgent";
     /// Nodes with plain and conditional edges.
-    pub const GRAPH: &str = "GraphAgent";
+    pub(crate) const GRAPH: &str = "GraphAgent";
     /// Nodes routed by the control plane (the Scrum-Master router).
-    pub const ROUTER: &str = "RouterAgent";
+    pub(crate) const ROUTER: &str = "RouterAgent";
     /// The RLM loop as an agent (the kernel provides it).
     pub const RLM: &str = "RlmAgent";
     /// A Python function `(state) -> dict of updates` (the kernel provides it).
@@ -104,14 +104,14 @@ impl std::fmt::Debug for dyn Agent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AgentOutcome {
     /// How control goes on.
-    pub control: Control,
+    pub(crate) control: Control,
     /// The actions its events raised.
-    pub actions: Actions,
+    pub(crate) actions: Actions,
 }
 
 /// Runs `agent` as a child of `parent`: `Start` event, before-agent callbacks, the run,
 /// after-agent callbacks, `End` event. Returns how control goes on.
-pub async fn run_agent(
+pub(crate) async fn run_agent(
     agent: &dyn Agent,
     parent: &InvocationContext,
 ) -> Result<Control, FlowError> {
@@ -120,7 +120,7 @@ pub async fn run_agent(
         .map(|run| run.control)
 }
 
-/// [`run_agent`] in an already made child context `ctx`, reporting the whole [`AgentOutcome`].
+/// `run_agent` in an already made child context `ctx`, reporting the whole [`AgentOutcome`].
 pub async fn run_in(agent: &dyn Agent, ctx: &InvocationContext) -> Result<AgentOutcome, FlowError> {
     ctx.emit(Event::new(EventKind::Start))?;
     let callbacks = ctx.callbacks();

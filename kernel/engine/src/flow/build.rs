@@ -46,23 +46,24 @@ use crate::hook::HookAction;
 use crate::tool::Tool;
 
 /// Makes a tool from its `{name, args}` entry; the error says what is wrong with the args.
-pub type ToolFactory = Arc<dyn Fn(&Value) -> Result<Arc<dyn Tool>, String> + Send + Sync>;
+pub(crate) type ToolFactory = Arc<dyn Fn(&Value) -> Result<Arc<dyn Tool>, String> + Send + Sync>;
 
 /// Makes a tool from an entry no registered name matches: `None` when the name is not one it
 /// knows (the name is then an unknown tool), else the tool or what is wrong with the entry.
-pub type ToolFallback =
+pub(crate) type ToolFallback =
     Arc<dyn Fn(&ToolRef) -> Option<Result<Arc<dyn Tool>, String>> + Send + Sync>;
 
 /// Makes a callback from its `{name, args}` entry.
-pub type CallbackFactory = Arc<dyn Fn(&CodeRef) -> Result<Arc<dyn Callback>, String> + Send + Sync>;
+pub(crate) type CallbackFactory =
+    Arc<dyn Fn(&CodeRef) -> Result<Arc<dyn Callback>, String> + Send + Sync>;
 
 /// Builds an agent of a class the engine does not build itself (`RlmAgent`, `PythonAgent`).
-pub type AgentFactory =
+pub(crate) type AgentFactory =
     Arc<dyn Fn(&AgentSpec, &Registry) -> Result<Arc<dyn Agent>, ConfigError> + Send + Sync>;
 
 /// Makes the function a `python` test names (`module.function` or `file.py:function`,
 /// relative to `spec`'s file); the error says what is wrong with the name.
-pub type PythonFunctionFactory =
+pub(crate) type PythonFunctionFactory =
     Arc<dyn Fn(&AgentSpec, &str) -> Result<Arc<dyn StateFunction>, String> + Send + Sync>;
 
 /// What the names in workflow files mean; see the module docs.
@@ -130,14 +131,14 @@ impl Registry {
 
     /// LLM agents built from here on put each final reply on record in `messages` (what a
     /// router does for the agents below it, so it can see their exchanges).
-    pub fn recording_messages(mut self, record: MessageRecord) -> Self {
+    pub(crate) fn recording_messages(mut self, record: MessageRecord) -> Self {
         self.messages = Some(record);
         self
     }
 
     /// The function the `python` test `name` of `spec`'s file names, or an error at that
     /// line.
-    pub fn python_function(
+    pub(crate) fn python_function(
         &self,
         spec: &AgentSpec,
         name: &str,
@@ -159,7 +160,7 @@ impl Registry {
     }
 
     /// `condition` of `spec`'s file with its `python` tests bound.
-    pub fn bind_condition(
+    pub(crate) fn bind_condition(
         &self,
         spec: &AgentSpec,
         condition: &Condition,
@@ -169,14 +170,8 @@ impl Registry {
         Ok(bound)
     }
 
-    /// The loop settings LLM agents start from (their file's settings win).
-    pub fn with_loop_config(mut self, config: LoopConfig) -> Self {
-        self.loop_config = config;
-        self
-    }
-
     /// Tool `name`, made from its `args` by `factory`.
-    pub fn with_tool_factory(
+    pub(crate) fn with_tool_factory(
         mut self,
         name: impl Into<String>,
         factory: impl Fn(&Value) -> Result<Arc<dyn Tool>, String> + Send + Sync + 'static,
@@ -186,13 +181,13 @@ impl Registry {
     }
 
     /// `tool`, under its own name (its entry takes no `args`).
-    pub fn with_tool(self, tool: Arc<dyn Tool>) -> Self {
+    pub(crate) fn with_tool(self, tool: Arc<dyn Tool>) -> Self {
         let name = tool.name().to_owned();
         self.with_tool_factory(name, move |_| Ok(tool.clone()))
     }
 
     /// Makes the tools no registered name matches (the kernel: Python functions); see
-    /// [`ToolFallback`].
+    /// `ToolFallback`.
     pub fn with_tool_fallback(
         mut self,
         factory: impl Fn(&ToolRef) -> Option<Result<Arc<dyn Tool>, String>> + Send + Sync + 'static,
@@ -202,7 +197,7 @@ impl Registry {
     }
 
     /// Callback `name`, made by `factory`.
-    pub fn with_callback_factory(
+    pub(crate) fn with_callback_factory(
         mut self,
         name: impl Into<String>,
         factory: impl Fn(&CodeRef) -> Result<Arc<dyn Callback>, String> + Send + Sync + 'static,

@@ -61,7 +61,11 @@ pub struct CallbackContext {
 
 impl CallbackContext {
     /// A context for a callback of `agent` (at `branch`) over `state`.
-    pub fn new(agent: impl Into<String>, branch: impl Into<String>, state: SharedState) -> Self {
+    pub(crate) fn new(
+        agent: impl Into<String>,
+        branch: impl Into<String>,
+        state: SharedState,
+    ) -> Self {
         let agent = agent.into();
         Self {
             effects: ToolContext::new(format!("callback:{agent}"), state),
@@ -96,29 +100,9 @@ impl CallbackContext {
         self.effects.set_state(key, value);
     }
 
-    /// Appends `items` to the list under state key `key` (visible at once; reported).
-    pub fn append_state(&self, key: impl Into<String>, items: Vec<Value>) {
-        self.effects.append_state(key, items);
-    }
-
-    /// Deletes state key `key` (visible at once; reported).
-    pub fn delete_state(&self, key: impl Into<String>) {
-        self.effects.delete_state(key);
-    }
-
     /// Applies every write of `delta` (visible at once; reported).
     pub fn apply(&self, delta: StateDelta) {
         self.effects.apply(delta);
-    }
-
-    /// Asks to end the nearest enclosing loop.
-    pub fn exit_loop(&self) {
-        self.effects.exit_loop();
-    }
-
-    /// Asks to end the agent's turn.
-    pub fn end_turn(&self) {
-        self.effects.end_turn();
     }
 
     /// Asks to stop the whole invocation.
@@ -132,7 +116,7 @@ impl CallbackContext {
     }
 
     /// The state written and the actions raised, leaving both empty.
-    pub fn take_effects(&self) -> (StateDelta, Actions) {
+    pub(crate) fn take_effects(&self) -> (StateDelta, Actions) {
         self.effects.take_effects()
     }
 }
@@ -214,14 +198,14 @@ impl Callbacks {
     }
 
     /// These callbacks, then `later`.
-    pub fn chain(&self, later: &Callbacks) -> Callbacks {
+    pub(crate) fn chain(&self, later: &Callbacks) -> Callbacks {
         let mut list = self.list.clone();
         list.extend(later.list.iter().cloned());
         Callbacks { list }
     }
 
     /// The callbacks, in order.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn Callback>> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<dyn Callback>> {
         self.list.iter()
     }
 

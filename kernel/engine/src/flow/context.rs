@@ -59,7 +59,7 @@ pub struct NodeRecord {
     /// Node steps the graph has run, this one included (1-based).
     pub step: u64,
     /// The graph's loop iteration (1-based; 1 for graphs that are not loops).
-    pub iteration: u32,
+    pub(crate) iteration: u32,
     /// The state writes applied since the previous record that has a path, in the order
     /// they were applied: the node's own, and any made before it that no record carried yet
     /// (its container's callbacks, say). Empty for a record without a path: its writes go
@@ -67,9 +67,9 @@ pub struct NodeRecord {
     /// (nothing is journaled then).
     pub writes: StateDelta,
     /// The actions the node's run ended with.
-    pub actions: Actions,
+    pub(crate) actions: Actions,
     /// How control went on after it.
-    pub control: Control,
+    pub(crate) control: Control,
     /// Its path: the positions from the root graph down, this node's last; `None` when a
     /// level on the way cannot be resumed into (a parallel group, an agent called as a tool).
     pub path: Option<Vec<Position>>,
@@ -99,21 +99,21 @@ pub trait NodeObserver: Send + Sync {
 #[derive(Clone)]
 pub struct Invocation {
     /// The session state the run works on.
-    pub state: SharedState,
+    pub(crate) state: SharedState,
     /// Cancel it to stop the run (Ctrl-C).
     pub cancel: CancellationToken,
     /// The ledger every model call is recorded in (its budget stops the run).
-    pub ledger: Arc<Ledger>,
+    pub(crate) ledger: Arc<Ledger>,
     /// Where events go, in order.
-    pub sinks: Vec<Arc<dyn EventSink>>,
+    pub(crate) sinks: Vec<Arc<dyn EventSink>>,
     /// Callbacks for every agent (run before each agent's own).
     pub callbacks: Callbacks,
     /// Observers of every graph node.
-    pub observers: Vec<Arc<dyn NodeObserver>>,
+    pub(crate) observers: Vec<Arc<dyn NodeObserver>>,
     /// The whole run's time limit.
-    pub timeout: Option<Duration>,
+    pub(crate) timeout: Option<Duration>,
     /// Where the run picks up, when it resumes an earlier one.
-    pub resume: Option<ResumePoint>,
+    pub(crate) resume: Option<ResumePoint>,
 }
 
 impl std::fmt::Debug for Invocation {
@@ -351,7 +351,7 @@ impl InvocationContext {
     }
 
     /// The context of sub-agent `agent` with its own `callbacks`, sharing this history.
-    pub fn child(&self, agent: &str, callbacks: &Callbacks) -> Self {
+    pub(crate) fn child(&self, agent: &str, callbacks: &Callbacks) -> Self {
         self.frame_for(
             agent,
             callbacks.clone(),
@@ -376,14 +376,19 @@ impl InvocationContext {
 
     /// The context of parallel branch `agent`: its own copy of the history so far and a
     /// cancellation token that `cancel` stops (and that stops with this context's).
-    pub fn branch(&self, agent: &str, callbacks: &Callbacks, cancel: CancellationToken) -> Self {
+    pub(crate) fn branch(
+        &self,
+        agent: &str,
+        callbacks: &Callbacks,
+        cancel: CancellationToken,
+    ) -> Self {
         let history = Arc::new(Mutex::new(self.history()));
         self.frame_for(agent, callbacks.clone(), history, cancel, None, true)
     }
 
     /// The context of agent `agent` called as a tool: a conversation of its own that starts
     /// with `input`, and `cancel` as its token.
-    pub fn sub_run(
+    pub(crate) fn sub_run(
         &self,
         agent: &str,
         callbacks: &Callbacks,
@@ -398,18 +403,18 @@ impl InvocationContext {
     }
 
     /// The agent this context runs (empty at the root).
-    pub fn agent(&self) -> &str {
+    pub(crate) fn agent(&self) -> &str {
         &self.frame.agent
     }
 
     /// The path of agent names from the root, joined by `/`.
-    pub fn branch_path(&self) -> &str {
+    pub(crate) fn branch_path(&self) -> &str {
         &self.frame.branch
     }
 
     /// The positions from the root graph down to this context's agent (empty for the root
     /// agent), or `None` when a frame on the way has none (a parallel branch, a tool's run).
-    pub fn positions(&self) -> Option<Vec<Position>> {
+    pub(crate) fn positions(&self) -> Option<Vec<Position>> {
         let mut path = Vec::new();
         let mut frame = &self.frame;
         // The invocation's own frame and the root agent's carry no position.
@@ -523,7 +528,7 @@ impl InvocationContext {
 
     /// Records writes already applied to the state (by a tool context, a callback), so the
     /// next event carries them.
-    pub fn record(&self, delta: StateDelta) {
+    pub(crate) fn record(&self, delta: StateDelta) {
         if !delta.is_empty() {
             lock(&self.frame.pending).extend(delta);
         }
@@ -539,7 +544,7 @@ impl InvocationContext {
     }
 
     /// The actions raised by this agent's events so far.
-    pub fn actions(&self) -> Actions {
+    pub(crate) fn actions(&self) -> Actions {
         *lock(&self.frame.actions)
     }
 
@@ -549,7 +554,7 @@ impl InvocationContext {
     }
 
     /// The ledger of the run.
-    pub fn ledger(&self) -> &Arc<Ledger> {
+    pub(crate) fn ledger(&self) -> &Arc<Ledger> {
         &self.shared.settings.ledger
     }
 
@@ -559,7 +564,7 @@ impl InvocationContext {
     }
 
     /// The node observers of the run.
-    pub fn observers(&self) -> &[Arc<dyn NodeObserver>] {
+    pub(crate) fn observers(&self) -> &[Arc<dyn NodeObserver>] {
         &self.shared.settings.observers
     }
 
@@ -570,7 +575,7 @@ impl InvocationContext {
 
     /// Adds a turn to the conversation (the run's input; an agent's reply is added by
     /// [`emit`](Self::emit)).
-    pub fn add_turn(&self, author: impl Into<String>, content: impl Into<String>) {
+    pub(crate) fn add_turn(&self, author: impl Into<String>, content: impl Into<String>) {
         lock(&self.frame.history).push(Turn {
             author: author.into(),
             content: content.into(),
@@ -583,7 +588,7 @@ impl InvocationContext {
     }
 
     /// Sets how this agent's end is reported (a loop's exit, a skipped agent).
-    pub fn set_end_status(&self, status: EndStatus) {
+    pub(crate) fn set_end_status(&self, status: EndStatus) {
         *lock(&self.frame.end_status) = Some(status);
     }
 
@@ -687,7 +692,7 @@ impl InvocationContext {
 
     /// Holds this run's cancelled agents back, while the guard lives, from writing their
     /// `End` at once: each waits up to a bounded moment for its run to return (see
-    /// [`run_agent`](super::run_agent)). For work that reports how it ended when it is
+    /// `run_agent`). For work that reports how it ended when it is
     /// stopped — an RLM loop on a thread of its own, stopped at its next step, records its
     /// result — so that the record comes before the `End` rather than after it.
     pub fn winding_down(&self) -> WindingDown {
@@ -701,23 +706,23 @@ impl InvocationContext {
     }
 
     /// Stops the whole run for `reason` (the first reason given wins) and cancels it.
-    pub fn stop(&self, reason: FlowError) {
+    pub(crate) fn stop(&self, reason: FlowError) {
         lock(&self.shared.stop).get_or_insert(reason);
         self.shared.settings.cancel.cancel();
     }
 
     /// Why the run was stopped, if it was.
-    pub fn stop_reason(&self) -> Option<FlowError> {
+    pub(crate) fn stop_reason(&self) -> Option<FlowError> {
         lock(&self.shared.stop).clone()
     }
 
     /// The time limit of the whole run.
-    pub fn timeout(&self) -> Option<Duration> {
+    pub(crate) fn timeout(&self) -> Option<Duration> {
         self.shared.settings.timeout
     }
 
     /// The deadline of the whole run.
-    pub fn deadline(&self) -> Option<Instant> {
+    pub(crate) fn deadline(&self) -> Option<Instant> {
         self.shared.deadline
     }
 

@@ -30,7 +30,7 @@ impl Control {
     }
 
     /// The stronger of two (escalate over exit_loop over continue).
-    pub fn max(self, other: Control) -> Control {
+    pub(crate) fn max(self, other: Control) -> Control {
         Ord::max(self, other)
     }
 }

@@ -38,40 +38,40 @@ use crate::hook::HookAction;
 use crate::tool::{Tool, ToolContext, ToolError};
 
 /// The query the planner asked (`temp:discovery:query`).
-pub const QUERY: &str = "temp:discovery:query";
+pub(crate) const QUERY: &str = "temp:discovery:query";
 /// What the planner already knows, for the discovery (`temp:discovery:context`).
-pub const CONTEXT: &str = "temp:discovery:context";
+pub(crate) const CONTEXT: &str = "temp:discovery:context";
 /// The discovery's results (`temp:discovery:results`).
-pub const RESULTS: &str = "temp:discovery:results";
+pub(crate) const RESULTS: &str = "temp:discovery:results";
 /// A one-line summary of the results (`temp:discovery:summary`).
-pub const SUMMARY: &str = "temp:discovery:summary";
+pub(crate) const SUMMARY: &str = "temp:discovery:summary";
 /// Whether results for the latest query are there (`temp:discovery:ready`).
-pub const READY: &str = "temp:discovery:ready";
+pub(crate) const READY: &str = "temp:discovery:ready";
 /// What the discovery found for the current query (`temp:discovery:findings`).
-pub const FINDINGS: &str = "temp:discovery:findings";
+pub(crate) const FINDINGS: &str = "temp:discovery:findings";
 /// What a check of the findings said is missing (`temp:discovery:note`).
-pub const NOTE: &str = "temp:discovery:note";
+pub(crate) const NOTE: &str = "temp:discovery:note";
 /// `requested` while a query waits, `done` once answered (`temp:discovery:phase`).
-pub const PHASE: &str = "temp:discovery:phase";
+pub(crate) const PHASE: &str = "temp:discovery:phase";
 /// How many discoveries were requested so far (`temp:discovery:round`).
-pub const ROUND: &str = "temp:discovery:round";
+pub(crate) const ROUND: &str = "temp:discovery:round";
 /// The phase while a query waits for discovery.
-pub const REQUESTED: &str = "requested";
+pub(crate) const REQUESTED: &str = "requested";
 /// The phase once the discovery wrote its results.
-pub const DONE: &str = "done";
+pub(crate) const DONE: &str = "done";
 /// The session key listing the artifacts written (`planning_artifacts`).
-pub const ARTIFACTS: &str = "planning_artifacts";
+pub(crate) const ARTIFACTS: &str = "planning_artifacts";
 /// The callback that skips the discovery agent unless a discovery is requested.
-pub const SKIP_UNLESS_REQUESTED: &str = "skip_unless_discovery_requested";
+pub(crate) const SKIP_UNLESS_REQUESTED: &str = "skip_unless_discovery_requested";
 /// The callback that refuses `exit_loop` until an artifact is written.
-pub const REQUIRE_ARTIFACT: &str = "require_planning_artifact";
+pub(crate) const REQUIRE_ARTIFACT: &str = "require_planning_artifact";
 /// The state key naming the artifacts' folder, unless the tool's `args` say otherwise.
-pub const DEFAULT_FOLDER_KEY: &str = "output_dir";
+pub(crate) const DEFAULT_FOLDER_KEY: &str = "output_dir";
 /// The artifacts' folder when the state names none (relative to the working directory).
-pub const DEFAULT_FOLDER: &str = "planning-artifacts";
+pub(crate) const DEFAULT_FOLDER: &str = "planning-artifacts";
 
 /// `registry` with `request_discovery`, `write_discovery_results_and_exit`,
-/// `write_planning_artifact` and the callback [`SKIP_UNLESS_REQUESTED`].
+/// `write_planning_artifact` and the callback `SKIP_UNLESS_REQUESTED`.
 pub fn with_discovery(registry: Registry) -> Registry {
     registry
         .with_tool(Arc::new(RequestDiscovery))
@@ -100,7 +100,7 @@ fn string_arg<'a>(args: &'a Value, name: &str) -> Result<&'a str, ToolError> {
 
 /// `request_discovery`; see the module docs.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct RequestDiscovery;
+pub(crate) struct RequestDiscovery;
 
 #[async_trait]
 impl Tool for RequestDiscovery {
@@ -153,7 +153,7 @@ impl Tool for RequestDiscovery {
 
 /// `write_discovery_results_and_exit`; see the module docs.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct WriteDiscoveryResults;
+pub(crate) struct WriteDiscoveryResults;
 
 #[async_trait]
 impl Tool for WriteDiscoveryResults {
@@ -199,14 +199,15 @@ struct ArtifactArgs {
 
 /// `write_planning_artifact`; see the module docs.
 #[derive(Debug, Clone)]
-pub struct WritePlanningArtifact {
+pub(crate) struct WritePlanningArtifact {
     folder_key: String,
     default_folder: PathBuf,
 }
 
 impl WritePlanningArtifact {
     /// Writes into the folder state key `folder_key` names, else `default_folder`.
-    pub fn new(folder_key: impl Into<String>, default_folder: impl Into<PathBuf>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn new(folder_key: impl Into<String>, default_folder: impl Into<PathBuf>) -> Self {
         Self {
             folder_key: folder_key.into(),
             default_folder: default_folder.into(),
@@ -289,7 +290,7 @@ impl Tool for WritePlanningArtifact {
 
 /// Skips the agent it is named for unless the phase is `requested`.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct SkipUnlessRequested;
+pub(crate) struct SkipUnlessRequested;
 
 impl Callback for SkipUnlessRequested {
     fn before_agent(&self, ctx: &CallbackContext) -> HookAction<String> {
@@ -303,7 +304,7 @@ impl Callback for SkipUnlessRequested {
 
 /// [`REQUIRE_ARTIFACT`]; see the module docs.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct RequireArtifact;
+pub(crate) struct RequireArtifact;
 
 impl RequireArtifact {
     /// Whether an artifact is written.

@@ -91,7 +91,7 @@ pub enum FlowError {
 impl FlowError {
     /// The error for a failed model call by `agent`: a budget refusal stays a budget stop and
     /// a cancelled call stays a cancellation, so the run reports why it really stopped.
-    pub fn from_model(agent: &str, source: BridgeError) -> Self {
+    pub(crate) fn from_model(agent: &str, source: BridgeError) -> Self {
         match source {
             BridgeError::Budget(exceeded) => Self::Budget(exceeded),
             BridgeError::Cancelled => Self::Cancelled,
@@ -104,7 +104,7 @@ impl FlowError {
 
     /// Whether this is a stop of the whole run (cancel, timeout, budget) rather than a
     /// failure of one agent: branch failure policies never swallow it.
-    pub fn is_stop(&self) -> bool {
+    pub(crate) fn is_stop(&self) -> bool {
         matches!(self, Self::Cancelled | Self::TimedOut(_) | Self::Budget(_))
     }
 

@@ -70,7 +70,7 @@ pub enum EventKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolResult {
     /// The id of the call it answers.
-    pub call_id: String,
+    pub(crate) call_id: String,
     /// The tool's name.
     pub name: String,
     /// What the tool returned (or `{"success": false, "error": ...}`).
@@ -159,7 +159,7 @@ impl Event {
     }
 
     /// This event carrying the writes of `delta`.
-    pub fn with_delta(mut self, delta: StateDelta) -> Self {
+    pub(crate) fn with_delta(mut self, delta: StateDelta) -> Self {
         self.delta.extend(delta);
         self
     }

@@ -116,7 +116,7 @@ pub enum BranchPolicy {
 
 /// What kind of graph this is (and so which class it reports).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GraphKind {
+pub(crate) enum GraphKind {
     /// Nodes in order, once.
     Sequential,
     /// Nodes in order, repeated.
@@ -146,7 +146,7 @@ enum Step {
 
 /// A node's outgoing edge.
 #[derive(Clone)]
-pub enum Edge {
+pub(crate) enum Edge {
     /// Always to the target.
     To(Target),
     /// Where the router says.
@@ -323,7 +323,7 @@ impl Graph {
     }
 
     /// This graph described as `description`.
-    pub fn with_description(mut self, description: impl Into<String>) -> Self {
+    pub(crate) fn with_description(mut self, description: impl Into<String>) -> Self {
         self.description = description.into();
         self
     }
@@ -334,18 +334,13 @@ impl Graph {
         self
     }
 
-    /// What kind of graph it is.
-    pub fn kind(&self) -> GraphKind {
-        self.kind
-    }
-
     /// Its nodes, in declaration order.
-    pub fn nodes(&self) -> &[Arc<dyn Agent>] {
+    pub(crate) fn nodes(&self) -> &[Arc<dyn Agent>] {
         &self.nodes
     }
 
     /// The outgoing edge of each node, by node name (a node without one ends the graph).
-    pub fn edges(&self) -> Vec<(&str, Option<&Edge>)> {
+    pub(crate) fn edges(&self) -> Vec<(&str, Option<&Edge>)> {
         self.nodes
             .iter()
             .zip(&self.edges)
@@ -354,7 +349,7 @@ impl Graph {
     }
 
     /// The first node (`None` for an empty graph or a parallel group).
-    pub fn start_node(&self) -> Option<&str> {
+    pub(crate) fn start_node(&self) -> Option<&str> {
         match self.start {
             Step::Node(i) => Some(self.nodes[i].name()),
             _ => None,
@@ -644,7 +639,7 @@ fn settle(written: &[StateDelta]) -> StateDelta {
 }
 
 /// Node steps a graph of nodes and edges may run unless told otherwise.
-pub const DEFAULT_MAX_STEPS: u64 = 1_000;
+pub(crate) const DEFAULT_MAX_STEPS: u64 = 1_000;
 
 #[async_trait]
 impl Agent for Graph {
@@ -717,7 +712,7 @@ impl GraphBuilder {
         self
     }
 
-    /// Node steps at most (default [`DEFAULT_MAX_STEPS`]).
+    /// Node steps at most (default `DEFAULT_MAX_STEPS`).
     pub fn max_steps(mut self, max_steps: u64) -> Self {
         self.max_steps = max_steps;
         self

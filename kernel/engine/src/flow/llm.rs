@@ -54,7 +54,7 @@ const CONTINUE: &str = "Continue.";
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MessageRecord {
     /// Where the `topic` comes from (none: the message names no topic).
-    pub topic: Option<TopicSource>,
+    pub(crate) topic: Option<TopicSource>,
 }
 
 impl MessageRecord {
@@ -132,7 +132,7 @@ impl LlmAgentBuilder {
 
     /// Fixed text before the instruction, not a template (a bundle persona, whose text
     /// may hold braces of its own).
-    pub fn preamble(mut self, preamble: impl Into<String>) -> Self {
+    pub(crate) fn preamble(mut self, preamble: impl Into<String>) -> Self {
         self.preamble = preamble.into();
         self
     }
@@ -180,7 +180,7 @@ impl LlmAgentBuilder {
     }
 
     /// The loop's settings (iteration cap, timeouts, sampling parameters).
-    pub fn loop_config(mut self, config: LoopConfig) -> Self {
+    pub(crate) fn loop_config(mut self, config: LoopConfig) -> Self {
         self.config = config;
         self
     }

@@ -2,36 +2,36 @@
 //!
 //! The pieces, bottom up (each module imports only those above it):
 //!
-//! - [`event`]: the [`Event`] every step reports (author, branch, content, tool calls and
+//! - `event`: the [`Event`] every step reports (author, branch, content, tool calls and
 //!   results, state delta, actions).
-//! - [`error`]: [`FlowError`], why a run stopped.
-//! - [`control`]: [`Control`], how control goes on after an agent ran.
-//! - [`position`]: a node's [`Position`] in nested graphs, its path, and the
+//! - `error`: [`FlowError`], why a run stopped.
+//! - `control`: [`Control`], how control goes on after an agent ran.
+//! - `position`: a node's [`Position`] in nested graphs, its path, and the
 //!   [`ResumePoint`] a resumed run descends.
-//! - [`sink`]: where events go — the JSONL [`EventLog`] (flushed per event), [`MemorySink`].
-//! - [`callbacks`]: the [`Callback`] points (before/after agent, model and tool; model and
+//! - `sink`: where events go — the JSONL [`EventLog`] (flushed per event), [`MemorySink`].
+//! - `callbacks`: the [`Callback`] points (before/after agent, model and tool; model and
 //!   tool errors) that observe, change or short-circuit a step.
-//! - [`context`]: the [`InvocationContext`] — the run's shared state, cancellation, ledger,
+//! - `context`: the [`InvocationContext`] — the run's shared state, cancellation, ledger,
 //!   sinks, callbacks and node observers, plus the current agent's frame.
-//! - [`agent`]: the [`Agent`] trait and [`run_agent`], the one protocol every
+//! - `agent`: the [`Agent`] trait and `run_agent`, the one protocol every
 //!   agent run follows (start event, callbacks, run, end event).
-//! - [`graph`]: the executor — a [`Graph`] of nodes with plain, conditional and fan-out
+//! - `graph`: the executor — a [`Graph`] of nodes with plain, conditional and fan-out
 //!   edges. Sequential, Loop and Parallel agents are graphs of a fixed shape. A run can
 //!   resume at any depth of nested graphs.
-//! - [`template`]: `{key}` / `{key?}` instruction templates over the state.
-//! - [`step`]: [`FnAgent`], a deterministic step written as a Rust function.
+//! - `template`: `{key}` / `{key?}` instruction templates over the state.
+//! - `step`: [`FnAgent`], a deterministic step written as a Rust function.
 //! - [`file`](mod@file): workflow files (ADK Agent Config YAML) read into agent specs, and their
 //!   Mermaid rendering.
-//! - [`llm`]: [`LlmAgent`], the function-calling loop ([`crate::agent`]) as an agent, and the
+//! - `llm`: [`LlmAgent`], the function-calling loop ([`crate::agent`]) as an agent, and the
 //!   built-in tools `exit_loop`, `end_turn`, `escalate`.
-//! - [`build`]: the [`Registry`] that turns workflow files into agents (models, tools,
+//! - `build`: the [`Registry`] that turns workflow files into agents (models, tools,
 //!   callbacks, and the kernel's factories for the Python-backed classes).
-//! - [`discovery`]: the plan-and-discover tools (`request_discovery`,
+//! - `discovery`: the plan-and-discover tools (`request_discovery`,
 //!   `write_discovery_results_and_exit`, `write_planning_artifact`) over namespaced
 //!   `temp:discovery:*` keys.
-//! - [`runner`]: [`run_workflow`], one bounded invocation of a root agent.
+//! - `runner`: [`run_workflow`], one bounded invocation of a root agent.
 //!
-//! Data flows down the tree: a parent runs each child through [`run_agent`] in a child
+//! Data flows down the tree: a parent runs each child through `run_agent` in a child
 //! context; the child writes state through its context (applied at once, so the next step
 //! sees it) and emits events carrying those writes; the graph hands each node's writes to
 //! the observers (checkpoints) and follows the node's edge; [`Control`] travels back up.
@@ -72,34 +72,32 @@
 //! # });
 //! ```
 
-pub mod agent;
-pub mod build;
-pub mod callbacks;
-pub mod context;
-pub mod control;
-pub mod discovery;
-pub mod error;
-pub mod event;
+pub(crate) mod agent;
+pub(crate) mod build;
+pub(crate) mod callbacks;
+pub(crate) mod context;
+pub(crate) mod control;
+pub(crate) mod discovery;
+pub(crate) mod error;
+pub(crate) mod event;
 pub mod file;
-pub mod graph;
-pub mod llm;
-pub mod position;
-pub mod runner;
-pub mod sink;
-pub mod step;
-pub mod template;
+pub(crate) mod graph;
+pub(crate) mod llm;
+pub(crate) mod position;
+pub(crate) mod runner;
+pub(crate) mod sink;
+pub(crate) mod step;
+pub(crate) mod template;
 
-pub use agent::{Agent, AgentOutcome, Control, class, run_agent, run_in};
-pub use build::{AgentFactory, CallbackFactory, PythonFunctionFactory, Registry, ToolFactory};
+pub use agent::{Agent, AgentOutcome, Control, class, run_in};
+pub use build::Registry;
 pub use callbacks::{Callback, CallbackContext, Callbacks, ToolInvocation};
 pub use context::{Invocation, InvocationContext, NodeObserver, NodeRecord, Turn, WindingDown};
 pub use discovery::with_discovery;
 pub use error::FlowError;
 pub use event::{EndStatus, Event, EventKind, ToolResult};
-pub use graph::{
-    BranchPolicy, DEFAULT_MAX_STEPS, Edge, Graph, GraphBuilder, GraphError, GraphKind, Router,
-    StateRouter, Target,
-};
+pub use graph::{BranchPolicy, Graph, GraphBuilder, GraphError, Router, StateRouter, Target};
+pub(crate) use graph::{DEFAULT_MAX_STEPS, Edge};
 pub use llm::{
     EndTurn, Escalate, ExitLoop, LlmAgent, LlmAgentBuilder, MessageRecord, builtin_tool,
 };

@@ -66,35 +66,26 @@ impl EventSink for MemorySink {
 /// its own.
 #[derive(Debug)]
 pub struct EventLog {
-    path: PathBuf,
     out: Background,
 }
 
 impl EventLog {
     /// Creates (or truncates) the log at `path`.
     pub fn create(path: impl AsRef<Path>) -> Result<Self, FlowError> {
-        let path = path.as_ref().to_path_buf();
-        let out = JsonlWriter::create(LOG, &path).map_err(sink_error)?;
-        Self::start(out, path)
+        let out = JsonlWriter::create(LOG, path).map_err(sink_error)?;
+        Self::start(out)
     }
 
     /// Writes to `file`, which the caller opened (for appending, when a resumed run continues
     /// its log); `path` names it in errors.
     pub fn from_file(file: File, path: impl Into<PathBuf>) -> Result<Self, FlowError> {
-        let path = path.into();
-        Self::start(JsonlWriter::from_file(LOG, file, path.clone()), path)
+        Self::start(JsonlWriter::from_file(LOG, file, path))
     }
 
-    fn start(out: JsonlWriter, path: PathBuf) -> Result<Self, FlowError> {
+    fn start(out: JsonlWriter) -> Result<Self, FlowError> {
         Ok(Self {
             out: Background::spawn(out).map_err(sink_error)?,
-            path,
         })
-    }
-
-    /// Where it writes.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     /// Reads the events of the log at `path` (a torn last line, from a killed run, is

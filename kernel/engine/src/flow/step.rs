@@ -38,12 +38,6 @@ impl FnAgent {
         }
     }
 
-    /// This agent described as `description`.
-    pub fn with_description(mut self, description: impl Into<String>) -> Self {
-        self.description = description.into();
-        self
-    }
-
     /// This agent with its own `callbacks`.
     pub fn with_callbacks(mut self, callbacks: Callbacks) -> Self {
         self.callbacks = callbacks;

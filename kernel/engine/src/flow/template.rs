@@ -19,7 +19,7 @@ use crate::state::State;
 )]
 pub struct MissingKey {
     /// The key.
-    pub key: String,
+    pub(crate) key: String,
 }
 
 /// `template` with every `{key}` and `{key?}` replaced from `state`.

@@ -29,20 +29,20 @@ pub const ESCALATE: &str = "ESCALATE";
 #[serde(default, deny_unknown_fields)]
 pub struct RouterConfig {
     /// The router's own name (the `agent` of its decision records).
-    pub name: String,
+    pub(crate) name: String,
     /// When it is consulted.
-    pub mode: RouterMode,
+    pub(crate) mode: RouterMode,
     /// Every node it may route to.
-    pub nodes: BTreeSet<String>,
+    pub(crate) nodes: BTreeSet<String>,
     /// The natural successor of each node; a node without one ends the run.
-    pub successors: BTreeMap<String, Successor>,
+    pub(crate) successors: BTreeMap<String, Successor>,
     /// The recovery node of each quality gate, by gate name.
-    pub recovery: BTreeMap<String, String>,
+    pub(crate) recovery: BTreeMap<String, String>,
     /// The message field that names an exchange's topic.
-    pub topic_field: String,
+    pub(crate) topic_field: String,
     /// Exchanges between the same pair on the same topic allowed before it is circular
     /// (more than this escalates).
-    pub max_exchanges: u32,
+    pub(crate) max_exchanges: u32,
 }
 
 impl Default for RouterConfig {
@@ -95,7 +95,7 @@ impl RouterConfig {
     }
 
     /// Whether `name` is a node it may route to.
-    pub fn knows(&self, name: &str) -> bool {
+    pub(crate) fn knows(&self, name: &str) -> bool {
         self.nodes.contains(name)
     }
 }
@@ -103,7 +103,7 @@ impl RouterConfig {
 /// Where a node's work goes next when nothing else decides.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
-pub enum Successor {
+pub(crate) enum Successor {
     /// Always this node (or [`END`]).
     Node(String),
     /// The first branch whose condition holds (a branch without one always does); the end
@@ -111,15 +111,15 @@ pub enum Successor {
     Branches(Vec<Branch>),
 }
 
-/// One conditional branch of a [`Successor`].
+/// One conditional branch of a `Successor`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Branch {
     /// The state test (none: always).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub when: Option<Condition>,
+    pub(crate) when: Option<Condition>,
     /// The node (or [`END`]).
-    pub to: String,
+    pub(crate) to: String,
 }
 
 impl Branch {

@@ -6,7 +6,7 @@
 //! wins:
 //!
 //! 1. `escalate_to_human` is truthy, or `agent_failure` is set → escalate;
-//! 2. circular logic: the trailing exchange ([`trailing_exchange`]) counts more than
+//! 2. circular logic: the trailing exchange (`trailing_exchange`) counts more than
 //!    `max_exchanges` hand-overs → escalate;
 //! 3. `gate_blocked` names a gate → that gate's recovery node;
 //! 4. otherwise the natural successor of the node that just ran, or the end.
@@ -27,25 +27,25 @@ use crate::condition::{Condition, is_truthy};
 use crate::state::{State, StateDelta, StateWrite};
 
 /// The flag an agent sets to ask for a human.
-pub const ESCALATE_FLAG: &str = "escalate_to_human";
+pub(crate) const ESCALATE_FLAG: &str = "escalate_to_human";
 /// The flag set when an agent failed for good (`{node, error, attempts}`).
-pub const FAILURE_FLAG: &str = "agent_failure";
+pub(crate) const FAILURE_FLAG: &str = "agent_failure";
 /// Set by a failed blocking gate: `{gate, node, reason}`.
-pub const GATE_BLOCKED: &str = "gate_blocked";
-pub use crate::reducer::{DECISIONS, MESSAGES};
+pub(crate) const GATE_BLOCKED: &str = "gate_blocked";
+pub(crate) use crate::reducer::{DECISIONS, MESSAGES};
 
 /// The router's output keys.
 pub mod keys {
     /// The next node, [`END`](super::END) or [`ESCALATE`](super::ESCALATE).
-    pub const ROUTING_DECISION: &str = "routing_decision";
+    pub(crate) const ROUTING_DECISION: &str = "routing_decision";
     /// Why.
-    pub const ROUTING_RATIONALE: &str = "routing_rationale";
+    pub(crate) const ROUTING_RATIONALE: &str = "routing_rationale";
     /// Hand-overs in the trailing exchange.
-    pub const EXCHANGE_COUNT: &str = "exchange_count";
+    pub(crate) const EXCHANGE_COUNT: &str = "exchange_count";
     /// Whether the trailing exchange is circular.
-    pub const CIRCULAR_LOGIC_DETECTED: &str = "circular_logic_detected";
+    pub(crate) const CIRCULAR_LOGIC_DETECTED: &str = "circular_logic_detected";
     /// Whether the decision escalates.
-    pub const ESCALATION_TRIGGERED: &str = "escalation_triggered";
+    pub(crate) const ESCALATION_TRIGGERED: &str = "escalation_triggered";
 }
 
 /// Where the run goes.
@@ -122,11 +122,11 @@ pub struct Routing {
     /// Where the run goes.
     pub route: Route,
     /// Why.
-    pub reason: Reason,
+    pub(crate) reason: Reason,
     /// The rationale in words (also `routing_rationale`).
-    pub rationale: String,
+    pub(crate) rationale: String,
     /// The trailing exchange, if any.
-    pub exchange: Option<Exchange>,
+    pub(crate) exchange: Option<Exchange>,
     /// The updates to merge (per-key reducers: `decisions` appends): the output keys and
     /// the decision record, in the one form the state keeps it ([`record`](Self::record)).
     pub updates: StateDelta,
@@ -134,7 +134,7 @@ pub struct Routing {
 
 impl Routing {
     /// The `routing_decision` value: the node, `END` or `ESCALATE`.
-    pub fn decision(&self) -> &str {
+    pub(crate) fn decision(&self) -> &str {
         match &self.route {
             Route::Node(node) => node,
             Route::End => END,
@@ -163,7 +163,7 @@ impl Routing {
 
 /// Whether the router is consulted after a node: always in active mode; in passive mode only
 /// when a flag is set, a gate is blocked or the trailing exchange is circular.
-pub fn consults(config: &RouterConfig, state: &State) -> bool {
+pub(crate) fn consults(config: &RouterConfig, state: &State) -> bool {
     config.mode == RouterMode::Active
         || state.get(ESCALATE_FLAG).is_some_and(is_truthy)
         || state.get(FAILURE_FLAG).is_some_and(is_truthy)

@@ -15,11 +15,11 @@ use serde_json::Value;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Exchange {
     /// The two agents, in name order.
-    pub pair: (String, String),
+    pub(crate) pair: (String, String),
     /// The topic (`null` when the messages name none).
-    pub topic: Value,
+    pub(crate) topic: Value,
     /// Hand-overs between the two.
-    pub count: u32,
+    pub(crate) count: u32,
 }
 
 fn author(message: &Value) -> Option<&str> {
@@ -31,7 +31,7 @@ fn topic<'m>(message: &'m Value, field: &str) -> &'m Value {
 }
 
 /// The trailing exchange of `messages` (none without two authors at its end).
-pub fn trailing_exchange(messages: &[Value], topic_field: &str) -> Option<Exchange> {
+pub(crate) fn trailing_exchange(messages: &[Value], topic_field: &str) -> Option<Exchange> {
     let (last, earlier) = messages.split_last()?;
     let latest = author(last)?;
     let latest_topic = topic(last, topic_field);

@@ -13,7 +13,7 @@
 //!   `(state) -> bool | {"passed": bool, "reason": str}` (bound through the registry's Python
 //!   functions; one that raises fails the gate with the error as its reason).
 //!
-//! [`register`] teaches a [`Registry`] the class; [`build_router`] builds one router (with a
+//! [`register`] teaches a [`Registry`] the class; `build_router` builds one router (with a
 //! decision log, for callers that keep one) and keeps its graph and plane reachable, which
 //! durable runs need.
 //!
@@ -85,12 +85,12 @@ impl std::fmt::Debug for RouterAgent {
 impl RouterAgent {
     /// The graph of its nodes, carrying the router's own callbacks (what a durable run
     /// executes).
-    pub fn graph(&self) -> &Graph {
+    pub(crate) fn graph(&self) -> &Graph {
         &self.graph
     }
 
     /// Its control plane (what a durable run observes).
-    pub fn plane(&self) -> &Arc<ControlPlane> {
+    pub(crate) fn plane(&self) -> &Arc<ControlPlane> {
         &self.plane
     }
 }
@@ -127,7 +127,7 @@ impl Agent for RouterAgent {
 }
 
 /// The router `spec` describes, its decisions also written to `log`; see the module docs.
-pub fn build_router(
+pub(crate) fn build_router(
     spec: &AgentSpec,
     registry: &Registry,
     log: Option<DecisionLog>,

@@ -17,7 +17,7 @@ use crate::condition::Condition;
 use crate::state::{State, StateDelta};
 
 /// Advisory gate failures of the last node checked: `[{gate, node, reason}]`.
-pub const GATE_WARNINGS: &str = "gate_warnings";
+pub(crate) const GATE_WARNINGS: &str = "gate_warnings";
 
 /// A check written in code: `Err(reason)` fails the gate.
 pub trait QualityCheck: Send + Sync + std::fmt::Debug {
@@ -47,35 +47,35 @@ pub struct Gate {
 
 /// A failed gate.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct GateFailure {
+pub(crate) struct GateFailure {
     /// The gate.
-    pub gate: String,
+    pub(crate) gate: String,
     /// The node it guards.
-    pub node: String,
+    pub(crate) node: String,
     /// Why it failed.
-    pub reason: String,
+    pub(crate) reason: String,
     /// Whether it blocks.
-    pub blocking: bool,
+    pub(crate) blocking: bool,
 }
 
 /// The failed gates of a node and the updates that record them.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct GateOutcome {
+pub(crate) struct GateOutcome {
     /// Every failed gate, in declaration order.
-    pub failures: Vec<GateFailure>,
+    pub(crate) failures: Vec<GateFailure>,
     /// `gate_blocked` (the first blocking failure, or cleared) and `gate_warnings`.
-    pub updates: StateDelta,
+    pub(crate) updates: StateDelta,
 }
 
 impl GateOutcome {
     /// The first blocking failure.
-    pub fn blocked(&self) -> Option<&GateFailure> {
+    pub(crate) fn blocked(&self) -> Option<&GateFailure> {
         self.failures.iter().find(|f| f.blocking)
     }
 }
 
 /// Runs the `gates` of `node` over `state`; see the module docs.
-pub fn check_gates(node: &str, gates: &[Gate], state: &State) -> GateOutcome {
+pub(crate) fn check_gates(node: &str, gates: &[Gate], state: &State) -> GateOutcome {
     let failures: Vec<GateFailure> = gates
         .iter()
         .filter_map(|gate| {

@@ -36,18 +36,18 @@ pub struct HealthReport {
     /// Exchanges per pair, most first.
     pub exchanges: Vec<PairCount>,
     /// Milliseconds spent in each node.
-    pub time_in_node_ms: BTreeMap<String, u64>,
+    pub(crate) time_in_node_ms: BTreeMap<String, u64>,
     /// Runs of each node.
     pub visits: BTreeMap<String, u64>,
     /// Declared nodes that never ran.
     pub idle_nodes: Vec<String>,
     /// The run's wall time in milliseconds.
-    pub cycle_time_ms: u64,
+    pub(crate) cycle_time_ms: u64,
 }
 
 /// Collects a run's health as its nodes finish.
 #[derive(Debug, Clone, Default)]
-pub struct HealthTracker {
+pub(crate) struct HealthTracker {
     declared: BTreeSet<String>,
     time_in: BTreeMap<String, Duration>,
     visits: BTreeMap<String, u64>,
@@ -57,7 +57,7 @@ pub struct HealthTracker {
 
 impl HealthTracker {
     /// A tracker for a graph of `nodes`.
-    pub fn new<S: Into<String>>(nodes: impl IntoIterator<Item = S>) -> Self {
+    pub(crate) fn new<S: Into<String>>(nodes: impl IntoIterator<Item = S>) -> Self {
         Self {
             declared: nodes.into_iter().map(Into::into).collect(),
             ..Self::default()
@@ -65,7 +65,7 @@ impl HealthTracker {
     }
 
     /// Node `node` ran for `took`, after the node recorded before it.
-    pub fn record(&mut self, node: &str, took: Duration) {
+    pub(crate) fn record(&mut self, node: &str, took: Duration) {
         *self.time_in.entry(node.to_owned()).or_default() += took;
         *self.visits.entry(node.to_owned()).or_default() += 1;
         if let Some(last) = self.last.replace(node.to_owned())
@@ -81,7 +81,7 @@ impl HealthTracker {
     }
 
     /// The report, with `cycle_time` as the run's wall time.
-    pub fn report(&self, cycle_time: Duration) -> HealthReport {
+    pub(crate) fn report(&self, cycle_time: Duration) -> HealthReport {
         let ms = |d: &Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let mut exchanges: Vec<PairCount> = self
             .exchanges
@@ -114,7 +114,7 @@ impl HealthTracker {
 /// A [`NodeObserver`] feeding a [`HealthTracker`] with the top-level nodes of graph `graph`
 /// and their durations.
 #[derive(Debug)]
-pub struct HealthObserver {
+pub(crate) struct HealthObserver {
     graph: String,
     started: Instant,
     /// The tracker, and the node running now with its start.
@@ -124,7 +124,7 @@ pub struct HealthObserver {
 impl HealthObserver {
     /// Observes the top-level nodes of `graph` (declared nodes `nodes`), starting the cycle
     /// clock now.
-    pub fn new<S: Into<String>>(
+    pub(crate) fn new<S: Into<String>>(
         graph: impl Into<String>,
         nodes: impl IntoIterator<Item = S>,
     ) -> Self {
@@ -137,7 +137,7 @@ impl HealthObserver {
 
     /// The report so far, the cycle time running from creation. A node still running (the
     /// run failed or was stopped in it) counts as visited, with its time so far.
-    pub fn report(&self) -> HealthReport {
+    pub(crate) fn report(&self) -> HealthReport {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         match &inner.1 {
             None => inner.0.report(self.started.elapsed()),
@@ -150,7 +150,7 @@ impl HealthObserver {
     }
 
     /// Emits the report so far as a [`HEALTH_TOPIC`] metadata event of `ctx`.
-    pub fn emit(&self, ctx: &InvocationContext) -> Result<(), FlowError> {
+    pub(crate) fn emit(&self, ctx: &InvocationContext) -> Result<(), FlowError> {
         let report = serde_json::to_value(self.report())
             .map_err(|e| FlowError::Sink(format!("Cannot record the run's health: {e}")))?;
         ctx.emit(Event::metadata(HEALTH_TOPIC, report))

@@ -4,22 +4,22 @@
 //!
 //! - [`Condition`] (the crate's [`condition`](crate::condition) module): the state tests of
 //!   conditional successors and gates, shared with graph edges.
-//! - [`config`]: the [`RouterConfig`] — nodes, natural successors (plain or conditional),
+//! - `config`: the [`RouterConfig`] — nodes, natural successors (plain or conditional),
 //!   recovery nodes per gate, the topic field, the exchange limit, passive or active mode.
-//! - [`exchange`]: the trailing exchange between two agents on one topic, from `messages`.
-//! - [`record`]: [`DecisionRecord`]s and the JSONL [`DecisionLog`].
+//! - `exchange`: the trailing exchange between two agents on one topic, from `messages`.
+//! - `record`: [`DecisionRecord`]s and the JSONL [`DecisionLog`].
 //! - [`decide`](mod@decide): [`decide()`], the pure decision (state + config → route +
 //!   updates), by priority: escalation / agent failure, circular logic (more than
 //!   `max_exchanges`), a blocked gate's recovery node, the natural successor or the end.
-//! - [`gate`]: quality gates (a state test or a pluggable [`QualityCheck`]), blocking or
+//! - `gate`: quality gates (a state test or a pluggable [`QualityCheck`]), blocking or
 //!   advisory.
-//! - [`retry`](mod@retry): capped exponential [`Backoff`] for transiently failing nodes
+//! - `retry`: capped exponential [`Backoff`] for transiently failing nodes
 //!   ([`Retrying`] wraps a node), and the failure flag of a node that failed for good.
-//! - [`health`]: exchange counts per pair, time per node, idle nodes, cycle time.
-//! - [`plane`]: the [`ControlPlane`] in a graph — the router on every edge, gates checked
+//! - `health`: exchange counts per pair, time per node, idle nodes, cycle time.
+//! - `plane`: the [`ControlPlane`] in a graph — the router on every edge, gates checked
 //!   after each node, decisions logged and handed to observers (the checkpointer).
 //! - [`file`](mod@file): `agent_class: RouterAgent` in workflow files, mapped onto the
-//!   pieces above ([`RouterAgent`], [`build_router`]).
+//!   pieces above ([`RouterAgent`], `build_router`).
 //!
 //! The router only ever returns updates; the executor merges them with the per-key reducers
 //! of [`crate::reducer`] (`decisions` and `messages` append).
@@ -41,25 +41,26 @@
 //! assert_eq!(state.get("escalation_triggered"), Some(&json!(true)));
 //! ```
 
-pub mod config;
+pub(crate) mod config;
 pub mod decide;
-pub mod exchange;
+pub(crate) mod exchange;
 pub mod file;
-pub mod gate;
-pub mod health;
-pub mod plane;
-pub mod record;
-pub mod retry;
+pub(crate) mod gate;
+pub(crate) mod health;
+pub(crate) mod plane;
+pub(crate) mod record;
+pub(crate) mod retry;
 #[cfg(test)]
 mod tests;
 
 pub use crate::condition::Condition;
-pub use config::{Branch, END, ESCALATE, RouterConfig, RouterMode, Successor};
-pub use decide::{NameRole, Reason, Route, Routing, consults, decide, successor};
-pub use exchange::{Exchange, trailing_exchange};
-pub use file::{RouterAgent, build_router};
-pub use gate::{Gate, GateCheck, GateFailure, GateOutcome, QualityCheck, check_gates};
-pub use health::{HEALTH_TOPIC, HealthObserver, HealthReport, HealthTracker, PairCount};
-pub use plane::{ControlPlane, Observing, RoutedEdge, RoutingObserver};
+pub use config::{Branch, END, ESCALATE, RouterConfig, RouterMode};
+pub use decide::{Route, Routing, decide, successor};
+pub use exchange::Exchange;
+pub use file::RouterAgent;
+pub use gate::{Gate, GateCheck, QualityCheck};
+pub(crate) use health::HealthObserver;
+pub use health::{HEALTH_TOPIC, HealthReport, PairCount};
+pub use plane::{ControlPlane, Observing, RoutingObserver};
 pub use record::{DecisionLog, DecisionLogError, DecisionRecord, rfc3339};
-pub use retry::{Backoff, Exhausted, Retrying, failure_flag, is_transient, retry};
+pub use retry::{Backoff, Exhausted, Retrying, retry};

@@ -93,12 +93,6 @@ impl ControlPlane {
         self
     }
 
-    /// With these reducers.
-    pub fn with_reducers(mut self, reducers: Reducers) -> Self {
-        self.reducers = reducers;
-        self
-    }
-
     /// Writing each decision to `log`.
     pub fn with_log(mut self, log: DecisionLog) -> Self {
         self.log = Some(log);
@@ -106,12 +100,12 @@ impl ControlPlane {
     }
 
     /// The router's configuration.
-    pub fn config(&self) -> &RouterConfig {
+    pub(crate) fn config(&self) -> &RouterConfig {
         &self.config
     }
 
     /// The reducers updates are merged with.
-    pub fn reducers(&self) -> &Reducers {
+    pub(crate) fn reducers(&self) -> &Reducers {
         &self.reducers
     }
 
@@ -138,7 +132,7 @@ impl ControlPlane {
 
     /// The nodes of `graph` that leave through this plane (each of them, for a graph built by
     /// [`ControlPlane::graph`]).
-    pub fn routed_nodes(&self, graph: &Graph) -> Vec<String> {
+    pub(crate) fn routed_nodes(&self, graph: &Graph) -> Vec<String> {
         graph
             .edges()
             .into_iter()
@@ -184,7 +178,7 @@ impl ControlPlane {
     }
 
     /// The plane whose edges leave `graph`'s nodes (a graph built by [`ControlPlane::graph`]).
-    pub fn of(graph: &Graph) -> Option<Arc<ControlPlane>> {
+    pub(crate) fn of(graph: &Graph) -> Option<Arc<ControlPlane>> {
         graph.edges().into_iter().find_map(|(_, edge)| match edge {
             Some(Edge::When(router)) => router
                 .as_any()
@@ -196,7 +190,7 @@ impl ControlPlane {
 
     /// Merges `updates` into the run's state through the reducers, as writes of `ctx`;
     /// returns the writes.
-    pub fn merge(&self, ctx: &InvocationContext, updates: &StateDelta) -> StateDelta {
+    pub(crate) fn merge(&self, ctx: &InvocationContext, updates: &StateDelta) -> StateDelta {
         self.merge_owned(ctx, updates.clone())
     }
 
@@ -209,7 +203,7 @@ impl ControlPlane {
     }
 
     /// Where the run goes after node `from` finished; see the module docs.
-    pub async fn route_after(
+    pub(crate) async fn route_after(
         &self,
         ctx: &InvocationContext,
         from: &str,
@@ -307,7 +301,7 @@ fn target(route: Route) -> Target {
 
 /// The edge out of every node of a plane's graph.
 #[derive(Debug)]
-pub struct RoutedEdge {
+pub(crate) struct RoutedEdge {
     plane: Arc<ControlPlane>,
 }
 

@@ -77,7 +77,7 @@ impl DecisionLog {
 
     /// Appends `record` as one line and flushes it (from async code, the worker's other
     /// tasks go on meanwhile).
-    pub fn append(&self, record: &DecisionRecord) -> Result<(), DecisionLogError> {
+    pub(crate) fn append(&self, record: &DecisionRecord) -> Result<(), DecisionLogError> {
         let mut out = self
             .out
             .lock()

@@ -23,15 +23,15 @@ use crate::state::StateDelta;
 #[serde(default, deny_unknown_fields)]
 pub struct Backoff {
     /// Attempts in all (1 = no retry).
-    pub attempts: u32,
+    pub(crate) attempts: u32,
     /// The wait before the first retry.
     #[serde(with = "seconds")]
-    pub initial: Duration,
+    pub(crate) initial: Duration,
     /// The longest wait.
     #[serde(with = "seconds")]
-    pub max: Duration,
+    pub(crate) max: Duration,
     /// Each wait is the previous one times this.
-    pub factor: f64,
+    pub(crate) factor: f64,
 }
 
 impl Default for Backoff {
@@ -47,7 +47,7 @@ impl Default for Backoff {
 
 impl Backoff {
     /// The wait before retry `n` (1-based): `initial × factor^(n-1)`, at most `max`.
-    pub fn delay(&self, n: u32) -> Duration {
+    pub(crate) fn delay(&self, n: u32) -> Duration {
         let exponent = i32::try_from(n.saturating_sub(1)).unwrap_or(i32::MAX);
         let secs = self.initial.as_secs_f64() * self.factor.max(1.0).powi(exponent);
         Duration::try_from_secs_f64(secs)
@@ -60,13 +60,13 @@ impl Backoff {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Exhausted<E> {
     /// The last error.
-    pub error: E,
+    pub(crate) error: E,
     /// Attempts made.
-    pub attempts: u32,
+    pub(crate) attempts: u32,
 }
 
 /// Runs `attempt(n)` (n = 1, 2, …) until it succeeds, fails with an error `transient` calls
-/// permanent, or `backoff.attempts` attempts failed; waits [`Backoff::delay`] between.
+/// permanent, or `backoff.attempts` attempts failed; waits `Backoff::delay` between.
 pub async fn retry<T, E, F, Fut>(
     backoff: &Backoff,
     mut attempt: F,
@@ -93,7 +93,7 @@ where
 }
 
 /// The update that tells the router `node` failed for good after `attempts` attempts.
-pub fn failure_flag(node: &str, error: &str, attempts: u32) -> StateDelta {
+pub(crate) fn failure_flag(node: &str, error: &str, attempts: u32) -> StateDelta {
     let mut delta = StateDelta::default();
     delta.set(
         FAILURE_FLAG,
@@ -129,7 +129,7 @@ impl Retrying {
 /// tool schema, a bad context file), a hook or callback that stopped it on purpose, a model
 /// call refused for good (401, 400, a reply that does not decode), stops (cancel, timeout,
 /// budget), a broken event log and graph errors never do.
-pub fn is_transient(error: &FlowError) -> bool {
+pub(crate) fn is_transient(error: &FlowError) -> bool {
     match error {
         FlowError::Model { source, .. } => source.is_retryable(),
         // Another try of the same loop may well finish within its limit.

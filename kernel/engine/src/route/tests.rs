@@ -6,6 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
+use super::decide::{NameRole, Reason, consults};
+use super::gate::check_gates;
 use super::*;
 use crate::reducer::Reducers;
 use crate::state::{State, StateDelta, StateWrite};

@@ -59,7 +59,7 @@ use super::store::Store;
 use crate::state::StateDelta;
 
 /// How long a lease lasts without a heartbeat unless set otherwise.
-pub const DEFAULT_LEASE_EXPIRY: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_LEASE_EXPIRY: Duration = Duration::from_secs(30);
 
 /// The longest a connection may take to open, unless the URL's `connect_timeout` says.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -138,7 +138,7 @@ impl PostgresStore {
     /// Connects to the database at `url` only to read it (`rlm flow runs`, `history`): its
     /// sessions are read-only (`default_transaction_read_only`). An older schema is upgraded
     /// first, as before any read; a database without the schema is [`StoreError::Missing`].
-    pub async fn connect_read_only(url: &PostgresUrl) -> Result<Self, StoreError> {
+    pub(crate) async fn connect_read_only(url: &PostgresUrl) -> Result<Self, StoreError> {
         let store = Self::with_pool(url, true)?;
         match store.schema_version().await? {
             None => Err(StoreError::Missing {
@@ -154,20 +154,16 @@ impl PostgresStore {
     }
 
     /// With this snapshot policy.
-    pub fn with_policy(mut self, policy: SnapshotPolicy) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_policy(mut self, policy: SnapshotPolicy) -> Self {
         self.policy = policy;
         self
     }
 
     /// With leases that last `expiry` without a heartbeat (at least a second).
-    pub fn with_lease_expiry(mut self, expiry: Duration) -> Self {
+    pub(crate) fn with_lease_expiry(mut self, expiry: Duration) -> Self {
         self.lease_expiry = expiry.max(Duration::from_secs(1));
         self
-    }
-
-    /// The database's URL (shown without its password).
-    pub fn url(&self) -> &PostgresUrl {
-        &self.url
     }
 
     /// The bytes the store's tables take on the server, indexes and out-of-line values

@@ -162,7 +162,7 @@ impl SqliteStore {
     /// checked as [`open`](Self::open) does. A database of an older schema is upgraded in
     /// place through [`open`](Self::open), as before any read; a missing file is
     /// [`StoreError::Missing`].
-    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+    pub(crate) fn open_read_only(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path = path.as_ref().to_path_buf();
         if !path.exists() {
             return Err(StoreError::Missing {
@@ -229,14 +229,10 @@ impl SqliteStore {
     }
 
     /// With this snapshot policy.
-    pub fn with_policy(mut self, policy: SnapshotPolicy) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_policy(mut self, policy: SnapshotPolicy) -> Self {
         self.policy = policy;
         self
-    }
-
-    /// The database file.
-    pub fn path(&self) -> &Path {
-        &self.db.path
     }
 
     /// SQLite's integrity check: `ok`, or what it found wrong.

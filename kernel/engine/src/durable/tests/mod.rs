@@ -13,6 +13,8 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
+use super::lease::HOST_ID_VARIABLE;
+use super::record::SnapshotPolicy;
 use super::*;
 use crate::state::{State, StateDelta, StateWrite};
 

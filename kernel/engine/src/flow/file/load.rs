@@ -131,7 +131,7 @@ impl AgentSpec {
 
     /// [`AgentSpec::error_at`] the `n`th (0-based) such line: the second of two
     /// duplicates, say (the first line when there are fewer).
-    pub fn error_at_nth(
+    pub(crate) fn error_at_nth(
         &self,
         key: &str,
         value: Option<&str>,
@@ -262,7 +262,7 @@ fn load_file(
 }
 
 /// The tool name under which `tools` names another agent (as in ADK).
-pub const AGENT_TOOL: &str = "AgentTool";
+pub(crate) const AGENT_TOOL: &str = "AgentTool";
 
 /// The `config_path`s of an LLM agent's `AgentTool` tools.
 fn agent_tool_paths(spec: &AgentSpec) -> Result<Vec<PathBuf>, ConfigError> {

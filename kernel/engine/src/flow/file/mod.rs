@@ -1,7 +1,7 @@
 //! Workflow files: ADK Agent Config (1.x) YAML read into a tree of [`AgentSpec`]s.
 //!
 //! [`load_workflow`] reads a file, reads its `agent_class` first (absent: `LlmAgent`), then
-//! the whole file into that class's struct ([`spec`]), which refuses any key it does not
+//! the whole file into that class's struct (`spec`), which refuses any key it does not
 //! know. Each `sub_agents` entry's `config_path` is read relative to the file that names it,
 //! from a [`FileSource`] (the file system, or [`EmbeddedFiles`] for built-in workflows).
 //! Every error is a [`ConfigError`] naming the file, line and column and what was expected;
@@ -26,19 +26,20 @@
 //! assert!(err.to_string().starts_with("a.yaml:2:1: Unknown field `modle`, expected one of"));
 //! ```
 
-pub mod load;
-pub mod mermaid;
-pub mod spec;
+pub(crate) mod load;
+pub(crate) mod mermaid;
+pub(crate) mod spec;
 
+pub(crate) use load::AGENT_TOOL;
 pub use load::{
-    AGENT_TOOL, AgentSpec, ConfigError, ConfigErrorKind, EmbeddedFiles, FileSource, Filesystem,
-    load_workflow, load_workflow_from,
+    AgentSpec, ConfigError, ConfigErrorKind, EmbeddedFiles, FileSource, Filesystem, load_workflow,
+    load_workflow_from,
 };
 pub use mermaid::render_mermaid;
+pub(crate) use spec::EdgeConfig;
 pub use spec::{
-    AgentClass, AgentConfig, AgentName, BranchConfig, CallbackRefs, CodeRef, END, EdgeConfig,
-    GateConfig, GenerationConfig, GraphAgentConfig, IncludeContents, LlmAgentConfig,
-    LoopAgentConfig, ParallelAgentConfig, PythonAgentConfig, RetryConfig, RlmAgentConfig,
-    RouterAgentConfig, RouterNodeRef, RoutingMode, SequentialAgentConfig, SubAgentRef,
-    SuccessorConfig, ToolRef, TopicSource,
+    AgentClass, AgentConfig, AgentName, BranchConfig, CallbackRefs, CodeRef, END, GateConfig,
+    GenerationConfig, GraphAgentConfig, IncludeContents, LlmAgentConfig, LoopAgentConfig,
+    ParallelAgentConfig, PythonAgentConfig, RetryConfig, RlmAgentConfig, RouterAgentConfig,
+    RouterNodeRef, RoutingMode, SequentialAgentConfig, SuccessorConfig, ToolRef, TopicSource,
 };

@@ -98,9 +98,9 @@ impl<'de> Deserialize<'de> for AgentName {
 /// A sub-agent defined in another file (`config_path`, relative to this file).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SubAgentRef {
+pub(crate) struct SubAgentRef {
     /// The file, relative to the file that names it.
-    pub config_path: PathBuf,
+    pub(crate) config_path: PathBuf,
 }
 
 /// A tool (`{name, args}`): a built-in, a registered tool, or another agent.
@@ -141,16 +141,16 @@ pub enum IncludeContents {
 #[serde(deny_unknown_fields)]
 pub struct GenerationConfig {
     /// Sampling temperature.
-    pub temperature: Option<f32>,
+    pub(crate) temperature: Option<f32>,
     /// Nucleus sampling mass.
-    pub top_p: Option<f32>,
+    pub(crate) top_p: Option<f32>,
     /// Maximum completion tokens.
-    pub max_output_tokens: Option<u32>,
+    pub(crate) max_output_tokens: Option<u32>,
     /// Stop sequences.
     #[serde(default)]
-    pub stop_sequences: Vec<String>,
+    pub(crate) stop_sequences: Vec<String>,
     /// Sampling seed.
-    pub seed: Option<u64>,
+    pub(crate) seed: Option<u64>,
 }
 
 impl GenerationConfig {
@@ -171,21 +171,21 @@ impl GenerationConfig {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CallbackRefs {
     /// `before_agent_callbacks`.
-    pub before_agent: Vec<CodeRef>,
+    pub(crate) before_agent: Vec<CodeRef>,
     /// `after_agent_callbacks`.
-    pub after_agent: Vec<CodeRef>,
+    pub(crate) after_agent: Vec<CodeRef>,
     /// `before_model_callbacks`.
-    pub before_model: Vec<CodeRef>,
+    pub(crate) before_model: Vec<CodeRef>,
     /// `after_model_callbacks`.
-    pub after_model: Vec<CodeRef>,
+    pub(crate) after_model: Vec<CodeRef>,
     /// `on_model_error_callbacks`.
-    pub on_model_error: Vec<CodeRef>,
+    pub(crate) on_model_error: Vec<CodeRef>,
     /// `before_tool_callbacks`.
-    pub before_tool: Vec<CodeRef>,
+    pub(crate) before_tool: Vec<CodeRef>,
     /// `after_tool_callbacks`.
-    pub after_tool: Vec<CodeRef>,
+    pub(crate) after_tool: Vec<CodeRef>,
     /// `on_tool_error_callbacks`.
-    pub on_tool_error: Vec<CodeRef>,
+    pub(crate) on_tool_error: Vec<CodeRef>,
 }
 
 impl CallbackRefs {
@@ -212,14 +212,14 @@ impl CallbackRefs {
 pub struct LlmAgentConfig {
     /// `LlmAgent` (or absent).
     #[serde(default)]
-    pub agent_class: Option<AgentClass>,
+    pub(crate) agent_class: Option<AgentClass>,
     /// Its name.
-    pub name: AgentName,
+    pub(crate) name: AgentName,
     /// What it does.
     #[serde(default)]
-    pub description: String,
+    pub(crate) description: String,
     /// The model: the name of a configured endpoint (absent: the default model).
-    pub model: Option<String>,
+    pub(crate) model: Option<String>,
     /// The agent of the workflow's agent bundle whose persona it plays (ours): `NAME` is
     /// the bundle's `agents/NAME.md`, or the skill `NAME` of a folder of skills or a project
     /// (a BMAD 6.1+ agent skill); one agent file or skill folder plays every `NAME`. Its
@@ -233,7 +233,7 @@ pub struct LlmAgentConfig {
     #[serde(default)]
     pub tools: Vec<ToolRef>,
     /// The state key its final answer is written to.
-    pub output_key: Option<String>,
+    pub(crate) output_key: Option<String>,
     /// Which conversation it sees.
     #[serde(default)]
     pub include_contents: IncludeContents,
@@ -241,31 +241,31 @@ pub struct LlmAgentConfig {
     #[serde(default)]
     pub generate_content_config: GenerationConfig,
     /// Model calls one turn may make (ours; default 50).
-    pub max_iterations: Option<NonZeroU32>,
+    pub(crate) max_iterations: Option<NonZeroU32>,
     /// `before_agent_callbacks`.
     #[serde(default)]
-    pub before_agent_callbacks: Vec<CodeRef>,
+    pub(crate) before_agent_callbacks: Vec<CodeRef>,
     /// `after_agent_callbacks`.
     #[serde(default)]
-    pub after_agent_callbacks: Vec<CodeRef>,
+    pub(crate) after_agent_callbacks: Vec<CodeRef>,
     /// `before_model_callbacks`.
     #[serde(default)]
-    pub before_model_callbacks: Vec<CodeRef>,
+    pub(crate) before_model_callbacks: Vec<CodeRef>,
     /// `after_model_callbacks`.
     #[serde(default)]
-    pub after_model_callbacks: Vec<CodeRef>,
+    pub(crate) after_model_callbacks: Vec<CodeRef>,
     /// `on_model_error_callbacks`.
     #[serde(default)]
-    pub on_model_error_callbacks: Vec<CodeRef>,
+    pub(crate) on_model_error_callbacks: Vec<CodeRef>,
     /// `before_tool_callbacks`.
     #[serde(default)]
-    pub before_tool_callbacks: Vec<CodeRef>,
+    pub(crate) before_tool_callbacks: Vec<CodeRef>,
     /// `after_tool_callbacks`.
     #[serde(default)]
-    pub after_tool_callbacks: Vec<CodeRef>,
+    pub(crate) after_tool_callbacks: Vec<CodeRef>,
     /// `on_tool_error_callbacks`.
     #[serde(default)]
-    pub on_tool_error_callbacks: Vec<CodeRef>,
+    pub(crate) on_tool_error_callbacks: Vec<CodeRef>,
 }
 
 /// `LoopAgent`: sub-agents in order, repeated.
@@ -273,22 +273,22 @@ pub struct LlmAgentConfig {
 #[serde(deny_unknown_fields)]
 pub struct LoopAgentConfig {
     /// `LoopAgent`.
-    pub agent_class: AgentClass,
+    pub(crate) agent_class: AgentClass,
     /// Its name.
-    pub name: AgentName,
+    pub(crate) name: AgentName,
     /// What it does.
     #[serde(default)]
-    pub description: String,
+    pub(crate) description: String,
     /// Iterations at most (required: a loop never runs "forever").
     pub max_iterations: NonZeroU32,
     /// Its sub-agents, in order.
-    pub sub_agents: Vec<SubAgentRef>,
+    pub(crate) sub_agents: Vec<SubAgentRef>,
     /// `before_agent_callbacks`.
     #[serde(default)]
-    pub before_agent_callbacks: Vec<CodeRef>,
+    pub(crate) before_agent_callbacks: Vec<CodeRef>,
     /// `after_agent_callbacks`.
     #[serde(default)]
-    pub after_agent_callbacks: Vec<CodeRef>,
+    pub(crate) after_agent_callbacks: Vec<CodeRef>,
 }
 
 /// `SequentialAgent`: sub-agents in order, once.
@@ -296,20 +296,20 @@ pub struct LoopAgentConfig {
 #[serde(deny_unknown_fields)]
 pub struct SequentialAgentConfig {
     /// `SequentialAgent`.
-    pub agent_class: AgentClass,
+    pub(crate) agent_class: AgentClass,
     /// Its name.
-    pub name: AgentName,
+    pub(crate) name: AgentName,
     /// What it does.
     #[serde(default)]
-    pub description: String,
+    pub(crate) description: String,
     /// Its sub-agents, in order.
-    pub sub_agents: Vec<SubAgentRef>,
+    pub(crate) sub_agents: Vec<SubAgentRef>,
     /// `before_agent_callbacks`.
     #[serde(default)]
-    pub before_agent_callbacks: Vec<CodeRef>,
+    pub(crate) before_agent_callbacks: Vec<CodeRef>,
     /// `after_agent_callbacks`.
     #[serde(default)]
-    pub after_agent_callbacks: Vec<CodeRef>,
+    pub(crate) after_agent_callbacks: Vec<CodeRef>,
 }
 
 /// `ParallelAgent`: sub-agents concurrently.
@@ -317,37 +317,37 @@ pub struct SequentialAgentConfig {
 #[serde(deny_unknown_fields)]
 pub struct ParallelAgentConfig {
     /// `ParallelAgent`.
-    pub agent_class: AgentClass,
+    pub(crate) agent_class: AgentClass,
     /// Its name.
-    pub name: AgentName,
+    pub(crate) name: AgentName,
     /// What it does.
     #[serde(default)]
-    pub description: String,
+    pub(crate) description: String,
     /// Its branches; their writes merge in this order.
-    pub sub_agents: Vec<SubAgentRef>,
+    pub(crate) sub_agents: Vec<SubAgentRef>,
     /// What a failing branch does (ours): `fail_fast` (default) or `continue`.
     #[serde(default)]
-    pub on_branch_failure: BranchPolicy,
+    pub(crate) on_branch_failure: BranchPolicy,
     /// `before_agent_callbacks`.
     #[serde(default)]
-    pub before_agent_callbacks: Vec<CodeRef>,
+    pub(crate) before_agent_callbacks: Vec<CodeRef>,
     /// `after_agent_callbacks`.
     #[serde(default)]
-    pub after_agent_callbacks: Vec<CodeRef>,
+    pub(crate) after_agent_callbacks: Vec<CodeRef>,
 }
 
 /// An edge of a `GraphAgent`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct EdgeConfig {
+pub(crate) struct EdgeConfig {
     /// The node it leaves.
-    pub from: String,
+    pub(crate) from: String,
     /// The node it leads to, or `END`.
-    pub to: String,
+    pub(crate) to: String,
     /// Taken only when this holds; a node's edges are tried in order, and one without
     /// `when` is taken when none before it held.
     #[serde(default)]
-    pub when: Option<Condition>,
+    pub(crate) when: Option<Condition>,
 }
 
 /// The target name that ends a graph.
@@ -358,27 +358,27 @@ pub const END: &str = "END";
 #[serde(deny_unknown_fields)]
 pub struct GraphAgentConfig {
     /// `GraphAgent`.
-    pub agent_class: AgentClass,
+    pub(crate) agent_class: AgentClass,
     /// Its name.
-    pub name: AgentName,
+    pub(crate) name: AgentName,
     /// What it does.
     #[serde(default)]
-    pub description: String,
+    pub(crate) description: String,
     /// Its nodes.
-    pub sub_agents: Vec<SubAgentRef>,
+    pub(crate) sub_agents: Vec<SubAgentRef>,
     /// The node that runs first.
-    pub start: String,
+    pub(crate) start: String,
     /// The edges; a node without one ends the graph.
     #[serde(default)]
-    pub edges: Vec<EdgeConfig>,
+    pub(crate) edges: Vec<EdgeConfig>,
     /// Node steps at most (default 1000).
-    pub max_steps: Option<u64>,
+    pub(crate) max_steps: Option<u64>,
     /// `before_agent_callbacks`.
     #[serde(default)]
-    pub before_agent_callbacks: Vec<CodeRef>,
+    pub(crate) before_agent_callbacks: Vec<CodeRef>,
     /// `after_agent_callbacks`.
     #[serde(default)]
-    pub after_agent_callbacks: Vec<CodeRef>,
+    pub(crate) after_agent_callbacks: Vec<CodeRef>,
 }
 
 /// When a router is consulted (`mode`).
@@ -403,7 +403,7 @@ pub struct TopicSource {
     /// The value of this state key when the agent answers.
     pub state_key: Option<String>,
     /// This field of the agent's answer, when the answer is a JSON object.
-    pub reply_field: Option<String>,
+    pub(crate) reply_field: Option<String>,
 }
 
 /// The natural successor of a router's node: a node name (or `END`), or branches tried in
@@ -480,9 +480,9 @@ where
 pub struct BranchConfig {
     /// Taken when this holds (absent: always).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub when: Option<Condition>,
+    pub(crate) when: Option<Condition>,
     /// The node, or `END`.
-    pub to: String,
+    pub(crate) to: String,
 }
 
 /// A quality gate of a router's node: a state test (`when`) or a Python check (`python`).
@@ -493,12 +493,12 @@ pub struct BranchConfig {
 )]
 pub struct GateConfig {
     /// Its name (`recovery` names a node per gate name).
-    pub name: String,
+    pub(crate) name: String,
     /// Whether a failure blocks the run (default) or is only recorded.
     #[serde(default = "blocking_by_default")]
     pub blocking: bool,
     /// The state must pass this test.
-    pub when: Option<Condition>,
+    pub(crate) when: Option<Condition>,
     /// A Python function `(state) -> bool | {passed, reason}` (`module.function` or
     /// `file.py:function`) must pass.
     pub python: Option<String>,
@@ -519,9 +519,9 @@ pub struct RetryConfig {
     /// Attempts in all (1: no retry).
     pub attempts: Option<NonZeroU32>,
     /// Seconds before the first retry.
-    pub initial: Option<f64>,
+    pub(crate) initial: Option<f64>,
     /// The longest wait, in seconds.
-    pub max: Option<f64>,
+    pub(crate) max: Option<f64>,
 }
 
 /// A node of a router: its file, gates and retries.
@@ -532,7 +532,7 @@ pub struct RetryConfig {
 )]
 pub struct RouterNodeRef {
     /// The node's file, relative to the router's file.
-    pub config_path: PathBuf,
+    pub(crate) config_path: PathBuf,
     /// Gates checked after the node runs, in order.
     #[serde(default)]
     pub gates: Vec<GateConfig>,
@@ -547,12 +547,12 @@ pub struct RouterNodeRef {
 #[serde(deny_unknown_fields)]
 pub struct RouterAgentConfig {
     /// `RouterAgent`.
-    pub agent_class: AgentClass,
+    pub(crate) agent_class: AgentClass,
     /// Its name (the `agent` of its decision records).
-    pub name: AgentName,
+    pub(crate) name: AgentName,
     /// What it does.
     #[serde(default)]
-    pub description: String,
+    pub(crate) description: String,
     /// Its nodes, with their gates and retries.
     pub sub_agents: Vec<RouterNodeRef>,
     /// The node that runs first.
@@ -565,7 +565,7 @@ pub struct RouterAgentConfig {
     pub successors: Vec<(String, SuccessorConfig)>,
     /// The recovery node of each gate, by gate name.
     #[serde(default)]
-    pub recovery: BTreeMap<String, String>,
+    pub(crate) recovery: BTreeMap<String, String>,
     /// Where the topic of each LLM agent's message comes from (absent: no topic).
     pub topic: Option<TopicSource>,
     /// Exchanges between two agents on one topic before it is circular (default 3; more
@@ -575,10 +575,10 @@ pub struct RouterAgentConfig {
     pub max_steps: Option<u64>,
     /// `before_agent_callbacks`.
     #[serde(default)]
-    pub before_agent_callbacks: Vec<CodeRef>,
+    pub(crate) before_agent_callbacks: Vec<CodeRef>,
     /// `after_agent_callbacks`.
     #[serde(default)]
-    pub after_agent_callbacks: Vec<CodeRef>,
+    pub(crate) after_agent_callbacks: Vec<CodeRef>,
 }
 
 /// `RlmAgent`: the RLM loop as an agent (ours; built by the kernel).
@@ -586,7 +586,7 @@ pub struct RouterAgentConfig {
 #[serde(deny_unknown_fields)]
 pub struct RlmAgentConfig {
     /// `RlmAgent`.
-    pub agent_class: AgentClass,
+    pub(crate) agent_class: AgentClass,
     /// Its name.
     pub name: AgentName,
     /// What it does.
@@ -607,16 +607,16 @@ pub struct RlmAgentConfig {
     pub args: Map<String, Value>,
     /// `before_agent_callbacks`.
     #[serde(default)]
-    pub before_agent_callbacks: Vec<CodeRef>,
+    pub(crate) before_agent_callbacks: Vec<CodeRef>,
     /// `after_agent_callbacks`.
     #[serde(default)]
-    pub after_agent_callbacks: Vec<CodeRef>,
+    pub(crate) after_agent_callbacks: Vec<CodeRef>,
     /// `before_model_callbacks`.
     #[serde(default)]
-    pub before_model_callbacks: Vec<CodeRef>,
+    pub(crate) before_model_callbacks: Vec<CodeRef>,
     /// `after_model_callbacks`.
     #[serde(default)]
-    pub after_model_callbacks: Vec<CodeRef>,
+    pub(crate) after_model_callbacks: Vec<CodeRef>,
 }
 
 /// `PythonAgent`: a Python function `(state) -> dict of updates` (ours; built by the kernel).
@@ -624,7 +624,7 @@ pub struct RlmAgentConfig {
 #[serde(deny_unknown_fields)]
 pub struct PythonAgentConfig {
     /// `PythonAgent`.
-    pub agent_class: AgentClass,
+    pub(crate) agent_class: AgentClass,
     /// Its name.
     pub name: AgentName,
     /// What it does.
@@ -637,10 +637,10 @@ pub struct PythonAgentConfig {
     pub args: Map<String, Value>,
     /// `before_agent_callbacks`.
     #[serde(default)]
-    pub before_agent_callbacks: Vec<CodeRef>,
+    pub(crate) before_agent_callbacks: Vec<CodeRef>,
     /// `after_agent_callbacks`.
     #[serde(default)]
-    pub after_agent_callbacks: Vec<CodeRef>,
+    pub(crate) after_agent_callbacks: Vec<CodeRef>,
 }
 
 /// One agent's settings, by class.
@@ -708,7 +708,7 @@ impl AgentConfig {
     }
 
     /// The files of its sub-agents.
-    pub fn sub_agent_refs(&self) -> Vec<SubAgentRef> {
+    pub(crate) fn sub_agent_refs(&self) -> Vec<SubAgentRef> {
         match self {
             Self::Loop(c) => c.sub_agents.clone(),
             Self::Sequential(c) => c.sub_agents.clone(),
