@@ -539,6 +539,63 @@ while True:
 }
 
 #[test]
+fn a_fork_bomb_under_an_interrupted_block_is_capped_and_ended_with_it() {
+    // The bomb holds as many processes as the cap lets it, then waits for the cell timeout:
+    // every one of them (a shell and its `sleep`) ends with the block, the worker lives on.
+    let run = crate::processes::interrupted(
+        r#"import os
+n = 0
+try:
+    while True:
+        if os.fork() == 0:
+            os.execv("/bin/sh", ["sh", "-c", "sleep 600; : {MARK}"])
+        n += 1
+except OSError as e:
+    capped = f"{n} then {e.strerror}""#,
+        20,
+        "process",
+    );
+    // The cap: `RLIMIT_NPROC` (256), or for root the namespace's `pid_max`, which the
+    // kernel keeps at 301 at least.
+    assert!((20..=300).contains(&run.found.len()), "{run:#?}");
+    assert!(run.left.is_empty(), "the bomb outlived its block: {run:#?}");
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_eq!(
+        run.stdout.lines().last(),
+        Some("go same worker"),
+        "{run:#?}"
+    );
+}
+
+/// With a `/proc` of its own, the code sees its PID namespace's processes (init and
+/// itself) and nothing of the machine: no other process, no machine-wide file, and of
+/// init, outside its Landlock domain, nothing `ptrace` guards.
+#[test]
+fn list_every_process_and_machine_file_in_proc() {
+    let outcome = hostile(
+        r#"import os
+print("pids:", sorted(int(e) for e in os.listdir("/proc") if e.isdigit()), "self:", os.readlink("/proc/self") == str(os.getpid()))
+for path in ("/proc/1/environ", "/proc/1/maps", "/proc/1/mem", "/proc/1/fd/0", "/proc/1/root/etc",
+             "/proc/sys/kernel", "/proc/kallsyms", "/proc/cmdline", "/proc/sysvipc/shm",
+             "/proc/meminfo", "/proc/net/tcp", "/proc/mounts"):
+    try:
+        if os.path.isdir(path):
+            os.listdir(path)
+        else:
+            open(path, "rb").read(1)
+        print(path, "read")
+    except OSError as e:
+        print(path, type(e).__name__)"#,
+        &["pids: [1, 2] self: True"],
+        &[],
+    );
+    assert!(
+        !outcome.first.contains(" read\\n"),
+        "the code read outside its namespace: {outcome:#?}"
+    );
+}
+
+#[test]
 fn memory_bomb() {
     hostile(
         r#"chunks = []

@@ -1,9 +1,15 @@
 //! Model code that uses processes: pools over functions defined in earlier blocks, forked
 //! children that end with their block, and no process left behind when the run ends. The
-//! tests that follow processes by pid run with `--isolation none`: in a worker, pids are those
-//! of its PID namespace (`isolation.rs` checks that nothing outlives a worker's run).
+//! tests that follow processes by pid from inside the run use `--isolation none`: in a
+//! worker, pids are those of its PID namespace (`isolation.rs` checks that nothing outlives
+//! a worker's run). [`interrupted`] follows a confined worker's processes from this side,
+//! by their pids on the machine, while the worker lives on.
 
-use crate::support::{Mock, Run, file, repl, script};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::support::{Mock, Run, file, marked, repl, script};
 
 const DEFINITIONS: &str = "\
 OFFSET = 1
@@ -256,4 +262,210 @@ time.sleep(60)",
     assert_eq!(output.status.code(), Some(130));
     let left: Vec<u32> = pids.into_iter().filter(|&p| running(p)).collect();
     assert!(left.is_empty(), "still running after Ctrl-C: {left:?}");
+}
+
+/// What [`interrupted`] saw.
+#[derive(Debug)]
+pub(crate) struct Interrupted {
+    /// Every process of the block it found: {pid on the machine: start time}.
+    pub(crate) found: BTreeMap<u32, u64>,
+    /// Those still running when the wait for their end ran out, or when the run ended.
+    pub(crate) left: Vec<u32>,
+    pub(crate) code: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+}
+
+static MARKS: AtomicUsize = AtomicUsize::new(0);
+
+/// The cell timeout of [`interrupted`]'s runs, in seconds.
+const TIMEOUT: u64 = 5;
+
+/// `(parent, start time, state)` of a process on the machine.
+fn host_stat(pid: u32) -> Option<(u32, u64, char)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    Some((
+        fields.get(1)?.parse().ok()?,
+        fields.get(19)?.parse().ok()?,
+        state,
+    ))
+}
+
+/// `roots` and every process below them, with their start times.
+fn tree(roots: &[u32]) -> BTreeMap<u32, u64> {
+    let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    let mut starts = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok()) else {
+            continue;
+        };
+        if let Some((parent, start, _)) = host_stat(pid) {
+            children.entry(parent).or_default().push(pid);
+            starts.insert(pid, start);
+        }
+    }
+    let mut found = BTreeMap::new();
+    let mut todo = roots.to_vec();
+    while let Some(pid) = todo.pop() {
+        if let Some(&start) = starts.get(&pid)
+            && found.insert(pid, start).is_none()
+        {
+            todo.extend(children.get(&pid).into_iter().flatten());
+        }
+    }
+    found
+}
+
+/// Whether the process `pid` that started at `start` still runs (a zombie has ended).
+fn runs(pid: u32, start: u64) -> bool {
+    host_stat(pid).is_some_and(|(_, s, state)| s == start && !matches!(state, 'Z' | 'X'))
+}
+
+/// Runs `cell` (`{MARK}` in it: a marker for the command lines of the processes it starts)
+/// as the first block of a run in a confined worker (`isolation`), stuck until the cell
+/// timeout interrupts it. From this side, by their pids on the machine: waits until at
+/// least `least` marked processes run and their number holds still, takes them and every
+/// process below them, and waits (bounded) for all of them to end. Only then does the
+/// second block, waiting in the same worker, go on; it answers `go` and whether the first
+/// block's variables are still there (`same worker`: no worker was restarted, whose end
+/// would have ended the processes by itself).
+pub(crate) fn interrupted(cell: &str, least: usize, isolation: &str) -> Interrupted {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let contexts = dir.path().join("contexts");
+    std::fs::create_dir(&contexts).expect("mkdir");
+    file(&contexts, "ctx.txt", "some context");
+    let go = contexts.join("go");
+    let mark = format!(
+        "rlm-interrupted-{}-{}",
+        std::process::id(),
+        MARKS.fetch_add(1, Ordering::Relaxed)
+    );
+    let first = format!(
+        "started = True\n{}\nimport time\ntime.sleep(60)",
+        cell.replace("{MARK}", &mark)
+    );
+    let second = format!(
+        "\
+import os, time
+deadline = time.monotonic() + {wait}
+while not os.path.exists({go:?}) and time.monotonic() < deadline:
+    time.sleep(0.05)
+result = ('go' if os.path.exists({go:?}) else 'no go') + (' same worker' if 'started' in globals() else ' new worker')",
+        wait = TIMEOUT - 1,
+        go = go.to_str().expect("utf-8"),
+    );
+    let mock = Mock::start(script(&[
+        &repl(&first),
+        &repl(&second),
+        "FINAL_VAR(result)",
+    ]));
+    let timeout = TIMEOUT.to_string();
+    let mut child = mock.spawn_run_with(
+        &contexts,
+        &dir.path().join("t.jsonl"),
+        &["--cell-timeout", &timeout, "--isolation", isolation],
+    );
+    // The block's processes, once their number holds still for 300 ms (a fork bomb's too).
+    let deadline = Instant::now() + Duration::from_secs(TIMEOUT);
+    let (mut roots, mut since) = (Vec::new(), Instant::now());
+    while Instant::now() < deadline {
+        let now = marked(&mark);
+        if now.len() != roots.len() {
+            (roots, since) = (now, Instant::now());
+        } else if roots.len() >= least && since.elapsed() > Duration::from_millis(300) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let found = tree(&roots);
+    // Their end: the interrupt at the cell timeout, SIGTERM, SIGKILL a second later.
+    let deadline = Instant::now() + Duration::from_secs(TIMEOUT + 10);
+    let mut left: Vec<u32> = found.keys().copied().collect();
+    let mut status = None;
+    while !left.is_empty() && Instant::now() < deadline {
+        left.retain(|pid| runs(*pid, found[pid]));
+        if let Ok(Some(ended)) = child.try_wait() {
+            // Whatever still ran then ended with the worker, not with the block.
+            status = Some(ended);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::write(&go, "").expect("go");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = status {
+            break Some(status);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // A few lines each, well within a pipe's buffer: read once the run has ended.
+    let read = |pipe: Option<&mut dyn std::io::Read>| {
+        let mut text = String::new();
+        pipe.map(|p| p.read_to_string(&mut text));
+        text
+    };
+    Interrupted {
+        found,
+        left,
+        code: status.and_then(|s| s.code()),
+        stdout: read(child.stdout.as_mut().map(|p| p as &mut dyn std::io::Read)),
+        stderr: read(child.stderr.as_mut().map(|p| p as &mut dyn std::io::Read)),
+    }
+}
+
+/// A subprocess (a `sleep 60` below its shell), a double-forked daemon and one in a session
+/// of its own that ignores SIGTERM: all started by a block the cell timeout interrupts.
+const THREE_WAYS: &str = r#"import os, subprocess
+sleeper = subprocess.Popen(['sh', '-c', 'sleep 60; : {MARK}'])
+if os.fork() == 0:
+    if os.fork() == 0:
+        os.execv('/bin/sh', ['sh', '-c', 'sleep 60; : {MARK}'])
+    os._exit(0)
+os.wait()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv('/bin/sh', ['sh', '-c', "trap '' HUP TERM; sleep 60; : {MARK}"])
+    os._exit(0)
+os.wait()"#;
+
+fn every_process_of_an_interrupted_block_ends_in(isolation: &str) {
+    let run = interrupted(THREE_WAYS, 3, isolation);
+    // Three shells and a `sleep` below each.
+    assert!(run.found.len() >= 6, "{isolation}: {run:#?}");
+    assert!(
+        run.left.is_empty(),
+        "{isolation}: the interrupted block's processes still run: {run:#?}"
+    );
+    assert_eq!(run.code, Some(0), "{isolation}: {run:#?}");
+    assert_eq!(
+        run.stdout.lines().last(),
+        Some("go same worker"),
+        "{isolation}: {run:#?}"
+    );
+    assert!(
+        run.stderr.contains("final answer after 3 iteration(s)"),
+        "{isolation}: {run:#?}"
+    );
+}
+
+#[test]
+fn an_interrupted_blocks_processes_end_with_it_in_a_confined_worker() {
+    every_process_of_an_interrupted_block_ends_in("process");
+}
+
+#[test]
+fn an_interrupted_blocks_processes_end_with_it_in_a_strict_worker() {
+    every_process_of_an_interrupted_block_ends_in("strict");
 }

@@ -7,12 +7,12 @@
 //!
 //! | layer | mechanism |
 //! |---|---|
-//! | filesystem | Landlock: read the system, Python and the contexts; write only the scratch dir |
+//! | filesystem | Landlock: read the system, Python and the contexts; write only the scratch dir; a read-only `/proc` of the PID namespace's own, holding only its processes |
 //! | network | an empty network namespace (inside a user namespace); seccomp: sockets only `AF_UNIX`, no `connect`/`bind`; Landlock: no TCP |
 //! | syscalls | seccomp: no `ptrace`, `process_vm_*`, `mount`, `bpf`, `kexec_*`, `perf_event_open`, keyrings, `io_uring`, new namespaces, …; no new privileges, not dumpable, no capabilities |
 //! | limits | rlimits: memory (`RLIMIT_DATA`), CPU time, file size, open files; no core dumps |
 //! | processes | `RLIMIT_NPROC` in the user namespace, or for root the PID namespace's `pid_max` |
-//! | lifetime | a PID namespace whose init ends with the worker, taking every process along; a session init leads, so no controlling terminal |
+//! | lifetime | a PID namespace whose init ends with the worker, taking every process along, and whose own `/proc` lets the worker find and end an interrupted block's processes; a session init leads, so no controlling terminal |
 //! | environment | only the policy's variables (no keys) |
 //!
 //! # Pieces

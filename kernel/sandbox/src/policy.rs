@@ -20,7 +20,9 @@ pub const SYSTEM_EXEC_PATHS: &[&str] = &[
 /// Files and folders outside the system directories that programs read at start-up
 /// (dynamic loader cache, time zone, user and group names, locale, Python's Debian
 /// configuration) and read-only views of this process and the CPUs. Nothing here holds a
-/// secret: `/etc` as a whole is not readable (it has `shadow`, keys and credentials).
+/// secret: `/etc` as a whole is not readable (it has `shadow`, keys and credentials). Where
+/// the confined process has a `/proc` of its PID namespace's own, it reads that whole
+/// instead: its own processes' folders, and none of the machine-wide files listed here.
 pub const SYSTEM_READ_PATHS: &[&str] = &[
     "/etc/ld.so.cache",
     "/etc/ld.so.conf",

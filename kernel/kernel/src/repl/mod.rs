@@ -97,10 +97,12 @@
 //!   look up a C function through `ctypes`, and the children are noted just before; a block
 //!   that does none of these (most) costs no scan. A process a C extension starts on its own
 //!   (or a `ctypes` function looked up in an earlier block) is not seen by it; in a worker,
-//!   it still dies with the worker. In a worker with a PID namespace of its own (the default
-//!   where the kernel allows one) `/proc` numbers processes apart from `os.kill`: for now only
-//!   multiprocessing's are ended with an interrupted block there; the others run on until
-//!   the worker ends.
+//!   it still dies with the worker. In a confined worker, `/proc` is its PID namespace's own
+//!   (mounted by the sandbox's init, the namespace's first process: the worker sees its own
+//!   processes by the pids `os.kill` takes, and nothing of the machine's), and init adopts
+//!   orphans: its children that started during a block (a double fork's daemon) count as
+//!   the block's. Where the kernel refuses that `/proc` (see `rlm doctor`), an interrupted
+//!   block's processes run on until the worker ends.
 //!
 //! # Limits of interruption
 //! A timeout stops pure-Python code, `time.sleep` and `llm_query`/`llm_query_batched` (also

@@ -89,6 +89,7 @@ class Session:
         "processes",
         "pool_processes",
         "block_children",
+        "block_since",
         "block_pool",
         "children_lock",
         "killing",
@@ -127,6 +128,9 @@ class Session:
         # a block that starts no process costs no scan of `/proc`; see `_audit`).
         self.block_pool = None
         self.block_children = None
+        # When they were noted (`_boot_ticks`): an orphan that started before is not the
+        # block's, though it may have become an orphan during it.
+        self.block_since = 0
         self.children_lock = threading.Lock()
         # Whether a block ran while multiprocessing's locks were loaded: only then may the
         # namespace hold a semaphore in a reference cycle that `close` must collect.
@@ -148,6 +152,7 @@ class Session:
         first time in a block, note this process's children as they are before it."""
         with self.children_lock:
             if self.block_pool is not None and self.block_children is None:
+                self.block_since = _boot_ticks()
                 self.block_children = _direct_children()
 
     def end_block(self):
@@ -164,13 +169,15 @@ class Session:
             self.block_children = self.block_pool = None
         if pool is None:
             return
+        mine = os.getpid()
         started = (
             {}
             if children is None
             else {
-                pid: since
+                pid: stat[1]
                 for pid in _direct_children() - children
-                if (since := _start_time(pid)) is not None
+                if (stat := _stat(pid)) is not None
+                and (stat[0] == mine or stat[1] >= self.block_since)
             }
         )
         started_pool = [p for p in _mp_children() if p not in pool]
@@ -400,8 +407,12 @@ _original_raise_signal = signal.raise_signal
 def adopt_process():
     """This process holds the sessions from now on: a worker whose confinement forked it
     (the process that imported this module is gone)."""
-    global _HOST_PID
+    global _HOST_PID, _INIT_ADOPTS
     _HOST_PID = os.getpid()
+    # Confined in a PID namespace of its own, whose `/proc` (its own too) numbers processes
+    # as `os.kill` does, this process is the child of the namespace's init: the reaper of
+    # every orphan there, which are all the session's.
+    _INIT_ADOPTS = os.getppid() == 1 and _proc_self() == _HOST_PID
 
 
 def _in_host_cell():
@@ -732,6 +743,10 @@ _PROCESS_EVENTS = frozenset(
 
 _AUDITING = False
 
+# Whether pid 1 is the sandbox's init and its other children are the session's (see
+# `adopt_process`): a double fork's daemon ends up there.
+_INIT_ADOPTS = False
+
 
 def _audit(event, args):
     """The interpreter's audit hook: a session thread about to start a process makes its
@@ -745,7 +760,9 @@ def _audit(event, args):
 
 def _direct_children():
     """Pids of this process's children: every process in `/proc` whose parent is this one
-    (Linux; elsewhere none are seen and only multiprocessing's own processes are tracked).
+    (Linux; elsewhere none are seen and only multiprocessing's own processes are tracked),
+    and in a confined worker the other children of its init: orphans, such as a double
+    fork's daemon (`_INIT_ADOPTS`).
 
     Not `/proc/self/task/*/children`, which is read a task at a time, each list piecewise
     (proc_tid_children(5): reliable only for frozen processes): a child whose thread exits
@@ -755,13 +772,35 @@ def _direct_children():
     the parent's thread-group id, which a thread's exit does not change, and `/proc` lists
     processes in pid order, so every one that runs throughout the scan is seen.
 
-    The pids are those of `/proc` (in a worker with a PID namespace of its own, the
-    machine's `/proc` numbers processes apart from `os.getpid()`; see `_terminate`)."""
-    try:
-        mine = int(os.readlink("/proc/self"))
-    except (OSError, ValueError):
+    The pids are those of `/proc`: in a confined worker, the `/proc` of its own PID
+    namespace (without it, none can be read)."""
+    mine = _proc_self()
+    if mine is None:
         return set()
-    return set(_processes_by_parent().get(mine, ()))
+    parents = _processes_by_parent()
+    children = set(parents.get(mine, ()))
+    if _INIT_ADOPTS:
+        children.update(pid for pid in parents.get(1, ()) if pid != mine)
+    return children
+
+
+def _proc_self():
+    """This process's pid as `/proc` numbers it, or None."""
+    try:
+        return int(os.readlink("/proc/self"))
+    except (OSError, ValueError):
+        return None
+
+
+def _owners():
+    """The parents of the processes a session starts: this process, and in a confined
+    worker its init (orphans)."""
+    return {os.getpid(), 1} if _INIT_ADOPTS else {os.getpid()}
+
+
+def _boot_ticks():
+    """Now, in the unit of a process's start time in `/proc/PID/stat`."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
 
 
 def _processes_by_parent():
@@ -793,11 +832,6 @@ def _stat(pid):
     if len(fields) < 20:
         return None
     return int(fields[1]), int(fields[19]), fields[0].decode("ascii", "replace")
-
-
-def _start_time(pid):
-    stat = _stat(pid)
-    return stat[1] if stat is not None else None
 
 
 def _mp_children():
@@ -853,15 +887,16 @@ def _terminate(processes, pool):
             p.kill()
             p.join(_TERMINATE_GRACE)
     skip = _mp_helpers() | {p.pid for p in pool}
-    mine = os.getpid()
-    # A pid is ours only while it is still our child started at the recorded time, and only
-    # where `/proc` numbers processes as `os.kill` does: in a worker whose PID namespace is
-    # its own under the machine's `/proc` (where `os.getpid()` differs) none is, and what its
-    # blocks started ends with the namespace.
+    owners = _owners()
+    # A pid is ours only while it is still our child (or, in a confined worker, init's)
+    # started at the recorded time.
     roots = [
         pid
         for pid, since in processes.items()
-        if pid not in skip and (stat := _stat(pid)) is not None and stat[:2] == (mine, since)
+        if pid not in skip
+        and (stat := _stat(pid)) is not None
+        and stat[0] in owners
+        and stat[1] == since
     ]
     if not roots:
         return

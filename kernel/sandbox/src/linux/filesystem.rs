@@ -108,11 +108,13 @@ pub(crate) fn with_read_only_mounts(landlock: State, mounts: Result<(), String>)
 }
 
 /// Restricts the calling process (and its future children) for good; `private_shm`: the
-/// process has a `/dev/shm` of its own, which it may write. Returns the filesystem layer's
-/// state and whether TCP is refused.
-pub(crate) fn restrict(policy: &Policy, private_shm: bool) -> (State, bool) {
+/// process has a `/dev/shm` of its own, which it may write; `private_proc`: `/proc` is its
+/// PID namespace's own (see `ns::private_proc`), which it may read whole (else only the
+/// policy's `/proc` files of the machine's). Returns the filesystem layer's state and
+/// whether TCP is refused.
+pub(crate) fn restrict(policy: &Policy, private_shm: bool, private_proc: bool) -> (State, bool) {
     let abi = kernel_abi();
-    match build_and_restrict(policy, private_shm) {
+    match build_and_restrict(policy, private_shm, private_proc) {
         Ok(RulesetStatus::FullyEnforced) => (
             State::Active {
                 detail: detail(policy, abi),
@@ -139,6 +141,7 @@ pub(crate) fn restrict(policy: &Policy, private_shm: bool) -> (State, bool) {
 fn build_and_restrict(
     policy: &Policy,
     private_shm: bool,
+    private_proc: bool,
 ) -> Result<RulesetStatus, landlock::RulesetError> {
     let read = AccessFs::ReadFile | AccessFs::ReadDir;
     let exec = read | AccessFs::Execute;
@@ -162,6 +165,14 @@ fn build_and_restrict(
                 &[][..]
             },
             all,
+        ))?
+        .add_rules(path_beneath_rules(
+            if private_proc {
+                &["/proc"][..]
+            } else {
+                &[][..]
+            },
+            read,
         ))?
         .restrict_self()?;
     Ok(status.ruleset)

@@ -3,7 +3,8 @@
 //! 1. environment (`env`): only the policy's variables;
 //! 2. namespaces (`ns`): user, then network and PID;
 //! 3. process tree (`lifetime`): supervisor → init → confined, in a session init leads
-//!    (the supervisor, a process-group leader, cannot start one);
+//!    (the supervisor, a process-group leader, cannot start one); init mounts the worker's
+//!    view: everything read-only, a `/dev/shm` and a `/proc` of its own (`ns`);
 //! 4. in the confined process: rlimits and the process cap (`limits`), no privileges
 //!    (`privileges`), Landlock (`filesystem`), seccomp (`syscalls`) — seccomp last, as it
 //!    refuses calls the steps before it make.
@@ -55,9 +56,16 @@ pub(crate) fn enter(policy: &Policy, level: Level) -> Result<Report, SandboxErro
     let lifetime::Tree {
         binding,
         session,
-        mounted: read_only,
+        mounted: (read_only, proc),
     } = lifetime::split(pid_namespace, cap_pids, || {
-        read_only_mounts(policy, own_userns || root)
+        let read_only = read_only_mounts(policy, own_userns || root);
+        // In init, the first process of the new PID namespace: the procfs it mounts shows
+        // that namespace (without one, a procfs would show the machine's).
+        let proc = pid_namespace.then(|| match &read_only {
+            Ok(_) => ns::private_proc(),
+            Err(e) => Err(*e),
+        });
+        (read_only, proc)
     })?;
 
     // In the confined process.
@@ -65,7 +73,8 @@ pub(crate) fn enter(policy: &Policy, level: Level) -> Result<Report, SandboxErro
     let processes = processes_state(policy, root, own_userns, &binding);
     let privileges = privileges::drop_all();
     let private_shm = matches!(read_only, Ok(true));
-    let (filesystem, landlock_tcp) = filesystem::restrict(policy, private_shm);
+    let private_proc = matches!(proc, Some(Ok(())));
+    let (filesystem, landlock_tcp) = filesystem::restrict(policy, private_shm, private_proc);
     let filesystem =
         filesystem::with_read_only_mounts(filesystem, read_only.map(drop).map_err(mount_reason));
     let seccomp = match filters {
@@ -88,7 +97,7 @@ pub(crate) fn enter(policy: &Policy, level: Level) -> Result<Report, SandboxErro
         (Layer::Processes, processes),
         (
             Layer::Lifetime,
-            lifetime_state(&binding, namespaces.pid, session),
+            lifetime_state(&binding, namespaces.pid, session, proc),
         ),
         (Layer::Environment, environment),
     ]);
@@ -123,6 +132,18 @@ fn read_only_mounts(policy: &Policy, privileged: bool) -> Result<bool, Errno> {
         .map_or(64 << 20, |m| (m / 4).max(16 << 20));
     // A /dev/shm that cannot be mounted leaves the machine's read-only: nothing to refuse.
     Ok(ns::private_shm(shm).unwrap_or(false))
+}
+
+/// Why the namespace's own `/proc` ([`ns::private_proc`]) is missing.
+fn proc_reason(e: Errno) -> String {
+    match e {
+        Errno::PERM | Errno::ACCESS => format!(
+            "the kernel refused a procfs for the PID namespace: it needs a user namespace and \
+             a `/proc` with nothing mounted over parts of it (a container's masked paths) ({e})"
+        ),
+        Errno::INVAL => "this kernel lacks procfs's `subset=pid` (Linux 5.8)".to_owned(),
+        e => format!("mounting it failed: {e}"),
+    }
 }
 
 fn mount_reason(e: Errno) -> String {
@@ -278,12 +299,15 @@ fn network_state(
     }
 }
 
+/// `proc`: whether init mounted the namespace's own `/proc` (`None`: no PID namespace).
 fn lifetime_state(
     binding: &lifetime::Binding,
     pid: Result<(), Errno>,
     session: Result<(), Errno>,
+    proc: Option<Result<(), Errno>>,
 ) -> State {
     const SESSION: &str = "a session of its own: no controlling terminal";
+    const INTERRUPTED: &str = "the processes of an interrupted block run on until the worker ends";
     let (mut detail, mut missing) = match binding {
         lifetime::Binding::PidNamespace { .. } => (
             "a PID namespace: when the worker ends, the kernel kills every process it \
@@ -294,11 +318,24 @@ fn lifetime_state(
         lifetime::Binding::Subreaper => (
             "a subreaper supervisor kills every process left when the worker ends".to_owned(),
             vec![pid.err().map_or_else(
-                || "no PID namespace".to_owned(),
-                |e| namespace_reason("PID", e),
+                || format!("no PID namespace: {INTERRUPTED}"),
+                |e| format!("{}: {INTERRUPTED}", namespace_reason("PID", e)),
             )],
         ),
     };
+    match proc {
+        Some(Ok(())) => {
+            detail = format!(
+                "{detail}; a `/proc` that shows only that namespace's processes, so those of \
+                 an interrupted block are found and ended with it"
+            )
+        }
+        Some(Err(e)) => missing.push(format!(
+            "no `/proc` of its own ({}): {INTERRUPTED}",
+            proc_reason(e)
+        )),
+        None => {}
+    }
     match session {
         Ok(()) => detail = format!("{detail}; {SESSION}"),
         Err(e) => missing.push(format!(
@@ -384,7 +421,15 @@ pub(crate) fn probe(policy: &Policy) -> Report {
         (Layer::Limits, limits::describe(&policy.limits)),
         (Layer::Processes, processes),
         // A child of the supervisor is never a group leader: `setsid` cannot fail there.
-        (Layer::Lifetime, lifetime_state(&binding, trial.pid, Ok(()))),
+        (
+            Layer::Lifetime,
+            lifetime_state(
+                &binding,
+                trial.pid,
+                Ok(()),
+                trial.pid.ok().map(|()| trial.proc),
+            ),
+        ),
         (Layer::Environment, env::describe(&policy.env)),
     ])
 }
@@ -395,10 +440,13 @@ struct Trial {
     pid: Result<(), Errno>,
     pid_max: Option<u64>,
     read_only: Result<(), Errno>,
+    /// A `/proc` of the PID namespace ([`ns::private_proc`]).
+    proc: Result<(), Errno>,
 }
 
 /// Forks a child that enters the namespaces (and, in a grandchild inside the PID namespace,
-/// caps `pid_max`) and writes the outcome to a pipe. The child makes raw system calls on
+/// caps `pid_max` and mounts the namespace's `/proc` in a mount namespace of its own) and
+/// writes the outcome to a pipe. The child makes raw system calls on
 /// data prepared here only, so this is safe from a threaded process.
 fn ns_trial(processes: u64, network: bool) -> Trial {
     let unknown = Errno::AGAIN;
@@ -407,6 +455,7 @@ fn ns_trial(processes: u64, network: bool) -> Trial {
         pid: Err(unknown),
         pid_max: None,
         read_only: Err(unknown),
+        proc: Err(unknown),
     };
     let root = rustix::process::geteuid().is_root();
     let initial_userns = in_initial_user_namespace();
@@ -423,20 +472,32 @@ fn ns_trial(processes: u64, network: bool) -> Trial {
         let got = ns::unshare_all(&maps, network);
         let code = |r: Result<(), Errno>| r.err().map_or(0, |e| e.raw_os_error());
         let mut pid_max = 0;
-        if (got.user.is_ok() || !initial_userns) && got.pid.is_ok() && processes > 0 {
+        let mut proc = unknown.raw_os_error();
+        if got.pid.is_ok() {
+            let cap = (got.user.is_ok() || !initial_userns) && processes > 0;
+            let mount = got.user.is_ok() || root;
             // SAFETY: as above; the grandchild is pid 1 of the new namespace.
             let grandchild = unsafe { libc::fork() };
             if grandchild == 0 {
-                let ok = ns::cap_pids(processes).is_ok();
+                // Exit status: bit 0 the cap held, bits 1-7 the mount's errno (0: mounted).
+                let capped = cap && ns::cap_pids(processes).is_ok();
+                let mounted = if mount {
+                    ns::read_only_except(&[]).and_then(|()| ns::private_proc())
+                } else {
+                    Err(Errno::PERM)
+                };
+                let errno = mounted.err().map_or(0, |e| e.raw_os_error().clamp(1, 127));
                 // SAFETY: exits the grandchild.
-                unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+                unsafe { libc::_exit(i32::from(capped) | (errno << 1)) };
             }
             let mut status = 0;
             // SAFETY: waits for our own child.
             let reaped = grandchild > 0
                 && unsafe { libc::waitpid(grandchild, &mut status, 0) } == grandchild;
-            if reaped && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-                pid_max = 1;
+            if reaped && libc::WIFEXITED(status) {
+                let code = libc::WEXITSTATUS(status);
+                pid_max = code & 1;
+                proc = code >> 1;
             }
         }
         let read_only = if got.user.is_ok() || root {
@@ -450,12 +511,13 @@ fn ns_trial(processes: u64, network: bool) -> Trial {
             code(got.pid),
             pid_max,
             code(read_only),
+            proc,
         ];
-        let mut bytes = [0u8; 20];
+        let mut bytes = [0u8; 24];
         for (i, w) in words.iter().enumerate() {
             bytes[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
         }
-        // SAFETY: writes 20 bytes to the pipe and exits without the parent's destructors.
+        // SAFETY: writes 24 bytes to the pipe and exits without the parent's destructors.
         unsafe {
             libc::write(write_end, bytes.as_ptr().cast(), bytes.len());
             libc::_exit(0);
@@ -463,9 +525,9 @@ fn ns_trial(processes: u64, network: bool) -> Trial {
     }
     // SAFETY: closes our copy of the write end.
     unsafe { libc::close(write_end) };
-    let mut bytes = [0u8; 20];
+    let mut bytes = [0u8; 24];
     let n = if child > 0 {
-        // SAFETY: reads at most 20 bytes, then reaps our own child.
+        // SAFETY: reads at most 24 bytes, then reaps our own child.
         unsafe {
             let n = libc::read(read_end, bytes.as_mut_ptr().cast(), bytes.len());
             libc::waitpid(child, std::ptr::null_mut(), 0);
@@ -476,7 +538,7 @@ fn ns_trial(processes: u64, network: bool) -> Trial {
     };
     // SAFETY: closes the read end.
     unsafe { libc::close(read_end) };
-    if n != 20 {
+    if n != 24 {
         return failed;
     }
     let word = |i: usize| {
@@ -496,6 +558,7 @@ fn ns_trial(processes: u64, network: bool) -> Trial {
         pid: result(2),
         pid_max: (word(3) == 1).then(|| processes.saturating_add(2).max(301)),
         read_only: result(4),
+        proc: result(5),
     }
 }
 
@@ -535,21 +598,39 @@ mod tests {
     }
 
     #[test]
-    fn without_a_pid_namespace_or_a_session_the_lifetime_is_partial() {
+    fn without_a_pid_namespace_its_proc_or_a_session_the_lifetime_is_partial() {
         let namespace = lifetime::Binding::PidNamespace { pid_max: None };
-        let active = lifetime_state(&namespace, Ok(()), Ok(()));
+        let active = lifetime_state(&namespace, Ok(()), Ok(()), Some(Ok(())));
         assert!(
-            matches!(&active, State::Active { detail } if detail.contains("no controlling terminal")),
+            matches!(&active, State::Active { detail } if detail.contains("no controlling terminal") && detail.contains("interrupted block are found and ended")),
             "{active:?}"
         );
-        let partial = lifetime_state(&lifetime::Binding::Subreaper, Err(Errno::PERM), Ok(()));
+        let partial = lifetime_state(
+            &lifetime::Binding::Subreaper,
+            Err(Errno::PERM),
+            Ok(()),
+            None,
+        );
         assert!(
-            matches!(&partial, State::Partial { missing, .. } if missing.starts_with("no PID namespace")),
+            matches!(&partial, State::Partial { missing, .. } if missing.starts_with("no PID namespace") && missing.contains("run on until the worker ends")),
             "{partial:?}"
         );
+        // A namespace whose `/proc` could not be mounted: an interrupted block's processes
+        // live on, a gap `strict` refuses, with the reason.
+        for (e, reason) in [
+            (Errno::PERM, "masked paths"),
+            (Errno::INVAL, "`subset=pid` (Linux 5.8)"),
+        ] {
+            let no_proc = lifetime_state(&namespace, Ok(()), Ok(()), Some(Err(e)));
+            assert!(
+                matches!(&no_proc, State::Partial { missing, .. } if missing.starts_with("no `/proc` of its own") && missing.contains(reason) && missing.contains("run on until the worker ends")),
+                "{no_proc:?}"
+            );
+        }
         // A session that could not be started is a gap `strict` refuses, named as such.
         for binding in [namespace, lifetime::Binding::Subreaper] {
-            let no_session = lifetime_state(&binding, Err(Errno::PERM), Err(Errno::PERM));
+            let no_session =
+                lifetime_state(&binding, Err(Errno::PERM), Err(Errno::PERM), Some(Ok(())));
             assert!(
                 matches!(&no_session, State::Partial { missing, .. } if missing.contains("no session of its own (`setsid`")),
                 "{no_session:?}"

@@ -199,6 +199,30 @@ pub(crate) fn private_shm(size: u64) -> Result<bool, Errno> {
     Ok(true)
 }
 
+/// Mounts, on `/proc` of the mount namespace [`read_only_except`] made, a procfs of the
+/// caller's PID namespace (the caller must be in it: init), read-only and holding only the
+/// processes' folders (`subset=pid`, Linux 5.8): the confined code finds the processes it
+/// started — the pids `os.kill` takes, with their parents and start times — and nothing
+/// else. Not a process of the machine (the parent, other workers, the template), and none
+/// of the machine-wide files (`/proc/sys`, `kallsyms`, `cmdline`, `meminfo`, …). A kernel
+/// that mounts it without honouring `subset=pid` (`/proc/cpuinfo` is there) gets it
+/// unmounted, and the error `EINVAL`.
+pub(crate) fn private_proc() -> Result<(), Errno> {
+    use rustix::mount::{MountFlags, UnmountFlags};
+    rustix::mount::mount(
+        c"proc",
+        c"/proc",
+        c"proc",
+        MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+        c"subset=pid",
+    )?;
+    if rustix::fs::access(c"/proc/cpuinfo", rustix::fs::Access::EXISTS).is_ok() {
+        rustix::mount::unmount(c"/proc", UnmountFlags::DETACH)?;
+        return Err(Errno::INVAL);
+    }
+    Ok(())
+}
+
 /// Caps the processes and threads of the current PID namespace by its `pid_max` (per
 /// namespace since Linux 6.14): the kernel refuses a `fork` or thread past it, for root as
 /// for anyone. Call only from inside a new PID namespace owned by a new user namespace, so
