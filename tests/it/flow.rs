@@ -512,7 +512,7 @@ const SHOW_CURSOR: &str = "\x1b[?25h";
 
 #[test]
 fn on_a_terminal_the_agent_tree_is_redrawn_in_place_and_left_on_screen() {
-    let run = rlm_on_terminal(&args(&["flow", "demo", "refine"]), &[], |_| {});
+    let run = rlm_on_terminal(&args(&["flow", "demo", "refine"]), &[], |_, _| {});
     assert_eq!(run.code, Some(0), "{}", run.terminal);
     assert_eq!(run.stdout.trim(), nested(2));
     let screen = &run.terminal;
@@ -539,7 +539,7 @@ fn on_a_terminal_the_agent_tree_is_redrawn_in_place_and_left_on_screen() {
 
     // Under CI, with `TERM=dumb` or with logs on, the same terminal gets the plain lines.
     for env in [("CI", "true"), ("TERM", "dumb"), ("RUST_LOG", "info")] {
-        let run = rlm_on_terminal(&args(&["flow", "demo", "refine"]), &[env], |_| {});
+        let run = rlm_on_terminal(&args(&["flow", "demo", "refine"]), &[env], |_, _| {});
         assert_eq!(run.code, Some(0));
         assert!(
             run.terminal.contains("  ■ refinement_loop exited_loop"),
@@ -566,7 +566,7 @@ fn ctrl_c_under_the_tree_keeps_state_and_log_and_gives_the_cursor_back() {
     all.extend(args(&["--input", "reviewed_summary=S"]));
     all.extend(args(&["--events", &events.display().to_string()]));
     all.extend(args(&["--state", &state.display().to_string()]));
-    let run = rlm_on_terminal(&all, &[], |pid| {
+    let run = rlm_on_terminal(&all, &[], |pid, _| {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while !std::fs::read_to_string(&events).is_ok_and(|log| log.contains("\"pruner\"")) {
             assert!(std::time::Instant::now() < deadline, "the pruner started");
@@ -626,7 +626,7 @@ fn on_a_terminal_the_run_id_stays_above_the_tree_and_a_run_asking_a_human_is_dra
         "--input",
         "request=CSV export",
     ]));
-    let run = rlm_on_terminal(&all, &[], |_| {});
+    let run = rlm_on_terminal(&all, &[], |_, _| {});
     let screen = &run.terminal;
     assert_eq!(run.code, Some(5), "{screen}");
     assert!(

@@ -653,7 +653,7 @@ print(seen)"#;
             isolation,
         ]);
         let mut rlm_pid = 0;
-        let run = rlm_on_terminal(&all, &[], |pid| {
+        let run = rlm_on_terminal(&all, &[], |pid, _| {
             rlm_pid = pid;
             // Bounded: killed past the deadline (the run then fails the test).
             let deadline = Instant::now() + DEADLINE;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bridge::mock::{MockConfig, Script};
 
-use crate::support::{Mock, Run, file, marked, repl};
+use crate::support::{Mock, Run, file, marked, repl, rlm_on_terminal};
 
 /// A mock recording request bodies: `root-model` replies `replies` by turn, `sub-model` echoes.
 fn mock(replies: &[&str]) -> Mock {
@@ -209,6 +209,82 @@ fn ctrl_c_stops_a_block_stuck_in_c_at_once() {
         took < Duration::from_secs(10),
         "Ctrl-C took {took:?} to stop a 60 s sleep"
     );
+}
+
+/// Ctrl-C typed on the terminal `rlm` runs on (the byte the key sends, through the
+/// terminal, not a signal sent by hand), while a confined worker's block waits with a
+/// process it started: the run stops at once, prints its best answer, keeps its trajectory
+/// closed and says the block was interrupted; nothing the block started is left.
+#[test]
+fn ctrl_c_typed_on_the_terminal_stops_a_confined_run_and_keeps_its_logs() {
+    let mark = format!("rlm-ctrl-c-{}", std::process::id());
+    let waiting = format!(
+        "import subprocess, time\nsleeper = subprocess.Popen(['sh', '-c', 'sleep 60; : {mark}'])\ntime.sleep(60)"
+    );
+    let mock = mock(&[
+        &format!(
+            "{}\nFINAL(draft answer)",
+            repl("print('working')\nraise ValueError('not yet')")
+        ),
+        &repl(&waiting),
+        "FINAL(never)",
+    ]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "ctx.txt", "some text");
+    let trajectory = dir.path().join("t.jsonl");
+    let all = mock.run_args(&[
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "q",
+        "--trajectory",
+        trajectory.to_str().expect("utf-8"),
+        "--isolation",
+        "process",
+    ]);
+    let mut typed = None;
+    let run = rlm_on_terminal(&all, &[], |pid, keyboard| {
+        // The second block runs once its process does.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while marked(&mark).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if marked(&mark).is_empty() {
+            // SAFETY: our own unreaped child: the test fails below on its exit code.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            return;
+        }
+        std::io::Write::write_all(keyboard, b"\x03").expect("Ctrl-C typed");
+        typed = Some(Instant::now());
+        // Bounded: killed past the deadline (the run then fails the test).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let exited = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+                stat.rsplit_once(") ")
+                    .is_none_or(|(_, r)| r.starts_with('Z'))
+            })
+        };
+        while !exited() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // SAFETY: our own unreaped child (a no-op when it has exited).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    });
+    let took = typed.map(|t| t.elapsed());
+    let screen = &run.terminal;
+    assert_eq!(run.code, Some(130), "{screen}");
+    assert!(
+        took.is_some_and(|t| t < Duration::from_secs(10)),
+        "Ctrl-C took {took:?}: {screen}"
+    );
+    assert_eq!(run.stdout.trim_end(), "draft answer", "{screen}");
+    assert!(screen.contains("Interrupted"), "{screen}");
+    crate::run::assert_closed_as_interrupted(&trajectory);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !marked(&mark).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(marked(&mark), Vec::<u32>::new(), "left after Ctrl-C");
 }
 
 #[test]

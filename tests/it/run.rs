@@ -261,7 +261,12 @@ fn ctrl_c_stops_the_run_and_keeps_its_best_answer_and_trajectory() {
         "the best answer so far is printed"
     );
     assert!(stderr.contains("Interrupted"), "{stderr}");
-    // The replayed trace says the block was interrupted, not that it failed.
+    assert_closed_as_interrupted(&trajectory);
+}
+
+/// The trajectory of a run stopped by Ctrl-C is closed, and its replayed trace says the
+/// block was interrupted, not that it failed.
+pub(crate) fn assert_closed_as_interrupted(trajectory: &std::path::Path) {
     let show = crate::support::rlm(
         &["show".into(), trajectory.to_str().expect("utf-8").into()],
         None,
@@ -273,7 +278,7 @@ fn ctrl_c_stops_the_run_and_keeps_its_best_answer_and_trajectory() {
         "{}",
         show.stdout
     );
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&trajectory)
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(trajectory)
         .expect("trajectory")
         .lines()
         .map(|l| serde_json::from_str(l).expect("JSON line"))

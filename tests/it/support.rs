@@ -342,11 +342,12 @@ pub(crate) struct TerminalRun {
 
 /// Runs `rlm` with stderr on a pseudo-terminal of 120 × 40 (stdout piped, `CI` unset) in a
 /// temporary working directory (its run database goes there); `during` gets its pid while it
-/// runs. As from a shell, `rlm` leads a session whose controlling terminal is that one.
+/// runs, and the terminal's keyboard: what it writes there is typed (`\x03`: Ctrl-C). As
+/// from a shell, `rlm` leads a session whose controlling terminal is that one.
 pub(crate) fn rlm_on_terminal(
     all: &[String],
     envs: &[(&str, &str)],
-    during: impl FnOnce(libc::pid_t),
+    during: impl FnOnce(libc::pid_t, &mut std::fs::File),
 ) -> TerminalRun {
     use std::io::Read as _;
     use std::os::fd::{FromRawFd as _, OwnedFd};
@@ -394,6 +395,7 @@ pub(crate) fn rlm_on_terminal(
     let child = cmd.spawn().expect("rlm starts");
     // Only the child holds the terminal now: reading ends when it exits.
     drop(cmd);
+    let mut keyboard = std::fs::File::from(master.try_clone().expect("the terminal's keyboard"));
     let reader = std::thread::spawn(move || {
         let mut terminal = std::fs::File::from(master);
         let mut bytes = Vec::new();
@@ -404,7 +406,11 @@ pub(crate) fn rlm_on_terminal(
         }
         String::from_utf8_lossy(&bytes).into_owned()
     });
-    during(libc::pid_t::try_from(child.id()).expect("pid"));
+    during(
+        libc::pid_t::try_from(child.id()).expect("pid"),
+        &mut keyboard,
+    );
+    drop(keyboard);
     let output = child.wait_with_output().expect("rlm exits");
     TerminalRun {
         code: output.status.code(),

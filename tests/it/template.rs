@@ -91,24 +91,10 @@ impl Watched {
 fn watched(mock: &Mock, args: &[&str], kill: Option<&dyn Fn(&Mock) -> bool>) -> Watched {
     let dir = tempfile::tempdir().expect("tempdir");
     let context = crate::support::file(dir.path(), "ctx.txt", "alpha beta\n");
-    let mut full: Vec<String> = [
-        "run",
-        "--base-url",
-        &mock.url(),
-        "--model",
-        "root-model",
-        "--sub-model",
-        "sub-model",
-        "--query",
-        "q",
-        "--context",
-        &context.to_string_lossy(),
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
-    full.extend(args.iter().map(|s| (*s).to_owned()));
-    let mut child = rlm_command(&full)
+    let context = context.to_string_lossy();
+    let mut all = vec!["--query", "q", "--context", &context];
+    all.extend_from_slice(args);
+    let mut child = rlm_command(&mock.run_args(&all))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

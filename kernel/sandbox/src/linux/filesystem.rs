@@ -152,28 +152,16 @@ fn build_and_restrict(
     if !policy.network {
         ruleset = ruleset.handle_access(AccessNet::from_all(TARGET_ABI))?;
     }
+    // The worker's own mounts (see `ns`): its `/dev/shm` written, its `/proc` read whole.
+    let private = |mounted: bool, path: &'static str| mounted.then_some(path);
     let status = ruleset
         .scope(Scope::Signal | Scope::AbstractUnixSocket)?
         .create()?
         .add_rules(path_beneath_rules(&policy.read_paths, read))?
         .add_rules(path_beneath_rules(&policy.exec_paths, exec))?
         .add_rules(path_beneath_rules(&policy.write_paths, all))?
-        .add_rules(path_beneath_rules(
-            if private_shm {
-                &["/dev/shm"][..]
-            } else {
-                &[][..]
-            },
-            all,
-        ))?
-        .add_rules(path_beneath_rules(
-            if private_proc {
-                &["/proc"][..]
-            } else {
-                &[][..]
-            },
-            read,
-        ))?
+        .add_rules(path_beneath_rules(private(private_shm, "/dev/shm"), all))?
+        .add_rules(path_beneath_rules(private(private_proc, "/proc"), read))?
         .restrict_self()?;
     Ok(status.ruleset)
 }
