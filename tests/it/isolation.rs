@@ -4,11 +4,12 @@
 //! what happened, and a fresh worker restores the session's variables by replaying the blocks
 //! that ran before — every sub-call answered from the run's record, none sent again.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bridge::mock::{MockConfig, Script};
 
-use crate::support::{Mock, Run, file, marked, repl, rlm_on_terminal};
+use crate::support::{Mock, Run, file, marked, repl, rlm, rlm_on_terminal};
 
 /// A mock recording request bodies: `root-model` replies `replies` by turn, `sub-model` echoes.
 fn mock(replies: &[&str]) -> Mock {
@@ -25,23 +26,26 @@ fn mock(replies: &[&str]) -> Mock {
     })
 }
 
+/// The arguments of `rlm run` against `mock` over a small context in `dir`, with a
+/// trajectory there, plus `args`; and the trajectory's path.
+fn traced_args(mock: &Mock, dir: &Path, args: &[&str]) -> (Vec<String>, PathBuf) {
+    let context = file(dir, "ctx.txt", "alpha beta gamma");
+    let trajectory = dir.join("t.jsonl");
+    let mut all = mock.run_args(&["--query", "q"]);
+    for (flag, path) in [("--context", &context), ("--trajectory", &trajectory)] {
+        all.extend([flag.to_owned(), path.display().to_string()]);
+    }
+    all.extend(args.iter().map(|a| (*a).to_owned()));
+    (all, trajectory)
+}
+
 /// `rlm run` over a small context with a trajectory, plus `args`; the run, its trajectory
 /// lines and how long it took.
 fn run(mock: &Mock, args: &[&str]) -> (Run, Vec<serde_json::Value>, Duration) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let context = file(dir.path(), "ctx.txt", "alpha beta gamma");
-    let trajectory = dir.path().join("t.jsonl");
-    let mut all = vec![
-        "--context",
-        context.to_str().expect("utf-8"),
-        "--query",
-        "q",
-        "--trajectory",
-        trajectory.to_str().expect("utf-8"),
-    ];
-    all.extend_from_slice(args);
+    let (all, trajectory) = traced_args(mock, dir.path(), args);
     let started = Instant::now();
-    let run = mock.run(&all);
+    let run = rlm(&all, None);
     let took = started.elapsed();
     let lines = std::fs::read_to_string(&trajectory)
         .unwrap_or_default()
@@ -230,18 +234,7 @@ fn ctrl_c_typed_on_the_terminal_stops_a_confined_run_and_keeps_its_logs() {
         "FINAL(never)",
     ]);
     let dir = tempfile::tempdir().expect("tempdir");
-    let context = file(dir.path(), "ctx.txt", "some text");
-    let trajectory = dir.path().join("t.jsonl");
-    let all = mock.run_args(&[
-        "--context",
-        context.to_str().expect("utf-8"),
-        "--query",
-        "q",
-        "--trajectory",
-        trajectory.to_str().expect("utf-8"),
-        "--isolation",
-        "process",
-    ]);
+    let (all, trajectory) = traced_args(&mock, dir.path(), &["--isolation", "process"]);
     let mut typed = None;
     let run = rlm_on_terminal(&all, &[], |pid, keyboard| {
         // The second block runs once its process does.
