@@ -16,6 +16,7 @@
 //! an append of that message everywhere, never a copy of the list, and a deleted key is a
 //! delete, never a `null`.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
@@ -50,6 +51,10 @@ impl Scope {
     }
 }
 
+/// The key a [`StateWrite`] writes: a text of its own, or one fixed in the program (the
+/// router's output keys), which its writes share instead of each carrying a copy.
+pub type Key = Cow<'static, str>;
+
 /// One change of one state key: what a step writes, an event carries, a parallel join
 /// settles and a checkpoint stores.
 ///
@@ -61,21 +66,21 @@ pub enum StateWrite {
     /// `key` now holds `value` (`null` included: a key set to `null` still exists).
     Replace {
         /// The key.
-        key: String,
+        key: Key,
         /// Its new value.
         value: Value,
     },
     /// `items` go on the end of the list under `key` (a key that holds no list starts one).
     Append {
         /// The key.
-        key: String,
+        key: Key,
         /// The new items.
         items: Vec<Value>,
     },
     /// `key` is removed.
     Delete {
         /// The key.
-        key: String,
+        key: Key,
     },
 }
 
@@ -122,21 +127,22 @@ impl State {
     /// again, a list is not moved).
     pub(crate) fn write(&mut self, write: &StateWrite) {
         match write {
-            StateWrite::Replace { key, value } => match self.values.get_mut(key) {
+            StateWrite::Replace { key, value } => match self.values.get_mut(key.as_ref()) {
                 Some(slot) => *slot = value.clone(),
                 None => {
-                    self.values.insert(key.clone(), value.clone());
+                    self.values.insert(key.to_string(), value.clone());
                 }
             },
-            StateWrite::Append { key, items } => match self.values.get_mut(key) {
+            StateWrite::Append { key, items } => match self.values.get_mut(key.as_ref()) {
                 Some(Value::Array(list)) => list.extend(items.iter().cloned()),
                 Some(slot) => *slot = Value::Array(items.clone()),
                 None => {
-                    self.values.insert(key.clone(), Value::Array(items.clone()));
+                    self.values
+                        .insert(key.to_string(), Value::Array(items.clone()));
                 }
             },
             StateWrite::Delete { key } => {
-                self.values.remove(key);
+                self.values.remove(key.as_ref());
             }
         }
     }
@@ -151,21 +157,21 @@ impl State {
     /// [`write`](Self::write) of a write no one else needs: its value moves into the state.
     fn write_owned(&mut self, write: StateWrite) {
         match write {
-            StateWrite::Replace { key, value } => match self.values.get_mut(&key) {
+            StateWrite::Replace { key, value } => match self.values.get_mut(key.as_ref()) {
                 Some(slot) => *slot = value,
                 None => {
-                    self.values.insert(key, value);
+                    self.values.insert(key.into_owned(), value);
                 }
             },
-            StateWrite::Append { key, mut items } => match self.values.get_mut(&key) {
+            StateWrite::Append { key, mut items } => match self.values.get_mut(key.as_ref()) {
                 Some(Value::Array(list)) => list.append(&mut items),
                 Some(slot) => *slot = Value::Array(items),
                 None => {
-                    self.values.insert(key, Value::Array(items));
+                    self.values.insert(key.into_owned(), Value::Array(items));
                 }
             },
             StateWrite::Delete { key } => {
-                self.values.remove(&key);
+                self.values.remove(key.as_ref());
             }
         }
     }
@@ -196,7 +202,7 @@ impl State {
         self.values
             .iter()
             .map(|(key, value)| StateWrite::Replace {
-                key: key.clone(),
+                key: Key::Owned(key.clone()),
                 value: value.clone(),
             })
             .collect()
@@ -233,7 +239,7 @@ impl StateDelta {
     /// Records that `key` now holds `value`.
     pub fn set(&mut self, key: impl Into<String>, value: Value) {
         self.push(StateWrite::Replace {
-            key: key.into(),
+            key: Key::Owned(key.into()),
             value,
         });
     }
@@ -241,14 +247,16 @@ impl StateDelta {
     /// Records that `items` go on the end of the list under `key`.
     pub fn append(&mut self, key: impl Into<String>, items: Vec<Value>) {
         self.push(StateWrite::Append {
-            key: key.into(),
+            key: Key::Owned(key.into()),
             items,
         });
     }
 
     /// Records that `key` is removed.
     pub(crate) fn delete(&mut self, key: impl Into<String>) {
-        self.push(StateWrite::Delete { key: key.into() });
+        self.push(StateWrite::Delete {
+            key: Key::Owned(key.into()),
+        });
     }
 
     /// Adds the writes of `later` after these (sharing them).
@@ -321,7 +329,13 @@ impl PartialEq for StateDelta {
 
 impl FromIterator<StateWrite> for StateDelta {
     fn from_iter<I: IntoIterator<Item = StateWrite>>(iter: I) -> Self {
-        let writes: Vec<StateWrite> = iter.into_iter().collect();
+        Self::from(iter.into_iter().collect::<Vec<_>>())
+    }
+}
+
+impl From<Vec<StateWrite>> for StateDelta {
+    /// The writes of `writes`, in order, as one run (the list itself, not a copy).
+    fn from(writes: Vec<StateWrite>) -> Self {
         Self {
             runs: if writes.is_empty() {
                 Vec::new()

@@ -385,9 +385,15 @@ pub(super) fn parse_write(
         None => None,
     };
     Ok(match (op, value) {
-        ("replace", Some(value)) => StateWrite::Replace { key, value },
-        ("append", Some(Value::Array(items))) => StateWrite::Append { key, items },
-        ("delete", None) => StateWrite::Delete { key },
+        ("replace", Some(value)) => StateWrite::Replace {
+            key: key.into(),
+            value,
+        },
+        ("append", Some(Value::Array(items))) => StateWrite::Append {
+            key: key.into(),
+            items,
+        },
+        ("delete", None) => StateWrite::Delete { key: key.into() },
         (op, _) => {
             return Err(RowError::Damaged(format!(
                 "a write of `{key}` has the unknown form `{op}`"
@@ -405,7 +411,7 @@ pub(super) fn bump_versions<'w>(
     for write in writes {
         match write {
             StateWrite::Delete { key } => {
-                versions.remove(key);
+                versions.remove(key.as_ref());
             }
             other => {
                 versions.insert(other.key().to_owned(), step);

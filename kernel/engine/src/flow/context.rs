@@ -512,7 +512,7 @@ impl InvocationContext {
     /// Whether no one will see this frame's writes as writes: the run has no event sinks
     /// (so its events carry them nowhere) and no enclosing parallel branch keeps them for its
     /// join. (A checkpointer's journal is the shared state's own.)
-    fn writes_unseen(&self) -> bool {
+    pub(crate) fn writes_unseen(&self) -> bool {
         if !self.shared.settings.sinks.is_empty() {
             return false;
         }

@@ -24,7 +24,7 @@ use super::config::{END, ESCALATE, RouterConfig, RouterMode, Successor};
 use super::exchange::{Exchange, trailing_exchange};
 use super::record::{DecisionRecord, rfc3339};
 use crate::condition::{Condition, is_truthy};
-use crate::state::{State, StateDelta, StateWrite};
+use crate::state::{Key, State, StateDelta, StateWrite};
 
 /// The flag an agent sets to ask for a human.
 pub(crate) const ESCALATE_FLAG: &str = "escalate_to_human";
@@ -123,8 +123,6 @@ pub struct Routing {
     pub route: Route,
     /// Why.
     pub(crate) reason: Reason,
-    /// The rationale in words (also `routing_rationale`).
-    pub(crate) rationale: String,
     /// The trailing exchange, if any.
     pub(crate) exchange: Option<Exchange>,
     /// The updates to merge (per-key reducers: `decisions` appends): the output keys and
@@ -140,6 +138,16 @@ impl Routing {
             Route::End => END,
             Route::Escalate => ESCALATE,
         }
+    }
+
+    /// The rationale in words: the `routing_rationale` the updates write (`None` when they
+    /// were taken).
+    #[cfg(test)]
+    pub(crate) fn rationale(&self) -> Option<&str> {
+        self.updates.iter().rev().find_map(|write| match write {
+            StateWrite::Replace { key, value } if key == keys::ROUTING_RATIONALE => value.as_str(),
+            _ => None,
+        })
     }
 
     /// The decision record the updates append to `decisions` (`None` when they hold none:
@@ -193,6 +201,9 @@ pub fn decide(state: &State, config: &RouterConfig, current: &str, now: SystemTi
     if let Reason::GateBlocked { gate, .. } | Reason::NoRecovery { gate } = &reason {
         related_artifacts.push(gate.clone());
     }
+    // The record keeps a copy of the rationale (of its length: it stays in the state as
+    // long as the run); `routing_rationale` takes the text itself (the next decision
+    // replaces it).
     let record = DecisionRecord {
         agent: config.name.clone(),
         summary,
@@ -210,7 +221,7 @@ pub fn decide(state: &State, config: &RouterConfig, current: &str, now: SystemTi
     let mut updates = Vec::with_capacity(7);
     updates.extend([
         replace(keys::ROUTING_DECISION, Value::String(decision.to_owned())),
-        replace(keys::ROUTING_RATIONALE, Value::String(rationale.clone())),
+        replace(keys::ROUTING_RATIONALE, Value::String(rationale)),
         replace(keys::EXCHANGE_COUNT, Value::from(count)),
         replace(keys::CIRCULAR_LOGIC_DETECTED, Value::Bool(circular)),
         replace(
@@ -221,23 +232,22 @@ pub fn decide(state: &State, config: &RouterConfig, current: &str, now: SystemTi
     if matches!(reason, Reason::GateBlocked { .. }) {
         // The recovery node takes the work; the gate is checked again when its node reruns.
         updates.push(StateWrite::Delete {
-            key: GATE_BLOCKED.to_owned(),
+            key: Key::Borrowed(GATE_BLOCKED),
         });
     }
     updates.push(replace(DECISIONS, Value::Array(vec![record_value(record)])));
-    let updates: StateDelta = updates.into_iter().collect();
     Routing {
         route,
         reason,
-        rationale,
         exchange,
-        updates,
+        updates: StateDelta::from(updates),
     }
 }
 
-fn replace(key: &str, value: Value) -> StateWrite {
+/// A replace of one of the router's keys (fixed in the program: the write shares the text).
+fn replace(key: &'static str, value: Value) -> StateWrite {
     StateWrite::Replace {
-        key: key.to_owned(),
+        key: Key::Borrowed(key),
         value,
     }
 }

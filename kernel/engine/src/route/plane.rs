@@ -7,7 +7,10 @@
 //! something is wrong — runs [`decide`] and merges its updates through the reducers as the
 //! router's own step (an event authored by the router, a line in the decision log, a call to
 //! each [`RoutingObserver`] such as the checkpointer). In passive mode an untroubled
-//! transition follows the natural successor without a decision record.
+//! transition follows the natural successor without a decision record. When nothing would
+//! see the router's step as one — no event sink, no parallel branch recording its writes, no
+//! observer — the router makes no frame and no event: its writes go straight into the state,
+//! which ends the same.
 //!
 //! An escalation ends the graph with `escalation_triggered` set; the durable runner turns
 //! that into the `awaiting_human` interrupt. A node's own `escalate` action would end the
@@ -188,18 +191,21 @@ impl ControlPlane {
         })
     }
 
-    /// Merges `updates` into the run's state through the reducers, as writes of `ctx`;
-    /// returns the writes.
-    pub(crate) fn merge(&self, ctx: &InvocationContext, updates: &StateDelta) -> StateDelta {
-        self.merge_owned(ctx, updates.clone())
-    }
-
-    /// [`merge`](Self::merge) of updates no one else needs (their values move into the
-    /// writes).
-    fn merge_owned(&self, ctx: &InvocationContext, updates: StateDelta) -> StateDelta {
+    /// Merges `updates` into the run's state through the reducers, as writes of `ctx` (their
+    /// values move into the writes); returns the writes.
+    fn merge(&self, ctx: &InvocationContext, updates: StateDelta) -> StateDelta {
         let writes = self.reducers.into_writes(updates);
         ctx.apply(&writes);
         writes
+    }
+
+    /// The router's frame under `ctx`, made in `slot` the first time it is needed.
+    fn frame<'f>(
+        &self,
+        ctx: &InvocationContext,
+        slot: &'f mut Option<InvocationContext>,
+    ) -> &'f InvocationContext {
+        slot.get_or_insert_with(|| ctx.child(&self.config.name, &Callbacks::new()))
     }
 
     /// Where the run goes after node `from` finished; see the module docs.
@@ -208,14 +214,23 @@ impl ControlPlane {
         ctx: &InvocationContext,
         from: &str,
     ) -> Result<Target, FlowError> {
-        let router = ctx.child(&self.config.name, &Callbacks::new());
+        let observers = self.observers();
+        let seen = !observers.is_empty() || !ctx.writes_unseen();
+        let mut frame = None;
         if let Some(gates) = self.gates.get(from) {
             let outcome = ctx.state().with(|s| check_gates(from, gates, s));
             if !outcome.updates.is_empty() {
-                self.merge(&router, &outcome.updates);
-                let failed: Vec<&str> = outcome.failures.iter().map(|f| f.gate.as_str()).collect();
-                let note = format!("gates of `{from}` failed: {}", failed.join(", "));
-                router.emit(Event::new(EventKind::StateUpdate).with_content(note))?;
+                let writes = self.reducers.into_writes(outcome.updates);
+                if seen {
+                    let router = self.frame(ctx, &mut frame);
+                    router.write(writes);
+                    let failed: Vec<&str> =
+                        outcome.failures.iter().map(|f| f.gate.as_str()).collect();
+                    let note = format!("gates of `{from}` failed: {}", failed.join(", "));
+                    router.emit(Event::new(EventKind::StateUpdate).with_content(note))?;
+                } else {
+                    ctx.state().apply_owned(writes);
+                }
             }
         }
         // The natural successor when the router is not consulted and nothing escalates.
@@ -226,7 +241,7 @@ impl ControlPlane {
             Some(successor(s, &self.config, from).0).filter(|route| *route != Route::Escalate)
         });
         if let Some(natural) = natural {
-            for observer in self.observers() {
+            for observer in &observers {
                 observer.passed(ctx, from).await?;
             }
             return Ok(target(natural));
@@ -234,23 +249,31 @@ impl ControlPlane {
         let mut routing = ctx
             .state()
             .with(|s| decide(s, &self.config, from, SystemTime::now()));
-        let summary = routing
-            .record_value()
-            .and_then(|record| record.get("summary"))
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
         let logged = self.log.as_ref().map(|log| (log, routing.record()));
+        // The event's text, when there is an event.
+        let summary = seen.then(|| {
+            routing
+                .record_value()
+                .and_then(|record| record.get("summary"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        });
         // The updates move into the writes (no copy): into the state too when no observer
         // will see them; observers see them as merged.
         let updates = std::mem::take(&mut routing.updates);
-        let observers = self.observers();
-        if observers.is_empty() {
-            router.write(self.reducers.into_writes(updates));
-        } else {
-            routing.updates = self.merge_owned(&router, updates);
+        match summary {
+            None => ctx.state().apply_owned(self.reducers.into_writes(updates)),
+            Some(summary) => {
+                let router = self.frame(ctx, &mut frame);
+                if observers.is_empty() {
+                    router.write(self.reducers.into_writes(updates));
+                } else {
+                    routing.updates = self.merge(router, updates);
+                }
+                router.emit(Event::new(EventKind::StateUpdate).with_content(summary))?;
+            }
         }
-        router.emit(Event::new(EventKind::StateUpdate).with_content(summary))?;
         if let Some((log, record)) = logged {
             let record = record.ok_or_else(|| {
                 FlowError::Sink("The router's decision has no record to log".to_owned())
@@ -259,10 +282,11 @@ impl ControlPlane {
                 .map_err(|e| FlowError::Sink(e.to_string()))?;
         }
         if !observers.is_empty() {
+            let router = self.frame(ctx, &mut frame);
             let writes = ctx.state().take_journal();
             for observer in observers {
                 observer
-                    .routed(&router, from, &routing, writes.clone())
+                    .routed(router, from, &routing, writes.clone())
                     .await?;
             }
         }

@@ -163,7 +163,7 @@ fn three_exchanges_do_not_trigger_and_four_escalate() {
     assert_eq!(out.get("circular_logic_detected"), Some(&json!(true)));
     assert_eq!(out.get("escalation_triggered"), Some(&json!(true)));
     assert_eq!(
-        routing.rationale,
+        routing.rationale().unwrap_or_default(),
         "Circular logic: `dev` and `tea` exchanged work 4 times on `story-7` (more than 3); a \
          human must decide"
     );
@@ -182,7 +182,7 @@ fn escalation_and_failure_flags_come_first() {
     assert_eq!(routing.route, Route::Escalate);
     assert!(matches!(routing.reason, Reason::HumanRequested { .. }));
     assert_eq!(
-        routing.rationale,
+        routing.rationale().unwrap_or_default(),
         "`dev` asked for a human: Pick a database"
     );
     assert_eq!(
@@ -197,7 +197,7 @@ fn escalation_and_failure_flags_come_first() {
     let routing = decide(&failed, &config, "tea", at());
     assert!(matches!(routing.reason, Reason::AgentFailed { .. }));
     assert_eq!(
-        routing.rationale,
+        routing.rationale().unwrap_or_default(),
         "`tea` failed for good: model unavailable"
     );
     // A cleared (false / null) flag does not escalate.
@@ -275,7 +275,7 @@ fn unknown_node_names_escalate_instead_of_crashing() {
         }
     );
     assert_eq!(
-        routing.rationale,
+        routing.rationale().unwrap_or_default(),
         "`taa`, the successor of the node that ran, is not a node of this graph; a human must look"
     );
     let bad_recovery = team().with_recovery("lint", "nobody");

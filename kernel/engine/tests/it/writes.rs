@@ -121,11 +121,11 @@ impl Router for UntilDone {
     }
 }
 
-/// `a → b → a …` for `steps` node steps, routed by an active router or by plain edges;
-/// returns the bytes of its events.
-async fn event_bytes(steps: u64, routed: bool) -> u64 {
+/// `a → b → a …` until `limit` node steps ran (the state's `limit`), left through an active
+/// router (returned with the graph) or by plain edges.
+fn team(steps: u64, routed: bool) -> (Graph, Option<Arc<ControlPlane>>) {
     let nodes = vec![counting("a"), counting("b")];
-    let graph = if routed {
+    if routed {
         let config = RouterConfig::new(["a", "b"], [("a", "b")])
             .with_branches(
                 "b",
@@ -135,21 +135,29 @@ async fn event_bytes(steps: u64, routed: bool) -> u64 {
                 ],
             )
             .with_mode(RouterMode::Active);
-        Arc::new(ControlPlane::new(config))
+        let plane = Arc::new(ControlPlane::new(config));
+        let graph = plane
             .builder("team", nodes, "a")
             .max_steps(steps + 1)
             .build()
-    } else {
-        let mut builder = Graph::builder("team").start("a").max_steps(steps + 1);
-        for node in nodes {
-            builder = builder.node(node);
-        }
-        builder
-            .edge("a", Target::node("b"))
-            .route("b", Arc::new(UntilDone))
-            .build()
+            .expect("valid graph");
+        return (graph, Some(plane));
     }
-    .expect("valid graph");
+    let mut builder = Graph::builder("team").start("a").max_steps(steps + 1);
+    for node in nodes {
+        builder = builder.node(node);
+    }
+    let graph = builder
+        .edge("a", Target::node("b"))
+        .route("b", Arc::new(UntilDone))
+        .build()
+        .expect("valid graph");
+    (graph, None)
+}
+
+/// `team` for `steps` node steps; returns the bytes of its events.
+async fn event_bytes(steps: u64, routed: bool) -> u64 {
+    let (graph, _plane) = team(steps, routed);
     let mut state = State::default();
     state.set("limit", json!(steps));
     let sink = Arc::new(EventBytes::default());
@@ -272,4 +280,157 @@ async fn a_delete_is_its_own_write_through_the_event_the_checkpoint_and_a_resume
     assert_eq!(resumed.run.state.get("saw_gone"), Some(&json!(false)));
     assert_eq!(resumed.run.state.get("saw_nothing"), Some(&Value::Null));
     assert_eq!(resumed.run.state.get("gone"), None);
+}
+
+/// `text` (JSON as written) with the value of every `field` in it replaced by `by`, each
+/// checked by `shape` first.
+fn masked(text: &str, field: &str, shape: impl Fn(&str) -> bool, by: &str) -> String {
+    let name = format!("\"{field}\":");
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(&name) {
+        let (head, tail) = rest.split_at(at + name.len());
+        out.push_str(head);
+        let end = tail
+            .find([',', '}'])
+            .expect("a value ends with a comma or a brace");
+        assert!(shape(&tail[..end]), "`{}` is not a {field}", &tail[..end]);
+        out.push_str(by);
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `text` with every decision's `timestamp` (an RFC 3339 time in UTC, to the millisecond)
+/// written `"T"` and every event's `at_ms` written `0`.
+fn untimed(text: &str) -> String {
+    let rfc3339 = |value: &str| {
+        let time = value.trim_matches('"');
+        value.len() == 26
+            && time.char_indices().all(|(i, c)| match i {
+                4 | 7 => c == '-',
+                10 => c == 'T',
+                13 | 16 => c == ':',
+                19 => c == '.',
+                23 => c == 'Z',
+                _ => c.is_ascii_digit(),
+            })
+    };
+    let text = masked(text, "timestamp", rfc3339, "\"T\"");
+    let millis = |value: &str| value.parse::<u64>().is_ok();
+    masked(&text, "at_ms", millis, "0")
+}
+
+/// What a user sees of a routed run's decisions — its state (`--json`), the router's events
+/// (the event log), its checkpoints (`flow decisions`, a resume) — is the same whether or
+/// not anything records the run, and is pinned here byte for byte, but for each decision's
+/// time.
+#[tokio::test]
+async fn a_routed_runs_decisions_read_the_same_in_its_state_events_and_checkpoints() {
+    let limit = 4;
+    let (graph, plane) = team(limit, true);
+    let invocation = || {
+        let mut state = State::default();
+        state.set("limit", json!(limit));
+        Invocation::new(SharedState::new(state))
+    };
+    let state_text = |state: &State| untimed(&serde_json::to_string(state).expect("a state"));
+
+    // In memory: nothing records the run, so the router makes no frame and no event.
+    let quiet = run_workflow(&graph, invocation(), None).await;
+    assert_eq!(quiet.result, Ok(Control::Continue));
+    // With an event log.
+    let sink = engine::flow::MemorySink::new();
+    let logged = run_workflow(&graph, invocation().with_sink(Arc::new(sink.clone())), None).await;
+    assert_eq!(logged.result, Ok(Control::Continue));
+    // Durable: an event log and checkpoints in an SQLite file.
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let store: Arc<dyn Store> =
+        Arc::new(SqliteStore::open(dir.path().join("runs.db")).expect("the store opens"));
+    let durable_sink = engine::flow::MemorySink::new();
+    let start = Start::New {
+        workflow: "team".into(),
+        input: json!({}),
+    };
+    let durable = run_durable(
+        &graph,
+        plane.as_ref(),
+        &store,
+        "r",
+        start,
+        invocation().with_sink(Arc::new(durable_sink.clone())),
+    )
+    .await
+    .expect("the run starts");
+    assert_eq!(durable.status, Stored::Completed);
+
+    let decision = |summary: &str, from: &str| {
+        format!(
+            r#"{{"agent":"router","rationale":"{from}","related_artifacts":[],"summary":"{summary}","timestamp":"T"}}"#
+        )
+    };
+    let successor = |node: &str| format!("The natural successor of `{node}`");
+    let decisions = [
+        decision("a → b", &successor("a")),
+        decision("b → a", &successor("b")),
+        decision("a → b", &successor("a")),
+        decision("b → end", &successor("b")),
+    ]
+    .join(",");
+    let expected = format!(
+        r#"{{"circular_logic_detected":false,"decisions":[{decisions}],"done":true,"escalation_triggered":false,"exchange_count":0,"limit":4,"routing_decision":"END","routing_rationale":"The natural successor of `b`","steps":4}}"#
+    );
+    assert_eq!(state_text(&quiet.state), expected);
+    assert_eq!(state_text(&logged.state), expected);
+    assert_eq!(state_text(&durable.run.state), expected);
+    // A parallel branch records its writes for the join: with no event log, the router's
+    // writes still reach the state through it.
+    let other: Arc<dyn Agent> = Arc::new(FnAgent::new("other", |_: &InvocationContext| {
+        Ok(Control::Continue)
+    }));
+    let fan = Graph::parallel(
+        "fan",
+        vec![Arc::new(team(limit, true).0), other],
+        BranchPolicy::FailFast,
+    )
+    .expect("valid graph");
+    let joined = run_workflow(&fan, invocation(), None).await;
+    assert_eq!(joined.result, Ok(Control::Continue));
+    assert_eq!(state_text(&joined.state), expected);
+
+    // The router's event after `a`'s first step: its summary and its writes, the record
+    // appended (not the whole list).
+    let router_event = |events: Vec<Event>| {
+        let event = events
+            .into_iter()
+            .find(|e| e.author == "router")
+            .expect("an event of the router");
+        untimed(&serde_json::to_string(&event).expect("an event"))
+    };
+    let writes = format!(
+        r#"[{{"op":"replace","key":"routing_decision","value":"b"}},{{"op":"replace","key":"routing_rationale","value":"{}"}},{{"op":"replace","key":"exchange_count","value":0}},{{"op":"replace","key":"circular_logic_detected","value":false}},{{"op":"replace","key":"escalation_triggered","value":false}},{{"op":"append","key":"decisions","items":[{}]}}]"#,
+        successor("a"),
+        decision("a → b", &successor("a")),
+    );
+    let expected = format!(
+        r#"{{"seq":3,"author":"router","branch":"team/router","kind":"state_update","content":"a → b","delta":{writes},"at_ms":0}}"#
+    );
+    assert_eq!(router_event(sink.events()), expected);
+    assert_eq!(router_event(durable_sink.events()), expected);
+
+    // The checkpoint of that decision stores the same writes; the head's state is the run's.
+    let history = store.history("r").await.expect("the run's history");
+    let mut stored = Vec::new();
+    for checkpoint in &history {
+        let written = store.writes(checkpoint.id).await.expect("its writes");
+        if written.keys().contains(&"decisions") {
+            stored.push(untimed(&serde_json::to_string(&written).expect("writes")));
+        }
+    }
+    assert_eq!(stored.len(), 4, "one checkpoint per decision");
+    assert_eq!(stored[0], writes);
+    let head = durable.head.expect("a head checkpoint");
+    let at = store.state_at(head).await.expect("the head's state");
+    assert_eq!(state_text(&at.state), state_text(&durable.run.state));
 }

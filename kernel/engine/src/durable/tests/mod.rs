@@ -141,14 +141,14 @@ conformance!(
 
 pub(super) fn replace(key: &str, value: Value) -> StateWrite {
     StateWrite::Replace {
-        key: key.into(),
+        key: key.to_owned().into(),
         value,
     }
 }
 
 pub(super) fn append(key: &str, item: Value) -> StateWrite {
     StateWrite::Append {
-        key: key.into(),
+        key: key.to_owned().into(),
         items: vec![item],
     }
 }
