@@ -1,6 +1,8 @@
-//! The worker template (fork server) through the real binary, with isolation on: what a
-//! prompt-injected child could try against its siblings, the template and the parent; a
-//! tree of children that starts children without end; and a template killed mid-run.
+//! The worker template (fork server) and the workers it confines ahead of need (the pool)
+//! through the real binary, with isolation on: what a prompt-injected child could try against
+//! its siblings, the idle workers, the template and the parent; a tree of children that
+//! starts children without end; a flood of children against the pool's bound; what one
+//! child leaves behind for the next; and a template or an idle worker killed mid-run.
 //!
 //! Bounded: each run has a deadline (killed past it), a budget of sub-calls and a batch
 //! width, and the harness watches `rlm`'s children to check that none outlives the run.
@@ -68,8 +70,23 @@ struct Watched {
     seen: BTreeSet<Proc>,
     /// The most it had at once.
     most: usize,
-    /// Templates the harness killed.
+    /// Processes the harness killed.
     killed: Vec<Proc>,
+}
+
+/// When the harness kills a process of the run (once), and which.
+struct Kill<'a> {
+    /// Decides from the mock's requests so far.
+    when: &'a dyn Fn(&Mock) -> bool,
+    target: Target,
+}
+
+enum Target {
+    /// The running template.
+    Template,
+    /// The newest worker: one confined ahead of need and still idle, when the run is
+    /// between children.
+    NewestWorker,
 }
 
 impl Watched {
@@ -84,17 +101,37 @@ impl Watched {
             .filter(|p| p.comm == "rlm-template")
             .collect()
     }
+
+    /// Worker processes seen (a process renamed while watched is seen under both names;
+    /// the templates are not workers).
+    fn workers(&self) -> usize {
+        let templates: BTreeSet<u32> = self.templates().iter().map(|p| p.pid).collect();
+        let pids: BTreeSet<u32> = self
+            .seen
+            .iter()
+            .filter(|p| !templates.contains(&p.pid))
+            .map(|p| p.pid)
+            .collect();
+        pids.len()
+    }
+
+    /// Sessions that took a worker confined ahead of need (from `rlm`'s debug log).
+    fn took_ready(&self) -> usize {
+        self.stderr.matches("confined ahead of need").count()
+            - self.stderr.matches("had ended").count()
+    }
 }
 
-/// Runs `rlm run` against `mock` with `args`, watching its children every 5 ms; `kill`
-/// decides, from the mock's requests so far, when to kill the running template (once).
-fn watched(mock: &Mock, args: &[&str], kill: Option<&dyn Fn(&Mock) -> bool>) -> Watched {
+/// Runs `rlm run` against `mock` with `args`, watching its children every 5 ms (its worker
+/// log at debug level on stderr); `kill` says when to kill which of them (once).
+fn watched(mock: &Mock, args: &[&str], kill: Option<Kill<'_>>) -> Watched {
     let dir = tempfile::tempdir().expect("tempdir");
     let context = crate::support::file(dir.path(), "ctx.txt", "alpha beta\n");
     let context = context.to_string_lossy();
     let mut all = vec!["--query", "q", "--context", &context];
     all.extend_from_slice(args);
     let mut child = rlm_command(&mock.run_args(&all))
+        .env("RUST_LOG", "warn,kernel::repl::worker::parent=debug")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -108,13 +145,19 @@ fn watched(mock: &Mock, args: &[&str], kill: Option<&dyn Fn(&Mock) -> bool>) -> 
         let now = children_of(child.id());
         most = most.max(now.len());
         if killed.is_empty()
-            && let Some(kill) = kill
-            && kill(mock)
-            && let Some(template) = now.iter().find(|p| p.comm == "rlm-template")
+            && let Some(kill) = &kill
+            && (kill.when)(mock)
+            && let Some(target) = match kill.target {
+                Target::Template => now.iter().find(|p| p.comm == "rlm-template"),
+                Target::NewestWorker => now
+                    .iter()
+                    .filter(|p| p.comm != "rlm-template" && alive(p))
+                    .max_by_key(|p| (p.start, p.pid)),
+            }
         {
             // SAFETY: sends a signal to a process of this test's run.
-            unsafe { libc::kill(template.pid as libc::pid_t, libc::SIGKILL) };
-            killed.push(template.clone());
+            unsafe { libc::kill(target.pid as libc::pid_t, libc::SIGKILL) };
+            killed.push(target.clone());
         }
         seen.extend(now);
         if let Ok(Some(status)) = child.try_wait() {
@@ -231,6 +274,12 @@ fn a_child_reaches_neither_its_siblings_nor_the_template_nor_rlm() {
         .filter_map(|s| s.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
         .collect();
     assert_eq!(searched, [2, 2], "{answer}");
+    // Workers confined ahead of need waited, idle, beside the probes (the root's worker
+    // and the two children's are three): they were not reachable either.
+    assert!(
+        run.workers() > 3,
+        "no idle worker lived beside the probes: {run:#?}"
+    );
 }
 
 #[test]
@@ -267,12 +316,15 @@ fn children_that_start_children_in_a_loop_are_capped_by_the_budget() {
     assert_eq!(run.code, Some(3), "the budget stops the tree: {run:#?}");
     let sent = mock.requests_to("sub-model");
     assert!(sent <= 12, "{sent} sub-model requests past a budget of 12");
-    // The root's worker, a worker per child that could still call its model (12), and those
-    // started while the last calls were in flight (at most 3 batches of 3 at once).
-    let workers = run.seen.iter().filter(|p| p.comm != "rlm-template").count();
-    assert!(workers <= 1 + 12 + 9, "{workers} workers: {run:#?}");
+    // The root's worker, a worker per child that could still call its model (12), those
+    // started while the last calls were in flight (at most 3 batches of 3 at once), and the
+    // workers confined ahead of need (at most the width, 3) that no child took.
+    let workers = run.workers();
+    assert!(workers <= 1 + 12 + 9 + 3, "{workers} workers: {run:#?}");
+    // At once: the template, the root's worker, 3 children and their 9, 3 ready, and up to
+    // 3 closed ones not yet reaped.
     assert!(
-        run.most <= 1 + 1 + 3 + 9,
+        run.most <= 1 + 1 + 3 + 9 + 3 + 3,
         "{} processes at once: {run:#?}",
         run.most
     );
@@ -300,7 +352,10 @@ fn killing_the_template_mid_run_falls_back_to_new_workers_and_loses_nothing() {
     let run = watched(
         &mock,
         &["--max-depth", "2", "--json"],
-        Some(&after_first_child),
+        Some(Kill {
+            when: &after_first_child,
+            target: Target::Template,
+        }),
     );
     assert_eq!(run.code, Some(0), "{run:#?}");
     assert_eq!(
@@ -336,4 +391,220 @@ fn siblings_forked_from_one_template_draw_different_random_numbers() {
         .split(", ")
         .collect();
     assert_eq!(draws.len(), 3, "the same numbers in siblings: {answer}");
+}
+
+/// A child's look for what the child before it left (its path is this child's `context`):
+/// a global of the interpreter, an environment variable, a file in its temporary folder,
+/// that file read by path; then it leaves the same for the next.
+const LEFT_BEHIND: &str = r#"import builtins, os
+found = []
+if getattr(builtins, 'rlm_mark', None):
+    found.append('global')
+if os.environ.get('RLM_MARK'):
+    found.append('env')
+if any(name.startswith('mark') for name in os.listdir(os.environ['TMPDIR'])):
+    found.append('tmp')
+before = str(context)
+if before != 'none':
+    try:
+        found.append('file ' + open(before).read())
+    except OSError:
+        pass
+builtins.rlm_mark = 1
+os.environ['RLM_MARK'] = '1'
+path = os.path.join(os.environ['TMPDIR'], 'mark')
+open(path, 'w').write('child state')
+result = f"{path} {found}""#;
+
+#[test]
+fn a_worker_confined_ahead_of_need_serves_one_child_and_keeps_nothing_of_another() {
+    let mock = Mock::start(script(
+        &[
+            &repl(
+                "answers, before = [], 'none'\nfor i in range(4):\n    answers.append(rlm_query(f'mark {i}', context=before))\n    before = answers[-1].split(' ')[0]\nprint(answers)",
+            ),
+            "FINAL_VAR(answers)",
+        ],
+        LEFT_BEHIND,
+    ));
+    let run = watched(&mock, &["--max-depth", "2", "--json"], None);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    let answer = run.json()["answer"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(
+        answer.matches(" []").count(),
+        4,
+        "a child saw what another left: {answer}\n{run:#?}"
+    );
+    // Each child had a worker (and a scratch directory) of its own.
+    let paths: BTreeSet<&str> = answer
+        .split('\'')
+        .filter(|s| s.ends_with(" []"))
+        .map(|s| s.trim_end_matches(" []"))
+        .collect();
+    assert_eq!(paths.len(), 4, "children shared a worker: {answer}");
+    // The children after the first took workers confined while the one before ran.
+    assert!(
+        run.took_ready() >= 3,
+        "{} sessions took a worker confined ahead of need: {run:#?}",
+        run.took_ready()
+    );
+}
+
+#[test]
+fn a_flood_of_children_cannot_grow_the_ready_workers_past_the_width() {
+    let mock = Mock::start(script(
+        &[
+            &repl("answers = rlm_query_batched([f'go {i}' for i in range(24)])"),
+            "FINAL_VAR(answers)",
+        ],
+        "result = 'ok'",
+    ));
+    let run = watched(
+        &mock,
+        &["--max-depth", "2", "--batch-concurrency", "4", "--json"],
+        None,
+    );
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    let answer = run.json()["answer"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(answer.matches("'ok'").count(), 24, "{answer}");
+    // A worker per session (the root's, 24 children's) and at most the width (4) confined
+    // ahead of need that no child took.
+    let workers = run.workers();
+    assert!(workers <= 1 + 24 + 4, "{workers} workers: {run:#?}");
+    // At once: the template, the root's worker, 4 children, 4 ready or being confined, and
+    // up to 4 closed ones not yet reaped.
+    assert!(
+        run.most <= 1 + 1 + 4 + 4 + 4,
+        "{} processes at once: {run:#?}",
+        run.most
+    );
+    assert!(run.took_ready() >= 1, "the pool served no child: {run:#?}");
+}
+
+#[test]
+fn killing_an_idle_worker_before_a_child_takes_it_falls_back_and_loses_nothing() {
+    let mock = Mock::start(script(
+        &[
+            &repl(
+                "first = rlm_query('one')\nimport time\ntime.sleep(1.5)\nrest = [rlm_query('two'), rlm_query('three')]\nresult = [first, *rest]",
+            ),
+            "FINAL_VAR(result)",
+        ],
+        "result = 'ok'",
+    ));
+    // Once the first child is done (its two model calls) and the worker confined for the
+    // next has had 300 ms to get ready, the newest worker is that idle one.
+    let done_at = std::cell::Cell::new(None::<Instant>);
+    let idle_next = |mock: &Mock| {
+        if mock.requests_to("sub-model") < 2 {
+            return false;
+        }
+        let at = *done_at.get().get_or_insert_with(Instant::now);
+        done_at.set(Some(at));
+        at.elapsed() > Duration::from_millis(300)
+    };
+    let run = watched(
+        &mock,
+        &["--max-depth", "2", "--json"],
+        Some(Kill {
+            when: &idle_next,
+            target: Target::NewestWorker,
+        }),
+    );
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_eq!(run.json()["answer"], "['ok', 'ok', 'ok']", "{run:#?}");
+    assert_eq!(run.killed.len(), 1, "an idle worker was killed: {run:#?}");
+    assert!(
+        run.stderr
+            .contains("confined ahead of need had ended; the session starts another"),
+        "the next child took the killed worker and started another: {run:#?}"
+    );
+    assert!(!run.stderr.contains("panicked"), "{run:#?}");
+}
+
+#[test]
+fn the_end_of_a_run_ends_its_idle_workers_while_rlm_lives_on() {
+    // `rlm chat`: one process, one run per question; between two questions only the
+    // template and the chat's own worker may live.
+    let code = repl("answers = rlm_query_batched(['a', 'b'])");
+    let mock = Mock::start(script(
+        &[&code, "FINAL_VAR(answers)", &code, "FINAL_VAR(answers)"],
+        "result = 'ok'",
+    ));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = crate::support::file(dir.path(), "ctx.txt", "alpha beta\n");
+    let args: Vec<String> = [
+        "chat",
+        "--context",
+        &context.to_string_lossy(),
+        "--base-url",
+        &mock.url(),
+        "--model",
+        "root-model",
+        "--sub-model",
+        "sub-model",
+        "--max-depth",
+        "2",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let mut child = rlm_command(&args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("rlm starts");
+    let mut err = child.stderr.take().map(crate::hostile::reader);
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    // Bounded: past the deadline rlm is killed, and the read of its answer fails.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = {
+        let (pid, done) = (child.id(), std::sync::Arc::clone(&done));
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            while started.elapsed() < DEADLINE {
+                if done.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            // SAFETY: rlm of this test, not reaped yet (the test waits for this thread first).
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        })
+    };
+    let mut line = String::new();
+    let mut between = Vec::new();
+    for question in ["first?\n", "second?\n"] {
+        use std::io::{BufRead, Write};
+        stdin.write_all(question.as_bytes()).expect("question written");
+        line.clear();
+        stdout.read_line(&mut line).expect("an answer");
+        if line.trim() != "['ok', 'ok']" {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = err.take().map(|h| h.join().unwrap_or_default());
+            panic!("the answer to {question} is {line:?}; stderr: {stderr:?}");
+        }
+        between.push(
+            children_of(child.id())
+                .into_iter()
+                .filter(alive)
+                .collect::<Vec<_>>(),
+        );
+    }
+    drop(stdin);
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = watchdog.join();
+    let status = child.wait().expect("rlm ends");
+    let stderr = err.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    for live in &between {
+        let workers: Vec<&Proc> = live.iter().filter(|p| p.comm != "rlm-template").collect();
+        assert_eq!(
+            workers.len(),
+            1,
+            "after a run only the chat's own worker lives: {between:#?}\n{stderr}"
+        );
+    }
 }

@@ -170,5 +170,5 @@ pub use source::{
 };
 pub use worker::{
     TEMPLATE_NAME, WORKER_ARG, WorkerProgram, serve_if_worker, set_worker_program,
-    use_worker_template, worker_main, worker_policy,
+    use_worker_pool, use_worker_template, worker_main, worker_policy,
 };

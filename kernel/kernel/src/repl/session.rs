@@ -53,13 +53,24 @@ impl ReplSession {
     }
 
     /// Has a session of `config` that starts soon find its worker process warm: with
-    /// isolation on, a spare worker starts now (unless one is waiting), its interpreter
-    /// starting while the caller does other work; in-process, nothing. The session that
-    /// takes it is still the only one that ever runs in it.
+    /// isolation on, a worker is confined for it now while a run keeps workers ready (see
+    /// [`ReplSession::keep_workers_ready`]), and the worker template runs (or a spare worker
+    /// starts), while the caller does other work; in-process, nothing. The session that
+    /// takes a worker is still the only one that ever runs in it.
     pub(crate) fn prepare(config: &SessionConfig) {
         if config.isolation.in_worker() {
-            super::worker::prepare_spare_worker();
+            super::worker::prepare_worker(config);
         }
+    }
+
+    /// While the returned guard lives, sessions of `config` (without file contexts: a run's
+    /// `rlm_query` children) find a worker already confined for them, and sessions closed
+    /// end their workers off the closing thread; dropping the last guard ends the workers
+    /// still idle and waits for the closed ones. `None` in-process.
+    pub(crate) fn keep_workers_ready(
+        config: &SessionConfig,
+    ) -> Option<super::worker::ReadyWorkers> {
+        super::worker::keep_ready(config)
     }
 
     /// Like [`ReplSession::new`], with contexts that may carry their own variable names

@@ -245,6 +245,12 @@ impl Rlm {
                 deadline,
             ))
         });
+        // Workers for the children are confined ahead of need until the run ends (with
+        // isolation on): the first while the root model writes the code that starts them.
+        let ready_workers = children
+            .is_some()
+            .then(|| ReplSession::keep_workers_ready(self.session.config()))
+            .flatten();
         self.session
             .set_children(children.clone().map(|c| c as Arc<dyn ChildRunner>));
         let mut metrics = MetricsHook::new();
@@ -288,6 +294,8 @@ impl Rlm {
         if let Err(e) = self.session.end_processes() {
             tracing::warn!("could not end the run's processes: {e}");
         }
+        // The children's workers still idle end, those closed are waited for.
+        drop(ready_workers);
         Ok(result)
     }
 }

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use super::confinement::{PythonPaths, confine};
 use super::protocol::TEMPLATE_VAR;
 use super::protocol::{
-    FrameError, FromWorker, MemfdContent, ObjectFormat, Reply, Request, Start, ToWorker,
+    Confine, FrameError, FromWorker, MemfdContent, ObjectFormat, Reply, Request, Start, ToWorker,
     WireContext, WireSource, read_frame, write_frame,
 };
 use super::spawn::{WORKER_ARG, receive_fds, take_link_fd};
@@ -87,30 +87,39 @@ fn serve() -> Result<(), String> {
             None => return Ok(()),
         }
     }
-    let memfds = match receive_fds(&link) {
-        Ok(memfds) => memfds,
-        // The parent went away before it needed this spare.
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-        Err(e) => return Err(format!("receiving the contexts' memfds: {e}")),
-    };
     let mut reader = BufReader::new(
         link.try_clone()
             .map_err(|e| format!("cannot read its link: {e}"))?,
     );
     let mut buffer = Vec::new();
-    let start = match read_frame::<ToWorker>(&mut reader, &mut buffer) {
-        Ok(ToWorker::Start(start)) => start,
-        Ok(_) => return Err("the parent did not start with a `Start` frame".to_owned()),
-        Err(e) => return Err(format!("reading the start frame: {e}")),
+    let confine = match read_frame::<ToWorker>(&mut reader, &mut buffer) {
+        Ok(ToWorker::Confine(confine)) => confine,
+        // The parent went away before it needed this spare.
+        Err(FrameError::Closed) => return Ok(()),
+        Ok(_) => return Err("the parent did not start with a `Confine` frame".to_owned()),
+        Err(e) => return Err(format!("reading the confinement frame: {e}")),
     };
-    let start = *start;
-    let confinement = match confine_worker(&start) {
+    let confinement = match confine_worker(&confine) {
         Ok(confinement) => confinement,
         Err(error) => return report_failed_start(&link, error),
     };
+    write_frame(&mut &link, &FromWorker::Confined(confinement))
+        .map_err(|e| format!("could not answer its confinement: {e}"))?;
+    // A worker of the pool waits here, confined, until a session takes it (or the run ends).
+    let memfds = match receive_fds(&link) {
+        Ok(memfds) => memfds,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+        Err(e) => return Err(format!("receiving the contexts' memfds: {e}")),
+    };
+    let start = match read_frame::<ToWorker>(&mut reader, &mut buffer) {
+        Ok(ToWorker::Start(start)) => start,
+        Err(FrameError::Closed) => return Ok(()),
+        Ok(_) => return Err("the parent did not send a `Start` frame".to_owned()),
+        Err(e) => return Err(format!("reading the start frame: {e}")),
+    };
     // After `confine`: this is the confined process, whose pid the link must know.
     let link = Arc::new(Link::new(link));
-    match start_session(&link, start, memfds, confinement) {
+    match start_session(&link, *start, memfds) {
         Ok(session) => {
             link.clone().start_flusher();
             run(&link, session, &mut reader, &mut buffer);
@@ -140,11 +149,11 @@ fn take_template_role() -> bool {
 }
 
 /// Enters the session's directory and confines the process (see the [module docs](self)).
-fn confine_worker(start: &Start) -> Result<sandbox::Report, ReplError> {
-    enter_directory(start)?;
-    let python = Python::attach(|py| python_paths(py, &start.cwd))
+fn confine_worker(confine_as: &Confine) -> Result<sandbox::Report, ReplError> {
+    enter_directory(&confine_as.cwd)?;
+    let python = Python::attach(|py| python_paths(py, &confine_as.cwd))
         .map_err(|e| ReplError::internal("reading the interpreter's paths", e))?;
-    let confinement = confine(start.policy.clone(), start.level, python)?;
+    let confinement = confine(confine_as.policy.clone(), confine_as.level, python)?;
     // `enter` replaced the environment with the policy's; Python copied the old one. And it
     // forked: this process, not the one that started the interpreter, holds the sessions.
     sync_python_environment()?;
@@ -162,7 +171,6 @@ fn start_session(
     link: &Arc<Link>,
     start: Start,
     memfds: Vec<OwnedFd>,
-    confinement: sandbox::Report,
 ) -> Result<Arc<LocalSession>, ReplError> {
     let inputs: Vec<ContextInput> = start.contexts.iter().map(placeholder_input).collect();
     check_names(&inputs)?;
@@ -184,7 +192,6 @@ fn start_session(
     )?;
     let ready = FromWorker::Ready {
         contexts: session.contexts().to_vec(),
-        confinement,
     };
     link.send(&ready)
         .map_err(|e| ReplError::internal("answering the parent", e))?;
@@ -236,11 +243,11 @@ fn placeholder_input(context: &WireContext) -> ContextInput {
 }
 
 /// The session's working directory (the parent's: relative context paths mean the same).
-fn enter_directory(start: &Start) -> Result<(), ReplError> {
-    std::env::set_current_dir(&start.cwd).map_err(|e| ReplError::Worker {
+fn enter_directory(cwd: &std::path::Path) -> Result<(), ReplError> {
+    std::env::set_current_dir(cwd).map_err(|e| ReplError::Worker {
         problem: format!(
             "could not enter its session's directory `{}`: {e}",
-            start.cwd.display()
+            cwd.display()
         ),
     })
 }
@@ -461,7 +468,8 @@ fn run(
                 link.deliver(call, CallAnswer::Children(answers));
             }
             Ok(ToWorker::Shutdown) | Err(FrameError::Closed) => break,
-            Ok(ToWorker::Start(_)) | Err(FrameError::Io(_) | FrameError::Malformed(_)) => break,
+            Ok(ToWorker::Confine(_) | ToWorker::Start(_))
+            | Err(FrameError::Io(_) | FrameError::Malformed(_)) => break,
         }
     }
     link.close();

@@ -20,6 +20,8 @@
 //!   its file descriptors.
 //! - `template`: the worker template, a fork server: a worker process with its interpreter
 //!   started that forks each session's worker, so that it skips `exec` and that start.
+//! - `pool`: while a run with `rlm_query` children lives, workers forked from the template
+//!   and confined ahead of need, so that a child's start is its session's start only.
 //! - `transfer`: contexts are paths the worker reads itself; text, standard input and the
 //!   Python package's live objects go once into sealed memfds the worker maps (`share.py`).
 //! - `journal`: what a crashed worker's session is rebuilt from; each block keeps the record
@@ -47,6 +49,7 @@ mod child;
 mod confinement;
 mod journal;
 pub(crate) mod parent;
+mod pool;
 mod protocol;
 mod spawn;
 mod template;
@@ -54,13 +57,17 @@ mod transfer;
 
 pub use child::{main as worker_main, serve_if_worker};
 pub use parent::worker_policy;
+pub(crate) use pool::{ReadyWorkers, keep_ready};
+pub use pool::use_worker_pool;
 pub use spawn::{WORKER_ARG, WorkerProgram, set_worker_program};
 pub use template::{TEMPLATE_NAME, use_worker_template};
 
-/// Starts a spare worker for the next isolated session of this process unless one is
-/// there (or no worker program is registered), without waiting for it.
-pub(crate) fn prepare_spare_worker() {
+/// Has the next isolated session of `config` in this process find its worker warm, without
+/// waiting: one more confined ahead of need while a run keeps them ready (`pool`), and the
+/// template running (or a spare started) unless no worker program is registered.
+pub(crate) fn prepare_worker(config: &crate::repl::config::SessionConfig) {
     if let Some(program) = spawn::worker_program() {
+        pool::refill(config);
         template::prepare_next(&program);
     }
 }

@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::io::{self, BufReader, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -33,8 +34,9 @@ use bridge::{BatchPolicy, CallOptions, ChatRequest, Endpoints};
 use tokio_util::sync::CancellationToken;
 
 use super::journal::{Entry, Journal};
+use super::pool::{self, Ready, Shape};
 use super::protocol::{
-    FrameError, FromWorker, Reply, Request, Start, ToWorker, read_frame, write_frame,
+    Confine, FrameError, FromWorker, Reply, Request, Start, ToWorker, read_frame, write_frame,
 };
 use super::spawn::{
     Spawned, WorkerProgram, drain_output, python_env, send_fds, start_worker, worker_program,
@@ -84,8 +86,9 @@ pub(crate) struct WorkerSession {
     level: sandbox::Level,
     /// The worker's memory limit.
     memory_bytes: u64,
-    /// The scratch directory (removed with the session).
-    scratch: tempfile::TempDir,
+    /// The scratch directory (removed with the session, once its worker ended).
+    scratch: Option<tempfile::TempDir>,
+    scratch_path: PathBuf,
     worker: Mutex<Slot>,
     /// One request at a time, as in-process.
     busy: Mutex<()>,
@@ -126,27 +129,53 @@ impl WorkerSession {
     ) -> Result<Self, ReplError> {
         let program = worker_program().ok_or(ReplError::NoWorkerProgram)?;
         let shared = share_contexts(inputs)?;
-        let scratch = tempfile::Builder::new()
-            .prefix("rlm-scratch-")
-            .tempdir()
-            .map_err(|e| ReplError::Worker {
-                problem: format!("has no scratch directory: {e}; check that `$TMPDIR` is writable"),
-            })?;
-        let mut policy = worker_policy(&config, scratch.path());
-        for path in &shared.read_paths {
-            policy = policy.allow_read(path.clone());
-        }
-        for (name, value) in python_env(&program) {
-            policy = policy.set_env(name, value);
-        }
+        // A worker confined ahead of need for sessions like this one (no files to read).
+        let ready = shared
+            .read_paths
+            .is_empty()
+            .then(|| Shape::of(&config, &program))
+            .flatten()
+            .and_then(|shape| pool::take(&shape));
+        let (scratch, policy) = match &ready {
+            Some(_) => (None, None),
+            None => {
+                let scratch = tempfile::Builder::new()
+                    .prefix("rlm-scratch-")
+                    .tempdir()
+                    .map_err(|e| ReplError::Worker {
+                        problem: format!(
+                            "has no scratch directory: {e}; check that `$TMPDIR` is writable"
+                        ),
+                    })?;
+                let policy =
+                    session_policy(&config, scratch.path(), &program, &shared.read_paths);
+                (Some(scratch), Some(policy))
+            }
+        };
+        let (scratch, policy, ready) = match (ready, scratch, policy) {
+            (Some(ready), _, _) => {
+                let Ready {
+                    spawned,
+                    scratch,
+                    policy,
+                    confinement,
+                    ..
+                } = ready;
+                (scratch, policy, Some((spawned, confinement)))
+            }
+            (None, Some(scratch), Some(policy)) => (scratch, policy, None),
+            (None, _, _) => {
+                return Err(ReplError::internal(
+                    "starting a worker",
+                    "no scratch directory",
+                ));
+            }
+        };
         let memory_bytes = policy
             .limits
             .memory_bytes
             .unwrap_or_else(sandbox::default_memory_limit);
-        let level = match config.isolation {
-            crate::repl::config::Isolation::Strict => sandbox::Level::Strict,
-            _ => sandbox::Level::BestEffort,
-        };
+        let level = level_of(&config);
         let cancel = CancellationToken::new();
         let mut session = Self {
             id,
@@ -157,7 +186,8 @@ impl WorkerSession {
             policy,
             level,
             memory_bytes,
-            scratch,
+            scratch_path: scratch.path().to_owned(),
+            scratch: Some(scratch),
             worker: Mutex::new(Slot::Ended(WorkerEnd::Lost {
                 detail: "has not started".to_owned(),
             })),
@@ -169,7 +199,7 @@ impl WorkerSession {
             pending: Mutex::new(None),
             children: Arc::default(),
         };
-        let (worker, contexts, confinement) = session.spawn()?;
+        let (worker, contexts, confinement) = session.spawn(ready)?;
         session.contexts = contexts;
         session.confinement = confinement;
         *lock(&session.worker) = Slot::Live(worker);
@@ -192,30 +222,44 @@ impl WorkerSession {
         self.cancel.clone()
     }
 
-    /// A worker process with its session ready: the spare if there is one (a new worker if
-    /// that one died meanwhile).
-    fn spawn(&self) -> Result<(Arc<Worker>, Vec<ContextMetadata>, sandbox::Report), ReplError> {
+    /// A worker process with its session ready: `ready` (confined ahead of need), else one
+    /// forked from the template, or the spare, confined now (a new worker if the one taken
+    /// had died meanwhile).
+    fn spawn(
+        &self,
+        ready: Option<(Spawned, sandbox::Report)>,
+    ) -> Result<(Arc<Worker>, Vec<ContextMetadata>, sandbox::Report), ReplError> {
+        if let Some((spawned, confinement)) = ready {
+            let pid = spawned.pid;
+            match self.start_session(spawned, Some(confinement)) {
+                Err(Failure::Spare) => {
+                    tracing::debug!(
+                        "the worker {pid} confined ahead of need had ended; the session starts another"
+                    );
+                }
+                other => {
+                    tracing::debug!("the session took the worker {pid}, confined ahead of need");
+                    return other.map_err(Failure::into_error);
+                }
+            }
+        }
         let spawned = template::take(&self.program).map_err(|e| spawn_error(&e))?;
-        let ready = match self.start_session(spawned) {
+        let ready = match self.start_session(spawned, None) {
             Err(Failure::Spare) => {
                 let fresh = start_worker(&self.program).map_err(|e| spawn_error(&e))?;
-                self.start_session(fresh)
+                self.start_session(fresh, None)
             }
             other => other,
         };
-        let ready = ready.map_err(|failure| match failure {
-            Failure::Error(error) => error,
-            Failure::Spare => ReplError::Worker {
-                problem: "ended before its session started".to_owned(),
-            },
-        })?;
-        Ok(ready)
+        ready.map_err(Failure::into_error)
     }
 
-    /// Sends `spawned` its session (memfds, start frame) and waits until it is ready.
+    /// Confines `spawned` (unless it is: `confined`), sends it its session (memfds, start
+    /// frame) and waits until it is ready.
     fn start_session(
         &self,
         spawned: Spawned,
+        confined: Option<sandbox::Report>,
     ) -> Result<(Arc<Worker>, Vec<ContextMetadata>, sandbox::Report), Failure> {
         let Spawned {
             pid,
@@ -224,6 +268,8 @@ impl WorkerSession {
             spare,
             ..
         } = spawned;
+        // A worker of the pool was taken from it: ended meanwhile, it is replaced.
+        let spare = spare || confined.is_some();
         let last_words = Arc::new(Mutex::new(Vec::new()));
         drain_output(output, Arc::clone(&last_words));
         let writer = link
@@ -241,54 +287,81 @@ impl WorkerSession {
             last_words,
             text_chars: self.config.sub_call_text_chars,
         });
+        let mut reader = BufReader::new(link);
+        let mut buffer = Vec::new();
+        let confinement = match confined {
+            Some(confinement) => confinement,
+            None => {
+                let confine = Confine {
+                    cwd: std::env::current_dir().unwrap_or_else(|_| self.scratch_path.clone()),
+                    policy: self.policy.clone(),
+                    level: self.level,
+                };
+                let answer = worker
+                    .send(&ToWorker::Confine(Box::new(confine)))
+                    .map_err(FrameError::Io)
+                    .and_then(|()| {
+                        without_gil(|| read_frame::<FromWorker>(&mut reader, &mut buffer))
+                    });
+                match answer {
+                    Ok(FromWorker::Confined(confinement)) => confinement,
+                    answer => return Err(self.not_started(&worker, answer, spare)),
+                }
+            }
+        };
         let start = Start {
             config: SessionConfig {
                 // The parent keeps them, where the secrets are known.
                 sub_call_text_chars: 0,
                 ..self.config.clone()
             },
-            cwd: std::env::current_dir().unwrap_or_else(|_| self.scratch.path().to_owned()),
             contexts: self.shared.contexts.clone(),
-            policy: self.policy.clone(),
-            level: self.level,
         };
-        let sent = send_fds(&link, &self.shared.memfds)
+        let sent = send_fds(reader.get_ref(), &self.shared.memfds)
             .and_then(|()| worker.send(&ToWorker::Start(Box::new(start))));
-        let mut reader = BufReader::new(link);
-        let mut buffer = Vec::new();
         let ready = sent
             .map_err(FrameError::Io)
             .and_then(|()| without_gil(|| read_frame::<FromWorker>(&mut reader, &mut buffer)));
         match ready {
-            Ok(FromWorker::Ready {
-                contexts,
-                confinement,
-            }) => {
+            Ok(FromWorker::Ready { contexts }) => {
                 self.start_reader(&worker, reader);
                 Ok((worker, contexts, confinement))
             }
+            answer => Err(self.not_started(&worker, answer, spare)),
+        }
+    }
+
+    /// Why `worker` did not start its session (`answer`: what it said instead of going on);
+    /// it is ended and reaped.
+    fn not_started(
+        &self,
+        worker: &Worker,
+        answer: Result<FromWorker, FrameError>,
+        spare: bool,
+    ) -> Failure {
+        match answer {
             Ok(FromWorker::Failed(error)) => {
                 worker.kill();
                 worker.reap();
-                Err(Failure::Error(error))
+                Failure::Error(error)
             }
             Ok(other) => {
                 worker.kill();
                 worker.reap();
-                Err(Failure::Error(ReplError::Worker {
+                Failure::Error(ReplError::Worker {
                     problem: format!("answered its start with {other:?}"),
-                }))
+                })
             }
             Err(_) if spare => {
                 worker.kill();
                 worker.reap();
-                Err(Failure::Spare)
+                Failure::Spare
             }
             Err(e) => {
                 let exit = worker.reap();
                 let end = classify(&exit, None, self.memory_bytes);
                 let words = worker.last_words();
-                Err(Failure::Error(ReplError::Worker {
+                Failure::Error(ReplError::Worker {
                     problem: format!(
                         "ended while starting ({}; {e}){}",
                         end_summary(&end),
@@ -298,7 +371,7 @@ impl WorkerSession {
                             format!("; it said: {}", words.trim())
                         }
                     ),
-                }))
+                })
             }
         }
     }
@@ -595,7 +668,7 @@ impl WorkerSession {
     fn restore(&self, stop: Option<&CancellationToken>) -> Result<Restore, ReplError> {
         self.empty_scratch();
         for _ in 0..RESTORE_ATTEMPTS {
-            let (worker, _, _) = self.spawn()?;
+            let (worker, _, _) = self.spawn(None)?;
             *lock(&self.worker) = Slot::Live(Arc::clone(&worker));
             if self.config.on_crash == OnCrash::Fresh {
                 return Ok(Restore::Fresh);
@@ -670,7 +743,7 @@ impl WorkerSession {
 
     /// Files an ended worker left in the scratch directory go: the replay writes them again.
     fn empty_scratch(&self) {
-        let Ok(entries) = std::fs::read_dir(self.scratch.path()) else {
+        let Ok(entries) = std::fs::read_dir(&self.scratch_path) else {
             return;
         };
         for entry in entries.flatten() {
@@ -836,12 +909,10 @@ impl Drop for WorkerSession {
                 detail: "was closed".to_owned(),
             }),
         );
+        let scratch = self.scratch.take();
         if let Slot::Live(worker) = slot {
             let _ = worker.send(&ToWorker::Shutdown);
-            if !worker.wait_end(EXIT_WAIT) {
-                worker.kill();
-                worker.wait_end(EXIT_WAIT);
-            }
+            close(worker, scratch);
         }
         // The next session of this process (an eval's next task, a notebook's next
         // completion) starts warm.
@@ -864,6 +935,116 @@ pub fn worker_policy(config: &SessionConfig, scratch: &std::path::Path) -> sandb
             .unwrap_or_else(sandbox::default_memory_limit),
     );
     policy
+}
+
+/// The whole policy of a session of `config` whose scratch directory is `scratch` and whose
+/// file contexts are `contexts`: [`worker_policy`], the contexts readable, the Python
+/// variables of `program`'s start environment kept.
+pub(crate) fn session_policy(
+    config: &SessionConfig,
+    scratch: &Path,
+    program: &WorkerProgram,
+    contexts: &[PathBuf],
+) -> sandbox::Policy {
+    let mut policy = worker_policy(config, scratch);
+    for path in contexts {
+        policy = policy.allow_read(path.clone());
+    }
+    for (name, value) in python_env(program) {
+        policy = policy.set_env(name, value);
+    }
+    policy
+}
+
+/// How hard the sessions of `config` insist on confinement.
+pub(crate) fn level_of(config: &SessionConfig) -> sandbox::Level {
+    match config.isolation {
+        crate::repl::config::Isolation::Strict => sandbox::Level::Strict,
+        _ => sandbox::Level::BestEffort,
+    }
+}
+
+/// Ends a closed session's worker (told to shut down) and then removes its scratch
+/// directory: on this thread, or, while a run keeps workers ready (`pool.rs`: one with
+/// `rlm_query` children, whose every child closes a session), on the closer thread, so that
+/// neither the child nor its parent waits for the worker's exit. Either way it is given
+/// [`EXIT_WAIT`] to exit, then killed, and reaped by its link's reader.
+fn close(worker: Arc<Worker>, scratch: Option<tempfile::TempDir>) {
+    let job = Closing { worker, scratch };
+    if !pool::in_use() {
+        job.finish();
+        return;
+    }
+    let (queue, _) = closer();
+    let mut queue = lock(queue);
+    queue.pending += 1;
+    if let Err(mpsc::SendError(job)) = queue.jobs.send(job) {
+        queue.pending -= 1;
+        drop(queue);
+        job.finish();
+    }
+}
+
+/// A closed session's worker on its way out.
+struct Closing {
+    worker: Arc<Worker>,
+    scratch: Option<tempfile::TempDir>,
+}
+
+impl Closing {
+    fn finish(self) {
+        if !self.worker.wait_end(EXIT_WAIT) {
+            self.worker.kill();
+            self.worker.wait_end(EXIT_WAIT);
+        }
+        drop(self.scratch);
+    }
+}
+
+struct Closer {
+    jobs: Sender<Closing>,
+    /// Sessions handed over and not finished yet.
+    pending: usize,
+}
+
+/// The closer thread's queue, and the signal that it finished a job.
+fn closer() -> &'static (Mutex<Closer>, Condvar) {
+    static CLOSER: std::sync::OnceLock<(Mutex<Closer>, Condvar)> = std::sync::OnceLock::new();
+    CLOSER.get_or_init(|| {
+        let (jobs, queue) = mpsc::channel::<Closing>();
+        let started = std::thread::Builder::new()
+            .name("rlm-worker-closer".to_owned())
+            .spawn(move || {
+                for job in queue {
+                    job.finish();
+                    let (closer, done) = closer();
+                    lock(closer).pending -= 1;
+                    done.notify_all();
+                }
+            });
+        if let Err(e) = started {
+            tracing::error!("cannot start the thread that ends closed workers: {e}");
+        }
+        (Mutex::new(Closer { jobs, pending: 0 }), Condvar::new())
+    })
+}
+
+/// Waits until every session closed off its thread has its worker ended and its scratch
+/// directory removed (the end of a run that kept workers ready).
+pub(crate) fn flush_closed() {
+    let (closer, done) = closer();
+    let pending = lock(closer);
+    // Each job waits at most twice EXIT_WAIT; a bound for a stuck one all the same.
+    let wait = (EXIT_WAIT * 2 + REAP_WAIT) * u32::try_from(pending.pending.max(1)).unwrap_or(64);
+    let _ = done
+        .wait_timeout_while(pending, wait, |p| p.pending > 0)
+        .unwrap_or_else(PoisonError::into_inner);
+}
+
+/// Ends an idle worker whose link was closed: it exits when it reads the end; reaped here
+/// (killed after [`REAP_WAIT`]).
+pub(crate) fn end_idle(pid: i32) {
+    reap(pid);
 }
 
 fn spawn_error(e: &io::Error) -> ReplError {
@@ -927,9 +1108,20 @@ enum Wait {
 
 /// Why a worker did not get its session started.
 enum Failure {
-    /// A spare that had died meanwhile: try a new worker.
+    /// A spare (or a worker of the pool) that had died meanwhile: try a new worker.
     Spare,
     Error(ReplError),
+}
+
+impl Failure {
+    fn into_error(self) -> ReplError {
+        match self {
+            Self::Error(error) => error,
+            Self::Spare => ReplError::Worker {
+                problem: "ended before its session started".to_owned(),
+            },
+        }
+    }
 }
 
 enum Replayed {
@@ -1421,7 +1613,7 @@ fn reap(pid: i32) -> Exit {
 
 /// Writes with `MSG_NOSIGNAL`: a worker that died makes a write fail, never raises SIGPIPE in
 /// the parent (a host's own SIGPIPE handling is not ours to rely on).
-struct NoSigPipe<'a>(&'a UnixStream);
+pub(crate) struct NoSigPipe<'a>(pub(crate) &'a UnixStream);
 
 impl Write for NoSigPipe<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
@@ -1511,7 +1703,9 @@ fn read_worker(worker: &Arc<Worker>, mut reader: BufReader<UnixStream>, services
                     let _ = waiter.send(Event::Reply(reply));
                 }
             }
-            Ok(other @ (FromWorker::Ready { .. } | FromWorker::Failed(_))) => {
+            Ok(
+                other @ (FromWorker::Confined(_) | FromWorker::Ready { .. } | FromWorker::Failed(_)),
+            ) => {
                 worker.lose(format!("sent {other:?} after its start"));
                 break;
             }

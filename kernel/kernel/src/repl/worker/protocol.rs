@@ -28,21 +28,28 @@ pub(crate) const TEMPLATE_VAR: &str = "RLM_WORKER_TEMPLATE";
 /// The most context memfds one worker is handed.
 pub(crate) const MAX_MEMFDS: usize = 64;
 
-/// What the worker needs to start, the first frame it reads (after one byte that carries the
-/// context memfds, `SCM_RIGHTS`).
-#[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct Start {
-    /// The session's settings.
-    pub(crate) config: SessionConfig,
+/// How the worker is confined: the first frame it reads. A worker of the pool (`pool.rs`)
+/// is confined ahead of need and then waits for its [`Start`]; any other worker gets both
+/// at once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Confine {
     /// The worker's working directory (the parent's: relative context paths mean the same).
     pub(crate) cwd: PathBuf,
-    /// The contexts, in order.
-    pub(crate) contexts: Vec<WireContext>,
     /// How the worker is confined (the worker adds its Python's own paths); its environment
     /// is the policy's.
     pub(crate) policy: sandbox::Policy,
     /// Whether every layer must be in force.
     pub(crate) level: sandbox::Level,
+}
+
+/// What the confined worker needs to start its session: the frame after
+/// [`FromWorker::Confined`] (after one byte that carries the context memfds, `SCM_RIGHTS`).
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct Start {
+    /// The session's settings.
+    pub(crate) config: SessionConfig,
+    /// The contexts, in order.
+    pub(crate) contexts: Vec<WireContext>,
 }
 
 /// One context as the worker loads it.
@@ -101,10 +108,12 @@ pub(crate) enum ObjectFormat {
     Pickle,
 }
 
-/// Parent → worker, after [`Start`].
+/// Parent → worker.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum ToWorker {
     /// The first frame.
+    Confine(Box<Confine>),
+    /// The second frame.
     Start(Box<Start>),
     /// A request, answered by one [`FromWorker::Reply`] with the same id.
     Request {
@@ -187,14 +196,15 @@ pub(crate) enum Request {
 /// Worker → parent.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum FromWorker {
+    /// The worker is confined (the answer to [`ToWorker::Confine`]).
+    Confined(sandbox::Report),
     /// The session is ready (the answer to [`ToWorker::Start`]).
     Ready {
         /// The loaded contexts.
         contexts: Vec<ContextMetadata>,
-        /// What confines the worker.
-        confinement: sandbox::Report,
     },
-    /// The session could not start (the answer to [`ToWorker::Start`]).
+    /// The worker could not be confined, or its session could not start (the answer to
+    /// [`ToWorker::Confine`] or [`ToWorker::Start`]).
     Failed(ReplError),
     /// Output of the running block, as written.
     Output {

@@ -228,9 +228,21 @@ fn is_our_child(pid: i32) -> bool {
 /// host starts one (`spawn.rs`: the spare, or a new process).
 pub(crate) fn take(program: &WorkerProgram) -> io::Result<Spawned> {
     match fork_worker(program) {
-        Some(forked) => Ok(forked),
+        Some((forked, _)) => Ok(forked),
         None => take_worker(program),
     }
+}
+
+/// The pid of the running template of `program`, if one serves this process.
+pub(crate) fn current(program: &WorkerProgram) -> Option<i32> {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return None;
+    }
+    let slot = lock(slot());
+    slot.running
+        .as_ref()
+        .filter(|running| running.serves(program))
+        .map(|running| running.pid)
 }
 
 /// Has the next session find its worker ready: a template, when they are on, else a spare.
@@ -240,10 +252,10 @@ pub(crate) fn prepare_next(program: &WorkerProgram) {
     }
 }
 
-/// A worker forked by the running template of `program`, or `None` when there is none
-/// (turned off, not started, started by another program, or broken: then it is ended, and
-/// a new one prepared).
-fn fork_worker(program: &WorkerProgram) -> Option<Spawned> {
+/// A worker forked by the running template of `program` and that template's pid, or `None`
+/// when there is none (turned off, not started, started by another program, or broken: then
+/// it is ended, and a new one prepared).
+pub(crate) fn fork_worker(program: &WorkerProgram) -> Option<(Spawned, i32)> {
     if !ENABLED.load(Ordering::Relaxed) {
         return None;
     }
@@ -259,7 +271,7 @@ fn fork_worker(program: &WorkerProgram) -> Option<Spawned> {
         return None;
     }
     match template.fork() {
-        Ok(spawned) => Some(spawned),
+        Ok(spawned) => Some((spawned, template.pid)),
         Err(ForkError::Refused(e)) => {
             tracing::debug!("the worker template could not fork: {e}");
             None

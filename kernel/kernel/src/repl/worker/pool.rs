@@ -1,0 +1,447 @@
+//! Workers confined ahead of need: while a run with `rlm_query` children lives, a few workers
+//! forked from the template wait already confined with the policy its children's sessions
+//! get, so that a child's start is only its start frame and its session's start.
+//!
+//! ```text
+//!  run starts (a ReadyWorkers lease)      pool thread                    ready worker
+//!  ─ refill ▸                             template fork, fresh scratch
+//!                                         ─ Confine {policy, cwd} ─────▸ confines itself
+//!                                         ◂──────────── Confined ───────  waits, idle
+//!  child's session: take ◂─ the ready one ───────────────────────────────
+//!  ─ memfds, Start ─────────────────────────────────────────────────────▸ session starts
+//!  ─ refill ▸ (the next one confines itself while this child runs)
+//!  run ends (lease dropped): the idle ones are told to exit (their link closes) and reaped
+//! ```
+//!
+//! - **Which sessions.** A ready worker serves a session whose policy has the same *shape*
+//!   ([`Shape`]): the same worker program, working directory, level and policy once the
+//!   scratch directory is set aside (each ready worker has its own, fresh, and the session
+//!   takes it over) and the largest-file limit (computed from the free space when the worker
+//!   was confined). Its children's sessions share the run's settings; a session with file
+//!   contexts (which its policy must let it read) starts its worker the usual way.
+//! - **One use.** A ready worker leaves the pool when a session takes it, and ends with that
+//!   session; a worker of a template that was replaced since, or of a shape no run wants any
+//!   more, is ended instead of served.
+//! - **Bounded.** Refills happen only while a run holds a lease for their shape: one when the
+//!   run starts (while its root model thinks), one after each child's session starts. Ready
+//!   and confining workers together stay within the children's width
+//!   (`--batch-concurrency`) and [`MAX_READY`], and none is added when the machine has less
+//!   than [`MIN_AVAILABLE`] memory available.
+//! - **Nothing left.** When the last lease of a shape goes (its run ended), its ready workers
+//!   are ended and reaped, confining ones as soon as they are confined, and the sessions
+//!   closed meanwhile are waited for ([`super::parent::flush_closed`]).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::parent::{NoSigPipe, end_idle, flush_closed, level_of, session_policy};
+use super::protocol::{Confine, FromWorker, ToWorker, read_frame, write_frame};
+use super::spawn::{Spawned, WorkerProgram, worker_program};
+use super::template;
+use crate::repl::config::SessionConfig;
+
+/// The most workers ready or being confined at once, whatever the width.
+pub(crate) const MAX_READY: usize = 8;
+/// No refill while the machine has less memory available than this.
+const MIN_AVAILABLE: u64 = 1 << 30;
+/// How long a session waits for a worker being confined for it before it starts its own.
+const TAKE_WAIT: Duration = Duration::from_secs(2);
+/// How long a refill waits for its worker to be confined.
+const CONFINE_WAIT: Duration = Duration::from_secs(30);
+/// How long the end of a run waits for its workers still being confined.
+const DRAIN_WAIT: Duration = Duration::from_secs(5);
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Whether runs with `rlm_query` children keep workers confined ahead of need (the default)
+/// or start each child's worker when its session starts (forked from the template, then
+/// confined), as before the pool existed. For benchmarks that measure one way against the
+/// other, and hosts that want no process kept ahead of need. Workers come from the worker
+/// template, so [`use_worker_template`](super::use_worker_template)`(false)` turns this off
+/// too.
+pub fn use_worker_pool(enabled: bool) {
+    ENABLED.store(enabled, Ordering::Relaxed);
+}
+
+/// What a session's worker is confined with, as far as a ready worker can match it (see the
+/// [module docs](self)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Shape {
+    program: WorkerProgram,
+    cwd: PathBuf,
+    level: sandbox::Level,
+    /// The policy, its scratch directory and largest-file limit set aside.
+    policy: sandbox::Policy,
+}
+
+impl Shape {
+    /// The shape of the sessions of `config` without file contexts, in this process now.
+    pub(crate) fn of(config: &SessionConfig, program: &WorkerProgram) -> Option<Self> {
+        let cwd = std::env::current_dir().ok()?;
+        let policy = session_policy(config, &std::env::temp_dir(), program, &[]);
+        Some(Self::with(program, cwd, level_of(config), &policy))
+    }
+
+    /// The shape of `policy`.
+    pub(crate) fn with(
+        program: &WorkerProgram,
+        cwd: PathBuf,
+        level: sandbox::Level,
+        policy: &sandbox::Policy,
+    ) -> Self {
+        let mut policy = policy.clone();
+        if let Some(scratch) = policy.write_paths.first_mut() {
+            let dir = scratch.to_string_lossy().into_owned();
+            *scratch = PathBuf::new();
+            for value in policy.env.values_mut() {
+                if *value == dir {
+                    value.clear();
+                }
+            }
+        }
+        policy.limits.file_size_bytes = None;
+        Self {
+            program: program.clone(),
+            cwd,
+            level,
+            policy,
+        }
+    }
+}
+
+/// A worker confined ahead of need, idle.
+#[derive(Debug)]
+pub(crate) struct Ready {
+    pub(crate) spawned: Spawned,
+    /// Its scratch directory (the session takes it over).
+    pub(crate) scratch: tempfile::TempDir,
+    /// Exactly what it is confined with.
+    pub(crate) policy: sandbox::Policy,
+    /// What is in force.
+    pub(crate) confinement: sandbox::Report,
+    shape: Shape,
+    /// The template it was forked from.
+    template: i32,
+}
+
+/// A run's hold on the pool: while one lives for a shape, workers of that shape are kept
+/// ready; dropping the last ends them (see the [module docs](self)).
+#[derive(Debug)]
+pub(crate) struct ReadyWorkers {
+    shape: Shape,
+}
+
+#[derive(Debug)]
+struct Lease {
+    shape: Shape,
+    count: usize,
+    /// The settings the workers are confined for.
+    config: SessionConfig,
+    /// Ready and confining workers allowed at once.
+    target: usize,
+}
+
+#[derive(Debug, Default)]
+struct Pool {
+    ready: Vec<Ready>,
+    leases: Vec<Lease>,
+    /// Workers being confined, by shape.
+    confining: Vec<Shape>,
+    /// Sessions waiting for one of them, by shape.
+    waiting: Vec<Shape>,
+}
+
+impl Pool {
+    fn lease(&self, shape: &Shape) -> Option<&Lease> {
+        self.leases.iter().find(|l| l.shape == *shape)
+    }
+
+    fn count(list: &[Shape], shape: &Shape) -> usize {
+        list.iter().filter(|s| *s == shape).count()
+    }
+
+    fn remove(list: &mut Vec<Shape>, shape: &Shape) {
+        if let Some(i) = list.iter().position(|s| s == shape) {
+            list.swap_remove(i);
+        }
+    }
+}
+
+fn pool() -> &'static (Mutex<Pool>, Condvar) {
+    static POOL: OnceLock<(Mutex<Pool>, Condvar)> = OnceLock::new();
+    POOL.get_or_init(Default::default)
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Keeps workers of `config`'s sessions ready while the returned lease lives (`None` when
+/// sessions of `config` run in this process, or no worker program or pool is on), and has
+/// one confined now.
+pub(crate) fn keep_ready(config: &SessionConfig) -> Option<ReadyWorkers> {
+    if !config.isolation.in_worker() || !ENABLED.load(Ordering::Relaxed) {
+        return None;
+    }
+    let program = worker_program()?;
+    let shape = Shape::of(config, &program)?;
+    {
+        let mut pool = lock(&pool().0);
+        match pool.leases.iter_mut().find(|l| l.shape == shape) {
+            Some(lease) => lease.count += 1,
+            None => pool.leases.push(Lease {
+                shape: shape.clone(),
+                count: 1,
+                config: config.clone(),
+                target: config
+                    .batch_concurrency
+                    .unwrap_or(MAX_READY)
+                    .clamp(1, MAX_READY),
+            }),
+        }
+    }
+    refill(config);
+    Some(ReadyWorkers { shape })
+}
+
+/// Whether a run keeps workers ready in this process (then sessions closed are ended off
+/// the closing thread, and the run's end waits for them).
+pub(crate) fn in_use() -> bool {
+    !lock(&pool().0).leases.is_empty()
+}
+
+impl Drop for ReadyWorkers {
+    fn drop(&mut self) {
+        let (mutex, changed) = pool();
+        let mut pool = lock(mutex);
+        let Some(i) = pool.leases.iter().position(|l| l.shape == self.shape) else {
+            return;
+        };
+        pool.leases[i].count -= 1;
+        if pool.leases[i].count > 0 {
+            return;
+        }
+        pool.leases.swap_remove(i);
+        let (gone, kept): (Vec<Ready>, Vec<Ready>) = std::mem::take(&mut pool.ready)
+            .into_iter()
+            .partition(|r| r.shape == self.shape);
+        pool.ready = kept;
+        // Those being confined end themselves once confined (no lease): wait for them.
+        let deadline = Instant::now() + DRAIN_WAIT;
+        while Pool::count(&pool.confining, &self.shape) > 0 && Instant::now() < deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            pool = changed
+                .wait_timeout(pool, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        let last = pool.leases.is_empty();
+        drop(pool);
+        end_all(gone);
+        if last {
+            flush_closed();
+        }
+    }
+}
+
+/// Ends idle workers: their links close first (each exits when it reads the end), then each
+/// is reaped.
+fn end_all(workers: Vec<Ready>) {
+    let pids: Vec<(i32, tempfile::TempDir)> = workers
+        .into_iter()
+        .map(|r| {
+            let Spawned { pid, link, .. } = r.spawned;
+            drop(link);
+            (pid, r.scratch)
+        })
+        .collect();
+    for (pid, scratch) in pids {
+        end_idle(pid);
+        drop(scratch);
+    }
+}
+
+/// A ready worker for a session of `shape`: one waiting, or one being confined (waited for
+/// up to [`TAKE_WAIT`]); `None` when there is none (the session starts its own worker).
+pub(crate) fn take(shape: &Shape) -> Option<Ready> {
+    let (mutex, changed) = pool();
+    let mut pool = lock(mutex);
+    pool.lease(shape)?;
+    let deadline = Instant::now() + TAKE_WAIT;
+    let mut stale = Vec::new();
+    let found = loop {
+        let current = template::current(&shape.program);
+        if let Some(i) = pool.ready.iter().position(|r| r.shape == *shape) {
+            let ready = pool.ready.swap_remove(i);
+            if Some(ready.template) == current {
+                break Some(ready);
+            }
+            // Its template was replaced: not what a worker is forked from now.
+            stale.push(ready);
+            continue;
+        }
+        let confining = Pool::count(&pool.confining, shape);
+        let waiting = Pool::count(&pool.waiting, shape);
+        let left = deadline.saturating_duration_since(Instant::now());
+        if confining <= waiting || left.is_zero() {
+            break None;
+        }
+        pool.waiting.push(shape.clone());
+        pool = changed
+            .wait_timeout(pool, left)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+        Pool::remove(&mut pool.waiting, shape);
+    };
+    drop(pool);
+    end_all(stale);
+    found
+}
+
+/// Has one more worker of `config`'s sessions confined, in the background, if a run keeps
+/// them ready and fewer than its target are ready or being confined.
+pub(crate) fn refill(config: &SessionConfig) {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return;
+    }
+    let Some(program) = worker_program() else {
+        return;
+    };
+    let Some(shape) = Shape::of(config, &program) else {
+        return;
+    };
+    {
+        let mut pool = lock(&pool().0);
+        let Some(lease) = pool.lease(&shape) else {
+            return;
+        };
+        let target = lease.target;
+        let config = lease.config.clone();
+        let have = pool.ready.iter().filter(|r| r.shape == shape).count()
+            + Pool::count(&pool.confining, &shape);
+        let total = pool.ready.len() + pool.confining.len();
+        if have >= target || total >= MAX_READY || !memory_allows() {
+            return;
+        }
+        pool.confining.push(shape.clone());
+        let queued = shape.clone();
+        let job = Box::new(move || confine_one(&config, &program, shape));
+        if lock(refiller()).send(job).is_err() {
+            tracing::debug!("the worker pool's thread is gone");
+            Pool::remove(&mut pool.confining, &queued);
+        }
+    }
+}
+
+/// On the pool thread: forks a worker from the template and has it confined for `shape`;
+/// kept if a run still wants it, else ended before the end of the run hears it is done.
+fn confine_one(config: &SessionConfig, program: &WorkerProgram, shape: Shape) {
+    let ready = make_ready(config, program, &shape);
+    let (mutex, changed) = pool();
+    let mut pool = lock(mutex);
+    match ready {
+        Ok(ready) if pool.lease(&shape).is_some() => pool.ready.push(ready),
+        Ok(unwanted) => {
+            drop(pool);
+            end_all(vec![unwanted]);
+            pool = lock(mutex);
+        }
+        Err(e) => tracing::debug!("could not confine a worker ahead of need: {e}"),
+    }
+    Pool::remove(&mut pool.confining, &shape);
+    changed.notify_all();
+}
+
+fn make_ready(config: &SessionConfig, program: &WorkerProgram, shape: &Shape) -> Result<Ready, String> {
+    let Some((spawned, template)) = template::fork_worker(program) else {
+        template::prepare_next(program);
+        return Err("no worker template is running yet".to_owned());
+    };
+    let scratch = tempfile::Builder::new()
+        .prefix("rlm-scratch-")
+        .tempdir()
+        .map_err(|e| format!("no scratch directory: {e}"));
+    let scratch = match scratch {
+        Ok(scratch) => scratch,
+        Err(e) => {
+            drop(spawned.link);
+            end_idle(spawned.pid);
+            return Err(e);
+        }
+    };
+    let policy = session_policy(config, scratch.path(), program, &[]);
+    let confine = Confine {
+        cwd: shape.cwd.clone(),
+        policy: policy.clone(),
+        level: shape.level,
+    };
+    let confined = confine_spawned(&spawned, &confine);
+    match confined {
+        Ok(confinement) => Ok(Ready {
+            spawned,
+            scratch,
+            policy,
+            confinement,
+            shape: shape.clone(),
+            template,
+        }),
+        Err(e) => {
+            drop(spawned.link);
+            end_idle(spawned.pid);
+            Err(e)
+        }
+    }
+}
+
+/// Sends `confine` and waits (up to [`CONFINE_WAIT`]) for the worker to say it is confined.
+fn confine_spawned(spawned: &Spawned, confine: &Confine) -> Result<sandbox::Report, String> {
+    let link = &spawned.link;
+    write_frame(&mut NoSigPipe(link), &ToWorker::Confine(Box::new(confine.clone())))
+        .map_err(|e| format!("the worker could not be sent its policy: {e}"))?;
+    link.set_read_timeout(Some(CONFINE_WAIT))
+        .map_err(|e| e.to_string())?;
+    let answer = read_frame::<FromWorker>(&mut &*link, &mut Vec::new());
+    link.set_read_timeout(None).map_err(|e| e.to_string())?;
+    match answer {
+        Ok(FromWorker::Confined(report)) => Ok(report),
+        Ok(FromWorker::Failed(error)) => Err(error.to_string()),
+        Ok(other) => Err(format!("the worker answered its policy with {other:?}")),
+        Err(e) => Err(format!("the worker {e} while confining itself")),
+    }
+}
+
+/// Whether the machine has [`MIN_AVAILABLE`] memory available (or does not say).
+fn memory_allows() -> bool {
+    let Ok(meminfo) = std::fs::read_to_string("/proc/meminfo") else {
+        return true;
+    };
+    meminfo
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .is_none_or(|kib| kib * 1024 >= MIN_AVAILABLE)
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The thread that confines the pool's workers, one after another.
+fn refiller() -> &'static Mutex<Sender<Job>> {
+    static REFILLER: OnceLock<Mutex<Sender<Job>>> = OnceLock::new();
+    REFILLER.get_or_init(|| {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let started = std::thread::Builder::new()
+            .name("rlm-worker-pool".to_owned())
+            .spawn(move || {
+                for job in queue {
+                    job();
+                }
+            });
+        if let Err(e) = started {
+            tracing::error!("cannot start the worker pool's thread: {e}");
+        }
+        Mutex::new(jobs)
+    })
+}
