@@ -14,10 +14,11 @@
 //!    - `none` (in-process sessions), children back to back;
 //!    - `process` and `strict` (each child in a worker process of its own), back to back
 //!      and at 50 ms of model latency, each two ways alternated round by round: the worker
-//!      forked from the worker template (the default), and started as a new process, the
-//!      way before the template (back to back, each child then waits for its worker's
-//!      interpreter to start: the spare started when the previous child took its own has
-//!      had no time; at 50 ms, the spare has the time a real model's seconds give it).
+//!      confined ahead of need (the default: forked from the worker template and confined
+//!      while the run's root model, or the previous child, ran), and forked from the
+//!      template and confined when the child's session starts (the pool off, the way before
+//!      it). Back to back, the next worker has only the previous child's own run to be
+//!      confined in; at 50 ms, it has the time a real model's seconds give it.
 //! 2. 100 children in parallel on one pool: `rlm_query_batched` of 100 one-iteration children
 //!    at 50 ms model latency, against the bridge's own `Endpoint::batch` of the same 100
 //!    requests at the same width (in-process sessions).
@@ -78,7 +79,7 @@ fn main() -> anyhow::Result<()> {
                 isolation,
                 latency,
                 isolated,
-                &[WorkerStart::Template, WorkerStart::NewProcess],
+                &[WorkerStart::Ready, WorkerStart::Template],
             )?;
         }
     }
@@ -207,19 +208,19 @@ fn child_rounds(quick: bool) -> usize {
 enum WorkerStart {
     /// In-process sessions: no worker.
     None,
-    /// Forked by the worker template (the default).
+    /// Forked by the worker template and confined ahead of need (the default).
+    Ready,
+    /// Forked by the worker template and confined when the child's session starts: the
+    /// path before the pool, still taken when no confined worker is ready.
     Template,
-    /// Started as a new process (`exec`, then its interpreter): the path before the
-    /// template, still taken when none runs.
-    NewProcess,
 }
 
 impl WorkerStart {
     fn label(self) -> &'static str {
         match self {
             Self::None => "",
-            Self::Template => ", forked from the template",
-            Self::NewProcess => ", a new process (no template)",
+            Self::Ready => ", confined ahead of need",
+            Self::Template => ", forked from the template when needed (no pool)",
         }
     }
 }
@@ -258,7 +259,7 @@ fn child_overhead(
     };
     let expected = n.to_string();
     let run_with = |start: WorkerStart| -> anyhow::Result<f64> {
-        kernel::repl::use_worker_template(start == WorkerStart::Template);
+        kernel::repl::use_worker_pool(start == WorkerStart::Ready);
         let result = run_in(&eps, 2, isolation, &expected)?;
         Ok(result.iterations[0].execution_ms)
     };
@@ -275,7 +276,7 @@ fn child_overhead(
             block_ms[i].push(run_with(starts[i])?);
         }
     }
-    kernel::repl::use_worker_template(true);
+    kernel::repl::use_worker_pool(true);
     let raw = median(&mut raw_ms);
     for (start, block_ms) in starts.iter().zip(&mut block_ms) {
         let children = median(block_ms);

@@ -2,10 +2,12 @@
 //! fd 3.
 //!
 //! Order at start, while the process is still single-threaded: start CPython (which starts
-//! no thread; a spare worker does this before its session exists), receive the context
-//! memfds and the [`Start`] frame, enter the session's directory, ask CPython for its own
-//! paths, confine the process ([`confine`]: the policy's environment replaces the one the
-//! worker started with), then load the contexts and start the session's threads. Then the main
+//! no thread; a spare worker does this before its session exists), read the [`Confine`]
+//! frame, enter the session's directory, ask CPython for its own paths, confine the process
+//! ([`confine`]: the policy's environment replaces the one the worker started with) and say
+//! so; then receive the context memfds and the [`Start`] frame (a worker confined ahead of
+//! need waits for them, idle, until a session takes it), load the contexts and start the
+//! session's threads. Then the main
 //! thread reads frames: requests go to a request thread in order (a block runs there), while
 //! interrupts, sub-call answers and `EndProcesses` are handled at once, even while a block
 //! runs. Block output is sent as written after a quiet spell, else buffered and sent in chunks

@@ -46,9 +46,11 @@
 //! ```
 
 mod child;
+mod closer;
 mod confinement;
 mod journal;
 pub(crate) mod parent;
+mod policy;
 mod pool;
 mod protocol;
 mod spawn;
@@ -56,9 +58,9 @@ mod template;
 mod transfer;
 
 pub use child::{main as worker_main, serve_if_worker};
-pub use parent::worker_policy;
-pub(crate) use pool::{ReadyWorkers, keep_ready};
+pub use policy::worker_policy;
 pub use pool::use_worker_pool;
+pub(crate) use pool::{ReadyWorkers, keep_ready};
 pub use spawn::{WORKER_ARG, WorkerProgram, set_worker_program};
 pub use template::{TEMPLATE_NAME, use_worker_template};
 

@@ -12,6 +12,12 @@
 //! whose code has not returned [`KILL_GRACE`] after its limit (or after the stop) is stuck in
 //! native code: its worker is killed, and the block ends as timed out or cancelled.
 //!
+//! Starting: the worker is confined first ([`ToWorker::Confine`]), then handed its session
+//! ([`ToWorker::Start`]); a worker confined ahead of need (`pool.rs`) gets only the second.
+//! Closing: the worker is told to shut down and given [`EXIT_WAIT`] to exit before it is
+//! killed; while a run keeps workers ready, on a closer thread, so that a child (and its
+//! parent) does not wait for its worker's exit, and the run's end waits for them all.
+//!
 //! Crashes: a worker that ends during a block (a signal, `exit()`, the memory limit, our own
 //! kill) ends only the block. A fresh worker loads the contexts, and the blocks that ran to
 //! completion before are replayed with their sub-calls answered from their records
@@ -20,10 +26,9 @@
 //! session's next use.
 
 use std::collections::HashMap;
-use std::io::{self, BufReader, Write};
-use std::os::fd::AsRawFd;
+use std::io::{self, BufReader};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -33,16 +38,20 @@ use bridge::record::{AnswerRecord, RecordKey};
 use bridge::{BatchPolicy, CallOptions, ChatRequest, Endpoints};
 use tokio_util::sync::CancellationToken;
 
+use super::closer;
 use super::journal::{Entry, Journal};
+use super::policy::{level_of, session_policy};
 use super::pool::{self, Ready, Shape};
 use super::protocol::{
-    Confine, FrameError, FromWorker, Reply, Request, Start, ToWorker, read_frame, write_frame,
+    Confine, FrameError, FromWorker, NoSigPipe, Reply, Request, Start, ToWorker, read_frame,
+    write_frame,
 };
 use super::spawn::{
-    Spawned, WorkerProgram, drain_output, python_env, send_fds, start_worker, worker_program,
+    Exit, REAP_WAIT, Spawned, WorkerProgram, drain_output, reap, send_fds, start_worker,
+    worker_program,
 };
 use super::template;
-use super::transfer::{SharedContexts, readable, share_contexts};
+use super::transfer::{SharedContexts, share_contexts};
 use crate::repl::capture::{OutputCapture, Stream};
 use crate::repl::children::{ChildSlot, query_of};
 use crate::repl::config::{OnCrash, SessionConfig};
@@ -66,9 +75,6 @@ const WIND_DOWN: Duration = Duration::from_secs(10);
 const QUERY_WAIT: Duration = Duration::from_secs(30);
 /// How long a worker told to exit may take before it is killed.
 const EXIT_WAIT: Duration = Duration::from_secs(2);
-/// After its link closed, how long a worker may take to finish dying before it is killed:
-/// its exit status is what tells a crash from a kill.
-const REAP_WAIT: Duration = Duration::from_secs(1);
 /// Fresh workers tried when replaying ends the worker again.
 const RESTORE_ATTEMPTS: usize = 3;
 
@@ -147,8 +153,7 @@ impl WorkerSession {
                             "has no scratch directory: {e}; check that `$TMPDIR` is writable"
                         ),
                     })?;
-                let policy =
-                    session_policy(&config, scratch.path(), &program, &shared.read_paths);
+                let policy = session_policy(&config, scratch.path(), &program, &shared.read_paths);
                 (Some(scratch), Some(policy))
             }
         };
@@ -920,131 +925,24 @@ impl Drop for WorkerSession {
     }
 }
 
-/// What confines a worker of a session configured by `config` whose scratch directory is
-/// `scratch`, before its contexts and its Python's own files are added: the sandbox's
-/// defaults, the session's extra readable folders, its memory limit (`rlm doctor` shows
-/// what this policy would get here).
-pub fn worker_policy(config: &SessionConfig, scratch: &std::path::Path) -> sandbox::Policy {
-    let mut policy = sandbox::Policy::new(scratch);
-    for path in &config.read_paths {
-        policy = policy.allow_read(readable(path));
-    }
-    policy.limits.memory_bytes = Some(
-        config
-            .memory_limit
-            .unwrap_or_else(sandbox::default_memory_limit),
-    );
-    policy
-}
-
-/// The whole policy of a session of `config` whose scratch directory is `scratch` and whose
-/// file contexts are `contexts`: [`worker_policy`], the contexts readable, the Python
-/// variables of `program`'s start environment kept.
-pub(crate) fn session_policy(
-    config: &SessionConfig,
-    scratch: &Path,
-    program: &WorkerProgram,
-    contexts: &[PathBuf],
-) -> sandbox::Policy {
-    let mut policy = worker_policy(config, scratch);
-    for path in contexts {
-        policy = policy.allow_read(path.clone());
-    }
-    for (name, value) in python_env(program) {
-        policy = policy.set_env(name, value);
-    }
-    policy
-}
-
-/// How hard the sessions of `config` insist on confinement.
-pub(crate) fn level_of(config: &SessionConfig) -> sandbox::Level {
-    match config.isolation {
-        crate::repl::config::Isolation::Strict => sandbox::Level::Strict,
-        _ => sandbox::Level::BestEffort,
-    }
-}
-
 /// Ends a closed session's worker (told to shut down) and then removes its scratch
 /// directory: on this thread, or, while a run keeps workers ready (`pool.rs`: one with
 /// `rlm_query` children, whose every child closes a session), on the closer thread, so that
 /// neither the child nor its parent waits for the worker's exit. Either way it is given
 /// [`EXIT_WAIT`] to exit, then killed, and reaped by its link's reader.
 fn close(worker: Arc<Worker>, scratch: Option<tempfile::TempDir>) {
-    let job = Closing { worker, scratch };
+    let finish = move || {
+        if !worker.wait_end(EXIT_WAIT) {
+            worker.kill();
+            worker.wait_end(EXIT_WAIT);
+        }
+        drop(scratch);
+    };
     if !pool::in_use() {
-        job.finish();
-        return;
+        finish();
+    } else if let Err(job) = closer::hand_over(Box::new(finish)) {
+        job();
     }
-    let (queue, _) = closer();
-    let mut queue = lock(queue);
-    queue.pending += 1;
-    if let Err(mpsc::SendError(job)) = queue.jobs.send(job) {
-        queue.pending -= 1;
-        drop(queue);
-        job.finish();
-    }
-}
-
-/// A closed session's worker on its way out.
-struct Closing {
-    worker: Arc<Worker>,
-    scratch: Option<tempfile::TempDir>,
-}
-
-impl Closing {
-    fn finish(self) {
-        if !self.worker.wait_end(EXIT_WAIT) {
-            self.worker.kill();
-            self.worker.wait_end(EXIT_WAIT);
-        }
-        drop(self.scratch);
-    }
-}
-
-struct Closer {
-    jobs: Sender<Closing>,
-    /// Sessions handed over and not finished yet.
-    pending: usize,
-}
-
-/// The closer thread's queue, and the signal that it finished a job.
-fn closer() -> &'static (Mutex<Closer>, Condvar) {
-    static CLOSER: std::sync::OnceLock<(Mutex<Closer>, Condvar)> = std::sync::OnceLock::new();
-    CLOSER.get_or_init(|| {
-        let (jobs, queue) = mpsc::channel::<Closing>();
-        let started = std::thread::Builder::new()
-            .name("rlm-worker-closer".to_owned())
-            .spawn(move || {
-                for job in queue {
-                    job.finish();
-                    let (closer, done) = closer();
-                    lock(closer).pending -= 1;
-                    done.notify_all();
-                }
-            });
-        if let Err(e) = started {
-            tracing::error!("cannot start the thread that ends closed workers: {e}");
-        }
-        (Mutex::new(Closer { jobs, pending: 0 }), Condvar::new())
-    })
-}
-
-/// Waits until every session closed off its thread has its worker ended and its scratch
-/// directory removed (the end of a run that kept workers ready).
-pub(crate) fn flush_closed() {
-    let (closer, done) = closer();
-    let pending = lock(closer);
-    // Each job waits at most twice EXIT_WAIT; a bound for a stuck one all the same.
-    let wait = (EXIT_WAIT * 2 + REAP_WAIT) * u32::try_from(pending.pending.max(1)).unwrap_or(64);
-    let _ = done
-        .wait_timeout_while(pending, wait, |p| p.pending > 0)
-        .unwrap_or_else(PoisonError::into_inner);
-}
-
-/// Ends an idle worker whose link was closed: it exits when it reads the end; reaped here
-/// (killed after [`REAP_WAIT`]).
-pub(crate) fn end_idle(pid: i32) {
-    reap(pid);
 }
 
 fn spawn_error(e: &io::Error) -> ReplError {
@@ -1324,15 +1222,6 @@ fn signal_name(signal: i32) -> String {
     name.to_owned()
 }
 
-/// How a worker process ended, as `wait4` saw it.
-#[derive(Debug, Clone, Copy)]
-struct Exit {
-    /// The raw wait status, when the worker was reaped.
-    status: Option<i32>,
-    /// Its peak resident memory (and its children's), in bytes.
-    peak_bytes: u64,
-}
-
 /// Why a worker ended, from its exit status and what the session did to it.
 fn classify(exit: &Exit, stopped: Option<(Duration, bool)>, memory_limit: u64) -> WorkerEnd {
     if let Some((after, timed_out)) = stopped {
@@ -1578,62 +1467,6 @@ fn receive(
     })
 }
 
-/// Waits for `pid`, giving it [`REAP_WAIT`] to finish dying before it is killed.
-fn reap(pid: i32) -> Exit {
-    let deadline = Instant::now() + REAP_WAIT;
-    let mut killed = false;
-    loop {
-        let mut status = 0;
-        // SAFETY: a zeroed rusage is valid for wait4 to fill.
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        let options = if killed { 0 } else { libc::WNOHANG };
-        // SAFETY: waits for our own child; status and usage point to live locals.
-        let reaped = unsafe { libc::wait4(pid, &mut status, options, &mut usage) };
-        if reaped == pid {
-            return Exit {
-                status: Some(status),
-                peak_bytes: u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024,
-            };
-        }
-        if reaped < 0 {
-            return Exit {
-                status: None,
-                peak_bytes: 0,
-            };
-        }
-        if !killed && Instant::now() >= deadline {
-            // SAFETY: our unreaped child: the pid cannot have been reused.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            killed = true;
-            continue;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// Writes with `MSG_NOSIGNAL`: a worker that died makes a write fail, never raises SIGPIPE in
-/// the parent (a host's own SIGPIPE handling is not ours to rely on).
-pub(crate) struct NoSigPipe<'a>(pub(crate) &'a UnixStream);
-
-impl Write for NoSigPipe<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        // SAFETY: sends initialised bytes on an open socket.
-        let sent = unsafe {
-            libc::send(
-                self.0.as_raw_fd(),
-                buf.as_ptr().cast(),
-                buf.len(),
-                libc::MSG_NOSIGNAL,
-            )
-        };
-        usize::try_from(sent).map_err(|_| io::Error::last_os_error())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
 /// What the reader needs to answer sub-calls.
 struct Services {
     endpoints: Arc<Endpoints>,
@@ -1704,7 +1537,8 @@ fn read_worker(worker: &Arc<Worker>, mut reader: BufReader<UnixStream>, services
                 }
             }
             Ok(
-                other @ (FromWorker::Confined(_) | FromWorker::Ready { .. } | FromWorker::Failed(_)),
+                other
+                @ (FromWorker::Confined(_) | FromWorker::Ready { .. } | FromWorker::Failed(_)),
             ) => {
                 worker.lose(format!("sent {other:?} after its start"));
                 break;

@@ -29,7 +29,7 @@
 //!   than [`MIN_AVAILABLE`] memory available.
 //! - **Nothing left.** When the last lease of a shape goes (its run ended), its ready workers
 //!   are ended and reaped, confining ones as soon as they are confined, and the sessions
-//!   closed meanwhile are waited for ([`super::parent::flush_closed`]).
+//!   closed meanwhile are waited for (`closer.rs`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,9 +37,10 @@ use std::sync::mpsc::{self, Sender};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::parent::{NoSigPipe, end_idle, flush_closed, level_of, session_policy};
-use super::protocol::{Confine, FromWorker, ToWorker, read_frame, write_frame};
-use super::spawn::{Spawned, WorkerProgram, worker_program};
+use super::closer;
+use super::policy::{level_of, session_policy};
+use super::protocol::{Confine, FromWorker, NoSigPipe, ToWorker, read_frame, write_frame};
+use super::spawn::{Spawned, WorkerProgram, reap, worker_program};
 use super::template;
 use crate::repl::config::SessionConfig;
 
@@ -49,6 +50,8 @@ pub(crate) const MAX_READY: usize = 8;
 const MIN_AVAILABLE: u64 = 1 << 30;
 /// How long a session waits for a worker being confined for it before it starts its own.
 const TAKE_WAIT: Duration = Duration::from_secs(2);
+/// How long a refill waits for the worker template to start.
+const TEMPLATE_WAIT: Duration = Duration::from_secs(10);
 /// How long a refill waits for its worker to be confined.
 const CONFINE_WAIT: Duration = Duration::from_secs(30);
 /// How long the end of a run waits for its workers still being confined.
@@ -183,7 +186,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// sessions of `config` run in this process, or no worker program or pool is on), and has
 /// one confined now.
 pub(crate) fn keep_ready(config: &SessionConfig) -> Option<ReadyWorkers> {
-    if !config.isolation.in_worker() || !ENABLED.load(Ordering::Relaxed) {
+    if !config.isolation.in_worker() || !ENABLED.load(Ordering::Relaxed) || !template::enabled() {
         return None;
     }
     let program = worker_program()?;
@@ -242,7 +245,7 @@ impl Drop for ReadyWorkers {
         drop(pool);
         end_all(gone);
         if last {
-            flush_closed();
+            closer::flush();
         }
     }
 }
@@ -259,7 +262,7 @@ fn end_all(workers: Vec<Ready>) {
         })
         .collect();
     for (pid, scratch) in pids {
-        end_idle(pid);
+        reap(pid);
         drop(scratch);
     }
 }
@@ -355,10 +358,25 @@ fn confine_one(config: &SessionConfig, program: &WorkerProgram, shape: Shape) {
     changed.notify_all();
 }
 
-fn make_ready(config: &SessionConfig, program: &WorkerProgram, shape: &Shape) -> Result<Ready, String> {
-    let Some((spawned, template)) = template::fork_worker(program) else {
+fn make_ready(
+    config: &SessionConfig,
+    program: &WorkerProgram,
+    shape: &Shape,
+) -> Result<Ready, String> {
+    let forked = template::fork_worker(program).or_else(|| {
+        // The run's first worker: its template may still be starting.
         template::prepare_next(program);
-        return Err("no worker template is running yet".to_owned());
+        let deadline = Instant::now() + TEMPLATE_WAIT;
+        while template::current(program).is_none()
+            && Instant::now() < deadline
+            && lock(&pool().0).lease(shape).is_some()
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        template::fork_worker(program)
+    });
+    let Some((spawned, template)) = forked else {
+        return Err("no worker template is running".to_owned());
     };
     let scratch = tempfile::Builder::new()
         .prefix("rlm-scratch-")
@@ -368,7 +386,7 @@ fn make_ready(config: &SessionConfig, program: &WorkerProgram, shape: &Shape) ->
         Ok(scratch) => scratch,
         Err(e) => {
             drop(spawned.link);
-            end_idle(spawned.pid);
+            reap(spawned.pid);
             return Err(e);
         }
     };
@@ -390,7 +408,7 @@ fn make_ready(config: &SessionConfig, program: &WorkerProgram, shape: &Shape) ->
         }),
         Err(e) => {
             drop(spawned.link);
-            end_idle(spawned.pid);
+            reap(spawned.pid);
             Err(e)
         }
     }
@@ -399,8 +417,11 @@ fn make_ready(config: &SessionConfig, program: &WorkerProgram, shape: &Shape) ->
 /// Sends `confine` and waits (up to [`CONFINE_WAIT`]) for the worker to say it is confined.
 fn confine_spawned(spawned: &Spawned, confine: &Confine) -> Result<sandbox::Report, String> {
     let link = &spawned.link;
-    write_frame(&mut NoSigPipe(link), &ToWorker::Confine(Box::new(confine.clone())))
-        .map_err(|e| format!("the worker could not be sent its policy: {e}"))?;
+    write_frame(
+        &mut NoSigPipe(link),
+        &ToWorker::Confine(Box::new(confine.clone())),
+    )
+    .map_err(|e| format!("the worker could not be sent its policy: {e}"))?;
     link.set_read_timeout(Some(CONFINE_WAIT))
         .map_err(|e| e.to_string())?;
     let answer = read_frame::<FromWorker>(&mut &*link, &mut Vec::new());
@@ -444,4 +465,61 @@ fn refiller() -> &'static Mutex<Sender<Job>> {
         }
         Mutex::new(jobs)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn program() -> WorkerProgram {
+        WorkerProgram::this_executable()
+    }
+
+    fn shape(config: &SessionConfig, scratch: &str, contexts: &[PathBuf]) -> Shape {
+        let policy = session_policy(config, std::path::Path::new(scratch), &program(), contexts);
+        Shape::with(&program(), PathBuf::from("/w"), level_of(config), &policy)
+    }
+
+    #[test]
+    fn sessions_that_differ_only_by_their_scratch_directory_have_one_shape() {
+        let config = SessionConfig::default();
+        let a = shape(&config, "/tmp/rlm-scratch-a", &[]);
+        let mut b = shape(&config, "/tmp/rlm-scratch-b", &[]);
+        assert_eq!(a, b);
+        // The scratch directory is set aside everywhere it appears.
+        assert!(
+            !format!("{a:?}").contains("rlm-scratch-a"),
+            "{a:?} still names its scratch directory"
+        );
+        // So is the largest-file limit (computed from the free space at the time).
+        b.policy.limits.file_size_bytes = Some(1);
+        let mut c = shape(&config, "/tmp/rlm-scratch-c", &[]);
+        c.policy.limits.file_size_bytes = Some(1);
+        assert_eq!(b, c);
+    }
+
+    #[test]
+    fn a_file_to_read_another_level_or_limit_is_another_shape() {
+        let config = SessionConfig::default();
+        let base = shape(&config, "/tmp/s", &[]);
+        assert_ne!(
+            base,
+            shape(&config, "/tmp/s", &[PathBuf::from("/data/ctx.json")])
+        );
+        let strict = SessionConfig {
+            isolation: crate::repl::config::Isolation::Strict,
+            ..SessionConfig::default()
+        };
+        assert_ne!(base, shape(&strict, "/tmp/s", &[]));
+        let smaller = SessionConfig {
+            memory_limit: Some(1 << 30),
+            ..SessionConfig::default()
+        };
+        assert_ne!(base, shape(&smaller, "/tmp/s", &[]));
+        let reads = SessionConfig {
+            read_paths: vec![PathBuf::from("/data")],
+            ..SessionConfig::default()
+        };
+        assert_ne!(base, shape(&reads, "/tmp/s", &[]));
+    }
 }

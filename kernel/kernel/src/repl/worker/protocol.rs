@@ -7,6 +7,8 @@
 //! decoder also bounds nesting.
 
 use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
 use serde::de::DeserializeOwned;
@@ -290,6 +292,29 @@ pub(crate) fn write_frame(out: &mut impl Write, message: &impl Serialize) -> io:
     })?;
     frame[..4].copy_from_slice(&length.to_be_bytes());
     out.write_all(&frame)
+}
+
+/// Writes with `MSG_NOSIGNAL`: a worker that died makes a write fail, never raises SIGPIPE in
+/// the parent (a host's own SIGPIPE handling is not ours to rely on).
+pub(crate) struct NoSigPipe<'a>(pub(crate) &'a UnixStream);
+
+impl Write for NoSigPipe<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        // SAFETY: sends initialised bytes on an open socket.
+        let sent = unsafe {
+            libc::send(
+                self.0.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        usize::try_from(sent).map_err(|_| io::Error::last_os_error())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Reads one frame into `buffer` and decodes it; [`FrameError::Closed`] at a clean end.

@@ -30,6 +30,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -217,6 +218,52 @@ fn end_spare(spare: Spawned) {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// After its link closed, how long a worker may take to finish dying before it is killed:
+/// its exit status is what tells a crash from a kill.
+pub(crate) const REAP_WAIT: Duration = Duration::from_secs(1);
+
+/// How a worker process ended, as `wait4` saw it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Exit {
+    /// The raw wait status, when the worker was reaped.
+    pub(crate) status: Option<i32>,
+    /// Its peak resident memory (and its children's), in bytes.
+    pub(crate) peak_bytes: u64,
+}
+
+/// Waits for `pid`, giving it [`REAP_WAIT`] to finish dying before it is killed.
+pub(crate) fn reap(pid: i32) -> Exit {
+    let deadline = Instant::now() + REAP_WAIT;
+    let mut killed = false;
+    loop {
+        let mut status = 0;
+        // SAFETY: a zeroed rusage is valid for wait4 to fill.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        let options = if killed { 0 } else { libc::WNOHANG };
+        // SAFETY: waits for our own child; status and usage point to live locals.
+        let reaped = unsafe { libc::wait4(pid, &mut status, options, &mut usage) };
+        if reaped == pid {
+            return Exit {
+                status: Some(status),
+                peak_bytes: u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024,
+            };
+        }
+        if reaped < 0 {
+            return Exit {
+                status: None,
+                peak_bytes: 0,
+            };
+        }
+        if !killed && Instant::now() >= deadline {
+            // SAFETY: our unreaped child: the pid cannot have been reused.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            killed = true;
+            continue;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// Bytes of a worker's own stderr kept for a crash report.

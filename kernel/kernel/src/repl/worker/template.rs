@@ -79,6 +79,11 @@ pub fn use_worker_template(enabled: bool) {
     ENABLED.store(enabled, Ordering::Relaxed);
 }
 
+/// Whether isolated sessions of this process take their workers from a template.
+pub(crate) fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
 /// The template of this process, as the host sees it.
 #[derive(Debug)]
 pub(crate) struct Template {
