@@ -68,8 +68,9 @@ pub use template::{TEMPLATE_NAME, use_worker_template};
 /// waiting: one more confined ahead of need while a run keeps them ready (`pool`), and the
 /// template running (or a spare started) unless no worker program is registered.
 pub(crate) fn prepare_worker(config: &crate::repl::config::SessionConfig) {
-    if let Some(program) = spawn::worker_program() {
-        pool::refill(config);
+    if let Some(program) = spawn::worker_program()
+        && !pool::refill(config)
+    {
         template::prepare_next(&program);
     }
 }

@@ -106,6 +106,9 @@ pub(crate) struct WorkerSession {
     pending: Mutex<Option<WorkerRestart>>,
     /// Who runs the `rlm_query` children of the worker's code (here, in the parent).
     children: Arc<ChildSlot>,
+    /// Whether a block was sent to the worker (else its answer is empty and its code
+    /// started no process: nothing to ask it at a run's start and end).
+    ran: std::sync::atomic::AtomicBool,
 }
 
 /// The session's worker: running, or ended and not yet replaced.
@@ -203,6 +206,7 @@ impl WorkerSession {
             confinement: sandbox::Report { layers: Vec::new() },
             pending: Mutex::new(None),
             children: Arc::default(),
+            ran: std::sync::atomic::AtomicBool::new(false),
         };
         let (worker, contexts, confinement) = session.spawn(ready)?;
         session.contexts = contexts;
@@ -438,6 +442,7 @@ impl WorkerSession {
         stop: Option<&CancellationToken>,
     ) -> Result<ExecutionResult, ReplError> {
         let _turn = lock(&self.busy);
+        self.ran.store(true, Ordering::Relaxed);
         let worker = self.live(stop)?;
         let ledger = self.endpoints.ledger();
         let ledger_start = ledger.next_call_index();
@@ -822,6 +827,10 @@ impl WorkerSession {
     }
 
     pub(crate) fn reset_answer(&self) -> Result<(), ReplError> {
+        if !self.ran.load(Ordering::Relaxed) {
+            // No code ran: the answer is as the session started, empty (a child's run).
+            return Ok(());
+        }
         self.text(|| Request::ResetAnswer)?;
         lock(&self.journal).push(Entry::ResetAnswer);
         Ok(())
@@ -879,6 +888,10 @@ impl WorkerSession {
 
     /// Ends the processes the session's blocks started (without waiting for a running block).
     pub(crate) fn end_processes(&self) -> Result<(), ReplError> {
+        if !self.ran.load(Ordering::Relaxed) {
+            // No code ran, so none started a process.
+            return Ok(());
+        }
         let worker = match &*lock(&self.worker) {
             Slot::Live(worker) => Arc::clone(worker),
             Slot::Ended(_) => return Ok(()),
@@ -914,29 +927,33 @@ impl Drop for WorkerSession {
                 detail: "was closed".to_owned(),
             }),
         );
-        let scratch = self.scratch.take();
-        if let Slot::Live(worker) = slot {
-            let _ = worker.send(&ToWorker::Shutdown);
-            close(worker, scratch);
-        }
-        // The next session of this process (an eval's next task, a notebook's next
-        // completion) starts warm.
-        template::prepare_next(&self.program);
+        let worker = match slot {
+            Slot::Live(worker) => {
+                let _ = worker.send(&ToWorker::Shutdown);
+                Some(worker)
+            }
+            Slot::Ended(_) => None,
+        };
+        close(worker, self.scratch.take(), self.program.clone());
     }
 }
 
-/// Ends a closed session's worker (told to shut down) and then removes its scratch
-/// directory: on this thread, or, while a run keeps workers ready (`pool.rs`: one with
+/// Ends a closed session's worker (told to shut down), then removes its scratch directory and
+/// has the next session of this process (an eval's next task, a notebook's next completion)
+/// start warm: on this thread, or, while a run keeps workers ready (`pool.rs`: one with
 /// `rlm_query` children, whose every child closes a session), on the closer thread, so that
-/// neither the child nor its parent waits for the worker's exit. Either way it is given
-/// [`EXIT_WAIT`] to exit, then killed, and reaped by its link's reader.
-fn close(worker: Arc<Worker>, scratch: Option<tempfile::TempDir>) {
+/// neither the child nor its parent waits for the worker's exit. Either way the worker is
+/// given [`EXIT_WAIT`] to exit, then killed, and reaped by its link's reader.
+fn close(worker: Option<Arc<Worker>>, scratch: Option<tempfile::TempDir>, program: WorkerProgram) {
     let finish = move || {
-        if !worker.wait_end(EXIT_WAIT) {
+        if let Some(worker) = worker
+            && !worker.wait_end(EXIT_WAIT)
+        {
             worker.kill();
             worker.wait_end(EXIT_WAIT);
         }
         drop(scratch);
+        template::prepare_next(&program);
     };
     if !pool::in_use() {
         finish();

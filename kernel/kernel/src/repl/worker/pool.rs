@@ -149,6 +149,8 @@ struct Lease {
 
 #[derive(Debug, Default)]
 struct Pool {
+    /// The process whose children the workers are (a fork of it finds a copy of this).
+    owner: u32,
     ready: Vec<Ready>,
     leases: Vec<Lease>,
     /// Workers being confined, by shape.
@@ -158,6 +160,23 @@ struct Pool {
 }
 
 impl Pool {
+    /// This process's pool: in a fork of the process that filled it, the copy is forgotten
+    /// (its workers are not this process's children, and their scratch directories not its
+    /// own), without touching them.
+    fn own(mut pool: MutexGuard<'_, Self>) -> MutexGuard<'_, Self> {
+        let me = std::process::id();
+        if pool.owner != me {
+            for ready in std::mem::take(&mut pool.ready) {
+                let _ = ready.scratch.keep();
+            }
+            pool.leases.clear();
+            pool.confining.clear();
+            pool.waiting.clear();
+            pool.owner = me;
+        }
+        pool
+    }
+
     fn lease(&self, shape: &Shape) -> Option<&Lease> {
         self.leases.iter().find(|l| l.shape == *shape)
     }
@@ -192,7 +211,7 @@ pub(crate) fn keep_ready(config: &SessionConfig) -> Option<ReadyWorkers> {
     let program = worker_program()?;
     let shape = Shape::of(config, &program)?;
     {
-        let mut pool = lock(&pool().0);
+        let mut pool = Pool::own(lock(&pool().0));
         match pool.leases.iter_mut().find(|l| l.shape == shape) {
             Some(lease) => lease.count += 1,
             None => pool.leases.push(Lease {
@@ -213,13 +232,13 @@ pub(crate) fn keep_ready(config: &SessionConfig) -> Option<ReadyWorkers> {
 /// Whether a run keeps workers ready in this process (then sessions closed are ended off
 /// the closing thread, and the run's end waits for them).
 pub(crate) fn in_use() -> bool {
-    !lock(&pool().0).leases.is_empty()
+    !Pool::own(lock(&pool().0)).leases.is_empty()
 }
 
 impl Drop for ReadyWorkers {
     fn drop(&mut self) {
         let (mutex, changed) = pool();
-        let mut pool = lock(mutex);
+        let mut pool = Pool::own(lock(mutex));
         let Some(i) = pool.leases.iter().position(|l| l.shape == self.shape) else {
             return;
         };
@@ -271,12 +290,12 @@ fn end_all(workers: Vec<Ready>) {
 /// up to [`TAKE_WAIT`]); `None` when there is none (the session starts its own worker).
 pub(crate) fn take(shape: &Shape) -> Option<Ready> {
     let (mutex, changed) = pool();
-    let mut pool = lock(mutex);
+    let mut pool = Pool::own(lock(mutex));
     pool.lease(shape)?;
     let deadline = Instant::now() + TAKE_WAIT;
     let mut stale = Vec::new();
     let found = loop {
-        let current = template::current(&shape.program);
+        let current = template::current();
         if let Some(i) = pool.ready.iter().position(|r| r.shape == *shape) {
             let ready = pool.ready.swap_remove(i);
             if Some(ready.template) == current {
@@ -305,21 +324,22 @@ pub(crate) fn take(shape: &Shape) -> Option<Ready> {
 }
 
 /// Has one more worker of `config`'s sessions confined, in the background, if a run keeps
-/// them ready and fewer than its target are ready or being confined.
-pub(crate) fn refill(config: &SessionConfig) {
+/// them ready and fewer than its target are ready or being confined; whether a run keeps
+/// them ready (then the refill sees to the template too).
+pub(crate) fn refill(config: &SessionConfig) -> bool {
     if !ENABLED.load(Ordering::Relaxed) {
-        return;
+        return false;
     }
     let Some(program) = worker_program() else {
-        return;
+        return false;
     };
     let Some(shape) = Shape::of(config, &program) else {
-        return;
+        return false;
     };
     {
-        let mut pool = lock(&pool().0);
+        let mut pool = Pool::own(lock(&pool().0));
         let Some(lease) = pool.lease(&shape) else {
-            return;
+            return false;
         };
         let target = lease.target;
         let config = lease.config.clone();
@@ -327,7 +347,7 @@ pub(crate) fn refill(config: &SessionConfig) {
             + Pool::count(&pool.confining, &shape);
         let total = pool.ready.len() + pool.confining.len();
         if have >= target || total >= MAX_READY || !memory_allows() {
-            return;
+            return true;
         }
         pool.confining.push(shape.clone());
         let queued = shape.clone();
@@ -337,6 +357,7 @@ pub(crate) fn refill(config: &SessionConfig) {
             Pool::remove(&mut pool.confining, &queued);
         }
     }
+    true
 }
 
 /// On the pool thread: forks a worker from the template and has it confined for `shape`;
@@ -367,7 +388,7 @@ fn make_ready(
         // The run's first worker: its template may still be starting.
         template::prepare_next(program);
         let deadline = Instant::now() + TEMPLATE_WAIT;
-        while template::current(program).is_none()
+        while template::current().is_none()
             && Instant::now() < deadline
             && lock(&pool().0).lease(shape).is_some()
         {

@@ -43,7 +43,7 @@
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -238,16 +238,24 @@ pub(crate) fn take(program: &WorkerProgram) -> io::Result<Spawned> {
     }
 }
 
-/// The pid of the running template of `program`, if one serves this process.
-pub(crate) fn current(program: &WorkerProgram) -> Option<i32> {
-    if !ENABLED.load(Ordering::Relaxed) {
-        return None;
-    }
-    let slot = lock(slot());
-    slot.running
-        .as_ref()
-        .filter(|running| running.serves(program))
-        .map(|running| running.pid)
+/// The pid of the template in this process's slot, and of the process it serves (`0`: none),
+/// read without the slot's lock (held while a fork is asked for): see [`current`].
+static RUNNING: [AtomicI32; 2] = [AtomicI32::new(0), AtomicI32::new(0)];
+
+/// Puts `running` in the slot's place (what [`current`] reads).
+fn publish(running: Option<&Template>) {
+    let (pid, host) = running.map_or((0, 0), |t| (t.pid, i32::try_from(t.host).unwrap_or(0)));
+    RUNNING[0].store(pid, Ordering::Release);
+    RUNNING[1].store(host, Ordering::Release);
+}
+
+/// The pid of the template this process's workers are forked from now, if one runs: what a
+/// worker confined ahead of need was forked from, or it is not served (`pool.rs`).
+pub(crate) fn current() -> Option<i32> {
+    let pid = RUNNING[0].load(Ordering::Acquire);
+    let host = RUNNING[1].load(Ordering::Acquire);
+    let ours = u32::try_from(host).is_ok_and(|host| host == std::process::id());
+    (ENABLED.load(Ordering::Relaxed) && pid > 0 && ours).then_some(pid)
 }
 
 /// Has the next session find its worker ready: a template, when they are on, else a spare.
@@ -268,6 +276,7 @@ pub(crate) fn fork_worker(program: &WorkerProgram) -> Option<(Spawned, i32)> {
     let template = slot.running.as_ref()?;
     if !template.serves(program) {
         let other = slot.running.take();
+        publish(None);
         drop(slot);
         if let Some(template) = other {
             template.retire();
@@ -283,6 +292,7 @@ pub(crate) fn fork_worker(program: &WorkerProgram) -> Option<(Spawned, i32)> {
         }
         Err(ForkError::Gone(detail)) => {
             let gone = slot.running.take();
+            publish(None);
             drop(slot);
             tracing::warn!(
                 "the worker template {detail}; it is ended, workers start as new processes until another is ready"
@@ -332,7 +342,12 @@ fn prepare(program: &WorkerProgram) -> bool {
         let started = spawn_template(&program).and_then(Template::new);
         match started {
             Ok(template) => {
-                let old = lock(slot()).running.replace(template);
+                let old = {
+                    let mut slot = lock(slot());
+                    let old = slot.running.replace(template);
+                    publish(slot.running.as_ref());
+                    old
+                };
                 if let Some(template) = old {
                     template.retire();
                 }
