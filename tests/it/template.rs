@@ -209,6 +209,19 @@ fn script(root: &[&str], child: &str) -> Value {
     }})
 }
 
+/// `rlm run --max-depth 2 --json` (and `args`) against a mock whose root model runs `root`,
+/// which sets `answers`, and answers with it; each child runs `child` (see [`script`]). The run
+/// must succeed; returns what the harness saw and the answer.
+fn tree(root: &str, child: &str, args: &[&str]) -> (Watched, String) {
+    let mock = Mock::start(script(&[&repl(root), "FINAL_VAR(answers)"], child));
+    let mut all = vec!["--max-depth", "2", "--json"];
+    all.extend_from_slice(args);
+    let run = watched(&mock, &all, None);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    let answer = run.json()["answer"].as_str().unwrap_or_default().to_owned();
+    (run, answer)
+}
+
 /// A child's probe, run by two siblings at once: which pids its `/proc` lists (its PID
 /// namespace's own: no pid there leads to the template, its siblings or `rlm`); every
 /// other process's memory, environment and descriptors (the template's link to `rlm` is its
@@ -247,20 +260,13 @@ result = f"{opened} signalled {signalled} listed {listed} searched {me}""#;
 
 #[test]
 fn a_child_reaches_neither_its_siblings_nor_the_template_nor_rlm() {
-    let mock = Mock::start(script(
-        &[
-            // A first child gives the template time to start (and workers to be confined
-            // ahead of need) on a loaded machine: the two probes then run beside idle ones.
-            &repl(
-                "rlm_query('probe')\nanswers = rlm_query_batched(['probe', 'probe'])\nprint(answers)",
-            ),
-            "FINAL_VAR(answers)",
-        ],
+    // A first child gives the template time to start (and workers to be confined ahead of
+    // need) on a loaded machine: the two probes then run beside idle ones.
+    let (run, answer) = tree(
+        "rlm_query('probe')\nanswers = rlm_query_batched(['probe', 'probe'])",
         PROBE,
-    ));
-    let run = watched(&mock, &["--max-depth", "2", "--json"], None);
-    assert_eq!(run.code, Some(0), "{run:#?}");
-    let answer = run.json()["answer"].as_str().unwrap_or_default().to_owned();
+        &[],
+    );
     let nothing = "{'mem': 0, 'environ': 0, 'fd/3': 0, 'fd': 0} signalled [] listed [1, 2]";
     assert_eq!(
         answer.matches(nothing).count(),
@@ -379,17 +385,12 @@ fn killing_the_template_mid_run_falls_back_to_new_workers_and_loses_nothing() {
 #[test]
 fn siblings_forked_from_one_template_draw_different_random_numbers() {
     // Each fork runs Python's after-fork hooks: `random` reseeds from the kernel.
-    let mock = Mock::start(script(
-        &[
-            &repl("answers = rlm_query_batched(['draw'] * 3)\nprint(answers)"),
-            "FINAL_VAR(answers)",
-        ],
+    let (run, answer) = tree(
+        "answers = rlm_query_batched(['draw'] * 3)",
         "import random\nresult = str(random.getrandbits(64))",
-    ));
-    let run = watched(&mock, &["--max-depth", "2", "--json"], None);
-    assert_eq!(run.code, Some(0), "{run:#?}");
+        &[],
+    );
     assert!(!run.templates().is_empty(), "no template ran: {run:#?}");
-    let answer = run.json()["answer"].as_str().unwrap_or_default().to_owned();
     let draws: BTreeSet<&str> = answer
         .trim_matches(|c| c == '[' || c == ']')
         .split(", ")
@@ -422,18 +423,11 @@ result = f"{path} {found}""#;
 
 #[test]
 fn a_worker_confined_ahead_of_need_serves_one_child_and_keeps_nothing_of_another() {
-    let mock = Mock::start(script(
-        &[
-            &repl(
-                "answers, before = [], 'none'\nfor i in range(4):\n    answers.append(rlm_query(f'mark {i}', context=before))\n    before = answers[-1].split(' ')[0]\nprint(answers)",
-            ),
-            "FINAL_VAR(answers)",
-        ],
+    let (run, answer) = tree(
+        "answers, before = [], 'none'\nfor i in range(4):\n    answers.append(rlm_query(f'mark {i}', context=before))\n    before = answers[-1].split(' ')[0]",
         LEFT_BEHIND,
-    ));
-    let run = watched(&mock, &["--max-depth", "2", "--json"], None);
-    assert_eq!(run.code, Some(0), "{run:#?}");
-    let answer = run.json()["answer"].as_str().unwrap_or_default().to_owned();
+        &[],
+    );
     assert_eq!(
         answer.matches(" []").count(),
         4,
@@ -456,20 +450,11 @@ fn a_worker_confined_ahead_of_need_serves_one_child_and_keeps_nothing_of_another
 
 #[test]
 fn a_flood_of_children_cannot_grow_the_ready_workers_past_the_width() {
-    let mock = Mock::start(script(
-        &[
-            &repl("answers = rlm_query_batched([f'go {i}' for i in range(24)])"),
-            "FINAL_VAR(answers)",
-        ],
+    let (run, answer) = tree(
+        "answers = rlm_query_batched([f'go {i}' for i in range(24)])",
         "result = 'ok'",
-    ));
-    let run = watched(
-        &mock,
-        &["--max-depth", "2", "--batch-concurrency", "4", "--json"],
-        None,
+        &["--batch-concurrency", "4"],
     );
-    assert_eq!(run.code, Some(0), "{run:#?}");
-    let answer = run.json()["answer"].as_str().unwrap_or_default().to_owned();
     assert_eq!(answer.matches("'ok'").count(), 24, "{answer}");
     // A worker per session (the root's, 24 children's) and at most the width (4) confined
     // ahead of need that no child took.

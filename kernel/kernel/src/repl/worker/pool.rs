@@ -33,14 +33,14 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc::Sender;
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::closer;
 use super::policy::{level_of, session_policy};
 use super::protocol::{Confine, FromWorker, NoSigPipe, ToWorker, read_frame, write_frame};
-use super::spawn::{Spawned, WorkerProgram, reap, worker_program};
+use super::spawn::{SpawnJob, Spawned, WorkerProgram, job_thread, reap, worker_program};
 use super::template;
 use crate::repl::config::SessionConfig;
 
@@ -467,25 +467,10 @@ fn memory_allows() -> bool {
         .is_none_or(|kib| kib * 1024 >= MIN_AVAILABLE)
 }
 
-type Job = Box<dyn FnOnce() + Send>;
-
 /// The thread that confines the pool's workers, one after another.
-fn refiller() -> &'static Mutex<Sender<Job>> {
-    static REFILLER: OnceLock<Mutex<Sender<Job>>> = OnceLock::new();
-    REFILLER.get_or_init(|| {
-        let (jobs, queue) = mpsc::channel::<Job>();
-        let started = std::thread::Builder::new()
-            .name("rlm-worker-pool".to_owned())
-            .spawn(move || {
-                for job in queue {
-                    job();
-                }
-            });
-        if let Err(e) = started {
-            tracing::error!("cannot start the worker pool's thread: {e}");
-        }
-        Mutex::new(jobs)
-    })
+fn refiller() -> &'static Mutex<Sender<SpawnJob>> {
+    static REFILLER: OnceLock<Mutex<Sender<SpawnJob>>> = OnceLock::new();
+    REFILLER.get_or_init(|| job_thread("rlm-worker-pool"))
 }
 
 #[cfg(test)]

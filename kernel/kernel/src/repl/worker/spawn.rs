@@ -362,20 +362,23 @@ fn place_link(parent: libc::pid_t, link: RawFd) -> io::Result<()> {
 /// The long-lived thread that forks every worker (see the [module docs](self)).
 fn spawner() -> &'static Mutex<Sender<SpawnJob>> {
     static SPAWNER: OnceLock<Mutex<Sender<SpawnJob>>> = OnceLock::new();
-    SPAWNER.get_or_init(|| {
-        let (jobs, queue) = mpsc::channel::<SpawnJob>();
-        let started = std::thread::Builder::new()
-            .name("rlm-worker-spawner".to_owned())
-            .spawn(move || {
-                for job in queue {
-                    job();
-                }
-            });
-        if let Err(e) = started {
-            tracing::error!("cannot start the worker-starting thread: {e}");
-        }
-        Mutex::new(jobs)
-    })
+    SPAWNER.get_or_init(|| job_thread("rlm-worker-spawner"))
+}
+
+/// A long-lived thread named `name` that runs the jobs sent to it, one after another.
+pub(crate) fn job_thread(name: &str) -> Mutex<Sender<SpawnJob>> {
+    let (jobs, queue) = mpsc::channel::<SpawnJob>();
+    let started = std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            for job in queue {
+                job();
+            }
+        });
+    if let Err(e) = started {
+        tracing::error!("cannot start the thread `{name}`: {e}");
+    }
+    Mutex::new(jobs)
 }
 
 /// Sends one byte carrying `fds` (`SCM_RIGHTS`): a session's context memfds ahead of its
