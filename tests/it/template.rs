@@ -522,21 +522,10 @@ fn the_end_of_a_run_ends_its_idle_workers_while_rlm_lives_on() {
     ));
     let dir = tempfile::tempdir().expect("tempdir");
     let context = crate::support::file(dir.path(), "ctx.txt", "alpha beta\n");
-    let args: Vec<String> = [
-        "chat",
-        "--context",
-        &context.to_string_lossy(),
-        "--base-url",
-        &mock.url(),
-        "--model",
-        "root-model",
-        "--sub-model",
-        "sub-model",
-        "--max-depth",
-        "2",
-    ]
-    .map(str::to_owned)
-    .to_vec();
+    let context = context.to_string_lossy();
+    // `rlm chat` takes the options of `rlm run`.
+    let mut args = mock.run_args(&["--context", &context, "--max-depth", "2"]);
+    args[0] = "chat".to_owned();
     let mut child = rlm_command(&args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
