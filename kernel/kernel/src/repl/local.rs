@@ -120,83 +120,7 @@ impl LocalSession {
         contexts: &[ContextInput],
         embedding: Embedding,
     ) -> Result<Self, ReplError> {
-        interpreter::start()?;
-        let load = config.load.resolved()?;
-        let id = next_session_id();
-        let remote = matches!(route, SubCallRoute::Remote(_));
-        let cancel = CancellationToken::new();
-        let closed = CancellationToken::new();
-        let watchdog = Arc::new(Watchdog::default());
-        let (jobs, job_rx) = mpsc::channel();
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let (done_tx, thread_done) = mpsc::channel();
-        let children = Arc::new(ChildSlot::default());
-        let init = SessionInit {
-            id,
-            config: config.clone(),
-            children: Arc::clone(&children),
-            route,
-            contexts: contexts.to_vec(),
-            load,
-            cancel: cancel.clone(),
-            watchdog: Arc::clone(&watchdog),
-            embedding,
-        };
-        let thread = std::thread::Builder::new()
-            .name(format!("rlm-repl-{id}"))
-            .spawn(move || {
-                session_thread(init, job_rx, ready_tx);
-                let _ = done_tx.send(());
-            })
-            .map_err(|e| ReplError::Interpreter {
-                message: format!("cannot start the session thread: {e}"),
-            })?;
-        // The session thread always answers or exits (dropping the sender).
-        let (contexts, py_session) = match without_gil(move || ready_rx.recv()) {
-            Ok(Ok(started)) => started,
-            Ok(Err(e)) => {
-                let _ = without_gil(move || thread.join());
-                return Err(e);
-            }
-            Err(_) => {
-                let _ = without_gil(move || thread.join());
-                return Err(ReplError::SessionClosed {
-                    reason: "the session thread stopped while starting".to_owned(),
-                });
-            }
-        };
-        let wd = Arc::clone(&watchdog);
-        std::thread::Builder::new()
-            .name(format!("rlm-watchdog-{id}"))
-            .spawn(move || wd.run())
-            .map_err(|e| ReplError::Interpreter {
-                message: format!("cannot start the watchdog thread: {e}"),
-            })?;
-        if !remote {
-            // Cancelling the session token interrupts a running block. (A worker's session
-            // is stopped through its parent's link instead, and runs no tokio runtime.)
-            let (cancel, closed, wd) = (cancel.clone(), closed.clone(), Arc::clone(&watchdog));
-            crate::runtime::shared().spawn(async move {
-                tokio::select! {
-                    () = cancel.cancelled() => wd.notify(),
-                    () = closed.cancelled() => {}
-                }
-            });
-        }
-        Ok(Self {
-            id,
-            config,
-            jobs,
-            busy: Mutex::new(()),
-            contexts,
-            cancel,
-            closed,
-            watchdog,
-            py_session,
-            thread: Some(thread),
-            thread_done: Mutex::new(thread_done),
-            children,
-        })
+        Prepared::new()?.start(config, route, contexts, embedding)
     }
 
     /// Where the session's natives find who runs `rlm_query` children.
@@ -341,6 +265,168 @@ impl LocalSession {
             Err(RecvTimeoutError::Disconnected) => Err(ReplError::SessionClosed {
                 reason: "its Python thread exited while running the request".to_owned(),
             }),
+        }
+    }
+}
+
+/// A session's threads started ahead of its start (see [`Prepared::new`]).
+///
+/// A worker confined ahead of need prepares its session while it waits, idle, for a session
+/// to take it, so that its start frame only has the session's own settings and contexts to
+/// install. The threads run no Python code until [`Prepared::start`]: the session thread
+/// waits for its settings before it takes the GIL, the watchdog for a block to watch.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    id: u64,
+    cancel: CancellationToken,
+    watchdog: Arc<Watchdog>,
+    /// Hands the session thread its settings (dropping it ends the thread).
+    init: Option<Sender<SessionInit>>,
+    jobs: Sender<Job>,
+    ready: Option<Receiver<Result<Started, ReplError>>>,
+    thread: Option<JoinHandle<()>>,
+    thread_done: Option<Receiver<()>>,
+}
+
+impl Prepared {
+    /// Starts the interpreter (if needed) and a session's threads, its session thread and
+    /// its watchdog, which wait for [`start`](Self::start).
+    pub(crate) fn new() -> Result<Self, ReplError> {
+        interpreter::start()?;
+        let id = next_session_id();
+        let cancel = CancellationToken::new();
+        let watchdog = Arc::new(Watchdog::default());
+        let (jobs, job_rx) = mpsc::channel();
+        let (ready_tx, ready) = mpsc::channel();
+        let (done_tx, thread_done) = mpsc::channel();
+        let (init, init_rx) = mpsc::channel::<SessionInit>();
+        let thread = std::thread::Builder::new()
+            .name(format!("rlm-repl-{id}"))
+            .spawn(move || {
+                // No GIL while waiting: a prepared session that is never started costs its
+                // thread only.
+                if let Ok(init) = init_rx.recv() {
+                    session_thread(init, job_rx, ready_tx);
+                }
+                let _ = done_tx.send(());
+            })
+            .map_err(|e| ReplError::Interpreter {
+                message: format!("cannot start the session thread: {e}"),
+            })?;
+        let prepared = Self {
+            id,
+            cancel,
+            watchdog: Arc::clone(&watchdog),
+            init: Some(init),
+            jobs,
+            ready: Some(ready),
+            thread: Some(thread),
+            thread_done: Some(thread_done),
+        };
+        std::thread::Builder::new()
+            .name(format!("rlm-watchdog-{id}"))
+            .spawn(move || watchdog.run())
+            .map_err(|e| ReplError::Interpreter {
+                message: format!("cannot start the watchdog thread: {e}"),
+            })?;
+        Ok(prepared)
+    }
+
+    /// Starts the session on the prepared threads (see [`LocalSession::start`]).
+    pub(crate) fn start(
+        mut self,
+        config: SessionConfig,
+        route: SubCallRoute,
+        contexts: &[ContextInput],
+        embedding: Embedding,
+    ) -> Result<LocalSession, ReplError> {
+        let load = config.load.resolved()?;
+        let remote = matches!(route, SubCallRoute::Remote(_));
+        let closed = CancellationToken::new();
+        let children = Arc::new(ChildSlot::default());
+        let init = SessionInit {
+            id: self.id,
+            config: config.clone(),
+            children: Arc::clone(&children),
+            route,
+            contexts: contexts.to_vec(),
+            load,
+            cancel: self.cancel.clone(),
+            watchdog: Arc::clone(&self.watchdog),
+            embedding,
+        };
+        let sent = self.init.take().is_some_and(|tx| tx.send(init).is_ok());
+        // The session thread always answers or exits (dropping the sender).
+        let answer = match self.ready.take() {
+            Some(ready) if sent => without_gil(move || ready.recv()).ok(),
+            _ => None,
+        };
+        let (contexts, py_session) = match answer {
+            Some(Ok(started)) => started,
+            Some(Err(e)) => {
+                self.join();
+                return Err(e);
+            }
+            None => {
+                self.join();
+                return Err(ReplError::SessionClosed {
+                    reason: "the session thread stopped while starting".to_owned(),
+                });
+            }
+        };
+        if !remote {
+            // Cancelling the session token interrupts a running block. (A worker's session
+            // is stopped through its parent's link instead, and runs no tokio runtime.)
+            let (cancel, closed, wd) = (
+                self.cancel.clone(),
+                closed.clone(),
+                Arc::clone(&self.watchdog),
+            );
+            crate::runtime::shared().spawn(async move {
+                tokio::select! {
+                    () = cancel.cancelled() => wd.notify(),
+                    () = closed.cancelled() => {}
+                }
+            });
+        }
+        let (Some(thread), Some(thread_done)) = (self.thread.take(), self.thread_done.take())
+        else {
+            return Err(ReplError::internal(
+                "starting a prepared session",
+                "it was started before",
+            ));
+        };
+        Ok(LocalSession {
+            id: self.id,
+            config,
+            jobs: self.jobs.clone(),
+            busy: Mutex::new(()),
+            contexts,
+            cancel: self.cancel.clone(),
+            closed,
+            watchdog: Arc::clone(&self.watchdog),
+            py_session,
+            thread: Some(thread),
+            thread_done: Mutex::new(thread_done),
+            children,
+        })
+    }
+
+    /// Waits for the session thread after a failed start (it exits on its own).
+    fn join(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = without_gil(move || thread.join());
+        }
+    }
+}
+
+impl Drop for Prepared {
+    /// A prepared session not started (or whose start failed) ends its threads; a started
+    /// one has handed them to its [`LocalSession`].
+    fn drop(&mut self) {
+        if self.thread.is_some() || self.thread_done.is_some() {
+            self.init = None;
+            self.watchdog.shutdown();
         }
     }
 }

@@ -4,10 +4,12 @@
 //! Order at start, while the process is still single-threaded: start CPython (which starts
 //! no thread; a spare worker does this before its session exists), read the [`Confine`]
 //! frame, enter the session's directory, ask CPython for its own paths, confine the process
-//! ([`confine`]: the policy's environment replaces the one the worker started with) and say
-//! so; then receive the context memfds and the [`Start`] frame (a worker confined ahead of
-//! need waits for them, idle, until a session takes it), load the contexts and start the
-//! session's threads. Then the main
+//! ([`confine`]: the policy's environment replaces the one the worker started with), start
+//! the session's threads (its session thread and watchdog, the request and output threads:
+//! none runs Python code until the session starts) and say so; then receive the context
+//! memfds and the [`Start`] frame (a worker confined ahead of need waits for them, idle,
+//! until a session takes it, with its threads already started) and start the session on
+//! them: its namespace, natives and contexts. Then the main
 //! thread reads frames: requests go to a request thread in order (a block runs there), while
 //! interrupts, sub-call answers and `EndProcesses` are handled at once, even while a block
 //! runs. Block output is sent as written after a quiet spell, else buffered and sent in chunks
@@ -41,7 +43,9 @@ use crate::repl::context::{LoadedContext, load_context, load_live_value, load_te
 use crate::repl::error::ReplError;
 use crate::repl::interpreter;
 use crate::repl::interrupt::BlockEvents;
-use crate::repl::local::{ContextLoader, Embedding, LocalSession, ensure_module, pop_result};
+use crate::repl::local::{
+    ContextLoader, Embedding, LocalSession, Prepared, ensure_module, pop_result,
+};
 use crate::repl::natives::{RemoteCalls, SubAnswer, SubCallRoute, SubFailure, WireChild};
 use crate::repl::source::{ContextInput, ContextSource, LoadOptions, check_names};
 
@@ -105,10 +109,28 @@ fn serve() -> Result<(), String> {
         Ok(confinement) => confinement,
         Err(error) => return report_failed_start(&link, error),
     };
-    write_frame(&mut &link, &FromWorker::Confined(confinement))
+    // Now multi-threaded: everything of the session its start frame does not change, before
+    // the worker says it is confined (a worker of the pool is then ready to the last thread).
+    let fds = link
+        .try_clone()
+        .map_err(|e| format!("cannot share its link: {e}"))?;
+    // After `confine`: this is the confined process, whose pid the link must know.
+    let link = Arc::new(Link::new(link));
+    let prepared = match Prepared::new() {
+        Ok(prepared) => prepared,
+        Err(error) => return report_failed_start(&fds, error),
+    };
+    let Some(requests) = Requests::spawn(&link) else {
+        let error = ReplError::Worker {
+            problem: "could not start its request thread".to_owned(),
+        };
+        return report_failed_start(&fds, error);
+    };
+    link.clone().start_flusher();
+    link.send(&FromWorker::Confined(confinement))
         .map_err(|e| format!("could not answer its confinement: {e}"))?;
     // A worker of the pool waits here, confined, until a session takes it (or the run ends).
-    let memfds = match receive_fds(&link) {
+    let memfds = match receive_fds(&fds) {
         Ok(memfds) => memfds,
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
         Err(e) => return Err(format!("receiving the contexts' memfds: {e}")),
@@ -119,12 +141,9 @@ fn serve() -> Result<(), String> {
         Ok(_) => return Err("the parent did not send a `Start` frame".to_owned()),
         Err(e) => return Err(format!("reading the start frame: {e}")),
     };
-    // After `confine`: this is the confined process, whose pid the link must know.
-    let link = Arc::new(Link::new(link));
-    match start_session(&link, *start, memfds) {
+    match start_session(&link, prepared, *start, memfds) {
         Ok(session) => {
-            link.clone().start_flusher();
-            run(&link, session, &mut reader, &mut buffer);
+            run(&link, session, requests, &mut reader, &mut buffer);
             Ok(())
         }
         Err(error) => link
@@ -171,6 +190,7 @@ fn confine_worker(confine_as: &Confine) -> Result<sandbox::Report, ReplError> {
 
 fn start_session(
     link: &Arc<Link>,
+    prepared: Prepared,
     start: Start,
     memfds: Vec<OwnedFd>,
 ) -> Result<Arc<LocalSession>, ReplError> {
@@ -186,7 +206,7 @@ fn start_session(
         loader: Some(loader),
     };
     let remote: Arc<dyn RemoteCalls> = link.clone();
-    let session = LocalSession::start(
+    let session = prepared.start(
         start.config,
         SubCallRoute::Remote(remote),
         &inputs,
@@ -406,17 +426,15 @@ impl Drop for Mapped {
 fn run(
     link: &Arc<Link>,
     session: Arc<LocalSession>,
+    requests: Requests,
     reader: &mut BufReader<UnixStream>,
     buffer: &mut Vec<u8>,
 ) {
-    let (jobs, queue) = mpsc::channel::<Job>();
-    let worker = {
-        let (link, session) = (Arc::clone(link), Arc::clone(&session));
-        std::thread::Builder::new()
-            .name("rlm-worker-requests".to_owned())
-            .spawn(move || serve_requests(&link, &session, &queue))
-    };
-    if worker.is_err() {
+    let Requests {
+        session: hand,
+        jobs,
+    } = requests;
+    if hand.send(Arc::clone(&session)).is_err() {
         return;
     }
     // The exec being run, or the last one: an interrupt names the exec it is for.
@@ -475,6 +493,30 @@ fn run(
         }
     }
     link.close();
+}
+
+/// The request thread, started before its session: it serves the session it is handed,
+/// then the jobs sent to it, in order.
+struct Requests {
+    session: Sender<Arc<LocalSession>>,
+    jobs: Sender<Job>,
+}
+
+impl Requests {
+    fn spawn(link: &Arc<Link>) -> Option<Self> {
+        let (session, handed) = mpsc::channel::<Arc<LocalSession>>();
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let link = Arc::clone(link);
+        std::thread::Builder::new()
+            .name("rlm-worker-requests".to_owned())
+            .spawn(move || {
+                if let Ok(session) = handed.recv() {
+                    serve_requests(&link, &session, &queue);
+                }
+            })
+            .ok()?;
+        Some(Self { session, jobs })
+    }
 }
 
 /// A request for the request thread.
