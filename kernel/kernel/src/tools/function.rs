@@ -354,11 +354,16 @@ impl Tool for PythonFunctionTool {
 }
 
 /// A block that binds the function (`binding`) inside a function of its own, numbered by
-/// `token`, and calls the support module's `entry` there; the function is gone afterwards.
+/// `token`, and calls the support module's `entry` there; the function is gone afterwards,
+/// and so is the block's source (`forget_block`): its arguments are literals in it — a
+/// step's or tool's whole state — which the session would otherwise keep for every call
+/// (in `linecache` and its definitions for spawn workers), a run's memory growing with the
+/// square of its steps.
 pub(crate) fn function_block(token: u64, binding: &str, entry: &str) -> String {
     format!(
         "def __rlm_tool_{token}():\n{binding}    __import__({helper}).{entry}\n\
-         try:\n    __rlm_tool_{token}()\nfinally:\n    del __rlm_tool_{token}\n",
+         try:\n    __rlm_tool_{token}()\nfinally:\n    del __rlm_tool_{token}\n    \
+         __import__({helper}).forget_block()\n",
         helper = python_str(HELPER)
     )
 }

@@ -20,6 +20,9 @@ session's namespace, which it leaves as it found it.
 - `call_flow(fn, name, kind, token, arg_json, kwargs_json)`: calls a workflow's Python step
   (`kind` `step`), callback (`callback`) or state function (`state_function`), reported as
   `call_function` reports.
+- `forget_block()`: forgets the source of the block that calls it (its `linecache` entry
+  and its session's record of its definitions), once the block's call is over: the
+  arguments are literals in it, and a session keeps every block's source until it closes.
 
 A description is `{"name", "description", "parameters", "takes_context", "takes_any"}`,
 with a JSON Schema derived from the signature (type hints: str, int, float, bool,
@@ -46,9 +49,11 @@ import dataclasses
 import enum
 import inspect
 import json
+import linecache
 import math
 import re
 import sys
+import threading
 import traceback
 import types
 import typing
@@ -82,6 +87,18 @@ class ToolDefinitionError(Exception):
 
 def _store(token, value):
     results[token] = json.dumps(value, ensure_ascii=False)
+
+
+def forget_block():
+    """Forget the calling block's source: its `linecache` entry and the session's record of
+    the definitions in it (a spawn worker re-creates those; the block's function is deleted
+    once called, so it needs none of them)."""
+    filename = sys._getframe(1).f_code.co_filename
+    linecache.cache.pop(filename, None)
+    session = getattr(threading.current_thread(), "_rlm_session", None)
+    definitions = getattr(session, "definitions", None)
+    if definitions:
+        definitions[:] = [d for d in definitions if d[0] != filename]
 
 
 # --- loading and describing ----------------------------------------------------------
