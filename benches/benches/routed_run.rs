@@ -4,6 +4,7 @@
 //! ```text
 //! cargo bench -p rlm-benches --bench routed_run              # 250 and 1 000 steps, 5 rounds
 //! cargo bench -p rlm-benches --bench routed_run -- --quick   # 2 rounds (or RLM_BENCH_QUICK=1)
+//! cargo bench -p rlm-benches --bench routed_run -- --rounds 3
 //! ```
 //!
 //! `--bench routed` measures the engine's state heap alone, in-process; this bench measures
@@ -279,7 +280,16 @@ fn ratio(routed: &[f64], plain: &[f64]) -> String {
 fn main() -> anyhow::Result<()> {
     let quick =
         std::env::args().any(|a| a == "--quick") || std::env::var_os("RLM_BENCH_QUICK").is_some();
-    let rounds = if quick { 2 } else { 5 };
+    let args: Vec<String> = std::env::args().collect();
+    let rounds = match args.iter().position(|a| a == "--rounds") {
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .context("`--rounds` takes a number of rounds, at least 1")?,
+        None if quick => 2,
+        None => 5,
+    };
     let mut builds = vec![("head", rlm_binary()?)];
     if let Some(base) = std::env::var_os("RLM_BASE_BIN") {
         let base = PathBuf::from(base);
