@@ -95,6 +95,20 @@ with MockServer(script) as mock:
                 break
             time.sleep(0.02)
         print(json.dumps({"answer": result.answer, "children": children}), flush=True)
+    if sys.argv[2:] == ["kill"]:
+        # Its template killed from outside between runs: reaped (and another started) with
+        # no session asking for a worker.
+        (template,) = [c["pid"] for c in children if c["name"] == "rlm-template"]
+        os.kill(template, 9)
+        deadline = time.monotonic() + 30
+        while True:
+            children = [p for p in processes() if p["ppid"] == os.getpid()]
+            zombies = [c for c in children if c["state"] == "Z"]
+            others = [c for c in children if c["name"] == "rlm-template" and c["pid"] != template]
+            if (not zombies and others) or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        print(json.dumps({"killed": template, "children": children}), flush=True)
 '''
 
 #: The driver, the namespace's second process: two hosts one after the other, then every
@@ -103,8 +117,8 @@ DRIVER = r'''
 import json, subprocess, sys, time
 from namespace_procs import processes
 
-for runs in (3, 1):
-    subprocess.run([sys.executable, sys.argv[1], str(runs)], check=True, timeout=120)
+for args in (["3"], ["1", "kill"]):
+    subprocess.run([sys.executable, sys.argv[1], *args], check=True, timeout=120)
 deadline = time.monotonic() + 10
 while True:
     left = [p for p in processes() if p["state"] == "Z" or p["name"] == "rlm-template"]
@@ -136,8 +150,9 @@ def processes():
 
 def test_hosts_that_replace_their_template_and_end_leave_no_zombie_and_no_template(tmp_path):
     # In the namespace the suite above runs in: a host replacing its worker template at each
-    # run keeps no zombie and at most one template; once hosts end, nothing of them is left
-    # (their templates die with them and the namespace's first process reaps them).
+    # run keeps no zombie and at most one template; a template killed between runs is reaped
+    # by its host at once; once hosts end, nothing of them is left (their templates die with
+    # them and the namespace's first process reaps them).
     for name, text in (("host.py", HOST), ("driver.py", DRIVER), ("namespace_procs.py", PROCS)):
         (tmp_path / name).write_text(text)
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
@@ -147,8 +162,10 @@ def test_hosts_that_replace_their_template_and_end_leave_no_zombie_and_no_templa
     )
     assert done.returncode == 0, done.stdout + done.stderr
     reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    runs, (end,) = reports[:-1], reports[-1:]
-    assert len(runs) == 4, done.stdout + done.stderr
+    killed = [r for r in reports if "killed" in r]
+    runs = [r for r in reports if "answer" in r]
+    end = reports[-1]
+    assert len(runs) == 4 and len(killed) == 1, done.stdout + done.stderr
     templates = []
     for run in runs:
         assert run["answer"] == "done", run
@@ -158,4 +175,8 @@ def test_hosts_that_replace_their_template_and_end_leave_no_zombie_and_no_templa
         templates.extend(live)
     # Each run took a new template: the variable changed is one Python reads at its start.
     assert len(set(templates)) == 4, runs
+    # A template killed between runs is reaped at once, and another started.
+    (after,) = killed
+    assert [c for c in after["children"] if c["state"] == "Z"] == [], after
+    assert [c for c in after["children"] if c["name"] == "rlm-template"] != [], after
     assert end["left"] == [], end

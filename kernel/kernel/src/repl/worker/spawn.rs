@@ -466,14 +466,24 @@ pub(crate) fn set_cloexec(fd: i32) {
 
 /// Reads a worker's own stdout/stderr (its crash messages; Python's own complaints) on a
 /// thread, keeping the last [`LAST_WORDS`] bytes and logging them at debug level.
-pub(crate) fn drain_output(mut output: io::PipeReader, last_words: Arc<Mutex<Vec<u8>>>) {
+pub(crate) fn drain_output(output: io::PipeReader, last_words: Arc<Mutex<Vec<u8>>>) {
+    drain_output_then(output, last_words, || {});
+}
+
+/// [`drain_output`], then `ended` on the same thread once the output closed: the process
+/// ended (or closed it, which a worker or the template never does).
+pub(crate) fn drain_output_then(
+    mut output: io::PipeReader,
+    last_words: Arc<Mutex<Vec<u8>>>,
+    ended: impl FnOnce() + Send + 'static,
+) {
     let spawned = std::thread::Builder::new()
         .name("rlm-worker-stderr".to_owned())
         .spawn(move || {
             let mut chunk = [0u8; 4096];
             loop {
                 match output.read(&mut chunk) {
-                    Ok(0) | Err(_) => return,
+                    Ok(0) | Err(_) => return ended(),
                     Ok(n) => {
                         tracing::debug!(
                             "worker: {}",

@@ -33,10 +33,11 @@
 //!   the forked thread (glibc's `fork` passes `CLONE_CHILD_SETTID` for it). The fork only
 //!   prepares the session and becomes the sandbox's supervisor, which runs no model code;
 //!   the confined process that runs it is forked from there by the C library's `fork`.
-//! - **When it ends.** A template killed or broken is ended and reaped by the next session
-//!   that asks it for a worker; that session starts its worker the way a template-less host
-//!   does (a spare, or a new one), and a new template is started (at most [`MAX_STARTS`] in
-//!   a process's life). So is a template whose program or start environment (the variables
+//! - **When it ends.** A template killed or broken is reaped as soon as its output closes
+//!   (the thread that reads it), or ended and reaped by the next session that asks it for a
+//!   worker, whichever comes first; sessions then start their workers the way a
+//!   template-less host does (a spare, or a new one), and a new template is started (at most
+//!   [`MAX_STARTS`] in a process's life). So is a template whose program or start environment (the variables
 //!   Python reads at its start, such as `PYTHONPATH`) is no longer what a new worker would
 //!   get; a fork of the host leaves its host's template alone.
 
@@ -51,8 +52,8 @@ use pyo3::prelude::*;
 
 use super::protocol::LINK_FD;
 use super::spawn::{
-    Spawned, WorkerProgram, drain_output, prepare_spare, receive_fds, run_on_spawner, send_fds,
-    spawn_env, spawn_template, take_link_fd, take_worker,
+    Spawned, WorkerProgram, drain_output_then, prepare_spare, receive_fds, run_on_spawner,
+    send_fds, spawn_env, spawn_template, take_link_fd, take_worker,
 };
 
 /// The template's process name (`/proc/PID/comm`, what `ps` shows).
@@ -132,8 +133,14 @@ impl Template {
     /// A template process just started (see `spawn.rs`).
     pub(crate) fn new(spawned: Spawned) -> io::Result<Self> {
         spawned.link.set_read_timeout(Some(FORK_WAIT))?;
-        let last_words = std::sync::Arc::default();
-        drain_output(spawned.output, std::sync::Arc::clone(&last_words));
+        let last_words: std::sync::Arc<Mutex<Vec<u8>>> = std::sync::Arc::default();
+        let ours = std::sync::Arc::clone(&last_words);
+        let program = spawned.program.clone();
+        drain_output_then(
+            spawned.output,
+            std::sync::Arc::clone(&last_words),
+            move || ended(&ours, &program),
+        );
         Ok(Self {
             pid: spawned.pid,
             control: spawned.link,
@@ -212,6 +219,34 @@ impl Template {
                 format!("; it said: {}", words.trim())
             }
         );
+    }
+}
+
+/// On its output's thread, once the template whose kept output is `words` closed it: it
+/// ended (killed from outside, or failed). Unless it left the slot already (whoever took it
+/// out reaps it), it is taken out and reaped now, not left a zombie until a session asks it
+/// for a worker, and another is prepared. Known by its output buffer, not by its pid: a
+/// template reaped already may have left its pid to a newer one.
+fn ended(words: &std::sync::Arc<Mutex<Vec<u8>>>, program: &WorkerProgram) {
+    let gone = {
+        let mut slot = lock(slot());
+        let this = slot
+            .running
+            .as_ref()
+            .is_some_and(|t| std::sync::Arc::ptr_eq(&t.last_words, words));
+        if !this {
+            return;
+        }
+        publish(None);
+        slot.running.take()
+    };
+    if let Some(template) = gone {
+        tracing::warn!(
+            "the worker template {} ended; workers start as new processes until another is ready",
+            template.pid
+        );
+        template.end();
+        prepare(program);
     }
 }
 
