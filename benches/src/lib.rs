@@ -1,5 +1,6 @@
 //! Benchmarks live in `benches/benches/` (`bridge`, `repl`, `rlm`, `checkpoints`, `flow`,
-//! `agent`); the helpers they share live here: reading this process's memory counters,
+//! `agent`, `routed`, `routed_run`, `tree`; what each measures is in
+//! `kernel/cli/docs/bench-and-eval.md`); the helpers they share live here: reading this process's memory counters,
 //! percentiles, a synthetic log-like text context, and serving as an isolated session's
 //! worker ([`serve_as_worker`]).
 
