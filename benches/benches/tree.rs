@@ -36,6 +36,7 @@ use bridge::{
 };
 use kernel::repl::{Isolation, ReplSession, SessionConfig};
 use kernel::rlm::{Rlm, RlmConfig, RlmResult, TerminationReason};
+use rlm_benches::median;
 use serde_json::json;
 
 fn main() -> anyhow::Result<()> {
@@ -190,11 +191,6 @@ fn child_requests(eps: &Arc<Endpoints>, queries: &[String]) -> anyhow::Result<Ve
         .collect())
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -277,9 +273,9 @@ fn child_overhead(
         }
     }
     kernel::repl::use_worker_pool(true);
-    let raw = median(&mut raw_ms);
-    for (start, block_ms) in starts.iter().zip(&mut block_ms) {
-        let children = median(block_ms);
+    let raw = median(raw_ms);
+    for (start, block_ms) in starts.iter().zip(&block_ms) {
+        let children = median(block_ms.clone());
         let per_child = (children - raw) / n as f64;
         let met = if per_child <= 1.0 { "" } else { " (over 1 ms)" };
         println!(
@@ -329,7 +325,7 @@ fn parallel_children(rt: &tokio::runtime::Runtime, quick: bool) -> anyhow::Resul
         flight = flight.max(server.log().max_concurrency());
         block_ms.push(result.iterations[0].execution_ms);
     }
-    let (bridge, children) = (median(&mut batch_ms), median(&mut block_ms));
+    let (bridge, children) = (median(batch_ms), median(block_ms));
     println!();
     println!(
         "## 2. {N} children in parallel on one pool, {} ms model latency (median of {rounds} rounds)",
@@ -370,7 +366,10 @@ fn cache_on_a_repeating_loop(rt: &tokio::runtime::Runtime, quick: bool) -> anyho
             sent[slot] = server.log().entries().len() - 1;
         }
     }
-    let (off, on) = (median(&mut walls[0]), median(&mut walls[1]));
+    let (off, on) = {
+        let [off, on] = walls;
+        (median(off), median(on))
+    };
     println!();
     println!(
         "## 3. the sub-call cache: {CALLS} `llm_query` calls over {DISTINCT} distinct prompts, {} ms latency (median of {rounds} rounds)",

@@ -23,13 +23,14 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 use tokio_util::sync::CancellationToken;
 
 use super::confinement::{PythonPaths, confine};
+use super::lock::lock;
 use super::protocol::TEMPLATE_VAR;
 use super::protocol::{
     Confine, FrameError, FromWorker, MemfdContent, ObjectFormat, Reply, Request, Start, ToWorker,
@@ -589,10 +590,6 @@ struct Output {
     /// just before a crash is not lost), writes in a burst are batched.
     sent_at: Instant,
     closed: bool,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Link {

@@ -4,18 +4,15 @@
 //! ([`flush`]).
 
 use std::sync::mpsc::{self, Sender};
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
+use super::lock::lock;
 use super::spawn::{SpawnJob, job_thread};
 
 /// The most one job takes: a worker is given 2 s to exit, killed, waited for 2 s more, each
 /// wait bounded by its reaper's 1 s.
 const JOB_BOUND: Duration = Duration::from_secs(5);
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// The closer thread's queue.
 fn closer() -> &'static Mutex<Sender<SpawnJob>> {

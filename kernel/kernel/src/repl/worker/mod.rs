@@ -49,6 +49,7 @@ mod child;
 mod closer;
 mod confinement;
 mod journal;
+mod lock;
 pub(crate) mod parent;
 mod policy;
 mod pool;

@@ -31,7 +31,7 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bridge::record::{AnswerRecord, RecordKey};
@@ -40,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::closer;
 use super::journal::{Entry, Journal};
+use super::lock::lock;
 use super::policy::{level_of, session_policy};
 use super::pool::{self, Ready, Shape};
 use super::protocol::{
@@ -116,10 +117,6 @@ pub(crate) struct WorkerSession {
 enum Slot {
     Live(Arc<Worker>),
     Ended(WorkerEnd),
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl WorkerSession {

@@ -38,6 +38,7 @@ use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::closer;
+use super::lock::lock;
 use super::policy::{level_of, session_policy};
 use super::protocol::{Confine, FromWorker, NoSigPipe, ToWorker, read_frame, write_frame};
 use super::spawn::{SpawnJob, Spawned, WorkerProgram, job_thread, reap, worker_program};
@@ -195,10 +196,6 @@ impl Pool {
 fn pool() -> &'static (Mutex<Pool>, Condvar) {
     static POOL: OnceLock<(Mutex<Pool>, Condvar)> = OnceLock::new();
     POOL.get_or_init(Default::default)
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Keeps workers of `config`'s sessions ready while the returned lease lives (`None` when

@@ -29,7 +29,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, Sender};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use rustix::net::{
@@ -37,6 +37,7 @@ use rustix::net::{
     SendAncillaryMessage, SendFlags,
 };
 
+use super::lock::lock;
 use super::protocol::{LINK_FD, MAX_MEMFDS, TEMPLATE_VAR};
 
 /// The argument that makes a program that embeds the kernel serve as a worker
@@ -214,10 +215,6 @@ fn end_spare(spare: Spawned) {
         libc::kill(spare.pid, libc::SIGKILL);
         libc::waitpid(spare.pid, std::ptr::null_mut(), 0);
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// After its link closed, how long a worker may take to finish dying before it is killed:

@@ -37,19 +37,21 @@
 //!   (the thread that reads it), or ended and reaped by the next session that asks it for a
 //!   worker, whichever comes first; sessions then start their workers the way a
 //!   template-less host does (a spare, or a new one), and a new template is started (at most
-//!   [`MAX_STARTS`] in a process's life). So is a template whose program or start environment (the variables
-//!   Python reads at its start, such as `PYTHONPATH`) is no longer what a new worker would
-//!   get; a fork of the host leaves its host's template alone.
+//!   [`MAX_STARTS`] in a process's life). So is a template whose program or start
+//!   environment (the variables Python reads at its start, such as `PYTHONPATH`) is no
+//!   longer what a new worker would get; a fork of the host leaves its host's template
+//!   alone.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::prelude::*;
 
+use super::lock::lock;
 use super::protocol::LINK_FD;
 use super::spawn::{
     Spawned, WorkerProgram, drain_output_then, prepare_spare, receive_fds, run_on_spawner,
@@ -100,7 +102,7 @@ pub(crate) struct Template {
     /// The process it is a child of (a fork of this process's own copy is not).
     host: u32,
     /// The tail of its own stdout/stderr.
-    last_words: std::sync::Arc<Mutex<Vec<u8>>>,
+    last_words: Arc<Mutex<Vec<u8>>>,
 }
 
 #[derive(Debug, Default)]
@@ -117,10 +119,6 @@ fn slot() -> &'static Mutex<Slot> {
     &SLOT
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// Why a fork request failed.
 enum ForkError {
     /// The template is gone or broken: end it.
@@ -133,14 +131,12 @@ impl Template {
     /// A template process just started (see `spawn.rs`).
     pub(crate) fn new(spawned: Spawned) -> io::Result<Self> {
         spawned.link.set_read_timeout(Some(FORK_WAIT))?;
-        let last_words: std::sync::Arc<Mutex<Vec<u8>>> = std::sync::Arc::default();
-        let ours = std::sync::Arc::clone(&last_words);
+        let last_words: Arc<Mutex<Vec<u8>>> = Arc::default();
+        let ours = Arc::clone(&last_words);
         let program = spawned.program.clone();
-        drain_output_then(
-            spawned.output,
-            std::sync::Arc::clone(&last_words),
-            move || ended(&ours, &program),
-        );
+        drain_output_then(spawned.output, Arc::clone(&last_words), move || {
+            ended(&ours, &program)
+        });
         Ok(Self {
             pid: spawned.pid,
             control: spawned.link,
@@ -227,13 +223,13 @@ impl Template {
 /// out reaps it), it is taken out and reaped now, not left a zombie until a session asks it
 /// for a worker, and another is prepared. Known by its output buffer, not by its pid: a
 /// template reaped already may have left its pid to a newer one.
-fn ended(words: &std::sync::Arc<Mutex<Vec<u8>>>, program: &WorkerProgram) {
+fn ended(words: &Arc<Mutex<Vec<u8>>>, program: &WorkerProgram) {
     let gone = {
         let mut slot = lock(slot());
         let this = slot
             .running
             .as_ref()
-            .is_some_and(|t| std::sync::Arc::ptr_eq(&t.last_words, words));
+            .is_some_and(|t| Arc::ptr_eq(&t.last_words, words));
         if !this {
             return;
         }
