@@ -157,8 +157,7 @@ impl Flows {
             block_on(store.state_at(head))
                 .expect("state")
                 .state
-                .values()
-                .clone(),
+                .to_map(),
         )
     }
 

@@ -131,10 +131,9 @@ impl Setup {
             .expect("state")
             .state;
         let kept = state
-            .values()
-            .iter()
-            .filter(|(k, _)| !k.starts_with("temp:"))
-            .map(|(k, v)| (k.clone(), v.clone()));
+            .to_map()
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("temp:"));
         Value::Object(kept.collect())
     }
 

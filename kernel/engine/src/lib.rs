@@ -62,6 +62,7 @@ mod blocking;
 pub mod bundle;
 pub mod condition;
 pub mod date;
+mod decisions;
 pub mod document;
 pub mod durable;
 pub mod flow;

@@ -33,8 +33,7 @@ use crate::state::{StateDelta, StateWrite};
 
 /// The conversation channel (append): `{author, content, ...}` per message.
 pub const MESSAGES: &str = "messages";
-/// The decision records channel (append).
-pub const DECISIONS: &str = "decisions";
+pub use crate::decisions::DECISIONS;
 
 /// How an update of a key merges into its current value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -138,14 +137,13 @@ mod tests {
         assert_eq!(reducers.into_writes(updates.clone()), writes);
         s.apply(&writes);
         assert_eq!(
-            s.values(),
+            s,
             state(json!({
                 "messages": [{"author": "analyst"}, {"author": "pm"}, {"author": "dev"}],
                 "decisions": [{"agent": "router"}],
                 "notes": ["one"],
                 "plan": ["a"],
             }))
-            .values()
         );
     }
 }

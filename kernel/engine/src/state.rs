@@ -17,10 +17,13 @@
 //! delete, never a `null`.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+
+use crate::decisions::{DECISIONS, Records};
 
 /// How long a state key lives, from its prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -94,31 +97,129 @@ impl StateWrite {
 }
 
 /// State values by key.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(transparent)]
+///
+/// Each key's value is JSON, but for the `decisions` channel while every item of it is a
+/// decision record: that list is kept as typed records, which take a
+/// fraction of their JSON objects' heap. Nothing outside can tell: [`get`](Self::get) hands
+/// out the list as JSON (made at its first read, then kept in step), and the state writes,
+/// copies and compares as the JSON it stands for.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct State {
-    values: Map<String, Value>,
+    slots: BTreeMap<String, Slot>,
+}
+
+/// How the state keeps one key's value.
+#[derive(Debug, Clone, PartialEq)]
+enum Slot {
+    /// As JSON.
+    Json(Value),
+    /// The `decisions` list, every item a decision record.
+    Records(Box<Records>),
+}
+
+impl Slot {
+    /// The slot for `value` under `key`: the `decisions` list as records when every item is
+    /// one, anything else as JSON.
+    fn new(key: &str, value: Value) -> Self {
+        match value {
+            Value::Array(items) if key == DECISIONS => match Records::from_items(items) {
+                Ok(records) => Self::Records(Box::new(records)),
+                Err(items) => Self::Json(Value::Array(items)),
+            },
+            value => Self::Json(value),
+        }
+    }
+
+    /// The value as JSON (the records' is made at the first read, then kept).
+    fn json(&self) -> &Value {
+        match self {
+            Self::Json(value) => value,
+            Self::Records(records) => records.json(),
+        }
+    }
+
+    /// A JSON copy of the value.
+    fn to_json(&self) -> Value {
+        match self {
+            Self::Json(value) => value.clone(),
+            Self::Records(records) => records.to_json(),
+        }
+    }
+
+    /// The value as JSON, taking it.
+    fn into_json(self) -> Value {
+        match self {
+            Self::Json(value) => value,
+            Self::Records(records) => records.into_json(),
+        }
+    }
+
+    /// Appends `items` (a slot that holds no list becomes a list of them).
+    fn append(&mut self, key: &str, items: Cow<'_, [Value]>) {
+        match self {
+            Self::Json(Value::Array(list)) => match items {
+                Cow::Borrowed(items) => list.extend_from_slice(items),
+                Cow::Owned(mut items) => list.append(&mut items),
+            },
+            Self::Records(records) => {
+                if let Err(items) = records.append(items) {
+                    // An item that is not a record: the list is JSON from now on.
+                    let mut list = match std::mem::take(records.as_mut()).into_json() {
+                        Value::Array(list) => list,
+                        other => vec![other],
+                    };
+                    list.extend_from_slice(&items);
+                    *self = Self::Json(Value::Array(list));
+                }
+            }
+            Self::Json(_) => *self = Self::new(key, Value::Array(items.into_owned())),
+        }
+    }
+}
+
+impl Serialize for Slot {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Json(value) => value.serialize(serializer),
+            Self::Records(records) => records.serialize(serializer),
+        }
+    }
 }
 
 impl State {
     /// A state holding `values`.
     pub fn from_map(values: Map<String, Value>) -> Self {
-        Self { values }
+        let slots = values
+            .into_iter()
+            .map(|(key, value)| {
+                let slot = Slot::new(&key, value);
+                (key, slot)
+            })
+            .collect();
+        Self { slots }
     }
 
     /// The value of `key`.
     pub fn get(&self, key: &str) -> Option<&Value> {
-        self.values.get(key)
+        self.slots.get(key).map(Slot::json)
+    }
+
+    /// A copy of the value of `key` (the `decisions` records' JSON is made for the copy, not
+    /// kept).
+    pub(crate) fn get_cloned(&self, key: &str) -> Option<Value> {
+        self.slots.get(key).map(Slot::to_json)
     }
 
     /// Sets `key` to `value`.
     pub fn set(&mut self, key: impl Into<String>, value: Value) {
-        self.values.insert(key.into(), value);
+        let key = key.into();
+        let slot = Slot::new(&key, value);
+        self.slots.insert(key, slot);
     }
 
     /// Removes `key`, returning its value.
     pub(crate) fn remove(&mut self, key: &str) -> Option<Value> {
-        self.values.remove(key)
+        self.slots.remove(key).map(Slot::into_json)
     }
 
     /// Applies `write`: a replace sets the key's value, an append extends the list under
@@ -127,22 +228,30 @@ impl State {
     /// again, a list is not moved).
     pub(crate) fn write(&mut self, write: &StateWrite) {
         match write {
-            StateWrite::Replace { key, value } => match self.values.get_mut(key.as_ref()) {
-                Some(slot) => *slot = value.clone(),
-                None => {
-                    self.values.insert(key.to_string(), value.clone());
-                }
-            },
-            StateWrite::Append { key, items } => match self.values.get_mut(key.as_ref()) {
-                Some(Value::Array(list)) => list.extend(items.iter().cloned()),
-                Some(slot) => *slot = Value::Array(items.clone()),
-                None => {
-                    self.values
-                        .insert(key.to_string(), Value::Array(items.clone()));
-                }
-            },
+            StateWrite::Replace { key, value } => self.replace(key, value.clone()),
+            StateWrite::Append { key, items } => self.append(key, Cow::Borrowed(items)),
             StateWrite::Delete { key } => {
-                self.values.remove(key.as_ref());
+                self.slots.remove(key.as_ref());
+            }
+        }
+    }
+
+    fn replace(&mut self, key: &Key, value: Value) {
+        let slot = Slot::new(key, value);
+        match self.slots.get_mut(key.as_ref()) {
+            Some(old) => *old = slot,
+            None => {
+                self.slots.insert(key.to_string(), slot);
+            }
+        }
+    }
+
+    fn append(&mut self, key: &Key, items: Cow<'_, [Value]>) {
+        match self.slots.get_mut(key.as_ref()) {
+            Some(slot) => slot.append(key, items),
+            None => {
+                let slot = Slot::new(key, Value::Array(items.into_owned()));
+                self.slots.insert(key.to_string(), slot);
             }
         }
     }
@@ -157,21 +266,10 @@ impl State {
     /// [`write`](Self::write) of a write no one else needs: its value moves into the state.
     fn write_owned(&mut self, write: StateWrite) {
         match write {
-            StateWrite::Replace { key, value } => match self.values.get_mut(key.as_ref()) {
-                Some(slot) => *slot = value,
-                None => {
-                    self.values.insert(key.into_owned(), value);
-                }
-            },
-            StateWrite::Append { key, mut items } => match self.values.get_mut(key.as_ref()) {
-                Some(Value::Array(list)) => list.append(&mut items),
-                Some(slot) => *slot = Value::Array(items),
-                None => {
-                    self.values.insert(key.into_owned(), Value::Array(items));
-                }
-            },
+            StateWrite::Replace { key, value } => self.replace(&key, value),
+            StateWrite::Append { key, items } => self.append(&key, Cow::Owned(items)),
             StateWrite::Delete { key } => {
-                self.values.remove(key.as_ref());
+                self.slots.remove(key.as_ref());
             }
         }
     }
@@ -189,23 +287,45 @@ impl State {
 
     /// Drops every `temp:` key (the end of an invocation).
     pub(crate) fn clear_temp(&mut self) {
-        self.values.retain(|key, _| Scope::of(key) != Scope::Temp);
+        self.slots.retain(|key, _| Scope::of(key) != Scope::Temp);
     }
 
-    /// All values, in key order.
-    pub fn values(&self) -> &Map<String, Value> {
-        &self.values
+    /// The keys, in order.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.slots.keys().map(String::as_str)
+    }
+
+    /// A JSON copy of all values, in key order (what a Python step is given).
+    pub fn to_map(&self) -> Map<String, Value> {
+        self.slots
+            .iter()
+            .map(|(key, slot)| (key.clone(), slot.to_json()))
+            .collect()
     }
 
     /// Replace writes that build this state from nothing, in key order.
     pub fn to_writes(&self) -> StateDelta {
-        self.values
+        self.slots
             .iter()
-            .map(|(key, value)| StateWrite::Replace {
+            .map(|(key, slot)| StateWrite::Replace {
                 key: Key::Owned(key.clone()),
-                value: value.clone(),
+                value: slot.to_json(),
             })
             .collect()
+    }
+}
+
+impl Serialize for State {
+    /// The JSON object of the values, in key order.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(&self.slots)
+    }
+}
+
+impl<'de> Deserialize<'de> for State {
+    /// A JSON object of values.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Map::deserialize(deserializer).map(Self::from_map)
     }
 }
 
@@ -409,7 +529,7 @@ impl SharedState {
 
     /// A copy of the value of `key`.
     pub fn get(&self, key: &str) -> Option<Value> {
-        self.lock().state.get(key).cloned()
+        self.lock().state.get_cloned(key)
     }
 
     /// Sets `key` to `value`; returns the write.
@@ -671,6 +791,80 @@ mod tests {
             "a copy, not the shared state"
         );
         assert_eq!(other.into_state().get("a"), Some(&json!(2)));
+    }
+
+    /// The `decisions` list is kept as records while every item is one; whichever way it is
+    /// kept, the state reads, writes, copies and compares as the same JSON.
+    #[test]
+    fn decisions_kept_as_records_read_as_the_json_they_stand_for() {
+        let record = |summary: &str| {
+            json!({"agent": "router", "summary": summary, "rationale": "why",
+                   "timestamp": "2026-11-28T18:30:00.000Z", "related_artifacts": ["spec.md"]})
+        };
+        let json_state = |value: Value| match value {
+            Value::Object(map) => State::from_map(map),
+            _ => State::default(),
+        };
+        let is_records =
+            |state: &State| matches!(state.slots.get(DECISIONS), Some(Slot::Records(_)));
+        let mut state = State::default();
+        state.set("plan", json!("a"));
+        let mut delta = StateDelta::new();
+        delta.append(DECISIONS, vec![record("a → b")]);
+        state.apply(&delta);
+        let mut owned = StateDelta::new();
+        owned.append(DECISIONS, vec![record("b → a")]);
+        state.apply_owned(owned);
+        assert!(is_records(&state));
+        let expected = json!({"decisions": [record("a → b"), record("b → a")], "plan": "a"});
+        let text = serde_json::to_string(&state).expect("serialises");
+        assert_eq!(text, serde_json::to_string(&expected).expect("serialises"));
+        let back: State = serde_json::from_str(&text).expect("parses");
+        assert!(is_records(&back));
+        assert_eq!(back, state);
+        assert_eq!(state, json_state(expected.clone()));
+        assert_eq!(state.get(DECISIONS), expected.get(DECISIONS));
+        assert_eq!(
+            state.get_cloned(DECISIONS).as_ref(),
+            expected.get(DECISIONS)
+        );
+        assert_eq!(Value::Object(state.to_map()), expected);
+        let mut rebuilt = State::default();
+        rebuilt.apply(&state.to_writes());
+        assert_eq!(rebuilt, state);
+        assert_eq!(state.keys().collect::<Vec<_>>(), ["decisions", "plan"]);
+
+        // A JSON read is kept in step with appends made after it.
+        let mut more = StateDelta::new();
+        more.append(DECISIONS, vec![record("a → end")]);
+        state.apply(&more);
+        let three = json!([record("a → b"), record("b → a"), record("a → end")]);
+        assert_eq!(state.get(DECISIONS), Some(&three));
+
+        // An item that is not a record: the list is JSON from then on, nothing lost.
+        let mut note = StateDelta::new();
+        note.append(DECISIONS, vec![json!("a note")]);
+        state.apply(&note);
+        assert!(!is_records(&state));
+        let mut four = three.as_array().cloned().unwrap_or_default();
+        four.push(json!("a note"));
+        assert_eq!(state.get(DECISIONS), Some(&Value::Array(four.clone())));
+        four.push(record("b → end"));
+        let mut after = StateDelta::new();
+        after.append(DECISIONS, vec![record("b → end")]);
+        state.apply_owned(after);
+        assert_eq!(state.remove(DECISIONS), Some(Value::Array(four)));
+
+        // Replaced by records, or by something else, the key holds what it was given.
+        state.set(DECISIONS, json!([record("x")]));
+        assert!(is_records(&state));
+        state.set(DECISIONS, json!({"not": "a list"}));
+        assert_eq!(state.get(DECISIONS), Some(&json!({"not": "a list"})));
+        let mut onto = StateDelta::new();
+        onto.append(DECISIONS, vec![record("y")]);
+        state.apply(&onto);
+        assert!(is_records(&state));
+        assert_eq!(state.get(DECISIONS), Some(&json!([record("y")])));
     }
 
     #[test]

@@ -211,7 +211,7 @@ impl Durable {
             None => fresh_id(workflow),
         };
         let input = json!({
-            "inputs": state.values(),
+            "inputs": state,
             "contexts": contexts.iter().map(|c| absolute_context(c)).collect::<Vec<_>>(),
             "bundle": bundle.map(|b| std::path::absolute(b).unwrap_or_else(|_| b.to_path_buf())),
             SETTINGS: kept_settings(opts),

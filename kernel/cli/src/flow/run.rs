@@ -215,7 +215,7 @@ pub(crate) fn execute(
 /// it, where, and how to pass it; and one with a Python step whose function needs an
 /// argument its `args` do not give ([`missing_arguments`]).
 fn check_inputs(name: &str, workflow: &Workflow, spec: &AgentSpec, state: &State) -> Result<()> {
-    let given = state.values().keys().cloned().collect();
+    let given = state.keys().map(str::to_owned).collect();
     let missing = missing_inputs(spec, &given, &Filesystem, &kernel::flow::step_writes);
     let arguments = missing_arguments(spec, &Filesystem);
     if missing.is_empty() && arguments.is_empty() {
@@ -299,7 +299,7 @@ fn read_state(path: &Path) -> Result<State> {
 }
 
 fn write_state(file: &Document, state: &State) -> Result<()> {
-    let text = serde_json::to_string_pretty(state.values())?;
+    let text = serde_json::to_string_pretty(state)?;
     file.write((text + "\n").as_bytes())
 }
 
@@ -380,7 +380,8 @@ fn declare_outputs(args: &FlowRunArgs, mut guard: Guard, resuming: bool) -> Resu
 /// The existing files that string values of `state` name (a step may read them).
 fn named_files(state: &State) -> Vec<PathBuf> {
     let mut found = Vec::new();
-    let mut values: Vec<&Value> = state.values().values().collect();
+    let values = state.to_map();
+    let mut values: Vec<&Value> = values.values().collect();
     while let Some(value) = values.pop() {
         match value {
             Value::String(text) if text.len() < 4096 && !text.contains('\n') => {

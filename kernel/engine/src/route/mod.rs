@@ -54,6 +54,7 @@ pub(crate) mod retry;
 mod tests;
 
 pub use crate::condition::Condition;
+pub use crate::decisions::DecisionRecord;
 pub use config::{Branch, END, ESCALATE, RouterConfig, RouterMode};
 pub use decide::{Route, Routing, decide, successor};
 pub use exchange::Exchange;
@@ -62,5 +63,5 @@ pub use gate::{Gate, GateCheck, QualityCheck};
 pub(crate) use health::HealthObserver;
 pub use health::{HEALTH_TOPIC, HealthReport, PairCount};
 pub use plane::{ControlPlane, Observing, RoutingObserver};
-pub use record::{DecisionLog, DecisionLogError, DecisionRecord, rfc3339};
+pub use record::{DecisionLog, DecisionLogError, rfc3339};
 pub use retry::{Backoff, Exhausted, Retrying, retry};

@@ -2,7 +2,8 @@
 //!
 //! Every routing decision is one [`DecisionRecord`]: who decided, a one-line summary, the
 //! rationale, when, and the artifacts it concerns. The router appends it to the `decisions`
-//! channel of the state (so checkpoints keep it) and a [`DecisionLog`] writes it as one
+//! channel of the state (so checkpoints keep it; the state keeps it as a record, not as a
+//! JSON object: see `crate::decisions`) and a [`DecisionLog`] writes it as one
 //! redacted JSON line to a file through the shared [`JsonlWriter`], flushed per record, so a
 //! crash loses no decision already made (off the tokio worker's other tasks, see
 //! `crate::blocking`).
@@ -10,28 +11,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use serde::{Deserialize, Serialize};
-
 pub use crate::date::rfc3339;
+use crate::decisions::DecisionRecord;
 use crate::jsonl::{self, JsonlError, JsonlReadError, JsonlWriter};
 
 /// What the decision log is called in its errors.
 const LOG: &str = "decision log";
-
-/// One routing decision, on record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DecisionRecord {
-    /// Who decided (the router's name).
-    pub agent: String,
-    /// What was decided, in one line (`dev → tea`, `escalate to a human`).
-    pub summary: String,
-    /// Why.
-    pub rationale: String,
-    /// When (RFC 3339, UTC).
-    pub timestamp: String,
-    /// The artifacts (state keys, files, gates) the decision concerns.
-    pub related_artifacts: Vec<String>,
-}
 
 /// Why the decision log failed.
 #[derive(Debug, thiserror::Error)]

@@ -17,6 +17,7 @@ mod durable_roots;
 mod file;
 mod file_wire;
 mod graph;
+mod heap;
 mod limits;
 mod llm;
 mod persona;

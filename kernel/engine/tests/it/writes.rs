@@ -124,7 +124,15 @@ impl Router for UntilDone {
 /// `a → b → a …` until `limit` node steps ran (the state's `limit`), left through an active
 /// router (returned with the graph) or by plain edges.
 fn team(steps: u64, routed: bool) -> (Graph, Option<Arc<ControlPlane>>) {
-    let nodes = vec![counting("a"), counting("b")];
+    team_of(vec![counting("a"), counting("b")], steps, routed)
+}
+
+/// [`team`] of `nodes` (named `a` and `b`).
+fn team_of(
+    nodes: Vec<Arc<dyn Agent>>,
+    steps: u64,
+    routed: bool,
+) -> (Graph, Option<Arc<ControlPlane>>) {
     if routed {
         let config = RouterConfig::new(["a", "b"], [("a", "b")])
             .with_branches(
@@ -166,6 +174,56 @@ async fn event_bytes(steps: u64, routed: bool) -> u64 {
     assert_eq!(report.result, Ok(Control::Continue));
     assert_eq!(report.state.get("steps"), Some(&json!(steps)));
     sink.0.load(Ordering::Relaxed)
+}
+
+/// [`counting`] that also puts a message on record in `messages` each step, as an LLM agent
+/// does under a router (`{author, content, topic}`, as the routed bench's).
+fn speaking(name: &'static str) -> Arc<dyn Agent> {
+    Arc::new(FnAgent::new(name, move |ctx: &InvocationContext| {
+        let step = ctx.get_state("steps").and_then(|v| v.as_u64()).unwrap_or(0) + 1;
+        let message = json!({
+            "author": name,
+            "content": format!("Step {step}: reviewed the previous work and handed it on."),
+            "topic": format!("story-{step}"),
+        });
+        ctx.append_state("messages", vec![message]);
+        ctx.set_state("steps", json!(step));
+        let limit = ctx.get_state("limit").and_then(|v| v.as_u64()).unwrap_or(0);
+        if step >= limit {
+            ctx.set_state("done", json!(true));
+        }
+        Ok(Control::Continue)
+    }))
+}
+
+/// The peak heap of a routed run in memory is within 2× a plain graph's of the same steps:
+/// a decision record kept in the state costs what its fields do, less than the message each
+/// step puts on record (as a JSON object it cost more: a 632-byte B-tree node however few its
+/// keys, 744 bytes in all against the message's 713).
+#[tokio::test]
+async fn a_routed_runs_heap_is_within_twice_a_plain_graphs() {
+    let steps = 400;
+    let run = |routed: bool| async move {
+        let (graph, _plane) = team_of(vec![speaking("a"), speaking("b")], steps, routed);
+        let mut state = State::default();
+        state.set("limit", json!(steps));
+        let invocation = Invocation::new(SharedState::new(state));
+        let (report, bytes) = crate::heap::peak(run_workflow(&graph, invocation, None)).await;
+        assert_eq!(report.result, Ok(Control::Continue));
+        let state = &report.state;
+        assert_eq!(state.get("steps"), Some(&json!(steps)));
+        let listed = |key: &str| state.get(key).and_then(Value::as_array).map(Vec::len);
+        assert_eq!(listed("messages"), Some(steps as usize));
+        assert_eq!(listed("decisions"), routed.then_some(steps as usize));
+        bytes
+    };
+    let plain = run(false).await;
+    let routed = run(true).await;
+    assert!(
+        routed * 10 <= plain * 15,
+        "routed {routed} bytes at its peak, plain {plain}: {:.2}×",
+        routed as f64 / plain as f64
+    );
 }
 
 /// Every routing decision appends one record to `decisions`: the event that reports it

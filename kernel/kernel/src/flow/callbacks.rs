@@ -31,9 +31,9 @@
 use std::sync::Arc;
 
 use bridge::{BridgeError, CancellationToken, ChatRequest, ChatResponse, Usage};
-use engine::HookAction;
 use engine::agent::ToolCallError;
 use engine::flow::{Callback, CallbackContext, ToolInvocation};
+use engine::{HookAction, State};
 use serde_json::{Map, Value, json};
 
 use super::python::{FunctionKind, PyFunction};
@@ -65,7 +65,7 @@ impl PythonCallback {
     /// Calls the function at `point` with `extra` keys; writes its state changes and
     /// actions back to `cb`; returns what it returned and the `ctx` dict as it left it.
     fn call(&self, cb: &CallbackContext, point: &str, extra: Map<String, Value>) -> (Value, Value) {
-        let state = Value::Object(cb.state().with(|s| s.values().clone()));
+        let state = Value::Object(cb.state().with(State::to_map));
         let mut ctx = json!({
             "point": point,
             "agent": cb.agent(),

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use engine::State;
 use engine::flow::{Agent, Callbacks, Control, Event, EventKind, FlowError, InvocationContext};
 use serde_json::{Map, Value};
 
@@ -90,7 +91,7 @@ impl Agent for PythonAgent {
     }
 
     async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
-        let state = Value::Object(ctx.state().with(|s| s.values().clone()));
+        let state = Value::Object(ctx.state().with(State::to_map));
         let kernel = Arc::clone(&self.kernel);
         let function = self.function.clone();
         let kwargs = self.kwargs.clone();

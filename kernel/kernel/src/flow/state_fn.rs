@@ -38,7 +38,7 @@ impl PythonStateFunction {
 impl StateFunction for PythonStateFunction {
     fn call(&self, state: &State) -> Result<Value, String> {
         let session = self.kernel.session().map_err(|e| e.to_string())?;
-        let state = Value::Object(state.values().clone());
+        let state = Value::Object(state.to_map());
         self.function
             .call(
                 &session,

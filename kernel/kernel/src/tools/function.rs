@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bridge::CancellationToken;
-use engine::{Tool, ToolContext, ToolError};
+use engine::{State, Tool, ToolContext, ToolError};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -289,7 +289,7 @@ impl Tool for PythonFunctionTool {
         }
         // The state travels only to a function that asks for it.
         let context = if self.takes_context {
-            let state = Value::Object(ctx.state().with(|s| s.values().clone()));
+            let state = Value::Object(ctx.state().with(State::to_map));
             python_str(
                 &serde_json::json!({"state": state, "function_call_id": ctx.call_id()}).to_string(),
             )
