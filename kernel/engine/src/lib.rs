@@ -12,6 +12,8 @@
 //! - [`date`]: UTC dates as text (`YYYY-MM-DD`, RFC 3339) for bundles and decision records.
 //! - [`jsonl`]: the redacted, flushed-per-line [`JsonlWriter`](jsonl::JsonlWriter) under
 //!   every log the engine and the kernel write (transcript, trajectory, events, decisions).
+//! - `decisions`: the router's decision record and the `decisions` channel as the state
+//!   keeps it (typed records, each the size of its fields, written as the same JSON).
 //! - [`state`]: the session [`State`] (JSON values under scoped keys), the [`StateWrite`]
 //!   — replace, append, delete — that is the one unit of state change from a tool to a
 //!   checkpoint, and the [`StateDelta`] (the writes of a step, shared rather than copied).
