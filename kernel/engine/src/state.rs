@@ -819,6 +819,18 @@ mod tests {
         let expected = json!({"decisions": [record("a → b"), record("b → a")], "plan": "a"});
         let text = serde_json::to_string(&state).expect("serialises");
         assert_eq!(text, serde_json::to_string(&expected).expect("serialises"));
+        // As `--json` writes it, too.
+        assert_eq!(
+            serde_json::to_string_pretty(&state).expect("serialises"),
+            serde_json::to_string_pretty(&expected).expect("serialises")
+        );
+        let mut empty = State::default();
+        empty.set(DECISIONS, json!([]));
+        assert!(is_records(&empty));
+        assert_eq!(
+            serde_json::to_string_pretty(&empty).expect("serialises"),
+            serde_json::to_string_pretty(&json!({"decisions": []})).expect("serialises")
+        );
         let back: State = serde_json::from_str(&text).expect("parses");
         assert!(is_records(&back));
         assert_eq!(back, state);
