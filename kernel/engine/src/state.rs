@@ -99,10 +99,10 @@ impl StateWrite {
 /// State values by key.
 ///
 /// Each key's value is JSON, but for the `decisions` channel while every item of it is a
-/// decision record: that list is kept as typed records, which take a
-/// fraction of their JSON objects' heap. Nothing outside can tell: [`get`](Self::get) hands
-/// out the list as JSON (made at its first read, then kept in step), and the state writes,
-/// copies and compares as the JSON it stands for.
+/// decision record: that list is kept as typed records, which take a quarter of their JSON
+/// objects' heap. Nothing outside can tell: [`get`](Self::get) hands out the list as JSON
+/// (made at its first read, then kept in step), and the state writes, copies and compares as
+/// the JSON it stands for.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct State {
     slots: BTreeMap<String, Slot>,
