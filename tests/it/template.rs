@@ -2,7 +2,8 @@
 //! through the real binary, with isolation on: what a prompt-injected child could try against
 //! its siblings, the idle workers, the template and the parent; a tree of children that
 //! starts children without end; a flood of children against the pool's bound; what one
-//! child leaves behind for the next; and a template or an idle worker killed mid-run.
+//! child leaves behind for the next; the namespace an idle worker built for its child; and a
+//! template or an idle worker killed mid-run.
 //!
 //! Bounded: each run has a deadline (killed past it), a budget of sub-calls and a batch
 //! width, and the harness watches `rlm`'s children to check that none outlives the run.
@@ -443,6 +444,41 @@ fn a_worker_confined_ahead_of_need_serves_one_child_and_keeps_nothing_of_another
     // The children after the first took workers confined while the one before ran.
     assert!(
         run.took_ready() >= 3,
+        "{} sessions took a worker confined ahead of need: {run:#?}",
+        run.took_ready()
+    );
+}
+
+/// A child's look at the namespace it was handed: every name in it, its `context`, the
+/// session namespaces its interpreter holds, and what `SHOW_VARS` lists.
+const NAMESPACE: &str = r#"names = sorted(k for k in globals() if not k.startswith('_'))
+import sys, io, contextlib
+mods = [m for m in sys.modules if m.startswith('__rlm_session_')]
+with contextlib.redirect_stdout(io.StringIO()) as shown:
+    SHOW_VARS()
+listed = [line.split()[0] for line in shown.getvalue().splitlines()]
+result = f"{context} | {names} | {len(mods)} | {listed}""#;
+
+#[test]
+fn a_namespace_built_while_its_worker_was_idle_holds_only_its_own_child_and_context() {
+    // Each worker confined ahead of need builds its session's namespace while idle; the
+    // child that takes it finds its own context there and nothing of another session.
+    let (run, answer) = tree(
+        "answers = [rlm_query('look', context=f'piece {i}') for i in range(4)]",
+        NAMESPACE,
+        &[],
+    );
+    let reserved = "['FINAL_VAR', 'LlmQueryError', 'SHOW_VARS', 'answer', 'context', \
+                    'context_0', 'llm_query', 'llm_query_batched', 'rlm_query', 'rlm_query_batched']";
+    for i in 0..4 {
+        let expected = format!("piece {i} | {reserved} | 1 | ['names', 'mods', 'shown']");
+        assert!(
+            answer.contains(&expected),
+            "child {i} did not see `{expected}`: {answer}\n{run:#?}"
+        );
+    }
+    assert!(
+        run.took_ready() >= 2,
         "{} sessions took a worker confined ahead of need: {run:#?}",
         run.took_ready()
     );

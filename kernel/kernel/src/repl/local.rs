@@ -269,19 +269,24 @@ impl LocalSession {
     }
 }
 
-/// A session's threads started ahead of its start (see [`Prepared::new`]).
+/// A session's threads started, and its namespace possibly built, ahead of its start (see
+/// [`Prepared::new`], [`Prepared::build`]).
 ///
 /// A worker confined ahead of need prepares its session while it waits, idle, for a session
-/// to take it, so that its start frame only has the session's own settings and contexts to
-/// install. The threads run no Python code until [`Prepared::start`]: the session thread
-/// waits for its settings before it takes the GIL, the watchdog for a block to watch.
+/// to take it, so that its start frame only has the session's contexts to install. The
+/// threads run no Python code until [`Prepared::build`] or [`Prepared::start`]: the session
+/// thread waits for its settings before it takes the GIL, the watchdog for a block to watch.
+/// What `build` runs is the kernel's own support code (the namespace, the natives, the
+/// answer dict, `FINAL_VAR`, `SHOW_VARS`), never a block.
 #[derive(Debug)]
 pub(crate) struct Prepared {
     id: u64,
     cancel: CancellationToken,
     watchdog: Arc<Watchdog>,
+    /// Who runs the session's `rlm_query` children (the natives built ahead hold it).
+    children: Arc<ChildSlot>,
     /// Hands the session thread its settings (dropping it ends the thread).
-    init: Option<Sender<SessionInit>>,
+    init: Option<Sender<Setup>>,
     jobs: Sender<Job>,
     ready: Option<Receiver<Result<Started, ReplError>>>,
     thread: Option<JoinHandle<()>>,
@@ -299,14 +304,14 @@ impl Prepared {
         let (jobs, job_rx) = mpsc::channel();
         let (ready_tx, ready) = mpsc::channel();
         let (done_tx, thread_done) = mpsc::channel();
-        let (init, init_rx) = mpsc::channel::<SessionInit>();
+        let (init, init_rx) = mpsc::channel::<Setup>();
         let thread = std::thread::Builder::new()
             .name(format!("rlm-repl-{id}"))
             .spawn(move || {
                 // No GIL while waiting: a prepared session that is never started costs its
                 // thread only.
-                if let Ok(init) = init_rx.recv() {
-                    session_thread(init, job_rx, ready_tx);
+                if let Ok(first) = init_rx.recv() {
+                    session_thread(first, init_rx, job_rx, ready_tx);
                 }
                 let _ = done_tx.send(());
             })
@@ -317,6 +322,7 @@ impl Prepared {
             id,
             cancel,
             watchdog: Arc::clone(&watchdog),
+            children: Arc::default(),
             init: Some(init),
             jobs,
             ready: Some(ready),
@@ -332,7 +338,72 @@ impl Prepared {
         Ok(prepared)
     }
 
-    /// Starts the session on the prepared threads (see [`LocalSession::start`]).
+    /// Builds the session's namespace ahead of its start, for sessions of `config`: the
+    /// support module's session, its natives (whose sub-calls take `route`), the answer
+    /// dict, `FINAL_VAR` and `SHOW_VARS`; everything but the contexts. [`start`](Self::start)
+    /// with the same settings then only loads the contexts; with others, it builds the
+    /// session again (the `route` and output `embedding` given here are kept either way).
+    /// After an error the session thread has ended: drop this.
+    pub(crate) fn build(
+        &mut self,
+        config: SessionConfig,
+        route: SubCallRoute,
+        embedding: Embedding,
+    ) -> Result<(), ReplError> {
+        let load = config.load.resolved()?;
+        let init = self.init(config, route, Vec::new(), load, embedding);
+        let sent = self
+            .init
+            .as_ref()
+            .is_some_and(|tx| tx.send(Setup::Ahead(init)).is_ok());
+        let answer = match self.ready.take() {
+            Some(ready) if sent => {
+                let (answer, ready) = without_gil(move || (ready.recv().ok(), ready));
+                self.ready = Some(ready);
+                answer
+            }
+            _ => None,
+        };
+        match answer {
+            Some(Ok(_)) => Ok(()),
+            Some(Err(e)) => {
+                self.join();
+                Err(e)
+            }
+            None => {
+                self.join();
+                Err(ReplError::SessionClosed {
+                    reason: "the session thread stopped while building its namespace".to_owned(),
+                })
+            }
+        }
+    }
+
+    fn init(
+        &self,
+        config: SessionConfig,
+        route: SubCallRoute,
+        contexts: Vec<ContextInput>,
+        load: LoadOptions,
+        embedding: Embedding,
+    ) -> SessionInit {
+        SessionInit {
+            id: self.id,
+            config,
+            children: Arc::clone(&self.children),
+            route,
+            contexts,
+            load,
+            cancel: self.cancel.clone(),
+            watchdog: Arc::clone(&self.watchdog),
+            embedding,
+        }
+    }
+
+    /// Starts the session on the prepared threads (see [`LocalSession::start`]); on a
+    /// namespace [built](Self::build) for the same settings, only the contexts are loaded
+    /// (the `route` and `embedding`'s output given to `build` stay, its `loader` is this
+    /// one's).
     pub(crate) fn start(
         mut self,
         config: SessionConfig,
@@ -343,19 +414,12 @@ impl Prepared {
         let load = config.load.resolved()?;
         let remote = matches!(route, SubCallRoute::Remote(_));
         let closed = CancellationToken::new();
-        let children = Arc::new(ChildSlot::default());
-        let init = SessionInit {
-            id: self.id,
-            config: config.clone(),
-            children: Arc::clone(&children),
-            route,
-            contexts: contexts.to_vec(),
-            load,
-            cancel: self.cancel.clone(),
-            watchdog: Arc::clone(&self.watchdog),
-            embedding,
-        };
-        let sent = self.init.take().is_some_and(|tx| tx.send(init).is_ok());
+        let children = Arc::clone(&self.children);
+        let init = self.init(config.clone(), route, contexts.to_vec(), load, embedding);
+        let sent = self
+            .init
+            .take()
+            .is_some_and(|tx| tx.send(Setup::Start(init)).is_ok());
         // The session thread always answers or exits (dropping the sender).
         let answer = match self.ready.take() {
             Some(ready) if sent => without_gil(move || ready.recv()).ok(),
@@ -497,6 +561,15 @@ pub(crate) fn pop_result(module: &str, token: u64) -> Result<Option<String>, Rep
     .map_err(|e| ReplError::internal("reading a support module's result", e))
 }
 
+/// What the session thread is handed before its first job.
+enum Setup {
+    /// Build the namespace without its contexts, answer, then wait for [`Setup::Start`].
+    Ahead(SessionInit),
+    /// Start the session: finish the namespace built ahead when it has these settings, else
+    /// build it; answer.
+    Start(SessionInit),
+}
+
 struct SessionInit {
     id: u64,
     config: SessionConfig,
@@ -513,12 +586,30 @@ struct SessionInit {
 type Started = (Vec<ContextMetadata>, Py<PyAny>);
 
 fn session_thread(
-    init: SessionInit,
+    first: Setup,
+    setups: Receiver<Setup>,
     jobs: Receiver<Job>,
     ready: Sender<Result<Started, ReplError>>,
 ) {
     Python::attach(|py| {
-        let mut state = match SessionState::create(py, init) {
+        let created = match first {
+            Setup::Start(init) => SessionState::create(py, init),
+            Setup::Ahead(init) => match SessionState::skeleton(py, init) {
+                Ok(state) => {
+                    let _ = ready.send(Ok((Vec::new(), state.py_session.clone_ref(py))));
+                    // Idle, without the GIL, until a session takes it (or never does).
+                    match py.detach(move || setups.recv()) {
+                        Ok(Setup::Start(init)) => state.finish(py, init),
+                        Ok(Setup::Ahead(_)) | Err(_) => {
+                            state.close(py);
+                            return;
+                        }
+                    }
+                }
+                Err(e) => Err(e),
+            },
+        };
+        let mut state = match created {
             Ok((state, contexts)) => {
                 let _ = ready.send(Ok((contexts, state.py_session.clone_ref(py))));
                 state
@@ -584,10 +675,49 @@ pub(crate) struct SessionState {
 }
 
 impl SessionState {
+    /// A new session with its contexts loaded; nothing of it is left when one fails.
     fn create(
+        py: Python<'_>,
+        mut init: SessionInit,
+    ) -> Result<(Self, Vec<ContextMetadata>), ReplError> {
+        let contexts = std::mem::take(&mut init.contexts);
+        let (loader, load) = (init.embedding.loader.clone(), init.load.clone());
+        let mut state = Self::skeleton(py, init)?;
+        match state.add_contexts(py, &contexts, loader.as_ref(), &load) {
+            Ok(metadata) => Ok((state, metadata)),
+            Err(e) => {
+                state.close(py);
+                Err(e)
+            }
+        }
+    }
+
+    /// Finishes a session built ahead by [`skeleton`](Self::skeleton) with `init`'s
+    /// contexts, or, when `init` has other settings, closes it and creates one for `init`.
+    fn finish(
+        mut self,
         py: Python<'_>,
         init: SessionInit,
     ) -> Result<(Self, Vec<ContextMetadata>), ReplError> {
+        if init.config != self.config {
+            self.close(py);
+            return Self::create(py, init);
+        }
+        let loader = init.embedding.loader.clone();
+        self.embedding.loader.clone_from(&loader);
+        match self.add_contexts(py, &init.contexts, loader.as_ref(), &init.load) {
+            Ok(metadata) => Ok((self, metadata)),
+            Err(e) => {
+                self.close(py);
+                Err(e)
+            }
+        }
+    }
+
+    /// The session without contexts (`init.contexts` is not read): the support module's
+    /// `Session` and its namespace, bound to this thread, with the natives, the answer
+    /// dict, `FINAL_VAR` and `SHOW_VARS`.
+    fn skeleton(py: Python<'_>, init: SessionInit) -> Result<Self, ReplError> {
         let support = interpreter(py)?.support(py);
         let fail = |e: PyErr| ReplError::internal("creating a session", e);
         let py_session = support
@@ -606,23 +736,6 @@ impl SessionState {
             .and_then(|t| t.call_method0("get_ident"))
             .and_then(|i| i.extract::<u64>())
             .map_err(fail)? as std::os::raw::c_long;
-
-        let mut reserved: Vec<(String, Bound<'_, PyAny>)> = Vec::new();
-        let mut contexts = Vec::with_capacity(init.contexts.len());
-        for (index, input) in init.contexts.iter().enumerate() {
-            let loaded = match &init.embedding.loader {
-                Some(loader) => loader.load(py, index, input, &init.load)?,
-                None => load_context(py, index, input, &init.load)?,
-            };
-            if index == 0 {
-                reserved.push(("context".to_owned(), loaded.value.clone()));
-            }
-            if let Some(name) = &input.name {
-                reserved.push((name.clone(), loaded.value.clone()));
-            }
-            reserved.push((format!("context_{index}"), loaded.value));
-            contexts.push(loaded.metadata);
-        }
 
         let error_class = support.getattr("LlmQueryError").map_err(fail)?;
         let bridge = Arc::new(SubModelBridge::new(
@@ -669,38 +782,28 @@ impl SessionState {
             .getattr("AnswerDict")
             .and_then(|c| c.call1((&py_session,)))
             .map_err(fail)?;
-        reserved.push(("llm_query".to_owned(), llm_query.into_any()));
-        reserved.push(("llm_query_batched".to_owned(), llm_query_batched.into_any()));
-        reserved.push(("rlm_query".to_owned(), rlm_query.into_any()));
-        reserved.push(("rlm_query_batched".to_owned(), rlm_query_batched.into_any()));
-        reserved.push(("answer".to_owned(), answer.clone()));
-        reserved.push(("LlmQueryError".to_owned(), error_class));
-        let names: Vec<&str> = reserved
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .chain(["FINAL_VAR", "SHOW_VARS"])
-            .collect();
-        let reserved_set = PyFrozenSet::new(py, &names).map_err(fail)?;
-        let final_var = support
-            .call_method1("make_final_var", (&py_session, &globals, &reserved_set))
-            .map_err(fail)?;
-        let show_vars = support
-            .call_method1("make_show_vars", (&globals, &reserved_set))
-            .map_err(fail)?;
-        reserved.push(("FINAL_VAR".to_owned(), final_var));
-        reserved.push(("SHOW_VARS".to_owned(), show_vars));
-        for (name, value) in &reserved {
-            globals.set_item(name, value).map_err(fail)?;
-        }
-
-        let state = Self {
+        let reserved: Vec<(String, Py<PyAny>)> = vec![
+            ("llm_query".to_owned(), llm_query.into_any().unbind()),
+            (
+                "llm_query_batched".to_owned(),
+                llm_query_batched.into_any().unbind(),
+            ),
+            ("rlm_query".to_owned(), rlm_query.into_any().unbind()),
+            (
+                "rlm_query_batched".to_owned(),
+                rlm_query_batched.into_any().unbind(),
+            ),
+            ("answer".to_owned(), answer.clone().unbind()),
+            ("LlmQueryError".to_owned(), error_class.unbind()),
+        ];
+        let mut state = Self {
             id: init.id,
             config: init.config,
             globals: globals.unbind(),
             py_session: py_session.unbind(),
             answer: answer.unbind(),
-            reserved: reserved.into_iter().map(|(n, v)| (n, v.unbind())).collect(),
-            reserved_set: reserved_set.unbind(),
+            reserved,
+            reserved_set: PyFrozenSet::empty(py).map_err(fail)?.unbind(),
             bridge,
             watchdog: init.watchdog,
             thread_id,
@@ -709,7 +812,77 @@ impl SessionState {
             guards: 0,
             embedding: init.embedding,
         };
-        Ok((state, contexts))
+        if let Err(e) = state.seal_reserved(py) {
+            state.close(py);
+            return Err(e);
+        }
+        Ok(state)
+    }
+
+    /// Loads `contexts` and binds them (`context`, `context_N`, their names) as reserved
+    /// names of the namespace.
+    fn add_contexts(
+        &mut self,
+        py: Python<'_>,
+        contexts: &[ContextInput],
+        loader: Option<&Arc<dyn ContextLoader>>,
+        load: &LoadOptions,
+    ) -> Result<Vec<ContextMetadata>, ReplError> {
+        if contexts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut bound: Vec<(String, Py<PyAny>)> = Vec::new();
+        let mut metadata = Vec::with_capacity(contexts.len());
+        for (index, input) in contexts.iter().enumerate() {
+            let loaded = match loader {
+                Some(loader) => loader.load(py, index, input, load)?,
+                None => load_context(py, index, input, load)?,
+            };
+            if index == 0 {
+                bound.push(("context".to_owned(), loaded.value.clone().unbind()));
+            }
+            if let Some(name) = &input.name {
+                bound.push((name.clone(), loaded.value.clone().unbind()));
+            }
+            bound.push((format!("context_{index}"), loaded.value.unbind()));
+            metadata.push(loaded.metadata);
+        }
+        self.reserved.splice(0..0, bound);
+        self.seal_reserved(py)?;
+        Ok(metadata)
+    }
+
+    /// Makes the reserved names what `FINAL_VAR` and `SHOW_VARS` hide and skip (both made
+    /// again over the new set), and binds every reserved name in the namespace.
+    fn seal_reserved(&mut self, py: Python<'_>) -> Result<(), ReplError> {
+        const OWN: [&str; 2] = ["FINAL_VAR", "SHOW_VARS"];
+        let fail = |e: PyErr| ReplError::internal("creating a session", e);
+        let support = interpreter(py)?.support(py);
+        self.reserved
+            .retain(|(name, _)| !OWN.contains(&name.as_str()));
+        let names: Vec<&str> = self
+            .reserved
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .chain(OWN)
+            .collect();
+        let reserved_set = PyFrozenSet::new(py, &names).map_err(fail)?;
+        let (py_session, globals) = (self.py_session.bind(py), self.globals.bind(py));
+        let final_var = support
+            .call_method1("make_final_var", (py_session, globals, &reserved_set))
+            .map_err(fail)?;
+        let show_vars = support
+            .call_method1("make_show_vars", (globals, &reserved_set))
+            .map_err(fail)?;
+        self.reserved
+            .push(("FINAL_VAR".to_owned(), final_var.unbind()));
+        self.reserved
+            .push(("SHOW_VARS".to_owned(), show_vars.unbind()));
+        for (name, value) in &self.reserved {
+            globals.set_item(name, value).map_err(fail)?;
+        }
+        self.reserved_set = reserved_set.unbind();
+        Ok(())
     }
 
     pub(crate) fn variables(&self, py: Python<'_>) -> Result<Vec<VariableInfo>, ReplError> {
@@ -823,5 +996,111 @@ impl SessionState {
         if let Ok(support) = interpreter(py).map(|i| i.support(py)) {
             let _ = support.call_method1("unbind_thread", (self.block_filename_prefix(),));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::repl::source::ContextSource;
+    use bridge::{Budget, Endpoints, Ledger};
+
+    fn route() -> SubCallRoute {
+        let ledger = Arc::new(Ledger::new(Budget::default()));
+        SubCallRoute::Local(Arc::new(
+            Endpoints::new(Vec::new(), ledger).expect("no endpoints"),
+        ))
+    }
+
+    fn doc() -> Vec<ContextInput> {
+        vec![ContextInput {
+            name: Some("doc".to_owned()),
+            source: ContextSource::Text("the handed text".to_owned()),
+        }]
+    }
+
+    /// A session whose namespace was built ahead (as a worker of the pool builds it while
+    /// idle), then started.
+    fn built_then_started(ahead: SessionConfig, start: SessionConfig) -> LocalSession {
+        let mut prepared = Prepared::new().expect("threads");
+        prepared
+            .build(ahead, route(), Embedding::default())
+            .expect("built ahead");
+        prepared
+            .start(start, route(), &doc(), Embedding::default())
+            .expect("started")
+    }
+
+    const LOOK: &str = "import sys\n\
+        names = sorted(k for k in globals() if not k.startswith('_') and k != 'sys')\n\
+        mine = [m for m in sys.modules if m.startswith('__rlm_session_')]\n\
+        print(names, context == doc == context_0 == 'the handed text', len(mine))\n\
+        SHOW_VARS()";
+
+    #[test]
+    fn a_session_built_ahead_gets_its_contexts_at_start_as_reserved_names() {
+        let session = built_then_started(SessionConfig::default(), SessionConfig::default());
+        let result = session.exec(LOOK).expect("ran");
+        assert!(result.error.is_none(), "{result:?}");
+        let mut lines = result.stdout.lines();
+        assert_eq!(
+            lines.next(),
+            Some(
+                "['FINAL_VAR', 'LlmQueryError', 'SHOW_VARS', 'answer', 'context', 'context_0', \
+                 'doc', 'llm_query', 'llm_query_batched', 'rlm_query', 'rlm_query_batched'] \
+                 True 1"
+            ),
+            "{result:?}"
+        );
+        // The contexts, added after the namespace was built, are hidden like every reserved
+        // name: only the block's own variables are listed.
+        let shown: Vec<&str> = lines
+            .map(|l| l.split_whitespace().next().unwrap_or(""))
+            .collect();
+        assert_eq!(shown, ["names", "mine"], "{result:?}");
+        let listed: Vec<String> = session
+            .variables()
+            .expect("variables")
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        assert_eq!(listed, ["names", "mine"]);
+        // A block cannot keep a context rebound: it is restored after the block.
+        session.exec("context = 'mine now'").expect("ran");
+        let after = session.exec("print(context)").expect("ran");
+        assert_eq!(after.stdout.trim(), "the handed text");
+    }
+
+    #[test]
+    fn a_session_built_ahead_for_other_settings_is_built_again_with_its_own() {
+        let ahead = SessionConfig {
+            cell_timeout: Duration::from_secs(60),
+            ..SessionConfig::default()
+        };
+        let start = SessionConfig {
+            cell_timeout: Duration::from_millis(300),
+            ..SessionConfig::default()
+        };
+        let session = built_then_started(ahead, start);
+        let result = session.exec(LOOK).expect("ran");
+        assert!(result.stdout.contains("True 1"), "{result:?}");
+        // The start's time limit, not the one the namespace was built ahead with.
+        let slow = session.exec("import time\ntime.sleep(20)").expect("ran");
+        assert!(slow.timed_out, "{slow:?}");
+        assert!(slow.duration < Duration::from_secs(10), "{slow:?}");
+    }
+
+    #[test]
+    fn a_session_built_ahead_and_never_started_ends_its_threads() {
+        let mut prepared = Prepared::new().expect("threads");
+        prepared
+            .build(SessionConfig::default(), route(), Embedding::default())
+            .expect("built ahead");
+        let done = prepared.thread_done.take().expect("its thread");
+        drop(prepared);
+        assert!(
+            without_gil(move || done.recv_timeout(Duration::from_secs(10))).is_ok(),
+            "the session thread of a namespace built ahead outlived it"
+        );
     }
 }

@@ -1110,18 +1110,25 @@ impl ChildRunner for ChildRuns {
         let answers: Vec<Mutex<Option<ChildAnswer>>> = (0..n).map(|_| Mutex::new(None)).collect();
         let cursor = AtomicUsize::new(0);
         let queries = &queries;
-        std::thread::scope(|scope| {
-            for _ in 0..width.min(n) {
-                scope.spawn(|| {
-                    loop {
-                        let i = cursor.fetch_add(1, Ordering::Relaxed);
-                        let Some(query) = queries.get(i) else { break };
-                        let answer = self.run_one(first + i, query.clone(), cancel);
-                        *answers[i].lock().unwrap_or_else(PoisonError::into_inner) = Some(answer);
-                    }
-                });
+        let work = || {
+            loop {
+                let i = cursor.fetch_add(1, Ordering::Relaxed);
+                let Some(query) = queries.get(i) else { break };
+                let answer = self.run_one(first + i, query.clone(), cancel);
+                *answers[i].lock().unwrap_or_else(PoisonError::into_inner) = Some(answer);
             }
-        });
+        };
+        if width.min(n) <= 1 {
+            // One at a time (one `rlm_query`, or a width of 1): on this thread, which has
+            // nothing else to do meanwhile, rather than on a thread started for it.
+            work();
+        } else {
+            std::thread::scope(|scope| {
+                for _ in 0..width.min(n) {
+                    scope.spawn(work);
+                }
+            });
+        }
         answers
             .into_iter()
             .map(|slot| {

@@ -5,12 +5,14 @@
 //! no thread; a spare worker does this before its session exists), read the [`Confine`]
 //! frame, enter the session's directory, ask CPython for its own paths, confine the process
 //! ([`confine`]: the policy's environment replaces the one the worker started with), start
-//! the session's threads (its session thread and watchdog, the request and output threads:
-//! none runs Python code until the session starts) and say so; then receive the context
-//! memfds and the [`Start`] frame (a worker confined ahead of need waits for them, idle,
-//! until a session takes it, with its threads already started) and start the session on
-//! them: its namespace, natives and contexts. Then the main
-//! thread reads frames: requests go to a request thread in order (a block runs there), while
+//! the session's threads (its session thread and watchdog, the request and output threads)
+//! and build its namespace with the settings the `Confine` frame says it will start with
+//! (the support module's session, the natives, the answer dict, `FINAL_VAR`, `SHOW_VARS`:
+//! the kernel's own code, no block), and say so; then receive the context memfds and the
+//! [`Start`] frame (a worker confined ahead of need waits for them, idle, until a session
+//! takes it, with all that done) and add the contexts to the namespace (or, should the
+//! `Start` bring other settings, build it again with them). Then the main thread reads
+//! frames: requests go to a request thread in order (a block runs there), while
 //! interrupts, sub-call answers and `EndProcesses` are handled at once, even while a block
 //! runs. Block output is sent as written after a quiet spell, else buffered and sent in chunks
 //! (at 32 KiB, after 10 ms, and before a block's reply), never from a forked child. No tokio
@@ -117,7 +119,13 @@ fn serve() -> Result<(), String> {
         .map_err(|e| format!("cannot share its link: {e}"))?;
     // After `confine`: this is the confined process, whose pid the link must know.
     let link = Arc::new(Link::new(link));
-    let prepared = match Prepared::new() {
+    // The session's namespace too, with the settings it is expected to start with.
+    let prepared = Prepared::new().and_then(|mut prepared| {
+        let (route, embedding) = embedded(&link, None);
+        prepared.build(confine.session.clone(), route, embedding)?;
+        Ok(prepared)
+    });
+    let prepared = match prepared {
         Ok(prepared) => prepared,
         Err(error) => return report_failed_start(&fds, error),
     };
@@ -201,24 +209,26 @@ fn start_session(
         contexts: start.contexts,
         memfds,
     });
-    let embedding = Embedding {
-        output: Some(link.clone()),
-        events: Some(link.clone()),
-        loader: Some(loader),
-    };
-    let remote: Arc<dyn RemoteCalls> = link.clone();
-    let session = prepared.start(
-        start.config,
-        SubCallRoute::Remote(remote),
-        &inputs,
-        embedding,
-    )?;
+    let (route, embedding) = embedded(link, Some(loader));
+    let session = prepared.start(start.config, route, &inputs, embedding)?;
     let ready = FromWorker::Ready {
         contexts: session.contexts().to_vec(),
     };
     link.send(&ready)
         .map_err(|e| ReplError::internal("answering the parent", e))?;
     Ok(Arc::new(session))
+}
+
+/// How the worker's session reaches its parent: sub-calls, output and block events over
+/// `link`; contexts through `loader`.
+fn embedded(link: &Arc<Link>, loader: Option<Arc<dyn ContextLoader>>) -> (SubCallRoute, Embedding) {
+    let remote: Arc<dyn RemoteCalls> = link.clone();
+    let embedding = Embedding {
+        output: Some(link.clone()),
+        events: Some(link.clone()),
+        loader,
+    };
+    (SubCallRoute::Remote(remote), embedding)
 }
 
 /// The interpreter's own files, which the worker must reach once confined: its prefixes

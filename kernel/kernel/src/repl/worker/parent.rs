@@ -45,7 +45,7 @@ use super::policy::{level_of, session_policy};
 use super::pool::{self, Ready, Shape};
 use super::protocol::{
     Confine, FrameError, FromWorker, NoSigPipe, Reply, Request, Start, ToWorker, read_frame,
-    write_frame,
+    worker_settings, write_frame,
 };
 use super::spawn::{
     Exit, REAP_WAIT, Spawned, WorkerProgram, drain_output, reap, send_fds, start_worker,
@@ -302,6 +302,7 @@ impl WorkerSession {
                     cwd: std::env::current_dir().unwrap_or_else(|_| self.scratch_path.clone()),
                     policy: self.policy.clone(),
                     level: self.level,
+                    session: worker_settings(&self.config),
                 };
                 let answer = worker
                     .send(&ToWorker::Confine(Box::new(confine)))
@@ -316,11 +317,7 @@ impl WorkerSession {
             }
         };
         let start = Start {
-            config: SessionConfig {
-                // The parent keeps them, where the secrets are known.
-                sub_call_text_chars: 0,
-                ..self.config.clone()
-            },
+            config: worker_settings(&self.config),
             contexts: self.shared.contexts.clone(),
         };
         let sent = send_fds(reader.get_ref(), &self.shared.memfds)

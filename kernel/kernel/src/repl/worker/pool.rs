@@ -1,14 +1,16 @@
 //! Workers confined ahead of need: while a run with `rlm_query` children lives, a few workers
 //! forked from the template wait already confined with the policy its children's sessions
-//! get, so that a child's start is only its start frame and its session's start.
+//! get, their session's namespace built with the children's settings, so that a child's
+//! start is only its start frame and its contexts.
 //!
 //! ```text
 //!  run starts (a ReadyWorkers lease)      pool thread                    ready worker
 //!  ─ refill ▸                             template fork, fresh scratch
-//!                                         ─ Confine {policy, cwd} ─────▸ confines itself
+//!                                         ─ Confine {policy, cwd, ────▸ confines itself,
+//!                                             session settings}         builds the namespace
 //!                                         ◂──────────── Confined ───────  waits, idle
 //!  child's session: take ◂─ the ready one ───────────────────────────────
-//!  ─ memfds, Start ─────────────────────────────────────────────────────▸ session starts
+//!  ─ memfds, Start ─────────────────────────────────────────────────────▸ adds the contexts
 //!  ─ refill ▸ (the next one confines itself while this child runs)
 //!  run ends (lease dropped): the idle ones are told to exit (their link closes) and reaped
 //! ```
@@ -40,7 +42,9 @@ use std::time::{Duration, Instant};
 use super::closer;
 use super::lock::lock;
 use super::policy::{level_of, session_policy};
-use super::protocol::{Confine, FromWorker, NoSigPipe, ToWorker, read_frame, write_frame};
+use super::protocol::{
+    Confine, FromWorker, NoSigPipe, ToWorker, read_frame, worker_settings, write_frame,
+};
 use super::spawn::{SpawnJob, Spawned, WorkerProgram, job_thread, reap, worker_program};
 use super::template;
 use crate::repl::config::SessionConfig;
@@ -413,6 +417,7 @@ fn make_ready(
         cwd: shape.cwd.clone(),
         policy: policy.clone(),
         level: shape.level,
+        session: worker_settings(config),
     };
     let confined = confine_spawned(&spawned, &confine);
     match confined {

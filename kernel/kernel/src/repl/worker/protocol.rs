@@ -42,6 +42,20 @@ pub(crate) struct Confine {
     pub(crate) policy: sandbox::Policy,
     /// Whether every layer must be in force.
     pub(crate) level: sandbox::Level,
+    /// The settings its session is expected to start with ([`worker_settings`] of the
+    /// session's, or of its run's children's for a worker of the pool): the worker builds
+    /// that session's namespace as soon as it is confined, and its [`Start`] only adds the
+    /// contexts (a `Start` with other settings has the session built again).
+    pub(crate) session: SessionConfig,
+}
+
+/// A session's settings as its worker gets them: the parent keeps the sub-calls' texts for
+/// the block's record, where the secrets are known.
+pub(crate) fn worker_settings(config: &SessionConfig) -> SessionConfig {
+    SessionConfig {
+        sub_call_text_chars: 0,
+        ..config.clone()
+    }
 }
 
 /// What the confined worker needs to start its session: the frame after
