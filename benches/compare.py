@@ -55,13 +55,20 @@ def numbers(line: str) -> list[float]:
 
 
 def figures(outputs: list[str]) -> dict[str, list[list[float]]]:
-    """Per row shape, the numbers of each output that printed it (in order of first sight)."""
+    """Per row shape, the numbers of each output that printed it (in order of first sight).
+    Rows of one output that differ only by their numbers (the same row at 0 ms and at 50 ms
+    of latency) are told apart by their order: the second is `shape [2]`, and so on."""
     rows: dict[str, list[list[float]]] = {}
     for output in outputs:
+        seen: dict[str, int] = {}
         for line in output.splitlines():
             found = numbers(line)
             if found:
-                rows.setdefault(shape(line), []).append(found)
+                key = shape(line)
+                seen[key] = seen.get(key, 0) + 1
+                if seen[key] > 1:
+                    key = f"{key} [{seen[key]}]"
+                rows.setdefault(key, []).append(found)
     return rows
 
 
@@ -114,6 +121,12 @@ def self_test() -> None:
     assert "#3: 2 → 1.5 (0.75x)" in lines[0], lines
     assert "#2" not in lines[0], "an unchanged number is left out"
     assert medians([[1.0], [1.0, 2.0]]) is None
+    # The same row at two latencies stays two rows.
+    twice = ["| process | 0 ms | 9.0 |\n| process | 50 ms | 5.0 |\n"] * 2
+    assert summary(twice, ["| process | 0 ms | 8.0 |\n| process | 50 ms | 4.0 |\n"]) == [
+        "| process | # ms | # |\n    #2: 9 → 8 (0.89x)",
+        "| process | # ms | # | [2]\n    #2: 5 → 4 (0.80x)",
+    ], summary(twice, ["| process | 0 ms | 8.0 |\n| process | 50 ms | 4.0 |\n"])
     assert shape("| a | 0.090 ms | -1 |") == "| a | # ms | # |"
     assert shape("time    14.4 ms      7.2 ms") == shape("time    9.4 ms       7.2 ms")
     assert package_name("path+file:///w/kernel/engine#rlm-engine@0.1.0") == "rlm-engine"
