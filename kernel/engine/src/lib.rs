@@ -80,5 +80,5 @@ pub mod tool;
 pub use agent::{AgentLoop, LoopConfig, LoopError, LoopOutcome, Toolbox};
 pub use hook::HookAction;
 
-pub use state::{Scope, SharedState, State, StateDelta, StateWrite};
+pub use state::{CatchUp, Mirror, Scope, SharedState, State, StateDelta, StateWrite};
 pub use tool::{Actions, Tool, ToolContext, ToolError};

@@ -495,18 +495,69 @@ impl<'de> Deserialize<'de> for StateDelta {
 /// (`start_journal`), the writes are also recorded in the order they
 /// were applied, whoever made them, for `take_journal`: that is how the
 /// executor hands each checkpoint exactly the writes since the last one, with no copy of the
-/// state to compare against. The lock is never held across an `.await`; every method takes
-/// it for one read or one batch of writes.
-#[derive(Debug, Clone, Default)]
+/// state to compare against. The same writes feed a copy of the state kept elsewhere (a
+/// Python session's, [`catch_up`](Self::catch_up)): the copy gets the whole state once, then
+/// only the writes made since it last caught up. The lock is never held across an `.await`;
+/// every method takes it for one read or one batch of writes.
+#[derive(Debug, Clone)]
 pub struct SharedState {
     inner: Arc<Mutex<Inner>>,
 }
 
-#[derive(Debug, Default)]
+impl Default for SharedState {
+    fn default() -> Self {
+        Self::new(State::default())
+    }
+}
+
+#[derive(Debug)]
 struct Inner {
     state: State,
     journal: Option<StateDelta>,
+    /// This state's number, unique in the process (a kept copy names the state it follows).
+    id: u64,
+    /// Counts catch-ups: a copy caught up at generation `g` follows the writes of `feed`.
+    generation: u64,
+    /// The writes applied since the last catch-up, while a copy is kept; `None` when the
+    /// next catch-up must send the whole state (none yet, a reset, or a feed grown too long).
+    feed: Option<StateDelta>,
+    /// How many writes `feed` holds.
+    fed: usize,
 }
+
+/// How many writes a copy may fall behind before the feed is dropped and the next catch-up
+/// sends the whole state instead (so a run whose kept copy is never read again does not
+/// hold every write it made).
+const FEED_LIMIT: usize = 10_000;
+
+/// What a copy of the state kept elsewhere needs to be the state now (see
+/// [`SharedState::catch_up`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum CatchUp {
+    /// The whole state: the copy starts afresh.
+    Full(State),
+    /// The writes applied since generation `from`, in order, for a copy that is at `from`.
+    Writes {
+        /// The generation the copy must be at for these writes to apply.
+        from: u64,
+        /// The writes.
+        writes: StateDelta,
+    },
+}
+
+/// A catch-up of a kept copy of the state: which state, to which generation, and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mirror {
+    /// The state's number, unique in the process.
+    pub id: u64,
+    /// The generation the copy is at once it applied `catch_up`.
+    pub to: u64,
+    /// The whole state or the writes since the copy's generation.
+    pub catch_up: CatchUp,
+}
+
+/// Numbers the states of the process.
+static NEXT_STATE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl SharedState {
     /// Shares `state`.
@@ -515,7 +566,53 @@ impl SharedState {
             inner: Arc::new(Mutex::new(Inner {
                 state,
                 journal: None,
+                id: NEXT_STATE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                generation: 0,
+                feed: None,
+                fed: 0,
             })),
+        }
+    }
+
+    /// What a copy of this state kept elsewhere needs to be the state now: the writes
+    /// applied since the last catch-up (for a copy at that generation), or the whole state
+    /// when there is no such feed yet (the first catch-up, after a [`reset`](Self::reset), or
+    /// after ten thousand writes); from now on, the writes applied are kept for the next
+    /// one. The copy checks the generation: a copy that is not at `from` (a new or restarted
+    /// session, or another copy caught up since) asks for [`catch_up_full`](Self::catch_up_full).
+    pub fn catch_up(&self) -> Mirror {
+        let mut inner = self.lock();
+        let from = inner.generation;
+        inner.generation += 1;
+        inner.fed = 0;
+        let catch_up = match inner.feed.replace(StateDelta::new()) {
+            Some(writes) => CatchUp::Writes { from, writes },
+            None => CatchUp::Full(inner.state.clone()),
+        };
+        Mirror {
+            id: inner.id,
+            to: inner.generation,
+            catch_up,
+        }
+    }
+
+    /// [`catch_up`](Self::catch_up) with the whole state, for a copy that starts afresh.
+    pub fn catch_up_full(&self) -> Mirror {
+        let mut inner = self.lock();
+        inner.feed = None;
+        drop(inner);
+        self.catch_up()
+    }
+
+    /// Adds `delta` to the feed of a kept copy, if there is one.
+    fn feed(inner: &mut Inner, delta: &StateDelta) {
+        if let Some(feed) = &mut inner.feed {
+            inner.fed += delta.runs.iter().map(|run| run.len()).sum::<usize>();
+            if inner.fed > FEED_LIMIT {
+                inner.feed = None;
+            } else {
+                feed.extend(delta.clone());
+            }
         }
     }
 
@@ -551,17 +648,19 @@ impl SharedState {
         if let Some(journal) = &mut inner.journal {
             journal.extend(delta.clone());
         }
+        Self::feed(&mut inner, delta);
     }
 
-    /// [`apply`](Self::apply) of writes no one else needs: while no journal is kept, their
-    /// values move into the state ([`State::apply_owned`]).
+    /// [`apply`](Self::apply) of writes no one else needs: while no journal and no feed of a
+    /// kept copy is kept, their values move into the state ([`State::apply_owned`]).
     pub(crate) fn apply_owned(&self, delta: StateDelta) {
         if delta.is_empty() {
             return;
         }
         let mut inner = self.lock();
-        if inner.journal.is_some() {
+        if inner.journal.is_some() || inner.feed.is_some() {
             inner.state.apply(&delta);
+            Self::feed(&mut inner, &delta);
             if let Some(journal) = &mut inner.journal {
                 journal.extend(delta);
             }
@@ -594,18 +693,33 @@ impl SharedState {
     }
 
     /// Replaces the whole state with `state` (a resumed run's checkpoint), outside the
-    /// journal, which starts again empty if one is kept.
+    /// journal, which starts again empty if one is kept; a kept copy gets the whole state
+    /// at its next catch-up.
     pub(crate) fn reset(&self, state: State) {
         let mut inner = self.lock();
         inner.state = state;
         if let Some(journal) = &mut inner.journal {
             *journal = StateDelta::new();
         }
+        inner.feed = None;
     }
 
-    /// Drops every `temp:` key (the end of an invocation; not journaled).
+    /// Drops every `temp:` key (the end of an invocation; not journaled, but a kept copy
+    /// gets their deletes).
     pub(crate) fn clear_temp(&self) {
-        self.lock().state.clear_temp();
+        let mut inner = self.lock();
+        if inner.feed.is_some() {
+            let deletes: StateDelta = inner
+                .state
+                .keys()
+                .filter(|key| Scope::of(key) == Scope::Temp)
+                .map(|key| StateWrite::Delete {
+                    key: Key::Owned(key.to_owned()),
+                })
+                .collect();
+            Self::feed(&mut inner, &deletes);
+        }
+        inner.state.clear_temp();
     }
 
     /// Starts (or restarts, empty) the journal of writes.
@@ -894,5 +1008,62 @@ mod tests {
         assert_eq!(keys, ["a", "log", "a"]);
         assert!(state.take_journal().is_empty());
         assert_eq!(state.get("a"), None);
+    }
+
+    #[test]
+    fn a_kept_copy_gets_the_whole_state_once_then_only_the_writes_made_since() {
+        let state = SharedState::new(State::default());
+        state.set("log", json!([1]));
+        state.set("temp:q", json!("x"));
+        let first = state.catch_up();
+        let CatchUp::Full(whole) = &first.catch_up else {
+            panic!("the first catch-up sends the whole state: {first:?}")
+        };
+        assert_eq!(whole.get("log"), Some(&json!([1])));
+        let mut copy = whole.clone();
+        // Writes of every kind, made by anyone, and the end of an invocation's `temp:` keys.
+        let mut delta = StateDelta::new();
+        delta.append("log", vec![json!(2)]);
+        delta.set("plan", json!("p"));
+        state.apply(&delta);
+        state.apply_owned(StateDelta::from(vec![StateWrite::Delete {
+            key: "plan".into(),
+        }]));
+        state.clear_temp();
+        let next = state.catch_up();
+        assert_eq!(next.id, first.id);
+        assert_eq!(next.to, first.to + 1);
+        let CatchUp::Writes { from, writes } = &next.catch_up else {
+            panic!("then only the writes: {next:?}")
+        };
+        assert_eq!(*from, first.to);
+        assert_eq!(writes.len(), 4, "{writes:?}");
+        copy.apply(writes);
+        assert_eq!(copy, state.snapshot());
+        // Nothing written since: nothing to send.
+        let idle = state.catch_up();
+        assert!(matches!(&idle.catch_up, CatchUp::Writes { writes, .. } if writes.is_empty()));
+        // A reset (a resumed run) and a forced catch-up send the whole state again.
+        state.reset(State::default());
+        assert!(matches!(state.catch_up().catch_up, CatchUp::Full(s) if s == State::default()));
+        assert!(matches!(state.catch_up_full().catch_up, CatchUp::Full(_)));
+        // Another state is another copy.
+        assert_ne!(SharedState::default().catch_up().id, first.id);
+    }
+
+    #[test]
+    fn a_copy_that_falls_too_far_behind_gets_the_whole_state_and_the_feed_is_dropped() {
+        let state = SharedState::new(State::default());
+        state.catch_up();
+        for i in 0..=FEED_LIMIT {
+            state.set("n", json!(i));
+        }
+        assert!(
+            state.lock().feed.is_none(),
+            "the writes are not kept past the limit"
+        );
+        assert!(
+            matches!(state.catch_up().catch_up, CatchUp::Full(s) if s.get("n") == Some(&json!(FEED_LIMIT)))
+        );
     }
 }

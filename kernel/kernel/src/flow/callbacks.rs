@@ -33,7 +33,7 @@ use std::sync::Arc;
 use bridge::{BridgeError, CancellationToken, ChatRequest, ChatResponse, Usage};
 use engine::agent::ToolCallError;
 use engine::flow::{Callback, CallbackContext, ToolInvocation};
-use engine::{HookAction, State};
+use engine::HookAction;
 use serde_json::{Map, Value, json};
 
 use super::python::{FunctionKind, PyFunction};
@@ -65,13 +65,12 @@ impl PythonCallback {
     /// Calls the function at `point` with `extra` keys; writes its state changes and
     /// actions back to `cb`; returns what it returned and the `ctx` dict as it left it.
     fn call(&self, cb: &CallbackContext, point: &str, extra: Map<String, Value>) -> (Value, Value) {
-        let state = Value::Object(cb.state().with(State::to_map));
+        // The state is kept in the session and caught up there (`PyFunction::call`).
         let mut ctx = json!({
             "point": point,
             "agent": cb.agent(),
             "branch": cb.branch(),
             "args": self.args,
-            "state": state,
             "actions": {"exit_loop": false, "end_turn": false, "escalate": false},
         });
         if let Value::Object(map) = &mut ctx {
@@ -87,6 +86,7 @@ impl PythonCallback {
                         &session,
                         FunctionKind::Callback,
                         &ctx,
+                        Some(cb.state()),
                         &Map::new(),
                         &CancellationToken::new(),
                     )

@@ -10,7 +10,16 @@
 //! actions it reported ([`Effects`]) — the one convention every Python function of a
 //! workflow follows, tools included. Nothing is left in the session's
 //! namespace, and calls from concurrent steps (parallel branches, a reply's tool calls)
-//! never read each other's result. [`PyFunction::binding`] is the loading part: a workflow
+//! never read each other's result.
+//!
+//! The workflow's state is not sent with every call: the session keeps a copy of it, which
+//! each call catches up with the writes made since the session last saw it (the state's
+//! [`SharedState::catch_up`]: the whole state once, then writes), so a call costs what
+//! changed, not the size of the state — with the state sent whole each time, a run's work grew
+//! with the square of its steps. A session that does not have the copy the writes follow (a
+//! new session, one restarted after a crash or a time limit, another session that caught up
+//! meanwhile) says so, and the call is sent again with the whole state. The function never
+//! gets the kept copy itself (see the support module's `call_flow`). [`PyFunction::binding`] is the loading part: a workflow
 //! tool is bound by it and then described and called as every Python function tool is.
 //!
 //! A file is loaded afresh for each call, as a module that starts with the session's
@@ -21,6 +30,8 @@
 use std::path::{Path, PathBuf};
 
 use bridge::CancellationToken;
+use engine::{CatchUp, Mirror, SharedState, State, StateDelta};
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::repl::ReplSession;
@@ -163,13 +174,17 @@ impl PyFunction {
         }
     }
 
-    /// Calls the function as a `kind` with `arg` (the state, or a callback's `ctx`) and
-    /// keyword arguments `kwargs` in `session` (blocks; `stop` interrupts it).
+    /// Calls the function as a `kind` with keyword arguments `kwargs` in `session` (blocks;
+    /// `stop` interrupts it). Its argument is `arg` — the state as a `Value`, or a
+    /// callback's `ctx` — or, given `state`, the state kept in the session and caught up from
+    /// `state` (a step's and a state function's argument; a callback's `ctx["state"]`, `arg`
+    /// holding the rest of its `ctx`).
     pub fn call(
         &self,
         session: &ReplSession,
         kind: FunctionKind,
         arg: &Value,
+        state: Option<&SharedState>,
         kwargs: &Map<String, Value>,
         stop: &CancellationToken,
     ) -> Result<Called, PyCallError> {
@@ -177,14 +192,52 @@ impl PyFunction {
         let kind = python_str(kind.name());
         let arg = python_str(&arg.to_string());
         let kwargs = python_str(&Value::Object(kwargs.clone()).to_string());
-        let (result, out) = run_entry(session, stop, |token| {
-            function_block(
-                token,
-                &binding,
-                &format!("call_flow(_fn, {name}, {kind}, {token}, {arg}, {kwargs})"),
-            )
-        })
-        .map_err(|e| PyCallError::Session(e.to_string()))?;
+        let mut mirror = state.map(SharedState::catch_up);
+        loop {
+            let sync = match &mirror {
+                Some(mirror) => python_str(&Sync::of(mirror).to_json()?),
+                None => "None".to_owned(),
+            };
+            let mut sent = 0;
+            let (result, out) = run_entry(session, stop, |token| {
+                let block = function_block(
+                    token,
+                    &binding,
+                    &format!("call_flow(_fn, {name}, {kind}, {token}, {arg}, {kwargs}, {sync})"),
+                );
+                sent = block.len();
+                block
+            })
+            .map_err(|e| PyCallError::Session(e.to_string()))?;
+            tracing::debug!(
+                function = %self.display(),
+                bytes = sent,
+                whole_state = is_full(mirror.as_ref()),
+                "Python function called"
+            );
+            match (Self::called(session, stop, result, out, sent)?, state) {
+                // The session does not have the copy the writes follow: send the whole state.
+                (Reply::Stale, Some(state)) if !is_full(mirror.as_ref()) => {
+                    mirror = Some(state.catch_up_full());
+                }
+                (Reply::Stale, _) => {
+                    return Err(PyCallError::Result(
+                        "the session did not take the state it was sent".to_owned(),
+                    ));
+                }
+                (Reply::Called(called), _) => return Ok(called),
+            }
+        }
+    }
+
+    /// What a call's block left: the call, or that the session's copy of the state is stale.
+    fn called(
+        session: &ReplSession,
+        stop: &CancellationToken,
+        result: crate::repl::ExecutionResult,
+        out: Option<String>,
+        sent: usize,
+    ) -> Result<Reply, PyCallError> {
         if stop.is_cancelled() {
             session.interrupt();
         }
@@ -201,11 +254,13 @@ impl PyFunction {
                 value,
                 arg,
                 effects,
-            } => Ok(Called {
+            } => Ok(Reply::Called(Called {
                 value,
                 arg,
                 effects,
-            }),
+                sent,
+            })),
+            Outcome::Stale => Ok(Reply::Stale),
             Outcome::Invalid(message) => Err(PyCallError::Refused(message)),
             Outcome::Raised {
                 type_name,
@@ -217,6 +272,57 @@ impl PyFunction {
                 traceback,
             }),
         }
+    }
+}
+
+/// Whether `mirror` sends the whole state.
+fn is_full(mirror: Option<&Mirror>) -> bool {
+    matches!(
+        mirror,
+        Some(Mirror {
+            catch_up: CatchUp::Full(_),
+            ..
+        })
+    )
+}
+
+/// A call's block's reply.
+enum Reply {
+    Called(Called),
+    /// The session's copy of the state is not the one the writes follow.
+    Stale,
+}
+
+/// How a [`Mirror`] travels to the support module's `call_flow` (`sync_json`).
+#[derive(Serialize)]
+struct Sync<'a> {
+    id: u64,
+    to: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    from: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state: Option<&'a State>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    writes: Option<&'a StateDelta>,
+}
+
+impl<'a> Sync<'a> {
+    fn of(mirror: &'a Mirror) -> Self {
+        let (from, state, writes) = match &mirror.catch_up {
+            CatchUp::Full(state) => (None, Some(state), None),
+            CatchUp::Writes { from, writes } => (Some(*from), None, Some(writes)),
+        };
+        Self {
+            id: mirror.id,
+            to: mirror.to,
+            from,
+            state,
+            writes,
+        }
+    }
+
+    fn to_json(&self) -> Result<String, PyCallError> {
+        serde_json::to_string(self).map_err(|e| PyCallError::Result(e.to_string()))
     }
 }
 
@@ -252,6 +358,9 @@ pub struct Called {
     pub arg: Value,
     /// The state writes and actions it reported.
     pub(crate) effects: Effects,
+    /// The bytes of the block that called it (its arguments, and the state or the writes
+    /// that caught the session's copy up).
+    pub sent: usize,
 }
 
 #[cfg(test)]

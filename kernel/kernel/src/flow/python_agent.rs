@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use engine::State;
 use engine::flow::{Agent, Callbacks, Control, Event, EventKind, FlowError, InvocationContext};
 use serde_json::{Map, Value};
 
@@ -91,7 +90,7 @@ impl Agent for PythonAgent {
     }
 
     async fn run(&self, ctx: &InvocationContext) -> Result<Control, FlowError> {
-        let state = Value::Object(ctx.state().with(State::to_map));
+        let state = ctx.state().clone();
         let kernel = Arc::clone(&self.kernel);
         let function = self.function.clone();
         let kwargs = self.kwargs.clone();
@@ -102,7 +101,14 @@ impl Agent for PythonAgent {
             &self.name,
             move || {
                 let session = kernel.session().map_err(|e| kernel_error(&name, &e))?;
-                Ok(function.call(&session, FunctionKind::Step, &state, &kwargs, &stop))
+                Ok(function.call(
+                    &session,
+                    FunctionKind::Step,
+                    &Value::Null,
+                    Some(&state),
+                    &kwargs,
+                    &stop,
+                ))
             },
             Some(&|| self.kernel.interrupt()),
         )

@@ -44,6 +44,7 @@ impl StateFunction for PythonStateFunction {
                 &session,
                 FunctionKind::StateFunction,
                 &state,
+                None,
                 &Map::new(),
                 &CancellationToken::new(),
             )

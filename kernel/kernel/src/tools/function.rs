@@ -330,6 +330,11 @@ impl Tool for PythonFunctionTool {
                 Ok(value)
             }
             Ok(Outcome::Invalid(message)) => Err(ToolError::InvalidArguments(message)),
+            // A tool's call is sent its state whole: it is never stale.
+            Ok(Outcome::Stale) => Err(ToolError::Failed(format!(
+                "The Python function `{}` was not called (a stale state)",
+                self.name
+            ))),
             Ok(Outcome::Raised {
                 type_name,
                 message,

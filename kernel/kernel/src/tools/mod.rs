@@ -95,6 +95,9 @@ pub(crate) enum Outcome {
         #[serde(flatten)]
         effects: Effects,
     },
+    /// A workflow function was not called: the session's copy of the state is not the one
+    /// the writes it was sent follow (`flow::python` sends the whole state then).
+    Stale,
     /// It could not be called as its kind says: the arguments did not fit its signature,
     /// or its form or result did not fit; the text says how to write it.
     Invalid(String),

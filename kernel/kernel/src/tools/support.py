@@ -17,9 +17,17 @@ session's namespace, which it leaves as it found it.
   do not fit the signature are reported, not raised; so is an exception of the function,
   with a traceback that starts at the function. Interrupts (time limit, cancellation) end
   the block.
-- `call_flow(fn, name, kind, token, arg_json, kwargs_json)`: calls a workflow's Python step
-  (`kind` `step`), callback (`callback`) or state function (`state_function`), reported as
-  `call_function` reports.
+- `call_flow(fn, name, kind, token, arg_json, kwargs_json, sync_json)`: calls a workflow's
+  Python step (`kind` `step`), callback (`callback`) or state function (`state_function`),
+  reported as `call_function` reports. With `sync_json`, the workflow's state is not in the
+  arguments: the session keeps a copy of it (one per state, on the session's thread), and
+  `sync_json` catches that copy up — the whole state the first time (`{"id", "to",
+  "state"}`), then only the writes made since the copy's generation (`{"id", "from", "to",
+  "writes"}`), so what a call sends does not grow with the run. A copy that is not at `from`
+  (a new or restarted session) makes the call report `"stale"` without calling the function,
+  and the kernel sends the whole state. The function never gets the kept copy itself: a step
+  or callback taking a dict gets a copy of it, and a `Context`'s state copies a key when the
+  function first reads it, so changing a value in place changes only the call's own copy.
 - `forget_block()`: forgets the source of the block that calls it (its `linecache` entry
   and its session's record of its definitions), once the block's call is over: the
   arguments are literals in it, and a session keeps every block's source until it closes.
@@ -50,6 +58,7 @@ import enum
 import inspect
 import json
 import linecache
+import marshal
 import math
 import re
 import sys
@@ -87,6 +96,68 @@ class ToolDefinitionError(Exception):
 
 def _store(token, value):
     results[token] = json.dumps(value, ensure_ascii=False)
+
+
+# The copies of workflow states this session keeps, `{state id: (generation, dict)}`, on the
+# session's own thread (each session runs its blocks on a thread of its own); the most
+# recently caught-up few are kept.
+_kept = threading.local()
+_KEPT_STATES = 4
+
+
+def _copy(value):
+    """A deep copy of a JSON value (`marshal` copies such values in C, several times faster
+    than `copy.deepcopy` or a JSON round trip)."""
+    try:
+        return marshal.loads(marshal.dumps(value))
+    except ValueError:
+        return json.loads(json.dumps(value))
+
+
+def _synced(sync):
+    """The kept state once `sync` is applied to it, or None when the writes follow a copy this
+    session does not have (then the kernel sends the whole state)."""
+    states = getattr(_kept, "states", None)
+    if states is None:
+        states = _kept.states = {}
+    # Out of the table while it changes: an interrupt leaves no half-written copy behind.
+    kept = states.pop(sync["id"], None)
+    if "state" in sync:
+        state = sync["state"]
+    elif kept is not None and kept[0] == sync["from"]:
+        state = kept[1]
+        for write in sync["writes"]:
+            _apply_write(state, write)
+    else:
+        return None
+    states[sync["id"]] = (sync["to"], state)
+    while len(states) > _KEPT_STATES:
+        del states[next(iter(states))]
+    return state
+
+
+def _apply_write(state, write):
+    """Applies one write as the engine does: a replace sets the key, an append extends the
+    list under it (a key that holds no list gets a list of the items), a delete removes it.
+    Keys stay in the engine's order (sorted), so the state a function gets is the same dict
+    in the same order as one sent whole."""
+    key, op = write["key"], write["op"]
+    if op == "delete":
+        state.pop(key, None)
+        return
+    new = key not in state
+    if op == "append":
+        old = state.get(key)
+        if isinstance(old, list):
+            old.extend(write["items"])
+        else:
+            state[key] = write["items"]
+    else:
+        state[key] = write["value"]
+    if new:
+        ordered = sorted(state.items())
+        state.clear()
+        state.update(ordered)
 
 
 def forget_block():
@@ -449,12 +520,23 @@ def _misnamed_context(fn, name, kind):
     return None
 
 
-def call_flow(fn, name, kind, token, arg_json, kwargs_json):
+def call_flow(fn, name, kind, token, arg_json, kwargs_json, sync_json=None):
     if not callable(fn):
         _store(token, {"invalid": f"The function `{name}` is no longer defined in the session"})
         return
     arg = json.loads(arg_json)
     kwargs = json.loads(kwargs_json)
+    kept = None
+    if sync_json is not None:
+        kept = _synced(json.loads(sync_json))
+        if kept is None:
+            _store(token, "stale")
+            return
+        # A step and a state function get the state as their argument; a callback, in `ctx`.
+        if kind == "callback":
+            arg["state"] = kept
+        else:
+            arg = kept
     if kind in CONTEXT_PARAMETERS:
         misnamed = _misnamed_context(fn, name, kind)
         if misnamed is not None:
@@ -477,7 +559,7 @@ def call_flow(fn, name, kind, token, arg_json, kwargs_json):
             returned = {"value": value, "arg": None}
             returned.update(context._effects())
         elif kind == "step":
-            returned = _dict_step(name, fn(arg, **kwargs))
+            returned = _dict_step(name, fn(_own(arg, kept), **kwargs))
         elif kind == "callback" and param is not None:
             about = {k: v for k, v in arg.items() if k not in ("state", "actions")}
             context = Context(arg.get("state") or {}, param, **about)
@@ -485,18 +567,21 @@ def call_flow(fn, name, kind, token, arg_json, kwargs_json):
             returned = {"value": to_json(value), "arg": to_json(context._about)}
             returned.update(context._effects())
         elif kind == "callback":
-            before = json.loads(json.dumps(arg.get("state") or {}))
+            before = arg.get("state") or {}
+            arg["state"] = _copy(before)
             value = fn(arg, **kwargs)
             state = arg.get("state")
+            state = state if isinstance(state, dict) else before
             taken = arg.get("actions") if isinstance(arg.get("actions"), dict) else {}
             returned = {
                 "value": to_json(value),
-                "arg": to_json(arg),
-                "writes": _writes(before, state if isinstance(state, dict) else before, ()),
+                # What the kernel reads back (`request`, `tool`); the state comes back as writes.
+                "arg": to_json({k: v for k, v in arg.items() if k != "state"}),
+                "writes": _writes(before, state, (), [k for k in before if k not in state]),
                 "actions": {n: taken.get(n) is True for n in ACTION_NAMES},
             }
         else:
-            returned = {"value": to_json(fn(arg, **kwargs)), "arg": None}
+            returned = {"value": to_json(fn(_own(arg, kept), **kwargs)), "arg": None}
     except _InvalidStep as e:
         _store(token, {"invalid": str(e)})
         return
@@ -508,6 +593,12 @@ def call_flow(fn, name, kind, token, arg_json, kwargs_json):
 
 class _InvalidStep(Exception):
     pass
+
+
+def _own(arg, kept):
+    """The state as a function taking a dict gets it: a copy of the kept state (which it may
+    change as it likes), or the argument itself when it was sent whole."""
+    return _copy(kept) if kept is not None else arg
 
 
 def _kind_of(value):
@@ -548,16 +639,17 @@ def _dict_step(name, out):
             message = value
         else:
             updates[str(key)] = value
-    return {"value": message, "arg": None, "writes": _writes({}, updates, updates),
+    return {"value": message, "arg": None, "writes": _writes({}, updates, updates, ()),
             "actions": actions}
 
 
-def _writes(before, values, written):
-    """The writes that turn `before` into `values` (keys in `written` count as written even
-    if unchanged): a deleted key is a delete, a list that only grew at its end an append of
-    the new items, any other change a replace."""
+def _writes(before, values, written, deleted):
+    """The writes that turn `before` into `values` where the function read or wrote keys
+    (`values`), deleted keys (`deleted`, each in `before`) and wrote keys (`written`, which
+    count as written even if unchanged): a deleted key is a delete, a list that only grew at
+    its end an append of the new items, any other change a replace."""
     missing = object()
-    writes = [{"op": "delete", "key": key} for key in before if key not in values]
+    writes = [{"op": "delete", "key": key} for key in deleted]
     for key, value in values.items():
         old = before.get(key, missing)
         if key not in written and old == value:
@@ -583,43 +675,65 @@ class State(collections.abc.MutableMapping):
     Reads see the state as the call started; writes and deletes are visible at once to the
     function and become the call's writes, applied before the next step runs. A value
     changed in place (`state["seen"].append(x)`) counts as written.
+
+    The state it starts from is never changed: a key is copied when the function first
+    reads it, and only the keys it read or wrote are compared at the end, so a call costs
+    what it touches, not the size of the whole state.
     """
 
-    __slots__ = ("_values", "_before", "_written")
+    __slots__ = ("_kept", "_values", "_gone", "_written")
 
-    def __init__(self, values):
-        self._values = values
-        self._before = json.loads(json.dumps(values))
+    def __init__(self, kept):
+        self._kept = kept
+        self._values = {}
+        self._gone = set()
         self._written = set()
 
     def __getitem__(self, key):
-        return self._values[key]
+        values = self._values
+        if key in values:
+            return values[key]
+        if key in self._gone:
+            raise KeyError(key)
+        value = values[key] = _copy(self._kept[key])
+        return value
 
     def __setitem__(self, key, value):
         if not isinstance(key, str):
             raise TypeError(f"State keys are strings, not `{type(key).__name__}`")
         self._values[key] = value
+        self._gone.discard(key)
         self._written.add(key)
 
     def __delitem__(self, key):
-        del self._values[key]
+        if key in self._values:
+            del self._values[key]
+        elif key in self._gone or key not in self._kept:
+            raise KeyError(key)
+        if key in self._kept:
+            self._gone.add(key)
         self._written.discard(key)
 
+    def __contains__(self, key):
+        return key in self._values or (key not in self._gone and key in self._kept)
+
     def __iter__(self):
-        return iter(self._values)
+        kept = [k for k in self._kept if k not in self._gone]
+        return iter(kept + [k for k in self._values if k not in self._kept])
 
     def __len__(self):
-        return len(self._values)
+        return sum(1 for _ in self)
 
     def __repr__(self):
-        return f"State({self._values!r})"
+        return f"State({self.to_dict()!r})"
 
     def to_dict(self):
         """A copy of the state as a plain dict."""
-        return dict(self._values)
+        return {key: self[key] for key in self}
 
     def _writes(self):
-        return _writes(self._before, self._values, self._written)
+        deleted = [key for key in self._kept if key in self._gone]
+        return _writes(self._kept, self._values, self._written, deleted)
 
 
 class Actions:
