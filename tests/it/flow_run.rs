@@ -227,3 +227,94 @@ fn a_sub_call_in_a_run_without_a_model_says_to_give_one() {
         run.stderr
     );
 }
+
+/// A routed run's Python steps see every write made before them — their own earlier
+/// messages, the router's decisions, a callback's writes — in a confined worker as in `rlm`
+/// itself, now that the session keeps the state and gets only the writes since it last saw
+/// it: each step checks the messages it finds and records how many decisions it saw, and
+/// both runs end in the same state.
+#[test]
+fn routed_python_steps_see_every_earlier_write_with_isolation_on_and_off() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    file(
+        d,
+        "steps.py",
+        "def step(ctx, name, steps):\n    n = ctx.state.get('steps', 0) + 1\n    \
+         topics = [m['topic'] for m in ctx.state['messages']]\n    \
+         if topics != [f'story-{k}' for k in range(1, n)]:\n        \
+         raise AssertionError(f'step {n} saw {topics}')\n    \
+         ctx.state['messages'].append({'author': name, 'topic': f'story-{n}'})\n    \
+         ctx.state['seen'] = ctx.state.get('seen', []) + [len(ctx.state.get('decisions', []))]\n    \
+         ctx.state['steps'] = n\n    if n >= steps:\n        ctx.state['done'] = True\n\n\
+         def check(ctx):\n    state = ctx['state']\n    \
+         if len(state['messages']) != state.get('steps', 0) or state.get('checked', 0) * 2 + 1 != state.get('steps'):\n        \
+         state['mismatch'] = True\n    state['checked'] = state.get('checked', 0) + 1\n",
+    );
+    for name in ["a", "b"] {
+        let callback = if name == "b" {
+            "before_agent_callbacks: [{name: steps.py:check}]\n"
+        } else {
+            ""
+        };
+        file(
+            d,
+            &format!("{name}.yaml"),
+            &format!(
+                "agent_class: PythonAgent\nname: {name}\nfunction: steps.py:step\n\
+                 args: {{name: {name}, steps: 30}}\n{callback}"
+            ),
+        );
+    }
+    file(
+        d,
+        "routed.yaml",
+        "agent_class: RouterAgent\nname: routed\nmode: active\nstart: a\nmax_steps: 100\n\
+         sub_agents:\n  - config_path: a.yaml\n  - config_path: b.yaml\n\
+         successors:\n  a: b\n  b:\n    - {when: {key: done, truthy: true}, to: END}\n    - {to: a}\n",
+    );
+    let mut states = Vec::new();
+    for isolation in ["process", "none"] {
+        let out = format!("state-{isolation}.json");
+        let run = rlm_in(
+            d,
+            &args(&[
+                "flow",
+                "run",
+                "routed.yaml",
+                "--quiet",
+                "--input",
+                "messages:=[]",
+                "--isolation",
+                isolation,
+                "--state",
+                &out,
+            ]),
+            None,
+        );
+        run.assert_code(0);
+        let state: Value =
+            serde_json::from_str(&std::fs::read_to_string(d.join(&out)).expect("state kept"))
+                .expect("JSON");
+        assert_eq!(state["steps"], json!(30), "{isolation}: {}", run.stderr);
+        assert_eq!(state.get("mismatch"), None, "{isolation}: {state}");
+        assert_eq!(state["checked"], json!(15), "{isolation}");
+        let decisions = state["decisions"].as_array().map_or(0, Vec::len);
+        assert_eq!(decisions, 30, "{isolation}");
+        // Step n saw the decisions of the n - 1 nodes before it.
+        assert_eq!(
+            state["seen"],
+            json!((0..30).collect::<Vec<_>>()),
+            "{isolation}"
+        );
+        states.push(state);
+    }
+    let without_times = |state: &Value| {
+        let mut state = state.clone();
+        if let Some(map) = state.as_object_mut() {
+            map.remove("decisions");
+        }
+        state
+    };
+    assert_eq!(without_times(&states[0]), without_times(&states[1]));
+}

@@ -5,6 +5,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bridge::CancellationToken;
 use bridge::mock::{FaultKind, FaultRule, Faults, MockConfig, MockServer, Script};
 use bridge::{Budget, EndpointConfig, Endpoints, Ledger, RetryPolicy};
 use engine::flow::Registry;
@@ -13,9 +14,11 @@ use engine::flow::{
     Agent, EndStatus, Event, EventKind, EventLog, FlowError, Graph, Invocation, MemorySink,
     RunReport, run_workflow,
 };
-use engine::{SharedState, State, StateWrite};
-use kernel::flow::{ContextLoader, FlowKernel, PyFunction, PythonAgent, RlmAgent, register};
-use kernel::repl::{ContextSource, SessionConfig};
+use engine::{SharedState, State, StateDelta, StateWrite, ToolContext};
+use kernel::flow::{
+    ContextLoader, FlowKernel, FunctionKind, PyFunction, PythonAgent, RlmAgent, register,
+};
+use kernel::repl::{ContextSource, ReplSession, SessionConfig};
 use kernel::rlm::RlmConfig;
 use serde_json::{Map, Value, json};
 
@@ -944,5 +947,146 @@ fn concurrent_python_steps_each_get_their_own_result() {
             Some(&json!(key.to_uppercase())),
             "{key}"
         );
+    }
+}
+
+/// What a Python call sends its session does not grow with the run: the session keeps the
+/// state and gets only the writes made since it last saw it, whoever made them — and the
+/// function still sees exactly the engine's state (the same dict, its keys in the same
+/// order) in each form: a step taking `ctx` or the state as a dict, a callback taking
+/// `callback_context` or one `ctx` dict. What a function changes in place in what it got
+/// never reaches the kept copy; an interrupted call leaves it whole; a second session, and
+/// the first one again after it, get the whole state once.
+#[test]
+fn a_python_call_gets_the_writes_since_its_session_last_saw_the_state_not_the_whole_state() {
+    let s = setup(json!({"models": {}}), Vec::new());
+    s.write(
+        "view.py",
+        "import json, time\n\n\
+         def view(d):\n    return json.dumps(d, separators=(',', ':'), ensure_ascii=False)\n\n\
+         def ctx_step(ctx):\n    seen = view(ctx.state.to_dict())\n    \
+         ctx.state['messages'].append('LEAK')\n    ctx.state['messages'][0] = 'LEAK'\n    \
+         ctx.state['count'] = -1\n    return seen\n\n\
+         def dict_step(state):\n    seen = view(state)\n    state['messages'].append('LEAK')\n    \
+         state['decisions'][0]['to'] = 'LEAK'\n    state.pop('count', None)\n    \
+         return {'__message__': seen}\n\n\
+         def dict_callback(ctx):\n    seen = view(ctx['state'])\n    \
+         ctx['state']['messages'].append('LEAK')\n    ctx['state'].clear()\n    return seen\n\n\
+         def ctx_callback(callback_context):\n    seen = view(dict(callback_context.state))\n    \
+         callback_context.state['messages'][0] = 'LEAK'\n    return seen\n\n\
+         def sleepy(ctx):\n    ctx.state['messages'].append('LEAK')\n    time.sleep(30)\n",
+    );
+    let function = |name: &str| {
+        PyFunction::parse(&format!("view.py:{name}"), s.dir.path()).expect("reference")
+    };
+    let callback = json!({
+        "point": "before_agent", "agent": "a", "branch": "", "args": null,
+        "actions": {"exit_loop": false, "end_turn": false, "escalate": false},
+    });
+    let forms = [
+        (function("ctx_step"), FunctionKind::Step, Value::Null),
+        (function("dict_step"), FunctionKind::Step, Value::Null),
+        (
+            function("dict_callback"),
+            FunctionKind::Callback,
+            callback.clone(),
+        ),
+        (function("ctx_callback"), FunctionKind::Callback, callback),
+    ];
+    let first = s.kernel.session().expect("session");
+    let second = Arc::new(
+        ReplSession::new(
+            SessionConfig::default(),
+            Arc::clone(s.kernel.endpoints()),
+            &[],
+        )
+        .expect("a second session"),
+    );
+    let shared = SharedState::new(State::default());
+    let others = ToolContext::new("others", shared.clone());
+    let long = "x".repeat(1_000);
+    let mut sent = Vec::new();
+    for i in 0..40 {
+        // What the others wrote since the last call: a router's decision, another agent's
+        // message, a replaced key, a new key (which sorts among the others) and a delete.
+        let mut writes = vec![
+            StateWrite::Append {
+                key: "messages".into(),
+                items: vec![json!(format!("{i} {long}"))],
+            },
+            StateWrite::Append {
+                key: "decisions".into(),
+                items: vec![json!({"step": i, "to": "b"})],
+            },
+            StateWrite::Replace {
+                key: "count".into(),
+                value: json!(i),
+            },
+            StateWrite::Replace {
+                key: format!("k{:02}", 40 - i).into(),
+                value: json!([i]),
+            },
+        ];
+        if i > 0 {
+            writes.push(StateWrite::Delete {
+                key: format!("k{:02}", 41 - i).into(),
+            });
+        }
+        others.apply(StateDelta::from(writes));
+        if i == 20 {
+            // A call interrupted while its function runs: the run goes on.
+            let stop = CancellationToken::new();
+            let (cancel, session) = (stop.clone(), Arc::clone(&first));
+            let stopper = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                cancel.cancel();
+                session.check_stop();
+            });
+            let called = function("sleepy").call(
+                &first,
+                FunctionKind::Step,
+                &Value::Null,
+                Some(&shared),
+                &Map::new(),
+                &stop,
+            );
+            stopper.join().expect("stopper");
+            assert!(called.is_err(), "{called:?}");
+        }
+        // Calls 30 to 34 in another session, then the first one again.
+        let session = if (30..35).contains(&i) {
+            &second
+        } else {
+            &first
+        };
+        let (function, kind, arg) = &forms[i % forms.len()];
+        let called = function
+            .call(
+                session,
+                *kind,
+                arg,
+                Some(&shared),
+                &Map::new(),
+                &CancellationToken::new(),
+            )
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+        let state = shared.with(|state| serde_json::to_string(state.values()).expect("JSON"));
+        assert_eq!(called.value, json!(state), "call {i} saw another state");
+        sent.push((called.sent, state.len()));
+    }
+    let (_, size) = sent[39];
+    assert!(size > 40_000, "{size}");
+    for (i, &(bytes, state)) in sent.iter().enumerate() {
+        if [0, 30, 35].contains(&i) {
+            assert!(
+                bytes > state,
+                "call {i} got the whole state: {bytes} of {state}"
+            );
+        } else {
+            assert!(
+                bytes < 4_000,
+                "call {i} sent {bytes} bytes with a state of {state}"
+            );
+        }
     }
 }
