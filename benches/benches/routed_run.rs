@@ -5,6 +5,7 @@
 //! cargo bench -p rlm-benches --bench routed_run              # 250 and 1 000 steps, 5 rounds
 //! cargo bench -p rlm-benches --bench routed_run -- --quick   # 2 rounds (or RLM_BENCH_QUICK=1)
 //! cargo bench -p rlm-benches --bench routed_run -- --rounds 3
+//! cargo bench -p rlm-benches --bench routed_run -- --steps 1000,4000   # other run lengths
 //! ```
 //!
 //! `--bench routed` measures the engine's state heap alone, in-process; this bench measures
@@ -290,6 +291,18 @@ fn main() -> anyhow::Result<()> {
         None if quick => 2,
         None => 5,
     };
+    let lengths: Vec<u64> = match args.iter().position(|a| a == "--steps") {
+        Some(i) => args
+            .get(i + 1)
+            .map(|list| {
+                list.split(',')
+                    .map(|n| n.trim().parse::<u64>().ok().filter(|&n| n > 0))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .and_then(|lengths| lengths.filter(|l| !l.is_empty()))
+            .context("`--steps` takes run lengths in node steps, such as `250,1000`")?,
+        None => vec![250, 1_000],
+    };
     let mut builds = vec![("head", rlm_binary()?)];
     if let Some(base) = std::env::var_os("RLM_BASE_BIN") {
         let base = PathBuf::from(base);
@@ -316,7 +329,7 @@ fn main() -> anyhow::Result<()> {
         .flat_map(|b| [(b, Kind::Routed), (b, Kind::Plain)])
         .collect();
     let mut index = 0;
-    for steps in [250, 1_000] {
+    for steps in lengths {
         let dir = tempfile::tempdir()?;
         write_workflows(dir.path(), steps)?;
         for sinks in [Sinks::Checkpoints, Sinks::EventLog] {
