@@ -647,26 +647,42 @@ def _writes(before, values, written, deleted):
     """The writes that turn `before` into `values` where the function read or wrote keys
     (`values`), deleted keys (`deleted`, each in `before`) and wrote keys (`written`, which
     count as written even if unchanged): a deleted key is a delete, a list that only grew at
-    its end an append of the new items, any other change a replace."""
+    its end an append of the new items, any other change a replace. Only what is written
+    goes through JSON: a list that grew by one item costs that item, not the list."""
     missing = object()
     writes = [{"op": "delete", "key": key} for key in deleted]
     for key, value in values.items():
         old = before.get(key, missing)
         if key not in written and old == value:
             continue
-        try:
-            value = json.loads(json.dumps(value, allow_nan=False))
-        except (TypeError, ValueError) as e:
-            raise _InvalidStep(
-                f"State key `{key}` holds a value that is not JSON ({e}); state values are "
-                "str, numbers, bools, None, and lists and dicts of them"
-            ) from None
-        if isinstance(old, list) and isinstance(value, list) and len(value) > len(old) \
-                and value[:len(old)] == old:
+        if _grew(old, value):
+            items = _json_value(key, value[len(old):])
+            writes.append({"op": "append", "key": str(key), "items": items})
+            continue
+        # Tuples and the like become what JSON gives back, then are compared again.
+        value = _json_value(key, value)
+        if _grew(old, value):
             writes.append({"op": "append", "key": str(key), "items": value[len(old):]})
         else:
             writes.append({"op": "replace", "key": str(key), "value": value})
     return writes
+
+
+def _grew(old, value):
+    """Whether list `value` is list `old` with items added at its end."""
+    return isinstance(old, list) and isinstance(value, list) and len(value) > len(old) \
+        and value[:len(old)] == old
+
+
+def _json_value(key, value):
+    """`value` as JSON gives it back (tuples become lists, ...), or why it has no JSON form."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise _InvalidStep(
+            f"State key `{key}` holds a value that is not JSON ({e}); state values are "
+            "str, numbers, bools, None, and lists and dicts of them"
+        ) from None
 
 
 class State(collections.abc.MutableMapping):
