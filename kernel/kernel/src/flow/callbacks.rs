@@ -31,9 +31,9 @@
 use std::sync::Arc;
 
 use bridge::{BridgeError, CancellationToken, ChatRequest, ChatResponse, Usage};
+use engine::HookAction;
 use engine::agent::ToolCallError;
 use engine::flow::{Callback, CallbackContext, ToolInvocation};
-use engine::HookAction;
 use serde_json::{Map, Value, json};
 
 use super::python::{FunctionKind, PyFunction};

@@ -1070,7 +1070,7 @@ fn a_python_call_gets_the_writes_since_its_session_last_saw_the_state_not_the_wh
                 &CancellationToken::new(),
             )
             .unwrap_or_else(|e| panic!("call {i}: {e}"));
-        let state = shared.with(|state| serde_json::to_string(state.values()).expect("JSON"));
+        let state = shared.with(|state| serde_json::to_string(state).expect("JSON"));
         assert_eq!(called.value, json!(state), "call {i} saw another state");
         sent.push((called.sent, state.len()));
     }
