@@ -576,7 +576,7 @@ impl SharedState {
 
     /// What a copy of this state kept elsewhere needs to be the state now: the writes
     /// applied since the last catch-up (for a copy at that generation), or the whole state
-    /// when there is no such feed yet (the first catch-up, after a [`reset`](Self::reset), or
+    /// when there is no such feed yet (the first catch-up, after a reset (a resumed run), or
     /// after ten thousand writes); from now on, the writes applied are kept for the next
     /// one. The copy checks the generation: a copy that is not at `from` (a new or restarted
     /// session, or another copy caught up since) asks for [`catch_up_full`](Self::catch_up_full).
