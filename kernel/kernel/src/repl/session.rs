@@ -53,13 +53,14 @@ impl ReplSession {
     }
 
     /// Has a session of `config` that starts soon find its worker process warm: with
-    /// isolation on, a worker is confined for it now while a run keeps workers ready (see
-    /// [`ReplSession::keep_workers_ready`]), and the worker template runs (or a spare worker
-    /// starts), while the caller does other work; in-process, nothing. The session that
-    /// takes a worker is still the only one that ever runs in it.
+    /// isolation on, the worker template runs (or a spare worker starts) while the caller
+    /// does other work, unless a run keeps workers ready (see
+    /// [`ReplSession::keep_workers_ready`]: then the pool orders the next one itself, each
+    /// time a session takes one); in-process, nothing. The session that takes a worker is
+    /// still the only one that ever runs in it.
     pub(crate) fn prepare(config: &SessionConfig) {
         if config.isolation.in_worker() {
-            super::worker::prepare_worker(config);
+            super::worker::prepare_worker();
         }
     }
 

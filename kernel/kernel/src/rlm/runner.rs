@@ -1038,7 +1038,8 @@ impl ChildRuns {
         let session =
             ReplSession::new(self.session.clone(), Arc::clone(&self.endpoints), &contexts)
                 .map_err(|e| e.to_string())?;
-        // The next child's worker starts while this one runs (its session took the spare).
+        // The next child's worker starts while this one runs (its session took the spare; a
+        // run that keeps workers ready had its pool order the next as this session started).
         ReplSession::prepare(&self.session);
         let mut config = self.config.clone();
         model.clone_into(&mut config.root_endpoint);

@@ -66,12 +66,14 @@ pub use spawn::{WORKER_ARG, WorkerProgram, set_worker_program};
 pub use template::{TEMPLATE_NAME, use_worker_template};
 
 /// Has the next isolated session of `config` in this process find its worker warm, without
-/// waiting: one more confined ahead of need while a run keeps them ready (`pool`), and the
-/// template running (or a spare started) unless no worker program is registered.
-pub(crate) fn prepare_worker(config: &crate::repl::config::SessionConfig) {
-    if let Some(program) = spawn::worker_program()
-        && !pool::refill(config)
-    {
+/// waiting: the template running (or a spare started) unless no worker program is
+/// registered; nothing while a run keeps workers ready (`pool`: a session that starts orders
+/// the next on the pool's thread, and the template is the pool's to keep running).
+pub(crate) fn prepare_worker() {
+    if pool::in_use() {
+        return;
+    }
+    if let Some(program) = spawn::worker_program() {
         template::prepare_next(&program);
     }
 }

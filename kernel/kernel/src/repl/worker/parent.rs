@@ -136,12 +136,12 @@ impl WorkerSession {
         let program = worker_program().ok_or(ReplError::NoWorkerProgram)?;
         let shared = share_contexts(inputs)?;
         // A worker confined ahead of need for sessions like this one (no files to read).
-        let ready = shared
+        let shape = shared
             .read_paths
             .is_empty()
             .then(|| Shape::of(&config, &program))
-            .flatten()
-            .and_then(|shape| pool::take(&shape));
+            .flatten();
+        let ready = shape.as_ref().and_then(pool::take);
         let (scratch, policy) = match &ready {
             Some(_) => (None, None),
             None => {
@@ -209,6 +209,10 @@ impl WorkerSession {
         session.contexts = contexts;
         session.confinement = confinement;
         *lock(&session.worker) = Slot::Live(worker);
+        // The next session like this one finds a worker confined while this one runs.
+        if let Some(shape) = &shape {
+            pool::order_refill(shape);
+        }
         Ok(session)
     }
 

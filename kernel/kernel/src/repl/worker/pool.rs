@@ -11,7 +11,7 @@
 //!                                         ◂──────────── Confined ───────  waits, idle
 //!  child's session: take ◂─ the ready one ───────────────────────────────
 //!  ─ memfds, Start ─────────────────────────────────────────────────────▸ adds the contexts
-//!  ─ refill ▸ (the next one confines itself while this child runs)
+//!  ◂─ Ready; refill ▸ (the next one confines itself while this child runs)
 //!  run ends (lease dropped): the idle ones are told to exit (their link closes) and reaped
 //! ```
 //!
@@ -25,7 +25,11 @@
 //!   session; a worker of a template that was replaced since, or of a shape no run wants any
 //!   more, is ended instead of served.
 //! - **Bounded.** Refills happen only while a run holds a lease for their shape: one when the
-//!   run starts (while its root model thinks), one after each child's session starts. Ready
+//!   run starts (while its root model thinks), one each time a session of the shape has
+//!   started (on a worker taken from the pool or not), counted by the session and handed to
+//!   the pool's thread, which checks the memory and forks and confines it there. Ordered
+//!   any earlier, the next worker's fork and confinement would take the cores the session's
+//!   start frame and `Ready` wait for. Ready
 //!   and confining workers together stay within the children's width
 //!   (`--batch-concurrency`) and [`MAX_READY`], and none is added when the machine has less
 //!   than [`MIN_AVAILABLE`] memory available.
@@ -226,7 +230,7 @@ pub(crate) fn keep_ready(config: &SessionConfig) -> Option<ReadyWorkers> {
             }),
         }
     }
-    refill(config);
+    order_refill(&shape);
     Some(ReadyWorkers { shape })
 }
 
@@ -324,47 +328,50 @@ pub(crate) fn take(shape: &Shape) -> Option<Ready> {
     found
 }
 
-/// Has one more worker of `config`'s sessions confined, in the background, if a run keeps
-/// them ready and fewer than its target are ready or being confined; whether a run keeps
-/// them ready (then the refill sees to the template too).
-pub(crate) fn refill(config: &SessionConfig) -> bool {
-    if !ENABLED.load(Ordering::Relaxed) {
-        return false;
-    }
-    let Some(program) = worker_program() else {
-        return false;
+/// Once a session of `shape` started (on a worker taken from the pool or not), has one more
+/// worker of `shape` confined on the pool's thread if the run that holds `shape`'s lease wants
+/// one more (fewer than its target ready or being confined, within [`MAX_READY`]): the
+/// session pays the count and the hand-off, the pool's thread the memory check and the fork.
+/// Nothing when no run keeps workers of `shape` ready.
+pub(crate) fn order_refill(shape: &Shape) {
+    let (mutex, changed) = pool();
+    let mut pool = Pool::own(lock(mutex));
+    let Some(lease) = pool.lease(shape) else {
+        return;
     };
-    let Some(shape) = Shape::of(config, &program) else {
-        return false;
-    };
-    {
-        let mut pool = Pool::own(lock(&pool().0));
-        let Some(lease) = pool.lease(&shape) else {
-            return false;
-        };
-        let target = lease.target;
-        let config = lease.config.clone();
-        let have = pool.ready.iter().filter(|r| r.shape == shape).count()
-            + Pool::count(&pool.confining, &shape);
-        let total = pool.ready.len() + pool.confining.len();
-        if have >= target || total >= MAX_READY || !memory_allows() {
-            return true;
-        }
-        pool.confining.push(shape.clone());
-        let queued = shape.clone();
-        let job = Box::new(move || confine_one(&config, &program, shape));
-        if lock(refiller()).send(job).is_err() {
-            tracing::debug!("the worker pool's thread is gone");
-            Pool::remove(&mut pool.confining, &queued);
-        }
+    let target = lease.target;
+    let have = pool.ready.iter().filter(|r| r.shape == *shape).count()
+        + Pool::count(&pool.confining, shape);
+    let total = pool.ready.len() + pool.confining.len();
+    if have >= target || total >= MAX_READY {
+        return;
     }
-    true
+    let config = lease.config.clone();
+    // Counted now, so that a session starting meanwhile waits for it rather than start its own.
+    pool.confining.push(shape.clone());
+    let queued = shape.clone();
+    let job: SpawnJob = Box::new(move || {
+        let program = queued.program.clone();
+        confine_one(&config, &program, queued);
+    });
+    if lock(refiller()).send(job).is_err() {
+        tracing::debug!("the worker pool's thread is gone");
+        Pool::remove(&mut pool.confining, shape);
+        changed.notify_all();
+    }
 }
 
 /// On the pool thread: forks a worker from the template and has it confined for `shape`;
 /// kept if a run still wants it, else ended before the end of the run hears it is done.
 fn confine_one(config: &SessionConfig, program: &WorkerProgram, shape: Shape) {
-    let ready = make_ready(config, program, &shape);
+    let ready = if memory_allows() {
+        make_ready(config, program, &shape)
+    } else {
+        Err(format!(
+            "less than {} MiB of memory available",
+            MIN_AVAILABLE >> 20
+        ))
+    };
     let (mutex, changed) = pool();
     let mut pool = lock(mutex);
     match ready {
