@@ -2,7 +2,8 @@
 //! thread waits in short slices with the GIL released, checking for signals between slices.
 //!
 //! That is what makes Jupyter's interrupt button work: SIGINT only sets a flag that
-//! `Python::check_signals` reads on the main thread; when it raises, the run is stopped through
+//! `Python::check_signals` reads on the main thread (with a count of our own beside it, so that
+//! a Ctrl-C whose flag other code consumed is not lost: module `interrupt`); when it raises, the run is stopped through
 //! its [`StopHandle`] (root call cancelled, running block interrupted with its sub-calls) and
 //! the partial result comes back with the exception. No tokio signal handler and no asyncio
 //! loop are involved. Progress is read between slices too, so the callback runs on the
@@ -24,6 +25,7 @@ use kernel::rlm::{
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
+use crate::interrupt::Interrupts;
 use crate::options::invalid;
 
 /// How long the calling thread waits between two signal checks.
@@ -53,6 +55,8 @@ pub(crate) fn run_completion(
     contexts: Vec<ContextArg>,
     on_progress: Option<Py<PyAny>>,
 ) -> PyResult<(String, String, Option<Py<PyAny>>)> {
+    // Before the set-up, whose Python code could consume a Ctrl-C pressed meanwhile.
+    let interrupts = Interrupts::watch();
     let config = options.rlm_config(Spelling::Keyword).map_err(invalid)?;
     let session_config = options.session_config(Spelling::Keyword).map_err(invalid)?;
     let sources: Vec<ContextSource> = contexts
@@ -112,7 +116,8 @@ pub(crate) fn run_completion(
         last_sent: None,
         trace,
     };
-    let (outcome, interrupt) = wait_for_run(py, &Mutex::new(finished), &stop, &mut reporter)?;
+    let (outcome, interrupt) =
+        wait_for_run(py, &Mutex::new(finished), &stop, &mut reporter, interrupts)?;
     reporter.report(py)?;
     let result = outcome.map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
     let json = result_json(&result)?;
@@ -141,6 +146,7 @@ fn wait_for_run(
     finished: &Mutex<Receiver<RunOutcome>>,
     stop: &StopHandle,
     reporter: &mut Reporter,
+    mut interrupts: Interrupts,
 ) -> PyResult<(RunOutcome, Option<Py<PyAny>>)> {
     loop {
         match recv_detached(py, finished, SLICE) {
@@ -152,9 +158,10 @@ fn wait_for_run(
             }
             Err(RecvTimeoutError::Timeout) => {}
         }
-        if let Err(signal) = py.check_signals().and_then(|()| reporter.report(py)) {
+        if let Err(signal) = interrupts.check(py).and_then(|()| reporter.report(py)) {
             stop.stop();
             let outcome = recv_detached(py, finished, WIND_DOWN);
+            let signal = Interrupts::settle(py, signal);
             return match outcome {
                 Ok(outcome) => Ok((outcome, Some(signal.into_value(py).into_any()))),
                 // A block stuck in native code: give up the partial result, not the interrupt.

@@ -3,9 +3,10 @@
 //! magic, rich display).
 //!
 //! Inside a user's interpreter the kernel attaches to the running interpreter (it never
-//! initialises one), installs no signal handler and starts no event loop: waits happen on the
+//! initialises one), keeps its signal handlers and starts no event loop: waits happen on the
 //! calling thread in short slices with the GIL released, checking for signals in between
-//! (module `completion`). The REPL session of a run lives in a confined worker process by
+//! (module `completion`; a hook in front of the interpreter's SIGINT handler only counts
+//! presses and calls it, so that none is lost: module `interrupt`). The REPL session of a run lives in a confined worker process by
 //! default (`isolation="process"`): this interpreter again, `python -m rlm_kernel._worker`,
 //! which serves it with `worker_main`; live contexts are handed over once through shared
 //! memory. With `isolation="none"` the session is a fresh namespace of this interpreter and
@@ -17,6 +18,7 @@
 
 mod client;
 mod completion;
+mod interrupt;
 mod mock;
 mod options;
 mod query;

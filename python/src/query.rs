@@ -3,7 +3,7 @@
 //! through the endpoints of an `RLM` object (`Client`).
 //!
 //! The calling thread waits in short slices with the GIL released and checks for signals in
-//! between; an interrupt cancels the calls in flight and is raised at once.
+//! between (module `interrupt`); an interrupt cancels the calls in flight and is raised at once.
 
 use std::sync::mpsc;
 
@@ -14,6 +14,7 @@ use pyo3::prelude::*;
 use tokio_util::sync::CancellationToken;
 
 use crate::completion::{SLICE, recv_detached};
+use crate::interrupt::Interrupts;
 
 /// One question to the sub-model (or the endpoint `model` names); a failure raises
 /// `RuntimeError`.
@@ -61,6 +62,7 @@ fn call(
     prompts: Vec<String>,
     model: Option<String>,
 ) -> PyResult<Vec<Result<ChatResponse, BridgeError>>> {
+    let mut interrupts = Interrupts::watch();
     let endpoint = endpoints
         .get(model.as_deref().unwrap_or(SUB))
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -101,9 +103,9 @@ fn call(
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
-        if let Err(signal) = py.check_signals() {
+        if let Err(signal) = interrupts.check(py) {
             cancel.cancel();
-            return Err(signal);
+            return Err(Interrupts::settle(py, signal));
         }
     }
 }

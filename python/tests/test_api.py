@@ -119,6 +119,41 @@ def test_sigint_stops_a_run_in_a_slow_sub_call_with_its_partial_result(mock_serv
     assert RLM(model="root", base_url=fast.base_url).completion("q", context="x").answer == "next"
 
 
+def test_sigint_stops_the_run_even_when_code_on_the_main_thread_swallowed_it(mock_server):
+    # CPython keeps one pending-signal bit per signal; Python code that runs on the main thread
+    # while the run waits (a finalizer applied when the wait re-attaches, a progress callback)
+    # runs the handler first, and a finalizer drops the KeyboardInterrupt it raised. Here a
+    # finalizer run by the progress callback gets the SIGINT, sent to this very thread so that
+    # it is handled inside the finalizer, deterministically. The run must stop all the same.
+    sub_latency_s = 30
+    code = "answer['content'] = 'partial'\nslow = llm_query('take your time')"
+    mock = mock_server(script([repl(code), "FINAL(late)"], sub_latency_ms=sub_latency_s * 1000))
+    sent_at = []
+
+    class SwallowsTheInterrupt:
+        def __del__(self):
+            try:
+                sent_at.append(time.monotonic())
+                signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+            except KeyboardInterrupt:
+                pass
+
+    def on_progress(event):
+        if not sent_at:
+            SwallowsTheInterrupt()  # dropped at once: its finalizer runs here
+
+    rlm = RLM(model="root", sub_model="sub", base_url=mock.base_url)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        rlm.completion("q", context="x", on_progress=on_progress)
+    stopped_after = time.monotonic() - sent_at[0]
+    assert stopped_after < sub_latency_s / 2, f"stopped {stopped_after:.2f}s after SIGINT"
+    assert caught.value.result.termination_reason == "interrupted"
+    assert "interrupted" in str(caught.value)
+    # One press, one KeyboardInterrupt: nothing is pending for the next run.
+    fast = mock_server(script(["FINAL(next)"]))
+    assert RLM(model="root", base_url=fast.base_url).completion("q", context="x").answer == "next"
+
+
 def test_bad_options_and_contexts_are_clear_errors(mock_server):
     with pytest.raises(TypeError, match="unknown option.*`max_iteration`.*max_iterations"):
         RLM(model="m", max_iteration=3)
