@@ -154,6 +154,27 @@ def test_sigint_stops_the_run_even_when_code_on_the_main_thread_swallowed_it(moc
     assert RLM(model="root", base_url=fast.base_url).completion("q", context="x").answer == "next"
 
 
+def test_a_sigint_handler_of_the_users_own_decides_and_the_run_goes_on(mock_server):
+    # Only the default handler means "interrupt": one that returns lets the run finish.
+    code = "slow = llm_query('a moment')"
+    mock = mock_server(script([repl(code), "FINAL(done)"], sub_latency_ms=1_000))
+    handled = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: handled.append(signum))
+    try:
+
+        def on_progress(event):
+            if not handled:
+                signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+        rlm = RLM(model="root", sub_model="sub", base_url=mock.base_url)
+        result = rlm.completion("q", context="x", on_progress=on_progress)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert handled == [signal.SIGINT]
+    assert result.answer == "done"
+    assert result.termination_reason == "final_answer"
+
+
 def test_bad_options_and_contexts_are_clear_errors(mock_server):
     with pytest.raises(TypeError, match="unknown option.*`max_iteration`.*max_iterations"):
         RLM(model="m", max_iteration=3)
