@@ -2,10 +2,10 @@
 //! thread waits in short slices with the GIL released, checking for signals between slices.
 //!
 //! That is what makes Jupyter's interrupt button work: SIGINT only sets a flag that
-//! `Python::check_signals` reads on the main thread (with a count of our own beside it, so that
-//! a Ctrl-C whose flag other code consumed is not lost: module `interrupt`); when it raises, the run is stopped through
-//! its [`StopHandle`] (root call cancelled, running block interrupted with its sub-calls) and
-//! the partial result comes back with the exception. No tokio signal handler and no asyncio
+//! `Python::check_signals` reads on the main thread (with a count of our own beside it, so
+//! that a Ctrl-C whose flag other code consumed is not lost: module `interrupt`); when it
+//! raises, the run is stopped through its [`StopHandle`] (root call cancelled, running block
+//! interrupted with its sub-calls) and the partial result comes back with the exception. No tokio signal handler and no asyncio
 //! loop are involved. Progress is read between slices too, so the callback runs on the
 //! calling thread, where the notebook's display machinery expects it.
 

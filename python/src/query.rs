@@ -3,7 +3,8 @@
 //! through the endpoints of an `RLM` object (`Client`).
 //!
 //! The calling thread waits in short slices with the GIL released and checks for signals in
-//! between (module `interrupt`); an interrupt cancels the calls in flight and is raised at once.
+//! between (module `interrupt`); an interrupt cancels the calls in flight and is raised at
+//! once.
 
 use std::sync::mpsc;
 
