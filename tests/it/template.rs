@@ -262,34 +262,44 @@ result = f"{opened} signalled {signalled} listed {listed} searched {me}""#;
 #[test]
 fn a_child_reaches_neither_its_siblings_nor_the_template_nor_rlm() {
     // A first child gives the template time to start (and workers to be confined ahead of
-    // need) on a loaded machine: the two probes then run beside idle ones.
-    let (run, answer) = tree(
-        "rlm_query('probe')\nanswers = rlm_query_batched(['probe', 'probe'])",
-        PROBE,
-        &[],
-    );
-    let nothing = "{'mem': 0, 'environ': 0, 'fd/3': 0, 'fd': 0} signalled [] listed [1, 2]";
-    assert_eq!(
-        answer.matches(nothing).count(),
-        2,
-        "a child reached another process: {answer}\n{run:#?}"
-    );
-    // The probe searched every pid its `/proc` could name: that of its own namespace, where
-    // only its init and itself live (`listed [1, 2]` above), so the template, the siblings
-    // it ran beside and `rlm` have no pid there to search.
-    let template = run.templates();
-    assert!(!template.is_empty(), "no template ran: {run:#?}");
-    let searched: Vec<u32> = answer
-        .split("searched ")
-        .skip(1)
-        .filter_map(|s| s.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
-        .collect();
-    assert_eq!(searched, [2, 2], "{answer}");
-    // Workers confined ahead of need waited, idle, beside the probes (the root's worker
-    // and the three children's are four): they were not reachable either.
+    // need) on a loaded machine: the two probes then run beside idle ones. Whether one was
+    // ready in time is the scheduler's call, so a run where none was is run again (at most
+    // three runs); every run's probes must find nothing either way.
+    let mut beside_idle = false;
+    for _ in 0..3 {
+        let (run, answer) = tree(
+            "rlm_query('probe')\nanswers = rlm_query_batched(['probe', 'probe'])",
+            PROBE,
+            &[],
+        );
+        let nothing = "{'mem': 0, 'environ': 0, 'fd/3': 0, 'fd': 0} signalled [] listed [1, 2]";
+        assert_eq!(
+            answer.matches(nothing).count(),
+            2,
+            "a child reached another process: {answer}\n{run:#?}"
+        );
+        // The probe searched every pid its `/proc` could name: that of its own namespace,
+        // where only its init and itself live (`listed [1, 2]` above), so the template, the
+        // siblings it ran beside and `rlm` have no pid there to search.
+        let template = run.templates();
+        assert!(!template.is_empty(), "no template ran: {run:#?}");
+        let searched: Vec<u32> = answer
+            .split("searched ")
+            .skip(1)
+            .filter_map(|s| s.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+            .collect();
+        assert_eq!(searched, [2, 2], "{answer}");
+        // Workers confined ahead of need waited, idle, beside the probes (the root's worker
+        // and the three children's are four): they were not reachable either.
+        if run.workers() > 4 && run.took_ready() >= 2 {
+            beside_idle = true;
+            break;
+        }
+        eprintln!("no idle worker lived beside the probes; running again: {run:#?}");
+    }
     assert!(
-        run.workers() > 4 && run.took_ready() >= 2,
-        "no idle worker lived beside the probes: {run:#?}"
+        beside_idle,
+        "in three runs, no idle worker lived beside the probes"
     );
 }
 
