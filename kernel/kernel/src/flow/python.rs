@@ -19,8 +19,10 @@
 //! with the square of its steps. A session that does not have the copy the writes follow (a
 //! new session, one restarted after a crash or a time limit, another session that caught up
 //! meanwhile) says so, and the call is sent again with the whole state. The function never
-//! gets the kept copy itself (see the support module's `call_flow`). [`PyFunction::binding`] is the loading part: a workflow
-//! tool is bound by it and then described and called as every Python function tool is.
+//! gets the kept copy itself (see the support module's `call_flow`).
+//!
+//! [`PyFunction::binding`] is the loading part: a workflow tool is bound by it and then
+//! described and called as every Python function tool is.
 //!
 //! A file is loaded afresh for each call, as a module that starts with the session's
 //! variables (the contexts, `llm_query`, what earlier blocks made), so a step reads the

@@ -29,10 +29,9 @@
 //!   started (on a worker taken from the pool or not), counted by the session and handed to
 //!   the pool's thread, which checks the memory and forks and confines it there. Ordered
 //!   any earlier, the next worker's fork and confinement would take the cores the session's
-//!   start frame and `Ready` wait for. Ready
-//!   and confining workers together stay within the children's width
-//!   (`--batch-concurrency`) and [`MAX_READY`], and none is added when the machine has less
-//!   than [`MIN_AVAILABLE`] memory available.
+//!   start frame and `Ready` wait for. Ready and confining workers together stay within the
+//!   children's width (`--batch-concurrency`) and [`MAX_READY`], and none is added when the
+//!   machine has less than [`MIN_AVAILABLE`] memory available.
 //! - **Nothing left.** When the last lease of a shape goes (its run ended), its ready workers
 //!   are ended and reaped, confining ones as soon as they are confined, and the sessions
 //!   closed meanwhile are waited for (`closer.rs`).
