@@ -27,7 +27,8 @@
 //! - `journal`: what a crashed worker's session is rebuilt from; each block keeps the record
 //!   of its sub-calls' answers ([`bridge::record`]), so a replay asks no model again.
 //! - `parent`: `WorkerSession`, the session as the parent sees it:
-//!   stops a block stuck in native code by ending the worker, and survives the worker's end.
+//!   stops a block stuck in native code by ending the worker, and survives the worker's end;
+//!   the worker code's `rlm_query` children run on its `threads`, kept for the next call.
 //!
 //! # Example
 //! A program that embeds the kernel registers itself as the worker program and serves as
@@ -56,6 +57,7 @@ mod pool;
 mod protocol;
 mod spawn;
 mod template;
+mod threads;
 mod transfer;
 
 pub use child::{main as worker_main, serve_if_worker};

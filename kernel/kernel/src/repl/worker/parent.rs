@@ -3,9 +3,10 @@
 //!
 //! Threads: the caller's (a request waits there, GIL released), one reader per worker (it
 //! reads every frame: output into the block's capture, replies to their waiters, sub-calls
-//! to tasks on the shared tokio runtime that call the endpoint and answer; when the link
-//! closes it reaps the worker and wakes every waiter), and a task per block that turns the
-//! block's stop token into an interrupt.
+//! to tasks on the shared tokio runtime that call the endpoint and answer, `rlm_query`
+//! children to threads kept for the next call (`threads.rs`); when the link closes it reaps
+//! the worker and wakes every waiter), and a task per block that turns the block's stop
+//! token into an interrupt.
 //!
 //! Stopping: the worker's own watchdog interrupts a block at its time limit or when told to
 //! ([`ToWorker::Interrupt`]); the worker says when interrupted code has returned. A block
@@ -52,6 +53,7 @@ use super::spawn::{
     worker_program,
 };
 use super::template;
+use super::threads::Threads;
 use super::transfer::{SharedContexts, share_contexts};
 use crate::repl::capture::{OutputCapture, Stream};
 use crate::repl::children::{ChildSlot, query_of};
@@ -394,6 +396,7 @@ impl WorkerSession {
             text_chars: self.config.sub_call_text_chars,
             session: self.id,
             children: Arc::clone(&self.children),
+            child_threads: Threads::new("rlm-children"),
         };
         let worker = Arc::clone(worker);
         let spawned = std::thread::Builder::new()
@@ -1494,6 +1497,8 @@ struct Services {
     session: u64,
     /// Who runs the worker code's `rlm_query` children.
     children: Arc<ChildSlot>,
+    /// The threads they run on (ended with the reader).
+    child_threads: Threads,
 }
 
 impl Services {
@@ -1722,7 +1727,8 @@ fn answer_batch(
 }
 
 /// Runs the worker code's `rlm_query` children here, in the parent (each with a session, and
-/// so a worker, of its own), on a thread of their own: a child's loop blocks. Their answers
+/// so a worker, of its own), on a thread of the session's [`Threads`]: a child's loop blocks,
+/// and the reader must go on reading meanwhile. Their answers
 /// go on the block's record like sub-calls', so a replayed block gets them again without
 /// running the children again.
 fn answer_children(worker: &Arc<Worker>, services: &Services, call: u64, children: Vec<WireChild>) {
@@ -1750,22 +1756,31 @@ fn answer_children(worker: &Arc<Worker>, services: &Services, call: u64, childre
         Route::Live { block, cancel } => (block, cancel),
     };
     let kept: Vec<Option<String>> = children.iter().map(|c| services.kept(&c.prompt)).collect();
+    let n = children.len();
     let queries: Vec<_> = children.into_iter().map(query_of).collect();
-    let worker = Arc::clone(worker);
-    let spawned = std::thread::Builder::new()
-        .name("rlm-children".to_owned())
-        .spawn(move || {
-            let answers = runner.run(queries, &cancel);
-            for ((key, prompt), answer) in keys.iter().zip(kept).zip(&answers) {
-                worker.record(block, *key, prompt, answer);
-            }
-            let _ = worker.send(&ToWorker::ChildAnswers {
-                call,
-                answers: Some(answers),
-            });
+    let runs_on = Arc::clone(worker);
+    let ran = services.child_threads.run(Box::new(move || {
+        let answers = runner.run(queries, &cancel);
+        for ((key, prompt), answer) in keys.iter().zip(kept).zip(&answers) {
+            runs_on.record(block, *key, prompt, answer);
+        }
+        let _ = runs_on.send(&ToWorker::ChildAnswers {
+            call,
+            answers: Some(answers),
         });
-    if let Err(e) = spawned {
+    }));
+    if let Err(e) = ran {
         tracing::warn!("could not start a thread for rlm_query children: {e}");
+        let failure = SubFailure {
+            kind: "child_error".to_owned(),
+            message: format!(
+                "the rlm_query child run could not run: no thread could be started for it ({e})"
+            ),
+        };
+        let _ = worker.send(&ToWorker::ChildAnswers {
+            call,
+            answers: Some(vec![Err(failure); n]),
+        });
     }
 }
 
