@@ -19,6 +19,12 @@
 //!      template and confined when the child's session starts (the pool off, the way before
 //!      it). Back to back, the next worker has only the previous child's own run to be
 //!      confined in; at 50 ms, it has the time a real model's seconds give it.
+//!    - the same children, their worker confined ahead of need, whose one reply runs a
+//!      ```` ```repl ```` block that sets the answer (still one model call a child, so the
+//!      same raw calls): the rows above answer `FINAL(ok)` without a block, so they never
+//!      wait for their worker to be ready (it starts its session while the child's model
+//!      call is out, and is closed unused); a child that runs code, as a user's does, waits
+//!      for it at its first block.
 //! 2. 100 children in parallel on one pool: `rlm_query_batched` of 100 one-iteration children
 //!    at 50 ms model latency, against the bridge's own `Endpoint::batch` of the same 100
 //!    requests at the same width (in-process sessions).
@@ -82,6 +88,14 @@ fn main() -> anyhow::Result<()> {
                 isolated,
                 &[WorkerStart::Ready, WorkerStart::Template],
             )?;
+            child_overhead(
+                &mock_rt,
+                quick,
+                isolation,
+                latency,
+                isolated,
+                &[WorkerStart::ReadyBlock],
+            )?;
         }
     }
     parallel_children(&mock_rt, quick)?;
@@ -89,18 +103,31 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A mock: `root` replies `root_reply` then nothing more is needed (the block sets the
-/// answer); `sub` answers a child RLM (recognised by the RLM system prompt) with
-/// `FINAL(ok)` and echoes any other prompt, after `latency`.
+/// A child's one reply: `FINAL(ok)`, no block.
+const FINAL_OK: &str = "FINAL(ok)";
+
+/// [`start_mock_with`] whose children answer [`FINAL_OK`].
 fn start_mock(
     rt: &tokio::runtime::Runtime,
     root_reply: &str,
     latency: Latency,
 ) -> anyhow::Result<MockServer> {
+    start_mock_with(rt, root_reply, FINAL_OK, latency)
+}
+
+/// A mock: `root` replies `root_reply` then nothing more is needed (the block sets the
+/// answer); `sub` answers a child RLM (recognised by the RLM system prompt) with
+/// `child_reply` and echoes any other prompt, after `latency`.
+fn start_mock_with(
+    rt: &tokio::runtime::Runtime,
+    root_reply: &str,
+    child_reply: &str,
+    latency: Latency,
+) -> anyhow::Result<MockServer> {
     let script = Script::from_json_value(json!({"models": {
         "root": {"replies": [root_reply], "latency": {"kind": "none"}},
         "sub": {
-            "rules": [{"system": "recursive language model", "reply": "FINAL(ok)"}],
+            "rules": [{"system": "recursive language model", "reply": child_reply}],
             "fallback": {"behaviour": "echo"}
         }
     }}))?;
@@ -209,6 +236,9 @@ enum WorkerStart {
     /// Forked by the worker template and confined when the child's session starts: the
     /// path before the pool, still taken when no confined worker is ready.
     Template,
+    /// As [`WorkerStart::Ready`], and the child's one reply runs a block that sets the
+    /// answer (so it waits for its worker), not `FINAL(ok)`.
+    ReadyBlock,
 }
 
 impl WorkerStart {
@@ -217,12 +247,22 @@ impl WorkerStart {
             Self::None => "",
             Self::Ready => ", confined ahead of need",
             Self::Template => ", forked from the template when needed (no pool)",
+            Self::ReadyBlock => ", confined ahead of need, the child runs a block",
+        }
+    }
+
+    /// What each child replies (its one model call).
+    fn child_reply(self) -> String {
+        match self {
+            Self::ReadyBlock => block("answer['content'] = 'ok'\nanswer['ready'] = True"),
+            Self::None | Self::Ready | Self::Template => FINAL_OK.to_owned(),
         }
     }
 }
 
-/// Section 1's rows for `isolation` at `latency`: one per way a worker starts in `starts`,
-/// each against the same raw calls, the ways taking turns to go first round by round.
+/// Section 1's rows for `isolation` at `latency`: one per way a worker starts in `starts`
+/// (all with the same child reply), each against the same raw calls, the ways taking turns
+/// to go first round by round.
 fn child_overhead(
     rt: &tokio::runtime::Runtime,
     quick: bool,
@@ -240,7 +280,10 @@ fn child_overhead(
     } else {
         Latency::fixed(latency)
     };
-    let server = start_mock(rt, &block(&code), mock_latency)?;
+    let child_reply = starts
+        .first()
+        .map_or(FINAL_OK.to_owned(), |s| s.child_reply());
+    let server = start_mock_with(rt, &block(&code), &child_reply, mock_latency)?;
     let eps = endpoints(&server)?;
     let queries: Vec<String> = (0..n).map(|i| format!("question {i}")).collect();
     let requests = child_requests(&eps, &queries)?;
@@ -255,7 +298,7 @@ fn child_overhead(
     };
     let expected = n.to_string();
     let run_with = |start: WorkerStart| -> anyhow::Result<f64> {
-        kernel::repl::use_worker_pool(start == WorkerStart::Ready);
+        kernel::repl::use_worker_pool(start != WorkerStart::Template);
         let result = run_in(&eps, 2, isolation, &expected)?;
         Ok(result.iterations[0].execution_ms)
     };
