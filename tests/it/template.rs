@@ -71,8 +71,10 @@ struct Watched {
     seen: BTreeSet<Proc>,
     /// The most it had at once.
     most: usize,
-    /// Processes the harness killed.
+    /// Processes the harness killed (or stopped).
     killed: Vec<Proc>,
+    /// What became of the process the harness stopped, if it did.
+    paused: Paused,
 }
 
 /// When the harness kills a process of the run (once), and which.
@@ -80,6 +82,46 @@ struct Kill<'a> {
     /// Decides from the mock's requests so far.
     when: &'a dyn Fn(&Mock) -> bool,
     target: Target,
+    /// Instead of killing it: stop the target and every process under it (`SIGSTOP`) until
+    /// this holds (decided from the mock's requests, at most [`PAUSE_BOUND`]), then go on.
+    pause: Option<Pause<'a>>,
+}
+
+/// How long the harness keeps a process stopped at most.
+const PAUSE_BOUND: Duration = Duration::from_secs(15);
+
+struct Pause<'a> {
+    until: &'a dyn Fn(&Mock) -> bool,
+    /// Kill the stopped processes (`SIGKILL`) rather than let them go on (`SIGCONT`).
+    then_kill: bool,
+}
+
+/// What became of a stopped process.
+#[derive(Debug, Default)]
+struct Paused {
+    /// Whether its pause ended because its condition held (not at [`PAUSE_BOUND`]).
+    by_condition: Option<bool>,
+    /// Whether it ended while `rlm` still ran (seen gone before `rlm` exited).
+    ended_during_run: bool,
+}
+
+/// `pid` and every process under it (a worker's PID namespace: its init and the confined
+/// process, which has a session of its own).
+fn with_descendants(pid: u32) -> Vec<u32> {
+    let mut all = vec![pid];
+    let mut i = 0;
+    while let Some(&p) = all.get(i) {
+        all.extend(children_of(p).into_iter().map(|c| c.pid));
+        i += 1;
+    }
+    all
+}
+
+fn signal_all(pids: &[u32], signal: libc::c_int) {
+    for &pid in pids {
+        // SAFETY: sends a signal to a process of this test's run.
+        unsafe { libc::kill(pid as libc::pid_t, signal) };
+    }
 }
 
 enum Target {
@@ -142,6 +184,9 @@ fn watched(mock: &Mock, args: &[&str], kill: Option<Kill<'_>>) -> Watched {
     let err = child.stderr.take().map(crate::hostile::reader);
     let started = Instant::now();
     let (mut seen, mut most, mut killed) = (BTreeSet::new(), 0, Vec::new());
+    let mut paused = Paused::default();
+    // The processes stopped, and since when.
+    let mut stopped: Option<(Vec<u32>, Instant)> = None;
     let status = loop {
         let now = children_of(child.id());
         most = most.max(now.len());
@@ -156,9 +201,38 @@ fn watched(mock: &Mock, args: &[&str], kill: Option<Kill<'_>>) -> Watched {
                     .max_by_key(|p| (p.start, p.pid)),
             }
         {
-            // SAFETY: sends a signal to a process of this test's run.
-            unsafe { libc::kill(target.pid as libc::pid_t, libc::SIGKILL) };
+            if kill.pause.is_some() {
+                let pids = with_descendants(target.pid);
+                signal_all(&pids, libc::SIGSTOP);
+                stopped = Some((pids, Instant::now()));
+            } else {
+                signal_all(&[target.pid], libc::SIGKILL);
+            }
             killed.push(target.clone());
+        }
+        if let (Some((pids, since)), Some(pause)) =
+            (&stopped, kill.as_ref().and_then(|k| k.pause.as_ref()))
+            && paused.by_condition.is_none()
+        {
+            let held = (pause.until)(mock);
+            if held || since.elapsed() > PAUSE_BOUND {
+                paused.by_condition = Some(held);
+                signal_all(
+                    pids,
+                    if pause.then_kill {
+                        libc::SIGKILL
+                    } else {
+                        libc::SIGCONT
+                    },
+                );
+            }
+        }
+        if let Some(target) = killed.first()
+            && stopped.is_some()
+            && !paused.ended_during_run
+            && !alive(target)
+        {
+            paused.ended_during_run = true;
         }
         seen.extend(now);
         if let Ok(Some(status)) = child.try_wait() {
@@ -182,6 +256,7 @@ fn watched(mock: &Mock, args: &[&str], kill: Option<Kill<'_>>) -> Watched {
         seen,
         most,
         killed,
+        paused,
     };
     // Nothing `rlm` started outlives it (the kernel ends a PID namespace asynchronously).
     let deadline = Instant::now() + Duration::from_secs(3);
@@ -376,6 +451,7 @@ fn killing_the_template_mid_run_falls_back_to_new_workers_and_loses_nothing() {
         Some(Kill {
             when: &after_first_child,
             target: Target::Template,
+            pause: None,
         }),
     );
     assert_eq!(run.code, Some(0), "{run:#?}");
@@ -544,6 +620,7 @@ fn killing_an_idle_worker_before_a_child_takes_it_falls_back_and_loses_nothing()
         Some(Kill {
             when: &idle_next,
             target: Target::NewestWorker,
+            pause: None,
         }),
     );
     assert_eq!(run.code, Some(0), "{run:#?}");
@@ -635,4 +712,156 @@ fn the_end_of_a_run_ends_its_idle_workers_while_rlm_lives_on() {
             "after a run only the chat's own worker lives: {between:#?}\n{stderr}"
         );
     }
+}
+
+/// [`script`] with the root model answering after `root_ms` and the children's after
+/// `child_ms`.
+fn slow_script(root: &[&str], root_ms: u64, child: &str, child_ms: u64) -> Value {
+    let mut script = script(root, child);
+    script["models"]["root-model"]["latency"] = json!({"kind": "fixed", "ms": root_ms});
+    script["models"]["sub-model"]["latency"] = json!({"kind": "fixed", "ms": child_ms});
+    script
+}
+
+/// Once the root model was asked a second ago: the run's first worker confined ahead of
+/// need is idle by then (it is the newest worker; the root's own was started before the run).
+fn idle_worker_waits(first: &std::cell::Cell<Option<Instant>>) -> impl Fn(&Mock) -> bool + '_ {
+    move |mock: &Mock| {
+        if mock.root_requests() < 1 {
+            return false;
+        }
+        let at = *first.get().get_or_insert_with(Instant::now);
+        first.set(Some(at));
+        at.elapsed() > Duration::from_secs(1)
+    }
+}
+
+#[test]
+fn a_childs_first_model_call_is_answered_while_its_worker_is_still_starting() {
+    // The idle worker the child will take is stopped before the child starts: it cannot
+    // read its start frame nor say it is ready until it goes on. The child's first model
+    // call must be answered all the same; its block (and so its second call) waits for it.
+    let mock = Mock::start(slow_script(
+        &[&repl("answers = [rlm_query('one')]"), "FINAL_VAR(answers)"],
+        2000,
+        "result = 'ok'",
+        0,
+    ));
+    let first = std::cell::Cell::new(None);
+    let idle = idle_worker_waits(&first);
+    let seen_at_resume = std::cell::Cell::new(None);
+    let child_asked = |mock: &Mock| {
+        let n = mock.requests_to("sub-model");
+        if n >= 1 {
+            seen_at_resume.set(Some(n));
+        }
+        n >= 1
+    };
+    let run = watched(
+        &mock,
+        &["--max-depth", "2", "--json"],
+        Some(Kill {
+            when: &idle,
+            target: Target::NewestWorker,
+            pause: Some(Pause {
+                until: &child_asked,
+                then_kill: false,
+            }),
+        }),
+    );
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_eq!(run.json()["answer"], "['ok']", "{run:#?}");
+    let worker = &run.killed.first().expect("a worker was stopped").pid;
+    assert!(
+        run.stderr
+            .contains(&format!("took the worker {worker}, confined ahead of need")),
+        "the child took the stopped worker: {run:#?}"
+    );
+    assert_eq!(
+        run.paused.by_condition,
+        Some(true),
+        "the child's model call was not answered while its worker was stopped: {run:#?}"
+    );
+    // Its first call only: the second follows its block, which waited for the worker.
+    assert_eq!(seen_at_resume.get(), Some(1), "{run:#?}");
+}
+
+#[test]
+fn a_worker_killed_while_its_child_asks_its_model_is_replaced_at_the_first_block() {
+    // As above, but the stopped worker is killed once the child's model call is out: the
+    // child's first block finds it gone and starts another, and nothing is lost.
+    let mock = Mock::start(slow_script(
+        &[
+            &repl("kept = 'root state'\nanswers = [kept, rlm_query('one')]"),
+            "FINAL_VAR(answers)",
+        ],
+        2000,
+        "result = 'ok'",
+        0,
+    ));
+    let first = std::cell::Cell::new(None);
+    let idle = idle_worker_waits(&first);
+    let child_asked = |mock: &Mock| mock.requests_to("sub-model") >= 1;
+    let run = watched(
+        &mock,
+        &["--max-depth", "2", "--json"],
+        Some(Kill {
+            when: &idle,
+            target: Target::NewestWorker,
+            pause: Some(Pause {
+                until: &child_asked,
+                then_kill: true,
+            }),
+        }),
+    );
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_eq!(run.json()["answer"], "['root state', 'ok']", "{run:#?}");
+    assert_eq!(run.paused.by_condition, Some(true), "{run:#?}");
+    let worker = &run.killed.first().expect("a worker was stopped").pid;
+    assert!(
+        run.stderr.contains(&format!(
+            "worker {worker} confined ahead of need had ended; the session starts another"
+        )),
+        "the child replaced the killed worker: {run:#?}"
+    );
+    assert_eq!(mock.requests_to("sub-model"), 2, "{run:#?}");
+}
+
+#[test]
+fn a_child_stopped_before_its_worker_was_ready_leaves_no_process_behind() {
+    // The child's model call hangs while its worker, stopped, has not read its start frame;
+    // the root's block reaches its time limit, which stops the child. Its session ends the
+    // worker it never used while `rlm` runs on (the root sleeps in its next block).
+    let mock = Mock::start(slow_script(
+        &[
+            &repl("answers = [rlm_query('one')]"),
+            &repl("import time\ntime.sleep(3)\nanswers = 'after'"),
+            "FINAL_VAR(answers)",
+        ],
+        2000,
+        "result = 'ok'",
+        60_000,
+    ));
+    let first = std::cell::Cell::new(None);
+    let idle = idle_worker_waits(&first);
+    let never = |_: &Mock| false;
+    let run = watched(
+        &mock,
+        &["--max-depth", "2", "--json", "--cell-timeout", "2"],
+        Some(Kill {
+            when: &idle,
+            target: Target::NewestWorker,
+            pause: Some(Pause {
+                until: &never,
+                then_kill: false,
+            }),
+        }),
+    );
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_eq!(run.json()["answer"], "after", "{run:#?}");
+    assert_eq!(mock.requests_to("sub-model"), 1, "{run:#?}");
+    assert!(
+        run.paused.ended_during_run,
+        "the stopped child's worker outlived its session: {run:#?}"
+    );
 }

@@ -81,9 +81,39 @@ impl ReplSession {
         endpoints: Arc<Endpoints>,
         contexts: &[ContextInput],
     ) -> Result<Self, ReplError> {
+        Self::begin(config, endpoints, contexts, false)
+    }
+
+    /// Like [`ReplSession::new`] for an `rlm_query` child, whose loop asks its model before
+    /// its first block: with isolation on and no context, the session returns once its
+    /// worker was sent its start frame, and waits for the worker's `Ready` when it is first
+    /// used (a block, or anything else that needs the worker), so the worker starts the
+    /// session while the child's first model call is out. A worker that fails to start
+    /// fails that first use with the error `new` would have returned. With a context (whose
+    /// description the first prompt carries) or in-process, as `new`.
+    pub(crate) fn for_child(
+        config: SessionConfig,
+        endpoints: Arc<Endpoints>,
+        contexts: &[ContextSource],
+    ) -> Result<Self, ReplError> {
+        let inputs: Vec<ContextInput> = contexts.iter().cloned().map(Into::into).collect();
+        Self::begin(config, endpoints, &inputs, true)
+    }
+
+    fn begin(
+        config: SessionConfig,
+        endpoints: Arc<Endpoints>,
+        contexts: &[ContextInput],
+        ready_later: bool,
+    ) -> Result<Self, ReplError> {
         let backend = if config.isolation.in_worker() {
             // The worker checks the names and loads the contexts itself.
-            Backend::Worker(Box::new(WorkerSession::start(
+            let start = if ready_later {
+                WorkerSession::start_ready_later
+            } else {
+                WorkerSession::start
+            };
+            Backend::Worker(Box::new(start(
                 next_session_id(),
                 config.clone(),
                 endpoints,

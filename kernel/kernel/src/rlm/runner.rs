@@ -1035,8 +1035,10 @@ impl ChildRuns {
             return Err(format!("the tree's budget is spent ({spent})"));
         }
         let contexts: Vec<_> = query.context.iter().cloned().collect();
+        // With isolation on and no context, its worker starts the session while the child
+        // asks its model: the first block waits for it.
         let session =
-            ReplSession::new(self.session.clone(), Arc::clone(&self.endpoints), &contexts)
+            ReplSession::for_child(self.session.clone(), Arc::clone(&self.endpoints), &contexts)
                 .map_err(|e| e.to_string())?;
         // The next child's worker starts while this one runs (its session took the spare; a
         // run that keeps workers ready had its pool order the next as this session started).

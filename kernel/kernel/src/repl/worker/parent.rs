@@ -114,11 +114,30 @@ pub(crate) struct WorkerSession {
     ran: std::sync::atomic::AtomicBool,
 }
 
-/// The session's worker: running, or ended and not yet replaced.
+/// The session's worker: running; handed its session and not heard from yet (its `Ready`
+/// is read when the session is first needed); ended and not yet replaced; or never started.
 #[derive(Debug)]
 enum Slot {
     Live(Arc<Worker>),
+    Starting(Box<Handed>),
     Ended(WorkerEnd),
+    /// Its worker could not start its session: why (later requests get it as the reason).
+    Failed(String),
+}
+
+/// A worker sent its session's start frame, whose `Ready` is still to be read.
+#[derive(Debug)]
+struct Handed {
+    worker: Arc<Worker>,
+    reader: BufReader<UnixStream>,
+    /// Whether the start frame (and the memfds) went out.
+    sent: io::Result<()>,
+    confinement: sandbox::Report,
+    /// A worker of the pool, a fork of the template or the spare: one ended meanwhile is
+    /// replaced.
+    spare: bool,
+    /// A worker of the pool.
+    pooled: bool,
 }
 
 impl WorkerSession {
@@ -128,12 +147,39 @@ impl WorkerSession {
     }
 
     /// Starts a worker for session `id` over `inputs` (files as paths, the rest in shared
-    /// memory).
+    /// memory) and waits until its session is ready.
     pub(crate) fn start(
         id: u64,
         config: SessionConfig,
         endpoints: Arc<Endpoints>,
         inputs: &[ContextInput],
+    ) -> Result<Self, ReplError> {
+        Self::begin(id, config, endpoints, inputs, false)
+    }
+
+    /// Like [`WorkerSession::start`], for a session without contexts (an `rlm_query` child
+    /// without one) whose caller has other work before its first block: the worker is taken
+    /// and sent its start frame, and its `Ready` is read only when the session is first
+    /// needed (a block, or any request), so the worker starts its session while the caller
+    /// works (a child's first model call). A worker that fails to start its session makes
+    /// that first request fail with the error [`WorkerSession::start`] would have returned.
+    /// With contexts, the caller needs their metadata at once: as `start`.
+    pub(crate) fn start_ready_later(
+        id: u64,
+        config: SessionConfig,
+        endpoints: Arc<Endpoints>,
+        inputs: &[ContextInput],
+    ) -> Result<Self, ReplError> {
+        let later = inputs.is_empty();
+        Self::begin(id, config, endpoints, inputs, later)
+    }
+
+    fn begin(
+        id: u64,
+        config: SessionConfig,
+        endpoints: Arc<Endpoints>,
+        inputs: &[ContextInput],
+        ready_later: bool,
     ) -> Result<Self, ReplError> {
         let program = worker_program().ok_or(ReplError::NoWorkerProgram)?;
         let shared = share_contexts(inputs)?;
@@ -207,10 +253,16 @@ impl WorkerSession {
             children: Arc::default(),
             ran: std::sync::atomic::AtomicBool::new(false),
         };
-        let (worker, contexts, confinement) = session.spawn(ready)?;
-        session.contexts = contexts;
-        session.confinement = confinement;
-        *lock(&session.worker) = Slot::Live(worker);
+        if ready_later {
+            let handed = session.hand_over_any(ready)?;
+            session.confinement = handed.confinement.clone();
+            *lock(&session.worker) = Slot::Starting(Box::new(handed));
+        } else {
+            let (worker, contexts, confinement) = session.spawn(ready)?;
+            session.contexts = contexts;
+            session.confinement = confinement;
+            *lock(&session.worker) = Slot::Live(worker);
+        }
         // The next session like this one finds a worker confined while this one runs.
         if let Some(shape) = &shape {
             pool::order_refill(shape);
@@ -241,38 +293,80 @@ impl WorkerSession {
         &self,
         ready: Option<(Spawned, sandbox::Report)>,
     ) -> Result<(Arc<Worker>, Vec<ContextMetadata>, sandbox::Report), ReplError> {
-        if let Some((spawned, confinement)) = ready {
-            let pid = spawned.pid;
-            match self.start_session(spawned, Some(confinement)) {
-                Err(Failure::Spare) => {
-                    tracing::debug!(
-                        "the worker {pid} confined ahead of need had ended; the session starts another"
-                    );
-                }
-                other => {
-                    tracing::debug!("the session took the worker {pid}, confined ahead of need");
-                    return other.map_err(Failure::into_error);
-                }
-            }
-        }
-        let spawned = template::take(&self.program).map_err(|e| spawn_error(&e))?;
-        let ready = match self.start_session(spawned, None) {
-            Err(Failure::Spare) => {
-                let fresh = start_worker(&self.program).map_err(|e| spawn_error(&e))?;
-                self.start_session(fresh, None)
-            }
-            other => other,
-        };
-        ready.map_err(Failure::into_error)
+        let handed = self.hand_over_any(ready)?;
+        self.ready(handed)
     }
 
-    /// Confines `spawned` (unless it is: `confined`), sends it its session (memfds, start
-    /// frame) and waits until it is ready.
-    fn start_session(
+    /// A worker sent its session's start frame: `ready` (confined ahead of need), else a
+    /// new one ([`WorkerSession::hand_over_new`]). Its `Ready` is read by
+    /// [`WorkerSession::ready`].
+    fn hand_over_any(
+        &self,
+        ready: Option<(Spawned, sandbox::Report)>,
+    ) -> Result<Handed, ReplError> {
+        match ready {
+            // Sending to a worker that ended meanwhile fails: that shows when `Ready` is read.
+            Some((spawned, confinement)) => self
+                .hand_over(spawned, Some(confinement))
+                .map_err(Failure::into_error),
+            None => self.hand_over_new(),
+        }
+    }
+
+    /// One forked from the template, or the spare, confined now and sent its start frame (a
+    /// new worker if the one taken had died meanwhile).
+    fn hand_over_new(&self) -> Result<Handed, ReplError> {
+        let spawned = template::take(&self.program).map_err(|e| spawn_error(&e))?;
+        match self.hand_over(spawned, None) {
+            Err(Failure::Spare) => {
+                let fresh = start_worker(&self.program).map_err(|e| spawn_error(&e))?;
+                self.hand_over(fresh, None)
+            }
+            other => other,
+        }
+        .map_err(Failure::into_error)
+    }
+
+    /// `handed`'s `Ready`, read now: a worker of the pool that had ended is replaced by one
+    /// forked from the template, a fork of the template or the spare that had by a new
+    /// process.
+    fn ready(
+        &self,
+        handed: Handed,
+    ) -> Result<(Arc<Worker>, Vec<ContextMetadata>, sandbox::Report), ReplError> {
+        let pid = handed.worker.pid;
+        let pooled = handed.pooled;
+        match self.await_ready(handed) {
+            Ok(started) => {
+                if pooled {
+                    tracing::debug!("the session took the worker {pid}, confined ahead of need");
+                }
+                Ok(started)
+            }
+            Err(Failure::Spare) if pooled => {
+                tracing::debug!(
+                    "the worker {pid} confined ahead of need had ended; the session starts another"
+                );
+                let handed = self.hand_over_new()?;
+                self.ready(handed)
+            }
+            Err(Failure::Spare) => {
+                let fresh = start_worker(&self.program).map_err(|e| spawn_error(&e))?;
+                self.hand_over(fresh, None)
+                    .and_then(|handed| self.await_ready(handed))
+                    .map_err(Failure::into_error)
+            }
+            Err(Failure::Error(error)) => Err(error),
+        }
+    }
+
+    /// Confines `spawned` (unless it is: `confined`) and sends it its session (memfds, start
+    /// frame), without waiting for its answer.
+    fn hand_over(
         &self,
         spawned: Spawned,
         confined: Option<sandbox::Report>,
-    ) -> Result<(Arc<Worker>, Vec<ContextMetadata>, sandbox::Report), Failure> {
+    ) -> Result<Handed, Failure> {
         let Spawned {
             pid,
             link,
@@ -281,7 +375,8 @@ impl WorkerSession {
             ..
         } = spawned;
         // A worker of the pool was taken from it: ended meanwhile, it is replaced.
-        let spare = spare || confined.is_some();
+        let pooled = confined.is_some();
+        let spare = spare || pooled;
         let last_words = Arc::new(Mutex::new(Vec::new()));
         drain_output(output, Arc::clone(&last_words));
         let writer = link
@@ -328,6 +423,30 @@ impl WorkerSession {
         };
         let sent = send_fds(reader.get_ref(), &self.shared.memfds)
             .and_then(|()| worker.send(&ToWorker::Start(Box::new(start))));
+        Ok(Handed {
+            worker,
+            reader,
+            sent,
+            confinement,
+            spare,
+            pooled,
+        })
+    }
+
+    /// Reads the `Ready` of a worker handed its session, and starts reading its link.
+    fn await_ready(
+        &self,
+        handed: Handed,
+    ) -> Result<(Arc<Worker>, Vec<ContextMetadata>, sandbox::Report), Failure> {
+        let Handed {
+            worker,
+            mut reader,
+            sent,
+            confinement,
+            spare,
+            ..
+        } = handed;
+        let mut buffer = Vec::new();
         let ready = sent
             .map_err(FrameError::Io)
             .and_then(|()| without_gil(|| read_frame::<FromWorker>(&mut reader, &mut buffer)));
@@ -410,13 +529,37 @@ impl WorkerSession {
     /// The running worker; one that ended since is replaced first (restored).
     fn live(&self, stop: Option<&CancellationToken>) -> Result<Arc<Worker>, ReplError> {
         let ended = {
-            let slot = lock(&self.worker);
+            let mut slot = lock(&self.worker);
             match &*slot {
                 Slot::Live(worker) => match worker.ended(self.memory_bytes) {
                     None => return Ok(Arc::clone(worker)),
                     Some(end) => end,
                 },
+                Slot::Starting(_) => {
+                    let starting = std::mem::replace(
+                        &mut *slot,
+                        Slot::Ended(WorkerEnd::Lost {
+                            detail: "was starting".to_owned(),
+                        }),
+                    );
+                    drop(slot);
+                    let Slot::Starting(handed) = starting else {
+                        return Err(ReplError::internal("starting a worker", "no worker"));
+                    };
+                    // Not under the slot's lock: `interrupt` must not wait for the start.
+                    let started = self.ready(*handed).map(|(worker, _, _)| worker);
+                    *lock(&self.worker) = match &started {
+                        Ok(worker) => Slot::Live(Arc::clone(worker)),
+                        Err(error) => Slot::Failed(error.to_string()),
+                    };
+                    return started;
+                }
                 Slot::Ended(end) => end.clone(),
+                Slot::Failed(reason) => {
+                    return Err(ReplError::SessionClosed {
+                        reason: reason.clone(),
+                    });
+                }
             }
         };
         let restart = self.restart(ended, stop);
@@ -430,7 +573,7 @@ impl WorkerSession {
         }
         match &*lock(&self.worker) {
             Slot::Live(worker) => Ok(Arc::clone(worker)),
-            Slot::Ended(_) => Err(ReplError::SessionClosed {
+            Slot::Starting(_) | Slot::Ended(_) | Slot::Failed(_) => Err(ReplError::SessionClosed {
                 reason: "its worker process could not be restored".to_owned(),
             }),
         }
@@ -838,6 +981,10 @@ impl WorkerSession {
     }
 
     pub(crate) fn answer_content(&self) -> Result<Option<String>, ReplError> {
+        if !self.ran.load(Ordering::Relaxed) {
+            // No code ran: the answer is as the session started, empty.
+            return Ok(None);
+        }
         let content = self.text(|| Request::AnswerContent)?;
         Ok(content.map(|mut c| {
             bridge::secret::redactor().redact_in_place(&mut c);
@@ -895,7 +1042,8 @@ impl WorkerSession {
         }
         let worker = match &*lock(&self.worker) {
             Slot::Live(worker) => Arc::clone(worker),
-            Slot::Ended(_) => return Ok(()),
+            // Not started: no code ran in it.
+            Slot::Starting(_) | Slot::Ended(_) | Slot::Failed(_) => return Ok(()),
         };
         match worker.request(Request::EndProcesses, QUERY_WAIT) {
             Ok(Reply::Text(done)) => done.map(drop),
@@ -928,14 +1076,29 @@ impl Drop for WorkerSession {
                 detail: "was closed".to_owned(),
             }),
         );
-        let worker = match slot {
+        let end: Box<dyn FnOnce() + Send> = match slot {
             Slot::Live(worker) => {
                 let _ = worker.send(&ToWorker::Shutdown);
-                Some(worker)
+                Box::new(move || {
+                    if !worker.wait_end(EXIT_WAIT) {
+                        worker.kill();
+                        worker.wait_end(EXIT_WAIT);
+                    }
+                })
             }
-            Slot::Ended(_) => None,
+            // Handed its session and never needed: no reader reaps it, so the closing does
+            // (after `REAP_WAIT`, killed). It exits once it reads the shutdown.
+            Slot::Starting(handed) => {
+                let _ = handed.worker.send(&ToWorker::Shutdown);
+                Box::new(move || {
+                    let Handed { worker, reader, .. } = *handed;
+                    drop(reader);
+                    worker.reap();
+                })
+            }
+            Slot::Ended(_) | Slot::Failed(_) => Box::new(|| {}),
         };
-        close(worker, self.scratch.take(), self.program.clone());
+        close(end, self.scratch.take(), self.program.clone());
     }
 }
 
@@ -944,15 +1107,15 @@ impl Drop for WorkerSession {
 /// start warm: on this thread, or, while a run keeps workers ready (`pool.rs`: one with
 /// `rlm_query` children, whose every child closes a session), on the closer thread, so that
 /// neither the child nor its parent waits for the worker's exit. Either way the worker is
-/// given [`EXIT_WAIT`] to exit, then killed, and reaped by its link's reader.
-fn close(worker: Option<Arc<Worker>>, scratch: Option<tempfile::TempDir>, program: WorkerProgram) {
+/// given [`EXIT_WAIT`] to exit, then killed, and reaped by its link's reader (`end` does
+/// that; a worker never heard from since its start frame is reaped by `end` itself).
+fn close(
+    end: Box<dyn FnOnce() + Send>,
+    scratch: Option<tempfile::TempDir>,
+    program: WorkerProgram,
+) {
     let finish = move || {
-        if let Some(worker) = worker
-            && !worker.wait_end(EXIT_WAIT)
-        {
-            worker.kill();
-            worker.wait_end(EXIT_WAIT);
-        }
+        end();
         drop(scratch);
         template::prepare_next(&program);
     };
