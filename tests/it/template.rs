@@ -8,8 +8,10 @@
 //! Bounded: each run has a deadline (killed past it), a budget of sub-calls and a batch
 //! width, and the harness watches `rlm`'s children to check that none outlives the run.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read as _;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -18,6 +20,10 @@ use crate::support::{Mock, repl, rlm_command};
 
 /// Deadline of one run.
 const DEADLINE: Duration = Duration::from_secs(120);
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// A direct child of `parent`: its pid, start time (to tell a reused pid) and name.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -75,6 +81,8 @@ struct Watched {
     killed: Vec<Proc>,
     /// What became of the process the harness stopped, if it did.
     paused: Paused,
+    /// Each process's name when last seen.
+    last_name: BTreeMap<u32, String>,
 }
 
 /// When the harness kills a process of the run (once), and which.
@@ -101,7 +109,8 @@ struct Pause<'a> {
 struct Paused {
     /// Whether its pause ended because its condition held (not at [`PAUSE_BOUND`]).
     by_condition: Option<bool>,
-    /// Whether it ended while `rlm` still ran (seen gone before `rlm` exited).
+    /// Whether it and every process under it ended while `rlm` still ran (seen gone, or
+    /// zombies, before `rlm` exited).
     ended_during_run: bool,
 }
 
@@ -130,6 +139,19 @@ enum Target {
     /// The newest worker: one confined ahead of need and still idle, when the run is
     /// between children.
     NewestWorker,
+    /// The first worker `rlm`'s debug log says was confined ahead of need (and waits).
+    FirstReady,
+}
+
+/// What `rlm` logs of a worker confined ahead of need, before its pid.
+const READY_LINE: &str = "DEBUG the worker ";
+
+/// The pid of the first worker `stderr` says was confined ahead of need.
+fn first_ready(stderr: &str) -> Option<u32> {
+    stderr
+        .lines()
+        .filter(|l| l.ends_with("was confined ahead of need and waits for a session"))
+        .find_map(|l| l.split(READY_LINE).nth(1)?.split(' ').next()?.parse().ok())
 }
 
 impl Watched {
@@ -145,14 +167,19 @@ impl Watched {
             .collect()
     }
 
-    /// Worker processes seen (a process renamed while watched is seen under both names;
-    /// the templates are not workers).
+    /// Worker processes seen: every process but the templates, told by the name each had
+    /// when last seen (a template renames itself `rlm-template` once started; a worker
+    /// forked from it has that name until it takes back `rlm`'s, so both are seen under
+    /// both names).
     fn workers(&self) -> usize {
-        let templates: BTreeSet<u32> = self.templates().iter().map(|p| p.pid).collect();
         let pids: BTreeSet<u32> = self
             .seen
             .iter()
-            .filter(|p| !templates.contains(&p.pid))
+            .filter(|p| {
+                self.last_name
+                    .get(&p.pid)
+                    .is_some_and(|c| c != "rlm-template")
+            })
             .map(|p| p.pid)
             .collect();
         pids.len()
@@ -160,8 +187,7 @@ impl Watched {
 
     /// Sessions that took a worker confined ahead of need (from `rlm`'s debug log).
     fn took_ready(&self) -> usize {
-        self.stderr.matches("confined ahead of need").count()
-            - self.stderr.matches("had ended").count()
+        self.stderr.matches(", confined ahead of need").count()
     }
 }
 
@@ -174,17 +200,34 @@ fn watched(mock: &Mock, args: &[&str], kill: Option<Kill<'_>>) -> Watched {
     let mut all = vec!["--query", "q", "--context", &context];
     all.extend_from_slice(args);
     let mut child = rlm_command(&mock.run_args(&all))
-        .env("RUST_LOG", "warn,kernel::repl::worker::parent=debug")
+        .env(
+            "RUST_LOG",
+            "warn,kernel::repl::worker::parent=debug,kernel::repl::worker::pool=debug",
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("rlm starts");
     let out = child.stdout.take().map(crate::hostile::reader);
-    let err = child.stderr.take().map(crate::hostile::reader);
+    // Read as it comes: the harness looks for the pid of a worker there.
+    let err = Arc::new(Mutex::new(Vec::new()));
+    let err_reader = child.stderr.take().map(|mut pipe| {
+        let err = Arc::clone(&err);
+        std::thread::spawn(move || {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n @ 1..) = pipe.read(&mut chunk) {
+                let mut kept = lock(&err);
+                if kept.len() < 8 << 20 {
+                    kept.extend_from_slice(&chunk[..n]);
+                }
+            }
+        })
+    });
     let started = Instant::now();
     let (mut seen, mut most, mut killed) = (BTreeSet::new(), 0, Vec::new());
     let mut paused = Paused::default();
+    let mut last_name = BTreeMap::new();
     // The processes stopped, and since when.
     let mut stopped: Option<(Vec<u32>, Instant)> = None;
     let status = loop {
@@ -199,6 +242,8 @@ fn watched(mock: &Mock, args: &[&str], kill: Option<Kill<'_>>) -> Watched {
                     .iter()
                     .filter(|p| p.comm != "rlm-template" && alive(p))
                     .max_by_key(|p| (p.start, p.pid)),
+                Target::FirstReady => first_ready(&String::from_utf8_lossy(&lock(&err)))
+                    .and_then(|pid| now.iter().find(|p| p.pid == pid)),
             }
         {
             if kill.pause.is_some() {
@@ -227,13 +272,15 @@ fn watched(mock: &Mock, args: &[&str], kill: Option<Kill<'_>>) -> Watched {
                 );
             }
         }
-        if let Some(target) = killed.first()
-            && stopped.is_some()
+        if let Some((pids, _)) = &stopped
             && !paused.ended_during_run
-            && !alive(target)
+            && pids
+                .iter()
+                .all(|&pid| stat(pid).is_none_or(|(_, _, state)| state == 'Z'))
         {
             paused.ended_during_run = true;
         }
+        last_name.extend(now.iter().map(|p| (p.pid, p.comm.clone())));
         seen.extend(now);
         if let Ok(Some(status)) = child.try_wait() {
             break Some(status);
@@ -250,13 +297,17 @@ fn watched(mock: &Mock, args: &[&str], kill: Option<Kill<'_>>) -> Watched {
         stdout: out
             .map(|h| h.join().unwrap_or_default())
             .unwrap_or_default(),
-        stderr: err
-            .map(|h| h.join().unwrap_or_default())
-            .unwrap_or_default(),
+        stderr: {
+            if let Some(reader) = err_reader {
+                let _ = reader.join();
+            }
+            String::from_utf8_lossy(&lock(&err)).into_owned()
+        },
         seen,
         most,
         killed,
         paused,
+        last_name,
     };
     // Nothing `rlm` started outlives it (the kernel ends a PID namespace asynchronously).
     let deadline = Instant::now() + Duration::from_secs(3);
@@ -723,17 +774,10 @@ fn slow_script(root: &[&str], root_ms: u64, child: &str, child_ms: u64) -> Value
     script
 }
 
-/// Once the root model was asked a second ago: the run's first worker confined ahead of
-/// need is idle by then (it is the newest worker; the root's own was started before the run).
-fn idle_worker_waits(first: &std::cell::Cell<Option<Instant>>) -> impl Fn(&Mock) -> bool + '_ {
-    move |mock: &Mock| {
-        if mock.root_requests() < 1 {
-            return false;
-        }
-        let at = *first.get().get_or_insert_with(Instant::now);
-        first.set(Some(at));
-        at.elapsed() > Duration::from_secs(1)
-    }
+/// Once the root model was asked (while it thinks, the run's first worker confined ahead of
+/// need is found in `rlm`'s log: the target, [`Target::FirstReady`]).
+fn run_started(mock: &Mock) -> bool {
+    mock.root_requests() >= 1
 }
 
 #[test]
@@ -747,8 +791,6 @@ fn a_childs_first_model_call_is_answered_while_its_worker_is_still_starting() {
         "result = 'ok'",
         0,
     ));
-    let first = std::cell::Cell::new(None);
-    let idle = idle_worker_waits(&first);
     let seen_at_resume = std::cell::Cell::new(None);
     let child_asked = |mock: &Mock| {
         let n = mock.requests_to("sub-model");
@@ -761,8 +803,8 @@ fn a_childs_first_model_call_is_answered_while_its_worker_is_still_starting() {
         &mock,
         &["--max-depth", "2", "--json"],
         Some(Kill {
-            when: &idle,
-            target: Target::NewestWorker,
+            when: &run_started,
+            target: Target::FirstReady,
             pause: Some(Pause {
                 until: &child_asked,
                 then_kill: false,
@@ -799,15 +841,13 @@ fn a_worker_killed_while_its_child_asks_its_model_is_replaced_at_the_first_block
         "result = 'ok'",
         0,
     ));
-    let first = std::cell::Cell::new(None);
-    let idle = idle_worker_waits(&first);
     let child_asked = |mock: &Mock| mock.requests_to("sub-model") >= 1;
     let run = watched(
         &mock,
         &["--max-depth", "2", "--json"],
         Some(Kill {
-            when: &idle,
-            target: Target::NewestWorker,
+            when: &run_started,
+            target: Target::FirstReady,
             pause: Some(Pause {
                 until: &child_asked,
                 then_kill: true,
@@ -831,26 +871,25 @@ fn a_worker_killed_while_its_child_asks_its_model_is_replaced_at_the_first_block
 fn a_child_stopped_before_its_worker_was_ready_leaves_no_process_behind() {
     // The child's model call hangs while its worker, stopped, has not read its start frame;
     // the root's block reaches its time limit, which stops the child. Its session ends the
-    // worker it never used while `rlm` runs on (the root sleeps in its next block).
+    // worker it never used while `rlm` runs on (the root's model takes 2 s to answer, then
+    // its next block sleeps).
     let mock = Mock::start(slow_script(
         &[
             &repl("answers = [rlm_query('one')]"),
-            &repl("import time\ntime.sleep(3)\nanswers = 'after'"),
+            &repl("import time\ntime.sleep(1)\nanswers = 'after'"),
             "FINAL_VAR(answers)",
         ],
         2000,
         "result = 'ok'",
         60_000,
     ));
-    let first = std::cell::Cell::new(None);
-    let idle = idle_worker_waits(&first);
     let never = |_: &Mock| false;
     let run = watched(
         &mock,
         &["--max-depth", "2", "--json", "--cell-timeout", "2"],
         Some(Kill {
-            when: &idle,
-            target: Target::NewestWorker,
+            when: &run_started,
+            target: Target::FirstReady,
             pause: Some(Pause {
                 until: &never,
                 then_kill: false,

@@ -374,7 +374,13 @@ fn confine_one(config: &SessionConfig, program: &WorkerProgram, shape: Shape) {
     let (mutex, changed) = pool();
     let mut pool = lock(mutex);
     match ready {
-        Ok(ready) if pool.lease(&shape).is_some() => pool.ready.push(ready),
+        Ok(ready) if pool.lease(&shape).is_some() => {
+            tracing::debug!(
+                "the worker {} was confined ahead of need and waits for a session",
+                ready.spawned.pid
+            );
+            pool.ready.push(ready);
+        }
         Ok(unwanted) => {
             drop(pool);
             end_all(vec![unwanted]);
