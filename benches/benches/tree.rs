@@ -80,22 +80,14 @@ fn main() -> anyhow::Result<()> {
     )?;
     for isolation in [Isolation::Process, Isolation::Strict] {
         for latency in [Duration::ZERO, Duration::from_millis(50)] {
-            child_overhead(
-                &mock_rt,
-                quick,
-                isolation,
-                latency,
-                isolated,
+            // The children that answer at once, then those that run a block.
+            let rows: [&[WorkerStart]; 2] = [
                 &[WorkerStart::Ready, WorkerStart::Template],
-            )?;
-            child_overhead(
-                &mock_rt,
-                quick,
-                isolation,
-                latency,
-                isolated,
                 &[WorkerStart::ReadyBlock],
-            )?;
+            ];
+            for starts in rows {
+                child_overhead(&mock_rt, quick, isolation, latency, isolated, starts)?;
+            }
         }
     }
     parallel_children(&mock_rt, quick)?;

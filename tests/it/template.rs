@@ -774,10 +774,27 @@ fn slow_script(root: &[&str], root_ms: u64, child: &str, child_ms: u64) -> Value
     script
 }
 
-/// Once the root model was asked (while it thinks, the run's first worker confined ahead of
-/// need is found in `rlm`'s log: the target, [`Target::FirstReady`]).
-fn run_started(mock: &Mock) -> bool {
-    mock.root_requests() >= 1
+/// `rlm run --max-depth 2 --json` (and `args`) against `mock`, with the run's first worker
+/// confined ahead of need (found in `rlm`'s log once the root model was asked, while it
+/// thinks) stopped before a child takes it, until `until` holds; then killed or let go on.
+fn with_first_ready_stopped(
+    mock: &Mock,
+    args: &[&str],
+    until: &dyn Fn(&Mock) -> bool,
+    then_kill: bool,
+) -> Watched {
+    let mut all = vec!["--max-depth", "2", "--json"];
+    all.extend_from_slice(args);
+    let run_started = |mock: &Mock| mock.root_requests() >= 1;
+    watched(
+        mock,
+        &all,
+        Some(Kill {
+            when: &run_started,
+            target: Target::FirstReady,
+            pause: Some(Pause { until, then_kill }),
+        }),
+    )
 }
 
 #[test]
@@ -799,18 +816,7 @@ fn a_childs_first_model_call_is_answered_while_its_worker_is_still_starting() {
         }
         n >= 1
     };
-    let run = watched(
-        &mock,
-        &["--max-depth", "2", "--json"],
-        Some(Kill {
-            when: &run_started,
-            target: Target::FirstReady,
-            pause: Some(Pause {
-                until: &child_asked,
-                then_kill: false,
-            }),
-        }),
-    );
+    let run = with_first_ready_stopped(&mock, &[], &child_asked, false);
     assert_eq!(run.code, Some(0), "{run:#?}");
     assert_eq!(run.json()["answer"], "['ok']", "{run:#?}");
     let worker = &run.killed.first().expect("a worker was stopped").pid;
@@ -842,18 +848,7 @@ fn a_worker_killed_while_its_child_asks_its_model_is_replaced_at_the_first_block
         0,
     ));
     let child_asked = |mock: &Mock| mock.requests_to("sub-model") >= 1;
-    let run = watched(
-        &mock,
-        &["--max-depth", "2", "--json"],
-        Some(Kill {
-            when: &run_started,
-            target: Target::FirstReady,
-            pause: Some(Pause {
-                until: &child_asked,
-                then_kill: true,
-            }),
-        }),
-    );
+    let run = with_first_ready_stopped(&mock, &[], &child_asked, true);
     assert_eq!(run.code, Some(0), "{run:#?}");
     assert_eq!(run.json()["answer"], "['root state', 'ok']", "{run:#?}");
     assert_eq!(run.paused.by_condition, Some(true), "{run:#?}");
@@ -884,18 +879,7 @@ fn a_child_stopped_before_its_worker_was_ready_leaves_no_process_behind() {
         60_000,
     ));
     let never = |_: &Mock| false;
-    let run = watched(
-        &mock,
-        &["--max-depth", "2", "--json", "--cell-timeout", "2"],
-        Some(Kill {
-            when: &run_started,
-            target: Target::FirstReady,
-            pause: Some(Pause {
-                until: &never,
-                then_kill: false,
-            }),
-        }),
-    );
+    let run = with_first_ready_stopped(&mock, &["--cell-timeout", "2"], &never, false);
     assert_eq!(run.code, Some(0), "{run:#?}");
     assert_eq!(run.json()["answer"], "after", "{run:#?}");
     assert_eq!(mock.requests_to("sub-model"), 1, "{run:#?}");
