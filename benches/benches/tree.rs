@@ -17,8 +17,10 @@
 //!      confined ahead of need (the default: forked from the worker template and confined
 //!      while the run's root model, or the previous child, ran), and forked from the
 //!      template and confined when the child's session starts (the pool off, the way before
-//!      it). Back to back, the next worker has only the previous child's own run to be
-//!      confined in; at 50 ms, it has the time a real model's seconds give it.
+//!      it). Back to back (every model answers at once), the next worker has only the
+//!      previous child's own run to be confined in, and the run's first only the root
+//!      model's instant reply; at 50 ms (the root model's and the children's), each has the
+//!      time a real model's seconds give it.
 //!    - the same children, their worker confined ahead of need, whose one reply runs a
 //!      ```` ```repl ```` block that sets the answer (still one model call a child, so the
 //!      same raw calls): the rows above answer `FINAL(ok)` without a block, so they never
@@ -102,22 +104,24 @@ const FINAL_OK: &str = "FINAL(ok)";
 fn start_mock(
     rt: &tokio::runtime::Runtime,
     root_reply: &str,
+    root_latency: Latency,
     latency: Latency,
 ) -> anyhow::Result<MockServer> {
-    start_mock_with(rt, root_reply, FINAL_OK, latency)
+    start_mock_with(rt, root_reply, root_latency, FINAL_OK, latency)
 }
 
-/// A mock: `root` replies `root_reply` then nothing more is needed (the block sets the
-/// answer); `sub` answers a child RLM (recognised by the RLM system prompt) with
-/// `child_reply` and echoes any other prompt, after `latency`.
+/// A mock: `root` replies `root_reply` after `root_latency`, then nothing more is needed (the
+/// block sets the answer); `sub` answers a child RLM (recognised by the RLM system prompt)
+/// with `child_reply` and echoes any other prompt, after `latency`.
 fn start_mock_with(
     rt: &tokio::runtime::Runtime,
     root_reply: &str,
+    root_latency: Latency,
     child_reply: &str,
     latency: Latency,
 ) -> anyhow::Result<MockServer> {
     let script = Script::from_json_value(json!({"models": {
-        "root": {"replies": [root_reply], "latency": {"kind": "none"}},
+        "root": {"replies": [root_reply], "latency": root_latency},
         "sub": {
             "rules": [{"system": "recursive language model", "reply": child_reply}],
             "fallback": {"behaviour": "echo"}
@@ -275,7 +279,9 @@ fn child_overhead(
     let child_reply = starts
         .first()
         .map_or(FINAL_OK.to_owned(), |s| s.child_reply());
-    let server = start_mock_with(rt, &block(&code), &child_reply, mock_latency)?;
+    // The root model takes as long as the children's (a real one takes longer still): the
+    // run's first worker is confined meanwhile, as in real use.
+    let server = start_mock_with(rt, &block(&code), mock_latency, &child_reply, mock_latency)?;
     let eps = endpoints(&server)?;
     let queries: Vec<String> = (0..n).map(|i| format!("question {i}")).collect();
     let requests = child_requests(&eps, &queries)?;
@@ -332,7 +338,7 @@ fn parallel_children(rt: &tokio::runtime::Runtime, quick: bool) -> anyhow::Resul
     let code = format!(
         "r = rlm_query_batched([f'question {{i}}' for i in range({N})])\nassert r == ['ok'] * {N}, r[:3]\nFINAL_VAR(len(r))"
     );
-    let server = start_mock(rt, &block(&code), Latency::fixed(latency))?;
+    let server = start_mock(rt, &block(&code), Latency::None, Latency::fixed(latency))?;
     let eps = endpoints(&server)?;
     let queries: Vec<String> = (0..N).map(|i| format!("question {i}")).collect();
     let requests = child_requests(&eps, &queries)?;
@@ -385,7 +391,7 @@ fn cache_on_a_repeating_loop(rt: &tokio::runtime::Runtime, quick: bool) -> anyho
     let code = format!(
         "r = [llm_query(f'item {{i % {DISTINCT}}}') for i in range({CALLS})]\nassert r[13] == 'item 3', r[13]\nFINAL_VAR(len(r))"
     );
-    let server = start_mock(rt, &block(&code), Latency::fixed(latency))?;
+    let server = start_mock(rt, &block(&code), Latency::None, Latency::fixed(latency))?;
     let expected = CALLS.to_string();
     let mut walls = [Vec::new(), Vec::new()];
     let mut sent = [0, 0];
