@@ -43,6 +43,8 @@ pub(crate) fn hand_over(job: SpawnJob) -> Result<(), SpawnJob> {
 
 /// Waits until every job handed over has run (bounded by [`JOB_BOUND`] a job).
 pub(crate) fn flush() {
+    // The jobs waiting for a model call (`quiet.rs`) go now.
+    let _urgent = super::quiet::Urgent::begin();
     let (count, done) = pending();
     let left = lock(count);
     let wait = JOB_BOUND * u32::try_from((*left).max(1)).unwrap_or(u32::MAX / 8);

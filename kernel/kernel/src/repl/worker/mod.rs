@@ -22,6 +22,8 @@
 //!   started that forks each session's worker, so that it skips `exec` and that start.
 //! - `pool`: while a run with `rlm_query` children lives, workers forked from the template
 //!   and confined ahead of need, so that a child's start is its session's start only.
+//! - `quiet`: the pool's background work (the next worker's confinement, a closed worker's
+//!   exit) held until a run of the process waits for a model, off the children's hops.
 //! - `transfer`: contexts are paths the worker reads itself; text, standard input and the
 //!   Python package's live objects go once into sealed memfds the worker maps (`share.py`).
 //! - `journal`: what a crashed worker's session is rebuilt from; each block keeps the record
@@ -55,6 +57,7 @@ pub(crate) mod parent;
 mod policy;
 mod pool;
 mod protocol;
+mod quiet;
 mod spawn;
 mod template;
 mod threads;
@@ -64,6 +67,7 @@ pub use child::{main as worker_main, serve_if_worker};
 pub use policy::worker_policy;
 pub use pool::use_worker_pool;
 pub(crate) use pool::{ReadyWorkers, keep_ready};
+pub(crate) use quiet::ModelCall;
 pub use spawn::{WORKER_ARG, WorkerProgram, set_worker_program};
 pub use template::{TEMPLATE_NAME, use_worker_template};
 

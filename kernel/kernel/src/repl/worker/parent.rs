@@ -16,8 +16,9 @@
 //! Starting: the worker is confined first ([`ToWorker::Confine`]), then handed its session
 //! ([`ToWorker::Start`]); a worker confined ahead of need (`pool.rs`) gets only the second.
 //! Closing: the worker is told to shut down and given [`EXIT_WAIT`] to exit before it is
-//! killed; while a run keeps workers ready, on a closer thread, so that a child (and its
-//! parent) does not wait for its worker's exit, and the run's end waits for them all.
+//! killed; while a run keeps workers ready, on a closer thread once the run waits for a
+//! model (`quiet.rs`), so that a child (and its parent) does not wait for its worker's exit
+//! nor share the cores with it, and the run's end waits for them all.
 //!
 //! Crashes: a worker that ends during a block (a signal, `exit()`, the memory limit, our own
 //! kill) ends only the block. A fresh worker loads the contexts, and the blocks that ran to
@@ -48,6 +49,7 @@ use super::protocol::{
     Confine, FrameError, FromWorker, NoSigPipe, Reply, Request, Start, ToWorker, read_frame,
     worker_settings, write_frame,
 };
+use super::quiet;
 use super::spawn::{
     Exit, REAP_WAIT, Spawned, WorkerProgram, drain_output, reap, send_fds, start_worker,
     worker_program,
@@ -1077,25 +1079,22 @@ impl Drop for WorkerSession {
             }),
         );
         let end: Box<dyn FnOnce() + Send> = match slot {
-            Slot::Live(worker) => {
+            // Told to shut down by `close` (off this thread while a run keeps workers ready).
+            Slot::Live(worker) => Box::new(move || {
                 let _ = worker.send(&ToWorker::Shutdown);
-                Box::new(move || {
-                    if !worker.wait_end(EXIT_WAIT) {
-                        worker.kill();
-                        worker.wait_end(EXIT_WAIT);
-                    }
-                })
-            }
+                if !worker.wait_end(EXIT_WAIT) {
+                    worker.kill();
+                    worker.wait_end(EXIT_WAIT);
+                }
+            }),
             // Handed its session and never needed: no reader reaps it, so the closing does
             // (after `REAP_WAIT`, killed). It exits once it reads the shutdown.
-            Slot::Starting(handed) => {
+            Slot::Starting(handed) => Box::new(move || {
                 let _ = handed.worker.send(&ToWorker::Shutdown);
-                Box::new(move || {
-                    let Handed { worker, reader, .. } = *handed;
-                    drop(reader);
-                    worker.reap();
-                })
-            }
+                let Handed { worker, reader, .. } = *handed;
+                drop(reader);
+                worker.reap();
+            }),
             Slot::Ended(_) | Slot::Failed(_) => Box::new(|| {}),
         };
         close(end, self.scratch.take(), self.program.clone());
@@ -1106,9 +1105,11 @@ impl Drop for WorkerSession {
 /// has the next session of this process (an eval's next task, a notebook's next completion)
 /// start warm: on this thread, or, while a run keeps workers ready (`pool.rs`: one with
 /// `rlm_query` children, whose every child closes a session), on the closer thread, so that
-/// neither the child nor its parent waits for the worker's exit. Either way the worker is
-/// given [`EXIT_WAIT`] to exit, then killed, and reaped by its link's reader (`end` does
-/// that; a worker never heard from since its start frame is reaped by `end` itself).
+/// neither the child nor its parent waits for the worker's exit, and once the run waits for a
+/// model (`quiet.rs`), so that the exit does not take the cores from the next child's hops.
+/// Either way the worker is told to shut down, given [`EXIT_WAIT`] to exit, then killed, and
+/// reaped by its link's reader (`end` does that; a worker never heard from since its start
+/// frame is reaped by `end` itself).
 fn close(
     end: Box<dyn FnOnce() + Send>,
     scratch: Option<tempfile::TempDir>,
@@ -1121,7 +1122,10 @@ fn close(
     };
     if !pool::in_use() {
         finish();
-    } else if let Err(job) = closer::hand_over(Box::new(finish)) {
+    } else if let Err(job) = closer::hand_over(Box::new(move || {
+        quiet::wait_for_slack(quiet::HOLD);
+        finish();
+    })) {
         job();
     }
 }

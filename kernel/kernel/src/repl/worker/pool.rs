@@ -27,9 +27,11 @@
 //! - **Bounded.** Refills happen only while a run holds a lease for their shape: one when the
 //!   run starts (while its root model thinks), one each time a session of the shape has
 //!   started (on a worker taken from the pool or not), counted by the session and handed to
-//!   the pool's thread, which checks the memory and forks and confines it there. Ordered
-//!   any earlier, the next worker's fork and confinement would take the cores the session's
-//!   start frame and `Ready` wait for. Ready and confining workers together stay within the
+//!   the pool's thread, which checks the memory and forks and confines it there once a run
+//!   of the process waits for a model (`quiet.rs`; at once when a session waits for it).
+//!   Ordered any earlier, or run at once, the next worker's fork and confinement would take
+//!   the cores the session's start frame, its `Ready` and its request to the model wait
+//!   for. Ready and confining workers together stay within the
 //!   children's width (`--batch-concurrency`) and [`MAX_READY`], and none is added when the
 //!   machine has less than [`MIN_AVAILABLE`] memory available.
 //! - **Nothing left.** When the last lease of a shape goes (its run ended), its ready workers
@@ -48,6 +50,7 @@ use super::policy::{level_of, session_policy};
 use super::protocol::{
     Confine, FromWorker, NoSigPipe, ToWorker, read_frame, worker_settings, write_frame,
 };
+use super::quiet::{self, Urgent};
 use super::spawn::{SpawnJob, Spawned, WorkerProgram, job_thread, reap, worker_program};
 use super::template;
 use crate::repl::config::SessionConfig;
@@ -256,6 +259,7 @@ impl Drop for ReadyWorkers {
             .partition(|r| r.shape == self.shape);
         pool.ready = kept;
         // Those being confined end themselves once confined (no lease): wait for them.
+        let _urgent = Urgent::begin();
         let deadline = Instant::now() + DRAIN_WAIT;
         while Pool::count(&pool.confining, &self.shape) > 0 && Instant::now() < deadline {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -316,6 +320,8 @@ pub(crate) fn take(shape: &Shape) -> Option<Ready> {
             break None;
         }
         pool.waiting.push(shape.clone());
+        // The worker being confined for us may still wait for a model call: not any more.
+        let _urgent = Urgent::begin();
         pool = changed
             .wait_timeout(pool, left)
             .unwrap_or_else(PoisonError::into_inner)
@@ -363,6 +369,8 @@ pub(crate) fn order_refill(shape: &Shape) {
 /// On the pool thread: forks a worker from the template and has it confined for `shape`;
 /// kept if a run still wants it, else ended before the end of the run hears it is done.
 fn confine_one(config: &SessionConfig, program: &WorkerProgram, shape: Shape) {
+    // Off the children's hops: while a run waits for a model (`quiet.rs`).
+    quiet::wait_for_slack(quiet::HOLD);
     let ready = if memory_allows() {
         make_ready(config, program, &shape)
     } else {
