@@ -8,7 +8,7 @@
 //! GIL like ordinary Python threads, each with its own globals, captures and watchdog: a
 //! timeout in one session never touches another.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -101,6 +101,11 @@ pub(crate) struct LocalSession {
     thread_done: Mutex<Receiver<()>>,
     /// Who runs the session's `rlm_query` children (set by the loop that owns the session).
     children: Arc<ChildSlot>,
+    /// Whether a block was sent to the session thread. Until one is, its answer is the empty
+    /// dict it started with and no process was started from it (only blocks start them), so
+    /// resetting the answer, reading it, and ending the processes ask the thread nothing (an
+    /// `rlm_query` child that runs no block is a run's start and end without a round trip).
+    ran: AtomicBool,
 }
 
 static NEXT_SESSION_ID: AtomicU64 = AtomicU64::new(1);
@@ -152,6 +157,7 @@ impl LocalSession {
         stop: Option<CancellationToken>,
     ) -> Result<ExecutionResult, ReplError> {
         let wait = self.config.cell_timeout + INTERRUPT_GRACE;
+        self.ran.store(true, Ordering::Relaxed);
         let mut result = self.request(wait, |reply| Job::Exec {
             code: code.to_owned(),
             stop,
@@ -169,12 +175,18 @@ impl LocalSession {
     /// Empties the `answer` dict (`content = ""`, `ready = False`), so that a new run on this
     /// session does not inherit the last run's finished answer. The loop calls it per run.
     pub(crate) fn reset_answer(&self) -> Result<(), ReplError> {
+        if !self.ran.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         self.request(QUERY_WAIT, |reply| Job::ResetAnswer { reply })?
     }
 
     /// `str(answer["content"])` when it is not blank, whether or not `ready` was set: what a
     /// run stopped early keeps as its partial answer.
     pub(crate) fn answer_content(&self) -> Result<Option<String>, ReplError> {
+        if !self.ran.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
         let content = self.request(QUERY_WAIT, |reply| Job::AnswerContent { reply })??;
         Ok(content.map(|mut c| {
             bridge::secret::redactor().redact_in_place(&mut c);
@@ -230,6 +242,9 @@ impl LocalSession {
     /// The loop calls it when a run ends; dropping the session does too. It does not wait
     /// for the session thread, so it works while a block is stuck.
     pub(crate) fn end_processes(&self) -> Result<(), ReplError> {
+        if !self.ran.load(Ordering::Relaxed) {
+            return Ok(());
+        }
         Python::attach(|py| {
             self.py_session
                 .bind(py)
@@ -289,6 +304,8 @@ pub(crate) struct Prepared {
     init: Option<Sender<Setup>>,
     jobs: Sender<Job>,
     ready: Option<Receiver<Result<Started, ReplError>>>,
+    /// Whether the namespace was sent to be built ahead and its answer not read yet.
+    building: bool,
     thread: Option<JoinHandle<()>>,
     thread_done: Option<Receiver<()>>,
 }
@@ -326,6 +343,7 @@ impl Prepared {
             init: Some(init),
             jobs,
             ready: Some(ready),
+            building: false,
             thread: Some(thread),
             thread_done: Some(thread_done),
         };
@@ -350,20 +368,43 @@ impl Prepared {
         route: SubCallRoute,
         embedding: Embedding,
     ) -> Result<(), ReplError> {
+        self.build_ahead(config, route, embedding)?;
+        self.building = false;
+        let answer = match self.ready.take() {
+            Some(ready) => {
+                let (answer, ready) = without_gil(move || (ready.recv().ok(), ready));
+                self.ready = Some(ready);
+                answer.map(|answer| answer.map(drop))
+            }
+            None => None,
+        };
+        self.built(answer)
+    }
+
+    /// Has the session thread build the namespace as [`build`](Self::build) does, without
+    /// waiting for it: [`start`](Self::start) reads how that went (and, should it have failed,
+    /// fails with its error).
+    pub(crate) fn build_ahead(
+        &mut self,
+        config: SessionConfig,
+        route: SubCallRoute,
+        embedding: Embedding,
+    ) -> Result<(), ReplError> {
         let load = config.load.resolved()?;
         let init = self.init(config, route, Vec::new(), load, embedding);
         let sent = self
             .init
             .as_ref()
             .is_some_and(|tx| tx.send(Setup::Ahead(init)).is_ok());
-        let answer = match self.ready.take() {
-            Some(ready) if sent => {
-                let (answer, ready) = without_gil(move || (ready.recv().ok(), ready));
-                self.ready = Some(ready);
-                answer
-            }
-            _ => None,
-        };
+        if !sent {
+            return self.built(None);
+        }
+        self.building = true;
+        Ok(())
+    }
+
+    /// What building the namespace ahead gave (`None`: the session thread stopped).
+    fn built(&mut self, answer: Option<Result<(), ReplError>>) -> Result<(), ReplError> {
         match answer {
             Some(Ok(_)) => Ok(()),
             Some(Err(e)) => {
@@ -420,9 +461,20 @@ impl Prepared {
             .init
             .take()
             .is_some_and(|tx| tx.send(Setup::Start(init)).is_ok());
-        // The session thread always answers or exits (dropping the sender).
+        let building = std::mem::take(&mut self.building);
+        // The session thread always answers or exits (dropping the sender): first how the
+        // namespace built ahead went, if it was not read, then the start.
         let answer = match self.ready.take() {
-            Some(ready) if sent => without_gil(move || ready.recv()).ok(),
+            Some(ready) if sent || building => without_gil(move || {
+                if building {
+                    match ready.recv() {
+                        Ok(Ok(_)) => {}
+                        failed @ Ok(Err(_)) => return failed.ok(),
+                        Err(_) => return None,
+                    }
+                }
+                ready.recv().ok()
+            }),
             _ => None,
         };
         let (contexts, py_session) = match answer {
@@ -473,6 +525,7 @@ impl Prepared {
             thread: Some(thread),
             thread_done: Mutex::new(thread_done),
             children,
+            ran: AtomicBool::new(false),
         })
     }
 
@@ -503,6 +556,11 @@ impl Drop for LocalSession {
         self.closed.cancel();
         self.watchdog.shutdown();
         let _ = self.jobs.send(Job::Shutdown);
+        if !self.ran.load(Ordering::Relaxed) {
+            // No block ran: nothing can keep the thread, which closes the namespace and
+            // ends on its own; the caller (a child run's end) does not wait for it.
+            return;
+        }
         // Join unless the thread is stuck in native code; then leave it to finish on its own.
         let thread_done = &self.thread_done;
         let done = without_gil(|| {

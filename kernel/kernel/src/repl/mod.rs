@@ -163,6 +163,7 @@ pub use metadata::{
 };
 pub(crate) use natives::SubFailure;
 pub use natives::{SubCallErrorMode, UnknownSubCallErrorMode};
+pub(crate) use session::AheadSession;
 pub use session::ReplSession;
 pub use source::{
     ContextInput, ContextSource, LiveObject, LoadOptions, RESERVED_NAMES, check_context_name,

@@ -6,14 +6,16 @@
 //! back.
 
 use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use super::children::ChildRunner;
 use super::config::SessionConfig;
 use super::error::ReplError;
-use super::interpreter;
-use super::local::{Embedding, LocalSession, ensure_module, next_session_id, pop_result};
+use super::interpreter::{self, without_gil};
+use super::local::{Embedding, LocalSession, Prepared, ensure_module, next_session_id, pop_result};
 use super::metadata::{ContextMetadata, ExecutionResult, VariableInfo};
 use super::natives::SubCallRoute;
 use super::source::{ContextInput, ContextSource, check_names};
@@ -39,6 +41,17 @@ const _: () = {
     const fn send_and_sync<T: Send + Sync>() {}
     send_and_sync::<ReplSession>();
 };
+
+/// How long a session's start waits for the session made ahead for it (a spare thread of
+/// the shared runtime makes it; it is done long before in practice).
+const AHEAD_WAIT: Duration = Duration::from_secs(30);
+
+/// An in-process session's threads and namespace, made ahead of its start off the caller's
+/// thread ([`ReplSession::ahead`]); dropped unused, its threads end.
+#[derive(Debug)]
+pub(crate) struct AheadSession {
+    made: Receiver<Result<Prepared, ReplError>>,
+}
 
 impl ReplSession {
     /// Start a session: a new namespace with the natives, and every context loaded (or an
@@ -72,6 +85,69 @@ impl ReplSession {
         config: &SessionConfig,
     ) -> Option<super::worker::ReadyWorkers> {
         super::worker::keep_ready(config)
+    }
+
+    /// In-process, has a session of `config` over `endpoints` made ahead of its start: its
+    /// threads started and its namespace built (everything but its contexts) on a spare
+    /// thread of the shared runtime while the caller goes on, for
+    /// [`ReplSession::start_ahead`]. With isolation on, `None`: a worker confined ahead of
+    /// need has all of that ready (see [`ReplSession::keep_workers_ready`]).
+    pub(crate) fn ahead(
+        config: &SessionConfig,
+        endpoints: &Arc<Endpoints>,
+    ) -> Option<AheadSession> {
+        if config.isolation.in_worker() {
+            return None;
+        }
+        let (made_tx, made) = mpsc::sync_channel(1);
+        let (config, route) = (config.clone(), SubCallRoute::Local(Arc::clone(endpoints)));
+        crate::runtime::shared().spawn_blocking(move || {
+            let prepared = Prepared::new().and_then(|mut prepared| {
+                prepared.build_ahead(config, route, Embedding::default())?;
+                Ok(prepared)
+            });
+            // A session started meanwhile without it (or a run that ended) dropped the
+            // receiver: the prepared session is dropped here and its threads end.
+            let _ = made_tx.send(prepared);
+        });
+        Some(AheadSession { made })
+    }
+
+    /// [`ReplSession::new`] on a session made ahead by [`ReplSession::ahead`] with the same
+    /// `config` and `endpoints`: only the contexts are loaded now. One that could not be made
+    /// ahead (or not start) is made now, as `new` makes it.
+    pub(crate) fn start_ahead(
+        ahead: AheadSession,
+        config: SessionConfig,
+        endpoints: Arc<Endpoints>,
+        contexts: &[ContextSource],
+    ) -> Result<Self, ReplError> {
+        let inputs: Vec<ContextInput> = contexts.iter().cloned().map(Into::into).collect();
+        check_names(&inputs)?;
+        let made = ahead.made;
+        let started = match without_gil(move || made.recv_timeout(AHEAD_WAIT)) {
+            Ok(Ok(prepared)) => prepared.start(
+                config.clone(),
+                SubCallRoute::Local(Arc::clone(&endpoints)),
+                &inputs,
+                Embedding::default(),
+            ),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(ReplError::SessionClosed {
+                reason: "the session made ahead did not come".to_owned(),
+            }),
+        };
+        match started {
+            Ok(local) => Ok(Self {
+                id: local.id(),
+                config,
+                backend: Backend::Local(Box::new(local)),
+            }),
+            Err(e) => {
+                tracing::debug!("the session made ahead could not start ({e}); starting one now");
+                Self::with_inputs(config, endpoints, &inputs)
+            }
+        }
     }
 
     /// Like [`ReplSession::new`], with contexts that may carry their own variable names

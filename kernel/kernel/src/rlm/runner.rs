@@ -43,7 +43,8 @@ use super::metadata::{
 use super::metrics::MetricsHook;
 use super::prompts::Prompts;
 use crate::repl::{
-    ChildAnswer, ChildQuery, ChildRunner, ContextMetadata, ReplSession, SessionConfig, SubFailure,
+    AheadSession, ChildAnswer, ChildQuery, ChildRunner, ContextMetadata, ReplSession,
+    SessionConfig, SubFailure,
 };
 use bridge::{BridgeError, CancellationToken, ChatRequest, Endpoints, Message, SubCallMetadata};
 
@@ -920,6 +921,8 @@ pub(crate) struct ChildRuns {
     finished: Mutex<Vec<ChildRun>>,
     /// The index of the next child of the current block.
     next: AtomicUsize,
+    /// In-process, the next child's session, made while the previous child runs.
+    ahead: Mutex<Option<AheadSession>>,
 }
 
 impl ChildRuns {
@@ -943,6 +946,7 @@ impl ChildRuns {
             deadline,
             finished: Mutex::new(Vec::new()),
             next: AtomicUsize::new(0),
+            ahead: Mutex::new(None),
         }
     }
 
@@ -1038,13 +1042,28 @@ impl ChildRuns {
         }
         let contexts: Vec<_> = query.context.iter().cloned().collect();
         // With isolation on and no context, its worker starts the session while the child
-        // asks its model: the first block waits for it.
-        let session =
-            ReplSession::for_child(self.session.clone(), Arc::clone(&self.endpoints), &contexts)
-                .map_err(|e| e.to_string())?;
+        // asks its model: the first block waits for it. In-process, it takes the session made
+        // while the previous child ran, if there is one.
+        let ahead = self
+            .ahead
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let (config, endpoints) = (self.session.clone(), Arc::clone(&self.endpoints));
+        let session = match ahead {
+            Some(ahead) => ReplSession::start_ahead(ahead, config, endpoints, &contexts),
+            None => ReplSession::for_child(config, endpoints, &contexts),
+        }
+        .map_err(|e| e.to_string())?;
         // The next child's worker starts while this one runs (its session took the spare; a
-        // run that keeps workers ready had its pool order the next as this session started).
+        // run that keeps workers ready had its pool order the next as this session started);
+        // in-process, the next child's session is made meanwhile (one at a time).
         ReplSession::prepare(&self.session);
+        let mut next = self.ahead.lock().unwrap_or_else(PoisonError::into_inner);
+        if next.is_none() {
+            *next = ReplSession::ahead(&self.session, &self.endpoints);
+        }
+        drop(next);
         let mut config = self.config.clone();
         model.clone_into(&mut config.root_endpoint);
         if let Some(n) = query.max_iterations {
