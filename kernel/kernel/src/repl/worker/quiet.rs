@@ -132,10 +132,11 @@ mod tests {
     static TURN: Mutex<()> = Mutex::new(());
 
     /// A thread waiting for slack (up to 20 s), started 50 ms ago; it returns how long it
-    /// waited.
+    /// waited, counted from before it was spawned (a thread that starts late under load
+    /// must not make the wait look shorter than it was).
     fn waiter_after_50_ms() -> std::thread::JoinHandle<Duration> {
-        let waiter = std::thread::spawn(|| {
-            let started = Instant::now();
+        let started = Instant::now();
+        let waiter = std::thread::spawn(move || {
             wait_for_slack(Duration::from_secs(20));
             started.elapsed()
         });
