@@ -64,7 +64,9 @@ pub use report::{Layer, LayerReport, Report, State};
 ///
 /// The calling process becomes the supervisor and never returns from this call (see the
 /// crate docs). With [`Level::Strict`] it fails with [`SandboxError::NotConfined`] unless
-/// every layer is in force; with [`Level::BestEffort`] missing layers are only reported.
+/// every layer is in force, as found by applying them (in the confined process, before the
+/// caller runs anything there; the supervisor then ends as that process does); with
+/// [`Level::BestEffort`] missing layers are only reported.
 ///
 /// After it, the process cannot `connect` or `bind` any socket (it keeps the ones it has:
 /// talk to the parent over an inherited socket pair), and cannot undo any layer.
