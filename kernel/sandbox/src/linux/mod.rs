@@ -32,8 +32,9 @@ pub(crate) fn enter(policy: &Policy, level: Level) -> Result<Report, SandboxErro
     if threads > 1 {
         return Err(SandboxError::Threaded { threads });
     }
-    // Compiled before anything changes, so a broken filter fails in the caller's process.
-    let filters = syscalls::compile(policy.network);
+    // Compiled before anything changes (or by `prepare`, before this process was forked), so
+    // a broken filter fails in the caller's process.
+    let filters = syscalls::compiled(policy.network);
     let root = rustix::process::geteuid().is_root();
     let environment = env::apply(&policy.env);
     lifetime::die_with_parent()?;
@@ -364,12 +365,20 @@ fn namespace_reason(kind: &str, e: Errno) -> String {
     format!("no {kind} namespace: {why} ({e})")
 }
 
+/// See [`crate::prepare`].
+pub(crate) fn prepare() {
+    for network in [false, true] {
+        // A filter that cannot be built fails `enter` later, with the reason.
+        let _ = syscalls::compiled(network);
+    }
+}
+
 /// See [`crate::probe`].
 pub(crate) fn probe(policy: &Policy) -> Report {
     let root = rustix::process::geteuid().is_root();
     let trial = ns_trial(policy.limits.processes.unwrap_or(0), policy.network);
     let abi = filesystem::kernel_abi();
-    let seccomp = syscalls::kernel_supports_filters() && syscalls::compile(policy.network).is_ok();
+    let seccomp = syscalls::kernel_supports_filters() && syscalls::compiled(policy.network).is_ok();
     let filesystem = filesystem::with_read_only_mounts(
         filesystem::expected(abi, policy),
         trial.read_only.map_err(mount_reason),

@@ -23,6 +23,7 @@
 //! architecture check).
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -255,6 +256,23 @@ pub(crate) fn compile(network: bool) -> Result<[BpfProgram; 2], SandboxError> {
     ])
 }
 
+/// The filters of [`compile`], compiled once per process: the rules are fixed, so every call
+/// of a process (and every process it forks afterwards, see [`crate::prepare`]) shares the
+/// one compilation.
+pub(crate) fn compiled(network: bool) -> Result<[BpfProgram; 2], SandboxError> {
+    static COMPILED: [OnceLock<Result<[BpfProgram; 2], String>>; 2] =
+        [const { OnceLock::new() }, const { OnceLock::new() }];
+    COMPILED[usize::from(network)]
+        .get_or_init(|| {
+            compile(network).map_err(|e| match e {
+                SandboxError::Filter(reason) => reason,
+                other => other.to_string(),
+            })
+        })
+        .clone()
+        .map_err(SandboxError::Filter)
+}
+
 /// Whether this kernel offers seccomp filters (`SECCOMP_GET_ACTION_AVAIL` for `ERRNO`).
 pub(crate) fn kernel_supports_filters() -> bool {
     let action: u32 = libc::SECCOMP_RET_ERRNO;
@@ -312,5 +330,20 @@ mod tests {
     fn both_filters_compile_within_the_kernel_limit() {
         let filters = compile(false).unwrap_or_else(|e| panic!("{e}"));
         assert!(filters[0].len() < 4096 && filters[1].len() < 64);
+    }
+
+    #[test]
+    fn each_network_setting_keeps_its_own_compiled_filters() {
+        crate::prepare();
+        // Asked in either order, each setting gets what compiling it gives: the filters
+        // kept for a policy with the network never reach one without it.
+        for network in [true, false, true] {
+            let kept = compiled(network).unwrap_or_else(|e| panic!("{e}"));
+            let fresh = compile(network).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(kept, fresh, "network {network}");
+        }
+        let closed = compiled(false).unwrap_or_else(|e| panic!("{e}"));
+        let open = compiled(true).unwrap_or_else(|e| panic!("{e}"));
+        assert_ne!(closed[0], open[0], "the socket rules must differ");
     }
 }

@@ -4,7 +4,8 @@
 //! The template is a worker process started with `RLM_WORKER_TEMPLATE` set: it starts CPython
 //! and the kernel's support module like any worker, then, instead of waiting for a session,
 //! serves fork requests on its link ([`serve_forks`]) until the host closes it. It never
-//! runs model code and never starts a thread: it only reads a request, forks, and answers.
+//! runs model code and never starts a thread: it compiles the seccomp filters its forks will
+//! install (`sandbox::prepare`, once), then only reads a request, forks, and answers.
 //!
 //! ```text
 //!  host (spawn.rs)                      template                    forked worker
@@ -406,6 +407,8 @@ pub(crate) fn serve_forks(control: UnixStream) -> Result<Option<UnixStream>, Str
     // it, but each worker starts as a copy of it).
     // SAFETY: prctl on this process.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
+    // What every fork's confinement would otherwise compute again (the seccomp filters).
+    sandbox::prepare();
     loop {
         let fds = match receive_fds(&control) {
             Ok(fds) => fds,
