@@ -67,11 +67,11 @@ pub fn serve_if_worker() -> Option<std::process::ExitCode> {
         .then(|| std::process::ExitCode::from(main()))
 }
 
-/// Serves one session to the parent that started this process (see the `repl::worker` module docs);
-/// returns its exit status when the parent says so or goes away. Called first thing by the
-/// worker executable (`rlm __worker`, `python -m rlm_kernel._worker`); the caller exits with
-/// the status, without finalising the interpreter (a thread of the model's code may still
-/// run).
+/// Serves one session to the parent that started this process (see the `repl::worker` module docs).
+/// Called first thing by the worker executable (`rlm __worker`, `python -m rlm_kernel._worker`).
+/// A session that started ends the process itself (`_exit(0)`) when the parent says so or
+/// goes away; otherwise (a spare or a template the parent no longer needs, a failed start) it
+/// returns the exit status, and the caller exits with it, without finalising the interpreter.
 pub fn main() -> u8 {
     match serve() {
         Ok(()) => 0,
@@ -153,12 +153,23 @@ fn serve() -> Result<(), String> {
     match start_session(&link, prepared, *start, memfds) {
         Ok(session) => {
             run(&link, session, requests, &mut reader, &mut buffer);
-            Ok(())
+            end_served()
         }
         Err(error) => link
             .send(&FromWorker::Failed(error))
             .map_err(|e| format!("could not report a failed start: {e}")),
     }
+}
+
+/// Ends the worker once its session is over (`run` flushed its output and closed its link):
+/// `_exit`, not a return through the program's `main`. A return would drop the session (its
+/// Python objects, while its threads may still run) and run the C library's exit handlers and
+/// every library's destructors — writes to pages the worker still shares copy-on-write, each
+/// one copied, for a process that is about to end. What the session's code started ends with
+/// the worker's PID namespace (or its supervisor), as before.
+fn end_served() -> ! {
+    // SAFETY: ends this process; nothing of it runs after.
+    unsafe { libc::_exit(0) }
 }
 
 fn report_failed_start(link: &UnixStream, error: ReplError) -> Result<(), String> {
