@@ -289,3 +289,99 @@ fn a_child_whose_worker_crashes_is_an_error_the_isolated_parent_survives() {
     );
     assert_eq!(children[1]["answer"], "2");
 }
+
+/// What each kind of `context` an isolated parent's code can hand to `rlm_query` becomes
+/// (the root code, in its worker): the name of the kind, the Python expression.
+const CHILD_CONTEXTS: &[(&str, &str)] = &[
+    ("empty str", "''"),
+    ("str", "'alpha beta gamma'"),
+    ("unicode str", "'héllo wörld ✓ 🙂\\nzweite Zeile'"),
+    ("utf-8 bytes", "'naïve café'.encode()"),
+    ("large str", "'lorem ipsum dolor sit amet ' * 100_000"),
+    ("dict", "{'a': [1, 2], 'b': 'x', 'c': None}"),
+    ("list", "[1, 'two', {'three': 3}, [4]]"),
+    ("tuple", "(1.5, 'x')"),
+    ("empty list", "[]"),
+    (
+        "polars frame",
+        "pl.DataFrame({'x': [1, 2, 3], 'y': ['a', 'b', 'c']})",
+    ),
+    (
+        "pandas frame",
+        "pd.DataFrame({'x': [1.5, 2.5], 'y': ['a', 'b']})",
+    ),
+];
+
+#[test]
+fn every_kind_of_child_context_is_described_in_the_childs_first_prompt_as_its_worker_loads_it() {
+    // An isolated child's first prompt describes its context; rlm describes a text itself
+    // while the child's worker loads it (the child's first model call does not wait for the
+    // worker), and must say exactly what the worker's own description said: the snapshot
+    // holds each kind's first user message byte for byte, and each child's block checks
+    // what its worker loaded.
+    let kinds: Vec<String> = CHILD_CONTEXTS
+        .iter()
+        .map(|(kind, value)| format!("    ({kind:?}, {value}),"))
+        .collect();
+    let root = format!(
+        "import polars as pl, pandas as pd\nkinds = [\n{}\n]\nanswers = [rlm_query(f'kind {{k}}', context=v) for k, v in kinds]",
+        kinds.join("\n")
+    );
+    let mock = Mock::start_with(bridge::mock::MockConfig {
+        script: bridge::mock::Script::from_json_value(json!({"models": {
+            "root-model": {"replies": [repl(&root), "FINAL_VAR(answers)"]},
+            "sub-model": {"rules": [
+                {"system": "recursive language model", "turn": 0,
+                 "reply": repl("result = f'{type(context).__name__} {len(context)}'")},
+                {"system": "recursive language model", "turn": 1, "reply": "FINAL_VAR(result)"}
+            ]}
+        }}))
+        .expect("valid script"),
+        record_requests: true,
+        ..bridge::mock::MockConfig::default()
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = mock.run(&[
+        "--context",
+        &context(&dir, &["x"]),
+        "--query",
+        "q",
+        "--max-depth",
+        "2",
+        "--json",
+    ]);
+    run.assert_code(0);
+    assert_eq!(
+        run.json()["answer"],
+        "['str 0', 'str 16', 'str 28', 'str 10', 'str 2700000', 'dict 3', 'list 4', 'list 2', \
+         'list 0', 'DataFrame 3', 'DataFrame 2']",
+        "{}",
+        run.stderr
+    );
+    let firsts: Vec<String> = mock
+        .log()
+        .entries()
+        .iter()
+        .filter(|r| r.model == "sub-model")
+        .filter_map(|r| serde_json::from_str::<Value>(r.body.as_deref()?).ok())
+        .filter(|body| body["messages"].as_array().is_some_and(|m| m.len() == 2))
+        .map(|body| {
+            body["messages"][1]["content"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(firsts.len(), CHILD_CONTEXTS.len(), "{firsts:#?}");
+    // The scratch file a structured context is handed over in has the parent worker's pid.
+    let scratch = regex::Regex::new(r"`[^`]*/rlm-child-context-\d+-(\d+)\.(\w+)`").expect("regex");
+    let shown: Vec<String> = firsts
+        .iter()
+        .map(|m| {
+            scratch
+                .replace_all(m, "`[scratch]/rlm-child-context-[pid]-$1.$2`")
+                .into_owned()
+        })
+        .collect();
+    insta::assert_snapshot!(shown.join("\n\n----------\n\n"));
+}
