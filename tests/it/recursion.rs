@@ -373,14 +373,16 @@ fn every_kind_of_child_context_is_described_in_the_childs_first_prompt_as_its_wo
         })
         .collect();
     assert_eq!(firsts.len(), CHILD_CONTEXTS.len(), "{firsts:#?}");
-    // The scratch file a structured context is handed over in has the parent worker's pid.
+    // The scratch file a structured context is handed over in has the parent worker's pid;
+    // a Parquet file's size is its writer's (the installed polars').
     let scratch = regex::Regex::new(r"`[^`]*/rlm-child-context-\d+-(\d+)\.(\w+)`").expect("regex");
+    let parquet =
+        regex::Regex::new(r"\d+ bytes on disk(\), from `[^`]*\.parquet`)").expect("regex");
     let shown: Vec<String> = firsts
         .iter()
         .map(|m| {
-            scratch
-                .replace_all(m, "`[scratch]/rlm-child-context-[pid]-$1.$2`")
-                .into_owned()
+            let m = scratch.replace_all(m, "`[scratch]/rlm-child-context-[pid]-$1.$2`");
+            parquet.replace_all(&m, "[n] bytes on disk$1").into_owned()
         })
         .collect();
     insta::assert_snapshot!(shown.join("\n\n----------\n\n"));

@@ -862,6 +862,92 @@ fn a_worker_killed_while_its_child_asks_its_model_is_replaced_at_the_first_block
     assert_eq!(mock.requests_to("sub-model"), 2, "{run:#?}");
 }
 
+/// The root's code of the tests of a child with a context: one child handed a piece of
+/// text (120 000 characters), as a user's children are.
+const ONE_CHILD_WITH_A_PIECE: &str =
+    "piece = 'lorem ipsum ' * 10_000\nanswers = [rlm_query('one', context=piece)]";
+
+/// What such a child's first prompt says of its context.
+const THE_PIECE_DESCRIBED: &str = "a Python `str` of 120,000 characters (120.0 KB), from `<text>`";
+
+/// The first request the sub-model got, its last user message's head.
+fn first_child_prompt(mock: &Mock) -> String {
+    mock.log()
+        .entries()
+        .iter()
+        .find(|r| r.model == "sub-model")
+        .map(|r| r.last_user.clone())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_child_with_a_context_asks_its_model_while_its_worker_is_still_starting() {
+    // As above for a child handed a piece of text: its first prompt describes the piece
+    // (rlm describes what it hands over, as the worker would), so its first model call does
+    // not wait for the stopped worker either; its block does, and sees the whole piece.
+    let mock = Mock::start(slow_script(
+        &[&repl(ONE_CHILD_WITH_A_PIECE), "FINAL_VAR(answers)"],
+        2000,
+        "result = str(len(context.split()))",
+        0,
+    ));
+    let seen_at_resume = std::cell::Cell::new(None);
+    let child_asked = |mock: &Mock| {
+        let n = mock.requests_to("sub-model");
+        if n >= 1 {
+            seen_at_resume.set(Some(n));
+        }
+        n >= 1
+    };
+    let run = with_first_ready_stopped(&mock, &[], &child_asked, false);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_eq!(run.json()["answer"], "['20000']", "{run:#?}");
+    let worker = &run.killed.first().expect("a worker was stopped").pid;
+    assert!(
+        run.stderr
+            .contains(&format!("took the worker {worker}, confined ahead of need")),
+        "the child took the stopped worker: {run:#?}"
+    );
+    assert_eq!(
+        run.paused.by_condition,
+        Some(true),
+        "the child's model call was not answered while its worker was stopped: {run:#?}"
+    );
+    assert_eq!(seen_at_resume.get(), Some(1), "{run:#?}");
+    let prompt = first_child_prompt(&mock);
+    assert!(prompt.contains(THE_PIECE_DESCRIBED), "{prompt}");
+    assert!(
+        !run.stderr.contains("described its contexts differently"),
+        "{run:#?}"
+    );
+}
+
+#[test]
+fn a_worker_killed_while_a_child_with_a_context_asks_its_model_is_replaced_with_the_context() {
+    // The stopped worker is killed once the child's model call is out: the first block
+    // starts another, which loads the same piece (kept by rlm), and nothing is lost.
+    let mock = Mock::start(slow_script(
+        &[&repl(ONE_CHILD_WITH_A_PIECE), "FINAL_VAR(answers)"],
+        2000,
+        "result = str(len(context.split()))",
+        0,
+    ));
+    let child_asked = |mock: &Mock| mock.requests_to("sub-model") >= 1;
+    let run = with_first_ready_stopped(&mock, &[], &child_asked, true);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_eq!(run.json()["answer"], "['20000']", "{run:#?}");
+    assert_eq!(run.paused.by_condition, Some(true), "{run:#?}");
+    let worker = &run.killed.first().expect("a worker was stopped").pid;
+    assert!(
+        run.stderr.contains(&format!(
+            "worker {worker} confined ahead of need had ended; the session starts another"
+        )),
+        "the child replaced the killed worker: {run:#?}"
+    );
+    assert_eq!(mock.requests_to("sub-model"), 2, "{run:#?}");
+    assert!(first_child_prompt(&mock).contains(THE_PIECE_DESCRIBED));
+}
+
 #[test]
 fn a_child_stopped_before_its_worker_was_ready_leaves_no_process_behind() {
     // The child's model call hangs while its worker, stopped, has not read its start frame;

@@ -159,17 +159,31 @@ pub(crate) fn load_text_bytes<'py>(
     bytes: &[u8],
 ) -> Result<LoadedContext<'py>, ReplError> {
     let started = Instant::now();
-    let mut meta = blank_metadata(index, context_name(index, input));
-    meta.source = source.to_owned();
-    meta.bytes = bytes.len() as u64;
     let text =
         std::str::from_utf8(bytes).map_err(|e| not_utf8(bytes, &e, Path::new(source), ""))?;
-    let value = text_value(py, text, &mut meta);
+    let mut meta = describe_text(index, input, source, text);
+    let value = PyString::new(py, text).into_any();
     meta.load_ms = started.elapsed().as_secs_f64() * 1000.0;
     Ok(LoadedContext {
         value,
         metadata: meta,
     })
+}
+
+/// What [`load_text_bytes`] says of context `index` holding `text`, without loading it (no
+/// Python): what rlm tells an isolated child's model while the child's worker loads the
+/// same bytes (`load_ms` left at 0 for the caller).
+pub(crate) fn describe_text(
+    index: usize,
+    input: &ContextInput,
+    source: &str,
+    text: &str,
+) -> ContextMetadata {
+    let mut meta = blank_metadata(index, context_name(index, input));
+    meta.source = source.to_owned();
+    meta.bytes = text.len() as u64;
+    text_shape(text, &mut meta);
+    meta
 }
 
 /// Loads context `index` as the live object `value` (a worker's copy of one the Python
@@ -449,13 +463,18 @@ fn load_text<'py>(
 }
 
 fn text_value<'py>(py: Python<'py>, text: &str, meta: &mut ContextMetadata) -> Bound<'py, PyAny> {
+    text_shape(text, meta);
+    PyString::new(py, text).into_any()
+}
+
+/// A text context's kind, size, characters and emptiness.
+fn text_shape(text: &str, meta: &mut ContextMetadata) {
     meta.kind = ContextKind::Text;
     if meta.bytes == 0 {
         meta.bytes = text.len() as u64;
     }
     meta.chars = Some(text.chars().count() as u64);
     meta.empty = text.is_empty();
-    PyString::new(py, text).into_any()
 }
 
 fn set_item_stats(meta: &mut ContextMetadata, sizes: Option<Vec<u64>>) {

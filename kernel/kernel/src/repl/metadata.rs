@@ -232,7 +232,8 @@ pub struct ContextMetadata {
     pub items: Option<u64>,
     /// Size statistics of the items.
     pub item_sizes: Option<ItemSizes>,
-    /// Wall-clock time spent loading, in milliseconds.
+    /// Wall-clock time spent loading, in milliseconds (a text handed to an isolated
+    /// `rlm_query` child: the time `rlm` took to describe it; its worker loads it meanwhile).
     pub load_ms: f64,
     /// The library of its data frames (tables, workbooks, tables in a directory).
     #[serde(default)]

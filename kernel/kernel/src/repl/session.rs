@@ -161,12 +161,15 @@ impl ReplSession {
     }
 
     /// Like [`ReplSession::new`] for an `rlm_query` child, whose loop asks its model before
-    /// its first block: with isolation on and no context, the session returns once its
-    /// worker was sent its start frame, and waits for the worker's `Ready` when it is first
-    /// used (a block, or anything else that needs the worker), so the worker starts the
-    /// session while the child's first model call is out. A worker that fails to start
-    /// fails that first use with the error `new` would have returned. With a context (whose
-    /// description the first prompt carries) or in-process, as `new`.
+    /// its first block: with isolation on, the session returns once its worker was sent its
+    /// start frame, and waits for the worker's `Ready` when it is first used (a block, or
+    /// anything else that needs the worker), so the worker starts the session while the
+    /// child's first model call is out. A worker that fails to start fails that first use
+    /// with the error `new` would have returned. The first prompt describes the context:
+    /// a text is described by rlm from what it hands over, exactly as the worker describes
+    /// it; a context handed over as a file (a `dict`, `list` or frame) is described by the
+    /// worker that loads it, so such a child waits for `Ready` at its start. In-process, as
+    /// `new`.
     pub(crate) fn for_child(
         config: SessionConfig,
         endpoints: Arc<Endpoints>,

@@ -1041,8 +1041,9 @@ impl ChildRuns {
             return Err(format!("the tree's budget is spent ({spent})"));
         }
         let contexts: Vec<_> = query.context.iter().cloned().collect();
-        // With isolation on and no context, its worker starts the session while the child
-        // asks its model: the first block waits for it. In-process, it takes the session made
+        // With isolation on, its worker starts the session while the child asks its model
+        // (unless its context is a file, which the worker must load to describe): the first
+        // block waits for it. In-process, it takes the session made
         // while the previous child ran, if there is one.
         let ahead = self
             .ahead

@@ -56,7 +56,7 @@ use super::spawn::{
 };
 use super::template;
 use super::threads::Threads;
-use super::transfer::{SharedContexts, share_contexts};
+use super::transfer::{SharedContexts, described_ahead, share_contexts};
 use crate::repl::capture::{OutputCapture, Stream};
 use crate::repl::children::{ChildSlot, query_of};
 use crate::repl::config::{OnCrash, SessionConfig};
@@ -159,21 +159,23 @@ impl WorkerSession {
         Self::begin(id, config, endpoints, inputs, false)
     }
 
-    /// Like [`WorkerSession::start`], for a session without contexts (an `rlm_query` child
-    /// without one) whose caller has other work before its first block: the worker is taken
-    /// and sent its start frame, and its `Ready` is read only when the session is first
-    /// needed (a block, or any request), so the worker starts its session while the caller
-    /// works (a child's first model call). A worker that fails to start its session makes
-    /// that first request fail with the error [`WorkerSession::start`] would have returned.
-    /// With contexts, the caller needs their metadata at once: as `start`.
+    /// Like [`WorkerSession::start`], for a session whose caller has other work before its
+    /// first block (an `rlm_query` child's first model call): the worker is taken and sent
+    /// its start frame, and its `Ready` is read only when the session is first needed (a
+    /// block, or any request), so the worker starts its session while the caller works. A
+    /// worker that fails to start its session makes that first request fail with the error
+    /// [`WorkerSession::start`] would have returned. The contexts' metadata, which the
+    /// caller needs at once (its first prompt describes them), is rlm's own description of
+    /// what it hands over, made before the worker (or any code in it) runs; a context that
+    /// must be loaded to be described (a file: a child's `dict`, `list` or frame) makes the
+    /// start wait for `Ready`, as `start`.
     pub(crate) fn start_ready_later(
         id: u64,
         config: SessionConfig,
         endpoints: Arc<Endpoints>,
         inputs: &[ContextInput],
     ) -> Result<Self, ReplError> {
-        let later = inputs.is_empty();
-        Self::begin(id, config, endpoints, inputs, later)
+        Self::begin(id, config, endpoints, inputs, true)
     }
 
     fn begin(
@@ -185,6 +187,11 @@ impl WorkerSession {
     ) -> Result<Self, ReplError> {
         let program = worker_program().ok_or(ReplError::NoWorkerProgram)?;
         let shared = share_contexts(inputs)?;
+        let described = if ready_later {
+            described_ahead(inputs)
+        } else {
+            None
+        };
         // A worker confined ahead of need for sessions like this one (no files to read).
         let shape = shared
             .read_paths
@@ -255,8 +262,9 @@ impl WorkerSession {
             children: Arc::default(),
             ran: std::sync::atomic::AtomicBool::new(false),
         };
-        if ready_later {
+        if let Some(contexts) = described {
             let handed = session.hand_over_any(ready)?;
+            session.contexts = contexts;
             session.confinement = handed.confinement.clone();
             *lock(&session.worker) = Slot::Starting(Box::new(handed));
         } else {
@@ -549,12 +557,15 @@ impl WorkerSession {
                         return Err(ReplError::internal("starting a worker", "no worker"));
                     };
                     // Not under the slot's lock: `interrupt` must not wait for the start.
-                    let started = self.ready(*handed).map(|(worker, _, _)| worker);
+                    let started = self.ready(*handed);
                     *lock(&self.worker) = match &started {
-                        Ok(worker) => Slot::Live(Arc::clone(worker)),
+                        Ok((worker, _, _)) => Slot::Live(Arc::clone(worker)),
                         Err(error) => Slot::Failed(error.to_string()),
                     };
-                    return started;
+                    return started.map(|(worker, contexts, _)| {
+                        self.check_described(&contexts);
+                        worker
+                    });
                 }
                 Slot::Ended(end) => end.clone(),
                 Slot::Failed(reason) => {
@@ -578,6 +589,29 @@ impl WorkerSession {
             Slot::Starting(_) | Slot::Ended(_) | Slot::Failed(_) => Err(ReplError::SessionClosed {
                 reason: "its worker process could not be restored".to_owned(),
             }),
+        }
+    }
+
+    /// Compares what a worker said of its contexts in its `Ready` with what the session
+    /// reports (rlm's own description, made before the worker ran: see
+    /// [`WorkerSession::start_ready_later`]). They differ only by a bug, which is logged;
+    /// the session keeps rlm's, which its first prompt carried.
+    fn check_described(&self, said: &[ContextMetadata]) {
+        let same = said.len() == self.contexts.len()
+            && said.iter().zip(&self.contexts).all(|(said, ours)| {
+                // The load's time is the one field that differs by nature.
+                let said = ContextMetadata {
+                    load_ms: ours.load_ms,
+                    ..said.clone()
+                };
+                said == *ours
+            });
+        if !same {
+            tracing::warn!(
+                worker = ?said,
+                rlm = ?self.contexts,
+                "a worker described its contexts differently from rlm; the session keeps rlm's description"
+            );
         }
     }
 

@@ -13,10 +13,35 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
 use super::protocol::{MAX_MEMFDS, MemfdContent, ObjectFormat, WireContext, WireSource};
+use crate::repl::context::describe_text;
 use crate::repl::error::ReplError;
+use crate::repl::metadata::ContextMetadata;
 use crate::repl::source::{ContextInput, ContextSource, LiveObject};
 
 const SHARE_SOURCE: &str = include_str!("share.py");
+
+/// The source a text given directly has in its metadata.
+const TEXT_SOURCE: &str = "<text>";
+
+/// What the worker's [`Ready`](super::protocol::FromWorker::Ready) will say of `inputs`,
+/// known here from what rlm hands over, when it is (for texts given directly: the memfd holds
+/// these bytes, sealed, and the worker describes them by the same function); `None` when a
+/// context must be loaded to be described (a file, standard input, a live object).
+pub(crate) fn described_ahead(inputs: &[ContextInput]) -> Option<Vec<ContextMetadata>> {
+    inputs
+        .iter()
+        .enumerate()
+        .map(|(index, input)| match &input.source {
+            ContextSource::Text(text) => {
+                let started = std::time::Instant::now();
+                let mut meta = describe_text(index, input, TEXT_SOURCE, text);
+                meta.load_ms = started.elapsed().as_secs_f64() * 1000.0;
+                Some(meta)
+            }
+            ContextSource::Path(_) | ContextSource::Stdin | ContextSource::Object(_) => None,
+        })
+        .collect()
+}
 
 /// What a worker's contexts need: their descriptions, the memfds (kept for every restart,
 /// handed over with each start frame), and the paths the worker must be allowed to read.
@@ -47,7 +72,7 @@ pub(crate) fn share_contexts(inputs: &[ContextInput]) -> Result<SharedContexts, 
                 shared.add(
                     memfd,
                     MemfdContent::Text {
-                        source: "<text>".to_owned(),
+                        source: TEXT_SOURCE.to_owned(),
                     },
                 )?
             }
