@@ -101,6 +101,8 @@ pub(crate) struct WorkerSession {
     scratch: Option<tempfile::TempDir>,
     scratch_path: PathBuf,
     worker: Mutex<Slot>,
+    /// Signalled when a [`Slot::Readying`] worker became live or failed.
+    settled: Condvar,
     /// One request at a time, as in-process.
     busy: Mutex<()>,
     journal: Mutex<Journal>,
@@ -122,6 +124,10 @@ pub(crate) struct WorkerSession {
 enum Slot {
     Live(Arc<Worker>),
     Starting(Box<Handed>),
+    /// Its `Ready` being read by one request, outside the slot's lock (so that `interrupt`
+    /// does not wait for it); other requests wait for the outcome
+    /// ([`WorkerSession::settled`]).
+    Readying,
     Ended(WorkerEnd),
     /// Its worker could not start its session: why (later requests get it as the reason).
     Failed(String),
@@ -253,6 +259,7 @@ impl WorkerSession {
             worker: Mutex::new(Slot::Ended(WorkerEnd::Lost {
                 detail: "has not started".to_owned(),
             })),
+            settled: Condvar::new(),
             busy: Mutex::new(()),
             journal: Mutex::new(Journal::default()),
             cancel,
@@ -540,18 +547,20 @@ impl WorkerSession {
     fn live(&self, stop: Option<&CancellationToken>) -> Result<Arc<Worker>, ReplError> {
         let ended = {
             let mut slot = lock(&self.worker);
+            // Another request reads the worker's `Ready`: its outcome is this one's too.
+            while matches!(*slot, Slot::Readying) {
+                slot = self
+                    .settled
+                    .wait(slot)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
             match &*slot {
                 Slot::Live(worker) => match worker.ended(self.memory_bytes) {
                     None => return Ok(Arc::clone(worker)),
                     Some(end) => end,
                 },
                 Slot::Starting(_) => {
-                    let starting = std::mem::replace(
-                        &mut *slot,
-                        Slot::Ended(WorkerEnd::Lost {
-                            detail: "was starting".to_owned(),
-                        }),
-                    );
+                    let starting = std::mem::replace(&mut *slot, Slot::Readying);
                     drop(slot);
                     let Slot::Starting(handed) = starting else {
                         return Err(ReplError::internal("starting a worker", "no worker"));
@@ -562,6 +571,7 @@ impl WorkerSession {
                         Ok((worker, _, _)) => Slot::Live(Arc::clone(worker)),
                         Err(error) => Slot::Failed(error.to_string()),
                     };
+                    self.settled.notify_all();
                     return started.map(|(worker, contexts, _)| {
                         self.check_described(&contexts);
                         worker
@@ -572,6 +582,9 @@ impl WorkerSession {
                     return Err(ReplError::SessionClosed {
                         reason: reason.clone(),
                     });
+                }
+                Slot::Readying => {
+                    return Err(ReplError::internal("starting a worker", "still starting"));
                 }
             }
         };
@@ -586,9 +599,11 @@ impl WorkerSession {
         }
         match &*lock(&self.worker) {
             Slot::Live(worker) => Ok(Arc::clone(worker)),
-            Slot::Starting(_) | Slot::Ended(_) | Slot::Failed(_) => Err(ReplError::SessionClosed {
-                reason: "its worker process could not be restored".to_owned(),
-            }),
+            Slot::Starting(_) | Slot::Readying | Slot::Ended(_) | Slot::Failed(_) => {
+                Err(ReplError::SessionClosed {
+                    reason: "its worker process could not be restored".to_owned(),
+                })
+            }
         }
     }
 
@@ -1079,7 +1094,7 @@ impl WorkerSession {
         let worker = match &*lock(&self.worker) {
             Slot::Live(worker) => Arc::clone(worker),
             // Not started: no code ran in it.
-            Slot::Starting(_) | Slot::Ended(_) | Slot::Failed(_) => return Ok(()),
+            Slot::Starting(_) | Slot::Readying | Slot::Ended(_) | Slot::Failed(_) => return Ok(()),
         };
         match worker.request(Request::EndProcesses, QUERY_WAIT) {
             Ok(Reply::Text(done)) => done.map(drop),
@@ -1129,7 +1144,7 @@ impl Drop for WorkerSession {
                 drop(reader);
                 worker.reap();
             }),
-            Slot::Ended(_) | Slot::Failed(_) => Box::new(|| {}),
+            Slot::Readying | Slot::Ended(_) | Slot::Failed(_) => Box::new(|| {}),
         };
         close(end, self.scratch.take(), self.program.clone());
     }
@@ -2008,4 +2023,184 @@ fn child_key(sub: &bridge::EndpointConfig, child: &WireChild) -> RecordKey {
         ..ChatRequest::default()
     };
     RecordKey::for_call(sub, &request)
+}
+
+#[cfg(test)]
+mod tests {
+    //! A session's worker slot under concurrent requests and a failed start, with the worker
+    //! played by the test over a real socket pair (its pid a `sleep` process, so that the
+    //! session can kill and reap it as a worker's).
+
+    use std::os::unix::net::UnixStream;
+    use std::process::Command;
+
+    use bridge::{Budget, Ledger};
+
+    use super::*;
+    use crate::repl::config::Isolation;
+    use crate::repl::source::ContextSource;
+
+    /// What stands in for a worker: the link's other end, and the process to end.
+    struct FakeWorker {
+        link: UnixStream,
+        pid: i32,
+    }
+
+    impl FakeWorker {
+        /// Says `frame`, as the worker would after reading its start frame.
+        fn say(&mut self, frame: &FromWorker) {
+            write_frame(&mut self.link, frame).expect("the session reads its link");
+        }
+    }
+
+    impl Drop for FakeWorker {
+        fn drop(&mut self) {
+            // Killed unless the session reaped it already (then its pid is no longer ours);
+            // the session's reader reaps it once the link closes, after this.
+            // SAFETY: waitid fills a zeroed siginfo; WNOWAIT leaves the child to be reaped.
+            let ours = unsafe {
+                let mut info: libc::siginfo_t = std::mem::zeroed();
+                let options = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+                libc::waitid(libc::P_PID, self.pid.unsigned_abs(), &mut info, options) == 0
+            };
+            if ours {
+                // SAFETY: our own unreaped child: its pid cannot have been reused.
+                unsafe { libc::kill(self.pid, libc::SIGKILL) };
+            }
+        }
+    }
+
+    /// A session over `inputs` in the state `start_ready_later` leaves it: its worker handed
+    /// its start frame, its `Ready` not read yet, the contexts described by rlm. Its worker
+    /// program does not exist: a session that tried to start another worker fails.
+    #[allow(clippy::zombie_processes)] // The session reaps `sleep` as its worker.
+    fn handed_session(inputs: &[ContextInput]) -> (Arc<WorkerSession>, FakeWorker) {
+        let (ours, theirs) = UnixStream::pair().expect("a socket pair");
+        let sleeper = Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("`sleep` starts");
+        let pid = i32::try_from(sleeper.id()).expect("a pid");
+        let (output, _) = io::pipe().expect("a pipe");
+        let program = WorkerProgram {
+            program: PathBuf::from("/nonexistent/rlm-test-worker"),
+            args: Vec::new(),
+            env: Vec::new(),
+        };
+        let scratch = tempfile::tempdir().expect("a scratch directory");
+        let endpoints = Endpoints::new(Vec::new(), Arc::new(Ledger::new(Budget::default())))
+            .expect("no endpoints");
+        let session = WorkerSession {
+            id: 1,
+            config: SessionConfig {
+                isolation: Isolation::Process,
+                ..SessionConfig::default()
+            },
+            endpoints: Arc::new(endpoints),
+            program: program.clone(),
+            shared: share_contexts(inputs).expect("contexts shared"),
+            policy: sandbox::Policy::new(scratch.path()),
+            level: sandbox::Level::BestEffort,
+            memory_bytes: 1 << 30,
+            scratch_path: scratch.path().to_owned(),
+            scratch: Some(scratch),
+            worker: Mutex::new(Slot::Ended(WorkerEnd::Lost {
+                detail: "has not started".to_owned(),
+            })),
+            settled: Condvar::new(),
+            busy: Mutex::new(()),
+            journal: Mutex::new(Journal::default()),
+            cancel: CancellationToken::new(),
+            contexts: described_ahead(inputs).expect("described by rlm"),
+            confinement: sandbox::Report { layers: Vec::new() },
+            pending: Mutex::new(None),
+            children: Arc::default(),
+            ran: std::sync::atomic::AtomicBool::new(false),
+        };
+        let spawned = Spawned {
+            pid,
+            link: ours,
+            output,
+            spare: false,
+            program,
+        };
+        let Ok(handed) = session.hand_over(spawned, Some(sandbox::Report { layers: Vec::new() }))
+        else {
+            panic!("the start frame was not sent");
+        };
+        *lock(&session.worker) = Slot::Starting(Box::new(handed));
+        (Arc::new(session), FakeWorker { link: theirs, pid })
+    }
+
+    /// How long the test lets the requests reach the slot before the worker answers.
+    const SETTLE: Duration = Duration::from_millis(200);
+
+    #[test]
+    fn two_requests_at_a_starting_worker_both_get_it_once_it_is_ready() {
+        // One request reads the worker's `Ready`; the other, at the same time, must wait for
+        // it, not find the slot empty and start a worker of its own (which, here, fails).
+        let (session, mut worker) = handed_session(&[]);
+        let requests: Vec<_> = (0..2)
+            .map(|_| {
+                let session = Arc::clone(&session);
+                std::thread::spawn(move || session.live(None).map(|w| w.pid))
+            })
+            .collect();
+        std::thread::sleep(SETTLE);
+        worker.say(&FromWorker::Ready {
+            contexts: Vec::new(),
+        });
+        for request in requests {
+            let got = request.join().expect("the request ends");
+            assert_eq!(got.map_err(|e| e.to_string()), Ok(worker.pid));
+        }
+        assert!(matches!(*lock(&session.worker), Slot::Live(_)));
+    }
+
+    #[test]
+    fn a_worker_that_fails_to_load_a_childs_context_fails_the_first_block_with_its_error() {
+        // A child's context described by rlm (its first prompt went out), and the worker
+        // fails to load it: the first block gets the worker's error as it said it, a request
+        // at the same time and every later one get it as the reason the session is closed,
+        // and the description stays rlm's.
+        let inputs = [ContextInput::from(ContextSource::Text(
+            "a piece".to_owned(),
+        ))];
+        let (session, mut worker) = handed_session(&inputs);
+        let described = session.contexts().to_vec();
+        let error = || ReplError::internal("mapping a context's shared memory", "out of memory");
+        let first = {
+            let session = Arc::clone(&session);
+            std::thread::spawn(move || session.exec("x = 1", None).map(|_| ()))
+        };
+        // The block took the worker to read its `Ready` before the other request comes.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(*lock(&session.worker), Slot::Starting(_)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let beside = {
+            let session = Arc::clone(&session);
+            std::thread::spawn(move || session.live(None).map(|_| ()))
+        };
+        std::thread::sleep(SETTLE);
+        worker.say(&FromWorker::Failed(error()));
+        let first = first.join().expect("the block ends");
+        assert_eq!(
+            first.map_err(|e| e.to_string()),
+            Err(error().to_string()),
+            "the first block"
+        );
+        let closed = format!(
+            "{}",
+            ReplError::SessionClosed {
+                reason: error().to_string()
+            }
+        );
+        let beside = beside.join().expect("the request ends");
+        assert_eq!(beside.map_err(|e| e.to_string()), Err(closed.clone()));
+        let later = session.variables().map(|_| ());
+        assert_eq!(later.map_err(|e| e.to_string()), Err(closed));
+        assert_eq!(session.contexts(), described.as_slice());
+        assert_eq!(described[0].chars, Some(7));
+    }
 }
