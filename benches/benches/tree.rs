@@ -27,6 +27,10 @@
 //!      wait for their worker to be ready (it starts its session while the child's model
 //!      call is out, and is closed unused); a child that runs code, as a user's does, waits
 //!      for it at its first block.
+//!    - children handed a piece of text (`rlm_query(q, context=piece)`, 100 000 characters:
+//!      what a user's children get) whose block runs over it (`len(context.split())`), their
+//!      worker confined ahead of need; the raw calls are the requests those children send
+//!      (their first prompt describes the piece).
 //! 2. 100 children in parallel on one pool: `rlm_query_batched` of 100 one-iteration children
 //!    at 50 ms model latency, against the bridge's own `Endpoint::batch` of the same 100
 //!    requests at the same width (in-process sessions).
@@ -42,7 +46,7 @@ use bridge::{
     BatchPolicy, Budget, CallOptions, CancellationToken, ChatRequest, EndpointConfig, Endpoints,
     Ledger,
 };
-use kernel::repl::{Isolation, ReplSession, SessionConfig};
+use kernel::repl::{ContextSource, Isolation, ReplSession, SessionConfig};
 use kernel::rlm::{Rlm, RlmConfig, RlmResult, TerminationReason};
 use rlm_benches::median;
 use serde_json::json;
@@ -82,10 +86,12 @@ fn main() -> anyhow::Result<()> {
     )?;
     for isolation in [Isolation::Process, Isolation::Strict] {
         for latency in [Duration::ZERO, Duration::from_millis(50)] {
-            // The children that answer at once, then those that run a block.
-            let rows: [&[WorkerStart]; 2] = [
+            // The children that answer at once, then those that run a block, then those
+            // handed a piece of text.
+            let rows: [&[WorkerStart]; 3] = [
                 &[WorkerStart::Ready, WorkerStart::Template],
                 &[WorkerStart::ReadyBlock],
+                &[WorkerStart::ReadyContext],
             ];
             for starts in rows {
                 child_overhead(&mock_rt, quick, isolation, latency, isolated, starts)?;
@@ -192,13 +198,21 @@ fn run_in(
     Ok(result)
 }
 
-/// The requests the children of `queries` send first (a child with no context, at the last
-/// depth, whose root model is `sub`).
-fn child_requests(eps: &Arc<Endpoints>, queries: &[String]) -> anyhow::Result<Vec<ChatRequest>> {
+/// The requests the children of `queries` send first (a child with `context` or none, at
+/// the last depth, whose root model is `sub`).
+fn child_requests(
+    eps: &Arc<Endpoints>,
+    queries: &[String],
+    context: Option<&str>,
+) -> anyhow::Result<Vec<ChatRequest>> {
+    let contexts: Vec<ContextSource> = context
+        .map(|text| ContextSource::Text(text.to_owned()))
+        .into_iter()
+        .collect();
     let session = Arc::new(ReplSession::new(
         SessionConfig::default(),
         Arc::clone(eps),
-        &[],
+        &contexts,
     )?);
     let config = RlmConfig {
         root_endpoint: "sub".into(),
@@ -235,6 +249,25 @@ enum WorkerStart {
     /// As [`WorkerStart::Ready`], and the child's one reply runs a block that sets the
     /// answer (so it waits for its worker), not `FINAL(ok)`.
     ReadyBlock,
+    /// As [`WorkerStart::ReadyBlock`], the child handed [`PIECE_CHARS`] of text and its
+    /// block running over it.
+    ReadyContext,
+}
+
+/// The characters of text each child of [`WorkerStart::ReadyContext`] is handed.
+const PIECE_CHARS: usize = 100_000;
+
+/// What the piece of text is made of: words of prose.
+const PHRASE: &str = "lorem ipsum dolor sit amet, consectetur adipiscing elit. ";
+
+/// The text each child of [`WorkerStart::ReadyContext`] is handed (the root's code builds
+/// the same one).
+fn piece() -> String {
+    PHRASE
+        .repeat(PIECE_CHARS / PHRASE.len() + 1)
+        .chars()
+        .take(PIECE_CHARS)
+        .collect()
 }
 
 impl WorkerStart {
@@ -244,13 +277,24 @@ impl WorkerStart {
             Self::Ready => ", confined ahead of need",
             Self::Template => ", forked from the template when needed (no pool)",
             Self::ReadyBlock => ", confined ahead of need, the child runs a block",
+            Self::ReadyContext => {
+                ", confined ahead of need, the child gets 100 KB of text and runs a block over it"
+            }
         }
+    }
+
+    /// Whether each child is handed [`piece`].
+    fn with_context(self) -> bool {
+        self == Self::ReadyContext
     }
 
     /// What each child replies (its one model call).
     fn child_reply(self) -> String {
         match self {
             Self::ReadyBlock => block("answer['content'] = 'ok'\nanswer['ready'] = True"),
+            Self::ReadyContext => block(
+                "words = len(context.split())\nanswer['content'] = 'ok' if words else 'empty'\nanswer['ready'] = True",
+            ),
             Self::None | Self::Ready | Self::Template => FINAL_OK.to_owned(),
         }
     }
@@ -268,9 +312,16 @@ fn child_overhead(
     starts: &[WorkerStart],
 ) -> anyhow::Result<()> {
     let rounds = child_rounds(quick);
-    let code = format!(
-        "r = [rlm_query(f'question {{i}}') for i in range({n})]\nassert r == ['ok'] * {n}, r[:3]\nFINAL_VAR(len(r))"
-    );
+    let piece = starts.first().is_some_and(|s| s.with_context()).then(piece);
+    let code = match &piece {
+        None => format!(
+            "r = [rlm_query(f'question {{i}}') for i in range({n})]\nassert r == ['ok'] * {n}, r[:3]\nFINAL_VAR(len(r))"
+        ),
+        Some(_) => format!(
+            "piece = ({PHRASE:?} * {})[:{PIECE_CHARS}]\nr = [rlm_query(f'question {{i}}', context=piece) for i in range({n})]\nassert r == ['ok'] * {n}, r[:3]\nFINAL_VAR(len(r))",
+            PIECE_CHARS / PHRASE.len() + 1
+        ),
+    };
     let mock_latency = if latency.is_zero() {
         Latency::None
     } else {
@@ -284,7 +335,7 @@ fn child_overhead(
     let server = start_mock_with(rt, &block(&code), mock_latency, &child_reply, mock_latency)?;
     let eps = endpoints(&server)?;
     let queries: Vec<String> = (0..n).map(|i| format!("question {i}")).collect();
-    let requests = child_requests(&eps, &queries)?;
+    let requests = child_requests(&eps, &queries, piece.as_deref())?;
     let sub = eps.get("sub")?;
     let shared = kernel::runtime::shared();
     let raw = |requests: &[ChatRequest]| -> anyhow::Result<Duration> {
@@ -341,7 +392,7 @@ fn parallel_children(rt: &tokio::runtime::Runtime, quick: bool) -> anyhow::Resul
     let server = start_mock(rt, &block(&code), Latency::None, Latency::fixed(latency))?;
     let eps = endpoints(&server)?;
     let queries: Vec<String> = (0..N).map(|i| format!("question {i}")).collect();
-    let requests = child_requests(&eps, &queries)?;
+    let requests = child_requests(&eps, &queries, None)?;
     let sub = eps.get("sub")?;
     let shared = kernel::runtime::shared();
     let batch = || -> anyhow::Result<Duration> {
