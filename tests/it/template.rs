@@ -797,15 +797,21 @@ fn with_first_ready_stopped(
     )
 }
 
-#[test]
-fn a_childs_first_model_call_is_answered_while_its_worker_is_still_starting() {
-    // The idle worker the child will take is stopped before the child starts: it cannot
-    // read its start frame nor say it is ready until it goes on. The child's first model
-    // call must be answered all the same; its block (and so its second call) waits for it.
+/// A run whose root code `root` starts one child, which replies `child` (a block setting
+/// `result`) after 0 ms, its worker stopped before it takes it, until its first model call
+/// was answered; then killed or let go on. The run must end with `answer`, the child's first
+/// model call answered while its worker was stopped (and only its first: its second follows
+/// its block, which waited). Returns the mock and what the harness saw.
+fn one_child_with_its_worker_stopped(
+    root: &str,
+    child: &str,
+    then_kill: bool,
+    answer: &str,
+) -> (Mock, Watched) {
     let mock = Mock::start(slow_script(
-        &[&repl("answers = [rlm_query('one')]"), "FINAL_VAR(answers)"],
+        &[&repl(root), "FINAL_VAR(answers)"],
         2000,
-        "result = 'ok'",
+        child,
         0,
     ));
     let seen_at_resume = std::cell::Cell::new(None);
@@ -816,56 +822,74 @@ fn a_childs_first_model_call_is_answered_while_its_worker_is_still_starting() {
         }
         n >= 1
     };
-    let run = with_first_ready_stopped(&mock, &[], &child_asked, false);
+    let run = with_first_ready_stopped(&mock, &[], &child_asked, then_kill);
     assert_eq!(run.code, Some(0), "{run:#?}");
-    assert_eq!(run.json()["answer"], "['ok']", "{run:#?}");
-    let worker = &run.killed.first().expect("a worker was stopped").pid;
-    assert!(
-        run.stderr
-            .contains(&format!("took the worker {worker}, confined ahead of need")),
-        "the child took the stopped worker: {run:#?}"
-    );
+    assert_eq!(run.json()["answer"], answer, "{run:#?}");
     assert_eq!(
         run.paused.by_condition,
         Some(true),
         "the child's model call was not answered while its worker was stopped: {run:#?}"
     );
-    // Its first call only: the second follows its block, which waited for the worker.
     assert_eq!(seen_at_resume.get(), Some(1), "{run:#?}");
+    assert_eq!(mock.requests_to("sub-model"), 2, "{run:#?}");
+    (mock, run)
+}
+
+/// The pid of the worker the harness stopped.
+fn stopped_worker(run: &Watched) -> u32 {
+    run.killed.first().expect("a worker was stopped").pid
+}
+
+#[test]
+fn a_childs_first_model_call_is_answered_while_its_worker_is_still_starting() {
+    // The idle worker the child will take is stopped before the child starts: it cannot
+    // read its start frame nor say it is ready until it goes on. The child's first model
+    // call must be answered all the same; its block (and so its second call) waits for it.
+    let (_, run) = one_child_with_its_worker_stopped(
+        "answers = [rlm_query('one')]",
+        "result = 'ok'",
+        false,
+        "['ok']",
+    );
+    let worker = stopped_worker(&run);
+    assert!(
+        run.stderr
+            .contains(&format!("took the worker {worker}, confined ahead of need")),
+        "the child took the stopped worker: {run:#?}"
+    );
 }
 
 #[test]
 fn a_worker_killed_while_its_child_asks_its_model_is_replaced_at_the_first_block() {
     // As above, but the stopped worker is killed once the child's model call is out: the
     // child's first block finds it gone and starts another, and nothing is lost.
-    let mock = Mock::start(slow_script(
-        &[
-            &repl("kept = 'root state'\nanswers = [kept, rlm_query('one')]"),
-            "FINAL_VAR(answers)",
-        ],
-        2000,
+    let (_, run) = one_child_with_its_worker_stopped(
+        "kept = 'root state'\nanswers = [kept, rlm_query('one')]",
         "result = 'ok'",
-        0,
-    ));
-    let child_asked = |mock: &Mock| mock.requests_to("sub-model") >= 1;
-    let run = with_first_ready_stopped(&mock, &[], &child_asked, true);
-    assert_eq!(run.code, Some(0), "{run:#?}");
-    assert_eq!(run.json()["answer"], "['root state', 'ok']", "{run:#?}");
-    assert_eq!(run.paused.by_condition, Some(true), "{run:#?}");
-    let worker = &run.killed.first().expect("a worker was stopped").pid;
+        true,
+        "['root state', 'ok']",
+    );
+    assert_replaced(&run);
+}
+
+/// That the child replaced the worker the harness stopped and killed.
+fn assert_replaced(run: &Watched) {
+    let worker = stopped_worker(run);
     assert!(
         run.stderr.contains(&format!(
             "worker {worker} confined ahead of need had ended; the session starts another"
         )),
         "the child replaced the killed worker: {run:#?}"
     );
-    assert_eq!(mock.requests_to("sub-model"), 2, "{run:#?}");
 }
 
 /// The root's code of the tests of a child with a context: one child handed a piece of
 /// text (120 000 characters), as a user's children are.
 const ONE_CHILD_WITH_A_PIECE: &str =
     "piece = 'lorem ipsum ' * 10_000\nanswers = [rlm_query('one', context=piece)]";
+
+/// What such a child's block answers: the piece's words.
+const THE_PIECES_WORDS: &str = "result = str(len(context.split()))";
 
 /// What such a child's first prompt says of its context.
 const THE_PIECE_DESCRIBED: &str = "a Python `str` of 120,000 characters (120.0 KB), from `<text>`";
@@ -885,35 +909,12 @@ fn a_child_with_a_context_asks_its_model_while_its_worker_is_still_starting() {
     // As above for a child handed a piece of text: its first prompt describes the piece
     // (rlm describes what it hands over, as the worker would), so its first model call does
     // not wait for the stopped worker either; its block does, and sees the whole piece.
-    let mock = Mock::start(slow_script(
-        &[&repl(ONE_CHILD_WITH_A_PIECE), "FINAL_VAR(answers)"],
-        2000,
-        "result = str(len(context.split()))",
-        0,
-    ));
-    let seen_at_resume = std::cell::Cell::new(None);
-    let child_asked = |mock: &Mock| {
-        let n = mock.requests_to("sub-model");
-        if n >= 1 {
-            seen_at_resume.set(Some(n));
-        }
-        n >= 1
-    };
-    let run = with_first_ready_stopped(&mock, &[], &child_asked, false);
-    assert_eq!(run.code, Some(0), "{run:#?}");
-    assert_eq!(run.json()["answer"], "['20000']", "{run:#?}");
-    let worker = &run.killed.first().expect("a worker was stopped").pid;
-    assert!(
-        run.stderr
-            .contains(&format!("took the worker {worker}, confined ahead of need")),
-        "the child took the stopped worker: {run:#?}"
+    let (mock, run) = one_child_with_its_worker_stopped(
+        ONE_CHILD_WITH_A_PIECE,
+        THE_PIECES_WORDS,
+        false,
+        "['20000']",
     );
-    assert_eq!(
-        run.paused.by_condition,
-        Some(true),
-        "the child's model call was not answered while its worker was stopped: {run:#?}"
-    );
-    assert_eq!(seen_at_resume.get(), Some(1), "{run:#?}");
     let prompt = first_child_prompt(&mock);
     assert!(prompt.contains(THE_PIECE_DESCRIBED), "{prompt}");
     assert!(
@@ -926,25 +927,13 @@ fn a_child_with_a_context_asks_its_model_while_its_worker_is_still_starting() {
 fn a_worker_killed_while_a_child_with_a_context_asks_its_model_is_replaced_with_the_context() {
     // The stopped worker is killed once the child's model call is out: the first block
     // starts another, which loads the same piece (kept by rlm), and nothing is lost.
-    let mock = Mock::start(slow_script(
-        &[&repl(ONE_CHILD_WITH_A_PIECE), "FINAL_VAR(answers)"],
-        2000,
-        "result = str(len(context.split()))",
-        0,
-    ));
-    let child_asked = |mock: &Mock| mock.requests_to("sub-model") >= 1;
-    let run = with_first_ready_stopped(&mock, &[], &child_asked, true);
-    assert_eq!(run.code, Some(0), "{run:#?}");
-    assert_eq!(run.json()["answer"], "['20000']", "{run:#?}");
-    assert_eq!(run.paused.by_condition, Some(true), "{run:#?}");
-    let worker = &run.killed.first().expect("a worker was stopped").pid;
-    assert!(
-        run.stderr.contains(&format!(
-            "worker {worker} confined ahead of need had ended; the session starts another"
-        )),
-        "the child replaced the killed worker: {run:#?}"
+    let (mock, run) = one_child_with_its_worker_stopped(
+        ONE_CHILD_WITH_A_PIECE,
+        THE_PIECES_WORDS,
+        true,
+        "['20000']",
     );
-    assert_eq!(mock.requests_to("sub-model"), 2, "{run:#?}");
+    assert_replaced(&run);
     assert!(first_child_prompt(&mock).contains(THE_PIECE_DESCRIBED));
 }
 

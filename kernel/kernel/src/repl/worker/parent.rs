@@ -239,36 +239,7 @@ impl WorkerSession {
                 ));
             }
         };
-        let memory_bytes = policy
-            .limits
-            .memory_bytes
-            .unwrap_or_else(sandbox::default_memory_limit);
-        let level = level_of(&config);
-        let cancel = CancellationToken::new();
-        let mut session = Self {
-            id,
-            config,
-            endpoints,
-            program,
-            shared,
-            policy,
-            level,
-            memory_bytes,
-            scratch_path: scratch.path().to_owned(),
-            scratch: Some(scratch),
-            worker: Mutex::new(Slot::Ended(WorkerEnd::Lost {
-                detail: "has not started".to_owned(),
-            })),
-            settled: Condvar::new(),
-            busy: Mutex::new(()),
-            journal: Mutex::new(Journal::default()),
-            cancel,
-            contexts: Vec::new(),
-            confinement: sandbox::Report { layers: Vec::new() },
-            pending: Mutex::new(None),
-            children: Arc::default(),
-            ran: std::sync::atomic::AtomicBool::new(false),
-        };
+        let mut session = Self::unstarted(id, config, endpoints, program, shared, policy, scratch);
         if let Some(contexts) = described {
             let handed = session.hand_over_any(ready)?;
             session.contexts = contexts;
@@ -285,6 +256,46 @@ impl WorkerSession {
             pool::order_refill(shape);
         }
         Ok(session)
+    }
+
+    /// The session with no worker yet (nor contexts described).
+    fn unstarted(
+        id: u64,
+        config: SessionConfig,
+        endpoints: Arc<Endpoints>,
+        program: WorkerProgram,
+        shared: SharedContexts,
+        policy: sandbox::Policy,
+        scratch: tempfile::TempDir,
+    ) -> Self {
+        let memory_bytes = policy
+            .limits
+            .memory_bytes
+            .unwrap_or_else(sandbox::default_memory_limit);
+        Self {
+            id,
+            level: level_of(&config),
+            config,
+            endpoints,
+            program,
+            shared,
+            policy,
+            memory_bytes,
+            scratch_path: scratch.path().to_owned(),
+            scratch: Some(scratch),
+            worker: Mutex::new(Slot::Ended(WorkerEnd::Lost {
+                detail: "has not started".to_owned(),
+            })),
+            settled: Condvar::new(),
+            busy: Mutex::new(()),
+            journal: Mutex::new(Journal::default()),
+            cancel: CancellationToken::new(),
+            contexts: Vec::new(),
+            confinement: sandbox::Report { layers: Vec::new() },
+            pending: Mutex::new(None),
+            children: Arc::default(),
+            ran: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 
     pub(crate) fn id(&self) -> u64 {
@@ -2090,33 +2101,19 @@ mod tests {
         let scratch = tempfile::tempdir().expect("a scratch directory");
         let endpoints = Endpoints::new(Vec::new(), Arc::new(Ledger::new(Budget::default())))
             .expect("no endpoints");
-        let session = WorkerSession {
-            id: 1,
-            config: SessionConfig {
+        let mut session = WorkerSession::unstarted(
+            1,
+            SessionConfig {
                 isolation: Isolation::Process,
                 ..SessionConfig::default()
             },
-            endpoints: Arc::new(endpoints),
-            program: program.clone(),
-            shared: share_contexts(inputs).expect("contexts shared"),
-            policy: sandbox::Policy::new(scratch.path()),
-            level: sandbox::Level::BestEffort,
-            memory_bytes: 1 << 30,
-            scratch_path: scratch.path().to_owned(),
-            scratch: Some(scratch),
-            worker: Mutex::new(Slot::Ended(WorkerEnd::Lost {
-                detail: "has not started".to_owned(),
-            })),
-            settled: Condvar::new(),
-            busy: Mutex::new(()),
-            journal: Mutex::new(Journal::default()),
-            cancel: CancellationToken::new(),
-            contexts: described_ahead(inputs).expect("described by rlm"),
-            confinement: sandbox::Report { layers: Vec::new() },
-            pending: Mutex::new(None),
-            children: Arc::default(),
-            ran: std::sync::atomic::AtomicBool::new(false),
-        };
+            Arc::new(endpoints),
+            program.clone(),
+            share_contexts(inputs).expect("contexts shared"),
+            sandbox::Policy::new(scratch.path()),
+            scratch,
+        );
+        session.contexts = described_ahead(inputs).expect("described by rlm");
         let spawned = Spawned {
             pid,
             link: ours,
