@@ -89,6 +89,10 @@ fn serve() -> Result<(), String> {
     // the template).
     interpreter::start().map_err(|e| e.to_string())?;
     enable_fault_handler();
+    // Python's own files, read now: a template reads them once for all its forks, which then
+    // run no Python until they are confined (the confined process runs Python's after-fork
+    // work then, once).
+    let python = Python::attach(|py| python_paths(py).map_err(|e| e.to_string()));
     if template {
         match serve_forks(link)? {
             // A worker forked by the template, with its own link.
@@ -108,7 +112,7 @@ fn serve() -> Result<(), String> {
         Ok(_) => return Err("the parent did not start with a `Confine` frame".to_owned()),
         Err(e) => return Err(format!("reading the confinement frame: {e}")),
     };
-    let confinement = match confine_worker(&confine) {
+    let confinement = match confine_worker(&confine, &python) {
         Ok(confinement) => confinement,
         Err(error) => return report_failed_start(&link, error),
     };
@@ -189,11 +193,19 @@ fn take_template_role() -> bool {
     template
 }
 
-/// Enters the session's directory and confines the process (see the [module docs](self)).
-fn confine_worker(confine_as: &Confine) -> Result<sandbox::Report, ReplError> {
+/// Enters the session's directory and confines the process (see the [module docs](self)) with
+/// `python`'s files reachable (read at the interpreter's start, see [`python_paths`]). Runs no
+/// Python before the confinement's forks.
+fn confine_worker(
+    confine_as: &Confine,
+    python: &Result<PythonPaths, String>,
+) -> Result<sandbox::Report, ReplError> {
     enter_directory(&confine_as.cwd)?;
-    let python = Python::attach(|py| python_paths(py, &confine_as.cwd))
+    let mut python = python
+        .clone()
         .map_err(|e| ReplError::internal("reading the interpreter's paths", e))?;
+    // `python -m` puts the working directory on `sys.path`: the user's, not Python's.
+    python.read.retain(|path| *path != confine_as.cwd);
     let confinement = confine(confine_as.policy.clone(), confine_as.level, python)?;
     // `enter` replaced the environment with the policy's; Python copied the old one. And it
     // forked: this process, not the one that started the interpreter, holds the sessions.
@@ -244,10 +256,10 @@ fn embedded(link: &Arc<Link>, loader: Option<Arc<dyn ContextLoader>>) -> (SubCal
 
 /// The interpreter's own files, which the worker must reach once confined: its prefixes
 /// (executed: spawn workers of `multiprocessing`, the standard library's extension modules),
-/// and the rest of `sys.path` (read: site-packages, folders `.pth` files add). The working
-/// directory and `''` are left out (`python -m` puts the cwd on `sys.path`): they are the
+/// and the rest of `sys.path` (read: site-packages, folders `.pth` files add). `''` is left
+/// out, and the session's working directory is when the worker is confined: they are the
 /// user's, not Python's.
-fn python_paths(py: Python<'_>, cwd: &std::path::Path) -> PyResult<PythonPaths> {
+fn python_paths(py: Python<'_>) -> PyResult<PythonPaths> {
     let sys = py.import("sys")?;
     let mut paths = PythonPaths::default();
     for name in [
@@ -266,7 +278,6 @@ fn python_paths(py: Python<'_>, cwd: &std::path::Path) -> PyResult<PythonPaths> 
     for entry in sys.getattr("path")?.try_iter()? {
         if let Ok(path) = entry?.extract::<String>()
             && !path.is_empty()
-            && std::path::Path::new(&path) != cwd
         {
             paths.read.push(PathBuf::from(path));
         }

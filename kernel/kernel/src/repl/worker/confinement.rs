@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use crate::repl::error::ReplError;
 
 /// What of the interpreter's own files the worker needs.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct PythonPaths {
     /// Read and executed (the prefixes).
     pub(crate) exec: Vec<PathBuf>,
@@ -34,9 +34,12 @@ pub(crate) fn confine(
     let report = sandbox::enter(&policy, level).map_err(|e| ReplError::NotConfined {
         message: e.to_string(),
     })?;
-    // `enter` forked (twice): CPython must reset its thread state, as after `os.fork()`.
-    // SAFETY: the GIL is held, and this is the child of a fork of a single-threaded process,
-    // which is what `PyOS_AfterFork_Child` is for.
+    // `enter` forked (twice; a worker forked by the template was forked once more before it,
+    // and ran no Python since): CPython resets its thread state and runs its at-fork hooks
+    // (`random` reseeds) here, once, as after `os.fork()`.
+    // SAFETY: the GIL is held, and this is the child of forks of single-threaded processes
+    // whose one thread held no lock of the interpreter's, which is what
+    // `PyOS_AfterFork_Child` is for.
     Python::attach(|_| unsafe { pyo3::ffi::PyOS_AfterFork_Child() });
     Ok(report)
 }

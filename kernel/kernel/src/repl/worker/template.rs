@@ -27,9 +27,13 @@
 //!   Landlock domain, seccomp filter): nothing is shared between the workers of a run but
 //!   the memory image they were forked from. What that image shares (address layout, hash
 //!   seed) is weighed in the security guide (`kernel/cli/docs/security.md`).
-//! - **Python after a fork.** The fork runs `PyOS_BeforeFork`/`PyOS_AfterFork_Child` as
-//!   `os.fork()` does, so the interpreter's locks are reset and the at-fork hooks run
-//!   (`random` reseeds its generator in each worker).
+//! - **Python after a fork.** The template forks while its one thread is detached from the
+//!   interpreter (it holds none of its locks), and the fork runs no Python until it is
+//!   confined: Python's own paths were read by the template before its first fork. The
+//!   confined process, two forks further down, runs `PyOS_AfterFork_Child` as after
+//!   `os.fork()`, once: the interpreter's locks are reset and the at-fork hooks run (`random`
+//!   reseeds its generator in each worker). Running it in the template's fork too copied, on
+//!   write, the pages it touches once there and again in the confined process.
 //! - **A stale thread id.** A raw `clone` does not update the C library's cached thread id of
 //!   the forked thread (glibc's `fork` passes `CLONE_CHILD_SETTID` for it). The fork only
 //!   prepares the session and becomes the sandbox's supervisor, which runs no model code;
@@ -49,8 +53,6 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-use pyo3::prelude::*;
 
 use super::lock::lock;
 use super::protocol::LINK_FD;
@@ -451,29 +453,23 @@ pub(crate) fn serve_forks(control: UnixStream) -> Result<Option<UnixStream>, Str
 /// Forks a worker that is the host's child (see the [module docs](self)); in the worker,
 /// places its descriptors first. Returns as `fork` does.
 fn fork(host: libc::pid_t, name: &[u8; 16], link: RawFd, output: RawFd) -> i32 {
-    Python::attach(|_| {
-        // SAFETY: the GIL is held and this process has one thread: what `os.fork()` does
-        // around its `fork`. `clone` with these flags and no new stack returns twice, as
-        // `fork` does; the child's first calls are async-signal-safe (`place`).
-        unsafe {
-            pyo3::ffi::PyOS_BeforeFork();
-            let flags = (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong;
-            let pid = libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize);
-            if pid == 0 {
-                place(host, name, link, output);
-                pyo3::ffi::PyOS_AfterFork_Child();
-                return 0;
-            }
-            let errno = io::Error::last_os_error();
-            pyo3::ffi::PyOS_AfterFork_Parent();
-            if pid < 0 {
-                // Restores errno for the caller's `last_os_error`.
-                *libc::__errno_location() = errno.raw_os_error().unwrap_or(libc::EAGAIN);
-                return -1;
-            }
-            i32::try_from(pid).unwrap_or(-1)
+    // SAFETY: this process has one thread, not attached to the interpreter, so the copy holds
+    // no lock another thread took; the fork runs no Python until it is confined (see the
+    // [module docs](self)). `clone` with these flags and no new stack returns twice, as
+    // `fork` does; the child's first calls are async-signal-safe (`place`).
+    unsafe {
+        let flags = (libc::CLONE_PARENT | libc::SIGCHLD) as libc::c_ulong;
+        let pid = libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize);
+        if pid == 0 {
+            place(host, name, link, output);
+            return 0;
         }
-    })
+        if pid < 0 {
+            // errno is the clone's, for the caller's `last_os_error`.
+            return -1;
+        }
+        i32::try_from(pid).unwrap_or(-1)
+    }
 }
 
 /// In the forked worker: dies with the host's worker-starting thread, its own process group
