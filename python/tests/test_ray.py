@@ -72,7 +72,9 @@ def _failures(said: str) -> str:
 #: A host of the test below, run as a process of its own: `runs` isolated runs, each after a
 #: variable Python reads at its start changed (so each run replaces the template the last one
 #: prepared), and after each, this process's children (pid, name, state) once the template
-#: for the next run is up.
+#: for the next run is up and no child is a zombie (the run's session closes on the run's
+#: thread after its answer is handed back: its worker, which exits as soon as it is told, is
+#: a zombie until that thread reaps it; one left for a minute is one never reaped).
 HOST = r'''
 import json, os, sys, time
 from rlm_kernel import MockServer, RLM
@@ -91,7 +93,9 @@ with MockServer(script) as mock:
         deadline = time.monotonic() + 60
         while True:
             children = [p for p in processes() if p["ppid"] == os.getpid()]
-            if any(c["name"] == "rlm-template" for c in children) or time.monotonic() > deadline:
+            template = any(c["name"] == "rlm-template" for c in children)
+            zombies = any(c["state"] == "Z" for c in children)
+            if (template and not zombies) or time.monotonic() > deadline:
                 break
             time.sleep(0.02)
         print(json.dumps({"answer": result.answer, "children": children}), flush=True)
