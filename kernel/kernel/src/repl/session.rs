@@ -65,18 +65,6 @@ impl ReplSession {
         Self::with_inputs(config, endpoints, &inputs)
     }
 
-    /// Has a session of `config` that starts soon find its worker process warm: with
-    /// isolation on, the worker template runs (or a spare worker starts) while the caller
-    /// does other work, unless a run keeps workers ready (see
-    /// [`ReplSession::keep_workers_ready`]: then the pool orders the next one itself, each
-    /// time a session takes one); in-process, nothing. The session that takes a worker is
-    /// still the only one that ever runs in it.
-    pub(crate) fn prepare(config: &SessionConfig) {
-        if config.isolation.in_worker() {
-            super::worker::prepare_worker();
-        }
-    }
-
     /// While the returned guard lives, sessions of `config` (without file contexts: a run's
     /// `rlm_query` children) find a worker already confined for them, and sessions closed
     /// end their workers off the closing thread; dropping the last guard ends the workers
@@ -87,16 +75,20 @@ impl ReplSession {
         super::worker::keep_ready(config)
     }
 
-    /// In-process, has a session of `config` over `endpoints` made ahead of its start: its
-    /// threads started and its namespace built (everything but its contexts) on a spare
-    /// thread of the shared runtime while the caller goes on, for
-    /// [`ReplSession::start_ahead`]. With isolation on, `None`: a worker confined ahead of
-    /// need has all of that ready (see [`ReplSession::keep_workers_ready`]).
+    /// Has the next session of `config` over `endpoints` (a run's next `rlm_query` child)
+    /// ready ahead of its start, while the caller goes on. In-process, its threads started
+    /// and its namespace built (everything but its contexts) on a spare thread of the shared
+    /// runtime, returned for [`ReplSession::start_ahead`]. With isolation on, `None`: a run
+    /// that keeps workers ready ([`ReplSession::keep_workers_ready`]) has the next worker
+    /// confined with all of that (its pool orders it each time a session takes one); else
+    /// the worker template is kept running (or a spare worker started). The session that
+    /// takes a worker is still the only one that ever runs in it.
     pub(crate) fn ahead(
         config: &SessionConfig,
         endpoints: &Arc<Endpoints>,
     ) -> Option<AheadSession> {
         if config.isolation.in_worker() {
+            super::worker::prepare_worker();
             return None;
         }
         let (made_tx, made) = mpsc::sync_channel(1);

@@ -934,9 +934,10 @@ impl ChildRuns {
         stop: CancellationToken,
         deadline: Option<Instant>,
     ) -> Self {
-        // With isolation on, the first child finds a worker started while the parent asks
-        // its model for the code that starts it.
-        ReplSession::prepare(&session);
+        // Nothing is made ahead for a first child the run may never start: with isolation
+        // on, the run keeps workers ready (the first confined while the parent asks its
+        // model for the code), and the template that forks them runs since the parent's own
+        // worker was forked; in-process, a first child's session is made when it starts.
         Self {
             endpoints,
             session,
@@ -1056,10 +1057,9 @@ impl ChildRuns {
             None => ReplSession::for_child(config, endpoints, &contexts),
         }
         .map_err(|e| e.to_string())?;
-        // The next child's worker starts while this one runs (its session took the spare; a
-        // run that keeps workers ready had its pool order the next as this session started);
-        // in-process, the next child's session is made meanwhile (one at a time).
-        ReplSession::prepare(&self.session);
+        // The next child's session is made ready while this one runs (in-process, one at a
+        // time; with isolation on, a run that keeps workers ready had its pool order the
+        // next worker as this session started).
         let mut next = self.ahead.lock().unwrap_or_else(PoisonError::into_inner);
         if next.is_none() {
             *next = ReplSession::ahead(&self.session, &self.endpoints);
