@@ -292,7 +292,8 @@ impl LocalSession {
 /// threads run no Python code until [`Prepared::build`] or [`Prepared::start`]: the session
 /// thread waits for its settings before it takes the GIL, the watchdog for a block to watch.
 /// What `build` runs is the kernel's own support code (the namespace, the natives, the
-/// answer dict, `FINAL_VAR`, `SHOW_VARS`), never a block.
+/// answer dict, `FINAL_VAR`, `SHOW_VARS`) and its own warm-up block
+/// ([`SessionState::warm_up`]), never model code.
 #[derive(Debug)]
 pub(crate) struct Prepared {
     id: u64,
@@ -361,14 +362,16 @@ impl Prepared {
     /// dict, `FINAL_VAR` and `SHOW_VARS`; everything but the contexts. [`start`](Self::start)
     /// with the same settings then only loads the contexts; with others, it builds the
     /// session again (the `route` and output `embedding` given here are kept either way).
-    /// After an error the session thread has ended: drop this.
+    /// Then, as a worker confined ahead of need is a fresh fork whose first block would pay
+    /// for the memory it touches first (see [`SessionState::warm_up`]), a block that leaves
+    /// nothing behind runs once. After an error the session thread has ended: drop this.
     pub(crate) fn build(
         &mut self,
         config: SessionConfig,
         route: SubCallRoute,
         embedding: Embedding,
     ) -> Result<(), ReplError> {
-        self.build_ahead(config, route, embedding)?;
+        self.send_ahead(config, route, embedding, true)?;
         self.building = false;
         let answer = match self.ready.take() {
             Some(ready) => {
@@ -384,18 +387,29 @@ impl Prepared {
     /// Has the session thread build the namespace as [`build`](Self::build) does, without
     /// waiting for it: [`start`](Self::start) reads how that went (and, should it have failed,
     /// fails with its error).
+    /// (without its warm-up block: in-process, nothing was forked).
     pub(crate) fn build_ahead(
         &mut self,
         config: SessionConfig,
         route: SubCallRoute,
         embedding: Embedding,
     ) -> Result<(), ReplError> {
+        self.send_ahead(config, route, embedding, false)
+    }
+
+    fn send_ahead(
+        &mut self,
+        config: SessionConfig,
+        route: SubCallRoute,
+        embedding: Embedding,
+        warm_up: bool,
+    ) -> Result<(), ReplError> {
         let load = config.load.resolved()?;
         let init = self.init(config, route, Vec::new(), load, embedding);
         let sent = self
             .init
             .as_ref()
-            .is_some_and(|tx| tx.send(Setup::Ahead(init)).is_ok());
+            .is_some_and(|tx| tx.send(Setup::Ahead { init, warm_up }).is_ok());
         if !sent {
             return self.built(None);
         }
@@ -621,8 +635,9 @@ pub(crate) fn pop_result(module: &str, token: u64) -> Result<Option<String>, Rep
 
 /// What the session thread is handed before its first job.
 enum Setup {
-    /// Build the namespace without its contexts, answer, then wait for [`Setup::Start`].
-    Ahead(SessionInit),
+    /// Build the namespace without its contexts (then, with `warm_up`, run
+    /// [`SessionState::warm_up`]), answer, then wait for [`Setup::Start`].
+    Ahead { init: SessionInit, warm_up: bool },
     /// Start the session: finish the namespace built ahead when it has these settings, else
     /// build it; answer.
     Start(SessionInit),
@@ -652,13 +667,16 @@ fn session_thread(
     Python::attach(|py| {
         let created = match first {
             Setup::Start(init) => SessionState::create(py, init),
-            Setup::Ahead(init) => match SessionState::skeleton(py, init) {
-                Ok(state) => {
+            Setup::Ahead { init, warm_up } => match SessionState::skeleton(py, init) {
+                Ok(mut state) => {
+                    if warm_up {
+                        state.warm_up(py);
+                    }
                     let _ = ready.send(Ok((Vec::new(), state.py_session.clone_ref(py))));
                     // Idle, without the GIL, until a session takes it (or never does).
                     match py.detach(move || setups.recv()) {
                         Ok(Setup::Start(init)) => state.finish(py, init),
-                        Ok(Setup::Ahead(_)) | Err(_) => {
+                        Ok(Setup::Ahead { .. }) | Err(_) => {
                             state.close(py);
                             return;
                         }
@@ -1089,6 +1107,16 @@ mod tests {
             .expect("started")
     }
 
+    /// The names of the variables `session` lists.
+    fn listed(session: &LocalSession) -> Vec<String> {
+        session
+            .variables()
+            .expect("variables")
+            .into_iter()
+            .map(|v| v.name)
+            .collect()
+    }
+
     const LOOK: &str = "import sys\n\
         names = sorted(k for k in globals() if not k.startswith('_') and k != 'sys')\n\
         mine = [m for m in sys.modules if m.startswith('__rlm_session_')]\n\
@@ -1116,17 +1144,37 @@ mod tests {
             .map(|l| l.split_whitespace().next().unwrap_or(""))
             .collect();
         assert_eq!(shown, ["names", "mine"], "{result:?}");
-        let listed: Vec<String> = session
-            .variables()
-            .expect("variables")
-            .into_iter()
-            .map(|v| v.name)
-            .collect();
-        assert_eq!(listed, ["names", "mine"]);
+        assert_eq!(listed(&session), ["names", "mine"]);
         // A block cannot keep a context rebound: it is restored after the block.
         session.exec("context = 'mine now'").expect("ran");
         let after = session.exec("print(context)").expect("ran");
         assert_eq!(after.stdout.trim(), "the handed text");
+    }
+
+    #[test]
+    fn a_session_built_ahead_ran_a_warm_up_block_that_left_nothing_behind() {
+        let session = built_then_started(SessionConfig::default(), SessionConfig::default());
+        // The first block is still the first (its file name), the line cache holds no entry
+        // of the warm-up's source, and its name is gone from the namespace.
+        let first = session
+            .exec(
+                "import linecache, sys\n\
+                 me = sys._getframe().f_code.co_filename\n\
+                 print(me, [k for k in linecache.cache if 'block-' in k and k != me])\n\
+                 print('_rlm_warm_up' in globals())",
+            )
+            .expect("ran");
+        assert!(first.error.is_none(), "{first:?}");
+        let mut lines = first.stdout.lines();
+        let (file, cached) = lines
+            .next()
+            .and_then(|l| l.split_once(' '))
+            .expect("a line");
+        assert!(file.ends_with("block-1>"), "{first:?}");
+        assert_eq!(cached, "[]", "{first:?}");
+        assert_eq!(lines.next(), Some("False"), "{first:?}");
+        assert_eq!(first.new_variables, ["me"], "{first:?}");
+        assert_eq!(listed(&session), ["me"]);
     }
 
     #[test]

@@ -7,8 +7,8 @@
 //! ([`confine`]: the policy's environment replaces the one the worker started with), start
 //! the session's threads (its session thread and watchdog, the request and output threads)
 //! and build its namespace with the settings the `Confine` frame says it will start with
-//! (the support module's session, the natives, the answer dict, `FINAL_VAR`, `SHOW_VARS`:
-//! the kernel's own code, no block), and say so; then receive the context memfds and the
+//! (the support module's session, the natives, the answer dict, `FINAL_VAR`, `SHOW_VARS`,
+//! then the kernel's own warm-up block: no model code), and say so; then receive the context memfds and the
 //! [`Start`] frame (a worker confined ahead of need waits for them, idle, until a session
 //! takes it, with all that done) and add the contexts to the namespace (or, should the
 //! `Start` bring other settings, build it again with them). Then the main thread reads
