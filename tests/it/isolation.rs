@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use bridge::mock::{MockConfig, Script};
+use bridge::mock::{Latency, MockConfig, Script};
 
 use crate::support::{Mock, Run, file, marked, repl, rlm, rlm_on_terminal};
 
@@ -355,6 +355,33 @@ fn no_process_the_code_starts_outlives_the_run() {
         assert!(Instant::now() < deadline, "still running: {left:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn a_run_whose_blocks_hold_no_process_asks_its_worker_nothing_at_its_end() {
+    // The block returns, then a thread it left behind holds the worker's GIL (a regex stuck
+    // in C) while the model writes its answer: the worker can answer no request that needs
+    // Python. The run's end must not ask it to end processes its blocks did not leave (that
+    // request waited 30 s); its close then kills it.
+    let code = "import re, threading\n\
+                stuck = lambda: re.match(r'(a+)+$', 'a' * 64 + 'b')\n\
+                threading.Timer(0.2, stuck).start()\n\
+                print('armed')";
+    let mock = Mock::start_with(MockConfig {
+        script: Script::from_json_value(serde_json::json!({
+            "models": {"root-model": {"replies": [repl(code), "FINAL(done)"]}}
+        }))
+        .expect("valid script"),
+        latency: Latency::fixed(Duration::from_millis(1000)),
+        ..MockConfig::default()
+    });
+    let (run, lines, took) = run(&mock, &[]);
+    run.assert_code(0);
+    assert_eq!(run.stdout.trim(), "done", "{}", run.stderr);
+    let ran = blocks(&lines);
+    assert_eq!(ran.len(), 1, "{lines:?}");
+    assert_eq!(ran[0]["stdout"], "armed\n", "{lines:?}");
+    assert!(took < Duration::from_secs(20), "the run took {took:?}");
 }
 
 #[test]

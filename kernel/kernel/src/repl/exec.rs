@@ -15,6 +15,7 @@
 //! variables and the final answer recorded during the block.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
@@ -45,6 +46,8 @@ impl SessionState {
         let fail = |e: PyErr| ReplError::internal("running a block", e);
         let support = interpreter(py)?.support(py);
         self.blocks += 1;
+        // Until the block's end says otherwise, it may have started processes.
+        self.processes.store(true, Ordering::Relaxed);
         let filename = format!("{}{}>", self.block_filename_prefix(), self.blocks);
         let (stdout, stderr) = match &self.embedding.output {
             Some(sink) => (
@@ -95,9 +98,11 @@ impl SessionState {
         let final_answers = recorded_finals(&session).map_err(fail)?;
         scope.end().map_err(fail)?;
         // The processes the block started join the session's; an interrupted block's stop.
-        session
+        let held: bool = session
             .call_method1("settle_processes", (interrupt.is_some(),))
+            .and_then(|held| held.extract())
             .map_err(fail)?;
+        self.processes.store(held, Ordering::Relaxed);
 
         let variables = self.variables(py)?;
         let new_variables = self

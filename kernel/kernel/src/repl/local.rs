@@ -106,6 +106,8 @@ pub(crate) struct LocalSession {
     /// resetting the answer, reading it, and ending the processes ask the thread nothing (an
     /// `rlm_query` child that runs no block is a run's start and end without a round trip).
     ran: AtomicBool,
+    /// Shared with the session thread's [`SessionState::processes`].
+    processes: Arc<AtomicBool>,
 }
 
 static NEXT_SESSION_ID: AtomicU64 = AtomicU64::new(1);
@@ -242,7 +244,7 @@ impl LocalSession {
     /// The loop calls it when a run ends; dropping the session does too. It does not wait
     /// for the session thread, so it works while a block is stuck.
     pub(crate) fn end_processes(&self) -> Result<(), ReplError> {
-        if !self.ran.load(Ordering::Relaxed) {
+        if !self.holds_processes() {
             return Ok(());
         }
         Python::attach(|py| {
@@ -251,7 +253,17 @@ impl LocalSession {
                 .call_method0("terminate_processes")
                 .map(drop)
                 .map_err(|e| ReplError::internal("terminating the session's processes", e))
-        })
+        })?;
+        self.processes.store(false, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether the session may hold processes its blocks started, for
+    /// [`end_processes`](Self::end_processes) to end: what the last block's end found (see
+    /// [`SessionState::processes`]). Read without the GIL: a thread of the model's code may
+    /// hold it.
+    pub(crate) fn holds_processes(&self) -> bool {
+        self.ran.load(Ordering::Relaxed) && self.processes.load(Ordering::Relaxed)
     }
 
     /// A process-unique number of this session (1 for the first).
@@ -301,6 +313,8 @@ pub(crate) struct Prepared {
     watchdog: Arc<Watchdog>,
     /// Who runs the session's `rlm_query` children (the natives built ahead hold it).
     children: Arc<ChildSlot>,
+    /// Whether the session may hold processes (see [`SessionState::processes`]).
+    processes: Arc<AtomicBool>,
     /// Hands the session thread its settings (dropping it ends the thread).
     init: Option<Sender<Setup>>,
     jobs: Sender<Job>,
@@ -341,6 +355,7 @@ impl Prepared {
             cancel,
             watchdog: Arc::clone(&watchdog),
             children: Arc::default(),
+            processes: Arc::default(),
             init: Some(init),
             jobs,
             ready: Some(ready),
@@ -446,6 +461,7 @@ impl Prepared {
             id: self.id,
             config,
             children: Arc::clone(&self.children),
+            processes: Arc::clone(&self.processes),
             route,
             contexts,
             load,
@@ -540,6 +556,7 @@ impl Prepared {
             thread_done: Mutex::new(thread_done),
             children,
             ran: AtomicBool::new(false),
+            processes: Arc::clone(&self.processes),
         })
     }
 
@@ -647,6 +664,7 @@ struct SessionInit {
     id: u64,
     config: SessionConfig,
     children: Arc<ChildSlot>,
+    processes: Arc<AtomicBool>,
     route: SubCallRoute,
     contexts: Vec<ContextInput>,
     load: LoadOptions,
@@ -748,6 +766,10 @@ pub(crate) struct SessionState {
     pub(crate) guards: u64,
     /// How a worker process embeds the session (default: not at all).
     pub(crate) embedding: Embedding,
+    /// Whether the session may hold processes its blocks started (what `end_processes`
+    /// ends): `true` from a block's start, then what its end found (the session's list
+    /// changes only there and when they are ended). Read by its [`LocalSession`].
+    pub(crate) processes: Arc<AtomicBool>,
 }
 
 impl SessionState {
@@ -887,6 +909,7 @@ impl SessionState {
             blocks: 0,
             guards: 0,
             embedding: init.embedding,
+            processes: init.processes,
         };
         if let Err(e) = state.seal_reserved(py) {
             state.close(py);

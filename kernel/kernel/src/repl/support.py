@@ -163,12 +163,14 @@ class Session:
 
     def settle_processes(self, interrupted):
         """After a block: the processes it started and that still run belong to the session;
-        those of an interrupted block are terminated with it."""
+        those of an interrupted block are terminated with it. Returns whether the session
+        holds any (what `terminate_processes` would end: the list changes only here and
+        there)."""
         with self.children_lock:
             children, pool = self.block_children, self.block_pool
             self.block_children = self.block_pool = None
         if pool is None:
-            return
+            return bool(self.processes or self.pool_processes)
         mine = os.getpid()
         started = (
             {}
@@ -185,7 +187,7 @@ class Session:
             _terminate(started, started_pool)
             started, started_pool = {}, []
         if not (started or started_pool or self.processes or self.pool_processes):
-            return
+            return False
         # Forget what has ended, so a long session's lists stay short.
         self.processes = {
             pid: since
@@ -193,6 +195,7 @@ class Session:
             if _running(pid)
         }
         self.pool_processes = [p for p in self.pool_processes + started_pool if _alive(p)]
+        return bool(self.processes or self.pool_processes)
 
     def terminate_processes(self):
         """Terminate every process the session's blocks started that still runs."""

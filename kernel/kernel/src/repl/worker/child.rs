@@ -569,7 +569,10 @@ fn serve_requests(link: &Link, session: &LocalSession, queue: &Receiver<Job>) {
                 link.set_running(None);
                 // Every chunk of the block's output goes before its reply.
                 link.flush_output();
-                Reply::Exec(result.map(Box::new))
+                Reply::Exec {
+                    result: result.map(Box::new),
+                    processes: session.holds_processes(),
+                }
             }
             Request::Variables => Reply::Variables(session.variables()),
             Request::VariableString { name } => Reply::Text(session.variable_as_string(&name)),

@@ -113,9 +113,13 @@ pub(crate) struct WorkerSession {
     pending: Mutex<Option<WorkerRestart>>,
     /// Who runs the `rlm_query` children of the worker's code (here, in the parent).
     children: Arc<ChildSlot>,
-    /// Whether a block was sent to the worker (else its answer is empty and its code
-    /// started no process: nothing to ask it at a run's start and end).
+    /// Whether a block was sent to the worker (else its answer is empty: nothing to ask it
+    /// at a run's start).
     ran: std::sync::atomic::AtomicBool,
+    /// Whether the session may hold processes its blocks started: set when a block is sent,
+    /// then to what the worker said at the block's end (only blocks start them). If not,
+    /// ending them at a run's end asks the worker nothing.
+    processes: std::sync::atomic::AtomicBool,
 }
 
 /// The session's worker: running; handed its session and not heard from yet (its `Ready`
@@ -295,6 +299,7 @@ impl WorkerSession {
             pending: Mutex::new(None),
             children: Arc::default(),
             ran: std::sync::atomic::AtomicBool::new(false),
+            processes: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -732,6 +737,7 @@ impl WorkerSession {
         let finished = CancellationToken::new();
         self.watch_stop(stop, finished.clone(), events);
         let stopped = stop.is_some_and(CancellationToken::is_cancelled);
+        self.processes.store(true, Ordering::Relaxed);
         let sent = worker.send(&ToWorker::Request {
             id,
             request: Request::Exec {
@@ -753,7 +759,10 @@ impl WorkerSession {
             let (event, back) = receive(inbox, wait);
             inbox = back;
             match event {
-                Ok(Event::Reply(Reply::Exec(result))) => break Wait::Replied(result),
+                Ok(Event::Reply(Reply::Exec { result, processes })) => {
+                    self.processes.store(processes, Ordering::Relaxed);
+                    break Wait::Replied(result);
+                }
                 Ok(Event::Reply(other)) => {
                     worker.lose(format!("answered a block with {other:?}"));
                     break Wait::Ended;
@@ -1098,8 +1107,8 @@ impl WorkerSession {
 
     /// Ends the processes the session's blocks started (without waiting for a running block).
     pub(crate) fn end_processes(&self) -> Result<(), ReplError> {
-        if !self.ran.load(Ordering::Relaxed) {
-            // No code ran, so none started a process.
+        if !self.processes.load(Ordering::Relaxed) {
+            // No code ran, or the worker said after the last block that none was left.
             return Ok(());
         }
         let worker = match &*lock(&self.worker) {
@@ -1108,7 +1117,11 @@ impl WorkerSession {
             Slot::Starting(_) | Slot::Readying | Slot::Ended(_) | Slot::Failed(_) => return Ok(()),
         };
         match worker.request(Request::EndProcesses, QUERY_WAIT) {
-            Ok(Reply::Text(done)) => done.map(drop),
+            Ok(Reply::Text(done)) => {
+                done?;
+                self.processes.store(false, Ordering::Relaxed);
+                Ok(())
+            }
             Ok(other) => Err(unexpected(&other)),
             // A worker gone has no processes left: they die with it.
             Err(_) => Ok(()),

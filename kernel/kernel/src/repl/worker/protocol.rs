@@ -272,7 +272,13 @@ pub(crate) enum FromWorker {
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) enum Reply {
     /// To [`Request::Exec`].
-    Exec(Result<Box<ExecutionResult>, ReplError>),
+    Exec {
+        /// The block's result.
+        result: Result<Box<ExecutionResult>, ReplError>,
+        /// Whether the session holds processes its blocks started, after this one: if not,
+        /// ending them ([`Request::EndProcesses`]) has nothing to do and is not asked.
+        processes: bool,
+    },
     /// To [`Request::Variables`].
     Variables(Result<Vec<VariableInfo>, ReplError>),
     /// To requests that answer a text or nothing.
