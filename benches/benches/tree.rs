@@ -33,7 +33,10 @@
 //!      (their first prompt describes the piece).
 //! 2. 100 children in parallel on one pool: `rlm_query_batched` of 100 one-iteration children
 //!    at 50 ms model latency, against the bridge's own `Endpoint::batch` of the same 100
-//!    requests at the same width (in-process sessions).
+//!    requests at the same width: in-process sessions, and with isolation `process` (each
+//!    child's worker forked from the template and confined, ahead of need while the pool has
+//!    one ready, else when its session starts; the 100 confinements share the two cores with
+//!    the mock server).
 //! 3. The sub-call cache on a loop that repeats calls: 200 `llm_query` calls over 10 distinct
 //!    prompts at 20 ms latency, with the cache on (the default) and off, on fresh endpoints
 //!    each round.
@@ -408,16 +411,22 @@ fn parallel_children(rt: &tokio::runtime::Runtime, quick: bool) -> anyhow::Resul
     let expected = N.to_string();
     batch()?;
     run(&eps, 2, &expected)?;
-    let (mut batch_ms, mut block_ms) = (Vec::new(), Vec::new());
-    let mut flight = 0;
+    run_in(&eps, 2, Isolation::Process, &expected)?;
+    let (mut batch_ms, mut block_ms, mut isolated_ms) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut flight, mut isolated_flight) = (0, 0);
     for _ in 0..rounds {
         batch_ms.push(ms(batch()?));
         server.log().clear();
         let result = run(&eps, 2, &expected)?;
         flight = flight.max(server.log().max_concurrency());
         block_ms.push(result.iterations[0].execution_ms);
+        server.log().clear();
+        let result = run_in(&eps, 2, Isolation::Process, &expected)?;
+        isolated_flight = isolated_flight.max(server.log().max_concurrency());
+        isolated_ms.push(result.iterations[0].execution_ms);
     }
     let (bridge, children) = (median(batch_ms), median(block_ms));
+    let isolated = median(isolated_ms);
     println!();
     println!(
         "## 2. {N} children in parallel on one pool, {} ms model latency (median of {rounds} rounds)",
@@ -429,6 +438,10 @@ fn parallel_children(rt: &tokio::runtime::Runtime, quick: bool) -> anyhow::Resul
     println!(
         "| block: `rlm_query_batched` of {N} children | {children:.1} | {:.2}× | {flight} |",
         children / bridge
+    );
+    println!(
+        "| the same, isolation `process` (a worker each, the root's too) | {isolated:.1} | {:.2}× | {isolated_flight} |",
+        isolated / bridge
     );
     rt.block_on(server.shutdown());
     Ok(())
