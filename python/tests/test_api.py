@@ -91,7 +91,18 @@ def test_eight_batched_sub_calls_run_in_parallel(mock_server):
     assert mock.max_concurrency() == 8, "the eight calls were not all in flight at once"
 
 
-def test_sigint_stops_a_run_in_a_slow_sub_call_with_its_partial_result(mock_server):
+@pytest.fixture
+def default_sigint():
+    # Ctrl-C interrupts a run only under Python's default handler. A shell without job control
+    # starts a background command with SIGINT ignored (POSIX), and Python keeps it ignored: a
+    # test run started that way would see no interrupt. These tests press Ctrl-C as a user at
+    # a terminal does, so they put the default handler in place (and back after).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_sigint_stops_a_run_in_a_slow_sub_call_with_its_partial_result(mock_server, default_sigint):
     code = "answer['content'] = 'partial'\nprint('calling')\nslow = llm_query('take your time')"
     sub_latency_s = 60
     mock = mock_server(script([repl(code), "FINAL(late)"], sub_latency_ms=sub_latency_s * 1000))
@@ -119,7 +130,7 @@ def test_sigint_stops_a_run_in_a_slow_sub_call_with_its_partial_result(mock_serv
     assert RLM(model="root", base_url=fast.base_url).completion("q", context="x").answer == "next"
 
 
-def test_sigint_stops_the_run_even_when_code_on_the_main_thread_swallowed_it(mock_server):
+def test_sigint_stops_the_run_even_when_code_on_the_main_thread_swallowed_it(mock_server, default_sigint):
     # CPython keeps one pending-signal bit per signal; Python code that runs on the main thread
     # while the run waits (a finalizer applied when the wait re-attaches, a progress callback)
     # runs the handler first, and a finalizer drops the KeyboardInterrupt it raised. Here a
