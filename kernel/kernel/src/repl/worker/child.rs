@@ -1,22 +1,22 @@
 //! The worker process's side: [`main`] serves one session to the parent over the link on
 //! fd 3.
 //!
-//! Order at start, while the process is still single-threaded: start CPython (which starts
-//! no thread; a spare worker does this before its session exists), read the [`Confine`]
-//! frame, enter the session's directory, ask CPython for its own paths, confine the process
-//! ([`confine`]: the policy's environment replaces the one the worker started with), start
-//! the session's threads (its session thread and watchdog, the request and output threads)
-//! and build its namespace with the settings the `Confine` frame says it will start with
-//! (the support module's session, the natives, the answer dict, `FINAL_VAR`, `SHOW_VARS`,
-//! then the kernel's own warm-up block: no model code), and say so; then receive the context memfds and the
-//! [`Start`] frame (a worker confined ahead of need waits for them, idle, until a session
-//! takes it, with all that done) and add the contexts to the namespace (or, should the
-//! `Start` bring other settings, build it again with them). Then the main thread reads
-//! frames: requests go to a request thread in order (a block runs there), while
-//! interrupts, sub-call answers and `EndProcesses` are handled at once, even while a block
-//! runs. Block output is sent as written after a quiet spell, else buffered and sent in chunks
-//! (at 32 KiB, after 10 ms, and before a block's reply), never from a forked child. No tokio
-//! runtime runs in a worker.
+//! Order at start, while the process is still single-threaded: start CPython (which starts no
+//! thread; a spare worker does this before its session exists) and read its own paths (a
+//! template reads them once for all its forks, which run no Python until they are confined),
+//! read the [`Confine`] frame, enter the session's directory, confine the process ([`confine`]:
+//! the policy's environment replaces the one the worker started with), start the session's
+//! threads (its session thread and watchdog, the request and output threads) and build its
+//! namespace with the settings the `Confine` frame says it will start with (the support
+//! module's session, the natives, the answer dict, `FINAL_VAR`, `SHOW_VARS`, then the kernel's
+//! own warm-up block: no model code), and say so; then receive the context memfds and the
+//! [`Start`] frame (a worker confined ahead of need waits for them, idle, until a session takes
+//! it, with all that done) and add the contexts to the namespace (or, should the `Start` bring
+//! other settings, build it again with them). Then the main thread reads frames: requests go to
+//! a request thread in order (a block runs there), while interrupts, sub-call answers and
+//! `EndProcesses` are handled at once, even while a block runs. Block output is sent as written
+//! after a quiet spell, else buffered and sent in chunks (at 32 KiB, after 10 ms, and before a
+//! block's reply), never from a forked child. No tokio runtime runs in a worker.
 
 use std::collections::HashMap;
 use std::io::BufReader;
