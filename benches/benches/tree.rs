@@ -31,6 +31,9 @@
 //!      what a user's children get) whose block runs over it (`len(context.split())`), their
 //!      worker confined ahead of need; the raw calls are the requests those children send
 //!      (their first prompt describes the piece).
+//!    - children handed a list of 1000 small dicts (`rlm_query(q, context=records)`, as
+//!      `records[i:j]` is handed over: ~45 KB of JSON) whose block runs over it, their worker
+//!      confined ahead of need; the raw calls' first prompt describes the same JSON.
 //! 2. 100 children in parallel on one pool: `rlm_query_batched` of 100 one-iteration children
 //!    at 50 ms model latency, against the bridge's own `Endpoint::batch` of the same 100
 //!    requests at the same width: in-process sessions, and with isolation `process` (each
@@ -90,11 +93,12 @@ fn main() -> anyhow::Result<()> {
     for isolation in [Isolation::Process, Isolation::Strict] {
         for latency in [Duration::ZERO, Duration::from_millis(50)] {
             // The children that answer at once, then those that run a block, then those
-            // handed a piece of text.
-            let rows: [&[WorkerStart]; 3] = [
+            // handed a piece of text, then those handed records.
+            let rows: [&[WorkerStart]; 4] = [
                 &[WorkerStart::Ready, WorkerStart::Template],
                 &[WorkerStart::ReadyBlock],
                 &[WorkerStart::ReadyContext],
+                &[WorkerStart::ReadyRecords],
             ];
             for starts in rows {
                 child_overhead(&mock_rt, quick, isolation, latency, isolated, starts)?;
@@ -206,12 +210,19 @@ fn run_in(
 fn child_requests(
     eps: &Arc<Endpoints>,
     queries: &[String],
-    context: Option<&str>,
+    context: Option<&Handed>,
 ) -> anyhow::Result<Vec<ChatRequest>> {
-    let contexts: Vec<ContextSource> = context
-        .map(|text| ContextSource::Text(text.to_owned()))
-        .into_iter()
-        .collect();
+    // A child's records are described as a JSON file of theirs is.
+    let dir = tempfile::tempdir()?;
+    let contexts: Vec<ContextSource> = match context {
+        None => Vec::new(),
+        Some(Handed::Text(text)) => vec![ContextSource::Text(text.clone())],
+        Some(Handed::Records(json)) => {
+            let file = dir.path().join("rlm-child-context-1-0.json");
+            std::fs::write(&file, json)?;
+            vec![ContextSource::Path(file)]
+        }
+    };
     let session = Arc::new(ReplSession::new(
         SessionConfig::default(),
         Arc::clone(eps),
@@ -255,6 +266,38 @@ enum WorkerStart {
     /// As [`WorkerStart::ReadyBlock`], the child handed [`PIECE_CHARS`] of text and its
     /// block running over it.
     ReadyContext,
+    /// As [`WorkerStart::ReadyBlock`], the child handed [`RECORDS`] small dicts and its block
+    /// running over them.
+    ReadyRecords,
+}
+
+/// What a child of section 1 is handed.
+enum Handed {
+    /// [`piece`].
+    Text(String),
+    /// [`records`], as the JSON the parent's worker hands over.
+    Records(String),
+}
+
+/// The dicts each child of [`WorkerStart::ReadyRecords`] is handed.
+const RECORDS: usize = 1000;
+
+/// The root code's expression of the records (built the same way by [`records`]).
+fn records_code() -> String {
+    format!("[{{'id': i, 'name': f'user {{i}}', 'ok': i % 3 == 0}} for i in range({RECORDS})]")
+}
+
+/// The JSON of [`records_code`]'s list, as Python's `json.dumps` writes it.
+fn records() -> String {
+    let items: Vec<String> = (0..RECORDS)
+        .map(|i| {
+            format!(
+                "{{\"id\": {i}, \"name\": \"user {i}\", \"ok\": {}}}",
+                i % 3 == 0
+            )
+        })
+        .collect();
+    format!("[{}]", items.join(", "))
 }
 
 /// The characters of text each child of [`WorkerStart::ReadyContext`] is handed.
@@ -283,12 +326,19 @@ impl WorkerStart {
             Self::ReadyContext => {
                 ", confined ahead of need, the child gets 100 KB of text and runs a block over it"
             }
+            Self::ReadyRecords => {
+                ", confined ahead of need, the child gets 1000 dicts and runs a block over them"
+            }
         }
     }
 
-    /// Whether each child is handed [`piece`].
-    fn with_context(self) -> bool {
-        self == Self::ReadyContext
+    /// What each child is handed, if anything.
+    fn handed(self) -> Option<Handed> {
+        match self {
+            Self::ReadyContext => Some(Handed::Text(piece())),
+            Self::ReadyRecords => Some(Handed::Records(records())),
+            Self::None | Self::Ready | Self::Template | Self::ReadyBlock => None,
+        }
     }
 
     /// What each child replies (its one model call).
@@ -297,6 +347,9 @@ impl WorkerStart {
             Self::ReadyBlock => block("answer['content'] = 'ok'\nanswer['ready'] = True"),
             Self::ReadyContext => block(
                 "words = len(context.split())\nanswer['content'] = 'ok' if words else 'empty'\nanswer['ready'] = True",
+            ),
+            Self::ReadyRecords => block(
+                "kept = sum(1 for r in context if r['ok'])\nanswer['content'] = 'ok' if kept else 'empty'\nanswer['ready'] = True",
             ),
             Self::None | Self::Ready | Self::Template => FINAL_OK.to_owned(),
         }
@@ -315,14 +368,18 @@ fn child_overhead(
     starts: &[WorkerStart],
 ) -> anyhow::Result<()> {
     let rounds = child_rounds(quick);
-    let piece = starts.first().is_some_and(|s| s.with_context()).then(piece);
-    let code = match &piece {
+    let handed = starts.first().and_then(|s| s.handed());
+    let code = match &handed {
         None => format!(
             "r = [rlm_query(f'question {{i}}') for i in range({n})]\nassert r == ['ok'] * {n}, r[:3]\nFINAL_VAR(len(r))"
         ),
-        Some(_) => format!(
+        Some(Handed::Text(_)) => format!(
             "piece = ({PHRASE:?} * {})[:{PIECE_CHARS}]\nr = [rlm_query(f'question {{i}}', context=piece) for i in range({n})]\nassert r == ['ok'] * {n}, r[:3]\nFINAL_VAR(len(r))",
             PIECE_CHARS / PHRASE.len() + 1
+        ),
+        Some(Handed::Records(_)) => format!(
+            "records = {}\nr = [rlm_query(f'question {{i}}', context=records) for i in range({n})]\nassert r == ['ok'] * {n}, r[:3]\nFINAL_VAR(len(r))",
+            records_code()
         ),
     };
     let mock_latency = if latency.is_zero() {
@@ -338,7 +395,7 @@ fn child_overhead(
     let server = start_mock_with(rt, &block(&code), mock_latency, &child_reply, mock_latency)?;
     let eps = endpoints(&server)?;
     let queries: Vec<String> = (0..n).map(|i| format!("question {i}")).collect();
-    let requests = child_requests(&eps, &queries, piece.as_deref())?;
+    let requests = child_requests(&eps, &queries, handed.as_ref())?;
     let sub = eps.get("sub")?;
     let shared = kernel::runtime::shared();
     let raw = |requests: &[ChatRequest]| -> anyhow::Result<Duration> {
