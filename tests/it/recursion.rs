@@ -251,19 +251,7 @@ fn a_child_whose_worker_crashes_is_an_error_the_isolated_parent_survives() {
                "reply": "```repl\nimport ctypes\nctypes.string_at(0)\n```"}),
     );
     let mock = Mock::start(script);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let run = mock.run(&[
-        "--context",
-        &context(&dir, &["x"]),
-        "--query",
-        "q",
-        "--max-depth",
-        "2",
-        "--max-consecutive-failures",
-        "1",
-        "--json",
-    ]);
-    run.assert_code(0);
+    let run = run_at_depth_two(&mock, &["--max-consecutive-failures", "1"]);
     let json = run.json();
     let answer = json["answer"].as_str().unwrap_or_default();
     assert!(
@@ -312,13 +300,46 @@ const CHILD_CONTEXTS: &[(&str, &str)] = &[
     ),
 ];
 
+/// `root-model` replies `root`, then `FINAL_VAR(answers)`; `sub-model` plays a child that
+/// answers its context's type and length.
+fn kinds_script(root: &str) -> Value {
+    json!({"models": {
+        "root-model": {"replies": [repl(root), "FINAL_VAR(answers)"]},
+        "sub-model": {"rules": [
+            {"system": "recursive language model", "turn": 0,
+             "reply": repl("result = f'{type(context).__name__} {len(context)}'")},
+            {"system": "recursive language model", "turn": 1, "reply": "FINAL_VAR(result)"}
+        ]}
+    }})
+}
+
+/// `rlm run --max-depth 2 --json` (and `extra`) against `mock`, checked to end with an answer.
+fn run_at_depth_two(mock: &Mock, extra: &[&str]) -> crate::support::Run {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = context(&dir, &["x"]);
+    let mut args = vec![
+        "--context",
+        &context,
+        "--query",
+        "q",
+        "--max-depth",
+        "2",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let run = mock.run(&args);
+    run.assert_code(0);
+    run
+}
+
 #[test]
 fn every_kind_of_child_context_is_described_in_the_childs_first_prompt_as_its_worker_loads_it() {
-    // An isolated child's first prompt describes its context; rlm describes a text itself
-    // while the child's worker loads it (the child's first model call does not wait for the
-    // worker), and must say exactly what the worker's own description said: the snapshot
-    // holds each kind's first user message byte for byte, and each child's block checks
-    // what its worker loaded.
+    // An isolated child's first prompt describes its context; rlm describes a text, and a
+    // `dict`, `list` or tuple's JSON, itself while the child's worker loads it (the child's
+    // first model call does not wait for the worker), and must say exactly what the worker's
+    // own description said (a frame waits for it): the snapshot, recorded when every
+    // structured context went as a file the worker described, holds each kind's first user
+    // message byte for byte, and each child's block checks what its worker loaded.
     let kinds: Vec<String> = CHILD_CONTEXTS
         .iter()
         .map(|(kind, value)| format!("    ({kind:?}, {value}),"))
@@ -328,29 +349,11 @@ fn every_kind_of_child_context_is_described_in_the_childs_first_prompt_as_its_wo
         kinds.join("\n")
     );
     let mock = Mock::start_with(bridge::mock::MockConfig {
-        script: bridge::mock::Script::from_json_value(json!({"models": {
-            "root-model": {"replies": [repl(&root), "FINAL_VAR(answers)"]},
-            "sub-model": {"rules": [
-                {"system": "recursive language model", "turn": 0,
-                 "reply": repl("result = f'{type(context).__name__} {len(context)}'")},
-                {"system": "recursive language model", "turn": 1, "reply": "FINAL_VAR(result)"}
-            ]}
-        }}))
-        .expect("valid script"),
+        script: bridge::mock::Script::from_json_value(kinds_script(&root)).expect("valid script"),
         record_requests: true,
         ..bridge::mock::MockConfig::default()
     });
-    let dir = tempfile::tempdir().expect("tempdir");
-    let run = mock.run(&[
-        "--context",
-        &context(&dir, &["x"]),
-        "--query",
-        "q",
-        "--max-depth",
-        "2",
-        "--json",
-    ]);
-    run.assert_code(0);
+    let run = run_at_depth_two(&mock, &[]);
     assert_eq!(
         run.json()["answer"],
         "['str 0', 'str 16', 'str 28', 'str 10', 'str 2700000', 'dict 3', 'list 4', 'list 2', \
@@ -373,8 +376,8 @@ fn every_kind_of_child_context_is_described_in_the_childs_first_prompt_as_its_wo
         })
         .collect();
     assert_eq!(firsts.len(), CHILD_CONTEXTS.len(), "{firsts:#?}");
-    // The scratch file a structured context is handed over in has the parent worker's pid;
-    // a Parquet file's size is its writer's (the installed polars').
+    // A structured context is named as a file of the parent worker's scratch directory, with
+    // that worker's pid; a Parquet file's size is its writer's (the installed polars').
     let scratch = regex::Regex::new(r"`[^`]*/rlm-child-context-\d+-(\d+)\.(\w+)`").expect("regex");
     let parquet =
         regex::Regex::new(r"\d+ bytes on disk(\), from `[^`]*\.parquet`)").expect("regex");
@@ -386,4 +389,52 @@ fn every_kind_of_child_context_is_described_in_the_childs_first_prompt_as_its_wo
         })
         .collect();
     insta::assert_snapshot!(shown.join("\n\n----------\n\n"));
+}
+
+#[test]
+fn a_childs_context_its_parents_code_tampered_with_is_a_clear_error_for_that_child_alone() {
+    // The parent's code runs in its worker, which serialises a child's `dict`, `list` or
+    // frame: what reaches the child's worker (in a sealed memfd, through rlm) is whatever that
+    // code made it. Cut JSON, JSON nested past Python's limit and a cut Parquet file fail
+    // that child with an error that names the context; JSON only Python accepts (`NaN`)
+    // loads; the parent and its other children go on.
+    let root = "import json, polars as pl\n\
+        good = rlm_query('good', context={'a': 1})\n\
+        json.dumps = lambda *a, **k: '{\"a\": [1, 2'\n\
+        cut = rlm_query('cut json', context={'a': 1})\n\
+        json.dumps = lambda *a, **k: '[' * 100_000 + ']' * 100_000\n\
+        deep = rlm_query('deep json', context=[1])\n\
+        json.dumps = lambda *a, **k: '{\"x\": NaN}'\n\
+        nan = rlm_query('nan json', context={'x': 1})\n\
+        pl.DataFrame.write_parquet = lambda self, f, *a, **k: f.write(b'PAR1 cut short')\n\
+        frame = rlm_query('cut parquet', context=pl.DataFrame({'x': [1]}))\n\
+        answers = [good, cut, deep, nan, frame]";
+    let mock = Mock::start(kinds_script(root));
+    let run = run_at_depth_two(&mock, &[]);
+    let children = &run.json()["iterations"][0]["blocks"][0]["children"];
+    let answers: Vec<String> = (0..5)
+        .map(|i| {
+            children[i]["answer"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    let errors: Vec<String> = (0..5).map(|i| children[i].to_string()).collect();
+    assert_eq!(answers[0], "dict 1", "{}", errors[0]);
+    assert_eq!(answers[3], "dict 1", "{}", errors[3]);
+    for (i, format) in [
+        (1, "is not valid JSON"),
+        (2, "is not valid JSON"),
+        (4, "is not valid Parquet"),
+    ] {
+        assert!(
+            errors[i].contains(format)
+                && errors[i].contains("rlm-child-context-")
+                && errors[i].contains("handed to `rlm_query`"),
+            "child {i}: {}",
+            errors[i]
+        );
+    }
+    assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
 }

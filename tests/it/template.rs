@@ -851,12 +851,7 @@ fn a_childs_first_model_call_is_answered_while_its_worker_is_still_starting() {
         false,
         "['ok']",
     );
-    let worker = stopped_worker(&run);
-    assert!(
-        run.stderr
-            .contains(&format!("took the worker {worker}, confined ahead of need")),
-        "the child took the stopped worker: {run:#?}"
-    );
+    assert_took_the_stopped_worker(&run);
 }
 
 #[test]
@@ -870,6 +865,16 @@ fn a_worker_killed_while_its_child_asks_its_model_is_replaced_at_the_first_block
         "['root state', 'ok']",
     );
     assert_replaced(&run);
+}
+
+/// That the child took the worker the harness stopped, one confined ahead of need.
+fn assert_took_the_stopped_worker(run: &Watched) {
+    let worker = stopped_worker(run);
+    assert!(
+        run.stderr
+            .contains(&format!("took the worker {worker}, confined ahead of need")),
+        "the child took the stopped worker: {run:#?}"
+    );
 }
 
 /// That the child replaced the worker the harness stopped and killed.
@@ -920,6 +925,62 @@ fn a_child_with_a_context_asks_its_model_while_its_worker_is_still_starting() {
     assert!(
         !run.stderr.contains("described its contexts differently"),
         "{run:#?}"
+    );
+}
+
+#[test]
+fn a_child_handed_records_asks_its_model_while_its_worker_from_the_pool_is_still_starting() {
+    // A child handed a list of dicts (as `rlm_query(q, context=records[i:j])` does): its JSON
+    // goes in a sealed memfd, no file, so the child takes the worker confined ahead of need,
+    // and rlm describes the JSON as the worker will, so its first model call does not wait
+    // for that worker (stopped); its block does, and sees every record.
+    let (mock, run) = one_child_with_its_worker_stopped(
+        "records = [{'id': i, 'name': f'n{i}'} for i in range(1000)]\n\
+         answers = [rlm_query('one', context=records)]",
+        "result = str(sum(r['id'] for r in context))",
+        false,
+        "['499500']",
+    );
+    assert_took_the_stopped_worker(&run);
+    let prompt = first_child_prompt(&mock);
+    assert!(
+        prompt.contains("parsed JSON, a `dict` or `list` (1,000 top-level items"),
+        "{prompt}"
+    );
+    assert!(
+        !run.stderr.contains("described its contexts differently"),
+        "{run:#?}"
+    );
+}
+
+#[test]
+fn a_child_handed_a_frame_takes_a_worker_confined_ahead_of_need_and_waits_for_its_description() {
+    // A polars frame goes as Parquet in a sealed memfd: no file to read, so the child takes
+    // a worker of the pool; only the worker can describe a frame, so the child waits for its
+    // `Ready` before its first model call, whose prompt carries the worker's description.
+    let mock = Mock::start(slow_script(
+        &[
+            &repl(
+                "import polars as pl\nframe = pl.DataFrame({'x': list(range(100))})\n\
+                 answers = [rlm_query('one', context=frame)]",
+            ),
+            "FINAL_VAR(answers)",
+        ],
+        200,
+        "result = str(context['x'].sum())",
+        0,
+    ));
+    let run = watched(&mock, &["--max-depth", "2", "--json"], None);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_eq!(run.json()["answer"], "['4950']", "{run:#?}");
+    assert!(
+        run.stderr.contains(", confined ahead of need"),
+        "the child took a worker of the pool: {run:#?}"
+    );
+    let prompt = first_child_prompt(&mock);
+    assert!(
+        prompt.contains("a `polars.DataFrame` of 100 rows and 1 columns"),
+        "{prompt}"
     );
 }
 

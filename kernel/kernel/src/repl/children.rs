@@ -33,7 +33,7 @@ use super::natives::{
     LlmQuery, LlmQueryBatched, RemoteCalls, SubAnswer, SubFailure, SubModelBridge, WireChild,
     WireContext,
 };
-use super::source::{ContextSource, LiveObject};
+use super::source::{ContextSource, EncodedContext, EncodedFormat, LiveObject};
 
 /// One child run as the code asked for it.
 #[derive(Debug, Clone)]
@@ -54,7 +54,7 @@ pub(crate) fn query_of(child: WireChild) -> ChildQuery {
         prompt: child.prompt,
         context: child.context.map(|context| match context {
             WireContext::Text(text) => ContextSource::Text(text),
-            WireContext::Path(path) => ContextSource::Path(path),
+            WireContext::Encoded(encoded) => ContextSource::Encoded(encoded),
         }),
         model: child.model,
         max_iterations: child.max_iterations,
@@ -114,11 +114,13 @@ fn runner(bridge: &SubModelBridge, slot: &ChildSlot) -> Runner {
     }
 }
 
-/// Files written for children's contexts in this process.
-static CONTEXT_FILES: AtomicU64 = AtomicU64::new(0);
+/// Contexts serialised for children in this process (they are named by it).
+static ENCODED: AtomicU64 = AtomicU64::new(0);
 
-/// `context` as a worker hands it to its parent: text as it is; a dict or list as JSON, a
-/// polars frame as Parquet, a pandas frame as CSV, in a file of the scratch directory.
+/// `context` as a worker hands it to its parent: text as it is; a dict, list or tuple as JSON,
+/// a polars frame as Parquet, a pandas frame as CSV, each named as the file it would be in the
+/// scratch directory (the name only: the bytes go in the frame, and on to the child's worker
+/// in a sealed memfd).
 fn wire_context(py: Python<'_>, context: &Bound<'_, PyAny>) -> PyResult<WireContext> {
     if let Ok(text) = context.cast::<PyString>() {
         return Ok(WireContext::Text(text.to_cow()?.into_owned()));
@@ -134,45 +136,51 @@ fn wire_context(py: Python<'_>, context: &Bound<'_, PyAny>) -> PyResult<WireCont
     let kind = context.get_type();
     let module: String = kind.getattr("__module__")?.extract().unwrap_or_default();
     let name = kind.name()?.to_cow()?.into_owned();
-    let dir = std::env::var_os("SCRATCH").map_or_else(std::env::temp_dir, PathBuf::from);
-    let n = CONTEXT_FILES.fetch_add(1, Ordering::Relaxed);
-    let file = |ext: &str| {
-        dir.join(format!(
-            "rlm-child-context-{}-{n}.{ext}",
-            std::process::id()
-        ))
-    };
-    let path = if context.is_instance_of::<PyDict>()
+    let (format, bytes) = if context.is_instance_of::<PyDict>()
         || context.is_instance_of::<PyList>()
         || context.is_instance_of::<PyTuple>()
     {
-        let path = file("json");
-        let text: String = py
-            .import("json")?
-            .call_method1("dumps", (context,))?
-            .extract()?;
-        std::fs::write(&path, text).map_err(|e| {
-            PyTypeError::new_err(format!(
-                "rlm_query() could not hand over its `context`: {e}"
-            ))
-        })?;
-        path
+        let text = py.import("json")?.call_method1("dumps", (context,))?;
+        (EncodedFormat::Json, text_bytes(&text)?)
     } else if name == "DataFrame" && module.starts_with("polars") {
-        let path = file("parquet");
-        context.call_method1("write_parquet", (path.to_string_lossy(),))?;
-        path
+        let buffer = py.import("io")?.call_method0("BytesIO")?;
+        context.call_method1("write_parquet", (&buffer,))?;
+        let bytes = buffer.call_method0("getvalue")?;
+        (
+            EncodedFormat::Parquet,
+            bytes.cast::<PyBytes>()?.as_bytes().to_vec(),
+        )
     } else if name == "DataFrame" && module.starts_with("pandas") {
-        let path = file("csv");
         let kwargs = PyDict::new(py);
         kwargs.set_item("index", false)?;
-        context.call_method("to_csv", (path.to_string_lossy(),), Some(&kwargs))?;
-        path
+        let text = context.call_method("to_csv", (), Some(&kwargs))?;
+        (EncodedFormat::Csv, text_bytes(&text)?)
     } else {
         return Err(PyTypeError::new_err(format!(
             "rlm_query() `context` must be a str, bytes, dict, list or a polars or pandas DataFrame in an isolated session, not {name}; pass str(x) to hand over its text"
         )));
     };
-    Ok(WireContext::Path(path))
+    let dir = std::env::var_os("SCRATCH").map_or_else(std::env::temp_dir, PathBuf::from);
+    let n = ENCODED.fetch_add(1, Ordering::Relaxed);
+    let ext = match format {
+        EncodedFormat::Json => "json",
+        EncodedFormat::Parquet => "parquet",
+        EncodedFormat::Csv => "csv",
+    };
+    let file = dir.join(format!(
+        "rlm-child-context-{}-{n}.{ext}",
+        std::process::id()
+    ));
+    Ok(WireContext::Encoded(EncodedContext {
+        source: file.to_string_lossy().into_owned(),
+        format,
+        bytes,
+    }))
+}
+
+/// The UTF-8 bytes of `text`, a `str` a serialiser returned.
+fn text_bytes(text: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    Ok(text.cast::<PyString>()?.to_cow()?.as_bytes().to_vec())
 }
 
 /// The note written once per session when `rlm_query` runs as `llm_query`.

@@ -11,6 +11,7 @@
 //! | `.xlsx` `.xlsm` `.xlsb` `.xls` `.ods` | `polars.DataFrame`, or `dict` sheet → frame | polars' `read_excel` with the `fastexcel` (calamine) engine |
 //! | directory | `dict` relative path → value | each file loaded as on its own; binaries skipped |
 //! | [`ContextSource::Object`] | the caller's own object | bound by reference: no copy |
+//! | [`ContextSource::Encoded`] (a child's `dict`, `list` or frame) | as the file of its format | the same loaders over bytes held in memory (a worker's memfd) |
 //!
 //! What a file is comes from its first bytes before its name (`detect.rs`): gzip and zstd
 //! files are read through a decoder (`.csv.gz`, `.jsonl.zst`, `.txt.gz`), Parquet/Arrow/Excel
@@ -59,7 +60,7 @@ use serde::de::{Deserializer as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
 use super::detect::{
-    Detected, FileFormat, TableFormat, detect, open_decoded, read_error, sniff_separator,
+    Detected, FileFormat, TableFormat, detect, in_memory, open_decoded, read_error, sniff_separator,
 };
 use super::error::{ReplError, RowProblem};
 use super::metadata::{
@@ -67,7 +68,9 @@ use super::metadata::{
     SkippedFile, SkippedRows,
 };
 use super::pystr::{TextFile, read_file_as_str};
-use super::source::{ContextInput, ContextSource, LiveObject, LoadOptions};
+use super::source::{
+    ContextInput, ContextSource, EncodedContext, EncodedFormat, LiveObject, LoadOptions,
+};
 
 /// A loaded context: the Python object and its description.
 pub(crate) struct LoadedContext<'py> {
@@ -140,6 +143,10 @@ pub(crate) fn load_context<'py>(
             meta.source = format!("{LIVE_SOURCE_PREFIX}{}>", live.label);
             describe_object(py, live, &mut meta)?
         }
+        ContextSource::Encoded(encoded) => {
+            meta.source.clone_from(&encoded.source);
+            load_encoded_value(py, encoded.format, &encoded.bytes, &mut meta, options)?
+        }
     };
     meta.load_ms = started.elapsed().as_secs_f64() * 1000.0;
     Ok(LoadedContext {
@@ -204,6 +211,140 @@ pub(crate) fn load_live_value<'py>(
         value,
         metadata: meta,
     })
+}
+
+/// Loads context `index` from a value a worker serialised for an `rlm_query` child, held in
+/// memory elsewhere (the child's worker's memfd), named in the metadata as `source`: as a
+/// file of that format named `source` is loaded, from these bytes (always UTF-8 text where
+/// the format is text: the worker wrote it so).
+pub(crate) fn load_encoded<'py>(
+    py: Python<'py>,
+    index: usize,
+    input: &ContextInput,
+    source: &str,
+    format: EncodedFormat,
+    bytes: &[u8],
+    options: &LoadOptions,
+) -> Result<LoadedContext<'py>, ReplError> {
+    let started = Instant::now();
+    let mut meta = blank_metadata(index, context_name(index, input));
+    meta.source = source.to_owned();
+    let value = load_encoded_value(py, format, bytes, &mut meta, options)?;
+    meta.load_ms = started.elapsed().as_secs_f64() * 1000.0;
+    Ok(LoadedContext {
+        value,
+        metadata: meta,
+    })
+}
+
+fn load_encoded_value<'py>(
+    py: Python<'py>,
+    format: EncodedFormat,
+    bytes: &[u8],
+    meta: &mut ContextMetadata,
+    options: &LoadOptions,
+) -> Result<Bound<'py, PyAny>, ReplError> {
+    meta.bytes = bytes.len() as u64;
+    let format = match format {
+        EncodedFormat::Json => FileFormat::Json,
+        EncodedFormat::Parquet => FileFormat::Table(TableFormat::Parquet),
+        EncodedFormat::Csv => FileFormat::Table(TableFormat::Csv),
+    };
+    let detected = in_memory(format, bytes);
+    let options = LoadOptions {
+        encoding: None,
+        ..options.clone()
+    };
+    let path = PathBuf::from(&meta.source);
+    let file = FileLoad {
+        path: &path,
+        detected: &detected,
+        options: &options,
+        hint: "",
+        content: Some(bytes),
+    };
+    load_file(py, file, meta).map_err(|e| match e {
+        ReplError::ContextMalformed {
+            path,
+            format,
+            detail,
+            ..
+        } => ReplError::ContextMalformed {
+            path,
+            format,
+            detail,
+            fix: "it is what the parent's code handed to `rlm_query`, as its worker serialised it; hand over plain data (a `dict`, `list` or data frame) with the standard library's `json` and the frame's own writers in place".to_owned(),
+        },
+        other => other,
+    })
+}
+
+/// What [`load_encoded`] will say of context `index`, a child's JSON, without loading it (no
+/// Python), when that is sure: what rlm tells an isolated child's model while the child's
+/// worker loads the same bytes (`load_ms` left at 0 for the caller). `None` when only
+/// Python's parser can tell: bytes that are not UTF-8, JSON that serde rejects (Python
+/// accepts some: `NaN`), or JSON past a limit of Python's that serde's scan does not have
+/// ([`python_surely_parses`]).
+pub(crate) fn describe_json(
+    index: usize,
+    input: &ContextInput,
+    encoded: &EncodedContext,
+) -> Option<ContextMetadata> {
+    let mut meta = blank_metadata(index, context_name(index, input));
+    meta.source.clone_from(&encoded.source);
+    meta.bytes = encoded.bytes.len() as u64;
+    meta.kind = ContextKind::Json;
+    if encoded.bytes.is_empty() {
+        meta.empty = true;
+        meta.chars = Some(0);
+        return Some(meta);
+    }
+    let text = std::str::from_utf8(&encoded.bytes).ok()?;
+    if !python_surely_parses(text) {
+        return None;
+    }
+    let sizes = json_item_sizes(text).ok()?;
+    meta.chars = Some(char_len(text));
+    set_item_stats(&mut meta, sizes);
+    Some(meta)
+}
+
+/// Nesting deeper than this may meet Python's recursion limit in its JSON parser (1000 frames
+/// by default, a few of them taken by the caller); serde's scan has no such limit.
+const SURE_DEPTH: usize = 200;
+/// An integer of more digits than this may meet Python's limit on converting text to `int`
+/// (`sys.set_int_max_str_digits`: 4300 by default, never below 640); serde's scan skips
+/// numbers without converting them.
+const SURE_DIGITS: usize = 640;
+
+/// Whether Python's `json.loads` surely accepts `text` that serde accepts: its nesting and
+/// its runs of digits outside strings are within [`SURE_DEPTH`] and [`SURE_DIGITS`].
+fn python_surely_parses(text: &str) -> bool {
+    let (mut depth, mut digits) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for &byte in text.as_bytes() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if byte == b'\\' {
+                escaped = true;
+            } else if byte == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => depth += 1,
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        digits = if byte.is_ascii_digit() { digits + 1 } else { 0 };
+        if depth > SURE_DEPTH || digits > SURE_DIGITS {
+            return false;
+        }
+    }
+    true
 }
 
 fn context_name(index: usize, input: &ContextInput) -> String {
@@ -287,6 +428,7 @@ fn load_path<'py>(
         detected: &detected,
         options,
         hint: "",
+        content: None,
     };
     load_file(py, file, meta)
 }
@@ -299,6 +441,9 @@ struct FileLoad<'a> {
     options: &'a LoadOptions,
     /// Added to a not-UTF-8 error (e.g. for a file inside a directory context).
     hint: &'a str,
+    /// The content, when it is held in memory ([`load_encoded`]: never compressed, UTF-8
+    /// where the format is text); `None`: read from `path`.
+    content: Option<&'a [u8]>,
 }
 
 impl FileLoad<'_> {
@@ -306,6 +451,34 @@ impl FileLoad<'_> {
         TextFile {
             path: self.path,
             compression: self.detected.compression,
+        }
+    }
+
+    /// The text as a `str` (UTF-8) and its length in characters.
+    fn utf8_str<'py>(&self, py: Python<'py>) -> Result<(Bound<'py, PyString>, u64), ReplError> {
+        match self.content {
+            None => read_file_as_str(py, self.text_file(), self.hint),
+            Some(bytes) => {
+                let text = std::str::from_utf8(bytes)
+                    .map_err(|e| not_utf8(bytes, &e, self.path, self.hint))?;
+                Ok((PyString::new(py, text), char_len(text)))
+            }
+        }
+    }
+
+    /// What a polars reader is given: the path (polars reads the file itself), the content
+    /// held in memory as `bytes` (which can be read again), or the decompressed content as a
+    /// `BytesIO`.
+    fn table_source<'py>(&self, py: Python<'py>) -> Result<Bound<'py, PyAny>, ReplError> {
+        match (self.content, self.detected.compression) {
+            (Some(bytes), _) => Ok(PyBytes::new(py, bytes).into_any()),
+            (None, None) => Ok(PyString::new(py, &self.path.to_string_lossy()).into_any()),
+            (None, Some(_)) => {
+                let bytes = PyBytes::new(py, &self.decompressed()?);
+                py.import("io")
+                    .and_then(|io| io.call_method1("BytesIO", (bytes,)))
+                    .map_err(|e| ReplError::internal("reading a compressed table", e))
+            }
         }
     }
 
@@ -434,7 +607,7 @@ fn load_text<'py>(
 ) -> Result<Bound<'py, PyString>, ReplError> {
     let path = file.path;
     let Some(encoding) = &file.options.encoding else {
-        let (text, chars) = read_file_as_str(py, file.text_file(), file.hint)?;
+        let (text, chars) = file.utf8_str(py)?;
         meta.chars = Some(chars);
         return Ok(text);
     };
@@ -649,16 +822,8 @@ fn load_table<'py>(
                 TableFormat::Ipc => "read_ipc",
                 _ => "read_ndjson",
             };
-            let source = match file.detected.compression {
-                None => PyString::new(py, &path_text).into_any(),
-                // polars decompresses only CSV itself.
-                Some(_) => {
-                    let bytes = PyBytes::new(py, &file.decompressed()?);
-                    py.import("io")
-                        .and_then(|io| io.call_method1("BytesIO", (bytes,)))
-                        .map_err(|e| ReplError::internal("reading a compressed table", e))?
-                }
-            };
+            // polars decompresses only CSV itself.
+            let source = file.table_source(py)?;
             polars.call_method1(reader, (source,)).map_err(malformed)?
         }
     };
@@ -753,7 +918,7 @@ fn load_csv<'py>(
         path,
         detected,
         options,
-        hint,
+        ..
     } = file;
     let separator = options.csv_separator.unwrap_or_else(|| match format {
         TableFormat::Tsv => b'\t',
@@ -761,8 +926,9 @@ fn load_csv<'py>(
     });
     let separator = char::from(separator).to_string();
     let support = interpreter_support(py)?;
-    let path_text = path.to_string_lossy();
-    // With an encoding, polars reads the decoded text; without, the file itself.
+    // With an encoding, polars reads the decoded text; without, the file itself (its path,
+    // or the content held in memory: CSV in memory is never compressed).
+    let source = file.table_source(py)?;
     let decoded = match options.encoding {
         Some(_) => Some(load_text(py, file, meta)?),
         None => None,
@@ -771,13 +937,7 @@ fn load_csv<'py>(
     let read = |text: Option<&Bound<'py, PyString>>, infer_all: bool| {
         support.call_method1(
             "read_csv",
-            (
-                polars,
-                path_text.as_ref(),
-                text,
-                separator.as_str(),
-                infer_all,
-            ),
+            (polars, &source, text, separator.as_str(), infer_all),
         )
     };
     let first_error = match read(decoded.as_ref(), false) {
@@ -786,7 +946,7 @@ fn load_csv<'py>(
     };
     let text = match decoded.clone() {
         Some(text) => text,
-        None => read_file_as_str(py, file.text_file(), hint)?.0,
+        None => file.utf8_str(py)?.0,
     };
     let scan = support
         .call_method1(
@@ -864,6 +1024,7 @@ fn load_directory<'py>(
             detected: &detected,
             options,
             hint: &hint,
+            content: None,
         };
         let value = load_file(py, file, &mut file_meta)?;
         meta.bytes += file_meta.bytes;
@@ -919,6 +1080,103 @@ fn collect_files(root: &Path, relative: &Path, out: &mut Vec<PathBuf>) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn encoded(json: &[u8]) -> EncodedContext {
+        EncodedContext {
+            source: "/scratch/rlm-child-context-1-0.json".to_owned(),
+            format: EncodedFormat::Json,
+            bytes: json.to_vec(),
+        }
+    }
+
+    /// What the worker's load of `json` says, or its error.
+    fn loaded(json: &[u8]) -> Result<ContextMetadata, ReplError> {
+        crate::repl::interpreter::start().expect("interpreter");
+        let input = ContextInput::from(ContextSource::Encoded(encoded(json)));
+        let encoded = encoded(json);
+        Python::attach(|py| {
+            load_encoded(
+                py,
+                0,
+                &input,
+                &encoded.source,
+                encoded.format,
+                &encoded.bytes,
+                &LoadOptions::default(),
+            )
+            .map(|loaded| ContextMetadata {
+                load_ms: 0.0,
+                ..loaded.metadata
+            })
+        })
+    }
+
+    #[test]
+    fn a_childs_json_described_ahead_is_what_its_load_says_and_only_python_judges_the_rest() {
+        let records: String = format!(
+            "[{}]",
+            (0..1000)
+                .map(|i| format!("{{\"id\": {i}, \"name\": \"n{i}\"}}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let deep = format!(
+            "{}{}",
+            "[".repeat(SURE_DEPTH + 1),
+            "]".repeat(SURE_DEPTH + 1)
+        );
+        let long_int = format!("[{}]", "7".repeat(SURE_DIGITS + 1));
+        let in_strings = format!("[\"{}\", \"{}\"]", "[".repeat(500), "9".repeat(5000));
+        // Described ahead: exactly what the load says.
+        let sure: Vec<&[u8]> = vec![
+            records.as_bytes(),
+            br#"{"a": [1, 2], "b": "x", "c": null}"#,
+            br#"{"a": 1, "a": 2}"#,
+            br#"[1e400, -0, "\ud800", "h\u00e9"]"#,
+            b"[]",
+            b"42",
+            b"null",
+            b"",
+            in_strings.as_bytes(),
+        ];
+        for json in sure {
+            let input = ContextInput::from(ContextSource::Encoded(encoded(json)));
+            let ahead = describe_json(0, &input, &encoded(json));
+            let shown = String::from_utf8_lossy(json);
+            let ahead = ahead.unwrap_or_else(|| panic!("not described ahead: {shown:.80}"));
+            assert_eq!(loaded(json).expect("loads"), ahead, "{shown:.80}");
+        }
+        // Only Python can tell: the worker describes them (or fails), never rlm.
+        let python_judges: Vec<&[u8]> = vec![
+            br#"{"x": NaN}"#,
+            br#"[1, 2"#,
+            b"[1] x",
+            deep.as_bytes(),
+            long_int.as_bytes(),
+            b"\xff[1]",
+            "\u{feff}[1]".as_bytes(),
+        ];
+        for json in python_judges {
+            let input = ContextInput::from(ContextSource::Encoded(encoded(json)));
+            let shown = String::from_utf8_lossy(json);
+            assert!(
+                describe_json(0, &input, &encoded(json)).is_none(),
+                "{shown:.80}"
+            );
+        }
+        // What Python accepts loads (without item sizes); what it refuses is a clear error.
+        let nan = loaded(br#"{"x": NaN}"#).expect("Python accepts NaN");
+        assert_eq!((nan.kind, nan.items), (ContextKind::Json, None));
+        assert!(loaded(deep.as_bytes()).is_ok(), "within Python's limit");
+        for bad in [&b"[1, 2"[..], b"\xff[1]", "\u{feff}[1]".as_bytes()] {
+            let error = loaded(bad).expect_err("malformed").to_string();
+            assert!(error.contains("rlm-child-context-1-0.json"), "{error}");
+        }
+        let too_deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(loaded(too_deep.as_bytes()).is_err());
+        let too_long = format!("[{}]", "7".repeat(5000));
+        assert!(loaded(too_long.as_bytes()).is_err());
+    }
 
     #[test]
     fn json_item_sizes_cover_arrays_objects_and_scalars() {

@@ -176,6 +176,17 @@ pub(crate) fn detect(path: &Path, encoding_named: bool) -> Result<Detected, Repl
     })
 }
 
+/// What a content of a known `format` held in memory is (never compressed): what [`detect`]
+/// finds of a file of that format.
+pub(crate) fn in_memory(format: FileFormat, bytes: &[u8]) -> Detected {
+    Detected {
+        compression: None,
+        format,
+        empty: bytes.is_empty(),
+        head: bytes[..bytes.len().min(HEAD)].to_vec(),
+    }
+}
+
 fn read_head(path: &Path, compression: Option<Compression>) -> Result<Vec<u8>, ReplError> {
     let mut head = Vec::with_capacity(HEAD);
     open_decoded(path, compression)

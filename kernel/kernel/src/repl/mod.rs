@@ -166,8 +166,8 @@ pub use natives::{SubCallErrorMode, UnknownSubCallErrorMode};
 pub(crate) use session::AheadSession;
 pub use session::ReplSession;
 pub use source::{
-    ContextInput, ContextSource, LiveObject, LoadOptions, RESERVED_NAMES, check_context_name,
-    check_encoding,
+    ContextInput, ContextSource, EncodedContext, LiveObject, LoadOptions, RESERVED_NAMES,
+    check_context_name, check_encoding,
 };
 pub use worker::{
     TEMPLATE_NAME, WORKER_ARG, WorkerProgram, serve_if_worker, set_worker_program, use_worker_pool,

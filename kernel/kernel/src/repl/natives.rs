@@ -14,7 +14,6 @@
 //! whose copy of the runtime has no threads (and whose writes would garble the worker's link),
 //! a call raises `LlmQueryError` (kind `forked_child`) in either mode instead of waiting forever.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -25,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use super::metadata::{SubCallText, kept_text};
+use super::source::EncodedContext;
 use crate::runtime;
 use bridge::{BatchPolicy, BridgeError, CallOptions, ChatRequest, Endpoints, Ledger};
 
@@ -94,7 +94,7 @@ pub(crate) type SubAnswer = Result<String, SubFailure>;
 pub(crate) struct WireChild {
     /// The child's query.
     pub(crate) prompt: String,
-    /// Its context: text, or a file the worker wrote in its scratch directory.
+    /// Its context: text, or a value the worker serialised.
     pub(crate) context: Option<WireContext>,
     /// The endpoint of its root model.
     pub(crate) model: Option<String>,
@@ -107,9 +107,9 @@ pub(crate) struct WireChild {
 pub(crate) enum WireContext {
     /// A `str` (or UTF-8 `bytes`).
     Text(String),
-    /// A dict or list (JSON), a polars frame (Parquet) or a pandas frame (CSV), written to
-    /// this file of the worker's scratch directory.
-    Path(PathBuf),
+    /// A dict or list (JSON), a polars frame (Parquet) or a pandas frame (CSV), serialised by
+    /// the worker.
+    Encoded(EncodedContext),
 }
 
 /// Sub-calls answered by another process (a worker's parent).

@@ -158,10 +158,10 @@ impl ReplSession {
     /// anything else that needs the worker), so the worker starts the session while the
     /// child's first model call is out. A worker that fails to start fails that first use
     /// with the error `new` would have returned. The first prompt describes the context:
-    /// a text is described by rlm from what it hands over, exactly as the worker describes
-    /// it; a context handed over as a file (a `dict`, `list` or frame) is described by the
-    /// worker that loads it, so such a child waits for `Ready` at its start. In-process, as
-    /// `new`.
+    /// a text, or the JSON of a `dict` or `list`, is described by rlm from what it hands
+    /// over, exactly as the worker describes it; a frame (or JSON only Python can judge) is
+    /// described by the worker that loads it, so such a child waits for `Ready` at its start.
+    /// In-process, as `new`.
     pub(crate) fn for_child(
         config: SessionConfig,
         endpoints: Arc<Endpoints>,

@@ -42,6 +42,75 @@ pub enum ContextSource {
     Text(String),
     /// A Python object the caller already holds, bound into the session by reference.
     Object(LiveObject),
+    /// A value an isolated session's code handed to an `rlm_query` child, serialised by its
+    /// worker (made by the kernel, not by callers).
+    Encoded(EncodedContext),
+}
+
+/// A value serialised by a worker for an `rlm_query` child (`children.rs`): a `dict`, `list`
+/// or `tuple` as JSON, a polars frame as Parquet, a pandas frame as CSV. The session loads it
+/// as it would a file of that format: the bytes are the worker's, untrusted, and malformed
+/// ones fail the load with the error such a file gets.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EncodedContext {
+    /// How the metadata and errors name it (`…/rlm-child-context-<pid>-<n>.json`).
+    pub(crate) source: String,
+    /// How it was written.
+    pub(crate) format: EncodedFormat,
+    /// What was written.
+    #[serde(with = "bytes")]
+    pub(crate) bytes: Vec<u8>,
+}
+
+impl fmt::Debug for EncodedContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EncodedContext")
+            .field("source", &self.source)
+            .field("format", &self.format)
+            .field("bytes", &self.bytes.len())
+            .finish()
+    }
+}
+
+/// How an [`EncodedContext`] was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum EncodedFormat {
+    /// UTF-8 JSON text (`json.dumps`), loaded as a `.json` file.
+    Json,
+    /// A Parquet file (`polars.DataFrame.write_parquet`), loaded as a `.parquet` file.
+    Parquet,
+    /// UTF-8 CSV text (`pandas.DataFrame.to_csv`), loaded as a `.csv` file.
+    Csv,
+}
+
+/// Bytes as MessagePack's `bin` (serde's default for a `Vec<u8>` is a list of numbers).
+mod bytes {
+    use serde::de::{Deserializer, Error, Visitor};
+    use serde::ser::Serializer;
+
+    pub(super) fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(bytes)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<u8>, D::Error> {
+        struct Bytes;
+        impl<'de> Visitor<'de> for Bytes {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+            fn visit_byte_buf<E: Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(v)
+            }
+        }
+        deserializer.deserialize_byte_buf(Bytes)
+    }
 }
 
 /// A live Python object used as a context: the session's `context` *is* this object (no

@@ -1360,7 +1360,8 @@ def read_text(path, data, encoding):
 
 
 def read_csv(pl, path, text, separator, infer_all):
-    """polars.read_csv of a path (polars decompresses gzip/zstd itself) or of decoded text.
+    """polars.read_csv of a path (polars decompresses gzip/zstd itself) or `bytes` (a CSV held
+    in memory), or of decoded text.
 
     `infer_all` infers the dtypes from every row, not the first 100: slower, but a column
     whose first rows look numeric and a later one does not loads as text."""

@@ -42,7 +42,9 @@ use super::spawn::{WORKER_ARG, receive_fds, take_link_fd};
 use super::template::serve_forks;
 use super::transfer::share_module;
 use crate::repl::capture::{OutputSink, Stream};
-use crate::repl::context::{LoadedContext, load_context, load_live_value, load_text_bytes};
+use crate::repl::context::{
+    LoadedContext, load_context, load_encoded, load_live_value, load_text_bytes,
+};
 use crate::repl::error::ReplError;
 use crate::repl::interpreter;
 use crate::repl::interrupt::BlockEvents;
@@ -371,6 +373,11 @@ impl ContextLoader for WireLoader {
                 let mapped = Mapped::new(fd)
                     .map_err(|e| ReplError::internal("mapping a context's shared memory", e))?;
                 load_text_bytes(py, index, input, source, mapped.bytes())
+            }
+            MemfdContent::Encoded { source, format } => {
+                let mapped = Mapped::new(fd)
+                    .map_err(|e| ReplError::internal("mapping a context's shared memory", e))?;
+                load_encoded(py, index, input, source, *format, mapped.bytes(), options)
             }
             MemfdContent::Object { label, format } => {
                 let value = share_module(py)

@@ -177,8 +177,8 @@ impl WorkerSession {
     /// [`WorkerSession::start`] would have returned. The contexts' metadata, which the
     /// caller needs at once (its first prompt describes them), is rlm's own description of
     /// what it hands over, made before the worker (or any code in it) runs; a context that
-    /// must be loaded to be described (a file: a child's `dict`, `list` or frame) makes the
-    /// start wait for `Ready`, as `start`.
+    /// must be loaded to be described (a file, a child's frame, JSON only Python can judge:
+    /// [`described_ahead`]) makes the start wait for `Ready`, as `start`.
     pub(crate) fn start_ready_later(
         id: u64,
         config: SessionConfig,
@@ -2029,10 +2029,8 @@ fn child_key(sub: &bridge::EndpointConfig, child: &WireChild) -> RecordKey {
     let context = match &child.context {
         None => String::new(),
         Some(WireContext::Text(text)) => text.clone(),
-        // By content: a replayed block writes the same context to a file of another name.
-        Some(WireContext::Path(path)) => std::fs::read(path)
-            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-            .unwrap_or_else(|_| format!("file:{}", path.display())),
+        // By content: a replayed block names the same context with another number.
+        Some(WireContext::Encoded(encoded)) => String::from_utf8_lossy(&encoded.bytes).into_owned(),
     };
     let request = ChatRequest {
         model: child.model.clone(),

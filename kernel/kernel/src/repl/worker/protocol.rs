@@ -19,6 +19,7 @@ use crate::repl::config::SessionConfig;
 use crate::repl::error::ReplError;
 use crate::repl::metadata::{ContextMetadata, ExecutionResult, VariableInfo};
 use crate::repl::natives::{SubAnswer, SubFailure, WireChild};
+use crate::repl::source::EncodedFormat;
 
 /// The file descriptor of the worker's end of the socket.
 pub(crate) const LINK_FD: i32 = 3;
@@ -78,7 +79,8 @@ pub(crate) struct WireContext {
 }
 
 /// Where a worker's context comes from: a file it reads itself, or a sealed memfd the parent
-/// filled (text given directly, standard input, a live object of the Python package).
+/// filled (text given directly, standard input, a value a parent's worker handed to an
+/// `rlm_query` child, a live object of the Python package).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) enum WireSource {
     /// A file or directory (absolute).
@@ -99,6 +101,14 @@ pub(crate) enum MemfdContent {
     Text {
         /// How the metadata names it.
         source: String,
+    },
+    /// A value a worker serialised for an `rlm_query` child, loaded as a file of `format`
+    /// named `source` would be ([`EncodedContext`](crate::repl::source::EncodedContext)).
+    Encoded {
+        /// How the metadata and errors name it.
+        source: String,
+        /// How it was written.
+        format: EncodedFormat,
     },
     /// A live object of the Python package, serialised by the host.
     Object {

@@ -1,5 +1,6 @@
 //! Contexts on their way to a worker: files go as paths (the worker reads them itself), the
-//! rest once into a sealed memfd the worker maps — text given directly, standard input, and
+//! rest once into a sealed memfd the worker maps — text given directly, standard input, the
+//! values a parent's worker serialised for an `rlm_query` child (JSON, Parquet, CSV), and
 //! live objects of the Python package (`share.py` writes and reads those). The memfds are
 //! kept for the session's life: a fresh worker after a crash maps the same ones.
 
@@ -13,10 +14,10 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
 use super::protocol::{MAX_MEMFDS, MemfdContent, ObjectFormat, WireContext, WireSource};
-use crate::repl::context::describe_text;
+use crate::repl::context::{describe_json, describe_text};
 use crate::repl::error::ReplError;
 use crate::repl::metadata::ContextMetadata;
-use crate::repl::source::{ContextInput, ContextSource, LiveObject};
+use crate::repl::source::{ContextInput, ContextSource, EncodedFormat, LiveObject};
 
 const SHARE_SOURCE: &str = include_str!("share.py");
 
@@ -24,21 +25,27 @@ const SHARE_SOURCE: &str = include_str!("share.py");
 const TEXT_SOURCE: &str = "<text>";
 
 /// What the worker's [`Ready`](super::protocol::FromWorker::Ready) will say of `inputs`,
-/// known here from what rlm hands over, when it is (for texts given directly: the memfd holds
-/// these bytes, sealed, and the worker describes them by the same function); `None` when a
-/// context must be loaded to be described (a file, standard input, a live object).
+/// known here from what rlm hands over, when it is: the memfd holds these bytes, sealed, and
+/// the worker describes them by the same function — for texts given directly, and for a
+/// child's JSON that Python's parser surely accepts ([`describe_json`]). `None` when a
+/// context must be loaded to be described (a file, standard input, a live object, a child's
+/// frame, JSON that only Python can judge).
 pub(crate) fn described_ahead(inputs: &[ContextInput]) -> Option<Vec<ContextMetadata>> {
     inputs
         .iter()
         .enumerate()
-        .map(|(index, input)| match &input.source {
-            ContextSource::Text(text) => {
-                let started = std::time::Instant::now();
-                let mut meta = describe_text(index, input, TEXT_SOURCE, text);
-                meta.load_ms = started.elapsed().as_secs_f64() * 1000.0;
-                Some(meta)
-            }
-            ContextSource::Path(_) | ContextSource::Stdin | ContextSource::Object(_) => None,
+        .map(|(index, input)| {
+            let started = std::time::Instant::now();
+            let mut meta = match &input.source {
+                ContextSource::Text(text) => Some(describe_text(index, input, TEXT_SOURCE, text)),
+                ContextSource::Encoded(encoded) => match encoded.format {
+                    EncodedFormat::Json => describe_json(index, input, encoded),
+                    EncodedFormat::Parquet | EncodedFormat::Csv => None,
+                },
+                ContextSource::Path(_) | ContextSource::Stdin | ContextSource::Object(_) => None,
+            }?;
+            meta.load_ms = started.elapsed().as_secs_f64() * 1000.0;
+            Some(meta)
         })
         .collect()
 }
@@ -73,6 +80,17 @@ pub(crate) fn share_contexts(inputs: &[ContextInput]) -> Result<SharedContexts, 
                     memfd,
                     MemfdContent::Text {
                         source: TEXT_SOURCE.to_owned(),
+                    },
+                )?
+            }
+            ContextSource::Encoded(encoded) => {
+                let memfd = memfd("encoded").map_err(|e| shared_memory_error(&e))?;
+                write_all(&memfd, &encoded.bytes).map_err(|e| shared_memory_error(&e))?;
+                shared.add(
+                    memfd,
+                    MemfdContent::Encoded {
+                        source: encoded.source.clone(),
+                        format: encoded.format,
                     },
                 )?
             }
