@@ -385,6 +385,36 @@ fn a_run_whose_blocks_hold_no_process_asks_its_worker_nothing_at_its_end() {
 }
 
 #[test]
+fn every_line_a_block_writes_reaches_its_own_result_in_order() {
+    // After its first line, the block writes in a burst, which the worker batches (sent at
+    // 32 KiB or 10 ms after): what is still buffered when the block ends goes out before its
+    // reply, so nothing is lost and nothing spills into the next block's output.
+    let first = "import sys\n\
+                 for i in range(2000):\n    print('line', i)\n\
+                 print('to stderr', file=sys.stderr)\n\
+                 print('last')";
+    let mock = mock(&[&repl(first), &repl("print('second')"), "FINAL(done)"]);
+    let (run, lines, _) = run(&mock, &[]);
+    run.assert_code(0);
+    let ran = blocks(&lines);
+    assert_eq!(ran.len(), 2, "{lines:?}");
+    let expected: String = (0..2000)
+        .map(|i| format!("line {i}\n"))
+        .chain(["last\n".to_owned()])
+        .collect();
+    let stdout = ran[0]["stdout"].as_str().unwrap_or_default();
+    assert!(
+        stdout == expected,
+        "{} of {} characters, ending {:?}",
+        stdout.len(),
+        expected.len(),
+        &stdout[stdout.len().saturating_sub(40)..]
+    );
+    assert_eq!(ran[0]["stderr"], "to stderr\n");
+    assert_eq!(ran[1]["stdout"], "second\n", "{:?}", ran[1]);
+}
+
+#[test]
 fn debug_logs_say_what_confines_the_code_and_none_says_nothing_does() {
     let mock = mock(&["FINAL(done)"]);
     let (run, _, _) = run(&mock, &["-vv"]);

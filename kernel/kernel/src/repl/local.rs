@@ -3,7 +3,10 @@
 //! with `isolation = none`; a worker process runs one for its parent.
 //!
 //! `exec`, `variables` and `variable_as_string` send a job over a channel to the session
-//! thread and wait (bounded) for its reply. The session thread holds the GIL while it runs a
+//! thread and wait (bounded) for its reply; a worker's main thread, which must go on reading
+//! its link, hands jobs over without waiting ([`LocalSession::submit`]), and the session thread
+//! writes each reply to the link itself: every answer is given on the session thread, without
+//! the GIL, before it waits for the next job. The session thread holds the GIL while it runs a
 //! job and releases it while idle, so several sessions in one process interleave through the
 //! GIL like ordinary Python threads, each with its own globals, captures and watchdog: a
 //! timeout in one session never touches another.
@@ -37,26 +40,46 @@ const QUERY_WAIT: Duration = Duration::from_secs(30);
 /// How long a variable's `__str__` may run when the loop reads it (well under `QUERY_WAIT`).
 const STR_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Where a job's answer goes: called once, on the session thread without the GIL, before
+/// it waits for its next job (see [`LocalSession::submit`]).
+pub(crate) type Answer<T> = Box<dyn FnOnce(T) + Send>;
+
+/// What the session thread does next, in the order the jobs were handed to it.
 pub(crate) enum Job {
+    /// Run a block (see [`LocalSession::exec_until_stopped`]).
     Exec {
         code: String,
         stop: Option<CancellationToken>,
-        reply: Sender<Result<ExecutionResult, ReplError>>,
+        reply: Answer<Ran>,
     },
     Variables {
-        reply: Sender<Result<Vec<VariableInfo>, ReplError>>,
+        reply: Answer<Result<Vec<VariableInfo>, ReplError>>,
     },
     VariableString {
         name: String,
-        reply: Sender<Result<Option<String>, ReplError>>,
+        reply: Answer<Result<Option<String>, ReplError>>,
     },
     ResetAnswer {
-        reply: Sender<Result<(), ReplError>>,
+        reply: Answer<Result<(), ReplError>>,
     },
     AnswerContent {
-        reply: Sender<Result<Option<String>, ReplError>>,
+        reply: Answer<Result<Option<String>, ReplError>>,
+    },
+    /// Kernel code that needs the GIL but nothing of the session (a worker's support module
+    /// loaded, a result of one read), in turn with the session's jobs.
+    Call {
+        call: Box<dyn FnOnce() -> Result<Option<String>, ReplError> + Send>,
+        reply: Answer<Result<Option<String>, ReplError>>,
     },
     Shutdown,
+}
+
+/// What a block gave: its result (redacted), and whether the session may now hold processes
+/// its blocks started (see [`LocalSession::holds_processes`]).
+#[derive(Debug)]
+pub(crate) struct Ran {
+    pub(crate) result: Result<ExecutionResult, ReplError>,
+    pub(crate) processes: bool,
 }
 
 /// How a worker process embeds a [`LocalSession`]: its blocks' output goes to the parent as
@@ -160,13 +183,27 @@ impl LocalSession {
     ) -> Result<ExecutionResult, ReplError> {
         let wait = self.config.cell_timeout + INTERRUPT_GRACE;
         self.ran.store(true, Ordering::Relaxed);
-        let mut result = self.request(wait, |reply| Job::Exec {
+        let ran = self.request(wait, |reply| Job::Exec {
             code: code.to_owned(),
             stop,
             reply,
-        })??;
-        result.redact(&bridge::secret::redactor());
-        Ok(result)
+        })?;
+        ran.result
+    }
+
+    /// Hands `job` to the session thread without waiting: it runs after the jobs handed
+    /// before it, and the session thread itself gives its answer where the job says,
+    /// without the GIL (a worker's session thread writes it to its link). For a caller with
+    /// other work meanwhile, and its own bound on the wait (a worker's main thread reads its
+    /// link while a block runs; its parent stops a block, or ends the worker, that outlives
+    /// its time). Fails when the session thread has exited; the job is dropped unanswered.
+    pub(crate) fn submit(&self, job: Job) -> Result<(), ReplError> {
+        if matches!(job, Job::Exec { .. }) {
+            self.ran.store(true, Ordering::Relaxed);
+        }
+        self.jobs.send(job).map_err(|_| ReplError::SessionClosed {
+            reason: "its Python thread has exited".to_owned(),
+        })
     }
 
     /// Metadata of the loaded contexts, in order.
@@ -189,33 +226,20 @@ impl LocalSession {
         if !self.ran.load(Ordering::Relaxed) {
             return Ok(None);
         }
-        let content = self.request(QUERY_WAIT, |reply| Job::AnswerContent { reply })??;
-        Ok(content.map(|mut c| {
-            bridge::secret::redactor().redact_in_place(&mut c);
-            c
-        }))
+        self.request(QUERY_WAIT, |reply| Job::AnswerContent { reply })?
     }
 
     /// The user's variables (reserved names, `_private` names and modules hidden).
     pub(crate) fn variables(&self) -> Result<Vec<VariableInfo>, ReplError> {
-        let mut variables = self.request(QUERY_WAIT, |reply| Job::Variables { reply })??;
-        let redactor = bridge::secret::redactor();
-        for variable in &mut variables {
-            variable.redact(&redactor);
-        }
-        Ok(variables)
+        self.request(QUERY_WAIT, |reply| Job::Variables { reply })?
     }
 
     /// `str(value)` of a variable in the namespace, `None` if unset.
     pub(crate) fn variable_as_string(&self, name: &str) -> Result<Option<String>, ReplError> {
-        let value = self.request(QUERY_WAIT, |reply| Job::VariableString {
+        self.request(QUERY_WAIT, |reply| Job::VariableString {
             name: name.to_owned(),
             reply,
-        })??;
-        Ok(value.map(|mut v| {
-            bridge::secret::redactor().redact_in_place(&mut v);
-            v
-        }))
+        })?
     }
 
     /// The session's cancellation token: cancelling it aborts in-flight `llm_query` calls and
@@ -271,10 +295,10 @@ impl LocalSession {
         self.id
     }
 
-    fn request<T: Send>(
+    fn request<T: Send + 'static>(
         &self,
         wait: Duration,
-        job: impl FnOnce(Sender<T>) -> Job,
+        job: impl FnOnce(Answer<T>) -> Job,
     ) -> Result<T, ReplError> {
         let _turn = match self.busy.lock() {
             Ok(guard) => guard,
@@ -282,7 +306,9 @@ impl LocalSession {
         };
         let (reply, answer) = mpsc::channel();
         self.jobs
-            .send(job(reply))
+            .send(job(Box::new(move |value| {
+                let _ = reply.send(value);
+            })))
             .map_err(|_| ReplError::SessionClosed {
                 reason: "its Python thread has exited".to_owned(),
             })?;
@@ -714,34 +740,69 @@ fn session_thread(
             }
         };
         let mut jobs = jobs;
+        // The last job's answer, given (and its text redacted) without the GIL, before the
+        // wait for the next job.
+        let mut answer: Option<Box<dyn FnOnce() + Send>> = None;
         loop {
             let (job, rx) = py.detach(move || {
+                if let Some(answer) = answer {
+                    answer();
+                }
                 let job = jobs.recv();
                 (job, jobs)
             });
             jobs = rx;
-            match job {
+            answer = match job {
                 Ok(Job::Exec { code, stop, reply }) => {
                     let result = state.exec(py, &code, stop);
-                    let _ = reply.send(result);
+                    let processes = state.processes.load(Ordering::Relaxed);
+                    Some(Box::new(move || {
+                        let result = result.map(|mut result| {
+                            result.redact(&bridge::secret::redactor());
+                            result
+                        });
+                        reply(Ran { result, processes });
+                    }))
                 }
                 Ok(Job::Variables { reply }) => {
-                    let _ = reply.send(state.variables(py));
+                    let variables = state.variables(py);
+                    Some(Box::new(move || {
+                        let redactor = bridge::secret::redactor();
+                        reply(variables.map(|mut variables| {
+                            for variable in &mut variables {
+                                variable.redact(&redactor);
+                            }
+                            variables
+                        }));
+                    }))
                 }
                 Ok(Job::VariableString { name, reply }) => {
-                    let _ = reply.send(state.variable_as_string(py, &name));
+                    let text = state.variable_as_string(py, &name);
+                    Some(Box::new(move || reply(text.map(|text| text.map(redacted)))))
                 }
                 Ok(Job::ResetAnswer { reply }) => {
-                    let _ = reply.send(state.reset_answer(py));
+                    let done = state.reset_answer(py);
+                    Some(Box::new(move || reply(done)))
                 }
                 Ok(Job::AnswerContent { reply }) => {
-                    let _ = reply.send(state.answer_content(py));
+                    let text = state.answer_content(py);
+                    Some(Box::new(move || reply(text.map(|text| text.map(redacted)))))
+                }
+                Ok(Job::Call { call, reply }) => {
+                    let out = call();
+                    Some(Box::new(move || reply(out)))
                 }
                 Ok(Job::Shutdown) | Err(_) => break,
-            }
+            };
         }
         state.close(py);
     });
+}
+
+/// `text` with the secrets the run knows replaced.
+fn redacted(mut text: String) -> String {
+    bridge::secret::redactor().redact_in_place(&mut text);
+    text
 }
 
 /// The session thread's side: the namespace and everything bound to it.
@@ -1217,6 +1278,83 @@ mod tests {
         let slow = session.exec("import time\ntime.sleep(20)").expect("ran");
         assert!(slow.timed_out, "{slow:?}");
         assert!(slow.duration < Duration::from_secs(10), "{slow:?}");
+    }
+
+    /// Where an answer was given: its thread's name, and whether it held the GIL.
+    fn answered_where() -> (String, bool) {
+        let name = std::thread::current().name().unwrap_or("").to_owned();
+        // SAFETY: only asks whether this thread holds the GIL.
+        let gil = unsafe { pyo3::ffi::PyGILState_Check() } == 1;
+        (name, gil)
+    }
+
+    #[test]
+    fn submitted_jobs_run_in_turn_and_are_answered_on_the_session_thread_without_the_gil() {
+        let session = LocalSession::start(
+            SessionConfig::default(),
+            route(),
+            &doc(),
+            Embedding::default(),
+        )
+        .expect("started");
+        let (tx, answers) = mpsc::channel::<(&str, String, (String, bool))>();
+        let exec_tx = tx.clone();
+        // The block waits until its answer could have been read: `submit` must not wait.
+        let (go, gate) = mpsc::channel::<()>();
+        session
+            .submit(Job::Call {
+                call: Box::new(move || {
+                    let _ = without_gil(move || gate.recv_timeout(Duration::from_secs(10)));
+                    Ok(Some("waited".to_owned()))
+                }),
+                reply: Box::new(move |out| {
+                    let text = out.ok().flatten().unwrap_or_default();
+                    let _ = tx.send(("call", text, answered_where()));
+                }),
+            })
+            .expect("submitted");
+        session
+            .submit(Job::Exec {
+                code: "x = 41\nprint(x + 1)".to_owned(),
+                stop: None,
+                reply: Box::new(move |ran| {
+                    let out = ran.result.map(|r| r.stdout).unwrap_or_default();
+                    let _ = exec_tx.send(("exec", out, answered_where()));
+                }),
+            })
+            .expect("submitted");
+        let (vars_tx, vars) = mpsc::channel();
+        session
+            .submit(Job::Variables {
+                reply: Box::new(move |listed| {
+                    let names: Vec<String> = listed
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|v| v.name)
+                        .collect();
+                    let _ = vars_tx.send((names, answered_where()));
+                }),
+            })
+            .expect("submitted");
+        // All three were handed over while the first still waits: nothing answered yet.
+        assert!(
+            answers.try_recv().is_err(),
+            "a job was answered before its turn"
+        );
+        go.send(()).expect("the first job waits");
+        let wait = Duration::from_secs(10);
+        let first = answers.recv_timeout(wait).expect("the first answer");
+        let second = answers.recv_timeout(wait).expect("the second answer");
+        let (names, listed_where) = vars.recv_timeout(wait).expect("the variables");
+        let thread = format!("rlm-repl-{}", session.id());
+        assert_eq!(
+            first,
+            ("call", "waited".to_owned(), (thread.clone(), false))
+        );
+        assert_eq!(second, ("exec", "42\n".to_owned(), (thread.clone(), false)));
+        // The variables job ran after the block: it lists what the block bound.
+        assert_eq!(names, ["x"]);
+        assert_eq!(listed_where, (thread, false));
     }
 
     #[test]

@@ -6,17 +6,22 @@
 //! template reads them once for all its forks, which run no Python until they are confined),
 //! read the [`Confine`] frame, enter the session's directory, confine the process ([`confine`]:
 //! the policy's environment replaces the one the worker started with), start the session's
-//! threads (its session thread and watchdog, the request and output threads) and build its
-//! namespace with the settings the `Confine` frame says it will start with (the support
-//! module's session, the natives, the answer dict, `FINAL_VAR`, `SHOW_VARS`, then the kernel's
-//! own warm-up block: no model code), and say so; then receive the context memfds and the
-//! [`Start`] frame (a worker confined ahead of need waits for them, idle, until a session takes
-//! it, with all that done) and add the contexts to the namespace (or, should the `Start` bring
-//! other settings, build it again with them). Then the main thread reads frames: requests go to
-//! a request thread in order (a block runs there), while interrupts, sub-call answers and
-//! `EndProcesses` are handled at once, even while a block runs. Block output is sent as written
-//! after a quiet spell, else buffered and sent in chunks (at 32 KiB, after 10 ms, and before a
-//! block's reply), never from a forked child. No tokio runtime runs in a worker.
+//! threads (its session thread and watchdog, the output thread) and build its namespace with
+//! the settings the `Confine` frame says it will start with (the support module's session, the
+//! natives, the answer dict, `FINAL_VAR`, `SHOW_VARS`, then the kernel's own warm-up block: no
+//! model code), and say so; then receive the context memfds and the [`Start`] frame (a worker
+//! confined ahead of need waits for them, idle, until a session takes it, with all that done)
+//! and add the contexts to the namespace (or, should the `Start` bring other settings, build it
+//! again with them). Then the main thread reads frames: requests go straight to the session
+//! thread, in order, without waiting ([`LocalSession::submit`]); the session thread runs each
+//! and writes its reply to the link itself (a block's once its output is sent), so a block's
+//! frame and its reply each cross one thread. Interrupts, sub-call answers and `EndProcesses`
+//! are handled on the main thread at once, even while a block runs. The worker bounds no
+//! request's wait itself: its parent stops a block that outlives its time, and ends a worker
+//! that does not answer. Block output is sent as written after a quiet spell, else buffered
+//! and sent in chunks (at 32 KiB, after 10 ms, and before a block's reply), never from a forked
+//! child (a block's copy in a forked child ends there and never reaches its reply). No tokio
+//! runtime runs in a worker.
 
 use std::collections::HashMap;
 use std::io::BufReader;
@@ -24,7 +29,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -49,7 +54,7 @@ use crate::repl::error::ReplError;
 use crate::repl::interpreter;
 use crate::repl::interrupt::BlockEvents;
 use crate::repl::local::{
-    ContextLoader, Embedding, LocalSession, Prepared, ensure_module, pop_result,
+    Answer, ContextLoader, Embedding, Job, LocalSession, Prepared, Ran, ensure_module, pop_result,
 };
 use crate::repl::natives::{RemoteCalls, SubAnswer, SubCallRoute, SubFailure, WireChild};
 use crate::repl::source::{ContextInput, ContextSource, LoadOptions, check_names};
@@ -135,12 +140,6 @@ fn serve() -> Result<(), String> {
         Ok(prepared) => prepared,
         Err(error) => return report_failed_start(&fds, error),
     };
-    let Some(requests) = Requests::spawn(&link) else {
-        let error = ReplError::Worker {
-            problem: "could not start its request thread".to_owned(),
-        };
-        return report_failed_start(&fds, error);
-    };
     link.clone().start_flusher();
     link.send(&FromWorker::Confined(confinement))
         .map_err(|e| format!("could not answer its confinement: {e}"))?;
@@ -158,7 +157,7 @@ fn serve() -> Result<(), String> {
     };
     match start_session(&link, prepared, *start, memfds) {
         Ok(session) => {
-            run(&link, session, requests, &mut reader, &mut buffer);
+            run(&link, &session, &mut reader, &mut buffer);
             end_served()
         }
         Err(error) => link
@@ -227,7 +226,7 @@ fn start_session(
     prepared: Prepared,
     start: Start,
     memfds: Vec<OwnedFd>,
-) -> Result<Arc<LocalSession>, ReplError> {
+) -> Result<LocalSession, ReplError> {
     let inputs: Vec<ContextInput> = start.contexts.iter().map(placeholder_input).collect();
     check_names(&inputs)?;
     let loader = Arc::new(WireLoader {
@@ -241,7 +240,7 @@ fn start_session(
     };
     link.send(&ready)
         .map_err(|e| ReplError::internal("answering the parent", e))?;
-    Ok(Arc::new(session))
+    Ok(session)
 }
 
 /// How the worker's session reaches its parent: sub-calls, output and block events over
@@ -462,56 +461,62 @@ impl Drop for Mapped {
     }
 }
 
-/// Reads frames until the parent says to stop or goes away.
+/// Reads frames until the parent says to stop or goes away. Requests go to the session
+/// thread in order, which runs each and writes its reply itself; the rest is handled here at
+/// once.
 fn run(
     link: &Arc<Link>,
-    session: Arc<LocalSession>,
-    requests: Requests,
+    session: &LocalSession,
     reader: &mut BufReader<UnixStream>,
     buffer: &mut Vec<u8>,
 ) {
-    let Requests {
-        session: hand,
-        jobs,
-    } = requests;
-    if hand.send(Arc::clone(&session)).is_err() {
-        return;
-    }
     // The exec being run, or the last one: an interrupt names the exec it is for.
     let mut current: Option<(u64, CancellationToken)> = None;
     loop {
         match read_frame::<ToWorker>(reader, buffer) {
-            Ok(ToWorker::Request { id, request }) => match request {
-                Request::EndProcesses => {
-                    let done = session.end_processes().map(|()| None);
-                    link.reply(id, Reply::Text(done));
-                }
-                Request::Exec { code, stopped } => {
-                    let stop = CancellationToken::new();
-                    if stopped {
-                        stop.cancel();
+            Ok(ToWorker::Request { id, request }) => {
+                let job = match request {
+                    Request::EndProcesses => {
+                        let done = session.end_processes().map(|()| None);
+                        link.reply(id, Reply::Text(done));
+                        continue;
                     }
-                    current = Some((id, stop.clone()));
-                    let job = Job {
-                        id,
-                        request: Request::Exec { code, stopped },
-                        stop,
-                    };
-                    if jobs.send(job).is_err() {
-                        break;
+                    Request::Exec { code, stopped } => {
+                        let stop = CancellationToken::new();
+                        if stopped {
+                            stop.cancel();
+                        }
+                        current = Some((id, stop.clone()));
+                        block(link, id, code, stop)
                     }
+                    Request::Variables => Job::Variables {
+                        reply: replying(link, id, Reply::Variables),
+                    },
+                    Request::VariableString { name } => Job::VariableString {
+                        name,
+                        reply: replying(link, id, Reply::Text),
+                    },
+                    Request::ResetAnswer => Job::ResetAnswer {
+                        reply: replying(link, id, |done: Result<(), ReplError>| {
+                            Reply::Text(done.map(|()| None))
+                        }),
+                    },
+                    Request::AnswerContent => Job::AnswerContent {
+                        reply: replying(link, id, Reply::Text),
+                    },
+                    Request::EnsureModule { name, source } => Job::Call {
+                        call: Box::new(move || ensure_module(&name, &source).map(|()| None)),
+                        reply: replying(link, id, Reply::Text),
+                    },
+                    Request::PopResult { module, token } => Job::Call {
+                        call: Box::new(move || pop_result(&module, token)),
+                        reply: replying(link, id, Reply::Text),
+                    },
+                };
+                if session.submit(job).is_err() {
+                    break;
                 }
-                request => {
-                    let job = Job {
-                        id,
-                        request,
-                        stop: CancellationToken::new(),
-                    };
-                    if jobs.send(job).is_err() {
-                        break;
-                    }
-                }
-            },
+            }
             Ok(ToWorker::Interrupt { id }) => {
                 if let Some((running, stop)) = &current
                     && *running == id
@@ -535,64 +540,37 @@ fn run(
     link.close();
 }
 
-/// The request thread, started before its session: it serves the session it is handed,
-/// then the jobs sent to it, in order.
-struct Requests {
-    session: Sender<Arc<LocalSession>>,
-    jobs: Sender<Job>,
-}
-
-impl Requests {
-    fn spawn(link: &Arc<Link>) -> Option<Self> {
-        let (session, handed) = mpsc::channel::<Arc<LocalSession>>();
-        let (jobs, queue) = mpsc::channel::<Job>();
-        let link = Arc::clone(link);
-        std::thread::Builder::new()
-            .name("rlm-worker-requests".to_owned())
-            .spawn(move || {
-                if let Ok(session) = handed.recv() {
-                    serve_requests(&link, &session, &queue);
-                }
-            })
-            .ok()?;
-        Some(Self { session, jobs })
+/// Block `id` for the session thread, which writes its reply once the block's output is sent.
+fn block(link: &Arc<Link>, id: u64, code: String, stop: CancellationToken) -> Job {
+    link.set_running(Some(id));
+    let link = Arc::clone(link);
+    let reply: Answer<Ran> = Box::new(move |ran| {
+        link.set_running(None);
+        // Every chunk of the block's output goes before its reply.
+        link.flush_output();
+        link.reply(
+            id,
+            Reply::Exec {
+                result: ran.result.map(Box::new),
+                processes: ran.processes,
+            },
+        );
+    });
+    Job::Exec {
+        code,
+        stop: Some(stop),
+        reply,
     }
 }
 
-/// A request for the request thread.
-struct Job {
+/// An answer that goes to the parent as the reply to request `id`.
+fn replying<T: 'static>(
+    link: &Arc<Link>,
     id: u64,
-    request: Request,
-    /// The block's stop (exec only).
-    stop: CancellationToken,
-}
-
-fn serve_requests(link: &Link, session: &LocalSession, queue: &Receiver<Job>) {
-    for Job { id, request, stop } in queue {
-        let reply = match request {
-            Request::Exec { code, .. } => {
-                link.set_running(Some(id));
-                let result = session.exec_until_stopped(&code, &stop);
-                link.set_running(None);
-                // Every chunk of the block's output goes before its reply.
-                link.flush_output();
-                Reply::Exec {
-                    result: result.map(Box::new),
-                    processes: session.holds_processes(),
-                }
-            }
-            Request::Variables => Reply::Variables(session.variables()),
-            Request::VariableString { name } => Reply::Text(session.variable_as_string(&name)),
-            Request::ResetAnswer => Reply::Text(session.reset_answer().map(|()| None)),
-            Request::AnswerContent => Reply::Text(session.answer_content()),
-            Request::EnsureModule { name, source } => {
-                Reply::Text(ensure_module(&name, &source).map(|()| None))
-            }
-            Request::PopResult { module, token } => Reply::Text(pop_result(&module, token)),
-            Request::EndProcesses => Reply::Text(session.end_processes().map(|()| None)),
-        };
-        link.reply(id, reply);
-    }
+    reply: impl FnOnce(T) -> Reply + Send + 'static,
+) -> Answer<T> {
+    let link = Arc::clone(link);
+    Box::new(move |value| link.reply(id, reply(value)))
 }
 
 /// The answer to a sub-call the worker sent.
