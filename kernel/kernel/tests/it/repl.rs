@@ -750,6 +750,15 @@ fn the_namespace_is_its_own_module_so_definitions_pickle_by_reference() {
          print(same, own, guard, g.__name__, g(4))",
     );
     assert_eq!(r.stdout, "[True, True, True] True True g 8\n");
+    // Written another way, the comparison still holds: `__name__` in letters that normalise
+    // to it (the compiler's NFKC), and `__main__` written with an escape.
+    let r = ok(
+        &s,
+        "print(__\u{ff4e}\u{ff41}\u{ff4d}\u{ff45}__ == '__main__')",
+    );
+    assert_eq!(r.stdout, "True\n");
+    let r = ok(&s, "print('\\x5f_main__' != __name__)");
+    assert_eq!(r.stdout, "False\n");
 }
 
 /// Whether `pid` is a live process (a zombie has ended).
