@@ -20,6 +20,7 @@ use super::metadata::{ContextMetadata, ExecutionResult, VariableInfo};
 use super::natives::SubCallRoute;
 use super::source::{ContextInput, ContextSource, check_names};
 use super::worker::parent::WorkerSession;
+use super::worker::{ReadyWorkers, Shape};
 use bridge::Endpoints;
 
 /// An embedded Python REPL session (see the [module docs](super)).
@@ -69,9 +70,7 @@ impl ReplSession {
     /// `rlm_query` children) find a worker already confined for them, and sessions closed
     /// end their workers off the closing thread; dropping the last guard ends the workers
     /// still idle and waits for the closed ones. `None` in-process.
-    pub(crate) fn keep_workers_ready(
-        config: &SessionConfig,
-    ) -> Option<super::worker::ReadyWorkers> {
+    pub(crate) fn keep_workers_ready(config: &SessionConfig) -> Option<ReadyWorkers> {
         super::worker::keep_ready(config)
     }
 
@@ -149,7 +148,7 @@ impl ReplSession {
         endpoints: Arc<Endpoints>,
         contexts: &[ContextInput],
     ) -> Result<Self, ReplError> {
-        Self::begin(config, endpoints, contexts, false)
+        Self::begin(config, endpoints, contexts, None)
     }
 
     /// Like [`ReplSession::new`] for an `rlm_query` child, whose loop asks its model before
@@ -161,35 +160,34 @@ impl ReplSession {
     /// a text, or the JSON of a `dict` or `list`, is described by rlm from what it hands
     /// over, exactly as the worker describes it; a frame (or JSON only Python can judge) is
     /// described by the worker that loads it, so such a child waits for `Ready` at its start.
-    /// In-process, as `new`.
+    /// `run_shape`: the shape of the workers its run keeps ready ([`ReadyWorkers::shape`]),
+    /// by which it takes one. In-process, as `new`.
     pub(crate) fn for_child(
         config: SessionConfig,
         endpoints: Arc<Endpoints>,
         contexts: &[ContextSource],
+        run_shape: Option<&Shape>,
     ) -> Result<Self, ReplError> {
         let inputs: Vec<ContextInput> = contexts.iter().cloned().map(Into::into).collect();
-        Self::begin(config, endpoints, &inputs, true)
+        Self::begin(config, endpoints, &inputs, Some(run_shape))
     }
 
+    /// `child`: for an `rlm_query` child, the shape of the workers its run keeps ready.
     fn begin(
         config: SessionConfig,
         endpoints: Arc<Endpoints>,
         contexts: &[ContextInput],
-        ready_later: bool,
+        child: Option<Option<&Shape>>,
     ) -> Result<Self, ReplError> {
         let backend = if config.isolation.in_worker() {
             // The worker checks the names and loads the contexts itself.
-            let start = if ready_later {
-                WorkerSession::start_ready_later
-            } else {
-                WorkerSession::start
-            };
-            Backend::Worker(Box::new(start(
-                next_session_id(),
-                config.clone(),
-                endpoints,
-                contexts,
-            )?))
+            let (id, config) = (next_session_id(), config.clone());
+            Backend::Worker(Box::new(match child {
+                Some(run_shape) => {
+                    WorkerSession::start_ready_later(id, config, endpoints, contexts, run_shape)
+                }
+                None => WorkerSession::start(id, config, endpoints, contexts),
+            }?))
         } else {
             interpreter::start()?;
             check_names(contexts)?;

@@ -42,6 +42,7 @@ use super::metadata::{
 };
 use super::metrics::MetricsHook;
 use super::prompts::Prompts;
+use crate::repl::worker::Shape;
 use crate::repl::{
     AheadSession, ChildAnswer, ChildQuery, ChildRunner, ContextMetadata, ReplSession,
     SessionConfig, SubFailure,
@@ -236,6 +237,12 @@ impl Rlm {
         let started = Instant::now();
         // A limit too far out to represent is no limit.
         let deadline = self.config.run_timeout.and_then(|t| started.checked_add(t));
+        // Workers for the children are confined ahead of need until the run ends (with
+        // isolation on): the first while the root model writes the code that starts them.
+        let ready_workers = self
+            .allows_children()
+            .then(|| ReplSession::keep_workers_ready(self.session.config()))
+            .flatten();
         let children = self.allows_children().then(|| {
             Arc::new(ChildRuns::new(
                 Arc::clone(&self.endpoints),
@@ -244,14 +251,11 @@ impl Rlm {
                 self.depth + 1,
                 self.stop.clone(),
                 deadline,
+                ready_workers
+                    .as_ref()
+                    .map(|workers| workers.shape().clone()),
             ))
         });
-        // Workers for the children are confined ahead of need until the run ends (with
-        // isolation on): the first while the root model writes the code that starts them.
-        let ready_workers = children
-            .is_some()
-            .then(|| ReplSession::keep_workers_ready(self.session.config()))
-            .flatten();
         self.session
             .set_children(children.clone().map(|c| c as Arc<dyn ChildRunner>));
         let mut metrics = MetricsHook::new();
@@ -923,6 +927,9 @@ pub(crate) struct ChildRuns {
     next: AtomicUsize,
     /// In-process, the next child's session, made while the previous child runs.
     ahead: Mutex<Option<AheadSession>>,
+    /// With isolation on, the shape of the workers the parent run keeps ready for its
+    /// children: each child's session takes its worker by it.
+    workers: Option<Shape>,
 }
 
 impl ChildRuns {
@@ -933,6 +940,7 @@ impl ChildRuns {
         depth: u32,
         stop: CancellationToken,
         deadline: Option<Instant>,
+        workers: Option<Shape>,
     ) -> Self {
         // Nothing is made ahead for a first child the run may never start: with isolation
         // on, the run keeps workers ready (the first confined while the parent asks its
@@ -948,6 +956,7 @@ impl ChildRuns {
             finished: Mutex::new(Vec::new()),
             next: AtomicUsize::new(0),
             ahead: Mutex::new(None),
+            workers,
         }
     }
 
@@ -1054,7 +1063,7 @@ impl ChildRuns {
         let (config, endpoints) = (self.session.clone(), Arc::clone(&self.endpoints));
         let session = match ahead {
             Some(ahead) => ReplSession::start_ahead(ahead, config, endpoints, &contexts),
-            None => ReplSession::for_child(config, endpoints, &contexts),
+            None => ReplSession::for_child(config, endpoints, &contexts, self.workers.as_ref()),
         }
         .map_err(|e| e.to_string())?;
         // The next child's session is made ready while this one runs (in-process, one at a

@@ -66,7 +66,7 @@ mod transfer;
 pub use child::{main as worker_main, serve_if_worker};
 pub use policy::worker_policy;
 pub use pool::use_worker_pool;
-pub(crate) use pool::{ReadyWorkers, keep_ready};
+pub(crate) use pool::{ReadyWorkers, Shape, keep_ready};
 pub(crate) use quiet::ModelCall;
 pub use spawn::{WORKER_ARG, WorkerProgram, set_worker_program};
 pub use template::{TEMPLATE_NAME, use_worker_template};

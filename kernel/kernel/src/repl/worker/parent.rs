@@ -166,7 +166,7 @@ impl WorkerSession {
         endpoints: Arc<Endpoints>,
         inputs: &[ContextInput],
     ) -> Result<Self, ReplError> {
-        Self::begin(id, config, endpoints, inputs, false)
+        Self::begin(id, config, endpoints, inputs, false, None)
     }
 
     /// Like [`WorkerSession::start`], for a session whose caller has other work before its
@@ -178,14 +178,18 @@ impl WorkerSession {
     /// caller needs at once (its first prompt describes them), is rlm's own description of
     /// what it hands over, made before the worker (or any code in it) runs; a context that
     /// must be loaded to be described (a file, a child's frame, JSON only Python can judge:
-    /// [`described_ahead`]) makes the start wait for `Ready`, as `start`.
+    /// [`described_ahead`]) makes the start wait for `Ready`, as `start`. `run_shape`: the
+    /// shape of the workers the caller's run keeps ready ([`super::ReadyWorkers::shape`]),
+    /// which a session without file contexts takes its worker by rather than work its own
+    /// out again.
     pub(crate) fn start_ready_later(
         id: u64,
         config: SessionConfig,
         endpoints: Arc<Endpoints>,
         inputs: &[ContextInput],
+        run_shape: Option<&Shape>,
     ) -> Result<Self, ReplError> {
-        Self::begin(id, config, endpoints, inputs, true)
+        Self::begin(id, config, endpoints, inputs, true, run_shape)
     }
 
     fn begin(
@@ -194,6 +198,7 @@ impl WorkerSession {
         endpoints: Arc<Endpoints>,
         inputs: &[ContextInput],
         ready_later: bool,
+        run_shape: Option<&Shape>,
     ) -> Result<Self, ReplError> {
         let program = worker_program().ok_or(ReplError::NoWorkerProgram)?;
         let shared = share_contexts(inputs)?;
@@ -202,13 +207,19 @@ impl WorkerSession {
         } else {
             None
         };
-        // A worker confined ahead of need for sessions like this one (no files to read).
-        let shape = shared
-            .read_paths
-            .is_empty()
-            .then(|| Shape::of(&config, &program))
-            .flatten();
-        let ready = shape.as_ref().and_then(pool::take);
+        // A worker confined ahead of need for sessions like this one (no files to read): a
+        // run's child takes its run's (the policy built, `/proc/meminfo` and the environment
+        // read once for the whole run, not on each child's path).
+        let own_shape;
+        let shape = if !shared.read_paths.is_empty() {
+            None
+        } else if run_shape.is_some() {
+            run_shape
+        } else {
+            own_shape = Shape::of(&config, &program);
+            own_shape.as_ref()
+        };
+        let ready = shape.and_then(pool::take);
         let (scratch, policy) = match &ready {
             Some(_) => (None, None),
             None => {
@@ -256,7 +267,7 @@ impl WorkerSession {
             *lock(&session.worker) = Slot::Live(worker);
         }
         // The next session like this one finds a worker confined while this one runs.
-        if let Some(shape) = &shape {
+        if let Some(shape) = shape {
             pool::order_refill(shape);
         }
         Ok(session)

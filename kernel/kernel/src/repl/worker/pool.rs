@@ -19,8 +19,11 @@
 //!   ([`Shape`]): the same worker program, working directory, level and policy once the
 //!   scratch directory is set aside (each ready worker has its own, fresh, and the session
 //!   takes it over) and the largest-file limit (computed from the free space when the worker
-//!   was confined). Its children's sessions share the run's settings; a session with file
-//!   contexts (which its policy must let it read) starts its worker the usual way.
+//!   was confined). Its children's sessions share the run's settings, and take their workers
+//!   by the shape the run's lease worked out when the run started (not worked out again on
+//!   each child's path: the policy built, the environment and `/proc/meminfo` read); a
+//!   session with file contexts (which its policy must let it read) starts its worker the
+//!   usual way.
 //! - **One use.** A ready worker leaves the pool when a session takes it, and ends with that
 //!   session; a worker of a template that was replaced since, or of a shape no run wants any
 //!   more, is ended instead of served.
@@ -146,6 +149,14 @@ pub(crate) struct Ready {
 #[derive(Debug)]
 pub(crate) struct ReadyWorkers {
     shape: Shape,
+}
+
+impl ReadyWorkers {
+    /// The shape of the workers kept ready: that of the run's children's sessions, worked
+    /// out once, when the run started.
+    pub(crate) fn shape(&self) -> &Shape {
+        &self.shape
+    }
 }
 
 #[derive(Debug)]
