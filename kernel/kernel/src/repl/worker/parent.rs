@@ -51,8 +51,7 @@ use super::protocol::{
 };
 use super::quiet;
 use super::spawn::{
-    Exit, REAP_WAIT, Spawned, WorkerProgram, drain_output, reap, send_fds, start_worker,
-    worker_program,
+    Exit, REAP_WAIT, Spawned, WorkerProgram, reap, send_fds, start_worker, worker_program,
 };
 use super::template;
 use super::threads::Threads;
@@ -408,21 +407,16 @@ impl WorkerSession {
     /// frame), without waiting for its answer.
     fn hand_over(
         &self,
-        spawned: Spawned,
+        mut spawned: Spawned,
         confined: Option<sandbox::Report>,
     ) -> Result<Handed, Failure> {
+        let last_words = spawned.read_output();
         let Spawned {
-            pid,
-            link,
-            output,
-            spare,
-            ..
+            pid, link, spare, ..
         } = spawned;
         // A worker of the pool was taken from it: ended meanwhile, it is replaced.
         let pooled = confined.is_some();
         let spare = spare || pooled;
-        let last_words = Arc::new(Mutex::new(Vec::new()));
-        drain_output(output, Arc::clone(&last_words));
         let writer = link
             .try_clone()
             .map_err(|e| Failure::Error(spawn_error(&e)))?;
@@ -2072,6 +2066,7 @@ mod tests {
     use super::*;
     use crate::repl::config::Isolation;
     use crate::repl::source::ContextSource;
+    use crate::repl::worker::spawn::Output;
 
     /// What stands in for a worker: the link's other end, and the process to end.
     struct FakeWorker {
@@ -2139,7 +2134,7 @@ mod tests {
         let spawned = Spawned {
             pid,
             link: ours,
-            output,
+            output: Output::Pipe(output),
             spare: false,
             program,
         };

@@ -1,11 +1,13 @@
 //! Workers confined ahead of need: while a run with `rlm_query` children lives, a few workers
 //! forked from the template wait already confined with the policy its children's sessions
-//! get, their session's namespace built with the children's settings, so that a child's
-//! start is only its start frame and its contexts.
+//! get, their session's namespace built with the children's settings and a thread of `rlm`
+//! reading their own stdout/stderr, so that a child's start is only its start frame and its
+//! contexts.
 //!
 //! ```text
 //!  run starts (a ReadyWorkers lease)      pool thread                    ready worker
-//!  ─ refill ▸                             template fork, fresh scratch
+//!  ─ refill ▸                             template fork, its output read,
+//!                                         fresh scratch
 //!                                         ─ Confine {policy, cwd, ────▸ confines itself,
 //!                                             session settings}         builds the namespace
 //!                                         ◂──────────── Confined ───────  waits, idle
@@ -428,9 +430,11 @@ fn make_ready(
         }
         template::fork_worker(program)
     });
-    let Some((spawned, template)) = forked else {
+    let Some((mut spawned, template)) = forked else {
         return Err("no worker template is running".to_owned());
     };
+    // Read from now on, here: the session that takes it does not start that thread.
+    spawned.read_output();
     let scratch = tempfile::Builder::new()
         .prefix("rlm-scratch-")
         .tempdir()

@@ -144,11 +144,38 @@ pub(crate) struct Spawned {
     /// The parent's end of its link.
     pub(crate) link: UnixStream,
     /// Its standard output and error.
-    pub(crate) output: io::PipeReader,
+    pub(crate) output: Output,
     /// It was started ahead of need (it may have died since).
     pub(crate) spare: bool,
     /// What it runs.
     pub(crate) program: WorkerProgram,
+}
+
+/// A worker's own stdout and stderr, as its parent holds them.
+#[derive(Debug)]
+pub(crate) enum Output {
+    /// Not read yet.
+    Pipe(io::PipeReader),
+    /// Read by a thread of their own, which keeps their tail here ([`drain_output`]).
+    Drained(Arc<Mutex<Vec<u8>>>),
+}
+
+impl Spawned {
+    /// Has its own stdout/stderr read from now on, by a thread of their own started at the
+    /// first call ([`drain_output`]), and returns where that thread keeps their tail. A
+    /// worker confined ahead of need (`pool.rs`) has it started on the pool's thread, not on
+    /// the path of the session that takes it.
+    pub(crate) fn read_output(&mut self) -> Arc<Mutex<Vec<u8>>> {
+        if let Output::Drained(kept) = &self.output {
+            return Arc::clone(kept);
+        }
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        let drained = Output::Drained(Arc::clone(&kept));
+        if let Output::Pipe(pipe) = std::mem::replace(&mut self.output, drained) {
+            drain_output(pipe, Arc::clone(&kept));
+        }
+        kept
+    }
 }
 
 /// A worker for a session when no template serves it: the spare when there is one started
@@ -312,7 +339,7 @@ fn spawn_now(program: &WorkerProgram, template: bool) -> io::Result<Spawned> {
     Ok(Spawned {
         pid,
         link: ours,
-        output,
+        output: Output::Pipe(output),
         spare: false,
         program: program.clone(),
     })

@@ -57,7 +57,7 @@ use std::time::Duration;
 use super::lock::lock;
 use super::protocol::LINK_FD;
 use super::spawn::{
-    Spawned, WorkerProgram, drain_output_then, prepare_spare, receive_fds, run_on_spawner,
+    Output, Spawned, WorkerProgram, drain_output_then, prepare_spare, receive_fds, run_on_spawner,
     send_fds, spawn_env, spawn_template, take_link_fd, take_worker,
 };
 
@@ -137,7 +137,10 @@ impl Template {
         let last_words: Arc<Mutex<Vec<u8>>> = Arc::default();
         let ours = Arc::clone(&last_words);
         let program = spawned.program.clone();
-        drain_output_then(spawned.output, Arc::clone(&last_words), move || {
+        let Output::Pipe(output) = spawned.output else {
+            return Err(io::Error::other("its output is read already"));
+        };
+        drain_output_then(output, Arc::clone(&last_words), move || {
             ended(&ours, &program)
         });
         Ok(Self {
@@ -191,7 +194,7 @@ impl Template {
         Ok(Spawned {
             pid,
             link: ours,
-            output,
+            output: Output::Pipe(output),
             spare: false,
             program: self.program.clone(),
         })
