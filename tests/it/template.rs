@@ -2,8 +2,8 @@
 //! through the real binary, with isolation on: what a prompt-injected child could try against
 //! its siblings, the idle workers, the template and the parent; a tree of children that
 //! starts children without end; a flood of children against the pool's bound; what one
-//! child leaves behind for the next; the namespace an idle worker built for its child; and a
-//! template or an idle worker killed mid-run.
+//! child leaves behind for the next; the namespace an idle worker built for its child; how
+//! many are confined when a run starts; and a template or an idle worker killed mid-run.
 //!
 //! Bounded: each run has a deadline (killed past it), a budget of sub-calls and a batch
 //! width, and the harness watches `rlm`'s children to check that none outlives the run.
@@ -641,6 +641,29 @@ fn a_flood_of_children_cannot_grow_the_ready_workers_past_the_width() {
         run.most
     );
     assert!(run.took_ready() >= 1, "the pool served no child: {run:#?}");
+}
+
+#[test]
+fn a_run_that_may_start_children_has_two_workers_confined_from_its_start() {
+    // Children that follow one another faster than a worker is confined wait for theirs:
+    // two are ordered when the run starts, and confined at once, while its root model
+    // thinks. This run's code starts no child, so no other worker is ordered.
+    let mock = Mock::start(slow_script(
+        &[&repl("answers = 'none'"), "FINAL_VAR(answers)"],
+        1500,
+        "result = 'ok'",
+        0,
+    ));
+    let run = watched(&mock, &["--max-depth", "2", "--json"], None);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_eq!(run.json()["answer"], "none", "{run:#?}");
+    let ready = run
+        .stderr
+        .lines()
+        .filter(|l| l.ends_with("was confined ahead of need and waits for a session"))
+        .count();
+    assert_eq!(ready, 2, "{ready} workers confined ahead of need: {run:#?}");
+    assert_eq!(run.took_ready(), 0, "{run:#?}");
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use super::lock::lock;
-use super::spawn::{SpawnJob, job_thread};
+use super::spawn::{SpawnJob, job_threads};
 
 /// The most one job takes: a worker is given 2 s to exit, killed, waited for 2 s more, each
 /// wait bounded by its reaper's 1 s.
@@ -17,7 +17,7 @@ const JOB_BOUND: Duration = Duration::from_secs(5);
 /// The closer thread's queue.
 fn closer() -> &'static Mutex<Sender<SpawnJob>> {
     static CLOSER: OnceLock<Mutex<Sender<SpawnJob>>> = OnceLock::new();
-    CLOSER.get_or_init(|| job_thread("rlm-worker-closer"))
+    CLOSER.get_or_init(|| job_threads("rlm-worker-closer", 1))
 }
 
 /// Jobs handed over and not finished yet, and the signal that one finished.

@@ -29,16 +29,23 @@
 //! - **One use.** A ready worker leaves the pool when a session takes it, and ends with that
 //!   session; a worker of a template that was replaced since, or of a shape no run wants any
 //!   more, is ended instead of served.
-//! - **Bounded.** Refills happen only while a run holds a lease for their shape: one when the
+//! - **Bounded.** Refills happen only while a run holds a lease for their shape: two when the
 //!   run starts (while its root model thinks), one each time a session of the shape has
 //!   started (on a worker taken from the pool or not), counted by the session and handed to
-//!   the pool's thread, which checks the memory and forks and confines it there once a run
+//!   the pool's threads, which check the memory and fork and confine it there once a run
 //!   of the process waits for a model (`quiet.rs`; at once when a session waits for it).
 //!   Ordered any earlier, or run at once, the next worker's fork and confinement would take
 //!   the cores the session's start frame, its `Ready` and its request to the model wait
 //!   for. Ready and confining workers together stay within the
 //!   children's width (`--batch-concurrency`) and [`MAX_READY`], and none is added when the
 //!   machine has less than [`MIN_AVAILABLE`] memory available.
+//! - **Two at once** ([`CONFINING_AT_ONCE`]). A confinement is a chain of steps each in one
+//!   process (the fork, the namespaces, Landlock and seccomp, Python's start), ~7 ms of CPU
+//!   on one core at a time. With one confined at a time, children that follow one another
+//!   faster than that (a model that answers at once) each waited for their worker while the
+//!   second core was idle; with two ordered at the run's start and two threads confining,
+//!   two are under way whenever children wait for them. With model time to hide them in,
+//!   each child still has one confined while it runs, as before.
 //! - **Nothing left.** When the last lease of a shape goes (its run ended), its ready workers
 //!   are ended and reaped, confining ones as soon as they are confined, and the sessions
 //!   closed meanwhile are waited for (`closer.rs`).
@@ -56,12 +63,14 @@ use super::protocol::{
     Confine, FromWorker, NoSigPipe, ToWorker, read_frame, worker_settings, write_frame,
 };
 use super::quiet::{self, Urgent};
-use super::spawn::{SpawnJob, Spawned, WorkerProgram, job_thread, reap, worker_program};
+use super::spawn::{SpawnJob, Spawned, WorkerProgram, job_threads, reap, worker_program};
 use super::template;
 use crate::repl::config::SessionConfig;
 
 /// The most workers ready or being confined at once, whatever the width.
 pub(crate) const MAX_READY: usize = 8;
+/// Workers confined at once, and ordered when a run starts (see the [module docs](self)).
+const CONFINING_AT_ONCE: usize = 2;
 /// No refill while the machine has less memory available than this.
 const MIN_AVAILABLE: u64 = 1 << 30;
 /// How long a session waits for a worker being confined for it before it starts its own.
@@ -223,7 +232,7 @@ fn pool() -> &'static (Mutex<Pool>, Condvar) {
 
 /// Keeps workers of `config`'s sessions ready while the returned lease lives (`None` when
 /// sessions of `config` run in this process, or no worker program or pool is on), and has
-/// one confined now.
+/// [`CONFINING_AT_ONCE`] confined now (within the run's width).
 pub(crate) fn keep_ready(config: &SessionConfig) -> Option<ReadyWorkers> {
     if !config.isolation.in_worker() || !ENABLED.load(Ordering::Relaxed) || !template::enabled() {
         return None;
@@ -245,7 +254,9 @@ pub(crate) fn keep_ready(config: &SessionConfig) -> Option<ReadyWorkers> {
             }),
         }
     }
-    order_refill(&shape);
+    for _ in 0..CONFINING_AT_ONCE {
+        order_refill(&shape);
+    }
     Some(ReadyWorkers { shape })
 }
 
@@ -504,10 +515,10 @@ fn memory_allows() -> bool {
         .is_none_or(|kib| kib * 1024 >= MIN_AVAILABLE)
 }
 
-/// The thread that confines the pool's workers, one after another.
+/// The threads that confine the pool's workers, [`CONFINING_AT_ONCE`] at a time.
 fn refiller() -> &'static Mutex<Sender<SpawnJob>> {
     static REFILLER: OnceLock<Mutex<Sender<SpawnJob>>> = OnceLock::new();
-    REFILLER.get_or_init(|| job_thread("rlm-worker-pool"))
+    REFILLER.get_or_init(|| job_threads("rlm-worker-pool", CONFINING_AT_ONCE))
 }
 
 #[cfg(test)]

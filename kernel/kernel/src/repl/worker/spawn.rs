@@ -386,21 +386,29 @@ fn place_link(parent: libc::pid_t, link: RawFd) -> io::Result<()> {
 /// The long-lived thread that forks every worker (see the [module docs](self)).
 fn spawner() -> &'static Mutex<Sender<SpawnJob>> {
     static SPAWNER: OnceLock<Mutex<Sender<SpawnJob>>> = OnceLock::new();
-    SPAWNER.get_or_init(|| job_thread("rlm-worker-spawner"))
+    SPAWNER.get_or_init(|| job_threads("rlm-worker-spawner", 1))
 }
 
-/// A long-lived thread named `name` that runs the jobs sent to it, one after another.
-pub(crate) fn job_thread(name: &str) -> Mutex<Sender<SpawnJob>> {
+/// `n` long-lived threads named `name` that run the jobs sent to them, each job on the first
+/// of them that is free (with one, one job after another).
+pub(crate) fn job_threads(name: &str, n: usize) -> Mutex<Sender<SpawnJob>> {
     let (jobs, queue) = mpsc::channel::<SpawnJob>();
-    let started = std::thread::Builder::new()
-        .name(name.to_owned())
-        .spawn(move || {
-            for job in queue {
-                job();
-            }
-        });
-    if let Err(e) = started {
-        tracing::error!("cannot start the thread `{name}`: {e}");
+    let queue = Arc::new(Mutex::new(queue));
+    for _ in 0..n {
+        let queue = Arc::clone(&queue);
+        let started = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                loop {
+                    // The queue's lock is held while waiting for a job, not while running it.
+                    let job = lock(&queue).recv();
+                    let Ok(job) = job else { return };
+                    job();
+                }
+            });
+        if let Err(e) = started {
+            tracing::error!("cannot start the thread `{name}`: {e}");
+        }
     }
     Mutex::new(jobs)
 }
@@ -523,5 +531,38 @@ pub(crate) fn drain_output_then(
         });
     if let Err(e) = spawned {
         tracing::warn!("cannot read a worker's stderr: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs two jobs on `n` job threads, each of which waits (up to 2 s) for the other to
+    /// have started; returns whether both saw the other.
+    fn two_jobs_meet(n: usize) -> bool {
+        let threads = job_threads("rlm-test-jobs", n);
+        let (done_tx, done) = mpsc::channel();
+        let (a_tx, a_rx) = mpsc::channel::<()>();
+        let (b_tx, b_rx) = mpsc::channel::<()>();
+        for (tell, wait) in [(a_tx, b_rx), (b_tx, a_rx)] {
+            let done_tx = done_tx.clone();
+            let job: SpawnJob = Box::new(move || {
+                let _ = tell.send(());
+                let met = wait.recv_timeout(Duration::from_secs(2)).is_ok();
+                let _ = done_tx.send(met);
+            });
+            assert!(lock(&threads).send(job).is_ok());
+        }
+        (0..2).all(|_| done.recv_timeout(Duration::from_secs(10)) == Ok(true))
+    }
+
+    #[test]
+    fn two_job_threads_run_two_jobs_at_once_and_one_runs_them_in_turn() {
+        assert!(
+            two_jobs_meet(2),
+            "two threads ran the two jobs one after another"
+        );
+        assert!(!two_jobs_meet(1), "one thread ran two jobs at once");
     }
 }
