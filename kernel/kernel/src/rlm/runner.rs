@@ -1052,8 +1052,8 @@ impl ChildRuns {
         }
         let contexts: Vec<_> = query.context.iter().cloned().collect();
         // With isolation on, its worker starts the session while the child asks its model
-        // (unless its context is a file, which the worker must load to describe): the first
-        // block waits for it. In-process, it takes the session made while the previous child
+        // (unless only the worker can describe its context: a frame): the first block waits
+        // for it. In-process, it takes the session made while the previous child
         // ran, if there is one.
         let ahead = self
             .ahead
