@@ -174,7 +174,7 @@ fn wire_context(py: Python<'_>, context: &Bound<'_, PyAny>) -> PyResult<WireCont
     Ok(WireContext::Encoded(EncodedContext {
         source: file.to_string_lossy().into_owned(),
         format,
-        bytes,
+        bytes: Arc::new(bytes),
     }))
 }
 

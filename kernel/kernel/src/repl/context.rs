@@ -1085,7 +1085,7 @@ mod tests {
         EncodedContext {
             source: "/scratch/rlm-child-context-1-0.json".to_owned(),
             format: EncodedFormat::Json,
-            bytes: json.to_vec(),
+            bytes: std::sync::Arc::new(json.to_vec()),
         }
     }
 

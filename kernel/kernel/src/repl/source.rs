@@ -57,9 +57,9 @@ pub struct EncodedContext {
     pub(crate) source: String,
     /// How it was written.
     pub(crate) format: EncodedFormat,
-    /// What was written.
+    /// What was written (shared: a child's session, its start and its memfd take no copy).
     #[serde(with = "bytes")]
-    pub(crate) bytes: Vec<u8>,
+    pub(crate) bytes: Arc<Vec<u8>>,
 }
 
 impl fmt::Debug for EncodedContext {
@@ -86,16 +86,21 @@ pub(crate) enum EncodedFormat {
 
 /// Bytes as MessagePack's `bin` (serde's default for a `Vec<u8>` is a list of numbers).
 mod bytes {
+    use std::sync::Arc;
+
     use serde::de::{Deserializer, Error, Visitor};
     use serde::ser::Serializer;
 
-    pub(super) fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(
+        bytes: &Arc<Vec<u8>>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
         serializer.serialize_bytes(bytes)
     }
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(
         deserializer: D,
-    ) -> Result<Vec<u8>, D::Error> {
+    ) -> Result<Arc<Vec<u8>>, D::Error> {
         struct Bytes;
         impl<'de> Visitor<'de> for Bytes {
             type Value = Vec<u8>;
@@ -109,7 +114,7 @@ mod bytes {
                 Ok(v)
             }
         }
-        deserializer.deserialize_byte_buf(Bytes)
+        deserializer.deserialize_byte_buf(Bytes).map(Arc::new)
     }
 }
 
