@@ -367,19 +367,22 @@ result = ('go' if os.path.exists({go:?}) else 'no go') + (' same worker' if 'sta
         &dir.path().join("t.jsonl"),
         &["--cell-timeout", &timeout, "--isolation", isolation],
     );
-    // The block's processes, once their number holds still for 300 ms (a fork bomb's too).
+    // The block's processes: the marked ones and every process below them, once that set
+    // holds still for 300 ms (a fork bomb's too). Not their number: a shell's fork is marked
+    // (it has the shell's command line) until it execs `sleep`, so one that stopped being
+    // marked as another started left the number as it was, and the newer one unseen.
     let deadline = Instant::now() + Duration::from_secs(TIMEOUT);
-    let (mut roots, mut since) = (Vec::new(), Instant::now());
+    let (mut found, mut since) = (BTreeMap::new(), Instant::now());
     while Instant::now() < deadline {
-        let now = marked(&mark);
-        if now.len() != roots.len() {
-            (roots, since) = (now, Instant::now());
+        let roots = marked(&mark);
+        let now = tree(&roots);
+        if now != found {
+            (found, since) = (now, Instant::now());
         } else if roots.len() >= least && since.elapsed() > Duration::from_millis(300) {
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let found = tree(&roots);
     // Their end: the interrupt at the cell timeout, SIGTERM, SIGKILL a second later.
     let deadline = Instant::now() + Duration::from_secs(TIMEOUT + 10);
     let mut left: Vec<u32> = found.keys().copied().collect();
