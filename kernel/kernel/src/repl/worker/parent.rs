@@ -18,7 +18,8 @@
 //! Closing: the worker is told to shut down and given [`EXIT_WAIT`] to exit before it is
 //! killed; while a run keeps workers ready, on a closer thread once the run waits for a
 //! model (`quiet.rs`), so that a child (and its parent) does not wait for its worker's exit
-//! nor share the cores with it, and the run's end waits for them all.
+//! nor share the cores with it (unless that thread is behind: `closer.rs`), and the run's end
+//! waits for them all.
 //!
 //! Crashes: a worker that ends during a block (a signal, `exit()`, the memory limit, our own
 //! kill) ends only the block. A fresh worker loads the contexts, and the blocks that ran to
@@ -49,7 +50,6 @@ use super::protocol::{
     Confine, FrameError, FromWorker, NoSigPipe, Reply, Request, Start, ToWorker, read_frame,
     worker_settings, write_frame,
 };
-use super::quiet;
 use super::spawn::{
     Exit, REAP_WAIT, Spawned, WorkerProgram, reap, send_fds, start_worker, worker_program,
 };
@@ -1184,8 +1184,8 @@ impl Drop for WorkerSession {
 /// start warm: on this thread, or, while a run keeps workers ready (`pool.rs`: one with
 /// `rlm_query` children, whose every child closes a session), on the closer thread, so that
 /// neither the child nor its parent waits for the worker's exit, and once the run waits for a
-/// model (`quiet.rs`), so that the exit does not take the cores from the next child's hops.
-/// Either way the worker is told to shut down, given [`EXIT_WAIT`] to exit, then killed, and
+/// model (`quiet.rs`), so that the exit does not take the cores from the next child's hops
+/// (on this thread again while that thread is behind: `closer.rs`). Either way the worker is told to shut down, given [`EXIT_WAIT`] to exit, then killed, and
 /// reaped by its link's reader (`end` does that; a worker never heard from since its start
 /// frame is reaped by `end` itself).
 fn close(
@@ -1200,10 +1200,7 @@ fn close(
     };
     if !pool::in_use() {
         finish();
-    } else if let Err(job) = closer::hand_over(Box::new(move || {
-        quiet::wait_for_slack(quiet::HOLD);
-        finish();
-    })) {
+    } else if let Err(job) = closer::hand_over(Box::new(finish)) {
         job();
     }
 }
