@@ -16,6 +16,11 @@
 //! the block as soon as it starts instead of being dropped. The token belongs to one block,
 //! so a stop never leaks into a later block or run of the session.
 //!
+//! Arming wakes the watchdog thread only when it must: not when it already waits for an
+//! earlier block's deadline that comes before the new one's (it then finds the new block when
+//! that wait ends, and waits on), which spares a block the wake-up of another thread on its
+//! path; a block stopped before it was armed, or due sooner, wakes it.
+//!
 //! Races are closed by the GIL: the session thread arms and disarms while holding it, the
 //! watchdog checks "still armed for this block?" and raises while holding it, and disarming
 //! clears any raise still pending, so an interrupt never lands outside the user's code.
@@ -67,6 +72,8 @@ struct Armed {
 struct WatchState {
     armed: Option<Armed>,
     shutdown: bool,
+    /// When the watchdog thread's timed wait ends, while it waits with a timeout.
+    waiting_until: Option<Instant>,
 }
 
 /// One session's watchdog (shared by the session thread and the watchdog thread).
@@ -103,13 +110,19 @@ impl Watchdog {
     /// Start watching a block (call with the GIL held, just before running user code).
     pub(crate) fn arm(&self, _py: Python<'_>, req: ArmRequest) {
         let cancelled_at_start = req.session_token.is_cancelled();
+        // A limit too far out to represent is, in practice, none: a century.
+        let deadline = Instant::now()
+            .checked_add(req.timeout)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(100 * 365 * 86_400));
         let mut state = self.lock();
+        let wakes_in_time = state.waiting_until.is_some_and(|until| until <= deadline);
+        let stopped = req
+            .stop
+            .as_ref()
+            .is_some_and(CancellationToken::is_cancelled);
         state.armed = Some(Armed {
             block: req.block,
-            // A limit too far out to represent is, in practice, none: a century.
-            deadline: Instant::now()
-                .checked_add(req.timeout)
-                .unwrap_or_else(|| Instant::now() + Duration::from_secs(100 * 365 * 86_400)),
+            deadline,
             thread_id: req.thread_id,
             session: req.session,
             timeout_class: req.timeout_class,
@@ -122,7 +135,9 @@ impl Watchdog {
             fired: None,
         });
         drop(state);
-        self.wake.notify_all();
+        if !wakes_in_time || stopped {
+            self.wake.notify_all();
+        }
     }
 
     /// Stop watching (call with the GIL held, right after user code returned); clears an
@@ -218,10 +233,11 @@ impl Watchdog {
 
     fn wait<'a>(
         &self,
-        state: MutexGuard<'a, WatchState>,
+        mut state: MutexGuard<'a, WatchState>,
         timeout: Option<Duration>,
     ) -> MutexGuard<'a, WatchState> {
-        match timeout {
+        state.waiting_until = timeout.and_then(|t| Instant::now().checked_add(t));
+        let mut state = match timeout {
             Some(t) => match self.wake.wait_timeout(state, t) {
                 Ok((guard, _)) => guard,
                 Err(poisoned) => poisoned.into_inner().0,
@@ -230,7 +246,9 @@ impl Watchdog {
                 Ok(guard) => guard,
                 Err(poisoned) => poisoned.into_inner(),
             },
-        }
+        };
+        state.waiting_until = None;
+        state
     }
 
     /// Raise the interrupt in the session thread if `block` is still running (GIL held, so
@@ -265,5 +283,97 @@ impl Watchdog {
         {
             tracing::warn!("could not set a block's stop event: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block's arming as the session thread makes it, for a session object with `stop`
+    /// (which firing sets) and no thread to raise into.
+    fn request(py: Python<'_>, block: u64, timeout: Duration, session: &Py<PyAny>) -> ArmRequest {
+        let class = py
+            .get_type::<pyo3::exceptions::PyTimeoutError>()
+            .into_any()
+            .unbind();
+        ArmRequest {
+            block,
+            timeout,
+            thread_id: 0,
+            session: session.clone_ref(py),
+            timeout_class: class.clone_ref(py),
+            cancelled_class: class,
+            cell_token: CancellationToken::new(),
+            session_token: CancellationToken::new(),
+            stop: None,
+        }
+    }
+
+    /// Waits (bounded) until `session.stop` is set; how long that took.
+    fn stopped_within(session: &Py<PyAny>, bound: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        while started.elapsed() < bound {
+            let set = Python::attach(|py| {
+                session
+                    .bind(py)
+                    .getattr("stop")
+                    .and_then(|stop| stop.call_method0("is_set"))
+                    .and_then(|set| set.is_truthy())
+            });
+            if set.expect("reads the event") {
+                return Some(started.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
+
+    #[test]
+    fn a_block_is_stopped_at_its_own_deadline_whether_the_watchdog_waits_for_an_earlier_or_a_later_one()
+     {
+        Python::initialize();
+        let watchdog = Arc::new(Watchdog::default());
+        let runner = Arc::clone(&watchdog);
+        let thread = std::thread::spawn(move || runner.run());
+        let session = |py: Python<'_>| -> Py<PyAny> {
+            py.eval(
+                c"__import__('types').SimpleNamespace(killing=None, stop=__import__('threading').Event())",
+                None,
+                None,
+            )
+            .expect("a session object")
+            .unbind()
+        };
+        // The watchdog waits for a block due in a minute, which ends at once; the next block
+        // is due sooner: arming it must wake the watchdog, or it is stopped a minute late.
+        let (long, short) = Python::attach(|py| (session(py), session(py)));
+        Python::attach(|py| watchdog.arm(py, request(py, 1, Duration::from_secs(60), &long)));
+        std::thread::sleep(Duration::from_millis(50));
+        Python::attach(|py| watchdog.disarm(py));
+        Python::attach(|py| watchdog.arm(py, request(py, 2, Duration::from_millis(100), &short)));
+        assert!(
+            stopped_within(&short, Duration::from_secs(20)).is_some(),
+            "a block due sooner than the watchdog's wait was not stopped"
+        );
+        Python::attach(|py| watchdog.disarm(py));
+        // The watchdog waits for a block due in 300 ms, which ends at once; the next block is
+        // due later: it is not woken, and finds the block when its wait ends.
+        let (first, second) = Python::attach(|py| (session(py), session(py)));
+        Python::attach(|py| watchdog.arm(py, request(py, 3, Duration::from_millis(300), &first)));
+        std::thread::sleep(Duration::from_millis(50));
+        Python::attach(|py| watchdog.disarm(py));
+        Python::attach(|py| watchdog.arm(py, request(py, 4, Duration::from_millis(600), &second)));
+        let took = stopped_within(&second, Duration::from_secs(20))
+            .expect("a block due after the watchdog's wait was not stopped");
+        // Not a speed check: only that it was not stopped at the earlier block's deadline.
+        assert!(took >= Duration::from_millis(500), "stopped after {took:?}");
+        assert!(
+            stopped_within(&first, Duration::from_millis(1)).is_none(),
+            "the ended block was stopped"
+        );
+        Python::attach(|py| watchdog.disarm(py));
+        watchdog.shutdown();
+        thread.join().expect("the watchdog ends");
     }
 }
