@@ -2,7 +2,9 @@
 //! of a final bare expression, describe an exception, then tidy the namespace.
 //!
 //! The block is compiled as `<repl-block-N>` (the source goes into `linecache`, so tracebacks
-//! show the user's lines). As in IPython, when the last statement is a bare expression it is
+//! show the user's lines): from its source when it is [plain](super::plain) (nothing in it for
+//! the support module's `compile_block` to change or record), else by `compile_block` from its
+//! tree. As in IPython, when the last statement is a bare expression it is
 //! evaluated separately and, unless it is `None`, its `repr()` is printed to the block's
 //! stdout: `x = 2` then `x * 21` shows `42`. User code runs directly in the session's globals
 //! (no wrapper frames), so variables assigned before an exception stay, and the traceback
@@ -19,7 +21,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyCode, PyCodeMethods, PyDict};
+use pyo3::types::{PyCode, PyCodeMethods, PyDict, PyFrozenSet, PyList, PyString};
 use tokio_util::sync::CancellationToken;
 
 use super::capture::{OutputCapture, Stream};
@@ -28,11 +30,17 @@ use super::interpreter::interpreter;
 use super::interrupt::{ArmRequest, InterruptReason};
 use super::local::SessionState;
 use super::metadata::{ExecError, ExecutionResult, FinalAnswer, FinalSource};
+use super::plain::is_plain;
 
 /// The block [`SessionState::warm_up`] runs: statements of the kinds a model's blocks are
-/// made of (assignments, subscripts, calls), under a name it deletes again.
+/// made of (assignments, subscripts, calls), under a name it deletes again. It is
+/// [plain](super::plain).
 pub(crate) const WARM_UP: &str =
     "_rlm_warm_up = {'a': [1, 2]}\n_rlm_warm_up['b'] = str(len(_rlm_warm_up))\ndel _rlm_warm_up\n";
+
+/// What [`SessionState::warm_up`] also compiles, not run, the way of blocks that are not
+/// plain: one that ends with a bare expression, whose value is shown.
+const WARM_UP_SHOWN: &str = "len(_rlm_warm_up)\n";
 
 impl SessionState {
     /// Run one block; `Err` only when the kernel's own support code failed.
@@ -68,13 +76,19 @@ impl SessionState {
         let session = self.py_session.bind(py).clone();
         // From here every exit, `?` included, ends the block: output is never left routed to
         // a capture nobody reads.
-        let scope = BlockScope::begin(&session, &stdout, &stderr).map_err(fail)?;
-        let names_before: HashSet<String> = self.user_names(py)?.into_iter().collect();
-        let answer_before = support
-            .call_method1("answer_state", (self.answer_slot(py),))
-            .map_err(fail)?;
-        let ledger_start = self.bridge.ledger().map(|l| l.next_call_index());
         let globals = self.globals.bind(py).clone();
+        // The next block's stop event, made between blocks, is this one's now.
+        self.prepared = false;
+        let (scope, names_before, answer_before) = BlockScope::begin(
+            &session,
+            (&stdout, &stderr),
+            &globals,
+            self.reserved_set.bind(py),
+            self.answer_slot(py),
+        )
+        .map_err(fail)?;
+        let names_before: HashSet<String> = names_before.into_iter().collect();
+        let ledger_start = self.bridge.ledger().map(|l| l.next_call_index());
 
         let (error, interrupt) =
             self.run_block(py, code, &filename, &globals, stdout.get(), stop)?;
@@ -132,9 +146,10 @@ impl SessionState {
         })
     }
 
-    /// Runs [`WARM_UP`] as a block, then puts back what a block changes that it must not:
-    /// the block count (the session's first block is still `1`, with its file name) and the
-    /// line cache's entry of its source, and whether the session's close collects garbage.
+    /// Runs [`WARM_UP`] as a block and compiles [`WARM_UP_SHOWN`] (so both ways a block is
+    /// compiled have run once), then puts back what a block changes that it must not: the
+    /// block count (the session's first block is still `1`, with its file name) and the line
+    /// cache's entries of their sources, and whether the session's close collects garbage.
     ///
     /// A worker confined ahead of need is a fresh fork of the template: its first block
     /// would write, for the first time in this process, to the pages of every object that
@@ -157,6 +172,14 @@ impl SessionState {
         }
         let filename = format!("{}{}>", self.block_filename_prefix(), self.blocks);
         self.blocks = blocks;
+        let shown = interpreter(py).map(|i| {
+            i.support(py)
+                .call_method1("compile_block", (&session, WARM_UP_SHOWN, &filename))
+                .map(drop)
+        });
+        if let Ok(Err(e)) = shown {
+            tracing::debug!("could not compile the warm-up expression: {e}");
+        }
         let restored = py
             .import("linecache")
             .and_then(|linecache| linecache.getattr("cache"))
@@ -167,6 +190,20 @@ impl SessionState {
             });
         if let Err(e) = restored {
             tracing::debug!("could not tidy after the warm-up block: {e}");
+        }
+        self.prepare_block(py);
+    }
+
+    /// Makes, between blocks, what the next block starts with (its stop event), unless it is
+    /// made already: off the path of the block, which may come after an idle spell in which
+    /// the caches went cold. The session thread calls it once a block's answer is given.
+    pub(crate) fn prepare_block(&mut self, py: Python<'_>) {
+        if self.prepared {
+            return;
+        }
+        match self.py_session.bind(py).call_method0("prepare_block") {
+            Ok(_) => self.prepared = true,
+            Err(e) => tracing::debug!("could not prepare the next block: {e}"),
         }
     }
 
@@ -184,12 +221,17 @@ impl SessionState {
         let fail = |e: PyErr| ReplError::internal("running a block", e);
         let support = interpreter(py)?.support(py);
         let session = self.py_session.bind(py);
-        let compiled = match support.call_method1("compile_block", (session, code, filename)) {
+        let compiled = if is_plain(code) {
+            compile_plain(py, code, filename).map(|body| (body, None))
+        } else {
+            support
+                .call_method1("compile_block", (session, code, filename))
+                .and_then(|compiled| compiled.extract())
+        };
+        let (body, expr): (Bound<'_, PyCode>, Option<Bound<'_, PyCode>>) = match compiled {
             Err(e) => return Ok((Some(self.describe(py, e, filename, None)?), None)),
             Ok(compiled) => compiled,
         };
-        let (body, expr): (Bound<'_, PyCode>, Option<Bound<'_, PyCode>>) =
-            compiled.extract().map_err(fail)?;
         self.watchdog.arm(
             py,
             ArmRequest {
@@ -327,6 +369,27 @@ fn exit_forked_child(py: Python<'_>, outcome: PyResult<()>) -> ! {
     unsafe { libc::_exit(status) }
 }
 
+/// Compiles a [plain](is_plain) block from its source, as `compile_block` would compile its
+/// tree: the same code, its lines in `linecache` for tracebacks, nothing recorded.
+fn compile_plain<'py>(py: Python<'py>, code: &str, filename: &str) -> PyResult<Bound<'py, PyCode>> {
+    let source = PyString::new(py, code);
+    let lines = source
+        .call_method1("splitlines", (true,))?
+        .cast_into::<PyList>()?;
+    if !code.is_empty() && !code.ends_with('\n') {
+        let last = lines.len() - 1;
+        lines.set_item(last, format!("{}\n", lines.get_item(last)?))?;
+    }
+    py.import("linecache")?
+        .getattr("cache")?
+        .set_item(filename, (code.len(), py.None(), &lines, filename))?;
+    let builtins = py.import("builtins")?;
+    Ok(builtins
+        .getattr("compile")?
+        .call1((source, filename, "exec", 0, true))?
+        .cast_into::<PyCode>()?)
+}
+
 /// The user's code: the body, then the final bare expression whose repr is shown.
 fn run_user_code(
     body: &Bound<'_, PyCode>,
@@ -392,16 +455,23 @@ struct BlockScope<'a, 'py> {
 }
 
 impl<'a, 'py> BlockScope<'a, 'py> {
+    /// Begins the block with its captures; returns, with the scope, what its end compares
+    /// against: the user's names in `globals` and the state of the answer `slot`.
     fn begin(
         session: &'a Bound<'py, PyAny>,
-        stdout: &Bound<'py, OutputCapture>,
-        stderr: &Bound<'py, OutputCapture>,
-    ) -> PyResult<Self> {
-        session.call_method1("begin_block", (stdout, stderr))?;
-        Ok(Self {
+        (stdout, stderr): (&Bound<'py, OutputCapture>, &Bound<'py, OutputCapture>),
+        globals: &Bound<'py, PyDict>,
+        reserved: &Bound<'py, PyFrozenSet>,
+        slot: Bound<'py, PyAny>,
+    ) -> PyResult<(Self, Vec<String>, Bound<'py, PyAny>)> {
+        let begun =
+            session.call_method1("begin_block", (stdout, stderr, globals, reserved, slot))?;
+        let scope = Self {
             session,
             ended: false,
-        })
+        };
+        let (names, answer_before) = begun.extract()?;
+        Ok((scope, names, answer_before))
     }
 
     fn end(mut self) -> PyResult<()> {
@@ -417,5 +487,46 @@ impl Drop for BlockScope<'_, '_> {
         {
             tracing::warn!("could not end a block after an internal error: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::repl::interpreter;
+
+    #[test]
+    fn a_plain_block_compiles_to_the_code_and_lines_compile_block_makes() {
+        interpreter::start().expect("the interpreter");
+        Python::attach(|py| -> PyResult<()> {
+            let support = interpreter(py).expect("support").support(py);
+            let session = support.getattr("Session")?.call1((u64::MAX,))?;
+            let cache = py.import("linecache")?.getattr("cache")?;
+            let name = "<repl-test-plain>";
+            for source in [
+                "answer['content'] = 'ok'\nanswer['ready'] = True",
+                "x = 1\n",
+                "for i in range(3):\n    total = i * 2\n",
+                "s = f'{x!r:>{w}}' + '''a\nb''' + r'\\d'\n# done",
+                "if x:\n    y = [1,\n         2]\nelse:\n    del x",
+                "",
+                "x: int = 3\ny = 1 if x else 2",
+            ] {
+                assert!(is_plain(source), "{source:?}");
+                let (tree_body, expr): (Bound<'_, PyCode>, Option<Bound<'_, PyCode>>) = support
+                    .call_method1("compile_block", (&session, source, name))?
+                    .extract()?;
+                assert!(expr.is_none(), "{source:?}");
+                let tree_lines = cache.call_method1("pop", (name,))?;
+                let plain_body = compile_plain(py, source, name)?;
+                let plain_lines = cache.call_method1("pop", (name,))?;
+                // Code objects compare their bytecode, constants, names and line tables.
+                assert!(plain_body.eq(&tree_body)?, "{source:?}");
+                assert!(plain_lines.eq(&tree_lines)?, "{source:?}");
+            }
+            assert!(session.getattr("definitions")?.is_empty()?);
+            session.call_method0("close").map(drop)
+        })
+        .expect("compiled");
     }
 }

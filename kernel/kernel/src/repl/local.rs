@@ -6,7 +6,8 @@
 //! thread and wait (bounded) for its reply; a worker's main thread, which must go on reading
 //! its link, hands jobs over without waiting ([`LocalSession::submit`]), and the session thread
 //! writes each reply to the link itself: every answer is given on the session thread, without
-//! the GIL, before it waits for the next job. The session thread holds the GIL while it runs a
+//! the GIL, before it waits for the next job (after a block's answer, it first makes what the
+//! next block starts with, off that block's path: `SessionState::prepare_block`). The session thread holds the GIL while it runs a
 //! job and releases it while idle, so several sessions in one process interleave through the
 //! GIL like ordinary Python threads, each with its own globals, captures and watchdog: a
 //! timeout in one session never touches another.
@@ -741,9 +742,15 @@ fn session_thread(
         };
         let mut jobs = jobs;
         // The last job's answer, given (and its text redacted) without the GIL, before the
-        // wait for the next job.
+        // wait for the next job; after a block's, the next block is prepared in between.
         let mut answer: Option<Box<dyn FnOnce() + Send>> = None;
         loop {
+            if !state.prepared
+                && let Some(answer) = answer.take()
+            {
+                py.detach(answer);
+            }
+            state.prepare_block(py);
             let (job, rx) = py.detach(move || {
                 if let Some(answer) = answer {
                     answer();
@@ -825,6 +832,8 @@ pub(crate) struct SessionState {
     pub(crate) blocks: u64,
     /// User code run outside blocks under the watchdog (see `SessionState::guarded`).
     pub(crate) guards: u64,
+    /// Whether what the next block starts with is made (see `SessionState::prepare_block`).
+    pub(crate) prepared: bool,
     /// How a worker process embeds the session (default: not at all).
     pub(crate) embedding: Embedding,
     /// Whether the session may hold processes its blocks started (what `end_processes`
@@ -969,6 +978,7 @@ impl SessionState {
             pid: std::process::id(),
             blocks: 0,
             guards: 0,
+            prepared: false,
             embedding: init.embedding,
             processes: init.processes,
         };

@@ -147,6 +147,7 @@ mod interrupt;
 mod local;
 mod metadata;
 mod natives;
+mod plain;
 mod pystr;
 mod session;
 mod source;

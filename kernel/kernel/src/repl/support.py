@@ -81,6 +81,7 @@ class Session:
         "stdout",
         "stderr",
         "stop",
+        "next_stop",
         "finals",
         "globals",
         "module",
@@ -105,6 +106,8 @@ class Session:
         self.stdout = None
         self.stderr = None
         self.stop = threading.Event()
+        # The next block's stop event, made between blocks (`prepare_block`).
+        self.next_stop = None
         # Final answers recorded during the current block, one per convention, in the
         # order first recorded: {"answer": text, "final_var": text}.
         self.finals = {}
@@ -137,15 +140,25 @@ class Session:
         self.collect_on_close = False
         _SESSIONS.add(self)
 
-    def begin_block(self, stdout, stderr):
+    def begin_block(self, stdout, stderr, globals_, reserved, slot):
+        """A block starts, its output going to `stdout` and `stderr`. Returns what its end
+        compares against: the user's names (`user_names`) and the answer's state
+        (`answer_state` of `slot`)."""
         _ensure_routed(sys)
         self.stdout = stdout
         self.stderr = stderr
-        self.stop = threading.Event()
+        stop, self.next_stop = self.next_stop, None
+        self.stop = stop if stop is not None else threading.Event()
         self.finals = {}
         with self.children_lock:
             self.block_children = None
             self.block_pool = set(_mp_children())
+        return user_names(globals_, reserved), answer_state(slot)
+
+    def prepare_block(self):
+        """Between blocks, off the next one's path: its stop event, fresh as ever."""
+        if self.next_stop is None:
+            self.next_stop = threading.Event()
 
     def may_start_process(self):
         """A thread of the session is about to call something that may start a process: the
@@ -849,6 +862,10 @@ def _stat(pid):
 def _mp_children():
     """multiprocessing's live processes (pool workers of every start method)."""
     if "multiprocessing" not in sys.modules:
+        return []
+    # None was started (`active_children` would poll none): at each block's start and end,
+    # the common case runs none of its Python.
+    if not getattr(sys.modules.get("multiprocessing.process"), "_children", True):
         return []
     return sys.modules["multiprocessing"].active_children()
 

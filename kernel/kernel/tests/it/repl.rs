@@ -101,6 +101,55 @@ fn syntax_errors_point_at_the_line() {
 }
 
 #[test]
+fn blocks_compiled_from_their_source_or_their_tree_warn_once_and_fail_alike() {
+    let s = session();
+    // The first is compiled from its source (it ends with an assignment), the second from its
+    // tree (it ends with a bare expression, shown): the compiler's warning once in each.
+    for (code, shown) in [("x = (1 is 1)", ""), ("x = (1 is 1)\nx", "True\n")] {
+        let r = ok(&s, code);
+        assert_eq!(r.stdout, shown, "{code:?}");
+        assert_eq!(
+            r.stderr.matches("SyntaxWarning").count(),
+            1,
+            "{code:?}: {}",
+            r.stderr
+        );
+    }
+    // An error of the compiler (not the parser), either way: the same report (but for the
+    // block's file name).
+    let reports: Vec<(String, String, Option<u32>)> = ["y = 1\nreturn y", "y = 1\nreturn y\ny"]
+        .into_iter()
+        .map(|code| {
+            let r = s.exec(code).expect("kernel works");
+            let err = r.error.expect("SyntaxError reported");
+            let message = err.message.replace("block-4>", "block-N>");
+            (
+                err.type_name,
+                message.replace("block-3>", "block-N>"),
+                err.line,
+            )
+        })
+        .collect();
+    let expected = "'return' outside function (<repl-block-N>, line 2)";
+    assert_eq!(
+        reports[0],
+        ("SyntaxError".to_owned(), expected.to_owned(), Some(2))
+    );
+    assert_eq!(reports[1], reports[0]);
+    // Each block has a stop event of its own, unset, made before it started.
+    let r = ok(
+        &s,
+        "import _rlm_kernel\nfirst = _rlm_kernel._current_session().stop",
+    );
+    assert_eq!(r.stderr, "");
+    let r = ok(
+        &s,
+        "second = _rlm_kernel._current_session().stop\nprint(first is second, second.is_set())",
+    );
+    assert_eq!(r.stdout, "False False\n");
+}
+
+#[test]
 fn sys_exit_and_keyboard_interrupt_do_not_end_the_kernel() {
     let s = session();
     let r = s
