@@ -162,14 +162,10 @@ fn wire_context(py: Python<'_>, context: &Bound<'_, PyAny>) -> PyResult<WireCont
     };
     let dir = std::env::var_os("SCRATCH").map_or_else(std::env::temp_dir, PathBuf::from);
     let n = ENCODED.fetch_add(1, Ordering::Relaxed);
-    let ext = match format {
-        EncodedFormat::Json => "json",
-        EncodedFormat::Parquet => "parquet",
-        EncodedFormat::Csv => "csv",
-    };
     let file = dir.join(format!(
-        "rlm-child-context-{}-{n}.{ext}",
-        std::process::id()
+        "rlm-child-context-{}-{n}.{}",
+        std::process::id(),
+        format.extension()
     ));
     Ok(WireContext::Encoded(EncodedContext {
         source: file.to_string_lossy().into_owned(),

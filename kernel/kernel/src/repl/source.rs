@@ -84,6 +84,17 @@ pub(crate) enum EncodedFormat {
     Csv,
 }
 
+impl EncodedFormat {
+    /// The extension of a file of this format (`json`, `parquet`, `csv`).
+    pub(crate) fn extension(self) -> &'static str {
+        match self {
+            Self::Json => "json",
+            Self::Parquet => "parquet",
+            Self::Csv => "csv",
+        }
+    }
+}
+
 /// Bytes as MessagePack's `bin` (serde's default for a `Vec<u8>` is a list of numbers).
 mod bytes {
     use std::sync::Arc;
