@@ -111,9 +111,9 @@ impl ReplSession {
         ahead: AheadSession,
         config: SessionConfig,
         endpoints: Arc<Endpoints>,
-        contexts: &[ContextSource],
+        contexts: Vec<ContextSource>,
     ) -> Result<Self, ReplError> {
-        let inputs: Vec<ContextInput> = contexts.iter().cloned().map(Into::into).collect();
+        let inputs: Vec<ContextInput> = contexts.into_iter().map(Into::into).collect();
         check_names(&inputs)?;
         let made = ahead.made;
         let started = match without_gil(move || made.recv_timeout(AHEAD_WAIT)) {
@@ -165,10 +165,10 @@ impl ReplSession {
     pub(crate) fn for_child(
         config: SessionConfig,
         endpoints: Arc<Endpoints>,
-        contexts: &[ContextSource],
+        contexts: Vec<ContextSource>,
         run_shape: Option<&Shape>,
     ) -> Result<Self, ReplError> {
-        let inputs: Vec<ContextInput> = contexts.iter().cloned().map(Into::into).collect();
+        let inputs: Vec<ContextInput> = contexts.into_iter().map(Into::into).collect();
         Self::begin(config, endpoints, &inputs, Some(run_shape))
     }
 

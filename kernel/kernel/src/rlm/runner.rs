@@ -44,8 +44,8 @@ use super::metrics::MetricsHook;
 use super::prompts::Prompts;
 use crate::repl::worker::Shape;
 use crate::repl::{
-    AheadSession, ChildAnswer, ChildQuery, ChildRunner, ContextMetadata, ReplSession,
-    SessionConfig, SubFailure,
+    AheadSession, ChildAnswer, ChildQuery, ChildRunner, ContextMetadata, ContextSource,
+    ReplSession, SessionConfig, SubFailure,
 };
 use bridge::{BridgeError, CancellationToken, ChatRequest, Endpoints, Message, SubCallMetadata};
 
@@ -972,33 +972,30 @@ impl ChildRuns {
 
     /// Runs one child to its end; returns what its code gets.
     fn run_one(&self, index: usize, query: ChildQuery, cancel: &CancellationToken) -> ChildAnswer {
-        let model = query
-            .model
-            .clone()
-            .unwrap_or_else(|| self.session.sub_endpoint.clone());
+        let ChildQuery {
+            prompt,
+            context,
+            model,
+            max_iterations,
+        } = query;
+        let model = model.unwrap_or_else(|| self.session.sub_endpoint.clone());
         let chars = self.session.sub_call_text_chars;
-        let (node, answer) = match self.start(&model, &query, cancel) {
+        let (node, answer) = match self.start(&model, context, max_iterations, cancel) {
             Ok((mut rlm, stop_watch)) => {
-                let outcome = rlm.run(&query.prompt);
+                let outcome = rlm.run(&prompt);
                 stop_watch.cancel();
                 match outcome {
                     Ok(result) => {
                         let answer = result.answer.clone();
-                        let node = ChildRun::from_result(
-                            index,
-                            self.depth,
-                            model,
-                            &query.prompt,
-                            result,
-                            chars,
-                        );
+                        let node =
+                            ChildRun::from_result(index, self.depth, model, &prompt, result, chars);
                         let code_gets = node.answer_for_code(answer);
                         (node, code_gets)
                     }
-                    Err(e) => self.failed(index, model, &query.prompt, e.to_string()),
+                    Err(e) => self.failed(index, model, &prompt, e.to_string()),
                 }
             }
-            Err(message) => self.failed(index, model, &query.prompt, message),
+            Err(message) => self.failed(index, model, &prompt, message),
         };
         self.finished
             .lock()
@@ -1029,12 +1026,14 @@ impl ChildRuns {
         (node, Err(failure))
     }
 
-    /// A child's session and loop, ready to run; the returned token ends the task that
-    /// stops the child when its block (or the parent run) stops.
+    /// A child's session (its `context` moved into it, not copied: it may be large) and loop,
+    /// ready to run; the returned token ends the task that stops the child when its block (or
+    /// the parent run) stops.
     fn start(
         &self,
         model: &str,
-        query: &ChildQuery,
+        context: Option<ContextSource>,
+        max_iterations: Option<u32>,
         cancel: &CancellationToken,
     ) -> Result<(Rlm, CancellationToken), String> {
         let endpoint = self.endpoints.get(model).map_err(|e| e.to_string())?;
@@ -1050,7 +1049,7 @@ impl ChildRuns {
         ) {
             return Err(format!("the tree's budget is spent ({spent})"));
         }
-        let contexts: Vec<_> = query.context.iter().cloned().collect();
+        let contexts: Vec<_> = context.into_iter().collect();
         // With isolation on, its worker starts the session while the child asks its model
         // (unless only the worker can describe its context: a frame): the first block waits
         // for it. In-process, it takes the session made while the previous child
@@ -1062,8 +1061,8 @@ impl ChildRuns {
             .take();
         let (config, endpoints) = (self.session.clone(), Arc::clone(&self.endpoints));
         let session = match ahead {
-            Some(ahead) => ReplSession::start_ahead(ahead, config, endpoints, &contexts),
-            None => ReplSession::for_child(config, endpoints, &contexts, self.workers.as_ref()),
+            Some(ahead) => ReplSession::start_ahead(ahead, config, endpoints, contexts),
+            None => ReplSession::for_child(config, endpoints, contexts, self.workers.as_ref()),
         }
         .map_err(|e| e.to_string())?;
         // The next child's session is made ready while this one runs (in-process, one at a
@@ -1076,7 +1075,7 @@ impl ChildRuns {
         drop(next);
         let mut config = self.config.clone();
         model.clone_into(&mut config.root_endpoint);
-        if let Some(n) = query.max_iterations {
+        if let Some(n) = max_iterations {
             config.max_iterations = n;
         }
         if let Some(deadline) = self.deadline {
@@ -1142,13 +1141,18 @@ impl ChildRunner for ChildRuns {
             .unwrap_or(n)
             .clamp(1, n.max(1));
         let answers: Vec<Mutex<Option<ChildAnswer>>> = (0..n).map(|_| Mutex::new(None)).collect();
+        // Each query is taken by the thread that runs it: its context moves on, uncopied.
+        let queries: Vec<Mutex<Option<ChildQuery>>> =
+            queries.into_iter().map(|q| Mutex::new(Some(q))).collect();
         let cursor = AtomicUsize::new(0);
         let queries = &queries;
         let work = || {
             loop {
                 let i = cursor.fetch_add(1, Ordering::Relaxed);
-                let Some(query) = queries.get(i) else { break };
-                let answer = self.run_one(first + i, query.clone(), cancel);
+                let Some(slot) = queries.get(i) else { break };
+                let taken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+                let Some(query) = taken else { continue };
+                let answer = self.run_one(first + i, query, cancel);
                 *answers[i].lock().unwrap_or_else(PoisonError::into_inner) = Some(answer);
             }
         };
