@@ -118,11 +118,12 @@ impl SessionState {
             .map_err(fail)?;
         self.processes.store(held, Ordering::Relaxed);
 
+        // Listed are the user's names, those `begin_block` read before the block.
         let variables = self.variables(py)?;
-        let new_variables = self
-            .user_names(py)?
-            .into_iter()
-            .filter(|n| !names_before.contains(n))
+        let new_variables = variables
+            .iter()
+            .filter(|v| !names_before.contains(&v.name))
+            .map(|v| v.name.clone())
             .collect();
         let (llm_query_calls, llm_query_batched_calls) = self.bridge.counters();
         let out = stdout.get().take();

@@ -1075,17 +1075,6 @@ impl SessionState {
             .collect())
     }
 
-    pub(crate) fn user_names(&self, py: Python<'_>) -> Result<Vec<String>, ReplError> {
-        let support = interpreter(py)?.support(py);
-        support
-            .call_method1(
-                "user_names",
-                (self.globals.bind(py), self.reserved_set.bind(py)),
-            )
-            .and_then(|names| names.extract::<Vec<String>>())
-            .map_err(|e| ReplError::internal("listing variables", e))
-    }
-
     fn reset_answer(&mut self, py: Python<'_>) -> Result<(), ReplError> {
         let answer = self.answer.bind(py);
         answer
