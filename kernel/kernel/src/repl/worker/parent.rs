@@ -460,8 +460,10 @@ impl WorkerSession {
             config: worker_settings(&self.config),
             contexts: self.shared.contexts.clone(),
         };
-        let sent = send_fds(reader.get_ref(), &self.shared.memfds)
-            .and_then(|()| worker.send(&ToWorker::Start(Box::new(start))));
+        // The memfds and the start frame in one `sendmsg`: one wake-up of the worker.
+        let mut frame = Vec::new();
+        let sent = write_frame(&mut frame, &ToWorker::Start(Box::new(start)))
+            .and_then(|()| send_fds(&lock(&worker.writer), &self.shared.memfds, &frame));
         Ok(Handed {
             worker,
             reader,

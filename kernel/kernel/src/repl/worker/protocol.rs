@@ -60,7 +60,8 @@ pub(crate) fn worker_settings(config: &SessionConfig) -> SessionConfig {
 }
 
 /// What the confined worker needs to start its session: the frame after
-/// [`FromWorker::Confined`] (after one byte that carries the context memfds, `SCM_RIGHTS`).
+/// [`FromWorker::Confined`] (after one byte that carries the context memfds, `SCM_RIGHTS`, in
+/// the same `sendmsg`).
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct Start {
     /// The session's settings.

@@ -9,8 +9,8 @@
 //! parent, which stops the block itself), the death signal, the link at fd 3; every other
 //! descriptor is marked close-on-exec, so nothing of the parent (its trajectory, its
 //! database) is inherited. Standard input is `/dev/null`; standard output and error go to a
-//! pipe the parent reads (a crash's last words). The context memfds come later, with the
-//! start frame ([`send_fds`]).
+//! pipe the parent reads (a crash's last words). The context memfds come later, in one
+//! `sendmsg` with the start frame ([`send_fds`]).
 //!
 //! A *spare* is a worker started before a session needs it: its interpreter starts while
 //! nobody waits, and the next session (or the restart after a crash) takes it and only
@@ -21,7 +21,7 @@
 //! here too, as a worker told to serve forks.
 
 use std::ffi::OsString;
-use std::io::{self, IoSlice, Read};
+use std::io::{self, IoSlice, Read, Write};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -38,7 +38,7 @@ use rustix::net::{
 };
 
 use super::lock::lock;
-use super::protocol::{LINK_FD, MAX_MEMFDS, TEMPLATE_VAR};
+use super::protocol::{LINK_FD, MAX_MEMFDS, NoSigPipe, TEMPLATE_VAR};
 
 /// The argument that makes a program that embeds the kernel serve as a worker
 /// ([`serve_if_worker`](super::serve_if_worker)).
@@ -413,9 +413,11 @@ pub(crate) fn job_threads(name: &str, n: usize) -> Mutex<Sender<SpawnJob>> {
     Mutex::new(jobs)
 }
 
-/// Sends one byte carrying `fds` (`SCM_RIGHTS`): a session's context memfds ahead of its
-/// start frame, or a new worker's link and output to the template (`template.rs`).
-pub(crate) fn send_fds(link: &UnixStream, fds: &[OwnedFd]) -> io::Result<()> {
+/// Sends one byte carrying `fds` (`SCM_RIGHTS`): a session's context memfds, or a new
+/// worker's link and output to the template (`template.rs`); and `then`, the bytes that follow
+/// it on the link (a session's start frame), in the same `sendmsg`, so that the worker is woken
+/// once for both. What the socket does not take at once follows as a plain write.
+pub(crate) fn send_fds(link: &UnixStream, fds: &[OwnedFd], then: &[u8]) -> io::Result<()> {
     let fds: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
     let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_MEMFDS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
@@ -426,13 +428,17 @@ pub(crate) fn send_fds(link: &UnixStream, fds: &[OwnedFd]) -> io::Result<()> {
         ));
     }
     let count = [u8::try_from(fds.len()).unwrap_or(u8::MAX)];
-    rustix::net::sendmsg(
+    let sent = rustix::net::sendmsg(
         link,
-        &[IoSlice::new(&count)],
+        &[IoSlice::new(&count), IoSlice::new(then)],
         &mut control,
         SendFlags::NOSIGNAL,
     )?;
-    Ok(())
+    // The descriptors went with the first byte; a stream socket may have taken less of `then`.
+    let Some(taken) = sent.checked_sub(count.len()) else {
+        return Err(io::Error::from(io::ErrorKind::WriteZero));
+    };
+    NoSigPipe(link).write_all(&then[taken..])
 }
 
 /// Receives the byte [`send_fds`] sent and the descriptors it carries (in the worker, in the
@@ -536,7 +542,107 @@ pub(crate) fn drain_output_then(
 
 #[cfg(test)]
 mod tests {
+    use super::super::protocol::{FrameError, Start, ToWorker, read_frame, write_frame};
     use super::*;
+    use crate::repl::config::SessionConfig;
+
+    /// A start frame as a session sends it.
+    fn start_frame() -> Vec<u8> {
+        let start = Start {
+            config: SessionConfig::default(),
+            contexts: Vec::new(),
+        };
+        let mut frame = Vec::new();
+        write_frame(&mut frame, &ToWorker::Start(Box::new(start))).expect("a frame");
+        frame
+    }
+
+    /// A link whose worker's end gives up after 10 s (a test that would hang fails).
+    fn link() -> (UnixStream, UnixStream) {
+        let (parent, worker) = UnixStream::pair().expect("a socket pair");
+        worker
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("a read timeout");
+        (parent, worker)
+    }
+
+    #[test]
+    fn the_descriptors_and_the_start_frame_after_them_arrive_from_one_sendmsg() {
+        let (parent, worker) = link();
+        let (pipe_out, pipe_in) = io::pipe().expect("a pipe");
+        send_fds(&parent, &[OwnedFd::from(pipe_in)], &start_frame()).expect("sent");
+        let fds = receive_fds(&worker).expect("the descriptors");
+        assert_eq!(fds.len(), 1);
+        // The descriptor received is the pipe sent.
+        let mut received = std::fs::File::from(fds.into_iter().next().expect("one"));
+        received.write_all(b"through").expect("written");
+        drop(received);
+        let mut through = String::new();
+        (&pipe_out).read_to_string(&mut through).expect("read");
+        assert_eq!(through, "through");
+        // The frame follows the byte, whole.
+        let frame = read_frame::<ToWorker>(&mut &worker, &mut Vec::new());
+        assert!(matches!(frame, Ok(ToWorker::Start(_))), "{frame:?}");
+    }
+
+    #[test]
+    fn a_start_frame_larger_than_the_socket_buffer_arrives_whole() {
+        let (parent, worker) = link();
+        let then: Vec<u8> = (0..4 << 20).map(|i: u32| (i % 251) as u8).collect();
+        let expected = then.clone();
+        let reader = std::thread::spawn(move || {
+            let fds = receive_fds(&worker).expect("the byte");
+            let mut got = vec![0u8; expected.len()];
+            (&worker).read_exact(&mut got).expect("the rest");
+            (fds.len(), got == expected)
+        });
+        send_fds(&parent, &[], &then).expect("sent");
+        assert_eq!(reader.join().expect("the reader ends"), (0, true));
+    }
+
+    #[test]
+    fn a_cut_or_hostile_start_fails_cleanly_at_the_worker() {
+        let frame = start_frame();
+        // Cut: the link closes halfway through the frame.
+        let (parent, worker) = link();
+        send_fds(&parent, &[], &frame[..frame.len() / 2]).expect("sent");
+        drop(parent);
+        assert_eq!(receive_fds(&worker).expect("the byte").len(), 0);
+        let cut = read_frame::<ToWorker>(&mut &worker, &mut Vec::new());
+        assert!(matches!(cut, Err(FrameError::Closed)), "{cut:?}");
+        // A frame of garbage, whole.
+        let (parent, worker) = link();
+        let mut garbage = 8u32.to_be_bytes().to_vec();
+        garbage.extend_from_slice(&[0xc1; 8]);
+        send_fds(&parent, &[], &garbage).expect("sent");
+        assert_eq!(receive_fds(&worker).expect("the byte").len(), 0);
+        let bad = read_frame::<ToWorker>(&mut &worker, &mut Vec::new());
+        assert!(matches!(bad, Err(FrameError::Malformed(_))), "{bad:?}");
+        // A byte that claims more descriptors than it carries.
+        let (parent, worker) = link();
+        let mut space =
+            vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_MEMFDS))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        let (_out, pipe_in) = io::pipe().expect("a pipe");
+        let one = [pipe_in.as_fd()];
+        assert!(control.push(SendAncillaryMessage::ScmRights(&one)));
+        let mut claim = vec![3u8];
+        claim.extend_from_slice(&frame);
+        rustix::net::sendmsg(
+            &parent,
+            &[IoSlice::new(&claim)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        )
+        .expect("sent");
+        let refused = receive_fds(&worker).map(|fds| fds.len());
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.to_string() == "expected 3 descriptors, received 1"),
+            "{refused:?}"
+        );
+    }
 
     /// Runs two jobs on `n` job threads, each of which waits (up to 2 s) for the other to
     /// have started; returns whether both saw the other.

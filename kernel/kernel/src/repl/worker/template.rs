@@ -176,6 +176,7 @@ impl Template {
         send_fds(
             &self.control,
             &[OwnedFd::from(theirs), OwnedFd::from(output_writer)],
+            &[],
         )
         .map_err(|e| ForkError::Gone(format!("could not be asked for a worker: {e}")))?;
         let mut answer = [0u8; 4];
