@@ -7,10 +7,10 @@
 //! its link, hands jobs over without waiting ([`LocalSession::submit`]), and the session thread
 //! writes each reply to the link itself: every answer is given on the session thread, without
 //! the GIL, before it waits for the next job (after a block's answer, it first makes what the
-//! next block starts with, off that block's path: `SessionState::prepare_block`). The session thread holds the GIL while it runs a
-//! job and releases it while idle, so several sessions in one process interleave through the
-//! GIL like ordinary Python threads, each with its own globals, captures and watchdog: a
-//! timeout in one session never touches another.
+//! next block starts with, off that block's path: `SessionState::prepare_block`). The session
+//! thread holds the GIL while it runs a job and releases it while idle, so several sessions in
+//! one process interleave through the GIL like ordinary Python threads, each with its own
+//! globals, captures and watchdog: a timeout in one session never touches another.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};

@@ -1188,9 +1188,10 @@ impl Drop for WorkerSession {
 /// `rlm_query` children, whose every child closes a session), on the closer thread, so that
 /// neither the child nor its parent waits for the worker's exit, and once the run waits for a
 /// model (`quiet.rs`), so that the exit does not take the cores from the next child's hops
-/// (on this thread again while that thread is behind: `closer.rs`). Either way the worker is told to shut down, given [`EXIT_WAIT`] to exit, then killed, and
-/// reaped by its link's reader (`end` does that; a worker never heard from since its start
-/// frame is reaped by `end` itself).
+/// (on this thread again while that thread is behind: `closer.rs`). Either way the worker is
+/// told to shut down, given [`EXIT_WAIT`] to exit, then killed, and reaped by its link's
+/// reader (`end` does that; a worker never heard from since its start frame is reaped by `end`
+/// itself).
 fn close(
     end: Box<dyn FnOnce() + Send>,
     scratch: Option<tempfile::TempDir>,
