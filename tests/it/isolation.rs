@@ -173,6 +173,28 @@ fn a_regex_stuck_in_c_is_stopped_within_a_second_of_the_cell_timeout() {
 }
 
 #[test]
+fn a_runaway_block_stopped_by_the_run_timeout_is_interrupted_in_a_worker_that_lives_on() {
+    // The worker's session thread takes each block from the link itself; its main thread reads
+    // while the block runs: the first block's sub-call answer, then the stop `rlm` sends when
+    // the run's time is up, which interrupts the loop. The worker is not ended (as it is when
+    // nobody reads the stop: half a second later).
+    let runaway = "n = 0\nwhile True:\n    n += 1";
+    let mock = mock(&[&repl(SETUP), &repl(runaway), "FINAL(never)"]);
+    let (run, lines, took) = run(&mock, &["--timeout", "4", "--cell-timeout", "60"]);
+    run.assert_code(3);
+    let ran = blocks(&lines);
+    assert_eq!(ran[0]["stdout"], "set up\n", "{}", ran[0]);
+    let stopped = ran[1];
+    assert_eq!(stopped["error"]["type_name"], "CellCancelled", "{stopped}");
+    assert!(
+        stopped["restart"].is_null(),
+        "its worker was ended: {stopped}"
+    );
+    assert_eq!(sub_calls(&mock), 1);
+    assert!(took < Duration::from_secs(30), "the run ended ({took:?})");
+}
+
+#[test]
 fn a_c_sleep_is_stopped_within_a_second_of_the_run_timeout() {
     let stuck = "import ctypes\nctypes.CDLL(None).sleep(40)";
     let mock = mock(&[&repl(stuck), "FINAL(never)"]);

@@ -7,13 +7,15 @@
 //! its link, hands jobs over without waiting ([`LocalSession::submit`]), and the session thread
 //! writes each reply to the link itself: every answer is given on the session thread, without
 //! the GIL, before it waits for the next job (after a block's answer, it first makes what the
-//! next block starts with, off that block's path: `SessionState::prepare_block`). The session
+//! next block starts with, off that block's path: `SessionState::prepare_block`). A worker's
+//! idle session thread waits on its link, not on its queue alone ([`JobSource`]: it reads the
+//! next request itself, so that a request wakes one thread of the worker, not two). The session
 //! thread holds the GIL while it runs a job and releases it while idle, so several sessions in
 //! one process interleave through the GIL like ordinary Python threads, each with its own
 //! globals, captures and watchdog: a timeout in one session never touches another.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, RecvError, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -93,6 +95,16 @@ pub(crate) struct Embedding {
     pub(crate) events: Option<Arc<dyn BlockEvents>>,
     /// Loads the contexts instead of [`load_context`] (a worker maps some from memfds).
     pub(crate) loader: Option<Arc<dyn ContextLoader>>,
+    /// Where the session thread waits for its next job instead of its queue alone (a
+    /// worker's reads its link meanwhile).
+    pub(crate) jobs: Option<Arc<dyn JobSource>>,
+}
+
+/// Where an idle session thread waits for its next job (see [`Embedding::jobs`]).
+pub(crate) trait JobSource: Send + Sync + std::fmt::Debug {
+    /// The next job: the first of `queued`, else one this source finds; `Err` once the
+    /// session is closed (`queued`'s sender gone).
+    fn next_job(&self, queued: &Receiver<Job>) -> Result<Job, RecvError>;
 }
 
 /// Loads context `index` of a session (see [`Embedding::loader`]).
@@ -741,6 +753,7 @@ fn session_thread(
             }
         };
         let mut jobs = jobs;
+        let source = state.embedding.jobs.clone();
         // The last job's answer, given (and its text redacted) without the GIL, before the
         // wait for the next job; after a block's, the next block is prepared in between.
         let mut answer: Option<Box<dyn FnOnce() + Send>> = None;
@@ -751,11 +764,15 @@ fn session_thread(
                 py.detach(answer);
             }
             state.prepare_block(py);
+            let source = source.as_deref();
             let (job, rx) = py.detach(move || {
                 if let Some(answer) = answer {
                     answer();
                 }
-                let job = jobs.recv();
+                let job = match source {
+                    Some(source) => source.next_job(&jobs),
+                    None => jobs.recv(),
+                };
                 (job, jobs)
             });
             jobs = rx;

@@ -12,15 +12,17 @@
 //! model code), and say so; then receive the context memfds and the [`Start`] frame (a worker
 //! confined ahead of need waits for them, idle, until a session takes it, with all that done)
 //! and add the contexts to the namespace (or, should the `Start` bring other settings, build it
-//! again with them). Then the main thread reads frames: requests go straight to the session
-//! thread, in order, without waiting ([`LocalSession::submit`]); the session thread runs each
-//! and writes its reply to the link itself (a block's once its output is sent), so a block's
-//! frame and its reply each cross one thread. Interrupts, sub-call answers and `EndProcesses`
-//! are handled on the main thread at once, even while a block runs. The worker bounds no
-//! request's wait itself: its parent stops a block that outlives its time, and ends a worker
-//! that does not answer. Block output is sent as written after a quiet spell, else buffered
-//! and sent in chunks (at 32 KiB, after 10 ms, and before a block's reply), never from a forked
-//! child (a block's copy in a forked child ends there and never reaches its reply). No tokio
+//! again with them). Then the link is read in turns ([`Inbox`]): the session thread, idle, reads it
+//! itself, so that a request wakes one thread, not two; it hands the reader back to the main thread
+//! as it takes a request, runs it and writes its reply to the link itself (a block's once its
+//! output is sent). While a request runs, the main thread reads: requests go to the session
+//! thread's queue, in order, without waiting ([`LocalSession::submit`]); interrupts, sub-call
+//! answers and `EndProcesses` are handled at once, even while a block runs (what of these the idle
+//! session thread reads is done by it, or left to the main thread: `EndProcesses`, the link's end).
+//! The worker bounds no request's wait itself: its parent stops a block that outlives its time, and
+//! ends a worker that does not answer. Block output is sent as written after a quiet spell, else
+//! buffered and sent in chunks (at 32 KiB, after 10 ms, and before a block's reply), never from a
+//! forked child (a block's copy in a forked child ends there and never reaches its reply). No tokio
 //! runtime runs in a worker.
 
 use std::collections::HashMap;
@@ -29,7 +31,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, RecvError, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -54,7 +56,8 @@ use crate::repl::error::ReplError;
 use crate::repl::interpreter;
 use crate::repl::interrupt::BlockEvents;
 use crate::repl::local::{
-    Answer, ContextLoader, Embedding, Job, LocalSession, Prepared, Ran, ensure_module, pop_result,
+    Answer, ContextLoader, Embedding, Job, JobSource, LocalSession, Prepared, Ran, ensure_module,
+    pop_result,
 };
 use crate::repl::natives::{RemoteCalls, SubAnswer, SubCallRoute, SubFailure, WireChild};
 use crate::repl::source::{ContextInput, ContextSource, LoadOptions, check_names};
@@ -130,9 +133,16 @@ fn serve() -> Result<(), String> {
         .map_err(|e| format!("cannot share its link: {e}"))?;
     // After `confine`: this is the confined process, whose pid the link must know.
     let link = Arc::new(Link::new(link));
+    let inbox = match Inbox::new(Arc::clone(&link)) {
+        Ok(inbox) => Arc::new(inbox),
+        Err(e) => {
+            let error = ReplError::internal("making the link's inbox", e);
+            return report_failed_start(&fds, error);
+        }
+    };
     // The session's namespace too, with the settings it is expected to start with.
     let prepared = Prepared::new().and_then(|mut prepared| {
-        let (route, embedding) = embedded(&link, None);
+        let (route, embedding) = embedded(&inbox, None);
         prepared.build(confine.session.clone(), route, embedding)?;
         Ok(prepared)
     });
@@ -155,9 +165,9 @@ fn serve() -> Result<(), String> {
         Ok(_) => return Err("the parent did not send a `Start` frame".to_owned()),
         Err(e) => return Err(format!("reading the start frame: {e}")),
     };
-    match start_session(&link, prepared, *start, memfds) {
+    match start_session(&inbox, prepared, *start, memfds) {
         Ok(session) => {
-            run(&link, &session, &mut reader, &mut buffer);
+            run(&inbox, &session, Frames { reader, buffer });
             end_served()
         }
         Err(error) => link
@@ -222,7 +232,7 @@ fn confine_worker(
 }
 
 fn start_session(
-    link: &Arc<Link>,
+    inbox: &Arc<Inbox>,
     prepared: Prepared,
     start: Start,
     memfds: Vec<OwnedFd>,
@@ -233,24 +243,32 @@ fn start_session(
         contexts: start.contexts,
         memfds,
     });
-    let (route, embedding) = embedded(link, Some(loader));
+    let (route, embedding) = embedded(inbox, Some(loader));
     let session = prepared.start(start.config, route, &inputs, embedding)?;
     let ready = FromWorker::Ready {
         contexts: session.contexts().to_vec(),
     };
-    link.send(&ready)
+    inbox
+        .link
+        .send(&ready)
         .map_err(|e| ReplError::internal("answering the parent", e))?;
     Ok(session)
 }
 
 /// How the worker's session reaches its parent: sub-calls, output and block events over
-/// `link`; contexts through `loader`.
-fn embedded(link: &Arc<Link>, loader: Option<Arc<dyn ContextLoader>>) -> (SubCallRoute, Embedding) {
+/// the link, its requests from the link's `inbox` while it is idle; contexts through `loader`.
+fn embedded(
+    inbox: &Arc<Inbox>,
+    loader: Option<Arc<dyn ContextLoader>>,
+) -> (SubCallRoute, Embedding) {
+    let link = &inbox.link;
     let remote: Arc<dyn RemoteCalls> = link.clone();
+    let jobs: Arc<dyn JobSource> = inbox.clone();
     let embedding = Embedding {
         output: Some(link.clone()),
         events: Some(link.clone()),
         loader,
+        jobs: Some(jobs),
     };
     (SubCallRoute::Remote(remote), embedding)
 }
@@ -461,83 +479,345 @@ impl Drop for Mapped {
     }
 }
 
-/// Reads frames until the parent says to stop or goes away. Requests go to the session
-/// thread in order, which runs each and writes its reply itself; the rest is handled here at
-/// once.
-fn run(
-    link: &Arc<Link>,
-    session: &LocalSession,
-    reader: &mut BufReader<UnixStream>,
-    buffer: &mut Vec<u8>,
-) {
-    // The exec being run, or the last one: an interrupt names the exec it is for.
-    let mut current: Option<(u64, CancellationToken)> = None;
+/// Reads frames until the parent says to stop or goes away, in turns with the session thread
+/// (see [`Inbox`]): requests go to the session thread in order, which runs each and writes its
+/// reply itself; the rest is handled here at once.
+fn run(inbox: &Inbox, session: &LocalSession, frames: Frames) {
+    // The link's reader while this thread has the turn.
+    let mut mine = Some(frames);
     loop {
-        match read_frame::<ToWorker>(reader, buffer) {
-            Ok(ToWorker::Request { id, request }) => {
-                let job = match request {
-                    Request::EndProcesses => {
-                        let done = session.end_processes().map(|()| None);
-                        link.reply(id, Reply::Text(done));
-                        continue;
-                    }
-                    Request::Exec { code, stopped } => {
-                        let stop = CancellationToken::new();
-                        if stopped {
-                            stop.cancel();
-                        }
-                        current = Some((id, stop.clone()));
-                        block(link, id, code, stop)
-                    }
-                    Request::Variables => Job::Variables {
-                        reply: replying(link, id, Reply::Variables),
-                    },
-                    Request::VariableString { name } => Job::VariableString {
-                        name,
-                        reply: replying(link, id, Reply::Text),
-                    },
-                    Request::ResetAnswer => Job::ResetAnswer {
-                        reply: replying(link, id, |done: Result<(), ReplError>| {
-                            Reply::Text(done.map(|()| None))
-                        }),
-                    },
-                    Request::AnswerContent => Job::AnswerContent {
-                        reply: replying(link, id, Reply::Text),
-                    },
-                    Request::EnsureModule { name, source } => Job::Call {
-                        call: Box::new(move || ensure_module(&name, &source).map(|()| None)),
-                        reply: replying(link, id, Reply::Text),
-                    },
-                    Request::PopResult { module, token } => Job::Call {
-                        call: Box::new(move || pop_result(&module, token)),
-                        reply: replying(link, id, Reply::Text),
-                    },
-                };
+        match inbox.next_action(&mut mine) {
+            Action::Job(job) => {
                 if session.submit(job).is_err() {
                     break;
                 }
             }
-            Ok(ToWorker::Interrupt { id }) => {
-                if let Some((running, stop)) = &current
-                    && *running == id
-                {
-                    stop.cancel();
-                    session.check_stop();
-                }
+            Action::EndProcesses(id) => {
+                let done = session.end_processes().map(|()| None);
+                inbox.link.reply(id, Reply::Text(done));
             }
-            Ok(ToWorker::Answer { call, answer }) => link.deliver(call, CallAnswer::One(answer)),
+            Action::CheckStop => session.check_stop(),
+            Action::Nothing => {}
+            Action::End => break,
+        }
+    }
+    inbox.link.close();
+}
+
+/// The link's reader and its frame buffer: whoever has the turn holds them.
+struct Frames {
+    reader: BufReader<UnixStream>,
+    buffer: Vec<u8>,
+}
+
+impl Frames {
+    /// The next frame, or `None` once the session thread claims the turn (it is idle): the
+    /// main thread waits on the link and on the claim at once.
+    fn next_or_claim(&mut self, inbox: &Inbox) -> Option<Result<ToWorker, FrameError>> {
+        // Bytes already read ahead may hold the next frame: the link would not say so.
+        if self.reader.buffer().is_empty() {
+            let mut fds = [
+                libc::pollfd {
+                    fd: self.reader.get_ref().as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: inbox.claim.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: polls two open descriptors, the array's length given.
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+            if ready < 0 {
+                let error = std::io::Error::last_os_error();
+                if error.kind() == std::io::ErrorKind::Interrupted {
+                    return None;
+                }
+                return Some(Err(FrameError::Io(error)));
+            }
+            if fds[1].revents & (libc::POLLNVAL | libc::POLLERR) != 0 {
+                // The model's code closed it: the worker can no longer take turns.
+                let lost = std::io::Error::other("the link's claim descriptor was closed");
+                return Some(Err(FrameError::Io(lost)));
+            }
+            if fds[1].revents != 0 {
+                inbox.clear_claim();
+                return None;
+            }
+            if fds[0].revents == 0 {
+                return None;
+            }
+        }
+        Some(read_frame(&mut self.reader, &mut self.buffer))
+    }
+}
+
+/// The link's incoming side, read in turns: by the main thread, and by the session thread
+/// while it waits for its next job, so that a request wakes one thread of the worker, not
+/// two (the main thread reading it, then the session thread handed it). The session thread,
+/// idle, claims the turn ([`JobSource::next_job`]: its queue empty); the main thread, which
+/// waits on the link and the claim at once, hands it the reader; the session thread reads
+/// until a request comes, hands the reader back, and runs it. So while a block runs the
+/// main thread reads (interrupts, sub-call answers, `EndProcesses` are handled at once), and
+/// what the session thread reads that is the main thread's to do (`EndProcesses`, the end of
+/// the link) it leaves to it.
+struct Inbox {
+    link: Arc<Link>,
+    turn: Mutex<Turn>,
+    turned: Condvar,
+    /// An eventfd the session thread writes when it claims the turn from the main thread
+    /// waiting on the link.
+    claim: OwnedFd,
+    /// The exec being run, or the last one: an interrupt names the exec it is for.
+    current: Mutex<Option<(u64, CancellationToken)>>,
+}
+
+impl std::fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox").finish_non_exhaustive()
+    }
+}
+
+/// Who reads the link (see [`Inbox`]).
+#[derive(Default)]
+struct Turn {
+    /// The reader, `None` while a thread holds it.
+    frames: Option<Frames>,
+    /// The session thread waits for the turn.
+    claimed: bool,
+    /// What the session thread read that the main thread is to do.
+    left: Option<Action>,
+}
+
+/// What a frame asks of the worker.
+enum Action {
+    /// A request for the session thread.
+    Job(Job),
+    /// End the processes the session's blocks started, now, and reply to request `id`.
+    EndProcesses(u64),
+    /// The running block's stop token was cancelled: the watchdog looks at it now.
+    CheckStop,
+    Nothing,
+    /// The parent said to stop, or went away.
+    End,
+}
+
+/// What the main thread found waiting for the turn.
+enum Awaited {
+    Turn(Frames),
+    Left(Action),
+}
+
+impl Inbox {
+    fn new(link: Arc<Link>) -> std::io::Result<Self> {
+        // SAFETY: creates a new descriptor, owned below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor nothing else owns.
+        let claim = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        Ok(Self {
+            link,
+            turn: Mutex::new(Turn::default()),
+            turned: Condvar::new(),
+            claim,
+            current: Mutex::new(None),
+        })
+    }
+
+    /// The main thread's next thing to do: what the next frame it reads asks (`mine`: the
+    /// reader while it has the turn), or what the session thread left to it.
+    fn next_action(&self, mine: &mut Option<Frames>) -> Action {
+        loop {
+            match mine {
+                Some(frames) => {
+                    if lock(&self.turn).claimed {
+                        lock(&self.turn).frames = mine.take();
+                        self.turned.notify_all();
+                    } else if let Some(frame) = frames.next_or_claim(self) {
+                        return self.dispatch(frame);
+                    }
+                }
+                None => match self.await_turn() {
+                    Awaited::Turn(frames) => *mine = Some(frames),
+                    Awaited::Left(action) => return action,
+                },
+            }
+        }
+    }
+
+    /// The main thread waits for the reader back (the session thread took a request), or
+    /// for what the session thread leaves to it.
+    fn await_turn(&self) -> Awaited {
+        let mut turn = lock(&self.turn);
+        loop {
+            if let Some(action) = turn.left.take() {
+                return Awaited::Left(action);
+            }
+            if !turn.claimed
+                && let Some(frames) = turn.frames.take()
+            {
+                return Awaited::Turn(frames);
+            }
+            turn = self
+                .turned
+                .wait(turn)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    fn clear_claim(&self) {
+        let mut count = 0u64;
+        // SAFETY: reads 8 bytes into a u64 from an open, non-blocking eventfd.
+        unsafe {
+            libc::read(
+                self.claim.as_raw_fd(),
+                std::ptr::addr_of_mut!(count).cast(),
+                std::mem::size_of::<u64>(),
+            );
+        }
+    }
+
+    /// The session thread, idle, takes the reader (the main thread told if it holds it).
+    fn claim_turn(&self) -> Frames {
+        let mut turn = lock(&self.turn);
+        turn.claimed = true;
+        if turn.frames.is_none() {
+            let one = 1u64;
+            // SAFETY: writes 8 bytes from a u64 to an open eventfd.
+            unsafe {
+                libc::write(
+                    self.claim.as_raw_fd(),
+                    std::ptr::addr_of!(one).cast(),
+                    std::mem::size_of::<u64>(),
+                );
+            }
+        }
+        loop {
+            if let Some(frames) = turn.frames.take() {
+                return frames;
+            }
+            turn = self
+                .turned
+                .wait(turn)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// The session thread hands the reader back to the main thread, with `left` for it to do.
+    fn give_back(&self, frames: Frames, left: Option<Action>) {
+        {
+            let mut turn = lock(&self.turn);
+            turn.frames = Some(frames);
+            turn.claimed = false;
+            turn.left = left;
+        }
+        self.turned.notify_all();
+    }
+
+    /// What `frame` asks; a request becomes the session thread's job.
+    fn dispatch(&self, frame: Result<ToWorker, FrameError>) -> Action {
+        let link = &self.link;
+        match frame {
+            Ok(ToWorker::Request { id, request }) => Action::Job(match request {
+                Request::EndProcesses => return Action::EndProcesses(id),
+                Request::Exec { code, stopped } => {
+                    let stop = CancellationToken::new();
+                    if stopped {
+                        stop.cancel();
+                    }
+                    *lock(&self.current) = Some((id, stop.clone()));
+                    block(link, id, code, stop)
+                }
+                Request::Variables => Job::Variables {
+                    reply: replying(link, id, Reply::Variables),
+                },
+                Request::VariableString { name } => Job::VariableString {
+                    name,
+                    reply: replying(link, id, Reply::Text),
+                },
+                Request::ResetAnswer => Job::ResetAnswer {
+                    reply: replying(link, id, |done: Result<(), ReplError>| {
+                        Reply::Text(done.map(|()| None))
+                    }),
+                },
+                Request::AnswerContent => Job::AnswerContent {
+                    reply: replying(link, id, Reply::Text),
+                },
+                Request::EnsureModule { name, source } => Job::Call {
+                    call: Box::new(move || ensure_module(&name, &source).map(|()| None)),
+                    reply: replying(link, id, Reply::Text),
+                },
+                Request::PopResult { module, token } => Job::Call {
+                    call: Box::new(move || pop_result(&module, token)),
+                    reply: replying(link, id, Reply::Text),
+                },
+            }),
+            Ok(ToWorker::Interrupt { id }) => match &*lock(&self.current) {
+                Some((running, stop)) if *running == id => {
+                    stop.cancel();
+                    Action::CheckStop
+                }
+                _ => Action::Nothing,
+            },
+            Ok(ToWorker::Answer { call, answer }) => {
+                link.deliver(call, CallAnswer::One(answer));
+                Action::Nothing
+            }
             Ok(ToWorker::Answers { call, answers }) => {
                 link.deliver(call, CallAnswer::Many(answers));
+                Action::Nothing
             }
             Ok(ToWorker::ChildAnswers { call, answers }) => {
                 link.deliver(call, CallAnswer::Children(answers));
+                Action::Nothing
             }
-            Ok(ToWorker::Shutdown) | Err(FrameError::Closed) => break,
-            Ok(ToWorker::Confine(_) | ToWorker::Start(_))
-            | Err(FrameError::Io(_) | FrameError::Malformed(_)) => break,
+            Ok(ToWorker::Shutdown | ToWorker::Confine(_) | ToWorker::Start(_)) | Err(_) => {
+                Action::End
+            }
         }
     }
-    link.close();
+}
+
+impl JobSource for Inbox {
+    fn next_job(&self, queued: &Receiver<Job>) -> Result<Job, RecvError> {
+        loop {
+            match queued.try_recv() {
+                Ok(job) => return Ok(job),
+                Err(TryRecvError::Disconnected) => return Err(RecvError),
+                Err(TryRecvError::Empty) => {}
+            }
+            let mut frames = self.claim_turn();
+            // A request the main thread read before it handed the reader over.
+            if let Ok(job) = queued.try_recv() {
+                self.give_back(frames, None);
+                return Ok(job);
+            }
+            loop {
+                let frame = read_frame(&mut frames.reader, &mut frames.buffer);
+                match self.dispatch(frame) {
+                    Action::Job(job) => {
+                        self.give_back(frames, None);
+                        return Ok(job);
+                    }
+                    // No block runs: nothing for the watchdog to look at.
+                    Action::CheckStop | Action::Nothing => {}
+                    Action::EndProcesses(id) => {
+                        self.give_back(frames, Some(Action::EndProcesses(id)));
+                        break;
+                    }
+                    Action::End => {
+                        self.give_back(frames, Some(Action::End));
+                        // The main thread ends the worker.
+                        return queued.recv();
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Block `id` for the session thread, which writes its reply once the block's output is sent.
@@ -842,5 +1122,222 @@ impl RemoteCalls for Link {
             }
             Err(failure) => Some(vec![Err(failure); n]),
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // In tests an unwrap is an assertion.
+mod tests {
+    use super::*;
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// What a job is, and an exec's stop token.
+    type Took = (&'static str, Option<CancellationToken>);
+
+    /// A worker's link without its Python: the parent's end; the main thread's loop as `run`
+    /// has it (a request it reads goes to the session thread's queue), which reports what it
+    /// does and ends at the link's end; and a session thread that takes its next job (as idle)
+    /// each time it is told to, and reports what it got.
+    struct Served {
+        parent: UnixStream,
+        inbox: Arc<Inbox>,
+        main_did: Receiver<&'static str>,
+        take_next: Sender<()>,
+        took: Receiver<Result<Took, RecvError>>,
+    }
+
+    fn served() -> Served {
+        let (parent, worker) = UnixStream::pair().unwrap();
+        let link = Arc::new(Link::new(worker.try_clone().unwrap()));
+        let inbox = Arc::new(Inbox::new(link).unwrap());
+        let (submit, queued) = mpsc::channel();
+        let (did, main_did) = mpsc::channel();
+        let main_inbox = Arc::clone(&inbox);
+        std::thread::spawn(move || {
+            let mut mine = Some(Frames {
+                reader: BufReader::new(worker),
+                buffer: Vec::new(),
+            });
+            loop {
+                let done = match main_inbox.next_action(&mut mine) {
+                    Action::Job(job) => {
+                        let _ = submit.send(job);
+                        "job"
+                    }
+                    Action::EndProcesses(_) => "end processes",
+                    Action::CheckStop => "check stop",
+                    Action::Nothing => "nothing",
+                    Action::End => "end",
+                };
+                let _ = did.send(done);
+                if done == "end" {
+                    return;
+                }
+            }
+        });
+        let (take_next, orders) = mpsc::channel::<()>();
+        let (tell, took) = mpsc::channel();
+        let session_inbox = Arc::clone(&inbox);
+        std::thread::spawn(move || {
+            while orders.recv().is_ok() {
+                let job = session_inbox.next_job(&queued).map(|job| match job {
+                    Job::Exec { stop, .. } => ("exec", stop),
+                    Job::Variables { .. } => ("variables", None),
+                    Job::AnswerContent { .. } => ("answer content", None),
+                    Job::ResetAnswer { .. } => ("reset answer", None),
+                    _ => ("other", None),
+                });
+                let _ = tell.send(job);
+            }
+        });
+        Served {
+            parent,
+            inbox,
+            main_did,
+            take_next,
+            took,
+        }
+    }
+
+    impl Served {
+        fn send(&self, frame: &ToWorker) {
+            write_frame(&mut &self.parent, frame).unwrap();
+        }
+
+        fn request(&self, id: u64, request: Request) {
+            self.send(&ToWorker::Request { id, request });
+        }
+
+        /// The session thread goes idle: it waits for its next job.
+        fn take_next(&self) {
+            self.take_next.send(()).unwrap();
+        }
+
+        /// The job the session thread took.
+        fn took(&self) -> Result<Took, RecvError> {
+            self.took.recv_timeout(WAIT).unwrap()
+        }
+
+        fn main_did(&self) -> &'static str {
+            self.main_did.recv_timeout(WAIT).unwrap()
+        }
+
+        /// The session thread goes idle, reads `request` itself, and takes it: what it took.
+        fn idle_takes(&self, id: u64, request: Request) -> &'static str {
+            self.take_next();
+            self.until_the_session_thread_reads();
+            self.request(id, request);
+            let took = self.took().unwrap().0;
+            self.main_quiet();
+            took
+        }
+
+        /// Nothing more from the main thread for a while.
+        fn main_quiet(&self) {
+            let done = self.main_did.recv_timeout(Duration::from_millis(200));
+            assert!(done.is_err(), "the main thread did {done:?}");
+        }
+
+        /// Waits until the idle session thread reads the link: frames that need nothing
+        /// from either thread (the answer to no call) go out until one is not read by the main
+        /// thread.
+        fn until_the_session_thread_reads(&self) {
+            for _ in 0..50 {
+                self.send(&ToWorker::Answer {
+                    call: u64::MAX,
+                    answer: Ok(String::new()),
+                });
+                if self
+                    .main_did
+                    .recv_timeout(Duration::from_millis(200))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            panic!("the idle session thread never took the link's reader");
+        }
+    }
+
+    #[test]
+    fn an_idle_session_thread_reads_its_request_and_the_main_thread_what_comes_while_it_runs() {
+        let served = served();
+        served.take_next();
+        served.until_the_session_thread_reads();
+        served.request(
+            1,
+            Request::Exec {
+                code: "x = 1".to_owned(),
+                stopped: false,
+            },
+        );
+        let (took, stop) = served.took().unwrap();
+        assert_eq!(took, "exec");
+        served.main_quiet();
+        // While it runs, the main thread reads: an interrupt stops it at once...
+        served.send(&ToWorker::Interrupt { id: 1 });
+        assert_eq!(served.main_did(), "check stop");
+        assert!(stop.unwrap().is_cancelled());
+        // ... and a sub-call of the block is answered.
+        let link = Arc::clone(&served.inbox.link);
+        let asked = std::thread::spawn(move || {
+            link.call(None, "question".to_owned(), &CancellationToken::new())
+        });
+        let mut reader = &served.parent;
+        let call = match read_frame::<FromWorker>(&mut reader, &mut Vec::new()).unwrap() {
+            FromWorker::Call { call, prompt, .. } => {
+                assert_eq!(prompt, "question");
+                call
+            }
+            other => panic!("{other:?}"),
+        };
+        served.send(&ToWorker::Answer {
+            call,
+            answer: Ok("answer".to_owned()),
+        });
+        assert_eq!(served.main_did(), "nothing");
+        assert_eq!(asked.join().unwrap().unwrap(), "answer");
+        // Idle again: what the session thread reads that is the main thread's, it leaves to it.
+        served.take_next();
+        served.until_the_session_thread_reads();
+        served.request(2, Request::EndProcesses);
+        assert_eq!(served.main_did(), "end processes");
+        served.until_the_session_thread_reads();
+        served.request(3, Request::Variables);
+        assert_eq!(served.took().unwrap().0, "variables");
+        served.main_quiet();
+        assert_eq!(
+            served.idle_takes(4, Request::AnswerContent),
+            "answer content"
+        );
+        // Closed while idle: the main thread ends the worker.
+        served.take_next();
+        served.until_the_session_thread_reads();
+        served.send(&ToWorker::Shutdown);
+        assert_eq!(served.main_did(), "end");
+        assert!(
+            served.took().is_err(),
+            "the session thread took a job after the end"
+        );
+    }
+
+    #[test]
+    fn requests_the_main_thread_read_reach_the_session_thread_in_order() {
+        let served = served();
+        served.request(1, Request::Variables);
+        served.request(2, Request::AnswerContent);
+        assert_eq!(served.main_did(), "job");
+        assert_eq!(served.main_did(), "job");
+        for expected in ["variables", "answer content"] {
+            served.take_next();
+            assert_eq!(served.took().unwrap().0, expected);
+        }
+        assert_eq!(served.idle_takes(3, Request::ResetAnswer), "reset answer");
+        // The parent gone while the session thread reads: the main thread ends the worker.
+        served.take_next();
+        served.until_the_session_thread_reads();
+        drop(served.parent);
+        assert_eq!(served.main_did.recv_timeout(WAIT).unwrap(), "end");
     }
 }
