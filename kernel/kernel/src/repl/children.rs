@@ -66,10 +66,18 @@ pub(crate) type ChildAnswer = SubAnswer;
 
 /// Runs `rlm_query` children for a session (see the [module docs](self)).
 pub(crate) trait ChildRunner: Send + Sync + std::fmt::Debug {
-    /// Runs `queries` (concurrently, within the run's fan-out width) and returns their answers
-    /// in input order. Blocks until every child ended; `cancel` (the calling block's) stops
-    /// the children still running.
-    fn run(&self, queries: Vec<ChildQuery>, cancel: &CancellationToken) -> Vec<ChildAnswer>;
+    /// Runs `queries` (concurrently, within the run's fan-out width) and hands their answers,
+    /// in input order, to `answered` (once) as soon as every child has one: before the last
+    /// child's node is recorded and its session closed, so that the code that asked goes on
+    /// meanwhile. Returns once every child's node is recorded, or would be but for its runner
+    /// (a run's end of block waits for them). `cancel` (the calling block's) stops the
+    /// children still running.
+    fn run(
+        &self,
+        queries: Vec<ChildQuery>,
+        cancel: &CancellationToken,
+        answered: &mut (dyn FnMut(Vec<ChildAnswer>) + Send),
+    );
 }
 
 /// Where a session finds its runner: set by the loop, read by the natives.
@@ -260,7 +268,9 @@ fn run_children(
                     max_iterations,
                 })
                 .collect();
-            Ok(Some(py.detach(|| runner.run(queries, &cancel))))
+            let mut answers = Vec::new();
+            py.detach(|| runner.run(queries, &cancel, &mut |given| answers = given));
+            Ok(Some(answers))
         }
         Runner::Parent(remote) => {
             let mut children = Vec::with_capacity(prompts.len());

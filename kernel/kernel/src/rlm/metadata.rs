@@ -55,6 +55,17 @@ impl TerminationReason {
         }
     }
 
+    /// The budget that stopped the run, if one did (the inverse of [`Self::for_budget`]).
+    pub fn budget_limit(self) -> Option<BudgetLimit> {
+        match self {
+            Self::CallBudget => Some(BudgetLimit::Calls),
+            Self::TokenBudget => Some(BudgetLimit::Tokens),
+            Self::CostBudget => Some(BudgetLimit::Usd),
+            Self::IterationBudget => Some(BudgetLimit::Iterations),
+            _ => None,
+        }
+    }
+
     /// Whether the run ended with a model-given answer rather than a limit or an error.
     pub fn is_success(self) -> bool {
         self == TerminationReason::FinalAnswer
@@ -323,13 +334,7 @@ impl ChildRun {
 
     /// The budget that stopped this child, if one did.
     pub fn budget_limit(&self) -> Option<BudgetLimit> {
-        match self.termination_reason {
-            TerminationReason::CallBudget => Some(BudgetLimit::Calls),
-            TerminationReason::TokenBudget => Some(BudgetLimit::Tokens),
-            TerminationReason::CostBudget => Some(BudgetLimit::Usd),
-            TerminationReason::IterationBudget => Some(BudgetLimit::Iterations),
-            _ => None,
-        }
+        self.termination_reason.budget_limit()
     }
 
     /// What its parent's run says when this child, started by `iteration`'s block `block`,

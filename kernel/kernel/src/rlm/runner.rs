@@ -23,8 +23,8 @@
 //!   flight is cancelled and a running block interrupted.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::blocks::{BlockRun, extract_code_blocks};
 use super::checker::CompletionChecker;
@@ -42,6 +42,7 @@ use super::metadata::{
 };
 use super::metrics::MetricsHook;
 use super::prompts::Prompts;
+use super::tree::answer_for_code;
 use crate::repl::worker::Shape;
 use crate::repl::{
     AheadSession, ChildAnswer, ChildQuery, ChildRunner, ContextMetadata, ContextSource,
@@ -882,6 +883,85 @@ fn unix_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bridge::mock::{MockConfig, MockServer, Script};
+    use bridge::{Budget, EndpointConfig, Ledger};
+
+    #[test]
+    fn a_childs_answer_is_handed_over_before_its_node_is_added_and_the_node_is_kept() {
+        let script = Script::from_json_value(serde_json::json!({"models": {
+            "sub": {"rules": [{"system": "recursive language model", "reply": "FINAL(ok)"}]}
+        }}))
+        .expect("a script");
+        let rt = crate::runtime::shared();
+        let server = rt
+            .block_on(MockServer::start(MockConfig {
+                script,
+                ..MockConfig::default()
+            }))
+            .expect("the mock starts");
+        let endpoints = Arc::new(
+            Endpoints::new(
+                vec![EndpointConfig::openai(
+                    "sub",
+                    server.openai_base_url(),
+                    "sub",
+                )],
+                Arc::new(Ledger::new(Budget::default())),
+            )
+            .expect("endpoints"),
+        );
+        let runs = Arc::new(ChildRuns::new(
+            endpoints,
+            SessionConfig::default(),
+            RlmConfig::default(),
+            1,
+            CancellationToken::new(),
+            None,
+            None,
+        ));
+        let query = |prompt: &str| ChildQuery {
+            prompt: prompt.to_owned(),
+            context: None,
+            model: None,
+            max_iterations: None,
+        };
+        for queries in [vec![query("one")], vec![query("a"), query("b"), query("c")]] {
+            let n = queries.len();
+            let mut handed = Vec::new();
+            runs.run(queries, &CancellationToken::new(), &mut |answers| {
+                // The code has every answer while the last child's node is still to come.
+                let unrecorded = runs
+                    .finished
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .unrecorded;
+                handed.push((answers, unrecorded));
+            });
+            assert_eq!(handed.len(), 1, "the answers are handed over once");
+            let (answers, unrecorded) = handed.pop().expect("handed over");
+            assert_eq!(answers.len(), n);
+            assert!(
+                answers.iter().all(|a| a.as_deref() == Ok("ok")),
+                "{answers:?}"
+            );
+            assert!(
+                unrecorded >= 1,
+                "the answers came after every node ({n} children)"
+            );
+            let nodes = runs.take();
+            assert_eq!(
+                nodes.iter().map(|node| node.index).collect::<Vec<_>>(),
+                (0..n).collect::<Vec<_>>(),
+                "every child's node, in order"
+            );
+            assert!(
+                nodes
+                    .iter()
+                    .all(|node| node.answer.as_deref() == Some("ok"))
+            );
+        }
+        rt.block_on(server.shutdown());
+    }
 
     #[test]
     fn answer_now_text_table() {
@@ -921,8 +1001,11 @@ pub(crate) struct ChildRuns {
     stop: CancellationToken,
     /// The parent run's deadline: children end by it too.
     deadline: Option<Instant>,
-    /// Nodes of the children that ended since the last [`take`](Self::take).
-    finished: Mutex<Vec<ChildRun>>,
+    /// Nodes of the children that ended since the last [`take`](Self::take), and how many
+    /// children started are still to add theirs.
+    finished: Mutex<Finished>,
+    /// Signalled when a child's node is added.
+    recorded: Condvar,
     /// The index of the next child of the current block.
     next: AtomicUsize,
     /// In-process, the next child's session, made while the previous child runs.
@@ -953,7 +1036,8 @@ impl ChildRuns {
             depth,
             stop,
             deadline,
-            finished: Mutex::new(Vec::new()),
+            finished: Mutex::new(Finished::default()),
+            recorded: Condvar::new(),
             next: AtomicUsize::new(0),
             ahead: Mutex::new(None),
             workers,
@@ -961,17 +1045,37 @@ impl ChildRuns {
     }
 
     /// The nodes of the children that ended since the last call, in the order they were
-    /// started; the next child is numbered 0 again (call it after each block).
+    /// started; the next child is numbered 0 again (call it after each block). Waits for the
+    /// nodes of children whose answers were handed over before their nodes were added (see
+    /// [`ChildRunner::run`]): by the time the block that started them has ended, that is a
+    /// few microseconds at most.
     fn take(&self) -> Vec<ChildRun> {
-        let mut nodes =
-            std::mem::take(&mut *self.finished.lock().unwrap_or_else(PoisonError::into_inner));
+        let finished = self.finished.lock().unwrap_or_else(PoisonError::into_inner);
+        let (mut finished, waited) = self
+            .recorded
+            .wait_timeout_while(finished, RECORD_WAIT, |f| f.unrecorded > 0)
+            .unwrap_or_else(PoisonError::into_inner);
+        if waited.timed_out() {
+            tracing::warn!(
+                "{} rlm_query children still had no node after {RECORD_WAIT:?}; they are left out of this block's record",
+                finished.unrecorded
+            );
+        }
+        let mut nodes = std::mem::take(&mut finished.nodes);
+        drop(finished);
         self.next.store(0, Ordering::Relaxed);
         nodes.sort_by_key(|node| node.index);
         nodes
     }
 
-    /// Runs one child to its end; returns what its code gets.
-    fn run_one(&self, index: usize, query: ChildQuery, cancel: &CancellationToken) -> ChildAnswer {
+    /// Runs one child until it has its answer; returns what its code gets, and the child to
+    /// [`finish`](Self::finish) (its node made, its session closed).
+    fn run_one(
+        &self,
+        index: usize,
+        query: ChildQuery,
+        cancel: &CancellationToken,
+    ) -> (ChildAnswer, Ended) {
         let ChildQuery {
             prompt,
             context,
@@ -979,51 +1083,56 @@ impl ChildRuns {
             max_iterations,
         } = query;
         let model = model.unwrap_or_else(|| self.session.sub_endpoint.clone());
-        let chars = self.session.sub_call_text_chars;
-        let (node, answer) = match self.start(&model, context, max_iterations, cancel) {
+        let (outcome, rlm) = match self.start(&model, context, max_iterations, cancel) {
             Ok((mut rlm, stop_watch)) => {
-                let outcome = rlm.run(&prompt);
+                let outcome = rlm.run(&prompt).map_err(|e| e.to_string());
                 stop_watch.cancel();
-                match outcome {
-                    Ok(result) => {
-                        let answer = result.answer.clone();
-                        let node =
-                            ChildRun::from_result(index, self.depth, model, &prompt, result, chars);
-                        let code_gets = node.answer_for_code(answer);
-                        (node, code_gets)
-                    }
-                    Err(e) => self.failed(index, model, &prompt, e.to_string()),
-                }
+                (outcome, Some(rlm))
             }
-            Err(message) => self.failed(index, model, &prompt, message),
+            Err(message) => (Err(message), None),
         };
-        self.finished
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(node);
-        answer
-    }
-
-    fn failed(
-        &self,
-        index: usize,
-        model: String,
-        prompt: &str,
-        message: String,
-    ) -> (ChildRun, ChildAnswer) {
-        let failure = SubFailure {
-            kind: "child_error".to_owned(),
-            message: format!("the rlm_query child run could not run: {message}"),
+        let answer = match &outcome {
+            Ok(result) => answer_for_code(result),
+            Err(message) => Err(SubFailure {
+                kind: "child_error".to_owned(),
+                message: format!("the rlm_query child run could not run: {message}"),
+            }),
         };
-        let node = ChildRun::not_started(
+        let ended = Ended {
             index,
-            self.depth,
             model,
             prompt,
-            message,
-            self.session.sub_call_text_chars,
-        );
-        (node, Err(failure))
+            outcome,
+            rlm,
+        };
+        (answer, ended)
+    }
+
+    /// Adds the node of a child that has its answer, after closing its session.
+    fn finish(&self, ended: Ended) {
+        let Ended {
+            index,
+            model,
+            prompt,
+            outcome,
+            rlm,
+        } = ended;
+        // Its worker (with isolation on) is handed to the closer, or ended here past its
+        // backlog: before the node is added, so that the end of the parent's block, which
+        // waits for the node, finds it closed (`take`).
+        drop(rlm);
+        let chars = self.session.sub_call_text_chars;
+        let node = match outcome {
+            Ok(result) => ChildRun::from_result(index, self.depth, model, &prompt, result, chars),
+            Err(message) => {
+                ChildRun::not_started(index, self.depth, model, &prompt, message, chars)
+            }
+        };
+        let mut finished = self.finished.lock().unwrap_or_else(PoisonError::into_inner);
+        finished.nodes.push(node);
+        finished.unrecorded = finished.unrecorded.saturating_sub(1);
+        drop(finished);
+        self.recorded.notify_all();
     }
 
     /// A child's session (its `context` moved into it, not copied: it may be large) and loop,
@@ -1132,7 +1241,12 @@ impl ChildNodes for ChildRuns {
 }
 
 impl ChildRunner for ChildRuns {
-    fn run(&self, queries: Vec<ChildQuery>, cancel: &CancellationToken) -> Vec<ChildAnswer> {
+    fn run(
+        &self,
+        queries: Vec<ChildQuery>,
+        cancel: &CancellationToken,
+        answered: &mut (dyn FnMut(Vec<ChildAnswer>) + Send),
+    ) {
         let n = queries.len();
         let first = self.next.fetch_add(n, Ordering::Relaxed);
         let width = self
@@ -1140,20 +1254,42 @@ impl ChildRunner for ChildRuns {
             .batch_concurrency
             .unwrap_or(n)
             .clamp(1, n.max(1));
+        self.finished
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .unrecorded += n;
         let answers: Vec<Mutex<Option<ChildAnswer>>> = (0..n).map(|_| Mutex::new(None)).collect();
         // Each query is taken by the thread that runs it: its context moves on, uncopied.
         let queries: Vec<Mutex<Option<ChildQuery>>> =
             queries.into_iter().map(|q| Mutex::new(Some(q))).collect();
         let cursor = AtomicUsize::new(0);
-        let queries = &queries;
+        let (queries, answers) = (&queries, &answers);
+        let unanswered = AtomicUsize::new(n);
+        // `None` once called.
+        let answered = Mutex::new(Some(answered));
+        let hand_over = || {
+            let answered = answered
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(answered) = answered {
+                answered(answers.iter().map(take_answer).collect());
+            }
+        };
         let work = || {
             loop {
                 let i = cursor.fetch_add(1, Ordering::Relaxed);
                 let Some(slot) = queries.get(i) else { break };
                 let taken = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
                 let Some(query) = taken else { continue };
-                let answer = self.run_one(first + i, query, cancel);
+                let (answer, ended) = self.run_one(first + i, query, cancel);
                 *answers[i].lock().unwrap_or_else(PoisonError::into_inner) = Some(answer);
+                // The last answer in: the code that asked goes on while this child is
+                // finished (the others of a batch were, each by its thread, meanwhile).
+                if unanswered.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    hand_over();
+                }
+                self.finish(ended);
             }
         };
         if width.min(n) <= 1 {
@@ -1167,18 +1303,44 @@ impl ChildRunner for ChildRuns {
                 }
             });
         }
-        answers
-            .into_iter()
-            .map(|slot| {
-                slot.into_inner()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .unwrap_or_else(|| {
-                        Err(SubFailure {
-                            kind: "child_error".to_owned(),
-                            message: "the rlm_query child run did not finish".to_owned(),
-                        })
-                    })
-            })
-            .collect()
+        // No query (nothing to wait for), or a child that never answered: what there is.
+        hand_over();
     }
+}
+
+/// How long the end of a block waits for the nodes of the children it started
+/// ([`ChildRuns::take`]): each is made once its session was closed or handed to the closer,
+/// itself bounded by a worker's exit (see `closer.rs`).
+const RECORD_WAIT: Duration = Duration::from_secs(30);
+
+/// The children of a run that ended since its last block, and how many started ones have
+/// no node yet.
+#[derive(Debug, Default)]
+struct Finished {
+    nodes: Vec<ChildRun>,
+    unrecorded: usize,
+}
+
+/// A child that has its answer, still to be [finished](ChildRuns::finish).
+struct Ended {
+    index: usize,
+    model: String,
+    prompt: String,
+    /// Its result, or why it could not run.
+    outcome: Result<RlmResult, String>,
+    /// Its loop and session (`None`: it could not start).
+    rlm: Option<Rlm>,
+}
+
+/// A child's answer from its slot: a child that never put one there did not finish.
+fn take_answer(slot: &Mutex<Option<ChildAnswer>>) -> ChildAnswer {
+    slot.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+        .unwrap_or_else(|| {
+            Err(SubFailure {
+                kind: "child_error".to_owned(),
+                message: "the rlm_query child run did not finish".to_owned(),
+            })
+        })
 }

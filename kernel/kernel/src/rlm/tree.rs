@@ -18,6 +18,12 @@
 //! block's code and output keep their head and tail, so a trajectory stays bounded however deep
 //! and wide the tree.
 //!
+//! The code that asked gets the answers as soon as every child of the call has one (made from
+//! each child's result: [`answer_for_code`]); the last child's node is made and its session
+//! closed (its worker handed to the closer) after that, while the code goes on, and the end
+//! of the block that started them waits for their nodes, so a block's record is complete
+//! when the block is.
+//!
 //! A child stopped by a budget stops its parent after the block too, with a message that
 //! names the node, so the stop reason of the root says where the tree ran out.
 
@@ -88,33 +94,34 @@ impl ChildRun {
             iterations: Vec::new(),
         }
     }
+}
 
-    /// What the code that started it gets: the answer, or a per-item failure.
-    pub(crate) fn answer_for_code(&self, full_answer: Option<String>) -> ChildAnswer {
-        let reason = self.termination_reason;
-        let answered = matches!(
-            reason,
-            TerminationReason::FinalAnswer | TerminationReason::MaxIterations
-        );
-        match full_answer {
-            Some(answer) if answered => Ok(answer),
-            _ => {
-                let kind = match self.budget_limit() {
-                    Some(limit) => bridge::FailureKind::Budget(limit).name().to_owned(),
-                    None => format!("child_{}", reason_name(reason)),
-                };
-                let why = self
-                    .error
-                    .clone()
-                    .unwrap_or_else(|| "it gave no answer".to_owned());
-                Err(SubFailure {
-                    kind,
-                    message: format!(
-                        "the rlm_query child run ended without an answer ({}): {why}",
-                        reason_name(reason)
-                    ),
-                })
-            }
+/// What the code that started a child gets from its `result`: the answer, or a per-item
+/// failure. Made from the result itself, before its node (the code need not wait for that).
+pub(crate) fn answer_for_code(result: &RlmResult) -> ChildAnswer {
+    let reason = result.termination_reason;
+    let answered = matches!(
+        reason,
+        TerminationReason::FinalAnswer | TerminationReason::MaxIterations
+    );
+    match &result.answer {
+        Some(answer) if answered => Ok(answer.clone()),
+        _ => {
+            let kind = match reason.budget_limit() {
+                Some(limit) => bridge::FailureKind::Budget(limit).name().to_owned(),
+                None => format!("child_{}", reason_name(reason)),
+            };
+            let why = result
+                .error
+                .clone()
+                .unwrap_or_else(|| "it gave no answer".to_owned());
+            Err(SubFailure {
+                kind,
+                message: format!(
+                    "the rlm_query child run ended without an answer ({}): {why}",
+                    reason_name(reason)
+                ),
+            })
         }
     }
 }

@@ -1974,9 +1974,10 @@ fn answer_batch(
 
 /// Runs the worker code's `rlm_query` children here, in the parent (each with a session, and
 /// so a worker, of its own), on a thread of the session's [`Threads`]: a child's loop blocks,
-/// and the reader must go on reading meanwhile. Their answers
-/// go on the block's record like sub-calls', so a replayed block gets them again without
-/// running the children again.
+/// and the reader must go on reading meanwhile. Their answers go on the block's record like
+/// sub-calls', so a replayed block gets them again without running the children again, and
+/// to the worker as soon as they are all in, while the runner records the last child's node
+/// and closes its session.
 fn answer_children(worker: &Arc<Worker>, services: &Services, call: u64, children: Vec<WireChild>) {
     let Some(runner) = services.children.get() else {
         let _ = worker.send(&ToWorker::ChildAnswers {
@@ -2001,18 +2002,19 @@ fn answer_children(worker: &Arc<Worker>, services: &Services, call: u64, childre
         }
         Route::Live { block, cancel } => (block, cancel),
     };
-    let kept: Vec<Option<String>> = children.iter().map(|c| services.kept(&c.prompt)).collect();
+    let mut kept: Vec<Option<String>> = children.iter().map(|c| services.kept(&c.prompt)).collect();
     let n = children.len();
     let queries: Vec<_> = children.into_iter().map(query_of).collect();
     let runs_on = Arc::clone(worker);
     let ran = services.child_threads.run(Box::new(move || {
-        let answers = runner.run(queries, &cancel);
-        for ((key, prompt), answer) in keys.iter().zip(kept).zip(&answers) {
-            runs_on.record(block, *key, prompt, answer);
-        }
-        let _ = runs_on.send(&ToWorker::ChildAnswers {
-            call,
-            answers: Some(answers),
+        runner.run(queries, &cancel, &mut |answers| {
+            for ((key, prompt), answer) in keys.iter().zip(kept.drain(..)).zip(&answers) {
+                runs_on.record(block, *key, prompt, answer);
+            }
+            let _ = runs_on.send(&ToWorker::ChildAnswers {
+                call,
+                answers: Some(answers),
+            });
         });
     }));
     if let Err(e) = ran {
