@@ -1,12 +1,14 @@
 //! The parent's side of an isolated session: [`WorkerSession`] starts and talks to the
 //! worker, answers its sub-calls, keeps its output, stops it, and puts it back after a crash.
 //!
-//! Threads: the caller's (a request waits there, GIL released), one reader per worker (it
-//! reads every frame: output into the block's capture, replies to their waiters, sub-calls
-//! to tasks on the shared tokio runtime that call the endpoint and answer, `rlm_query`
-//! children to threads kept for the next call (`threads.rs`); when the link closes it reaps
-//! the worker and wakes every waiter), and a task per block that turns the block's stop
-//! token into an interrupt.
+//! Threads: the caller's (a request waits there, GIL released), one reader per worker (a
+//! thread of the shared runtime's blocking pool, kept from one worker to the next: none is
+//! started on a child's path; from the start frame on, it reads the worker's `Ready`, which
+//! the session takes from it when first needed, then every frame: output into the block's
+//! capture, replies to their waiters, sub-calls to tasks on the shared tokio runtime that
+//! call the endpoint and answer, `rlm_query` children to threads kept for the next call
+//! (`threads.rs`); when the link closes it reaps the worker and wakes every waiter), and a
+//! task per block that turns the block's stop token into an interrupt.
 //!
 //! Stopping: the worker's own watchdog interrupts a block at its time limit or when told to
 //! ([`ToWorker::Interrupt`]); the worker says when interrupted code has returned. A block
@@ -83,6 +85,9 @@ const EXIT_WAIT: Duration = Duration::from_secs(2);
 /// Fresh workers tried when replaying ends the worker again.
 const RESTORE_ATTEMPTS: usize = 3;
 
+/// A worker's first frame after its start frame, as its link's reader read it.
+type FirstFrame = Result<FromWorker, FrameError>;
+
 /// The parent's side of an isolated session (see the [module docs](self)).
 #[derive(Debug)]
 pub(crate) struct WorkerSession {
@@ -122,14 +127,16 @@ pub(crate) struct WorkerSession {
     processes: std::sync::atomic::AtomicBool,
 }
 
-/// The session's worker: running; handed its session and not heard from yet (its `Ready`
-/// is read when the session is first needed); ended and not yet replaced; or never started.
+/// The session's worker: running; handed its session and not taken yet (its `Ready`, read
+/// by its link's reader as it comes, is taken when the session is first needed); ended and
+/// not yet replaced; or never started.
 #[derive(Debug)]
 enum Slot {
     Live(Arc<Worker>),
     Starting(Box<Handed>),
-    /// Its `Ready` being read by one request, outside the slot's lock (so that `interrupt`
-    /// does not wait for it); other requests wait for the outcome
+    /// Its `Ready` being taken (waited for, if it has not come) by one request, outside the
+    /// slot's lock (so that `interrupt` does not wait for it); other requests wait for the
+    /// outcome
     /// ([`WorkerSession::settled`]).
     Readying,
     Ended(WorkerEnd),
@@ -137,11 +144,13 @@ enum Slot {
     Failed(String),
 }
 
-/// A worker sent its session's start frame, whose `Ready` is still to be read.
+/// A worker sent its session's start frame, whose `Ready` its link's reader reads as it
+/// comes; the session takes it from there when first needed.
 #[derive(Debug)]
 struct Handed {
     worker: Arc<Worker>,
-    reader: BufReader<UnixStream>,
+    /// The worker's answer to its start frame, as its link's reader read it.
+    answer: Receiver<FirstFrame>,
     /// Whether the start frame (and the memfds) went out.
     sent: io::Result<()>,
     confinement: sandbox::Report,
@@ -171,8 +180,9 @@ impl WorkerSession {
 
     /// Like [`WorkerSession::start`], for a session whose caller has other work before its
     /// first block (an `rlm_query` child's first model call): the worker is taken and sent
-    /// its start frame, and its `Ready` is read only when the session is first needed (a
-    /// block, or any request), so the worker starts its session while the caller works. A
+    /// its start frame, and its `Ready` (read by its link's reader as it comes) is taken only
+    /// when the session is first needed (a block, or any request), so the worker starts its
+    /// session while the caller works. A
     /// worker that fails to start its session makes that first request fail with the error
     /// [`WorkerSession::start`] would have returned. The contexts' metadata, which the
     /// caller needs at once (its first prompt describes them), is rlm's own description of
@@ -342,14 +352,14 @@ impl WorkerSession {
     }
 
     /// A worker sent its session's start frame: `ready` (confined ahead of need), else a
-    /// new one ([`WorkerSession::hand_over_new`]). Its `Ready` is read by
+    /// new one ([`WorkerSession::hand_over_new`]). Its `Ready` is taken by
     /// [`WorkerSession::ready`].
     fn hand_over_any(
         &self,
         ready: Option<(Spawned, sandbox::Report)>,
     ) -> Result<Handed, ReplError> {
         match ready {
-            // Sending to a worker that ended meanwhile fails: that shows when `Ready` is read.
+            // Sending to a worker that ended meanwhile fails: that shows when `Ready` is taken.
             Some((spawned, confinement)) => self
                 .hand_over(spawned, Some(confinement))
                 .map_err(Failure::into_error),
@@ -371,7 +381,7 @@ impl WorkerSession {
         .map_err(Failure::into_error)
     }
 
-    /// `handed`'s `Ready`, read now: a worker of the pool that had ended is replaced by one
+    /// `handed`'s `Ready`, taken now: a worker of the pool that had ended is replaced by one
     /// forked from the template, a fork of the template or the spare that had by a new
     /// process.
     fn ready(
@@ -464,9 +474,10 @@ impl WorkerSession {
         let mut frame = Vec::new();
         let sent = write_frame(&mut frame, &ToWorker::Start(Box::new(start)))
             .and_then(|()| send_fds(&lock(&worker.writer), &self.shared.memfds, &frame));
+        let answer = self.start_reader(&worker, reader);
         Ok(Handed {
             worker,
-            reader,
+            answer,
             sent,
             confinement,
             spare,
@@ -474,28 +485,25 @@ impl WorkerSession {
         })
     }
 
-    /// Reads the `Ready` of a worker handed its session, and starts reading its link.
+    /// The `Ready` of a worker handed its session, as its link's reader read it (waited for,
+    /// if it has not come yet).
     fn await_ready(
         &self,
         handed: Handed,
     ) -> Result<(Arc<Worker>, Vec<ContextMetadata>, sandbox::Report), Failure> {
         let Handed {
             worker,
-            mut reader,
+            answer,
             sent,
             confinement,
             spare,
             ..
         } = handed;
-        let mut buffer = Vec::new();
         let ready = sent
             .map_err(FrameError::Io)
-            .and_then(|()| without_gil(|| read_frame::<FromWorker>(&mut reader, &mut buffer)));
+            .and_then(|()| without_gil(move || answer.recv().unwrap_or(Err(FrameError::Closed))));
         match ready {
-            Ok(FromWorker::Ready { contexts }) => {
-                self.start_reader(&worker, reader);
-                Ok((worker, contexts, confinement))
-            }
+            Ok(FromWorker::Ready { contexts }) => Ok((worker, contexts, confinement)),
             answer => Err(self.not_started(&worker, answer, spare)),
         }
     }
@@ -545,7 +553,16 @@ impl WorkerSession {
         }
     }
 
-    fn start_reader(&self, worker: &Arc<Worker>, reader: BufReader<UnixStream>) {
+    /// Has `worker`'s link read from now on, by a thread of the shared runtime's blocking pool
+    /// (one idle since an earlier worker's end, not one started on a child's path): its
+    /// answer to the start frame just sent, handed back through the returned channel, then,
+    /// once that was `Ready`, every frame until the link closes ([`read_worker`]). A worker
+    /// that answered anything else is left to the session (`not_started` ends and reaps it).
+    fn start_reader(
+        &self,
+        worker: &Arc<Worker>,
+        mut reader: BufReader<UnixStream>,
+    ) -> Receiver<FirstFrame> {
         let services = Services {
             endpoints: Arc::clone(&self.endpoints),
             sub_endpoint: self.config.sub_endpoint.clone(),
@@ -559,19 +576,25 @@ impl WorkerSession {
             child_threads: Threads::new("rlm-children"),
         };
         let worker = Arc::clone(worker);
-        let spawned = std::thread::Builder::new()
-            .name(format!("rlm-worker-link-{}", worker.pid))
-            .spawn(move || read_worker(&worker, reader, &services));
-        if let Err(e) = spawned {
-            tracing::error!("cannot read a worker's link ({e}); it is ended");
-        }
+        let (answered, answer) = mpsc::channel();
+        // Dropped unrun (the runtime is shutting down), the channel closes: the session sees
+        // the worker as not started, and ends it. Not awaited: it runs as long as the link.
+        drop(runtime::shared().spawn_blocking(move || {
+            let first = read_frame::<FromWorker>(&mut reader, &mut Vec::new());
+            let ready = matches!(first, Ok(FromWorker::Ready { .. }));
+            let _ = answered.send(first);
+            if ready {
+                read_worker(&worker, reader, &services);
+            }
+        }));
+        answer
     }
 
     /// The running worker; one that ended since is replaced first (restored).
     fn live(&self, stop: Option<&CancellationToken>) -> Result<Arc<Worker>, ReplError> {
         let ended = {
             let mut slot = lock(&self.worker);
-            // Another request reads the worker's `Ready`: its outcome is this one's too.
+            // Another request takes the worker's `Ready`: its outcome is this one's too.
             while matches!(*slot, Slot::Readying) {
                 slot = self
                     .settled
@@ -1168,13 +1191,26 @@ impl Drop for WorkerSession {
                     worker.wait_end(EXIT_WAIT);
                 }
             }),
-            // Handed its session and never needed: no reader reaps it, so the closing does
-            // (after `REAP_WAIT`, killed). It exits once it reads the shutdown.
+            // Handed its session and never needed: once it said `Ready`, its link's reader reads
+            // on and reaps it as a running one's does; one that did not (it failed, or is
+            // killed for not answering within `REAP_WAIT`) is reaped here.
             Slot::Starting(handed) => Box::new(move || {
-                let _ = handed.worker.send(&ToWorker::Shutdown);
-                let Handed { worker, reader, .. } = *handed;
-                drop(reader);
-                worker.reap();
+                let Handed { worker, answer, .. } = *handed;
+                let _ = worker.send(&ToWorker::Shutdown);
+                let mut first = answer.recv_timeout(REAP_WAIT);
+                if first.is_err() {
+                    worker.kill();
+                    first = answer.recv_timeout(REAP_WAIT);
+                }
+                if let Ok(Ok(FromWorker::Ready { .. })) = first {
+                    if !worker.wait_end(EXIT_WAIT) {
+                        worker.kill();
+                        worker.wait_end(EXIT_WAIT);
+                    }
+                } else {
+                    worker.kill();
+                    worker.reap();
+                }
             }),
             Slot::Readying | Slot::Ended(_) | Slot::Failed(_) => Box::new(|| {}),
         };
@@ -2091,7 +2127,7 @@ mod tests {
     use super::*;
     use crate::repl::config::Isolation;
     use crate::repl::source::ContextSource;
-    use crate::repl::worker::spawn::Output;
+    use crate::repl::worker::spawn::{Output, receive_fds};
 
     /// What stands in for a worker: the link's other end, and the process to end.
     struct FakeWorker {
@@ -2124,7 +2160,7 @@ mod tests {
     }
 
     /// A session over `inputs` in the state `start_ready_later` leaves it: its worker handed
-    /// its start frame, its `Ready` not read yet, the contexts described by rlm. Its worker
+    /// its start frame, its `Ready` not taken yet, the contexts described by rlm. Its worker
     /// program does not exist: a session that tried to start another worker fails.
     #[allow(clippy::zombie_processes)] // The session reaps `sleep` as its worker.
     fn handed_session(inputs: &[ContextInput]) -> (Arc<WorkerSession>, FakeWorker) {
@@ -2175,8 +2211,50 @@ mod tests {
     const SETTLE: Duration = Duration::from_millis(200);
 
     #[test]
+    fn a_handed_workers_link_is_read_from_its_start_frame_on_not_from_the_sessions_first_use() {
+        // Its `Ready` is read by its link's reader as it comes, and every frame after it: a
+        // sub-call the worker asks before the session was ever used is answered (here: no
+        // such endpoint), and the session's first use then finds the worker ready.
+        let (session, mut worker) = handed_session(&[]);
+        worker.say(&FromWorker::Ready {
+            contexts: Vec::new(),
+        });
+        worker.say(&FromWorker::Call {
+            call: 7,
+            endpoint: Some("nowhere".to_owned()),
+            prompt: "hello".to_owned(),
+        });
+        let link = &worker.link;
+        link.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("a read timeout");
+        let memfds = receive_fds(link).expect("the contexts' memfds");
+        assert!(memfds.is_empty());
+        let start = read_frame::<ToWorker>(&mut &*link, &mut Vec::new());
+        assert!(matches!(start, Ok(ToWorker::Start(_))), "{start:?}");
+        let answer = read_frame::<ToWorker>(&mut &*link, &mut Vec::new());
+        assert!(
+            matches!(
+                answer,
+                Ok(ToWorker::Answer {
+                    call: 7,
+                    answer: Err(_)
+                })
+            ),
+            "the worker's call was not answered before the session's first use: {answer:?}"
+        );
+        assert!(
+            matches!(*lock(&session.worker), Slot::Starting(_)),
+            "the session was used"
+        );
+        assert_eq!(
+            session.live(None).map(|w| w.pid).map_err(|e| e.to_string()),
+            Ok(worker.pid)
+        );
+    }
+
+    #[test]
     fn two_requests_at_a_starting_worker_both_get_it_once_it_is_ready() {
-        // One request reads the worker's `Ready`; the other, at the same time, must wait for
+        // One request takes the worker's `Ready`; the other, at the same time, must wait for
         // it, not find the slot empty and start a worker of its own (which, here, fails).
         let (session, mut worker) = handed_session(&[]);
         let requests: Vec<_> = (0..2)
@@ -2212,7 +2290,7 @@ mod tests {
             let session = Arc::clone(&session);
             std::thread::spawn(move || session.exec("x = 1", None).map(|_| ()))
         };
-        // The block took the worker to read its `Ready` before the other request comes.
+        // The block took the worker to take its `Ready` before the other request comes.
         let deadline = Instant::now() + Duration::from_secs(10);
         while matches!(*lock(&session.worker), Slot::Starting(_)) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
