@@ -14,7 +14,9 @@
 //! else, it is reset, with a note on stderr), other reserved names that were rebound or deleted
 //! are restored (with a note), a ready `answer` that bypassed the dict hooks is recorded, and
 //! the result collects the captured output, sub-calls (ledger records since the block started),
-//! variables and the final answer recorded during the block.
+//! variables and the final answer recorded during the block. A block's start and its end are
+//! one Python call each (`begin_block`, `finish_block`): in a worker that waited idle for its
+//! child's model, every distinct call and lookup is paid in cold caches (in the bench guide).
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -29,7 +31,9 @@ use super::error::ReplError;
 use super::interpreter::interpreter;
 use super::interrupt::{ArmRequest, InterruptReason};
 use super::local::SessionState;
-use super::metadata::{ExecError, ExecutionResult, FinalAnswer, FinalSource};
+use super::metadata::{
+    ExecError, ExecutionResult, FinalAnswer, FinalSource, VariableInfo, VariableRow,
+};
 use super::plain::is_plain;
 
 /// The block [`SessionState::warm_up`] runs: statements of the kinds a model's blocks are
@@ -52,7 +56,6 @@ impl SessionState {
     ) -> Result<ExecutionResult, ReplError> {
         let started = Instant::now();
         let fail = |e: PyErr| ReplError::internal("running a block", e);
-        let support = interpreter(py)?.support(py);
         self.blocks += 1;
         // Until the block's end says otherwise, it may have started processes.
         self.processes.store(true, Ordering::Relaxed);
@@ -95,13 +98,17 @@ impl SessionState {
         if let Some(error) = &error {
             stderr.get().push(&error.traceback);
         }
-        // Tidy the namespace: `answer` first (a rebound mapping becomes the answer slot).
-        let (slot, note): (Bound<'_, PyAny>, Option<String>) = support
-            .call_method1(
-                "settle_answer",
-                (&session, self.answer.bind(py), &globals, answer_before),
+        // The block's end in one Python call: `answer` settled (a rebound mapping becomes the
+        // answer slot), the final answers it recorded, its output routing ended, the processes
+        // it started joined to the session's (an interrupted block's stopped), the variables.
+        let (slot, note, finals, held, rows) = scope
+            .finish(
+                self.answer.bind(py),
+                &globals,
+                self.reserved_set.bind(py),
+                answer_before,
+                interrupt.is_some(),
             )
-            .and_then(|settled| settled.extract())
             .map_err(fail)?;
         if let Some(note) = note {
             stderr.get().push(&format!("{note}\n"));
@@ -109,17 +116,10 @@ impl SessionState {
         self.set_answer_slot(slot.unbind());
         self.restore_reserved(&globals, stderr.get())
             .map_err(fail)?;
-        let final_answers = recorded_finals(&session).map_err(fail)?;
-        scope.end().map_err(fail)?;
-        // The processes the block started join the session's; an interrupted block's stop.
-        let held: bool = session
-            .call_method1("settle_processes", (interrupt.is_some(),))
-            .and_then(|held| held.extract())
-            .map_err(fail)?;
         self.processes.store(held, Ordering::Relaxed);
-
+        let final_answers = finals.into_iter().map(final_answer).collect();
+        let variables: Vec<_> = rows.into_iter().map(VariableInfo::from_row).collect();
         // Listed are the user's names, those `begin_block` read before the block.
-        let variables = self.variables(py)?;
         let new_variables = variables
             .iter()
             .filter(|v| !names_before.contains(&v.name))
@@ -427,25 +427,26 @@ fn interrupt_text(reason: InterruptReason, limit: Duration, setting: &str) -> (S
     }
 }
 
-/// The final answers the block recorded, one per convention.
-fn recorded_finals(session: &Bound<'_, PyAny>) -> PyResult<Vec<FinalAnswer>> {
-    let items: Vec<(String, String)> = session
-        .getattr("finals")?
-        .call_method0("items")?
-        .try_iter()?
-        .map(|i| i?.extract())
-        .collect::<PyResult<_>>()?;
-    Ok(items
-        .into_iter()
-        .map(|(source, value)| FinalAnswer {
-            value,
-            source: if source == "answer" {
-                FinalSource::AnswerDict
-            } else {
-                FinalSource::FinalVar
-            },
-        })
-        .collect())
+/// What `finish_block` returns: the answer slot from now on, a note for the block's stderr,
+/// the final answers the block recorded, whether the session holds processes, the variables.
+type Finished<'py> = (
+    Bound<'py, PyAny>,
+    Option<String>,
+    Vec<(String, String)>,
+    bool,
+    Vec<VariableRow>,
+);
+
+/// A final answer `finish_block` read: (convention, text).
+fn final_answer((source, value): (String, String)) -> FinalAnswer {
+    FinalAnswer {
+        value,
+        source: if source == "answer" {
+            FinalSource::AnswerDict
+        } else {
+            FinalSource::FinalVar
+        },
+    }
 }
 
 /// A block's output routing in the support module's `Session`: begun with the block's
@@ -475,9 +476,21 @@ impl<'a, 'py> BlockScope<'a, 'py> {
         Ok((scope, names, answer_before))
     }
 
-    fn end(mut self) -> PyResult<()> {
+    /// Ends the block with its end's work (the support module's `finish_block`).
+    fn finish(
+        mut self,
+        own: &Bound<'py, PyAny>,
+        globals: &Bound<'py, PyDict>,
+        reserved: &Bound<'py, PyFrozenSet>,
+        answer_before: Bound<'py, PyAny>,
+        interrupted: bool,
+    ) -> PyResult<Finished<'py>> {
+        let finished = self.session.call_method1(
+            "finish_block",
+            (own, globals, reserved, answer_before, interrupted),
+        )?;
         self.ended = true;
-        self.session.call_method0("end_block").map(drop)
+        finished.extract()
     }
 }
 

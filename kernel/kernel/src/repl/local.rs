@@ -31,7 +31,7 @@ use super::context::{LoadedContext, load_context};
 use super::error::ReplError;
 use super::interpreter::{self, interpreter, without_gil};
 use super::interrupt::{BlockEvents, Watchdog};
-use super::metadata::{ContextMetadata, ExecutionResult, VariableInfo};
+use super::metadata::{ContextMetadata, ExecutionResult, VariableInfo, VariableRow};
 use super::natives::{LlmQuery, LlmQueryBatched, SubCallRoute, SubModelBridge};
 use super::source::{ContextInput, LoadOptions};
 
@@ -1079,17 +1079,9 @@ impl SessionState {
                 "list_variables",
                 (self.globals.bind(py), self.reserved_set.bind(py)),
             )
-            .and_then(|rows| rows.extract::<Vec<(String, String, Option<usize>, String)>>())
+            .and_then(|rows| rows.extract::<Vec<VariableRow>>())
             .map_err(|e| ReplError::internal("listing variables", e))?;
-        Ok(rows
-            .into_iter()
-            .map(|(name, type_name, size, preview)| VariableInfo {
-                name,
-                type_name,
-                size,
-                preview,
-            })
-            .collect())
+        Ok(rows.into_iter().map(VariableInfo::from_row).collect())
     }
 
     fn reset_answer(&mut self, py: Python<'_>) -> Result<(), ReplError> {

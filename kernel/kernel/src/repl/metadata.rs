@@ -371,7 +371,20 @@ pub struct VariableInfo {
     pub preview: String,
 }
 
+/// A row of the support module's `list_variables`: name, type name, size, preview.
+pub(crate) type VariableRow = (String, String, Option<usize>, String);
+
 impl VariableInfo {
+    /// The variable a [`VariableRow`] lists.
+    pub(crate) fn from_row((name, type_name, size, preview): VariableRow) -> Self {
+        Self {
+            name,
+            type_name,
+            size,
+            preview,
+        }
+    }
+
     /// Replaces every secret `redactor` knows in the preview.
     pub fn redact(&mut self, redactor: &Redactor) {
         redactor.redact_in_place(&mut self.preview);

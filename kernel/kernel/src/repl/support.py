@@ -168,6 +168,20 @@ class Session:
                 self.block_since = _boot_ticks()
                 self.block_children = _direct_children()
 
+    def finish_block(self, own, globals_, reserved, before, interrupted):
+        """A block's end in one call: `settle_answer`, then the final answers it recorded, the
+        output routing ended (also when settling fails), `settle_processes` and the
+        variables listing. Returns (slot, note, finals, held, variables): `settle_answer`'s
+        two, the recorded [(convention, text)], whether the session holds processes, and
+        `list_variables`."""
+        try:
+            slot, note = settle_answer(self, own, globals_, before)
+            finals = list(self.finals.items())
+        finally:
+            self.end_block()
+        held = self.settle_processes(interrupted)
+        return slot, note, finals, held, list_variables(globals_, reserved)
+
     def end_block(self):
         self.stdout = None
         self.stderr = None

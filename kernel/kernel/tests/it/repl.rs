@@ -605,6 +605,36 @@ fn final_var_records_a_value_or_a_named_variable() {
 }
 
 #[test]
+fn a_block_end_notes_the_answer_first_restores_reserved_names_and_lists_new_variables() {
+    let s = session();
+    let r = ok(&s, "llm_query = 1\nanswer = 2\nkept = 3");
+    let answer = r
+        .stderr
+        .find("`answer` must stay a dict; it was int")
+        .expect("the answer's note");
+    let other = r
+        .stderr
+        .find("`llm_query` is reserved by the REPL and was restored")
+        .expect("the other reserved name's note");
+    assert!(answer < other, "{}", r.stderr);
+    assert_eq!(r.new_variables, ["kept"]);
+    let names: Vec<_> = r.variables.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(names, ["kept"]);
+    let r = ok(
+        &s,
+        "answer['content'] = 'done'\nanswer['ready'] = True\nprint(callable(llm_query))",
+    );
+    assert_eq!(r.stdout, "True\n");
+    assert!(r.new_variables.is_empty(), "{:?}", r.new_variables);
+    let finals: Vec<_> = r
+        .final_answers
+        .iter()
+        .map(|a| (a.source, a.value.as_str()))
+        .collect();
+    assert_eq!(finals, [(FinalSource::AnswerDict, "done")]);
+}
+
+#[test]
 fn show_vars_and_variables_list_user_variables() {
     let s = session_with(&[ContextSource::Text("ctx".into())]);
     let r = ok(
