@@ -18,12 +18,13 @@
 //! one Python call each (`begin_block`, `finish_block`): in a worker that waited idle for its
 //! child's model, every distinct call and lookup is paid in cold caches (in the bench guide).
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyCode, PyCodeMethods, PyDict, PyFrozenSet, PyList, PyString};
+use pyo3::types::{PyCode, PyCodeMethods, PyDict, PyFrozenSet, PyList, PyModule};
 use tokio_util::sync::CancellationToken;
 
 use super::capture::{OutputCapture, Stream};
@@ -223,7 +224,7 @@ impl SessionState {
         let support = interpreter(py)?.support(py);
         let session = self.py_session.bind(py);
         let compiled = if is_plain(code) {
-            compile_plain(py, code, filename).map(|body| (body, None))
+            compile_plain(py, support, code, filename).map(|body| (body, None))
         } else {
             support
                 .call_method1("compile_block", (session, code, filename))
@@ -372,22 +373,36 @@ fn exit_forked_child(py: Python<'_>, outcome: PyResult<()>) -> ! {
 
 /// Compiles a [plain](is_plain) block from its source, as `compile_block` would compile its
 /// tree: the same code, its lines in `linecache` for tracebacks, nothing recorded.
-fn compile_plain<'py>(py: Python<'py>, code: &str, filename: &str) -> PyResult<Bound<'py, PyCode>> {
-    let source = PyString::new(py, code);
-    let lines = source
-        .call_method1("splitlines", (true,))?
-        .cast_into::<PyList>()?;
-    if !code.is_empty() && !code.ends_with('\n') {
-        let last = lines.len() - 1;
-        lines.set_item(last, format!("{}\n", lines.get_item(last)?))?;
+///
+/// The lines go into the support module's own `linecache` and `compile` is read from the
+/// builtins: no module is looked up by name on the path of a block whose worker waited idle,
+/// where importing `linecache` took most of the ~35 µs of its lines, cold (in the bench guide).
+fn compile_plain<'py>(
+    py: Python<'py>,
+    support: &Bound<'py, PyModule>,
+    code: &str,
+    filename: &str,
+) -> PyResult<Bound<'py, PyCode>> {
+    // As `str.splitlines(True)` splits a plain (ASCII, no `\r` or `\x0c`) source.
+    let mut lines: Vec<Cow<'_, str>> = code
+        .split_inclusive(['\n', '\x0b', '\x1c', '\x1d', '\x1e'])
+        .map(Cow::Borrowed)
+        .collect();
+    if let Some(last) = lines.last_mut()
+        && !code.ends_with('\n')
+    {
+        last.to_mut().push('\n');
     }
-    py.import("linecache")?
-        .getattr("cache")?
-        .set_item(filename, (code.len(), py.None(), &lines, filename))?;
-    let builtins = py.import("builtins")?;
-    Ok(builtins
-        .getattr("compile")?
-        .call1((source, filename, "exec", 0, true))?
+    support.getattr("linecache")?.getattr("cache")?.set_item(
+        filename,
+        (code.len(), py.None(), PyList::new(py, lines)?, filename),
+    )?;
+    // SAFETY: with the GIL held, a borrowed reference to the builtins dict (of the running
+    // frame, or the interpreter's when none runs).
+    let builtins = unsafe { Bound::from_borrowed_ptr_or_err(py, pyo3::ffi::PyEval_GetBuiltins())? };
+    let compile = builtins.get_item("compile")?;
+    Ok(compile
+        .call1((code, filename, "exec", 0, true))?
         .cast_into::<PyCode>()?)
 }
 
@@ -525,6 +540,7 @@ mod tests {
                 "if x:\n    y = [1,\n         2]\nelse:\n    del x",
                 "",
                 "x: int = 3\ny = 1 if x else 2",
+                "s = 'a\x0bb\x1cc\x1dd\x1ee'\nt = 1",
             ] {
                 assert!(is_plain(source), "{source:?}");
                 let (tree_body, expr): (Bound<'_, PyCode>, Option<Bound<'_, PyCode>>) = support
@@ -532,7 +548,7 @@ mod tests {
                     .extract()?;
                 assert!(expr.is_none(), "{source:?}");
                 let tree_lines = cache.call_method1("pop", (name,))?;
-                let plain_body = compile_plain(py, source, name)?;
+                let plain_body = compile_plain(py, support, source, name)?;
                 let plain_lines = cache.call_method1("pop", (name,))?;
                 // Code objects compare their bytecode, constants, names and line tables.
                 assert!(plain_body.eq(&tree_body)?, "{source:?}");
