@@ -48,6 +48,7 @@ use super::protocol::{
 use super::spawn::{WORKER_ARG, receive_fds, take_link_fd};
 use super::template::serve_forks;
 use super::transfer::share_module;
+use super::turns::{Frames, Readable, Wakeup, wait_for};
 use crate::repl::capture::{OutputSink, Stream};
 use crate::repl::context::{
     LoadedContext, load_context, load_encoded, load_live_value, load_text_bytes,
@@ -167,7 +168,7 @@ fn serve() -> Result<(), String> {
     };
     match start_session(&inbox, prepared, *start, memfds) {
         Ok(session) => {
-            run(&inbox, &session, Frames { reader, buffer });
+            run(&inbox, &session, Frames::new(reader, buffer));
             end_served()
         }
         Err(error) => link
@@ -504,54 +505,17 @@ fn run(inbox: &Inbox, session: &LocalSession, frames: Frames) {
     inbox.link.close();
 }
 
-/// The link's reader and its frame buffer: whoever has the turn holds them.
-struct Frames {
-    reader: BufReader<UnixStream>,
-    buffer: Vec<u8>,
-}
-
-impl Frames {
-    /// The next frame, or `None` once the session thread claims the turn (it is idle): the
-    /// main thread waits on the link and on the claim at once.
-    fn next_or_claim(&mut self, inbox: &Inbox) -> Option<Result<ToWorker, FrameError>> {
-        // Bytes already read ahead may hold the next frame: the link would not say so.
-        if self.reader.buffer().is_empty() {
-            let mut fds = [
-                libc::pollfd {
-                    fd: self.reader.get_ref().as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: inbox.claim.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
-            // SAFETY: polls two open descriptors, the array's length given.
-            let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-            if ready < 0 {
-                let error = std::io::Error::last_os_error();
-                if error.kind() == std::io::ErrorKind::Interrupted {
-                    return None;
-                }
-                return Some(Err(FrameError::Io(error)));
-            }
-            if fds[1].revents & (libc::POLLNVAL | libc::POLLERR) != 0 {
-                // The model's code closed it: the worker can no longer take turns.
-                let lost = std::io::Error::other("the link's claim descriptor was closed");
-                return Some(Err(FrameError::Io(lost)));
-            }
-            if fds[1].revents != 0 {
-                inbox.clear_claim();
-                return None;
-            }
-            if fds[0].revents == 0 {
-                return None;
-            }
+/// The next frame the main thread reads, or `None` once the session thread claims the turn
+/// (it is idle): the main thread waits on the link and the claim at once.
+fn next_or_claim(frames: &mut Frames, claim: &Wakeup) -> Option<Result<ToWorker, FrameError>> {
+    if !frames.read_ahead() {
+        match wait_for(frames.fd(), claim) {
+            Ok(Readable::Link) => {}
+            Ok(Readable::Woken) => return None,
+            Err(e) => return Some(Err(FrameError::Io(e))),
         }
-        Some(read_frame(&mut self.reader, &mut self.buffer))
     }
+    Some(frames.read())
 }
 
 /// The link's incoming side, read in turns: by the main thread, and by the session thread
@@ -567,9 +531,9 @@ struct Inbox {
     link: Arc<Link>,
     turn: Mutex<Turn>,
     turned: Condvar,
-    /// An eventfd the session thread writes when it claims the turn from the main thread
-    /// waiting on the link.
-    claim: OwnedFd,
+    /// Woken by the session thread when it claims the turn from the main thread waiting on
+    /// the link.
+    claim: Wakeup,
     /// The exec being run, or the last one: an interrupt names the exec it is for.
     current: Mutex<Option<(u64, CancellationToken)>>,
 }
@@ -612,18 +576,11 @@ enum Awaited {
 
 impl Inbox {
     fn new(link: Arc<Link>) -> std::io::Result<Self> {
-        // SAFETY: creates a new descriptor, owned below.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a fresh descriptor nothing else owns.
-        let claim = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         Ok(Self {
             link,
             turn: Mutex::new(Turn::default()),
             turned: Condvar::new(),
-            claim,
+            claim: Wakeup::new()?,
             current: Mutex::new(None),
         })
     }
@@ -637,7 +594,7 @@ impl Inbox {
                     if lock(&self.turn).claimed {
                         lock(&self.turn).frames = mine.take();
                         self.turned.notify_all();
-                    } else if let Some(frame) = frames.next_or_claim(self) {
+                    } else if let Some(frame) = next_or_claim(frames, &self.claim) {
                         return self.dispatch(frame);
                     }
                 }
@@ -669,32 +626,12 @@ impl Inbox {
         }
     }
 
-    fn clear_claim(&self) {
-        let mut count = 0u64;
-        // SAFETY: reads 8 bytes into a u64 from an open, non-blocking eventfd.
-        unsafe {
-            libc::read(
-                self.claim.as_raw_fd(),
-                std::ptr::addr_of_mut!(count).cast(),
-                std::mem::size_of::<u64>(),
-            );
-        }
-    }
-
     /// The session thread, idle, takes the reader (the main thread told if it holds it).
     fn claim_turn(&self) -> Frames {
         let mut turn = lock(&self.turn);
         turn.claimed = true;
         if turn.frames.is_none() {
-            let one = 1u64;
-            // SAFETY: writes 8 bytes from a u64 to an open eventfd.
-            unsafe {
-                libc::write(
-                    self.claim.as_raw_fd(),
-                    std::ptr::addr_of!(one).cast(),
-                    std::mem::size_of::<u64>(),
-                );
-            }
+            self.claim.wake();
         }
         loop {
             if let Some(frames) = turn.frames.take() {
@@ -797,8 +734,7 @@ impl JobSource for Inbox {
                 return Ok(job);
             }
             loop {
-                let frame = read_frame(&mut frames.reader, &mut frames.buffer);
-                match self.dispatch(frame) {
+                match self.dispatch(frames.read()) {
                     Action::Job(job) => {
                         self.give_back(frames, None);
                         return Ok(job);
@@ -1155,10 +1091,7 @@ mod tests {
         let (did, main_did) = mpsc::channel();
         let main_inbox = Arc::clone(&inbox);
         std::thread::spawn(move || {
-            let mut mine = Some(Frames {
-                reader: BufReader::new(worker),
-                buffer: Vec::new(),
-            });
+            let mut mine = Some(Frames::new(BufReader::new(worker), Vec::new()));
             loop {
                 let done = match main_inbox.next_action(&mut mine) {
                     Action::Job(job) => {
