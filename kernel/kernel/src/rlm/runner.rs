@@ -1086,8 +1086,7 @@ impl ChildRuns {
         let (outcome, rlm) = match self.start(&model, context, max_iterations, cancel) {
             Ok((mut rlm, stop_watch)) => {
                 let outcome = rlm.run(&prompt).map_err(|e| e.to_string());
-                stop_watch.cancel();
-                (outcome, Some(rlm))
+                (outcome, Some((rlm, stop_watch)))
             }
             Err(message) => (Err(message), None),
         };
@@ -1117,10 +1116,14 @@ impl ChildRuns {
             outcome,
             rlm,
         } = ended;
-        // Its worker (with isolation on) is handed to the closer, or ended here past its
+        // Its stop watcher ends (stopping a child that ended meanwhile changes nothing), and
+        // its worker (with isolation on) is handed to the closer, or ended here past its
         // backlog: before the node is added, so that the end of the parent's block, which
         // waits for the node, finds it closed (`take`).
-        drop(rlm);
+        if let Some((rlm, stop_watch)) = rlm {
+            stop_watch.cancel();
+            drop(rlm);
+        }
         let chars = self.session.sub_call_text_chars;
         let node = match outcome {
             Ok(result) => ChildRun::from_result(index, self.depth, model, &prompt, result, chars),
@@ -1328,8 +1331,9 @@ struct Ended {
     prompt: String,
     /// Its result, or why it could not run.
     outcome: Result<RlmResult, String>,
-    /// Its loop and session (`None`: it could not start).
-    rlm: Option<Rlm>,
+    /// Its loop and session, and the token that ends its stop watcher (`None`: it could
+    /// not start).
+    rlm: Option<(Rlm, CancellationToken)>,
 }
 
 /// A child's answer from its slot: a child that never put one there did not finish.
