@@ -1172,11 +1172,20 @@ mod tests {
             assert!(done.is_err(), "the main thread did {done:?}");
         }
 
-        /// Waits until the idle session thread reads the link: frames that need nothing
-        /// from either thread (the answer to no call) go out until one is not read by the main
-        /// thread.
+        /// Waits until the idle session thread reads the link: once it has claimed the turn,
+        /// frames that need nothing from either thread (the answer to no call) go out until
+        /// one is not read by the main thread. Bounded in time, not in frames: on a loaded
+        /// machine the session thread may not run for a while after it is told to go idle.
         fn until_the_session_thread_reads(&self) {
-            for _ in 0..50 {
+            let deadline = std::time::Instant::now() + WAIT;
+            while !lock(&self.inbox.turn).claimed {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the idle session thread never claimed the link's reader"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            while std::time::Instant::now() < deadline {
                 self.send(&ToWorker::Answer {
                     call: u64::MAX,
                     answer: Ok(String::new()),
