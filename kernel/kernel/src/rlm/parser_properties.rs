@@ -6,16 +6,16 @@
 //! parsers care about (fences, `FINAL(`, parentheses, quotes, newlines). The seed is fixed so a
 //! failure reproduces; `PROPTEST_CASES` raises the number of cases. Run with `--no-capture` to
 //! see the executions and the worst time per MB on adversarial 1 MB replies. Linear time is
-//! asserted by counting the bytes the `FINAL` scan examines, never by timing; the code-block
-//! pattern runs on the `regex` crate, whose searches are linear by construction, and the output
-//! shows its time per MB at 100 KB and at 1 MB side by side.
+//! asserted by counting the bytes the scans examine, never by timing; the output shows the time
+//! per MB at 100 KB and at 1 MB side by side. The code blocks are matched by hand: they must be
+//! the matches the `regex` crate finds for the same pattern, whatever the reply.
 
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
-use super::blocks::extract_code_blocks;
+use super::blocks::{extract_code_blocks, extract_counting, prose_outside_blocks};
 use super::final_answer::{
     CodeAndFinal, CompletionRules, FinalText, Protocol, ReplyCode, check_completion, scan_counting,
     scan_final_lines,
@@ -60,6 +60,15 @@ fn prose_soup() -> impl Strategy<Value = String> {
         .filter(|t| !t.contains("FINAL"))
         .collect();
     prop::collection::vec(prop::sample::select(tokens), 0..200).prop_map(|t| t.concat())
+}
+
+/// Replies made of tags, fences and whitespace only (Unicode's too): where the pattern gives
+/// back whitespace to close a block.
+fn fence_soup() -> impl Strategy<Value = String> {
+    const PIECES: &[&str] = &[
+        "```repl", "```", "`", "\n", " ", "\t", "\r", "\u{a0}", "\u{2028}", "x", "repl",
+    ];
+    prop::collection::vec(prop::sample::select(PIECES), 0..40).prop_map(|t| t.concat())
 }
 
 fn any_reply() -> impl Strategy<Value = String> {
@@ -135,7 +144,14 @@ fn parsers_hold_their_properties_on_any_reply() {
             work,
             reply.len()
         );
-        let blocks = extract_code_blocks(&reply);
+        let mut block_work = 0;
+        let blocks = extract_counting(&reply, &mut block_work);
+        prop_assert!(
+            block_work <= 3 * reply.len() + 3,
+            "block search {} for {} bytes",
+            block_work,
+            reply.len()
+        );
         prop_assert!(blocks.len() <= reply.matches("```repl").count());
         for (i, block) in blocks.iter().enumerate() {
             prop_assert_eq!(block.index, i);
@@ -143,6 +159,29 @@ fn parsers_hold_their_properties_on_any_reply() {
         }
         Ok(())
     });
+
+    // The blocks are the pattern's matches, as a regex engine finds them.
+    let pattern = regex::Regex::new(r"(?s)```repl\s*\n(.*?)\n```").expect("the pattern");
+    for strategy in [any_reply().boxed(), fence_soup().boxed()] {
+        executions += check(strategy, n, |reply| {
+            let codes: Vec<String> = extract_code_blocks(&reply)
+                .into_iter()
+                .map(|b| b.code)
+                .collect();
+            let matched: Vec<String> = pattern
+                .captures_iter(&reply)
+                .map(|c| c.get(1).map_or("", |m| m.as_str()).to_owned())
+                .collect();
+            prop_assert_eq!(codes, matched, "reply: {:?}", &reply);
+            prop_assert_eq!(
+                prose_outside_blocks(&reply),
+                pattern.replace_all(&reply, "\n").into_owned(),
+                "reply: {:?}",
+                &reply
+            );
+            Ok(())
+        });
+    }
 
     // Never final without a final-answer line or code, whatever the rules and the namespace.
     executions += check(any_reply(), n, |reply| {
@@ -198,6 +237,11 @@ fn adversarial(size: usize) -> Vec<(&'static str, String)> {
     vec![
         ("unclosed repl fences", fill("```repl\n")),
         ("closed repl blocks", fill("```repl\nx\n```\n")),
+        ("repl fences never closed", fill("```repl\na")),
+        (
+            "whitespace after one fence",
+            format!("```repl{}", " \n".repeat(size / 2)),
+        ),
         (
             "one FINAL with unclosed parentheses",
             format!("FINAL({}", "(".repeat(size)),
@@ -236,20 +280,25 @@ fn adversarial_megabyte_replies_parse_in_linear_work() {
     let mut worst = Duration::ZERO;
     let small = adversarial(MB / 10);
     for ((name, reply), (_, tenth)) in adversarial(MB).into_iter().zip(small) {
-        // Counted, not timed: the FINAL scan examines each byte at most three times.
-        let mut work = 0;
+        // Counted, not timed: the FINAL scan and the blocks' search each examine each byte at
+        // most three times.
+        let (mut work, mut block_work) = (0, 0);
         scan_counting(&reply, &mut work);
-        assert!(
-            work <= 3 * reply.len() + 3,
-            "{name}: {work} bytes examined for {} bytes",
-            reply.len()
-        );
+        extract_counting(&reply, &mut block_work);
+        for (examined, by) in [(work, "the FINAL scan"), (block_work, "the blocks' search")] {
+            assert!(
+                examined <= 3 * reply.len() + 3,
+                "{name}: {examined} bytes examined by {by} in {} bytes",
+                reply.len()
+            );
+        }
         let per_mb = |text: &str| parse_time(text).mul_f64(MB as f64 / text.len() as f64);
         let (at_1mb, at_100kb) = (per_mb(&reply), per_mb(&tenth));
         worst = worst.max(at_1mb);
         println!(
-            "{name}: scan work {:.2} per byte; {:.1} ms per MB at 1 MB, {:.1} at 100 KB",
+            "{name}: scan work {:.2}, block search {:.2} per byte; {:.1} ms per MB at 1 MB, {:.1} at 100 KB",
             work as f64 / reply.len() as f64,
+            block_work as f64 / reply.len() as f64,
             at_1mb.as_secs_f64() * 1000.0,
             at_100kb.as_secs_f64() * 1000.0,
         );
