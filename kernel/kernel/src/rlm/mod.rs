@@ -125,7 +125,7 @@ mod progress;
 mod prompts;
 mod runner;
 #[cfg(test)]
-mod test_support;
+pub(crate) mod test_support;
 pub mod trace;
 mod trajectory;
 mod tree;

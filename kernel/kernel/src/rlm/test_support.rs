@@ -1,4 +1,4 @@
-//! Helpers shared by the unit tests of the loop.
+//! Helpers shared by unit tests: of the loop, and of the worker session's side in rlm.
 
 use std::time::Duration;
 
