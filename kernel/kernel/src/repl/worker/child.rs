@@ -19,6 +19,8 @@
 //! thread's queue, in order, without waiting ([`LocalSession::submit`]); interrupts, sub-call
 //! answers and `EndProcesses` are handled at once, even while a block runs (what of these the idle
 //! session thread reads is done by it, or left to the main thread: `EndProcesses`, the link's end).
+//! A thread waiting for a sub-call's answer takes the reader in turn too, and reads its answer
+//! itself.
 //! The worker bounds no request's wait itself: its parent stops a block that outlives its time, and
 //! ends a worker that does not answer. Block output is sent as written after a quiet spell, else
 //! buffered and sent in chunks (at 32 KiB, after 10 ms, and before a block's reply), never from a
@@ -263,7 +265,7 @@ fn embedded(
     loader: Option<Arc<dyn ContextLoader>>,
 ) -> (SubCallRoute, Embedding) {
     let link = &inbox.link;
-    let remote: Arc<dyn RemoteCalls> = link.clone();
+    let remote: Arc<dyn RemoteCalls> = inbox.clone();
     let jobs: Arc<dyn JobSource> = inbox.clone();
     let embedding = Embedding {
         output: Some(link.clone()),
@@ -509,7 +511,7 @@ fn run(inbox: &Inbox, session: &LocalSession, frames: Frames) {
 /// (it is idle): the main thread waits on the link and the claim at once.
 fn next_or_claim(frames: &mut Frames, claim: &Wakeup) -> Option<Result<ToWorker, FrameError>> {
     if !frames.read_ahead() {
-        match wait_for(frames.fd(), claim) {
+        match wait_for(frames.fd(), Some(claim), None) {
             Ok(Readable::Link) => {}
             Ok(Readable::Woken) => return None,
             Err(e) => return Some(Err(FrameError::Io(e))),
@@ -518,15 +520,27 @@ fn next_or_claim(frames: &mut Frames, claim: &Wakeup) -> Option<Result<ToWorker,
     Some(frames.read())
 }
 
-/// The link's incoming side, read in turns: by the main thread, and by the session thread
-/// while it waits for its next job, so that a request wakes one thread of the worker, not
-/// two (the main thread reading it, then the session thread handed it). The session thread,
-/// idle, claims the turn ([`JobSource::next_job`]: its queue empty); the main thread, which
-/// waits on the link and the claim at once, hands it the reader; the session thread reads
-/// until a request comes, hands the reader back, and runs it. So while a block runs the
-/// main thread reads (interrupts, sub-call answers, `EndProcesses` are handled at once), and
-/// what the session thread reads that is the main thread's to do (`EndProcesses`, the end of
-/// the link) it leaves to it.
+/// The link's incoming side, read in turns: by the main thread; by the session thread while
+/// it waits for its next job, so that a request wakes one thread of the worker, not two (the
+/// main thread reading it, then the session thread handed it); and by a thread that waits
+/// for a sub-call's answer (the session thread in a block, or a thread the block started),
+/// so that the answer wakes it alone. The session thread, idle, claims the turn
+/// ([`JobSource::next_job`]: its queue empty); the main thread, which waits on the link and
+/// the claim at once, hands it the reader; the session thread reads until a request comes,
+/// hands the reader back, and runs it. So while a block runs the main thread reads
+/// (interrupts, `EndProcesses` are handled at once), and what the session thread reads that
+/// is the main thread's to do (`EndProcesses`, the end of the link) it leaves to it. A
+/// thread that sends a sub-call claims the turn the same way, unless another thread has or
+/// claims it (then the answer comes from the one that reads, as before): it reads, every
+/// [`CANCEL_POLL`] at most looking at its call's cancellation, delivers the answers it reads
+/// (its own, or another waiting thread's), and hands the reader back with its own answer,
+/// or at the first frame that asks anything of the main thread (a request, an interrupt
+/// for the watchdog to see, `EndProcesses`, the link's end), which goes back with it and
+/// wakes the main thread. With its answer it wakes no thread: the main thread, while a
+/// waiting thread has the reader, looks every [`CANCEL_POLL`] whether it is back, and the
+/// block's next sub-call (or the session thread once idle) takes it first if it comes
+/// sooner. So a block's code that goes on after a sub-call has its interrupts read
+/// [`CANCEL_POLL`] later at most.
 struct Inbox {
     link: Arc<Link>,
     turn: Mutex<Turn>,
@@ -549,10 +563,33 @@ impl std::fmt::Debug for Inbox {
 struct Turn {
     /// The reader, `None` while a thread holds it.
     frames: Option<Frames>,
-    /// The session thread waits for the turn.
+    /// The idle session thread waits for the turn or has it.
     claimed: bool,
-    /// What the session thread read that the main thread is to do.
+    /// A thread waiting for a sub-call's answer waits for the turn or has it.
+    waiting: bool,
+    /// What another thread read that the main thread is to do (it takes the reader with it).
     left: Option<Action>,
+}
+
+impl Turn {
+    /// The reader for a thread other than the main thread: not while it carries what the
+    /// main thread is to do.
+    fn take_free(&mut self) -> Option<Frames> {
+        if self.left.is_none() {
+            self.frames.take()
+        } else {
+            None
+        }
+    }
+}
+
+/// A thread waiting for a sub-call's answer, at reading the link (see [`Inbox`]).
+enum Reading {
+    /// Another thread reads: the answer comes from it.
+    No,
+    /// Claimed from the main thread, not yet handed over.
+    Claimed,
+    Holding(Frames),
 }
 
 /// What a frame asks of the worker.
@@ -568,12 +605,6 @@ enum Action {
     End,
 }
 
-/// What the main thread found waiting for the turn.
-enum Awaited {
-    Turn(Frames),
-    Left(Action),
-}
-
 impl Inbox {
     fn new(link: Arc<Link>) -> std::io::Result<Self> {
         Ok(Self {
@@ -586,43 +617,54 @@ impl Inbox {
     }
 
     /// The main thread's next thing to do: what the next frame it reads asks (`mine`: the
-    /// reader while it has the turn), or what the session thread left to it.
+    /// reader while it has the turn), or what another thread left to it.
     fn next_action(&self, mine: &mut Option<Frames>) -> Action {
         loop {
             match mine {
                 Some(frames) => {
-                    if lock(&self.turn).claimed {
-                        lock(&self.turn).frames = mine.take();
+                    let mut turn = lock(&self.turn);
+                    if turn.claimed || turn.waiting {
+                        turn.frames = mine.take();
+                        drop(turn);
                         self.turned.notify_all();
-                    } else if let Some(frame) = next_or_claim(frames, &self.claim) {
-                        return self.dispatch(frame);
+                    } else {
+                        drop(turn);
+                        if let Some(frame) = next_or_claim(frames, &self.claim) {
+                            return self.dispatch(frame);
+                        }
                     }
                 }
-                None => match self.await_turn() {
-                    Awaited::Turn(frames) => *mine = Some(frames),
-                    Awaited::Left(action) => return action,
-                },
+                None => {
+                    let (frames, left) = self.await_turn();
+                    *mine = Some(frames);
+                    if let Some(action) = left {
+                        return action;
+                    }
+                }
             }
         }
     }
 
-    /// The main thread waits for the reader back (the session thread took a request), or
-    /// for what the session thread leaves to it.
-    fn await_turn(&self) -> Awaited {
+    /// The main thread waits for the reader back (no other thread claims it), with what
+    /// the thread that gave it back left to it. While a waiting thread has the reader, it
+    /// looks every [`CANCEL_POLL`]: that thread gives it back without waking it.
+    fn await_turn(&self) -> (Frames, Option<Action>) {
         let mut turn = lock(&self.turn);
         loop {
-            if let Some(action) = turn.left.take() {
-                return Awaited::Left(action);
-            }
-            if !turn.claimed
+            if (turn.left.is_some() || !(turn.claimed || turn.waiting))
                 && let Some(frames) = turn.frames.take()
             {
-                return Awaited::Turn(frames);
+                return (frames, turn.left.take());
             }
-            turn = self
-                .turned
-                .wait(turn)
-                .unwrap_or_else(PoisonError::into_inner);
+            turn = if turn.waiting {
+                self.turned
+                    .wait_timeout(turn, CANCEL_POLL)
+                    .map_or_else(|poisoned| poisoned.into_inner().0, |(turn, _)| turn)
+            } else {
+                self.turned
+                    .wait(turn)
+                    .unwrap_or_else(PoisonError::into_inner)
+            };
         }
     }
 
@@ -634,7 +676,7 @@ impl Inbox {
             self.claim.wake();
         }
         loop {
-            if let Some(frames) = turn.frames.take() {
+            if let Some(frames) = turn.take_free() {
                 return frames;
             }
             turn = self
@@ -653,6 +695,129 @@ impl Inbox {
             turn.left = left;
         }
         self.turned.notify_all();
+    }
+
+    /// Sends `message` (built with the call's id) and waits for its answer, reading the
+    /// link itself meanwhile when no other thread does but the main thread (see [`Inbox`]);
+    /// `Err` when the call was cancelled or the link is gone.
+    fn ask(
+        &self,
+        message: impl FnOnce(u64) -> FromWorker,
+        cancel: &CancellationToken,
+    ) -> Result<CallAnswer, SubFailure> {
+        let link = &self.link;
+        let call = link.next_call.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel();
+        lock(&link.calls).insert(call, tx);
+        if let Err(e) = link.send(&message(call)) {
+            lock(&link.calls).remove(&call);
+            return Err(link_gone(&e.to_string()));
+        }
+        let mut reading = self.claim_for_answer();
+        loop {
+            let answer = match reading {
+                Reading::No => rx.recv_timeout(CANCEL_POLL),
+                Reading::Claimed | Reading::Holding(_) => {
+                    reading = self.read_for_answer(reading);
+                    rx.try_recv().map_err(|e| match e {
+                        TryRecvError::Empty => RecvTimeoutError::Timeout,
+                        TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+                    })
+                }
+            };
+            let answer = match answer {
+                Ok(answer) => Ok(answer),
+                Err(RecvTimeoutError::Timeout) if cancel.is_cancelled() => {
+                    lock(&link.calls).remove(&call);
+                    Err(SubFailure::from(&bridge::BridgeError::Cancelled))
+                }
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => Err(link_gone("it closed")),
+            };
+            self.end_reading(reading, None);
+            return answer;
+        }
+    }
+
+    /// A thread that waits for a sub-call's answer claims the reader, unless another thread
+    /// has it or claims it (the idle session thread, another waiting thread): then the
+    /// answer reaches it from the thread that reads.
+    fn claim_for_answer(&self) -> Reading {
+        let mut turn = lock(&self.turn);
+        if turn.claimed || turn.waiting {
+            return Reading::No;
+        }
+        turn.waiting = true;
+        if let Some(frames) = turn.take_free() {
+            return Reading::Holding(frames);
+        }
+        if turn.frames.is_none() {
+            // The main thread has the reader, and waits on the link.
+            self.claim.wake();
+        }
+        Reading::Claimed
+    }
+
+    /// A waiting thread's next step at reading, for at most [`CANCEL_POLL`]: the reader
+    /// handed over, or the next frame read and done; what is the main thread's to do goes
+    /// back to it with the reader, and the thread waits for its answer as the others do.
+    fn read_for_answer(&self, reading: Reading) -> Reading {
+        let mut frames = match reading {
+            Reading::No => return Reading::No,
+            Reading::Claimed => {
+                let turn = lock(&self.turn);
+                let (mut turn, _) = self
+                    .turned
+                    .wait_timeout_while(turn, CANCEL_POLL, |turn| {
+                        turn.frames.is_none() || turn.left.is_some()
+                    })
+                    .unwrap_or_else(PoisonError::into_inner);
+                return turn.take_free().map_or(Reading::Claimed, Reading::Holding);
+            }
+            Reading::Holding(frames) => frames,
+        };
+        if !frames.read_ahead() {
+            match wait_for(frames.fd(), None, Some(CANCEL_POLL)) {
+                Ok(Readable::Link) => {}
+                Ok(Readable::Woken) => return Reading::Holding(frames),
+                // The main thread finds the same and ends the worker.
+                Err(_) => {
+                    self.end_reading(Reading::Holding(frames), None);
+                    return Reading::No;
+                }
+            }
+        }
+        match self.dispatch(frames.read()) {
+            Action::Nothing => Reading::Holding(frames),
+            action => {
+                self.end_reading(Reading::Holding(frames), Some(action));
+                Reading::No
+            }
+        }
+    }
+
+    /// A waiting thread is done reading: it hands the reader back, with `left` for the main
+    /// thread to do, or gives up its claim. The main thread is woken only for what it is to
+    /// do, and the idle session thread if it waits for the reader: else the main thread
+    /// takes the reader back at its next look (within [`CANCEL_POLL`]), or the next
+    /// sub-call's thread takes it first, so that the waiting thread's wake-up of another
+    /// thread (~15 µs of its own on a virtual machine) is not on the answer's way back.
+    fn end_reading(&self, reading: Reading, left: Option<Action>) {
+        if matches!(reading, Reading::No) {
+            return;
+        }
+        let wake = {
+            let mut turn = lock(&self.turn);
+            turn.waiting = false;
+            if let Reading::Holding(frames) = reading {
+                turn.frames = Some(frames);
+                turn.left = left;
+            }
+            turn.left.is_some() || turn.claimed
+        };
+        if wake {
+            self.turned.notify_all();
+        }
     }
 
     /// What `frame` asks; a request becomes the session thread's job.
@@ -873,33 +1038,6 @@ impl Link {
         }
     }
 
-    /// Sends `message` (built with the call's id) and waits for its answer; `None` when the
-    /// call was cancelled or the link is gone.
-    fn ask(
-        &self,
-        message: impl FnOnce(u64) -> FromWorker,
-        cancel: &CancellationToken,
-    ) -> Result<CallAnswer, SubFailure> {
-        let call = self.next_call.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel();
-        lock(&self.calls).insert(call, tx);
-        if let Err(e) = self.send(&message(call)) {
-            lock(&self.calls).remove(&call);
-            return Err(link_gone(&e.to_string()));
-        }
-        loop {
-            match rx.recv_timeout(CANCEL_POLL) {
-                Ok(answer) => return Ok(answer),
-                Err(RecvTimeoutError::Timeout) if cancel.is_cancelled() => {
-                    lock(&self.calls).remove(&call);
-                    return Err(SubFailure::from(&bridge::BridgeError::Cancelled));
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return Err(link_gone("it closed")),
-            }
-        }
-    }
-
     /// The output thread: sends buffered output [`FLUSH_DELAY`] after it was written.
     fn start_flusher(self: Arc<Self>) {
         let spawned = std::thread::Builder::new()
@@ -995,7 +1133,7 @@ impl BlockEvents for Link {
     }
 }
 
-impl RemoteCalls for Link {
+impl RemoteCalls for Inbox {
     fn call(
         &self,
         endpoint: Option<String>,
@@ -1172,16 +1310,26 @@ mod tests {
             assert!(done.is_err(), "the main thread did {done:?}");
         }
 
-        /// Waits until the idle session thread reads the link: once it has claimed the turn,
-        /// frames that need nothing from either thread (the answer to no call) go out until
-        /// one is not read by the main thread. Bounded in time, not in frames: on a loaded
-        /// machine the session thread may not run for a while after it is told to go idle.
+        /// Waits until the idle session thread reads the link.
         fn until_the_session_thread_reads(&self) {
+            self.until_read_by(|turn| turn.claimed);
+        }
+
+        /// Waits until a thread waiting for a sub-call's answer reads the link.
+        fn until_a_waiting_thread_reads(&self) {
+            self.until_read_by(|turn| turn.waiting);
+        }
+
+        /// Waits until a thread other than the main thread reads the link: once it has
+        /// claimed the turn (`claimed`), frames that need nothing from either thread (the
+        /// answer to no call) go out until one is not read by the main thread. Bounded in
+        /// time, not in frames: on a loaded machine the other thread may not run for a while.
+        fn until_read_by(&self, claimed: fn(&Turn) -> bool) {
             let deadline = std::time::Instant::now() + WAIT;
-            while !lock(&self.inbox.turn).claimed {
+            while !claimed(&lock(&self.inbox.turn)) {
                 assert!(
                     std::time::Instant::now() < deadline,
-                    "the idle session thread never claimed the link's reader"
+                    "no thread claimed the link's reader"
                 );
                 std::thread::sleep(Duration::from_millis(1));
             }
@@ -1198,8 +1346,165 @@ mod tests {
                     return;
                 }
             }
-            panic!("the idle session thread never took the link's reader");
+            panic!("no thread took the link's reader from the main thread");
         }
+
+        /// The next frame the worker sent.
+        fn sent(&self) -> FromWorker {
+            let mut reader = &self.parent;
+            read_frame::<FromWorker>(&mut reader, &mut Vec::new()).unwrap()
+        }
+
+        /// Asks `call` on a thread of its own, with `cancel`; its answer comes on the receiver.
+        fn ask_aside<T: Send + 'static>(
+            &self,
+            call: impl FnOnce(&Inbox, &CancellationToken) -> T + Send + 'static,
+            cancel: &CancellationToken,
+        ) -> Receiver<T> {
+            let (tell, told) = mpsc::channel();
+            let (inbox, cancel) = (Arc::clone(&self.inbox), cancel.clone());
+            std::thread::spawn(move || {
+                let _ = tell.send(call(&inbox, &cancel));
+            });
+            told
+        }
+
+        /// The session thread takes a block, which it runs until the test says: its stop.
+        fn block_runs(&self) -> CancellationToken {
+            self.take_next();
+            self.until_the_session_thread_reads();
+            self.request(
+                1,
+                Request::Exec {
+                    code: "r = llm_query('question')".to_owned(),
+                    stopped: false,
+                },
+            );
+            let (took, stop) = self.took().unwrap();
+            assert_eq!(took, "exec");
+            stop.unwrap()
+        }
+    }
+
+    fn call_id(frame: FromWorker) -> u64 {
+        match frame {
+            FromWorker::Call { call, .. }
+            | FromWorker::Batch { call, .. }
+            | FromWorker::Children { call, .. } => call,
+            other => panic!("not a sub-call: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_sub_call_is_answered_by_the_thread_that_waits_reading_the_link_then_the_main_thread_reads()
+    {
+        let served = served();
+        let stop = served.block_runs();
+        let asked = served.ask_aside(
+            |inbox, cancel| inbox.call(None, "question".to_owned(), cancel),
+            &stop,
+        );
+        let call = call_id(served.sent());
+        served.until_a_waiting_thread_reads();
+        served.send(&ToWorker::Answer {
+            call,
+            answer: Ok("answer".to_owned()),
+        });
+        assert_eq!(asked.recv_timeout(WAIT).unwrap().unwrap(), "answer");
+        // Read by the waiting thread, not the main thread...
+        served.main_quiet();
+        // ... which has the reader back: an interrupt stops the block at once.
+        served.send(&ToWorker::Interrupt { id: 1 });
+        assert_eq!(served.main_did(), "check stop");
+        assert!(stop.is_cancelled());
+    }
+
+    #[test]
+    fn an_interrupt_read_by_a_waiting_thread_goes_to_the_main_thread_and_ends_the_wait() {
+        let served = served();
+        let stop = served.block_runs();
+        // The call stops with the block (in a worker the watchdog cancels the block's calls
+        // when it looks at the stop: the main thread's `CheckStop`).
+        let asked = served.ask_aside(
+            |inbox, cancel| inbox.call(None, "question".to_owned(), cancel),
+            &stop,
+        );
+        let call = call_id(served.sent());
+        served.until_a_waiting_thread_reads();
+        served.send(&ToWorker::Interrupt { id: 1 });
+        assert_eq!(served.main_did(), "check stop");
+        let failure = asked.recv_timeout(WAIT).unwrap().unwrap_err();
+        assert_eq!(
+            failure.kind,
+            SubFailure::from(&bridge::BridgeError::Cancelled).kind
+        );
+        // The answer that comes after is nobody's; the main thread reads again.
+        served.send(&ToWorker::Answer {
+            call,
+            answer: Ok("late".to_owned()),
+        });
+        assert_eq!(served.main_did(), "nothing");
+        served.request(2, Request::Variables);
+        assert_eq!(served.main_did(), "job");
+    }
+
+    #[test]
+    fn answers_in_any_order_reach_each_waiting_thread() {
+        let served = served();
+        let stop = served.block_runs();
+        let one = served.ask_aside(
+            |inbox, cancel| inbox.call(None, "one".to_owned(), cancel),
+            &stop,
+        );
+        let first = call_id(served.sent());
+        served.until_a_waiting_thread_reads();
+        // A second thread's batch while the first reads: its answers come from the first.
+        let batch = served.ask_aside(
+            |inbox, cancel| inbox.batch(None, vec!["two".to_owned(), "three".to_owned()], cancel),
+            &stop,
+        );
+        let second = call_id(served.sent());
+        served.send(&ToWorker::Answers {
+            call: second,
+            answers: Ok(vec![Ok("2".to_owned()), Ok("3".to_owned())]),
+        });
+        let answers: Vec<String> = batch
+            .recv_timeout(WAIT)
+            .unwrap()
+            .unwrap()
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(answers, ["2", "3"]);
+        assert!(
+            one.recv_timeout(Duration::from_millis(100)).is_err(),
+            "the first call returned with another's answer"
+        );
+        served.send(&ToWorker::Answer {
+            call: first,
+            answer: Ok("1".to_owned()),
+        });
+        assert_eq!(one.recv_timeout(WAIT).unwrap().unwrap(), "1");
+        served.main_quiet();
+        served.send(&ToWorker::Interrupt { id: 1 });
+        assert_eq!(served.main_did(), "check stop");
+    }
+
+    #[test]
+    fn the_links_end_read_by_a_waiting_thread_ends_the_worker() {
+        let served = served();
+        let stop = served.block_runs();
+        let asked = served.ask_aside(
+            |inbox, cancel| inbox.call(None, "question".to_owned(), cancel),
+            &stop,
+        );
+        call_id(served.sent());
+        served.until_a_waiting_thread_reads();
+        drop(served.parent);
+        assert_eq!(served.main_did.recv_timeout(WAIT).unwrap(), "end");
+        // (A worker ends here; the call waits on for an answer, until its block is stopped.)
+        stop.cancel();
+        assert!(asked.recv_timeout(WAIT).unwrap().is_err());
     }
 
     #[test]
@@ -1221,25 +1526,6 @@ mod tests {
         served.send(&ToWorker::Interrupt { id: 1 });
         assert_eq!(served.main_did(), "check stop");
         assert!(stop.unwrap().is_cancelled());
-        // ... and a sub-call of the block is answered.
-        let link = Arc::clone(&served.inbox.link);
-        let asked = std::thread::spawn(move || {
-            link.call(None, "question".to_owned(), &CancellationToken::new())
-        });
-        let mut reader = &served.parent;
-        let call = match read_frame::<FromWorker>(&mut reader, &mut Vec::new()).unwrap() {
-            FromWorker::Call { call, prompt, .. } => {
-                assert_eq!(prompt, "question");
-                call
-            }
-            other => panic!("{other:?}"),
-        };
-        served.send(&ToWorker::Answer {
-            call,
-            answer: Ok("answer".to_owned()),
-        });
-        assert_eq!(served.main_did(), "nothing");
-        assert_eq!(asked.join().unwrap().unwrap(), "answer");
         // Idle again: what the session thread reads that is the main thread's, it leaves to it.
         served.take_next();
         served.until_the_session_thread_reads();

@@ -24,8 +24,9 @@
 //!   and confined ahead of need, so that a child's start is its session's start only.
 //! - `quiet`: the pool's background work (the next worker's confinement, a closed worker's
 //!   exit) held until a run of the process waits for a model, off the children's hops.
-//! - `turns`: what the worker's main thread and its idle session thread take turns at
-//!   reading the link with, so that a request wakes one thread of the worker, not two.
+//! - `turns`: what the worker's threads take turns at reading the link with (the main
+//!   thread, the idle session thread, a thread waiting for a sub-call's answer), so that a
+//!   request or a sub-call's answer wakes one thread of the worker, not two.
 //! - `transfer`: contexts are paths the worker reads itself; text, standard input and the
 //!   Python package's live objects go once into sealed memfds the worker maps (`share.py`).
 //! - `journal`: what a crashed worker's session is rebuilt from; each block keeps the record

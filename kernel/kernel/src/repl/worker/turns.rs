@@ -1,7 +1,7 @@
 //! What the worker's threads take turns at reading its link with (`child.rs`'s `Inbox`): the
-//! link's [`Frames`], which the thread that holds them reads; a [`Wakeup`] by which the idle
-//! session thread claims them from the main thread; and [`wait_for`], the main thread's wait
-//! on the link and that claim at once.
+//! link's [`Frames`], which the thread that holds them reads; a [`Wakeup`] by which another
+//! thread claims them from the main thread; and [`wait_for`], the wait on the link (the main
+//! thread's on the link and that claim at once; a sub-call's, on the link for a while).
 //!
 //! `rlm`'s side was tried the same way (a block's caller reading its worker's link while it
 //! waits for the reply, rather than the reader thread that then wakes it) and measured no
@@ -11,6 +11,7 @@
 use std::io::{self, BufReader};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
@@ -91,27 +92,36 @@ impl Wakeup {
 pub(crate) enum Readable {
     /// The link has bytes to read (or was closed).
     Link,
-    /// The wakeup was woken (it is cleared), or a signal ended the wait: look again.
+    /// The wakeup was woken (it is cleared), a signal ended the wait, or its time was up:
+    /// look again.
     Woken,
 }
 
-/// Waits until `link` can be read or `wakeup` is woken. A wakeup that is woken wins: its
-/// thread has to know before it reads.
-pub(crate) fn wait_for(link: RawFd, wakeup: &Wakeup) -> io::Result<Readable> {
+/// Waits until `link` can be read or `wakeup`, if any, is woken, for at most `limit` (none:
+/// as long as it takes). A wakeup that is woken wins: its thread has to know before it reads.
+pub(crate) fn wait_for(
+    link: RawFd,
+    wakeup: Option<&Wakeup>,
+    limit: Option<Duration>,
+) -> io::Result<Readable> {
     let mut fds = [
-        libc::pollfd {
-            fd: wakeup.0.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
         libc::pollfd {
             fd: link,
             events: libc::POLLIN,
             revents: 0,
         },
+        libc::pollfd {
+            fd: wakeup.map_or(-1, |wakeup| wakeup.0.as_raw_fd()),
+            events: libc::POLLIN,
+            revents: 0,
+        },
     ];
-    // SAFETY: polls two open descriptors, the array's length given; no time limit.
-    let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+    let timeout = limit.map_or(-1, |limit| {
+        libc::c_int::try_from(limit.as_millis()).unwrap_or(libc::c_int::MAX)
+    });
+    let count = if wakeup.is_some() { 2 } else { 1 };
+    // SAFETY: polls `count` open descriptors of the array.
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), count, timeout) };
     if ready < 0 {
         let error = io::Error::last_os_error();
         return if error.kind() == io::ErrorKind::Interrupted {
@@ -120,15 +130,21 @@ pub(crate) fn wait_for(link: RawFd, wakeup: &Wakeup) -> io::Result<Readable> {
             Err(error)
         };
     }
-    if fds[0].revents & (libc::POLLNVAL | libc::POLLERR) != 0 {
-        // Closed under us (the model's code can close any descriptor of its worker).
-        return Err(io::Error::other("the link's wakeup descriptor was closed"));
+    if let Some(wakeup) = wakeup {
+        if fds[1].revents & (libc::POLLNVAL | libc::POLLERR) != 0 {
+            // Closed under us (the model's code can close any descriptor of its worker).
+            return Err(io::Error::other("the link's wakeup descriptor was closed"));
+        }
+        if fds[1].revents != 0 {
+            wakeup.clear();
+            return Ok(Readable::Woken);
+        }
     }
-    if fds[0].revents != 0 {
-        wakeup.clear();
-        return Ok(Readable::Woken);
-    }
-    Ok(Readable::Link)
+    Ok(if fds[0].revents != 0 {
+        Readable::Link
+    } else {
+        Readable::Woken
+    })
 }
 
 #[cfg(test)]
@@ -145,16 +161,25 @@ mod tests {
         // Woken before it waits: the wait ends at once.
         wakeup.wake();
         wakeup.wake();
-        assert_eq!(wait_for(frames.fd(), &wakeup).unwrap(), Readable::Woken);
+        assert_eq!(
+            wait_for(frames.fd(), Some(&wakeup), None).unwrap(),
+            Readable::Woken
+        );
         // Two frames in one write: reading the first reads the second ahead.
         let mut two = Vec::new();
         write_frame(&mut two, &ToWorker::Interrupt { id: 1 }).unwrap();
         write_frame(&mut two, &ToWorker::Interrupt { id: 2 }).unwrap();
         std::io::Write::write_all(&mut &parent, &two).unwrap();
         wakeup.wake();
-        assert_eq!(wait_for(frames.fd(), &wakeup).unwrap(), Readable::Woken);
+        assert_eq!(
+            wait_for(frames.fd(), Some(&wakeup), None).unwrap(),
+            Readable::Woken
+        );
         // Both wakes were taken: now the link.
-        assert_eq!(wait_for(frames.fd(), &wakeup).unwrap(), Readable::Link);
+        assert_eq!(
+            wait_for(frames.fd(), Some(&wakeup), None).unwrap(),
+            Readable::Link
+        );
         assert!(matches!(
             frames.read::<ToWorker>().unwrap(),
             ToWorker::Interrupt { id: 1 }
@@ -165,5 +190,16 @@ mod tests {
             ToWorker::Interrupt { id: 2 }
         ));
         assert!(!frames.read_ahead());
+        // Without a wakeup, a wait with a limit ends with it: nothing to read...
+        assert_eq!(
+            wait_for(frames.fd(), None, Some(Duration::from_millis(10))).unwrap(),
+            Readable::Woken
+        );
+        // ... or at once when there is.
+        write_frame(&mut &parent, &ToWorker::Interrupt { id: 3 }).unwrap();
+        assert_eq!(
+            wait_for(frames.fd(), None, Some(Duration::from_secs(10))).unwrap(),
+            Readable::Link
+        );
     }
 }
