@@ -194,6 +194,63 @@ fn a_runaway_block_stopped_by_the_run_timeout_is_interrupted_in_a_worker_that_li
     assert!(took < Duration::from_secs(30), "the run ended ({took:?})");
 }
 
+/// A mock whose `sub-model` takes a minute to echo: a block's sub-call waits.
+fn slow_sub_model(replies: &[&str]) -> Mock {
+    Mock::start_with(MockConfig {
+        script: Script::from_json_value(serde_json::json!({
+            "models": {
+                "root-model": {"replies": replies},
+                "sub-model": {
+                    "replies": [{"behaviour": "echo"}],
+                    "latency": {"kind": "fixed", "ms": 60_000}
+                }
+            }
+        }))
+        .expect("valid script"),
+        ..MockConfig::default()
+    })
+}
+
+#[test]
+fn a_block_waiting_on_a_sub_call_is_stopped_by_the_run_timeout_in_a_worker_that_lives_on() {
+    // The thread that waits for the sub-call's answer reads the worker's link meanwhile: the
+    // stop `rlm` sends when the run's time is up goes from it to the main thread, which has
+    // the watchdog interrupt the block (the sub-call given up, then the loop after it). The
+    // worker is not ended (as it is when nobody acts on the stop: half a second later).
+    let waits = "r = llm_query('slow')\nwhile True:\n    pass";
+    let mock = slow_sub_model(&[&repl(waits), "FINAL(never)"]);
+    let (run, lines, took) = run(&mock, &["--timeout", "4", "--cell-timeout", "60"]);
+    run.assert_code(3);
+    let stopped = blocks(&lines)[0];
+    assert_eq!(stopped["error"]["type_name"], "CellCancelled", "{stopped}");
+    assert!(
+        stopped["restart"].is_null(),
+        "its worker was ended: {stopped}"
+    );
+    let ms = stopped["duration_ms"].as_f64().expect("duration");
+    assert!(
+        ms <= 5_000.0,
+        "stopped {ms:.0} ms into a run limited to 4 s"
+    );
+    assert!(took < Duration::from_secs(30), "the run ended ({took:?})");
+}
+
+#[test]
+fn a_worker_killed_while_a_sub_call_waits_ends_the_block_not_the_run() {
+    // SIGABRT (SIGKILL reads as the out-of-memory killer); `os.kill` of its own process is
+    // refused in the REPL: the C library's `kill`.
+    let killed = "import ctypes, os, threading\nkill = ctypes.CDLL(None).kill\nthreading.Timer(1.0, kill, (os.getpid(), 6)).start()\nr = llm_query('slow')";
+    let after = "answer_text = 'survived'\nFINAL_VAR(answer_text)";
+    let mock = slow_sub_model(&[&repl(killed), &repl(after)]);
+    let (run, lines, took) = run(&mock, &[]);
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "survived");
+    let ended = blocks(&lines)[0];
+    assert_eq!(ended["restart"]["cause"]["kind"], "crashed", "{ended}");
+    assert!(ended.to_string().contains("SIGABRT"), "{ended}");
+    assert!(took < Duration::from_secs(30), "the run ended ({took:?})");
+}
+
 #[test]
 fn a_c_sleep_is_stopped_within_a_second_of_the_run_timeout() {
     let stuck = "import ctypes\nctypes.CDLL(None).sleep(40)";
