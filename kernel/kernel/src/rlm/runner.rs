@@ -650,10 +650,9 @@ impl Run<'_> {
         let cancel = self.stop.child_token();
         let generator = &self.generator;
         let deadline = self.deadline;
-        // While the model works, the worker pool's background work may run (`quiet.rs`).
-        let _in_flight = crate::repl::worker::ModelCall::begin();
         let generation = crate::runtime::shared().block_on(async {
-            let call = generator.generate(request, &cancel);
+            // While the model works, the worker pool's background work may run (`quiet.rs`).
+            let call = crate::repl::worker::in_flight(generator.generate(request, &cancel));
             tokio::pin!(call);
             if let Some(deadline) = deadline {
                 tokio::select! {

@@ -71,7 +71,7 @@ pub use child::{main as worker_main, serve_if_worker};
 pub use policy::worker_policy;
 pub use pool::use_worker_pool;
 pub(crate) use pool::{ReadyWorkers, Shape, keep_ready};
-pub(crate) use quiet::ModelCall;
+pub(crate) use quiet::in_flight;
 pub use spawn::{WORKER_ARG, WorkerProgram, set_worker_program};
 pub use template::{TEMPLATE_NAME, use_worker_template};
 

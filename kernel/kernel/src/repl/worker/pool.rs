@@ -31,12 +31,13 @@
 //!   more, is ended instead of served.
 //! - **Bounded.** Refills happen only while a run holds a lease for their shape: two when the
 //!   run starts (while its root model thinks), one each time a session of the shape has
-//!   started (on a worker taken from the pool or not), counted by the session and handed to
-//!   the pool's threads, which check the memory and fork and confine it there once a run
-//!   of the process waits for a model (`quiet.rs`; at once when a session waits for it).
-//!   Ordered any earlier, or run at once, the next worker's fork and confinement would take
-//!   the cores the session's start frame, its `Ready` and its request to the model wait
-//!   for. Ready and confining workers together stay within the
+//!   started (on a worker taken from the pool or not), counted by the session and held
+//!   until a run of the process waits for a model (`quiet.rs`; at once when a session waits
+//!   for it), then handed to the pool's threads, which check the memory and fork and
+//!   confine it there. Ordered any earlier, or run at once, the next worker's fork and
+//!   confinement would take the cores the session's start frame, its `Ready` and its
+//!   request to the model wait for; handed to a thread at once, the order would wake it on
+//!   the session's path. Ready and confining workers together stay within the
 //!   children's width (`--batch-concurrency`) and [`MAX_READY`], and none is added when the
 //!   machine has less than [`MIN_AVAILABLE`] memory available.
 //! - **Two at once** ([`CONFINING_AT_ONCE`]). A confinement is a chain of steps each in one
@@ -282,8 +283,12 @@ impl Drop for ReadyWorkers {
             .into_iter()
             .partition(|r| r.shape == self.shape);
         pool.ready = kept;
-        // Those being confined end themselves once confined (no lease): wait for them.
+        // Those being confined end themselves once confined (no lease): wait for them, and
+        // have those still held for a model call (`quiet.rs`) go now (not under the pool's
+        // lock: what is held takes it if its thread is gone).
+        drop(pool);
         let _urgent = Urgent::begin();
+        let mut pool = lock(mutex);
         let deadline = Instant::now() + DRAIN_WAIT;
         while Pool::count(&pool.confining, &self.shape) > 0 && Instant::now() < deadline {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -326,6 +331,7 @@ pub(crate) fn take(shape: &Shape) -> Option<Ready> {
     pool.lease(shape)?;
     let deadline = Instant::now() + TAKE_WAIT;
     let mut stale = Vec::new();
+    let mut urgent = None;
     let found = loop {
         let current = template::current();
         if let Some(i) = pool.ready.iter().position(|r| r.shape == *shape) {
@@ -343,9 +349,15 @@ pub(crate) fn take(shape: &Shape) -> Option<Ready> {
         if confining <= waiting || left.is_zero() {
             break None;
         }
+        if urgent.is_none() {
+            // The worker being confined for us may still be held for a model call: not any
+            // more (not under the pool's lock, see `ReadyWorkers`' drop; then looked again).
+            drop(pool);
+            urgent = Some(Urgent::begin());
+            pool = lock(mutex);
+            continue;
+        }
         pool.waiting.push(shape.clone());
-        // The worker being confined for us may still wait for a model call: not any more.
-        let _urgent = Urgent::begin();
         pool = changed
             .wait_timeout(pool, left)
             .unwrap_or_else(PoisonError::into_inner)
@@ -353,6 +365,7 @@ pub(crate) fn take(shape: &Shape) -> Option<Ready> {
         Pool::remove(&mut pool.waiting, shape);
     };
     drop(pool);
+    drop(urgent);
     end_all(stale);
     found
 }
@@ -360,11 +373,11 @@ pub(crate) fn take(shape: &Shape) -> Option<Ready> {
 /// Once a session of `shape` started (on a worker taken from the pool or not), has one more
 /// worker of `shape` confined on the pool's thread if the run that holds `shape`'s lease wants
 /// one more (fewer than its target ready or being confined, within [`MAX_READY`]): the
-/// session pays the count and the hand-off, the pool's thread the memory check and the fork.
+/// session pays the count and the job, held until a run waits for a model (`quiet.rs`: no
+/// thread is woken on the session's path), the pool's thread the memory check and the fork.
 /// Nothing when no run keeps workers of `shape` ready.
 pub(crate) fn order_refill(shape: &Shape) {
-    let (mutex, changed) = pool();
-    let mut pool = Pool::own(lock(mutex));
+    let mut pool = Pool::own(lock(&pool().0));
     let Some(lease) = pool.lease(shape) else {
         return;
     };
@@ -378,23 +391,24 @@ pub(crate) fn order_refill(shape: &Shape) {
     let config = lease.config.clone();
     // Counted now, so that a session starting meanwhile waits for it rather than start its own.
     pool.confining.push(shape.clone());
+    drop(pool);
     let queued = shape.clone();
     let job: SpawnJob = Box::new(move || {
         let program = queued.program.clone();
         confine_one(&config, &program, queued);
     });
-    if lock(refiller()).send(job).is_err() {
-        tracing::debug!("the worker pool's thread is gone");
-        Pool::remove(&mut pool.confining, shape);
-        changed.notify_all();
-    }
+    quiet::when_slack(Box::new(move || {
+        if let Err(std::sync::mpsc::SendError(job)) = lock(refiller()).send(job) {
+            // Its threads could not start: confined here (held, this is not a child's path).
+            tracing::debug!("the worker pool's thread is gone");
+            job();
+        }
+    }));
 }
 
 /// On the pool thread: forks a worker from the template and has it confined for `shape`;
 /// kept if a run still wants it, else ended before the end of the run hears it is done.
 fn confine_one(config: &SessionConfig, program: &WorkerProgram, shape: Shape) {
-    // Off the children's hops: while a run waits for a model (`quiet.rs`).
-    quiet::wait_for_slack(quiet::HOLD);
     let ready = if memory_allows() {
         make_ready(config, program, &shape)
     } else {
