@@ -77,6 +77,9 @@ pub struct Rlm {
     stop: CancellationToken,
     /// The run's depth in the tree of `rlm_query` runs: 0 for a root.
     depth: u32,
+    /// The system prompt its runs send, already rendered (a child's, shared by its run's
+    /// children: [`ChildRuns::start`]); `None`: rendered by each run.
+    system_prompt: Option<String>,
 }
 
 /// Stops a runner's run from another thread (a Ctrl-C handler, a notebook's stop button).
@@ -138,6 +141,7 @@ impl Rlm {
             hooks: Hooks::new(),
             stop: CancellationToken::new(),
             depth,
+            system_prompt: None,
         }
     }
 
@@ -197,18 +201,32 @@ impl Rlm {
     /// The messages the first root-model call of [`Rlm::run`] would send for `query`: the
     /// system prompt and the first user message (context description and query). Sends nothing.
     pub fn first_messages(&self, query: &str) -> Vec<Message> {
-        self.conversation(&self.prompts(), query, None)
+        let prompts = self.prompts();
+        self.conversation(&prompts, self.system_prompt(&prompts), query, None)
             .messages()
             .to_vec()
     }
 
-    fn conversation(&self, prompts: &Prompts, query: &str, earlier: Option<&str>) -> Conversation {
+    /// The system prompt of this runner's runs (rendered once a run, or given).
+    fn system_prompt(&self, prompts: &Prompts) -> String {
+        self.system_prompt
+            .clone()
+            .unwrap_or_else(|| prompts.system_prompt())
+    }
+
+    fn conversation(
+        &self,
+        prompts: &Prompts,
+        system_prompt: String,
+        query: &str,
+        earlier: Option<&str>,
+    ) -> Conversation {
         let contexts = self.session.contexts();
         let first_message = match earlier {
             Some(earlier) => prompts.follow_up_message(contexts, earlier, query),
             None => prompts.first_message(contexts, query),
         };
-        Conversation::new(prompts.system_prompt(), first_message)
+        Conversation::new(system_prompt, first_message)
     }
 
     /// Answers `query`: runs the loop to a final answer or a limit. Blocks the calling thread
@@ -232,8 +250,8 @@ impl Rlm {
         self.session.reset_answer()?;
         let prompts = self.prompts();
         let contexts = self.session.contexts().to_vec();
-        let system_prompt = prompts.system_prompt();
-        let conversation = self.conversation(&prompts, query, earlier);
+        let system_prompt = self.system_prompt(&prompts);
+        let conversation = self.conversation(&prompts, system_prompt.clone(), query, earlier);
         let endpoints = summarize(&self.endpoints);
         let started = Instant::now();
         // A limit too far out to represent is no limit.
@@ -963,6 +981,59 @@ mod tests {
     }
 
     #[test]
+    fn children_like_the_last_send_its_system_prompt_and_others_their_own() {
+        let endpoints = Arc::new(
+            Endpoints::new(
+                vec![
+                    EndpointConfig::openai("root", "http://127.0.0.1:9/v1", "big"),
+                    EndpointConfig::openai("sub", "http://127.0.0.1:9/v1", "small"),
+                ],
+                Arc::new(Ledger::new(Budget::default())),
+            )
+            .expect("endpoints"),
+        );
+        // A prompt that states both things a child's may differ by.
+        let mut base = RlmConfig::default();
+        base.prompts.system_override = Some("{{max_iterations}} iterations; {{sub_models}}".into());
+        let runs = ChildRuns::new(
+            Arc::clone(&endpoints),
+            SessionConfig::default(),
+            base.clone(),
+            1,
+            CancellationToken::new(),
+            None,
+            None,
+        );
+        let session = Arc::new(
+            ReplSession::new(SessionConfig::default(), Arc::clone(&endpoints), &[])
+                .expect("a session"),
+        );
+        let child = |root: &str, iterations: u32| {
+            let mut config = base.clone();
+            root.clone_into(&mut config.root_endpoint);
+            config.max_iterations = iterations;
+            Rlm::child(config, Arc::clone(&endpoints), Arc::clone(&session), 1)
+        };
+        // The iteration limit and the root (left out of the models `model=` names) differ.
+        let mut seen = std::collections::HashSet::new();
+        for (root, iterations) in [("sub", 7), ("sub", 7), ("sub", 3), ("root", 3), ("sub", 7)] {
+            let rlm = child(root, iterations);
+            let own = rlm.prompts().system_prompt();
+            assert_eq!(
+                runs.system_prompt(&rlm),
+                own,
+                "{root}, {iterations} iterations"
+            );
+            seen.insert(own);
+        }
+        assert_eq!(seen.len(), 3, "three different prompts: {seen:?}");
+        // The one given is the one sent.
+        let mut rlm = child("sub", 7);
+        rlm.system_prompt = Some("given".to_owned());
+        assert_eq!(rlm.first_messages("q")[0].content, "given");
+    }
+
+    #[test]
     fn answer_now_text_table() {
         let mut resolve = |name: &str| (name == "x").then(|| "from x".to_owned());
         let cases: &[(&str, Option<&str>)] = &[
@@ -1012,6 +1083,10 @@ pub(crate) struct ChildRuns {
     /// With isolation on, the shape of the workers the parent run keeps ready for its
     /// children: each child's session takes its worker by it.
     workers: Option<Shape>,
+    /// The system prompt of the last child started, by its root endpoint and iteration
+    /// limit (all it depends on that differs between children): the next child like it
+    /// sends the same, not rendered again.
+    system_prompt: Mutex<Option<(String, u32, String)>>,
 }
 
 impl ChildRuns {
@@ -1040,6 +1115,7 @@ impl ChildRuns {
             next: AtomicUsize::new(0),
             ahead: Mutex::new(None),
             workers,
+            system_prompt: Mutex::new(None),
         }
     }
 
@@ -1195,12 +1271,13 @@ impl ChildRuns {
             let left = deadline.saturating_duration_since(Instant::now());
             config.run_timeout = Some(left.max(std::time::Duration::from_millis(1)));
         }
-        let rlm = Rlm::child(
+        let mut rlm = Rlm::child(
             config,
             Arc::clone(&self.endpoints),
             Arc::new(session),
             self.depth,
         );
+        rlm.system_prompt = Some(self.system_prompt(&rlm));
         let handle = rlm.stop_handle();
         let done = CancellationToken::new();
         let (block, parent, watch) = (cancel.clone(), self.stop.clone(), done.clone());
@@ -1212,6 +1289,24 @@ impl ChildRuns {
             }
         });
         Ok((rlm, done))
+    }
+
+    /// `rlm`'s system prompt: the last child's, when `rlm` has its root endpoint and
+    /// iteration limit, else rendered (and kept for the next child).
+    fn system_prompt(&self, rlm: &Rlm) -> String {
+        let (root, iterations) = (&rlm.config.root_endpoint, rlm.config.max_iterations);
+        let mut kept = self
+            .system_prompt
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match &*kept {
+            Some((r, i, text)) if r == root && *i == iterations => text.clone(),
+            _ => {
+                let text = rlm.prompts().system_prompt();
+                *kept = Some((root.clone(), iterations, text.clone()));
+                text
+            }
+        }
     }
 }
 
