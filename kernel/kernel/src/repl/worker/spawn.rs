@@ -257,9 +257,12 @@ pub(crate) struct Exit {
     pub(crate) peak_bytes: u64,
 }
 
-/// Waits for `pid`, giving it [`REAP_WAIT`] to finish dying before it is killed.
+/// Waits for `pid`, giving it [`REAP_WAIT`] to finish dying before it is killed: on a pidfd
+/// (Linux 5.3), which is readable the moment the process has exited, so it is reaped then and
+/// its waiting thread woken once; where there is none, by asking every 2 ms.
 pub(crate) fn reap(pid: i32) -> Exit {
     let deadline = Instant::now() + REAP_WAIT;
+    let exited = exit_of(pid);
     let mut killed = false;
     loop {
         let mut status = 0;
@@ -280,14 +283,37 @@ pub(crate) fn reap(pid: i32) -> Exit {
                 peak_bytes: 0,
             };
         }
-        if !killed && Instant::now() >= deadline {
+        let now = Instant::now();
+        if !killed && now >= deadline {
             // SAFETY: our unreaped child: the pid cannot have been reused.
             unsafe { libc::kill(pid, libc::SIGKILL) };
             killed = true;
             continue;
         }
-        std::thread::sleep(Duration::from_millis(2));
+        match &exited {
+            Some(pidfd) => wait_readable(pidfd, deadline - now),
+            None => std::thread::sleep(Duration::from_millis(2)),
+        }
     }
+}
+
+/// A descriptor of our unreaped child `pid` that becomes readable when it exits (`None`:
+/// the kernel has no pidfds).
+fn exit_of(pid: i32) -> Option<OwnedFd> {
+    let pid = rustix::process::Pid::from_raw(pid)?;
+    rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()
+}
+
+/// Waits until `fd` is readable, at most `wait` (and at least a millisecond).
+fn wait_readable(fd: &OwnedFd, wait: Duration) {
+    let mut poll = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(wait.as_millis().max(1)).unwrap_or(i32::MAX);
+    // SAFETY: one pollfd, alive for the call. Interrupted or failed, the loop asks again.
+    unsafe { libc::poll(&mut poll, 1, ms) };
 }
 
 /// Bytes of a worker's own stderr kept for a crash report.
@@ -564,6 +590,74 @@ mod tests {
             .set_read_timeout(Some(Duration::from_secs(10)))
             .expect("a read timeout");
         (parent, worker)
+    }
+
+    /// A child process of this one running `script` in `sh`, not waited for by std.
+    fn child(script: &str) -> i32 {
+        let child = Command::new("sh")
+            .args(["-c", script])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sh starts");
+        let pid = i32::try_from(child.id()).expect("a pid");
+        // Reaped by the test (`reap`), not by std's handle.
+        drop(child);
+        pid
+    }
+
+    #[test]
+    fn a_worker_is_reaped_as_it_exits_and_killed_past_its_wait() {
+        // Exits by itself: reaped with its status (the pidfd says it exited; or the polling).
+        let exit = reap(child("exit 3"));
+        let status = exit.status.expect("reaped");
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 3,
+            "{status}"
+        );
+        // Exits after 100 ms: still within its wait, reaped when it exits.
+        let started = Instant::now();
+        let exit = reap(child("sleep 0.1; exit 4"));
+        let status = exit.status.expect("reaped");
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 4,
+            "{status}"
+        );
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        // Does not exit: killed once its wait is over, then reaped.
+        let started = Instant::now();
+        let exit = reap(child("exec sleep 30"));
+        let status = exit.status.expect("reaped");
+        assert!(
+            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL,
+            "{status}"
+        );
+        assert!(started.elapsed() >= REAP_WAIT);
+        assert!(started.elapsed() < Duration::from_secs(20));
+        // A child already reaped (or none): nothing to wait for.
+        assert!(reap(i32::MAX).status.is_none());
+    }
+
+    #[test]
+    fn a_pidfd_is_readable_once_its_child_exited_and_not_before() {
+        let pid = child("exec sleep 0.2");
+        let Some(exited) = exit_of(pid) else {
+            // No pidfds on this kernel: the polling serves, tested above.
+            return;
+        };
+        let readable = || {
+            let mut poll = libc::pollfd {
+                fd: exited.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd, alive for the call; no wait.
+            unsafe { libc::poll(&mut poll, 1, 0) }
+        };
+        assert_eq!(readable(), 0, "readable while it runs");
+        wait_readable(&exited, Duration::from_secs(10));
+        assert_eq!(readable(), 1, "not readable once it exited");
+        assert!(reap(pid).status.is_some());
     }
 
     #[test]
