@@ -1,13 +1,16 @@
 //! The parent's side of an isolated session: [`WorkerSession`] starts and talks to the
 //! worker, answers its sub-calls, keeps its output, stops it, and puts it back after a crash.
 //!
-//! Threads: the caller's (a request waits there, GIL released), one reader per worker (a
-//! thread of the shared runtime's blocking pool, kept from one worker to the next: none is
-//! started on a child's path; from the start frame on, it reads the worker's `Ready`, which
-//! the session takes from it when first needed, then every frame: output into the block's
-//! capture, replies to their waiters, sub-calls to tasks on the shared tokio runtime that
-//! call the endpoint and answer, `rlm_query` children to threads kept for the next call
-//! (`threads.rs`); when the link closes it reaps the worker and wakes every waiter). No
+//! Threads: the caller's (a request waits there, GIL released), one reader per worker at a
+//! time (first a thread of the shared runtime's blocking pool, kept from one worker to the
+//! next: none is started on a child's path; from the start frame on, it reads the worker's
+//! `Ready`, which the session takes from it when first needed, then every frame: output into
+//! the block's capture, replies to their waiters, sub-calls to tasks on the shared tokio
+//! runtime that call the endpoint and answer; when the link closes it reaps the worker and
+//! wakes every waiter), and threads kept for the next call (`threads.rs`) for the worker
+//! code's `rlm_query` children: the reader that reads a call for children, once a kept thread,
+//! runs them itself and another kept thread reads on (the first reader hands both to kept
+//! threads), so that the children start without a thread woken on their way. No
 //! thread watches a block's stop token or the session's: their wait lists hold a waker that
 //! tells the block's caller to stop the block ([`StopWatch`]), run by whoever cancels them.
 //!
@@ -57,7 +60,7 @@ use super::protocol::{
     worker_settings, write_frame,
 };
 use super::spawn::{
-    Exit, REAP_WAIT, Spawned, WorkerProgram, reap, send_fds, start_worker, worker_program,
+    Exit, REAP_WAIT, SpawnJob, Spawned, WorkerProgram, reap, send_fds, start_worker, worker_program,
 };
 use super::template;
 use super::threads::Threads;
@@ -578,6 +581,7 @@ impl WorkerSession {
             children: Arc::clone(&self.children),
             child_threads: Threads::new("rlm-children"),
         };
+        let services = Arc::new(services);
         let worker = Arc::clone(worker);
         let (answered, answer) = mpsc::channel();
         // Dropped unrun (the runtime is shutting down), the channel closes: the session sees
@@ -587,7 +591,7 @@ impl WorkerSession {
             let ready = matches!(first, Ok(FromWorker::Ready { .. }));
             let _ = answered.send(first);
             if ready {
-                read_worker(&worker, reader, &services);
+                read_worker(&worker, reader, &services, false);
             }
         }));
         answer
@@ -1819,7 +1823,7 @@ struct Services {
     session: u64,
     /// Who runs the worker code's `rlm_query` children.
     children: Arc<ChildSlot>,
-    /// The threads they run on (ended with the reader).
+    /// The threads they run on, and the link's reader while they do (ended with the reader).
     child_threads: Threads,
 }
 
@@ -1841,12 +1845,71 @@ impl Services {
     }
 }
 
-/// The reader thread: every frame of the worker, until its link closes; then the worker is
-/// reaped and every waiter told.
-fn read_worker(worker: &Arc<Worker>, mut reader: BufReader<UnixStream>, services: &Services) {
+/// The reader: every frame of the worker, until its link closes (then the worker is reaped
+/// and every waiter told), or until one asks for `rlm_query` children. On a kept thread of the
+/// session's [`Threads`] (`kept`), those run on this thread, at once, and another kept thread
+/// reads on: the thread woken for them is the next reader, which takes over the link while
+/// they start, not their own on their way. The link's first reader, a thread of the shared
+/// runtime's blocking pool (where a child's loop may not run: [`crate::rlm::Rlm::run`]), hands
+/// both to kept threads. Where no thread can be had, the children are answered as failed and
+/// this thread reads on.
+fn read_worker(
+    worker: &Arc<Worker>,
+    mut reader: BufReader<UnixStream>,
+    services: &Arc<Services>,
+    kept: bool,
+) {
     let mut buffer = Vec::new();
     loop {
-        match read_frame::<FromWorker>(&mut reader, &mut buffer) {
+        let Some(children) = read_until_children(worker, &mut reader, &mut buffer, services) else {
+            return;
+        };
+        let here = if kept {
+            Some(children)
+        } else {
+            children.run_on(&services.child_threads, worker);
+            None
+        };
+        // Taken back if no thread could be had for it.
+        let link = Arc::new(Mutex::new(Some(reader)));
+        let handed = Arc::clone(&link);
+        let (next_worker, next_services) = (Arc::clone(worker), Arc::clone(services));
+        let read_on = services.child_threads.run(Box::new(move || {
+            if let Some(reader) = lock(&handed).take() {
+                read_worker(&next_worker, reader, &next_services, true);
+            }
+        }));
+        match read_on {
+            Ok(()) => {
+                if let Some(children) = here {
+                    (children.run)();
+                }
+                return;
+            }
+            Err(e) => {
+                if let Some(children) = here {
+                    fail_children(worker, children.call, children.count, &e);
+                }
+                // Dropped unrun, the job left the reader here.
+                match lock(&link).take() {
+                    Some(back) => reader = back,
+                    None => return,
+                }
+            }
+        }
+    }
+}
+
+/// Every frame of the worker until one asks for `rlm_query` children (returned, to run), or
+/// the link closes (`None`: the worker reaped and every waiter told).
+fn read_until_children(
+    worker: &Arc<Worker>,
+    reader: &mut BufReader<UnixStream>,
+    buffer: &mut Vec<u8>,
+    services: &Services,
+) -> Option<ChildrenRun> {
+    loop {
+        match read_frame::<FromWorker>(reader, buffer) {
             Ok(FromWorker::Output { stream, text }) => {
                 if let Some(block) = lock(&worker.block).as_ref() {
                     match stream {
@@ -1866,7 +1929,9 @@ fn read_worker(worker: &Arc<Worker>, mut reader: BufReader<UnixStream>, services
                 prompts,
             }) => answer_batch(worker, services, call, endpoint, prompts),
             Ok(FromWorker::Children { call, children }) => {
-                answer_children(worker, services, call, children);
+                if let Some(run) = answer_children(worker, services, call, children) {
+                    return Some(run);
+                }
             }
             Ok(FromWorker::Returned { id }) => {
                 if let Some(waiter) = lock(&worker.waiters).get(&id) {
@@ -1899,6 +1964,7 @@ fn read_worker(worker: &Arc<Worker>, mut reader: BufReader<UnixStream>, services
     for (_, waiter) in lock(&worker.waiters).drain() {
         let _ = waiter.send(Event::Dead);
     }
+    None
 }
 
 /// The failure a replayed block's sub-call gets when its record has no answer for it.
@@ -2048,19 +2114,25 @@ fn answer_batch(
     });
 }
 
-/// Runs the worker code's `rlm_query` children here, in the parent (each with a session, and
-/// so a worker, of its own), on a thread of the session's [`Threads`]: a child's loop blocks,
-/// and the reader must go on reading meanwhile. Their answers go on the block's record like
-/// sub-calls', so a replayed block gets them again without running the children again, and
-/// to the worker as soon as they are all in, while the runner records the last child's node
-/// and closes its session.
-fn answer_children(worker: &Arc<Worker>, services: &Services, call: u64, children: Vec<WireChild>) {
+/// The worker code's `rlm_query` children, to run here, in the parent (each with a session,
+/// and so a worker, of its own), or `None` when they are answered already (no runner: the
+/// worker asks as `llm_query`; a replay: from its record). A child's loop blocks its thread,
+/// and the link must be read meanwhile ([`read_worker`]). Their answers go on the block's
+/// record like sub-calls', so a replayed block gets them again without running the children
+/// again, and to the worker as soon as they are all in, while the runner records the last
+/// child's node and closes its session.
+fn answer_children(
+    worker: &Arc<Worker>,
+    services: &Services,
+    call: u64,
+    children: Vec<WireChild>,
+) -> Option<ChildrenRun> {
     let Some(runner) = services.children.get() else {
         let _ = worker.send(&ToWorker::ChildAnswers {
             call,
             answers: None,
         });
-        return;
+        return None;
     };
     let config = services
         .endpoints
@@ -2074,7 +2146,7 @@ fn answer_children(worker: &Arc<Worker>, services: &Services, call: u64, childre
                 call,
                 answers: Some(answers),
             });
-            return;
+            return None;
         }
         Route::Live { block, cancel } => (block, cancel),
     };
@@ -2082,30 +2154,54 @@ fn answer_children(worker: &Arc<Worker>, services: &Services, call: u64, childre
     let n = children.len();
     let queries: Vec<_> = children.into_iter().map(query_of).collect();
     let runs_on = Arc::clone(worker);
-    let ran = services.child_threads.run(Box::new(move || {
-        runner.run(queries, &cancel, &mut |answers| {
-            for ((key, prompt), answer) in keys.iter().zip(kept.drain(..)).zip(&answers) {
-                runs_on.record(block, *key, prompt, answer);
-            }
-            let _ = runs_on.send(&ToWorker::ChildAnswers {
-                call,
-                answers: Some(answers),
+    Some(ChildrenRun {
+        run: Box::new(move || {
+            runner.run(queries, &cancel, &mut |answers| {
+                for ((key, prompt), answer) in keys.iter().zip(kept.drain(..)).zip(&answers) {
+                    runs_on.record(block, *key, prompt, answer);
+                }
+                let _ = runs_on.send(&ToWorker::ChildAnswers {
+                    call,
+                    answers: Some(answers),
+                });
             });
-        });
-    }));
-    if let Err(e) = ran {
-        tracing::warn!("could not start a thread for rlm_query children: {e}");
-        let failure = SubFailure {
-            kind: "child_error".to_owned(),
-            message: format!(
-                "the rlm_query child run could not run: no thread could be started for it ({e})"
-            ),
-        };
-        let _ = worker.send(&ToWorker::ChildAnswers {
-            call,
-            answers: Some(vec![Err(failure); n]),
-        });
+        }),
+        call,
+        count: n,
+    })
+}
+
+/// A call's `rlm_query` children, to run ([`answer_children`]).
+struct ChildrenRun {
+    run: SpawnJob,
+    call: u64,
+    count: usize,
+}
+
+impl ChildrenRun {
+    /// Runs them on a kept thread of `threads`; where none can be had, each fails.
+    fn run_on(self, threads: &Threads, worker: &Worker) {
+        let Self { run, call, count } = self;
+        if let Err(e) = threads.run(run) {
+            fail_children(worker, call, count, &e);
+        }
     }
+}
+
+/// No thread could be had for a call's `count` children (or the link's reader while they
+/// run): each fails.
+fn fail_children(worker: &Worker, call: u64, count: usize, e: &io::Error) {
+    tracing::warn!("could not start a thread for rlm_query children: {e}");
+    let failure = SubFailure {
+        kind: "child_error".to_owned(),
+        message: format!(
+            "the rlm_query child run could not run: no thread could be started for it ({e})"
+        ),
+    };
+    let _ = worker.send(&ToWorker::ChildAnswers {
+        call,
+        answers: Some(vec![Err(failure); count]),
+    });
 }
 
 /// The key a child's answer is recorded under for a replay: its query, its context (by
@@ -2249,6 +2345,115 @@ mod tests {
 
     /// How long the test lets the requests reach the slot before the worker answers.
     const SETTLE: Duration = Duration::from_millis(200);
+
+    /// Runs each call's children by waiting for the test's word: it says which call started
+    /// (its first child's prompt), and answers every child `done` once released.
+    #[derive(Debug)]
+    struct HeldChildren {
+        started: Mutex<Sender<String>>,
+        release: Mutex<Receiver<()>>,
+    }
+
+    impl crate::repl::children::ChildRunner for HeldChildren {
+        fn run(
+            &self,
+            queries: Vec<crate::repl::children::ChildQuery>,
+            _cancel: &CancellationToken,
+            answered: &mut (dyn FnMut(Vec<SubAnswer>) + Send),
+        ) {
+            let first = queries
+                .first()
+                .map(|q| q.prompt.clone())
+                .unwrap_or_default();
+            let _ = lock(&self.started).send(first);
+            let _ = lock(&self.release).recv_timeout(Duration::from_secs(10));
+            answered(vec![Ok("done".to_owned()); queries.len()]);
+        }
+    }
+
+    /// The worker asks sub-call `call` (of an endpoint there is not) and gets its answer, an
+    /// error, while `what` goes on.
+    fn answered_meanwhile(worker: &mut FakeWorker, call: u64, what: &str) {
+        worker.say(&FromWorker::Call {
+            call,
+            endpoint: Some("nowhere".to_owned()),
+            prompt: "hello".to_owned(),
+        });
+        let answer = read_frame::<ToWorker>(&mut &worker.link, &mut Vec::new());
+        assert!(
+            matches!(
+                answer,
+                Ok(ToWorker::Answer {
+                    call: answered,
+                    answer: Err(_)
+                }) if answered == call
+            ),
+            "the worker's call was not answered while {what}: {answer:?}"
+        );
+    }
+
+    fn child(prompt: &str) -> WireChild {
+        WireChild {
+            prompt: prompt.to_owned(),
+            context: None,
+            model: None,
+            max_iterations: None,
+        }
+    }
+
+    #[test]
+    fn a_workers_link_is_read_on_while_its_rlm_query_children_run() {
+        // A call's children run on a kept thread (the first call's handed there by the
+        // link's first reader, the second's on the kept thread that read it), and a kept
+        // thread reads on: while they run (held here), the worker's sub-calls are answered,
+        // and its second call for children runs at once, beside the first.
+        const WAIT: Duration = Duration::from_secs(10);
+        let (session, mut worker) = handed_session(&[]);
+        let (started_tx, started) = mpsc::channel();
+        let (release, release_rx) = mpsc::channel();
+        session.children().set(Some(Arc::new(HeldChildren {
+            started: Mutex::new(started_tx),
+            release: Mutex::new(release_rx),
+        })));
+        worker.say(&FromWorker::Ready {
+            contexts: Vec::new(),
+        });
+        let link = worker.link.try_clone().expect("the link");
+        link.set_read_timeout(Some(WAIT)).expect("a read timeout");
+        let read = || read_frame::<ToWorker>(&mut &link, &mut Vec::new());
+        receive_fds(&link).expect("the contexts' memfds");
+        assert!(matches!(read(), Ok(ToWorker::Start(_))));
+        worker.say(&FromWorker::Children {
+            call: 1,
+            children: vec![child("first")],
+        });
+        assert_eq!(started.recv_timeout(WAIT).as_deref(), Ok("first"));
+        answered_meanwhile(&mut worker, 2, "its children ran");
+        worker.say(&FromWorker::Children {
+            call: 3,
+            children: vec![child("second")],
+        });
+        assert_eq!(started.recv_timeout(WAIT).as_deref(), Ok("second"));
+        // Read on while both run, the second on the thread that read its call.
+        answered_meanwhile(&mut worker, 4, "its second children ran");
+        release.send(()).expect("the children wait");
+        release.send(()).expect("the children wait");
+        let mut calls = Vec::new();
+        for _ in 0..2 {
+            match read() {
+                Ok(ToWorker::ChildAnswers {
+                    call,
+                    answers: Some(answers),
+                }) => {
+                    assert_eq!(answers, vec![Ok("done".to_owned())]);
+                    calls.push(call);
+                }
+                other => panic!("not the children's answers: {other:?}"),
+            }
+        }
+        calls.sort_unstable();
+        assert_eq!(calls, [1, 3]);
+    }
 
     #[test]
     fn a_handed_workers_link_is_read_from_its_start_frame_on_not_from_the_sessions_first_use() {

@@ -1,4 +1,6 @@
-//! Threads kept for the next job: what runs a worker's `rlm_query` children in the parent.
+//! Threads kept for the next job: what runs a worker's `rlm_query` children in the parent,
+//! and reads the worker's link meanwhile (`parent.rs`: a call's children run on the kept
+//! thread that read it, and the next one reads on).
 //!
 //! A child's loop blocks its thread until the child ends, and the worker's code may ask for
 //! children from several of its threads at once, so each call needs a thread of its own; but
