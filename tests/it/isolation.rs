@@ -194,6 +194,17 @@ fn a_runaway_block_stopped_by_the_run_timeout_is_interrupted_in_a_worker_that_li
     assert!(took < Duration::from_secs(30), "the run ended ({took:?})");
 }
 
+/// `stopped` (a block's trajectory record) ended within a second of a 4 s run limit, and its
+/// run, which `took` so long, did not wait for anything longer.
+fn stopped_by_a_4_s_run_timeout(stopped: &serde_json::Value, took: Duration) {
+    let ms = stopped["duration_ms"].as_f64().expect("duration");
+    assert!(
+        ms <= 5_000.0,
+        "stopped {ms:.0} ms into a run limited to 4 s"
+    );
+    assert!(took < Duration::from_secs(30), "the run ended ({took:?})");
+}
+
 /// A mock whose `sub-model` takes a minute to echo: a block's sub-call waits.
 fn slow_sub_model(replies: &[&str]) -> Mock {
     Mock::start_with(MockConfig {
@@ -227,12 +238,7 @@ fn a_block_waiting_on_a_sub_call_is_stopped_by_the_run_timeout_in_a_worker_that_
         stopped["restart"].is_null(),
         "its worker was ended: {stopped}"
     );
-    let ms = stopped["duration_ms"].as_f64().expect("duration");
-    assert!(
-        ms <= 5_000.0,
-        "stopped {ms:.0} ms into a run limited to 4 s"
-    );
-    assert!(took < Duration::from_secs(30), "the run ended ({took:?})");
+    stopped_by_a_4_s_run_timeout(stopped, took);
 }
 
 #[test]
@@ -259,12 +265,7 @@ fn a_c_sleep_is_stopped_within_a_second_of_the_run_timeout() {
     run.assert_code(3);
     assert_eq!(run.json()["termination_reason"], "timeout");
     let stopped = blocks(&lines)[0];
-    let ms = stopped["duration_ms"].as_f64().expect("duration");
-    assert!(
-        ms <= 5_000.0,
-        "stopped {ms:.0} ms into a run limited to 4 s"
-    );
-    assert!(took < Duration::from_secs(30), "the run ended ({took:?})");
+    stopped_by_a_4_s_run_timeout(stopped, took);
 }
 
 #[test]

@@ -1384,6 +1384,18 @@ mod tests {
             assert_eq!(took, "exec");
             stop.unwrap()
         }
+        /// A block runs and asks `prompt` on a thread of its own, which has the link's reader
+        /// while it waits: the block's stop (the call's cancellation), the call's answer to
+        /// come, and the call's id.
+        fn block_asks(&self, prompt: &str) -> (CancellationToken, Receiver<SubAnswer>, u64) {
+            let stop = self.block_runs();
+            let prompt = prompt.to_owned();
+            let asked =
+                self.ask_aside(move |inbox, cancel| inbox.call(None, prompt, cancel), &stop);
+            let call = call_id(self.sent());
+            self.until_a_waiting_thread_reads();
+            (stop, asked, call)
+        }
     }
 
     fn call_id(frame: FromWorker) -> u64 {
@@ -1399,13 +1411,7 @@ mod tests {
     fn a_sub_call_is_answered_by_the_thread_that_waits_reading_the_link_then_the_main_thread_reads()
     {
         let served = served();
-        let stop = served.block_runs();
-        let asked = served.ask_aside(
-            |inbox, cancel| inbox.call(None, "question".to_owned(), cancel),
-            &stop,
-        );
-        let call = call_id(served.sent());
-        served.until_a_waiting_thread_reads();
+        let (stop, asked, call) = served.block_asks("question");
         served.send(&ToWorker::Answer {
             call,
             answer: Ok("answer".to_owned()),
@@ -1422,15 +1428,9 @@ mod tests {
     #[test]
     fn an_interrupt_read_by_a_waiting_thread_goes_to_the_main_thread_and_ends_the_wait() {
         let served = served();
-        let stop = served.block_runs();
         // The call stops with the block (in a worker the watchdog cancels the block's calls
         // when it looks at the stop: the main thread's `CheckStop`).
-        let asked = served.ask_aside(
-            |inbox, cancel| inbox.call(None, "question".to_owned(), cancel),
-            &stop,
-        );
-        let call = call_id(served.sent());
-        served.until_a_waiting_thread_reads();
+        let (_, asked, call) = served.block_asks("question");
         served.send(&ToWorker::Interrupt { id: 1 });
         assert_eq!(served.main_did(), "check stop");
         let failure = asked.recv_timeout(WAIT).unwrap().unwrap_err();
@@ -1451,13 +1451,7 @@ mod tests {
     #[test]
     fn answers_in_any_order_reach_each_waiting_thread() {
         let served = served();
-        let stop = served.block_runs();
-        let one = served.ask_aside(
-            |inbox, cancel| inbox.call(None, "one".to_owned(), cancel),
-            &stop,
-        );
-        let first = call_id(served.sent());
-        served.until_a_waiting_thread_reads();
+        let (stop, one, first) = served.block_asks("one");
         // A second thread's batch while the first reads: its answers come from the first.
         let batch = served.ask_aside(
             |inbox, cancel| inbox.batch(None, vec!["two".to_owned(), "three".to_owned()], cancel),
@@ -1493,13 +1487,7 @@ mod tests {
     #[test]
     fn the_links_end_read_by_a_waiting_thread_ends_the_worker() {
         let served = served();
-        let stop = served.block_runs();
-        let asked = served.ask_aside(
-            |inbox, cancel| inbox.call(None, "question".to_owned(), cancel),
-            &stop,
-        );
-        call_id(served.sent());
-        served.until_a_waiting_thread_reads();
+        let (stop, asked, _) = served.block_asks("question");
         drop(served.parent);
         assert_eq!(served.main_did.recv_timeout(WAIT).unwrap(), "end");
         // (A worker ends here; the call waits on for an answer, until its block is stopped.)
@@ -1510,22 +1498,12 @@ mod tests {
     #[test]
     fn an_idle_session_thread_reads_its_request_and_the_main_thread_what_comes_while_it_runs() {
         let served = served();
-        served.take_next();
-        served.until_the_session_thread_reads();
-        served.request(
-            1,
-            Request::Exec {
-                code: "x = 1".to_owned(),
-                stopped: false,
-            },
-        );
-        let (took, stop) = served.took().unwrap();
-        assert_eq!(took, "exec");
+        let stop = served.block_runs();
         served.main_quiet();
         // While it runs, the main thread reads: an interrupt stops it at once...
         served.send(&ToWorker::Interrupt { id: 1 });
         assert_eq!(served.main_did(), "check stop");
-        assert!(stop.unwrap().is_cancelled());
+        assert!(stop.is_cancelled());
         // Idle again: what the session thread reads that is the main thread's, it leaves to it.
         served.take_next();
         served.until_the_session_thread_reads();
