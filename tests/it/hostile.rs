@@ -606,6 +606,40 @@ while True:
     );
 }
 
+/// A block that kills its own worker with `SIGKILL` through the C library (as `kill -9` from
+/// outside would; `os.kill` of its own pid only ends the block): the
+/// model is told the worker was killed, not that it ran out of memory, since the kernel
+/// counted no out-of-memory kill while it ran.
+#[test]
+fn a_block_that_kills_its_worker_with_sigkill_is_told_a_kill_not_memory() {
+    let outcome = hostile(
+        "import ctypes, os, signal\nprint('going')\nctypes.CDLL(None).kill(os.getpid(), signal.SIGKILL)",
+        &["killed (SIGKILL)"],
+        &[],
+    );
+    let block = &outcome
+        .lines
+        .iter()
+        .find(|l| l["type"] == "iteration")
+        .expect("an iteration")["blocks"][0];
+    assert_eq!(block["restart"]["cause"]["kind"], "killed", "{block}");
+    assert_eq!(
+        block["restart"]["cause"]["signal"],
+        libc::SIGKILL,
+        "{block}"
+    );
+    assert_eq!(block["error"]["type_name"], "WorkerKilled", "{block}");
+    if std::fs::read_to_string("/proc/vmstat").is_ok_and(|v| v.contains("\noom_kill ")) {
+        assert_eq!(block["restart"]["cause"]["oom_kills"], 0, "{block}");
+    }
+    for memory in ["WorkerOutOfMemory", "ran out of memory", "most likely"] {
+        assert!(
+            !outcome.first.contains(memory),
+            "a kill was told as memory ({memory}): {block}"
+        );
+    }
+}
+
 #[test]
 fn setsid_double_fork_that_tries_to_outlive_the_run() {
     hostile(

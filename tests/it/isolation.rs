@@ -102,6 +102,11 @@ fn a_crash_ends_the_worker_not_the_run_and_the_session_comes_back_without_new_su
             "exited",
             "exit status 3",
         ),
+        (
+            "import ctypes, os, signal\nctypes.CDLL(None).kill(os.getpid(), signal.SIGKILL)",
+            "killed",
+            "killed (SIGKILL)",
+        ),
     ];
     for (crash, kind, told) in crashes {
         let code = format!("print('before the crash')\n{crash}");

@@ -515,7 +515,8 @@ pub enum WorkerEnd {
         /// Its name and meaning, e.g. `SIGSEGV (segmentation fault)`.
         name: String,
     },
-    /// The worker ran out of memory: at its memory limit, or killed by the system.
+    /// The worker ran out of memory: at its memory limit (an allocator that aborted), or
+    /// killed by the system's out-of-memory killer.
     OutOfMemory {
         /// The worker's memory limit, in bytes.
         limit_bytes: Option<u64>,
@@ -523,6 +524,21 @@ pub enum WorkerEnd {
         peak_bytes: u64,
         /// The signal that ended it (`SIGKILL` from the system, or the abort of an allocator).
         signal: i32,
+        /// For a `SIGKILL`: the out-of-memory kills the kernel counted on the machine while
+        /// the worker ran (at least one: the evidence that it was the killer).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        oom_kills: Option<u64>,
+    },
+    /// A `SIGKILL` that was not the session's and, as far as the kernel tells, not the
+    /// out-of-memory killer's: a `kill -9` by a user, another program or the block's own code.
+    Killed {
+        /// The signal's number.
+        signal: i32,
+        /// The most memory it held, in bytes.
+        peak_bytes: u64,
+        /// The out-of-memory kills the kernel counted on the machine while the worker ran
+        /// (`0`); `None` where the kernel does not count them, so memory cannot be ruled out.
+        oom_kills: Option<u64>,
     },
     /// The worker's code ended the process itself (a C-level `exit()`).
     Exited {

@@ -32,7 +32,10 @@
 //! completion before are replayed with their sub-calls answered from their records
 //! ([`super::journal`]), unless the session asks for a fresh start; the block's result says
 //! what happened ([`WorkerRestart`]). When the run is stopping, the restore waits for the
-//! session's next use.
+//! session's next use. A worker the session killed ends as what it was killed for (stopped,
+//! lost); any other end is read from its exit status, and a `SIGKILL` (the out-of-memory
+//! killer's signal, and `kill -9`'s) is told as memory only when the kernel counted an
+//! out-of-memory kill while the worker ran ([`WorkerEnd::OutOfMemory`]), as a kill otherwise.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -60,7 +63,8 @@ use super::protocol::{
     worker_settings, write_frame,
 };
 use super::spawn::{
-    Exit, REAP_WAIT, SpawnJob, Spawned, WorkerProgram, reap, send_fds, start_worker, worker_program,
+    Exit, REAP_WAIT, SpawnJob, Spawned, WorkerProgram, oom_kills, reap, send_fds, start_worker,
+    worker_program,
 };
 use super::template;
 use super::threads::Threads;
@@ -429,7 +433,11 @@ impl WorkerSession {
     ) -> Result<Handed, Failure> {
         let last_words = spawned.read_output();
         let Spawned {
-            pid, link, spare, ..
+            pid,
+            link,
+            spare,
+            oom_kills,
+            ..
         } = spawned;
         // A worker of the pool was taken from it: ended meanwhile, it is replaced.
         let pooled = confined.is_some();
@@ -445,7 +453,8 @@ impl WorkerSession {
             block: Mutex::new(None),
             end: Mutex::new(None),
             ended: Condvar::new(),
-            stopped: Mutex::new(None),
+            ended_by: Mutex::new(None),
+            oom_kills,
             last_words,
             text_chars: self.config.sub_call_text_chars,
         });
@@ -850,8 +859,7 @@ impl WorkerSession {
             Wait::Replied(Err(error)) => BlockOutcome::Failed(error),
             Wait::Ended => {
                 if !worker.wait_end(REAP_WAIT + EXIT_WAIT) {
-                    // It stopped answering without ending: end it.
-                    worker.kill();
+                    worker.lose("stopped answering without ending".to_owned());
                     worker.wait_end(REAP_WAIT);
                 }
                 let end = worker.ended(self.memory_bytes).unwrap_or(WorkerEnd::Lost {
@@ -1256,6 +1264,9 @@ fn fill_output(result: &mut ExecutionResult, stdout: &OutputCapture, stderr: &Ou
 }
 
 fn gigabytes(bytes: u64) -> String {
+    if bytes < 100_000_000 {
+        return format!("{:.0} MB", bytes as f64 / 1e6);
+    }
     format!("{:.1} GB", bytes as f64 / 1e9)
 }
 
@@ -1383,25 +1394,50 @@ fn describe_end(
             format!("The block crashed the Python worker process: {name}"),
         ),
         WorkerEnd::OutOfMemory {
-            limit_bytes,
             peak_bytes,
             signal,
+            oom_kills: Some(kills),
+            ..
+        } => (
+            "WorkerOutOfMemory",
+            format!(
+                "The worker process was killed ({}) holding {}, while the system's out-of-memory killer was ending processes (the kernel counted {kills} such kill(s) on this machine while the worker ran), so most likely for its memory; use less memory per block",
+                signal_name(*signal),
+                gigabytes(*peak_bytes)
+            ),
+        ),
+        WorkerEnd::OutOfMemory {
+            limit_bytes,
+            signal,
+            ..
+        } => (
+            "WorkerOutOfMemory",
+            format!(
+                "The block ran out of memory at {} (the worker's memory limit; raise it with `--memory-limit`) and the worker process ended ({})",
+                gigabytes(limit_bytes.unwrap_or(memory_limit)),
+                signal_name(*signal)
+            ),
+        ),
+        WorkerEnd::Killed {
+            signal,
+            peak_bytes,
+            oom_kills,
         } => {
-            let at_limit = limit_bytes.is_some_and(|l| *peak_bytes >= l / 10 * 8);
-            let message = if at_limit {
-                format!(
-                    "The block ran out of memory at {} (the worker's memory limit; raise it with `--memory-limit`) and the worker process ended ({})",
-                    gigabytes(limit_bytes.unwrap_or(memory_limit)),
-                    signal_name(*signal)
-                )
-            } else {
-                format!(
-                    "The worker process was killed ({}) holding {}, most likely by the system's out-of-memory killer; use less memory per block",
-                    signal_name(*signal),
+            let memory = match oom_kills {
+                Some(_) => "not for memory: the kernel counted no out-of-memory kill while it ran"
+                    .to_owned(),
+                None => format!(
+                    "whether for memory cannot be told here (it held {}; this kernel does not count out-of-memory kills)",
                     gigabytes(*peak_bytes)
-                )
+                ),
             };
-            ("WorkerOutOfMemory", message)
+            (
+                "WorkerKilled",
+                format!(
+                    "The Python worker process was killed ({}), not by the session and {memory}. A `kill -9` ends a worker this way (from a user, another program, or the block's own code)",
+                    signal_name(*signal)
+                ),
+            )
         }
         WorkerEnd::Exited { code } => (
             "WorkerExited",
@@ -1473,6 +1509,7 @@ fn end_summary(end: &WorkerEnd) -> String {
         WorkerEnd::OutOfMemory { peak_bytes, .. } => {
             format!("ran out of memory at {}", gigabytes(*peak_bytes))
         }
+        WorkerEnd::Killed { signal, .. } => format!("killed ({})", signal_name(*signal)),
         WorkerEnd::Exited { code } => format!("exit status {code}"),
         WorkerEnd::Stopped { after_ms, .. } => format!("stopped after {:.1}s", after_ms / 1000.0),
         WorkerEnd::Lost { detail } => detail.clone(),
@@ -1498,33 +1535,54 @@ fn signal_name(signal: i32) -> String {
     name.to_owned()
 }
 
-/// Why a worker ended, from its exit status and what the session did to it.
-fn classify(exit: &Exit, stopped: Option<(Duration, bool)>, memory_limit: u64) -> WorkerEnd {
-    if let Some((after, timed_out)) = stopped {
-        return WorkerEnd::Stopped {
-            after_ms: after.as_secs_f64() * 1000.0,
-            timed_out,
-        };
+/// Why a worker ended: what the session ended it for (`ended_by`), else its exit status and
+/// the evidence of memory (see [`WorkerEnd::OutOfMemory`]).
+fn classify(exit: &Exit, ended_by: Option<&WorkerEnd>, memory_limit: u64) -> WorkerEnd {
+    if let Some(end) = ended_by {
+        return end.clone();
     }
     let Some(status) = exit.status else {
         return WorkerEnd::Lost {
             detail: "could not be waited for".to_owned(),
         };
     };
+    if exit.killed {
+        return WorkerEnd::Lost {
+            detail: format!(
+                "closed its link but did not exit within {:.0}s, so it was killed",
+                REAP_WAIT.as_secs_f64()
+            ),
+        };
+    }
     if libc::WIFEXITED(status) {
         return WorkerEnd::Exited {
             code: libc::WEXITSTATUS(status),
         };
     }
     let signal = libc::WTERMSIG(status);
+    if signal == libc::SIGKILL {
+        // The out-of-memory killer's `SIGKILL` is a `kill -9`'s: only the kernel's count tells.
+        return match exit.oom_kills {
+            Some(kills) if kills > 0 => WorkerEnd::OutOfMemory {
+                limit_bytes: Some(memory_limit),
+                peak_bytes: exit.peak_bytes,
+                signal,
+                oom_kills: Some(kills),
+            },
+            oom_kills => WorkerEnd::Killed {
+                signal,
+                peak_bytes: exit.peak_bytes,
+                oom_kills,
+            },
+        };
+    }
     let near_limit = exit.peak_bytes >= memory_limit / 10 * 8;
-    if signal == libc::SIGKILL
-        || (near_limit && matches!(signal, libc::SIGSEGV | libc::SIGABRT | libc::SIGBUS))
-    {
+    if near_limit && matches!(signal, libc::SIGSEGV | libc::SIGABRT | libc::SIGBUS) {
         return WorkerEnd::OutOfMemory {
             limit_bytes: Some(memory_limit),
             peak_bytes: exit.peak_bytes,
             signal,
+            oom_kills: None,
         };
     }
     WorkerEnd::Crashed {
@@ -1653,8 +1711,10 @@ struct Worker {
     /// Set by the reader once the worker is reaped.
     end: Mutex<Option<Exit>>,
     ended: Condvar,
-    /// The session ended it: after how long, and whether at the time limit.
-    stopped: Mutex<Option<(Duration, bool)>>,
+    /// The session ended it, and why: its end, whatever its exit status says (`SIGKILL`).
+    ended_by: Mutex<Option<WorkerEnd>>,
+    /// The machine's count of out-of-memory kills when it was started.
+    oom_kills: Option<u64>,
     /// The tail of its own stdout/stderr.
     last_words: Arc<Mutex<Vec<u8>>>,
     /// Characters kept of each sub-call's prompt and reply (`0`: none).
@@ -1717,13 +1777,21 @@ impl Worker {
 
     /// Ends a worker whose block did not stop: the block ends as stopped after `after`.
     fn stop_by_killing(&self, after: Duration, timed_out: bool) {
-        *lock(&self.stopped) = Some((after, timed_out));
-        self.kill();
+        self.kill_as(WorkerEnd::Stopped {
+            after_ms: after.as_secs_f64() * 1000.0,
+            timed_out,
+        });
     }
 
     /// Ends a worker that broke the protocol.
     fn lose(&self, detail: String) {
         tracing::warn!("a REPL worker {detail}; it is ended");
+        self.kill_as(WorkerEnd::Lost { detail });
+    }
+
+    /// Ends the worker, whose end is then `end` (the first reason the session had).
+    fn kill_as(&self, end: WorkerEnd) {
+        lock(&self.ended_by).get_or_insert(end);
         self.kill();
     }
 
@@ -1740,7 +1808,7 @@ impl Worker {
     /// Why the worker ended, once it has.
     fn ended(&self, memory_limit: u64) -> Option<WorkerEnd> {
         let exit = (*lock(&self.end))?;
-        let end = classify(&exit, *lock(&self.stopped), memory_limit);
+        let end = classify(&exit, lock(&self.ended_by).as_ref(), memory_limit);
         // An allocator that aborts says so on stderr (Rust: "memory allocation of N bytes
         // failed"; C libraries: "Cannot allocate memory", "std::bad_alloc").
         let words = self.last_words();
@@ -1756,6 +1824,7 @@ impl Worker {
                 limit_bytes: Some(memory_limit),
                 peak_bytes: exit.peak_bytes.max(memory_limit),
                 signal,
+                oom_kills: None,
             },
             end => end,
         })
@@ -1763,7 +1832,13 @@ impl Worker {
 
     /// Waits for the worker to exit (killing it after [`REAP_WAIT`]) and records how it did.
     fn reap(&self) -> Exit {
-        let exit = reap(self.pid);
+        let mut exit = reap(self.pid);
+        if exit.signal() == Some(libc::SIGKILL) {
+            exit.oom_kills = self
+                .oom_kills
+                .zip(oom_kills())
+                .map(|(then, now)| now.saturating_sub(then));
+        }
         *lock(&self.end) = Some(exit);
         self.ended.notify_all();
         exit
@@ -2334,6 +2409,7 @@ mod tests {
             output: Output::Pipe(output),
             spare: false,
             program,
+            oom_kills: None,
         };
         let Ok(handed) = session.hand_over(spawned, Some(sandbox::Report { layers: Vec::new() }))
         else {
@@ -2713,6 +2789,111 @@ mod tests {
         assert_ne!(
             key("q", text(&format!("{long}a"))),
             key("q", text(&format!("{long}b")))
+        );
+    }
+
+    /// A wait status: killed by `signal`.
+    fn killed_by(signal: i32, peak_bytes: u64, oom_kills: Option<u64>) -> Exit {
+        Exit {
+            status: Some(signal),
+            peak_bytes,
+            killed: false,
+            oom_kills,
+        }
+    }
+
+    #[test]
+    fn a_sigkill_is_out_of_memory_only_when_the_kernel_counted_an_oom_kill_meanwhile() {
+        let limit = 1 << 30;
+        let told = |end: &WorkerEnd| describe_end(end, (Duration::from_secs(1), "x"), limit);
+        // Counted: the killer was at work while the worker ran.
+        let end = classify(&killed_by(libc::SIGKILL, 900 << 20, Some(2)), None, limit);
+        assert!(
+            matches!(
+                end,
+                WorkerEnd::OutOfMemory {
+                    oom_kills: Some(2),
+                    signal: libc::SIGKILL,
+                    ..
+                }
+            ),
+            "{end:?}"
+        );
+        let (kind, message) = told(&end);
+        assert_eq!(kind, "WorkerOutOfMemory");
+        assert!(message.contains("counted 2 such kill(s)"), "{message}");
+        // Counted none: a `kill -9`, whatever it held (here: its whole limit).
+        for peak in [40 << 20, limit] {
+            let end = classify(&killed_by(libc::SIGKILL, peak, Some(0)), None, limit);
+            assert_eq!(
+                end,
+                WorkerEnd::Killed {
+                    signal: libc::SIGKILL,
+                    peak_bytes: peak,
+                    oom_kills: Some(0)
+                }
+            );
+            let (kind, message) = told(&end);
+            assert_eq!(kind, "WorkerKilled");
+            assert!(
+                message.contains("killed (SIGKILL), not by the session and not for memory"),
+                "{message}"
+            );
+        }
+        // Not counted by this kernel: a kill, and the message says memory cannot be ruled out.
+        let end = classify(&killed_by(libc::SIGKILL, 40 << 20, None), None, limit);
+        let (kind, message) = told(&end);
+        assert_eq!(kind, "WorkerKilled", "{end:?}");
+        assert!(
+            message.contains("whether for memory cannot be told here (it held 42 MB"),
+            "{message}"
+        );
+        // An allocator's abort at the limit is still memory, and other signals crashes.
+        let end = classify(&killed_by(libc::SIGABRT, limit, None), None, limit);
+        assert!(
+            matches!(
+                end,
+                WorkerEnd::OutOfMemory {
+                    oom_kills: None,
+                    ..
+                }
+            ),
+            "{end:?}"
+        );
+        assert!(
+            told(&end).1.contains("ran out of memory at 1.1 GB"),
+            "{end:?}"
+        );
+        let end = classify(&killed_by(libc::SIGSEGV, 40 << 20, None), None, limit);
+        assert!(
+            matches!(
+                end,
+                WorkerEnd::Crashed {
+                    signal: libc::SIGSEGV,
+                    ..
+                }
+            ),
+            "{end:?}"
+        );
+    }
+
+    #[test]
+    fn the_sessions_own_sigkill_is_told_as_what_the_session_ended_the_worker_for() {
+        let limit = 1 << 30;
+        let lost = WorkerEnd::Lost {
+            detail: "stopped answering without ending".to_owned(),
+        };
+        let exit = killed_by(libc::SIGKILL, 40 << 20, Some(1));
+        assert_eq!(classify(&exit, Some(&lost), limit), lost);
+        // Killed by the reaper: the worker closed its link and did not exit.
+        let reaped = Exit {
+            killed: true,
+            ..exit
+        };
+        let end = classify(&reaped, None, limit);
+        assert!(
+            matches!(&end, WorkerEnd::Lost { detail } if detail.contains("did not exit within 1s")),
+            "{end:?}"
         );
     }
 }

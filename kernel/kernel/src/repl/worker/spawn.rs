@@ -149,6 +149,8 @@ pub(crate) struct Spawned {
     pub(crate) spare: bool,
     /// What it runs.
     pub(crate) program: WorkerProgram,
+    /// The machine's count of out-of-memory kills when it was started ([`oom_kills`]).
+    pub(crate) oom_kills: Option<u64>,
 }
 
 /// A worker's own stdout and stderr, as its parent holds them.
@@ -255,6 +257,33 @@ pub(crate) struct Exit {
     pub(crate) status: Option<i32>,
     /// Its peak resident memory (and its children's), in bytes.
     pub(crate) peak_bytes: u64,
+    /// It was still alive [`REAP_WAIT`] after its link closed, and [`reap`] killed it.
+    pub(crate) killed: bool,
+    /// For a worker ended by `SIGKILL`, the out-of-memory kills the kernel counted on the
+    /// machine while it ran ([`oom_kills`]), where both counts are known: its session's
+    /// reaper fills it in.
+    pub(crate) oom_kills: Option<u64>,
+}
+
+impl Exit {
+    /// The signal that ended it, if one did.
+    pub(crate) fn signal(&self) -> Option<i32> {
+        self.status
+            .filter(|&status| libc::WIFSIGNALED(status))
+            .map(|status| libc::WTERMSIG(status))
+    }
+}
+
+/// The machine's count of processes the kernel's out-of-memory killer ended, for the whole
+/// system or a cgroup's limit (`oom_kill` in `/proc/vmstat`, Linux 4.13); `None` where it is
+/// not kept. The killer's victim gets `SIGKILL`, as from `kill -9`: what tells them apart
+/// is this count rising while the worker ran.
+pub(crate) fn oom_kills() -> Option<u64> {
+    let vmstat = std::fs::read_to_string("/proc/vmstat").ok()?;
+    vmstat
+        .lines()
+        .find_map(|line| line.strip_prefix("oom_kill "))
+        .and_then(|count| count.trim().parse().ok())
 }
 
 /// Waits for `pid`, giving it [`REAP_WAIT`] to finish dying before it is killed: on a pidfd
@@ -275,12 +304,16 @@ pub(crate) fn reap(pid: i32) -> Exit {
             return Exit {
                 status: Some(status),
                 peak_bytes: u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024,
+                killed,
+                oom_kills: None,
             };
         }
         if reaped < 0 {
             return Exit {
                 status: None,
                 peak_bytes: 0,
+                killed,
+                oom_kills: None,
             };
         }
         let now = Instant::now();
@@ -368,6 +401,7 @@ fn spawn_now(program: &WorkerProgram, template: bool) -> io::Result<Spawned> {
         output: Output::Pipe(output),
         spare: false,
         program: program.clone(),
+        oom_kills: oom_kills(),
     })
 }
 

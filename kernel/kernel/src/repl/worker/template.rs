@@ -57,8 +57,8 @@ use std::time::Duration;
 use super::lock::lock;
 use super::protocol::LINK_FD;
 use super::spawn::{
-    Output, Spawned, WorkerProgram, drain_output_then, prepare_spare, receive_fds, run_on_spawner,
-    send_fds, spawn_env, spawn_template, take_link_fd, take_worker,
+    Output, Spawned, WorkerProgram, drain_output_then, oom_kills, prepare_spare, receive_fds,
+    run_on_spawner, send_fds, spawn_env, spawn_template, take_link_fd, take_worker,
 };
 
 /// The template's process name (`/proc/PID/comm`, what `ps` shows).
@@ -198,6 +198,7 @@ impl Template {
             output: Output::Pipe(output),
             spare: false,
             program: self.program.clone(),
+            oom_kills: oom_kills(),
         })
     }
 
