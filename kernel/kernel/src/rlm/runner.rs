@@ -22,6 +22,7 @@
 //! - a [`StopHandle`] from another thread, e.g. on Ctrl-C (`interrupted`): the root call in
 //!   flight is cancelled and a running block interrupted.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -903,14 +904,21 @@ mod tests {
     use bridge::mock::{MockConfig, MockServer, Script};
     use bridge::{Budget, EndpointConfig, Ledger};
 
-    #[test]
-    fn a_childs_answer_is_handed_over_before_its_node_is_added_and_the_node_is_kept() {
+    /// A prompt that makes its child's thread panic at `stage` (`run`: in its loop; `finish`:
+    /// as its node is made), as a bug in rlm would.
+    pub(super) fn panic_if_told(prompt: &str, stage: &str) {
+        if prompt.strip_prefix("panic in ") == Some(stage) {
+            panic!("a test's panic in a child's {stage}");
+        }
+    }
+
+    /// A runner of in-process children whose root model (the mock's `sub`) answers `FINAL(ok)`.
+    fn children_answering_ok() -> (MockServer, ChildRuns) {
         let script = Script::from_json_value(serde_json::json!({"models": {
             "sub": {"rules": [{"system": "recursive language model", "reply": "FINAL(ok)"}]}
         }}))
         .expect("a script");
-        let rt = crate::runtime::shared();
-        let server = rt
+        let server = crate::runtime::shared()
             .block_on(MockServer::start(MockConfig {
                 script,
                 ..MockConfig::default()
@@ -927,7 +935,7 @@ mod tests {
             )
             .expect("endpoints"),
         );
-        let runs = Arc::new(ChildRuns::new(
+        let runs = ChildRuns::new(
             endpoints,
             SessionConfig::default(),
             RlmConfig::default(),
@@ -935,13 +943,22 @@ mod tests {
             CancellationToken::new(),
             None,
             None,
-        ));
-        let query = |prompt: &str| ChildQuery {
+        );
+        (server, runs)
+    }
+
+    fn query(prompt: &str) -> ChildQuery {
+        ChildQuery {
             prompt: prompt.to_owned(),
             context: None,
             model: None,
             max_iterations: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_childs_answer_is_handed_over_before_its_node_is_added_and_the_node_is_kept() {
+        let (server, runs) = children_answering_ok();
         for queries in [vec![query("one")], vec![query("a"), query("b"), query("c")]] {
             let n = queries.len();
             let mut handed = Vec::new();
@@ -977,7 +994,75 @@ mod tests {
                     .all(|node| node.answer.as_deref() == Some("ok"))
             );
         }
-        rt.block_on(server.shutdown());
+        crate::runtime::shared().block_on(server.shutdown());
+    }
+
+    /// A panic on a child's thread, in its run or as its node is made, ends that child only:
+    /// the code that asked gets an error for it (or its answer, when the panic came after),
+    /// the others their answers, the block's end every node at once (no wait for a node that
+    /// would never come), and the panicking child's node says what happened.
+    #[test]
+    fn a_child_whose_thread_panics_gets_an_error_and_a_node_at_once() {
+        let (server, runs) = children_answering_ok();
+        let batches = [
+            vec![query("panic in run")],
+            vec![query("a"), query("panic in run"), query("panic in finish")],
+        ];
+        for queries in batches {
+            let prompts: Vec<String> = queries.iter().map(|q| q.prompt.clone()).collect();
+            let mut handed = Vec::new();
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                runs.run(queries, &CancellationToken::new(), &mut |answers| {
+                    handed.push(answers);
+                });
+            }));
+            let started = Instant::now();
+            let nodes = runs.take();
+            let waited = started.elapsed();
+            assert!(
+                ran.is_ok() && waited < Duration::from_secs(5),
+                "{prompts:?}: the panic reached the code that asked: {}; the block's end waited {waited:?} for the nodes",
+                ran.is_err()
+            );
+            assert_eq!(
+                handed.len(),
+                1,
+                "{prompts:?}: the answers are handed over once"
+            );
+            for (prompt, answer) in prompts.iter().zip(&handed[0]) {
+                match prompt.as_str() {
+                    "panic in run" => {
+                        let failure = answer.as_ref().expect_err("no answer");
+                        assert_eq!(failure.kind, "child_error");
+                        assert!(
+                            failure.message.contains("rlm panicked in it")
+                                && failure.message.contains("a test's panic in a child's run"),
+                            "{failure:?}"
+                        );
+                    }
+                    _ => assert_eq!(answer.as_deref(), Ok("ok"), "{prompt}"),
+                }
+            }
+            assert_eq!(
+                nodes.iter().map(|node| node.index).collect::<Vec<_>>(),
+                (0..prompts.len()).collect::<Vec<_>>(),
+                "every child's node, in order"
+            );
+            for (prompt, node) in prompts.iter().zip(&nodes) {
+                assert_eq!(&node.prompt, prompt);
+                if let Some(stage) = prompt.strip_prefix("panic in ") {
+                    let error = node.error.as_deref().unwrap_or_default();
+                    assert!(
+                        error.contains(&format!("a test's panic in a child's {stage}")),
+                        "{node:?}"
+                    );
+                    assert_eq!(node.termination_reason, TerminationReason::KernelError);
+                } else {
+                    assert_eq!(node.answer.as_deref(), Some("ok"), "{node:?}");
+                }
+            }
+        }
+        crate::runtime::shared().block_on(server.shutdown());
     }
 
     #[test]
@@ -1158,13 +1243,16 @@ impl ChildRuns {
             max_iterations,
         } = query;
         let model = model.unwrap_or_else(|| self.session.sub_endpoint.clone());
-        let (outcome, rlm) = match self.start(&model, context, max_iterations, cancel) {
-            Ok((mut rlm, stop_watch)) => {
-                let outcome = rlm.run(&prompt).map_err(|e| e.to_string());
-                (outcome, Some((rlm, stop_watch)))
-            }
-            Err(message) => (Err(message), None),
-        };
+        // A panic (a bug) ends this child only, as an error: its loop, if it started, is kept
+        // to be closed like any other.
+        let mut rlm = None;
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            let (child, _) = rlm.insert(self.start(&model, context, max_iterations, cancel)?);
+            #[cfg(test)]
+            tests::panic_if_told(&prompt, "run");
+            child.run(&prompt).map_err(|e| e.to_string())
+        }))
+        .unwrap_or_else(|panic| Err(panicked(panic.as_ref(), "in it")));
         let answer = match &outcome {
             Ok(result) => answer_for_code(result),
             Err(message) => Err(SubFailure {
@@ -1182,7 +1270,8 @@ impl ChildRuns {
         (answer, ended)
     }
 
-    /// Adds the node of a child that has its answer, after closing its session.
+    /// Adds the node of a child that has its answer, after closing its session; a panic
+    /// meanwhile (a bug) still adds one, which says so.
     fn finish(&self, ended: Ended) {
         let Ended {
             index,
@@ -1191,21 +1280,32 @@ impl ChildRuns {
             outcome,
             rlm,
         } = ended;
-        // Its stop watcher ends (stopping a child that ended meanwhile changes nothing), and
-        // its worker (with isolation on) is handed to the closer, or ended here past its
-        // backlog: before the node is added, so that the end of the parent's block, which
-        // waits for the node, finds it closed (`take`).
-        if let Some((rlm, stop_watch)) = rlm {
-            stop_watch.cancel();
-            drop(rlm);
-        }
         let chars = self.session.sub_call_text_chars;
-        let node = match outcome {
-            Ok(result) => ChildRun::from_result(index, self.depth, model, &prompt, result, chars),
-            Err(message) => {
-                ChildRun::not_started(index, self.depth, model, &prompt, message, chars)
+        let node = catch_unwind(AssertUnwindSafe(|| {
+            // Its stop watcher ends (stopping a child that ended meanwhile changes nothing),
+            // and its worker (with isolation on) is handed to the closer, or ended here past
+            // its backlog: before the node is added, so that the end of the parent's block,
+            // which waits for the node, finds it closed (`take`).
+            if let Some((rlm, stop_watch)) = rlm {
+                stop_watch.cancel();
+                drop(rlm);
             }
-        };
+            #[cfg(test)]
+            tests::panic_if_told(&prompt, "finish");
+            let model = model.clone();
+            match outcome {
+                Ok(result) => {
+                    ChildRun::from_result(index, self.depth, model, &prompt, result, chars)
+                }
+                Err(message) => {
+                    ChildRun::not_started(index, self.depth, model, &prompt, message, chars)
+                }
+            }
+        }))
+        .unwrap_or_else(|panic| {
+            let message = panicked(panic.as_ref(), "as it was closed and recorded");
+            ChildRun::not_started(index, self.depth, model, &prompt, message, chars)
+        });
         let mut finished = self.finished.lock().unwrap_or_else(PoisonError::into_inner);
         finished.nodes.push(node);
         finished.unrecorded = finished.unrecorded.saturating_sub(1);
@@ -1428,6 +1528,17 @@ struct Ended {
     /// Its loop and session, and the token that ends its stop watcher (`None`: it could
     /// not start).
     rlm: Option<(Rlm, CancellationToken)>,
+}
+
+/// Why a child has no result or no node of its own: rlm panicked `when`, with `panic`'s
+/// message.
+fn panicked(panic: &(dyn std::any::Any + Send), when: &str) -> String {
+    let message = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("no message");
+    format!("rlm panicked {when} ({message}); a bug in rlm, please report it")
 }
 
 /// A child's answer from its slot: a child that never put one there did not finish.

@@ -69,7 +69,8 @@ impl ChildRun {
         }
     }
 
-    /// The node of a child that could not start (its session failed).
+    /// The node of a child that could not start (its session failed), or that rlm could
+    /// not run or record (it panicked: `error` says so).
     pub(crate) fn not_started(
         index: usize,
         depth: u32,
