@@ -7,7 +7,11 @@
 //! raises, the run is stopped through its [`StopHandle`] (root call cancelled, running block
 //! interrupted with its sub-calls) and the partial result comes back with the exception. No tokio signal handler and no asyncio
 //! loop are involved. Progress is read between slices too, so the callback runs on the
-//! calling thread, where the notebook's display machinery expects it.
+//! calling thread, where the notebook's display machinery expects it. The run's session is
+//! closed (its worker ended, its scratch directory removed) before the result is sent, so a
+//! call returns with nothing of its run still closing; an interrupted run whose block does
+//! not wind down within `WIND_DOWN` is the exception: the call raises, and the run thread
+//! closes the session when the block ends.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -105,7 +109,12 @@ pub(crate) fn run_completion(
     std::thread::Builder::new()
         .name("rlm-run".to_owned())
         .spawn(move || {
-            let _ = done.send(rlm.run(&query));
+            let outcome = rlm.run(&query);
+            // Closed before the call returns: its worker ended, its scratch directory
+            // removed, so that the caller's next line (a notebook's next cell) finds none of
+            // it still going.
+            drop(rlm);
+            let _ = done.send(outcome);
         })
         .map_err(|e| PyRuntimeError::new_err(format!("Could not start the run thread: {e}")))?;
 

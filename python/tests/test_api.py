@@ -288,6 +288,25 @@ def test_an_isolated_run_survives_a_segfault_with_its_variables(mock_server):
     assert [m for m, _ in mock.request_log()].count("sub") == 1, "no sub-call sent again"
 
 
+def test_a_completion_returns_once_its_session_is_closed(mock_server):
+    # The model's code writes a file to its worker's scratch directory, which goes with the
+    # session: when the call returns, the worker has ended and the folder is gone, so a
+    # notebook's next cell does not race the close (before, it was still there every time).
+    code = (
+        "import os\n"
+        "open(os.path.join(os.environ['SCRATCH'], 'left.txt'), 'w').write('x')\n"
+        "print(os.environ['SCRATCH'])"
+    )
+    for _ in range(3):
+        mock = mock_server(script([repl(code), "FINAL(ok)"]))
+        rlm = RLM(model="root", base_url=mock.base_url)
+        result = rlm.completion("q", context="text")
+        assert result.answer == "ok"
+        scratch = result.trajectory[0]["blocks"][0]["stdout"].strip()
+        assert scratch.startswith("/"), result.trajectory[0]["blocks"][0]
+        assert not os.path.exists(scratch), f"{scratch} is still there: the session was closing"
+
+
 def test_max_depth_gives_the_code_rlm_query_children_and_the_tree_in_the_result(mock_server):
     # `sub` plays each child RLM (recognised by the RLM system prompt): it counts `x` in its
     # context in one block, then answers with the count.
