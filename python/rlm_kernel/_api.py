@@ -163,7 +163,8 @@ class RLM:
         Several go in `contexts=[...]` (`context_0 …`). `on_progress(event)` is called on
         this thread as the run advances. Interrupting (Ctrl-C, Jupyter's stop button) stops
         the run within a moment and raises `KeyboardInterrupt` with the partial result in
-        `.result`.
+        `.result` (`None` when it came before the run started, while a context was handed to
+        the worker).
         """
         if not isinstance(query, str):
             raise TypeError(f"`query` must be a str, not {type(query).__name__}")
@@ -171,7 +172,13 @@ class RLM:
         callback = None
         if on_progress is not None:
             callback = lambda event: on_progress(json.loads(event))  # noqa: E731
-        data, trajectory, interrupt = self._client.completion(query, args, callback)
+        try:
+            data, trajectory, interrupt = self._client.completion(query, args, callback)
+        except KeyboardInterrupt as exc:
+            # Before the run started (a context being handed to the worker): no result.
+            exc.result = None  # type: ignore[attr-defined]
+            exc.partial_answer = None  # type: ignore[attr-defined]
+            raise
         result = RLMResult(json.loads(data), trajectory)
         if interrupt is not None:
             raise _interrupted(interrupt, result)

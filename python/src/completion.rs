@@ -21,12 +21,12 @@ use std::time::Duration;
 
 use bridge::Endpoints;
 use kernel::options::{RunOptions, Spelling};
-use kernel::repl::{ContextSource, LiveObject, ReplSession};
+use kernel::repl::{ContextSource, LiveObject, ReplError, ReplSession};
 use kernel::rlm::trace::TraceHook;
 use kernel::rlm::{
     BlockRun, Hook, Progress, ProgressSnapshot, Rlm, RlmResult, StopHandle, TrajectoryWriter,
 };
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError};
 use pyo3::prelude::*;
 
 use crate::interrupt::Interrupts;
@@ -75,7 +75,11 @@ pub(crate) fn run_completion(
     let session = {
         let endpoints = Arc::clone(&endpoints);
         py.detach(move || ReplSession::new(session_config, endpoints, &sources))
-            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?
+            .map_err(|e| match e {
+                // Python's convention for a Ctrl-C; the caller's object stays usable.
+                ReplError::Interrupted { .. } => PyKeyboardInterrupt::new_err(e.to_string()),
+                e => PyRuntimeError::new_err(e.to_string()),
+            })?
     };
     let mut rlm = Rlm::new(config, endpoints, Arc::new(session));
     let trajectory = SharedBuffer::default();

@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -163,6 +165,59 @@ def test_sigint_stops_the_run_even_when_code_on_the_main_thread_swallowed_it(moc
     # One press, one KeyboardInterrupt: nothing is pending for the next run.
     fast = mock_server(script(["FINAL(next)"]))
     assert RLM(model="root", base_url=fast.base_url).completion("q", context="x").answer == "next"
+
+
+# A process of its own, so that the signal is a real Ctrl-C to a main thread with Python's
+# default handler: it exports a context whose pickling waits, says so, and reports what the
+# interrupt raised, then runs again on the same `RLM` object.
+_CTRL_C_DURING_EXPORT = """
+import json, sys, time
+from rlm_kernel import RLM, MockServer
+
+class SlowToExport:
+    def __reduce__(self):
+        print("exporting", flush=True)
+        time.sleep(60)
+        return (dict, ())
+
+mock = MockServer({"models": {"root": {"replies": ["FINAL(after)"]}}})
+rlm = RLM(model="root", base_url=mock.base_url)
+try:
+    rlm.completion("q", context=SlowToExport())
+    print("raised: nothing")
+except BaseException as e:
+    print("raised:", type(e).__name__, e, "| result:", getattr(e, "result", "missing"), flush=True)
+print("next:", rlm.completion("q", context="x").answer, flush=True)
+mock.close()
+"""
+
+
+def test_ctrl_c_while_a_context_is_handed_to_the_worker_raises_keyboard_interrupt(tmp_path):
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CTRL_C_DURING_EXPORT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(child.stdout), daemon=True)
+    reader.start()
+    try:
+        wait_until(lambda: "exporting\n" in lines or child.poll() is not None, "the export began")
+        child.send_signal(signal.SIGINT)
+        child.wait(timeout=60)
+    finally:
+        child.kill()
+        child.wait()
+    reader.join(timeout=10)
+    stderr = child.stderr.read()
+    said = "".join(lines)
+    raised = next((line for line in lines if line.startswith("raised:")), said)
+    assert raised.startswith("raised: KeyboardInterrupt"), f"{raised}\n{stderr}"
+    assert "handing the context `context_0` to the worker" in raised, raised
+    assert raised.endswith("| result: None\n"), raised
+    assert "next: after\n" in lines, f"the object is not usable after the interrupt: {said}\n{stderr}"
+    assert child.returncode == 0, stderr
 
 
 def test_a_sigint_handler_of_the_users_own_decides_and_the_run_goes_on(mock_server):

@@ -210,6 +210,14 @@ pub enum ReplError {
     )]
     NoWorkerProgram,
 
+    /// A Ctrl-C (`KeyboardInterrupt` in the host's Python code) stopped the session's set-up;
+    /// nothing was started, and a new session can be made at once.
+    #[error("Interrupted while {action}; nothing was started")]
+    Interrupted {
+        /// What the kernel was doing, e.g. handing a context to the worker process.
+        action: String,
+    },
+
     /// The kernel's own Python support code failed (a bug in the kernel).
     #[error("Kernel error while {action}: {message}; please report this as a bug")]
     Internal {

@@ -10,6 +10,7 @@ use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
+use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
@@ -202,8 +203,21 @@ fn export_object(live: &LiveObject, memfd: &OwnedFd) -> Result<ObjectFormat, Rep
                     .call_method1("export_shared", (live.object.bind(py), memfd.as_raw_fd()))?
                     .extract()
             })
-            .map_err(|e| ReplError::Worker {
-                problem: format!("could not be handed the context `{}`: {e}", live.label),
+            .map_err(|e| {
+                // Ctrl-C in the host's Python (a pickling that takes long): an interrupt, as
+                // Python would raise it, not a worker's failure.
+                if e.is_instance_of::<PyKeyboardInterrupt>(py) {
+                    ReplError::Interrupted {
+                        action: format!(
+                            "handing the context `{}` to the worker process",
+                            live.label
+                        ),
+                    }
+                } else {
+                    ReplError::Worker {
+                        problem: format!("could not be handed the context `{}`: {e}", live.label),
+                    }
+                }
             })?;
         match format.as_str() {
             "text" => Ok(ObjectFormat::Text),
