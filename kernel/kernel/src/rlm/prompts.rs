@@ -5,6 +5,7 @@
 //! `{{...}}` is inserted as is). A system-prompt override may use the same placeholders; unknown
 //! ones are left untouched.
 
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::final_answer::{CodeAndFinal, CompletionRules, FinalKind, FinalNote, Protocol};
@@ -62,8 +63,8 @@ impl Default for PromptConfig {
     }
 }
 
-/// Every text of one run, ready to fill in.
-#[derive(Debug, Clone)]
+/// Every text of one run, ready to fill in; two equal ones fill in the same texts.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Prompts {
     config: PromptConfig,
     rules: CompletionRules,
@@ -290,6 +291,29 @@ impl Prompts {
             ),
         };
         format!("{}\n", text.trim_end())
+    }
+}
+
+/// A system prompt kept with the [`Prompts`] it was rendered from, for runs that may send the
+/// same (a run's `rlm_query` children): a run whose prompts equal the kept ones gets the kept
+/// text, another renders its own, which is kept instead. The key is everything the renderer
+/// reads ([`Prompts::system_prompt`] takes nothing but its `Prompts`), so an input added
+/// there is in the key too.
+#[derive(Debug, Default)]
+pub(crate) struct KeptSystemPrompt(Mutex<Option<(Prompts, String)>>);
+
+impl KeptSystemPrompt {
+    /// The system prompt of `prompts`: the kept one when it was rendered from equal prompts.
+    pub(crate) fn system_prompt(&self, prompts: &Prompts) -> String {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((from, text)) = &*kept
+            && from == prompts
+        {
+            return text.clone();
+        }
+        let text = prompts.system_prompt();
+        *kept = Some((prompts.clone(), text.clone()));
+        text
     }
 }
 

@@ -42,7 +42,7 @@ use super::metadata::{
     SessionMetrics, TerminationReason,
 };
 use super::metrics::MetricsHook;
-use super::prompts::Prompts;
+use super::prompts::{KeptSystemPrompt, Prompts};
 use super::tree::answer_for_code;
 use crate::repl::worker::Shape;
 use crate::repl::{
@@ -78,9 +78,9 @@ pub struct Rlm {
     stop: CancellationToken,
     /// The run's depth in the tree of `rlm_query` runs: 0 for a root.
     depth: u32,
-    /// The system prompt its runs send, already rendered (a child's, shared by its run's
-    /// children: [`ChildRuns::start`]); `None`: rendered by each run.
-    system_prompt: Option<String>,
+    /// Where the system prompt its runs send is kept, rendered (a child's: shared by its run's
+    /// children, [`ChildRuns::start`]); `None`: rendered by each run.
+    system_prompt: Option<Arc<KeptSystemPrompt>>,
 }
 
 /// Stops a runner's run from another thread (a Ctrl-C handler, a notebook's stop button).
@@ -208,11 +208,12 @@ impl Rlm {
             .to_vec()
     }
 
-    /// The system prompt of this runner's runs (rendered once a run, or given).
+    /// The system prompt of this runner's runs (rendered once a run, or kept).
     fn system_prompt(&self, prompts: &Prompts) -> String {
-        self.system_prompt
-            .clone()
-            .unwrap_or_else(|| prompts.system_prompt())
+        match &self.system_prompt {
+            Some(kept) => kept.system_prompt(prompts),
+            None => prompts.system_prompt(),
+        }
     }
 
     fn conversation(
@@ -1093,29 +1094,40 @@ mod tests {
             ReplSession::new(SessionConfig::default(), Arc::clone(&endpoints), &[])
                 .expect("a session"),
         );
-        let child = |root: &str, iterations: u32| {
+        // A child of `runs`, as `ChildRuns::start` makes it: its system prompt kept by `runs`.
+        let child = |root: &str, iterations: u32, extension: Option<&str>| {
             let mut config = base.clone();
             root.clone_into(&mut config.root_endpoint);
             config.max_iterations = iterations;
-            Rlm::child(config, Arc::clone(&endpoints), Arc::clone(&session), 1)
+            config.prompts.extension = extension.map(str::to_owned);
+            let mut rlm = Rlm::child(config, Arc::clone(&endpoints), Arc::clone(&session), 1);
+            rlm.system_prompt = Some(Arc::clone(&runs.system_prompt));
+            rlm
         };
-        // The iteration limit and the root (left out of the models `model=` names) differ.
+        // The iteration limit and the root (left out of the models `model=` names) differ,
+        // and a third input, which no child of today's runs changes: a child's own
+        // extension stands for whatever a child may one day get of its own.
         let mut seen = std::collections::HashSet::new();
-        for (root, iterations) in [("sub", 7), ("sub", 7), ("sub", 3), ("root", 3), ("sub", 7)] {
-            let rlm = child(root, iterations);
+        let children = [
+            ("sub", 7, None),
+            ("sub", 7, None),
+            ("sub", 3, None),
+            ("root", 3, None),
+            ("sub", 7, None),
+            ("sub", 7, Some("Dates are ISO 8601.")),
+            ("sub", 7, None),
+        ];
+        for (root, iterations, extension) in children {
+            let rlm = child(root, iterations, extension);
             let own = rlm.prompts().system_prompt();
             assert_eq!(
-                runs.system_prompt(&rlm),
+                rlm.first_messages("q")[0].content,
                 own,
-                "{root}, {iterations} iterations"
+                "{root}, {iterations} iterations, extension {extension:?}"
             );
             seen.insert(own);
         }
-        assert_eq!(seen.len(), 3, "three different prompts: {seen:?}");
-        // The one given is the one sent.
-        let mut rlm = child("sub", 7);
-        rlm.system_prompt = Some("given".to_owned());
-        assert_eq!(rlm.first_messages("q")[0].content, "given");
+        assert_eq!(seen.len(), 4, "four different prompts: {seen:?}");
     }
 
     #[test]
@@ -1168,10 +1180,9 @@ pub(crate) struct ChildRuns {
     /// With isolation on, the shape of the workers the parent run keeps ready for its
     /// children: each child's session takes its worker by it.
     workers: Option<Shape>,
-    /// The system prompt of the last child started, by its root endpoint and iteration
-    /// limit (all it depends on that differs between children): the next child like it
-    /// sends the same, not rendered again.
-    system_prompt: Mutex<Option<(String, u32, String)>>,
+    /// The system prompt of the last child started, kept with all it was rendered from: the
+    /// next child like it sends the same, not rendered again.
+    system_prompt: Arc<KeptSystemPrompt>,
 }
 
 impl ChildRuns {
@@ -1200,7 +1211,7 @@ impl ChildRuns {
             next: AtomicUsize::new(0),
             ahead: Mutex::new(None),
             workers,
-            system_prompt: Mutex::new(None),
+            system_prompt: Arc::default(),
         }
     }
 
@@ -1377,7 +1388,7 @@ impl ChildRuns {
             Arc::new(session),
             self.depth,
         );
-        rlm.system_prompt = Some(self.system_prompt(&rlm));
+        rlm.system_prompt = Some(Arc::clone(&self.system_prompt));
         let handle = rlm.stop_handle();
         let done = CancellationToken::new();
         let (block, parent, watch) = (cancel.clone(), self.stop.clone(), done.clone());
@@ -1389,24 +1400,6 @@ impl ChildRuns {
             }
         });
         Ok((rlm, done))
-    }
-
-    /// `rlm`'s system prompt: the last child's, when `rlm` has its root endpoint and
-    /// iteration limit, else rendered (and kept for the next child).
-    fn system_prompt(&self, rlm: &Rlm) -> String {
-        let (root, iterations) = (&rlm.config.root_endpoint, rlm.config.max_iterations);
-        let mut kept = self
-            .system_prompt
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match &*kept {
-            Some((r, i, text)) if r == root && *i == iterations => text.clone(),
-            _ => {
-                let text = rlm.prompts().system_prompt();
-                *kept = Some((root.clone(), iterations, text.clone()));
-                text
-            }
-        }
     }
 }
 
