@@ -960,6 +960,8 @@ mod tests {
     #[test]
     fn a_childs_answer_is_handed_over_before_its_node_is_added_and_the_node_is_kept() {
         let (server, runs) = children_answering_ok();
+        // In-process children: no worker pool, so nothing for their model calls to time.
+        let armed = crate::repl::worker::timers_armed();
         for queries in [vec![query("one")], vec![query("a"), query("b"), query("c")]] {
             let n = queries.len();
             let mut handed = Vec::new();
@@ -995,6 +997,11 @@ mod tests {
                     .all(|node| node.answer.as_deref() == Some("ok"))
             );
         }
+        assert_eq!(
+            crate::repl::worker::timers_armed(),
+            armed,
+            "in-process children's model calls armed a timer"
+        );
         crate::runtime::shared().block_on(server.shutdown());
     }
 

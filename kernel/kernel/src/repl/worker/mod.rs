@@ -72,6 +72,8 @@ pub use policy::worker_policy;
 pub use pool::use_worker_pool;
 pub(crate) use pool::{ReadyWorkers, Shape, keep_ready};
 pub(crate) use quiet::in_flight;
+#[cfg(test)]
+pub(crate) use quiet::timers_armed;
 pub use spawn::{WORKER_ARG, WorkerProgram, set_worker_program};
 pub use template::{TEMPLATE_NAME, use_worker_template};
 
