@@ -16,6 +16,9 @@
 //! - `interrupt`: the watchdog that stops a block at its time limit or on cancellation —
 //!   asynchronous `CellTimeout` (a `BaseException`, re-raised until the block ends), a stop
 //!   event that wakes the patched `time.sleep`, and cancellation of in-flight sub-calls.
+//! - `stop_watch`: a stop run by the thread that cancels a token (a block's, a session's, a
+//!   run's), with no task or thread watching it: an isolated block's and an `rlm_query`
+//!   child's.
 //! - `natives`: `llm_query` / `llm_query_batched` in Rust on the bridge (GIL released while
 //!   waiting); `children`: `rlm_query` / `rlm_query_batched`, run by the `ChildRunner` the
 //!   RLM loop sets on the session (`ReplSession::set_children`), else `llm_query`; `support.py` adds
@@ -151,6 +154,7 @@ mod plain;
 mod pystr;
 mod session;
 mod source;
+mod stop_watch;
 pub mod worker;
 
 pub use bridge::{Endpoints, Ledger, SubCallMetadata};
@@ -170,6 +174,7 @@ pub use source::{
     ContextInput, ContextSource, EncodedContext, LiveObject, LoadOptions, RESERVED_NAMES,
     check_context_name, check_encoding,
 };
+pub(crate) use stop_watch::StopWatch;
 pub use worker::{
     TEMPLATE_NAME, WORKER_ARG, WorkerProgram, serve_if_worker, set_worker_program, use_worker_pool,
     use_worker_template, worker_main, worker_policy,

@@ -42,16 +42,14 @@ use std::hash::{BuildHasher, Hasher};
 use std::io::{self, BufReader};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::task::{Context, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use bridge::record::{AnswerRecord, RecordKey};
 use bridge::{BatchPolicy, CallOptions, ChatRequest, Endpoints};
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_util::sync::CancellationToken;
 
 use super::closer;
 use super::journal::{Entry, Journal};
@@ -80,6 +78,7 @@ use crate::repl::metadata::{
 };
 use crate::repl::natives::{SubAnswer, SubFailure, WireChild, WireContext};
 use crate::repl::source::ContextInput;
+use crate::repl::stop_watch::StopWatch;
 use crate::runtime;
 
 /// How long after its time limit, or after it was told to stop, a block whose code has not
@@ -783,7 +782,9 @@ impl WorkerSession {
         });
         // Already cancelled when the block starts: not a reason to stop it (as in-process).
         let session = (!self.cancel.is_cancelled()).then(|| self.cancel.clone());
-        let watch = StopWatch::arm(stop.cloned().into_iter().chain(session), events);
+        let watch = StopWatch::arm(stop.cloned().into_iter().chain(session), move || {
+            let _ = events.send(Event::Stop);
+        });
         let stopped = stop.is_some_and(CancellationToken::is_cancelled);
         self.processes.store(true, Ordering::Relaxed);
         let sent = worker.send(&ToWorker::Request {
@@ -1613,74 +1614,6 @@ struct Block {
     answers: Answers,
     /// What its sub-calls asked and got, kept here where the secrets are known.
     texts: Vec<SubCallText>,
-}
-
-/// Tells a block's caller to stop it ([`Event::Stop`]) once one of its tokens is cancelled:
-/// each token's wait list holds the watch's waker, which the thread that cancels the token
-/// runs. No task is spawned to watch them, and none woken at the block's end to stop watching:
-/// a tokio task did both, a thread of the runtime woken each time, ~10-20 us of the caller's
-/// each. Dropped, the watch leaves the wait lists.
-struct StopWatch(Arc<Watch>);
-
-struct Watch {
-    /// One wait per token, each registered with the watch's waker; emptied by the first stop
-    /// and when the watch is dropped (a registered wait holds the waker, which holds this).
-    waits: Mutex<Vec<Pin<Box<WaitForCancellationFutureOwned>>>>,
-    /// Taken by the first stop.
-    events: Mutex<Option<Sender<Event>>>,
-}
-
-impl StopWatch {
-    fn arm(tokens: impl IntoIterator<Item = CancellationToken>, events: Sender<Event>) -> Self {
-        let watch = Arc::new(Watch {
-            waits: Mutex::new(
-                tokens
-                    .into_iter()
-                    .map(|token| Box::pin(token.cancelled_owned()))
-                    .collect(),
-            ),
-            events: Mutex::new(Some(events)),
-        });
-        // Registers the waker, or finds a token cancelled already.
-        watch.poll();
-        Self(watch)
-    }
-}
-
-impl Drop for StopWatch {
-    fn drop(&mut self) {
-        lock(&self.0.waits).clear();
-    }
-}
-
-impl Watch {
-    /// Polls the waits (a token's cancellation wakes the watch, and the waits are polled
-    /// again): the first that is cancelled sends the stop.
-    fn poll(self: &Arc<Self>) {
-        let waker = Waker::from(Arc::clone(self));
-        let mut context = Context::from_waker(&waker);
-        let mut waits = lock(&self.waits);
-        if waits
-            .iter_mut()
-            .any(|wait| wait.as_mut().poll(&mut context).is_ready())
-        {
-            waits.clear();
-            drop(waits);
-            if let Some(events) = lock(&self.events).take() {
-                let _ = events.send(Event::Stop);
-            }
-        }
-    }
-}
-
-impl Wake for Watch {
-    fn wake(self: Arc<Self>) {
-        self.poll();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.poll();
-    }
 }
 
 /// What a waiting request is told.
@@ -2638,41 +2571,6 @@ mod tests {
                 Ok(Some("CellCancelled".to_owned()))
             );
         }
-    }
-
-    #[test]
-    fn a_stop_watch_stops_once_from_the_cancelling_thread_and_dropped_leaves_nothing_behind() {
-        let (events, inbox) = mpsc::channel();
-        let (stop, session) = (CancellationToken::new(), CancellationToken::new());
-        let watch = StopWatch::arm([stop.clone(), session.clone()], events.clone());
-        assert!(
-            inbox.try_recv().is_err(),
-            "stopped before any token was cancelled"
-        );
-        std::thread::spawn(move || session.cancel())
-            .join()
-            .expect("cancelled");
-        assert!(matches!(inbox.try_recv(), Ok(Event::Stop)));
-        stop.cancel();
-        assert!(inbox.try_recv().is_err(), "stopped twice");
-        drop(watch);
-
-        // A token cancelled before the block starts stops it at once.
-        let watch = StopWatch::arm([stop.clone()], events.clone());
-        assert!(matches!(inbox.try_recv(), Ok(Event::Stop)));
-        drop(watch);
-
-        // Dropped, a watch leaves the tokens' wait lists (its waits hold it: not a leak).
-        let later = CancellationToken::new();
-        let watch = StopWatch::arm([later.clone()], events);
-        let kept = Arc::downgrade(&watch.0);
-        drop(watch);
-        assert!(
-            kept.upgrade().is_none(),
-            "the dropped watch is still referenced"
-        );
-        later.cancel();
-        assert!(inbox.try_recv().is_err(), "a dropped watch stopped a block");
     }
 
     #[test]
