@@ -47,7 +47,7 @@ use super::tree::answer_for_code;
 use crate::repl::worker::Shape;
 use crate::repl::{
     AheadSession, ChildAnswer, ChildQuery, ChildRunner, ContextMetadata, ContextSource,
-    ReplSession, SessionConfig, SubFailure,
+    ReplSession, SessionConfig, StopWatch, SubFailure,
 };
 use bridge::{BridgeError, CancellationToken, ChatRequest, Endpoints, Message, SubCallMetadata};
 
@@ -914,9 +914,10 @@ mod tests {
     }
 
     /// A runner of in-process children whose root model (the mock's `sub`) answers `FINAL(ok)`.
-    fn children_answering_ok() -> (MockServer, ChildRuns) {
+    /// A mock whose model `sub` gives a child (an RLM loop) `reply`, and its endpoints.
+    fn children_answered(reply: &str) -> (MockServer, Arc<Endpoints>) {
         let script = Script::from_json_value(serde_json::json!({"models": {
-            "sub": {"rules": [{"system": "recursive language model", "reply": "FINAL(ok)"}]}
+            "sub": {"rules": [{"system": "recursive language model", "reply": reply}]}
         }}))
         .expect("a script");
         let server = crate::runtime::shared()
@@ -936,6 +937,11 @@ mod tests {
             )
             .expect("endpoints"),
         );
+        (server, endpoints)
+    }
+
+    fn children_answering_ok() -> (MockServer, ChildRuns) {
+        let (server, endpoints) = children_answered("FINAL(ok)");
         let runs = ChildRuns::new(
             endpoints,
             SessionConfig::default(),
@@ -1069,6 +1075,84 @@ mod tests {
                     assert_eq!(node.answer.as_deref(), Some("ok"), "{node:?}");
                 }
             }
+        }
+        crate::runtime::shared().block_on(server.shutdown());
+    }
+
+    #[test]
+    fn a_child_is_stopped_by_its_blocks_stop_its_parents_run_or_its_deadline_mid_block() {
+        // The child's one reply runs a block that says it started, then sleeps for a minute.
+        let dir = tempfile::tempdir().expect("a scratch dir");
+        let started_file = dir.path().join("started");
+        let reply = format!(
+            "```repl\nimport pathlib, time\npathlib.Path(r'{}').touch()\ntime.sleep(60)\n```",
+            started_file.display()
+        );
+        let (server, endpoints) = children_answered(&reply);
+        for stop in ["block", "parent", "deadline"] {
+            let _ = std::fs::remove_file(&started_file);
+            let (parent, block) = (CancellationToken::new(), CancellationToken::new());
+            let deadline = (stop == "deadline").then(|| Instant::now() + Duration::from_secs(3));
+            // One iteration, and the block's own limit 40 s: a stop not passed on ends the
+            // test within a minute, failed.
+            let session = SessionConfig {
+                cell_timeout: Duration::from_secs(40),
+                ..SessionConfig::default()
+            };
+            let runs = ChildRuns::new(
+                Arc::clone(&endpoints),
+                session,
+                RlmConfig::default(),
+                1,
+                parent.clone(),
+                deadline,
+                None,
+            );
+            // Stopped once its block runs, from a thread of its own.
+            let stopper = {
+                let (started_file, parent, block) =
+                    (started_file.clone(), parent.clone(), block.clone());
+                std::thread::spawn(move || {
+                    let waited = Instant::now();
+                    while !started_file.exists() && waited.elapsed() < Duration::from_secs(20) {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    match stop {
+                        "block" => block.cancel(),
+                        "parent" => parent.cancel(),
+                        _ => {}
+                    }
+                })
+            };
+            let began = Instant::now();
+            let mut answers = Vec::new();
+            let query = ChildQuery {
+                prompt: "q".to_owned(),
+                context: None,
+                model: None,
+                max_iterations: Some(1),
+            };
+            runs.run(vec![query], &block, &mut |given| answers = given);
+            stopper.join().expect("the stopper ends");
+            assert!(started_file.exists(), "{stop}: the child's block never ran");
+            // Well under the block's 40 s: interrupted, not waited out (not a speed check).
+            assert!(
+                began.elapsed() < Duration::from_secs(30),
+                "{stop}: {:?}",
+                began.elapsed()
+            );
+            let nodes = runs.take();
+            let want = if stop == "deadline" {
+                TerminationReason::Timeout
+            } else {
+                TerminationReason::Interrupted
+            };
+            assert_eq!(nodes.len(), 1, "{stop}");
+            assert_eq!(nodes[0].termination_reason, want, "{stop}");
+            assert!(
+                answers.len() == 1 && answers[0].is_err(),
+                "{stop}: {answers:?}"
+            );
         }
         crate::runtime::shared().block_on(server.shutdown());
     }
@@ -1300,12 +1384,12 @@ impl ChildRuns {
         } = ended;
         let chars = self.session.sub_call_text_chars;
         let node = catch_unwind(AssertUnwindSafe(|| {
-            // Its stop watcher ends (stopping a child that ended meanwhile changes nothing),
+            // Its stop watch ends (stopping a child that ended meanwhile changes nothing),
             // and its worker (with isolation on) is handed to the closer, or ended here past
             // its backlog: before the node is added, so that the end of the parent's block,
             // which waits for the node, finds it closed (`take`).
             if let Some((rlm, stop_watch)) = rlm {
-                stop_watch.cancel();
+                drop(stop_watch);
                 drop(rlm);
             }
             #[cfg(test)]
@@ -1332,15 +1416,15 @@ impl ChildRuns {
     }
 
     /// A child's session (its `context` moved into it, not copied: it may be large) and loop,
-    /// ready to run; the returned token ends the task that stops the child when its block (or
-    /// the parent run) stops.
+    /// ready to run, and the watch that stops it when its block (or the parent run) stops,
+    /// run by the thread that stops them (no task watches them).
     fn start(
         &self,
         model: &str,
         context: Option<ContextSource>,
         max_iterations: Option<u32>,
         cancel: &CancellationToken,
-    ) -> Result<(Rlm, CancellationToken), String> {
+    ) -> Result<(Rlm, StopWatch), String> {
         let endpoint = self.endpoints.get(model).map_err(|e| e.to_string())?;
         // No session (with isolation on, no worker process) for a child that could not send
         // its first model call: code that starts children in a loop past the budget, or after
@@ -1397,16 +1481,8 @@ impl ChildRuns {
         );
         rlm.system_prompt = Some(Arc::clone(&self.system_prompt));
         let handle = rlm.stop_handle();
-        let done = CancellationToken::new();
-        let (block, parent, watch) = (cancel.clone(), self.stop.clone(), done.clone());
-        crate::runtime::shared().spawn(async move {
-            tokio::select! {
-                () = block.cancelled() => handle.stop(),
-                () = parent.cancelled() => handle.stop(),
-                () = watch.cancelled() => {}
-            }
-        });
-        Ok((rlm, done))
+        let watch = StopWatch::arm([cancel.clone(), self.stop.clone()], move || handle.stop());
+        Ok((rlm, watch))
     }
 }
 
@@ -1525,9 +1601,8 @@ struct Ended {
     prompt: String,
     /// Its result, or why it could not run.
     outcome: Result<RlmResult, String>,
-    /// Its loop and session, and the token that ends its stop watcher (`None`: it could
-    /// not start).
-    rlm: Option<(Rlm, CancellationToken)>,
+    /// Its loop and session, and the watch that stops it (`None`: it could not start).
+    rlm: Option<(Rlm, StopWatch)>,
 }
 
 /// Why a child has no result or no node of its own: rlm panicked `when`, with `panic`'s
