@@ -34,7 +34,8 @@
 //!   started (on a worker taken from the pool or not), counted by the session and held
 //!   until a run of the process waits for a model (`quiet.rs`; at once when a session waits
 //!   for it), then handed to the pool's threads, which check the memory and fork and
-//!   confine it there. Ordered any earlier, or run at once, the next worker's fork and
+//!   confine it there (where they could not start, the order is dropped there: sessions
+//!   start their own workers). Ordered any earlier, or run at once, the next worker's fork and
 //!   confinement would take the cores the session's start frame, its `Ready` and its
 //!   request to the model wait for; handed to a thread at once, the order would wake it on
 //!   the session's path. Ready and confining workers together stay within the
@@ -392,18 +393,32 @@ pub(crate) fn order_refill(shape: &Shape) {
     // Counted now, so that a session starting meanwhile waits for it rather than start its own.
     pool.confining.push(shape.clone());
     drop(pool);
-    let queued = shape.clone();
+    let (queued, ordered) = (shape.clone(), shape.clone());
     let job: SpawnJob = Box::new(move || {
         let program = queued.program.clone();
         confine_one(&config, &program, queued);
     });
     quiet::when_slack(Box::new(move || {
-        if let Err(std::sync::mpsc::SendError(job)) = lock(refiller()).send(job) {
-            // Its threads could not start: confined here (held, this is not a child's path).
-            tracing::debug!("the worker pool's thread is gone");
-            job();
+        if lock(refiller()).send(job).is_err() {
+            not_confined(&ordered);
         }
     }));
+}
+
+/// A refill the pool's threads could not take (none could start): uncounted, so that a
+/// session waiting for it starts its own worker at once, as without a pool. Not confined on
+/// the thread that released it, which may be a model call's timer on the shared runtime
+/// (`quiet.rs`), held there for up to [`TEMPLATE_WAIT`] and [`CONFINE_WAIT`].
+fn not_confined(shape: &Shape) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        tracing::error!(
+            "the worker pool's threads could not start; the children's sessions start their own workers"
+        );
+    }
+    let (mutex, changed) = pool();
+    Pool::remove(&mut lock(mutex).confining, shape);
+    changed.notify_all();
 }
 
 /// On the pool thread: forks a worker from the template and has it confined for `shape`;
@@ -530,8 +545,9 @@ fn memory_allows() -> bool {
 }
 
 /// The threads that confine the pool's workers, [`CONFINING_AT_ONCE`] at a time.
+static REFILLER: OnceLock<Mutex<Sender<SpawnJob>>> = OnceLock::new();
+
 fn refiller() -> &'static Mutex<Sender<SpawnJob>> {
-    static REFILLER: OnceLock<Mutex<Sender<SpawnJob>>> = OnceLock::new();
     REFILLER.get_or_init(|| job_threads("rlm-worker-pool", CONFINING_AT_ONCE))
 }
 
@@ -564,6 +580,45 @@ mod tests {
         let mut c = shape(&config, "/tmp/rlm-scratch-c", &[]);
         c.policy.limits.file_size_bytes = Some(1);
         assert_eq!(b, c);
+    }
+
+    /// With the pool's threads unable to start (a channel nobody reads stands for them), a
+    /// refill is not confined on the thread that releases it (here a session's that waits
+    /// for it; in a run, possibly a model call's timer on the shared runtime): it is
+    /// uncounted there, and the waiting session starts its own worker at once.
+    #[test]
+    fn a_refill_the_pools_threads_cannot_take_is_uncounted_where_it_is_released() {
+        let (nobody, _) = std::sync::mpsc::channel::<SpawnJob>();
+        assert!(
+            REFILLER.set(Mutex::new(nobody)).is_ok(),
+            "the pool's threads started already"
+        );
+        let program = WorkerProgram {
+            program: PathBuf::from("/nonexistent/rlm-test-worker"),
+            args: Vec::new(),
+            env: Vec::new(),
+        };
+        let config = SessionConfig::default();
+        let policy = session_policy(&config, std::path::Path::new("/tmp/s"), &program, &[]);
+        let shape = Shape::with(&program, PathBuf::from("/w"), level_of(&config), &policy);
+        Pool::own(lock(&pool().0)).leases.push(Lease {
+            shape: shape.clone(),
+            count: 1,
+            config,
+            target: 2,
+        });
+        // Held (no model call is in flight), and counted: a session waits for it.
+        order_refill(&shape);
+        assert_eq!(Pool::count(&lock(&pool().0).confining, &shape), 1);
+        let started = Instant::now();
+        let taken = take(&shape);
+        let took = started.elapsed();
+        assert!(taken.is_none());
+        assert!(
+            took < Duration::from_secs(1),
+            "the session's thread was held {took:?}: the refill was confined there"
+        );
+        assert_eq!(Pool::count(&lock(&pool().0).confining, &shape), 0);
     }
 
     #[test]
