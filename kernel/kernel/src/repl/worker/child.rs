@@ -14,8 +14,9 @@
 //! and add the contexts to the namespace (or, should the `Start` bring other settings, build it
 //! again with them). Then the link is read in turns ([`Inbox`]): the session thread, idle, reads it
 //! itself, so that a request wakes one thread, not two; it hands the reader back to the main thread
-//! as it takes a request, runs it and writes its reply to the link itself (a block's once its
-//! output is sent). While a request runs, the main thread reads: requests go to the session
+//! as it takes a request, without waking it unless it has been idle for a while (the main thread
+//! looks every [`CANCEL_POLL`] meanwhile), runs it and writes its reply to the link itself (a
+//! block's once its output is sent). While a request runs, the main thread reads: requests go to the session
 //! thread's queue, in order, without waiting ([`LocalSession::submit`]); interrupts, sub-call
 //! answers and `EndProcesses` are handled at once, even while a block runs (what of these the idle
 //! session thread reads is done by it, or left to the main thread: `EndProcesses`, the link's end).
@@ -71,6 +72,9 @@ const FLUSH_BYTES: usize = 32 * 1024;
 const FLUSH_DELAY: Duration = Duration::from_millis(10);
 /// How often a waiting sub-call looks at its block's cancellation.
 const CANCEL_POLL: Duration = Duration::from_millis(10);
+/// How long the main thread looks every [`CANCEL_POLL`] whether the idle session thread gave
+/// the link's reader back (see `Inbox`); then it sleeps until woken.
+const LOOKING: Duration = Duration::from_secs(1);
 
 /// When this process was started as a worker (its first argument is [`WORKER_ARG`]), serves
 /// its session and returns the exit code; else `None`. Call it first thing in `main`, before
@@ -527,9 +531,17 @@ fn next_or_claim(frames: &mut Frames, claim: &Wakeup) -> Option<Result<ToWorker,
 /// so that the answer wakes it alone. The session thread, idle, claims the turn
 /// ([`JobSource::next_job`]: its queue empty); the main thread, which waits on the link and
 /// the claim at once, hands it the reader; the session thread reads until a request comes,
-/// hands the reader back, and runs it. So while a block runs the main thread reads
-/// (interrupts, `EndProcesses` are handled at once), and what the session thread reads that
-/// is the main thread's to do (`EndProcesses`, the end of the link) it leaves to it. A
+/// hands the reader back, and runs it. The main thread looks every [`CANCEL_POLL`] whether
+/// the reader is back, for [`LOOKING`] at most (then it sleeps until woken: an idle worker's
+/// looks stay bounded): the session thread hands it back without waking it, unless it
+/// stopped looking, so that the request's way to its start holds no other thread's wake-up
+/// (~10 µs of the session thread's on a virtual machine). So while a block runs the main
+/// thread reads (interrupts, `EndProcesses` are handled at once; those in a block's first
+/// [`CANCEL_POLL`] that much later at most, where a block's parent kills its worker half a
+/// second after an interrupt), and what the session thread reads that is the main thread's
+/// to do (`EndProcesses`, the end of the link) it leaves to it, waking it. A block shorter
+/// than [`CANCEL_POLL`] often ends before the main thread took the reader back, and the
+/// idle session thread takes it again without a wake-up either. A
 /// thread that sends a sub-call claims the turn the same way, unless another thread has or
 /// claims it (then the answer comes from the one that reads, as before): it reads, every
 /// [`CANCEL_POLL`] at most looking at its call's cancellation, delivers the answers it reads
@@ -567,6 +579,9 @@ struct Turn {
     claimed: bool,
     /// A thread waiting for a sub-call's answer waits for the turn or has it.
     waiting: bool,
+    /// The main thread, waiting for the reader, looks every [`CANCEL_POLL`] whether it is
+    /// back: it need not be woken.
+    looking: bool,
     /// What another thread read that the main thread is to do (it takes the reader with it).
     left: Option<Action>,
 }
@@ -646,17 +661,22 @@ impl Inbox {
     }
 
     /// The main thread waits for the reader back (no other thread claims it), with what
-    /// the thread that gave it back left to it. While a waiting thread has the reader, it
-    /// looks every [`CANCEL_POLL`]: that thread gives it back without waking it.
+    /// the thread that gave it back left to it. It looks every [`CANCEL_POLL`] whether it is
+    /// back while a waiting thread has the reader, and for [`LOOKING`] while the idle session
+    /// thread has it or claims it: they give it back without waking it (unless they leave it
+    /// something to do, or it stopped looking).
     fn await_turn(&self) -> (Frames, Option<Action>) {
         let mut turn = lock(&self.turn);
+        let since = Instant::now();
         loop {
             if (turn.left.is_some() || !(turn.claimed || turn.waiting))
                 && let Some(frames) = turn.frames.take()
             {
+                turn.looking = false;
                 return (frames, turn.left.take());
             }
-            turn = if turn.waiting {
+            turn.looking = turn.waiting || (turn.claimed && since.elapsed() < LOOKING);
+            turn = if turn.looking {
                 self.turned
                     .wait_timeout(turn, CANCEL_POLL)
                     .map_or_else(|poisoned| poisoned.into_inner().0, |(turn, _)| turn)
@@ -686,15 +706,22 @@ impl Inbox {
         }
     }
 
-    /// The session thread hands the reader back to the main thread, with `left` for it to do.
+    /// The session thread hands the reader back to the main thread, with `left` for it to do:
+    /// woken only then or when it no longer looks (see [`Inbox`]), else it takes the reader
+    /// at its next look, and the request taken starts without another thread's wake-up on
+    /// its way.
     fn give_back(&self, frames: Frames, left: Option<Action>) {
-        {
+        let wake = {
             let mut turn = lock(&self.turn);
             turn.frames = Some(frames);
             turn.claimed = false;
+            let wake = left.is_some() || !turn.looking;
             turn.left = left;
+            wake
+        };
+        if wake {
+            self.turned.notify_all();
         }
-        self.turned.notify_all();
     }
 
     /// Sends `message` (built with the call's id) and waits for its answer, reading the
@@ -1526,6 +1553,39 @@ mod tests {
             served.took().is_err(),
             "the session thread took a job after the end"
         );
+    }
+
+    #[test]
+    fn a_block_started_after_a_long_idle_wakes_the_main_thread_and_after_a_short_one_need_not() {
+        let served = served();
+        // Idle past LOOKING: the main thread no longer looks whether the reader is back.
+        served.take_next();
+        served.until_the_session_thread_reads();
+        std::thread::sleep(LOOKING + CANCEL_POLL * 10);
+        assert!(
+            !lock(&served.inbox.turn).looking,
+            "the main thread still looks after {LOOKING:?}"
+        );
+        // So the reader handed back with the block wakes it: it reads the block's interrupt.
+        let exec = || Request::Exec {
+            code: "pass".to_owned(),
+            stopped: false,
+        };
+        served.request(1, exec());
+        let (took, stop) = served.took().unwrap();
+        assert_eq!(took, "exec");
+        served.send(&ToWorker::Interrupt { id: 1 });
+        assert_eq!(served.main_did(), "check stop");
+        assert!(stop.unwrap().is_cancelled());
+        // Idle a moment: it looks, and takes the reader back by itself.
+        served.take_next();
+        served.until_the_session_thread_reads();
+        assert!(lock(&served.inbox.turn).looking, "the main thread sleeps");
+        served.request(2, exec());
+        let (_, stop) = served.took().unwrap();
+        served.send(&ToWorker::Interrupt { id: 2 });
+        assert_eq!(served.main_did(), "check stop");
+        assert!(stop.unwrap().is_cancelled());
     }
 
     #[test]
