@@ -6,11 +6,12 @@
 //! `rlm`'s side was tried the same way (a block's caller reading its worker's link while it
 //! waits for the reply, rather than the reader thread that then wakes it) and measured no
 //! faster: the caller's own wake-up took as long as the two it replaced (the bench guide,
-//! "Fewer wake-ups on a block's round trip"). Two more were tried and measured no faster: a
+//! "Fewer wake-ups on a block's round trip"). Three more were tried and measured no faster: a
 //! frame telling the idle worker that a block is coming (its write costs `rlm` what the block's
 //! frame then saves, and the worker wakes ~60 µs after it, later than the block's frame, which
-//! follows it by ~30 µs), and the block's caller polling for its reply awake (it takes the core
-//! the block needs): the bench guide, "A block announced ahead".
+//! follows it by ~30 µs), the block's caller polling for its reply awake (it takes the core
+//! the block needs), and the worker telling `rlm` that its block's code returned, ahead of
+//! the reply: the bench guide, "A block announced ahead".
 
 use std::io::{self, BufReader};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
