@@ -617,18 +617,7 @@ fn a_block_that_kills_its_worker_with_sigkill_is_told_a_kill_not_memory() {
         &["killed (SIGKILL)"],
         &[],
     );
-    let block = &outcome
-        .lines
-        .iter()
-        .find(|l| l["type"] == "iteration")
-        .expect("an iteration")["blocks"][0];
-    assert_eq!(block["restart"]["cause"]["kind"], "killed", "{block}");
-    assert_eq!(
-        block["restart"]["cause"]["signal"],
-        libc::SIGKILL,
-        "{block}"
-    );
-    assert_eq!(block["error"]["type_name"], "WorkerKilled", "{block}");
+    let block = killed_block(&outcome, libc::SIGKILL);
     if std::fs::read_to_string("/proc/vmstat").is_ok_and(|v| v.contains("\noom_kill ")) {
         assert_eq!(block["restart"]["cause"]["oom_kills"], 0, "{block}");
     }
@@ -637,6 +626,44 @@ fn a_block_that_kills_its_worker_with_sigkill_is_told_a_kill_not_memory() {
             !outcome.first.contains(memory),
             "a kill was told as memory ({memory}): {block}"
         );
+    }
+}
+
+/// The hostile block's trajectory entry, which says its worker was ended by `signal` from
+/// outside the session (`WorkerKilled`, cause kind `killed`).
+fn killed_block(outcome: &Outcome, signal: i32) -> &serde_json::Value {
+    let block = &outcome
+        .lines
+        .iter()
+        .find(|l| l["type"] == "iteration")
+        .expect("an iteration")["blocks"][0];
+    assert_eq!(block["restart"]["cause"]["kind"], "killed", "{block}");
+    assert_eq!(block["restart"]["cause"]["signal"], signal, "{block}");
+    assert_eq!(block["error"]["type_name"], "WorkerKilled", "{block}");
+    block
+}
+
+/// A block that sends its own worker `SIGTERM` or `SIGHUP` through the C library (as a
+/// `kill PID` from outside would; `os.kill` of its own pid only ends the block): the model is
+/// told the worker was stopped by that signal from outside `rlm`, not that it crashed, and
+/// the session goes on in a fresh worker.
+#[test]
+fn a_block_that_sends_its_worker_sigterm_or_sighup_is_told_a_stop_from_outside_not_a_crash() {
+    for (signal, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGHUP, "SIGHUP")] {
+        let outcome = hostile(
+            &format!(
+                "import ctypes, os\nprint('going')\nctypes.CDLL(None).kill(os.getpid(), {signal})"
+            ),
+            &[&format!("stopped by {name} from outside rlm")],
+            &[],
+        );
+        let block = killed_block(&outcome, signal);
+        for wrong in ["WorkerCrashed", "crashed", "memory"] {
+            assert!(
+                !outcome.first.contains(wrong),
+                "{name} was told as {wrong}: {block}"
+            );
+        }
     }
 }
 

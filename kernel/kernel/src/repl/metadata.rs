@@ -529,15 +529,18 @@ pub enum WorkerEnd {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         oom_kills: Option<u64>,
     },
-    /// A `SIGKILL` that was not the session's and, as far as the kernel tells, not the
-    /// out-of-memory killer's: a `kill -9` by a user, another program or the block's own code.
+    /// A signal sent from outside the session, never by a fault or a limit: a `SIGKILL`
+    /// that, as far as the kernel tells, was not the out-of-memory killer's, or a signal that
+    /// asks a process to end (`SIGTERM`, `SIGHUP`, `SIGINT`, `SIGQUIT`, `SIGUSR1`,
+    /// `SIGUSR2`): a `kill` by a user, another program or the block's own code.
     Killed {
         /// The signal's number.
         signal: i32,
         /// The most memory it held, in bytes.
         peak_bytes: u64,
-        /// The out-of-memory kills the kernel counted on the machine while the worker ran
-        /// (`0`); `None` where the kernel does not count them, so memory cannot be ruled out.
+        /// For a `SIGKILL`: the out-of-memory kills the kernel counted on the machine while
+        /// the worker ran (`0`); `None` where the kernel does not count them, so memory cannot
+        /// be ruled out (and for the other signals, which the killer does not send).
         oom_kills: Option<u64>,
     },
     /// The worker's code ended the process itself (a C-level `exit()`).

@@ -35,7 +35,9 @@
 //! session's next use. A worker the session killed ends as what it was killed for (stopped,
 //! lost); any other end is read from its exit status, and a `SIGKILL` (the out-of-memory
 //! killer's signal, and `kill -9`'s) is told as memory only when the kernel counted an
-//! out-of-memory kill while the worker ran ([`WorkerEnd::OutOfMemory`]), as a kill otherwise.
+//! out-of-memory kill while the worker ran ([`WorkerEnd::OutOfMemory`]), as a kill otherwise;
+//! a signal that only asks a process to end (`SIGTERM`, `SIGHUP`, ...: [`ASKED_TO_END`]) is
+//! told as a stop from outside `rlm` ([`WorkerEnd::Killed`]), not as a crash.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -1419,6 +1421,14 @@ fn describe_end(
                 signal_name(*signal)
             ),
         ),
+        WorkerEnd::Killed { signal, .. } if *signal != libc::SIGKILL => (
+            "WorkerKilled",
+            format!(
+                "The Python worker process was stopped by {} from outside rlm, not by the session: a `kill` from a user, another program (a service manager, a job scheduler's time limit) or the block's own code. Do not send signals to the worker from a block; if nobody meant to stop it, find what sends {} to processes on this machine",
+                signal_name(*signal),
+                signal_name(*signal)
+            ),
+        ),
         WorkerEnd::Killed {
             signal,
             peak_bytes,
@@ -1510,6 +1520,9 @@ fn end_summary(end: &WorkerEnd) -> String {
         WorkerEnd::OutOfMemory { peak_bytes, .. } => {
             format!("ran out of memory at {}", gigabytes(*peak_bytes))
         }
+        WorkerEnd::Killed { signal, .. } if *signal != libc::SIGKILL => {
+            format!("stopped by {} from outside rlm", signal_name(*signal))
+        }
         WorkerEnd::Killed { signal, .. } => format!("killed ({})", signal_name(*signal)),
         WorkerEnd::Exited { code } => format!("exit status {code}"),
         WorkerEnd::Stopped { after_ms, .. } => format!("stopped after {:.1}s", after_ms / 1000.0),
@@ -1526,6 +1539,11 @@ fn signal_name(signal: i32) -> String {
         libc::SIGABRT => "SIGABRT (abort)",
         libc::SIGKILL => "SIGKILL",
         libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
         libc::SIGSYS => "SIGSYS (a system call the sandbox forbids)",
         libc::SIGXCPU => "SIGXCPU (the CPU time limit)",
         libc::SIGXFSZ => "SIGXFSZ (the file size limit)",
@@ -1535,6 +1553,18 @@ fn signal_name(signal: i32) -> String {
     };
     name.to_owned()
 }
+
+/// Signals that ask a process to end, sent by a `kill` and never by a fault or a limit: a
+/// worker they end was stopped from outside the session ([`WorkerEnd::Killed`]), not crashed.
+/// The session itself ends a worker only with `SIGKILL`, and records why.
+const ASKED_TO_END: [i32; 6] = [
+    libc::SIGTERM,
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+];
 
 /// Why a worker ended: what the session ended it for (`ended_by`), else its exit status and
 /// the evidence of memory (see [`WorkerEnd::OutOfMemory`]).
@@ -1575,6 +1605,13 @@ fn classify(exit: &Exit, ended_by: Option<&WorkerEnd>, memory_limit: u64) -> Wor
                 peak_bytes: exit.peak_bytes,
                 oom_kills,
             },
+        };
+    }
+    if ASKED_TO_END.contains(&signal) {
+        return WorkerEnd::Killed {
+            signal,
+            peak_bytes: exit.peak_bytes,
+            oom_kills: None,
         };
     }
     let near_limit = exit.peak_bytes >= memory_limit / 10 * 8;
@@ -2773,6 +2810,41 @@ mod tests {
             ),
             "{end:?}"
         );
+    }
+
+    #[test]
+    fn a_signal_that_asks_the_worker_to_end_is_a_stop_from_outside_not_a_crash() {
+        let limit = 1 << 30;
+        let told = |end: &WorkerEnd| describe_end(end, (Duration::from_secs(1), "x"), limit);
+        // Never a crash nor memory, whatever the worker held and the kernel counted.
+        for signal in [libc::SIGTERM, libc::SIGHUP] {
+            let end = classify(&killed_by(signal, limit, Some(3)), None, limit);
+            assert_eq!(
+                end,
+                WorkerEnd::Killed {
+                    signal,
+                    peak_bytes: limit,
+                    oom_kills: None
+                }
+            );
+            let (kind, message) = told(&end);
+            assert_eq!(kind, "WorkerKilled");
+            assert!(
+                message.contains(&format!(
+                    "was stopped by {} from outside rlm, not by the session",
+                    signal_name(signal)
+                )),
+                "{message}"
+            );
+            assert!(!message.contains("memory"), "{message}");
+        }
+        // The session's own ends stay what it ended the worker for.
+        let stopped = WorkerEnd::Stopped {
+            after_ms: 1.0,
+            timed_out: false,
+        };
+        let exit = killed_by(libc::SIGTERM, 0, None);
+        assert_eq!(classify(&exit, Some(&stopped), limit), stopped);
     }
 
     #[test]
