@@ -241,6 +241,7 @@ time.sleep(60)",
         &context,
         &dir.path().join("t.jsonl"),
         &["--isolation", "none"],
+        &[],
     );
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let pids: Vec<u32> = loop {
@@ -366,6 +367,7 @@ result = ('go' if os.path.exists({go:?}) else 'no go') + (' same worker' if 'sta
         &contexts,
         &dir.path().join("t.jsonl"),
         &["--cell-timeout", &timeout, "--isolation", isolation],
+        &[],
     );
     // The block's processes: the marked ones and every process below them, once that set
     // holds still for 300 ms (a fork bomb's too). Not their number: a shell's fork is marked

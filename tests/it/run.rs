@@ -264,6 +264,92 @@ fn ctrl_c_stops_the_run_and_keeps_its_best_answer_and_trajectory() {
     assert_closed_as_interrupted(&trajectory);
 }
 
+/// `kill PID` (`SIGTERM`) and a closed terminal (`SIGHUP`) stop a run as Ctrl-C does: its
+/// best answer printed, its trajectory closed as interrupted, and its worker ended with its
+/// scratch directory (the run's own `TMPDIR` is left empty); at depth 2 with a child's block
+/// running, the child's worker and the workers kept ready for the next child too.
+#[test]
+fn sigterm_and_sighup_stop_the_run_as_ctrl_c_does_and_leave_no_scratch_directory() {
+    let sleeping = repl("import time\ntime.sleep(60)");
+    let draft = format!(
+        "{}\nFINAL(draft answer)",
+        repl("print('working')\nraise ValueError('not yet')")
+    );
+    let child = repl("r = rlm_query('look closer', 'a piece')\nprint(r)");
+    // Flat: the root's second block sleeps. At depth 2: the root's second block asks a child
+    // (the next reply), whose block sleeps.
+    let flat: Vec<&str> = vec![&draft, &sleeping, "FINAL(never)"];
+    let deep: Vec<&str> = vec![&draft, &child, &sleeping, "FINAL(never)", "FINAL(never)"];
+    for (signal, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGHUP, "SIGHUP")] {
+        for (replies, extra, asked) in [(&flat, &[][..], 2), (&deep, &["--max-depth", "2"][..], 3)]
+        {
+            let mock = Mock::start(serde_json::json!({
+                "models": {"root-model": {"replies": replies}}
+            }));
+            let dir = tempfile::tempdir().expect("tempdir");
+            let tmp = tempfile::tempdir().expect("the run's TMPDIR");
+            let context = file(dir.path(), "ctx.txt", "some text");
+            let trajectory = dir.path().join("t.jsonl");
+            let run = mock.spawn_run_with(&context, &trajectory, extra, &[("TMPDIR", tmp.path())]);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while mock.root_requests() < asked {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{name} {extra:?}: the run made progress"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            // The sleeping block started, and (at depth 2) the workers for the next child
+            // were confined meanwhile.
+            std::thread::sleep(std::time::Duration::from_millis(1_000));
+            let scratch = scratch_directories(tmp.path());
+            assert!(
+                !scratch.is_empty(),
+                "{name} {extra:?}: the worker's scratch directory is not under the run's TMPDIR"
+            );
+            let pid = libc::pid_t::try_from(run.id()).expect("pid");
+            // SAFETY: sends a signal to our own child process.
+            assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+            let started = std::time::Instant::now();
+            let output = run.wait_with_output().expect("rlm exits");
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(10),
+                "{name} {extra:?}: stopped promptly"
+            );
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(
+                output.status.code(),
+                Some(130),
+                "{name} {extra:?}: {stderr}"
+            );
+            assert_eq!(stdout.trim_end(), "draft answer", "{name} {extra:?}");
+            assert!(
+                stderr.contains(&format!("Interrupted by {name}: stopping the run")),
+                "{stderr}"
+            );
+            assert_closed_as_interrupted(&trajectory);
+            assert_eq!(
+                scratch_directories(tmp.path()),
+                Vec::<std::path::PathBuf>::new(),
+                "{name} {extra:?}: scratch directories were left (there were {scratch:?})"
+            );
+        }
+    }
+}
+
+/// The scratch directories of workers under `tmp`.
+fn scratch_directories(tmp: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(tmp)
+        .expect("TMPDIR")
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("rlm-scratch-"))
+        })
+        .collect()
+}
+
 /// The trajectory of a run stopped by Ctrl-C is closed, and its replayed trace says the
 /// block was interrupted, not that it failed.
 pub(crate) fn assert_closed_as_interrupted(trajectory: &std::path::Path) {

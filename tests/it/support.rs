@@ -75,15 +75,16 @@ impl Mock {
     /// `rlm run --query q` over `context` with a trajectory, as a child process left
     /// running (stdout and stderr piped), for tests that signal or kill it.
     pub(crate) fn spawn_run(&self, context: &Path, trajectory: &Path) -> std::process::Child {
-        self.spawn_run_with(context, trajectory, &[])
+        self.spawn_run_with(context, trajectory, &[], &[])
     }
 
-    /// [`Mock::spawn_run`] plus `extra` arguments.
+    /// [`Mock::spawn_run`] plus `extra` arguments and environment variables.
     pub(crate) fn spawn_run_with(
         &self,
         context: &Path,
         trajectory: &Path,
         extra: &[&str],
+        envs: &[(&str, &Path)],
     ) -> std::process::Child {
         Command::new(env!("CARGO_BIN_EXE_rlm"))
             .args([
@@ -100,6 +101,7 @@ impl Mock {
             .arg("--trajectory")
             .arg(trajectory)
             .args(extra)
+            .envs(envs.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

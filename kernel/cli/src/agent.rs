@@ -34,6 +34,7 @@ use serde_json::json;
 
 use crate::endpoints;
 use crate::exit::RunOutcome;
+use crate::interrupt;
 use crate::outputs::{Document, Guard, Inputs, Output};
 use crate::questions::Questions;
 use crate::report::option_inputs;
@@ -207,7 +208,7 @@ pub(crate) fn execute(args: AgentArgs, config: Option<&Path>, verbosity: u8) -> 
         logged_files: 0,
     };
     let cancel = CancellationToken::new();
-    cancel_on_ctrl_c(cancel.clone());
+    cancel_on_interrupt(cancel.clone());
     let outcome = if interactive {
         if !json {
             println!("{}\n", started.menu());
@@ -476,16 +477,14 @@ impl AgentHook for VerboseLog {
     }
 }
 
-/// Ctrl-C cancels the turn in progress (the transcript is kept); a second one quits.
-fn cancel_on_ctrl_c(cancel: CancellationToken) {
-    kernel::runtime::shared().spawn(async move {
-        if tokio::signal::ctrl_c().await.is_err() {
-            return;
-        }
-        eprintln!("\nInterrupted: stopping the agent (Ctrl-C again to quit at once)");
-        cancel.cancel();
-        if tokio::signal::ctrl_c().await.is_ok() {
-            std::process::exit(130);
-        }
-    });
+/// Ctrl-C (or `SIGTERM`, `SIGHUP`) cancels the turn in progress (the transcript is kept); a
+/// second one quits.
+fn cancel_on_interrupt(cancel: CancellationToken) {
+    interrupt::on_interrupt(
+        move |request| {
+            request.say("stopping the agent");
+            cancel.cancel();
+        },
+        || {},
+    );
 }

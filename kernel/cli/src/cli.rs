@@ -41,7 +41,8 @@ Exit codes:
   4    the process crashed in a cell (a fatal signal in C code, e.g. a segfault); one line
        on stderr and the trajectory's last line name the block
   101  a bug in rlm (a panic)
-  130  Ctrl-C stopped the run (its best answer printed, the trajectory closed)
+  130  Ctrl-C, SIGTERM or SIGHUP stopped the run (its best answer printed, the trajectory
+       closed)
 A SIGKILL (e.g. the OOM killer) leaves no code of rlm's own (shells show 137); the
 trajectory's last line still names the block that was running.";
 

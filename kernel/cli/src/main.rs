@@ -36,6 +36,7 @@ mod endpoints;
 mod eval;
 mod exit;
 mod flow;
+mod interrupt;
 mod logging;
 mod mock_lm;
 mod observe;

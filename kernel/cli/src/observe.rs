@@ -1,10 +1,11 @@
 //! Watching a run of the RLM loop as it goes: what stderr shows ([`Display`]: nothing, a live
-//! progress line on a terminal, or the trace), the trajectory file, and Ctrl-C (the first
-//! stops the run gracefully, keeping its best answer and trajectory; a second quits). Shared
+//! progress line on a terminal, or the trace), the trajectory file, and Ctrl-C, `SIGTERM` or
+//! `SIGHUP` (`interrupt.rs`: the first stops the run gracefully, keeping its best answer and
+//! trajectory; a second quits). Shared
 //! by `rlm run`, `rlm chat` and `rlm demo`; [`report_isolation`] says once what confines the
 //! model's code.
 
-use std::io::{IsTerminal, Write as _};
+use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ use kernel::rlm::{
     TrajectoryWriter, trace::TraceHook,
 };
 
-use crate::exit::EXIT_INTERRUPTED;
+use crate::interrupt;
 use crate::outputs::LogFile;
 use crate::secrets::redact;
 use crate::settings::Switches;
@@ -119,7 +120,7 @@ pub(crate) fn observe(
     }
     let progress = Progress::new();
     rlm.add_hook(progress.hook());
-    stop_on_ctrl_c(rlm.stop_handle());
+    stop_on_interrupt(rlm.stop_handle());
     Ok(Observer {
         bar,
         show_bar,
@@ -147,22 +148,16 @@ impl Observer {
     }
 }
 
-/// The first Ctrl-C stops the run gracefully (best partial answer, closed trajectory); a
-/// second one quits at once.
-fn stop_on_ctrl_c(handle: StopHandle) {
-    kernel::runtime::shared().spawn(async move {
-        if tokio::signal::ctrl_c().await.is_err() {
-            return;
-        }
-        let _ = writeln!(
-            std::io::stderr(),
-            "\nInterrupted: stopping the run and keeping what it found (Ctrl-C again to quit at once)"
-        );
-        handle.stop();
-        if tokio::signal::ctrl_c().await.is_ok() {
-            std::process::exit(i32::from(EXIT_INTERRUPTED));
-        }
-    });
+/// The first Ctrl-C (or `SIGTERM`, `SIGHUP`) stops the run gracefully (best partial answer,
+/// closed trajectory); a second one quits at once.
+fn stop_on_interrupt(handle: StopHandle) {
+    interrupt::on_interrupt(
+        move |request| {
+            request.say("stopping the run and keeping what it found");
+            handle.stop();
+        },
+        || {},
+    );
 }
 
 /// Redraws `bar` from the [`Progress`] handle until the returned token is cancelled.

@@ -46,6 +46,7 @@ use kernel::repl::{ContextInput, ContextSource, ReplSession, SessionConfig};
 
 use crate::endpoints;
 use crate::exit::{self, EXIT_INTERRUPTED, EXIT_LIMIT, LimitError, UsageError};
+use crate::interrupt;
 use crate::outputs::{Guard, Inputs, Output};
 use crate::report::option_inputs;
 use crate::settings::{RunFlags, Switches, offers};
@@ -259,7 +260,7 @@ pub(crate) fn execute(args: BenchArgs, config: Option<&std::path::Path>) -> Resu
         );
     }
     let stop = CancellationToken::new();
-    stop_on_ctrl_c(stop.clone());
+    stop_on_interrupt(stop.clone());
     let mock_threads = mock.as_ref().map(|m| m.threads.clone()).unwrap_or_default();
     let show_bar = !opts.quiet() && std::io::stderr().is_terminal();
     let mut rows = Vec::new();
@@ -572,18 +573,10 @@ fn tick(bar: ProgressBar, ledger: Arc<Ledger>, first: u64) -> CancellationToken 
     stop
 }
 
-/// The first Ctrl-C cancels the calls in flight and ends the sweep with the rows so far; a
-/// second one quits at once.
-fn stop_on_ctrl_c(stop: CancellationToken) {
-    kernel::runtime::shared().spawn(async move {
-        if tokio::signal::ctrl_c().await.is_err() {
-            return;
-        }
-        stop.cancel();
-        if tokio::signal::ctrl_c().await.is_ok() {
-            std::process::exit(i32::from(EXIT_INTERRUPTED));
-        }
-    });
+/// The first Ctrl-C (or `SIGTERM`, `SIGHUP`) cancels the calls in flight and ends the sweep
+/// with the rows so far; a second one quits at once.
+fn stop_on_interrupt(stop: CancellationToken) {
+    interrupt::on_interrupt(move |_| stop.cancel(), || {});
 }
 
 #[cfg(test)]

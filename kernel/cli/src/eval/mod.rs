@@ -36,6 +36,7 @@ use serde_json::json;
 
 use crate::endpoints;
 use crate::exit::{self, EXIT_INTERRUPTED, UsageError};
+use crate::interrupt;
 use crate::outputs::{Document, Guard, Inputs, LogFile, LogStart, Output};
 use crate::report::option_inputs;
 use crate::secrets::redact;
@@ -214,7 +215,7 @@ pub(crate) fn execute(args: EvalArgs, config: Option<&Path>) -> Result<ExitCode>
         }
     };
     let stopper = Stopper::default();
-    stop_on_ctrl_c(stopper.clone());
+    stop_on_interrupt(stopper.clone());
     let started = std::time::Instant::now();
     let (rlm_runs, jobs_run) = match &args.ray {
         None => (RlmRuns::Local, jobs.clone()),
@@ -420,17 +421,14 @@ fn progress_bar(opts: &RunOptions, runs: usize) -> ProgressBar {
     bar
 }
 
-/// The first Ctrl-C stops the runs in progress (each keeps its best answer and trajectory)
-/// and starts no more; a second one quits at once.
-fn stop_on_ctrl_c(stopper: Stopper) {
-    kernel::runtime::shared().spawn(async move {
-        if tokio::signal::ctrl_c().await.is_err() {
-            return;
-        }
-        eprintln!("\nInterrupted: stopping the runs in progress (Ctrl-C again to quit at once)");
-        stopper.stop();
-        if tokio::signal::ctrl_c().await.is_ok() {
-            std::process::exit(i32::from(EXIT_INTERRUPTED));
-        }
-    });
+/// The first Ctrl-C (or `SIGTERM`, `SIGHUP`) stops the runs in progress (each keeps its best
+/// answer and trajectory) and starts no more; a second one quits at once.
+fn stop_on_interrupt(stopper: Stopper) {
+    interrupt::on_interrupt(
+        move |request| {
+            request.say("stopping the runs in progress");
+            stopper.stop();
+        },
+        || {},
+    );
 }

@@ -35,6 +35,7 @@ use super::live::Live;
 use super::workflow::Workflow;
 use crate::endpoints;
 use crate::exit::{EXIT_INTERRUPTED, EXIT_LIMIT, UsageError};
+use crate::interrupt;
 use crate::outputs::{Database, Document, Guard, Inputs, LogFile, LogStart, Output};
 use crate::report::option_inputs;
 use crate::settings::{RunFlags, Settings, Switches, offers};
@@ -163,19 +164,16 @@ pub(crate) fn execute(
     invocation = invocation.with_sink(live.clone());
     let cancel = invocation.cancel.clone();
     let on_interrupt = live.clone();
-    kernel::runtime::shared().spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
+    let on_quit = live.clone();
+    interrupt::on_interrupt(
+        move |request| {
             on_interrupt.note(
-                "\nInterrupted: stopping the workflow; the state and event log so far are kept \
-                 (Ctrl-C again to quit at once)",
+                &request.line("stopping the workflow; the state and event log so far are kept"),
             );
             cancel.cancel();
-            if tokio::signal::ctrl_c().await.is_ok() {
-                on_interrupt.finish();
-                std::process::exit(i32::from(EXIT_INTERRUPTED));
-            }
-        }
-    });
+        },
+        move || on_quit.finish(),
+    );
     let outcome = kernel::runtime::shared().block_on(durable.run(root, invocation));
     live.finish_as(outcome.as_ref().ok().map(|o| &o.status));
     let outcome = outcome?;
