@@ -277,22 +277,25 @@ fn sigterm_and_sighup_stop_the_run_as_ctrl_c_does_and_leave_no_scratch_directory
     );
     let child = repl("r = rlm_query('look closer', 'a piece')\nprint(r)");
     // Flat: the root's second block sleeps. At depth 2: the root's second block asks a child
-    // (the next reply), whose block sleeps.
+    // (the sub-model, recognised by the RLM system prompt), whose first block sleeps.
     let flat: Vec<&str> = vec![&draft, &sleeping, "FINAL(never)"];
-    let deep: Vec<&str> = vec![&draft, &child, &sleeping, "FINAL(never)", "FINAL(never)"];
+    let deep: Vec<&str> = vec![&draft, &child, "FINAL(never)"];
+    let deep_args = ["--max-depth", "2", "--sub-model", "sub-model"];
     for (signal, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGHUP, "SIGHUP")] {
-        for (replies, extra, asked) in [(&flat, &[][..], 2), (&deep, &["--max-depth", "2"][..], 3)]
-        {
-            let mock = Mock::start(serde_json::json!({
-                "models": {"root-model": {"replies": replies}}
-            }));
+        for (replies, extra, children) in [(&flat, &[][..], 0), (&deep, &deep_args[..], 1)] {
+            let mock = Mock::start(serde_json::json!({"models": {
+                "root-model": {"replies": replies},
+                "sub-model": {"rules": [
+                    {"system": "recursive language model", "turn": 0, "reply": sleeping}
+                ], "fallback": "FINAL(never)"}
+            }}));
             let dir = tempfile::tempdir().expect("tempdir");
             let tmp = tempfile::tempdir().expect("the run's TMPDIR");
             let context = file(dir.path(), "ctx.txt", "some text");
             let trajectory = dir.path().join("t.jsonl");
             let run = mock.spawn_run_with(&context, &trajectory, extra, &[("TMPDIR", tmp.path())]);
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-            while mock.root_requests() < asked {
+            while mock.root_requests() < 2 || mock.requests_to("sub-model") < children {
                 assert!(
                     std::time::Instant::now() < deadline,
                     "{name} {extra:?}: the run made progress"
@@ -302,10 +305,11 @@ fn sigterm_and_sighup_stop_the_run_as_ctrl_c_does_and_leave_no_scratch_directory
             // The sleeping block started, and (at depth 2) the workers for the next child
             // were confined meanwhile.
             std::thread::sleep(std::time::Duration::from_millis(1_000));
+            // The root's worker's; at depth 2 also the child's and at least one kept ready.
             let scratch = scratch_directories(tmp.path());
             assert!(
-                !scratch.is_empty(),
-                "{name} {extra:?}: the worker's scratch directory is not under the run's TMPDIR"
+                scratch.len() > 2 * children,
+                "{name} {extra:?}: the workers' scratch directories are not under the run's TMPDIR: {scratch:?}"
             );
             let pid = libc::pid_t::try_from(run.id()).expect("pid");
             // SAFETY: sends a signal to our own child process.
@@ -336,6 +340,57 @@ fn sigterm_and_sighup_stop_the_run_as_ctrl_c_does_and_leave_no_scratch_directory
             );
         }
     }
+}
+
+/// A run killed with `SIGKILL` cannot remove its worker's scratch directory; the next run
+/// that uses the same temporary folder does (its maker is provably gone: the lock it held
+/// went with it), and leaves an older version's directory (which held no lock) alone.
+#[test]
+fn a_scratch_directory_a_killed_run_left_is_removed_by_the_next_run() {
+    let script = |replies: &[&str]| {
+        Mock::start(serde_json::json!({"models": {"root-model": {"replies": replies}}}))
+    };
+    let mock = script(&[&repl("import time\ntime.sleep(60)")]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tmp = tempfile::tempdir().expect("the runs' TMPDIR");
+    let older = tmp.path().join("rlm-scratch-Older1");
+    std::fs::create_dir(&older).expect("an older version's directory");
+    let context = file(dir.path(), "ctx.txt", "some text");
+    let envs = [("TMPDIR", tmp.path())];
+    let mut killed = mock.spawn_run_with(&context, &dir.path().join("k.jsonl"), &[], &envs);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while mock.root_requests() < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run made progress"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1_000));
+    killed.kill().expect("SIGKILL");
+    killed.wait().expect("reaped");
+    let left = scratch_directories(tmp.path());
+    assert_eq!(
+        left.len(),
+        2,
+        "the killed run's and the older one: {left:?}"
+    );
+
+    let mock = script(&[&repl("x = 1"), "FINAL(done)"]);
+    let next = mock.spawn_run_with(&context, &dir.path().join("n.jsonl"), &[], &envs);
+    let output = next.wait_with_output().expect("the next run ends");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim_end(), "done");
+    assert_eq!(
+        scratch_directories(tmp.path()),
+        vec![older],
+        "the killed run's directory was not removed (or the older one was)"
+    );
 }
 
 /// The scratch directories of workers under `tmp`.

@@ -29,6 +29,9 @@
 //!   request or a sub-call's answer wakes one thread of the worker, not two.
 //! - `transfer`: contexts are paths the worker reads itself; text, standard input and the
 //!   Python package's live objects go once into sealed memfds the worker maps (`share.py`).
+//! - `scratch`: each worker's scratch directory, removed with its session (or the pool's
+//!   idle worker); those a process ended by `kill -9` left, provably dead (a lock the
+//!   kernel dropped) and empty, removed by the next process.
 //! - `journal`: what a crashed worker's session is rebuilt from; each block keeps the record
 //!   of its sub-calls' answers ([`bridge::record`]), so a replay asks no model again.
 //! - `parent`: `WorkerSession`, the session as the parent sees it:
@@ -61,6 +64,7 @@ mod policy;
 mod pool;
 mod protocol;
 mod quiet;
+mod scratch;
 mod spawn;
 mod template;
 mod threads;

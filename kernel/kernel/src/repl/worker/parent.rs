@@ -62,6 +62,7 @@ use super::protocol::{
     Confine, FrameError, FromWorker, NoSigPipe, Reply, Request, Start, ToWorker, read_frame,
     worker_settings, write_frame,
 };
+use super::scratch::Scratch;
 use super::spawn::{
     Exit, REAP_WAIT, SpawnJob, Spawned, WorkerProgram, oom_kills, reap, send_fds, start_worker,
     worker_program,
@@ -114,7 +115,7 @@ pub(crate) struct WorkerSession {
     /// The worker's memory limit.
     memory_bytes: u64,
     /// The scratch directory (removed with the session, once its worker ended).
-    scratch: Option<tempfile::TempDir>,
+    scratch: Option<Scratch>,
     scratch_path: PathBuf,
     worker: Mutex<Slot>,
     /// Signalled when a [`Slot::Readying`] worker became live or failed.
@@ -244,14 +245,11 @@ impl WorkerSession {
         let (scratch, policy) = match &ready {
             Some(_) => (None, None),
             None => {
-                let scratch = tempfile::Builder::new()
-                    .prefix("rlm-scratch-")
-                    .tempdir()
-                    .map_err(|e| ReplError::Worker {
-                        problem: format!(
-                            "has no scratch directory: {e}; check that `$TMPDIR` is writable"
-                        ),
-                    })?;
+                let scratch = Scratch::create().map_err(|e| ReplError::Worker {
+                    problem: format!(
+                        "has no scratch directory: {e}; check that `$TMPDIR` is writable"
+                    ),
+                })?;
                 let policy = session_policy(&config, scratch.path(), &program, &shared.read_paths);
                 (Some(scratch), Some(policy))
             }
@@ -302,7 +300,7 @@ impl WorkerSession {
         program: WorkerProgram,
         shared: SharedContexts,
         policy: sandbox::Policy,
-        scratch: tempfile::TempDir,
+        scratch: Scratch,
     ) -> Self {
         let memory_bytes = policy
             .limits
@@ -1215,11 +1213,7 @@ impl Drop for WorkerSession {
 /// told to shut down, given [`EXIT_WAIT`] to exit, then killed, and reaped by its link's
 /// reader (`end` does that; a worker never heard from since its start frame is reaped by `end`
 /// itself).
-fn close(
-    end: Box<dyn FnOnce() + Send>,
-    scratch: Option<tempfile::TempDir>,
-    program: WorkerProgram,
-) {
+fn close(end: Box<dyn FnOnce() + Send>, scratch: Option<Scratch>, program: WorkerProgram) {
     let finish = move || {
         end();
         drop(scratch);
@@ -2357,7 +2351,7 @@ mod tests {
             args: Vec::new(),
             env: Vec::new(),
         };
-        let scratch = tempfile::tempdir().expect("a scratch directory");
+        let scratch = Scratch::create().expect("a scratch directory");
         let endpoints = Endpoints::new(Vec::new(), Arc::new(Ledger::new(Budget::default())))
             .expect("no endpoints");
         let mut session = WorkerSession::unstarted(

@@ -65,6 +65,7 @@ use super::protocol::{
     Confine, FromWorker, NoSigPipe, ToWorker, read_frame, worker_settings, write_frame,
 };
 use super::quiet::{self, Urgent};
+use super::scratch::Scratch;
 use super::spawn::{SpawnJob, Spawned, WorkerProgram, job_threads, reap, worker_program};
 use super::template;
 use crate::repl::config::SessionConfig;
@@ -147,7 +148,7 @@ impl Shape {
 pub(crate) struct Ready {
     pub(crate) spawned: Spawned,
     /// Its scratch directory (the session takes it over).
-    pub(crate) scratch: tempfile::TempDir,
+    pub(crate) scratch: Scratch,
     /// Exactly what it is confined with.
     pub(crate) policy: sandbox::Policy,
     /// What is in force.
@@ -202,7 +203,7 @@ impl Pool {
         let me = std::process::id();
         if pool.owner != me {
             for ready in std::mem::take(&mut pool.ready) {
-                let _ = ready.scratch.keep();
+                ready.scratch.keep();
             }
             pool.leases.clear();
             pool.confining.clear();
@@ -310,7 +311,7 @@ impl Drop for ReadyWorkers {
 /// Ends idle workers: their links close first (each exits when it reads the end), then each
 /// is reaped.
 fn end_all(workers: Vec<Ready>) {
-    let pids: Vec<(i32, tempfile::TempDir)> = workers
+    let pids: Vec<(i32, Scratch)> = workers
         .into_iter()
         .map(|r| {
             let Spawned { pid, link, .. } = r.spawned;
@@ -475,10 +476,7 @@ fn make_ready(
     };
     // Read from now on, here: the session that takes it does not start that thread.
     spawned.read_output();
-    let scratch = tempfile::Builder::new()
-        .prefix("rlm-scratch-")
-        .tempdir()
-        .map_err(|e| format!("no scratch directory: {e}"));
+    let scratch = Scratch::create().map_err(|e| format!("no scratch directory: {e}"));
     let scratch = match scratch {
         Ok(scratch) => scratch,
         Err(e) => {
