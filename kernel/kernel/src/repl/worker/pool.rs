@@ -55,7 +55,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::closer;
@@ -98,15 +98,30 @@ pub fn use_worker_pool(enabled: bool) {
 }
 
 /// What a session's worker is confined with, as far as a ready worker can match it (see the
-/// [module docs](self)).
+/// [module docs](self)). Shared, not copied: a run's lease, its children's sessions and the
+/// workers confined for them hold one, so that the pool's look-ups on a child's path compare
+/// a pointer; only shapes made apart are compared field by field. (Compared field by field,
+/// the policy's path lists and environment, not touched since the last child's start, took
+/// 3–8 µs a comparison by median and 70–350 µs for up to a third of the children: bench guide.)
+#[derive(Debug, Clone)]
+pub(crate) struct Shape(Arc<ShapeOf>);
+
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Shape {
+struct ShapeOf {
     program: WorkerProgram,
     cwd: PathBuf,
     level: sandbox::Level,
     /// The policy, its scratch directory and largest-file limit set aside.
     policy: sandbox::Policy,
 }
+
+impl PartialEq for Shape {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl Eq for Shape {}
 
 impl Shape {
     /// The shape of the sessions of `config` without file contexts, in this process now.
@@ -134,12 +149,12 @@ impl Shape {
             }
         }
         policy.limits.file_size_bytes = None;
-        Self {
+        Self(Arc::new(ShapeOf {
             program: program.clone(),
             cwd,
             level,
             policy,
-        }
+        }))
     }
 }
 
@@ -396,7 +411,7 @@ pub(crate) fn order_refill(shape: &Shape) {
     drop(pool);
     let (queued, ordered) = (shape.clone(), shape.clone());
     let job: SpawnJob = Box::new(move || {
-        let program = queued.program.clone();
+        let program = queued.0.program.clone();
         confine_one(&config, &program, queued);
     });
     quiet::when_slack(Box::new(move || {
@@ -487,9 +502,9 @@ fn make_ready(
     };
     let policy = session_policy(config, scratch.path(), program, &[]);
     let confine = Confine {
-        cwd: shape.cwd.clone(),
+        cwd: shape.0.cwd.clone(),
         policy: policy.clone(),
-        level: shape.level,
+        level: shape.0.level,
         session: worker_settings(config),
     };
     let confined = confine_spawned(&spawned, &confine);
@@ -574,9 +589,9 @@ mod tests {
             "{a:?} still names its scratch directory"
         );
         // So is the largest-file limit (computed from the free space at the time).
-        b.policy.limits.file_size_bytes = Some(1);
+        Arc::make_mut(&mut b.0).policy.limits.file_size_bytes = Some(1);
         let mut c = shape(&config, "/tmp/rlm-scratch-c", &[]);
-        c.policy.limits.file_size_bytes = Some(1);
+        Arc::make_mut(&mut c.0).policy.limits.file_size_bytes = Some(1);
         assert_eq!(b, c);
     }
 
@@ -605,9 +620,17 @@ mod tests {
             config,
             target: 2,
         });
-        // Held (no model call is in flight), and counted: a session waits for it.
+        // Held (no model call is in flight), and counted: a session waits for it. Counted as
+        // the run's shape itself, not a copy (what a child's look-ups compare is a pointer).
         order_refill(&shape);
         assert_eq!(Pool::count(&lock(&pool().0).confining, &shape), 1);
+        assert!(
+            lock(&pool().0)
+                .confining
+                .iter()
+                .all(|counted| Arc::ptr_eq(&counted.0, &shape.0)),
+            "the refill was counted under a copy of the run's shape"
+        );
         let started = Instant::now();
         let taken = take(&shape);
         let took = started.elapsed();
