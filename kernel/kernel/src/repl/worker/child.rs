@@ -53,6 +53,7 @@ use super::template::serve_forks;
 use super::transfer::share_module;
 use super::turns::{Frames, Readable, Wakeup, wait_for};
 use crate::repl::capture::{OutputSink, Stream};
+use crate::repl::config::SessionConfig;
 use crate::repl::context::{
     LoadedContext, load_context, load_encoded, load_live_value, load_text_bytes,
 };
@@ -172,7 +173,7 @@ fn serve() -> Result<(), String> {
         Ok(_) => return Err("the parent did not send a `Start` frame".to_owned()),
         Err(e) => return Err(format!("reading the start frame: {e}")),
     };
-    match start_session(&inbox, prepared, *start, memfds) {
+    match start_session(&inbox, prepared, *start, confine.session, memfds) {
         Ok(session) => {
             run(&inbox, &session, Frames::new(reader, buffer));
             end_served()
@@ -238,10 +239,13 @@ fn confine_worker(
     Ok(confinement)
 }
 
+/// Starts the session `prepared` built ahead for `built_for`: with `start`'s settings if it
+/// brings others (the namespace is built again), its contexts added.
 fn start_session(
     inbox: &Arc<Inbox>,
     prepared: Prepared,
     start: Start,
+    built_for: SessionConfig,
     memfds: Vec<OwnedFd>,
 ) -> Result<LocalSession, ReplError> {
     let inputs: Vec<ContextInput> = start.contexts.iter().map(placeholder_input).collect();
@@ -251,7 +255,8 @@ fn start_session(
         memfds,
     });
     let (route, embedding) = embedded(inbox, Some(loader));
-    let session = prepared.start(start.config, route, &inputs, embedding)?;
+    let config = start.settings.unwrap_or(built_for);
+    let session = prepared.start(config, route, &inputs, embedding)?;
     let ready = FromWorker::Ready {
         contexts: session.contexts().to_vec(),
     };

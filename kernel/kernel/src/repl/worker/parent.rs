@@ -19,8 +19,10 @@
 //! whose code has not returned [`KILL_GRACE`] after its limit (or after the stop) is stuck in
 //! native code: its worker is killed, and the block ends as timed out or cancelled.
 //!
-//! Starting: the worker is confined first ([`ToWorker::Confine`]), then handed its session
-//! ([`ToWorker::Start`]); a worker confined ahead of need (`pool.rs`) gets only the second.
+//! Starting: the worker is confined first ([`ToWorker::Confine`], with the settings its
+//! session's namespace is built with), then handed its session ([`ToWorker::Start`]: its
+//! contexts, and its settings only if they are not those); a worker confined ahead of need
+//! (`pool.rs`) gets only the second.
 //! Closing: the worker is told to shut down and given [`EXIT_WAIT`] to exit before it is
 //! killed; while a run keeps workers ready, on a closer thread once the run waits for a
 //! model (`quiet.rs`), so that a child (and its parent) does not wait for its worker's exit
@@ -99,6 +101,10 @@ const RESTORE_ATTEMPTS: usize = 3;
 
 /// A worker's first frame after its start frame, as its link's reader read it.
 type FirstFrame = Result<FromWorker, FrameError>;
+
+/// A worker confined ahead of need (`pool.rs`): what is in force, and the settings its
+/// session's namespace was built with.
+type Confined = (sandbox::Report, Arc<SessionConfig>);
 
 /// The parent's side of an isolated session (see the [module docs](self)).
 #[derive(Debug)]
@@ -261,9 +267,10 @@ impl WorkerSession {
                     scratch,
                     policy,
                     confinement,
+                    settings,
                     ..
                 } = ready;
-                (scratch, policy, Some((spawned, confinement)))
+                (scratch, policy, Some((spawned, (confinement, settings))))
             }
             (None, Some(scratch), Some(policy)) => (scratch, policy, None),
             (None, _, _) => {
@@ -354,7 +361,7 @@ impl WorkerSession {
     /// had died meanwhile).
     fn spawn(
         &self,
-        ready: Option<(Spawned, sandbox::Report)>,
+        ready: Option<(Spawned, Confined)>,
     ) -> Result<(Arc<Worker>, Vec<ContextMetadata>, sandbox::Report), ReplError> {
         let handed = self.hand_over_any(ready)?;
         self.ready(handed)
@@ -363,10 +370,7 @@ impl WorkerSession {
     /// A worker sent its session's start frame: `ready` (confined ahead of need), else a
     /// new one ([`WorkerSession::hand_over_new`]). Its `Ready` is taken by
     /// [`WorkerSession::ready`].
-    fn hand_over_any(
-        &self,
-        ready: Option<(Spawned, sandbox::Report)>,
-    ) -> Result<Handed, ReplError> {
+    fn hand_over_any(&self, ready: Option<(Spawned, Confined)>) -> Result<Handed, ReplError> {
         match ready {
             // Sending to a worker that ended meanwhile fails: that shows when `Ready` is taken.
             Some((spawned, confinement)) => self
@@ -424,11 +428,12 @@ impl WorkerSession {
     }
 
     /// Confines `spawned` (unless it is: `confined`) and sends it its session (memfds, start
-    /// frame), without waiting for its answer.
+    /// frame: its settings only if they are not those its namespace was built with), without
+    /// waiting for its answer.
     fn hand_over(
         &self,
         mut spawned: Spawned,
-        confined: Option<sandbox::Report>,
+        confined: Option<Confined>,
     ) -> Result<Handed, Failure> {
         let last_words = spawned.read_output();
         let Spawned {
@@ -459,8 +464,11 @@ impl WorkerSession {
         });
         let mut reader = BufReader::new(link);
         let mut buffer = Vec::new();
-        let confinement = match confined {
-            Some(confinement) => confinement,
+        let (confinement, settings) = match confined {
+            Some((confinement, built_for)) => {
+                let settings = (*built_for != self.config).then(|| worker_settings(&self.config));
+                (confinement, settings)
+            }
             None => {
                 let confine = Confine {
                     cwd: std::env::current_dir().unwrap_or_else(|_| self.scratch_path.clone()),
@@ -475,13 +483,13 @@ impl WorkerSession {
                         without_gil(|| read_frame::<FromWorker>(&mut reader, &mut buffer))
                     });
                 match answer {
-                    Ok(FromWorker::Confined(confinement)) => confinement,
+                    Ok(FromWorker::Confined(confinement)) => (confinement, None),
                     answer => return Err(self.not_started(&worker, answer, spare)),
                 }
             }
         };
         let start = Start {
-            config: worker_settings(&self.config),
+            settings,
             contexts: self.shared.contexts.clone(),
         };
         // The memfds and the start frame in one `sendmsg`: one wake-up of the worker.
@@ -2337,8 +2345,25 @@ mod tests {
     /// A session over `inputs` in the state `start_ready_later` leaves it: its worker handed
     /// its start frame, its `Ready` not taken yet, the contexts described by rlm. Its worker
     /// program does not exist: a session that tried to start another worker fails.
-    #[allow(clippy::zombie_processes)] // The session reaps `sleep` as its worker.
     fn handed_session(inputs: &[ContextInput]) -> (Arc<WorkerSession>, FakeWorker) {
+        handed_session_built_for(inputs, &session_config())
+    }
+
+    /// The settings of [`handed_session`]'s session.
+    fn session_config() -> SessionConfig {
+        SessionConfig {
+            isolation: Isolation::Process,
+            ..SessionConfig::default()
+        }
+    }
+
+    /// [`handed_session`], its worker's namespace built (as a worker of the pool's is) with
+    /// `built_for`.
+    #[allow(clippy::zombie_processes)] // The session reaps `sleep` as its worker.
+    fn handed_session_built_for(
+        inputs: &[ContextInput],
+        built_for: &SessionConfig,
+    ) -> (Arc<WorkerSession>, FakeWorker) {
         let (ours, theirs) = UnixStream::pair().expect("a socket pair");
         let sleeper = Command::new("sleep")
             .arg("60")
@@ -2356,10 +2381,7 @@ mod tests {
             .expect("no endpoints");
         let mut session = WorkerSession::unstarted(
             1,
-            SessionConfig {
-                isolation: Isolation::Process,
-                ..SessionConfig::default()
-            },
+            session_config(),
             Arc::new(endpoints),
             program.clone(),
             share_contexts(inputs).expect("contexts shared"),
@@ -2375,8 +2397,11 @@ mod tests {
             program,
             oom_kills: None,
         };
-        let Ok(handed) = session.hand_over(spawned, Some(sandbox::Report { layers: Vec::new() }))
-        else {
+        let confined = (
+            sandbox::Report { layers: Vec::new() },
+            Arc::new(built_for.clone()),
+        );
+        let Ok(handed) = session.hand_over(spawned, Some(confined)) else {
             panic!("the start frame was not sent");
         };
         *lock(&session.worker) = Slot::Starting(Box::new(handed));
@@ -2493,6 +2518,32 @@ mod tests {
         }
         calls.sort_unstable();
         assert_eq!(calls, [1, 3]);
+    }
+
+    #[test]
+    fn a_worker_of_the_pool_is_sent_its_sessions_settings_only_if_its_namespace_has_others() {
+        let other = SessionConfig {
+            cell_timeout: Duration::from_secs(7),
+            ..session_config()
+        };
+        // Built for the session's own settings: the start frame carries none. Built for
+        // others: the session's, as the worker gets them.
+        for (built_for, expected) in [
+            (session_config(), None),
+            (other, Some(worker_settings(&session_config()))),
+        ] {
+            let (_session, worker) = handed_session_built_for(&[], &built_for);
+            let link = &worker.link;
+            link.set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("a read timeout");
+            receive_fds(link).expect("the contexts' memfds");
+            match read_frame::<ToWorker>(&mut &*link, &mut Vec::new()) {
+                Ok(ToWorker::Start(start)) => {
+                    assert_eq!(start.settings, expected, "built for {built_for:?}")
+                }
+                other => panic!("not a start frame: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -168,6 +168,8 @@ pub(crate) struct Ready {
     pub(crate) policy: sandbox::Policy,
     /// What is in force.
     pub(crate) confinement: sandbox::Report,
+    /// The settings its session's namespace was built with (those of the run's children).
+    pub(crate) settings: Arc<SessionConfig>,
     shape: Shape,
     /// The template it was forked from.
     template: i32,
@@ -193,7 +195,7 @@ struct Lease {
     shape: Shape,
     count: usize,
     /// The settings the workers are confined for.
-    config: SessionConfig,
+    config: Arc<SessionConfig>,
     /// Ready and confining workers allowed at once.
     target: usize,
 }
@@ -264,7 +266,7 @@ pub(crate) fn keep_ready(config: &SessionConfig) -> Option<ReadyWorkers> {
             None => pool.leases.push(Lease {
                 shape: shape.clone(),
                 count: 1,
-                config: config.clone(),
+                config: Arc::new(config.clone()),
                 target: config
                     .batch_concurrency
                     .unwrap_or(MAX_READY)
@@ -405,7 +407,7 @@ pub(crate) fn order_refill(shape: &Shape) {
     if have >= target || total >= MAX_READY {
         return;
     }
-    let config = lease.config.clone();
+    let config = Arc::clone(&lease.config);
     // Counted now, so that a session starting meanwhile waits for it rather than start its own.
     pool.confining.push(shape.clone());
     drop(pool);
@@ -439,7 +441,7 @@ fn not_confined(shape: &Shape) {
 
 /// On the pool thread: forks a worker from the template and has it confined for `shape`;
 /// kept if a run still wants it, else ended before the end of the run hears it is done.
-fn confine_one(config: &SessionConfig, program: &WorkerProgram, shape: Shape) {
+fn confine_one(config: &Arc<SessionConfig>, program: &WorkerProgram, shape: Shape) {
     let ready = if memory_allows() {
         make_ready(config, program, &shape)
     } else {
@@ -470,7 +472,7 @@ fn confine_one(config: &SessionConfig, program: &WorkerProgram, shape: Shape) {
 }
 
 fn make_ready(
-    config: &SessionConfig,
+    config: &Arc<SessionConfig>,
     program: &WorkerProgram,
     shape: &Shape,
 ) -> Result<Ready, String> {
@@ -514,6 +516,7 @@ fn make_ready(
             scratch,
             policy,
             confinement,
+            settings: Arc::clone(config),
             shape: shape.clone(),
             template,
         }),
@@ -617,7 +620,7 @@ mod tests {
         Pool::own(lock(&pool().0)).leases.push(Lease {
             shape: shape.clone(),
             count: 1,
-            config,
+            config: Arc::new(config),
             target: 2,
         });
         // Held (no model call is in flight), and counted: a session waits for it. Counted as

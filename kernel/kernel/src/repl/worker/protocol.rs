@@ -64,8 +64,10 @@ pub(crate) fn worker_settings(config: &SessionConfig) -> SessionConfig {
 /// the same `sendmsg`).
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct Start {
-    /// The session's settings.
-    pub(crate) config: SessionConfig,
+    /// The session's settings ([`worker_settings`]) when they are not those its [`Confine`]
+    /// frame said ([`Confine::session`]: a worker of the pool, taken by a session of other
+    /// settings); `None`: those, as the namespace built ahead has them.
+    pub(crate) settings: Option<SessionConfig>,
     /// The contexts, in order.
     pub(crate) contexts: Vec<WireContext>,
 }

@@ -604,12 +604,11 @@ pub(crate) fn drain_output_then(
 mod tests {
     use super::super::protocol::{FrameError, Start, ToWorker, read_frame, write_frame};
     use super::*;
-    use crate::repl::config::SessionConfig;
 
     /// A start frame as a session sends it.
     fn start_frame() -> Vec<u8> {
         let start = Start {
-            config: SessionConfig::default(),
+            settings: None,
             contexts: Vec::new(),
         };
         let mut frame = Vec::new();
