@@ -1082,42 +1082,51 @@ fn a_run_held_from_another_host_is_taken_over_only_with_take_over_and_the_old_dr
     assert_eq!(flows.status("shared"), "completed");
 }
 
+/// Ctrl-C, a `kill PID` (`SIGTERM`) and a closed terminal (`SIGHUP`) stop a workflow run the
+/// same way: between steps, its lease released and its checkpoint whole, listed as
+/// interrupted, and resumed by the next process without a takeover.
 #[test]
-fn a_run_stopped_by_ctrl_c_is_released_and_resumed_without_a_takeover() {
-    let flows = Flows::new();
-    let mut first = Background::spawn(&flows.run_pipeline("stopped", &[]));
-    wait_for(&flows.path("started"), first.child());
-    let pid = i32::try_from(first.child().id()).expect("a pid");
-    // SAFETY: sends SIGINT to our own child process.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
-    let (code, stderr) = first.finish();
-    assert_eq!(code, Some(130), "{stderr}");
-    // Listed as stopped on purpose, not failed, with the command that continues it.
-    let stopped = flows.listed("stopped");
-    assert_eq!(stopped["owner"], Value::Null, "{stopped}");
-    assert_eq!(stopped["status"], json!("interrupted"), "{stopped}");
-    let command = format!("rlm flow resume stopped --db {}", flows.db());
-    assert!(
-        stderr.trim_end().ends_with(&command),
-        "{command:?} in {stderr}"
-    );
-    assert!(!stderr.contains("error:"), "{stderr}");
-    file(flows.dir.path(), "go", "");
-    // As printed: the run keeps its model settings. (Not its isolation, a choice of each
-    // process: the steps write beside the workflow, which a confined worker may not, so
-    // `--isolation none` comes from the environment, as for the first run's flag.)
-    let resumed = rlm_with(
-        &flows.args(&["resume", "stopped"]),
-        None,
-        &[("RLM_ISOLATION", "none")],
-    );
-    resumed.assert_code(0);
-    assert!(
-        !resumed.stderr.contains("taking the run over"),
-        "{}",
-        resumed.stderr
-    );
-    assert_eq!(flows.status("stopped"), "completed");
+fn a_run_stopped_by_ctrl_c_sigterm_or_sighup_is_released_and_resumed_without_a_takeover() {
+    for (signal, run) in [
+        (libc::SIGINT, "stopped-int"),
+        (libc::SIGTERM, "stopped-term"),
+        (libc::SIGHUP, "stopped-hup"),
+    ] {
+        let flows = Flows::new();
+        let mut first = Background::spawn(&flows.run_pipeline(run, &[]));
+        wait_for(&flows.path("started"), first.child());
+        let pid = i32::try_from(first.child().id()).expect("a pid");
+        // SAFETY: sends a signal to our own child process.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+        let (code, stderr) = first.finish();
+        assert_eq!(code, Some(130), "{run}: {stderr}");
+        // Listed as stopped on purpose, not failed, with the command that continues it.
+        let stopped = flows.listed(run);
+        assert_eq!(stopped["owner"], Value::Null, "{stopped}");
+        assert_eq!(stopped["status"], json!("interrupted"), "{stopped}");
+        let command = format!("rlm flow resume {run} --db {}", flows.db());
+        assert!(
+            stderr.trim_end().ends_with(&command),
+            "{command:?} in {stderr}"
+        );
+        assert!(!stderr.contains("error:"), "{stderr}");
+        file(flows.dir.path(), "go", "");
+        // As printed: the run keeps its model settings. (Not its isolation, a choice of each
+        // process: the steps write beside the workflow, which a confined worker may not, so
+        // `--isolation none` comes from the environment, as for the first run's flag.)
+        let resumed = rlm_with(
+            &flows.args(&["resume", run]),
+            None,
+            &[("RLM_ISOLATION", "none")],
+        );
+        resumed.assert_code(0);
+        assert!(
+            !resumed.stderr.contains("taking the run over"),
+            "{}",
+            resumed.stderr
+        );
+        assert_eq!(flows.status(run), "completed");
+    }
 }
 
 /// The command a run waiting for a human prints works pasted as it is: the run record keeps
