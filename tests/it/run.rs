@@ -234,15 +234,7 @@ fn ctrl_c_stops_the_run_and_keeps_its_best_answer_and_trajectory() {
     let trajectory = dir.path().join("t.jsonl");
     let child = mock.spawn_run(&context, &trajectory);
     // Wait until the second reply's block is sleeping, then press Ctrl-C.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while mock.root_requests() < 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the run made progress"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    wait_for_progress(|| mock.root_requests() >= 2, 300);
     let pid = libc::pid_t::try_from(child.id()).expect("pid");
     // SAFETY: sends SIGINT to our own child process.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
@@ -294,17 +286,12 @@ fn sigterm_and_sighup_stop_the_run_as_ctrl_c_does_and_leave_no_scratch_directory
             let context = file(dir.path(), "ctx.txt", "some text");
             let trajectory = dir.path().join("t.jsonl");
             let run = mock.spawn_run_with(&context, &trajectory, extra, &[("TMPDIR", tmp.path())]);
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-            while mock.root_requests() < 2 || mock.requests_to("sub-model") < children {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "{name} {extra:?}: the run made progress"
-                );
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
             // The sleeping block started, and (at depth 2) the workers for the next child
             // were confined meanwhile.
-            std::thread::sleep(std::time::Duration::from_millis(1_000));
+            wait_for_progress(
+                || mock.root_requests() >= 2 && mock.requests_to("sub-model") >= children,
+                1_000,
+            );
             // The root's worker's; at depth 2 also the child's and at least one kept ready.
             let scratch = scratch_directories(tmp.path());
             assert!(
@@ -358,15 +345,7 @@ fn a_scratch_directory_a_killed_run_left_is_removed_by_the_next_run() {
     let context = file(dir.path(), "ctx.txt", "some text");
     let envs = [("TMPDIR", tmp.path())];
     let mut killed = mock.spawn_run_with(&context, &dir.path().join("k.jsonl"), &[], &envs);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while mock.root_requests() < 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the run made progress"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(1_000));
+    wait_for_progress(|| mock.root_requests() >= 1, 1_000);
     killed.kill().expect("SIGKILL");
     killed.wait().expect("reaped");
     let left = scratch_directories(tmp.path());
@@ -391,6 +370,120 @@ fn a_scratch_directory_a_killed_run_left_is_removed_by_the_next_run() {
         vec![older],
         "the killed run's directory was not removed (or the older one was)"
     );
+}
+
+/// A closed terminal: `rlm` leads a session on a pseudo-terminal that holds its standard
+/// output and error, and the terminal goes (its other end closed; the kernel sends `SIGHUP`).
+/// The run stops as for Ctrl-C although it can print nothing any more: its best answer is
+/// written to `--answer-file`, its trajectory closed, its worker's scratch directory removed.
+#[test]
+fn a_closed_terminal_stops_the_run_and_keeps_its_answer_file_and_trajectory() {
+    let mock = Mock::start(serde_json::json!({"models": {"root-model": {"replies": [
+        format!("{}\nFINAL(draft answer)", repl("raise ValueError('not yet')")),
+        repl("import time\ntime.sleep(60)"),
+        "FINAL(never)"
+    ]}}}));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tmp = tempfile::tempdir().expect("the run's TMPDIR");
+    let context = file(dir.path(), "ctx.txt", "some text");
+    let trajectory = dir.path().join("t.jsonl");
+    let answer = dir.path().join("answer.txt");
+    let (master, slave) = crate::support::pseudo_terminal();
+    let mut cmd = crate::support::rlm_command(&mock.run_args(&[
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "q",
+        "--quiet",
+        "--trajectory",
+        trajectory.to_str().expect("utf-8"),
+        "--answer-file",
+        answer.to_str().expect("utf-8"),
+    ]));
+    cmd.env("TMPDIR", tmp.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(slave.try_clone().expect("the terminal"))
+        .stderr(slave);
+    crate::support::lead_a_session_on_stderr(&mut cmd);
+    let mut child = cmd.spawn().expect("rlm starts");
+    drop(cmd);
+    wait_for_progress(|| mock.root_requests() >= 2, 1_000);
+    // The terminal goes.
+    drop(master);
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!("rlm did not stop within 10 s of its terminal's hangup");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    assert_eq!(
+        std::fs::read_to_string(&answer).expect("the answer file"),
+        "draft answer"
+    );
+    assert_closed_as_interrupted(&trajectory);
+    assert_eq!(
+        scratch_directories(tmp.path()),
+        Vec::<std::path::PathBuf>::new()
+    );
+}
+
+/// `nohup rlm ...` (`SIGHUP` ignored when `rlm` starts): a `SIGHUP` does not stop the run.
+#[test]
+fn a_run_started_with_sighup_ignored_runs_on_through_a_sighup() {
+    use std::os::unix::process::CommandExt as _;
+
+    let mock = Mock::start(serde_json::json!({"models": {"root-model": {"replies": [
+        repl("import time\ntime.sleep(2)\nx = 'done'"),
+        "FINAL_VAR(x)"
+    ]}}}));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "ctx.txt", "some text");
+    let mut cmd = crate::support::rlm_command(&mock.run_args(&[
+        "--context",
+        context.to_str().expect("utf-8"),
+        "--query",
+        "q",
+    ]));
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: `signal` is async-signal-safe; as `nohup` does before it runs the command.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("rlm starts");
+    wait_for_progress(|| mock.root_requests() >= 1, 500);
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: sends SIGHUP to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    let output = child.wait_with_output().expect("rlm exits");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim_end(), "done");
+    assert!(!stderr.contains("Interrupted"), "{stderr}");
+}
+
+/// Waits (up to 30 s) until `progressed`, then `settle_ms` more (a block it started is under
+/// way).
+fn wait_for_progress(progressed: impl Fn() -> bool, settle_ms: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !progressed() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run made progress"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(settle_ms));
 }
 
 /// The scratch directories of workers under `tmp`.

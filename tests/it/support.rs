@@ -1,5 +1,6 @@
 //! Running `rlm` against an in-process mock LM server.
 
+use std::os::fd::{FromRawFd as _, OwnedFd};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -342,18 +343,9 @@ pub(crate) struct TerminalRun {
     pub(crate) terminal: String,
 }
 
-/// Runs `rlm` with stderr on a pseudo-terminal of 120 × 40 (stdout piped, `CI` unset) in a
-/// temporary working directory (its run database goes there); `during` gets its pid while it
-/// runs, and the terminal's keyboard: what it writes there is typed (`\x03`: Ctrl-C). As
-/// from a shell, `rlm` leads a session whose controlling terminal is that one.
-pub(crate) fn rlm_on_terminal(
-    all: &[String],
-    envs: &[(&str, &str)],
-    during: impl FnOnce(libc::pid_t, &mut std::fs::File),
-) -> TerminalRun {
-    use std::io::Read as _;
-    use std::os::fd::{FromRawFd as _, OwnedFd};
-
+/// A pseudo-terminal of 120 × 40: its master end (not inherited by a process this one
+/// starts, so that the terminal goes when this process closes it) and its slave end.
+pub(crate) fn pseudo_terminal() -> (OwnedFd, OwnedFd) {
     let (mut master, mut slave) = (0, 0);
     let size = libc::winsize {
         ws_row: 40,
@@ -373,17 +365,16 @@ pub(crate) fn rlm_on_terminal(
         )
     };
     assert_eq!(opened, 0, "a pseudo-terminal");
+    // SAFETY: sets a flag of a descriptor just opened.
+    let cloexec = unsafe { libc::fcntl(master, libc::F_SETFD, libc::FD_CLOEXEC) };
+    assert_eq!(cloexec, 0);
     // SAFETY: both descriptors were just opened and belong to nobody else.
-    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
-    let cwd = tempfile::tempdir().expect("tempdir");
-    let mut cmd = crate::support::rlm_command(all);
-    cmd.current_dir(cwd.path())
-        .env_remove("CI")
-        .env("TERM", "xterm-256color")
-        .envs(envs.iter().copied())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(slave);
+    unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) }
+}
+
+/// Has the process `cmd` starts lead a session of its own whose controlling terminal is its
+/// stderr (a pseudo-terminal's end), as a shell's command on that terminal.
+pub(crate) fn lead_a_session_on_stderr(cmd: &mut Command) {
     // SAFETY: async-signal-safe calls between fork and exec: a new session, and stderr (the
     // terminal) as its controlling terminal.
     unsafe {
@@ -394,6 +385,30 @@ pub(crate) fn rlm_on_terminal(
             Ok(())
         });
     }
+}
+
+/// Runs `rlm` with stderr on a pseudo-terminal of 120 × 40 (stdout piped, `CI` unset) in a
+/// temporary working directory (its run database goes there); `during` gets its pid while it
+/// runs, and the terminal's keyboard: what it writes there is typed (`\x03`: Ctrl-C). As
+/// from a shell, `rlm` leads a session whose controlling terminal is that one.
+pub(crate) fn rlm_on_terminal(
+    all: &[String],
+    envs: &[(&str, &str)],
+    during: impl FnOnce(libc::pid_t, &mut std::fs::File),
+) -> TerminalRun {
+    use std::io::Read as _;
+
+    let (master, slave) = pseudo_terminal();
+    let cwd = tempfile::tempdir().expect("tempdir");
+    let mut cmd = crate::support::rlm_command(all);
+    cmd.current_dir(cwd.path())
+        .env_remove("CI")
+        .env("TERM", "xterm-256color")
+        .envs(envs.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(slave);
+    lead_a_session_on_stderr(&mut cmd);
     let child = cmd.spawn().expect("rlm starts");
     // Only the child holds the terminal now: reading ends when it exits.
     drop(cmd);

@@ -11,30 +11,77 @@
 //! inherit the handler and the pipe it writes to, so that a `SIGTERM` meant for it (the end
 //! of an interrupted block's processes) would not end it and would stop `rlm`'s run instead:
 //! in a fork the three signals get their default back.
+//!
+//! A signal ignored when `rlm` started stays ignored: `nohup rlm ...` (which ignores `SIGHUP`)
+//! runs on when its terminal closes, and a background job of a script (`SIGINT` ignored)
+//! is not stopped by the script's Ctrl-C.
+//!
+//! After a hangup the terminal is gone: every write to it fails. Standard output and error
+//! that were that terminal write nowhere from then on (`/dev/null`), so that the command
+//! still stops as it would, writing its files (the trajectory, `--answer-file`, the
+//! checkpoint), instead of failing at its first line of output.
 
 use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::exit::EXIT_INTERRUPTED;
 
-/// The signals that ask the command to stop, watched.
+/// The signals that ask the command to stop, each watched unless it was ignored (see the
+/// [module docs](self)).
 struct Requests {
-    interrupt: Signal,
-    terminate: Signal,
-    hangup: Signal,
+    interrupt: Option<Signal>,
+    terminate: Option<Signal>,
+    hangup: Option<Signal>,
 }
 
-/// The signals [`Requests`] watches.
-const WATCHED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+/// The signals [`Requests`] watches, each with whether it is watched in this process.
+static WATCHED: [(libc::c_int, AtomicBool); 3] = [
+    (libc::SIGINT, AtomicBool::new(false)),
+    (libc::SIGTERM, AtomicBool::new(false)),
+    (libc::SIGHUP, AtomicBool::new(false)),
+];
 
 /// In a process just forked from this one: the watched signals' default back (see the
 /// [module docs](self)).
 extern "C" fn default_in_fork() {
-    for signal in WATCHED {
-        // SAFETY: `signal` with `SIG_DFL` is async-signal-safe, as a fork's child requires.
-        unsafe { libc::signal(signal, libc::SIG_DFL) };
+    for (signal, watched) in &WATCHED {
+        if watched.load(Ordering::Relaxed) {
+            // SAFETY: `signal` with `SIG_DFL` is async-signal-safe, as a fork's child requires.
+            unsafe { libc::signal(*signal, libc::SIG_DFL) };
+        }
     }
+}
+
+/// Whether `signal` is ignored in this process.
+fn ignored(signal: libc::c_int) -> bool {
+    let mut action = std::mem::MaybeUninit::<libc::sigaction>::zeroed();
+    // SAFETY: reads the disposition into `action` and changes nothing (no new action).
+    let read = unsafe { libc::sigaction(signal, std::ptr::null(), action.as_mut_ptr()) };
+    // SAFETY: zeroed, and filled by `sigaction` when it succeeded.
+    read == 0 && unsafe { action.assume_init() }.sa_sigaction == libc::SIG_IGN
+}
+
+/// Watches `WATCHED[index]`, unless it was ignored before anything watched it.
+fn watch(index: usize) -> std::io::Result<Option<Signal>> {
+    let (raw, watched) = &WATCHED[index];
+    if !watched.load(Ordering::Relaxed) && ignored(*raw) {
+        return Ok(None);
+    }
+    let stream = signal(SignalKind::from_raw(*raw))?;
+    watched.store(true, Ordering::Relaxed);
+    Ok(Some(stream))
+}
+
+/// The next delivery of `signal`; never, when it is not watched.
+async fn delivered(signal: &mut Option<Signal>) {
+    if let Some(signal) = signal
+        && signal.recv().await.is_some()
+    {
+        return;
+    }
+    std::future::pending::<()>().await;
 }
 
 impl Requests {
@@ -46,20 +93,45 @@ impl Requests {
         });
         let _runtime = kernel::runtime::shared().enter();
         Ok(Self {
-            interrupt: signal(SignalKind::interrupt())?,
-            terminate: signal(SignalKind::terminate())?,
-            hangup: signal(SignalKind::hangup())?,
+            interrupt: watch(0)?,
+            terminate: watch(1)?,
+            hangup: watch(2)?,
         })
     }
 
     /// The next request.
     async fn next(&mut self) -> Request {
-        tokio::select! {
-            _ = self.interrupt.recv() => Request::CtrlC,
-            _ = self.terminate.recv() => Request::Terminate,
-            _ = self.hangup.recv() => Request::Hangup,
+        let request = tokio::select! {
+            () = delivered(&mut self.interrupt) => Request::CtrlC,
+            () = delivered(&mut self.terminate) => Request::Terminate,
+            () = delivered(&mut self.hangup) => Request::Hangup,
+        };
+        if request == Request::Hangup {
+            write_nowhere_if_hung_up();
+        }
+        request
+    }
+}
+
+/// Points standard output and error that were a terminal now hung up at `/dev/null` (see
+/// the [module docs](self)); a pipe, a file or a terminal still there is left as it is.
+fn write_nowhere_if_hung_up() {
+    // SAFETY: opens a path given as a C string; the descriptor is checked below.
+    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
+    if null < 0 {
+        return;
+    }
+    for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
+        // A write of nothing fails (`EIO`) on a hung-up terminal alone.
+        // SAFETY: writes zero bytes from a valid, empty buffer.
+        let probe = unsafe { libc::write(fd, [0u8; 0].as_ptr().cast(), 0) };
+        if probe < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EIO) {
+            // SAFETY: both descriptors are open; `fd` is replaced atomically.
+            unsafe { libc::dup2(null, fd) };
         }
     }
+    // SAFETY: closes the descriptor opened above, which nothing else holds.
+    unsafe { libc::close(null) };
 }
 
 /// How the command was asked to stop.
