@@ -54,7 +54,8 @@ pub enum FaultKind {
     /// `503 Service Unavailable` with a provider-shaped error body.
     #[serde(alias = "503")]
     Unavailable,
-    /// Sleep for [`Faults::hang`] (ends early on shutdown), then answer normally.
+    /// Wait [`Faults::hang`] more after the latency (ended at once on shutdown), then answer
+    /// normally.
     Hang,
     /// Drop the connection without a response: the client sees a transport error.
     Reset,

@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 
 use super::error::MockError;
 
-/// Per-request delay before the server answers.
+/// Per-request delay before the server answers, counted from the request's arrival (see
+/// *Latency* in the [module docs](super)).
 ///
 /// JSON form (also used for per-model overrides in scripts):
 /// `{"kind": "fixed", "ms": 50}`, `{"kind": "uniform", "min_ms": 10, "max_ms": 90}`,

@@ -17,8 +17,12 @@ pub struct RequestRecord {
     pub path: String,
     /// Requested model (empty when the body did not name one or could not be parsed).
     pub model: String,
-    /// When the request arrived.
+    /// When the request arrived (its headers read).
     pub arrived: Duration,
+    /// The latency drawn for the request: it is answered no sooner than `arrived + latency`
+    /// (zero when none was: a request refused first, or on a path the mock does not serve).
+    #[serde(default)]
+    pub latency: Duration,
     /// When the response was handed to the connection (after latency and faults).
     pub finished: Duration,
     /// HTTP status sent; `0` when the connection was dropped without a response (`reset`);

@@ -12,7 +12,8 @@
 //!   body into a private view (`request.rs`; what scripts see of it is a `prompt.rs` `Prompt`:
 //!   model, system prompt, last user message, last tool result and its tool's name, TURN) →
 //!   tool-traffic checks (`validate.rs`, see *Validation*) → fault decision (`faults.rs`) →
-//!   latency sleep (`latency.rs`) → the [`Script`] picks and renders a reply
+//!   the latency drawn (`latency.rs`) and waited until its deadline (`timer.rs`, see
+//!   *Latency*) → the [`Script`] picks and renders a reply
 //!   (`script.rs`, `template.rs`) → rendered in the provider's format (`wire.rs`) → one
 //!   [`RequestRecord`] is pushed to the [`RequestLog`] (with the request's headers and whole
 //!   body when [`MockConfig::record_requests`] is on: tests check what a client sent).
@@ -132,6 +133,7 @@
 //! **Latency** per model: `"latency"` takes the same JSON as [`Latency`] and overrides the
 //! server-wide setting for that model. `GET /v1/models` takes the server-wide latency, as a
 //! real server's round trip: concurrent requests overlap, each on a connection of its own.
+//! How it is waited: *Latency*, below.
 //!
 //! # Responses
 //!
@@ -166,11 +168,27 @@
 //! rising latency, which [`Latency`] alone cannot model.) Benchmarks of adaptive fan-out run
 //! against it.
 //!
+//! # Latency
+//!
+//! A request's latency is drawn once its body is parsed (the script may set it per model) and
+//! counts from its arrival, when its headers were read: its deadline is the arrival plus the
+//! latency, so the time its body took to come and be checked is part of the latency, not added
+//! to it (a `hang` fault adds [`Faults::hang`] to that deadline). No response leaves before its
+//! deadline ([`RequestRecord::latency`] is what was drawn), and it leaves as soon after it as
+//! the kernel wakes the server: each waiting request has a timer of its own in the kernel
+//! (`timer.rs`: a `timerfd` on the runtime's reactor), not tokio's, whose 1 ms tick and
+//! whole-millisecond `epoll_wait` answered a 50 ms latency 1–3 ms late, by where in a
+//! millisecond the request arrived (the figures: the bench guide, *The mock's latency*).
+//! Without a file descriptor for its timer, a request waits on tokio's timer instead (the first
+//! such fallback is logged, all are counted: [`MockServer::timer_fallbacks`]). Shutdown ends
+//! every wait at once (503). A kernel timer keeps real time: under tokio's paused clock
+//! (`start_paused`) the mock's latency is waited for real.
+//!
 //! # Faults
 //!
 //! See [`Faults`] and [`FaultKind`]: deterministic rules (`fail_first`, regex over the last
 //! user message, optional `times` limit) are checked first, then the random `rate`. Faults
-//! apply to chat requests only, after the latency sleep.
+//! apply to chat requests only, after the latency.
 
 mod config;
 mod error;
@@ -183,6 +201,7 @@ mod rng;
 mod script;
 mod server;
 mod template;
+mod timer;
 mod validate;
 mod wire;
 

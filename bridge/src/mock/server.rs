@@ -31,6 +31,7 @@ use super::log::{RequestLog, RequestRecord};
 use super::request;
 use super::rng;
 use super::script::Script;
+use super::timer::Timers;
 use super::validate;
 use super::wire::{self, Answer, ErrorKind, Provider};
 
@@ -56,6 +57,8 @@ pub struct MockServer {
     next_id: Arc<AtomicU64>,
     /// TCP connections accepted so far.
     connections: Arc<AtomicU64>,
+    /// Shared with the server state.
+    timers: Arc<Timers>,
     shutdown: CancellationToken,
     task: Option<JoinHandle<()>>,
 }
@@ -76,6 +79,8 @@ struct ServerState {
     capacity: Option<usize>,
     /// Chat requests being served now (admitted by `capacity`).
     serving: AtomicUsize,
+    /// The requests' waits for their deadlines.
+    timers: Arc<Timers>,
 }
 
 /// A chat request's place within the capacity; frees it when dropped.
@@ -126,6 +131,7 @@ impl MockServer {
         let log = RequestLog::with_limit(config.log_limit);
         let shutdown = CancellationToken::new();
         let next_id = Arc::new(AtomicU64::new(0));
+        let timers = Arc::new(Timers::default());
         let state = Arc::new(ServerState {
             script: config.script,
             latency: config.latency,
@@ -139,6 +145,7 @@ impl MockServer {
             shutdown: shutdown.clone(),
             capacity: config.capacity,
             serving: AtomicUsize::new(0),
+            timers: Arc::clone(&timers),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(openai_chat))
@@ -168,6 +175,7 @@ impl MockServer {
             log,
             next_id,
             connections,
+            timers,
             shutdown,
             task: Some(task),
         })
@@ -206,6 +214,13 @@ impl MockServer {
         self.connections.load(Ordering::Relaxed)
     }
 
+    /// Requests whose latency was waited on tokio's timer (whole milliseconds, up to ~2 ms
+    /// late) because no kernel timer could be made for them (e.g. no file descriptor left);
+    /// the first is logged with its reason.
+    pub fn timer_fallbacks(&self) -> u64 {
+        self.timers.fallbacks()
+    }
+
     /// Stops accepting, ends sleeping and hanging requests (they answer 503), lets in-flight
     /// responses finish and waits for the server task (at most a few seconds).
     pub async fn shutdown(mut self) {
@@ -242,14 +257,15 @@ async fn anthropic_messages(State(st): State<Arc<ServerState>>, req: Request) ->
 }
 
 async fn list_models(State(st): State<Arc<ServerState>>, req: Request) -> Response {
-    let draft = st.draft(&req);
+    let mut draft = st.draft(&req);
     if !st.authorized(req.headers()) {
         return st.finish(draft, unauthorized(Provider::OpenAi));
     }
     // A real server's list takes a round trip too; so concurrent requests overlap, each on a
     // connection of its own (what a client's connection warm-up counts on).
     let mut rng = rng::for_request(st.seed, draft.id);
-    if !st.sleep(st.latency.sample(&mut rng)).await {
+    draft.latency = st.latency.sample(&mut rng);
+    if !st.wait_until(draft.deadline()).await {
         return st.finish(draft, shutting_down(Provider::OpenAi));
     }
     #[derive(Serialize)]
@@ -341,7 +357,11 @@ fn unauthorized(provider: Provider) -> Outcome {
 struct Draft {
     id: u64,
     path: String,
+    /// When its headers were read: its latency counts from here.
+    arrival: Instant,
     arrived: Duration,
+    /// The latency drawn for it (zero until drawn).
+    latency: Duration,
     model: String,
     last_user: String,
     stream: bool,
@@ -354,6 +374,11 @@ struct Draft {
 }
 
 impl Draft {
+    /// When its latency ends (`None`: past any clock, never).
+    fn deadline(&self) -> Option<Instant> {
+        self.arrival.checked_add(self.latency)
+    }
+
     fn record(&mut self, status: u16, response_bytes: usize) {
         let Some((log, started)) = self.sink.take() else {
             return;
@@ -363,6 +388,7 @@ impl Draft {
             path: std::mem::take(&mut self.path),
             model: std::mem::take(&mut self.model),
             arrived: self.arrived,
+            latency: self.latency,
             finished: started.elapsed(),
             status,
             fault: self.fault.map(|f| f.name().to_owned()),
@@ -393,10 +419,13 @@ struct Outcome {
 
 impl ServerState {
     fn draft(&self, req: &Request) -> Draft {
+        let arrival = Instant::now();
         Draft {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             path: req.uri().path().to_owned(),
-            arrived: self.started.elapsed(),
+            arrival,
+            arrived: arrival.saturating_duration_since(self.started),
+            latency: Duration::ZERO,
             model: String::new(),
             last_user: String::new(),
             stream: false,
@@ -467,13 +496,13 @@ impl ServerState {
         outcome
     }
 
-    /// Sleeps unless the server shuts down first; `false` = shutting down.
-    async fn sleep(&self, duration: Duration) -> bool {
-        if duration.is_zero() {
+    /// Waits until `deadline` unless the server shuts down first; `false` = shutting down.
+    async fn wait_until(&self, deadline: Option<Instant>) -> bool {
+        if deadline.is_some_and(|d| d <= Instant::now()) {
             return true;
         }
         tokio::select! {
-            () = tokio::time::sleep(duration) => true,
+            () = self.timers.wait_until(deadline) => true,
             () = self.shutdown.cancelled() => false,
         }
     }
@@ -530,7 +559,9 @@ impl ServerState {
             .script
             .latency_for(&view.model)
             .unwrap_or(&self.latency);
-        if !self.sleep(latency.sample(&mut rng)).await {
+        // Counted from the arrival: reading and checking the body took part of it.
+        draft.latency = latency.sample(&mut rng);
+        if !self.wait_until(draft.deadline()).await {
             return self.finish(draft, shutting_down(provider));
         }
         match fault {
@@ -552,7 +583,10 @@ impl ServerState {
             }
             Some(FaultKind::Reset) => return self.finish(draft, Outcome::reset()),
             Some(FaultKind::Hang) => {
-                if !self.sleep(self.faults.hang).await {
+                let end = draft
+                    .deadline()
+                    .and_then(|d| d.checked_add(self.faults.hang));
+                if !self.wait_until(end).await {
                     return self.finish(draft, shutting_down(provider));
                 }
             }

@@ -996,35 +996,250 @@ async fn options_build_a_config_for_the_cli() {
     assert!(err.to_string().contains("--faults"), "{err}");
 }
 
-#[tokio::test]
-async fn uniform_and_normal_latency_stay_in_bounds() {
+/// Every latency the mock has, sequential calls after idle gaps of 0 to 1 ms (each gap puts
+/// the arrival elsewhere in a millisecond) and concurrent ones: each request is answered no
+/// sooner than its arrival plus the latency drawn for it, the draw within the model's bounds,
+/// and on a kernel timer of its own.
+async fn no_request_is_answered_before_its_latency() {
+    let fixed = Duration::from_millis(3);
+    let (min, max) = (Duration::from_millis(1), Duration::from_millis(6));
     for latency in [
-        Latency::uniform(Duration::from_millis(20), Duration::from_millis(40)),
-        Latency::normal(Duration::from_millis(20), Duration::from_millis(5)),
+        Latency::fixed(fixed),
+        Latency::uniform(min, max),
+        Latency::normal(Duration::from_millis(4), Duration::from_millis(2)),
     ] {
         let server = start(MockConfig {
             latency,
             ..MockConfig::default()
         })
         .await;
-        for i in 0..5 {
-            openai_text(&server, "m", user(&i.to_string())).await;
+        let url = format!("{}/chat/completions", server.openai_base_url());
+        let keep_alive = client();
+        for i in 0..24u64 {
+            // A blocking gap: the server is idle meanwhile.
+            std::thread::sleep(Duration::from_micros(i * 1000 / 24));
+            let sent = std::time::Instant::now();
+            let resp = keep_alive
+                .post(&url)
+                .json(&openai_body("m", user(&i.to_string())))
+                .send()
+                .await
+                .expect("sent");
+            assert_eq!(resp.status(), 200);
+            if latency == Latency::fixed(fixed) {
+                assert!(sent.elapsed() >= fixed, "{:?}", sent.elapsed());
+            }
         }
-        for r in server.log().entries() {
-            let waited = r.finished - r.arrived;
-            assert!(waited < Duration::from_secs(2), "{latency:?}: {waited:?}");
+        let calls = (0..16).map(|i| {
+            let server = &server;
+            async move { openai_text(server, "m", user(&format!("c{i}"))).await }
+        });
+        futures::future::join_all(calls).await;
+        let log = server.log().entries();
+        assert_eq!(log.len(), 40);
+        for r in &log {
+            assert_eq!(r.status, 200, "{r:?}");
+            assert!(r.finished - r.arrived >= r.latency, "{latency:?}: {r:?}");
+            // Not absurd either way (precision is shown by the benchmarks, not here).
+            assert!(r.finished - r.arrived < Duration::from_secs(2), "{r:?}");
+            match latency {
+                Latency::Fixed { delay } => assert_eq!(r.latency, delay),
+                Latency::Uniform { .. } => {
+                    assert!((min..=max).contains(&r.latency), "{r:?}");
+                }
+                Latency::Normal { .. } | Latency::None => {}
+            }
         }
-        if matches!(latency, Latency::Uniform { .. }) {
-            assert!(
-                server
-                    .log()
-                    .entries()
-                    .iter()
-                    .all(|r| r.finished - r.arrived >= Duration::from_millis(20))
-            );
+        if matches!(latency, Latency::Normal { .. }) {
+            let distinct: std::collections::BTreeSet<_> = log.iter().map(|r| r.latency).collect();
+            assert!(distinct.len() > 30, "drawn per request: {distinct:?}");
         }
+        assert_eq!(server.timer_fallbacks(), 0, "a kernel timer each");
         server.shutdown().await;
     }
+}
+
+#[tokio::test]
+async fn no_request_is_answered_before_its_latency_on_a_current_thread_runtime() {
+    no_request_is_answered_before_its_latency().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_request_is_answered_before_its_latency_on_a_multi_thread_runtime() {
+    no_request_is_answered_before_its_latency().await;
+}
+
+/// A request's latency counts from its arrival (its headers read), not from the end of its
+/// body: a client slow to send the body waits the latency once, not the body's time plus the
+/// latency; and never less.
+#[tokio::test]
+async fn the_latency_counts_from_the_arrival_not_from_the_body() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let latency = Duration::from_secs(1);
+    let server = start(MockConfig {
+        latency: Latency::fixed(latency),
+        ..MockConfig::default()
+    })
+    .await;
+    let body = openai_body("m", user("slow body")).to_string();
+    let mut tcp = tokio::net::TcpStream::connect(server.addr())
+        .await
+        .expect("connects");
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: mock\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.expect("head sent");
+    // The body comes as late as the whole latency: the handler has its arrival meanwhile.
+    while server.arrived() < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(latency).await;
+    tcp.write_all(body.as_bytes()).await.expect("body sent");
+    let mut response = String::new();
+    tcp.read_to_string(&mut response).await.expect("response");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(response.contains("slow body"), "{response}");
+    let r = &server.log().entries()[0];
+    let waited = r.finished - r.arrived;
+    assert!(waited >= latency, "{r:?}");
+    // The body alone took the latency: waiting it again after the body would double it.
+    assert!(waited < 2 * latency, "waited twice: {r:?}");
+    assert_eq!(r.latency, latency);
+    server.shutdown().await;
+}
+
+/// Shutdown ends a request waiting for its latency at once (503), however long the latency,
+/// and one whose deadline is past any clock (`hang` on top of the latency) too.
+#[tokio::test]
+async fn shutdown_ends_requests_waiting_for_their_latency_at_once() {
+    let mut faults = Faults::fail_first(1, FaultKind::Hang);
+    faults.hang = Duration::MAX;
+    let server = start(MockConfig {
+        latency: Latency::fixed(Duration::from_secs(3600)),
+        faults,
+        ..MockConfig::default()
+    })
+    .await;
+    let url = format!("{}/chat/completions", server.openai_base_url());
+    let pending: Vec<_> = (0..2)
+        .map(|i| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                client()
+                    .post(&url)
+                    .json(&openai_body("m", user(&i.to_string())))
+                    .send()
+                    .await
+                    .map(|r| r.status())
+            })
+        })
+        .collect();
+    while server.arrived() < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let log = server.log();
+    let started = std::time::Instant::now();
+    server.shutdown().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+    for call in pending {
+        let status = tokio::time::timeout(Duration::from_secs(30), call)
+            .await
+            .expect("answered, not left waiting")
+            .expect("task")
+            .expect("answered on shutdown");
+        assert_eq!(status, 503);
+    }
+    let entries = log.entries();
+    assert_eq!(entries.len(), 2);
+    assert!(entries.iter().any(|r| r.fault.as_deref() == Some("hang")));
+    assert!(entries.iter().all(|r| r.status == 503), "{entries:?}");
+}
+
+/// Without a file descriptor for a kernel timer, a request's latency is waited on tokio's timer
+/// instead: still answered, never before its latency, and counted; with descriptors back, the
+/// next request has a kernel timer again. Run in a child process of its own, whose descriptors
+/// it uses up.
+#[test]
+fn latency_falls_back_to_tokios_timer_without_a_file_descriptor() {
+    const CHILD: &str = "RLM_TEST_NO_FD_CHILD";
+    if std::env::var_os(CHILD).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "mock::latency_falls_back_to_tokios_timer_without_a_file_descriptor",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .expect("child runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let latency = Duration::from_millis(20);
+        let server = start(MockConfig {
+            latency: Latency::fixed(latency),
+            ..MockConfig::default()
+        })
+        .await;
+        let url = format!("{}/chat/completions", server.openai_base_url());
+        let keep_alive = client();
+        let call = |text: &'static str| {
+            let request = keep_alive.post(&url).json(&openai_body("m", user(text)));
+            async move {
+                let resp = request.send().await.expect("sent");
+                assert_eq!(resp.status(), 200);
+                let v: Value = resp.json().await.expect("JSON body");
+                assert_eq!(v["choices"][0]["message"]["content"], text);
+            }
+        };
+        call("connected").await;
+        assert_eq!(server.timer_fallbacks(), 0);
+        // Every descriptor taken (a low limit first: bounded work); the connection stays open.
+        use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+        let limit = getrlimit(Resource::Nofile);
+        let low = Rlimit {
+            current: Some(limit.current.map_or(1024, |current| current.min(1024))),
+            maximum: limit.maximum,
+        };
+        setrlimit(Resource::Nofile, low).expect("lower limit");
+        let mut held = Vec::new();
+        let exhausted = loop {
+            match std::fs::File::open("/dev/null") {
+                Ok(file) if held.len() < 1 << 20 => held.push(file),
+                Ok(_) => break None,
+                Err(e) => break Some(e),
+            }
+        };
+        let exhausted = exhausted.expect("descriptors run out");
+        assert_eq!(exhausted.raw_os_error(), Some(24), "EMFILE: {exhausted}");
+        call("without a descriptor").await;
+        assert_eq!(server.timer_fallbacks(), 1);
+        drop(held);
+        call("with descriptors back").await;
+        assert_eq!(server.timer_fallbacks(), 1, "a kernel timer again");
+        let log = server.log().entries();
+        assert_eq!(log.len(), 3);
+        for r in &log {
+            assert!(r.finished - r.arrived >= latency, "{r:?}");
+        }
+        server.shutdown().await;
+    });
 }
 
 #[test]
