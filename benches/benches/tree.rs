@@ -4,7 +4,12 @@
 //! ```text
 //! cargo bench -p rlm-benches --bench tree             # full (about two minutes)
 //! cargo bench -p rlm-benches --bench tree -- --quick  # fewer rounds (or RLM_BENCH_QUICK=1)
+//! cargo bench -p rlm-benches --bench tree -- --rows '| 50 ms'  # some of section 1's rows
 //! ```
+//!
+//! `--rows TEXT` (or `RLM_BENCH_ROWS=TEXT`) runs only the rows of section 1 whose first two
+//! cells, as printed (`process, confined ahead of need | 50 ms`), contain TEXT, and skips
+//! sections 2 and 3: runs in turns of a few rows, without the rest of the bench's time.
 //!
 //! 1. The cost of a child beyond its model calls, per isolation mode: a block that runs N
 //!    `rlm_query` children one after another (each a one-iteration RLM loop with a REPL
@@ -62,14 +67,18 @@ fn main() -> anyhow::Result<()> {
     rlm_benches::serve_as_worker();
     let quick = std::env::args().any(|a| a == "--quick")
         || std::env::var("RLM_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+    let rows = Rows::from_args()?;
     let mock_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("mock-lm")
         .enable_all()
         .build()?;
     println!(
-        "# run-tree benchmarks{}",
-        if quick { " (--quick)" } else { "" }
+        "# run-tree benchmarks{}{}",
+        if quick { " (--quick)" } else { "" },
+        rows.0
+            .as_ref()
+            .map_or(String::new(), |text| format!(" (rows with `{text}`)"))
     );
     println!();
     println!(
@@ -88,26 +97,76 @@ fn main() -> anyhow::Result<()> {
         Isolation::None,
         Duration::ZERO,
         none,
-        &[WorkerStart::None],
+        &rows.of(Isolation::None, Duration::ZERO, &[WorkerStart::None]),
     )?;
     for isolation in [Isolation::Process, Isolation::Strict] {
         for latency in [Duration::ZERO, Duration::from_millis(50)] {
             // The children that answer at once, then those that run a block, then those
             // handed a piece of text, then those handed records.
-            let rows: [&[WorkerStart]; 4] = [
+            let groups: [&[WorkerStart]; 4] = [
                 &[WorkerStart::Ready, WorkerStart::Template],
                 &[WorkerStart::ReadyBlock],
                 &[WorkerStart::ReadyContext],
                 &[WorkerStart::ReadyRecords],
             ];
-            for starts in rows {
-                child_overhead(&mock_rt, quick, isolation, latency, isolated, starts)?;
+            for starts in groups {
+                let starts = rows.of(isolation, latency, starts);
+                child_overhead(&mock_rt, quick, isolation, latency, isolated, &starts)?;
             }
         }
     }
-    parallel_children(&mock_rt, quick)?;
-    cache_on_a_repeating_loop(&mock_rt, quick)?;
+    if rows.0.is_none() {
+        parallel_children(&mock_rt, quick)?;
+        cache_on_a_repeating_loop(&mock_rt, quick)?;
+    }
     Ok(())
+}
+
+/// `--rows TEXT` / `RLM_BENCH_ROWS`: the rows of section 1 to run (all without it).
+struct Rows(Option<String>);
+
+impl Rows {
+    fn from_args() -> anyhow::Result<Rows> {
+        let mut args = std::env::args().skip_while(|a| a != "--rows").skip(1);
+        let text = match args.next() {
+            Some(text) => Some(text),
+            None if std::env::args().any(|a| a == "--rows") => {
+                anyhow::bail!("`--rows` needs the text of the rows to run, e.g. `--rows '| 50 ms'`")
+            }
+            None => std::env::var("RLM_BENCH_ROWS")
+                .ok()
+                .filter(|t| !t.is_empty()),
+        };
+        Ok(Rows(text))
+    }
+
+    /// The ways in `starts` whose rows (isolation, latency) are to run.
+    fn of(
+        &self,
+        isolation: Isolation,
+        latency: Duration,
+        starts: &[WorkerStart],
+    ) -> Vec<WorkerStart> {
+        starts
+            .iter()
+            .copied()
+            .filter(|start| {
+                self.0
+                    .as_ref()
+                    .is_none_or(|text| row_text(isolation, *start, latency).contains(text.as_str()))
+            })
+            .collect()
+    }
+}
+
+/// A row of section 1's first two cells, as printed.
+fn row_text(isolation: Isolation, start: WorkerStart, latency: Duration) -> String {
+    format!(
+        "{}{} | {} ms",
+        isolation.as_str(),
+        start.label(),
+        latency.as_millis()
+    )
 }
 
 /// A child's one reply: `FINAL(ok)`, no block.
@@ -367,6 +426,9 @@ fn child_overhead(
     n: usize,
     starts: &[WorkerStart],
 ) -> anyhow::Result<()> {
+    if starts.is_empty() {
+        return Ok(());
+    }
     let rounds = child_rounds(quick);
     let handed = starts.first().and_then(|s| s.handed());
     let code = match &handed {
@@ -432,10 +494,8 @@ fn child_overhead(
         // No verdict beside the figure: the header names the target, and a row's text must not
         // change with its value (`compare.py` pairs rows by their text).
         println!(
-            "| {}{} | {} ms | {n} | {raw:.1} | {children:.1} | {:.2}× | **{per_child:.3} ms** |",
-            isolation.as_str(),
-            start.label(),
-            latency.as_millis(),
+            "| {} | {n} | {raw:.1} | {children:.1} | {:.2}× | **{per_child:.3} ms** |",
+            row_text(isolation, *start, latency),
             children / raw,
         );
     }
