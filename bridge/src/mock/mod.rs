@@ -175,14 +175,15 @@
 //! latency, so the time its body took to come and be checked is part of the latency, not added
 //! to it (a `hang` fault adds [`Faults::hang`] to that deadline). No response leaves before its
 //! deadline ([`RequestRecord::latency`] is what was drawn), and it leaves as soon after it as
-//! the kernel wakes the server: each waiting request has a timer of its own in the kernel
-//! (`timer.rs`: a `timerfd` on the runtime's reactor), not tokio's, whose 1 ms tick and
-//! whole-millisecond `epoll_wait` answered a 50 ms latency 1–3 ms late, by where in a
-//! millisecond the request arrived (the figures: the bench guide, *The mock's latency*).
-//! Without a file descriptor for its timer, a request waits on tokio's timer instead (the first
-//! such fallback is logged, all are counted: [`MockServer::timer_fallbacks`]). Shutdown ends
-//! every wait at once (503). A kernel timer keeps real time: under tokio's paused clock
-//! (`start_paused`) the mock's latency is waited for real.
+//! the kernel wakes the server: the server keeps its waiting requests by deadline and one timer
+//! in the kernel armed for the earliest (`timer.rs`: a `timerfd` on the runtime's reactor), not
+//! tokio's timer, whose 1 ms tick and whole-millisecond `epoll_wait` answered a 50 ms latency
+//! 1–3 ms late, by where in a millisecond the request arrived (the figures: the bench guide,
+//! *The mock's latency, exact*). A server that could not make its timer when it started (no
+//! file descriptor left) waits on tokio's timer instead (logged then; every such wait is
+//! counted: [`MockServer::timer_fallbacks`]). Shutdown ends every wait at once (503). A kernel
+//! timer keeps real time: under tokio's paused clock (`start_paused`) the mock's latency is
+//! waited for real.
 //!
 //! # Faults
 //!

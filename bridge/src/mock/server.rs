@@ -131,7 +131,8 @@ impl MockServer {
         let log = RequestLog::with_limit(config.log_limit);
         let shutdown = CancellationToken::new();
         let next_id = Arc::new(AtomicU64::new(0));
-        let timers = Arc::new(Timers::default());
+        // After the listener: a server short of descriptors still serves, on tokio's timer.
+        let timers = Timers::start(shutdown.clone());
         let state = Arc::new(ServerState {
             script: config.script,
             latency: config.latency,
@@ -215,8 +216,8 @@ impl MockServer {
     }
 
     /// Requests whose latency was waited on tokio's timer (whole milliseconds, up to ~2 ms
-    /// late) because no kernel timer could be made for them (e.g. no file descriptor left);
-    /// the first is logged with its reason.
+    /// late) because the server has no kernel timer (none could be made when it started, e.g.
+    /// no file descriptor left; logged then with the reason).
     pub fn timer_fallbacks(&self) -> u64 {
         self.timers.fallbacks()
     }

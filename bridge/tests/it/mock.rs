@@ -11,6 +11,8 @@ use serde_json::{Value, json};
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
+        // A test fails, not hangs, when the server never answers.
+        .timeout(Duration::from_secs(60))
         .build()
         .expect("reqwest client")
 }
@@ -1069,6 +1071,37 @@ async fn no_request_is_answered_before_its_latency_on_a_multi_thread_runtime() {
     no_request_is_answered_before_its_latency().await;
 }
 
+/// Requests waiting at once are answered by their own deadlines: one that arrives later with
+/// a shorter latency is not held behind an earlier, longer one.
+#[tokio::test]
+async fn a_shorter_latency_is_not_held_behind_a_longer_one() {
+    let script = r#"{"models": {
+        "slow": {"replies": ["slow"], "latency": {"kind": "fixed", "ms": 2000}},
+        "fast": {"replies": ["fast"], "latency": {"kind": "fixed", "ms": 10}}
+    }}"#;
+    let server = start_script(script).await;
+    let (slow, fast) = tokio::join!(openai_text(&server, "slow", user("a")), async {
+        while server.arrived() < 1 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        openai_text(&server, "fast", user("b")).await
+    });
+    assert_eq!((slow.as_str(), fast.as_str()), ("slow", "fast"));
+    let log = server.log().entries();
+    let (slow, fast) = (&log[0], &log[1]);
+    assert_eq!((slow.model.as_str(), fast.model.as_str()), ("slow", "fast"));
+    assert!(fast.arrived > slow.arrived, "{log:?}");
+    // Not a precision bound: waiting for the slow one's deadline would take 2 s.
+    assert!(
+        fast.finished - fast.arrived < Duration::from_secs(1),
+        "held behind the slow one: {log:?}"
+    );
+    for r in &log {
+        assert!(r.finished - r.arrived >= r.latency, "{r:?}");
+    }
+    server.shutdown().await;
+}
+
 /// A request's latency counts from its arrival (its headers read), not from the end of its
 /// body: a client slow to send the body waits the latency once, not the body's time plus the
 /// latency; and never less.
@@ -1161,10 +1194,9 @@ async fn shutdown_ends_requests_waiting_for_their_latency_at_once() {
     assert!(entries.iter().all(|r| r.status == 503), "{entries:?}");
 }
 
-/// Without a file descriptor for a kernel timer, a request's latency is waited on tokio's timer
-/// instead: still answered, never before its latency, and counted; with descriptors back, the
-/// next request has a kernel timer again. Run in a child process of its own, whose descriptors
-/// it uses up.
+/// A server started without a file descriptor for its kernel timer still serves: its requests
+/// wait their latency on tokio's timer, never less, and are counted. Run in a child process of
+/// its own, whose descriptors it uses up.
 #[test]
 fn latency_falls_back_to_tokios_timer_without_a_file_descriptor() {
     const CHILD: &str = "RLM_TEST_NO_FD_CHILD";
@@ -1190,51 +1222,49 @@ fn latency_falls_back_to_tokios_timer_without_a_file_descriptor() {
         .enable_all()
         .build()
         .expect("runtime");
+    let keep_alive = client();
+    // Every descriptor taken (a low limit first: bounded work), then one given back: the
+    // server's listening socket takes it, its timer finds none.
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let low = Rlimit {
+        current: Some(limit.current.map_or(1024, |current| current.min(1024))),
+        maximum: limit.maximum,
+    };
+    setrlimit(Resource::Nofile, low).expect("lower limit");
+    let mut held = Vec::new();
+    let exhausted = loop {
+        match std::fs::File::open("/dev/null") {
+            Ok(file) if held.len() < 1 << 20 => held.push(file),
+            Ok(_) => break None,
+            Err(e) => break Some(e),
+        }
+    };
+    let exhausted = exhausted.expect("descriptors run out");
+    assert_eq!(exhausted.raw_os_error(), Some(24), "EMFILE: {exhausted}");
+    held.pop();
+    let latency = Duration::from_millis(20);
+    let server = rt.block_on(start(MockConfig {
+        latency: Latency::fixed(latency),
+        ..MockConfig::default()
+    }));
+    drop(held);
     rt.block_on(async {
-        let latency = Duration::from_millis(20);
-        let server = start(MockConfig {
-            latency: Latency::fixed(latency),
-            ..MockConfig::default()
-        })
-        .await;
         let url = format!("{}/chat/completions", server.openai_base_url());
-        let keep_alive = client();
-        let call = |text: &'static str| {
-            let request = keep_alive.post(&url).json(&openai_body("m", user(text)));
-            async move {
-                let resp = request.send().await.expect("sent");
-                assert_eq!(resp.status(), 200);
-                let v: Value = resp.json().await.expect("JSON body");
-                assert_eq!(v["choices"][0]["message"]["content"], text);
-            }
-        };
-        call("connected").await;
-        assert_eq!(server.timer_fallbacks(), 0);
-        // Every descriptor taken (a low limit first: bounded work); the connection stays open.
-        use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-        let limit = getrlimit(Resource::Nofile);
-        let low = Rlimit {
-            current: Some(limit.current.map_or(1024, |current| current.min(1024))),
-            maximum: limit.maximum,
-        };
-        setrlimit(Resource::Nofile, low).expect("lower limit");
-        let mut held = Vec::new();
-        let exhausted = loop {
-            match std::fs::File::open("/dev/null") {
-                Ok(file) if held.len() < 1 << 20 => held.push(file),
-                Ok(_) => break None,
-                Err(e) => break Some(e),
-            }
-        };
-        let exhausted = exhausted.expect("descriptors run out");
-        assert_eq!(exhausted.raw_os_error(), Some(24), "EMFILE: {exhausted}");
-        call("without a descriptor").await;
-        assert_eq!(server.timer_fallbacks(), 1);
-        drop(held);
-        call("with descriptors back").await;
-        assert_eq!(server.timer_fallbacks(), 1, "a kernel timer again");
+        for text in ["first", "second"] {
+            let resp = keep_alive
+                .post(&url)
+                .json(&openai_body("m", user(text)))
+                .send()
+                .await
+                .expect("sent");
+            assert_eq!(resp.status(), 200);
+            let v: Value = resp.json().await.expect("JSON body");
+            assert_eq!(v["choices"][0]["message"]["content"], text);
+        }
+        assert_eq!(server.timer_fallbacks(), 2);
         let log = server.log().entries();
-        assert_eq!(log.len(), 3);
+        assert_eq!(log.len(), 2);
         for r in &log {
             assert!(r.finished - r.arrived >= latency, "{r:?}");
         }
