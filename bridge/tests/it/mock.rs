@@ -846,6 +846,17 @@ async fn truncated_body_fault_cuts_the_body() {
     server.shutdown().await;
 }
 
+/// Shuts `server` down and checks that it took less than `limit`.
+async fn shut_down_within(server: MockServer, limit: Duration) {
+    let started = std::time::Instant::now();
+    server.shutdown().await;
+    assert!(
+        started.elapsed() < limit,
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test]
 async fn hang_fault_outlasts_the_client_timeout_and_ends_on_shutdown() {
     let server = start_faults(Faults::fail_first(1, FaultKind::Hang)).await;
@@ -890,14 +901,8 @@ async fn hang_fault_outlasts_the_client_timeout_and_ends_on_shutdown() {
         log2.is_empty(),
         "arrived counts a request the log holds only once it ends"
     );
-    let started = std::time::Instant::now();
-    server2.shutdown().await;
     // Far from the hour-long hang (the 503 below shows it was ended, not dropped).
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "shutdown took {:?}",
-        started.elapsed()
-    );
+    shut_down_within(server2, Duration::from_secs(30)).await;
     let status = pending.await.expect("task").expect("answered on shutdown");
     assert_eq!(status, 503);
     assert_eq!(log2.entries()[0].fault.as_deref(), Some("hang"));
@@ -1173,13 +1178,8 @@ async fn shutdown_ends_requests_waiting_for_their_latency_at_once() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let log = server.log();
-    let started = std::time::Instant::now();
-    server.shutdown().await;
-    assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "shutdown took {:?}",
-        started.elapsed()
-    );
+    // Far from the hour-long latency (the 503s below show they were ended, not dropped).
+    shut_down_within(server, Duration::from_secs(30)).await;
     for call in pending {
         let status = tokio::time::timeout(Duration::from_secs(30), call)
             .await
@@ -1363,13 +1363,7 @@ async fn shutdown_is_prompt_with_idle_keep_alive_connections_and_frees_the_port(
         1,
         "sequential requests never overlap"
     );
-    let started = std::time::Instant::now();
-    server.shutdown().await;
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "shutdown took {:?}",
-        started.elapsed()
-    );
+    shut_down_within(server, Duration::from_secs(2)).await;
     let err = keep_alive
         .post(&url)
         .json(&openai_body("m", user("late")))
