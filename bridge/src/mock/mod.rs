@@ -178,9 +178,10 @@
 //! the kernel wakes the server: the server keeps its waiting requests by deadline and one timer
 //! in the kernel armed for the earliest (`timer.rs`: a `timerfd` on the runtime's reactor), not
 //! tokio's timer, whose 1 ms tick and whole-millisecond `epoll_wait` answered a 50 ms latency
-//! 1–3 ms late, by where in a millisecond the request arrived. A server that could not make
-//! its timer when it started (no file descriptor left) waits on tokio's timer instead (logged
-//! then; every such wait is counted: [`MockServer::timer_fallbacks`]). Shutdown ends every wait at once (503). A kernel
+//! 1–3 ms late, by where in a millisecond the request arrived (the figures: the bench guide,
+//! *The mock's latency, exact*). A server that could not make its timer when it started (no
+//! file descriptor left) waits on tokio's timer instead (logged then; every such wait is
+//! counted: [`MockServer::timer_fallbacks`]). Shutdown ends every wait at once (503). A kernel
 //! timer keeps real time: under tokio's paused clock (`start_paused`) the mock's latency is
 //! waited for real.
 //!
