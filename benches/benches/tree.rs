@@ -15,7 +15,19 @@
 //!    `rlm_query` children one after another (each a one-iteration RLM loop with a REPL
 //!    session of its own), against N raw `Endpoint::call`s of the same requests the children
 //!    send, alternated round by round. The difference per child is what a child costs: its
-//!    session, loop, prompts and records (target: ≤ 1 ms).
+//!    session, loop, prompts and records (target: ≤ 1 ms). Two more baselines, measured in
+//!    the same rounds, say how much of that difference is the machine's:
+//!    - `llm_query` calls: the same number of requests, each a prompt as long as a child's
+//!      first one, sent by `llm_query` from a block of a session in the same isolation, what
+//!      the root's code would call instead of `rlm_query`. That block's worker waits for each
+//!      answer as the root's worker waits for each child, so "a child beyond an `llm_query`"
+//!      leaves out what waking the root's worker costs.
+//!    - for the rows whose children run a block, at 50 ms: that block, run in the same
+//!      session (handed the same context) after it waited as long as a child's model call,
+//!      beyond the same block run back to back: what this machine charges a process to run
+//!      again after it idled. A child that runs a block pays it in its own worker. On a VM
+//!      whose host maps a guest's memory back page by page after a few ms idle, it is
+//!      milliseconds (the bench guide, "After session 15" and "After session 16").
 //!    - `none` (in-process sessions), children back to back;
 //!    - `process` and `strict` (each child in a worker process of its own), back to back
 //!      and at 50 ms of model latency, each two ways alternated round by round: the worker
@@ -86,9 +98,9 @@ fn main() -> anyhow::Result<()> {
         child_rounds(quick)
     );
     println!(
-        "| isolation | model latency | children | raw calls ms | block ms | / raw | **a child beyond its model call** (target ≤ 1 ms) |"
+        "| isolation | model latency | children | raw calls ms | block ms | / raw | **a child beyond its model call** (target ≤ 1 ms) | `llm_query` calls ms | a child beyond an `llm_query` | its block in a worker idle as long, beyond back to back |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let none = if quick { 20 } else { 100 };
     let isolated = if quick { 5 } else { 20 };
     child_overhead(
@@ -184,7 +196,8 @@ fn start_mock(
 
 /// A mock: `root` replies `root_reply` after `root_latency`, then nothing more is needed (the
 /// block sets the answer); `sub` answers a child RLM (recognised by the RLM system prompt)
-/// with `child_reply` and echoes any other prompt, after `latency`.
+/// with `child_reply`, section 1's `llm_query` baseline (`baseline question …`) with `ok`,
+/// and echoes any other prompt, after `latency`.
 fn start_mock_with(
     rt: &tokio::runtime::Runtime,
     root_reply: &str,
@@ -195,7 +208,10 @@ fn start_mock_with(
     let script = Script::from_json_value(json!({"models": {
         "root": {"replies": [root_reply], "latency": root_latency},
         "sub": {
-            "rules": [{"system": "recursive language model", "reply": child_reply}],
+            "rules": [
+                {"system": "recursive language model", "reply": child_reply},
+                {"last_user": "^baseline question ", "reply": "ok"}
+            ],
             "fallback": {"behaviour": "echo"}
         }
     }}))?;
@@ -264,6 +280,20 @@ fn run_in(
     Ok(result)
 }
 
+/// A session's contexts that hold what a child is handed, any file of them in `dir`.
+fn contexts(dir: &std::path::Path, handed: Option<&Handed>) -> anyhow::Result<Vec<ContextSource>> {
+    Ok(match handed {
+        None => Vec::new(),
+        Some(Handed::Text(text)) => vec![ContextSource::Text(text.clone())],
+        // A child's records are described as a JSON file of theirs is.
+        Some(Handed::Records(json)) => {
+            let file = dir.join("rlm-child-context-1-0.json");
+            std::fs::write(&file, json)?;
+            vec![ContextSource::Path(file)]
+        }
+    })
+}
+
 /// The requests the children of `queries` send first (a child with `context` or none, at
 /// the last depth, whose root model is `sub`).
 fn child_requests(
@@ -271,17 +301,8 @@ fn child_requests(
     queries: &[String],
     context: Option<&Handed>,
 ) -> anyhow::Result<Vec<ChatRequest>> {
-    // A child's records are described as a JSON file of theirs is.
     let dir = tempfile::tempdir()?;
-    let contexts: Vec<ContextSource> = match context {
-        None => Vec::new(),
-        Some(Handed::Text(text)) => vec![ContextSource::Text(text.clone())],
-        Some(Handed::Records(json)) => {
-            let file = dir.path().join("rlm-child-context-1-0.json");
-            std::fs::write(&file, json)?;
-            vec![ContextSource::Path(file)]
-        }
-    };
+    let contexts = contexts(dir.path(), context)?;
     let session = Arc::new(ReplSession::new(
         SessionConfig::default(),
         Arc::clone(eps),
@@ -400,18 +421,23 @@ impl WorkerStart {
         }
     }
 
-    /// What each child replies (its one model call).
-    fn child_reply(self) -> String {
+    /// The code of the block each child runs, if it runs one.
+    fn child_code(self) -> Option<&'static str> {
         match self {
-            Self::ReadyBlock => block("answer['content'] = 'ok'\nanswer['ready'] = True"),
-            Self::ReadyContext => block(
+            Self::ReadyBlock => Some("answer['content'] = 'ok'\nanswer['ready'] = True"),
+            Self::ReadyContext => Some(
                 "words = len(context.split())\nanswer['content'] = 'ok' if words else 'empty'\nanswer['ready'] = True",
             ),
-            Self::ReadyRecords => block(
+            Self::ReadyRecords => Some(
                 "kept = sum(1 for r in context if r['ok'])\nanswer['content'] = 'ok' if kept else 'empty'\nanswer['ready'] = True",
             ),
-            Self::None | Self::Ready | Self::Template => FINAL_OK.to_owned(),
+            Self::None | Self::Ready | Self::Template => None,
         }
+    }
+
+    /// What each child replies (its one model call).
+    fn child_reply(self) -> String {
+        self.child_code().map_or(FINAL_OK.to_owned(), block)
     }
 }
 
@@ -467,6 +493,52 @@ fn child_overhead(
         }
         Ok(started.elapsed())
     };
+    // The baselines' session: the same isolation, handed what a child is.
+    let dir = tempfile::tempdir()?;
+    let baseline = ReplSession::new(
+        SessionConfig {
+            cell_timeout: Duration::from_secs(600),
+            isolation,
+            ..SessionConfig::default()
+        },
+        Arc::clone(&eps),
+        &contexts(dir.path(), handed.as_ref())?,
+    )?;
+    let exec = |code: &str| -> anyhow::Result<f64> {
+        let result = baseline.exec(code)?;
+        anyhow::ensure!(
+            result.error.is_none(),
+            "a baseline block failed: {:?}",
+            result.error
+        );
+        Ok(ms(result.duration))
+    };
+    // The children's requests by `llm_query`, each prompt as long as a child's first one and
+    // new to the sub-call cache each round.
+    let chars: usize = requests[0].messages.iter().map(|m| m.content.len()).sum();
+    let llm = |round: usize| -> anyhow::Result<f64> {
+        exec(&format!(
+            "pad = '.' * {}\nr = [llm_query(f'baseline question {{i}} round {round} ' + pad) for i in range({n})]\nassert r == ['ok'] * {n}, r[:3]",
+            chars.saturating_sub(40)
+        ))
+    };
+    // The children's block in that session after it waited as long as a child's model call,
+    // and back to back (at 50 ms, for the rows whose children run one).
+    let idle_code = starts
+        .first()
+        .and_then(|s| s.child_code())
+        .filter(|_| !latency.is_zero());
+    let idle = |code: &str| -> anyhow::Result<(f64, f64)> {
+        let (mut waited, mut back) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            std::thread::sleep(latency);
+            waited.push(exec(code)?);
+        }
+        for _ in 0..3 {
+            back.push(exec(code)?);
+        }
+        Ok((median(waited), median(back)))
+    };
     let expected = n.to_string();
     let run_with = |start: WorkerStart| -> anyhow::Result<f64> {
         kernel::repl::use_worker_pool(start != WorkerStart::Template);
@@ -474,31 +546,46 @@ fn child_overhead(
         Ok(result.iterations[0].execution_ms)
     };
     raw(&requests)?;
+    llm(rounds)?;
     for &start in starts {
         run_with(start)?;
     }
-    let mut raw_ms = Vec::new();
+    let (mut raw_ms, mut llm_ms) = (Vec::new(), Vec::new());
+    let (mut waited_ms, mut back_ms) = (Vec::new(), Vec::new());
     let mut block_ms = vec![Vec::new(); starts.len()];
     for round in 0..rounds {
         raw_ms.push(ms(raw(&requests)?));
+        llm_ms.push(llm(round)?);
         for k in 0..starts.len() {
             let i = (round + k) % starts.len();
             block_ms[i].push(run_with(starts[i])?);
         }
+        if let Some(code) = idle_code {
+            let (waited, back) = idle(code)?;
+            waited_ms.push(waited);
+            back_ms.push(back);
+        }
     }
     kernel::repl::use_worker_pool(true);
     let raw = median(raw_ms);
+    let llm = median(llm_ms);
+    let idle = match idle_code {
+        Some(_) => format!("{:.3} ms", median(waited_ms) - median(back_ms)),
+        None => "—".to_owned(),
+    };
     for (start, block_ms) in starts.iter().zip(&block_ms) {
         let children = median(block_ms.clone());
         let per_child = (children - raw) / n as f64;
+        let beyond_llm = (children - llm) / n as f64;
         // No verdict beside the figure: the header names the target, and a row's text must not
         // change with its value (`compare.py` pairs rows by their text).
         println!(
-            "| {} | {n} | {raw:.1} | {children:.1} | {:.2}× | **{per_child:.3} ms** |",
+            "| {} | {n} | {raw:.1} | {children:.1} | {:.2}× | **{per_child:.3} ms** | {llm:.1} | {beyond_llm:.3} ms | {idle} |",
             row_text(isolation, *start, latency),
             children / raw,
         );
     }
+    drop(baseline);
     rt.block_on(server.shutdown());
     Ok(())
 }
