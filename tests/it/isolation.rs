@@ -161,6 +161,213 @@ fn the_memory_limit_raises_memory_error_and_the_worker_survives() {
     assert!(hogged["restart"].is_null(), "no worker ended: {hogged}");
 }
 
+/// A memory cgroup of a test's own, limited to `limit` bytes with no swap: cgroup v2 where its
+/// root hands the `memory` controller down, else v1's `memory` hierarchy. `rlm` started
+/// through [`MemoryGroup::enter`] runs in it, and so do the workers it starts. Dropped, it
+/// kills what is left in it and removes it, also when the test fails.
+struct MemoryGroup {
+    path: PathBuf,
+    /// The file whose `oom_kill N` line counts the kills of its out-of-memory killer
+    /// (`memory.events` in v2, `memory.oom_control` in v1).
+    events: PathBuf,
+}
+
+impl MemoryGroup {
+    /// Makes one, or says why none can be made here (not root, a read-only or missing
+    /// cgroup file system, no memory controller).
+    fn make(limit: u64) -> Result<Self, String> {
+        let name = format!("rlm-test-oom-{}", std::process::id());
+        let v2 = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+            .into_iter()
+            .map(Path::new)
+            .find(|root| {
+                std::fs::read_to_string(root.join("cgroup.subtree_control"))
+                    .is_ok_and(|on| on.split_whitespace().any(|c| c == "memory"))
+            });
+        let (root, events, limits) = match v2 {
+            Some(root) => (
+                root,
+                "memory.events",
+                [("memory.max", limit), ("memory.swap.max", 0)],
+            ),
+            None => (
+                Path::new("/sys/fs/cgroup/memory"),
+                "memory.oom_control",
+                [
+                    ("memory.limit_in_bytes", limit),
+                    ("memory.memsw.limit_in_bytes", limit),
+                ],
+            ),
+        };
+        if !root.join("cgroup.procs").exists() {
+            return Err(format!(
+                "no cgroup v2 hierarchy with the `memory` controller enabled, and no v1 memory hierarchy at `{}`",
+                root.display()
+            ));
+        }
+        let path = root.join(name);
+        std::fs::create_dir(&path).map_err(|e| format!("cannot make `{}`: {e}", path.display()))?;
+        let group = Self {
+            events: path.join(events),
+            path,
+        };
+        for (file, bytes) in limits {
+            let file = group.path.join(file);
+            // No swap file without swap accounting: the machine's swap, if any, then counts.
+            if file.exists() {
+                std::fs::write(&file, bytes.to_string())
+                    .map_err(|e| format!("cannot write `{}`: {e}", file.display()))?;
+            }
+        }
+        Ok(group)
+    }
+
+    /// Has the process `cmd` starts join the group before it runs anything.
+    fn enter(&self, cmd: &mut std::process::Command) {
+        use std::os::unix::ffi::OsStringExt as _;
+        use std::os::unix::process::CommandExt as _;
+        let procs =
+            std::ffi::CString::new(self.path.join("cgroup.procs").into_os_string().into_vec())
+                .expect("no NUL in a cgroup path");
+        // SAFETY: between fork and exec, only async-signal-safe calls on a path made before
+        // the fork; `0` written to `cgroup.procs` moves the writing process.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                let written = fd >= 0 && libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                if fd >= 0 {
+                    libc::close(fd);
+                }
+                if !written {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// The kills its out-of-memory killer made.
+    fn oom_kills(&self) -> u64 {
+        std::fs::read_to_string(&self.events)
+            .unwrap_or_default()
+            .lines()
+            .find_map(|line| line.strip_prefix("oom_kill "))
+            .and_then(|count| count.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Kills every process in the group at `path` with `SIGKILL`.
+    fn kill_all(path: &Path) {
+        let procs = std::fs::read_to_string(path.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs
+            .lines()
+            .filter_map(|p| p.trim().parse::<libc::pid_t>().ok())
+        {
+            // SAFETY: a process of the test's own group, listed just now.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+impl Drop for MemoryGroup {
+    fn drop(&mut self) {
+        // A group can only be removed once empty; bounded.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::remove_dir(&self.path).is_err() && Instant::now() < deadline {
+            Self::kill_all(&self.path);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The out-of-memory killer of a memory cgroup ends the worker (the biggest process of the
+/// group `rlm` runs in), for real: the model is told the worker ran out of memory, the session
+/// comes back in a fresh worker, the trajectory records it, and `rlm` itself lives on and
+/// answers. Where no memory cgroup can be made (not root, no controller) it is skipped,
+/// saying why, except in CI (`CI` set), which runs as root where one can.
+#[test]
+fn the_oom_killer_of_a_memory_cgroup_ends_the_worker_and_the_run_goes_on() {
+    const LIMIT: u64 = 300 << 20;
+    let group = match MemoryGroup::make(LIMIT) {
+        Ok(group) => group,
+        Err(why) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipped: no memory cgroup can be made here: {why}");
+            return;
+        }
+        Err(why) => panic!("CI runs as root where a memory cgroup can be made: {why}"),
+    };
+    // 10 MB at a time, each page written, up to 2 GB: far past the group's limit.
+    let hog = "print('hogging')\nx = []\nfor _ in range(200):\n    x.append(bytearray(b'\\x01') * (10 << 20))";
+    let mock = mock(&[&repl(SETUP), &repl(hog), &repl(ANSWER)]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (all, trajectory) = traced_args(&mock, dir.path(), &["--isolation", "process"]);
+    let mut cmd = crate::support::rlm_command(&all);
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    group.enter(&mut cmd);
+    let started = Instant::now();
+    let child = cmd.spawn().expect("rlm starts in the group");
+    // Bounded: past the deadline everything in the group is killed, and the test fails.
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watchdog = {
+        let path = group.path.clone();
+        std::thread::spawn(move || {
+            if finished.recv_timeout(Duration::from_secs(60)).is_err() {
+                MemoryGroup::kill_all(&path);
+            }
+        })
+    };
+    let output = child.wait_with_output().expect("rlm exits");
+    let took = started.elapsed();
+    let _ = done.send(());
+    watchdog.join().expect("watchdog");
+    let run = Run {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    };
+    // `rlm` survived the killer and answered from the restored session.
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "42 remember me", "the variables are back");
+    assert!(group.oom_kills() >= 1, "the group's killer killed");
+    assert_eq!(sub_calls(&mock), 1, "the replay sent no sub-call again");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&trajectory)
+        .expect("trajectory")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("every trajectory line is JSON"))
+        .collect();
+    let hogged = blocks(&lines)[1];
+    assert_eq!(
+        hogged["error"]["type_name"], "WorkerOutOfMemory",
+        "{hogged}"
+    );
+    let told = hogged["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        told.starts_with("The worker process was killed (SIGKILL) holding ")
+            && told.contains("while the system's out-of-memory killer was ending processes")
+            && told.ends_with("so most likely for its memory; use less memory per block"),
+        "{hogged}"
+    );
+    let cause = &hogged["restart"]["cause"];
+    assert_eq!(cause["kind"], "out_of_memory", "{hogged}");
+    assert_eq!(cause["signal"], libc::SIGKILL, "{hogged}");
+    assert!(cause["oom_kills"].as_u64() >= Some(1), "{hogged}");
+    // It held most of the group's limit when it was killed.
+    assert!(cause["peak_bytes"].as_u64() > Some(LIMIT / 2), "{hogged}");
+    assert_eq!(hogged["restart"]["restore"]["kind"], "replayed", "{hogged}");
+    assert_eq!(hogged["restart"]["restore"]["blocks"], 1, "{hogged}");
+    // The model is told what happened, and what the session holds now.
+    let told_model = root_request(&mock, 2);
+    assert!(told_model.contains("out-of-memory killer"), "{told_model}");
+    assert!(
+        told_model.contains("restored by running its 1 earlier block(s) again"),
+        "{told_model}"
+    );
+    assert!(told_model.contains("hogging"), "output kept: {told_model}");
+    eprintln!("the run took {took:?}");
+}
+
 #[test]
 fn a_regex_stuck_in_c_is_stopped_within_a_second_of_the_cell_timeout() {
     let stuck = "import re\nre.match(r'(a+)+$', 'a' * 32 + 'b')";
