@@ -7,14 +7,14 @@
 //! test can kill the process while that node runs.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use engine::durable::{Location, SqliteStore, Store as _, open_read_only};
 use serde_json::{Value, json};
 
 use crate::flow::args;
-use crate::support::{Mock, Run, block_on, file, rlm, rlm_command, rlm_with};
+use crate::support::{Mock, Run, block_on, file, rlm, rlm_command, rlm_with, signal_and_wait};
 
 const STEPS: &str = r#"
 import os
@@ -900,17 +900,28 @@ impl Background {
 
     /// Its exit code and stderr, once it ends.
     pub(crate) fn finish(mut self) -> (Option<i32>, String) {
-        let out = self
-            .0
-            .take()
-            .expect("not waited for yet")
-            .wait_with_output()
-            .expect("it ends");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        let child = self.0.take().expect("not waited for yet");
+        code_and_stderr(&child.wait_with_output().expect("it ends"))
     }
+
+    /// Sends it `signal` and waits for its end, as [`signal_and_wait`]: its exit code and
+    /// stderr.
+    pub(crate) fn signal_and_wait(
+        mut self,
+        signal: libc::c_int,
+        what: &str,
+    ) -> (Option<i32>, String) {
+        let child = self.0.take().expect("not waited for yet");
+        code_and_stderr(&signal_and_wait(child, signal, what))
+    }
+}
+
+/// A [`Background`]'s exit code and stderr, from its output.
+fn code_and_stderr(output: &Output) -> (Option<i32>, String) {
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
 }
 
 impl Drop for Background {
@@ -1095,10 +1106,7 @@ fn a_run_stopped_by_ctrl_c_sigterm_or_sighup_is_released_and_resumed_without_a_t
         let flows = Flows::new();
         let mut first = Background::spawn(&flows.run_pipeline(run, &[]));
         wait_for(&flows.path("started"), first.child());
-        let pid = i32::try_from(first.child().id()).expect("a pid");
-        // SAFETY: sends a signal to our own child process.
-        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
-        let (code, stderr) = first.finish();
+        let (code, stderr) = first.signal_and_wait(signal, run);
         assert_eq!(code, Some(130), "{run}: {stderr}");
         // Listed as stopped on purpose, not failed, with the command that continues it.
         let stopped = flows.listed(run);

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::support::{Mock, Run, file, marked, repl, script};
+use crate::support::{Mock, Run, file, marked, repl, script, signal_and_wait};
 
 const DEFINITIONS: &str = "\
 OFFSET = 1
@@ -256,10 +256,7 @@ time.sleep(60)",
         assert!(std::time::Instant::now() < deadline, "the block started");
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
-    let pid = libc::pid_t::try_from(child.id()).expect("pid");
-    // SAFETY: sends SIGINT to our own child process.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
-    let output = child.wait_with_output().expect("rlm exits");
+    let output = signal_and_wait(child, libc::SIGINT, "Ctrl-C");
     assert_eq!(output.status.code(), Some(130));
     let left: Vec<u32> = pids.into_iter().filter(|&p| running(p)).collect();
     assert!(left.is_empty(), "still running after Ctrl-C: {left:?}");

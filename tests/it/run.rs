@@ -1,6 +1,6 @@
 //! A whole run: several iterations, batched fan-out, the answer on stdout, JSON and trajectory.
 
-use crate::support::{Mock, file, repl};
+use crate::support::{Mock, file, repl, signal_and_wait};
 
 fn fan_out_script() -> serde_json::Value {
     serde_json::json!({
@@ -235,15 +235,7 @@ fn ctrl_c_stops_the_run_and_keeps_its_best_answer_and_trajectory() {
     let child = mock.spawn_run(&context, &trajectory);
     // Wait until the second reply's block is sleeping, then press Ctrl-C.
     wait_for_progress(|| mock.root_requests() >= 2, 300);
-    let pid = libc::pid_t::try_from(child.id()).expect("pid");
-    // SAFETY: sends SIGINT to our own child process.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
-    let started = std::time::Instant::now();
-    let output = child.wait_with_output().expect("rlm exits");
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(10),
-        "stopped promptly"
-    );
+    let output = signal_and_wait(child, libc::SIGINT, "Ctrl-C (SIGINT)");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(130), "{stderr}");
@@ -298,15 +290,7 @@ fn sigterm_and_sighup_stop_the_run_as_ctrl_c_does_and_leave_no_scratch_directory
                 scratch.len() > 2 * children,
                 "{name} {extra:?}: the workers' scratch directories are not under the run's TMPDIR: {scratch:?}"
             );
-            let pid = libc::pid_t::try_from(run.id()).expect("pid");
-            // SAFETY: sends a signal to our own child process.
-            assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
-            let started = std::time::Instant::now();
-            let output = run.wait_with_output().expect("rlm exits");
-            assert!(
-                started.elapsed() < std::time::Duration::from_secs(10),
-                "{name} {extra:?}: stopped promptly"
-            );
+            let output = signal_and_wait(run, signal, &format!("{name} {extra:?}"));
             let stdout = String::from_utf8_lossy(&output.stdout);
             let stderr = String::from_utf8_lossy(&output.stderr);
             assert_eq!(
@@ -462,10 +446,7 @@ fn a_run_started_with_sighup_ignored_runs_on_through_a_sighup() {
     }
     let child = cmd.spawn().expect("rlm starts");
     wait_for_progress(|| mock.root_requests() >= 1, 500);
-    let pid = libc::pid_t::try_from(child.id()).expect("pid");
-    // SAFETY: sends SIGHUP to our own child process.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
-    let output = child.wait_with_output().expect("rlm exits");
+    let output = signal_and_wait(child, libc::SIGHUP, "SIGHUP ignored");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim_end(), "done");

@@ -1,10 +1,12 @@
 //! Running `rlm` against an in-process mock LM server.
 
+use std::io::Read;
 use std::os::fd::{FromRawFd as _, OwnedFd};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use bridge::mock::{MockConfig, MockServer, RequestLog, Script};
 
@@ -226,6 +228,76 @@ fn finish(mut cmd: Command, stdin: Option<&[u8]>) -> Run {
     }
 }
 
+/// How long [`signal_and_wait`] gives a signalled `rlm` to end.
+const STOP_BOUND: Duration = Duration::from_secs(10);
+
+/// Sends `signal` to `child` (an `rlm` left running, its stdout and stderr piped) and waits
+/// for it to end: its output. One still running 10 s after the signal is killed, and the
+/// test fails, naming `what` and showing what it wrote to stderr.
+#[track_caller]
+pub(crate) fn signal_and_wait(mut child: Child, signal: libc::c_int, what: &str) -> Output {
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: sends a signal to our own child process, not reaped yet.
+    let sent = unsafe { libc::kill(pid, signal) };
+    assert_eq!(sent, 0, "{what}: signal {signal} sent");
+    let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
+    let deadline = Instant::now() + STOP_BOUND;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("rlm's status") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{what}: rlm did not end within {STOP_BOUND:?} of signal {signal} (killed); \
+                 its stderr:\n{}",
+                String::from_utf8_lossy(&stderr.wait(what))
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: stdout.wait(what),
+        stderr: stderr.wait(what),
+    }
+}
+
+/// A thread reading a child's output pipe to its end.
+struct Drained(Option<std::thread::JoinHandle<Vec<u8>>>);
+
+/// Reads `pipe` (if any) on a thread of its own, so that the child never blocks on a full pipe.
+fn drain(pipe: Option<impl Read + Send + 'static>) -> Drained {
+    Drained(pipe.map(|mut pipe| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    }))
+}
+
+impl Drained {
+    /// Everything read, once the pipe closed (bounded: a process the child started and left
+    /// running could hold it open).
+    #[track_caller]
+    fn wait(self, what: &str) -> Vec<u8> {
+        let Some(reader) = self.0 else {
+            return Vec::new();
+        };
+        let deadline = Instant::now() + STOP_BOUND;
+        while !reader.is_finished() {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: rlm ended, but its output stayed open: a process it started still runs"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        reader.join().expect("the pipe's reader")
+    }
+}
+
 /// `rlm` with `args`, with a clean environment for the variables `rlm` reads.
 pub(crate) fn rlm_command(args: &[String]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rlm"));
@@ -396,8 +468,6 @@ pub(crate) fn rlm_on_terminal(
     envs: &[(&str, &str)],
     during: impl FnOnce(libc::pid_t, &mut std::fs::File),
 ) -> TerminalRun {
-    use std::io::Read as _;
-
     let (master, slave) = pseudo_terminal();
     let cwd = tempfile::tempdir().expect("tempdir");
     let mut cmd = crate::support::rlm_command(all);
