@@ -1,6 +1,7 @@
 //! `rlm chat`: follow-up questions over one session, read from standard input.
 
-use crate::support::{Mock, file, redacted, rlm};
+use crate::agent::start_mock;
+use crate::support::{Mock, file, last_user_message, redacted, rlm};
 
 /// A root model that makes `x` when it is missing and reads it when it is there.
 fn make_or_use_x() -> serde_json::Value {
@@ -24,7 +25,7 @@ fn chat_args(mock: &Mock, rest: &[&str]) -> Vec<String> {
 
 #[test]
 fn chat_answers_a_follow_up_that_uses_a_variable_of_the_first_question() {
-    let mock = Mock::start(make_or_use_x());
+    let mock = start_mock(make_or_use_x());
     let dir = tempfile::tempdir().expect("tempdir");
     let context = file(dir.path(), "c.txt", "text");
     let trajectory = dir.path().join("chat.jsonl");
@@ -50,13 +51,10 @@ fn chat_answers_a_follow_up_that_uses_a_variable_of_the_first_question() {
     final answer after 2 iteration(s), 0 sub-call(s) sent, [n] tokens, [secs]s
     ");
     assert_eq!(mock.root_requests(), 4);
-    let follow_up = &mock.log().entries()[2];
+    let follow_up = last_user_message(&mock.log().entries()[2]);
     assert!(
-        follow_up
-            .last_user
-            .contains("# Earlier questions in this session"),
-        "{}",
-        follow_up.last_user
+        follow_up.contains("# Earlier questions in this session"),
+        "{follow_up}"
     );
     // The trajectory holds both runs; `rlm show` replays them in order.
     let show = rlm(

@@ -213,6 +213,75 @@ fn redact(text: &str, dir: &Path) -> String {
     time.replace_all(&text, "[time]").into_owned()
 }
 
+/// A table `rlm flow` printed (left-aligned columns two spaces apart, each as wide as its
+/// widest cell), its cells redacted as [`redact`] does, laid out again by the same rule: a
+/// placeholder is narrower than what it replaces, and the folder's length depends on
+/// `TMPDIR`. Fails unless the printed table kept that rule: every cell starts where its
+/// header does, two spaces after the widest cell of the column before.
+fn redact_table(text: &str, dir: &Path) -> String {
+    let lines: Vec<Vec<char>> = text.lines().map(|l| l.chars().collect()).collect();
+    let header = lines.first().expect("a header line");
+    let starts: Vec<usize> = (0..header.len())
+        .filter(|&i| header[i] != ' ' && (i == 0 || header[..i].ends_with(&[' ', ' '])))
+        .collect();
+    let rows: Vec<Vec<String>> = lines
+        .iter()
+        .map(|line| {
+            let shown = String::from_iter(line);
+            (0..starts.len())
+                .map(|k| {
+                    let start = starts[k];
+                    let end = starts.get(k + 1).map_or(line.len(), |&next| next - 2);
+                    let cell = line.get(start..end.max(start)).unwrap_or_default();
+                    let gap = line.get(end..starts.get(k + 1).map_or(end, |&next| next));
+                    assert!(
+                        cell.first().is_some_and(|&c| c != ' ')
+                            && gap.is_some_and(|gap| gap.iter().all(|&c| c == ' ')),
+                        "column {k} does not line up with its header:\n{shown}"
+                    );
+                    String::from_iter(cell).trim_end().to_owned()
+                })
+                .collect()
+        })
+        .collect();
+    // Each column's width: its widest cell's (the header's included).
+    let widest = |rows: &[Vec<String>]| -> Vec<usize> {
+        (0..starts.len())
+            .map(|k| {
+                rows.iter()
+                    .map(|row| row[k].chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect()
+    };
+    let widths = widest(&rows);
+    for (k, pair) in starts.windows(2).enumerate() {
+        assert_eq!(
+            pair[1] - pair[0],
+            widths[k] + 2,
+            "column {} is not two spaces after the widest cell before it:\n{text}",
+            k + 1
+        );
+    }
+    let redacted: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| row.iter().map(|cell| redact(cell, dir)).collect())
+        .collect();
+    let widths = widest(&redacted);
+    redacted
+        .iter()
+        .map(|row| {
+            let cells: Vec<String> = row
+                .iter()
+                .zip(&widths)
+                .map(|(cell, &width)| format!("{cell:<width$}"))
+                .collect();
+            format!("{}\n", cells.join("  ").trim_end())
+        })
+        .collect()
+}
+
 /// Waits until the node has written its whole line to `path`.
 ///
 /// The file exists from the node's `open` on, a moment before its line is in
@@ -296,10 +365,10 @@ fn runs_and_history_list_what_the_database_holds() {
 
     let runs = rlm(&flows.args(&["runs"]), None);
     runs.assert_code(0);
-    insta::assert_snapshot!(redact(&runs.stdout, flows.dir.path()));
+    insta::assert_snapshot!(redact_table(&runs.stdout, flows.dir.path()));
     let history = rlm(&flows.args(&["history", "first-run"]), None);
     history.assert_code(0);
-    insta::assert_snapshot!(redact(&history.stdout, flows.dir.path()));
+    insta::assert_snapshot!(redact_table(&history.stdout, flows.dir.path()));
     // A root that is not a graph runs as the one node of a sequence: checkpointed after it.
     assert_eq!(nodes(&flows.history("single")), ["__start__", "first"]);
     assert_eq!(flows.final_state("single")["log"], json!("first"));

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use crate::agent::{Project, WIRES, Wire, agent_with_input, file_log, start_mock, triple};
 use crate::flow::{args, read_events, run_flow};
-use crate::support::Mock;
+use crate::support::{Mock, last_user_message};
 
 const PM: &str = ".claude/skills/bmad-agent-pm";
 
@@ -186,7 +186,7 @@ fn a_team_override_changes_a_menu_item_and_a_principle() {
             .expect("the team's principle");
         assert!(defaults < added, "appended after the defaults");
         let requests = mock.log().entries();
-        let picked = requests[1].last_user.clone();
+        let picked = last_user_message(&requests[1]);
         let root = project.root().display().to_string();
         assert!(
             picked.starts_with(

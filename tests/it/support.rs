@@ -8,7 +8,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use bridge::mock::{MockConfig, MockServer, RequestLog, Script};
+use bridge::mock::{MockConfig, MockServer, RequestLog, RequestRecord, Script};
 
 /// One tokio runtime for every mock server of this test binary.
 fn runtime() -> &'static tokio::runtime::Runtime {
@@ -406,6 +406,35 @@ pub(crate) fn marked(mark: &str) -> Vec<u32> {
             !zombie && String::from_utf8_lossy(&cmdline).contains(mark)
         })
         .collect()
+}
+
+/// The whole last user message (with text) of a request the mock recorded with its body
+/// (`record_requests`), on either wire format: the log's `last_user` keeps only its first
+/// 200 characters, which a temporary path early in the message can fill.
+pub(crate) fn last_user_message(record: &RequestRecord) -> String {
+    let body = record
+        .body
+        .as_deref()
+        .expect("a recorded body (`record_requests`)");
+    let body: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+    let messages = body["messages"].as_array().expect("`messages`");
+    let text = |content: &serde_json::Value| match content {
+        serde_json::Value::String(text) => Some(text.clone()),
+        parts => {
+            let texts: Vec<&str> = parts
+                .as_array()?
+                .iter()
+                .filter_map(|part| part["text"].as_str())
+                .collect();
+            (!texts.is_empty()).then(|| texts.join("\n"))
+        }
+    };
+    messages
+        .iter()
+        .rev()
+        .filter(|m| m["role"] == "user")
+        .find_map(|m| text(&m["content"]))
+        .unwrap_or_default()
 }
 
 /// What `rlm` wrote to a terminal, its stdout and its exit code.
