@@ -47,12 +47,16 @@ fn run(mock: &Mock, args: &[&str]) -> (Run, Vec<serde_json::Value>, Duration) {
     let started = Instant::now();
     let run = rlm(&all, None);
     let took = started.elapsed();
-    let lines = std::fs::read_to_string(&trajectory)
+    (run, trajectory_lines(&trajectory), took)
+}
+
+/// Every line of the trajectory at `path` (none if there is none).
+fn trajectory_lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
         .map(|l| serde_json::from_str(l).expect("every trajectory line is JSON"))
-        .collect();
-    (run, lines, took)
+        .collect()
 }
 
 /// The blocks of every iteration of a trajectory, in order.
@@ -280,6 +284,19 @@ impl Drop for MemoryGroup {
     }
 }
 
+/// A [`MemoryGroup`] of `limit` bytes; `None` (the test is skipped, saying why) where none can
+/// be made, except in CI (`CI` set), which runs as root where one can: there it fails.
+fn memory_group(limit: u64) -> Option<MemoryGroup> {
+    match MemoryGroup::make(limit) {
+        Ok(group) => Some(group),
+        Err(why) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipped: no memory cgroup can be made here: {why}");
+            None
+        }
+        Err(why) => panic!("CI runs as root where a memory cgroup can be made: {why}"),
+    }
+}
+
 /// The out-of-memory killer of a memory cgroup ends the worker (the biggest process of the
 /// group `rlm` runs in), for real: the model is told the worker ran out of memory, the session
 /// comes back in a fresh worker, the trajectory records it, and `rlm` itself lives on and
@@ -288,13 +305,8 @@ impl Drop for MemoryGroup {
 #[test]
 fn the_oom_killer_of_a_memory_cgroup_ends_the_worker_and_the_run_goes_on() {
     const LIMIT: u64 = 300 << 20;
-    let group = match MemoryGroup::make(LIMIT) {
-        Ok(group) => group,
-        Err(why) if std::env::var_os("CI").is_none() => {
-            eprintln!("skipped: no memory cgroup can be made here: {why}");
-            return;
-        }
-        Err(why) => panic!("CI runs as root where a memory cgroup can be made: {why}"),
+    let Some(group) = memory_group(LIMIT) else {
+        return;
     };
     // 10 MB at a time, each page written, up to 2 GB: far past the group's limit.
     let hog = "print('hogging')\nx = []\nfor _ in range(200):\n    x.append(bytearray(b'\\x01') * (10 << 20))";
@@ -332,11 +344,7 @@ fn the_oom_killer_of_a_memory_cgroup_ends_the_worker_and_the_run_goes_on() {
     assert_eq!(run.last_line(), "42 remember me", "the variables are back");
     assert!(group.oom_kills() >= 1, "the group's killer killed");
     assert_eq!(sub_calls(&mock), 1, "the replay sent no sub-call again");
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&trajectory)
-        .expect("trajectory")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("every trajectory line is JSON"))
-        .collect();
+    let lines = trajectory_lines(&trajectory);
     let hogged = blocks(&lines)[1];
     assert_eq!(
         hogged["error"]["type_name"], "WorkerOutOfMemory",
@@ -366,6 +374,67 @@ fn the_oom_killer_of_a_memory_cgroup_ends_the_worker_and_the_run_goes_on() {
     );
     assert!(told_model.contains("hogging"), "output kept: {told_model}");
     eprintln!("the run took {took:?}");
+}
+
+/// A `kill -9` of the worker while the out-of-memory killer of another memory cgroup on the
+/// machine ends a process is told as a kill, not as memory: the kills `rlm` counts are those
+/// of the group it and its workers run in, not the machine's.
+#[test]
+fn a_kill_of_the_worker_while_another_groups_killer_kills_is_told_a_kill() {
+    let Some(other) = memory_group(64 << 20) else {
+        return;
+    };
+    let waits = "import ctypes, os, signal, time\nprint('waiting')\ntime.sleep(4)\nctypes.CDLL(None).kill(os.getpid(), signal.SIGKILL)";
+    let mock = mock(&[&repl(waits), "FINAL(after)"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Bounded: the run's time limit stops it.
+    let (all, trajectory) = traced_args(
+        &mock,
+        dir.path(),
+        &["--isolation", "process", "--timeout", "60"],
+    );
+    let rlm = crate::support::rlm_command(&all)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("rlm starts");
+    // The block is about to run once the trajectory has it (bounded).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&trajectory).is_ok_and(|t| t.contains("time.sleep(4)"))
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let block_started = Instant::now();
+    // Meanwhile a process of the other group outgrows it and is killed.
+    let mut hog = std::process::Command::new("python3");
+    hog.args([
+        "-c",
+        "x = [bytearray(b'\\x01') * (10 << 20) for _ in range(200)]",
+    ]);
+    hog.stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    other.enter(&mut hog);
+    let hogged = hog.status().expect("python3 runs in the other group");
+    let hog_took = block_started.elapsed();
+    let output = rlm.wait_with_output().expect("rlm exits");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&hogged),
+        Some(libc::SIGKILL),
+        "the other group's killer killed"
+    );
+    assert!(other.oom_kills() >= 1, "the other group counted its kill");
+    assert!(
+        hog_took < Duration::from_secs(3),
+        "the other group's kill came {hog_took:?} after the block started: maybe after the worker's"
+    );
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let lines = trajectory_lines(&trajectory);
+    let killed = blocks(&lines)[0];
+    assert_eq!(killed["restart"]["cause"]["kind"], "killed", "{killed}");
+    assert_eq!(killed["restart"]["cause"]["oom_kills"], 0, "{killed}");
+    assert_eq!(killed["error"]["type_name"], "WorkerKilled", "{killed}");
 }
 
 #[test]

@@ -524,8 +524,9 @@ pub enum WorkerEnd {
         peak_bytes: u64,
         /// The signal that ended it (`SIGKILL` from the system, or the abort of an allocator).
         signal: i32,
-        /// For a `SIGKILL`: the out-of-memory kills the kernel counted on the machine while
-        /// the worker ran (at least one: the evidence that it was the killer).
+        /// For a `SIGKILL`: the out-of-memory kills the kernel counted while the worker ran,
+        /// among the processes of its memory cgroup (on the machine where the group keeps no
+        /// count, as the root group): at least one, the evidence that it was the killer.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         oom_kills: Option<u64>,
     },
@@ -538,9 +539,10 @@ pub enum WorkerEnd {
         signal: i32,
         /// The most memory it held, in bytes.
         peak_bytes: u64,
-        /// For a `SIGKILL`: the out-of-memory kills the kernel counted on the machine while
-        /// the worker ran (`0`); `None` where the kernel does not count them, so memory cannot
-        /// be ruled out (and for the other signals, which the killer does not send).
+        /// For a `SIGKILL`: the out-of-memory kills the kernel counted while the worker ran,
+        /// where an `OutOfMemory`'s are counted (`0`); `None` where the kernel does not count
+        /// them, so memory cannot be ruled out (and for the other signals, which the killer
+        /// does not send).
         oom_kills: Option<u64>,
     },
     /// The worker's code ended the process itself (a C-level `exit()`).

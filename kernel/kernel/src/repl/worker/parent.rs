@@ -66,8 +66,8 @@ use super::protocol::{
 };
 use super::scratch::Scratch;
 use super::spawn::{
-    Exit, REAP_WAIT, SpawnJob, Spawned, WorkerProgram, oom_kills, reap, send_fds, start_worker,
-    worker_program,
+    Exit, OomCounter, REAP_WAIT, SpawnJob, Spawned, WorkerProgram, oom_counter, oom_kills, reap,
+    send_fds, start_worker, worker_program,
 };
 use super::template;
 use super::threads::Threads;
@@ -1406,9 +1406,10 @@ fn describe_end(
         } => (
             "WorkerOutOfMemory",
             format!(
-                "The worker process was killed ({}) holding {}, while the system's out-of-memory killer was ending processes (the kernel counted {kills} such kill(s) on this machine while the worker ran), so most likely for its memory; use less memory per block",
+                "The worker process was killed ({}) holding {}, while the system's out-of-memory killer was ending processes (the kernel counted {kills} such kill(s) {} while the worker ran), so most likely for its memory; use less memory per block",
                 signal_name(*signal),
-                gigabytes(*peak_bytes)
+                gigabytes(*peak_bytes),
+                oom_scope()
             ),
         ),
         WorkerEnd::OutOfMemory {
@@ -1437,8 +1438,10 @@ fn describe_end(
             oom_kills,
         } => {
             let memory = match oom_kills {
-                Some(_) => "not for memory: the kernel counted no out-of-memory kill while it ran"
-                    .to_owned(),
+                Some(_) => format!(
+                    "not for memory: the kernel counted no out-of-memory kill {} while it ran",
+                    oom_scope()
+                ),
                 None => format!(
                     "whether for memory cannot be told here (it held {}; this kernel does not count out-of-memory kills)",
                     gigabytes(*peak_bytes)
@@ -1567,6 +1570,11 @@ const ASKED_TO_END: [i32; 6] = [
     libc::SIGUSR1,
     libc::SIGUSR2,
 ];
+
+/// Where the out-of-memory kills a worker's end is told with were counted.
+fn oom_scope() -> &'static str {
+    oom_counter().map_or("on this machine", OomCounter::scope)
+}
 
 /// Why a worker ended: what the session ended it for (`ended_by`), else its exit status and
 /// the evidence of memory (see [`WorkerEnd::OutOfMemory`]).

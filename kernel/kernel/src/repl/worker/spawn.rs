@@ -149,7 +149,7 @@ pub(crate) struct Spawned {
     pub(crate) spare: bool,
     /// What it runs.
     pub(crate) program: WorkerProgram,
-    /// The machine's count of out-of-memory kills when it was started ([`oom_kills`]).
+    /// The count of out-of-memory kills it would be among when it was started ([`oom_kills`]).
     pub(crate) oom_kills: Option<u64>,
 }
 
@@ -259,8 +259,8 @@ pub(crate) struct Exit {
     pub(crate) peak_bytes: u64,
     /// It was still alive [`REAP_WAIT`] after its link closed, and [`reap`] killed it.
     pub(crate) killed: bool,
-    /// For a worker ended by `SIGKILL`, the out-of-memory kills the kernel counted on the
-    /// machine while it ran ([`oom_kills`]), where both counts are known: its session's
+    /// For a worker ended by `SIGKILL`, the out-of-memory kills the kernel counted while it
+    /// ran where its own would be ([`oom_kills`]), where both counts are known: its session's
     /// reaper fills it in.
     pub(crate) oom_kills: Option<u64>,
 }
@@ -274,16 +274,103 @@ impl Exit {
     }
 }
 
-/// The machine's count of processes the kernel's out-of-memory killer ended, for the whole
-/// system or a cgroup's limit (`oom_kill` in `/proc/vmstat`, Linux 4.13); `None` where it is
-/// not kept. The killer's victim gets `SIGKILL`, as from `kill -9`: what tells them apart
-/// is this count rising while the worker ran.
+/// The count of processes the kernel's out-of-memory killer ended that a worker this process
+/// starts would be counted in ([`oom_counter`]); `None` where none is kept. The killer's
+/// victim gets `SIGKILL`, as from `kill -9`: what tells them apart is this count rising while
+/// the worker ran.
 pub(crate) fn oom_kills() -> Option<u64> {
-    let vmstat = std::fs::read_to_string("/proc/vmstat").ok()?;
-    vmstat
-        .lines()
-        .find_map(|line| line.strip_prefix("oom_kill "))
-        .and_then(|count| count.trim().parse().ok())
+    oom_counter()?.read()
+}
+
+/// Where the kernel counts the out-of-memory kills a worker's would be among.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OomCounter {
+    /// The memory cgroup this process runs in, which its workers start in too: `oom_kill` in
+    /// its `memory.oom_control` (cgroup v1) or `memory.events` (v2), Linux 4.13. The kernel
+    /// counts there its kills of the group's processes (in v2, of the groups below it too),
+    /// whether the group's limit or the machine's memory ran out; a kill elsewhere on the
+    /// machine does not count.
+    Group(PathBuf),
+    /// The machine: `oom_kill` in `/proc/vmstat`, every kill on it, so one elsewhere while a
+    /// worker ran counts too. Where the group keeps no count found here (the root group, a
+    /// cgroup file system mounted elsewhere than `/sys/fs/cgroup`).
+    Machine,
+}
+
+impl OomCounter {
+    /// Its count now.
+    fn read(&self) -> Option<u64> {
+        let file = match self {
+            Self::Group(file) => file.as_path(),
+            Self::Machine => std::path::Path::new("/proc/vmstat"),
+        };
+        std::fs::read_to_string(file)
+            .ok()?
+            .lines()
+            .find_map(|line| line.strip_prefix("oom_kill "))
+            .and_then(|count| count.trim().parse().ok())
+    }
+
+    /// Where it counts, as a worker's end is told.
+    pub(crate) fn scope(&self) -> &'static str {
+        match self {
+            Self::Group(_) => "among the processes of the worker's memory cgroup",
+            Self::Machine => "on this machine",
+        }
+    }
+}
+
+/// Where this process's workers' out-of-memory kills are counted: its memory cgroup's count
+/// where one is kept, else the machine's; found once.
+pub(crate) fn oom_counter() -> Option<&'static OomCounter> {
+    static COUNTER: OnceLock<Option<OomCounter>> = OnceLock::new();
+    COUNTER
+        .get_or_init(|| {
+            let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+            group_oom_counts(&cgroups)
+                .into_iter()
+                .map(OomCounter::Group)
+                .chain([OomCounter::Machine])
+                .find(|counter| counter.read().is_some())
+        })
+        .as_ref()
+}
+
+/// The files that may hold the out-of-memory kill count of the memory cgroup that
+/// `/proc/self/cgroup` (`cgroups`) names, where the cgroup file systems are usually mounted:
+/// cgroup v1's `memory` hierarchy first, then v2's. None for the root group, which keeps none
+/// in v2 and holds what no other group does: the machine's count serves it.
+fn group_oom_counts(cgroups: &str) -> Vec<PathBuf> {
+    let mut v1 = Vec::new();
+    let mut v2 = Vec::new();
+    for line in cgroups.lines() {
+        // `hierarchy:controllers:path`; v2's line has no controllers.
+        let mut fields = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let path = path.trim_start_matches('/');
+        if path.is_empty() {
+            continue;
+        }
+        if controllers.split(',').any(|c| c == "memory") {
+            v1.push(
+                PathBuf::from("/sys/fs/cgroup/memory")
+                    .join(path)
+                    .join("memory.oom_control"),
+            );
+        } else if controllers.is_empty() {
+            v2.push(
+                PathBuf::from("/sys/fs/cgroup")
+                    .join(path)
+                    .join("memory.events"),
+            );
+        }
+    }
+    v1.extend(v2);
+    v1
 }
 
 /// Waits for `pid`, giving it [`REAP_WAIT`] to finish dying before it is killed: on a pidfd
@@ -604,6 +691,37 @@ pub(crate) fn drain_output_then(
 mod tests {
     use super::super::protocol::{FrameError, Start, ToWorker, read_frame, write_frame};
     use super::*;
+
+    #[test]
+    fn the_oom_count_is_read_from_the_memory_cgroup_this_process_runs_in() {
+        let v1 = "9:name=systemd:/\n4:memory:/process_api/c6e4\n3:cpuset:/\n0::/\n";
+        assert_eq!(
+            group_oom_counts(v1),
+            [PathBuf::from(
+                "/sys/fs/cgroup/memory/process_api/c6e4/memory.oom_control"
+            )]
+        );
+        let v2 = "0::/user.slice/user-1000.slice/session-2.scope\n";
+        assert_eq!(
+            group_oom_counts(v2),
+            [PathBuf::from(
+                "/sys/fs/cgroup/user.slice/user-1000.slice/session-2.scope/memory.events"
+            )]
+        );
+        // Joined controllers; v1 before v2.
+        let both = "0::/app\n7:cpu,memory:/app\n";
+        assert_eq!(
+            group_oom_counts(both),
+            [
+                PathBuf::from("/sys/fs/cgroup/memory/app/memory.oom_control"),
+                PathBuf::from("/sys/fs/cgroup/app/memory.events"),
+            ]
+        );
+        // The root group, and what is not a cgroup line: the machine's count.
+        for none in ["4:memory:/\n0::/\n", "", "garbage\n4:memory\n"] {
+            assert_eq!(group_oom_counts(none), Vec::<PathBuf>::new(), "{none:?}");
+        }
+    }
 
     /// A start frame as a session sends it.
     fn start_frame() -> Vec<u8> {
