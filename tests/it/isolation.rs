@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use bridge::mock::{Latency, MockConfig, Script};
 
-use crate::support::{Mock, Run, file, marked, repl, rlm, rlm_on_terminal, signal_and_wait};
+use crate::support::{
+    Mock, Run, file, marked, repl, rlm, rlm_on_terminal, signal_and_wait, wait_bounded,
+};
 
 /// A mock recording request bodies: `root-model` replies `replies` by turn, `sub-model` echoes.
 fn mock(replies: &[&str]) -> Mock {
@@ -180,7 +182,10 @@ impl MemoryGroup {
     /// Makes one, or says why none can be made here (not root, a read-only or missing
     /// cgroup file system, no memory controller).
     fn make(limit: u64) -> Result<Self, String> {
-        let name = format!("rlm-test-oom-{}", std::process::id());
+        // One name per group: `cargo test` runs the tests of a binary in one process.
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("rlm-test-oom-{}-{made}", std::process::id());
         let v2 = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
             .into_iter()
             .map(Path::new)
@@ -260,9 +265,9 @@ impl MemoryGroup {
             .unwrap_or(0)
     }
 
-    /// Kills every process in the group at `path` with `SIGKILL`.
-    fn kill_all(path: &Path) {
-        let procs = std::fs::read_to_string(path.join("cgroup.procs")).unwrap_or_default();
+    /// Kills every process in the group with `SIGKILL`.
+    fn kill_all(&self) {
+        let procs = std::fs::read_to_string(self.path.join("cgroup.procs")).unwrap_or_default();
         for pid in procs
             .lines()
             .filter_map(|p| p.trim().parse::<libc::pid_t>().ok())
@@ -278,7 +283,7 @@ impl Drop for MemoryGroup {
         // A group can only be removed once empty; bounded.
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::fs::remove_dir(&self.path).is_err() && Instant::now() < deadline {
-            Self::kill_all(&self.path);
+            self.kill_all();
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -320,20 +325,13 @@ fn the_oom_killer_of_a_memory_cgroup_ends_the_worker_and_the_run_goes_on() {
     group.enter(&mut cmd);
     let started = Instant::now();
     let child = cmd.spawn().expect("rlm starts in the group");
-    // Bounded: past the deadline everything in the group is killed, and the test fails.
-    let (done, finished) = std::sync::mpsc::channel::<()>();
-    let watchdog = {
-        let path = group.path.clone();
-        std::thread::spawn(move || {
-            if finished.recv_timeout(Duration::from_secs(60)).is_err() {
-                MemoryGroup::kill_all(&path);
-            }
-        })
-    };
-    let output = child.wait_with_output().expect("rlm exits");
+    // Bounded: past a minute `rlm` is killed (the group's Drop kills what it left).
+    let output = wait_bounded(
+        child,
+        Duration::from_secs(60),
+        "the run whose worker is killed",
+    );
     let took = started.elapsed();
-    let _ = done.send(());
-    watchdog.join().expect("watchdog");
     let run = Run {
         code: output.status.code(),
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
@@ -387,12 +385,7 @@ fn a_kill_of_the_worker_while_another_groups_killer_kills_is_told_a_kill() {
     let waits = "import ctypes, os, signal, time\nprint('waiting')\ntime.sleep(4)\nctypes.CDLL(None).kill(os.getpid(), signal.SIGKILL)";
     let mock = mock(&[&repl(waits), "FINAL(after)"]);
     let dir = tempfile::tempdir().expect("tempdir");
-    // Bounded: the run's time limit stops it.
-    let (all, trajectory) = traced_args(
-        &mock,
-        dir.path(),
-        &["--isolation", "process", "--timeout", "60"],
-    );
+    let (all, trajectory) = traced_args(&mock, dir.path(), &["--isolation", "process"]);
     let rlm = crate::support::rlm_command(&all)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
@@ -418,7 +411,11 @@ fn a_kill_of_the_worker_while_another_groups_killer_kills_is_told_a_kill() {
     other.enter(&mut hog);
     let hogged = hog.status().expect("python3 runs in the other group");
     let hog_took = block_started.elapsed();
-    let output = rlm.wait_with_output().expect("rlm exits");
+    let output = wait_bounded(
+        rlm,
+        Duration::from_secs(60),
+        "the run whose worker is killed",
+    );
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&hogged),
         Some(libc::SIGKILL),

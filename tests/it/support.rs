@@ -235,13 +235,21 @@ const STOP_BOUND: Duration = Duration::from_secs(10);
 /// for it to end: its output. One still running 10 s after the signal is killed, and the
 /// test fails, naming `what` and showing what it wrote to stderr.
 #[track_caller]
-pub(crate) fn signal_and_wait(mut child: Child, signal: libc::c_int, what: &str) -> Output {
+pub(crate) fn signal_and_wait(child: Child, signal: libc::c_int, what: &str) -> Output {
     let pid = libc::pid_t::try_from(child.id()).expect("pid");
     // SAFETY: sends a signal to our own child process, not reaped yet.
     let sent = unsafe { libc::kill(pid, signal) };
     assert_eq!(sent, 0, "{what}: signal {signal} sent");
+    wait_bounded(child, STOP_BOUND, &format!("{what}, after signal {signal}"))
+}
+
+/// Waits for `child` (an `rlm` left running, its stdout and stderr piped) to end: its
+/// output. One still running after `bound` is killed, and the test fails, naming `what` and
+/// showing what it wrote to stderr.
+#[track_caller]
+pub(crate) fn wait_bounded(mut child: Child, bound: Duration, what: &str) -> Output {
     let (stdout, stderr) = (drain(child.stdout.take()), drain(child.stderr.take()));
-    let deadline = Instant::now() + STOP_BOUND;
+    let deadline = Instant::now() + bound;
     let status = loop {
         if let Some(status) = child.try_wait().expect("rlm's status") {
             break status;
@@ -250,8 +258,7 @@ pub(crate) fn signal_and_wait(mut child: Child, signal: libc::c_int, what: &str)
             let _ = child.kill();
             let _ = child.wait();
             panic!(
-                "{what}: rlm did not end within {STOP_BOUND:?} of signal {signal} (killed); \
-                 its stderr:\n{}",
+                "{what}: rlm did not end within {bound:?} (killed); its stderr:\n{}",
                 String::from_utf8_lossy(&stderr.wait(what))
             );
         }
