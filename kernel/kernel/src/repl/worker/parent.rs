@@ -1693,7 +1693,7 @@ struct Worker {
     ended: Condvar,
     /// The session ended it, and why: its end, whatever its exit status says (`SIGKILL`).
     ended_by: Mutex<Option<WorkerEnd>>,
-    /// The machine's count of out-of-memory kills when it was started.
+    /// The count of out-of-memory kills its own would be among, when it was started.
     oom_kills: Option<u64>,
     /// The tail of its own stdout/stderr.
     last_words: Arc<Mutex<Vec<u8>>>,
