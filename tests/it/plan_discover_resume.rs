@@ -6,6 +6,10 @@
 //! The scripted results processor sends the second question's first findings back once
 //! ("Recheck the numbers."), so the discovery loop runs a second iteration, whose RLM code
 //! blocks until a file exists: the test kills the process there.
+//!
+//! Each run's `TMPDIR` is a folder of the test's: the killed run leaves there the copy of the
+//! built-in it could not remove (removed with the test's folder); the runs that end leave
+//! nothing.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -15,7 +19,7 @@ use serde_json::{Value, json};
 use crate::flow::{read_events, started};
 use crate::flow_durable::wait_for;
 use crate::plan_discover::{SALES, call, script};
-use crate::support::{Mock, Run, file, rlm, rlm_command};
+use crate::support::{Mock, Run, file, rlm, rlm_command, rlm_with};
 
 /// The demo's script, with the recheck and the blocking second iteration first.
 fn recheck_script(dir: &Path) -> Value {
@@ -49,12 +53,28 @@ impl Setup {
     fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         file(dir.path(), "sales.txt", SALES);
+        for tmp in ["tmp", "killed-tmp"] {
+            std::fs::create_dir(dir.path().join(tmp)).expect("a TMPDIR");
+        }
         let mock = Mock::start(recheck_script(dir.path()));
         Self { dir, mock }
     }
 
     fn path(&self, name: &str) -> String {
         self.dir.path().join(name).display().to_string()
+    }
+
+    /// `rlm ARGS` with `TMPDIR` the test's folder `tmp`.
+    fn rlm(&self, args: &[String], tmp: &str) -> Run {
+        rlm_with(args, None, &[("TMPDIR", &self.path(tmp))])
+    }
+
+    /// What is in the test's folder `tmp`.
+    fn left_in(&self, tmp: &str) -> Vec<String> {
+        std::fs::read_dir(self.dir.path().join(tmp))
+            .expect("a TMPDIR")
+            .map(|entry| entry.expect("an entry").path().display().to_string())
+            .collect()
     }
 
     /// `rlm flow SUBCOMMAND ARGS...` on the test's database, model and event log `events`.
@@ -160,7 +180,7 @@ fn plan_discover_killed_in_its_discovery_loop_resumes_without_repeating_model_ca
     let setup = Setup::new();
     // The unbroken run: `go` is there, so the recheck does not block.
     file(setup.dir.path(), "go", "");
-    let whole = rlm(&setup.run_args("whole"), None);
+    let whole = setup.rlm(&setup.run_args("whole"), "tmp");
     whole.assert_code(0);
     let whole_requests = setup.mock.log().len();
     let whole_plan = setup.plan();
@@ -180,6 +200,7 @@ fn plan_discover_killed_in_its_discovery_loop_resumes_without_repeating_model_ca
 
     // The crashed run: killed while the second discovery iteration's RLM code runs.
     let mut child = rlm_command(&setup.run_args("crash"))
+        .env("TMPDIR", setup.path("killed-tmp"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -188,6 +209,11 @@ fn plan_discover_killed_in_its_discovery_loop_resumes_without_repeating_model_ca
     wait_for(&marker, &mut child);
     child.kill().expect("kill -9");
     child.wait().expect("reaped");
+    let left = setup.left_in("killed-tmp");
+    assert!(
+        left.len() == 1 && Path::new(&left[0]).join("plan-discover").is_dir(),
+        "the killed run's copy of the built-in, and only it: {left:?}"
+    );
     let before = setup.mock.log().len();
     let crash_history = paths(&setup.history("crash"));
     assert_eq!(
@@ -206,8 +232,13 @@ fn plan_discover_killed_in_its_discovery_loop_resumes_without_repeating_model_ca
     );
 
     file(setup.dir.path(), "go", "");
-    let resumed = rlm(&setup.flow(&["resume", "crash"], "resumed.jsonl"), None);
+    let resumed = setup.rlm(&setup.flow(&["resume", "crash"], "resumed.jsonl"), "tmp");
     resumed.assert_code(0);
+    assert_eq!(
+        setup.left_in("tmp"),
+        Vec::<String>::new(),
+        "runs that ended"
+    );
     let after = setup.mock.log().len() - before;
     // Only the killed discoverer's first model call is asked again.
     assert_eq!(before + after, whole_requests + 1);
