@@ -42,6 +42,11 @@ result = '; '.join(lines)";
 
 /// Runs `blocks`, then answers with `FINAL_VAR(result)`; returns the run and its trajectory.
 fn run_blocks(blocks: &[String], args: &[&str]) -> (Run, String) {
+    run_blocks_with(blocks, args, &[])
+}
+
+/// [`run_blocks`] with extra environment variables.
+fn run_blocks_with(blocks: &[String], args: &[&str], envs: &[(&str, &str)]) -> (Run, String) {
     let mut replies: Vec<&str> = blocks.iter().map(String::as_str).collect();
     replies.push("FINAL_VAR(result)");
     let mock = Mock::start(script(&replies));
@@ -57,7 +62,7 @@ fn run_blocks(blocks: &[String], args: &[&str]) -> (Run, String) {
         trajectory.to_str().expect("utf-8"),
     ];
     all.extend_from_slice(args);
-    let run = mock.run(&all);
+    let run = mock.run_env(&all, envs);
     let text = std::fs::read_to_string(&trajectory).unwrap_or_default();
     (run, text)
 }
@@ -65,7 +70,10 @@ fn run_blocks(blocks: &[String], args: &[&str]) -> (Run, String) {
 #[test]
 fn pools_map_functions_classes_and_lambdas_from_earlier_blocks() {
     // In a worker (the default) `fork` and `spawn`; `forkserver` needs a listening socket,
-    // which a confined worker may not bind: it runs in this process only.
+    // which a confined worker may not bind: it runs in this process only. Its socket is a
+    // file in multiprocessing's folder under `TMPDIR`, which the run removes when it ends
+    // (Python's exit, which would, never runs in `rlm`). A short `TMPDIR` of the test's own:
+    // a socket's path has at most 107 bytes, whatever the suite's `TMPDIR`.
     for (methods, args) in [
         (&["fork", "spawn"][..], &[][..]),
         (
@@ -79,8 +87,22 @@ fn pools_map_functions_classes_and_lambdas_from_earlier_blocks() {
             .collect::<Vec<_>>()
             .join(", ");
         let pools = POOLS.replace("METHODS", &format!("({list},)"));
-        let (run, _) = run_blocks(&[repl(DEFINITIONS), repl(&pools)], args);
+        let tmp = tempfile::Builder::new()
+            .prefix("rlm-pools-")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
+        let tmp_path = tmp.path().to_str().expect("utf-8");
+        let (run, _) = run_blocks_with(
+            &[repl(DEFINITIONS), repl(&pools)],
+            args,
+            &[("TMPDIR", tmp_path)],
+        );
         run.assert_code(0);
+        let left: Vec<_> = std::fs::read_dir(tmp.path())
+            .expect("the run's TMPDIR")
+            .map(|entry| entry.expect("an entry").file_name())
+            .collect();
+        assert!(left.is_empty(), "{args:?} left in TMPDIR: {left:?}");
         let expected = methods
             .iter()
             .map(|m| format!("{m}: 295 [0, 1, 8, 27] [0, 1, 2] 295"))

@@ -93,7 +93,10 @@
 //!   descendants with SIGTERM, then SIGKILL after 1 s — when the block is interrupted (cell
 //!   timeout, cancellation), when a run ends ([`ReplSession::end_processes`]) and when the
 //!   session closes. The host's own processes and multiprocessing's shared helpers
-//!   (forkserver, resource tracker) are left alone. Processes started between blocks by
+//!   (forkserver, resource tracker) are left alone, except that in an interpreter the kernel
+//!   started (`rlm`, whose Python never runs its exit) the last session to close stops the
+//!   forkserver and runs multiprocessing's exit finalizers, which remove its folder (`pymp-*`,
+//!   the forkserver's socket) from `TMPDIR`. Processes started between blocks by
 //!   threads a block left running are not tracked. `/proc` is read only for a block that
 //!   may have started a process: an audit hook (`sys.addaudithook`) sees the session's
 //!   threads about to call `subprocess`, `os.system`, `os.fork`, `os.posix_spawn`, `pty` or

@@ -244,9 +244,33 @@ class Session:
         if sys.modules.get(self.name) is self.module:
             del sys.modules[self.name]
         _remove_session_module(self.name)
+        if _OWNS_INTERPRETER and not _SESSIONS:
+            _end_multiprocessing()
 
 
 _SESSIONS = weakref.WeakSet()
+# Whether the kernel started this interpreter (`install`): then nothing runs Python's exit.
+_OWNS_INTERPRETER = False
+
+
+def _end_multiprocessing():
+    """The last session of an interpreter the kernel started has closed: end what
+    multiprocessing ends at an interpreter's exit (from `atexit`), which `rlm` never runs.
+    Its forkserver is stopped (it ends when its pipe closes; the session's own processes,
+    which could hold a copy of the pipe, were ended before), then its finalizers run, which
+    remove its temporary folder (`pymp-*`, holding the forkserver's socket) from the user's
+    `TMPDIR`. A later session starts both again when it needs them."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    if forkserver is not None:
+        server = forkserver._forkserver
+        try:
+            server._stop()
+        except OSError:  # reaped elsewhere: only its record is left
+            server._forkserver_pid = None
+            server._forkserver_address = None
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:
+        util._run_finalizers()
 
 
 def _current_session():
@@ -509,6 +533,8 @@ def install(sys_module, owns_interpreter):
     Threads outside any session keep the streams the interpreter had when the kernel arrived:
     the terminal for `rlm`, the notebook's own output streams when the package is imported
     into a user's interpreter."""
+    global _OWNS_INTERPRETER
+    _OWNS_INTERPRETER = owns_interpreter
     if owns_interpreter:
         python = os.path.join(sys_module.base_exec_prefix, "bin", "python%d.%d" % sys_module.version_info[:2])
         if os.access(python, os.X_OK):
