@@ -4,6 +4,7 @@ use std::io::ErrorKind;
 use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use sandbox::{Layer, State};
@@ -46,9 +47,14 @@ fn sandboxes() -> Vec<Sandbox> {
 /// A folder outside the scratch dir that the file permissions alone would let anyone
 /// write, so only the sandbox stands in the way.
 fn open_folder() -> tempfile::TempDir {
+    open_folder_in(&std::env::temp_dir())
+}
+
+/// [`open_folder`] under `base`.
+fn open_folder_in(base: &Path) -> tempfile::TempDir {
     let dir = tempfile::Builder::new()
         .prefix("rlm-outside-")
-        .tempdir()
+        .tempdir_in(base)
         .unwrap_or_else(|e| panic!("{e}"));
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
         .unwrap_or_else(|e| panic!("{e}"));
@@ -232,8 +238,9 @@ fn no_network_not_even_loopback_or_a_named_unix_socket() {
             .and_then(|l| l.local_addr().ok())
             .map_or_else(|| "0".to_owned(), |a| a.port().to_string());
         // A named socket the file permissions would let the confined code connect to (a
-        // desktop bus, an SSH agent or the Docker socket stand like this).
-        let sock_dir = open_folder();
+        // desktop bus, an SSH agent or the Docker socket stand like this), in `/tmp`: a
+        // socket's path has at most 107 bytes, whatever the suite's `TMPDIR`.
+        let sock_dir = open_folder_in(Path::new("/tmp"));
         let sock_path = sock_dir.path().join("agent.sock");
         let unix = UnixListener::bind(&sock_path).unwrap_or_else(|e| panic!("{e}"));
         unix.set_nonblocking(true).unwrap_or_else(|e| panic!("{e}"));
