@@ -259,18 +259,26 @@ def _end_multiprocessing():
     Its forkserver is stopped (it ends when its pipe closes; the session's own processes,
     which could hold a copy of the pipe, were ended before), then its finalizers run, which
     remove its temporary folder (`pymp-*`, holding the forkserver's socket) from the user's
-    `TMPDIR`. A later session starts both again when it needs them."""
-    forkserver = sys.modules.get("multiprocessing.forkserver")
-    if forkserver is not None:
-        server = forkserver._forkserver
-        try:
-            server._stop()
-        except OSError:  # reaped elsewhere: only its record is left
-            server._forkserver_pid = None
-            server._forkserver_address = None
-    util = sys.modules.get("multiprocessing.util")
-    if util is not None:
-        util._run_finalizers()
+    `TMPDIR`. A later session starts both again when it needs them. Both are multiprocessing's
+    private functions: should a Python change them, the session still closes, and says what
+    may be left."""
+    try:
+        forkserver = sys.modules.get("multiprocessing.forkserver")
+        if forkserver is not None:
+            server = forkserver._forkserver
+            try:
+                server._stop()
+            except OSError:  # reaped elsewhere: only its record is left
+                server._forkserver_pid = None
+                server._forkserver_address = None
+        util = sys.modules.get("multiprocessing.util")
+        if util is not None:
+            util._run_finalizers()
+    except Exception as error:
+        print(
+            f"rlm: multiprocessing's forkserver or its folder in TMPDIR (pymp-*) may be left: {error!r}",
+            file=sys.__stderr__,
+        )
 
 
 def _current_session():
