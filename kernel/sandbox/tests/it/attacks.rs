@@ -61,16 +61,30 @@ fn open_folder_in(base: &Path) -> tempfile::TempDir {
     dir
 }
 
-fn refused(run: &crate::support::Run, name: &str) {
+/// Asserts that `attempt(name, …)` failed with `errno`: the answer of the layer that stands
+/// in the way. Any other failure (a missing folder, a path too long, a typo in the probe)
+/// fails the test, saying what the probe got.
+fn refused(run: &crate::support::Run, name: &str, errno: i32) {
     let value = run.expect(name);
-    assert!(
-        value.starts_with("refused"),
-        "`{name}` was not refused: {value}\n{run:#?}"
-    );
+    let got = value
+        .strip_prefix("refused ")
+        .and_then(|rest| rest.rsplit(' ').next())
+        .and_then(|n| n.parse::<i32>().ok());
+    let want = std::io::Error::from_raw_os_error(errno);
+    match got {
+        Some(got) if got == errno => {}
+        Some(got) => panic!(
+            "`{name}` failed for another reason than the confinement: {value} ({}), not \
+             errno {errno} ({want})\n{run:#?}",
+            std::io::Error::from_raw_os_error(got)
+        ),
+        None => panic!("`{name}` was not refused with errno {errno} ({want}): {value}\n{run:#?}"),
+    }
 }
 
 #[test]
 fn writes_outside_the_scratch_dir_fail_and_change_nothing() {
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
     for sandbox in sandboxes() {
         let outside = open_folder();
         let keep = outside.path().join("keep.txt");
@@ -80,7 +94,7 @@ fn writes_outside_the_scratch_dir_fail_and_change_nothing() {
         let run = sandbox.run(
             &code(
                 r#"
-out = sys.argv[2]
+out, home = sys.argv[2:4]
 attempt("create", lambda: open(out + "/new.txt", "w").write("x"))
 attempt("overwrite", lambda: open(out + "/keep.txt", "w").write("x"))
 attempt("append", lambda: open(out + "/keep.txt", "a").write("x"))
@@ -102,30 +116,37 @@ def rename_out():
 attempt("rename_out", rename_out)
 attempt("hardlink_in", lambda: os.link(out + "/keep.txt", SCRATCH + "/hard"))
 attempt("tmp", lambda: open("/tmp/" + MARKER, "w").write("x"))
-attempt("home", lambda: open(os.path.expanduser("~root/" + MARKER), "w").write("x"))
+attempt("home", lambda: open(home + "/" + MARKER, "w").write("x"))
 attempt("inside", lambda: open(SCRATCH + "/inside.txt", "w").write("fine"))
 "#,
             ),
-            &[&outside.path().to_string_lossy()],
+            &[&outside.path().to_string_lossy(), &home],
         );
-        for name in [
-            "create",
-            "overwrite",
-            "append",
-            "truncate",
-            "delete",
-            "mkdir",
-            "chmod",
-            "chown",
-            "utime",
-            "setxattr",
-            "symlink_escape",
-            "rename_out",
-            "hardlink_in",
-            "tmp",
-            "home",
-        ] {
-            refused(&run, name);
+        // Everything outside the scratch dir is a read-only mount to the code, which the
+        // kernel checks before Landlock; a rename or link across it is one across mounts.
+        let mut probes = vec![
+            ("create", libc::EROFS),
+            ("overwrite", libc::EROFS),
+            ("append", libc::EROFS),
+            ("truncate", libc::EROFS),
+            ("delete", libc::EROFS),
+            ("mkdir", libc::EROFS),
+            ("chmod", libc::EROFS),
+            ("chown", libc::EROFS),
+            ("utime", libc::EROFS),
+            ("setxattr", libc::EROFS),
+            ("symlink_escape", libc::EROFS),
+            ("rename_out", libc::EXDEV),
+            ("hardlink_in", libc::EXDEV),
+            ("tmp", libc::EROFS),
+        ];
+        // The test's own home, which its user may write: for another user the file
+        // permissions would refuse it before the sandbox does.
+        if sandbox.is_current_user() {
+            probes.push(("home", libc::EROFS));
+        }
+        for (name, errno) in probes {
+            refused(&run, name, errno);
         }
         assert_eq!(run.expect("inside"), "ok 4", "{run:#?}");
         assert_eq!(run.expect("chmod_inside"), "ok None", "{run:#?}");
@@ -148,6 +169,7 @@ attempt("inside", lambda: open(SCRATCH + "/inside.txt", "w").write("fine"))
             "something appeared outside the scratch dir"
         );
         assert!(!std::path::Path::new(&format!("/tmp/{}", run.marker)).exists());
+        assert!(!Path::new(&home).join(&run.marker).exists());
         let inside = sandbox.scratch.path().join("inside.txt");
         assert_eq!(std::fs::read_to_string(inside).unwrap_or_default(), "fine");
     }
@@ -204,19 +226,22 @@ attempt("context", lambda: open(context).read())
             &home,
         ],
     );
-    for name in [
-        "read_secret",
-        "list_home",
-        "list_root",
-        "symlink_read",
-        "read_shadow",
-        "parent_environ",
-        "parent_mem",
-        "parent_cmdline",
-        "host_init_environ",
-        "sibling_file_of_context",
+    // Landlock refuses paths outside the policy (EACCES); the parent is not in the PID
+    // namespace's own `/proc` at all; init of that namespace is outside the code's Landlock
+    // domain and keeps the privileges the code dropped.
+    for (name, errno) in [
+        ("read_secret", libc::EACCES),
+        ("list_home", libc::EACCES),
+        ("list_root", libc::EACCES),
+        ("symlink_read", libc::EACCES),
+        ("read_shadow", libc::EACCES),
+        ("parent_environ", libc::ENOENT),
+        ("parent_mem", libc::ENOENT),
+        ("parent_cmdline", libc::ENOENT),
+        ("host_init_environ", libc::EACCES),
+        ("sibling_file_of_context", libc::EACCES),
     ] {
-        refused(&run, name);
+        refused(&run, name, errno);
     }
     assert_eq!(run.expect("context"), "ok the context");
     assert!(!run.stdout.contains(&token), "the secret leaked: {run:#?}");
@@ -278,6 +303,7 @@ print("netns", os.readlink("/proc/self/ns/net"))
             ),
             &[&port, &port6, &sock_path.to_string_lossy()],
         );
+        // seccomp answers first: `socket` for anything but AF_UNIX, `connect` and `bind`.
         for name in [
             "tcp4",
             "tcp6",
@@ -288,7 +314,7 @@ print("netns", os.readlink("/proc/self/ns/net"))
             "unix_named",
             "unix_bind",
         ] {
-            refused(&run, name);
+            refused(&run, name, libc::EPERM);
         }
         assert_eq!(
             run.expect("socketpair"),
@@ -345,7 +371,14 @@ attempt("ptrace_seize_child", lambda: check(libc.ptrace(0x4206, child, 0, 0)))
 attempt("ptrace_traceme", lambda: check(libc.ptrace(0, 0, 0, 0)))
 attempt("vm_readv", lambda: check(libc.process_vm_readv(child, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)))
 attempt("vm_writev", lambda: check(libc.process_vm_writev(child, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)))
-attempt("child_mem", lambda: open(f"/proc/{child}/mem", "rb").read(1))
+def mem(pid):
+    # At an address mapped in that process: address 0, never mapped, fails (EIO) anywhere.
+    with open(f"/proc/{pid}/mem", "rb") as f:
+        with open(f"/proc/{pid}/maps") as maps:
+            f.seek(int(maps.readline().split("-")[0], 16))
+        return len(f.read(8))
+attempt("child_mem", lambda: mem(child))
+attempt("init_mem", lambda: mem(1))
 attempt("signal_outside", lambda: os.kill(sleeper, signal.SIGTERM))
 attempt("signal_everyone", lambda: check(libc.kill(-1, 0)))
 attempt("signal_init", lambda: os.kill(1, signal.SIGKILL))
@@ -368,29 +401,36 @@ attempt("chroot", lambda: check(libc.chroot(SCRATCH.encode())))
         ),
         &[&sleeper.id().to_string()],
     );
-    for name in [
-        "ptrace_attach_child",
-        "ptrace_seize_child",
-        "ptrace_traceme",
-        "vm_readv",
-        "vm_writev",
-        "child_mem",
-        "signal_outside",
-        "signal_everyone",
-        "signal_init",
-        "unshare_user",
-        "clone_newuser",
-        "mount",
-        "bpf",
-        "perf_event_open",
-        "io_uring_setup",
-        "keyctl",
-        "userfaultfd",
-        "personality_no_aslr",
-        "chroot",
+    // seccomp refuses the calls (EPERM); init of the PID namespace, outside the code's
+    // Landlock domain and keeping the privileges the code dropped, can be neither read nor
+    // signalled; a process outside the namespace is not there to signal.
+    for (name, errno) in [
+        ("ptrace_attach_child", libc::EPERM),
+        ("ptrace_seize_child", libc::EPERM),
+        ("ptrace_traceme", libc::EPERM),
+        ("vm_readv", libc::EPERM),
+        ("vm_writev", libc::EPERM),
+        ("init_mem", libc::EACCES),
+        ("signal_outside", libc::ESRCH),
+        ("signal_everyone", libc::EPERM),
+        ("signal_init", libc::EPERM),
+        ("unshare_user", libc::EPERM),
+        ("clone_newuser", libc::EPERM),
+        ("mount", libc::EPERM),
+        ("bpf", libc::EPERM),
+        ("perf_event_open", libc::EPERM),
+        ("io_uring_setup", libc::EPERM),
+        ("keyctl", libc::EPERM),
+        ("userfaultfd", libc::EPERM),
+        ("personality_no_aslr", libc::EPERM),
+        ("chroot", libc::EPERM),
     ] {
-        refused(&run, name);
+        refused(&run, name, errno);
     }
+    // The code's own child is in its sandbox (one Landlock domain, and dumpable again after
+    // the `execve` of python): its memory is readable, which shows `mem` reaches memory when
+    // nothing stands in the way, so `init_mem` is refused by the confinement.
+    assert_eq!(run.expect("child_mem"), "ok 8", "{run:#?}");
     assert!(
         matches!(sleeper.try_wait(), Ok(None)),
         "the confined code killed a process outside"
@@ -477,10 +517,7 @@ fn a_file_past_the_size_limit_fails() {
         ),
         &[],
     );
-    assert!(
-        run.expect("big_file").starts_with("refused OSError 27"),
-        "{run:#?}"
-    );
+    refused(&run, "big_file", libc::EFBIG);
 }
 
 #[test]
@@ -675,7 +712,8 @@ attempt("shm_write", lambda: open("/dev/shm/mine", "w").write("x"))
     assert_eq!(run.expect("semaphore"), "ok locked", "{run:#?}");
     assert_eq!(run.expect("pool"), "ok 6", "{run:#?}");
     assert_eq!(run.expect("shm_write"), "ok 1", "{run:#?}");
-    refused(&run, "host_file");
+    // Not there: `/dev/shm` is the sandbox's own.
+    refused(&run, "host_file", libc::ENOENT);
     assert_eq!(host_after, "host");
     assert!(
         !std::path::Path::new("/dev/shm/mine").exists(),

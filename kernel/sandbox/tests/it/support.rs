@@ -121,6 +121,11 @@ impl Sandbox {
         Some(sandbox)
     }
 
+    /// Whether the code runs as the user who runs the tests (not as [`NOBODY`] for them).
+    pub(crate) fn is_current_user(&self) -> bool {
+        self.user.is_none()
+    }
+
     /// Runs `code` under the policy; `sys.argv[1]` is the run's marker, `args` follow.
     pub(crate) fn run(&self, code: &str, args: &[&str]) -> Run {
         self.run_with(code, args, false, &[], |_| {})
