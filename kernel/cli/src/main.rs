@@ -23,7 +23,8 @@
 //!   standard input);
 //! - the bottom: [`settings`] (the run options as flags, environment and `rlm.toml`, merged),
 //!   [`endpoints`] (from settings to the kernel's endpoints and configurations), [`secrets`],
-//!   [`outputs`], [`logging`] and [`exit`] (exit codes and the errors that have their own).
+//!   [`outputs`], [`logging`], [`exit`] (exit codes and the errors that have their own) and
+//!   [`table`] (text in columns, by terminal width).
 
 mod agent;
 mod bench;
@@ -47,6 +48,7 @@ mod run;
 mod secrets;
 mod settings;
 mod show;
+mod table;
 mod view;
 
 use std::io::Write as _;

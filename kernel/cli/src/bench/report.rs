@@ -3,11 +3,12 @@
 //! verdict on `auto`.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use bridge::{Concurrency, FailureKind, LimiterStats, SubCallMetadata};
 use serde::Serialize;
+
+use crate::table::{self, Align};
 
 /// How the calls were sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -224,36 +225,14 @@ pub(crate) fn table(rows: &[Row]) -> String {
             ]
         })
         .collect();
-    let widths: Vec<usize> = (0..header.len())
-        .map(|i| {
-            cells
-                .iter()
-                .map(|row| row[i].chars().count())
-                .chain([header[i].chars().count()])
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = String::new();
-    let mut line = |values: Vec<&str>| {
-        let mut text = String::new();
-        for (i, value) in values.iter().enumerate() {
-            let pad = widths[i].saturating_sub(value.chars().count());
-            // Text columns left-aligned, numbers right-aligned.
-            if i < 2 || i == values.len() - 1 {
-                let _ = write!(text, "{value}{}  ", " ".repeat(pad));
-            } else {
-                let _ = write!(text, "{}{value}  ", " ".repeat(pad));
-            }
+    // Text columns left-aligned, numbers right-aligned.
+    table::render(&header, &cells, |i| {
+        if i < 2 || i == header.len() - 1 {
+            Align::Left
+        } else {
+            Align::Right
         }
-        out.push_str(text.trim_end());
-        out.push('\n');
-    };
-    line(header.to_vec());
-    for row in &cells {
-        line(row.iter().map(String::as_str).collect());
-    }
-    out
+    })
 }
 
 /// How `auto` did against the fixed widths of the same path, if the sweep has both:

@@ -6,6 +6,7 @@ use kernel::eval::{TaskKind, format_size};
 use serde::Serialize;
 
 use super::runner::{Method, RunRecord};
+use crate::table::{self, Align};
 
 /// The runs of one task at one size by one method (and, for RLM runs, one depth), summed up.
 #[derive(Debug, Clone, Serialize)]
@@ -165,32 +166,14 @@ pub(super) fn table(rows: &[Row]) -> String {
             ]
         })
         .collect();
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in &cells {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
+    // Text columns to the left, numbers to the right.
+    table::render(&header, &cells, |i| {
+        if i < 3 || i == header.len() - 1 {
+            Align::Left
+        } else {
+            Align::Right
         }
-    }
-    let mut out = String::new();
-    let header: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
-    for row in std::iter::once(&header).chain(&cells) {
-        let line: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(i, (cell, w))| {
-                // Text columns to the left, numbers to the right.
-                if i < 3 || i == row.len() - 1 {
-                    format!("{cell:<w$}")
-                } else {
-                    format!("{cell:>w$}")
-                }
-            })
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
+    })
 }
 
 #[cfg(test)]

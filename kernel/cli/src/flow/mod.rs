@@ -27,6 +27,8 @@ use anyhow::Result;
 use clap::{Args, Subcommand};
 use engine::flow::file::{load_workflow_from, render_mermaid};
 
+use crate::table::{self, Align};
+
 use builtin::BUILTINS;
 pub(crate) use durable::exit_code;
 use workflow::Workflow;
@@ -111,8 +113,8 @@ fn list() -> Result<ExitCode> {
     for builtin in BUILTINS {
         let spec = load_workflow_from(&builtin.embedded(), builtin.root)?;
         out.push_str(&format!(
-            "{:<16} {}\n",
-            builtin.name,
+            "{} {}\n",
+            table::pad(builtin.name, 16, Align::Left),
             spec.config.description()
         ));
     }

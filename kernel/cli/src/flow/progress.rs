@@ -25,6 +25,8 @@ use std::fmt::Write as _;
 use engine::flow::file::{AgentConfig, AgentSpec};
 use engine::flow::{EndStatus, Event, EventKind};
 
+use crate::table::{self, Align};
+
 /// Where an agent is, as the tree shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
@@ -293,18 +295,18 @@ impl AgentTree {
             self.rows(0, String::new(), String::new(), &mut rows);
         }
         let run_over = self.nodes.first().is_some_and(|root| root.last.is_some());
+        // The status mark and its space take two columns (every mark is one column wide).
         let width = rows
             .iter()
-            .map(|(lead, i)| lead.chars().count() + 2 + self.nodes[*i].name.chars().count())
+            .map(|(lead, i)| table::width(lead) + 2 + table::width(&self.nodes[*i].name))
             .max()
             .unwrap_or(0);
         let mut out = String::new();
         for (lead, index) in rows {
             let node = &self.nodes[index];
             let (mark, word) = node.status.label(run_over);
-            let head = format!("{lead}{mark} {}", node.name);
-            let pad = width - head.chars().count();
-            let _ = write!(out, "{head}{:pad$}  {word:<9}", "");
+            let head = table::pad(&format!("{lead}{mark} {}", node.name), width, Align::Left);
+            let _ = write!(out, "{head}  {word:<9}");
             if node.runs > 0 {
                 let _ = write!(out, " {:>5}", elapsed(node.elapsed_ms(now_ms)));
                 let details = node.details();
@@ -491,6 +493,59 @@ mod tests {
         decision.branch = "refine/refine".into();
         tree.apply(&decision);
         assert_eq!(tree.render(0), frame);
+    }
+
+    #[test]
+    fn agents_named_in_wide_characters_or_with_combining_marks_stay_in_line() {
+        let (mut tree, events) = refine();
+        for event in &events {
+            tree.apply(event);
+        }
+        // Names as a workflow may give them: CJK (two columns a character), an emoji (two),
+        // a combining accent (none).
+        for (node, name) in tree.nodes.iter_mut().zip([
+            "改良",
+            "保存输入",
+            "refinement_loop",
+            "🚀pruner",
+            "filler",
+            "cafe\u{301}_enricher",
+        ]) {
+            node.name = name.into();
+        }
+        let end = events.last().map_or(0, |e| e.at_ms);
+        let frame = tree.render(end);
+        // Every status word starts at the same terminal column.
+        let columns: Vec<usize> = frame
+            .lines()
+            .map(|line| {
+                unicode_width::UnicodeWidthStr::width(&line[..line.find("  done").unwrap_or(0)])
+            })
+            .collect();
+        assert!(
+            columns.iter().all(|c| *c == columns[0]),
+            "{columns:?}\n{frame}"
+        );
+        insta::assert_snapshot!(frame);
+    }
+
+    #[test]
+    fn every_status_mark_is_one_column_wide() {
+        // `render` counts a mark and its space as two columns.
+        for status in [
+            Status::Waiting,
+            Status::Running,
+            Status::Done,
+            Status::Failed,
+            Status::Skipped,
+            Status::Cancelled,
+            Status::AwaitingHuman,
+        ] {
+            for run_over in [false, true] {
+                let (mark, _) = status.label(run_over);
+                assert_eq!(table::width(mark), 1, "{status:?}: {mark}");
+            }
+        }
     }
 
     #[test]

@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 use super::durable::{RunDb, decision_lines, decisions_of, store_error, time_of, wait};
 use crate::exit::UsageError;
 use crate::settings::{RunFlags, offers};
+use crate::table::{self, Align};
 
 /// Arguments of `rlm flow runs`.
 #[derive(Debug, Args)]
@@ -108,7 +109,7 @@ pub(crate) fn runs(args: RunsArgs, config: Option<&Path>) -> Result<ExitCode> {
     let header = [
         "RUN", "STATUS", "WORKFLOW", "STARTED", "UPDATED", "HEAD", "OWNER",
     ];
-    print(&table(header, &rows))
+    print(&table::render(&header, &rows, |_| Align::Left))
 }
 
 /// `rlm flow history RUN`: the run's checkpoints, oldest first.
@@ -141,7 +142,7 @@ pub(crate) fn history(args: RunArgs, config: Option<&Path>) -> Result<ExitCode> 
         })
         .collect();
     let header = ["ID", "PARENT", "NODE", "WRITES", "NEXT", "TIME"];
-    print(&table(header, &rows))
+    print(&table::render(&header, &rows, |_| Align::Left))
 }
 
 /// `rlm flow decisions RUN`: the routing decisions on record at the run's head.
@@ -239,31 +240,6 @@ fn checkpoint_json(c: &CheckpointRecord) -> Value {
 /// The checkpoint's node, as its path when it has one.
 fn node_text(c: &CheckpointRecord) -> String {
     checkpoint_path(c).map_or_else(|| c.node.clone(), |path| path_text(&path))
-}
-
-/// Left-aligned columns two spaces apart.
-fn table<const N: usize>(header: [&str; N], rows: &[[String; N]]) -> String {
-    let mut widths = header.map(|h| h.chars().count());
-    for row in rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    let mut line = |cells: Vec<&str>| {
-        let text: Vec<String> = cells
-            .iter()
-            .zip(widths)
-            .map(|(cell, width)| format!("{cell:<width$}"))
-            .collect();
-        out.push_str(text.join("  ").trim_end());
-        out.push('\n');
-    };
-    line(header.to_vec());
-    for row in rows {
-        line(row.iter().map(String::as_str).collect());
-    }
-    out
 }
 
 /// Prints `text` on stdout: a command that succeeded.
