@@ -397,10 +397,19 @@ impl<'de> Deserialize<'de> for Concurrency {
 }
 
 /// How often and how patiently a call is retried.
+///
+/// A failure worth another attempt (a connection error, a timeout, 408, 429, 5xx, a garbled
+/// reply once) uses up one of `max_attempts`, except a 429 that says when to come back
+/// (`Retry-After` or `retry-after-ms`): a busy server, not a failing one. That is waited out
+/// and sent again without using up an attempt while the retry would still leave within
+/// `rate_limit_patience` of the call's first attempt; past it, such a 429 is an attempt like
+/// any other failure. A caller's cancellation (a run's deadline, a block's time limit) ends
+/// the wait at once.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RetryPolicy {
-    /// Total attempts, the first included (1 = no retries).
+    /// Total attempts, the first included (1 = no retries), 429s waited out within
+    /// `rate_limit_patience` not counted.
     pub max_attempts: u32,
     /// Backoff before the first retry; doubles with each retry.
     #[serde(with = "serde_secs")]
@@ -408,6 +417,10 @@ pub struct RetryPolicy {
     /// No wait is longer than this, `Retry-After` included.
     #[serde(with = "serde_secs")]
     pub max_delay: Duration,
+    /// How long after its first attempt a call still waits out a 429 with `Retry-After`
+    /// without using up an attempt (zero: every 429 uses one).
+    #[serde(with = "serde_secs")]
+    pub rate_limit_patience: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -416,6 +429,7 @@ impl Default for RetryPolicy {
             max_attempts: 4,
             base_delay: Duration::from_millis(500),
             max_delay: Duration::from_secs(30),
+            rate_limit_patience: Duration::from_secs(60),
         }
     }
 }

@@ -10,6 +10,9 @@
 //!                                    └──── backoff (retryable) ◄────┘
 //! ```
 //!
+//! A retryable failure uses up one of the [`RetryPolicy`](crate::RetryPolicy)'s attempts,
+//! except a 429 that says when to come back, waited out within the policy's
+//! `rate_limit_patience` (a busy server is not a failing one).
 //! Every wait on that path (permit, attempt, backoff) races the caller's cancellation token.
 //! The index, the reservation and the attempts live in a `CallTicket` whose `Drop` records
 //! the call as cancelled if its future is dropped before it ends (a caller's `timeout`, an
@@ -504,6 +507,8 @@ impl Shared {
         ticket.reservation = Some(self.ledger.reserve(claim)?);
         let policy = &self.config.retry;
         let attempts = &mut ticket.attempts;
+        // Attempts that used up one of `policy.max_attempts` (see `RetryPolicy`).
+        let mut used = 0u32;
         let mut garbled_retried = false;
         loop {
             let permit = tokio::select! {
@@ -515,7 +520,7 @@ impl Shared {
             };
             attempts.count += 1;
             let sent = Instant::now();
-            attempts.first_sent.get_or_insert(sent);
+            let first_sent = *attempts.first_sent.get_or_insert(sent);
             let outcome = tokio::select! {
                 biased;
                 () = cancel.cancelled() => Err(BridgeError::Cancelled),
@@ -524,15 +529,22 @@ impl Shared {
             let rate_limited = matches!(&outcome, Err(e) if e.kind() == FailureKind::RateLimited);
             permit.release(Outcome::of(&outcome, sent.elapsed()), rate_limited);
             match outcome {
-                Err(e)
-                    if (e.is_retryable() || (e.is_garbled() && !garbled_retried))
-                        && attempts.count < policy.max_attempts =>
-                {
+                Err(e) if e.is_retryable() || (e.is_garbled() && !garbled_retried) => {
+                    let delay = policy.delay_after(used + 1, e.retry_after());
+                    let waited_out = rate_limited
+                        && e.retry_after().is_some()
+                        && first_sent.elapsed().saturating_add(delay) <= policy.rate_limit_patience;
+                    if !waited_out {
+                        used += 1;
+                        if used >= policy.max_attempts {
+                            return Err(e);
+                        }
+                    }
                     garbled_retried |= e.is_garbled();
-                    let delay = policy.delay_after(attempts.count, e.retry_after());
                     tracing::info!(
                         endpoint = %self.config.name,
                         attempt = attempts.count,
+                        used_up = used,
                         delay_ms = delay.as_millis() as u64,
                         error = %e,
                         "retrying model call"

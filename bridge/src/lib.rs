@@ -6,7 +6,8 @@
 //! - [`config`]: how to reach a model ([`EndpointConfig`]), its [`Price`], its [`RetryPolicy`].
 //! - [`Endpoints`] / [`Endpoint`] ([`endpoint`]): named models; each endpoint owns a limiter
 //!   shared by all its callers ([`limiter`]: a fixed width, or an adaptive one with
-//!   [`Concurrency::Auto`]), runs retries ([`RetryPolicy`], honouring `Retry-After`) and
+//!   [`Concurrency::Auto`]), runs retries ([`RetryPolicy`], honouring `Retry-After`; a 429
+//!   that sets it is waited out for up to a minute without using up an attempt) and
 //!   records every call in the [`Ledger`].
 //! - [`Endpoint::batch`] ([`batch`]): ordered, bounded fan-out with a result per slot.
 //! - [`client`]: one HTTP attempt in the OpenAI or Anthropic wire format, over the process-wide

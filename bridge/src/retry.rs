@@ -106,6 +106,7 @@ mod tests {
             max_attempts: u32::MAX,
             base_delay: Duration::MAX,
             max_delay: Duration::MAX,
+            rate_limit_patience: Duration::MAX,
         };
         assert_eq!(unbounded.delay_after(1, Some(Duration::MAX)), Duration::MAX);
         assert!(unbounded.delay_after(u32::MAX, None) >= Duration::MAX / 2);
@@ -128,6 +129,7 @@ mod tests {
             max_attempts: 10,
             base_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(1),
+            rate_limit_patience: Duration::ZERO,
         };
         for attempt in 1..=8 {
             let exp = (Duration::from_millis(100) * 2u32.pow(attempt - 1)).min(policy.max_delay);

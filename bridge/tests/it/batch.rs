@@ -7,7 +7,7 @@ use std::time::Duration;
 use bridge::mock::{FaultKind, Faults, Latency};
 use bridge::{
     BatchPolicy, BridgeError, Budget, CancellationToken, ChatRequest, EndpointConfig, Endpoints,
-    Ledger,
+    Ledger, RetryPolicy,
 };
 
 use crate::support::{anthropic_config, endpoint, fast_retry, openai_config, start_with};
@@ -94,7 +94,11 @@ async fn faults_fail_only_their_own_slots() {
     );
     let server = start_with(Latency::None, faults).await;
     let config = EndpointConfig {
-        retry: fast_retry(1), // no retries: every fault surfaces in its slot
+        // No retries, 429s included: every fault surfaces in its slot.
+        retry: RetryPolicy {
+            rate_limit_patience: Duration::ZERO,
+            ..fast_retry(1)
+        },
         ..openai_config(&server)
     };
     let sub = endpoint(config, Budget::default());

@@ -65,6 +65,7 @@ async fn cancelling_during_backoff_returns_promptly() {
             max_attempts: 3,
             base_delay: Duration::from_millis(10),
             max_delay: Duration::from_secs(60),
+            ..RetryPolicy::default()
         },
         ..openai_config(&server)
     };

@@ -36,6 +36,7 @@ pub(crate) fn fast_retry(max_attempts: u32) -> RetryPolicy {
         max_attempts,
         base_delay: Duration::from_millis(5),
         max_delay: Duration::from_secs(5),
+        ..RetryPolicy::default()
     }
 }
 

@@ -52,6 +52,7 @@ fn quick_retry() -> RetryPolicy {
         max_attempts: 2,
         base_delay: Duration::from_millis(5),
         max_delay: Duration::from_millis(20),
+        ..RetryPolicy::default()
     }
 }
 
