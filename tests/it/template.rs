@@ -10,7 +10,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read as _;
-use std::process::Stdio;
+use std::os::unix::process::CommandExt as _;
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -194,12 +195,24 @@ impl Watched {
 /// Runs `rlm run` against `mock` with `args`, watching its children every 5 ms (its worker
 /// log at debug level on stderr); `kill` says when to kill which of them (once).
 fn watched(mock: &Mock, args: &[&str], kill: Option<Kill<'_>>) -> Watched {
+    watched_with(mock, args, kill, |_| {})
+}
+
+/// [`watched`], with `rlm`'s command prepared by `prepare` first.
+fn watched_with(
+    mock: &Mock,
+    args: &[&str],
+    kill: Option<Kill<'_>>,
+    prepare: impl FnOnce(&mut Command),
+) -> Watched {
     let dir = tempfile::tempdir().expect("tempdir");
     let context = crate::support::file(dir.path(), "ctx.txt", "alpha beta\n");
     let context = context.to_string_lossy();
     let mut all = vec!["--query", "q", "--context", &context];
     all.extend_from_slice(args);
-    let mut child = rlm_command(&mock.run_args(&all))
+    let mut command = rlm_command(&mock.run_args(&all));
+    prepare(&mut command);
+    let mut child = command
         .env(
             "RUST_LOG",
             "warn,kernel::repl::worker::parent=debug,kernel::repl::worker::pool=debug",
@@ -1052,4 +1065,80 @@ fn a_child_stopped_before_its_worker_was_ready_leaves_no_process_behind() {
         run.paused.ended_during_run,
         "the stopped child's worker outlived its session: {run:#?}"
     );
+}
+
+/// A child's probe: from its worker's own `/proc/self/smaps`, how many of its executable
+/// anonymous mappings are a huge page, and whether the interpreter's code is on one.
+const HUGE_CODE_PROBE: &str = r#"import ctypes, re
+windows = []
+head = None
+for line in open('/proc/self/smaps'):
+    if re.match(r'[0-9a-f]+-[0-9a-f]+ ', line):
+        head = line.split()
+    elif (line.startswith('AnonHugePages:') and head[1] == 'r-xp' and len(head) == 5
+          and int(line.split()[1]) >= 2048):
+        windows.append([int(x, 16) for x in head[0].split('-')])
+python = ctypes.cast(ctypes.pythonapi.PyEval_EvalCode, ctypes.c_void_p).value
+result = f'{len(windows)} windows, python on one: {any(a <= python < b for a, b in windows)}'"#;
+
+/// A child in a worker of the pool (forked from the template, which took the 1.5 s of the
+/// root model's first answer to start) reports [`HUGE_CODE_PROBE`]; `prepare` readies `rlm`'s
+/// command. Its answer.
+fn huge_code_in_a_forked_worker(prepare: impl FnOnce(&mut Command)) -> String {
+    let mock = Mock::start(slow_script(
+        &[&repl("answers = rlm_query('probe')"), "FINAL_VAR(answers)"],
+        1500,
+        HUGE_CODE_PROBE,
+        0,
+    ));
+    let run = watched_with(&mock, &["--max-depth", "2", "--json"], None, prepare);
+    assert_eq!(run.code, Some(0), "{run:#?}");
+    assert_eq!(
+        run.took_ready(),
+        1,
+        "the child's worker came from the pool: {run:#?}"
+    );
+    assert!(!run.templates().is_empty(), "no template ran: {run:#?}");
+    run.json()["answer"].as_str().unwrap_or_default().to_owned()
+}
+
+/// The template's forks run the interpreter's code and `rlm`'s from huge pages (the
+/// `huge_code` module: on a VM that maps idle memory back page by page, a worker idle
+/// through a model call then wakes in a fraction of the time); a process started with
+/// transparent huge pages turned off for it (`PR_SET_THP_DISABLE`, which its children
+/// inherit) keeps its code where it was and runs as well. Where the system has no
+/// transparent huge pages it is skipped, saying why, except in CI.
+#[test]
+fn workers_forked_from_the_template_run_their_code_from_huge_pages_unless_turned_off() {
+    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
+    if !mode.as_ref().is_ok_and(|m| !m.contains("[never]")) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs where transparent huge pages can be had: {mode:?}"
+        );
+        eprintln!("skipped: no transparent huge pages here ({mode:?})");
+        return;
+    }
+    let answer = huge_code_in_a_forked_worker(|_| {});
+    let windows: usize = answer
+        .split_once(" windows")
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("{answer}"));
+    // Two of `libpython`'s ~4 MiB of code and read-only data, and most of `rlm`'s ~23 MiB.
+    assert!(windows >= 5, "{answer}");
+    assert!(answer.ends_with("python on one: True"), "{answer}");
+
+    let answer = huge_code_in_a_forked_worker(|command| {
+        // SAFETY: one prctl in the forked child before exec (async-signal-safe).
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+    });
+    assert_eq!(answer, "0 windows, python on one: False");
 }

@@ -42,6 +42,7 @@ use pyo3::prelude::*;
 use tokio_util::sync::CancellationToken;
 
 use super::confinement::{PythonPaths, confine};
+use super::huge_code;
 use super::lock::lock;
 use super::protocol::TEMPLATE_VAR;
 use super::protocol::{
@@ -103,6 +104,12 @@ pub fn main() -> u8 {
 fn serve() -> Result<(), String> {
     let template = take_template_role();
     let mut link = take_link_fd()?;
+    if template {
+        // With one thread, before the interpreter starts: see `huge_code`. Where the machine
+        // cannot have it (the error says why), the forks run their code from the files' pages
+        // as before, at the speed measured before.
+        let _ = huge_code::move_own_code();
+    }
     // The interpreter starts while the parent may not have a session for us yet (a spare,
     // the template).
     interpreter::start().map_err(|e| e.to_string())?;

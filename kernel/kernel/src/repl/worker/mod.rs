@@ -57,6 +57,7 @@
 mod child;
 mod closer;
 mod confinement;
+mod huge_code;
 mod journal;
 mod lock;
 pub(crate) mod parent;
