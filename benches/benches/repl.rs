@@ -526,7 +526,96 @@ mod isolation {
             ms(median(restores))
         );
         drop((local_s, isolated_s));
+        idle_block(&eps, quick)?;
         rt.block_on(server.shutdown());
+        Ok(())
+    }
+
+    /// A block after its worker idled as long as a model call (50 ms), beyond the same block
+    /// back to back, in a worker forked from a template that moved its code to huge pages and
+    /// in one forked from a template that did not (`kernel::repl::use_huge_code`), alternated
+    /// round by round. On a VM whose host takes back its mapping of guest memory left alone
+    /// for some milliseconds (the bench guide, "After session 16"), the wait costs the block a
+    /// trip to the host for each page it touches again; a huge page is one trip.
+    fn idle_block(eps: &Arc<kernel::repl::Endpoints>, quick: bool) -> anyhow::Result<()> {
+        const BLOCK: &str = "xs = [len(str(i)) for i in range(200)]\nprint(sum(xs))";
+        // Executable anonymous mappings on a huge page in the worker: its moved code.
+        const WINDOWS: &str = "import re\nhuge_windows, head = 0, None\nfor line in open('/proc/self/smaps'):\n    if re.match(r'[0-9a-f]+-[0-9a-f]+ ', line):\n        head = line.split()\n    elif line.startswith('AnonHugePages:') and head[1] == 'r-xp' and len(head) == 5 and int(line.split()[1]) > 0:\n        huge_windows += 1\nprint(huge_windows)";
+        let rounds = if quick { 9 } else { 31 };
+        // A worker forked from a template of each kind: the first session after the switch
+        // makes the template be replaced, and finds none yet; the next, a moment later, is
+        // forked from the new one.
+        let forked = |huge: bool| -> anyhow::Result<(ReplSession, String)> {
+            kernel::repl::use_huge_code(huge);
+            drop(session_in(eps, Isolation::Process)?);
+            std::thread::sleep(Duration::from_millis(1500));
+            let s = session_in(eps, Isolation::Process)?;
+            let windows = s.exec(WINDOWS)?.stdout.trim().to_owned();
+            exec_ok(&s, BLOCK)?;
+            Ok((s, windows))
+        };
+        let (huge, huge_windows) = forked(true)?;
+        let (plain, plain_windows) = forked(false)?;
+        kernel::repl::use_huge_code(true);
+        let [mut huge_back, mut huge_idle, mut plain_back, mut plain_idle]: [Vec<Duration>; 4] =
+            Default::default();
+        for round in 0..rounds {
+            let kinds = [
+                (&huge, &mut huge_back, &mut huge_idle),
+                (&plain, &mut plain_back, &mut plain_idle),
+            ];
+            let order: Vec<_> = if round % 2 == 0 {
+                kinds.into_iter().collect()
+            } else {
+                kinds.into_iter().rev().collect()
+            };
+            for (s, back, idle) in order {
+                std::thread::sleep(Duration::from_millis(50));
+                let started = Instant::now();
+                exec_ok(s, BLOCK)?;
+                idle.push(started.elapsed());
+                let started = Instant::now();
+                exec_ok(s, BLOCK)?;
+                back.push(started.elapsed());
+            }
+        }
+        println!();
+        println!(
+            "## a block after its worker idled 50 ms, beyond the same block back to back (median of {rounds}, alternated)"
+        );
+        println!(
+            "| the worker's code | executable huge pages | back to back | after 50 ms idle | the wait's cost |"
+        );
+        println!("|---|---:|---:|---:|---:|");
+        let mut cost = Vec::new();
+        for (what, windows, back, idle) in [
+            (
+                "on huge pages (`use_huge_code(true)`, the default)",
+                huge_windows,
+                huge_back,
+                huge_idle,
+            ),
+            (
+                "in its files' pages (`use_huge_code(false)`)",
+                plain_windows,
+                plain_back,
+                plain_idle,
+            ),
+        ] {
+            let (back, idle) = (median(back), median(idle));
+            let wait = idle.saturating_sub(back);
+            cost.push(wait);
+            println!(
+                "| {what} | {windows} | {} | {} | {} |",
+                ms(back),
+                ms(idle),
+                ms(wait)
+            );
+        }
+        println!(
+            "| on huge pages / in its files' pages | | | | {:.2}× |",
+            cost[0].as_secs_f64() / cost[1].as_secs_f64().max(1e-9)
+        );
         Ok(())
     }
 }

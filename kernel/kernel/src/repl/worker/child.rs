@@ -104,7 +104,7 @@ pub fn main() -> u8 {
 fn serve() -> Result<(), String> {
     let template = take_template_role();
     let mut link = take_link_fd()?;
-    if template {
+    if template == Some(true) {
         // With one thread, before the interpreter starts: see `huge_code`. Where the machine
         // cannot have it (the error says why), the forks run their code from the files' pages
         // as before, at the speed measured before.
@@ -118,7 +118,7 @@ fn serve() -> Result<(), String> {
     // run no Python until they are confined (the confined process runs Python's after-fork
     // work then, once).
     let python = Python::attach(|py| python_paths(py).map_err(|e| e.to_string()));
-    if template {
+    if template.is_some() {
         match serve_forks(link)? {
             // A worker forked by the template, with its own link.
             Some(own) => link = own,
@@ -208,15 +208,14 @@ fn report_failed_start(link: &UnixStream, error: ReplError) -> Result<(), String
         .map_err(|e| format!("could not report a failed start: {e}"))
 }
 
-/// Whether this process was started as the worker template ([`TEMPLATE_VAR`]); the variable
-/// is removed before the interpreter copies the environment.
-fn take_template_role() -> bool {
-    let template = std::env::var_os(TEMPLATE_VAR).is_some();
-    if template {
-        // SAFETY: called first thing in `serve`, while this process has one thread.
-        unsafe { std::env::remove_var(TEMPLATE_VAR) };
-    }
-    template
+/// Whether this process was started as the worker template ([`TEMPLATE_VAR`]), and if so
+/// whether it moves its code to huge pages; the variable is removed before the interpreter
+/// copies the environment.
+fn take_template_role() -> Option<bool> {
+    let template = std::env::var_os(TEMPLATE_VAR)?;
+    // SAFETY: called first thing in `serve`, while this process has one thread.
+    unsafe { std::env::remove_var(TEMPLATE_VAR) };
+    Some(template != "plain")
 }
 
 /// Enters the session's directory and confines the process (see the [module docs](self)) with

@@ -32,11 +32,32 @@
 //!   (transparent huge pages off, memory too fragmented: `MADV_COLLAPSE` says so) keeps its file
 //!   pages; so does every window after the first failure. Nothing is moved on a machine
 //!   without transparent huge pages.
+//! - **A switch for embeddings.** [`use_huge_code`]`(false)` has the next template leave its
+//!   code in the files' pages (the repl bench measures a block after 50 ms idle one way
+//!   against the other so); so do systems whose transparent huge pages are `never`, and a
+//!   process started with them turned off (`PR_SET_THP_DISABLE`, inherited).
 //! - **What it changes for tools.** `/proc/<pid>/maps` shows the windows as anonymous memory,
 //!   so a profiler that symbolises by mapping (`perf`) does not name the functions in them; the
 //!   C library's list of objects (`dl_iterate_phdr`: backtraces, `gdb`) is unchanged.
 
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Whether this process's worker templates move their code to huge pages (the default) or
+/// leave it in the files' pages, as before. A template of the other kind is replaced when the
+/// next session asks for a worker; workers forked already keep what they have. For benchmarks
+/// that measure one way against the other, and hosts that want their workers' memory maps as
+/// the files left them (a profiler that names functions by mapping).
+pub fn use_huge_code(enabled: bool) {
+    ENABLED.store(enabled, Ordering::Relaxed);
+}
+
+/// Whether templates started now move their code to huge pages.
+pub(crate) fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
 
 /// Why nothing (more) was moved.
 pub(crate) type Refused = &'static str;

@@ -24,8 +24,9 @@ use crate::repl::source::EncodedFormat;
 /// The file descriptor of the worker's end of the socket.
 pub(crate) const LINK_FD: i32 = 3;
 
-/// Set (to `1`) in the environment of the worker process started as the worker template
-/// (`template.rs`).
+/// Set in the environment of the worker process started as the worker template
+/// (`template.rs`): to `1`, or to `plain` when it is to leave its code where it is
+/// (`huge_code`).
 pub(crate) const TEMPLATE_VAR: &str = "RLM_WORKER_TEMPLATE";
 
 /// The most context memfds one worker is handed.

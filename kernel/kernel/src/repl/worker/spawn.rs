@@ -208,7 +208,7 @@ pub(crate) fn prepare_spare(program: &WorkerProgram) {
         if lock(spare_slot()).is_some() {
             return;
         }
-        match spawn_now(&program, false) {
+        match spawn_now(&program, None) {
             Ok(spare) => *lock(spare_slot()) = Some(spare),
             Err(e) => tracing::debug!("could not prepare a spare worker: {e}"),
         }
@@ -226,9 +226,9 @@ pub(crate) fn run_on_spawner(job: SpawnJob) -> bool {
 }
 
 /// Starts the worker template (on the spawner thread): a worker process told to serve
-/// forks (see `template.rs`).
-pub(crate) fn spawn_template(program: &WorkerProgram) -> io::Result<Spawned> {
-    spawn_now(program, true)
+/// forks (see `template.rs`), and to move its code to huge pages first if `huge_code`.
+pub(crate) fn spawn_template(program: &WorkerProgram, huge_code: bool) -> io::Result<Spawned> {
+    spawn_now(program, Some(huge_code))
 }
 
 fn spare_slot() -> &'static Mutex<Option<Spawned>> {
@@ -447,7 +447,7 @@ pub(crate) fn start_worker(program: &WorkerProgram) -> io::Result<Spawned> {
     let (reply, answer) = mpsc::channel();
     let program = program.clone();
     let job: SpawnJob = Box::new(move || {
-        let _ = reply.send(spawn_now(&program, false));
+        let _ = reply.send(spawn_now(&program, None));
     });
     let gone = || io::Error::other("the worker-starting thread is gone");
     lock(spawner()).send(job).map_err(|_| gone())?;
@@ -455,8 +455,8 @@ pub(crate) fn start_worker(program: &WorkerProgram) -> io::Result<Spawned> {
 }
 
 /// Forks and execs `program` with the link at fd 3 (on the spawner thread); as the template
-/// if `template`.
-fn spawn_now(program: &WorkerProgram, template: bool) -> io::Result<Spawned> {
+/// if `template` (which says whether it moves its code to huge pages).
+fn spawn_now(program: &WorkerProgram, template: Option<bool>) -> io::Result<Spawned> {
     let (ours, theirs) = UnixStream::pair()?;
     let (output, output_writer) = io::pipe()?;
     let mut command = Command::new(&program.program);
@@ -467,8 +467,8 @@ fn spawn_now(program: &WorkerProgram, template: bool) -> io::Result<Spawned> {
         .stdin(Stdio::null())
         .stdout(Stdio::from(output_writer.try_clone()?))
         .stderr(Stdio::from(output_writer));
-    if template {
-        command.env(TEMPLATE_VAR, "1");
+    if let Some(huge_code) = template {
+        command.env(TEMPLATE_VAR, if huge_code { "1" } else { "plain" });
     }
     let link = theirs.as_raw_fd();
     // SAFETY: getpid has no preconditions.

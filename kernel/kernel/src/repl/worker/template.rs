@@ -54,6 +54,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::huge_code;
 use super::lock::lock;
 use super::protocol::LINK_FD;
 use super::spawn::{
@@ -104,6 +105,8 @@ pub(crate) struct Template {
     env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
     /// The process it is a child of (a fork of this process's own copy is not).
     host: u32,
+    /// Whether it moved its code to huge pages ([`use_huge_code`](super::use_huge_code)).
+    huge_code: bool,
     /// The tail of its own stdout/stderr.
     last_words: Arc<Mutex<Vec<u8>>>,
 }
@@ -132,7 +135,7 @@ enum ForkError {
 
 impl Template {
     /// A template process just started (see `spawn.rs`).
-    pub(crate) fn new(spawned: Spawned) -> io::Result<Self> {
+    pub(crate) fn new(spawned: Spawned, huge_code: bool) -> io::Result<Self> {
         spawned.link.set_read_timeout(Some(FORK_WAIT))?;
         let last_words: Arc<Mutex<Vec<u8>>> = Arc::default();
         let ours = Arc::clone(&last_words);
@@ -149,6 +152,7 @@ impl Template {
             env: spawn_env(&spawned.program),
             program: spawned.program,
             host: std::process::id(),
+            huge_code,
             last_words,
         })
     }
@@ -158,6 +162,7 @@ impl Template {
         self.host == std::process::id()
             && self.program == *program
             && self.env == spawn_env(program)
+            && self.huge_code == huge_code::enabled()
     }
 
     /// Ends it, unless it is another process's (this process is a fork of its host): then
@@ -378,7 +383,9 @@ fn prepare(program: &WorkerProgram) -> bool {
             }
             slot.starts += 1;
         }
-        let started = spawn_template(&program).and_then(Template::new);
+        let huge_code = huge_code::enabled();
+        let started = spawn_template(&program, huge_code)
+            .and_then(|spawned| Template::new(spawned, huge_code));
         match started {
             Ok(template) => {
                 let old = {
@@ -506,5 +513,33 @@ unsafe fn place(host: libc::pid_t, name: &[u8; 16], link: RawFd, output: RawFd) 
             libc::c_uint::MAX,
             0 as libc::c_uint,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A template serves only while templates are started with the code setting it was
+    /// started with ([`use_huge_code`](super::super::use_huge_code)): after a change, the next
+    /// session's request replaces it (`fork_worker`), and workers forked from it keep theirs.
+    #[test]
+    fn a_template_serves_only_while_its_huge_code_setting_is_current() {
+        let program = WorkerProgram::this_executable();
+        let template = |huge_code| Template {
+            pid: 0,
+            control: UnixStream::pair().expect("a socket pair").0,
+            env: spawn_env(&program),
+            program: program.clone(),
+            host: std::process::id(),
+            huge_code,
+            last_words: Arc::default(),
+        };
+        let (moved, plain) = (template(true), template(false));
+        huge_code::use_huge_code(true);
+        assert!(moved.serves(&program) && !plain.serves(&program));
+        huge_code::use_huge_code(false);
+        assert!(!moved.serves(&program) && plain.serves(&program));
+        huge_code::use_huge_code(true);
     }
 }
