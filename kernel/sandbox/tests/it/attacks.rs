@@ -28,6 +28,9 @@ def check(r):
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))
     return r
+# Not dumpable, as rlm's worker is: `enter` made this process so, and the `execve` of python
+# made it dumpable again (rlm's worker embeds Python, no exec).
+check(libc.prctl(4, 0, 0, 0, 0))  # PR_SET_DUMPABLE
 def ready():
     open(os.path.join(SCRATCH, MARKER + ".ready"), "w").close()
 "#;
@@ -377,6 +380,7 @@ def mem(pid):
         with open(f"/proc/{pid}/maps") as maps:
             f.seek(int(maps.readline().split("-")[0], 16))
         return len(f.read(8))
+attempt("self_mem", lambda: mem("self"))
 attempt("child_mem", lambda: mem(child))
 attempt("init_mem", lambda: mem(1))
 attempt("signal_outside", lambda: os.kill(sleeper, signal.SIGTERM))
@@ -401,15 +405,17 @@ attempt("chroot", lambda: check(libc.chroot(SCRATCH.encode())))
         ),
         &[&sleeper.id().to_string()],
     );
-    // seccomp refuses the calls (EPERM); init of the PID namespace, outside the code's
-    // Landlock domain and keeping the privileges the code dropped, can be neither read nor
-    // signalled; a process outside the namespace is not there to signal.
+    // seccomp refuses the calls (EPERM); the code's fork, not dumpable, cannot be read; init
+    // of the PID namespace, outside the code's Landlock domain and keeping the privileges the
+    // code dropped, can be neither read nor signalled; a process outside the namespace is not
+    // there to signal.
     for (name, errno) in [
         ("ptrace_attach_child", libc::EPERM),
         ("ptrace_seize_child", libc::EPERM),
         ("ptrace_traceme", libc::EPERM),
         ("vm_readv", libc::EPERM),
         ("vm_writev", libc::EPERM),
+        ("child_mem", libc::EACCES),
         ("init_mem", libc::EACCES),
         ("signal_outside", libc::ESRCH),
         ("signal_everyone", libc::EPERM),
@@ -427,10 +433,10 @@ attempt("chroot", lambda: check(libc.chroot(SCRATCH.encode())))
     ] {
         refused(&run, name, errno);
     }
-    // The code's own child is in its sandbox (one Landlock domain, and dumpable again after
-    // the `execve` of python): its memory is readable, which shows `mem` reaches memory when
-    // nothing stands in the way, so `init_mem` is refused by the confinement.
-    assert_eq!(run.expect("child_mem"), "ok 8", "{run:#?}");
+    // The code's own memory is readable, which shows `mem` reaches memory when nothing
+    // stands in the way: `child_mem` is refused because its fork is not dumpable (the code
+    // has no capability that would override it), `init_mem` by the confinement.
+    assert_eq!(run.expect("self_mem"), "ok 8", "{run:#?}");
     assert!(
         matches!(sleeper.try_wait(), Ok(None)),
         "the confined code killed a process outside"

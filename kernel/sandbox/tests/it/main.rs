@@ -1,5 +1,7 @@
 //! Hostile tests of the confinement layers: each runs an attack in Python under
-//! `rlm-confine` (the crate's `enter`, then `execve`) and checks that the layer holds.
+//! `rlm-confine` (the crate's `enter`, then `execve`) and checks that the layer holds. The
+//! `execve` makes the process dumpable again, which `enter` had turned off, so every attack's
+//! Python first turns it off again, as rlm's worker has it (it embeds Python without an exec).
 //!
 //! Bounded: every run has a deadline (the supervisor is `SIGKILL`ed past it, which takes
 //! the whole confined tree along), the harness lowers `RLIMIT_DATA` and `RLIMIT_NPROC` of
