@@ -485,11 +485,61 @@ print("ptrace:", r, os.strerror(ctypes.get_errno()))"#,
     );
 }
 
+/// The code's parent is its PID namespace's init (`rlm` has no pid there): outside the
+/// code's Landlock domain, it cannot be signalled.
 #[test]
-fn signal_the_parent() {
-    hostile(
-        r#"import os, signal; os.kill(os.getppid(), signal.SIGKILL)"#,
+fn signal_the_namespaces_init_its_parent() {
+    let outcome = hostile(
+        r#"import os, signal
+print("parent:", os.getppid())
+os.kill(os.getppid(), signal.SIGKILL)"#,
         NOT_PERMITTED,
+        &[],
+    );
+    assert!(outcome.first.contains("parent: 1\\n"), "{outcome:#?}");
+}
+
+/// A process outside the worker's PID namespace (the test, `rlm`'s parent, of the same
+/// user) by its pid as seen from outside: there is no such process in the namespace.
+#[test]
+fn signal_a_process_outside_by_its_pid() {
+    hostile_with(
+        r#"import os, signal; os.kill({PID}, signal.SIGKILL)"#,
+        &["ProcessLookupError: [Errno 3] No such process"],
+        &[],
+        &[("PID", &std::process::id().to_string())],
+    );
+}
+
+/// The worker is not dumpable (another process of the user can neither attach to it nor
+/// read its memory), and neither is what it forks; a program it executes is dumpable again
+/// (`execve` resets the flag) and its memory readable to the code, which shows the fork's is
+/// refused for being not dumpable.
+#[test]
+fn the_worker_and_its_forks_are_not_dumpable() {
+    hostile(
+        r#"import ctypes, os, subprocess, time
+libc = ctypes.CDLL(None, use_errno=True)
+def mem(pid):
+    # At an address mapped in that process: address 0, never mapped, fails (EIO) anywhere.
+    try:
+        with open(f"/proc/{pid}/mem", "rb") as f, open(f"/proc/{pid}/maps") as maps:
+            f.seek(int(maps.readline().split("-")[0], 16))
+            return f"read {len(f.read(8))}"
+    except OSError as e:
+        return f"refused {e.errno}"
+forked = os.fork()
+if forked == 0:
+    time.sleep(10)
+    os._exit(0)
+# `Popen` returns once the program is executed (or failed to be).
+executed = subprocess.Popen(["sleep", "10"])
+print("dumpable:", libc.prctl(3, 0, 0, 0, 0), "fork:", mem(forked), "exec:", mem(executed.pid))
+os.kill(forked, 9)
+os.waitpid(forked, 0)
+executed.kill()
+_ = executed.wait()"#,
+        &["dumpable: 0 fork: refused 13 exec: read 8"],
         &[],
     );
 }
