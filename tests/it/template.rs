@@ -3,7 +3,8 @@
 //! its siblings, the idle workers, the template and the parent; a tree of children that
 //! starts children without end; a flood of children against the pool's bound; what one
 //! child leaves behind for the next; the namespace an idle worker built for its child; how
-//! many are confined when a run starts; and a template or an idle worker killed mid-run.
+//! many are confined when a run starts; a template or an idle worker killed mid-run; and
+//! that no worker that runs model code is dumpable.
 //!
 //! Bounded: each run has a deadline (killed past it), a budget of sub-calls and a batch
 //! width, and the harness watches `rlm`'s children to check that none outlives the run.
@@ -1141,4 +1142,43 @@ fn workers_forked_from_the_template_run_their_code_from_huge_pages_unless_turned
         }
     });
     assert_eq!(answer, "0 windows, python on one: False");
+}
+
+/// What `prctl(PR_GET_DUMPABLE)` answers in the worker that runs the code.
+const DUMPABLE_PROBE: &str = "import ctypes\ndumpable = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)";
+
+/// Every worker that runs model code is not dumpable (no core file; another process of the
+/// user can neither attach to it nor read its memory, its contexts, through `/proc`): the
+/// root's and a child's from the pool, whose template forked it dumpable (`place`) before it
+/// confined itself, at both isolation levels.
+#[test]
+fn the_workers_of_the_root_and_of_a_child_from_the_pool_are_not_dumpable() {
+    for isolation in ["process", "strict"] {
+        let root = format!(
+            "{DUMPABLE_PROBE}\nanswers = f\"root {{dumpable}} child \" + rlm_query('probe')"
+        );
+        let child = format!("{DUMPABLE_PROBE}\nresult = str(dumpable)");
+        let mock = Mock::start(slow_script(
+            &[&repl(&root), "FINAL_VAR(answers)"],
+            1500,
+            &child,
+            0,
+        ));
+        let run = watched(
+            &mock,
+            &["--max-depth", "2", "--json", "--isolation", isolation],
+            None,
+        );
+        assert_eq!(run.code, Some(0), "{isolation}: {run:#?}");
+        assert_eq!(
+            run.took_ready(),
+            1,
+            "{isolation}: the child's worker came from the pool: {run:#?}"
+        );
+        assert_eq!(
+            run.json()["answer"],
+            "root 0 child 0",
+            "{isolation}: {run:#?}"
+        );
+    }
 }
