@@ -18,7 +18,9 @@ dead actor (a lost node, an OOM kill) loses only its row in progress, which Ray 
 a restarted actor; every row's result appears once. A row whose run fails is a result row
 with its `error`. `batch_concurrency` is the width of the whole job, split among the actors
 and narrowed for all of them when a server pushes back (`_limits`). `serial=True` runs the
-same rows here, one after another, without Ray.
+same rows here, one after another, without Ray. A list's job ends with its summary, warned
+of (`_rows.job_summary`): the rows whose calls were retried (the gate's counts) and the rows
+whose sub-calls failed.
 
 `python -m rlm_kernel.ray eval` runs an evaluation job given as JSON (`__main__`, `_eval`):
 the seam through which `rlm eval --ray` runs its grid on a cluster.
@@ -30,7 +32,7 @@ import os
 from typing import Any, Dict, List, Optional, Union
 
 from .._api import RLM
-from ._rows import RESULT_COLUMNS, Field, RowRunner, check_fields
+from ._rows import RESULT_COLUMNS, Field, RowRunner, check_fields, job_summary, warn_summary
 
 __all__ = ["map_completions", "RESULT_COLUMNS"]
 
@@ -72,7 +74,10 @@ def map_completions(
     Returns, for a list, one dict per row in input order with `answer`,
     `termination_reason`, `error` (why the row failed, else None), `metrics`, `cost_usd`
     (with a price), `trajectory` (its path) and `node` (the Ray node that ran it); for a
-    Dataset, a Dataset of the input rows with those columns added, in input order.
+    Dataset, a Dataset of the input rows with those columns added, in input order. A list's
+    job ends with warnings (logger `rlm_kernel.ray`) of the rows whose calls were retried and
+    of those whose sub-calls failed (`metrics["sub_call_errors"]`: an answer to check though
+    its `error` is None), the first of them named by position.
     `serial=True` runs a list's rows here, one after another, without Ray.
     """
     if "trajectory" in rlm_options:
@@ -99,7 +104,9 @@ def map_completions(
         if folder is not None:
             os.makedirs(folder, exist_ok=True)
         runner = RowRunner(**spec)
-        return [runner.run(row, index) for index, row in enumerate(rows)]
+        results = [runner.run(row, index) for index, row in enumerate(rows)]
+        warn_summary(job_summary(results))
+        return results
 
     from ._cluster import default_actors, import_ray, map_dataset, map_list
 

@@ -18,7 +18,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from ._limits import GateClient, gate_stats, job_width, start_gate
-from ._rows import RowRunner
+from ._rows import RowRunner, job_summary, warn_summary
 
 _log = logging.getLogger("rlm_kernel.ray")
 
@@ -139,18 +139,9 @@ def map_list(
             f"Ray returned no result for {len(missing)} row(s) (the first: {missing[:5]}); "
             "please report this as a bug of `rlm_kernel.ray`"
         )
-    stats = gate_stats(ray, gate)
-    if stats and stats["rows_retried"]:
-        _log.warning(
-            "%d of %d rows had calls retried (429s, server errors, timeouts): the job's width "
-            "went down to %d (of %d) and new rows paused %d time(s)",
-            stats["rows_retried"],
-            stats["rows"],
-            stats["lowest_width"],
-            stats["ceiling"],
-            stats["pauses"],
-        )
-    return [results[i] for i in range(len(rows))]
+    ordered = [results[i] for i in range(len(rows))]
+    warn_summary(job_summary(ordered, gate_stats(ray, gate)))
+    return ordered
 
 
 def map_dataset(ray, dataset, spec: Dict[str, Any], actors: int, remote_args: Dict[str, Any]):

@@ -1,10 +1,12 @@
 """One row, one completion: how a row names its query, context and name, and the result row
-it becomes. No Ray here: the actors of `_cluster` and the serial path run rows through
-`RowRunner` alike, so both give the same result for the same row.
+it becomes, and the summary of a job's result rows. No Ray here: the actors of `_cluster` and
+the serial path run rows through `RowRunner` alike, so both give the same result for the same
+row, and end a list's job with the same summary (`job_summary`, `warn_summary`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import traceback
 from pathlib import Path
@@ -29,6 +31,11 @@ RESULT_COLUMNS = (
 
 #: Characters of a failure's traceback kept in a result row (its head and tail).
 _TRACEBACK_CHARS = 4_000
+
+#: How many rows with failed sub-calls a job's summary names (the first, by position).
+NAMED_ROWS = 10
+
+_log = logging.getLogger("rlm_kernel.ray")
 
 
 class RowError(Exception):
@@ -180,6 +187,56 @@ class RowRunner:
         if isinstance(value, os.PathLike):
             return Path(self.base_dir, os.fspath(value))
         return _plain(value)
+
+
+def job_summary(
+    results: List[Dict[str, Any]], gate: Optional[Dict[str, Any]] = None
+) -> Dict[str, Any]:
+    """The counts of a list's job from its result rows (in input order) and, on a cluster,
+    its gate's (`_limits.Width.stats`; None when the gate could not be reached): `rows`, and
+    `rows_failed_sub_calls`, the rows with a sub-call that failed (`metrics["sub_call_errors"]
+    > 0`: their code got an error string instead of an answer, so their answer may be wrong
+    while their `error` is None), of which `failed_sub_call_rows` are the first `NAMED_ROWS`
+    positions."""
+    failed = [
+        index
+        for index, result in enumerate(results)
+        if (result.get("metrics") or {}).get("sub_call_errors")
+    ]
+    return dict(
+        gate or {},
+        rows=len(results),
+        rows_failed_sub_calls=len(failed),
+        failed_sub_call_rows=failed[:NAMED_ROWS],
+    )
+
+
+def warn_summary(summary: Mapping[str, Any]) -> None:
+    """Warns (logger `rlm_kernel.ray`) of what a job's `summary` holds that the user should
+    know: rows whose calls were retried, and rows whose sub-calls failed, named."""
+    if summary.get("rows_retried"):
+        _log.warning(
+            "%d of %d rows had calls retried (429s, server errors, timeouts): the job's width "
+            "went down to %d (of %d) and new rows paused %d time(s)",
+            summary["rows_retried"],
+            summary["rows"],
+            summary["lowest_width"],
+            summary["ceiling"],
+            summary["pauses"],
+        )
+    failed = summary["rows_failed_sub_calls"]
+    if failed:
+        named = summary["failed_sub_call_rows"]
+        more = f" and {failed - len(named)} more" if failed > len(named) else ""
+        _log.warning(
+            "%d of %d rows had sub-calls that failed (their code got an error string instead "
+            "of an answer, so their answer may be wrong even without an `error`): rows %s%s; "
+            "`metrics[\"sub_call_errors\"]` counts each row's",
+            failed,
+            summary["rows"],
+            ", ".join(map(str, named)),
+            more,
+        )
 
 
 def _describe(error: BaseException) -> str:

@@ -286,13 +286,18 @@ def test_rlm_eval_ray_without_the_package_says_what_to_install(tmp_path):
     assert not (tmp_path / "none" / "results.json").exists()
 
 
-def test_a_failing_row_is_a_row_with_its_error_and_budgets_hold_per_row_as_here(cluster, tmp_path):
-    given = rows(6)
+def test_a_failing_row_is_a_row_with_its_error_and_budgets_hold_per_row_as_here(
+    cluster, tmp_path, caplog
+):
+    caplog.set_level(logging.WARNING, logger="rlm_kernel.ray")
+    given = rows(7)
     given[2] = {"query": "Count the words.", "context": tmp_path / "missing.txt"}
     given[4] = {"query": 42, "context": "a b"}
+    # A word too long for the sub-model's window: its sub-call fails, the row does not.
+    given[6] = {"query": "Count the words.", "context": "short " + "x" * 12_000}
     with MockServer(scripted(latency_ms=10)) as mock:
         options = dict(model="root", sub_model="sub", base_url=mock.base_url)
-        results = map_completions(given, actors=2, **options)
+        results = map_completions(given, actors=2, sub_context_window=2000, **options)
         # Two sub-calls a row (rows of two words or more) against a budget of one: each row
         # stops on its budget, on the cluster as here.
         limited = map_completions(rows(5)[1:], actors=2, max_sub_calls=1, **options)
@@ -302,6 +307,11 @@ def test_a_failing_row_is_a_row_with_its_error_and_budgets_hold_per_row_as_here(
     assert "The query must be a `str`" in results[4]["error"], results[4]
     for i in (0, 1, 3, 5):
         assert results[i]["error"] is None and results[i]["answer"] == expected_answer(given[i]["context"])
+    assert results[6]["error"] is None and results[6]["metrics"]["sub_call_errors"] == 1, results[6]
+    assert results[6]["answer"].startswith("2:short|Error: Prompt of"), results[6]
+    # The job's summary names the row to distrust.
+    assert "1 of 7 rows had sub-calls that failed" in caplog.text, caplog.text
+    assert "rows 6;" in caplog.text, caplog.text
     for result in limited:
         assert result["termination_reason"] == "call_budget", result
         assert "1 of 1 sub-calls used" in result["error"], result

@@ -1,0 +1,74 @@
+"""The summary a list's job ends with (`rlm_kernel.ray._rows.job_summary`, `warn_summary`): the
+rows whose sub-calls failed, counted and named, from a serial run and from result rows alike;
+no cluster needed."""
+
+import logging
+
+from rlm_kernel import MockServer
+from rlm_kernel.ray import map_completions
+from rlm_kernel.ray._rows import NAMED_ROWS, job_summary, warn_summary
+
+from conftest import repl
+
+#: A row's sub-call: its context as the prompt, too long for the sub-model's window in row 1.
+SCRIPT = {
+    "models": {
+        "root": {"replies": [repl("r = llm_query(context)\nprint(r)"), "FINAL_VAR(r)"]},
+        "sub": {"replies": [{"behaviour": "echo"}]},
+    }
+}
+
+
+def test_a_job_names_the_rows_whose_sub_calls_failed_though_their_error_is_none(caplog):
+    caplog.set_level(logging.WARNING, logger="rlm_kernel.ray")
+    contexts = ["short", "long " * 3000, "also short", "word " * 3000]
+    with MockServer(SCRIPT) as mock:
+        results = map_completions(
+            [{"query": "Echo the context.", "context": c} for c in contexts],
+            serial=True, model="root", sub_model="sub", base_url=mock.base_url,
+            sub_context_window=2000,
+        )
+    # The failed sub-call's error string became the answer; the row itself did not fail.
+    assert [r["error"] for r in results] == [None] * 4, results
+    assert [r["metrics"]["sub_call_errors"] for r in results] == [0, 1, 0, 1], results
+    assert "does not fit `sub`'s 2k window" in results[1]["answer"], results[1]
+    summary = job_summary(results)
+    assert (summary["rows"], summary["rows_failed_sub_calls"]) == (4, 2), summary
+    assert summary["failed_sub_call_rows"] == [1, 3], summary
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in warnings if "sub-calls that failed" in r.getMessage()] == [
+        "2 of 4 rows had sub-calls that failed (their code got an error string instead of an "
+        "answer, so their answer may be wrong even without an `error`): rows 1, 3; "
+        '`metrics["sub_call_errors"]` counts each row\'s'
+    ], caplog.text
+
+
+def row(sub_call_errors):
+    return {"error": None, "metrics": {"sub_call_errors": sub_call_errors}}
+
+
+def test_the_summary_names_the_first_rows_only_and_keeps_the_gates_counts(caplog):
+    caplog.set_level(logging.WARNING, logger="rlm_kernel.ray")
+    failing = list(range(3, 3 + 3 * (NAMED_ROWS + 5), 3))  # NAMED_ROWS + 5 rows fail
+    results = [row(2 if i in failing else 0) for i in range(100)]
+    results[0] = {"error": "RowError: no query", "metrics": None}  # failed before running
+    gate = {"rows": 100, "rows_retried": 4, "retries": 9, "pauses": 2, "lowest_width": 8,
+            "ceiling": 32}
+    summary = job_summary(results, gate)
+    assert summary["rows_failed_sub_calls"] == NAMED_ROWS + 5, summary
+    assert summary["failed_sub_call_rows"] == failing[:NAMED_ROWS], summary
+    assert (summary["rows_retried"], summary["retries"]) == (4, 9), summary
+    warn_summary(summary)
+    said = caplog.text
+    named = ", ".join(map(str, failing[:NAMED_ROWS]))
+    assert f"{NAMED_ROWS + 5} of 100 rows had sub-calls that failed" in said, said
+    assert f"rows {named} and 5 more;" in said, said
+    assert "4 of 100 rows had calls retried" in said and "went down to 8 (of 32)" in said, said
+
+
+def test_a_job_without_failed_sub_calls_or_retries_warns_of_nothing(caplog):
+    caplog.set_level(logging.DEBUG, logger="rlm_kernel.ray")
+    summary = job_summary([row(0), row(0)], None)  # no gate answered: its counts are absent
+    assert summary == {"rows": 2, "rows_failed_sub_calls": 0, "failed_sub_call_rows": []}
+    warn_summary(summary)
+    assert caplog.records == []
