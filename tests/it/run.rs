@@ -219,6 +219,58 @@ fn extra_models_are_listed_for_the_root_and_picked_by_name() {
     }
 }
 
+/// Every answer the code gets as an error counts in `sub_call_errors`, whatever failed: a
+/// model name with no endpoint (never sent, so not among `sub_calls`, in a call and in each
+/// slot of a batch) as a prompt refused as too long for the sub-model's window (a sub-call
+/// the ledger records, counted once).
+#[test]
+fn every_error_the_code_gets_instead_of_an_answer_counts_as_a_failed_sub_call() {
+    let code = repl(
+        "a = llm_query('one', model='nope')\n\
+         b = llm_query_batched(['two', 'three'], model='nope')\n\
+         c = llm_query('x ' * 6000)\n\
+         d = llm_query('four')\n\
+         print([s[:7] for s in (a, *b, c)], d)",
+    );
+    let mock = Mock::start(serde_json::json!({
+        "models": {
+            "root-model": {"replies": [code, "FINAL_VAR(d)"]},
+            "sub-model": {"replies": [{"behaviour": "echo"}]}
+        }
+    }));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "ctx.txt", "text");
+    let context = context.to_str().expect("utf-8");
+    // A worker process (its sub-calls answered by `rlm`) and this process (answered here).
+    for isolation in ["process", "none"] {
+        let run = mock.run(&[
+            "--context",
+            context,
+            "--query",
+            "q",
+            "--sub-context-window",
+            "2000",
+            "--isolation",
+            isolation,
+            "--json",
+        ]);
+        run.assert_code(0);
+        let result = run.json();
+        assert_eq!(result["answer"], "four", "{isolation}: {result:#}");
+        let stdout = result["iterations"][0]["blocks"][0]["stdout"].as_str();
+        assert_eq!(
+            stdout,
+            Some("['Error: ', 'Error: ', 'Error: ', 'Error: '] four\n"),
+            "{isolation}: {result:#}"
+        );
+        let metrics = &result["metrics"];
+        assert_eq!(metrics["sub_call_errors"], 4, "{isolation}: {metrics:#}");
+        assert_eq!(metrics["sub_calls"], 2, "{isolation}: {metrics:#}");
+        assert_eq!(metrics["llm_query_calls"], 3, "{isolation}: {metrics:#}");
+    }
+    assert_eq!(mock.requests_to("sub-model"), 2, "`four`, once a run");
+}
+
 #[test]
 fn ctrl_c_stops_the_run_and_keeps_its_best_answer_and_trajectory() {
     let mock = Mock::start(serde_json::json!({

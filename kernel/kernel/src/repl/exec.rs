@@ -126,7 +126,7 @@ impl SessionState {
             .filter(|v| !names_before.contains(&v.name))
             .map(|v| v.name.clone())
             .collect();
-        let (llm_query_calls, llm_query_batched_calls) = self.bridge.counters();
+        let (llm_query_calls, llm_query_batched_calls, sub_call_errors) = self.bridge.counters();
         let out = stdout.get().take();
         let err = stderr.get().take();
         Ok(ExecutionResult {
@@ -141,6 +141,7 @@ impl SessionState {
             sub_call_texts: self.bridge.take_texts(),
             llm_query_calls,
             llm_query_batched_calls,
+            sub_call_errors,
             final_answers,
             variables,
             new_variables,

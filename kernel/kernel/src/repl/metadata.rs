@@ -478,6 +478,12 @@ pub struct ExecutionResult {
     pub llm_query_calls: u32,
     /// Calls of `llm_query_batched` during the block.
     pub llm_query_batched_calls: u32,
+    /// Answers the block's code got as an error instead of a sub-model's answer (an
+    /// `"Error: …"` string or `LlmQueryError`; each slot of a batch counts), whatever failed:
+    /// the one count of failed sub-calls (`SessionMetrics::sub_call_errors`). 0 for a block
+    /// whose worker process ended (its counts ended with it).
+    #[serde(default)]
+    pub sub_call_errors: u32,
     /// Final answers recorded during the block, at most one per convention, in the order
     /// first recorded: the `answer` dict's content at the moment `ready` turned true, and the
     /// value of the last `FINAL_VAR` call.

@@ -163,6 +163,8 @@ pub(crate) struct SubModelBridge {
     cell_token: Mutex<CancellationToken>,
     llm_query_calls: AtomicU32,
     llm_query_batched_calls: AtomicU32,
+    /// Answers the code got as an error instead of a sub-model's (see [`Self::counted`]).
+    sub_call_errors: AtomicU32,
     /// Characters kept of each prompt and reply in `texts` (0: none kept).
     text_chars: usize,
     texts: Mutex<Vec<SubCallText>>,
@@ -194,6 +196,7 @@ impl SubModelBridge {
             cell_token: Mutex::new(cell_token),
             llm_query_calls: AtomicU32::new(0),
             llm_query_batched_calls: AtomicU32::new(0),
+            sub_call_errors: AtomicU32::new(0),
             text_chars,
             texts: Mutex::new(Vec::new()),
             error_class,
@@ -244,6 +247,7 @@ impl SubModelBridge {
         }
         self.llm_query_calls.store(0, Ordering::Relaxed);
         self.llm_query_batched_calls.store(0, Ordering::Relaxed);
+        self.sub_call_errors.store(0, Ordering::Relaxed);
         self.texts().clear();
         token
     }
@@ -274,11 +278,12 @@ impl SubModelBridge {
         std::mem::take(&mut *self.texts())
     }
 
-    /// `(llm_query calls, llm_query_batched calls)` since the block started.
-    pub(crate) fn counters(&self) -> (u32, u32) {
+    /// `(llm_query calls, llm_query_batched calls, sub-call errors)` since the block started.
+    pub(crate) fn counters(&self) -> (u32, u32, u32) {
         (
             self.llm_query_calls.load(Ordering::Relaxed),
             self.llm_query_batched_calls.load(Ordering::Relaxed),
+            self.sub_call_errors.load(Ordering::Relaxed),
         )
     }
 
@@ -387,54 +392,71 @@ impl SubModelBridge {
         }
     }
 
+    /// `failed` answers of sub-calls are about to reach the code as errors. Every sub-call's
+    /// answer comes through [`call`](Self::call) or [`batch`](Self::batch), whichever route
+    /// it took and whatever failed (the model, a refusal, a name with no endpoint, a replay
+    /// with no recorded answer), so `sub_call_errors` is counted here and nowhere else.
+    fn counted(&self, failed: usize) {
+        let failed = u32::try_from(failed).unwrap_or(u32::MAX);
+        self.sub_call_errors.fetch_add(failed, Ordering::Relaxed);
+    }
+
     /// One sub-call, waited for without the GIL.
     fn call(&self, model: Option<String>, prompt: String) -> SubAnswer {
         let options = self.call_options();
-        match &self.route {
-            SubCallRoute::Local(endpoints) => {
-                let endpoint = endpoints
-                    .get(&self.endpoint_name(model))
-                    .map_err(|e| SubFailure::from(&e))?;
-                let request = ChatRequest::from_prompt(prompt);
-                runtime::shared()
-                    .block_on(endpoint.call(request, &options))
-                    .map(|response| response.content)
-                    .map_err(|e| SubFailure::from(&e))
-            }
+        let answer = match &self.route {
+            SubCallRoute::Local(endpoints) => endpoints
+                .get(&self.endpoint_name(model))
+                .map_err(|e| SubFailure::from(&e))
+                .and_then(|endpoint| {
+                    let request = ChatRequest::from_prompt(prompt);
+                    runtime::shared()
+                        .block_on(endpoint.call(request, &options))
+                        .map(|response| response.content)
+                        .map_err(|e| SubFailure::from(&e))
+                }),
             SubCallRoute::Remote(remote) => remote.call(model, prompt, &options.cancel),
-        }
+        };
+        self.counted(usize::from(answer.is_err()));
+        answer
     }
 
     /// Many sub-calls in input order, waited for without the GIL; `Err` when the endpoint
-    /// does not exist.
+    /// does not exist (each prompt's answer is then that error).
     fn batch(
         &self,
         model: Option<String>,
         prompts: Vec<String>,
     ) -> Result<Vec<SubAnswer>, SubFailure> {
         let options = self.call_options();
-        match &self.route {
-            SubCallRoute::Local(endpoints) => {
-                let endpoint = endpoints
-                    .get(&self.endpoint_name(model))
-                    .map_err(|e| SubFailure::from(&e))?;
-                let policy = BatchPolicy {
-                    concurrency: self.batch_concurrency,
-                };
-                let requests = prompts.into_iter().map(ChatRequest::from_prompt).collect();
-                let outcomes =
-                    runtime::shared().block_on(endpoint.batch_recorded(requests, policy, &options));
-                Ok(outcomes
-                    .into_iter()
-                    .map(|o| {
-                        o.result
-                            .map(|r| r.content)
-                            .map_err(|e| SubFailure::from(&e))
-                    })
-                    .collect())
-            }
+        let n = prompts.len();
+        let answers = match &self.route {
+            SubCallRoute::Local(endpoints) => endpoints
+                .get(&self.endpoint_name(model))
+                .map_err(|e| SubFailure::from(&e))
+                .map(|endpoint| {
+                    let policy = BatchPolicy {
+                        concurrency: self.batch_concurrency,
+                    };
+                    let requests = prompts.into_iter().map(ChatRequest::from_prompt).collect();
+                    let outcomes = runtime::shared()
+                        .block_on(endpoint.batch_recorded(requests, policy, &options));
+                    outcomes
+                        .into_iter()
+                        .map(|o| {
+                            o.result
+                                .map(|r| r.content)
+                                .map_err(|e| SubFailure::from(&e))
+                        })
+                        .collect()
+                }),
             SubCallRoute::Remote(remote) => remote.batch(model, prompts, &options.cancel),
-        }
+        };
+        self.counted(match &answers {
+            Ok(answers) => answers.iter().filter(|a| a.is_err()).count(),
+            Err(_) => n,
+        });
+        answers
     }
 
     fn error(

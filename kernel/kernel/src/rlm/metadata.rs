@@ -241,7 +241,10 @@ pub struct SessionMetrics {
     pub llm_query_batched_calls: u64,
     /// Sub-model calls (each prompt of a batch counts).
     pub sub_calls: u64,
-    /// Sub-model calls that failed.
+    /// Sub-calls whose code got an error instead of an answer (an `"Error: …"` string or
+    /// `LlmQueryError`; each slot of a batch counts), whatever failed: a call after its
+    /// retries, a refusal (a budget, the model's window), a model name with no endpoint
+    /// (never sent, so not among `sub_calls`).
     pub sub_call_errors: u64,
     /// Sub-model calls the run's sub-call record answered without a request (an identical
     /// call asked before, or in flight at the same time).

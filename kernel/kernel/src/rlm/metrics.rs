@@ -54,6 +54,7 @@ impl Hook for MetricsHook {
         m.code_blocks += 1;
         m.llm_query_calls += u64::from(result.llm_query_calls);
         m.llm_query_batched_calls += u64::from(result.llm_query_batched_calls);
+        m.sub_call_errors += u64::from(result.sub_call_errors);
         m.execution_ms += result.duration.as_secs_f64() * 1000.0;
         if result.timed_out {
             m.block_timeouts += 1;
@@ -64,7 +65,6 @@ impl Hook for MetricsHook {
 
     fn on_sub_call(&mut self, _iteration: u32, call: &SubCallMetadata) {
         self.metrics.sub_calls += 1;
-        self.metrics.sub_call_errors += u64::from(call.error.is_some());
         self.metrics.sub_call_cache_hits += u64::from(call.cache.is_some());
         self.metrics.add_call(call);
     }

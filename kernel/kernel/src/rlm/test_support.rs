@@ -18,6 +18,7 @@ pub(crate) fn empty_result() -> ExecutionResult {
         sub_call_texts: Vec::new(),
         llm_query_calls: 0,
         llm_query_batched_calls: 0,
+        sub_call_errors: 0,
         final_answers: Vec::new(),
         variables: Vec::new(),
         new_variables: Vec::new(),

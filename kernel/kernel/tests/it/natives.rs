@@ -49,6 +49,8 @@ fn model_selects_an_endpoint_and_bad_arguments_raise() {
     let r = ok(&s, "print(llm_query('hi', model='nope'))");
     assert!(r.stdout.starts_with("Error: "), "{}", r.stdout);
     assert!(r.stdout.contains("nope"), "{}", r.stdout);
+    // Never sent, so no sub-call of the ledger's, but an error the code got.
+    assert_eq!((r.sub_calls.len(), r.sub_call_errors), (0, 1));
     let r = s
         .exec("llm_query(['not', 'a', 'str'])")
         .expect("kernel works");
@@ -116,6 +118,7 @@ fn batched_1000_prompts_come_back_in_order_with_per_item_errors() {
         r.sub_calls.iter().filter(|c| c.error.is_some()).count(),
         failed_requests
     );
+    assert_eq!(r.sub_call_errors as usize, failed_requests);
 }
 
 #[test]
@@ -140,10 +143,12 @@ fn raise_mode_raises_llm_query_error() {
         "try:\n    llm_query('first fails')\nexcept LlmQueryError as e:\n    print('caught', e.kind)\nprint(llm_query('second works'))",
     );
     assert_eq!(r.stdout, "caught http_5xx\nsecond works\n");
+    assert_eq!(r.sub_call_errors, 1, "the raised error counts");
     let r = s
         .exec("llm_query_batched(['a', 'b'], model='nope')")
         .expect("kernel works");
     assert_eq!(r.error.expect("raised").type_name, "LlmQueryError");
+    assert_eq!(r.sub_call_errors, 2, "each prompt of the batch");
 }
 
 #[test]

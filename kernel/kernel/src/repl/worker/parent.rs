@@ -1377,6 +1377,7 @@ fn ended_result(ended: EndedBlock<'_>) -> ExecutionResult {
         sub_call_texts: Vec::new(),
         llm_query_calls: 0,
         llm_query_batched_calls: 0,
+        sub_call_errors: 0,
         final_answers: Vec::new(),
         variables: ended.variables,
         new_variables: Vec::new(),
