@@ -363,8 +363,14 @@ impl SubModelBridge {
         }
     }
 
-    fn endpoint_name(&self, model: Option<String>) -> String {
-        model.unwrap_or_else(|| self.default_endpoint.clone())
+    /// The endpoint `model` names in `endpoints` (default: the session's sub endpoint).
+    fn endpoint(
+        &self,
+        endpoints: &Endpoints,
+        model: Option<String>,
+    ) -> Result<Arc<bridge::Endpoint>, SubFailure> {
+        let name = model.unwrap_or_else(|| self.default_endpoint.clone());
+        endpoints.get(&name).map_err(|e| SubFailure::from(&e))
     }
 
     /// In a forked child the runtime's threads do not exist: a call would wait forever.
@@ -405,16 +411,15 @@ impl SubModelBridge {
     fn call(&self, model: Option<String>, prompt: String) -> SubAnswer {
         let options = self.call_options();
         let answer = match &self.route {
-            SubCallRoute::Local(endpoints) => endpoints
-                .get(&self.endpoint_name(model))
-                .map_err(|e| SubFailure::from(&e))
-                .and_then(|endpoint| {
+            SubCallRoute::Local(endpoints) => {
+                self.endpoint(endpoints, model).and_then(|endpoint| {
                     let request = ChatRequest::from_prompt(prompt);
                     runtime::shared()
                         .block_on(endpoint.call(request, &options))
                         .map(|response| response.content)
                         .map_err(|e| SubFailure::from(&e))
-                }),
+                })
+            }
             SubCallRoute::Remote(remote) => remote.call(model, prompt, &options.cancel),
         };
         self.counted(usize::from(answer.is_err()));
@@ -431,25 +436,22 @@ impl SubModelBridge {
         let options = self.call_options();
         let n = prompts.len();
         let answers = match &self.route {
-            SubCallRoute::Local(endpoints) => endpoints
-                .get(&self.endpoint_name(model))
-                .map_err(|e| SubFailure::from(&e))
-                .map(|endpoint| {
-                    let policy = BatchPolicy {
-                        concurrency: self.batch_concurrency,
-                    };
-                    let requests = prompts.into_iter().map(ChatRequest::from_prompt).collect();
-                    let outcomes = runtime::shared()
-                        .block_on(endpoint.batch_recorded(requests, policy, &options));
-                    outcomes
-                        .into_iter()
-                        .map(|o| {
-                            o.result
-                                .map(|r| r.content)
-                                .map_err(|e| SubFailure::from(&e))
-                        })
-                        .collect()
-                }),
+            SubCallRoute::Local(endpoints) => self.endpoint(endpoints, model).map(|endpoint| {
+                let policy = BatchPolicy {
+                    concurrency: self.batch_concurrency,
+                };
+                let requests = prompts.into_iter().map(ChatRequest::from_prompt).collect();
+                let outcomes =
+                    runtime::shared().block_on(endpoint.batch_recorded(requests, policy, &options));
+                outcomes
+                    .into_iter()
+                    .map(|o| {
+                        o.result
+                            .map(|r| r.content)
+                            .map_err(|e| SubFailure::from(&e))
+                    })
+                    .collect()
+            }),
             SubCallRoute::Remote(remote) => remote.batch(model, prompts, &options.cancel),
         };
         self.counted(match &answers {
