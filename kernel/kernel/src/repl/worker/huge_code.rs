@@ -236,7 +236,9 @@ fn read_only_span(maps: &[Mapping], address: usize) -> Option<(usize, usize, Vec
     if this.file.1 == 0 || this.writable {
         return None;
     }
-    let joins = |a: &Mapping, b: &Mapping| a.end == b.start && b.file == this.file && !b.writable;
+    // Both sides: walking back, the mapping joined is `a`.
+    let ours = |m: &Mapping| m.file == this.file && !m.writable;
+    let joins = |a: &Mapping, b: &Mapping| a.end == b.start && ours(a) && ours(b);
     let mut first = at;
     while first > 0 && joins(&maps[first - 1], &maps[first]) {
         first -= 1;
@@ -254,6 +256,7 @@ mod tests {
     use super::*;
 
     const MAPS: &str = "\
+55d000400000-55d000551000 rw-p 00000000 fe:00 326603     /lib/libm.so.6
 55d000551000-55d000b94000 r--p 00000000 fe:00 5308752    /work/rlm
 55d000b94000-55d001c73000 r-xp 00642000 fe:00 5308752    /work/rlm
 55d001c73000-55d001d2a000 r--p 01720000 fe:00 5308752    /work/rlm
@@ -278,6 +281,10 @@ mod tests {
         assert_eq!(read_only_span(&maps, 0x55d001d33000), None);
         assert_eq!(read_only_span(&maps, 0x7f0000c50000), None);
         assert_eq!(read_only_span(&maps, 0x10), None);
+        // Another library's writable data that ends where the code starts is no part of it
+        // (a test's maps had `libm`'s end where `libpython`'s start). A window there would have
+        // made that data read-only.
+        assert_eq!(read_only_span(&maps, 0x55d000400000), None);
     }
 
     /// The entry of `/proc/self/smaps` for the mapping that starts at `start`: its line and
@@ -363,7 +370,7 @@ mod tests {
                 .iter()
                 .any(|&f| f >= first && f < first + windows * huge)
         );
-        assert_eq!(parse_maps(MAPS).len(), 9);
+        assert_eq!(parse_maps(MAPS).len(), 10);
         assert!(smaps_entry(&smaps, first).is_some());
     }
 }
