@@ -201,8 +201,38 @@ pub(crate) fn rlm_in(dir: &Path, args: &[String], stdin: Option<&[u8]>) -> Run {
     finish(cmd, stdin)
 }
 
+/// Whether this machine gives transparent huge pages (their mode is not `never`); if not, a
+/// test that needs them is skipped (it says so), except in CI.
+pub(crate) fn transparent_huge_pages_here() -> bool {
+    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
+    if mode.as_ref().is_ok_and(|m| !m.contains("[never]")) {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI runs where transparent huge pages can be had: {mode:?}"
+    );
+    eprintln!("skipped: no transparent huge pages here ({mode:?})");
+    false
+}
+
+/// Has `command` start with transparent huge pages turned off for it (`PR_SET_THP_DISABLE`,
+/// which its children inherit).
+pub(crate) fn without_transparent_huge_pages(command: &mut Command) {
+    // SAFETY: one prctl in the forked child before exec (async-signal-safe).
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+}
+
 /// Runs `cmd` (with `stdin` piped in, if given) to its end.
-fn finish(mut cmd: Command, stdin: Option<&[u8]>) -> Run {
+pub(crate) fn finish(mut cmd: Command, stdin: Option<&[u8]>) -> Run {
     cmd.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .stdin(if stdin.is_some() {

@@ -11,14 +11,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read as _;
-use std::os::unix::process::CommandExt as _;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{Mock, repl, rlm_command};
+use crate::support::{
+    Mock, repl, rlm, rlm_command, transparent_huge_pages_here, without_transparent_huge_pages,
+};
 
 /// Deadline of one run.
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -216,7 +217,9 @@ fn watched_with(
     let mut child = command
         .env(
             "RUST_LOG",
-            "warn,kernel::repl::worker::parent=debug,kernel::repl::worker::pool=debug",
+            // `spawn`: what the workers and the template write on their stderr.
+            "warn,kernel::repl::worker::parent=debug,kernel::repl::worker::pool=debug,\
+             kernel::repl::worker::spawn=debug",
         )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -1084,8 +1087,8 @@ result = f'{len(windows)} windows, python on one: {any(a <= python < b for a, b 
 
 /// A child in a worker of the pool (forked from the template, which took the 1.5 s of the
 /// root model's first answer to start) reports [`HUGE_CODE_PROBE`]; `prepare` readies `rlm`'s
-/// command. Its answer.
-fn huge_code_in_a_forked_worker(prepare: impl FnOnce(&mut Command)) -> String {
+/// command. Its answer, and what the template said it did (its stderr, which `rlm` logs).
+fn huge_code_in_a_forked_worker(prepare: impl FnOnce(&mut Command)) -> (String, String) {
     let mock = Mock::start(slow_script(
         &[&repl("answers = rlm_query('probe')"), "FINAL_VAR(answers)"],
         1500,
@@ -1100,7 +1103,14 @@ fn huge_code_in_a_forked_worker(prepare: impl FnOnce(&mut Command)) -> String {
         "the child's worker came from the pool: {run:#?}"
     );
     assert!(!run.templates().is_empty(), "no template ran: {run:#?}");
-    run.json()["answer"].as_str().unwrap_or_default().to_owned()
+    let said = run
+        .stderr
+        .lines()
+        .find_map(|l| l.split_once("the worker template's code on huge pages: "))
+        .map(|(_, said)| said.to_owned())
+        .unwrap_or_else(|| panic!("the template did not say: {run:#?}"));
+    let answer = run.json()["answer"].as_str().unwrap_or_default().to_owned();
+    (answer, said)
 }
 
 /// The template's forks run the interpreter's code and `rlm`'s from huge pages (the
@@ -1111,16 +1121,10 @@ fn huge_code_in_a_forked_worker(prepare: impl FnOnce(&mut Command)) -> String {
 /// transparent huge pages it is skipped, saying why, except in CI.
 #[test]
 fn workers_forked_from_the_template_run_their_code_from_huge_pages_unless_turned_off() {
-    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
-    if !mode.as_ref().is_ok_and(|m| !m.contains("[never]")) {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI runs where transparent huge pages can be had: {mode:?}"
-        );
-        eprintln!("skipped: no transparent huge pages here ({mode:?})");
+    if !transparent_huge_pages_here() {
         return;
     }
-    let answer = huge_code_in_a_forked_worker(|_| {});
+    let (answer, said) = huge_code_in_a_forked_worker(|_| {});
     let windows: usize = answer
         .split_once(" windows")
         .and_then(|(n, _)| n.parse().ok())
@@ -1128,20 +1132,38 @@ fn workers_forked_from_the_template_run_their_code_from_huge_pages_unless_turned
     // Two of `libpython`'s ~4 MiB of code and read-only data, and most of `rlm`'s ~23 MiB.
     assert!(windows >= 5, "{answer}");
     assert!(answer.ends_with("python on one: True"), "{answer}");
+    // The template says how many it moved: all it found, the executable ones and those of
+    // read-only data only; `rlm doctor`, the same executable, finds as many, give or take one
+    // an object (`libpython`, `rlm`): how many whole windows an object holds depends on where
+    // the loader put it.
+    let moved: Vec<usize> = said
+        .split_once(" windows of 2 MiB")
+        .map(|(counts, _)| {
+            counts
+                .split(" of ")
+                .filter_map(|n| n.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        moved.len() == 2 && moved[0] == moved[1] && moved[0] >= windows,
+        "{said} ({answer})"
+    );
+    let doctor = rlm(&["doctor".to_owned(), "--json".to_owned()], None).json();
+    let found = doctor["huge_code"]["moved"].as_u64().unwrap_or_default();
+    assert!(
+        found.abs_diff(moved[0] as u64) <= 2 && doctor["huge_code"]["windows"] == found,
+        "{said}: {doctor:#}"
+    );
 
-    let answer = huge_code_in_a_forked_worker(|command| {
-        // SAFETY: one prctl in the forked child before exec (async-signal-safe).
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0 {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            });
-        }
-    });
+    let answer = huge_code_in_a_forked_worker(without_transparent_huge_pages);
+    let (answer, said) = answer;
     assert_eq!(answer, "0 windows, python on one: False");
+    assert_eq!(
+        said,
+        "none: transparent huge pages are off for this process (`PR_SET_THP_DISABLE`, \
+         inherited from whatever started it)"
+    );
 }
 
 /// What `prctl(PR_GET_DUMPABLE)` answers in the worker that runs the code.

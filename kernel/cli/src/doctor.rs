@@ -5,6 +5,10 @@
 //! [`kernel::repl::worker_policy`] the worker's spawn uses (scratch dir under the temporary
 //! folder, default limits): namespaces are tried in a throwaway child, Landlock and seccomp
 //! asked of the kernel. Nothing is confined or written.
+//!
+//! It also says whether the workers' code goes on huge pages here, and if not why and what
+//! would change it: [`kernel::repl::try_huge_code`] runs the worker template's own checks and
+//! copies in this process (the template is this executable), without moving anything.
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -16,7 +20,8 @@ use clap::Args;
 #[derive(Debug, Args)]
 pub(crate) struct DoctorArgs {
     /// Print one JSON document (`fully_confined`, `layers` with `state` and `detail` or
-    /// `reason`) instead of the table.
+    /// `reason`, `huge_code` with `windows`, `moved` and `reason`, `remedy` where not all
+    /// moved) instead of the table.
     #[arg(long)]
     pub(crate) json: bool,
 }
@@ -28,6 +33,7 @@ pub(crate) fn execute(args: &DoctorArgs) -> Result<ExitCode> {
         &std::env::temp_dir().join("rlm-SESSION"),
     );
     let report = sandbox::probe(&policy);
+    let huge_code = kernel::repl::try_huge_code();
     let system = System::here();
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -39,6 +45,13 @@ pub(crate) fn execute(args: &DoctorArgs) -> Result<ExitCode> {
             "root": system.root,
             "fully_confined": report.is_fully_confined(),
             "layers": report.layers,
+            "huge_code": {
+                "page_size": huge_code.page,
+                "windows": huge_code.windows,
+                "moved": huge_code.moved,
+                "reason": huge_code.refused.map(|why| why.to_string()),
+                "remedy": huge_code.refused.and_then(|why| why.remedy()),
+            },
         });
         writeln!(out, "{}", serde_json::to_string_pretty(&document)?)?;
         return Ok(ExitCode::SUCCESS);
@@ -69,6 +82,20 @@ pub(crate) fn execute(args: &DoctorArgs) -> Result<ExitCode> {
             "\n{missing} of {} layers cannot be fully put in force here (see the reasons above).",
             report.layers.len()
         )?;
+    }
+    writeln!(
+        out,
+        "\nWorkers' code on huge pages (a worker idle through a model call wakes faster): \
+         {huge_code}{}",
+        if huge_code.moved > 0 {
+            " (each tried here on a copy; as the loader places the code, a template may have \
+             one more or fewer)"
+        } else {
+            ""
+        }
+    )?;
+    if let Some(remedy) = huge_code.refused.and_then(|why| why.remedy()) {
+        writeln!(out, "  to change it: {remedy}")?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -179,6 +179,7 @@ pub use source::{
 };
 pub(crate) use stop_watch::StopWatch;
 pub use worker::{
-    TEMPLATE_NAME, WORKER_ARG, WorkerProgram, serve_if_worker, set_worker_program, use_huge_code,
-    use_worker_pool, use_worker_template, worker_main, worker_policy,
+    HugeCode, HugeCodeRefused, TEMPLATE_NAME, WORKER_ARG, WorkerProgram, serve_if_worker,
+    set_worker_program, try_huge_code, use_huge_code, use_worker_pool, use_worker_template,
+    worker_main, worker_policy,
 };

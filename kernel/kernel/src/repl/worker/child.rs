@@ -104,11 +104,15 @@ pub fn main() -> u8 {
 fn serve() -> Result<(), String> {
     let template = take_template_role();
     let mut link = take_link_fd()?;
-    if template == Some(true) {
+    if let Some(huge_code) = template {
         // With one thread, before the interpreter starts: see `huge_code`. Where the machine
-        // cannot have it (the error says why), the forks run their code from the files' pages
-        // as before, at the speed measured before.
-        let _ = huge_code::move_own_code();
+        // cannot have it, the forks run their code from the files' pages as before, at the
+        // speed measured before. What it did and why not more goes to the template's stderr,
+        // which its host logs at debug level (`rlm -vv`).
+        let moved = huge_code::move_own_code(huge_code);
+        // One write: the host logs each read of the pipe as one line.
+        let said = format!("the worker template's code on huge pages: {moved}\n");
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), said.as_bytes());
     }
     // The interpreter starts while the parent may not have a session for us yet (a spare,
     // the template).

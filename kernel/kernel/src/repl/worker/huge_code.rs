@@ -36,10 +36,21 @@
 //!   code in the files' pages (the repl bench measures a block after 50 ms idle one way
 //!   against the other so); so do systems whose transparent huge pages are `never`, and a
 //!   process started with them turned off (`PR_SET_THP_DISABLE`, inherited).
+//! - **Told, and asked.** The template writes what it did ([`HugeCode`]: how many windows, and
+//!   the [reason](HugeCodeRefused) for the rest) on its stderr, which its host logs at debug
+//!   level (`rlm -vv`). [`try_huge_code`] asks the same question in any process without
+//!   changing it, for `rlm doctor`: the same checks, and each window's copy made and
+//!   `MADV_COLLAPSE`d as the template does it, then dropped instead of put in the code's
+//!   place; only the kernel's answer to `MADV_COLLAPSE` says whether it has a huge page to give.
+//!   How many whole windows an object holds depends on where the loader put it (a 4 KiB-aligned
+//!   address, chosen anew in each process), so another process may count one more or fewer an
+//!   object.
 //! - **What it changes for tools.** `/proc/<pid>/maps` shows the windows as anonymous memory,
 //!   so a profiler that symbolises by mapping (`perf`) does not name the functions in them; the
 //!   C library's list of objects (`dl_iterate_phdr`: backtraces, `gdb`) is unchanged.
 
+use std::fmt;
+use std::io;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -59,43 +70,225 @@ pub(crate) fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
-/// Why nothing (more) was moved.
-pub(crate) type Refused = &'static str;
-
-/// Moves this process's code, the interpreter's and its own, to huge pages unless the system
-/// says no (see the [module docs](self)): how many windows it moved, or why it stopped (the
-/// windows moved before stay so). The template calls it before its interpreter starts, while
-/// it has one thread.
-pub(crate) fn move_own_code() -> Result<usize, Refused> {
-    let huge = huge_page_size()?;
-    let code = [
-        pyo3::ffi::Py_Initialize as *const () as usize,
-        move_own_code as *const () as usize,
-    ];
-    move_code_to_huge_pages(&code, huge)
+/// Why code stays in the files' pages: the system's answer, in words
+/// ([`Display`](fmt::Display)), and what would change it ([`HugeCodeRefused::remedy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HugeCodeRefused {
+    /// The program turned it off ([`use_huge_code`]`(false)`).
+    TurnedOff,
+    /// Transparent huge pages are off for this process (`PR_SET_THP_DISABLE`, inherited).
+    OffForThisProcess,
+    /// The kernel has no transparent huge pages (or `/sys` does not show them).
+    NoTransparentHugePages,
+    /// The system's mode is `never`.
+    Never,
+    /// The kernel's huge page size (`hpage_pmd_size`) is unreadable.
+    SizeUnreadable,
+    /// `/proc/self/maps` cannot be read: the errno.
+    MapsUnreadable(i32),
+    /// No memory for a copy (`mmap`): the errno.
+    NoMemory(i32),
+    /// The kernel gave no huge page at once (`MADV_COLLAPSE`): the errno.
+    NotAtOnce(i32),
+    /// `mprotect` of a copy failed: the errno.
+    Protect(i32),
+    /// `mremap` of a copy over the code failed: the errno.
+    Place(i32),
 }
 
-/// The size of a huge page of this process (2 MiB on x86-64), or why it may have none: the
-/// kernel has none, the system's mode is `never`, or whoever started it turned them off for it
-/// (`PR_SET_THP_DISABLE`, inherited).
-fn huge_page_size() -> Result<usize, Refused> {
-    // SAFETY: reads a flag of this process.
-    if unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) } == 1 {
-        return Err("transparent huge pages are off for this process (PR_SET_THP_DISABLE)");
+impl HugeCodeRefused {
+    /// What would change it, where someone can.
+    pub fn remedy(self) -> Option<&'static str> {
+        match self {
+            HugeCodeRefused::TurnedOff => Some("the program that embeds the kernel decides"),
+            HugeCodeRefused::OffForThisProcess => Some(
+                "start `rlm` from a process that has them (`grep THP_enabled /proc/$$/status` \
+                 says 0 in a shell that has them off)",
+            ),
+            HugeCodeRefused::NoTransparentHugePages => {
+                Some("a kernel built with `CONFIG_TRANSPARENT_HUGEPAGE`, and `/sys` mounted")
+            }
+            HugeCodeRefused::Never => Some(
+                "`echo madvise > /sys/kernel/mm/transparent_hugepage/enabled` as root \
+                 (`madvise` is enough: the template asks for them)",
+            ),
+            HugeCodeRefused::NotAtOnce(libc::EINVAL) => {
+                Some("Linux 6.1 or later (`MADV_COLLAPSE`)")
+            }
+            HugeCodeRefused::NotAtOnce(_) => Some(
+                "more free memory, or `echo 1 > /proc/sys/vm/compact_memory` as root (it \
+                 makes free memory whole again)",
+            ),
+            HugeCodeRefused::MapsUnreadable(_) => Some("`/proc` mounted"),
+            HugeCodeRefused::SizeUnreadable
+            | HugeCodeRefused::NoMemory(_)
+            | HugeCodeRefused::Protect(_)
+            | HugeCodeRefused::Place(_) => None,
+        }
     }
+}
+
+impl fmt::Display for HugeCodeRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let os = |errno: i32| io::Error::from_raw_os_error(errno);
+        match *self {
+            HugeCodeRefused::TurnedOff => {
+                write!(f, "turned off (`kernel::repl::use_huge_code(false)`)")
+            }
+            HugeCodeRefused::OffForThisProcess => write!(
+                f,
+                "transparent huge pages are off for this process (`PR_SET_THP_DISABLE`, \
+                 inherited from whatever started it)"
+            ),
+            HugeCodeRefused::NoTransparentHugePages => write!(
+                f,
+                "this kernel has no transparent huge pages (no `/sys/kernel/mm/transparent_hugepage`)"
+            ),
+            HugeCodeRefused::Never => {
+                write!(f, "transparent huge pages are `never` on this system")
+            }
+            HugeCodeRefused::SizeUnreadable => write!(
+                f,
+                "the kernel's huge page size (`transparent_hugepage/hpage_pmd_size`) is unreadable"
+            ),
+            HugeCodeRefused::MapsUnreadable(e) => {
+                write!(f, "`/proc/self/maps` cannot be read: {}", os(e))
+            }
+            HugeCodeRefused::NoMemory(e) => write!(f, "no memory to copy the code to: {}", os(e)),
+            HugeCodeRefused::NotAtOnce(libc::EINVAL) => write!(
+                f,
+                "the kernel cannot make a huge page at once (`MADV_COLLAPSE`: {})",
+                os(libc::EINVAL)
+            ),
+            HugeCodeRefused::NotAtOnce(e) => write!(
+                f,
+                "the kernel gave no huge page at once, memory short or fragmented \
+                 (`MADV_COLLAPSE`: {})",
+                os(e)
+            ),
+            HugeCodeRefused::Protect(e) => write!(f, "`mprotect` of a copy failed: {}", os(e)),
+            HugeCodeRefused::Place(e) => {
+                write!(f, "`mremap` of a copy over the code failed: {}", os(e))
+            }
+        }
+    }
+}
+
+/// How much of a process's code is on huge pages: what a template did (it says so on its
+/// stderr, which its host logs at debug level), or would do here ([`try_huge_code`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HugeCode {
+    /// The size of a huge page (0: refused before it was known).
+    pub page: usize,
+    /// The whole windows of huge page size in the code's objects (0: refused before looking).
+    pub windows: usize,
+    /// How many of them are (or would be) on a huge page: the first ones, in order.
+    pub moved: usize,
+    /// Why the others are not, if any is not.
+    pub refused: Option<HugeCodeRefused>,
+}
+
+impl HugeCode {
+    /// Nothing moved, for `why`.
+    fn refused(why: HugeCodeRefused) -> Self {
+        Self {
+            page: 0,
+            windows: 0,
+            moved: 0,
+            refused: Some(why),
+        }
+    }
+}
+
+impl fmt::Display for HugeCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mib = self.page >> 20;
+        match self.refused {
+            None if self.windows == 0 => {
+                write!(f, "none: no {mib} MiB window lies wholly in the code")
+            }
+            None => write!(f, "{} of {} windows of {mib} MiB", self.moved, self.windows),
+            Some(why) if self.moved == 0 => write!(f, "none: {why}"),
+            Some(why) => write!(
+                f,
+                "{} of {} windows of {mib} MiB, then: {why}",
+                self.moved, self.windows
+            ),
+        }
+    }
+}
+
+/// Moves this process's code, the interpreter's and its own, to huge pages unless the system
+/// says no or `enabled` is false (see the [module docs](self)): how much it moved, and why not
+/// more (the windows moved before a refusal stay so). The template calls it before its
+/// interpreter starts, while it has one thread.
+pub(crate) fn move_own_code(enabled: bool) -> HugeCode {
+    own_code(enabled, Placing::Move)
+}
+
+/// What a worker template started by this process now would do with its code (see the
+/// `huge_code` module's docs), found the way it does it: the same checks, and each window of this
+/// process's code copied to a huge page, which is then dropped, not put in the code's place
+/// (only the kernel's answer to `MADV_COLLAPSE` tells whether it has a huge page to give).
+/// This process's memory is left as it was. For `rlm doctor`, in the executable its workers
+/// run.
+pub fn try_huge_code() -> HugeCode {
+    own_code(enabled(), Placing::Trial)
+}
+
+/// Whether a copy is put in the code's place, or only tried and dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Placing {
+    Move,
+    Trial,
+}
+
+fn own_code(enabled: bool, placing: Placing) -> HugeCode {
+    let code = [
+        pyo3::ffi::Py_Initialize as *const () as usize,
+        own_code as *const () as usize,
+    ];
+    match huge_page_size(enabled) {
+        Ok(huge) => move_code_to_huge_pages(&code, huge, placing),
+        Err(why) => HugeCode::refused(why),
+    }
+}
+
+/// The size of a huge page of this process (2 MiB on x86-64), or why it may have none (see
+/// [`system_huge_page_size`]).
+fn huge_page_size(enabled: bool) -> Result<usize, HugeCodeRefused> {
+    if !enabled {
+        return Err(HugeCodeRefused::TurnedOff);
+    }
+    // SAFETY: reads a flag of this process.
+    let off = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) } == 1;
     let sysfs =
         |name| std::fs::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{name}"));
-    let (Ok(mode), Ok(size)) = (sysfs("enabled"), sysfs("hpage_pmd_size")) else {
-        return Err("this kernel has no transparent huge pages");
+    system_huge_page_size(off, sysfs("enabled").ok(), sysfs("hpage_pmd_size").ok())
+}
+
+/// The huge page size `size` (`hpage_pmd_size`), unless whoever started this process turned
+/// them off for it (`off_for_this_process`: `PR_SET_THP_DISABLE`, inherited), the kernel has
+/// none (no `mode` or `size`), or the system's `mode` (`enabled`) is `never`.
+fn system_huge_page_size(
+    off_for_this_process: bool,
+    mode: Option<String>,
+    size: Option<String>,
+) -> Result<usize, HugeCodeRefused> {
+    if off_for_this_process {
+        return Err(HugeCodeRefused::OffForThisProcess);
+    }
+    let (Some(mode), Some(size)) = (mode, size) else {
+        return Err(HugeCodeRefused::NoTransparentHugePages);
     };
     if mode.contains("[never]") {
-        return Err("transparent huge pages are off (`never`)");
+        return Err(HugeCodeRefused::Never);
     }
     size.trim()
         .parse()
         .ok()
-        .filter(|size: &usize| size.is_power_of_two())
-        .ok_or("the kernel's huge page size is unreadable")
+        .filter(|size: &usize| size.is_power_of_two() && *size >= 4096)
+        .ok_or(HugeCodeRefused::SizeUnreadable)
 }
 
 /// One mapping of `/proc/self/maps`.
@@ -110,12 +303,14 @@ struct Mapping {
 }
 
 /// Moves the read-only part of the objects that hold the addresses `code` to huge pages of
-/// `huge` bytes, window by window (see the [module docs](self)): how many windows it moved, or
-/// why it stopped. Call it while the process has one thread.
-fn move_code_to_huge_pages(code: &[usize], huge: usize) -> Result<usize, Refused> {
-    let maps =
-        std::fs::read_to_string("/proc/self/maps").map_err(|_| "/proc/self/maps cannot be read")?;
-    let maps = parse_maps(&maps);
+/// `huge` bytes, window by window (see the [module docs](self)), or only tries each window's
+/// copy ([`Placing::Trial`]): how many windows there are, how many moved, why it stopped. Call
+/// it to move while the process has one thread.
+fn move_code_to_huge_pages(code: &[usize], huge: usize, placing: Placing) -> HugeCode {
+    let maps = match std::fs::read_to_string("/proc/self/maps") {
+        Ok(maps) => parse_maps(&maps),
+        Err(e) => return HugeCode::refused(HugeCodeRefused::MapsUnreadable(errno(&e))),
+    };
     let mut spans: Vec<(usize, usize, Vec<Mapping>)> = Vec::new();
     for &address in code {
         let Some(span) = read_only_span(&maps, address) else {
@@ -125,29 +320,51 @@ fn move_code_to_huge_pages(code: &[usize], huge: usize) -> Result<usize, Refused
             spans.push(span);
         }
     }
-    let mut moved = 0;
-    for (start, end, parts) in spans {
-        let mut window = start.next_multiple_of(huge);
-        while window + huge <= end {
-            let executable = parts
-                .iter()
-                .any(|m| m.executable && m.start < window + huge && m.end > window);
-            // SAFETY: `window..window + huge` lies in mappings of one file that are readable
-            // and not writable (nothing changes their bytes while they are copied), and what
-            // `move_window` puts there holds the same bytes.
-            unsafe { move_window(window, huge, executable) }?;
-            moved += 1;
-            window += huge;
+    let windows: Vec<(usize, bool)> = spans
+        .iter()
+        .flat_map(|(start, end, parts)| {
+            let first = start.next_multiple_of(huge);
+            let count = end.saturating_sub(first) / huge;
+            (0..count).map(move |i| {
+                let window = first + i * huge;
+                let executable = parts
+                    .iter()
+                    .any(|m| m.executable && m.start < window + huge && m.end > window);
+                (window, executable)
+            })
+        })
+        .collect();
+    let mut moved = HugeCode {
+        page: huge,
+        windows: windows.len(),
+        moved: 0,
+        refused: None,
+    };
+    for (window, executable) in windows {
+        // SAFETY: `window..window + huge` lies in mappings of one file that are readable
+        // and not writable (nothing changes their bytes while they are copied), and what
+        // `move_window` puts there holds the same bytes.
+        if let Err(why) = unsafe { move_window(window, huge, executable, placing) } {
+            moved.refused = Some(why);
+            break;
         }
+        moved.moved += 1;
     }
-    Ok(moved)
+    moved
 }
 
-/// Copies the `huge` bytes at `window` to a huge page and puts it in their place.
+/// Copies the `huge` bytes at `window` to a huge page and puts it in their place, or, in a
+/// [`Placing::Trial`], drops it.
 ///
 /// # Safety
 /// `window..window + huge` must be mapped readable, and hold bytes no one writes.
-unsafe fn move_window(window: usize, huge: usize, executable: bool) -> Result<(), Refused> {
+unsafe fn move_window(
+    window: usize,
+    huge: usize,
+    executable: bool,
+    placing: Placing,
+) -> Result<(), HugeCodeRefused> {
+    let last = || errno(&io::Error::last_os_error());
     // SAFETY: every call is on anonymous memory of our own (its aligned part), or reads the
     // window the caller vouches for; a failure unmaps what was mapped here and leaves the
     // window as it was.
@@ -161,7 +378,7 @@ unsafe fn move_window(window: usize, huge: usize, executable: bool) -> Result<()
             0,
         );
         if raw == libc::MAP_FAILED {
-            return Err("no memory to copy the code to");
+            return Err(HugeCodeRefused::NoMemory(last()));
         }
         let raw = raw as usize;
         let copy = raw.next_multiple_of(huge);
@@ -181,11 +398,15 @@ unsafe fn move_window(window: usize, huge: usize, executable: bool) -> Result<()
         // One huge page now, whatever the first touch got, or give up: small pages of a copy
         // would only cost memory.
         if libc::madvise(page, huge, MADV_COLLAPSE) != 0 {
-            return give_up("the kernel gave no huge page at once (memory fragmented?)");
+            return give_up(HugeCodeRefused::NotAtOnce(last()));
         }
         let protection = libc::PROT_READ | if executable { libc::PROT_EXEC } else { 0 };
         if libc::mprotect(page, huge, protection) != 0 {
-            return give_up("mprotect of the copy failed");
+            return give_up(HugeCodeRefused::Protect(last()));
+        }
+        if placing == Placing::Trial {
+            libc::munmap(page, huge);
+            return Ok(());
         }
         let placed = libc::mremap(
             page,
@@ -195,10 +416,15 @@ unsafe fn move_window(window: usize, huge: usize, executable: bool) -> Result<()
             window as *mut libc::c_void,
         );
         if placed == libc::MAP_FAILED {
-            return give_up("mremap of the copy over the code failed");
+            return give_up(HugeCodeRefused::Place(last()));
         }
     }
     Ok(())
+}
+
+/// The errno of `error` (`EIO` if it has none).
+fn errno(error: &io::Error) -> i32 {
+    error.raw_os_error().unwrap_or(libc::EIO)
 }
 
 /// `MADV_COLLAPSE` (Linux 6.1): make the range one huge page now (the `libc` crate has it for
@@ -268,6 +494,205 @@ mod tests {
 7f0000c44000-7f0000d78000 rw-p 00443000 fe:00 18714    /lib/libpython3.11.so.1.0
 ";
 
+    /// Every one of `windows` windows of `huge` bytes moved.
+    fn all_moved(huge: usize, windows: usize) -> HugeCode {
+        HugeCode {
+            page: huge,
+            windows,
+            moved: windows,
+            refused: None,
+        }
+    }
+
+    /// The huge page size here, or `None` (the test is skipped, saying why, except in CI).
+    fn huge_pages_here() -> Option<usize> {
+        match huge_page_size(true) {
+            Ok(huge) => Some(huge),
+            Err(why) => {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "CI runs where transparent huge pages can be had: {why}"
+                );
+                eprintln!("skipped: {why}");
+                None
+            }
+        }
+    }
+
+    #[test]
+    fn each_answer_of_the_system_that_keeps_huge_pages_away_is_a_reason_with_a_remedy() {
+        let text = |s: &str| Some(s.to_owned());
+        let mib2 = text("2097152\n");
+        let check = |off, mode: &str, size: &Option<String>| {
+            system_huge_page_size(off, text(mode), size.clone())
+        };
+        assert_eq!(check(false, "always [madvise] never\n", &mib2), Ok(2 << 20));
+        assert_eq!(check(false, "[always] madvise never\n", &mib2), Ok(2 << 20));
+        let never = check(false, "always madvise [never]\n", &mib2);
+        assert_eq!(never, Err(HugeCodeRefused::Never));
+        assert_eq!(
+            check(true, "[always] madvise never\n", &mib2),
+            Err(HugeCodeRefused::OffForThisProcess)
+        );
+        assert_eq!(
+            system_huge_page_size(false, None, mib2.clone()),
+            Err(HugeCodeRefused::NoTransparentHugePages)
+        );
+        assert_eq!(
+            check(false, "[madvise]", &None),
+            Err(HugeCodeRefused::NoTransparentHugePages)
+        );
+        for size in ["3\n", "two", "0", "512"] {
+            assert_eq!(
+                check(false, "[madvise]", &text(size)),
+                Err(HugeCodeRefused::SizeUnreadable),
+                "{size}"
+            );
+        }
+        assert_eq!(huge_page_size(false), Err(HugeCodeRefused::TurnedOff));
+        assert_eq!(
+            HugeCode::refused(HugeCodeRefused::Never).to_string(),
+            "none: transparent huge pages are `never` on this system"
+        );
+        assert!(
+            HugeCodeRefused::Never.remedy().is_some_and(
+                |r| r.contains("echo madvise > /sys/kernel/mm/transparent_hugepage/enabled")
+            ),
+            "{:?}",
+            HugeCodeRefused::Never.remedy()
+        );
+        // What an old kernel answers, and what a busy one does.
+        assert!(
+            HugeCodeRefused::NotAtOnce(libc::EINVAL)
+                .remedy()
+                .is_some_and(|r| r.contains("6.1"))
+        );
+        assert!(
+            HugeCodeRefused::NotAtOnce(libc::EAGAIN)
+                .to_string()
+                .contains("memory short or fragmented")
+        );
+        let partly = HugeCode {
+            page: 2 << 20,
+            windows: 13,
+            moved: 5,
+            refused: Some(HugeCodeRefused::NotAtOnce(libc::ENOMEM)),
+        };
+        assert!(
+            partly
+                .to_string()
+                .starts_with("5 of 13 windows of 2 MiB, then: the kernel gave no huge page"),
+            "{partly}"
+        );
+    }
+
+    /// The spans of this process's code that [`own_code`] moves, as `/proc/self/maps` shows
+    /// them now.
+    fn own_code_spans() -> Vec<(usize, usize, Vec<Mapping>)> {
+        let maps = parse_maps(&std::fs::read_to_string("/proc/self/maps").expect("maps"));
+        let mut spans: Vec<_> = [
+            pyo3::ffi::Py_Initialize as *const () as usize,
+            own_code as *const () as usize,
+        ]
+        .iter()
+        .filter_map(|&address| read_only_span(&maps, address))
+        .collect();
+        spans.dedup_by_key(|span| span.0);
+        spans
+    }
+
+    /// `rlm doctor`'s question, asked in this test's process: every whole window of its code
+    /// (the test binary's and `libpython`'s) gets a huge page, and none is put in the code's
+    /// place: the code's mappings are the files' still.
+    #[test]
+    fn a_trial_finds_what_a_template_would_move_and_leaves_the_code_where_it_was() {
+        let Some(huge) = huge_pages_here() else {
+            return;
+        };
+        let before = own_code_spans();
+        let windows: usize = before
+            .iter()
+            .map(|(start, end, _)| end.saturating_sub(start.next_multiple_of(huge)) / huge)
+            .sum();
+        assert!(windows >= 1, "{before:?}");
+
+        let tried = try_huge_code();
+
+        assert_eq!(tried, all_moved(huge, windows));
+        assert_eq!(
+            tried.to_string(),
+            format!("{windows} of {windows} windows of 2 MiB")
+        );
+        assert_eq!(own_code_spans(), before, "the trial moved code");
+    }
+
+    /// Runs `probe` in a forked child of this test's process and returns what it wrote.
+    fn in_a_child(probe: impl FnOnce() -> String) -> String {
+        let mut fds = [0; 2];
+        // SAFETY: writes two descriptors into `fds`.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the child runs `probe` (no lock of another thread is needed by what the
+        // probes call: `prctl`, reads of `/proc` and `/sys`, `mmap`, `madvise`), writes and
+        // `_exit`s; nothing of the test harness runs in it.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
+        if pid == 0 {
+            let said = probe();
+            // SAFETY: our end of the pipe and a buffer alive for the call; then this child
+            // ends.
+            unsafe {
+                libc::write(fds[1], said.as_ptr().cast(), said.len());
+                libc::_exit(0);
+            }
+        }
+        // SAFETY: the child's end; then our child's pid.
+        unsafe { libc::close(fds[1]) };
+        let mut said = String::new();
+        // SAFETY: our end of the pipe, read to its end once the child ends.
+        let mut reader = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fds[0]) };
+        std::io::Read::read_to_string(&mut reader, &mut said).expect("the child's answer");
+        let mut status = 0;
+        // SAFETY: our child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(status, 0, "the child: {said}");
+        said
+    }
+
+    /// Whoever starts `rlm` with transparent huge pages off for it (`PR_SET_THP_DISABLE`,
+    /// which children inherit) has its template keep its code in the files' pages, and the
+    /// doctor's trial says why; the kernel itself refuses a copy's `MADV_COLLAPSE` then, so
+    /// the check before it is the system's answer, not a guess.
+    #[test]
+    fn with_huge_pages_off_for_the_process_the_check_and_the_kernel_refuse() {
+        let Some(huge) = huge_pages_here() else {
+            return;
+        };
+        let window = own_code_spans()
+            .iter()
+            .map(|(start, end, _)| (start.next_multiple_of(huge), *end))
+            .find(|(first, end)| first + huge <= *end)
+            .map(|(first, _)| first)
+            .expect("a whole window of code");
+        let said = in_a_child(|| {
+            // SAFETY: a flag of this (child) process.
+            let off = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+            let tried = try_huge_code();
+            let moved = move_own_code(true);
+            // SAFETY: the code's window is mapped readable and never written.
+            let copied = unsafe { move_window(window, huge, true, Placing::Trial) };
+            format!("{off} | {tried} | {moved:?} | {copied:?}")
+        });
+        let off = HugeCode::refused(HugeCodeRefused::OffForThisProcess);
+        assert_eq!(
+            said,
+            format!(
+                "0 | {off} | {off:?} | {:?}",
+                Err::<(), _>(HugeCodeRefused::NotAtOnce(libc::EINVAL))
+            )
+        );
+        assert!(off.to_string().contains("PR_SET_THP_DISABLE"), "{off}");
+    }
+
     #[test]
     fn a_span_is_the_read_only_mappings_of_one_file_around_the_address() {
         let maps = parse_maps(MAPS);
@@ -307,16 +732,8 @@ mod tests {
     /// code in it goes on running.
     #[test]
     fn code_moved_to_huge_pages_keeps_its_bytes_and_runs() {
-        let huge = match huge_page_size() {
-            Ok(huge) => huge,
-            Err(why) => {
-                assert!(
-                    std::env::var_os("CI").is_none(),
-                    "CI runs where transparent huge pages can be had: {why}"
-                );
-                eprintln!("skipped: {why}");
-                return;
-            }
+        let Some(huge) = huge_pages_here() else {
+            return;
         };
         let functions = [
             parse_maps as *const () as usize,
@@ -336,9 +753,9 @@ mod tests {
         let code = || unsafe { std::slice::from_raw_parts(first as *const u8, windows * huge) };
         let before = code().to_vec();
 
-        let moved = move_code_to_huge_pages(&functions, huge);
+        let moved = move_code_to_huge_pages(&functions, huge, Placing::Move);
 
-        assert_eq!(moved, Ok(windows));
+        assert_eq!(moved, all_moved(huge, windows));
         assert!(
             code() == before.as_slice(),
             "the moved code's bytes changed"

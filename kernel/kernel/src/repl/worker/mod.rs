@@ -73,7 +73,7 @@ mod transfer;
 mod turns;
 
 pub use child::{main as worker_main, serve_if_worker};
-pub use huge_code::use_huge_code;
+pub use huge_code::{HugeCode, HugeCodeRefused, try_huge_code, use_huge_code};
 pub use policy::worker_policy;
 pub use pool::use_worker_pool;
 pub(crate) use pool::{ReadyWorkers, Shape, keep_ready};
