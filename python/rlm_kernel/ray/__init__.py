@@ -8,6 +8,7 @@
     results = map_completions(rows, model="gpt-4.1", sub_model="gpt-4.1-mini",
                               trajectories="/shared/runs/job-1")
     results[0]["answer"], results[0]["termination_reason"], results[0]["metrics"]
+    results.summary["rows_failed_sub_calls"], results.summary.get("rows_retried")
 
 How it works. The options are resolved once, here, by the package's one option schema
 (`RLM(**rlm_options)`: keywords over `configure()` defaults over `RLM_*` over `rlm.toml`),
@@ -18,9 +19,14 @@ dead actor (a lost node, an OOM kill) loses only its row in progress, which Ray 
 a restarted actor; every row's result appears once. A row whose run fails is a result row
 with its `error`. `batch_concurrency` is the width of the whole job, split among the actors
 and narrowed for all of them when a server pushes back (`_limits`). `serial=True` runs the
-same rows here, one after another, without Ray. A list's job ends with its summary, warned
-of (`_rows.job_summary`): the rows whose calls were retried (the gate's counts) and the rows
-whose sub-calls failed.
+same rows here, one after another, without Ray. A list's job ends with its summary
+(`_rows.job_summary`: the rows whose calls were retried, the gate's counts, and the rows whose
+sub-calls failed), warned of and returned as the result's `summary` (`_rows.JobResults`, a
+list: why there, see `_rows`). A Dataset's job runs when the Dataset is consumed, after
+`map_completions` has returned: nothing ends it here to warn or count at, and counting would
+run it. `summarize` counts the same from a materialised result (`ds.materialize()`, whose
+rows are held and read back without running anything) and refuses a lazy one, which it would
+run again.
 
 `python -m rlm_kernel.ray eval` runs an evaluation job given as JSON (`__main__`, `_eval`):
 the seam through which `rlm eval --ray` runs its grid on a cluster.
@@ -32,9 +38,17 @@ import os
 from typing import Any, Dict, List, Optional, Union
 
 from .._api import RLM
-from ._rows import RESULT_COLUMNS, Field, RowRunner, check_fields, job_summary, warn_summary
+from ._rows import (
+    RESULT_COLUMNS,
+    Field,
+    JobResults,
+    RowRunner,
+    check_fields,
+    finish_job,
+    job_summary,
+)
 
-__all__ = ["map_completions", "RESULT_COLUMNS"]
+__all__ = ["map_completions", "summarize", "JobResults", "RESULT_COLUMNS"]
 
 
 def map_completions(
@@ -50,7 +64,7 @@ def map_completions(
     ray_remote_args: Optional[Dict[str, Any]] = None,
     serial: bool = False,
     **rlm_options: Any,
-) -> Union[List[Dict[str, Any]], Any]:
+) -> Union[JobResults, Any]:
     """Runs one RLM completion per row of `items` on a Ray actor pool.
 
     `items` is a list of rows (dicts, or anything `query` and `context` can read) or a
@@ -71,13 +85,15 @@ def map_completions(
     each actor reserves; never more than the width); `ray_remote_args` go to each actor
     (`memory`, `resources`, `runtime_env`, `scheduling_strategy`, ...).
 
-    Returns, for a list, one dict per row in input order with `answer`,
-    `termination_reason`, `error` (why the row failed, else None), `metrics`, `cost_usd`
-    (with a price), `trajectory` (its path) and `node` (the Ray node that ran it); for a
-    Dataset, a Dataset of the input rows with those columns added, in input order. A list's
-    job ends with warnings (logger `rlm_kernel.ray`) of the rows whose calls were retried and
-    of those whose sub-calls failed (`metrics["sub_call_errors"]`: an answer to check though
-    its `error` is None), the first of them named by position.
+    Returns, for a list, a list (`JobResults`) of one dict per row in input order with
+    `answer`, `termination_reason`, `error` (why the row failed, else None), `metrics`,
+    `cost_usd` (with a price), `trajectory` (its path) and `node` (the Ray node that ran it);
+    for a Dataset, a Dataset of the input rows with those columns added, in input order. A
+    list's job ends with warnings (logger `rlm_kernel.ray`) of the rows whose calls were
+    retried and of those whose sub-calls failed (`metrics["sub_call_errors"]`: an answer to
+    check though its `error` is None), the first of them named by position; the list's
+    `summary` holds those counts (`rows`, `rows_failed_sub_calls`, `failed_sub_call_rows`, and
+    on a cluster the gate's: `rows_retried`, `retries`, `pauses`, `lowest_width`, ...).
     `serial=True` runs a list's rows here, one after another, without Ray.
     """
     if "trajectory" in rlm_options:
@@ -104,9 +120,7 @@ def map_completions(
         if folder is not None:
             os.makedirs(folder, exist_ok=True)
         runner = RowRunner(**spec)
-        results = [runner.run(row, index) for index, row in enumerate(rows)]
-        warn_summary(job_summary(results))
-        return results
+        return finish_job([runner.run(row, index) for index, row in enumerate(rows)])
 
     from ._cluster import default_actors, import_ray, map_dataset, map_list
 
@@ -126,10 +140,29 @@ def map_completions(
     elif isinstance(actors, bool) or actors < 1:
         raise ValueError(f"`actors` must be a whole number ≥ 1, got {actors!r}")
     if rows is not None and not rows:
-        return []
+        return finish_job([])
     if is_dataset:
         return map_dataset(ray, items, spec, actors, remote_args)
     return map_list(ray, rows, spec, actors, remote_args)
+
+
+def summarize(results: Any) -> Dict[str, Any]:
+    """The summary of `map_completions` results, as a list's job has it in `.summary`
+    (`rows`, `rows_failed_sub_calls`, `failed_sub_call_rows`), counted from the rows alone
+    (no gate's counts): of a list of result rows, or of a result Dataset once materialised
+    (`done = ds.materialize()`; use `done` for the rest too). A lazy Dataset is refused:
+    reading it would run every completion again."""
+    if isinstance(results, (list, tuple)):
+        return job_summary(list(results))
+    from ._cluster import import_ray, materialized_results
+
+    ray = import_ray()
+    if isinstance(results, ray.data.Dataset):
+        return job_summary(materialized_results(results))
+    raise TypeError(
+        f"`summarize` takes the result rows of `map_completions` (a list) or its Dataset, "
+        f"not a `{type(results).__name__}`"
+    )
 
 
 def _as_list(items: Any, takes: str) -> List[Any]:

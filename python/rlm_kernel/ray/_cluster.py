@@ -18,7 +18,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from ._limits import GateClient, gate_stats, job_width, start_gate
-from ._rows import RowRunner, job_summary, warn_summary
+from ._rows import JobResults, RowRunner, finish_job
 
 _log = logging.getLogger("rlm_kernel.ray")
 
@@ -119,8 +119,8 @@ def map_list(
     spec: Dict[str, Any],
     actors: int,
     remote_args: Dict[str, Any],
-) -> List[Dict[str, Any]]:
-    """The result rows of `rows`, in their order, each exactly once."""
+) -> JobResults:
+    """The result rows of `rows`, in their order, each exactly once, and the job's summary."""
     from ray import cloudpickle
 
     items = [{INDEX: i, PAYLOAD: cloudpickle.dumps(row)} for i, row in enumerate(rows)]
@@ -139,9 +139,7 @@ def map_list(
             f"Ray returned no result for {len(missing)} row(s) (the first: {missing[:5]}); "
             "please report this as a bug of `rlm_kernel.ray`"
         )
-    ordered = [results[i] for i in range(len(rows))]
-    warn_summary(job_summary(ordered, gate_stats(ray, gate)))
-    return ordered
+    return finish_job([results[i] for i in range(len(rows))], gate_stats(ray, gate))
 
 
 def map_dataset(ray, dataset, spec: Dict[str, Any], actors: int, remote_args: Dict[str, Any]):
@@ -160,6 +158,27 @@ def map_dataset(ray, dataset, spec: Dict[str, Any], actors: int, remote_args: Di
     rows = _in_order(ray, dataset).repartition(target_num_rows_per_block=1).materialize()
     mapped, _gate = _mapped(ray, _in_order(ray, rows), spec, actors, remote_args)
     return _in_order(ray, mapped)
+
+
+def materialized_results(dataset) -> List[Dict[str, Any]]:
+    """The `metrics` of each row of a result Dataset held in the object store, in its order;
+    a lazy Dataset refused (reading it would run its completions again)."""
+    from ray.data.dataset import MaterializedDataset
+
+    if not isinstance(dataset, MaterializedDataset):
+        raise ValueError(
+            "The Dataset is not materialised: reading it to count its rows would run every "
+            "completion again. Materialise it once and use that from then on: "
+            "`done = ds.materialize(); summarize(done)` (`done.write_parquet(...)`, ...)"
+        )
+    names = dataset.schema().names
+    if "metrics" not in names:
+        raise ValueError(
+            "The Dataset has no `metrics` column: pass the Dataset `map_completions` returned "
+            f"(its columns: {', '.join(f'`{n}`' for n in names[:12])})"
+        )
+    # Rows read as held: a projection first would be a task a block, one a row here.
+    return [{"metrics": row["metrics"]} for row in dataset.iter_rows()]
 
 
 def _in_order(ray, dataset):

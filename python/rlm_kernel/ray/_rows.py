@@ -1,7 +1,14 @@
 """One row, one completion: how a row names its query, context and name, and the result row
 it becomes, and the summary of a job's result rows. No Ray here: the actors of `_cluster` and
 the serial path run rows through `RowRunner` alike, so both give the same result for the same
-row, and end a list's job with the same summary (`job_summary`, `warn_summary`).
+row, and end a list's job the same way (`finish_job`): its summary (`job_summary`) warned of
+(`warn_summary`) and handed back with the rows (`JobResults`).
+
+Why a list with a `summary` attribute: the rows stay a `list` for every caller that takes one
+(indexing, `len`, `==`, `json.dumps`, pickling), and the counts travel with the rows they
+count, as a pandas frame carries its `attrs`. A second return value behind a keyword would
+make the result's shape depend on an argument, and a function returning the last job's
+summary would be state shared by every job of the process.
 """
 
 from __future__ import annotations
@@ -197,7 +204,9 @@ def job_summary(
     `rows_failed_sub_calls`, the rows with a sub-call that failed (`metrics["sub_call_errors"]
     > 0`: their code got an error string instead of an answer, so their answer may be wrong
     while their `error` is None), of which `failed_sub_call_rows` are the first `NAMED_ROWS`
-    positions."""
+    positions. The gate's are `rows_retried` (rows with a call retried: 429s, server errors,
+    timeouts), `retries`, `pauses`, `width` (at the end), `lowest_width`, `ceiling` and
+    `actors`."""
     failed = [
         index
         for index, result in enumerate(results)
@@ -209,6 +218,26 @@ def job_summary(
         rows_failed_sub_calls=len(failed),
         failed_sub_call_rows=failed[:NAMED_ROWS],
     )
+
+
+class JobResults(list):
+    """A list job's result rows, in input order, and its `summary` (see `job_summary`): a
+    `list` in every other way. A slice or a copy by `list(...)` is a plain list."""
+
+    summary: Dict[str, Any]
+
+    def __init__(self, rows: List[Dict[str, Any]], summary: Dict[str, Any]):
+        super().__init__(rows)
+        self.summary = summary
+
+
+def finish_job(
+    results: List[Dict[str, Any]], gate: Optional[Dict[str, Any]] = None
+) -> JobResults:
+    """The end of a list's job: its summary, warned of and returned with its rows."""
+    summary = job_summary(results, gate)
+    warn_summary(summary)
+    return JobResults(results, summary)
 
 
 def warn_summary(summary: Mapping[str, Any]) -> None:

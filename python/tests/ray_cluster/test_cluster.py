@@ -14,7 +14,7 @@ import pytest
 import ray
 
 from rlm_kernel import MockServer
-from rlm_kernel.ray import map_completions
+from rlm_kernel.ray import map_completions, summarize
 
 from conftest import repl, rlm_binary, wait_until
 from harness import Cluster, free_port, refuse_outside_namespace
@@ -309,10 +309,38 @@ def test_a_failing_row_is_a_row_with_its_error_and_budgets_hold_per_row_as_here(
         assert results[i]["error"] is None and results[i]["answer"] == expected_answer(given[i]["context"])
     assert results[6]["error"] is None and results[6]["metrics"]["sub_call_errors"] == 1, results[6]
     assert results[6]["answer"].startswith("2:short|Error: Prompt of"), results[6]
-    # The job's summary names the row to distrust.
+    # The job's summary names the row to distrust, and the caller has it as data, with the
+    # gate's counts.
     assert "1 of 7 rows had sub-calls that failed" in caplog.text, caplog.text
     assert "rows 6;" in caplog.text, caplog.text
+    summary = results.summary
+    assert (summary["rows"], summary["rows_failed_sub_calls"], summary["failed_sub_call_rows"]) == (
+        7, 1, [6]), summary
+    assert (summary["rows_retried"], summary["actors"]) == (0, 2), summary
     for result in limited:
         assert result["termination_reason"] == "call_budget", result
         assert "1 of 1 sub-calls used" in result["error"], result
     assert [comparable(r) for r in limited] == [comparable(r) for r in limited_here]
+
+
+def test_a_datasets_summary_counts_its_materialised_rows_and_a_lazy_one_is_refused(cluster):
+    given = rows(4) + [{"query": "Count the words.", "context": "short " + "x" * 12_000}]
+    with MockServer(scripted(latency_ms=10)) as mock:
+        lazy = map_completions(
+            ray.data.from_items(given), actors=2, sub_context_window=2000,
+            model="root", sub_model="sub", base_url=mock.base_url,
+        )
+        # Counting a lazy Dataset would run it: refused, and nothing ran.
+        with pytest.raises(ValueError, match=r"not materialised.*ds\.materialize\(\)"):
+            summarize(lazy)
+        assert mock.arrived == 0, mock.arrived
+        done = lazy.materialize()
+        ran = mock.arrived
+        summary = summarize(done)
+        assert summarize(done) == summary and mock.arrived == ran, "counting ran nothing again"
+    assert ran > 0
+    assert summary == {"rows": 5, "rows_failed_sub_calls": 1, "failed_sub_call_rows": [4]}
+    # As a list's job counts the same rows.
+    assert summary == summarize(done.take_all())
+    with pytest.raises(ValueError, match="no `metrics` column"):
+        summarize(ray.data.from_items(given).materialize())

@@ -1,11 +1,14 @@
 """The summary a list's job ends with (`rlm_kernel.ray._rows.job_summary`, `warn_summary`): the
-rows whose sub-calls failed, counted and named, from a serial run and from result rows alike;
-no cluster needed."""
+rows whose sub-calls failed, counted and named, from a serial run and from result rows alike,
+and handed back as the result's `summary` (`JobResults`, a list still); no cluster needed."""
 
+import copy
+import json
 import logging
+import pickle
 
 from rlm_kernel import MockServer
-from rlm_kernel.ray import map_completions
+from rlm_kernel.ray import JobResults, map_completions, summarize
 from rlm_kernel.ray._rows import NAMED_ROWS, job_summary, warn_summary
 
 from conftest import repl
@@ -35,6 +38,8 @@ def test_a_job_names_the_rows_whose_sub_calls_failed_though_their_error_is_none(
     summary = job_summary(results)
     assert (summary["rows"], summary["rows_failed_sub_calls"]) == (4, 2), summary
     assert summary["failed_sub_call_rows"] == [1, 3], summary
+    # The caller gets the same counts as data, with the rows; `summarize` counts a list alike.
+    assert results.summary == summary == summarize(list(results)), results.summary
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert [r.getMessage() for r in warnings if "sub-calls that failed" in r.getMessage()] == [
         "2 of 4 rows had sub-calls that failed (their code got an error string instead of an "
@@ -72,3 +77,36 @@ def test_a_job_without_failed_sub_calls_or_retries_warns_of_nothing(caplog):
     assert summary == {"rows": 2, "rows_failed_sub_calls": 0, "failed_sub_call_rows": []}
     warn_summary(summary)
     assert caplog.records == []
+
+
+def test_the_results_are_a_list_that_carries_the_jobs_summary():
+    with MockServer(SCRIPT) as mock:
+        options = dict(serial=True, model="root", sub_model="sub", base_url=mock.base_url,
+                       sub_context_window=2000)
+        results = map_completions(
+            [{"query": "Echo.", "context": c} for c in ("a", "b " * 6000)], **options
+        )
+        empty = map_completions([], **options)
+    plain = [dict(r) for r in results]
+    # A list to every caller that takes one.
+    assert isinstance(results, list) and isinstance(results, JobResults)
+    assert results == plain and len(results) == 2 and results[-1] == plain[-1]
+    assert json.loads(json.dumps(results)) == json.loads(json.dumps(plain))
+    assert results.summary == {"rows": 2, "rows_failed_sub_calls": 1, "failed_sub_call_rows": [1]}
+    # The summary survives what carries a result elsewhere (a Ray object, a cache, a copy).
+    for carried in (pickle.loads(pickle.dumps(results)), copy.copy(results), copy.deepcopy(results)):
+        assert type(carried) is JobResults and carried == plain, carried
+        assert carried.summary == results.summary, carried.summary
+    assert empty == [] and empty.summary == {"rows": 0, "rows_failed_sub_calls": 0,
+                                             "failed_sub_call_rows": []}
+
+
+def test_summarize_takes_result_rows_only():
+    assert summarize((row(0), row(3))) == {
+        "rows": 2, "rows_failed_sub_calls": 1, "failed_sub_call_rows": [1]}
+    try:
+        summarize({"rows": 2})
+    except TypeError as error:
+        assert "takes the result rows of `map_completions`" in str(error), error
+    else:
+        raise AssertionError("a dict is not result rows")
