@@ -20,13 +20,13 @@ a restarted actor; every row's result appears once. A row whose run fails is a r
 with its `error`. `batch_concurrency` is the width of the whole job, split among the actors
 and narrowed for all of them when a server pushes back (`_limits`). `serial=True` runs the
 same rows here, one after another, without Ray. A list's job ends with its summary
-(`_rows.job_summary`: the rows whose calls were retried, the gate's counts, and the rows whose
-sub-calls failed), warned of and returned as the result's `summary` (`_rows.JobResults`, a
-list: why there, see `_rows`). A Dataset's job runs when the Dataset is consumed, after
-`map_completions` has returned: nothing ends it here to warn or count at, and counting would
-run it. `summarize` counts the same from a materialised result (`ds.materialize()`, whose
-rows are held and read back without running anything) and refuses a lazy one, which it would
-run again.
+(`_rows.job_summary`: the rows whose calls were retried, the gate's counts, the rows that
+failed and the rows whose sub-calls failed), warned of and returned as the result's `summary`
+(`_rows.JobResults`, a list: why there, see `_rows`). A Dataset's job runs when the Dataset
+is consumed, after `map_completions` has returned: nothing ends it here to warn or count at,
+and counting would run it. `summarize` counts the same from a materialised result
+(`ds.materialize()`, whose rows are held and read back without running anything) and refuses
+a lazy one, which it would run again.
 
 `python -m rlm_kernel.ray eval` runs an evaluation job given as JSON (`__main__`, `_eval`):
 the seam through which `rlm eval --ray` runs its grid on a cluster.
@@ -90,10 +90,11 @@ def map_completions(
     `cost_usd` (with a price), `trajectory` (its path) and `node` (the Ray node that ran it);
     for a Dataset, a Dataset of the input rows with those columns added, in input order. A
     list's job ends with warnings (logger `rlm_kernel.ray`) of the rows whose calls were
-    retried and of those whose sub-calls failed (`metrics["sub_call_errors"]`: an answer to
-    check though its `error` is None), the first of them named by position; the list's
-    `summary` holds those counts (`rows`, `rows_failed_sub_calls`, `failed_sub_call_rows`, and
-    on a cluster the gate's: `rows_retried`, `retries`, `pauses`, `lowest_width`, ...).
+    retried, of those that failed (`error`) and of those whose sub-calls failed
+    (`metrics["sub_call_errors"]`: an answer to check though its `error` is None), the first
+    of them named by position; the list's `summary` holds those counts (`rows`, `rows_failed`,
+    `failed_rows`, `rows_failed_sub_calls`, `failed_sub_call_rows`, and on a cluster the
+    gate's: `rows_retried`, `retries`, `pauses`, `lowest_width`, ...).
     `serial=True` runs a list's rows here, one after another, without Ray.
     """
     if "trajectory" in rlm_options:
@@ -148,10 +149,10 @@ def map_completions(
 
 def summarize(results: Any) -> Dict[str, Any]:
     """The summary of `map_completions` results, as a list's job has it in `.summary`
-    (`rows`, `rows_failed_sub_calls`, `failed_sub_call_rows`), counted from the rows alone
-    (no gate's counts): of a list of result rows, or of a result Dataset once materialised
-    (`done = ds.materialize()`; use `done` for the rest too). A lazy Dataset is refused:
-    reading it would run every completion again."""
+    (`rows`, `rows_failed`, `failed_rows`, `rows_failed_sub_calls`, `failed_sub_call_rows`),
+    counted from the rows alone (no gate's counts): of a list of result rows, or of a result
+    Dataset once materialised (`done = ds.materialize()`; use `done` for the rest too). A lazy
+    Dataset is refused: reading it would run every completion again."""
     if isinstance(results, (list, tuple)):
         return job_summary(list(results))
     from ._cluster import import_ray, materialized_results

@@ -161,8 +161,8 @@ def map_dataset(ray, dataset, spec: Dict[str, Any], actors: int, remote_args: Di
 
 
 def materialized_results(dataset) -> List[Dict[str, Any]]:
-    """The `metrics` of each row of a result Dataset held in the object store, in its order;
-    a lazy Dataset refused (reading it would run its completions again)."""
+    """The `error` and `metrics` of each row of a result Dataset held in the object store, in
+    its order; a lazy Dataset refused (reading it would run its completions again)."""
     from ray.data.dataset import MaterializedDataset
 
     if not isinstance(dataset, MaterializedDataset):
@@ -172,13 +172,13 @@ def materialized_results(dataset) -> List[Dict[str, Any]]:
             "`done = ds.materialize(); summarize(done)` (`done.write_parquet(...)`, ...)"
         )
     names = dataset.schema().names
-    if "metrics" not in names:
+    if "metrics" not in names or "error" not in names:
         raise ValueError(
-            "The Dataset has no `metrics` column: pass the Dataset `map_completions` returned "
+            "The Dataset has no `error` and `metrics` columns: pass the Dataset `map_completions` returned "
             f"(its columns: {', '.join(f'`{n}`' for n in names[:12])})"
         )
     # Rows read as held: a projection first would be a task a block, one a row here.
-    return [{"metrics": row["metrics"]} for row in dataset.iter_rows()]
+    return [{"error": row["error"], "metrics": row["metrics"]} for row in dataset.iter_rows()]
 
 
 def _in_order(ray, dataset):

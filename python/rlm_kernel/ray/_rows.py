@@ -1,8 +1,9 @@
 """One row, one completion: how a row names its query, context and name, and the result row
 it becomes, and the summary of a job's result rows. No Ray here: the actors of `_cluster` and
 the serial path run rows through `RowRunner` alike, so both give the same result for the same
-row, and end a list's job the same way (`finish_job`): its summary (`job_summary`) warned of
-(`warn_summary`) and handed back with the rows (`JobResults`).
+row, and end a list's job the same way (`finish_job`): its summary (`job_summary`: the rows
+that failed, those whose sub-calls failed, the gate's counts) warned of (`warn_summary`) and
+handed back with the rows (`JobResults`).
 
 Why a list with a `summary` attribute: the rows stay a `list` for every caller that takes one
 (indexing, `len`, `==`, `json.dumps`, pickling), and the counts travel with the rows they
@@ -39,7 +40,8 @@ RESULT_COLUMNS = (
 #: Characters of a failure's traceback kept in a result row (its head and tail).
 _TRACEBACK_CHARS = 4_000
 
-#: How many rows with failed sub-calls a job's summary names (the first, by position).
+#: How many rows of each kind (failed, with failed sub-calls) a job's summary names (the
+#: first, by position).
 NAMED_ROWS = 10
 
 _log = logging.getLogger("rlm_kernel.ray")
@@ -200,14 +202,17 @@ def job_summary(
     results: List[Dict[str, Any]], gate: Optional[Dict[str, Any]] = None
 ) -> Dict[str, Any]:
     """The counts of a list's job from its result rows (in input order) and, on a cluster,
-    its gate's (`_limits.Width.stats`; None when the gate could not be reached): `rows`, and
-    `rows_failed_sub_calls`, the rows with a sub-call that failed (`metrics["sub_call_errors"]
-    > 0`: their code got an error string instead of an answer, so their answer may be wrong
-    while their `error` is None), of which `failed_sub_call_rows` are the first `NAMED_ROWS`
-    positions. The gate's are `rows_retried` (rows with a call retried: 429s, server errors,
-    timeouts), `retries`, `pauses`, `width` (at the end), `lowest_width`, `ceiling` and
-    `actors`."""
-    failed = [
+    its gate's (`_limits.Width.stats`; None when the gate could not be reached): `rows`;
+    `rows_failed`, the rows that failed outright (their `error` is not None: the row could
+    not be read, its run raised or stopped on a budget), of which `failed_rows` are the first
+    `NAMED_ROWS` positions; and `rows_failed_sub_calls`, the rows with a sub-call that failed
+    (`metrics["sub_call_errors"] > 0`: their code got an error string instead of an answer, so
+    their answer may be wrong while their `error` is None), of which `failed_sub_call_rows`
+    are the first `NAMED_ROWS` positions. The gate's are `rows_retried` (rows with a call
+    retried: 429s, server errors, timeouts), `retries`, `pauses`, `width` (at the end),
+    `lowest_width`, `ceiling` and `actors`."""
+    failed = [index for index, result in enumerate(results) if result.get("error") is not None]
+    failed_sub_calls = [
         index
         for index, result in enumerate(results)
         if (result.get("metrics") or {}).get("sub_call_errors")
@@ -215,8 +220,10 @@ def job_summary(
     return dict(
         gate or {},
         rows=len(results),
-        rows_failed_sub_calls=len(failed),
-        failed_sub_call_rows=failed[:NAMED_ROWS],
+        rows_failed=len(failed),
+        failed_rows=failed[:NAMED_ROWS],
+        rows_failed_sub_calls=len(failed_sub_calls),
+        failed_sub_call_rows=failed_sub_calls[:NAMED_ROWS],
     )
 
 
@@ -240,9 +247,24 @@ def finish_job(
     return JobResults(results, summary)
 
 
+#: The kinds of rows a summary names, as `warn_summary` says them: the count's key, the
+#: named positions' key, what such a row did, and what tells more of each.
+_NAMED_KINDS = (
+    ("rows_failed", "failed_rows", "failed", "each row's `error` says why"),
+    (
+        "rows_failed_sub_calls",
+        "failed_sub_call_rows",
+        "had sub-calls that failed (their code got an error string instead of an answer, so "
+        "their answer may be wrong even without an `error`)",
+        '`metrics["sub_call_errors"]` counts each row\'s',
+    ),
+)
+
+
 def warn_summary(summary: Mapping[str, Any]) -> None:
     """Warns (logger `rlm_kernel.ray`) of what a job's `summary` holds that the user should
-    know: rows whose calls were retried, and rows whose sub-calls failed, named."""
+    know: rows whose calls were retried, rows that failed, and rows whose sub-calls failed,
+    named."""
     if summary.get("rows_retried"):
         _log.warning(
             "%d of %d rows had calls retried (429s, server errors, timeouts): the job's width "
@@ -253,18 +275,20 @@ def warn_summary(summary: Mapping[str, Any]) -> None:
             summary["ceiling"],
             summary["pauses"],
         )
-    failed = summary["rows_failed_sub_calls"]
-    if failed:
-        named = summary["failed_sub_call_rows"]
-        more = f" and {failed - len(named)} more" if failed > len(named) else ""
+    for count_key, rows_key, did, more_of_each in _NAMED_KINDS:
+        count = summary[count_key]
+        if not count:
+            continue
+        named = summary[rows_key]
+        more = f" and {count - len(named)} more" if count > len(named) else ""
         _log.warning(
-            "%d of %d rows had sub-calls that failed (their code got an error string instead "
-            "of an answer, so their answer may be wrong even without an `error`): rows %s%s; "
-            "`metrics[\"sub_call_errors\"]` counts each row's",
-            failed,
+            "%d of %d rows %s: rows %s%s; %s",
+            count,
             summary["rows"],
+            did,
             ", ".join(map(str, named)),
             more,
+            more_of_each,
         )
 
 

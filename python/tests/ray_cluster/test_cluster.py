@@ -309,13 +309,14 @@ def test_a_failing_row_is_a_row_with_its_error_and_budgets_hold_per_row_as_here(
         assert results[i]["error"] is None and results[i]["answer"] == expected_answer(given[i]["context"])
     assert results[6]["error"] is None and results[6]["metrics"]["sub_call_errors"] == 1, results[6]
     assert results[6]["answer"].startswith("2:short|Error: Prompt of"), results[6]
-    # The job's summary names the row to distrust, and the caller has it as data, with the
-    # gate's counts.
+    # The job's summary names the rows that failed and the row to distrust, and the caller has
+    # it as data, with the gate's counts.
+    assert "2 of 7 rows failed: rows 2, 4;" in caplog.text, caplog.text
     assert "1 of 7 rows had sub-calls that failed" in caplog.text, caplog.text
     assert "rows 6;" in caplog.text, caplog.text
     summary = results.summary
-    assert (summary["rows"], summary["rows_failed_sub_calls"], summary["failed_sub_call_rows"]) == (
-        7, 1, [6]), summary
+    assert (summary["rows"], summary["rows_failed"], summary["failed_rows"]) == (7, 2, [2, 4])
+    assert (summary["rows_failed_sub_calls"], summary["failed_sub_call_rows"]) == (1, [6]), summary
     assert (summary["rows_retried"], summary["actors"]) == (0, 2), summary
     for result in limited:
         assert result["termination_reason"] == "call_budget", result
@@ -339,8 +340,9 @@ def test_a_datasets_summary_counts_its_materialised_rows_and_a_lazy_one_is_refus
         summary = summarize(done)
         assert summarize(done) == summary and mock.arrived == ran, "counting ran nothing again"
     assert ran > 0
-    assert summary == {"rows": 5, "rows_failed_sub_calls": 1, "failed_sub_call_rows": [4]}
+    assert summary == {"rows": 5, "rows_failed": 0, "failed_rows": [], "rows_failed_sub_calls": 1,
+                       "failed_sub_call_rows": [4]}
     # As a list's job counts the same rows.
     assert summary == summarize(done.take_all())
-    with pytest.raises(ValueError, match="no `metrics` column"):
+    with pytest.raises(ValueError, match="no `error` and `metrics` columns"):
         summarize(ray.data.from_items(given).materialize())
