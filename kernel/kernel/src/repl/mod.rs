@@ -96,8 +96,9 @@
 //!   (forkserver, resource tracker) are left alone, except that in an interpreter the kernel
 //!   started (`rlm`, whose Python never runs its exit) the last session to close stops the
 //!   forkserver and runs multiprocessing's exit finalizers, which remove its folder (`pymp-*`,
-//!   the forkserver's socket) from `TMPDIR`. Processes started between blocks by
-//!   threads a block left running are not tracked. `/proc` is read only for a block that
+//!   the forkserver's socket) from `TMPDIR`; a session starting meanwhile (on another
+//!   thread) waits for that end, which would take its pools too. Processes started between
+//!   blocks by threads a block left running are not tracked. `/proc` is read only for a block that
 //!   may have started a process: an audit hook (`sys.addaudithook`) sees the session's
 //!   threads about to call `subprocess`, `os.system`, `os.fork`, `os.posix_spawn`, `pty` or
 //!   look up a C function through `ctypes`, and the children are noted just before; a block

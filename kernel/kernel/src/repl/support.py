@@ -138,7 +138,9 @@ class Session:
         # Whether a block ran while multiprocessing's locks were loaded: only then may the
         # namespace hold a semaphore in a reference cycle that `close` must collect.
         self.collect_on_close = False
-        _SESSIONS.add(self)
+        with _LIFECYCLE:
+            _LIFECYCLE.wait_for(lambda: not _ENDING)
+            _SESSIONS.add(self)
 
     def begin_block(self, stdout, stderr, globals_, reserved, slot):
         """A block starts, its output going to `stdout` and `stderr`. Returns what its end
@@ -240,17 +242,32 @@ class Session:
         # it, not each of the many short sessions of `rlm_query` children.
         if self.collect_on_close:
             gc.collect()
-        _SESSIONS.discard(self)
         if sys.modules.get(self.name) is self.module:
             del sys.modules[self.name]
-        _remove_session_module(self.name)
-        if _OWNS_INTERPRETER and not _SESSIONS:
-            _end_multiprocessing()
+        global _ENDING
+        with _LIFECYCLE:
+            _SESSIONS.discard(self)
+            _remove_session_module(self.name)
+            last = _OWNS_INTERPRETER and not _SESSIONS and not _ENDING
+            if last:
+                _ENDING = True
+        if last:
+            try:
+                _end_multiprocessing()
+            finally:
+                with _LIFECYCLE:
+                    _ENDING = False
+                    _LIFECYCLE.notify_all()
 
 
 _SESSIONS = weakref.WeakSet()
 # Whether the kernel started this interpreter (`install`): then nothing runs Python's exit.
 _OWNS_INTERPRETER = False
+# Sessions start and close on many threads at once (a flow's parallel steps, `rlm_query`
+# children): they join and leave `_SESSIONS` under this lock, and while `_ENDING` (the last
+# session's close ends multiprocessing, see `_end_multiprocessing`) a session waits to start.
+_LIFECYCLE = threading.Condition()
+_ENDING = False
 
 
 def _end_multiprocessing():
@@ -258,10 +275,13 @@ def _end_multiprocessing():
     multiprocessing ends at an interpreter's exit (from `atexit`), which `rlm` never runs.
     Its forkserver is stopped (it ends when its pipe closes; the session's own processes,
     which could hold a copy of the pipe, were ended before), then its finalizers run, which
-    remove its temporary folder (`pymp-*`, holding the forkserver's socket) from the user's
-    `TMPDIR`. A later session starts both again when it needs them. Both are multiprocessing's
-    private functions: should a Python change them, the session still closes, and says what
-    may be left."""
+    terminate the pools still registered and remove its temporary folder (`pymp-*`, holding
+    the forkserver's socket) from the user's `TMPDIR`. A session created meanwhile would lose
+    its pools, forkserver and folder to this: it waits until the end is over (`_ENDING`),
+    then starts both again when it needs them. `_LIFECYCLE` is not held meanwhile (the stop
+    waits for a process, which nothing under that lock may do): the start waits with it
+    released. Both are multiprocessing's private functions: should a Python change them, the
+    session still closes, and says what may be left."""
     try:
         forkserver = sys.modules.get("multiprocessing.forkserver")
         if forkserver is not None:
@@ -762,7 +782,8 @@ def _write_session_modules():
 
 
 def _remove_session_module(name):
-    """Delete a closed session's module file, and the directory with the last one."""
+    """Delete a closed session's module file, and the directory with the last one (under
+    `_LIFECYCLE`: no session starts between the check for the last one and the removal)."""
     global _spawn_dir
     if _spawn_dir is None:
         return

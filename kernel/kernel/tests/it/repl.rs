@@ -1022,6 +1022,50 @@ fn a_closed_session_releases_the_semaphores_its_namespace_held_in_a_cycle() {
     );
 }
 
+/// The last session's close stops multiprocessing's forkserver and runs its exit finalizers
+/// (which terminate every pool still registered and remove its folder from `TMPDIR`): a
+/// session created meanwhile waits for that end instead of losing its pool to it. The window
+/// is widened: the forkserver takes 2 s to exit (a module it preloads sleeps at its exit),
+/// and the second session, created 0.5 s into the first one's close, maps on a pool of its
+/// own for 4 s.
+#[test]
+fn a_session_created_while_the_last_one_ends_multiprocessing_keeps_its_pool() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("rlm_slow_exit.py"),
+        "import atexit, time\natexit.register(time.sleep, 2)\n",
+    )
+    .expect("module written");
+    let first = session();
+    // Python 3.11's forkserver does not take the parent's `sys.path`: `PYTHONPATH` finds it.
+    ok(
+        &first,
+        &format!(
+            "import multiprocessing, os\nos.environ['PYTHONPATH'] = {:?}\n\
+             forkserver = multiprocessing.get_context('forkserver')\n\
+             forkserver.set_forkserver_preload(['rlm_slow_exit'])\n\
+             with forkserver.Pool(1) as pool:\n    assert pool.map(abs, [-1]) == [1]\n\
+             forkserver.set_forkserver_preload(['__main__'])\ndel os.environ['PYTHONPATH']",
+            dir.path().to_str().expect("utf-8")
+        ),
+    );
+    let closing = std::thread::spawn(move || drop(first));
+    std::thread::sleep(Duration::from_millis(500));
+    let second = session();
+    let r = ok(
+        &second,
+        "import multiprocessing, time\nmaps = 0\n\
+         with multiprocessing.get_context('spawn').Pool(2) as pool:\n\
+         \x20   until = time.monotonic() + 4\n\
+         \x20   while time.monotonic() < until and maps < 100_000:\n\
+         \x20       assert pool.map_async(abs, range(-8, 0)).get(timeout=10) == list(range(8, 0, -1))\n\
+         \x20       maps += 1\n\
+         print(maps > 0)",
+    );
+    assert_eq!(r.stdout, "True\n");
+    closing.join().expect("the first session closed");
+}
+
 #[test]
 fn blocks_that_start_no_process_read_nothing_in_proc() {
     let s = session();
