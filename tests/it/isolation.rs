@@ -149,6 +149,33 @@ fn a_crash_ends_the_worker_not_the_run_and_the_session_comes_back_without_new_su
     }
 }
 
+/// A block whose worker crashes still counts the errors its code got instead of answers
+/// before the crash (its parent's count: the worker's ended with it), each once: a model name
+/// with no endpoint (a call, and each slot of a batch) and a prompt refused as too long for
+/// the sub-model's window; the answered call counts none.
+#[test]
+fn a_block_whose_worker_crashed_counts_the_sub_call_errors_its_code_got() {
+    let code = "a = llm_query('one', model='nope')\n\
+                b = llm_query_batched(['two', 'three'], model='nope')\n\
+                c = llm_query('x ' * 6000)\n\
+                d = llm_query('four')\n\
+                import ctypes\n\
+                ctypes.CDLL(None).abort()";
+    let mock = mock(&[&repl(code), "FINAL(done)"]);
+    let (run, lines, _) = run(&mock, &["--sub-context-window", "2000"]);
+    run.assert_code(0);
+    let crashed = blocks(&lines)[0];
+    assert_eq!(crashed["restart"]["cause"]["kind"], "crashed", "{crashed}");
+    let result = lines.last().expect("the result line");
+    assert_eq!(result["type"], "result", "{result}");
+    assert_eq!(result["metrics"]["sub_call_errors"], 4, "{result}");
+    assert_eq!(
+        result["metrics"]["sub_calls"], 2,
+        "refused and `four`: {result}"
+    );
+    assert_eq!(sub_calls(&mock), 1, "`four` only");
+}
+
 #[test]
 fn the_memory_limit_raises_memory_error_and_the_worker_survives() {
     let hog = "blob = bytearray(2 * 1024 ** 3)";

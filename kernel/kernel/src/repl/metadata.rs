@@ -480,8 +480,9 @@ pub struct ExecutionResult {
     pub llm_query_batched_calls: u32,
     /// Answers the block's code got as an error instead of a sub-model's answer (an
     /// `"Error: …"` string or `LlmQueryError`; each slot of a batch counts), whatever failed:
-    /// the one count of failed sub-calls (`SessionMetrics::sub_call_errors`). 0 for a block
-    /// whose worker process ended (its counts ended with it).
+    /// the one count of failed sub-calls (`SessionMetrics::sub_call_errors`). For a block
+    /// whose worker process ended (its own count ended with it), the errors the parent had
+    /// sent its code.
     #[serde(default)]
     pub sub_call_errors: u32,
     /// Final answers recorded during the block, at most one per convention, in the order

@@ -401,7 +401,10 @@ impl SubModelBridge {
     /// `failed` answers of sub-calls are about to reach the code as errors. Every sub-call's
     /// answer comes through [`call`](Self::call) or [`batch`](Self::batch), whichever route
     /// it took and whatever failed (the model, a refusal, a name with no endpoint, a replay
-    /// with no recorded answer), so `sub_call_errors` is counted here and nowhere else.
+    /// with no recorded answer), so `sub_call_errors` is counted here and nowhere else, with
+    /// one exception: a block whose worker process ended with it, this count lost, reports
+    /// its parent's count of the answers it sent the block as errors instead
+    /// (`worker::parent`).
     fn counted(&self, failed: usize) {
         let failed = u32::try_from(failed).unwrap_or(u32::MAX);
         self.sub_call_errors.fetch_add(failed, Ordering::Relaxed);

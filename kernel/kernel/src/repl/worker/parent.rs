@@ -39,7 +39,11 @@
 //! killer's signal, and `kill -9`'s) is told as memory only when the kernel counted an
 //! out-of-memory kill while the worker ran ([`WorkerEnd::OutOfMemory`]), as a kill otherwise;
 //! a signal that only asks a process to end (`SIGTERM`, `SIGHUP`, ...: [`ASKED_TO_END`]) is
-//! told as a stop from outside `rlm` ([`WorkerEnd::Killed`]), not as a crash.
+//! told as a stop from outside `rlm` ([`WorkerEnd::Killed`]), not as a crash. The block's
+//! counts ended with its worker, but for one: the errors its code got instead of answers
+//! (`sub_call_errors`, counted where the code gets them, in the worker: see
+//! [`crate::repl::natives`]) are the parent's count of the answers it sent the block as errors
+//! ([`Worker::answer`], through which every answer to a sub-call goes), kept for this case only.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -741,6 +745,7 @@ impl WorkerSession {
                 end,
                 stdout,
                 stderr,
+                sub_call_errors,
             } => {
                 // The block ended with its worker; the restore that follows is not its time.
                 let duration = started.elapsed();
@@ -760,6 +765,7 @@ impl WorkerSession {
                     variables,
                     last_words: words,
                     memory_limit: self.memory_bytes,
+                    sub_call_errors,
                 })
             }
         };
@@ -787,6 +793,7 @@ impl WorkerSession {
             calls: calls.clone(),
             answers,
             texts: Vec::new(),
+            sub_call_errors: 0,
         });
         // Already cancelled when the block starts: not a reason to stop it (as in-process).
         let session = (!self.cancel.is_cancelled()).then(|| self.cancel.clone());
@@ -878,6 +885,7 @@ impl WorkerSession {
                     end,
                     stdout: block.stdout,
                     stderr: block.stderr,
+                    sub_call_errors: block.sub_call_errors,
                 }
             }
         }
@@ -1288,6 +1296,8 @@ enum BlockOutcome {
         end: WorkerEnd,
         stdout: OutputCapture,
         stderr: OutputCapture,
+        /// The block's [`Block::sub_call_errors`].
+        sub_call_errors: u32,
     },
 }
 
@@ -1333,6 +1343,8 @@ struct EndedBlock<'a> {
     variables: Vec<VariableInfo>,
     last_words: String,
     memory_limit: u64,
+    /// The errors its code got instead of answers, as its parent sent them.
+    sub_call_errors: u32,
 }
 
 /// The result of a block whose worker ended: the output it wrote, an error that says what
@@ -1377,7 +1389,7 @@ fn ended_result(ended: EndedBlock<'_>) -> ExecutionResult {
         sub_call_texts: Vec::new(),
         llm_query_calls: 0,
         llm_query_batched_calls: 0,
-        sub_call_errors: 0,
+        sub_call_errors: ended.sub_call_errors,
         final_answers: Vec::new(),
         variables: ended.variables,
         new_variables: Vec::new(),
@@ -1662,6 +1674,31 @@ struct Block {
     answers: Answers,
     /// What its sub-calls asked and got, kept here where the secrets are known.
     texts: Vec<SubCallText>,
+    /// Answers of its sub-calls sent to its code as errors ([`Worker::answer`]): its
+    /// `sub_call_errors` if its worker ends with it.
+    sub_call_errors: u32,
+}
+
+/// What the code is sent for one of its sub-calls ([`Worker::answer`]).
+enum Answered {
+    /// `llm_query`'s.
+    One(SubAnswer),
+    /// `llm_query_batched`'s: the answers in input order, or one failure for all its
+    /// `prompts` (an endpoint that does not exist).
+    Many {
+        answers: Result<Vec<SubAnswer>, SubFailure>,
+        prompts: usize,
+    },
+}
+
+impl Answered {
+    /// A batch's answers, one for each prompt.
+    fn all(answers: Vec<SubAnswer>) -> Self {
+        Self::Many {
+            prompts: answers.len(),
+            answers: Ok(answers),
+        }
+    }
 }
 
 /// What a waiting request is told.
@@ -1827,6 +1864,33 @@ impl Worker {
 
     fn last_words(&self) -> String {
         String::from_utf8_lossy(&lock(&self.last_words)).into_owned()
+    }
+
+    /// Sends the code the answer(s) to its sub-call `call`, first counting those that are
+    /// errors in the block they are for, if it still runs: `block` (`None`: the one running
+    /// now). Every answer to `llm_query` and `llm_query_batched` is sent here.
+    fn answer(&self, block: Option<u64>, call: u64, answers: Answered) {
+        let failed = match &answers {
+            Answered::One(answer) => usize::from(answer.is_err()),
+            Answered::Many {
+                answers: Ok(answers),
+                ..
+            } => answers.iter().filter(|a| a.is_err()).count(),
+            Answered::Many {
+                answers: Err(_),
+                prompts,
+            } => *prompts,
+        };
+        if let Some(running) = lock(&self.block).as_mut()
+            && block.is_none_or(|id| id == running.id)
+        {
+            let failed = u32::try_from(failed).unwrap_or(u32::MAX);
+            running.sub_call_errors = running.sub_call_errors.saturating_add(failed);
+        }
+        let _ = self.send(&match answers {
+            Answered::One(answer) => ToWorker::Answer { call, answer },
+            Answered::Many { answers, .. } => ToWorker::Answers { call, answers },
+        });
     }
 
     /// Keeps `answer` in the record of block `id`, and what was asked and answered (`prompt`:
@@ -2082,10 +2146,7 @@ fn answer_call(
     let endpoint = match services.endpoints.get(&name) {
         Ok(endpoint) => endpoint,
         Err(e) => {
-            let _ = worker.send(&ToWorker::Answer {
-                call,
-                answer: Err(SubFailure::from(&e)),
-            });
+            worker.answer(None, call, Answered::One(Err(SubFailure::from(&e))));
             return;
         }
     };
@@ -2095,7 +2156,7 @@ fn answer_call(
     let (block, cancel) = match route(worker, services, &[key]) {
         Route::Replayed(mut answers) => {
             let answer = answers.pop().unwrap_or_else(|| Err(unanswered()));
-            let _ = worker.send(&ToWorker::Answer { call, answer });
+            worker.answer(None, call, Answered::One(answer));
             return;
         }
         Route::Live { block, cancel } => (block, cancel),
@@ -2109,7 +2170,7 @@ fn answer_call(
             .map(|response| response.content)
             .map_err(|e| SubFailure::from(&e));
         worker.record(block, key, kept, &answer);
-        let _ = worker.send(&ToWorker::Answer { call, answer });
+        worker.answer(Some(block), call, Answered::One(answer));
     });
 }
 
@@ -2124,10 +2185,9 @@ fn answer_batch(
     let endpoint = match services.endpoints.get(&name) {
         Ok(endpoint) => endpoint,
         Err(e) => {
-            let _ = worker.send(&ToWorker::Answers {
-                call,
-                answers: Err(SubFailure::from(&e)),
-            });
+            let answers = Err(SubFailure::from(&e));
+            let prompts = prompts.len();
+            worker.answer(None, call, Answered::Many { answers, prompts });
             return;
         }
     };
@@ -2139,10 +2199,7 @@ fn answer_batch(
         .collect();
     let (block, cancel) = match route(worker, services, &keys) {
         Route::Replayed(answers) => {
-            let _ = worker.send(&ToWorker::Answers {
-                call,
-                answers: Ok(answers),
-            });
+            worker.answer(None, call, Answered::all(answers));
             return;
         }
         Route::Live { block, cancel } => (block, cancel),
@@ -2163,10 +2220,7 @@ fn answer_batch(
         for ((key, prompt), answer) in keys.iter().zip(kept).zip(&answers) {
             worker.record(block, *key, prompt, answer);
         }
-        let _ = worker.send(&ToWorker::Answers {
-            call,
-            answers: Ok(answers),
-        });
+        worker.answer(Some(block), call, Answered::all(answers));
     });
 }
 
