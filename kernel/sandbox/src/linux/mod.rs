@@ -1,7 +1,8 @@
 //! The Linux layers and the order [`enter`] applies them in:
 //!
 //! 1. environment (`env`): only the policy's variables;
-//! 2. namespaces (`ns`): user, then network and PID;
+//! 2. namespaces (`ns`): user, then network and PID; then the supervisor is not dumpable
+//!    (`privileges`), nor is anything it forks;
 //! 3. process tree (`lifetime`): supervisor → init → confined, in a session init leads
 //!    (the supervisor, a process-group leader, cannot start one); init mounts the worker's
 //!    view: everything read-only, a `/dev/shm` and a `/proc` of its own (`ns`);
@@ -40,6 +41,8 @@ pub(crate) fn enter(policy: &Policy, level: Level) -> Result<Report, SandboxErro
     lifetime::die_with_parent()?;
 
     let namespaces = ns::unshare_all(&ns::IdMaps::current(), policy.network);
+    // Dumpable no longer than its id maps' write needed: nor are the processes it forks.
+    privileges::not_dumpable();
     let own_userns = namespaces.user.is_ok();
     let pid_namespace = namespaces.pid.is_ok();
     // Only outside the initial user namespace may init touch `pid_max` (see `ns::cap_pids`).

@@ -445,6 +445,101 @@ attempt("chroot", lambda: check(libc.chroot(SCRATCH.encode())))
     let _ = sleeper.wait();
 }
 
+/// Starts `rlm-confine` on a machine that has neither user namespaces nor Landlock, as far as
+/// it can tell: a seccomp filter of the test's own refuses `unshare` (`EPERM`) and
+/// `landlock_create_ruleset` (`ENOSYS`, an older kernel's answer). Arguments of `python3 -c`.
+const NO_NAMESPACES_NOR_LANDLOCK: &str = r#"
+import ctypes, os, struct, sys
+unshare, landlock = int(sys.argv[1]), int(sys.argv[2])
+def insn(code, jt, jf, k):
+    return struct.pack("HBBI", code, jt, jf, k)
+ALLOW, ERRNO = 0x7FFF0000, 0x00050000
+program = b"".join([
+    insn(0x20, 0, 0, 0),                    # the system call's number
+    insn(0x15, 0, 1, unshare),
+    insn(0x06, 0, 0, ERRNO | 1),            # EPERM
+    insn(0x15, 0, 1, landlock),
+    insn(0x06, 0, 0, ERRNO | 38),           # ENOSYS
+    insn(0x06, 0, 0, ALLOW),
+])
+class Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+code = ctypes.create_string_buffer(program, len(program))
+filters = Program(len(program) // 8, ctypes.cast(code, ctypes.c_void_p))
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0, "PR_SET_NO_NEW_PRIVS"
+assert libc.prctl(22, 2, ctypes.byref(filters), 0, 0) == 0, "PR_SET_SECCOMP"
+os.execv(sys.argv[3], sys.argv[3:])
+"#;
+
+/// Where the kernel gives neither user namespaces (so no PID namespace: the supervisor is
+/// the code's parent, in the machine's `/proc`) nor Landlock, and the code's user is not root
+/// (no capability on either side, which would refuse it), what keeps the code from the
+/// supervisor's memory is that the supervisor is not dumpable: its `/proc/PID/mem` would let
+/// the code rewrite a process of its user outside every layer (no seccomp filter, no rlimits),
+/// and run anything there. Fails with the supervisor dumpable (the memory read, the
+/// environment too). As root, the code runs as [`NOBODY`](crate::support::NOBODY).
+#[test]
+fn without_namespaces_or_landlock_the_supervisor_is_still_out_of_the_codes_reach() {
+    let mut sandbox = Sandbox::unprivileged().unwrap_or_else(Sandbox::new);
+    sandbox.wrapper = vec![
+        sandbox.python.display().to_string(),
+        "-c".to_owned(),
+        NO_NAMESPACES_NOR_LANDLOCK.to_owned(),
+        libc::SYS_unshare.to_string(),
+        libc::SYS_landlock_create_ruleset.to_string(),
+    ];
+    let run = sandbox.run(
+        &code(
+            r#"
+supervisor = os.getppid()
+def mem(pid):
+    with open(f"/proc/{pid}/mem", "rb") as f:
+        with open(f"/proc/{pid}/maps") as maps:
+            f.seek(int(maps.readline().split("-")[0], 16))
+        return len(f.read(8))
+print("parent", open(f"/proc/{supervisor}/comm").read().strip(), flush=True)
+# The control: a fork of the code's that makes itself dumpable is read.
+ready_r, ready_w = os.pipe()
+child = os.fork()
+if child == 0:
+    libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
+    os.write(ready_w, b"x")
+    time.sleep(20)
+    os._exit(0)
+os.read(ready_r, 1)
+attempt("dumpable_child_mem", lambda: mem(child))
+os.kill(child, signal.SIGKILL)
+attempt("supervisor_mem", lambda: mem(supervisor))
+attempt("supervisor_environ", lambda: len(open(f"/proc/{supervisor}/environ", "rb").read()))
+"#,
+        ),
+        &[],
+    );
+    let report = run
+        .report
+        .clone()
+        .unwrap_or_else(|| panic!("no report: {run:#?}"));
+    // The machine the test means: no Landlock, no PID namespace (the supervisor is the
+    // subreaper and the code's parent), and `/proc/PID/mem` read where nothing else stands in
+    // the way (a dumpable process of the code's user, holding no capability the code lacks).
+    assert!(
+        matches!(
+            report.state(Layer::Filesystem),
+            Some(State::Unavailable { .. })
+        ),
+        "{report}"
+    );
+    assert!(
+        matches!(report.state(Layer::Lifetime), Some(State::Partial { .. })),
+        "{report}"
+    );
+    assert_eq!(run.expect("parent"), "rlm-confine", "{run:#?}");
+    assert_eq!(run.expect("dumpable_child_mem"), "ok 8", "{run:#?}");
+    refused(&run, "supervisor_mem", libc::EACCES);
+    refused(&run, "supervisor_environ", libc::EACCES);
+}
+
 #[test]
 fn a_fork_bomb_is_capped_and_dies_with_the_worker() {
     for sandbox in sandboxes() {

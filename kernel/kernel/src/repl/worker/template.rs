@@ -485,7 +485,8 @@ fn fork(host: libc::pid_t, name: &[u8; 16], link: RawFd, output: RawFd) -> i32 {
 }
 
 /// In the forked worker: dies with the host's worker-starting thread, its own process group
-/// (the host stops it and what it starts by group), dumpable as a started worker is, its
+/// (the host stops it and what it starts by group), dumpable as a started worker is (to write
+/// its user namespace's id maps: `sandbox::enter` turns it off once they are written), its
 /// output on 1 and 2, its link on 3, nothing else open. Exits when any step fails.
 ///
 /// # Safety
