@@ -222,7 +222,7 @@ fn extra_models_are_listed_for_the_root_and_picked_by_name() {
 /// Every answer the code gets as an error counts in `sub_call_errors`, whatever failed: a
 /// model name with no endpoint (never sent, so not among `sub_calls`, in a call and in each
 /// slot of a batch) as a prompt refused as too long for the sub-model's window (a sub-call
-/// the ledger records, counted once).
+/// the ledger records, counted once); the run's closing line counts the same.
 #[test]
 fn every_error_the_code_gets_instead_of_an_answer_counts_as_a_failed_sub_call() {
     let code = repl(
@@ -267,6 +267,10 @@ fn every_error_the_code_gets_instead_of_an_answer_counts_as_a_failed_sub_call() 
         assert_eq!(metrics["sub_call_errors"], 4, "{isolation}: {metrics:#}");
         assert_eq!(metrics["sub_calls"], 2, "{isolation}: {metrics:#}");
         assert_eq!(metrics["llm_query_calls"], 3, "{isolation}: {metrics:#}");
+        // The closing line adds up to the same 4: 1 refused, 3 never sent.
+        let closing = "final answer after 2 iteration(s), 1 sub-call(s) sent, 1 refused before \
+                       sending, 3 more got an error without being sent, ";
+        assert!(run.stderr.contains(closing), "{isolation}: {}", run.stderr);
     }
     assert_eq!(mock.requests_to("sub-model"), 2, "`four`, once a run");
 }

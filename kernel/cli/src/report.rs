@@ -84,7 +84,7 @@ pub(crate) fn report(
             trace::summary(
                 result.termination_reason,
                 &result.metrics,
-                &SubCallCounts::of(&result.sub_calls),
+                &result.sub_calls,
             )
         );
         for line in closing_lines(result, opts) {

@@ -26,7 +26,7 @@ use kernel::rlm::{
 use serde::Deserialize;
 use serde_json::Value;
 
-use kernel::rlm::trace::{self, SubCallCounts};
+use kernel::rlm::trace;
 
 /// Arguments of `rlm show`.
 #[derive(Debug, Args)]
@@ -226,7 +226,7 @@ fn result(closing: &Closing, sub_calls: &[SubCallMetadata]) -> String {
     text.push_str(&trace::summary(
         closing.termination_reason,
         &closing.metrics,
-        &SubCallCounts::of(sub_calls),
+        sub_calls,
     ));
     text.push('\n');
     text

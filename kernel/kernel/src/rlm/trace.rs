@@ -281,7 +281,7 @@ pub fn failure(error: &RunError) -> String {
 }
 
 /// Sub-calls by how they ended: sent (and of those, failed), answered by the sub-call cache,
-/// or refused before sending.
+/// or refused before sending; and, for a run, the errors its code got that no call records.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SubCallCounts {
     /// Calls that reached the server (at least one HTTP attempt).
@@ -292,9 +292,25 @@ pub struct SubCallCounts {
     pub cached: usize,
     /// Calls never sent: refused by a budget, or cancelled before their first attempt.
     pub refused: usize,
+    /// Errors the run's code got instead of an answer beyond those of the recorded calls: a
+    /// model name with no endpoint, never a call (see [`Self::of_run`]; 0 in [`Self::of`]).
+    pub unsent: usize,
 }
 
 impl SubCallCounts {
+    /// The counts of a run's `calls`, and the errors its code got (its
+    /// [`SessionMetrics::sub_call_errors`], the one count of them) that no call's record holds:
+    /// `unsent`. So the counts agree with `sub_call_errors`: it is `unsent` plus the calls
+    /// recorded with an error (`failed`, `refused`, and a cached error).
+    pub fn of_run(calls: &[SubCallMetadata], sub_call_errors: u64) -> Self {
+        let recorded = calls.iter().filter(|call| call.error.is_some()).count();
+        let errors = usize::try_from(sub_call_errors).unwrap_or(usize::MAX);
+        Self {
+            unsent: errors.saturating_sub(recorded),
+            ..Self::of(calls)
+        }
+    }
+
     /// The counts of `calls`.
     pub fn of<'a>(calls: impl IntoIterator<Item = &'a SubCallMetadata>) -> Self {
         let mut counts = Self::default();
@@ -324,21 +340,25 @@ impl std::fmt::Display for SubCallCounts {
         if self.refused > 0 {
             write!(f, ", {} refused before sending", self.refused)?;
         }
+        if self.unsent > 0 {
+            write!(f, ", {} more got an error without being sent", self.unsent)?;
+        }
         Ok(())
     }
 }
 
-/// The closing line: how the run ended, iterations, sub-calls, tokens, cost (when a price was
-/// given) and time.
+/// The closing line: how the run ended, iterations, sub-calls (the run's own `sub_calls`, as
+/// [`SubCallCounts::of_run`] counts them), tokens, cost (when a price was given) and time.
 pub fn summary(
     reason: TerminationReason,
     metrics: &SessionMetrics,
-    sub_calls: &SubCallCounts,
+    sub_calls: &[SubCallMetadata],
 ) -> String {
     let mut line = format!(
-        "{} after {} iteration(s), {sub_calls}, {} tokens",
+        "{} after {} iteration(s), {}, {} tokens",
         describe(reason),
         metrics.iterations,
+        SubCallCounts::of_run(sub_calls, metrics.sub_call_errors),
         metrics.prompt_tokens + metrics.completion_tokens,
     );
     if let Some(usd) = metrics.cost_usd {
