@@ -73,7 +73,8 @@
 //!   `__name__ == "__main__"` holds, though `__name__` names the module.
 //! - `fork` workers inherit the module. A `spawn` or `forkserver` worker is a fresh
 //!   interpreter: the kernel writes a module file per session into a private temporary
-//!   directory on the worker's `sys.path` (never the parent's) when a worker starts; it
+//!   directory on the worker's `sys.path` (never the parent's) when a worker starts (one
+//!   writer at a time, as sessions on other threads may start workers at once); the file
 //!   re-creates every block's top-level imports, functions, classes and named lambdas from
 //!   their source, then the data globals they name, copied by value up to 1 MiB each (a
 //!   whole context is not copied: pass data as arguments), as spawn re-imports a script's

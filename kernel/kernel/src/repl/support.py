@@ -264,7 +264,8 @@ _SESSIONS = weakref.WeakSet()
 # Whether the kernel started this interpreter (`install`): then nothing runs Python's exit.
 _OWNS_INTERPRETER = False
 # Sessions start and close on many threads at once (a flow's parallel steps, `rlm_query`
-# children): they join and leave `_SESSIONS` under this lock, and while `_ENDING` (the last
+# children): they join and leave `_SESSIONS` under this lock, their modules for spawn workers
+# are written and removed under it (`_write_session_modules`), and while `_ENDING` (the last
 # session's close ends multiprocessing, see `_end_multiprocessing`) a session waits to start.
 _LIFECYCLE = threading.Condition()
 _ENDING = False
@@ -278,8 +279,9 @@ def _end_multiprocessing():
     terminate the pools still registered and remove its temporary folder (`pymp-*`, holding
     the forkserver's socket) from the user's `TMPDIR`. A session created meanwhile would lose
     its pools, forkserver and folder to this: it waits until the end is over (`_ENDING`),
-    then starts both again when it needs them. `_LIFECYCLE` is not held meanwhile (the stop
-    waits for a process, which nothing under that lock may do): the start waits with it
+    then starts the forkserver and the folder again when it needs them. `_LIFECYCLE` is not held meanwhile: the stop
+    waits for a process, under the forkserver's lock, which a forkserver's start holds while
+    it takes `_LIFECYCLE` (`_write_session_modules`); the session's start waits with it
     released. Both are multiprocessing's private functions: should a Python change them, the
     session still closes, and says what may be left."""
     try:
@@ -758,27 +760,40 @@ def _referenced_values(session):
 
 
 def _write_session_modules():
+    """Write the module of every session with definitions, for a worker about to start.
+
+    Starts in several sessions at once each write every module: the files are written under
+    `_LIFECYCLE` (one writer at a time, one folder, and no module of a session that closed
+    meanwhile), the texts made before it (pickling the values runs the user's code)."""
     global _spawn_dir
-    sessions = [s for s in list(_SESSIONS) if s.definitions]
-    if not sessions:
-        return _spawn_dir
-    if _spawn_dir is None:
-        _spawn_dir = tempfile.mkdtemp(prefix="rlm-sessions-")
-        # A file where `__pycache__` would go: a rewritten module is never read from a stale
-        # bytecode cache (its mtime and size may not change).
-        open(os.path.join(_spawn_dir, "__pycache__"), "w").close()
-    for session in sessions:
-        name = session.name
-        text = _REPLAY.format(
-            sid=session.sid,
-            definitions=list(session.definitions),
-            values=_referenced_values(session),
+    modules = [
+        (
+            session,
+            _REPLAY.format(
+                sid=session.sid,
+                definitions=list(session.definitions),
+                values=_referenced_values(session),
+            ),
         )
-        path = os.path.join(_spawn_dir, name + ".py")
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(path + ".tmp", path)
-    return _spawn_dir
+        for session in list(_SESSIONS)
+        if session.definitions
+    ]
+    if not modules:
+        return _spawn_dir
+    with _LIFECYCLE:
+        if _spawn_dir is None:
+            _spawn_dir = tempfile.mkdtemp(prefix="rlm-sessions-")
+            # A file where `__pycache__` would go: a rewritten module is never read from a
+            # stale bytecode cache (its mtime and size may not change).
+            open(os.path.join(_spawn_dir, "__pycache__"), "w").close()
+        for session, text in modules:
+            if session not in _SESSIONS:
+                continue
+            path = os.path.join(_spawn_dir, session.name + ".py")
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(path + ".tmp", path)
+        return _spawn_dir
 
 
 def _remove_session_module(name):

@@ -1066,6 +1066,54 @@ fn a_session_created_while_the_last_one_ends_multiprocessing_keeps_its_pool() {
     closing.join().expect("the first session closed");
 }
 
+/// Every spawn or forkserver start writes the module of every session with definitions (see
+/// `_REPLAY` in the support module): starts in two sessions at once (a flow's parallel
+/// steps) neither fail on each other's writes nor leave a folder behind. The window is
+/// widened: each session asks for a start's preparation data 200 times, as every start does,
+/// and its module carries a table by value.
+#[test]
+fn sessions_starting_spawn_workers_at_once_share_one_folder_of_modules() {
+    let sessions = [session(), session()];
+    for s in &sessions {
+        ok(
+            s,
+            "TABLE = list(range(20_000))\ndef pick(i):\n    return TABLE[i]",
+        );
+    }
+    let starts = "import multiprocessing.spawn\nfolders, failures = set(), []\n\
+                  for _ in range(200):\n\
+                  \x20   try:\n\
+                  \x20       data = multiprocessing.spawn.get_preparation_data('w')\n\
+                  \x20       folders.add(data['sys_path'][-1])\n\
+                  \x20   except OSError as error:\n\
+                  \x20       failures.append(repr(error))\n\
+                  with multiprocessing.get_context('spawn').Pool(1) as pool:\n\
+                  \x20   assert pool.map(pick, [7]) == [7]\n\
+                  print(len(failures), failures[:2])\nprint(*folders)";
+    let outputs: Vec<String> = std::thread::scope(|scope| {
+        let runs: Vec<_> = sessions
+            .iter()
+            .map(|s| scope.spawn(move || ok(s, starts).stdout))
+            .collect();
+        runs.into_iter()
+            .map(|run| run.join().expect("joins"))
+            .collect()
+    });
+    let folders: std::collections::BTreeSet<&str> = outputs
+        .iter()
+        .map(|out| {
+            let (failures, folders) = out.split_once('\n').expect("two lines");
+            assert_eq!(failures, "0 []", "{out}");
+            folders.trim()
+        })
+        .collect();
+    assert_eq!(folders.len(), 1, "{outputs:?}");
+    let folder = std::path::PathBuf::from(*folders.first().expect("a folder"));
+    assert!(folder.is_dir(), "{}", folder.display());
+    drop(sessions);
+    assert!(!folder.exists(), "{} is left", folder.display());
+}
+
 #[test]
 fn blocks_that_start_no_process_read_nothing_in_proc() {
     let s = session();
