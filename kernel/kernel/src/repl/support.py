@@ -139,7 +139,15 @@ class Session:
         # namespace hold a semaphore in a reference cycle that `close` must collect.
         self.collect_on_close = False
         with _LIFECYCLE:
-            _LIFECYCLE.wait_for(lambda: not _ENDING)
+            if not _LIFECYCLE.wait_for(lambda: not _ENDING, timeout=_END_WAIT_S):
+                print(
+                    f"rlm: the last session's end of multiprocessing (its forkserver's stop and "
+                    f"finalizers) is still running after {_END_WAIT_S:g} s, likely held up by "
+                    f"a process that keeps the forkserver's pipe open; this session starts "
+                    f"anyway, and a multiprocessing pool it starts before that end is over may "
+                    f"be terminated by it",
+                    file=sys.__stderr__,
+                )
             _SESSIONS.add(self)
 
     def begin_block(self, stdout, stderr, globals_, reserved, slot):
@@ -269,6 +277,10 @@ _OWNS_INTERPRETER = False
 # session's close ends multiprocessing, see `_end_multiprocessing`) a session waits to start.
 _LIFECYCLE = threading.Condition()
 _ENDING = False
+# How long a session's start waits for that end, in seconds. The end waits for the forkserver
+# to exit, which a process still holding its pipe can put off for ever: past this the session
+# starts anyway and says so, rather than every later session of the interpreter hanging.
+_END_WAIT_S = 30.0
 
 
 def _end_multiprocessing():
@@ -278,9 +290,9 @@ def _end_multiprocessing():
     which could hold a copy of the pipe, were ended before), then its finalizers run, which
     terminate the pools still registered and remove its temporary folder (`pymp-*`, holding
     the forkserver's socket) from the user's `TMPDIR`. A session created meanwhile would lose
-    its pools, forkserver and folder to this: it waits until the end is over (`_ENDING`),
-    then starts the forkserver and the folder again when it needs them. `_LIFECYCLE` is not held meanwhile: the stop
-    waits for a process, under the forkserver's lock, which a forkserver's start holds while
+    its pools, forkserver and folder to this: it waits until the end is over (`_ENDING`; at
+    most `_END_WAIT_S`, then it starts anyway and says so), then starts the forkserver and the
+    folder again when it needs them. `_LIFECYCLE` is not held meanwhile: the stop waits for a process, under the forkserver's lock, which a forkserver's start holds while
     it takes `_LIFECYCLE` (`_write_session_modules`); the session's start waits with it
     released. Both are multiprocessing's private functions: should a Python change them, the
     session still closes, and says what may be left."""

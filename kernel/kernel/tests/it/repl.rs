@@ -1066,6 +1066,47 @@ fn a_session_created_while_the_last_one_ends_multiprocessing_keeps_its_pool() {
     closing.join().expect("the first session closed");
 }
 
+/// The wait of a session's start for the last one's end of multiprocessing is bounded: a
+/// forkserver slow to exit (here 6 s; for ever if a process the sessions do not track keeps
+/// its pipe) does not hold up every session started meanwhile.
+#[test]
+fn a_session_start_waits_a_bounded_time_for_the_last_ones_end_of_multiprocessing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("rlm_slower_exit.py"),
+        "import atexit, time\natexit.register(time.sleep, 6)\n",
+    )
+    .expect("module written");
+    let first = session();
+    ok(
+        &first,
+        &format!(
+            "import multiprocessing, os, sys\nos.environ['PYTHONPATH'] = {:?}\n\
+             sys.modules['_rlm_kernel']._END_WAIT_S = 0.5\n\
+             forkserver = multiprocessing.get_context('forkserver')\n\
+             forkserver.set_forkserver_preload(['rlm_slower_exit'])\n\
+             with forkserver.Pool(1) as pool:\n    assert pool.map(abs, [-1]) == [1]\n\
+             forkserver.set_forkserver_preload(['__main__'])\ndel os.environ['PYTHONPATH']",
+            dir.path().to_str().expect("utf-8")
+        ),
+    );
+    let closing = std::thread::spawn(move || drop(first));
+    std::thread::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    let second = session();
+    let waited = started.elapsed();
+    // The end takes ~6 s from the first close; the start gives up after 0.5 s.
+    assert!(
+        waited < Duration::from_secs(4),
+        "the start waited {waited:?}"
+    );
+    ok(
+        &second,
+        "import sys\nsys.modules['_rlm_kernel']._END_WAIT_S = 30.0",
+    );
+    closing.join().expect("the first session closed");
+}
+
 /// Every spawn or forkserver start writes the module of every session with definitions (see
 /// `_REPLAY` in the support module): starts in two sessions at once (a flow's parallel
 /// steps) neither fail on each other's writes nor leave a folder behind. The window is
