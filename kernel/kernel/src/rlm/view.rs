@@ -257,14 +257,10 @@ fn render_result(out: &mut String, result: Option<&Value>) {
             ("iterations", format!("{}", number("iterations"))),
             ("root calls", format!("{}", number("root_calls"))),
             ("code blocks", format!("{}", number("code_blocks"))),
-            (
-                "sub-calls",
-                format!(
-                    "{} ({} failed)",
-                    number("sub_calls"),
-                    number("sub_call_errors")
-                ),
-            ),
+            ("sub-calls", format!("{}", number("sub_calls"))),
+            // Every error the code got instead of an answer, a call never sent (no endpoint)
+            // included: not a part of the sub-calls.
+            ("sub-call errors", format!("{}", number("sub_call_errors"))),
             (
                 "tokens",
                 format!(
@@ -655,6 +651,18 @@ mod tests {
         );
         assert!(html.contains("<b>Child #0</b> · depth 2"));
         assert!(html.contains("call_budget</span>: Budget &lt;exhausted&gt;"));
+    }
+
+    #[test]
+    fn sub_call_errors_are_shown_apart_from_the_sub_calls_they_can_outnumber() {
+        // Three calls to a model name with no endpoint (never sent), one refused, one answered.
+        let run = r#"{"type":"header","query":"q"}
+{"type":"result","answer":"a","termination_reason":"final_answer","metrics":{"sub_calls":2,"sub_call_errors":4}}"#;
+        let html = render_trajectory_html(run, false).expect("renders");
+        assert!(
+            html.contains("<span><i>sub-calls</i> 2</span><span><i>sub-call errors</i> 4</span>"),
+            "{html}"
+        );
     }
 
     #[test]
