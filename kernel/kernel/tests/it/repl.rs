@@ -1074,7 +1074,9 @@ fn a_session_start_waits_a_bounded_time_for_the_last_ones_end_of_multiprocessing
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(
         dir.path().join("rlm_slower_exit.py"),
-        "import atexit, time\natexit.register(time.sleep, 6)\n",
+        "import atexit, pathlib, time\n\
+         atexit.register(pathlib.Path(__file__).with_name('exited').touch)\n\
+         atexit.register(time.sleep, 6)\n",
     )
     .expect("module written");
     let first = session();
@@ -1105,6 +1107,13 @@ fn a_session_start_waits_a_bounded_time_for_the_last_ones_end_of_multiprocessing
         "import sys\nsys.modules['_rlm_kernel']._END_WAIT_S = 30.0",
     );
     closing.join().expect("the first session closed");
+    // The forkserver's exit (atexit runs last in, first out) ends its sleep, then marks it.
+    let exited = dir.path().join("exited");
+    let until = Instant::now() + Duration::from_secs(20);
+    while !exited.exists() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(exited.exists(), "the slow forkserver never exited");
 }
 
 /// Every spawn or forkserver start writes the module of every session with definitions (see
