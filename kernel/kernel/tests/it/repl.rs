@@ -1022,6 +1022,37 @@ fn a_closed_session_releases_the_semaphores_its_namespace_held_in_a_cycle() {
     );
 }
 
+/// A session whose code ran `setup`, then started multiprocessing's forkserver preloading a
+/// module of `dir` that sleeps `seconds` at the forkserver's exit, then leaves `exited` in
+/// `dir` (`atexit` runs last in, first out), so that the last session's close takes that long
+/// to end multiprocessing.
+fn session_with_a_slow_forkserver(dir: &std::path::Path, seconds: u32, setup: &str) -> ReplSession {
+    std::fs::write(
+        dir.join("rlm_slow_exit.py"),
+        format!(
+            "import atexit, pathlib, time\n\
+             atexit.register(pathlib.Path(__file__).with_name('exited').touch)\n\
+             atexit.register(time.sleep, {seconds})\n"
+        ),
+    )
+    .expect("module written");
+    let s = session();
+    ok(&s, setup);
+    // Python 3.11's forkserver does not take the parent's `sys.path`: `PYTHONPATH` finds it.
+    ok(
+        &s,
+        &format!(
+            "import multiprocessing, os\nos.environ['PYTHONPATH'] = {:?}\n\
+             forkserver = multiprocessing.get_context('forkserver')\n\
+             forkserver.set_forkserver_preload(['rlm_slow_exit'])\n\
+             with forkserver.Pool(1) as pool:\n    assert pool.map(abs, [-1]) == [1]\n\
+             forkserver.set_forkserver_preload(['__main__'])\ndel os.environ['PYTHONPATH']",
+            dir.to_str().expect("utf-8")
+        ),
+    );
+    s
+}
+
 /// The last session's close stops multiprocessing's forkserver and runs its exit finalizers
 /// (which terminate every pool still registered and remove its folder from `TMPDIR`): a
 /// session created meanwhile waits for that end instead of losing its pool to it. The window
@@ -1031,24 +1062,7 @@ fn a_closed_session_releases_the_semaphores_its_namespace_held_in_a_cycle() {
 #[test]
 fn a_session_created_while_the_last_one_ends_multiprocessing_keeps_its_pool() {
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        dir.path().join("rlm_slow_exit.py"),
-        "import atexit, time\natexit.register(time.sleep, 2)\n",
-    )
-    .expect("module written");
-    let first = session();
-    // Python 3.11's forkserver does not take the parent's `sys.path`: `PYTHONPATH` finds it.
-    ok(
-        &first,
-        &format!(
-            "import multiprocessing, os\nos.environ['PYTHONPATH'] = {:?}\n\
-             forkserver = multiprocessing.get_context('forkserver')\n\
-             forkserver.set_forkserver_preload(['rlm_slow_exit'])\n\
-             with forkserver.Pool(1) as pool:\n    assert pool.map(abs, [-1]) == [1]\n\
-             forkserver.set_forkserver_preload(['__main__'])\ndel os.environ['PYTHONPATH']",
-            dir.path().to_str().expect("utf-8")
-        ),
-    );
+    let first = session_with_a_slow_forkserver(dir.path(), 2, "");
     let closing = std::thread::spawn(move || drop(first));
     std::thread::sleep(Duration::from_millis(500));
     let second = session();
@@ -1072,25 +1086,10 @@ fn a_session_created_while_the_last_one_ends_multiprocessing_keeps_its_pool() {
 #[test]
 fn a_session_start_waits_a_bounded_time_for_the_last_ones_end_of_multiprocessing() {
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        dir.path().join("rlm_slower_exit.py"),
-        "import atexit, pathlib, time\n\
-         atexit.register(pathlib.Path(__file__).with_name('exited').touch)\n\
-         atexit.register(time.sleep, 6)\n",
-    )
-    .expect("module written");
-    let first = session();
-    ok(
-        &first,
-        &format!(
-            "import multiprocessing, os, sys\nos.environ['PYTHONPATH'] = {:?}\n\
-             sys.modules['_rlm_kernel']._END_WAIT_S = 0.5\n\
-             forkserver = multiprocessing.get_context('forkserver')\n\
-             forkserver.set_forkserver_preload(['rlm_slower_exit'])\n\
-             with forkserver.Pool(1) as pool:\n    assert pool.map(abs, [-1]) == [1]\n\
-             forkserver.set_forkserver_preload(['__main__'])\ndel os.environ['PYTHONPATH']",
-            dir.path().to_str().expect("utf-8")
-        ),
+    let first = session_with_a_slow_forkserver(
+        dir.path(),
+        6,
+        "import sys\nsys.modules['_rlm_kernel']._END_WAIT_S = 0.5",
     );
     let closing = std::thread::spawn(move || drop(first));
     std::thread::sleep(Duration::from_millis(500));
@@ -1107,7 +1106,6 @@ fn a_session_start_waits_a_bounded_time_for_the_last_ones_end_of_multiprocessing
         "import sys\nsys.modules['_rlm_kernel']._END_WAIT_S = 30.0",
     );
     closing.join().expect("the first session closed");
-    // The forkserver's exit (atexit runs last in, first out) ends its sleep, then marks it.
     let exited = dir.path().join("exited");
     let until = Instant::now() + Duration::from_secs(20);
     while !exited.exists() && Instant::now() < until {
