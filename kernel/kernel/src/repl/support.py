@@ -292,10 +292,11 @@ def _end_multiprocessing():
     the forkserver's socket) from the user's `TMPDIR`. A session created meanwhile would lose
     its pools, forkserver and folder to this: it waits until the end is over (`_ENDING`; at
     most `_END_WAIT_S`, then it starts anyway and says so), then starts the forkserver and the
-    folder again when it needs them. `_LIFECYCLE` is not held meanwhile: the stop waits for a process, under the forkserver's lock, which a forkserver's start holds while
-    it takes `_LIFECYCLE` (`_write_session_modules`); the session's start waits with it
-    released. Both are multiprocessing's private functions: should a Python change them, the
-    session still closes, and says what may be left."""
+    folder again when it needs them. `_LIFECYCLE` is not held meanwhile: the stop waits for a
+    process, under the forkserver's lock, which a forkserver's start holds while it takes
+    `_LIFECYCLE` (`_write_session_modules`); the session's start waits with it released. Both
+    are multiprocessing's private functions: should a Python change them, the session still
+    closes, and says what may be left."""
     try:
         forkserver = sys.modules.get("multiprocessing.forkserver")
         if forkserver is not None:
