@@ -89,6 +89,19 @@ impl From<&BridgeError> for SubFailure {
 /// One sub-call's outcome: the answer's text or the failure.
 pub(crate) type SubAnswer = Result<String, SubFailure>;
 
+/// How many of a batch's `prompts` get an error instead of an answer: those of `answers` that
+/// are errors, or all of them when the batch failed as a whole (an endpoint that does not
+/// exist).
+pub(crate) fn failed_answers(
+    answers: &Result<Vec<SubAnswer>, SubFailure>,
+    prompts: usize,
+) -> usize {
+    match answers {
+        Ok(answers) => answers.iter().filter(|a| a.is_err()).count(),
+        Err(_) => prompts,
+    }
+}
+
 /// One child as an isolated session's worker hands it to the parent, which runs it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct WireChild {
@@ -457,10 +470,7 @@ impl SubModelBridge {
             }),
             SubCallRoute::Remote(remote) => remote.batch(model, prompts, &options.cancel),
         };
-        self.counted(match &answers {
-            Ok(answers) => answers.iter().filter(|a| a.is_err()).count(),
-            Err(_) => n,
-        });
+        self.counted(failed_answers(&answers, n));
         answers
     }
 

@@ -85,7 +85,7 @@ use crate::repl::metadata::{
     ContextMetadata, ExecError, ExecutionResult, Restore, SubCallText, VariableInfo, WorkerEnd,
     WorkerRestart, kept_text,
 };
-use crate::repl::natives::{SubAnswer, SubFailure, WireChild, WireContext};
+use crate::repl::natives::{SubAnswer, SubFailure, WireChild, WireContext, failed_answers};
 use crate::repl::source::ContextInput;
 use crate::repl::stop_watch::StopWatch;
 use crate::runtime;
@@ -1872,14 +1872,7 @@ impl Worker {
     fn answer(&self, block: Option<u64>, call: u64, answers: Answered) {
         let failed = match &answers {
             Answered::One(answer) => usize::from(answer.is_err()),
-            Answered::Many {
-                answers: Ok(answers),
-                ..
-            } => answers.iter().filter(|a| a.is_err()).count(),
-            Answered::Many {
-                answers: Err(_),
-                prompts,
-            } => *prompts,
+            Answered::Many { answers, prompts } => failed_answers(answers, *prompts),
         };
         if let Some(running) = lock(&self.block).as_mut()
             && block.is_none_or(|id| id == running.id)
