@@ -154,6 +154,14 @@ fn the_budget_stops_at_a_child_and_the_run_says_which() {
         error.contains("rlm_query child #2 (depth 1, started by iteration 1, block 0)"),
         "{error}"
     );
+    // The child the budget stopped gave its parent's code an error: one failed sub-call.
+    assert_eq!(json["metrics"]["sub_call_errors"], 1);
+    assert!(
+        run.stderr
+            .contains(", 0 sub-call(s) sent, 1 rlm_query child run(s) gave no answer, "),
+        "{}",
+        run.stderr
+    );
     let sent = mock
         .log()
         .entries()
@@ -437,4 +445,151 @@ fn a_childs_context_its_parents_code_tampered_with_is_a_clear_error_for_that_chi
         );
     }
     assert!(!run.stderr.contains("panicked"), "{}", run.stderr);
+}
+
+/// A mock whose `root-model` runs `code`, then answers `done`, and whose children (played by
+/// `sub-model`, as in [`script`]) fail on their prompt: `model fails` gets a garbled reply
+/// from its model (twice: the retry too), `code fails` writes a block that raises, `crash
+/// please` one that crashes its worker.
+fn failing_children_mock(code: &str) -> Mock {
+    let mut script = script(&[&repl(code), "FINAL(done)"]);
+    let rules = script["models"]["sub-model"]["rules"]
+        .as_array_mut()
+        .expect("rules");
+    for (prompt, code) in [
+        ("code fails", "1 / 0"),
+        ("crash please", "import ctypes\nctypes.string_at(0)"),
+    ] {
+        rules.insert(
+            0,
+            json!({"system": "recursive language model", "last_user": prompt,
+                   "reply": repl(code)}),
+        );
+    }
+    let mut garbled =
+        bridge::mock::FaultRule::matching("model fails", bridge::mock::FaultKind::MalformedJson);
+    garbled.model = Some("sub-model".to_owned());
+    Mock::start_with(bridge::mock::MockConfig {
+        script: bridge::mock::Script::from_json_value(script).expect("script"),
+        faults: bridge::mock::Faults::none().with_rule(garbled),
+        ..bridge::mock::MockConfig::default()
+    })
+}
+
+/// Every `rlm_query` child that gives its parent's code an error instead of an answer counts
+/// in the parent's `sub_call_errors`, whatever ended it: its model call failed, its blocks
+/// failed, its model name has no endpoint (it never started), its worker crashed (isolated
+/// only: in-process the crash would end `rlm`). Each node says why; the closing line of
+/// `rlm run` and of `rlm show` adds up to the same count, saying how many were children.
+#[test]
+fn each_child_that_gives_no_answer_counts_as_a_failed_sub_call_and_its_node_says_why() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctx = context(&dir, &["x"]);
+    for (isolation, crash) in [("process", true), ("none", false)] {
+        let prompts = if crash {
+            "['fine', 'model fails', 'code fails', 'crash please']"
+        } else {
+            "['fine', 'model fails', 'code fails']"
+        };
+        let mock = failing_children_mock(&format!(
+            "answers = rlm_query_batched({prompts}, ['ERROR'] * len({prompts}))\n\
+             lost = rlm_query('who?', model='nope')\n\
+             print([a[:6] for a in answers], lost[:6])"
+        ));
+        let trajectory = dir.path().join(format!("{isolation}.jsonl"));
+        let run = mock.run(&[
+            "--context",
+            &ctx,
+            "--query",
+            "q",
+            "--max-depth",
+            "2",
+            "--max-consecutive-failures",
+            "1",
+            "--isolation",
+            isolation,
+            "--trajectory",
+            trajectory.to_str().expect("utf-8"),
+            "--json",
+        ]);
+        run.assert_code(0);
+        let json = run.json();
+        let block = &json["iterations"][0]["blocks"][0];
+        let failed = if crash { 4 } else { 3 };
+        let errors = vec!["Error:"; failed - 1].join("', '");
+        assert_eq!(
+            block["stdout"],
+            format!("['1', '{errors}'] Error:\n"),
+            "{isolation}: {block:#}"
+        );
+        assert_eq!(json["metrics"]["sub_call_errors"], failed, "{isolation}");
+        assert_eq!(json["metrics"]["sub_calls"], 0, "{isolation}");
+
+        let children = block["children"].as_array().expect("the tree");
+        let why: Vec<(&str, &str)> = children
+            .iter()
+            .map(|child| {
+                (
+                    child["termination_reason"].as_str().unwrap_or_default(),
+                    child["error"].as_str().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(why[0], ("final_answer", ""), "{isolation}: {why:?}");
+        assert_eq!(why[1].0, "root_model_error", "{isolation}: {why:?}");
+        assert!(why[1].1.contains("answered badly"), "{isolation}: {why:?}");
+        assert_eq!(why[2].0, "consecutive_failures", "{isolation}: {why:?}");
+        assert!(
+            why[2].1.contains("ZeroDivisionError"),
+            "{isolation}: {why:?}"
+        );
+        if crash {
+            assert_eq!(why[3].0, "consecutive_failures", "{isolation}: {why:?}");
+        }
+        let lost = why.last().expect("the child with no endpoint");
+        assert!(lost.1.contains("`nope`"), "{isolation}: {why:?}");
+
+        let closing = format!(
+            "final answer after 2 iteration(s), 0 sub-call(s) sent, {failed} rlm_query child \
+             run(s) gave no answer, "
+        );
+        assert!(run.stderr.contains(&closing), "{isolation}: {}", run.stderr);
+        let show = rlm(
+            &["show".to_owned(), trajectory.to_string_lossy().into_owned()],
+            None,
+        );
+        show.assert_code(0);
+        assert!(
+            show.stdout.contains(&closing),
+            "{isolation}: {}",
+            show.stdout
+        );
+    }
+}
+
+/// A block whose worker crashed after its children failed still counts them: the worker's
+/// count ended with it, and the parent's (which sent the children's answers) stands in.
+#[test]
+fn a_block_whose_worker_crashed_counts_the_children_that_gave_its_code_an_error() {
+    let mock = failing_children_mock(
+        "answers = rlm_query_batched(['fine', 'model fails'], ['ERROR', 'x'])\n\
+         lost = rlm_query('who?', model='nope')\n\
+         import ctypes\n\
+         ctypes.CDLL(None).abort()",
+    );
+    let json = run_at_depth_two(&mock, &["--isolation", "process"]).json();
+    let block = &json["iterations"][0]["blocks"][0];
+    assert_eq!(block["restart"]["cause"]["kind"], "crashed", "{block:#}");
+    let answered: Vec<bool> = block["children"]
+        .as_array()
+        .expect("the tree")
+        .iter()
+        .map(|child| child["answer"].is_string())
+        .collect();
+    assert_eq!(answered, [true, false, false], "{block:#}");
+    assert_eq!(
+        json["metrics"]["sub_call_errors"], 2,
+        "{:#}",
+        json["metrics"]
+    );
 }

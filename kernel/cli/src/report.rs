@@ -13,7 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 use kernel::options::RunOptions;
-use kernel::rlm::{FinalNote, RlmResult, TerminationReason};
+use kernel::rlm::{FinalNote, IterationRecord, RlmResult, TerminationReason};
 use serde_json::{Map, Value, json};
 
 use crate::exit::RunOutcome;
@@ -85,6 +85,11 @@ pub(crate) fn report(
                 result.termination_reason,
                 &result.metrics,
                 &result.sub_calls,
+                result
+                    .iterations
+                    .iter()
+                    .map(IterationRecord::failed_children)
+                    .sum(),
             )
         );
         for line in closing_lines(result, opts) {

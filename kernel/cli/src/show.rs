@@ -94,6 +94,7 @@ fn trajectory(text: &str, path: &Path) -> Result<String> {
         .collect();
     let mut out = String::new();
     let mut calls: Vec<SubCallMetadata> = Vec::new();
+    let mut failed_children = 0;
     // Iterations that started, by their `reply` and `block` lines, until their record comes.
     let mut started: Vec<(u32, Option<String>, Vec<String>)> = Vec::new();
     let mut closed = false;
@@ -163,6 +164,7 @@ fn trajectory(text: &str, path: &Path) -> Result<String> {
                     serde_json::from_value(value).with_context(|| parsed(kind))?;
                 started.retain(|(n, _, _)| *n != record.metadata.iteration);
                 out.push_str(&iteration(&record));
+                failed_children += record.failed_children();
                 calls.extend(record.sub_calls);
             }
             "error" => {
@@ -174,7 +176,7 @@ fn trajectory(text: &str, path: &Path) -> Result<String> {
                 let closing: Closing =
                     serde_json::from_value(value).with_context(|| parsed(kind))?;
                 closed = true;
-                out.push_str(&result(&closing, &calls));
+                out.push_str(&result(&closing, &calls, failed_children));
             }
             // A newer writer's extra line kinds are not ours to judge.
             _ => {}
@@ -218,7 +220,7 @@ fn iteration(record: &IterationRecord) -> String {
     text
 }
 
-fn result(closing: &Closing, sub_calls: &[SubCallMetadata]) -> String {
+fn result(closing: &Closing, sub_calls: &[SubCallMetadata], failed_children: usize) -> String {
     let mut text = trace::answer(closing.answer.as_deref());
     if let Some(error) = &closing.error {
         text.push_str(&format!("{error}\n"));
@@ -227,6 +229,7 @@ fn result(closing: &Closing, sub_calls: &[SubCallMetadata]) -> String {
         closing.termination_reason,
         &closing.metrics,
         sub_calls,
+        failed_children,
     ));
     text.push('\n');
     text

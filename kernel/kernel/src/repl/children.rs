@@ -16,7 +16,11 @@
 //!
 //! Answers come back as strings in input order; a child that failed (no answer, a budget, a
 //! kernel error) is a per-item error like a failed `llm_query_batched` slot: an
-//! `"Error: <reason>"` string, or `LlmQueryError` when the session raises.
+//! `"Error: <reason>"` string, or `LlmQueryError` when the session raises. It counts as one
+//! too, in the block's `sub_call_errors` (the one count of the slots the code got as errors,
+//! whichever call made them), at the one point where that count is kept
+//! ([`SubModelBridge::children_answered`], for both isolations: an isolated session's children
+//! answer its worker's natives); a child's node in the run tree says what ended it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,8 +34,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use tokio_util::sync::CancellationToken;
 
 use super::natives::{
-    LlmQuery, LlmQueryBatched, RemoteCalls, SubAnswer, SubFailure, SubModelBridge, WireChild,
-    WireContext,
+    LlmQuery, LlmQueryBatched, RemoteCalls, SubAnswer, SubModelBridge, WireChild, WireContext,
 };
 use super::source::{ContextSource, EncodedContext, EncodedFormat, LiveObject};
 
@@ -268,9 +271,10 @@ fn run_children(
                     max_iterations,
                 })
                 .collect();
+            let n = queries.len();
             let mut answers = Vec::new();
             py.detach(|| runner.run(queries, &cancel, &mut |given| answers = given));
-            Ok(Some(answers))
+            Ok(bridge.children_answered(Some(answers), n))
         }
         Runner::Parent(remote) => {
             let mut children = Vec::with_capacity(prompts.len());
@@ -287,7 +291,9 @@ fn run_children(
                     max_iterations,
                 });
             }
-            Ok(py.detach(|| remote.children(children, &cancel)))
+            let n = children.len();
+            let answers = py.detach(|| remote.children(children, &cancel));
+            Ok(bridge.children_answered(answers, n))
         }
     }
 }
@@ -326,7 +332,9 @@ impl RlmQuery {
             endpoint,
             max_iterations,
         )?;
-        match answers.map(|mut answers| answers.pop()) {
+        // `None`: nobody runs children here; otherwise the one child's answer (there is one
+        // for each child).
+        match answers.and_then(|answers| answers.into_iter().next()) {
             None => {
                 say_flat_once(py, &self.slot)?;
                 let prompt = PyString::new(py, &flat_prompt(prompt, context)?);
@@ -335,15 +343,8 @@ impl RlmQuery {
                 };
                 flat.__call__(py, prompt.as_any(), model)
             }
-            Some(Some(Ok(answer))) => Ok(answer),
-            Some(Some(Err(failure))) => self.bridge.failure(py, &failure),
-            Some(None) => self.bridge.failure(
-                py,
-                &SubFailure {
-                    kind: "child_error".to_owned(),
-                    message: "the child run gave no result".to_owned(),
-                },
-            ),
+            Some(Ok(answer)) => Ok(answer),
+            Some(Err(failure)) => self.bridge.failure(py, &failure),
         }
     }
 

@@ -479,8 +479,9 @@ pub struct ExecutionResult {
     /// Calls of `llm_query_batched` during the block.
     pub llm_query_batched_calls: u32,
     /// Answers the block's code got as an error instead of a sub-model's answer (an
-    /// `"Error: …"` string or `LlmQueryError`; each slot of a batch counts), whatever failed:
-    /// the one count of failed sub-calls (`SessionMetrics::sub_call_errors`). For a block
+    /// `"Error: …"` string or `LlmQueryError`; each slot of a batch counts), whatever failed,
+    /// an `rlm_query` child that gave no answer included: the one count of failed sub-calls
+    /// (`SessionMetrics::sub_call_errors`). For a block
     /// whose worker process ended (its own count ended with it), the errors the parent had
     /// sent its code.
     #[serde(default)]

@@ -92,10 +92,7 @@ pub(crate) type SubAnswer = Result<String, SubFailure>;
 /// How many of a batch's `prompts` get an error instead of an answer: those of `answers` that
 /// are errors, or all of them when the batch failed as a whole (an endpoint that does not
 /// exist).
-pub(crate) fn failed_answers(
-    answers: &Result<Vec<SubAnswer>, SubFailure>,
-    prompts: usize,
-) -> usize {
+pub(crate) fn failed_answers(answers: Result<&[SubAnswer], &SubFailure>, prompts: usize) -> usize {
     match answers {
         Ok(answers) => answers.iter().filter(|a| a.is_err()).count(),
         Err(_) => prompts,
@@ -313,6 +310,26 @@ impl SubModelBridge {
         self.cell_token()
     }
 
+    /// The answers of `n` `rlm_query` children as their runner gave them, one for each child
+    /// (a child the runner gave none failed), counted as [`call`](Self::call)'s and
+    /// [`batch`](Self::batch)'s answers are; `None` when nobody runs children here (the code
+    /// then asks the sub-model instead, through those two).
+    pub(crate) fn children_answered(
+        &self,
+        answers: Option<Vec<SubAnswer>>,
+        n: usize,
+    ) -> Option<Vec<SubAnswer>> {
+        let mut answers = answers?;
+        answers.resize_with(n, || {
+            Err(SubFailure {
+                kind: "child_error".to_owned(),
+                message: "the rlm_query child run gave no result".to_owned(),
+            })
+        });
+        self.counted(failed_answers(Ok(&answers), n));
+        Some(answers)
+    }
+
     /// The answers of `rlm_query_batched`'s children as the code gets them: a list in input
     /// order with `"Error: ..."` for failed children, or `LlmQueryError` (with the list) when
     /// the session raises and one failed.
@@ -414,10 +431,14 @@ impl SubModelBridge {
     /// `failed` answers of sub-calls are about to reach the code as errors. Every sub-call's
     /// answer comes through [`call`](Self::call) or [`batch`](Self::batch), whichever route
     /// it took and whatever failed (the model, a refusal, a name with no endpoint, a replay
-    /// with no recorded answer), so `sub_call_errors` is counted here and nowhere else, with
-    /// one exception: a block whose worker process ended with it, this count lost, reports
-    /// its parent's count of the answers it sent the block as errors instead
-    /// (`worker::parent`).
+    /// with no recorded answer), and every `rlm_query` child's through
+    /// [`children_answered`](Self::children_answered), whatever ended it without an answer
+    /// (its model, a budget, its time, its blocks failing, a child refused or that could not
+    /// start): a failed child is a slot the code gets as an error just as a failed
+    /// `llm_query`'s, so it is one more of the same count, not a count of its own. So
+    /// `sub_call_errors` is counted here and nowhere else, with one exception: a block whose
+    /// worker process ended with it, this count lost, reports its parent's count of the
+    /// answers it sent the block as errors instead (`worker::parent`).
     fn counted(&self, failed: usize) {
         let failed = u32::try_from(failed).unwrap_or(u32::MAX);
         self.sub_call_errors.fetch_add(failed, Ordering::Relaxed);
@@ -470,7 +491,7 @@ impl SubModelBridge {
             }),
             SubCallRoute::Remote(remote) => remote.batch(model, prompts, &options.cancel),
         };
-        self.counted(failed_answers(&answers, n));
+        self.counted(failed_answers(answers.as_deref(), n));
         answers
     }
 

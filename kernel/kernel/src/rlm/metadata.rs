@@ -71,6 +71,16 @@ impl TerminationReason {
         self == TerminationReason::FinalAnswer
     }
 
+    /// Whether a run that ended so hands its answer, if it has one, to whoever asked (an
+    /// `rlm_query` child's to its parent's code): the final answer, or the one asked for at
+    /// the iteration limit.
+    pub fn hands_over_answer(self) -> bool {
+        matches!(
+            self,
+            TerminationReason::FinalAnswer | TerminationReason::MaxIterations
+        )
+    }
+
     /// Whether the run ended because a limit was reached (iterations, time, budget, failures).
     pub fn is_limit(self) -> bool {
         matches!(
@@ -244,7 +254,9 @@ pub struct SessionMetrics {
     /// Sub-calls whose code got an error instead of an answer (an `"Error: …"` string or
     /// `LlmQueryError`; each slot of a batch counts), whatever failed: a call after its
     /// retries, a refusal (a budget, the model's window), a model name with no endpoint
-    /// (never sent, so not among `sub_calls`).
+    /// (never sent, so not among `sub_calls`), an `rlm_query` child that gave no answer (no
+    /// sub-call either: its [`ChildRun`] node says why). The run's own code only: a child's
+    /// are in its node's metrics.
     pub sub_call_errors: u64,
     /// Sub-model calls the run's sub-call record answered without a request (an identical
     /// call asked before, or in flight at the same time).
@@ -333,6 +345,13 @@ impl ChildRun {
     /// Child runs in this node's subtree, itself included.
     pub fn runs(&self) -> u64 {
         1 + self.metrics.child_runs
+    }
+
+    /// Whether its parent's code got its answer; otherwise the code got an error in its
+    /// place (counted in the parent's `sub_call_errors`), and `termination_reason` and
+    /// `error` say why.
+    pub fn answered(&self) -> bool {
+        self.answer.is_some() && self.termination_reason.hands_over_answer()
     }
 
     /// The budget that stopped this child, if one did.
@@ -469,6 +488,18 @@ pub struct IterationRecord {
     pub model_ms: f64,
     /// Time running blocks, in milliseconds.
     pub execution_ms: f64,
+}
+
+impl IterationRecord {
+    /// How many of the `rlm_query` children its blocks started gave their code an error
+    /// instead of an answer.
+    pub fn failed_children(&self) -> usize {
+        self.blocks
+            .iter()
+            .flat_map(|block| &block.children)
+            .filter(|child| !child.answered())
+            .count()
+    }
 }
 
 /// What a run produced.

@@ -224,13 +224,11 @@ pub fn unfinished_block(code: &str, crashed: bool) -> String {
 /// One line per child run, its own children below it, indented by depth.
 fn children(out: &mut String, nodes: &[ChildRun], level: usize) {
     for node in nodes.iter().take(SHOWN_CHILDREN) {
-        let outcome = match (&node.answer, node.termination_reason) {
-            (Some(answer), TerminationReason::FinalAnswer | TerminationReason::MaxIterations) => {
-                format!("→ {}", one_line(answer))
-            }
-            (_, reason) => format!(
+        let outcome = match &node.answer {
+            Some(answer) if node.answered() => format!("→ {}", one_line(answer)),
+            _ => format!(
                 "✗ {}{}",
-                describe(reason),
+                describe(node.termination_reason),
                 node.error
                     .as_deref()
                     .map(|e| format!(": {}", one_line(e)))
@@ -281,7 +279,8 @@ pub fn failure(error: &RunError) -> String {
 }
 
 /// Sub-calls by how they ended: sent (and of those, failed), answered by the sub-call cache,
-/// or refused before sending; and, for a run, the errors its code got that no call records.
+/// or refused before sending; and, for a run, its `rlm_query` children that failed and the
+/// errors its code got that no call records.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SubCallCounts {
     /// Calls that reached the server (at least one HTTP attempt).
@@ -292,21 +291,29 @@ pub struct SubCallCounts {
     pub cached: usize,
     /// Calls never sent: refused by a budget, or cancelled before their first attempt.
     pub refused: usize,
-    /// Errors the run's code got instead of an answer beyond those of the recorded calls: a
-    /// model name with no endpoint, never a call (see [`Self::of_run`]; 0 in [`Self::of`]).
+    /// The run's `rlm_query` children whose code got an error instead of their answer (see
+    /// [`Self::of_run`]; 0 in [`Self::of`]).
+    pub failed_children: usize,
+    /// Errors the run's code got instead of an answer beyond those of the recorded calls and
+    /// the failed children: a model name with no endpoint, never a call (see
+    /// [`Self::of_run`]; 0 in [`Self::of`]).
     pub unsent: usize,
 }
 
 impl SubCallCounts {
-    /// The counts of a run's `calls`, and the errors its code got (its
-    /// [`SessionMetrics::sub_call_errors`], the one count of them) that no call's record holds:
-    /// `unsent`. So the counts agree with `sub_call_errors`: it is `unsent` plus the calls
-    /// recorded with an error (`failed`, `refused`, and a cached error).
-    pub fn of_run(calls: &[SubCallMetadata], sub_call_errors: u64) -> Self {
+    /// The counts of a run's `calls`, and of the errors its code got (its
+    /// [`SessionMetrics::sub_call_errors`], the one count of them, which a failed `rlm_query`
+    /// child is one more of) the `failed_children` (whose nodes say so: a failed child is no
+    /// call, and no call's record holds its error) and those of no record or node: `unsent`.
+    /// So the counts agree with `sub_call_errors`: it is the calls recorded with an error
+    /// (`failed`, `refused`) plus `failed_children` plus `unsent`.
+    pub fn of_run(calls: &[SubCallMetadata], failed_children: usize, sub_call_errors: u64) -> Self {
         let recorded = calls.iter().filter(|call| call.error.is_some()).count();
         let errors = usize::try_from(sub_call_errors).unwrap_or(usize::MAX);
+        let failed_children = failed_children.min(errors.saturating_sub(recorded));
         Self {
-            unsent: errors.saturating_sub(recorded),
+            failed_children,
+            unsent: errors.saturating_sub(recorded + failed_children),
             ..Self::of(calls)
         }
     }
@@ -340,6 +347,13 @@ impl std::fmt::Display for SubCallCounts {
         if self.refused > 0 {
             write!(f, ", {} refused before sending", self.refused)?;
         }
+        if self.failed_children > 0 {
+            write!(
+                f,
+                ", {} rlm_query child run(s) gave no answer",
+                self.failed_children
+            )?;
+        }
         if self.unsent > 0 {
             write!(f, ", {} more got an error without being sent", self.unsent)?;
         }
@@ -347,18 +361,20 @@ impl std::fmt::Display for SubCallCounts {
     }
 }
 
-/// The closing line: how the run ended, iterations, sub-calls (the run's own `sub_calls`, as
-/// [`SubCallCounts::of_run`] counts them), tokens, cost (when a price was given) and time.
+/// The closing line: how the run ended, iterations, sub-calls (the run's own `sub_calls` and
+/// `failed_children`, its iterations' [`IterationRecord::failed_children`](super::IterationRecord::failed_children),
+/// as [`SubCallCounts::of_run`] counts them), tokens, cost (when a price was given) and time.
 pub fn summary(
     reason: TerminationReason,
     metrics: &SessionMetrics,
     sub_calls: &[SubCallMetadata],
+    failed_children: usize,
 ) -> String {
     let mut line = format!(
         "{} after {} iteration(s), {}, {} tokens",
         describe(reason),
         metrics.iterations,
-        SubCallCounts::of_run(sub_calls, metrics.sub_call_errors),
+        SubCallCounts::of_run(sub_calls, failed_children, metrics.sub_call_errors),
         metrics.prompt_tokens + metrics.completion_tokens,
     );
     if let Some(usd) = metrics.cost_usd {

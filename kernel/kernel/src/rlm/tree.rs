@@ -101,12 +101,8 @@ impl ChildRun {
 /// failure. Made from the result itself, before its node (the code need not wait for that).
 pub(crate) fn answer_for_code(result: &RlmResult) -> ChildAnswer {
     let reason = result.termination_reason;
-    let answered = matches!(
-        reason,
-        TerminationReason::FinalAnswer | TerminationReason::MaxIterations
-    );
     match &result.answer {
-        Some(answer) if answered => Ok(answer.clone()),
+        Some(answer) if reason.hands_over_answer() => Ok(answer.clone()),
         _ => {
             let kind = match reason.budget_limit() {
                 Some(limit) => bridge::FailureKind::Budget(limit).name().to_owned(),

@@ -43,7 +43,8 @@
 //! counts ended with its worker, but for one: the errors its code got instead of answers
 //! (`sub_call_errors`, counted where the code gets them, in the worker: see
 //! [`crate::repl::natives`]) are the parent's count of the answers it sent the block as errors
-//! ([`Worker::answer`], through which every answer to a sub-call goes), kept for this case only.
+//! ([`Worker::answer`], through which every answer to a sub-call or an `rlm_query` child goes),
+//! kept for this case only.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -1689,6 +1690,9 @@ enum Answered {
         answers: Result<Vec<SubAnswer>, SubFailure>,
         prompts: usize,
     },
+    /// `rlm_query`'s and `rlm_query_batched`'s: the children's answers in input order, or
+    /// `None` when nobody runs children (the code then asks as `llm_query`).
+    Children(Option<Vec<SubAnswer>>),
 }
 
 impl Answered {
@@ -1868,11 +1872,15 @@ impl Worker {
 
     /// Sends the code the answer(s) to its sub-call `call`, first counting those that are
     /// errors in the block they are for, if it still runs: `block` (`None`: the one running
-    /// now). Every answer to `llm_query` and `llm_query_batched` is sent here.
+    /// now). Every answer to `llm_query`, `llm_query_batched` and the `rlm_query` children is
+    /// sent here.
     fn answer(&self, block: Option<u64>, call: u64, answers: Answered) {
         let failed = match &answers {
             Answered::One(answer) => usize::from(answer.is_err()),
-            Answered::Many { answers, prompts } => failed_answers(answers, *prompts),
+            Answered::Many { answers, prompts } => failed_answers(answers.as_deref(), *prompts),
+            Answered::Children(answers) => answers
+                .as_deref()
+                .map_or(0, |answers| failed_answers(Ok(answers), answers.len())),
         };
         if let Some(running) = lock(&self.block).as_mut()
             && block.is_none_or(|id| id == running.id)
@@ -1883,6 +1891,7 @@ impl Worker {
         let _ = self.send(&match answers {
             Answered::One(answer) => ToWorker::Answer { call, answer },
             Answered::Many { answers, .. } => ToWorker::Answers { call, answers },
+            Answered::Children(answers) => ToWorker::ChildAnswers { call, answers },
         });
     }
 
@@ -2231,10 +2240,7 @@ fn answer_children(
     children: Vec<WireChild>,
 ) -> Option<ChildrenRun> {
     let Some(runner) = services.children.get() else {
-        let _ = worker.send(&ToWorker::ChildAnswers {
-            call,
-            answers: None,
-        });
+        worker.answer(None, call, Answered::Children(None));
         return None;
     };
     let config = services
@@ -2245,10 +2251,7 @@ fn answer_children(
     let keys: Vec<RecordKey> = children.iter().map(|c| child_key(&config, c)).collect();
     let (block, cancel) = match route(worker, services, &keys) {
         Route::Replayed(answers) => {
-            let _ = worker.send(&ToWorker::ChildAnswers {
-                call,
-                answers: Some(answers),
-            });
+            worker.answer(None, call, Answered::Children(Some(answers)));
             return None;
         }
         Route::Live { block, cancel } => (block, cancel),
@@ -2263,10 +2266,7 @@ fn answer_children(
                 for ((key, prompt), answer) in keys.iter().zip(kept.drain(..)).zip(&answers) {
                     runs_on.record(block, *key, prompt, answer);
                 }
-                let _ = runs_on.send(&ToWorker::ChildAnswers {
-                    call,
-                    answers: Some(answers),
-                });
+                runs_on.answer(Some(block), call, Answered::Children(Some(answers)));
             });
         }),
         call,
@@ -2301,10 +2301,11 @@ fn fail_children(worker: &Worker, call: u64, count: usize, e: &io::Error) {
             "the rlm_query child run could not run: no thread could be started for it ({e})"
         ),
     };
-    let _ = worker.send(&ToWorker::ChildAnswers {
+    worker.answer(
+        None,
         call,
-        answers: Some(vec![Err(failure); count]),
-    });
+        Answered::Children(Some(vec![Err(failure); count])),
+    );
 }
 
 /// The key a child's answer is recorded under for a replay: its query, its context (by
