@@ -19,6 +19,7 @@ import itertools
 import json
 import linecache
 import multiprocessing.spawn
+import multiprocessing.util
 import os
 import pickle
 import reprlib
@@ -141,11 +142,10 @@ class Session:
         with _LIFECYCLE:
             if not _LIFECYCLE.wait_for(lambda: not _ENDING, timeout=_END_WAIT_S):
                 print(
-                    f"rlm: the last session's end of multiprocessing (its forkserver's stop and "
-                    f"finalizers) is still running after {_END_WAIT_S:g} s, likely held up by "
-                    f"a process that keeps the forkserver's pipe open; this session starts "
-                    f"anyway, and a multiprocessing pool it starts before that end is over may "
-                    f"be terminated by it",
+                    f"rlm: the last session's end of multiprocessing (its forkserver's stop, "
+                    f"its pools' and queues' ends, its finalizers) is still running after "
+                    f"{_END_WAIT_S:g} s; this session starts anyway, and a multiprocessing "
+                    f"pool it starts before that end is over may be terminated by it",
                     file=sys.__stderr__,
                 )
             _SESSIONS.add(self)
@@ -277,9 +277,11 @@ _OWNS_INTERPRETER = False
 # session's close ends multiprocessing, see `_end_multiprocessing`) a session waits to start.
 _LIFECYCLE = threading.Condition()
 _ENDING = False
-# How long a session's start waits for that end, in seconds. The end waits for the forkserver
-# to exit, which a process still holding its pipe can put off for ever: past this the session
-# starts anyway and says so, rather than every later session of the interpreter hanging.
+# How long the end waits for the forkserver to exit, and a session's start for that end, in
+# seconds. The forkserver exits once every copy of its pipe is closed, which a process the
+# sessions do not track can put off for ever: past this the end kills it (`_stop_forkserver`)
+# and a session's start goes ahead, rather than the forkserver and its folder being left and
+# every later session of the interpreter waiting for an end that never comes.
 _END_WAIT_S = 30.0
 
 
@@ -287,31 +289,155 @@ def _end_multiprocessing():
     """The last session of an interpreter the kernel started has closed: end what
     multiprocessing ends at an interpreter's exit (from `atexit`), which `rlm` never runs.
     Its forkserver is stopped (it ends when its pipe closes; the session's own processes,
-    which could hold a copy of the pipe, were ended before), then its finalizers run, which
-    terminate the pools still registered and remove its temporary folder (`pymp-*`, holding
-    the forkserver's socket) from the user's `TMPDIR`. A session created meanwhile would lose
-    its pools, forkserver and folder to this: it waits until the end is over (`_ENDING`; at
-    most `_END_WAIT_S`, then it starts anyway and says so), then starts the forkserver and the
-    folder again when it needs them. `_LIFECYCLE` is not held meanwhile: the stop waits for a
-    process, under the forkserver's lock, which a forkserver's start holds while it takes
-    `_LIFECYCLE` (`_write_session_modules`); the session's start waits with it released. Both
-    are multiprocessing's private functions: should a Python change them, the session still
-    closes, and says what may be left."""
+    which could hold a copy of the pipe, were ended before), then its finalizers run, as at an
+    exit: those of priority 0 and up first, which terminate the pools still registered and
+    tell the queues' feeder threads to finish, then the rest, which join those threads and
+    remove its temporary folder (`pymp-*`, holding the forkserver's socket) from the user's
+    `TMPDIR`. A session created meanwhile would lose its pools, forkserver and folder to this:
+    it waits until the end is over (`_ENDING`; at most `_END_WAIT_S`, then it starts anyway
+    and says so), then starts the forkserver and the folder again when it needs them.
+    `_LIFECYCLE` is not held meanwhile: the stop waits for a process, under the forkserver's
+    lock, which a forkserver's start holds while it takes `_LIFECYCLE`
+    (`_write_session_modules`); the session's start waits with it released.
+
+    Each of those waits may be held up for ever by what the user's code left behind, so each
+    is bounded: the forkserver's exit and the feeder threads' ends by `_END_WAIT_S` from the
+    close in all (`_stop_forkserver`, `_drop_unsent_queues`), a pool's workers by
+    `_TERMINATE_GRACE` (`_terminate_pool`); what held them up is killed or dropped, and stderr
+    says so and what to do. The forkserver's fields and the finalizers are multiprocessing's
+    private ones: should a Python change them, the session still closes, and says what may be
+    left."""
+    deadline = time.monotonic() + _END_WAIT_S
     try:
         forkserver = sys.modules.get("multiprocessing.forkserver")
         if forkserver is not None:
-            server = forkserver._forkserver
-            try:
-                server._stop()
-            except OSError:  # reaped elsewhere: only its record is left
-                server._forkserver_pid = None
-                server._forkserver_address = None
+            _stop_forkserver(forkserver._forkserver, deadline)
         util = sys.modules.get("multiprocessing.util")
         if util is not None:
+            for finalizer, workers in _pool_finalizers():
+                _terminate_pool(finalizer, workers)
+            util._run_finalizers(0)
+            _drop_unsent_queues(util, deadline)
             util._run_finalizers()
     except Exception as error:
         print(
             f"rlm: multiprocessing's forkserver or its folder in TMPDIR (pymp-*) may be left: {error!r}",
+            file=sys.__stderr__,
+        )
+
+
+def _stop_forkserver(server, deadline):
+    """Stop multiprocessing's forkserver as its own `_stop` does (close this process's end of
+    the pipe that the forkserver waits on, reap it, remove its socket), except that the wait
+    is bounded. Every process forked from this one since the forkserver started holds a copy
+    of that end, and the forkserver exits only when all are closed: a process that no session
+    tracks (a double fork's daemon, an orphan of a block's child, a process a thread started
+    between blocks) can keep it running for ever, and multiprocessing's `waitpid` with it.
+    At `deadline` the forkserver is terminated (SIGTERM, then SIGKILL after
+    `_TERMINATE_GRACE`) and reaped, and stderr names the processes that hold the pipe, which
+    are the user's: they run on."""
+    with server._lock:
+        pid = server._forkserver_pid
+        if pid is None:
+            return
+        alive = server._forkserver_alive_fd
+        pipe = os.fstat(alive).st_ino
+        os.close(alive)
+        server._forkserver_alive_fd = None
+        if not _reaped_within(pid, deadline - time.monotonic()):
+            holders = sorted(_pipe_holders(pipe) - {pid})
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                _signal_all([pid], sig)
+                if _reaped_within(pid, _TERMINATE_GRACE):
+                    break
+            pids = ", ".join(map(str, holders))
+            held = (
+                f"its pipe is still held by pid {pids} (forked by a block, maybe as a daemon, "
+                f"and tracked by no session: `kill {pids.replace(', ', ' ')}` ends it)"
+                if holders
+                else "its own exit is slow (a module it preloaded?)"
+            )
+            print(
+                f"rlm: multiprocessing's forkserver (pid {pid}) did not exit within "
+                f"{_END_WAIT_S:g} s of the last session's close: {held}; it was killed and its "
+                f"folder in TMPDIR removed. A block that starts processes should end them "
+                f"before it finishes",
+                file=sys.__stderr__,
+            )
+        server._forkserver_pid = None
+        address, server._forkserver_address = server._forkserver_address, None
+        if address is not None and not multiprocessing.util.is_abstract_socket_namespace(address):
+            try:
+                os.unlink(address)
+            except FileNotFoundError:
+                pass
+
+
+def _reaped_within(pid, seconds):
+    """Wait at most `seconds` for child `pid` to end, reaping it: whether it has (or is not
+    this process's child: reaped elsewhere). The pause between looks grows from 1 ms, so a
+    forkserver that exits at once costs its close no more than that."""
+    deadline = time.monotonic() + seconds
+    pause = 0.001
+    while True:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return True
+        except ChildProcessError:
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        _original_sleep(min(pause, left))
+        pause = min(2 * pause, 0.05)
+
+
+def _pipe_holders(inode):
+    """Pids of the processes (those `/proc` lets this one read) with the pipe `inode` open."""
+    link = f"pipe:[{inode}]"
+    holders = set()
+    try:
+        entries = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return holders
+    for entry in entries:
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{entry}/fd/{fd}") == link:
+                    holders.add(int(entry))
+                    break
+            except OSError:
+                continue
+    return holders
+
+
+def _drop_unsent_queues(util, deadline):
+    """Wait until `deadline` for the feeder threads of multiprocessing's queues to send what
+    was put, then cancel the joins of those still sending, which the last finalizers would
+    wait on for ever: a queue whose reader no process reads (the queue was dropped with the
+    namespace; the process meant to read it ended) keeps its feeder blocked on a full pipe.
+    Python's own exit hangs there; the close says what was dropped instead."""
+    dropped = 0
+    for finalizer in list(util._finalizer_registry.values()):
+        callback = getattr(finalizer, "_callback", None)
+        if getattr(callback, "__qualname__", "") != "Queue._finalize_join":
+            continue
+        thread = finalizer._args[0]()
+        if thread is None:
+            continue
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            finalizer.cancel()
+            dropped += 1
+    if dropped:
+        print(
+            f"rlm: {dropped} multiprocessing queue(s) still held data that no process read "
+            f"{_END_WAIT_S:g} s after the last session's close: that data is dropped. A block "
+            f"that puts into a queue should see it read, or call its `cancel_join_thread()`",
             file=sys.__stderr__,
         )
 
@@ -1050,13 +1176,33 @@ def _alive(process):
 
 def _terminate_owning_pool(process):
     # A `multiprocessing.Pool` replaces dead workers; its finalizer stops it for good.
+    for finalizer, workers in _pool_finalizers():
+        if any(worker is process for worker in workers):
+            _terminate_pool(finalizer, workers)
+
+
+def _pool_finalizers():
+    """(finalizer, workers) of every `multiprocessing.Pool` not terminated yet."""
     registry = getattr(sys.modules.get("multiprocessing.util"), "_finalizer_registry", {})
     for finalizer in list(registry.values()):
         callback = getattr(finalizer, "_callback", None)
         args = getattr(finalizer, "_args", ())
         if getattr(callback, "__qualname__", "") == "Pool._terminate_pool" and len(args) > 3:
-            if any(worker is process for worker in args[3]):
-                finalizer()
+            yield finalizer, args[3]
+
+
+def _terminate_pool(finalizer, workers):
+    """Run a pool's finalizer, bounded. It sends its workers SIGTERM, then joins them without a
+    bound: a worker that ignores SIGTERM (or a task stuck in a call that defers it) would hold
+    the block's end or the session's close for ever. So it runs on a thread of its own, and
+    the workers still running after `_TERMINATE_GRACE` get SIGKILL, which ends its joins."""
+    ending = threading.Thread(target=finalizer, name="rlm-pool-end", daemon=True)
+    ending.start()
+    ending.join(_TERMINATE_GRACE)
+    if ending.is_alive():
+        running = [w.pid for w in workers if w.pid is not None and _running(w.pid)]
+        _signal_all(running, signal.SIGKILL)
+        ending.join(_TERMINATE_GRACE)
 
 
 def _signal_all(pids, sig):

@@ -1022,11 +1022,10 @@ fn a_closed_session_releases_the_semaphores_its_namespace_held_in_a_cycle() {
     );
 }
 
-/// A session whose code ran `setup`, then started multiprocessing's forkserver preloading a
-/// module of `dir` that sleeps `seconds` at the forkserver's exit, then leaves `exited` in
+/// A session whose code started multiprocessing's forkserver preloading a module of `dir` that sleeps `seconds` at the forkserver's exit, then leaves `exited` in
 /// `dir` (`atexit` runs last in, first out), so that the last session's close takes that long
 /// to end multiprocessing.
-fn session_with_a_slow_forkserver(dir: &std::path::Path, seconds: u32, setup: &str) -> ReplSession {
+fn session_with_a_slow_forkserver(dir: &std::path::Path, seconds: u32) -> ReplSession {
     std::fs::write(
         dir.join("rlm_slow_exit.py"),
         format!(
@@ -1037,7 +1036,6 @@ fn session_with_a_slow_forkserver(dir: &std::path::Path, seconds: u32, setup: &s
     )
     .expect("module written");
     let s = session();
-    ok(&s, setup);
     // Python 3.11's forkserver does not take the parent's `sys.path`: `PYTHONPATH` finds it.
     ok(
         &s,
@@ -1062,7 +1060,7 @@ fn session_with_a_slow_forkserver(dir: &std::path::Path, seconds: u32, setup: &s
 #[test]
 fn a_session_created_while_the_last_one_ends_multiprocessing_keeps_its_pool() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let first = session_with_a_slow_forkserver(dir.path(), 2, "");
+    let first = session_with_a_slow_forkserver(dir.path(), 2);
     let closing = std::thread::spawn(move || drop(first));
     std::thread::sleep(Duration::from_millis(500));
     let second = session();
@@ -1080,16 +1078,47 @@ fn a_session_created_while_the_last_one_ends_multiprocessing_keeps_its_pool() {
     closing.join().expect("the first session closed");
 }
 
-/// The wait of a session's start for the last one's end of multiprocessing is bounded: a
-/// forkserver slow to exit (here 6 s; for ever if a process the sessions do not track keeps
-/// its pipe) does not hold up every session started meanwhile.
+/// Whether `done` holds within `limit`, looking every 20 ms.
+fn within(limit: Duration, done: impl Fn() -> bool) -> bool {
+    let until = Instant::now() + limit;
+    while !done() {
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// Whether process `pid` is gone (or a zombie, holding nothing), as `/proc` shows it.
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit(") ")
+            .next()
+            .is_some_and(|state| state.starts_with('Z')),
+        Err(_) => true,
+    }
+}
+
+/// The wait of a session's start for the last one's end of multiprocessing is bounded: an end
+/// that runs long (here a finalizer the user's code registered waits 6 s; the end bounds only
+/// its own waits, see the next tests) does not hold up every session started meanwhile.
 #[test]
 fn a_session_start_waits_a_bounded_time_for_the_last_ones_end_of_multiprocessing() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let first = session_with_a_slow_forkserver(
-        dir.path(),
-        6,
-        "import sys\nsys.modules['_rlm_kernel']._END_WAIT_S = 0.5",
+    let ended = dir.path().join("ended");
+    let first = session();
+    ok(
+        &first,
+        &format!(
+            "import multiprocessing.util, pathlib, sys, threading\n\
+             sys.modules['_rlm_kernel']._END_WAIT_S = 0.5\n\
+             # Finalizers of one priority run last in, first out.\n\
+             multiprocessing.util.Finalize(None, pathlib.Path({ended:?}).touch, exitpriority=0)\n\
+             pause = threading.Event().wait\n\
+             multiprocessing.util.Finalize(None, pause, args=(6,), exitpriority=0)"
+        ),
     );
     let closing = std::thread::spawn(move || drop(first));
     std::thread::sleep(Duration::from_millis(500));
@@ -1106,12 +1135,182 @@ fn a_session_start_waits_a_bounded_time_for_the_last_ones_end_of_multiprocessing
         "import sys\nsys.modules['_rlm_kernel']._END_WAIT_S = 30.0",
     );
     closing.join().expect("the first session closed");
-    let exited = dir.path().join("exited");
-    let until = Instant::now() + Duration::from_secs(20);
-    while !exited.exists() && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(exited.exists(), "the slow forkserver never exited");
+    assert!(
+        within(Duration::from_secs(20), || ended.exists()),
+        "the slow end never finished"
+    );
+}
+
+/// The last session's end of multiprocessing waits a bounded time for the forkserver to exit.
+/// A process forked after the forkserver started holds a copy of the pipe whose closing ends
+/// it: here a double fork's daemon, which no session tracks (its parent ended in the block),
+/// kept the forkserver running for ever, and the end waiting on it (the close's caller gives
+/// up after 2 s; the forkserver and its folder were left, and every later session's start
+/// waited `_END_WAIT_S` for that end). After `_END_WAIT_S` (0.5 s here) the forkserver is
+/// killed and reaped, its folder removed, and stderr names the daemon (the user's: it runs
+/// on); the next session starts at once and starts a forkserver of its own.
+#[test]
+fn the_last_sessions_close_kills_a_forkserver_that_a_forgotten_process_keeps_running() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let said = dir.path().join("stderr");
+    let first = session();
+    let r = ok(
+        &first,
+        &format!(
+            "import multiprocessing.forkserver, multiprocessing.util, os, sys, time\n\
+             sys.modules['_rlm_kernel']._END_WAIT_S = 0.5\n\
+             sys.rlm_test_stderr = sys.__stderr__\n\
+             sys.__stderr__ = open({said:?}, 'w', buffering=1)\n\
+             with multiprocessing.get_context('forkserver').Pool(1) as pool:\n\
+             \x20   assert pool.map(abs, [-1]) == [1]\n\
+             r, w = os.pipe()\n\
+             child = os.fork()\n\
+             if child == 0:\n\
+             \x20   daemon = os.fork()\n\
+             \x20   if daemon == 0:\n\
+             \x20       time.sleep(60)\n\
+             \x20   else:\n\
+             \x20       os.write(w, str(daemon).encode())\n\
+             else:\n\
+             \x20   os.close(w)\n\
+             \x20   os.waitpid(child, 0)\n\
+             \x20   daemon = int(os.read(r, 32))\n\
+             \x20   print(daemon, multiprocessing.forkserver._forkserver._forkserver_pid)\n\
+             \x20   print(multiprocessing.util.get_temp_dir())"
+        ),
+    );
+    let mut lines = r.stdout.lines();
+    let pids: Vec<u32> = lines
+        .next()
+        .expect("pids printed")
+        .split(' ')
+        .map(|pid| pid.parse().expect("a pid"))
+        .collect();
+    let (daemon, forkserver) = (pids[0], pids[1]);
+    let folder = std::path::PathBuf::from(lines.next().expect("folder printed"));
+    assert!(folder.is_dir(), "{r:?}");
+    drop(first);
+    // 0.5 s for the forkserver, 1 s for it to die of SIGTERM; on a busy machine, far more.
+    assert!(
+        within(Duration::from_secs(15), || gone(forkserver)
+            && !folder.exists()),
+        "the forkserver {forkserver} or its folder {} is left",
+        folder.display()
+    );
+    let second = session();
+    let r = ok(
+        &second,
+        &format!(
+            "import multiprocessing, os, sys\n\
+             sys.__stderr__.close()\n\
+             sys.__stderr__ = sys.rlm_test_stderr\n\
+             os.kill({daemon}, 9)\n\
+             with multiprocessing.get_context('forkserver').Pool(1) as pool:\n\
+             \x20   print(pool.map(abs, [-2]))"
+        ),
+    );
+    assert_eq!(r.stdout, "[2]\n");
+    // One line: the end's; the second session's start did not wait for it (that says so).
+    let said = std::fs::read_to_string(&said).expect("stderr file");
+    assert_eq!(said.matches("rlm: ").count(), 1, "{said}");
+    assert!(
+        said.contains(&format!(
+            "forkserver (pid {forkserver}) did not exit within 0.5 s"
+        )) && said.contains(&format!("its pipe is still held by pid {daemon} "))
+            && said.contains(&format!("`kill {daemon}`")),
+        "{said}"
+    );
+    // The daemon is init's child: a zombie once killed, holding nothing.
+    assert!(
+        within(Duration::from_secs(10), || gone(daemon)),
+        "the daemon {daemon} still runs"
+    );
+}
+
+/// A session's close terminates the pools its blocks left open through their own finalizer,
+/// which sends the workers SIGTERM and then joins them without a bound: a worker that ignores
+/// SIGTERM (here a task that does, then sleeps 60 s; for ever, had it been stuck) held the
+/// close, and the thread that dropped the session, that long. It is killed after 1 s, and the
+/// next session's pools work.
+#[test]
+fn a_sessions_close_kills_a_pool_worker_that_ignores_sigterm() {
+    let first = session();
+    let r = ok(
+        &first,
+        "import multiprocessing, select, signal\n\
+         fork = multiprocessing.get_context('fork')\n\
+         deaf = fork.Event()\n\
+         def stuck(_):\n\
+         \x20   signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+         \x20   deaf.set()\n\
+         \x20   select.select([], [], [], 60)\n\
+         pool = fork.Pool(1)\n\
+         pending = pool.map_async(stuck, [0])\n\
+         assert deaf.wait(20)\n\
+         print(pool._pool[0].pid)",
+    );
+    let worker: u32 = r.stdout.trim().parse().expect("the worker's pid");
+    let (closed, closing) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(first);
+        closed.send(()).expect("the test waits");
+    });
+    closing
+        .recv_timeout(Duration::from_secs(15))
+        .expect("the session was dropped within 15 s");
+    // Its parent reaps it: then it is not even a zombie.
+    assert!(
+        within(Duration::from_secs(15), || !std::path::Path::new(&format!(
+            "/proc/{worker}"
+        ))
+        .exists()),
+        "the pool worker {worker} was not killed and reaped"
+    );
+    let second = session();
+    let r = ok(
+        &second,
+        "import multiprocessing\n\
+         with multiprocessing.get_context('fork').Pool(1) as pool:\n\
+         \x20   print(pool.map(abs, [-3]))",
+    );
+    assert_eq!(r.stdout, "[3]\n");
+}
+
+/// The last session's end of multiprocessing joins the feeder threads of its queues, as an
+/// interpreter's exit does: a queue holding more than its pipe takes, which no process will
+/// read (the block filled it and left it), keeps its feeder blocked, and Python's own exit
+/// (and the end, which left multiprocessing's folder in `TMPDIR`) waited on it for ever.
+/// After `_END_WAIT_S` (0.5 s here) the end gives it up and goes on; the next session's
+/// queues work.
+#[test]
+fn the_last_sessions_close_gives_up_a_queue_that_no_process_reads() {
+    let first = session();
+    let r = ok(
+        &first,
+        "import multiprocessing.util, sys\n\
+         sys.modules['_rlm_kernel']._END_WAIT_S = 0.5\n\
+         unread = multiprocessing.get_context('spawn').Queue()\n\
+         unread.put(b'x' * 1_000_000)\n\
+         print(multiprocessing.util.get_temp_dir())",
+    );
+    let folder = std::path::PathBuf::from(r.stdout.trim());
+    assert!(folder.is_dir(), "{r:?}");
+    drop(first);
+    assert!(
+        within(Duration::from_secs(15), || !folder.exists()),
+        "{} is left: the end did not finish",
+        folder.display()
+    );
+    let second = session();
+    let r = ok(
+        &second,
+        "import multiprocessing, sys\n\
+         sys.modules['_rlm_kernel']._END_WAIT_S = 30.0\n\
+         queue = multiprocessing.get_context('spawn').Queue()\n\
+         queue.put(b'y' * 1_000_000)\n\
+         print(len(queue.get(timeout=20)))",
+    );
+    assert_eq!(r.stdout, "1000000\n");
 }
 
 /// Every spawn or forkserver start writes the module of every session with definitions (see
