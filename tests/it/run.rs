@@ -275,6 +275,86 @@ fn every_error_the_code_gets_instead_of_an_answer_counts_as_a_failed_sub_call() 
     assert_eq!(mock.requests_to("sub-model"), 2, "`four`, once a run");
 }
 
+/// Each block's record (and its iteration's) carries the sub-call errors its code got, so the
+/// block whose calls failed can be found, in `--json`, the trajectory and `rlm show`: of two
+/// blocks, the second's code got 3 (a call and a batch of 2 to a model name with no endpoint,
+/// never sent), the first's none.
+#[test]
+fn each_blocks_record_says_how_many_sub_call_errors_its_code_got() {
+    let reply = format!(
+        "{}\n{}",
+        repl("d = llm_query('four')"),
+        repl(
+            "a = llm_query('one', model='nope')\nb = llm_query_batched(['two', 'three'], model='nope')"
+        )
+    );
+    let mock = Mock::start(serde_json::json!({
+        "models": {
+            "root-model": {"replies": [reply, "FINAL_VAR(d)"]},
+            "sub-model": {"replies": [{"behaviour": "echo"}]}
+        }
+    }));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let context = file(dir.path(), "ctx.txt", "text");
+    for isolation in ["process", "none"] {
+        let trajectory = dir.path().join(format!("{isolation}.jsonl"));
+        let run = mock.run(&[
+            "--context",
+            context.to_str().expect("utf-8"),
+            "--query",
+            "q",
+            "--isolation",
+            isolation,
+            "--trajectory",
+            trajectory.to_str().expect("utf-8"),
+            "--json",
+        ]);
+        run.assert_code(0);
+        let result = run.json();
+        let written: serde_json::Value = std::fs::read_to_string(&trajectory)
+            .expect("trajectory")
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("JSON line"))
+            .find(|l: &serde_json::Value| l["type"] == "iteration")
+            .expect("the first iteration");
+        for (place, iteration) in [
+            ("--json", &result["iterations"][0]),
+            ("trajectory", &written),
+        ] {
+            let errors: Vec<_> = iteration["blocks"]
+                .as_array()
+                .expect("blocks")
+                .iter()
+                .map(|b| b["sub_call_errors"].clone())
+                .collect();
+            assert_eq!(errors, [0, 3], "{isolation}, {place}: {iteration:#}");
+            assert_eq!(
+                iteration["sub_call_errors"], 3,
+                "{isolation}, {place}: {iteration:#}"
+            );
+        }
+        let show = crate::support::rlm(
+            &["show".into(), trajectory.to_str().expect("utf-8").into()],
+            None,
+        );
+        show.assert_code(0);
+        let lines: Vec<&str> = show
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("  ├ llm_query"))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "  ├ llm_query ×1: 1 sub-call(s) sent",
+                "  ├ llm_query ×1, llm_query_batched ×1: 0 sub-call(s) sent · 3 sub-call error(s)"
+            ],
+            "{isolation}: {}",
+            show.stdout
+        );
+    }
+}
+
 #[test]
 fn ctrl_c_stops_the_run_and_keeps_its_best_answer_and_trajectory() {
     let mock = Mock::start(serde_json::json!({

@@ -108,6 +108,10 @@ pub struct IterationMetadata {
     pub llm_query_calls: u32,
     /// `llm_query_batched` calls made by the blocks.
     pub llm_query_batched_calls: u32,
+    /// Answers the blocks' code got as an error instead of a sub-model's (see
+    /// [`SessionMetrics::sub_call_errors`]).
+    #[serde(default)]
+    pub sub_call_errors: u32,
     /// Whether the iteration ended the run with an answer.
     pub final_answer_found: bool,
     /// How the answer was given.
@@ -398,6 +402,11 @@ pub struct BlockRecord {
     pub llm_query_batched_calls: u32,
     /// Sub-model calls.
     pub sub_calls: usize,
+    /// Answers the code got as an error instead of a sub-model's (see
+    /// [`SessionMetrics::sub_call_errors`]): a call never sent (a model name with no endpoint)
+    /// and a failed `rlm_query` child too, so it can outnumber `sub_calls`.
+    #[serde(default)]
+    pub sub_call_errors: u32,
     /// What the sub-calls asked and answered, head and tail kept (see
     /// [`SessionConfig::sub_call_text_chars`](crate::repl::SessionConfig::sub_call_text_chars)).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -435,6 +444,7 @@ impl BlockRecord {
             llm_query_calls: result.llm_query_calls,
             llm_query_batched_calls: result.llm_query_batched_calls,
             sub_calls: result.sub_calls.len(),
+            sub_call_errors: result.sub_call_errors,
             sub_call_texts: result.sub_call_texts.clone(),
             new_variables: result.new_variables.clone(),
             final_answer: result.final_answer().map(|f| match f.source {

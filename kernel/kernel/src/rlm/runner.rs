@@ -515,6 +515,7 @@ impl Run<'_> {
                         .iter()
                         .map(|r| r.result.llm_query_batched_calls)
                         .sum(),
+                    sub_call_errors: runs.iter().map(|r| r.result.sub_call_errors).sum(),
                     final_answer_found: completion.answer.is_some(),
                     final_answer_type: completion.answer.as_ref().map(|a| a.kind),
                 },

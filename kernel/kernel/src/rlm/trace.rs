@@ -122,8 +122,10 @@ pub fn reply(iteration: u32, answer_now: bool, text: &str) -> String {
     out
 }
 
-/// One block: its code, its sub-calls, its output and whether it set the final answer.
-/// `sub_calls` are the calls the block made; `cell_timeout` names the time limit's setting.
+/// One block: its code, its sub-calls (and the errors its code got instead of answers, when it
+/// got any: a call never sent and a failed `rlm_query` child included, so they are not a part
+/// of its sub-calls), its output and whether it set the final answer. `sub_calls` are the
+/// calls the block made; `cell_timeout` names the time limit's setting.
 pub fn block(record: &BlockRecord, sub_calls: &[SubCallMetadata], cell_timeout: &str) -> String {
     let mut out = format!("  ┌ repl block ({:.0} ms)\n", record.duration_ms);
     let _ = writeln!(
@@ -131,7 +133,7 @@ pub fn block(record: &BlockRecord, sub_calls: &[SubCallMetadata], cell_timeout: 
         "{}",
         indent(&truncate_middle(record.code.trim_end(), SHOWN_CHARS))
     );
-    if !sub_calls.is_empty() {
+    if !sub_calls.is_empty() || record.sub_call_errors > 0 {
         let natives: Vec<String> = [
             ("llm_query", record.llm_query_calls),
             ("llm_query_batched", record.llm_query_batched_calls),
@@ -140,12 +142,15 @@ pub fn block(record: &BlockRecord, sub_calls: &[SubCallMetadata], cell_timeout: 
         .filter(|(_, n)| *n > 0)
         .map(|(name, n)| format!("{name} ×{n}"))
         .collect();
-        let _ = writeln!(
-            out,
-            "  ├ {}: {}",
-            natives.join(", "),
-            SubCallCounts::of(sub_calls)
-        );
+        out.push_str("  ├ ");
+        if !natives.is_empty() {
+            let _ = write!(out, "{}: ", natives.join(", "));
+        }
+        let _ = write!(out, "{}", SubCallCounts::of(sub_calls));
+        if record.sub_call_errors > 0 {
+            let _ = write!(out, " · {} sub-call error(s)", record.sub_call_errors);
+        }
+        out.push('\n');
     }
     for text in record.sub_call_texts.iter().take(SHOWN_SUB_CALLS) {
         let _ = writeln!(

@@ -310,10 +310,11 @@ fn render_iteration(out: &mut String, it: &Value) {
     let ms = |key: &str| it.get(key).and_then(Value::as_f64).unwrap_or(0.0);
     let _ = write!(
         out,
-        "<details class=\"rlm-it\"><summary><b>Iteration {n}</b> · {} block(s) · {} sub-call(s) · \
+        "<details class=\"rlm-it\"><summary><b>Iteration {n}</b> · {} block(s) · {} sub-call(s){} · \
          model {:.0} ms · code {:.0} ms · <span class=\"rlm-status-{}\">{}</span>{}</summary>",
         blocks.len(),
         sub_calls.len(),
+        sub_call_errors(it),
         ms("model_ms"),
         ms("execution_ms"),
         escape(status),
@@ -473,12 +474,13 @@ fn render_block(out: &mut String, block: &Value) {
     let _ = write!(
         out,
         "<div class=\"rlm-block\"><h4>Block {} <span class=\"rlm-dim\">{:.0} ms · {} sub-call(s) \
-         ({} llm_query, {} llm_query_batched){}</span></h4>",
+         ({} llm_query, {} llm_query_batched){}{}</span></h4>",
         index + 1,
         duration,
         calls("sub_calls"),
         calls("llm_query_calls"),
         calls("llm_query_batched_calls"),
+        sub_call_errors(block),
         if block.get("timed_out").and_then(Value::as_bool) == Some(true) {
             " · timed out"
         } else {
@@ -515,6 +517,19 @@ fn render_block(out: &mut String, block: &Value) {
     }
     render_children(out, block);
     out.push_str("</div>");
+}
+
+/// ` · N sub-call error(s)` for an iteration's or a block's `sub_call_errors`, when it has any:
+/// the errors its code got instead of answers, a call never sent and a failed `rlm_query`
+/// child included, so they are not a part of its sub-calls (nothing for a trajectory written
+/// before blocks recorded them).
+fn sub_call_errors(record: &Value) -> String {
+    match record.get("sub_call_errors").and_then(Value::as_u64) {
+        Some(errors) if errors > 0 => {
+            format!(" · <span class=\"rlm-status-error\">{errors} sub-call error(s)</span>")
+        }
+        _ => String::new(),
+    }
 }
 
 /// The `rlm_query` child runs a block started, each folded: its outcome on one line, its
@@ -663,6 +678,34 @@ mod tests {
             html.contains("<span><i>sub-calls</i> 2</span><span><i>sub-call errors</i> 4</span>"),
             "{html}"
         );
+    }
+
+    #[test]
+    fn a_blocks_sub_call_errors_are_shown_on_it_and_its_iteration_only_when_it_has_some() {
+        // Block 1: a call with no endpoint and a batch of 2 refused (never sent), one answered;
+        // block 2 clean; block 3 from a trajectory written before blocks recorded them.
+        let run = r#"{"type":"header","query":"q"}
+{"type":"iteration","iteration":1,"reply":"r","sub_call_errors":3,"blocks":[{"index":0,"code":"a","stdout":"","stderr":"","sub_calls":3,"llm_query_calls":2,"llm_query_batched_calls":1,"sub_call_errors":3},{"index":1,"code":"b","stdout":"","stderr":"","sub_calls":1,"llm_query_calls":1,"sub_call_errors":0},{"index":2,"code":"c","stdout":"","stderr":"","sub_calls":1,"llm_query_calls":1}],"sub_calls":[]}
+{"type":"iteration","iteration":2,"reply":"FINAL(x)","sub_call_errors":0,"blocks":[],"sub_calls":[]}"#;
+        let html = render_trajectory_html(run, false).expect("renders");
+        let errors = " · <span class=\"rlm-status-error\">3 sub-call error(s)</span>";
+        assert!(
+            html.contains(&format!(
+                "<b>Iteration 1</b> · 3 block(s) · 0 sub-call(s){errors} · model"
+            )),
+            "{html}"
+        );
+        assert!(
+            html.contains(&format!(
+                "0 ms · 3 sub-call(s) (2 llm_query, 1 llm_query_batched){errors}</span></h4>"
+            )),
+            "{html}"
+        );
+        assert!(
+            html.contains("0 ms · 1 sub-call(s) (1 llm_query, 0 llm_query_batched)</span></h4>")
+        );
+        assert_eq!(html.matches("sub-call error(s)").count(), 2, "{html}");
+        assert!(html.contains("<b>Iteration 2</b> · 0 block(s) · 0 sub-call(s) · model"));
     }
 
     #[test]
