@@ -176,6 +176,81 @@ fn a_block_whose_worker_crashed_counts_the_sub_call_errors_its_code_got() {
     assert_eq!(sub_calls(&mock), 1, "`four` only");
 }
 
+/// A block whose worker is killed says what its code asked and got before (its parent's
+/// account: the worker's counts and texts ended with it): 3 `llm_query` calls (one answered,
+/// one to a model name with no endpoint, one still in flight when the worker died) and a batch
+/// of 2, what each answered call asked and got, and the one error the code got, in the
+/// block's and the iteration's records, the run's metrics and `rlm show`. The call in flight
+/// was asked but never answered: its cancellation after the worker's end is neither an error
+/// nor a text.
+#[test]
+fn a_block_whose_worker_was_killed_keeps_the_sub_calls_its_code_made() {
+    let code = "import ctypes, os, signal, threading, time\n\
+                a = llm_query('one')\n\
+                b = llm_query_batched(['two', 'three'])\n\
+                c = llm_query('four', model='nope')\n\
+                threading.Thread(target=llm_query, args=('late',), kwargs={'model': 'slow'}).start()\n\
+                time.sleep(1)\n\
+                ctypes.CDLL(None).kill(os.getpid(), signal.SIGKILL)";
+    let mock = Mock::start_with(MockConfig {
+        script: Script::from_json_value(serde_json::json!({
+            "models": {
+                "root-model": {"replies": [repl(code), "FINAL(done)"]},
+                "sub-model": {"replies": [{"behaviour": "echo"}]},
+                "slow-model": {
+                    "replies": [{"behaviour": "echo"}],
+                    "latency": {"kind": "fixed", "ms": 60_000}
+                }
+            }
+        }))
+        .expect("valid script"),
+        ..MockConfig::default()
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (args, trajectory) = traced_args(&mock, dir.path(), &["--extra-model", "slow=slow-model"]);
+    let run = rlm(&args, None);
+    run.assert_code(0);
+    let lines = trajectory_lines(&trajectory);
+    let iteration = lines
+        .iter()
+        .find(|l| l["type"] == "iteration")
+        .expect("the iteration");
+    let killed = &iteration["blocks"][0];
+    assert_eq!(killed["restart"]["cause"]["kind"], "killed", "{killed}");
+    let counts = |record: &serde_json::Value| {
+        [
+            record["llm_query_calls"].clone(),
+            record["llm_query_batched_calls"].clone(),
+            record["sub_call_errors"].clone(),
+        ]
+    };
+    let expected = [3, 1, 1].map(serde_json::Value::from);
+    assert_eq!(counts(killed), expected, "the block: {killed:#}");
+    assert_eq!(counts(iteration), expected, "the iteration: {iteration:#}");
+    let result = lines.last().expect("the result line");
+    assert_eq!(counts(&result["metrics"]), expected, "the run: {result:#}");
+    let texts: Vec<(&str, &str)> = killed["sub_call_texts"]
+        .as_array()
+        .expect("the block's sub-call texts")
+        .iter()
+        .filter_map(|t| Some((t["prompt"].as_str()?, t["reply"].as_str()?)))
+        .collect();
+    assert_eq!(
+        texts,
+        [("one", "one"), ("two", "two"), ("three", "three")],
+        "{killed:#}"
+    );
+    let show = rlm(&["show".into(), trajectory.display().to_string()], None);
+    show.assert_code(0);
+    for line in [
+        "  ├ llm_query ×3, llm_query_batched ×1: ",
+        "  │ `one` → `one`\n",
+        "  │ `three` → `three`\n",
+    ] {
+        assert!(show.stdout.contains(line), "{line}: {}", show.stdout);
+    }
+}
+
 #[test]
 fn the_memory_limit_raises_memory_error_and_the_worker_survives() {
     let hog = "blob = bytearray(2 * 1024 ** 3)";

@@ -474,16 +474,16 @@ pub struct ExecutionResult {
     /// the code got the replies (a batch in input order); empty when the session keeps none.
     #[serde(default)]
     pub sub_call_texts: Vec<SubCallText>,
-    /// Calls of `llm_query` during the block.
+    /// Calls of `llm_query` during the block. For a block whose worker process ended (its own
+    /// counts ended with it), this count, `llm_query_batched_calls`, `sub_call_errors` and
+    /// `sub_call_texts` are what the parent saw of the calls its code made.
     pub llm_query_calls: u32,
     /// Calls of `llm_query_batched` during the block.
     pub llm_query_batched_calls: u32,
     /// Answers the block's code got as an error instead of a sub-model's answer (an
     /// `"Error: …"` string or `LlmQueryError`; each slot of a batch counts), whatever failed,
     /// an `rlm_query` child that gave no answer included: the one count of failed sub-calls
-    /// (`SessionMetrics::sub_call_errors`). For a block
-    /// whose worker process ended (its own count ended with it), the errors the parent had
-    /// sent its code.
+    /// (`SessionMetrics::sub_call_errors`).
     #[serde(default)]
     pub sub_call_errors: u32,
     /// Final answers recorded during the block, at most one per convention, in the order

@@ -40,11 +40,16 @@
 //! out-of-memory kill while the worker ran ([`WorkerEnd::OutOfMemory`]), as a kill otherwise;
 //! a signal that only asks a process to end (`SIGTERM`, `SIGHUP`, ...: [`ASKED_TO_END`]) is
 //! told as a stop from outside `rlm` ([`WorkerEnd::Killed`]), not as a crash. The block's
-//! counts ended with its worker, but for one: the errors its code got instead of answers
-//! (`sub_call_errors`, counted where the code gets them, in the worker: see
-//! [`crate::repl::natives`]) are the parent's count of the answers it sent the block as errors
-//! ([`Worker::answer`], through which every answer to a sub-call or an `rlm_query` child goes),
-//! kept for this case only.
+//! counts of its sub-calls ended with its worker (they are counted where the code makes the
+//! calls and gets the answers, in the worker: see [`crate::repl::natives`]), but the parent saw
+//! them all: every request arrives here, and every answer, to a sub-call or an `rlm_query`
+//! child, goes out through [`Worker::answer`]. So the parent keeps what it saw of the running
+//! block ([`SubCallsSeen`]: its `llm_query` and `llm_query_batched` calls as their requests
+//! arrive, the answers it sent as errors, and what each call asked and got); the texts are
+//! always the block's (they are kept here, where the secrets are known), the counts only when
+//! its worker ended with it, so nothing counts twice. An answer that comes after the worker was
+//! reaped (a call cancelled by its end) never reached the code and is not counted; an empty
+//! `llm_query_batched([])` asks the parent nothing and is not seen.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -746,7 +751,7 @@ impl WorkerSession {
                 end,
                 stdout,
                 stderr,
-                sub_call_errors,
+                seen,
             } => {
                 // The block ended with its worker; the restore that follows is not its time.
                 let duration = started.elapsed();
@@ -766,7 +771,7 @@ impl WorkerSession {
                     variables,
                     last_words: words,
                     memory_limit: self.memory_bytes,
-                    sub_call_errors,
+                    seen,
                 })
             }
         };
@@ -793,8 +798,7 @@ impl WorkerSession {
             stderr: new_capture(self.config.max_output_chars),
             calls: calls.clone(),
             answers,
-            texts: Vec::new(),
-            sub_call_errors: 0,
+            seen: SubCallsSeen::default(),
         });
         // Already cancelled when the block starts: not a reason to stop it (as in-process).
         let session = (!self.cancel.is_cancelled()).then(|| self.cancel.clone());
@@ -865,7 +869,7 @@ impl WorkerSession {
         };
         match outcome {
             Wait::Replied(Ok(mut result)) => {
-                result.sub_call_texts = block.texts;
+                result.sub_call_texts = block.seen.texts;
                 BlockOutcome::Done {
                     result,
                     stdout: block.stdout,
@@ -886,7 +890,7 @@ impl WorkerSession {
                     end,
                     stdout: block.stdout,
                     stderr: block.stderr,
-                    sub_call_errors: block.sub_call_errors,
+                    seen: block.seen,
                 }
             }
         }
@@ -1297,8 +1301,8 @@ enum BlockOutcome {
         end: WorkerEnd,
         stdout: OutputCapture,
         stderr: OutputCapture,
-        /// The block's [`Block::sub_call_errors`].
-        sub_call_errors: u32,
+        /// What the parent saw of the block's sub-calls ([`Block::seen`]).
+        seen: SubCallsSeen,
     },
 }
 
@@ -1344,8 +1348,8 @@ struct EndedBlock<'a> {
     variables: Vec<VariableInfo>,
     last_words: String,
     memory_limit: u64,
-    /// The errors its code got instead of answers, as its parent sent them.
-    sub_call_errors: u32,
+    /// Its sub-calls as its parent saw them: its counts and texts.
+    seen: SubCallsSeen,
 }
 
 /// The result of a block whose worker ended: the output it wrote, an error that says what
@@ -1387,10 +1391,10 @@ fn ended_result(ended: EndedBlock<'_>) -> ExecutionResult {
         timed_out,
         duration: ended.duration,
         sub_calls: Vec::new(),
-        sub_call_texts: Vec::new(),
-        llm_query_calls: 0,
-        llm_query_batched_calls: 0,
-        sub_call_errors: ended.sub_call_errors,
+        sub_call_texts: ended.seen.texts,
+        llm_query_calls: ended.seen.llm_query_calls,
+        llm_query_batched_calls: ended.seen.llm_query_batched_calls,
+        sub_call_errors: ended.seen.sub_call_errors,
         final_answers: Vec::new(),
         variables: ended.variables,
         new_variables: Vec::new(),
@@ -1673,11 +1677,24 @@ struct Block {
     /// Cancels the block's sub-calls in flight when it ends.
     calls: CancellationToken,
     answers: Answers,
-    /// What its sub-calls asked and got, kept here where the secrets are known.
-    texts: Vec<SubCallText>,
-    /// Answers of its sub-calls sent to its code as errors ([`Worker::answer`]): its
-    /// `sub_call_errors` if its worker ends with it.
+    /// What the parent saw of its sub-calls.
+    seen: SubCallsSeen,
+}
+
+/// What the parent saw of a block's sub-calls (see the module docs): the texts are the
+/// block's, the counts only if its worker ends with it (the worker's count stands otherwise).
+#[derive(Debug, Default)]
+struct SubCallsSeen {
+    /// `llm_query` calls, counted as their requests arrive (as the worker counts them: before
+    /// anything can fail, a model name with no endpoint included).
+    llm_query_calls: u32,
+    /// `llm_query_batched` calls, counted likewise.
+    llm_query_batched_calls: u32,
+    /// Answers sent to its code as errors ([`Worker::answer`]).
     sub_call_errors: u32,
+    /// What its sub-calls asked and got ([`Worker::record`]), kept here where the secrets are
+    /// known.
+    texts: Vec<SubCallText>,
 }
 
 /// What the code is sent for one of its sub-calls ([`Worker::answer`]).
@@ -1870,10 +1887,24 @@ impl Worker {
         String::from_utf8_lossy(&lock(&self.last_words)).into_owned()
     }
 
+    /// Whether the worker has been reaped: nothing sent to it since reaches its code.
+    fn reaped(&self) -> bool {
+        lock(&self.end).is_some()
+    }
+
+    /// Counts a sub-call of the running block's code as its request arrives: `calls` picks
+    /// which count ([`SubCallsSeen::llm_query_calls`] or `llm_query_batched_calls`).
+    fn asked(&self, calls: fn(&mut SubCallsSeen) -> &mut u32) {
+        if let Some(running) = lock(&self.block).as_mut() {
+            let count = calls(&mut running.seen);
+            *count = count.saturating_add(1);
+        }
+    }
+
     /// Sends the code the answer(s) to its sub-call `call`, first counting those that are
-    /// errors in the block they are for, if it still runs: `block` (`None`: the one running
-    /// now). Every answer to `llm_query`, `llm_query_batched` and the `rlm_query` children is
-    /// sent here.
+    /// errors in the block they are for, if it still runs on a live worker: `block` (`None`:
+    /// the one running now). Every answer to `llm_query`, `llm_query_batched` and the
+    /// `rlm_query` children is sent here.
     fn answer(&self, block: Option<u64>, call: u64, answers: Answered) {
         let failed = match &answers {
             Answered::One(answer) => usize::from(answer.is_err()),
@@ -1882,11 +1913,12 @@ impl Worker {
                 .as_deref()
                 .map_or(0, |answers| failed_answers(Ok(answers), answers.len())),
         };
-        if let Some(running) = lock(&self.block).as_mut()
+        if !self.reaped()
+            && let Some(running) = lock(&self.block).as_mut()
             && block.is_none_or(|id| id == running.id)
         {
             let failed = u32::try_from(failed).unwrap_or(u32::MAX);
-            running.sub_call_errors = running.sub_call_errors.saturating_add(failed);
+            running.seen.sub_call_errors = running.seen.sub_call_errors.saturating_add(failed);
         }
         let _ = self.send(&match answers {
             Answered::One(answer) => ToWorker::Answer { call, answer },
@@ -1896,12 +1928,16 @@ impl Worker {
     }
 
     /// Keeps `answer` in the record of block `id`, and what was asked and answered (`prompt`:
-    /// already kept, see [`Services::kept`]) in its texts, if that block is still running live.
+    /// already kept, see [`Services::kept`]) in its texts, if that block is still running live
+    /// on a live worker.
     fn record(&self, id: u64, key: RecordKey, prompt: Option<String>, answer: &SubAnswer) {
+        if self.reaped() {
+            return;
+        }
         if let Some(Block {
             id: running,
             answers: Answers::Live(record),
-            texts,
+            seen,
             ..
         }) = lock(&self.block).as_mut()
             && *running == id
@@ -1912,7 +1948,7 @@ impl Worker {
                     Ok(text) => text.clone(),
                     Err(failure) => format!("Error: {}", failure.message),
                 };
-                texts.push(SubCallText {
+                seen.texts.push(SubCallText {
                     prompt,
                     reply: kept_text(&reply, self.text_chars),
                 });
@@ -2144,6 +2180,7 @@ fn answer_call(
     endpoint: Option<String>,
     prompt: String,
 ) {
+    worker.asked(|seen| &mut seen.llm_query_calls);
     let name = endpoint.unwrap_or_else(|| services.sub_endpoint.clone());
     let endpoint = match services.endpoints.get(&name) {
         Ok(endpoint) => endpoint,
@@ -2183,6 +2220,7 @@ fn answer_batch(
     endpoint: Option<String>,
     prompts: Vec<String>,
 ) {
+    worker.asked(|seen| &mut seen.llm_query_batched_calls);
     let name = endpoint.unwrap_or_else(|| services.sub_endpoint.clone());
     let endpoint = match services.endpoints.get(&name) {
         Ok(endpoint) => endpoint,
