@@ -171,6 +171,53 @@ fn the_budget_stops_at_a_child_and_the_run_says_which() {
     assert_eq!(sent, 5, "not one call past the budget");
 }
 
+/// A child that the tree's spent budget keeps from starting says so as one the budget stopped
+/// while it ran: its node ends for that budget (not as a broken session), its code gets the
+/// budget's kind, and its parent stops after the block naming it.
+#[test]
+fn a_child_the_spent_budget_keeps_from_starting_ends_for_that_budget() {
+    let mock = Mock::start(script(&[
+        &repl(
+            "try:\n    rlm_query_batched(['How many ERROR?'] * 3, ['ERROR'] * 3)\n\
+             except LlmQueryError as e:\n    print(e.kind, e.results[2])",
+        ),
+        "FINAL(never)",
+    ]));
+    let run = at_depth_two(
+        &mock,
+        &[
+            "--isolation",
+            "none",
+            "--max-sub-calls",
+            "4",
+            "--batch-concurrency",
+            "1",
+            "--sub-call-errors",
+            "raise",
+        ],
+    );
+    run.assert_code(3);
+    let json = run.json();
+    let block = &json["iterations"][0]["blocks"][0];
+    assert_eq!(
+        block["stdout"],
+        "budget_max_calls Error: the rlm_query child run could not run: the tree's budget is \
+         spent (calls)\n",
+        "{block:#}"
+    );
+    let refused = &block["children"][2];
+    assert_eq!(refused["termination_reason"], "call_budget", "{refused:#}");
+    assert_eq!(refused["error"], "the tree's budget is spent (calls)");
+    assert_eq!(json["termination_reason"], "call_budget");
+    let error = json["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("rlm_query child #2 (depth 1, started by iteration 1, block 0) hit the budget: the tree's budget is spent (calls)"),
+        "{error}"
+    );
+    assert_eq!(json["metrics"]["sub_call_errors"], 1);
+    assert_eq!(mock.requests_to("sub-model"), 4, "two children's two calls");
+}
+
 #[test]
 fn repeated_sub_calls_hit_the_cache_unless_it_is_off() {
     let code = "q = 'Count ERROR in:\\nERROR ERROR'\nr = [llm_query(q) for _ in range(4)] + llm_query_batched([q] * 4)\nprint(r)";
@@ -323,6 +370,13 @@ fn kinds_script(root: &str) -> Value {
 
 /// `rlm run --max-depth 2 --json` (and `extra`) against `mock`, checked to end with an answer.
 fn run_at_depth_two(mock: &Mock, extra: &[&str]) -> crate::support::Run {
+    let run = at_depth_two(mock, extra);
+    run.assert_code(0);
+    run
+}
+
+/// `rlm run --max-depth 2 --json` (and `extra`) against `mock`, over a context `x`.
+fn at_depth_two(mock: &Mock, extra: &[&str]) -> crate::support::Run {
     let dir = tempfile::tempdir().expect("tempdir");
     let context = context(&dir, &["x"]);
     let mut args = vec![
@@ -335,9 +389,7 @@ fn run_at_depth_two(mock: &Mock, extra: &[&str]) -> crate::support::Run {
         "--json",
     ];
     args.extend_from_slice(extra);
-    let run = mock.run(&args);
-    run.assert_code(0);
-    run
+    mock.run(&args)
 }
 
 #[test]
@@ -547,6 +599,7 @@ fn each_child_that_gives_no_answer_counts_as_a_failed_sub_call_and_its_node_says
             assert_eq!(why[3].0, "consecutive_failures", "{isolation}: {why:?}");
         }
         let lost = why.last().expect("the child with no endpoint");
+        assert_eq!(lost.0, "root_model_error", "{isolation}: {why:?}");
         assert!(lost.1.contains("`nope`"), "{isolation}: {why:?}");
 
         let closing = format!(

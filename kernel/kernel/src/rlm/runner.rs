@@ -43,13 +43,15 @@ use super::metadata::{
 };
 use super::metrics::MetricsHook;
 use super::prompts::{KeptSystemPrompt, Prompts};
-use super::tree::answer_for_code;
+use super::tree::{NotRun, answer_for_code};
 use crate::repl::worker::Shape;
 use crate::repl::{
     AheadSession, ChildAnswer, ChildQuery, ChildRunner, ContextMetadata, ContextSource,
     ReplSession, SessionConfig, StopWatch, SubFailure,
 };
-use bridge::{BridgeError, CancellationToken, ChatRequest, Endpoints, Message, SubCallMetadata};
+use bridge::{
+    BridgeError, BudgetLimit, CancellationToken, ChatRequest, Endpoints, Message, SubCallMetadata,
+};
 
 /// Errors that prevent a run from starting. Once a run started, every failure ends it with a
 /// [`TerminationReason`] in the [`RlmResult`] instead.
@@ -1353,15 +1355,14 @@ impl ChildRuns {
             let (child, _) = rlm.insert(self.start(&model, context, max_iterations, cancel)?);
             #[cfg(test)]
             tests::panic_if_told(&prompt, "run");
-            child.run(&prompt).map_err(|e| e.to_string())
+            child
+                .run(&prompt)
+                .map_err(|e| NotRun::kernel(e.to_string()))
         }))
-        .unwrap_or_else(|panic| Err(panicked(panic.as_ref(), "in it")));
+        .unwrap_or_else(|panic| Err(NotRun::kernel(panicked(panic.as_ref(), "in it"))));
         let answer = match &outcome {
             Ok(result) => answer_for_code(result),
-            Err(message) => Err(SubFailure {
-                kind: "child_error".to_owned(),
-                message: format!("the rlm_query child run could not run: {message}"),
-            }),
+            Err(why) => why.answer_for_code(),
         };
         let ended = Ended {
             index,
@@ -1400,14 +1401,19 @@ impl ChildRuns {
                 Ok(result) => {
                     ChildRun::from_result(index, self.depth, model, &prompt, result, chars)
                 }
-                Err(message) => {
-                    ChildRun::not_started(index, self.depth, model, &prompt, message, chars)
-                }
+                Err(why) => ChildRun::not_run(index, self.depth, model, &prompt, why, chars),
             }
         }))
         .unwrap_or_else(|panic| {
             let message = panicked(panic.as_ref(), "as it was closed and recorded");
-            ChildRun::not_started(index, self.depth, model, &prompt, message, chars)
+            ChildRun::not_run(
+                index,
+                self.depth,
+                model,
+                &prompt,
+                NotRun::kernel(message),
+                chars,
+            )
         });
         let mut finished = self.finished.lock().unwrap_or_else(PoisonError::into_inner);
         finished.nodes.push(node);
@@ -1425,19 +1431,28 @@ impl ChildRuns {
         context: Option<ContextSource>,
         max_iterations: Option<u32>,
         cancel: &CancellationToken,
-    ) -> Result<(Rlm, StopWatch), String> {
-        let endpoint = self.endpoints.get(model).map_err(|e| e.to_string())?;
+    ) -> Result<(Rlm, StopWatch), NotRun> {
+        let endpoint = self.endpoints.get(model).map_err(|e| NotRun {
+            reason: TerminationReason::RootModelError,
+            message: e.to_string(),
+        })?;
         // No session (with isolation on, no worker process) for a child that could not send
         // its first model call: code that starts children in a loop past the budget, or after
         // the run stopped, starts none.
         if self.stop.is_cancelled() || cancel.is_cancelled() {
-            return Err("the run was stopped before it started".to_owned());
+            return Err(NotRun {
+                reason: TerminationReason::Interrupted,
+                message: "the run was stopped before it started".to_owned(),
+            });
         }
-        if let Some(spent) = spent(
+        if let Some((limit, spent)) = spent(
             endpoint.ledger(),
             endpoint.config().counts_toward_call_budget,
         ) {
-            return Err(format!("the tree's budget is spent ({spent})"));
+            return Err(NotRun {
+                reason: TerminationReason::for_budget(limit),
+                message: format!("the tree's budget is spent ({spent})"),
+            });
         }
         let contexts: Vec<_> = context.into_iter().collect();
         // With isolation on, its worker starts the session while the child asks its model
@@ -1454,7 +1469,7 @@ impl ChildRuns {
             Some(ahead) => ReplSession::start_ahead(ahead, config, endpoints, contexts),
             None => ReplSession::for_child(config, endpoints, contexts, self.workers.as_ref()),
         }
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| NotRun::kernel(e.to_string()))?;
         // The next child's session is made ready while this one runs (in-process, one at a
         // time; with isolation on, a run that keeps workers ready had its pool order the
         // next worker as this session started).
@@ -1488,21 +1503,21 @@ impl ChildRuns {
 }
 
 /// Which limit of `ledger`'s budget leaves no room for one more model call (`counted`: one
-/// that counts toward the call budget), if any.
-fn spent(ledger: &bridge::Ledger, counted: bool) -> Option<&'static str> {
+/// that counts toward the call budget), if any, and its name in a message.
+fn spent(ledger: &bridge::Ledger, counted: bool) -> Option<(BudgetLimit, &'static str)> {
     let budget = ledger.budget();
     let reached = |max: Option<u64>, so_far: u64| max.is_some_and(|max| so_far >= max);
     if counted && reached(budget.max_calls, ledger.calls_reserved()) {
-        Some("calls")
+        Some((BudgetLimit::Calls, "calls"))
     } else if reached(budget.max_iterations, ledger.iterations_reserved()) {
-        Some("iterations")
+        Some((BudgetLimit::Iterations, "iterations"))
     } else if reached(
         budget.max_tokens,
         ledger.tokens_used() + ledger.tokens_reserved(),
     ) {
-        Some("tokens")
+        Some((BudgetLimit::Tokens, "tokens"))
     } else if budget.max_usd.is_some_and(|max| ledger.usd_used() >= max) {
-        Some("cost")
+        Some((BudgetLimit::Usd, "cost"))
     } else {
         None
     }
@@ -1601,7 +1616,7 @@ struct Ended {
     model: String,
     prompt: String,
     /// Its result, or why it could not run.
-    outcome: Result<RlmResult, String>,
+    outcome: Result<RlmResult, NotRun>,
     /// Its loop and session, and the watch that stops it (`None`: it could not start).
     rlm: Option<(Rlm, StopWatch)>,
 }

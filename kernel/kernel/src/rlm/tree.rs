@@ -16,7 +16,10 @@
 //! answer, termination reason, metrics and iterations. A node's texts are cut like sub-call
 //! texts ([`SessionConfig::sub_call_text_chars`](crate::repl::SessionConfig::sub_call_text_chars)): the prompt, the answer, each reply and each
 //! block's code and output keep their head and tail, so a trajectory stays bounded however deep
-//! and wide the tree.
+//! and wide the tree. A child that did not run has a node too, which ends for what kept it
+//! from starting ([`NotRun`]): the tree's budget already spent ends it for that budget, as if
+//! the budget had stopped it as it ran, so that its code, its node and its parent's stop say
+//! the same.
 //!
 //! The code that asked gets the answers as soon as every child of the call has one (made from
 //! each child's result: [`answer_for_code`]); the last child's node is made and its session
@@ -69,14 +72,14 @@ impl ChildRun {
         }
     }
 
-    /// The node of a child that could not start (its session failed), or that rlm could
-    /// not run or record (it panicked: `error` says so).
-    pub(crate) fn not_started(
+    /// The node of a child that did not run: it could not start, or rlm could not run or
+    /// record it (it panicked: the error says so).
+    pub(crate) fn not_run(
         index: usize,
         depth: u32,
         model: String,
         prompt: &str,
-        error: String,
+        why: NotRun,
         chars: usize,
     ) -> Self {
         Self {
@@ -85,15 +88,57 @@ impl ChildRun {
             model,
             prompt: truncate_middle(prompt, chars).into_owned(),
             answer: None,
-            termination_reason: TerminationReason::KernelError,
-            error: Some(error),
+            termination_reason: why.reason,
+            error: Some(why.message),
             metrics: SessionMetrics {
-                termination_reason: Some(TerminationReason::KernelError),
+                termination_reason: Some(why.reason),
                 ..SessionMetrics::default()
             },
             contexts: Vec::new(),
             iterations: Vec::new(),
         }
+    }
+}
+
+/// Why a child did not run, as its node says it ended: what kept it from starting (the
+/// tree's budget already spent: that budget's reason, so that its parent stops as for a child
+/// the budget stopped while it ran; the run stopped: `Interrupted`; a model name with no
+/// endpoint: `RootModelError`; its session failing: `KernelError`), or a bug in rlm
+/// (`KernelError`).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct NotRun {
+    /// How its node says it ended.
+    pub(crate) reason: TerminationReason,
+    /// What went wrong.
+    pub(crate) message: String,
+}
+
+impl NotRun {
+    /// A child that rlm could not start or run, for `message` (its session failed, or rlm
+    /// panicked).
+    pub(crate) fn kernel(message: String) -> Self {
+        Self {
+            reason: TerminationReason::KernelError,
+            message,
+        }
+    }
+
+    /// What the code that started the child gets: a per-item failure whose kind names the
+    /// budget that was spent (as for a child stopped by it), else `child_error`.
+    pub(crate) fn answer_for_code(&self) -> ChildAnswer {
+        Err(SubFailure {
+            kind: failure_kind(self.reason, || "child_error".to_owned()),
+            message: format!("the rlm_query child run could not run: {}", self.message),
+        })
+    }
+}
+
+/// The kind of the failure of a child that ended for `reason`: the budget's, if one stopped
+/// it, else `otherwise`'s.
+fn failure_kind(reason: TerminationReason, otherwise: impl FnOnce() -> String) -> String {
+    match reason.budget_limit() {
+        Some(limit) => bridge::FailureKind::Budget(limit).name().to_owned(),
+        None => otherwise(),
     }
 }
 
@@ -104,10 +149,7 @@ pub(crate) fn answer_for_code(result: &RlmResult) -> ChildAnswer {
     match &result.answer {
         Some(answer) if reason.hands_over_answer() => Ok(answer.clone()),
         _ => {
-            let kind = match reason.budget_limit() {
-                Some(limit) => bridge::FailureKind::Budget(limit).name().to_owned(),
-                None => format!("child_{}", reason_name(reason)),
-            };
+            let kind = failure_kind(reason, || format!("child_{}", reason_name(reason)));
             let why = result
                 .error
                 .clone()
