@@ -278,7 +278,8 @@ fn every_error_the_code_gets_instead_of_an_answer_counts_as_a_failed_sub_call() 
 /// Each block's record (and its iteration's) carries the sub-call errors its code got, so the
 /// block whose calls failed can be found, in `--json`, the trajectory and `rlm show`: of two
 /// blocks, the second's code got 3 (a call and a batch of 2 to a model name with no endpoint,
-/// never sent), the first's none.
+/// never sent), the first's none. Its sub-call texts say what each of those calls got, as for
+/// a call that was sent.
 #[test]
 fn each_blocks_record_says_how_many_sub_call_errors_its_code_got() {
     let reply = format!(
@@ -328,6 +329,20 @@ fn each_blocks_record_says_how_many_sub_call_errors_its_code_got() {
                 .map(|b| b["sub_call_errors"].clone())
                 .collect();
             assert_eq!(errors, [0, 3], "{isolation}, {place}: {iteration:#}");
+            let texts: Vec<(&str, bool)> = iteration["blocks"][1]["sub_call_texts"]
+                .as_array()
+                .map_or(&[][..], Vec::as_slice)
+                .iter()
+                .filter_map(|t| {
+                    let reply = t["reply"].as_str()?;
+                    Some((t["prompt"].as_str()?, reply.contains("`nope`")))
+                })
+                .collect();
+            assert_eq!(
+                texts,
+                [("one", true), ("two", true), ("three", true)],
+                "{isolation}, {place}: {iteration:#}"
+            );
             assert_eq!(
                 iteration["sub_call_errors"], 3,
                 "{isolation}, {place}: {iteration:#}"

@@ -625,10 +625,12 @@ impl LlmQueryBatched {
         let outcomes = match py.detach(|| bridge.batch(model, texts_in)) {
             Ok(outcomes) => outcomes,
             Err(failure) => {
+                let reply = format!("Error: {}", failure.message);
+                for prompt in kept {
+                    bridge.record_text(prompt, &reply);
+                }
                 return match bridge.errors {
-                    SubCallErrorMode::ReturnString => {
-                        PyList::new(py, vec![format!("Error: {}", failure.message); n])
-                    }
+                    SubCallErrorMode::ReturnString => PyList::new(py, vec![reply; n]),
                     SubCallErrorMode::Raise => {
                         Err(bridge.error(py, failure.message, &failure.kind, None))
                     }

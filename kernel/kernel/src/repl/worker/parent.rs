@@ -1697,6 +1697,23 @@ struct SubCallsSeen {
     texts: Vec<SubCallText>,
 }
 
+impl SubCallsSeen {
+    /// Keeps what a sub-call asked (`prompt`, already kept; `None` when the session keeps no
+    /// texts) and got, the reply kept to `chars` characters.
+    fn keep_text(&mut self, prompt: Option<String>, answer: &SubAnswer, chars: usize) {
+        if let Some(prompt) = prompt {
+            let reply = match answer {
+                Ok(text) => text.clone(),
+                Err(failure) => format!("Error: {}", failure.message),
+            };
+            self.texts.push(SubCallText {
+                prompt,
+                reply: kept_text(&reply, chars),
+            });
+        }
+    }
+}
+
 /// What the code is sent for one of its sub-calls ([`Worker::answer`]).
 enum Answered {
     /// `llm_query`'s.
@@ -1943,15 +1960,26 @@ impl Worker {
             && *running == id
         {
             record.push(key, answer.clone());
-            if let Some(prompt) = prompt {
-                let reply = match answer {
-                    Ok(text) => text.clone(),
-                    Err(failure) => format!("Error: {}", failure.message),
-                };
-                seen.texts.push(SubCallText {
-                    prompt,
-                    reply: kept_text(&reply, self.text_chars),
-                });
+            seen.keep_text(prompt, answer, self.text_chars);
+        }
+    }
+
+    /// Keeps in the texts of the block running live now what `prompts` (already kept) asked
+    /// and that each got `failure`: calls to a model name with no endpoint, which no record
+    /// holds, so the texts say what the code got for every call, as in-process.
+    fn record_unsent(&self, prompts: Vec<Option<String>>, failure: &SubFailure) {
+        if self.reaped() {
+            return;
+        }
+        if let Some(Block {
+            answers: Answers::Live(_),
+            seen,
+            ..
+        }) = lock(&self.block).as_mut()
+        {
+            let answer = Err(failure.clone());
+            for prompt in prompts {
+                seen.keep_text(prompt, &answer, self.text_chars);
             }
         }
     }
@@ -2185,7 +2213,9 @@ fn answer_call(
     let endpoint = match services.endpoints.get(&name) {
         Ok(endpoint) => endpoint,
         Err(e) => {
-            worker.answer(None, call, Answered::One(Err(SubFailure::from(&e))));
+            let failure = SubFailure::from(&e);
+            worker.record_unsent(vec![services.kept(&prompt)], &failure);
+            worker.answer(None, call, Answered::One(Err(failure)));
             return;
         }
     };
@@ -2225,7 +2255,9 @@ fn answer_batch(
     let endpoint = match services.endpoints.get(&name) {
         Ok(endpoint) => endpoint,
         Err(e) => {
-            let answers = Err(SubFailure::from(&e));
+            let failure = SubFailure::from(&e);
+            worker.record_unsent(prompts.iter().map(|p| services.kept(p)).collect(), &failure);
+            let answers = Err(failure);
             let prompts = prompts.len();
             worker.answer(None, call, Answered::Many { answers, prompts });
             return;
