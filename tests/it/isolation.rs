@@ -149,6 +149,22 @@ fn a_crash_ends_the_worker_not_the_run_and_the_session_comes_back_without_new_su
     }
 }
 
+/// What a block flushed just before its worker crashed is kept whole: a flush sends the
+/// output the worker was batching (its first write went at once, the rest would have waited
+/// a few milliseconds and died with the worker).
+#[test]
+fn what_a_block_flushed_the_moment_before_its_worker_crashed_is_kept() {
+    let code = "import ctypes\n\
+                print('kept', 'to', 'the', 'end', flush=True)\n\
+                ctypes.CDLL(None).abort()";
+    let mock = mock(&[&repl(code), "FINAL(done)"]);
+    let (run, lines, _) = run(&mock, &[]);
+    run.assert_code(0);
+    let crashed = blocks(&lines)[0];
+    assert_eq!(crashed["restart"]["cause"]["kind"], "crashed", "{crashed}");
+    assert_eq!(crashed["stdout"], "kept to the end\n", "{crashed}");
+}
+
 /// A block whose worker crashes still counts the errors its code got instead of answers
 /// before the crash (its parent's count: the worker's ended with it), each once: a model name
 /// with no endpoint (a call, and each slot of a batch) and a prompt refused as too long for

@@ -7,6 +7,9 @@
 //!
 //! In a worker process the writer forwards instead ([`OutputSink`]): the parent keeps the
 //! bounded, redacted capture, so output written before a crash is not lost with the worker.
+//! The sink sends in batches (a write waits a few milliseconds for the next ones), so a write
+//! the moment before a crash could still be; what the code flushes (`print(..., flush=True)`,
+//! `sys.stdout.flush()`) is sent before the flush returns.
 
 use std::sync::{Arc, Mutex};
 
@@ -25,6 +28,9 @@ pub(crate) enum Stream {
 /// Where a worker's block output goes (to its parent), written as the code writes it.
 pub(crate) trait OutputSink: Send + Sync + std::fmt::Debug {
     fn write(&self, stream: Stream, text: &str);
+
+    /// Sends what was written and not yet sent, before returning.
+    fn flush(&self);
 }
 
 /// Head-and-tail character buffer.
@@ -199,7 +205,11 @@ impl OutputCapture {
         s.chars().count()
     }
 
-    fn flush(&self) {}
+    fn flush(&self) {
+        if let Some((_, sink)) = &self.forward {
+            sink.flush();
+        }
+    }
 }
 
 #[cfg(test)]

@@ -540,8 +540,15 @@ class _RoutedStream(io.TextIOBase):
 
     def flush(self):
         session = _current_session()
-        if session is None and self._fallback is not None:
-            self._fallback.flush()
+        if session is None:
+            if self._fallback is not None:
+                self._fallback.flush()
+            return
+        capture = getattr(session, self._which)
+        if capture is not None:
+            # In a worker, what the code flushed leaves for the parent now, not after the
+            # output's short batching delay: a crash right after it does not lose it.
+            capture.flush()
 
     def __getattr__(self, name):
         # Anything else is the wrapped stream's (e.g. ipykernel's `set_parent`, which routes

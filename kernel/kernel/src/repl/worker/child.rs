@@ -1162,6 +1162,12 @@ impl OutputSink for Link {
             self.flush_output();
         }
     }
+
+    fn flush(&self) {
+        if std::process::id() == self.pid {
+            self.flush_output();
+        }
+    }
 }
 
 impl BlockEvents for Link {
