@@ -210,6 +210,64 @@ result = 'started'";
     assert!(left.is_empty(), "still running after the run: {left:?}");
 }
 
+/// A daemon a block forked after the forkserver started (a double fork: no session tracks
+/// it) holds the forkserver's pipe, so the forkserver never exits on its own. The run still
+/// ends at once (the bound, `_END_WAIT_S`, is 0.5 s here; 30 s by default): the forkserver
+/// and the resource tracker (whose pipe the daemon holds too) are killed, the forkserver's
+/// folder removed from `TMPDIR`, stderr names the daemon, the answer and the trajectory are
+/// whole. Both helpers used to be left, holding the run's stdout and stderr (and the folder):
+/// whoever read them (here the test) waited as long as the daemon lived.
+#[test]
+fn a_forkserver_kept_running_by_a_forgotten_daemon_does_not_hold_up_the_runs_end() {
+    let code = "\
+import multiprocessing, os, select, sys
+sys.modules['_rlm_kernel']._END_WAIT_S = 0.5
+with multiprocessing.get_context('forkserver').Pool(1) as pool:
+    assert pool.map(abs, [-1]) == [1]
+child = os.fork()
+if child == 0:
+    if os.fork() == 0:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        select.select([], [], [], 60)
+else:
+    os.waitpid(child, 0)
+result = 'answered'";
+    let tmp = tempfile::Builder::new()
+        .prefix("rlm-daemon-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let started = Instant::now();
+    let (run, trajectory) = run_blocks_with(
+        &[repl(code)],
+        &["--isolation", "none"],
+        &[("TMPDIR", tmp.path().to_str().expect("utf-8"))],
+    );
+    let took = started.elapsed();
+    let daemon: Option<u32> = run
+        .stderr
+        .split("still held by pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|pid| pid.parse().ok());
+    if let Some(pid) = daemon {
+        let _ = std::process::Command::new("kill")
+            .arg(pid.to_string())
+            .status();
+    }
+    run.assert_code(0);
+    assert_eq!(run.last_line(), "answered");
+    assert!(trajectory.contains("answered"), "{trajectory}");
+    assert!(daemon.is_some(), "stderr names no daemon:\n{}", run.stderr);
+    assert!(took < Duration::from_secs(30), "the run took {took:?}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .expect("the run's TMPDIR")
+        .map(|entry| entry.expect("an entry").file_name())
+        .collect();
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}");
+}
+
 #[test]
 fn a_pool_left_open_at_a_cell_timeout_is_cleaned_up() {
     let stuck = "\

@@ -96,13 +96,13 @@
 //!   ([`ReplSession::end_processes`]) and when the session closes. The host's own processes
 //!   and multiprocessing's shared helpers (forkserver, resource tracker) are left alone,
 //!   except that in an interpreter the kernel started (`rlm`, whose Python never runs its
-//!   exit) the last session to close stops the forkserver and runs multiprocessing's exit
-//!   finalizers, which remove its folder (`pymp-*`, the forkserver's socket) from `TMPDIR`; a
-//!   session starting meanwhile (on another thread) waits for that end, which would take its
-//!   pools too. That end waits at most 30 s for what a block left behind: a forkserver kept
-//!   running by a process that holds its pipe (one a block forked and no session tracked) is
-//!   then killed, and the feeder threads of queues whose data no process read are given up;
-//!   stderr says so. Processes started between
+//!   exit) the last session to close stops the forkserver, runs multiprocessing's exit
+//!   finalizers, which remove its folder (`pymp-*`, the forkserver's socket) from `TMPDIR`,
+//!   and stops the resource tracker; a session starting meanwhile (on another thread) waits
+//!   for that end, which would take its pools too. That end waits at most 30 s for what a
+//!   block left behind: a forkserver or resource tracker kept running by a process that holds
+//!   its pipe (one a block forked and no session tracked) is then killed, and the feeder
+//!   threads of queues whose data no process read are given up; stderr says so. Processes started between
 //!   blocks by threads a block left running are not tracked. `/proc` is read only for a block that
 //!   may have started a process: an audit hook (`sys.addaudithook`) sees the session's
 //!   threads about to call `subprocess`, `os.system`, `os.fork`, `os.posix_spawn`, `pty` or

@@ -142,7 +142,7 @@ class Session:
         with _LIFECYCLE:
             if not _LIFECYCLE.wait_for(lambda: not _ENDING, timeout=_END_WAIT_S):
                 print(
-                    f"rlm: the last session's end of multiprocessing (its forkserver's stop, "
+                    f"rlm: the last session's end of multiprocessing (its helpers' stops, "
                     f"its pools' and queues' ends, its finalizers) is still running after "
                     f"{_END_WAIT_S:g} s; this session starts anyway, and a multiprocessing "
                     f"pool it starts before that end is over may be terminated by it",
@@ -279,7 +279,7 @@ _LIFECYCLE = threading.Condition()
 _ENDING = False
 # How long the end waits for the forkserver to exit, and a session's start for that end, in
 # seconds. The forkserver exits once every copy of its pipe is closed, which a process the
-# sessions do not track can put off for ever: past this the end kills it (`_stop_forkserver`)
+# sessions do not track can put off for ever: past this the end kills it (`_stop_helper`)
 # and a session's start goes ahead, rather than the forkserver and its folder being left and
 # every later session of the interpreter waiting for an end that never comes.
 _END_WAIT_S = 30.0
@@ -293,25 +293,27 @@ def _end_multiprocessing():
     exit: those of priority 0 and up first, which terminate the pools still registered and
     tell the queues' feeder threads to finish, then the rest, which join those threads and
     remove its temporary folder (`pymp-*`, holding the forkserver's socket) from the user's
-    `TMPDIR`. A session created meanwhile would lose its pools, forkserver and folder to this:
-    it waits until the end is over (`_ENDING`; at most `_END_WAIT_S`, then it starts anyway
-    and says so), then starts the forkserver and the folder again when it needs them.
-    `_LIFECYCLE` is not held meanwhile: the stop waits for a process, under the forkserver's
-    lock, which a forkserver's start holds while it takes `_LIFECYCLE`
-    (`_write_session_modules`); the session's start waits with it released.
+    `TMPDIR`; last its resource tracker is stopped, which at an exit ends after the process
+    (when its pipe closes), removing what the process leaked. A session created meanwhile
+    would lose its pools, helpers and folder to this: it waits until the end is over
+    (`_ENDING`; at most `_END_WAIT_S`, then it starts anyway and says so), then starts the
+    helpers and the folder again when it needs them. `_LIFECYCLE` is not held meanwhile: the
+    stop waits for a process, under the forkserver's lock, which a forkserver's start holds
+    while it takes `_LIFECYCLE` (`_write_session_modules`); the session's start waits with it
+    released.
 
     Each of those waits may be held up for ever by what the user's code left behind, so each
-    is bounded: the forkserver's exit and the feeder threads' ends by `_END_WAIT_S` from the
-    close in all (`_stop_forkserver`, `_drop_unsent_queues`), a pool's workers by
-    `_TERMINATE_GRACE` (`_terminate_pool`); what held them up is killed or dropped, and stderr
-    says so and what to do. The forkserver's fields and the finalizers are multiprocessing's
-    private ones: should a Python change them, the session still closes, and says what may be
-    left."""
+    is bounded: the helpers' exits and the feeder threads' ends by `_END_WAIT_S` from the close
+    in all (`_stop_helper`, `_drop_unsent_queues`), a pool's workers by `_TERMINATE_GRACE`
+    (`_terminate_pool`); what held them up is killed or dropped, and stderr says so and what
+    to do. The helpers' fields and the finalizers are multiprocessing's private ones: should a
+    Python change them, the session still closes, and says what may be left."""
     deadline = time.monotonic() + _END_WAIT_S
+    killed = []
     try:
         forkserver = sys.modules.get("multiprocessing.forkserver")
         if forkserver is not None:
-            _stop_forkserver(forkserver._forkserver, deadline)
+            killed += _stop_forkserver(forkserver._forkserver, deadline)
         util = sys.modules.get("multiprocessing.util")
         if util is not None:
             for finalizer, workers in _pool_finalizers():
@@ -319,58 +321,86 @@ def _end_multiprocessing():
             util._run_finalizers(0)
             _drop_unsent_queues(util, deadline)
             util._run_finalizers()
+        # Last: the pools' and queues' ends above unregister their semaphores with it.
+        tracker = sys.modules.get("multiprocessing.resource_tracker")
+        if tracker is not None:
+            with tracker._resource_tracker._lock:
+                killed += _stop_helper(
+                    tracker._resource_tracker, "_pid", "_fd", deadline, "resource tracker"
+                )
     except Exception as error:
         print(
-            f"rlm: multiprocessing's forkserver or its folder in TMPDIR (pymp-*) may be left: {error!r}",
+            f"rlm: multiprocessing's forkserver, resource tracker or folder in TMPDIR (pymp-*) "
+            f"may be left: {error!r}",
             file=sys.__stderr__,
         )
+    _say_killed(killed)
 
 
 def _stop_forkserver(server, deadline):
-    """Stop multiprocessing's forkserver as its own `_stop` does (close this process's end of
-    the pipe that the forkserver waits on, reap it, remove its socket), except that the wait
-    is bounded. Every process forked from this one since the forkserver started holds a copy
-    of that end, and the forkserver exits only when all are closed: a process that no session
-    tracks (a double fork's daemon, an orphan of a block's child, a process a thread started
-    between blocks) can keep it running for ever, and multiprocessing's `waitpid` with it.
-    At `deadline` the forkserver is terminated (SIGTERM, then SIGKILL after
-    `_TERMINATE_GRACE`) and reaped, and stderr names the processes that hold the pipe, which
-    are the user's: they run on."""
+    """`_stop_helper` for the forkserver, which also removes its socket."""
     with server._lock:
-        pid = server._forkserver_pid
-        if pid is None:
-            return
-        alive = server._forkserver_alive_fd
-        pipe = os.fstat(alive).st_ino
-        os.close(alive)
-        server._forkserver_alive_fd = None
-        if not _reaped_within(pid, deadline - time.monotonic()):
-            holders = sorted(_pipe_holders(pipe) - {pid})
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                _signal_all([pid], sig)
-                if _reaped_within(pid, _TERMINATE_GRACE):
-                    break
-            pids = ", ".join(map(str, holders))
-            held = (
-                f"its pipe is still held by pid {pids} (forked by a block, maybe as a daemon, "
-                f"and tracked by no session: `kill {pids.replace(', ', ' ')}` ends it)"
-                if holders
-                else "its own exit is slow (a module it preloaded?)"
-            )
-            print(
-                f"rlm: multiprocessing's forkserver (pid {pid}) did not exit within "
-                f"{_END_WAIT_S:g} s of the last session's close: {held}; it was killed and its "
-                f"folder in TMPDIR removed. A block that starts processes should end them "
-                f"before it finishes",
-                file=sys.__stderr__,
-            )
-        server._forkserver_pid = None
+        killed = _stop_helper(
+            server, "_forkserver_pid", "_forkserver_alive_fd", deadline, "forkserver"
+        )
         address, server._forkserver_address = server._forkserver_address, None
         if address is not None and not multiprocessing.util.is_abstract_socket_namespace(address):
             try:
                 os.unlink(address)
             except FileNotFoundError:
                 pass
+    return killed
+
+
+def _stop_helper(helper, pid_attr, fd_attr, deadline, name):
+    """Stop one of multiprocessing's helpers, the forkserver or the resource tracker, as its own
+    `_stop` does (close this process's end of the pipe it reads, reap it), except that the
+    wait is bounded; its caller holds the helper's lock. Every process forked from this one
+    since the helper started holds a copy of that end, and the helper exits only when all are
+    closed: a process that no session tracks (a double fork's daemon, an orphan of a block's
+    child, a process a thread started between blocks) can keep it running for ever, and
+    multiprocessing's `waitpid` with it; left running, it would also hold `rlm`'s stdout and
+    stderr open after `rlm` exits. At `deadline` the helper is killed (SIGKILL: the tracker
+    ignores SIGTERM, and neither has anything to save that SIGTERM would let it) and reaped.
+    Returns [(name, pid, pids that held its pipe)] if it was killed, for `_say_killed`; the
+    holders are the user's processes, and run on."""
+    pid = getattr(helper, pid_attr)
+    if pid is None:
+        return []
+    alive = getattr(helper, fd_attr)
+    pipe = os.fstat(alive).st_ino
+    os.close(alive)
+    setattr(helper, fd_attr, None)
+    killed = []
+    if not _reaped_within(pid, deadline - time.monotonic()):
+        killed.append((name, pid, _pipe_holders(pipe) - {pid}))
+        _signal_all([pid], signal.SIGKILL)
+        _reaped_within(pid, _TERMINATE_GRACE)
+    setattr(helper, pid_attr, None)
+    return killed
+
+
+def _say_killed(killed):
+    """One line on stderr for the helpers `_stop_helper` killed, and what held them."""
+    if not killed:
+        return
+    helpers = " and ".join(f"{name} (pid {pid})" for name, pid, _ in killed)
+    holders = sorted(set().union(*(held for _, _, held in killed)))
+    one = len(killed) == 1
+    pids = ", ".join(map(str, holders))
+    why = (
+        f"{'its pipe is' if one else 'their pipes are'} still held by pid {pids} (forked by a "
+        f"block, maybe as a daemon, and tracked by no session: `kill {pids.replace(', ', ' ')}` "
+        f"ends it)"
+        if holders
+        else f"{'its' if one else 'their'} own exit is slow"
+    )
+    print(
+        f"rlm: multiprocessing's {helpers} did not exit within {_END_WAIT_S:g} s of the last "
+        f"session's close: {why}; {'it was' if one else 'they were'} killed. A block that "
+        f"starts processes should end them before it finishes",
+        file=sys.__stderr__,
+    )
 
 
 def _reaped_within(pid, seconds):

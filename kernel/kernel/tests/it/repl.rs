@@ -1146,9 +1146,10 @@ fn a_session_start_waits_a_bounded_time_for_the_last_ones_end_of_multiprocessing
 /// it: here a double fork's daemon, which no session tracks (its parent ended in the block),
 /// kept the forkserver running for ever, and the end waiting on it (the close's caller gives
 /// up after 2 s; the forkserver and its folder were left, and every later session's start
-/// waited `_END_WAIT_S` for that end). After `_END_WAIT_S` (0.5 s here) the forkserver is
-/// killed and reaped, its folder removed, and stderr names the daemon (the user's: it runs
-/// on); the next session starts at once and starts a forkserver of its own.
+/// waited `_END_WAIT_S` for that end). The daemon holds the resource tracker's pipe too.
+/// After `_END_WAIT_S` (0.5 s here) both are killed and reaped, the folder removed, and stderr
+/// names the daemon (the user's: it runs on); the next session starts at once, and starts
+/// helpers of its own.
 #[test]
 fn the_last_sessions_close_kills_a_forkserver_that_a_forgotten_process_keeps_running() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -1157,7 +1158,8 @@ fn the_last_sessions_close_kills_a_forkserver_that_a_forgotten_process_keeps_run
     let r = ok(
         &first,
         &format!(
-            "import multiprocessing.forkserver, multiprocessing.util, os, sys, time\n\
+            "import multiprocessing.forkserver, multiprocessing.resource_tracker\n\
+             import multiprocessing.util, os, sys, time\n\
              sys.modules['_rlm_kernel']._END_WAIT_S = 0.5\n\
              sys.rlm_test_stderr = sys.__stderr__\n\
              sys.__stderr__ = open({said:?}, 'w', buffering=1)\n\
@@ -1175,7 +1177,8 @@ fn the_last_sessions_close_kills_a_forkserver_that_a_forgotten_process_keeps_run
              \x20   os.close(w)\n\
              \x20   os.waitpid(child, 0)\n\
              \x20   daemon = int(os.read(r, 32))\n\
-             \x20   print(daemon, multiprocessing.forkserver._forkserver._forkserver_pid)\n\
+             \x20   tracker = multiprocessing.resource_tracker._resource_tracker._pid\n\
+             \x20   print(daemon, multiprocessing.forkserver._forkserver._forkserver_pid, tracker)\n\
              \x20   print(multiprocessing.util.get_temp_dir())"
         ),
     );
@@ -1186,15 +1189,16 @@ fn the_last_sessions_close_kills_a_forkserver_that_a_forgotten_process_keeps_run
         .split(' ')
         .map(|pid| pid.parse().expect("a pid"))
         .collect();
-    let (daemon, forkserver) = (pids[0], pids[1]);
+    let (daemon, forkserver, tracker) = (pids[0], pids[1], pids[2]);
     let folder = std::path::PathBuf::from(lines.next().expect("folder printed"));
     assert!(folder.is_dir(), "{r:?}");
     drop(first);
     // 0.5 s for the forkserver, 1 s for it to die of SIGTERM; on a busy machine, far more.
     assert!(
-        within(Duration::from_secs(15), || gone(forkserver)
-            && !folder.exists()),
-        "the forkserver {forkserver} or its folder {} is left",
+        within(Duration::from_secs(15), || {
+            gone(forkserver) && gone(tracker) && !folder.exists()
+        }),
+        "the forkserver {forkserver}, the resource tracker {tracker} or the folder {} is left",
         folder.display()
     );
     let second = session();
@@ -1215,8 +1219,9 @@ fn the_last_sessions_close_kills_a_forkserver_that_a_forgotten_process_keeps_run
     assert_eq!(said.matches("rlm: ").count(), 1, "{said}");
     assert!(
         said.contains(&format!(
-            "forkserver (pid {forkserver}) did not exit within 0.5 s"
-        )) && said.contains(&format!("its pipe is still held by pid {daemon} "))
+            "forkserver (pid {forkserver}) and resource tracker (pid {tracker}) did not exit \
+             within 0.5 s"
+        )) && said.contains(&format!("still held by pid {daemon} "))
             && said.contains(&format!("`kill {daemon}`")),
         "{said}"
     );
@@ -1229,9 +1234,10 @@ fn the_last_sessions_close_kills_a_forkserver_that_a_forgotten_process_keeps_run
 
 /// A session's close terminates the pools its blocks left open through their own finalizer,
 /// which sends the workers SIGTERM and then joins them without a bound: a worker that ignores
-/// SIGTERM (here a task that does, then sleeps 60 s; for ever, had it been stuck) held the
-/// close, and the thread that dropped the session, that long. It is killed after 1 s, and the
-/// next session's pools work.
+/// SIGTERM (here a task that does, then sleeps 60 s, after which the worker waits for ever for
+/// a next task, on the pool's queue lock that the finalizer took) held the close, and the
+/// thread that dropped the session, for ever. It is killed after 1 s, and the next session's
+/// pools work.
 #[test]
 fn a_sessions_close_kills_a_pool_worker_that_ignores_sigterm() {
     let first = session();
