@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::support::{Mock, file, repl, rlm};
+use crate::support::{Mock, file, redacted, repl, rlm};
 
 /// `root-model` replies `root[turn]`; `sub-model` plays a child RLM (recognised by the RLM
 /// system prompt) that counts ERROR in its context in two iterations, and answers plain
@@ -644,5 +644,55 @@ fn a_block_whose_worker_crashed_counts_the_children_that_gave_its_code_an_error(
         json["metrics"]["sub_call_errors"], 2,
         "{:#}",
         json["metrics"]
+    );
+}
+
+/// The live trace (`rlm run --trace`) shows the `rlm_query` children a block started, as `rlm
+/// show` shows them from the trajectory: the block's record is complete when the trace prints
+/// it, so its sub-call line also says which of its errors were children that gave no answer.
+#[test]
+fn the_live_trace_shows_the_children_a_block_started_as_rlm_show_does() {
+    let mock = failing_children_mock(
+        "answers = rlm_query_batched(['fine', 'code fails'], ['ERROR', 'x'])\n\
+         print([a[:6] for a in answers])",
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let trajectory = dir.path().join("run.jsonl");
+    let run = mock.run(&[
+        "--context",
+        &context(&dir, &["x"]),
+        "--query",
+        "q",
+        "--max-depth",
+        "2",
+        "--max-consecutive-failures",
+        "1",
+        "--trace",
+        "--trajectory",
+        trajectory.to_str().expect("utf-8"),
+    ]);
+    run.assert_code(0);
+    let live = redacted(&run.stderr);
+    for line in [
+        "  ├ 0 sub-call(s) sent, 1 rlm_query child run(s) gave no answer · 1 sub-call error(s)\n",
+        "  ├ rlm_query children ×2 (their runs, folded: `rlm view` opens them)\n",
+        "  │ #0 sub · 2 iterations · [n] tokens → `1`\n",
+        "  │ #1 sub · 1 iteration · [n] tokens ✗ stopped: too many failing iterations in a row: \
+         `1 iterations in a row had a failing block (last: `ZeroDivis…`\n",
+    ] {
+        assert!(
+            live.contains(line),
+            "{line:?} not in the live trace:\n{live}"
+        );
+    }
+    let show = rlm(
+        &["show".to_owned(), trajectory.to_string_lossy().into_owned()],
+        None,
+    );
+    show.assert_code(0);
+    assert_eq!(
+        redacted(&show.stdout),
+        live,
+        "live and replayed traces are the same"
     );
 }

@@ -362,7 +362,8 @@ fn each_blocks_record_says_how_many_sub_call_errors_its_code_got() {
             lines,
             [
                 "  ├ llm_query ×1: 1 sub-call(s) sent",
-                "  ├ llm_query ×1, llm_query_batched ×1: 0 sub-call(s) sent · 3 sub-call error(s)"
+                "  ├ llm_query ×1, llm_query_batched ×1: 0 sub-call(s) sent, 3 more got an error \
+                 without being sent · 3 sub-call error(s)"
             ],
             "{isolation}: {}",
             show.stdout

@@ -11,8 +11,6 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::repl::ExecutionResult;
-
 /// One ```` ```repl ```` block of a model reply.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CodeBlock {
@@ -124,15 +122,6 @@ fn repl_blocks<'a>(reply: &'a str, work: &'a mut usize) -> impl Iterator<Item = 
             });
         }
     })
-}
-
-/// One block of a reply and what running it produced.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct BlockRun {
-    /// The block.
-    pub block: CodeBlock,
-    /// Its execution.
-    pub result: ExecutionResult,
 }
 
 #[cfg(test)]

@@ -5,9 +5,9 @@
 //! variables through a resolver (in the loop: `ReplSession::variable_as_string`). A reply whose
 //! blocks did not all run, or of which a block raised or timed out, is [`ReplyCode::Failed`].
 
-use super::blocks::BlockRun;
 use super::blocks::extract_code_blocks;
 use super::final_answer::{Completion, CompletionRules, FinalKind, ReplyCode, check_completion};
+use super::metadata::BlockRun;
 use crate::repl::FinalSource;
 
 /// Decides whether a reply ended the run; the rules are those of
@@ -81,6 +81,7 @@ mod tests {
                 final_answers: final_answer.into_iter().collect(),
                 ..empty_result()
             },
+            children: Vec::new(),
         }
     }
 

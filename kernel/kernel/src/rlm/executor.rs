@@ -5,9 +5,9 @@ use std::time::Instant;
 
 use bridge::{BudgetLimit, CancellationToken};
 
-use super::blocks::{BlockRun, CodeBlock};
+use super::blocks::CodeBlock;
 use super::hooks::{Hook, HookAction};
-use super::metadata::ChildRun;
+use super::metadata::{BlockRun, ChildRun};
 use crate::repl::{ExecutionResult, ReplError, ReplSession};
 
 /// Why the executor stopped before the last block.
@@ -38,10 +38,9 @@ pub(crate) trait ChildNodes: Send + Sync + std::fmt::Debug {
 /// The blocks of a reply that ran, and why the rest did not.
 #[derive(Debug)]
 pub struct ExecutedReply {
-    /// The blocks that ran (or that a hook answered for), in order.
+    /// The blocks that ran (or that a hook answered for), in order, each with the `rlm_query`
+    /// child runs it started.
     pub runs: Vec<BlockRun>,
-    /// The `rlm_query` child runs each of those blocks started (one list per block).
-    pub children: Vec<Vec<ChildRun>>,
     /// Set when not every block ran.
     pub stop: Option<ExecutionStop>,
 }
@@ -144,12 +143,10 @@ impl CodeExecutor {
         deadline: Option<Instant>,
     ) -> ExecutedReply {
         let mut runs = Vec::with_capacity(blocks.len());
-        let mut children: Vec<Vec<ChildRun>> = Vec::with_capacity(blocks.len());
         for mut block in blocks {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return ExecutedReply {
                     runs,
-                    children,
                     stop: Some(ExecutionStop::Deadline),
                 };
             }
@@ -159,7 +156,6 @@ impl CodeExecutor {
                     Err(error) => {
                         return ExecutedReply {
                             runs,
-                            children,
                             stop: Some(ExecutionStop::Kernel(error)),
                         };
                     }
@@ -168,17 +164,22 @@ impl CodeExecutor {
                 HookAction::Stop(reason) => {
                     return ExecutedReply {
                         runs,
-                        children,
                         stop: Some(ExecutionStop::Hook(reason)),
                     };
                 }
             };
-            let started = self
+            // The children's nodes join the run before the hooks see it: the live trace shows
+            // them as the trajectory keeps them.
+            let children = self
                 .children
                 .as_ref()
                 .map(|runner| runner.take())
                 .unwrap_or_default();
-            let mut run = BlockRun { block, result };
+            let mut run = BlockRun {
+                block,
+                result,
+                children,
+            };
             hooks.after_block(iteration, &mut run);
             for call in &run.result.sub_calls {
                 hooks.on_sub_call(iteration, call);
@@ -194,7 +195,7 @@ impl CodeExecutor {
                     })
                 })
                 .or_else(|| {
-                    started.iter().find_map(|node| {
+                    run.children.iter().find_map(|node| {
                         Some(ExecutionStop::Budget {
                             limit: node.budget_limit()?,
                             message: node.budget_stop(iteration, run.block.index),
@@ -202,19 +203,13 @@ impl CodeExecutor {
                     })
                 });
             runs.push(run);
-            children.push(started);
             if let Some(stop) = refusal {
                 return ExecutedReply {
                     runs,
-                    children,
                     stop: Some(stop),
                 };
             }
         }
-        ExecutedReply {
-            runs,
-            children,
-            stop: None,
-        }
+        ExecutedReply { runs, stop: None }
     }
 }

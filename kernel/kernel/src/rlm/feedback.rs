@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::blocks::BlockRun;
 use super::final_answer::FinalNote;
+use super::metadata::BlockRun;
 use super::prompts::{Prompts, group_digits};
 use crate::repl::VariableInfo;
 
@@ -194,6 +194,7 @@ mod tests {
                 code: "...".into(),
             },
             result,
+            children: Vec::new(),
         }
     }
 

@@ -22,11 +22,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::blocks::BlockRun;
 use super::blocks::CodeBlock;
 use super::config::RlmConfig;
-use super::metadata::IterationRecord;
-use super::metadata::RlmResult;
+use super::metadata::{BlockRun, IterationRecord, RlmResult};
 use crate::repl::{ContextMetadata, ExecutionResult};
 use bridge::{ChatRequest, ChatResponse, Ledger, Message, SubCallMetadata};
 
@@ -130,7 +128,8 @@ pub trait Hook: Send {
         HookAction::Continue
     }
 
-    /// After a block ran (before its sub-calls are reported).
+    /// After a block ran (before its sub-calls are reported), with the `rlm_query` children
+    /// it started: the run is what the block's record is made from.
     fn after_block(&mut self, _iteration: u32, _run: &mut BlockRun) {}
 
     /// For each sub-model call a block made, in call order, after the block.

@@ -6,12 +6,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::blocks::BlockRun;
 use super::blocks::CodeBlock;
-use super::feedback::truncate_middle;
 use super::final_answer::{FinalKind, FinalNote};
-use crate::repl::{ContextMetadata, ExecError, SubCallText};
+use crate::repl::{ContextMetadata, ExecError, ExecutionResult, SubCallText};
 use bridge::{BudgetLimit, SubCallMetadata, add_cost};
+use engine::text::truncate_middle;
 
 /// Why a run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -375,6 +374,20 @@ impl ChildRun {
     }
 }
 
+/// One block of a reply and what running it produced: its execution and the `rlm_query`
+/// children it started. Complete when [`Hook::after_block`](super::Hook::after_block) gets it,
+/// so what a hook sees of a block (the live trace) is what its [`BlockRecord`] keeps.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BlockRun {
+    /// The block.
+    pub block: CodeBlock,
+    /// Its execution.
+    pub result: ExecutionResult,
+    /// The `rlm_query` child runs it started, in the order they were started.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<ChildRun>,
+}
+
 /// One block of an iteration as recorded: the code and its outputs, capped.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BlockRecord {
@@ -452,7 +465,7 @@ impl BlockRecord {
                 crate::repl::FinalSource::FinalVar => FinalKind::FinalVar,
             }),
             restart: result.restart.clone(),
-            children: Vec::new(),
+            children: run.children.clone(),
         }
     }
 

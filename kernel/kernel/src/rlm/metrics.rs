@@ -2,9 +2,8 @@
 
 use std::time::Instant;
 
-use super::blocks::BlockRun;
 use super::hooks::{Hook, HookAction, ModelCall, RunError, RunInfo};
-use super::metadata::RlmResult;
+use super::metadata::{BlockRun, RlmResult};
 use super::metadata::{IterationRecord, SessionMetrics, TerminationReason};
 use bridge::SubCallMetadata;
 

@@ -131,7 +131,7 @@ mod trajectory;
 mod tree;
 mod view;
 
-pub use blocks::{BlockRun, CodeBlock, extract_code_blocks};
+pub use blocks::{CodeBlock, extract_code_blocks};
 pub use chat::{DEFAULT_SUMMARY_CHARS, Exchange, RlmChat};
 pub use checker::CompletionChecker;
 pub use config::RlmConfig;
@@ -145,8 +145,8 @@ pub use final_answer::{
 pub use generator::{CodeGenerator, Conversation, Generation};
 pub use hooks::{EndpointSummary, Hook, HookAction, Hooks, ModelCall, RunError, RunInfo};
 pub use metadata::{
-    BlockRecord, ChildRun, ExecutionMetadata, ExecutionStatus, IterationMetadata, IterationRecord,
-    ModelMetrics, RlmResult, SessionMetrics, TerminationReason,
+    BlockRecord, BlockRun, ChildRun, ExecutionMetadata, ExecutionStatus, IterationMetadata,
+    IterationRecord, ModelMetrics, RlmResult, SessionMetrics, TerminationReason,
 };
 pub use metrics::MetricsHook;
 pub use progress::{Phase, Progress, ProgressHook, ProgressSnapshot};

@@ -10,10 +10,9 @@ use std::time::{Duration, Instant};
 use bridge::{ChatRequest, Ledger, Message};
 use serde::Serialize;
 
-use super::blocks::BlockRun;
 use super::blocks::CodeBlock;
 use super::hooks::{Hook, HookAction, ModelCall, RunError, RunInfo};
-use super::metadata::RlmResult;
+use super::metadata::{BlockRun, RlmResult};
 use crate::repl::ExecutionResult;
 
 /// What the run is doing.

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::blocks::{BlockRun, extract_code_blocks};
+use super::blocks::extract_code_blocks;
 use super::checker::CompletionChecker;
 use super::config::RlmConfig;
 use super::executor::ChildNodes;
@@ -38,8 +38,8 @@ use super::generator::{CodeGenerator, Conversation, Generation};
 use super::hooks::{EndpointSummary, Hook, HookAction, Hooks, ModelCall, RunError, RunInfo};
 use super::metadata::ChildRun;
 use super::metadata::{
-    BlockRecord, ExecutionMetadata, ExecutionStatus, IterationMetadata, IterationRecord, RlmResult,
-    SessionMetrics, TerminationReason,
+    BlockRecord, BlockRun, ExecutionMetadata, ExecutionStatus, IterationMetadata, IterationRecord,
+    RlmResult, SessionMetrics, TerminationReason,
 };
 use super::metrics::MetricsHook;
 use super::prompts::{KeptSystemPrompt, Prompts};
@@ -527,9 +527,6 @@ impl Run<'_> {
                 &completion.notes,
                 (started_ms, model_ms),
             );
-            for (block, started) in record.blocks.iter_mut().zip(executed.children) {
-                block.children = started;
-            }
             hooks.after_iteration(&mut record);
             let failed = record.execution.status == ExecutionStatus::Error;
             let error_type = record.execution.error_type.clone();

@@ -124,8 +124,9 @@ pub fn reply(iteration: u32, answer_now: bool, text: &str) -> String {
 
 /// One block: its code, its sub-calls (and the errors its code got instead of answers, when it
 /// got any: a call never sent and a failed `rlm_query` child included, so they are not a part
-/// of its sub-calls), its output and whether it set the final answer. `sub_calls` are the
-/// calls the block made; `cell_timeout` names the time limit's setting.
+/// of its sub-calls; counted as the closing line counts a run's, [`SubCallCounts::of_run`]),
+/// its output, the `rlm_query` children it started and whether it set the final answer.
+/// `sub_calls` are the calls the block made; `cell_timeout` names the time limit's setting.
 pub fn block(record: &BlockRecord, sub_calls: &[SubCallMetadata], cell_timeout: &str) -> String {
     let mut out = format!("  ┌ repl block ({:.0} ms)\n", record.duration_ms);
     let _ = writeln!(
@@ -146,7 +147,16 @@ pub fn block(record: &BlockRecord, sub_calls: &[SubCallMetadata], cell_timeout: 
         if !natives.is_empty() {
             let _ = write!(out, "{}: ", natives.join(", "));
         }
-        let _ = write!(out, "{}", SubCallCounts::of(sub_calls));
+        let failed_children = record.children.iter().filter(|c| !c.answered()).count();
+        let _ = write!(
+            out,
+            "{}",
+            SubCallCounts::of_run(
+                sub_calls,
+                failed_children,
+                u64::from(record.sub_call_errors)
+            )
+        );
         if record.sub_call_errors > 0 {
             let _ = write!(out, " · {} sub-call error(s)", record.sub_call_errors);
         }
